@@ -1,0 +1,155 @@
+"""The one frozen server configuration, built once from the command line (and ``--config`` YAML).
+
+Every core option is a field of :class:`ServerConfig`; its flag, help and converter live in the
+field's metadata, so argparse, YAML validation and the dataclass cannot drift apart. Family flags
+(``--attention-backend``...) are fields too; their choices come from the installed plugins.
+Plugin-specific options land in ``plugin_options["<family>.<name>"]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """``'4096'``, ``'1k'`` -> 1000, ``'25.6k'`` -> 25600, ``'1Ki'`` -> 1024."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(Ki|Mi|Gi|Ti|k|M|G|T)?\s*", str(text))
+    if not m:
+        raise ValueError(f"not a size: {text!r}")
+    num, suffix = m.groups()
+    if suffix in _IEC:
+        if "." in num:
+            raise ValueError(f"decimals are not allowed with IEC suffixes: {text!r}")
+        return int(num) * _IEC[suffix]
+    value = float(num) * _SI.get(suffix or "", 1)
+    if value != int(value):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(value)
+
+
+def _opt(default: Any, help: str, *, type: Callable[[str], Any] | None = str,
+         flag: str | None = None, aliases: tuple[str, ...] = (), choices: tuple[str, ...] = (),
+         family: str | None = None) -> Any:
+    meta = {"help": help, "type": type, "flag": flag, "aliases": aliases, "choices": choices,
+            "family": family}
+    return field(default=default, metadata=meta)
+
+
+def _fam(family: str, default: str | None = None) -> Any:
+    return _opt(default, "", family=family)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``engine serve`` was asked to do. Frozen: built once, read everywhere."""
+
+    # model
+    model_path: str | None = _opt(
+        None, "Model directory (config.json + safetensors) or .gguf file; default: the bundled "
+        "SmolLM2-135M-Instruct Q4_1 GGUF.", aliases=("--model",))
+    tokenizer_path: str | None = _opt(None, "Tokenizer directory (default: the model's).")
+    load_format: str = _opt("auto", "Weights format.",
+                            choices=("auto", "safetensors", "pt", "gguf", "dummy"))
+    dtype: str = _opt("auto", "Weights and activations dtype (auto: float32 on CPU, the "
+                      "checkpoint's 16-bit type on GPU).",
+                      choices=("auto", "half", "float16", "bfloat16", "float", "float32"))
+    context_length: int | None = _opt(None, "Maximum context length (default: the model's); "
+                                      "accepts 1k, 32Ki...", type=parse_size)
+    device: str = _opt("auto", "Device: auto, cpu, cuda, cuda:N.")
+    served_model_name: str | None = _opt(None, "Model name reported by the API.")
+    json_model_override_args: str | None = _opt(None, "JSON object overriding model config fields.")
+    random_seed: int = _opt(0, "Seed for dummy weights and unseeded sampling.", type=int)
+    # memory and scheduling
+    mem_fraction_static: float | None = _opt(
+        None, "Fraction of free device memory for weights + KV cache (GPU); of the CPU budget.",
+        type=float)
+    max_total_tokens: int | None = _opt(None, "KV cache capacity in tokens (overrides "
+                                        "--mem-fraction-static).", type=parse_size)
+    page_size: int = _opt(1, "Tokens per KV cache page.", type=int)
+    chunked_prefill_size: int | None = _opt(None, "Longest prefill chunk in tokens "
+                                            "(default 2048 on CPU, 8192 on GPU; -1 disables).",
+                                            type=int)
+    max_running_requests: int | None = _opt(None, "Most requests in a running batch.", type=int)
+    max_queued_requests: int | None = _opt(None, "Most waiting requests; beyond it HTTP 503.",
+                                           type=int)
+    max_prefill_tokens: int = _opt(16384, "Most new tokens in one prefill batch.", type=int)
+    schedule_policy: str = _opt("fcfs", "Order of waiting requests.", choices=("fcfs", "lpm"))
+    disable_radix_cache: bool = _opt(False, "Turn off prefix reuse.", type=None)
+    disable_cuda_graph: bool = _opt(False, "Run decode eagerly on GPU.", type=None)
+    # server
+    host: str = _opt("127.0.0.1", "Address to listen on.")
+    port: int = _opt(30000, "Port to listen on.", type=int)
+    api_key: str | None = _opt(None, "Require 'Authorization: Bearer KEY' on every route "
+                               "except /health.")
+    log_level: str = _opt("info", "Logging level; 'debug' also prints tracebacks.",
+                          choices=("debug", "info", "warning", "error", "critical"))
+    trace_plugins: bool = _opt(False, "Log every plugin hook call with its plugin and time.",
+                               type=None)
+    skip_server_warmup: bool = _opt(False, "Do not run one warm-up request at start-up.",
+                                    type=None)
+    # families (choices come from installed plugins)
+    attention_backend: str | None = _fam("attention")
+    prefill_attention_backend: str | None = _fam("attention")
+    decode_attention_backend: str | None = _fam("attention")
+    moe_runner_backend: str = _fam("moe", "auto")
+    moe_a2a_backend: str = _fam("moe_a2a", "none")
+    quantization: str | None = _fam("quantization")
+    speculative_algorithm: str | None = _fam("speculative")
+    hicache_storage_backend: str | None = _fam("hicache_storage")
+    reasoning_parser: str | None = _fam("reasoning_parser")
+    tool_call_parser: str | None = _fam("tool_parser")
+    model_config_parser: str = _fam("model_config_parser", "auto")
+    # per-plugin options: {"attention.triton": {"triton_attention_num_kv_splits": 8}}
+    plugin_options: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=lambda: MappingProxyType({}), metadata={"internal": True})
+
+    def replace(self, **changes: Any) -> "ServerConfig":
+        return dataclasses.replace(self, **changes)
+
+    def options_for(self, qualified: str) -> dict[str, Any]:
+        return dict(self.plugin_options.get(qualified, {}))
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["plugin_options"] = {k: dict(v) for k, v in self.plugin_options.items()}
+        if out.get("api_key"):
+            out["api_key"] = "***"
+        return out
+
+
+def core_fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(ServerConfig) if not f.metadata.get("internal")]
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def convert_value(f_type: Callable[[str], Any] | None, value: Any, where: str) -> Any:
+    """Convert a YAML value with a field's converter; raise ``ValueError`` naming ``where``."""
+    if f_type is None:  # a switch
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if value is None:
+        return None
+    if f_type is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ValueError(f"{where}: expected a string, got {type(value).__name__}")
+        return str(value)
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: expected a number, got {value!r}")
+    if f_type is json.loads and not isinstance(value, str):
+        return value
+    try:
+        return f_type(value if not isinstance(value, str) else value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None

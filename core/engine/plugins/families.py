@@ -1,0 +1,188 @@
+"""The families: every extension point a user chooses on the command line, declared once.
+
+Adding a family is one entry in :data:`FAMILIES`. Everything else (entry-point discovery, the
+``engine serve`` flags and their choices, ``engine plugins list``, the scaffold, the conformance
+dispatcher) reads this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A CLI flag a family serves; its value is a choice name of the family."""
+
+    flag: str
+    help: str
+    default: str | None = None  #: None: the core decides (auto pick, or the feature is off)
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One extension point."""
+
+    name: str  #: key, also the ``family`` field of manifests
+    group: str  #: entry-point group
+    folder: str  #: where choices live in this repository: ``plugins/<folder>``
+    prefix: str  #: distribution prefix after ``engine-``: ``engine-<prefix><choice>``
+    flags: tuple[Flag, ...]
+    hook: str  #: the family hook in :mod:`engine.plugins.hookspecs` its plugins implement
+    interface: str  #: ``"module:attribute"`` of the interface the hook's product implements
+    conformance: str  #: ``"module:function"`` running the family's conformance suite
+    #: how ``auto`` is resolved when no plugin named ``auto`` is installed:
+    #: "priority" (highest-priority available plugin) or None (no auto: unset means off)
+    auto: str | None = "priority"
+    summary: str = ""
+    folder_prefix: str = ""  #: choice folder: ``plugins/<folder>/<folder_prefix><choice>``
+
+    @property
+    def dist_prefix(self) -> str:
+        return "engine-" + self.prefix
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            name="attention",
+            group="engine.attention",
+            folder="attention",
+            prefix="attention-",
+            flags=(
+                Flag("--attention-backend", "Attention kernels for prefill/extend and decode."),
+                Flag(
+                    "--prefill-attention-backend",
+                    "Attention kernels for prefill/extend batches (overrides --attention-backend).",
+                ),
+                Flag(
+                    "--decode-attention-backend",
+                    "Attention kernels for decode batches (overrides --attention-backend).",
+                ),
+            ),
+            hook="engine_create_attention_backend",
+            interface="engine.runtime.attention:AttentionBackend",
+            conformance="engine.testing.attention:check",
+            summary="paged attention kernels: extend (cached prefix + new tokens) and decode",
+        ),
+        Family(
+            name="moe",
+            group="engine.moe",
+            folder="moe",
+            prefix="moe-",
+            flags=(Flag("--moe-runner-backend", "Runner for routed experts.", default="auto"),),
+            hook="engine_create_moe_runner",
+            interface="engine.runtime.moe:MoERunner",
+            conformance="engine.testing.contract:check",
+            summary="routed experts: hidden states + top-k ids/weights -> combined output",
+        ),
+        Family(
+            name="moe_a2a",
+            folder_prefix="a2a-",
+            group="engine.moe_a2a",
+            folder="moe",
+            prefix="moe-a2a-",
+            flags=(Flag("--moe-a2a-backend", "All-to-all for expert parallelism.", default="none"),),
+            hook="engine_create_moe_a2a",
+            interface="engine.runtime.moe:MoEAllToAll",
+            conformance="engine.testing.contract:check",
+            auto=None,
+            summary="token dispatch/combine across expert-parallel ranks",
+        ),
+        Family(
+            name="quantization",
+            group="engine.quantization",
+            folder="quant",
+            prefix="quant-",
+            flags=(
+                Flag(
+                    "--quantization",
+                    "Quantization method (default: detected from the checkpoint, else none).",
+                ),
+            ),
+            hook="engine_create_quant_method",
+            interface="engine.runtime.linear:QuantMethod",
+            conformance="engine.testing.contract:check",
+            auto=None,
+            summary="creates a linear layer's weights, post-processes them, applies the matmul",
+        ),
+        Family(
+            name="speculative",
+            group="engine.speculative",
+            folder="spec",
+            prefix="spec-",
+            flags=(Flag("--speculative-algorithm", "Speculative decoding algorithm."),),
+            hook="engine_create_speculative_proposer",
+            interface="engine.runtime.speculative:Proposer",
+            conformance="engine.testing.contract:check",
+            auto=None,
+            summary="proposes draft tokens; the core verifies them in one target forward",
+        ),
+        Family(
+            name="hicache_storage",
+            group="engine.hicache_storage",
+            folder="cache",
+            prefix="cache-",
+            flags=(Flag("--hicache-storage-backend", "Storage tier behind the host KV cache."),),
+            hook="engine_create_hicache_storage",
+            interface="engine.runtime.hicache:HiCacheStorage",
+            conformance="engine.testing.contract:check",
+            auto=None,
+            summary="page-granular get/set/exists of KV pages keyed by prefix hash",
+        ),
+        Family(
+            name="reasoning_parser",
+            folder_prefix="reasoning-",
+            group="engine.reasoning_parser",
+            folder="parsers",
+            prefix="reasoning-",
+            flags=(Flag("--reasoning-parser", "Splits model output into reasoning and content."),),
+            hook="engine_create_reasoning_parser",
+            interface="engine.parsers.base:ReasoningParser",
+            conformance="engine.testing.reasoning:check",
+            auto=None,
+            summary="split model text into reasoning and content, whole or streamed",
+        ),
+        Family(
+            name="tool_parser",
+            folder_prefix="tool-",
+            group="engine.tool_parser",
+            folder="parsers",
+            prefix="tool-",
+            flags=(Flag("--tool-call-parser", "Extracts tool calls from model output."),),
+            hook="engine_create_tool_parser",
+            interface="engine.parsers.base:ToolParser",
+            conformance="engine.testing.tools:check",
+            auto=None,
+            summary="extract tool calls (name, JSON arguments) from content, whole or streamed",
+        ),
+        Family(
+            name="model_config_parser",
+            folder_prefix="model-config-",
+            group="engine.model_config_parser",
+            folder="parsers",
+            prefix="model-config-",
+            flags=(
+                Flag(
+                    "--model-config-parser",
+                    "Reads a model directory or file into a normalized model config.",
+                    default="auto",
+                ),
+            ),
+            hook="engine_parse_model_config",
+            interface="engine.models.config:ModelConfig",
+            conformance="engine.testing.contract:check",
+            summary="model directory -> normalized model config",
+        ),
+    )
+}
+
+
+def family_for_flag() -> dict[str, tuple[Family, Flag]]:
+    """Map each flag's ``dest`` to its family and flag."""
+    return {fl.dest: (fam, fl) for fam in FAMILIES.values() for fl in fam.flags}

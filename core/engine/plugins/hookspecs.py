@@ -1,0 +1,130 @@
+"""Every extension point of engine, with its contract. This module is the plugin API.
+
+A selected plugin's implementation object (the ``implementation`` of its manifest: a module or
+an instance carrying ``@hookimpl`` functions) is registered with the plugin manager and called
+through these hooks, so pluggy validates argument names at registration and ``--trace-plugins``
+can time every call.
+
+Family hooks are ``firstresult`` and are always called on one plugin: the one the user (or
+``auto``) selected for that family. Cross-cutting hooks are called on every registered plugin.
+All hook arguments are keyword-only; an implementation may accept any subset of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+PROJECT = "engine"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# --------------------------------------------------------------------------- family hooks
+
+
+@hookspec(firstresult=True)
+def engine_create_attention_backend(pool: Any, model_config: Any, config: Any) -> Any:
+    """Build the attention backend for one model runner.
+
+    :param pool: the :class:`engine.runtime.attention.KVPool` (its ``device``/``dtype`` are the
+        model's; ``page_size`` is the configured page size)
+    :param model_config: the normalized :class:`engine.models.config.ModelConfig`
+    :param config: the frozen :class:`engine.config.ServerConfig`
+    :return: an :class:`engine.runtime.attention.AttentionBackend`. It receives one
+        :class:`engine.runtime.batch.Batch` per forward through ``prepare(batch)``, then
+        ``forward_extend``/``forward_decode`` per layer; it writes the new K/V into the paged
+        pool and must never silently hand work to another backend.
+    """
+
+
+@hookspec(firstresult=True)
+def engine_create_moe_runner(model_config: Any, config: Any) -> Any:
+    """Build the routed-experts runner: hidden states + top-k ids/weights -> combined output."""
+
+
+@hookspec(firstresult=True)
+def engine_create_moe_a2a(model_config: Any, config: Any) -> Any:
+    """Build the expert-parallel token dispatcher (dispatch before experts, combine after)."""
+
+
+@hookspec(firstresult=True)
+def engine_create_quant_method(model_config: Any, config: Any, quant_config: Any) -> Any:
+    """Build the quantization method for linear layers.
+
+    :param quant_config: the checkpoint's ``quantization_config`` dict, or ``None``
+    :return: an :class:`engine.runtime.linear.QuantMethod`: ``create_weights(layer, ...)``,
+        ``process_weights_after_loading(layer)``, ``apply(layer, x, bias)``.
+    """
+
+
+@hookspec(firstresult=True)
+def engine_create_speculative_proposer(model_config: Any, config: Any) -> Any:
+    """Build a draft-token proposer; the core verifies drafts in one target forward."""
+
+
+@hookspec(firstresult=True)
+def engine_create_hicache_storage(config: Any, options: dict[str, Any]) -> Any:
+    """Build a KV page store with ``get/set/exists`` (and batched forms) keyed by prefix hash."""
+
+
+@hookspec(firstresult=True)
+def engine_create_reasoning_parser(options: dict[str, Any], chat_template: str | None) -> Any:
+    """Return a factory that builds one reasoning parser per request.
+
+    :param options: this plugin's parsed options (may be empty)
+    :param chat_template: the served model's chat template source, or ``None`` when unknown;
+        ``auto`` detects its parser from it, others may read whether it pre-opens reasoning
+    :return: a callable ``factory(*, chat_template_kwargs: dict, reasoning_effort: str | None)
+        -> engine.parsers.base.ReasoningParser`` (the request decides whether reasoning is on)
+    """
+
+
+@hookspec(firstresult=True)
+def engine_create_tool_parser(options: dict[str, Any], chat_template: str | None) -> Any:
+    """Return a factory that builds one tool-call parser per request.
+
+    :return: a callable ``factory(*, tools: list[dict]) -> engine.parsers.base.ToolParser``;
+        ``tools`` is the request's OpenAI ``tools`` array.
+    """
+
+
+@hookspec(firstresult=True)
+def engine_parse_model_config(model_path: str, config: Any) -> Any:
+    """Read a model directory or file into a :class:`engine.models.config.ModelConfig`.
+
+    :return: the config, or ``None`` when this parser does not recognise the path.
+    """
+
+
+# --------------------------------------------------------------------------- cross-cutting hooks
+
+
+@hookspec
+def engine_register_architectures(registry: Any) -> None:
+    """Add model architectures: ``registry.register("LlamaForCausalLM", "module:Class")``.
+
+    Called on every registered plugin before the model is built; the registry imports the class
+    only when that architecture is served.
+    """
+
+
+@hookspec
+def engine_startup(config: Any) -> None:
+    """Called once after the runtime is built and before the server accepts requests."""
+
+
+@hookspec
+def engine_shutdown() -> None:
+    """Called once when the server stops."""
+
+
+@hookspec
+def engine_on_request(request: Any) -> None:
+    """Observe a request as it is admitted (read-only)."""
+
+
+@hookspec
+def engine_after_forward(batch: Any, next_token_ids: Any) -> None:
+    """Observe a forward step after sampling (read-only). Only called when implemented."""

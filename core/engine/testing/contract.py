@@ -1,0 +1,101 @@
+"""The contract checks every plugin must pass, then the family's own conformance suite.
+
+``engine plugins check NAME`` and the test suite call :func:`run_checks`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from engine.plugins.discovery import AVAILABLE, BROKEN, INCOMPATIBLE, PluginRecord
+from engine.plugins.families import FAMILIES
+from engine.errors import PluginError
+from engine.plugins.registry import Registry
+
+HEAVY = ("torch", "triton", "transformers", "flashinfer", "numpy")
+
+#: family -> keyword arguments for the family hook when a suite wants the product directly
+PRODUCT_KWARGS: dict[str, dict[str, Any]] = {
+    "reasoning_parser": {"options": {}, "chat_template": None},
+    "tool_parser": {"options": {}, "chat_template": None},
+}
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: str  # "pass", "fail", "skip"
+    detail: str = ""
+
+
+def manifest_import_cost(record: PluginRecord) -> list[str]:
+    """Import the manifest module in a fresh interpreter; return heavy modules it pulled in."""
+    module = record.entry_point.partition(":")[0]
+    impl = (record.manifest.implementation or "").partition(":")[0] if record.manifest else ""
+    code = (
+        "import importlib, json, sys; importlib.import_module(%r); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in %r or m == %r)))"
+        % (module, HEAVY, impl)
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        return [f"<import failed: {out.stderr.strip().splitlines()[-1:]}>"]
+    return json.loads(out.stdout)
+
+
+def run_checks(registry: Registry, record: PluginRecord) -> list[CheckResult]:
+    results: list[CheckResult] = []
+    if record.status == BROKEN or record.manifest is None:
+        return [CheckResult("manifest valid", "fail", record.reason)]
+    results.append(CheckResult("manifest valid", "pass"))
+    if record.status == INCOMPATIBLE:
+        return results + [CheckResult("plugin API version", "fail", record.reason)]
+    results.append(CheckResult("plugin API version", "pass"))
+    heavy = manifest_import_cost(record)
+    results.append(CheckResult("manifest import is cheap", "fail" if heavy else "pass",
+                               f"pulled in {', '.join(heavy)}" if heavy else ""))
+    if record.status != AVAILABLE:
+        results.append(CheckResult("loads", "skip", record.status_line()))
+        return results
+    try:
+        registry.load(record)
+        results.append(CheckResult("loads and matches the hook specifications", "pass"))
+    except PluginError as exc:
+        return results + [CheckResult("loads and matches the hook specifications", "fail",
+                                      str(exc))]
+    family = FAMILIES[record.family]
+    hook = getattr(registry.pm.hook, family.hook)
+    impl_obj = registry.load(record)
+    if not any(i.plugin is impl_obj for i in hook.get_hookimpls()):
+        return results + [CheckResult(f"implements {family.hook}", "fail")]
+    results.append(CheckResult(f"implements {family.hook}", "pass"))
+    suite = _load_suite(family.conformance)
+    if suite is None:
+        results.append(CheckResult("family conformance suite", "skip", "none for this family"))
+        return results
+    try:
+        if record.family in PRODUCT_KWARGS:
+            product: Any = registry.call_family_hook(record, **PRODUCT_KWARGS[record.family])
+        else:
+            product = lambda **kw: registry.call_family_hook(record, **kw)  # noqa: E731
+        failures = suite(record.name, product)
+    except Exception as exc:  # the suite reports a crashing plugin as a failure
+        failures = [f"raised {type(exc).__name__}: {exc}"]
+    if failures:
+        results.extend(CheckResult(f"conformance: {f}", "fail") for f in failures)
+    else:
+        results.append(CheckResult(f"{record.family} conformance suite", "pass"))
+    return results
+
+
+def _load_suite(ref: str) -> Callable[[str, Any], list[str]] | None:
+    module, _, attr = ref.partition(":")
+    if module == "engine.testing.contract" or importlib.util.find_spec(module) is None:
+        return None
+    return getattr(importlib.import_module(module), attr)
