@@ -69,9 +69,11 @@ def installed(tmp_path_factory):
                              "raise RuntimeError('boom at import')\n"))
     dirs.append(write_plugin(root, "engine-t-notplugin", "engine.tool_parser", "t_notplugin",
                              "plugin = 42\n"))
+    dirs.append(write_plugin(root, "engine-t-noattr", "engine.tool_parser", "t_noattr",
+                             "other = 1\n"))
     install(*dirs)
     yield root
-    uninstall(*[s[0] for s in SPECS], "engine-t-broken", "engine-t-notplugin")
+    uninstall(*[s[0] for s in SPECS], "engine-t-broken", "engine-t-notplugin", "engine-t-noattr")
 
 
 def by_name(records, name, dist=None):
@@ -91,6 +93,8 @@ def test_statuses_with_reasons(installed):
     assert broken.distribution == "engine-t-broken"
     notplugin = by_name(records, "t_notplugin")[0]
     assert notplugin.status == "broken" and "not a Plugin" in notplugin.reason
+    noattr = by_name(records, "t_noattr")[0]
+    assert noattr.status == "broken" and "AttributeError" in noattr.reason
     npu = by_name(records, "t_npu")[0]
     assert npu.status == "unavailable" and "Ascend NPU" in npu.reason
 
@@ -162,6 +166,9 @@ def test_cli_list_json_and_errors(installed):
     unknown = engine("serve", "--reasoning-parser", "t_alpah")
     assert unknown.returncode == 2 and "did you mean 't_alpha'" in unknown.stderr
     assert "installed:" in unknown.stderr
+    broken = engine("serve", "--reasoning-parser", "t_broken")
+    assert broken.returncode == 2 and "Traceback" not in broken.stderr
+    assert broken.stderr.count("\n") == 1 and "engine-t-broken" in broken.stderr
     dup = engine("serve", "--reasoning-parser", "t_dup")
     assert dup.returncode == 2 and "engine-t-dup-one and engine-t-dup-two" in dup.stderr
 
