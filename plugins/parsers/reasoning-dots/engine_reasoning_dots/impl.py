@@ -1,0 +1,15 @@
+"""The dots reasoning parser: a configuration of the shared tag splitter."""
+
+from engine.parsers.reasoning import ParserFactory
+from engine.plugins import hookimpl
+
+
+@hookimpl
+def engine_create_reasoning_parser(options, chat_template):
+    return ParserFactory(
+        "dots",
+        policy="enable_thinking",
+        chat_template=chat_template,
+        options=options,
+        tool_starts=("<tool_call>",),
+    )

@@ -1,0 +1,125 @@
+"""Harmony (gpt-oss) channels -> reasoning and content.
+
+Messages: ``[<|start|>ROLE]<|channel|>CHANNEL[ to=RECIPIENT][ <|constrain|>json]<|message|>BODY``
+ended by ``<|end|>``, ``<|call|>`` or ``<|return|>`` (a new ``<|start|>``/``<|channel|>`` also ends
+an unterminated body). ``analysis`` bodies are reasoning; ``final`` and recipient-less
+``commentary`` bodies are content; a message with a recipient (a tool call, on ``commentary`` or
+``analysis``) is passed into content raw, framing included, for the tool parser; it is prefixed
+with ``<|start|>assistant`` when the model's output began inside that message. Other channels
+are dropped. Text outside any message (no Harmony markers) is content. Analysis and final text
+stream at once; a tool message is held until its terminator. Streamed == whole for every split.
+"""
+
+from __future__ import annotations
+
+import re
+
+from engine.parsers.reasoning import (
+    ParserFactory,
+    StreamingReasoningParser,
+    find_first,
+    partial_tail,
+)
+from engine.plugins import hookimpl
+
+START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
+TERMINATORS = ("<|end|>", "<|call|>", "<|return|>")
+OUTSIDE_MARKERS = (START, CHANNEL, *TERMINATORS)
+BODY_MARKERS = (*TERMINATORS, START, CHANNEL)
+_CHANNEL_NAME = re.compile(r"<\|channel\|>\s*([A-Za-z_]+)")
+_RECIPIENT = re.compile(r"\bto=[^\s<]+")
+
+_OUT, _HEADER, _BODY = range(3)
+
+
+class HarmonyReasoningParser(StreamingReasoningParser):
+    """Splits a Harmony channel stream (see the module docstring)."""
+
+    def __init__(self, **base) -> None:
+        super().__init__(**base)
+        self._state = _OUT
+        self._kind = ""  # body route: "reasoning", "content", "tool" or "skip"
+        self._raw = ""  # a tool message held until its terminator
+
+    def _step(self, final: bool) -> tuple[str, str]:
+        r: list[str] = []
+        c: list[str] = []
+        buf = self._buf
+        while True:
+            if self._state == _OUT:
+                i, m = find_first(buf, OUTSIDE_MARKERS)
+                if i == -1:
+                    keep = 0 if final else partial_tail(buf, OUTSIDE_MARKERS)
+                    c.append(buf[: len(buf) - keep])
+                    buf = buf[len(buf) - keep:]
+                    break
+                c.append(buf[:i])
+                if m in TERMINATORS:
+                    buf = buf[i + len(m):]
+                else:
+                    buf = buf[i:]
+                    self._state = _HEADER
+            elif self._state == _HEADER:
+                i = buf.find(MESSAGE)
+                if i == -1:
+                    if final:
+                        buf = ""
+                    break
+                self._open(buf[:i])
+                buf = buf[i + len(MESSAGE):]
+            else:
+                i, m = find_first(buf, BODY_MARKERS)
+                if i == -1:
+                    keep = 0 if final else partial_tail(buf, BODY_MARKERS)
+                    self._body(buf[: len(buf) - keep], r, c)
+                    buf = buf[len(buf) - keep:]
+                    if final:
+                        self._close("", c)
+                    break
+                self._body(buf[:i], r, c)
+                if m in TERMINATORS:
+                    self._close(m, c)
+                    buf = buf[i + len(m):]
+                else:
+                    self._close("", c)
+                    buf = buf[i:]
+                self._state = _OUT if m in TERMINATORS else _HEADER
+        self._buf = buf
+        return "".join(r), "".join(c)
+
+    def _open(self, header: str) -> None:
+        self._state = _BODY
+        found = _CHANNEL_NAME.search(header)
+        channel = found.group(1) if found else ""
+        if _RECIPIENT.search(header):
+            self._kind = "tool"
+            prefix = "" if header.startswith(START) else START + "assistant"
+            self._raw = prefix + header + MESSAGE
+        elif channel == "analysis":
+            self._kind = "reasoning"
+            self._reasoning_open = True
+        elif channel in ("final", "commentary"):
+            self._kind = "content"
+        else:
+            self._kind = "skip"
+
+    def _body(self, text: str, r: list[str], c: list[str]) -> None:
+        if self._kind == "reasoning":
+            r.append(text)
+        elif self._kind == "content":
+            c.append(text)
+        elif self._kind == "tool":
+            self._raw += text
+
+    def _close(self, terminator: str, c: list[str]) -> None:
+        if self._kind == "tool":
+            c.append(self._raw + terminator)
+            self._raw = ""
+        elif self._kind == "reasoning":
+            self._reasoning_open = False
+        self._kind = "skip"
+
+
+@hookimpl
+def engine_create_reasoning_parser(options, chat_template):
+    return ParserFactory("gpt-oss", HarmonyReasoningParser, policy=None, options=options)

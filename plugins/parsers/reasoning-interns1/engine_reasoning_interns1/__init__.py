@@ -1,0 +1,13 @@
+"""The interns1 reasoning parser plugin.
+
+Manifest only; the implementation loads on selection.
+"""
+
+from engine.plugins import Plugin
+
+plugin = Plugin(
+    name="interns1",
+    family="reasoning_parser",
+    implementation="engine_reasoning_interns1.impl",
+    description="Intern-S1: <think>...</think>, on unless enable_thinking=false",
+)

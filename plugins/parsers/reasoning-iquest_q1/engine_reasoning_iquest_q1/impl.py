@@ -1,0 +1,9 @@
+"""The iquest_q1 reasoning parser: a configuration of the shared tag splitter."""
+
+from engine.parsers.reasoning import ParserFactory
+from engine.plugins import hookimpl
+
+
+@hookimpl
+def engine_create_reasoning_parser(options, chat_template):
+    return ParserFactory("iquest_q1", policy="iquest", template_overrides=False, options=options)

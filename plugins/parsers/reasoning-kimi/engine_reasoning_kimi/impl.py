@@ -1,0 +1,16 @@
+"""The kimi reasoning parser: a configuration of the shared tag splitter."""
+
+from engine.parsers.reasoning import ParserFactory
+from engine.plugins import hookimpl
+
+
+@hookimpl
+def engine_create_reasoning_parser(options, chat_template):
+    return ParserFactory(
+        "kimi",
+        policy="never",
+        template_overrides=False,
+        options=options,
+        start="◁think▷",
+        end="◁/think▷",
+    )

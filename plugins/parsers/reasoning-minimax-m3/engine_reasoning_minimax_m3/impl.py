@@ -1,0 +1,17 @@
+"""The minimax-m3 reasoning parser: a configuration of the shared tag splitter."""
+
+from engine.parsers.reasoning import ParserFactory
+from engine.plugins import hookimpl
+
+
+@hookimpl
+def engine_create_reasoning_parser(options, chat_template):
+    return ParserFactory(
+        "minimax-m3",
+        policy="minimax_m3",
+        template_overrides=False,
+        options=options,
+        start="<mm:think>",
+        end="</mm:think>",
+        drop_leading_end=True,
+    )

@@ -1,0 +1,13 @@
+"""The mistral reasoning parser plugin.
+
+Manifest only; the implementation loads on selection.
+"""
+
+from engine.plugins import Plugin
+
+plugin = Plugin(
+    name="mistral",
+    family="reasoning_parser",
+    implementation="engine_reasoning_mistral.impl",
+    description="Mistral (Magistral, Small-4): [THINK]...[/THINK], on with reasoning_effort",
+)

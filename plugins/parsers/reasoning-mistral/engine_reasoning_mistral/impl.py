@@ -1,0 +1,16 @@
+"""The mistral reasoning parser: a configuration of the shared tag splitter."""
+
+from engine.parsers.reasoning import ParserFactory
+from engine.plugins import hookimpl
+
+
+@hookimpl
+def engine_create_reasoning_parser(options, chat_template):
+    return ParserFactory(
+        "mistral",
+        policy="mistral",
+        chat_template=chat_template,
+        options=options,
+        start="[THINK]",
+        end="[/THINK]",
+    )

@@ -1,0 +1,15 @@
+"""The qwen3-thinking reasoning parser: a configuration of the shared tag splitter."""
+
+from engine.parsers.reasoning import ParserFactory
+from engine.plugins import hookimpl
+
+
+@hookimpl
+def engine_create_reasoning_parser(options, chat_template):
+    return ParserFactory(
+        "qwen3-thinking",
+        policy="always",
+        template_overrides=False,
+        options=options,
+        tool_starts=("<tool_call>",),
+    )

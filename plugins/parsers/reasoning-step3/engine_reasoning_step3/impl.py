@@ -1,0 +1,9 @@
+"""The step3 reasoning parser: a configuration of the shared tag splitter."""
+
+from engine.parsers.reasoning import ParserFactory
+from engine.plugins import hookimpl
+
+
+@hookimpl
+def engine_create_reasoning_parser(options, chat_template):
+    return ParserFactory("step3", policy="always", template_overrides=False, options=options)
