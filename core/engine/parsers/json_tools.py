@@ -1,0 +1,645 @@
+"""Tool-call formats whose arguments are JSON (or Python literals), built on the toolkit.
+
+Each class is configured by class attributes; plugins subclass with their markers. All of them
+follow :mod:`engine.parsers.toolkit`: unknown names and malformed blocks become content, canonical
+arguments are ``json.dumps(..., ensure_ascii=False)``.
+
+- :class:`JsonTagParser`: one JSON call object ``{"name", "arguments"|"parameters"}`` inside start
+  and end tags (Qwen ``<tool_call>``, Hermes, InternLM actions, GigaChat 3 without end tag).
+  String-aware: a closing tag inside a string argument does not end the call.
+- :class:`JsonListParser`: a JSON array of calls after a start tag, optionally closed by an end
+  tag (Mistral legacy arrays, Cohere ``<|START_ACTION|>``, Apertus single-key objects).
+- :class:`JsonSequenceParser`: call objects separated by ``;`` after a prefix, or a response that
+  opens with ``{`` (Llama 3 ``<|python_tag|>``).
+- :class:`MistralParser`: ``[TOOL_CALLS]`` followed by either an array or ``name[ARGS]{...}``.
+- :class:`SectionParser`: a section of units ``<begin>HEADER<sep>JSON<end>`` (DeepSeek V3/V3.1,
+  Kimi K2); the header names the tool.
+- :class:`PythonicParser`: ``[f(a=1, b="x"), g()]`` read with :mod:`ast`, literals only.
+
+Streaming: ``incremental = True`` emits the name once read and then the arguments as they settle;
+otherwise each call is emitted whole when its element (or block) is complete. Incremental formats
+carry the toolkit's documented asymmetry: a call whose name was emitted and which then turns out
+malformed (or is cut off by the end of the stream) has no counterpart in ``parse``; both return
+its raw text as content. :class:`SectionParser` and :class:`JsonSequenceParser` are incremental;
+:class:`JsonTagParser` and :class:`JsonListParser` when ``incremental`` is set; Mistral's array
+form is, its compact form is not.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any
+
+from engine.parsers.toolkit import (
+    Block,
+    CallState,
+    JsonCallStreamer,
+    JsonStreamer,
+    StreamingToolParser,
+    match_token,
+    skip_ws,
+)
+
+__all__ = [
+    "JsonListParser",
+    "JsonNamedObjectStreamer",
+    "JsonSequenceParser",
+    "JsonTagParser",
+    "MistralParser",
+    "PythonicParser",
+    "SectionParser",
+    "parse_pythonic_calls",
+]
+
+class JsonNamedObjectStreamer(JsonStreamer):
+    """A single-key object ``{NAME: ARGS}`` (Apertus). ``name``/``arguments`` are final once
+    ``done``; ``invalid`` when there is not exactly one key or ARGS is not an object."""
+
+    def __init__(self, *, compact: bool = False) -> None:
+        super().__init__(compact=compact, require_object=True)
+        self.name: str | None = None
+        self.arguments = ""
+        self.invalid = False
+        self._keys = 0
+        self._at = 0
+        self._key = ""
+
+    def _on_key(self, key: str) -> None:
+        self._keys += 1
+        if self._keys == 1:
+            self._key = key
+        else:
+            self.invalid = True
+
+    def _on_value_start(self) -> None:
+        self._at = len(self.out)
+
+    def _on_value_end(self) -> None:
+        raw = self.out[self._at :]
+        if self._keys == 1 and raw.startswith("{"):
+            self.name, self.arguments = self._key, raw
+        else:
+            self.invalid = True
+
+
+# --------------------------------------------------------------------------- JSON in tags
+
+
+class JsonTagParser(StreamingToolParser):
+    """``<start> {"name": ..., "arguments": {...}} <end>``; one call per block.
+
+    ``end_marker = ""``: the block ends with the JSON object. A complete object whose end tag is
+    missing when the stream ends is accepted. Text between the object and the end tag, other
+    than whitespace, makes the block malformed.
+    """
+
+    end_marker: str = ""
+    name_keys: tuple[str, ...] = ("name",)
+    args_keys: tuple[str, ...] = ("arguments", "parameters")
+    incremental: bool = False
+
+    def advance(self, text: str, block: Block, final: bool) -> None:
+        if not block.calls:
+            call = CallState(start=block.start)
+            call.data = JsonCallStreamer(
+                name_keys=self.name_keys, args_keys=self.args_keys, compact=self.compact
+            )
+            block.calls.append(call)
+        call = block.calls[0]
+        js: JsonCallStreamer = call.data
+        if not js.done:
+            block.scan = js.feed(text, block.scan)
+            if self.incremental:  # publish before judging, so every chunking decides alike
+                if call.name is None and js.name is not None:
+                    call.name = js.name
+                call.arguments = js.arguments
+            if js.failed or js.invalid:
+                block.invalid = True
+                return
+            if not js.done:
+                return
+            if js.name is None or not self.accept(js.name):
+                block.invalid = True
+                return
+            if self.incremental:
+                call.arguments, call.done, call.end = js.arguments, True, block.scan
+        end = self.end_marker
+        i = skip_ws(text, block.scan)
+        if not end:
+            block.end = block.scan
+        elif (j := match_token(text, i, end, final)) is None:
+            return
+        elif j >= 0:
+            block.end = j
+        elif final and i == len(text):
+            block.end = block.scan
+        else:
+            block.invalid = True
+            return
+        call.name, call.arguments, call.done, call.end = js.name, js.arguments, True, block.end
+
+    def accept(self, name: str) -> bool:
+        """Extra validation of a complete call's name (e.g. one call per response)."""
+        return True
+
+
+# --------------------------------------------------------------------------- JSON lists
+
+
+class JsonListParser(StreamingToolParser):
+    """``<start> [call, call, ...] <end>``: a JSON array of call objects.
+
+    ``element``: ``"call"`` (objects with ``name_keys``/``args_keys``) or ``"named"`` (single-key
+    ``{NAME: ARGS}``). ``end_marker`` (optional) must follow the array; a complete array whose end
+    tag is missing at the end of the stream is accepted. Unknown names in the array become
+    content (their element's raw text). A truncated array keeps its complete calls.
+    """
+
+    end_marker: str = ""
+    element: str = "call"
+    name_keys: tuple[str, ...] = ("name",)
+    args_keys: tuple[str, ...] = ("arguments", "parameters")
+    incremental: bool = False
+
+    def _new_streamer(self) -> JsonStreamer:
+        if self.element == "named":
+            return JsonNamedObjectStreamer(compact=self.compact)
+        return JsonCallStreamer(
+            name_keys=self.name_keys, args_keys=self.args_keys, compact=self.compact
+        )
+
+    def advance(self, text: str, block: Block, final: bool) -> None:
+        phase = getattr(block, "phase", "open")
+        while True:
+            i = skip_ws(text, block.scan)
+            if phase != "in" and i >= len(text):
+                if final and phase == "trailer":
+                    block.end = block.scan
+                elif final and phase == "sep":
+                    pass  # truncated array: complete calls stay, the rest is content
+                block.phase = phase
+                return
+            if phase == "open":
+                if text[i] != "[":
+                    block.invalid = True
+                    return
+                block.scan, phase = i + 1, "first"
+            elif phase in ("first", "elem"):
+                c = text[i]
+                if phase == "first" and c == "]":
+                    block.scan, phase = i + 1, "trailer"
+                    continue
+                if c != "{":
+                    block.invalid = True
+                    return
+                call = CallState(start=i)
+                call.data = self._new_streamer()
+                block.calls.append(call)
+                block.scan, phase = i, "in"
+            elif phase == "in":
+                call = block.calls[-1]
+                js = call.data
+                block.scan = js.feed(text, block.scan)
+                if self.incremental:
+                    if call.name is None and js.name is not None:
+                        call.name = js.name
+                    call.arguments = js.arguments
+                if js.failed or js.invalid:
+                    block.invalid = True
+                    return
+                if not js.done:
+                    block.phase = phase
+                    return
+                if js.name is None:
+                    block.invalid = True
+                    return
+                call.name, call.arguments, call.done, call.end = (
+                    js.name, js.arguments, True, block.scan)
+                phase = "sep"
+            elif phase == "sep":
+                c = text[i]
+                if c == ",":
+                    block.scan, phase = i + 1, "elem"
+                elif c == "]":
+                    block.scan, phase = i + 1, "trailer"
+                else:
+                    block.invalid = True
+                    return
+            else:  # trailer
+                if not self.end_marker:
+                    block.end = block.scan
+                    return
+                j = match_token(text, i, self.end_marker, final)
+                if j is None:
+                    block.phase = phase
+                    return
+                if j < 0:
+                    block.invalid = True
+                    return
+                block.end = j
+                return
+
+
+class MistralParser(JsonListParser):
+    """Mistral: ``[TOOL_CALLS] [{"name", "arguments"}, ...]`` (array, streamed incrementally) or
+    ``[TOOL_CALLS]name[ARGS]{...}`` (compact, one call per unit, emitted when its JSON closes).
+    A missing ``]`` after ``[TOOL_CALLS`` or ``[ARGS`` is tolerated. Every compact unit is
+    parsed (not only the first)."""
+
+    start_markers = ("[TOOL_CALLS",)
+    incremental = True
+    join_with_whitespace = True  # content = text before + " " + text after, as the reference
+    _NAME = re.compile(r"[A-Za-z0-9_.\-]*")
+
+    def advance(self, text: str, block: Block, final: bool) -> None:
+        mode = getattr(block, "mode", None)
+        if mode is None:
+            i = block.scan
+            if i >= len(text):
+                if final:
+                    block.invalid = True
+                return
+            if text[i] == "]":
+                i += 1
+            i = skip_ws(text, i)
+            if i >= len(text):
+                if final:
+                    block.invalid = True
+                return
+            block.scan = i
+            block.mode = mode = "array" if text[i] == "[" else "compact"
+        if mode == "array":
+            super().advance(text, block, final)
+            return
+        self._compact(text, block, final)
+
+    def _compact(self, text: str, block: Block, final: bool) -> None:
+        js = getattr(block, "json", None)
+        if js is None:
+            m = self._NAME.match(text, block.scan)
+            j = m.end()
+            if j >= len(text):
+                if final or j - block.scan > 256:
+                    block.invalid = True
+                return
+            k = match_token(text, j, "[ARGS", final)
+            name = text[block.scan : j]
+            if k is None:
+                return
+            if k < 0 or not name:
+                block.invalid = True
+                return
+            if k < len(text) and text[k] == "]":
+                k += 1
+            elif k >= len(text) and not final:
+                return  # the optional "]" may still come
+            block.name, block.json = name, JsonStreamer(compact=self.compact)
+            block.scan = k
+            js = block.json
+        block.scan = js.feed(text, block.scan)
+        if js.failed:
+            block.invalid = True
+        elif js.done:
+            block.end = block.scan
+            block.calls.append(CallState(block.name, js.out, True, block.start, block.end))
+
+
+class JsonSequenceParser(StreamingToolParser):
+    """Llama 3: ``<|python_tag|>{call}; {call}`` or a response that opens with ``{``.
+
+    Calls are ``{"name", "parameters"|"arguments"}`` objects separated by ``;``; the block ends
+    after the last object (text after it is content). Streamed incrementally.
+    """
+
+    start_markers = ("<|python_tag|>",)
+    separator = ";"
+    incremental = True
+    bare_object_at_start = True
+
+    def __init__(self, *, tools: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(tools=tools)
+        self._opened = False  # some non-whitespace text or a block has been seen
+
+    def find_start(self, text: str, pos: int) -> tuple[int, str] | None:
+        if self.bare_object_at_start and not self._opened:
+            i = skip_ws(text, pos)
+            if i < len(text):
+                self._opened = True
+                if text[i] == "{":
+                    return (i, "{")
+        return super().find_start(text, pos)
+
+    def advance(self, text: str, block: Block, final: bool) -> None:
+        if block.marker == "{" and not block.calls and block.scan == block.start + 1:
+            block.scan = block.start
+        while True:
+            if not block.calls or block.calls[-1].done:
+                i = skip_ws(text, block.scan)
+                if block.calls:  # after a call: a separator, or the end of the block
+                    if i >= len(text):
+                        if final:
+                            block.end = block.calls[-1].end
+                        return
+                    if text[i] != self.separator:
+                        block.end = block.calls[-1].end
+                        return
+                    i = skip_ws(text, i + 1)
+                if i >= len(text):
+                    if final:
+                        if block.calls:
+                            block.end = block.calls[-1].end
+                        else:
+                            block.invalid = True
+                    return
+                if text[i] != "{":
+                    if block.calls:
+                        block.end = block.calls[-1].end
+                    else:
+                        block.invalid = True
+                    return
+                call = CallState(start=i)
+                call.data = JsonCallStreamer(compact=self.compact)
+                block.calls.append(call)
+                block.scan = i
+            call = block.calls[-1]
+            js = call.data
+            block.scan = js.feed(text, block.scan)
+            if call.name is None and js.name is not None:
+                call.name = js.name
+            call.arguments = js.arguments
+            if js.failed or js.invalid:
+                block.invalid = True
+                return
+            if not js.done:
+                return
+            if call.name is None:
+                block.invalid = True
+                return
+            call.done, call.end = True, block.scan
+
+
+# --------------------------------------------------------------------------- header sections
+
+
+class SectionParser(StreamingToolParser):
+    """A section ``<begin> (<call_begin> HEADER <header_end> JSON [trailer] <call_end>)* <end>``.
+
+    Subclasses set the markers and :meth:`call_name` (the tool name from the header text, or
+    None when malformed). The name is emitted when ``header_end`` arrives and the arguments
+    stream as the JSON settles. Whitespace between elements is allowed. A section whose end
+    marker is missing when the stream ends keeps its complete calls.
+    """
+
+    section_end: tuple[str, ...] = ()
+    call_begin = ""
+    header_end = ""
+    args_trailer = ""  #: text after the JSON, before ``call_end`` (DeepSeek V3's closing fence)
+    call_end = ""
+    max_header = 512
+
+    def call_name(self, header: str) -> str | None:
+        name = header.strip()
+        return name or None
+
+    def advance(self, text: str, block: Block, final: bool) -> None:
+        while True:
+            phase = getattr(block, "phase", "between")
+            if phase == "between":
+                i = skip_ws(text, block.scan)
+                for tok in (self.call_begin, *self.section_end):
+                    j = match_token(text, i, tok, final)
+                    if j is None:
+                        return
+                    if j >= 0:
+                        break
+                else:
+                    if final and i >= len(text) and block.calls:
+                        block.end = block.calls[-1].end
+                    else:
+                        block.invalid = True
+                    return
+                if tok != self.call_begin:
+                    block.end = j
+                    return
+                block.calls.append(CallState(start=i))
+                block.scan, block.phase = j, "header"
+            elif phase == "header":
+                k = text.find(self.header_end, block.scan)
+                if k < 0:
+                    if len(text) - block.scan > self.max_header or final:
+                        block.invalid = True
+                    return
+                name = self.call_name(text[block.scan : k])
+                if name is None:
+                    block.invalid = True
+                    return
+                call = block.calls[-1]
+                call.name, call.data = name, JsonStreamer(compact=self.compact)
+                block.scan, block.phase = k + len(self.header_end), "args"
+            elif phase == "args":
+                call = block.calls[-1]
+                js = call.data
+                block.scan = js.feed(text, block.scan)
+                call.arguments = js.out
+                if js.failed:
+                    block.invalid = True
+                    return
+                if not js.done:
+                    return
+                call.done, call.end = True, block.scan
+                block.phase = "trailer" if self.args_trailer else "close"
+            elif phase == "trailer":
+                i = skip_ws(text, block.scan)
+                j = match_token(text, i, self.args_trailer, final)
+                if j is None:
+                    return
+                if j < 0:
+                    block.invalid = True
+                    return
+                block.scan, block.phase = j, "close"
+            else:  # close
+                i = skip_ws(text, block.scan)
+                j = match_token(text, i, self.call_end, final)
+                if j is None:
+                    return
+                if j < 0:
+                    block.invalid = True
+                    return
+                block.calls[-1].end = j
+                block.scan, block.phase = j, "between"
+
+
+# --------------------------------------------------------------------------- pythonic
+
+
+class _NotLiteral(Exception):
+    pass
+
+
+_JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False,
+               "None": None}
+
+
+def _literal(node: ast.AST) -> Any:
+    """A Python (or JSON-style) literal; anything else raises ``_NotLiteral``."""
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, (str, int, float, bool)) or node.value is None:
+            return node.value
+        raise _NotLiteral
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        out = {}
+        for k, v in zip(node.keys, node.values):
+            if k is None:
+                raise _NotLiteral
+            key = _literal(k)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise _NotLiteral
+            out[key] = _literal(v)
+        return out
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _literal(node.operand)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return -v if isinstance(node.op, ast.USub) else v
+        raise _NotLiteral
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    raise _NotLiteral
+
+
+def _call_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _call_name(node.value)
+        return None if base is None else base + "." + node.attr
+    return None
+
+
+def parse_pythonic_calls(src: str) -> list[tuple[str, dict[str, Any]]] | None:
+    """``[f(a=1), g(b="x")]`` → ``[("f", {"a": 1}), ("g", {"b": "x"})]``; None if it is not a
+    list of calls with keyword literal arguments. Nothing is evaluated."""
+    try:
+        tree = ast.parse(src.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    body = tree.body
+    if not isinstance(body, ast.List) or not body.elts:
+        return None
+    calls = []
+    try:
+        for el in body.elts:
+            if not isinstance(el, ast.Call) or el.args:
+                return None
+            name = _call_name(el.func)
+            if name is None or any(kw.arg is None for kw in el.keywords):
+                return None
+            calls.append((name, {kw.arg: _literal(kw.value) for kw in el.keywords}))
+    except (_NotLiteral, RecursionError):
+        return None
+    return calls
+
+
+_PY_SCAN = re.compile(r"""[\[\](){}'"#]""")
+_QUOTE_STOP = {"'": re.compile(r"['\\]"), '"': re.compile(r'["\\]')}
+
+
+class PythonicParser(StreamingToolParser):
+    """A Python list of calls ``[get_weather(city="Paris", days=3), get_time(tz="CET")]``.
+
+    Starts at ``[`` followed by ``name(`` (or at a ``start_markers`` wrapper such as Llama 4's
+    ``<|python_start|>``, whose ``wrapper_end`` is dropped after the list). Calls are emitted when
+    the list closes (atomic). Only keyword arguments with literal values are accepted;
+    ``true``/``false``/``null`` are read as JSON literals.
+    """
+
+    start_markers = ("[", "<|python_start|>")
+    wrapper_markers: tuple[str, ...] = ("<|python_start|>",)
+    wrapper_end = "<|python_end|>"
+    _HEAD = re.compile(r"\s*[A-Za-z_][\w.]*\s*\(")
+    _HEAD_PARTIAL = re.compile(r"\s*(?:[A-Za-z_][\w.]*\s*)?\Z")
+
+    def advance(self, text: str, block: Block, final: bool) -> None:
+        if not hasattr(block, "depth"):
+            at = block.start
+            if block.marker in self.wrapper_markers:
+                at = skip_ws(text, block.scan)
+                if at >= len(text):
+                    if final:
+                        block.invalid = True
+                    return
+                if text[at] != "[":
+                    block.invalid = True
+                    return
+            m = self._HEAD.match(text, at + 1)
+            if m is None:
+                if final or not self._HEAD_PARTIAL.match(text, at + 1):
+                    block.invalid = True
+                return
+            block.list_at, block.depth, block.quote, block.scan = at, 0, "", at
+        self._scan(text, block)
+        if block.invalid or block.depth or not hasattr(block, "list_end"):
+            if final and not block.invalid:
+                block.invalid = True
+            return
+        j = block.list_end
+        if block.marker in self.wrapper_markers:
+            i = skip_ws(text, j)
+            k = match_token(text, i, self.wrapper_end, final)
+            if k is None:
+                return
+            j = k if k >= 0 else j
+        calls = self.read_list(text[block.list_at : block.list_end])
+        block.end = j
+        if calls is None:
+            block.invalid = True
+            return
+        for name, args in calls:
+            block.calls.append(CallState(name, self.dump(args), True))
+
+    def read_list(self, src: str) -> list[tuple[str, dict[str, Any]]] | None:
+        return parse_pythonic_calls(src)
+
+    def _scan(self, text: str, block: Block) -> None:
+        """Bracket matching aware of Python strings, resumable at ``block.scan``."""
+        i, n = block.scan, len(text)
+        depth, quote = block.depth, block.quote
+        while i < n:
+            if quote:
+                m = _QUOTE_STOP[quote].search(text, i)
+                if m is None:
+                    i = n
+                    break
+                j = m.start()
+                if text[j] == "\\":
+                    if j + 1 >= n:
+                        i = j
+                        break
+                    i = j + 2
+                    continue
+                quote, i = "", j + 1
+                continue
+            m = _PY_SCAN.search(text, i)
+            if m is None:
+                i = n
+                break
+            c, i = m.group(), m.end()
+            if c in "'\"":
+                quote = c
+            elif c in "[({":
+                depth += 1
+            elif c == "#":
+                block.invalid = True
+                return
+            else:
+                depth -= 1
+                if depth < 0:
+                    block.invalid = True
+                    return
+                if depth == 0:
+                    block.list_end = i
+                    break
+        block.scan, block.depth, block.quote = i, depth, quote

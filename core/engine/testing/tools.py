@@ -1,0 +1,272 @@
+"""Conformance kit for tool-call parser plugins: checks that hold for every format.
+
+``check(name, factory, samples=())`` returns failure messages (empty: pass). ``factory`` is what
+the plugin's ``engine_create_tool_parser`` returned (``factory(*, tools) -> ToolParser``). The
+generic checks need no knowledge of the format:
+
+* the factory builds a :class:`~engine.parsers.base.ToolParser`;
+* ``parse``/``feed``/``finish`` never raise and return the declared types, on plain, unicode,
+  garbage and "marker soup" text (fragments of many formats' markers and JSON);
+* plain prose (no brackets, tags or JSON) comes back unchanged as content with no calls, whole
+  and streamed (a split at every position, one-character chunks, random 1-8 character chunks);
+* streamed deltas are well formed: the first delta of each index carries a name, later ones
+  none; indices are contiguous from 0; fragments are strings; streamed calls name declared tools;
+* streaming equals the whole parse (content and calls) on marker soup that names no declared
+  tool, and no call surfaces there;
+* calls of a whole parse name declared tools and carry JSON-object arguments text.
+
+``samples`` (optional): texts in the plugin's own format. For each, streaming at every split
+and in random chunks must equal the whole parse (concatenated fragments equal ``arguments``),
+and with no declared tools, or only other tools, no call may surface. A parser with a documented
+asymmetry may provide ``stream_matches(whole: ToolResult, streamed: ToolResult) -> bool``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any, Callable, Iterable
+
+from engine.parsers.base import ToolCall, ToolDelta, ToolParser, ToolResult
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}},
+        },
+    },
+]
+OTHER_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {"name": "unrelated_tool", "parameters": {}}}
+]
+
+#: prose without brackets, tags or JSON: must come back unchanged
+PLAIN = (
+    "The answer is 42. Nothing special here, just words and digits 1 2 3.",
+    "First line\nsecond line\n\nthird line with tabs\tand  spaces ",
+    "Unicode: héllo wörld, 你好, 😀 emoji, Ωμέγα and ▁ blocks.",
+    "  leading and trailing whitespace  \n",
+)
+
+#: marker-like fragments of many formats (no declared tool name among them)
+FRAGMENTS = (
+    "<tool_call>", "</tool_call>", "<tool_call>\n", "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]",
+    "[TOOL_CALLS", "<|tool_call_start|>", "<|tool_call_end|>", "<|tools_prefix|>",
+    "<|tools_suffix|>", "<|START_ACTION|>", "<|END_ACTION|>", "<|action_start|> <|plugin|>",
+    "<|action_end|>", "function call<|role_sep|>", "<|function_call|>", "<|message_sep|>",
+    "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
+    "<｜tool▁calls▁end｜>", "function", "```json\n", "```", "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>", "functions.nope:0", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+    "<|tool_calls_section_end|>", "<|open|>tools<|sep|>", '<|open|>call tool="nope"<|sep|>',
+    "<|close|>call<|sep|>", "<|close|>tools<|sep|>", "<|open|>response<|sep|>", "<|start|>",
+    "<|channel|>", "commentary to=functions.nope", "final", "<|message|>", "<|call|>", "<|end|>",
+    "<|tool_call>", "call:nope{", "<tool_call|>", '<|"|>', "<|message_model|>",
+    "<|content_invoke_tool_json|>", "<|end_message|>", "<think>", "</think>", "<function=nope>",
+    "<parameter=x>", "</parameter>", "</function>", "<arg_key>", "</arg_key>", "<arg_value>",
+    "</arg_value>", '<invoke name="nope">', '<parameter name="x">', "</invoke>",
+    "<｜DSML｜function_calls>", "<｜DSML｜tool_calls>", '<｜DSML｜invoke name="nope">',
+    "<minimax:tool_call>", "]<]minimax[>[", "<function_calls>", '{"name": "nope", "arguments": {',
+    '{"name": "nope", "parameters": {"a": 1}}', '"x": "y"', "}", "{", "[", "]", "(", ")", ";", ",",
+    "nope(a=1)", "[nope(a=1)]", '{"nope": {}}', '"tool_name": "nope"', "\\", '"', "'", "\n",
+    " ", "<", ">", "|", "｜", "▁", "😀", "é", "\u2028", "\x00",
+)
+
+Factory = Callable[..., ToolParser]
+
+
+def _stream(parser: ToolParser, chunks: Iterable[str]) -> list[ToolDelta]:
+    out = [parser.feed(c) for c in chunks]
+    out.append(parser.finish())
+    return out
+
+
+def _assemble(deltas: list[ToolDelta]) -> tuple[ToolResult, list[str]]:
+    """Fold deltas into a result; also return well-formedness problems."""
+    problems: list[str] = []
+    content: list[str] = []
+    names: dict[int, str] = {}
+    args: dict[int, list[str]] = {}
+    for d in deltas:
+        if not isinstance(d, ToolDelta) or not isinstance(d.content, str):
+            problems.append(f"feed/finish returned {d!r}, not a ToolDelta with str content")
+            continue
+        content.append(d.content)
+        for c in d.calls:
+            if not isinstance(c.arguments, str):
+                problems.append(f"call {c.index}: arguments fragment {c.arguments!r} is not str")
+                continue
+            if c.index not in names:
+                if c.name is None:
+                    problems.append(f"call {c.index}: first delta carries no name")
+                    continue
+                if c.index != len(names):
+                    problems.append(f"call index {c.index} is not the next index {len(names)}")
+                names[c.index] = c.name
+                args[c.index] = [c.arguments]
+            else:
+                if c.name is not None:
+                    problems.append(f"call {c.index}: a later delta repeats the name")
+                args[c.index].append(c.arguments)
+    calls = [ToolCall(names[i], "".join(args[i])) for i in sorted(names)]
+    return ToolResult(content="".join(content), calls=calls), problems
+
+
+def _show(r: ToolResult) -> str:
+    return repr((r.content, [(c.name, c.arguments) for c in r.calls]))
+
+
+def _same(parser: ToolParser, whole: ToolResult, streamed: ToolResult) -> bool:
+    hook = getattr(parser, "stream_matches", None)
+    if callable(hook):
+        return bool(hook(whole, streamed))
+    return whole.content == streamed.content and [(c.name, c.arguments) for c in whole.calls] == [
+        (c.name, c.arguments) for c in streamed.calls
+    ]
+
+
+def _splits(text: str, rng: random.Random, every: bool) -> Iterable[list[str]]:
+    if every:
+        for i in range(len(text) + 1):
+            yield [text[:i], text[i:]]
+        yield list(text)
+    for _ in range(6):
+        chunks, i = [], 0
+        while i < len(text):
+            n = rng.randint(1, 8)
+            chunks.append(text[i : i + n])
+            i += n
+        yield chunks
+
+
+class _Checker:
+    def __init__(self, name: str, factory: Factory) -> None:
+        self.name = name
+        self.factory = factory
+        self.failures: list[str] = []
+
+    def fail(self, msg: str) -> None:
+        if len(self.failures) < 30:
+            self.failures.append(f"{self.name}: {msg}")
+
+    def build(self, tools: list[dict[str, Any]]) -> ToolParser | None:
+        try:
+            p = self.factory(tools=tools)
+        except Exception as exc:  # noqa: BLE001 - reported as a failure
+            self.fail(f"factory(tools=...) raised {exc!r}")
+            return None
+        if not isinstance(p, ToolParser):
+            self.fail(f"factory returned {type(p).__name__}, not a ToolParser")
+            return None
+        return p
+
+    def whole(self, text: str, tools: list[dict[str, Any]]) -> ToolResult | None:
+        p = self.build(tools)
+        if p is None:
+            return None
+        try:
+            r = p.parse(text)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(f"parse raised {exc!r} on {text[:80]!r}")
+            return None
+        if not isinstance(r, ToolResult) or not isinstance(r.content, str):
+            self.fail(f"parse returned {r!r}, not a ToolResult")
+            return None
+        names = {t["function"]["name"] for t in tools}
+        for c in r.calls:
+            if c.name not in names:
+                self.fail(f"parse surfaced undeclared tool {c.name!r} on {text[:80]!r}")
+            try:
+                ok = isinstance(json.loads(c.arguments), dict)
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                self.fail(f"call {c.name!r}: arguments {c.arguments!r} are not a JSON object")
+        return r
+
+    def streamed(
+        self, chunks: list[str], tools: list[dict[str, Any]]
+    ) -> tuple[ToolParser, ToolResult] | None:
+        p = self.build(tools)
+        if p is None:
+            return None
+        try:
+            deltas = _stream(p, chunks)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(f"streaming raised {exc!r} on {''.join(chunks)[:80]!r}")
+            return None
+        r, problems = _assemble(deltas)
+        for msg in problems:
+            self.fail(f"{msg} (text {''.join(chunks)[:80]!r})")
+        names = {t["function"]["name"] for t in tools}
+        for c in r.calls:
+            if c.name not in names:
+                self.fail(f"streaming surfaced undeclared tool {c.name!r}")
+        return p, r
+
+    def equivalence(self, text: str, tools: list[dict[str, Any]], rng: random.Random,
+                    every: bool) -> ToolResult | None:
+        """Stream ``text`` in many ways and compare with the whole parse, which is returned."""
+        whole = self.whole(text, tools)
+        if whole is None:
+            return None
+        for chunks in _splits(text, rng, every):
+            got = self.streamed(chunks, tools)
+            if got is None:
+                break
+            p, r = got
+            if not _same(p, whole, r):
+                self.fail(f"streamed {_show(r)} != whole {_show(whole)} for chunks {chunks[:12]!r}")
+                break
+        return whole
+
+
+def _soup(rng: random.Random, n: int) -> list[str]:
+    return ["".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(3, 25))) for _ in range(n)]
+
+
+def check(name: str, factory: Factory, samples: Iterable[str] = ()) -> list[str]:
+    """Run the generic tool-parser checks on ``factory``; return failure messages."""
+    ck = _Checker(name, factory)
+    rng = random.Random(1234)
+    if ck.build(TOOLS) is None:
+        return ck.failures
+    # plain prose: unchanged, no calls, for every split
+    for text in PLAIN:
+        whole = ck.equivalence(text, TOOLS, rng, every=True)
+        if whole is not None and (whole.content != text or whole.calls):
+            ck.fail(f"plain text {text!r} came back as {_show(whole)}")
+    # empty input and empty chunks
+    got = ck.streamed(["", "", ""], TOOLS)
+    if got is not None and (got[1].content or got[1].calls):
+        ck.fail(f"empty chunks produced {_show(got[1])}")
+    # garbage and marker soup naming no declared tool: no raise, no calls, stream == whole
+    garbage = ["".join(chr(rng.randint(1, 0x2FFF)) for _ in range(rng.randint(1, 60)))
+               for _ in range(6)]
+    for i, text in enumerate(garbage + _soup(rng, 40)):
+        whole = ck.equivalence(text, TOOLS, rng, every=i < 4)
+        if whole is not None and whole.calls:
+            ck.fail(f"calls surfaced from text naming no declared tool: {_show(whole)}")
+    # the plugin's own format
+    for text in samples:
+        ck.equivalence(text, TOOLS, rng, every=True)
+        for tools in ([], OTHER_TOOLS):
+            whole = ck.whole(text, tools)
+            if whole is not None and whole.calls:
+                ck.fail(f"undeclared tools surfaced as calls: {_show(whole)}")
+            got = ck.streamed([text[i : i + 3] for i in range(0, len(text), 3)], tools)
+            if got is not None and got[1].calls:
+                ck.fail(f"undeclared tools surfaced while streaming: {_show(got[1])}")
+    return ck.failures

@@ -1,0 +1,14 @@
+"""Apertus tool-call lists of single-key objects (wire format and notes in README.md)."""
+from engine.parsers.json_tools import JsonListParser
+from engine.plugins import hookimpl
+
+
+class ApertusToolParser(JsonListParser):
+    start_markers = ("<|tools_prefix|>",)
+    end_marker = "<|tools_suffix|>"
+    element = "named"
+
+
+@hookimpl
+def engine_create_tool_parser(options, chat_template):
+    return lambda *, tools: ApertusToolParser(tools=tools)

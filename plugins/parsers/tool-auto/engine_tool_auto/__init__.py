@@ -1,0 +1,12 @@
+"""Automatic tool-call parser choice plugin (manifest only)."""
+from engine.plugins import Plugin
+
+plugin = Plugin(
+    name="auto",
+    family="tool_parser",
+    implementation="engine_tool_auto.impl",
+    description=(
+        "Picks the tool-call parser from the chat template (fact sheet §4) and "
+        "delegates to it"
+    ),
+)

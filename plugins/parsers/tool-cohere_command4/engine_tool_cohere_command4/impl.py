@@ -1,0 +1,15 @@
+"""Cohere Command A action blocks (wire format and notes in README.md)."""
+from engine.parsers.json_tools import JsonListParser
+from engine.plugins import hookimpl
+
+
+class CohereToolParser(JsonListParser):
+    start_markers = ("<|START_ACTION|>",)
+    end_marker = "<|END_ACTION|>"
+    name_keys = ("tool_name",)
+    args_keys = ("parameters",)
+
+
+@hookimpl
+def engine_create_tool_parser(options, chat_template):
+    return lambda *, tools: CohereToolParser(tools=tools)

@@ -1,0 +1,18 @@
+"""DeepSeek-V3.2 tool calls: DSML invoke/parameter blocks (non-DSML tags accepted too)."""
+from engine.parsers.xml_tools import DSML_TYPING, InvokeFormat, XmlToolParser
+from engine.plugins import hookimpl
+
+_CLOSE = ("</｜DSML｜function_calls>", "</function_calls>")
+FORMAT = InvokeFormat(
+    blocks=(("<｜DSML｜function_calls>", _CLOSE), ("<function_calls>", _CLOSE)),
+    invoke=("｜DSML｜invoke", "invoke"),
+    param=("｜DSML｜parameter", "parameter"),
+    string_attr=True,
+    json_body=True,
+    typing=DSML_TYPING,
+)
+
+
+@hookimpl
+def engine_create_tool_parser(options, chat_template):
+    return lambda *, tools: XmlToolParser(tools=tools, fmt=FORMAT)

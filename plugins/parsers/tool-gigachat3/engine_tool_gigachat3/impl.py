@@ -1,0 +1,24 @@
+"""GigaChat 3: a single JSON call (wire format and notes in README.md)."""
+from engine.parsers.json_tools import JsonTagParser
+from engine.plugins import hookimpl
+
+
+class GigaChat3ToolParser(JsonTagParser):
+    start_markers = (
+        "<|message_sep|>function call<|role_sep|>",
+        "function call<|role_sep|>",
+        "<|function_call|>",
+    )
+    drop_markers = ("</s>",)
+    incremental = True
+
+    def advance(self, text, block, final):
+        if not block.calls and self._next_index:  # only one call per response
+            block.invalid = True
+            return
+        super().advance(text, block, final)
+
+
+@hookimpl
+def engine_create_tool_parser(options, chat_template):
+    return lambda *, tools: GigaChat3ToolParser(tools=tools)

@@ -1,0 +1,9 @@
+"""GLM-4.5 tool-call parser plugin (manifest only; the implementation loads on selection)."""
+from engine.plugins import Plugin
+
+plugin = Plugin(
+    name="glm45",
+    family="tool_parser",
+    implementation="engine_tool_glm45.impl",
+    description="GLM-4.5/4.6 tool calls: <tool_call>NAME\n<arg_key>/<arg_value> pairs",
+)

@@ -1,0 +1,15 @@
+"""Hermes JSON calls in <tool_call> tags (wire format and notes in README.md)."""
+from engine.parsers.json_tools import JsonTagParser
+from engine.plugins import hookimpl
+
+
+class HermesToolParser(JsonTagParser):
+    start_markers = ("<tool_call>",)
+    end_marker = "</tool_call>"
+    drop_markers = ("</tool_call>",)
+    incremental = True
+
+
+@hookimpl
+def engine_create_tool_parser(options, chat_template):
+    return lambda *, tools: HermesToolParser(tools=tools)

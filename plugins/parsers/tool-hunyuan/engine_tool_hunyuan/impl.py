@@ -1,0 +1,32 @@
+"""Hunyuan tool calls: <tool_call>NAME<tool_sep> pairs inside <tool_calls>."""
+import re
+from dataclasses import replace
+
+from engine.parsers.xml_tools import HUNYUAN_TYPING, ArgPairFormat, XmlToolParser
+from engine.plugins import hookimpl
+
+FORMAT = ArgPairFormat(
+    group=("<tool_calls>", "</tool_calls>"), name_end="sep", sep="<tool_sep>", typing=HUNYUAN_TYPING
+)
+
+
+def _format(chat_template: str | None) -> ArgPairFormat:
+    """The markers, suffixed (``<tool_calls:opensource>``) when the template shows a suffix."""
+    m = re.search(r"<tool_calls(:[^>\s]+)>", chat_template or "")
+    if m is None:
+        return FORMAT
+
+    def tag(t: str) -> str:
+        suffixed = t[:-1] + m.group(1) + ">"
+        return suffixed if suffixed.replace("</", "<") in chat_template else t
+
+    pair = lambda p: (tag(p[0]), tag(p[1]))  # noqa: E731
+    return replace(
+        FORMAT, group=pair(FORMAT.group), call=pair(FORMAT.call), sep=tag(FORMAT.sep),
+        key=pair(FORMAT.key), val=pair(FORMAT.val),
+    )
+
+
+@hookimpl
+def engine_create_tool_parser(options, chat_template):
+    return lambda *, tools: XmlToolParser(tools=tools, fmt=_format(chat_template))

@@ -1,0 +1,102 @@
+"""Kimi K3 XTML tools channel (wire format and notes in README.md)."""
+from __future__ import annotations
+
+import html
+import json
+import re
+
+from engine.parsers.toolkit import CallState, StreamingToolParser, match_token, skip_ws
+from engine.plugins import hookimpl
+
+CALL_OPEN = "<|open|>call"
+CALL_CLOSE = "<|close|>call<|sep|>"
+TOOLS_CLOSE = "<|close|>tools<|sep|>"
+_HEAD = re.compile(r"<\|open\|>call((?:\s+[\w-]+=\"[^\"]*\")*)\s*<\|sep\|>")
+_ARG = re.compile(
+    r"\s*<\|open\|>argument((?:\s+[\w-]+=\"[^\"]*\")*)\s*<\|sep\|>"
+    r"(.*?)<\|close\|>argument<\|sep\|>",
+    re.S,
+)
+_ATTR = re.compile(r"([\w-]+)=\"([^\"]*)\"")
+
+
+def _attrs(src: str) -> dict[str, str]:
+    return {k: html.unescape(v) for k, v in _ATTR.findall(src)}
+
+
+def parse_call(src: str) -> tuple[str, dict] | None:
+    """One ``<|open|>call ...<|sep|>ARGS<|close|>call<|sep|>`` unit -> (name, arguments)."""
+    m = _HEAD.match(src)
+    if m is None or not src.endswith(CALL_CLOSE):
+        return None
+    name = _attrs(m.group(1)).get("tool")
+    body, args, i = src[m.end() : len(src) - len(CALL_CLOSE)], {}, 0
+    for a in _ARG.finditer(body):
+        if a.start() != i:
+            return None
+        at = _attrs(a.group(1))
+        if "key" not in at:
+            return None
+        raw = a.group(2)
+        if at.get("type", "string") == "string":
+            args[at["key"]] = raw
+        else:
+            try:
+                args[at["key"]] = json.loads(raw)
+            except ValueError:
+                args[at["key"]] = raw
+        i = a.end()
+    if body[i:].strip() or not name:
+        return None
+    return name, args
+
+
+class KimiK3ToolParser(StreamingToolParser):
+    """``<|open|>tools<|sep|>`` calls ``<|close|>tools<|sep|>``; each call is emitted when its
+    ``<|close|>call<|sep|>`` arrives. Response wrappers and the message close are removed from
+    the content."""
+
+    start_markers = ("<|open|>tools<|sep|>",)
+    drop_markers = ("<|open|>response<|sep|>", "<|close|>response<|sep|>",
+                    "<|close|>message<|sep|>")
+
+    def advance(self, text, block, final):
+        while True:
+            at = getattr(block, "call_at", None)
+            if at is None:
+                i = skip_ws(text, block.scan)
+                for tok in (CALL_OPEN, TOOLS_CLOSE):
+                    j = match_token(text, i, tok, final)
+                    if j is None:
+                        return
+                    if j >= 0:
+                        break
+                else:
+                    if final and i >= len(text) and block.calls:
+                        block.end = block.calls[-1].end
+                    else:
+                        block.invalid = True
+                    return
+                if tok == TOOLS_CLOSE:
+                    block.end = j
+                    return
+                block.call_at, block.scan = i, j
+                continue
+            k = text.find(CALL_CLOSE, block.scan)
+            if k < 0:
+                block.scan = max(block.scan, len(text) - len(CALL_CLOSE) + 1)
+                if final:
+                    block.invalid = True
+                return
+            end = k + len(CALL_CLOSE)
+            parsed = parse_call(text[at:end])
+            if parsed is None:
+                block.invalid = True
+                return
+            block.calls.append(CallState(parsed[0], self.dump(parsed[1]), True, at, end))
+            block.call_at, block.scan = None, end
+
+
+@hookimpl
+def engine_create_tool_parser(options, chat_template):
+    return lambda *, tools: KimiK3ToolParser(tools=tools)

@@ -1,0 +1,8 @@
+"""Llama 3.1/3.2/3.3 JSON calls (wire format and notes in README.md)."""
+from engine.parsers.json_tools import JsonSequenceParser
+from engine.plugins import hookimpl
+
+
+@hookimpl
+def engine_create_tool_parser(options, chat_template):
+    return lambda *, tools: JsonSequenceParser(tools=tools)

@@ -1,0 +1,8 @@
+"""Mistral [TOOL_CALLS] calls, both variants (wire format and notes in README.md)."""
+from engine.parsers.json_tools import MistralParser
+from engine.plugins import hookimpl
+
+
+@hookimpl
+def engine_create_tool_parser(options, chat_template):
+    return lambda *, tools: MistralParser(tools=tools)

@@ -1,0 +1,10 @@
+"""Nanbeige tool calls: Qwen3-Coder XML, or a JSON call object, inside <tool_call>."""
+from engine.parsers.xml_tools import FunctionFormat, XmlToolParser
+from engine.plugins import hookimpl
+
+FORMAT = FunctionFormat(json_body=True)
+
+
+@hookimpl
+def engine_create_tool_parser(options, chat_template):
+    return lambda *, tools: XmlToolParser(tools=tools, fmt=FORMAT)

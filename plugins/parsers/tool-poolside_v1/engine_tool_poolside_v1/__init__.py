@@ -1,0 +1,9 @@
+"""Poolside v1 tool-call parser plugin (manifest only; the implementation loads on selection)."""
+from engine.plugins import Plugin
+
+plugin = Plugin(
+    name="poolside_v1",
+    family="tool_parser",
+    implementation="engine_tool_poolside_v1.impl",
+    description="poolside Laguna tool calls: <tool_call>NAME\n<arg_key>/<arg_value> pairs",
+)

@@ -1,0 +1,15 @@
+"""Qwen JSON calls in <tool_call> tags (wire format and notes in README.md)."""
+from engine.parsers.json_tools import JsonTagParser
+from engine.plugins import hookimpl
+
+
+class QwenToolParser(JsonTagParser):
+    start_markers = ("<tool_call>",)
+    end_marker = "</tool_call>"
+    drop_markers = ("</tool_call>",)
+    incremental = False
+
+
+@hookimpl
+def engine_create_tool_parser(options, chat_template):
+    return lambda *, tools: QwenToolParser(tools=tools)

@@ -1,0 +1,15 @@
+"""Trinity: Qwen JSON calls; think tags are deleted (wire format and notes in README.md)."""
+from engine.parsers.json_tools import JsonTagParser
+from engine.plugins import hookimpl
+
+
+class TrinityToolParser(JsonTagParser):
+    start_markers = ("<tool_call>",)
+    end_marker = "</tool_call>"
+    drop_markers = ("</tool_call>", "<think>", "</think>")
+    incremental = False
+
+
+@hookimpl
+def engine_create_tool_parser(options, chat_template):
+    return lambda *, tools: TrinityToolParser(tools=tools)
