@@ -1,0 +1,2 @@
+"""Models: the normalized config, the architecture registry, weights loading, the tokenizer and
+the Llama-family decoder."""

@@ -1,0 +1,283 @@
+"""One decoder for the Llama family: Llama 2/3/3.1, SmolLM2, Mistral, Qwen2 (qkv bias) and Qwen3
+(per-head q/k RMSNorm), with tied or untied embeddings.
+
+Checkpoint names are HF's (``model.layers.N.self_attn.q_proj.weight``...). Projections that read
+the same input are fused at load (``qkv_proj``, ``gate_up_proj``): each shard is copied into its
+rows by :meth:`LlamaForCausalLM.load_weights`, so a decode step runs 4 matmuls per layer. Every
+layer calls the attention backend once, with RoPE already applied by ``batch.positions``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.errors import ConfigError
+from engine.models.config import ModelConfig
+from engine.runtime.attention import AttentionBackend, AttentionLayerSpec
+from engine.runtime.batch import Batch
+from engine.runtime.linear import Linear, QuantMethod
+
+#: builds the quantization method of one linear layer from its qualified name (None: dense)
+QuantFactory = Callable[[str], "QuantMethod | None"]
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) * weight``, computed in float32 and cast back before the weight."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim/2] in float32, with the config's rope scaling applied."""
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = dict(cfg.rope_scaling or {})
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+        return torch.where(medium, smoothed, scaled)
+    raise ConfigError(f"rope scaling type {kind!r} is not supported (default, linear, llama3)")
+
+
+class Rotary(nn.Module):
+    """Rotate-half RoPE from a [max_pos, head_dim] cos/sin cache indexed by positions.
+
+    ``freq_factors`` (GGUF ``rope_freqs.weight``, llama3-style checkpoints) divide the inverse
+    frequencies when the loader sets them.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.max_pos = cfg.max_position_embeddings
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self._build()
+
+    def _build(self) -> None:
+        t = torch.arange(self.max_pos, dtype=torch.float32)
+        freqs = torch.outer(t, self.inv_freq.float().cpu())
+        emb = torch.cat((freqs, freqs), dim=-1)
+        device = self.inv_freq.device
+        self.register_buffer("cos_cache", emb.cos().to(device), persistent=False)
+        self.register_buffer("sin_cache", emb.sin().to(device), persistent=False)
+
+    def set_freq_factors(self, factors: torch.Tensor) -> None:
+        self.inv_freq = self.inv_freq / factors.float().to(self.inv_freq.device)
+        self._build()
+
+    def forward(self, positions: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, head_dim] for the tokens at ``positions``."""
+        cos = self.cos_cache.index_select(0, positions).to(dtype).unsqueeze(1)
+        sin = self.sin_cache.index_select(0, positions).to(dtype).unsqueeze(1)
+        return cos, sin
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype,
+                 quant: QuantFactory, prefix: str) -> None:
+        super().__init__()
+        self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.hq * self.d, self.hkv * self.d
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                               bias=cfg.attention_bias, dtype=dtype,
+                               quant_method=quant(prefix + ".qkv_proj"))
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, dtype=dtype,
+                             quant_method=quant(prefix + ".o_proj"))
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+        self.spec = AttentionLayerSpec(layer_id=layer_id, num_q_heads=self.hq,
+                                       num_kv_heads=self.hkv, head_dim=self.d,
+                                       scaling=self.d ** -0.5)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: Batch,
+                attn: AttentionBackend) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.hq, self.d)
+        k = k.view(t, self.hkv, self.d)
+        v = v.view(t, self.hkv, self.d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = attn.forward(q, k, v, self.spec, batch)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantFactory,
+                 prefix: str) -> None:
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.inter, dtype=dtype,
+                                   quant_method=quant(prefix + ".gate_up_proj"))
+        self.down_proj = Linear(self.inter, cfg.hidden_size, dtype=dtype,
+                                quant_method=quant(prefix + ".down_proj"))
+        if cfg.hidden_act == "silu":
+            self.act: Callable[[torch.Tensor], torch.Tensor] = F.silu
+        else:
+            from transformers.activations import ACT2FN
+
+            if cfg.hidden_act not in ACT2FN:
+                raise ConfigError(f"hidden_act {cfg.hidden_act!r} is not supported")
+            self.act = ACT2FN[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split([self.inter, self.inter], dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype,
+                 quant: QuantFactory) -> None:
+        super().__init__()
+        prefix = f"model.layers.{layer_id}"
+        self.self_attn = Attention(cfg, layer_id, dtype, quant, prefix + ".self_attn")
+        self.mlp = MLP(cfg, dtype, quant, prefix + ".mlp")
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, batch: Batch,
+                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, residual) -> (mlp output, residual before the mlp); sum them for the
+        layer's output."""
+        residual = h if residual is None else h + residual
+        h = self.self_attn(self.input_layernorm(residual), cos, sin, batch, attn)
+        residual = h + residual
+        return self.mlp(self.post_attention_layernorm(residual)), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantFactory) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant)
+                                    for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.rotary = Rotary(cfg)
+
+
+#: checkpoint projection -> (fused parameter, shard index)
+_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+class LlamaForCausalLM(nn.Module):
+    """``forward(input_ids, positions, batch, attn, logits_indices)`` -> final hidden states of
+    the selected tokens; :meth:`compute_logits` projects them onto the vocabulary."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype = torch.float32,
+                 quant: QuantFactory | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        quant = quant or (lambda name: None)
+        self.model = LlamaModel(cfg, dtype, quant)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(
+            cfg.hidden_size, cfg.vocab_size, dtype=dtype, quant_method=quant("lm_head"))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Batch,
+                attn: AttentionBackend, logits_indices: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        h = m.embed_tokens(input_ids)
+        cos, sin = m.rotary(positions, h.dtype)
+        residual = None
+        for layer in m.layers:
+            h, residual = layer(h, residual, cos, sin, batch, attn)
+        h = (h + residual).index_select(0, logits_indices)
+        return m.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None:
+            return F.linear(hidden, self.model.embed_tokens.weight)
+        return self.lm_head(hidden)
+
+    # ------------------------------------------------------------------ weights
+
+    def shard_sizes(self, fused: str) -> list[int]:
+        cfg = self.config
+        if fused == "qkv_proj":
+            q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+            return [q, kv, kv]
+        return [cfg.intermediate_size, cfg.intermediate_size]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (HF names) into the parameters; every parameter must be set.
+
+        ``model.rotary.freq_factors`` (from GGUF ``rope_freqs``) adjusts RoPE. A parameter may
+        carry ``weight_loader(param, tensor, shard_offset, shard_size)`` (quantized layouts);
+        otherwise fused shards are row slices of the dense weight.
+        """
+        params = dict(self.named_parameters())
+        needed = {name: len(self.shard_sizes(name.split(".")[-2]))
+                  if name.split(".")[-2] in ("qkv_proj", "gate_up_proj") else 1
+                  for name in params}
+        loaded: dict[str, set[int]] = {name: set() for name in params}
+        for name, tensor in weights:
+            if name == "model.rotary.freq_factors":
+                self.model.rotary.set_freq_factors(tensor)
+                continue
+            if (name.startswith("lm_head.") and self.lm_head is None) or "rotary_emb" in name:
+                continue
+            target, shard, offset, size = name, 0, 0, None
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-2] in _FUSED:
+                fused, shard = _FUSED[parts[-2]]
+                sizes = self.shard_sizes(fused)
+                offset, size = sum(sizes[:shard]), sizes[shard]
+                target = ".".join(parts[:-2] + [fused, parts[-1]])
+            param = params.get(target)
+            if param is None:
+                raise ConfigError(f"checkpoint tensor {name!r} matches no parameter of "
+                                  f"{self.config.architecture}")
+            loader = getattr(param, "weight_loader", None)
+            if loader is not None:
+                loader(param, tensor, offset, size)
+            else:
+                dst = param.data if size is None else param.data.narrow(0, offset, size)
+                if tuple(dst.shape) != tuple(tensor.shape):
+                    raise ConfigError(f"checkpoint tensor {name!r} has shape "
+                                      f"{tuple(tensor.shape)}, expected {tuple(dst.shape)}")
+                dst.copy_(tensor)
+            loaded[target].add(shard)
+        missing = sorted(n for n, k in needed.items() if len(loaded[n]) < k)
+        if missing:
+            raise ConfigError(f"checkpoint lacks tensors for {len(missing)} parameters, e.g. "
+                              f"{', '.join(missing[:3])}")
+
+    def process_weights_after_loading(self) -> None:
+        """Let every linear layer's quant method repack its weights (once, after loading)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.process_weights_after_loading()

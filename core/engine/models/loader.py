@@ -1,0 +1,190 @@
+"""Build the model of a :class:`ModelConfig` and fill its weights.
+
+Formats: ``safetensors`` (memory-mapped), ``pt`` (``torch.load(mmap=True, weights_only=True)``),
+``gguf`` (every tensor dequantized to float32 at load with the ``gguf`` package: Q4_0, Q4_1, Q8_0,
+F16, F32, K-quants...), ``dummy`` (random, seeded by ``--random-seed``). Checkpoint tensors are
+yielded under HF names; GGUF and Mistral-native names are mapped, and their Q/K rows (stored in
+the interleaved-rotary order) are permuted back to the rotate-half order the model uses.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+from typing import Any, Iterator
+
+import torch
+
+from engine.config import ServerConfig
+from engine.errors import ConfigError
+from engine.models.config import ModelConfig
+from engine.models.parsing import open_gguf
+from engine.models.registry import build_architecture_registry
+
+log = logging.getLogger("engine.models")
+
+Weights = Iterator[tuple[str, torch.Tensor]]
+
+_GGUF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
+                "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight",
+                "rope_freqs.weight": "model.rotary.freq_factors"}
+_GGUF_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+               "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+               "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+               "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_NATIVE_GLOBAL = {"tok_embeddings.weight": "model.embed_tokens.weight",
+                  "norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+_NATIVE_BLOCK = {"attention_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                 "attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
+                 "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
+                 "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
+                 "feed_forward.w2": "mlp.down_proj"}
+_BLOCK = re.compile(r"^(?:blk|layers)\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Rows of a Q or K projection from interleaved-pair rotary order (llama.cpp GGUF, Meta and
+    Mistral native checkpoints) to the rotate-half order: per head, rows (0,1),(2,3)... become
+    (0, d/2), (1, d/2+1)..."""
+    rest = w.shape[1:]
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *rest).transpose(1, 2).reshape(w.shape)
+
+
+def _mapped(name: str, globals_: dict[str, str], blocks: dict[str, str]) -> str | None:
+    if name in globals_:
+        return globals_[name]
+    m = _BLOCK.match(name)
+    if m and m.group(2) in blocks:
+        return f"model.layers.{m.group(1)}.{blocks[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def _fix_qk(hf_name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    if ".self_attn.q_proj." in hf_name:
+        return unpermute_rows(t, cfg.num_attention_heads)
+    if ".self_attn.k_proj." in hf_name:
+        return unpermute_rows(t, cfg.num_key_value_heads)
+    return t
+
+
+def gguf_weights(cfg: ModelConfig) -> Weights:
+    """Dequantized float32 tensors of the GGUF under HF names."""
+    import gguf
+
+    reader = open_gguf(cfg.weights_path)
+    permuted = str(reader.fields["general.architecture"].contents()) == "llama"
+    for t in reader.tensors:
+        name = _mapped(t.name, _GGUF_GLOBAL, _GGUF_BLOCK)
+        if name is None:
+            raise ConfigError(f"{cfg.weights_path}: unexpected GGUF tensor {t.name!r}")
+        try:
+            array = gguf.dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise ConfigError(f"{cfg.weights_path}: tensor {t.name} has quantization "
+                              f"{t.tensor_type.name}, which the gguf package cannot "
+                              "dequantize") from None
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        array = array.reshape(shape)
+        tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
+        yield name, _fix_qk(name, tensor, cfg) if permuted else tensor
+
+
+def _files(directory: str, patterns: tuple[str, ...]) -> list[str]:
+    found: list[str] = []
+    for pattern in patterns:
+        found += sorted(glob.glob(os.path.join(directory, pattern)))
+    return [f for f in found if not os.path.basename(f).startswith("training_args")]
+
+
+def _native(name: str, t: torch.Tensor, cfg: ModelConfig) -> tuple[str, torch.Tensor] | None:
+    """HF names pass through; Mistral/Meta native names are mapped and their Q/K un-permuted."""
+    if name.startswith(("model.", "lm_head.")):
+        return name, t
+    hf = _mapped(name, _NATIVE_GLOBAL, _NATIVE_BLOCK)
+    return None if hf is None else (hf, _fix_qk(hf, t, cfg))
+
+
+def safetensors_weights(cfg: ModelConfig) -> Weights:
+    from safetensors import safe_open
+
+    files = _files(cfg.model_path, ("*.safetensors",))
+    if not files:
+        raise ConfigError(f"{cfg.model_path}: no *.safetensors files (use --load-format)")
+    for path in files:
+        with safe_open(path, framework="pt", device="cpu") as fh:
+            for key in fh.keys():
+                item = _native(key, fh.get_tensor(key), cfg)
+                if item is not None:
+                    yield item
+
+
+def pt_weights(cfg: ModelConfig) -> Weights:
+    files = _files(cfg.model_path, ("*.bin", "*.pt", "*.pth"))
+    if not files:
+        raise ConfigError(f"{cfg.model_path}: no *.bin/*.pt/*.pth weight files")
+    for path in files:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        for key, tensor in state.items():
+            item = _native(key, tensor, cfg)
+            if item is not None:
+                yield item
+        del state
+
+
+def dummy_init(model: torch.nn.Module, seed: int) -> None:
+    """Normal(0, 0.02) weights, ones for norms, zeros for biases; reproducible from ``seed``."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.data.fill_(1.0)
+        elif name.endswith(".bias"):
+            param.data.zero_()
+        else:
+            values = torch.randn(param.shape, generator=gen, dtype=torch.float32) * 0.02
+            param.data.copy_(values)
+
+
+def weights_iterator(cfg: ModelConfig, load_format: str) -> Weights:
+    fmt = cfg.weights_format if load_format == "auto" else load_format
+    if fmt == "gguf":
+        if not cfg.gguf_file:
+            raise ConfigError(f"--load-format gguf: {cfg.model_path} is not a .gguf file")
+        return gguf_weights(cfg)
+    if fmt == "safetensors":
+        return safetensors_weights(cfg)
+    if fmt == "pt":
+        return pt_weights(cfg)
+    raise ConfigError(f"--load-format {fmt}: unknown format")
+
+
+def _quant_factory(cfg: ModelConfig, config: ServerConfig, registry: Any) -> Any:
+    method_name = config.quantization
+    quant_cfg = cfg.quantization_config
+    if method_name is None and quant_cfg:
+        method_name = str(quant_cfg.get("quant_method", ""))
+        if registry is None or not registry.find(method_name, "quantization"):
+            raise ConfigError(f"the checkpoint is quantized with {method_name!r} and no "
+                              "installed quantization plugin serves it")
+    if method_name is None or registry is None:
+        return None
+    method = registry.create("quantization", method_name, model_config=cfg, config=config,
+                             quant_config=quant_cfg)
+    return lambda name: method
+
+
+def load_model(cfg: ModelConfig, config: ServerConfig, registry: Any,
+               device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The model of ``cfg`` on ``device`` in ``dtype`` with its weights, in eval mode."""
+    cls = build_architecture_registry(registry).resolve(cfg.architecture)
+    with torch.device(device):
+        model = cls(cfg, dtype=dtype, quant=_quant_factory(cfg, config, registry))
+    if config.load_format == "dummy":
+        dummy_init(model, config.random_seed)
+    else:
+        model.load_weights(weights_iterator(cfg, config.load_format))
+    model.process_weights_after_loading()
+    return model.eval()

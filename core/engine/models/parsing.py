@@ -1,0 +1,178 @@
+"""Shared machinery of the model-config parser plugins: HF configs, GGUF metadata, params.json
+-> :class:`ModelConfig`. The plugins decide *which* reader applies; the readers live here."""
+
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import os
+from typing import Any
+
+from engine.errors import ConfigError
+from engine.models.config import ModelConfig, eos_tuple
+
+#: HF ``model_type`` / GGUF ``general.architecture`` -> architecture class name
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+@functools.lru_cache(maxsize=2)
+def open_gguf(path: str) -> Any:
+    """A parsed ``gguf.GGUFReader`` (cached: parsing the metadata of a big vocabulary takes
+    seconds, and the config parser, the loader and the tokenizer all read it)."""
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as exc:
+        raise ConfigError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") \
+            from None
+
+
+def gguf_field(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def weights_format_of(directory: str) -> str:
+    if glob.glob(os.path.join(directory, "*.safetensors")):
+        return "safetensors"
+    if glob.glob(os.path.join(directory, "*.bin")) or glob.glob(os.path.join(directory, "*.pt")):
+        return "pt"
+    return "safetensors"  # nothing found: only --load-format dummy will work
+
+
+def _rope(cfg: Any) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from an HF config of transformers 4.x or 5.x."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    scaling = getattr(cfg, "rope_scaling", None) or params
+    theta = params.get("rope_theta", getattr(cfg, "rope_theta", None)) or 10000.0
+    scaling = {k: v for k, v in dict(scaling).items() if k != "rope_theta"}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    return float(theta), (None if kind == "default" else scaling)
+
+
+def from_hf_config(cfg: Any, model_path: str, **extra: Any) -> ModelConfig:
+    """A transformers ``PretrainedConfig`` (or anything with its attributes) -> ModelConfig."""
+    archs = getattr(cfg, "architectures", None) or []
+    architecture = archs[0] if archs else MODEL_TYPES.get(getattr(cfg, "model_type", ""), "")
+    if not architecture:
+        raise ConfigError(f"{model_path}: config names no architecture")
+    heads = cfg.num_attention_heads
+    theta, scaling = _rope(cfg)
+    dtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
+    qk_norm = architecture.startswith("Qwen3")
+    bias = bool(getattr(cfg, "attention_bias", False)) or architecture.startswith("Qwen2")
+    fields: dict[str, Any] = dict(
+        architecture=architecture, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        vocab_size=cfg.vocab_size, rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+        rope_theta=theta, rope_scaling=scaling,
+        max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        attention_bias=bias, qk_norm=qk_norm, hidden_act=getattr(cfg, "hidden_act", "silu"),
+        torch_dtype=str(dtype).replace("torch.", "") if dtype is not None else None,
+        bos_token_id=getattr(cfg, "bos_token_id", None),
+        eos_token_ids=eos_tuple(getattr(cfg, "eos_token_id", None)), model_path=model_path,
+        quantization_config=getattr(cfg, "quantization_config", None),
+    )
+    fields.update(extra)
+    return ModelConfig(**fields)
+
+
+def read_hf_dir(directory: str) -> ModelConfig:
+    """``config.json`` through transformers' AutoConfig (offline)."""
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(directory, local_files_only=True)
+    except Exception as exc:
+        raise ConfigError(f"{directory}: cannot read config.json ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    gen = os.path.join(directory, "generation_config.json")
+    extra: dict[str, Any] = {"weights_format": weights_format_of(directory)}
+    if os.path.isfile(gen):
+        with open(gen) as fh:
+            eos = json.load(fh).get("eos_token_id")
+        if eos is not None:
+            extra["eos_token_ids"] = eos_tuple(eos)
+    return from_hf_config(cfg, directory, **extra)
+
+
+def read_gguf(path: str) -> ModelConfig:
+    """The metadata of a ``.gguf`` file (llama.cpp keys) -> ModelConfig."""
+    reader = open_gguf(path)
+    arch = gguf_field(reader, "general.architecture")
+    if arch not in MODEL_TYPES:
+        raise ConfigError(f"{path}: GGUF architecture {arch!r} is not supported "
+                          f"({', '.join(MODEL_TYPES)})")
+    name = str(gguf_field(reader, "general.name", "")).lower()
+    architecture = "MistralForCausalLM" if arch == "llama" and "mistral" in name \
+        else MODEL_TYPES[arch]
+
+    def key(suffix: str, default: Any = None) -> Any:
+        return gguf_field(reader, f"{arch}.{suffix}", default)
+
+    tensors = {t.name for t in reader.tensors}
+    heads = int(key("attention.head_count"))
+    hidden = int(key("embedding_length"))
+    tokens = gguf_field(reader, "tokenizer.ggml.tokens")
+    vocab = key("vocab_size") or (len(tokens) if tokens is not None else None)
+    scaling = None
+    if key("rope.scaling.type") in ("linear",):
+        scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+    eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
+    eot = gguf_field(reader, "tokenizer.ggml.eot_token_id")
+    eos_ids = tuple(dict.fromkeys(int(x) for x in (eos, eot) if x is not None))
+    return ModelConfig(
+        architecture=architecture, hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_hidden_layers=int(key("block_count")), num_attention_heads=heads,
+        num_key_value_heads=int(key("attention.head_count_kv", heads)),
+        head_dim=int(key("attention.key_length", key("rope.dimension_count", hidden // heads))),
+        vocab_size=int(vocab), rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(key("rope.freq_base", 10000.0)), rope_scaling=scaling,
+        max_position_embeddings=int(key("context_length", 2048)),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=eos_ids, model_path=os.path.dirname(os.path.abspath(path)),
+        weights_format="gguf", gguf_file=os.path.basename(path),
+    )
+
+
+def gguf_in(directory: str) -> str | None:
+    """The one ``.gguf`` in a directory without config.json, else None."""
+    files = sorted(glob.glob(os.path.join(directory, "*.gguf")))
+    return files[0] if len(files) == 1 else None
+
+
+def read_mistral_params(directory: str) -> ModelConfig:
+    """Mistral's native ``params.json`` (dim, n_layers, head_dim, hidden_dim, n_heads...)."""
+    path = os.path.join(directory, "params.json")
+    try:
+        with open(path) as fh:
+            p = json.load(fh)
+        heads = int(p["n_heads"])
+        return ModelConfig(
+            architecture="MistralForCausalLM", hidden_size=int(p["dim"]),
+            intermediate_size=int(p["hidden_dim"]), num_hidden_layers=int(p["n_layers"]),
+            num_attention_heads=heads, num_key_value_heads=int(p.get("n_kv_heads", heads)),
+            head_dim=int(p.get("head_dim") or int(p["dim"]) // heads),
+            vocab_size=int(p["vocab_size"]), rms_norm_eps=float(p.get("norm_eps", 1e-5)),
+            rope_theta=float(p.get("rope_theta", 10000.0)),
+            max_position_embeddings=int(p.get("max_seq_len", p.get("max_position_embeddings",
+                                                                     32768))),
+            tie_word_embeddings=bool(p.get("tied_embeddings", False)),
+            bos_token_id=1, eos_token_ids=(2,), model_path=directory,
+            weights_format=weights_format_of(directory),
+        )
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except KeyError as exc:
+        raise ConfigError(f"{path}: missing field {exc}") from None

@@ -1,0 +1,124 @@
+"""The tokenizer wrapper (transformers' fast tokenizers, from an HF directory or from GGUF
+metadata) and the incremental detokenizer used when streaming.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from engine.errors import ConfigError
+from engine.models.config import ModelConfig
+
+
+class Tokenizer:
+    """Text <-> ids and the chat template of one model.
+
+    ``eos_token_ids`` unites the tokenizer's EOS and the model config's (generation) EOS ids.
+    """
+
+    def __init__(self, hf_tokenizer: Any, eos_token_ids: Sequence[int] = ()) -> None:
+        self.hf = hf_tokenizer
+        eos = list(eos_token_ids)
+        if hf_tokenizer.eos_token_id is not None:
+            eos.append(int(hf_tokenizer.eos_token_id))
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos))
+
+    @classmethod
+    def load(cls, model_config: ModelConfig, tokenizer_path: str | None = None) -> "Tokenizer":
+        """From ``tokenizer_path``, else the model's directory or its GGUF metadata (offline)."""
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+        kwargs: dict[str, Any] = {"local_files_only": True}
+        path = tokenizer_path or model_config.model_path
+        if tokenizer_path is None and model_config.gguf_file:
+            kwargs["gguf_file"] = model_config.gguf_file
+        elif tokenizer_path and os.path.isfile(tokenizer_path) and tokenizer_path.endswith(".gguf"):
+            path, kwargs["gguf_file"] = os.path.split(os.path.abspath(tokenizer_path))
+        # For a GGUF the fast-tokenizer class is built straight from the metadata; AutoTokenizer
+        # would first parse the whole file again to pick the class (seconds for a big vocab).
+        loader = PreTrainedTokenizerFast if "gguf_file" in kwargs else AutoTokenizer
+        try:
+            hf = loader.from_pretrained(path, **kwargs)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ConfigError(f"cannot load the tokenizer from {path}: "
+                              f"{type(exc).__name__}: {first}") from None
+        return cls(hf, model_config.eos_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template source (Jinja), or None when the model has none."""
+        template = getattr(self.hf, "chat_template", None)
+        if isinstance(template, dict):
+            return template.get("default") or next(iter(template.values()), None)
+        return template
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        return self.hf.convert_ids_to_tokens(list(ids))
+
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            tools: list[dict[str, Any]] | None = None,
+                            add_generation_prompt: bool = True, tokenize: bool = True,
+                            **kwargs: Any) -> list[int] | str:
+        """Render ``messages`` with the model's template: token ids, or text if not tokenize.
+
+        Extra ``kwargs`` reach the template (``enable_thinking``...). Without a template:
+        :class:`ConfigError`.
+        """
+        if not self.chat_template:
+            raise ConfigError("this model has no chat template")
+        text = self.hf.apply_chat_template(messages, tools=tools, tokenize=False,
+                                           add_generation_prompt=add_generation_prompt,
+                                           **kwargs)
+        if not tokenize:
+            return text
+        return self.encode(text, add_special_tokens=False)
+
+
+class IncrementalDetokenizer:
+    """Streams the text of one request's output ids, never emitting a broken UTF-8 character.
+
+    ``add(id)`` returns the new complete text; ``finish()`` returns what is left (a trailing
+    incomplete character, as the full decode renders it). The concatenation of all returns
+    equals ``tokenizer.decode(all_ids)``. Decoding re-reads a small window of ids (from the last
+    emitted boundary), so a token that completes a multi-byte character or changes spacing is
+    rendered as the full decode renders it.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False,
+                 prompt_ids: Sequence[int] = ()) -> None:
+        self.tok, self.skip = tokenizer, skip_special_tokens
+        # a few prompt ids as left context, so the first output token's leading space decodes
+        # as it would after the prompt
+        self.ids: list[int] = list(prompt_ids[-4:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def _decode(self, start: int, end: int | None = None) -> str:
+        return self.tok.decode(self.ids[start:end], skip_special_tokens=self.skip)
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(int(token_id))
+        prefix = self._decode(self.prefix_offset, self.read_offset)
+        full = self._decode(self.prefix_offset)
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return ""  # an incomplete character: wait for the bytes that complete it
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return full[len(prefix):]
+
+    def finish(self) -> str:
+        prefix = self._decode(self.prefix_offset, self.read_offset)
+        full = self._decode(self.prefix_offset)
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix):]

@@ -1,0 +1,75 @@
+"""Linear layers whose weights and matmul belong to a :class:`QuantMethod`.
+
+Every projection of a model is a :class:`Linear`. The layer only knows its shapes; the method
+creates its parameters (``create_weights``), repacks them once the checkpoint is loaded
+(``process_weights_after_loading``) and runs the product (``apply``). Quantization plugins
+(family ``quantization``) return their own method; the unquantized one is the default.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class QuantMethod(ABC):
+    """How one linear layer stores its weight and computes ``x @ W.T + bias``."""
+
+    @abstractmethod
+    def create_weights(self, layer: "Linear", in_features: int, out_features: int,
+                       dtype: torch.dtype) -> None:
+        """Register the layer's parameters/buffers (``layer.register_parameter``...).
+
+        The loader fills parameters by name from the checkpoint, so names and shapes here are
+        the checkpoint's (``weight`` [out_features, in_features] when unquantized).
+        """
+
+    def process_weights_after_loading(self, layer: "Linear") -> None:
+        """Repack loaded weights for :meth:`apply` (called once, after every weight is set)."""
+
+    @abstractmethod
+    def apply(self, layer: "Linear", x: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor:
+        """``x`` [..., in_features] -> [..., out_features] in ``x.dtype``."""
+
+
+class UnquantizedMethod(QuantMethod):
+    """A dense ``weight`` [out, in] in the model dtype; ``F.linear``."""
+
+    def create_weights(self, layer: "Linear", in_features: int, out_features: int,
+                       dtype: torch.dtype) -> None:
+        weight = torch.empty((out_features, in_features), dtype=dtype)
+        layer.register_parameter("weight", nn.Parameter(weight, requires_grad=False))
+
+    def apply(self, layer: "Linear", x: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+class Linear(nn.Module):
+    """``y = x W^T + b`` with storage and matmul delegated to ``quant_method``."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False,
+                 dtype: torch.dtype = torch.float32,
+                 quant_method: QuantMethod | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.quant_method = quant_method or UnquantizedMethod()
+        self.quant_method.create_weights(self, in_features, out_features, dtype)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+
+    def process_weights_after_loading(self) -> None:
+        self.quant_method.process_weights_after_loading(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, "
+                f"method={type(self.quant_method).__name__}")

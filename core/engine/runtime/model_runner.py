@@ -1,0 +1,189 @@
+"""The model runner: from one :class:`Batch` to float32 logits.
+
+Built once per server. It reads the model config (through the ``model_config_parser`` family),
+builds the model (architecture registry) and loads its weights, loads the tokenizer, sizes the
+paged KV pool and the request-to-token table, and builds the attention backends (one for extend
+batches, one for decode batches; the same object when both resolve to one plugin).
+
+The scheduler owns slot allocation: it writes rows of :attr:`ModelRunner.req_to_token` and builds
+each :class:`Batch`; :meth:`ModelRunner.forward` owns everything from the batch to the logits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+
+from engine.config import ServerConfig
+from engine.errors import ConfigError, PluginError
+from engine.models.config import ModelConfig, resolve_model_path
+from engine.models.tokenizer import Tokenizer
+from engine.plugins.registry import Registry
+from engine.runtime.attention import AttentionBackend, KVPool
+from engine.runtime.batch import Batch
+
+log = logging.getLogger("engine.runtime")
+
+_DTYPES = {"half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "float": torch.float32, "float32": torch.float32}
+CPU_KV_BUDGET_BYTES = 2 * 2**30  #: default KV budget on CPU ...
+CPU_KV_MAX_TOKENS = 64 * 2**10  #: ... and at most this many tokens
+GPU_MEM_FRACTION = 0.85  #: default --mem-fraction-static on GPU (weights + KV of total memory)
+DEFAULT_MAX_RUNNING = {"cpu": 64, "cuda": 256}
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu; ``cuda[:N]`` must exist."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device {name}: not a device (auto, cpu, cuda, cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: CUDA is not available here")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {name}: only cpu and cuda are supported")
+    return device
+
+
+def pick_dtype(name: str, device: torch.device, model_config: ModelConfig) -> torch.dtype:
+    """``auto``: float32 on CPU; on GPU the checkpoint's 16-bit type (bfloat16 when unstated)."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32
+    if model_config.torch_dtype in ("float16", "bfloat16"):
+        return _DTYPES[model_config.torch_dtype]
+    return torch.bfloat16
+
+
+def load_model_config(config: ServerConfig, registry: Registry) -> ModelConfig:
+    """Parse the model path with the configured parser plugin, then apply overrides."""
+    path = resolve_model_path(config.model_path)
+    record = registry.resolve("model_config_parser", config.model_config_parser)
+    try:
+        model_config = registry.call_family_hook(record, model_path=path, config=config)
+    except PluginError as exc:
+        if "returned nothing" in str(exc):
+            raise ConfigError(f"--model-path {path}: not a model the {record.name} model-config "
+                              "parser recognises") from None
+        raise
+    if config.json_model_override_args:
+        try:
+            overrides = json.loads(config.json_model_override_args)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--json-model-override-args: not JSON: {exc}") from None
+        if not isinstance(overrides, dict):
+            raise ConfigError("--json-model-override-args: expected a JSON object")
+        model_config = model_config.override(overrides)
+    return model_config
+
+
+class ModelRunner:
+    """Owns the model, its weights, the tokenizer, the KV pool and the attention backends.
+
+    Attributes read by the scheduler: ``model_config``, ``tokenizer``, ``pool`` (usable slots:
+    ``1 .. pool.num_slots - 1``; the first page is reserved for padding), ``max_total_num_tokens``,
+    ``req_to_token`` ([max_running_requests, max_context_len] int64 on ``device``),
+    ``max_running_requests``, ``max_context_len``, ``device``, ``dtype``, ``page_size``.
+    """
+
+    def __init__(self, config: ServerConfig, registry: Registry) -> None:
+        from engine.models.loader import load_model
+
+        self.config, self.registry = config, registry
+        self.device = pick_device(config.device)
+        self.model_config = load_model_config(config, registry)
+        self.dtype = pick_dtype(config.dtype, self.device, self.model_config)
+        self.tokenizer = Tokenizer.load(self.model_config, config.tokenizer_path)
+        self.max_context_len = config.context_length or self.model_config.context_len
+        if config.page_size < 1:
+            raise ConfigError(f"--page-size {config.page_size}: must be at least 1")
+        self.page_size = config.page_size
+        self.model = load_model(self.model_config, config, registry, self.device, self.dtype)
+        self.pool = self._make_pool()
+        self.max_total_num_tokens = self.pool.num_slots - self.page_size
+        self.max_running_requests = (config.max_running_requests
+                                     or DEFAULT_MAX_RUNNING.get(self.device.type, 64))
+        self.req_to_token = torch.zeros((self.max_running_requests, self.max_context_len),
+                                        dtype=torch.int64, device=self.device)
+        self.prefill_backend, self.decode_backend = self._make_backends()
+
+    # ------------------------------------------------------------------ set-up
+
+    def _kv_bytes_per_token(self) -> int:
+        mc = self.model_config
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem
+
+    def _kv_tokens(self) -> int:
+        cfg, per_token = self.config, self._kv_bytes_per_token()
+        if cfg.max_total_tokens is not None:
+            if cfg.max_total_tokens < 1:
+                raise ConfigError("--max-total-tokens must be positive")
+            return cfg.max_total_tokens
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            frac = cfg.mem_fraction_static or GPU_MEM_FRACTION
+            budget = free - total * (1.0 - frac)
+        elif cfg.mem_fraction_static is not None:
+            budget = cfg.mem_fraction_static * CPU_KV_BUDGET_BYTES
+        else:
+            budget = CPU_KV_BUDGET_BYTES
+        tokens = int(budget // per_token)
+        if self.device.type == "cpu":
+            tokens = min(tokens, CPU_KV_MAX_TOKENS)
+        if tokens < self.page_size * 2:
+            raise ConfigError(f"not enough memory for the KV cache ({budget / 2**20:.0f} MiB "
+                              f"budget, {per_token} bytes per token); lower the context or raise "
+                              "--mem-fraction-static / set --max-total-tokens")
+        return tokens
+
+    def _make_pool(self) -> KVPool:
+        ps = self.page_size
+        pages = -(-self._kv_tokens() // ps)
+        mc = self.model_config
+        return KVPool(num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads,
+                      head_dim=mc.head_dim, num_slots=(pages + 1) * ps, page_size=ps,
+                      dtype=self.dtype, device=self.device)
+
+    def _backend_record(self, flag: str, choice: str | None) -> Any:
+        chosen = choice or self.config.attention_backend or "auto"
+        label = flag if choice else "--attention-backend"
+        return self.registry.resolve("attention", chosen, flag=label,
+                                     model_features=self.model_config.features)
+
+    def _make_backends(self) -> tuple[AttentionBackend, AttentionBackend]:
+        cfg = self.config
+        prefill = self._backend_record("--prefill-attention-backend", cfg.prefill_attention_backend)
+        decode = self._backend_record("--decode-attention-backend", cfg.decode_attention_backend)
+        built: dict[str, AttentionBackend] = {}
+        for rec in (prefill, decode):
+            if rec.qualified not in built:
+                built[rec.qualified] = self.registry.call_family_hook(
+                    rec, pool=self.pool, model_config=self.model_config, config=cfg)
+        self.attention_backend_names = (prefill.name, decode.name)
+        log.info("attention: prefill %s, decode %s", prefill.name, decode.name)
+        return built[prefill.qualified], built[decode.qualified]
+
+    # ------------------------------------------------------------------ hot path
+
+    @torch.inference_mode()
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Run the model over ``batch``; float32 logits ``[len(batch.logits_indices), vocab]``.
+
+        Writes the new tokens' K/V into the pool at ``batch.out_cache_loc``. When
+        ``batch.logits_indices`` is None, the last token of every request is used.
+        """
+        backend = self.decode_backend if batch.is_decode else self.prefill_backend
+        backend.prepare(batch)
+        idx = batch.logits_indices
+        if idx is None:
+            idx = torch.cumsum(batch.extend_lens, 0) - 1
+        hidden = self.model(batch.input_ids, batch.positions, batch, backend, idx)
+        return self.model.compute_logits(hidden).float()

@@ -1,0 +1,153 @@
+"""Conformance kit of the attention family: a backend against an independent float32 reference.
+
+``check(name, make_backend)`` runs tiny random cases and returns a list of failures (empty: the
+backend conforms). ``make_backend(pool=..., model_config=..., config=...)`` builds the backend
+(the family hook's keyword arguments). Each case runs, over 2 layers, a single-request prefill,
+a ragged prefill (lengths 1 .. many pages, one ending exactly on a page boundary), prefix +
+extend chunks mixed with a new request, then decode steps, checking:
+
+* outputs (shape [T, Hq, D], all finite) against plain masked-softmax attention computed here;
+* every new token's K/V stored at its ``out_cache_loc`` slot, in the right layer;
+* no read of a slot the batch does not own: unwritten slots are poisoned with NaN first (the
+  reserved padding page holds large finite garbage instead; backends may read and mask it).
+
+Cases: page sizes 1 and 16, GQA ratios 1, 3, 4, head dims 64 and 128; float32 on CPU
+(tolerance 1e-4 abs + 1e-4 rel), bfloat16 on CUDA (2e-2 abs + 2e-2 rel). Pages are handed out
+shuffled, so a request's pages are never contiguous.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import torch
+
+from engine.config import ServerConfig
+from engine.models.config import ModelConfig
+from engine.runtime.attention import AttentionLayerSpec, KVPool
+from engine.runtime.batch import Batch
+from engine.testing.batches import BatchBuilder
+
+TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2),
+              torch.float16: (5e-3, 5e-3)}
+NUM_LAYERS, NUM_KV_HEADS = 2, 2
+PAGE_SIZES, GQA_RATIOS, HEAD_DIMS = (1, 16), (1, 3, 4), (64, 128)
+
+
+def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+              scale: float) -> torch.Tensor:
+    """Plain attention of new tokens at positions ``start..`` over keys [S, Hkv, D] (float32)."""
+    ratio = q.shape[1] // keys.shape[1]
+    k = keys.float().repeat_interleave(ratio, dim=1)  # [S, Hq, D]
+    v = values.float().repeat_interleave(ratio, dim=1)
+    scores = torch.einsum("thd,shd->hts", q.float(), k) * scale
+    pos = torch.arange(start, start + q.shape[0])[:, None]
+    allowed = torch.arange(keys.shape[0])[None, :] <= pos
+    scores = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+    return torch.einsum("hts,shd->thd", scores.softmax(-1), v)
+
+
+class _Case:
+    def __init__(self, make_backend: Callable[..., Any], page_size: int, ratio: int,
+                 head_dim: int, device: torch.device, dtype: torch.dtype, seed: int) -> None:
+        self.dtype, self.device, self.ratio = dtype, device, ratio
+        self.gen = torch.Generator().manual_seed(seed)
+        hq = NUM_KV_HEADS * ratio
+        self.specs = [AttentionLayerSpec(i, hq, NUM_KV_HEADS, head_dim, head_dim ** -0.5)
+                      for i in range(NUM_LAYERS)]
+        pages = 64 if page_size == 1 else 40
+        num_slots = pages * page_size if page_size > 1 else 512
+        self.pool = KVPool(num_layers=NUM_LAYERS, num_kv_heads=NUM_KV_HEADS, head_dim=head_dim,
+                           num_slots=num_slots, page_size=page_size, dtype=dtype, device=device)
+        for buf in self.pool.k + self.pool.v:
+            buf.fill_(float("nan"))
+            buf[:page_size] = 1e4  # the reserved padding page: finite garbage
+        mc = ModelConfig(architecture="LlamaForCausalLM", hidden_size=hq * head_dim,
+                         intermediate_size=4, num_hidden_layers=NUM_LAYERS,
+                         num_attention_heads=hq, num_key_value_heads=NUM_KV_HEADS,
+                         head_dim=head_dim, vocab_size=8, max_position_embeddings=256)
+        self.backend = make_backend(pool=self.pool, model_config=mc,
+                                    config=ServerConfig(page_size=page_size, device=device.type))
+        r2t = torch.zeros((8, 256), dtype=torch.int64, device=device)
+        self.builder = BatchBuilder(r2t, num_slots, page_size, shuffle=True, seed=seed)
+        self.kv: dict[int, list[tuple[list[torch.Tensor], list[torch.Tensor]]]] = {}
+        self.tol = TOLERANCES[dtype]
+
+    def rand(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen).to(self.device, self.dtype)
+
+    def step(self, batch: Batch, rows: list[int]) -> list[str]:
+        errors: list[str] = []
+        spec0 = self.specs[0]
+        self.backend.prepare(batch)
+        tokens = batch.num_tokens
+        for spec in self.specs:
+            q = self.rand(tokens, spec.num_q_heads, spec.head_dim)
+            k = self.rand(tokens, spec.num_kv_heads, spec.head_dim)
+            v = self.rand(tokens, spec.num_kv_heads, spec.head_dim)
+            out = self.backend.forward(q, k, v, spec, batch)
+            where = f"layer {spec.layer_id} {batch.mode.value}"
+            if tuple(out.shape) != (tokens, spec0.num_q_heads, spec0.head_dim):
+                return [f"{where}: output shape {tuple(out.shape)}, expected "
+                        f"{(tokens, spec0.num_q_heads, spec0.head_dim)}"]
+            if not torch.isfinite(out).all():
+                errors.append(f"{where}: non-finite output (read an unwritten slot or left "
+                              "elements unwritten)")
+            loc = batch.out_cache_loc
+            if not (torch.equal(self.pool.k[spec.layer_id][loc], k.to(self.pool.dtype))
+                    and torch.equal(self.pool.v[spec.layer_id][loc], v.to(self.pool.dtype))):
+                errors.append(f"{where}: new K/V not stored at out_cache_loc")
+            start = 0
+            for i, row in enumerate(rows):
+                n, pre = batch.extend_lens_cpu[i], batch.prefix_lens_cpu[i]
+                ks, vs = self.kv.setdefault(row, [([], []) for _ in self.specs])[spec.layer_id]
+                ks.append(k[start:start + n])
+                vs.append(v[start:start + n])
+                want = reference(q[start:start + n], torch.cat(ks), torch.cat(vs), pre,
+                                 spec.scaling)
+                got = out[start:start + n].float()
+                atol, rtol = self.tol
+                if not torch.allclose(got, want, atol=atol, rtol=rtol):
+                    err = (got - want).abs().max().item()
+                    errors.append(f"{where}: request {i} (prefix {pre}, new {n}) differs from "
+                                  f"the reference by {err:.3g}")
+                start += n
+        return errors
+
+    def run(self) -> list[str]:
+        b, ps = self.builder, self.pool.page_size
+        errors: list[str] = []
+        solo = b.new_request()
+        errors += self.step(b.extend([(solo, list(range(20)))]), [solo])
+        lengths = [1, 7, 2 * ps if ps > 1 else 5, 5 * ps + 3 if ps > 1 else 41]
+        rows = [b.new_request() for _ in lengths]
+        errors += self.step(b.extend([(r, [1] * n) for r, n in zip(rows, lengths)]), rows)
+        fresh = b.new_request()
+        chunk = [(rows[1], [2] * 3), (fresh, [3] * 9), (rows[3], [4] * (ps + 1)),
+                 (solo, [5] * 2)]
+        errors += self.step(b.extend(chunk), [r for r, _ in chunk])
+        live = rows + [fresh, solo]
+        for _ in range(2):
+            errors += self.step(b.decode([(r, 6) for r in live]), live)
+        b.free(rows[0])
+        live = live[1:]
+        errors += self.step(b.decode([(r, 7) for r in live]), live)
+        return errors
+
+
+def check(name: str, make_backend: Callable[..., Any],
+          device: torch.device | str | None = None) -> list[str]:
+    """Run every case; the failures as ``"<name> page_size=.. gqa=.. head_dim=..: ..."``."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    failures: list[str] = []
+    combos = itertools.product(PAGE_SIZES, GQA_RATIOS, HEAD_DIMS)
+    for seed, (ps, ratio, dim) in enumerate(combos):
+        label = f"{name} page_size={ps} gqa={ratio} head_dim={dim} {str(dtype)[6:]}"
+        try:
+            errors = _Case(make_backend, ps, ratio, dim, dev, dtype, seed).run()
+        except Exception as exc:  # a crash is a failure of this case, not of the kit
+            errors = [f"raised {type(exc).__name__}: {exc}"]
+        failures += [f"{label}: {e}" for e in errors]
+    return failures

@@ -1,0 +1,114 @@
+"""torch_native: the reference paged attention backend.
+
+``prepare`` builds, once per forward, each request's KV slot list from ``req_to_token`` padded to
+the longest context ([B, L]) and the boolean mask (causal over prefix + new tokens, padding
+off). Each layer then gathers its K/V pages once (one ``index_select`` per layer) and runs one
+``scaled_dot_product_attention`` over the padded batch (GQA: decode groups the query heads of one
+KV head, extend repeats KV heads). Correct for ragged batches, cached prefixes, decode and any
+page size (slots are read one by one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.plugins import hookimpl
+from engine.runtime.attention import AttentionBackend, AttentionLayerSpec, KVPool
+from engine.runtime.batch import Batch
+
+
+@dataclass
+class Metadata:
+    kv_index: torch.Tensor  #: [B, L] pool slots (padding -> slot 0)
+    mask: torch.Tensor | None  #: [B, 1, Q, L] bool (True: attend), None: attend to all L
+    is_causal: bool  #: a single request without prefix: SDPA's own causal mask
+    token_index: torch.Tensor | None  #: [T] rows of the padded [B*Q] queries, None if B*Q == T
+    num_queries: int  #: Q, new tokens of the longest request
+
+
+class TorchNativeBackend(AttentionBackend):
+    """SDPA over gathered pages; see the module docstring."""
+
+    def prepare(self, batch: Batch) -> None:
+        dev = batch.seq_lens.device
+        seq = batch.seq_lens_cpu or batch.seq_lens.tolist()
+        ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
+        pre = batch.prefix_lens_cpu or batch.prefix_lens.tolist()
+        bsz, ctx = len(seq), max(seq)
+        kv_index = batch.req_to_token.index_select(0, batch.req_pool_indices)[:, :ctx].contiguous()
+        uniform = min(seq) == ctx
+        keys = torch.arange(ctx, device=dev)
+        valid = None if uniform else keys[None, :] < batch.seq_lens[:, None]
+        if valid is not None:
+            kv_index = kv_index.masked_fill(~valid, 0)
+        if batch.is_decode:
+            mask = None if valid is None else valid[:, None, None, :]
+            batch.attn_metadata = Metadata(kv_index, mask, False, None, 1)
+            return
+        q_len = max(ext)
+        if bsz == 1 and pre[0] == 0:
+            batch.attn_metadata = Metadata(kv_index, None, True, None, q_len)
+            return
+        q_pos = batch.prefix_lens[:, None] + torch.arange(q_len, device=dev)[None, :]
+        mask = keys[None, None, :] <= q_pos[:, :, None]  # [B, Q, L]
+        if valid is not None:
+            mask = mask & valid[:, None, :]
+        token_index = None
+        if min(ext) != q_len:
+            rows = [torch.arange(e) + i * q_len for i, e in enumerate(ext)]
+            token_index = torch.cat(rows).to(dev)
+        batch.attn_metadata = Metadata(kv_index, mask[:, None], False, token_index, q_len)
+
+    def _gather(self, layer: AttentionLayerSpec, md: Metadata,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's K and V of every request, [B, Hkv, L, D] (one gather each)."""
+        shape = (*md.kv_index.shape, layer.num_kv_heads, layer.head_dim)
+        flat = md.kv_index.view(-1)
+        k = self.pool.k[layer.layer_id].index_select(0, flat).view(shape).to(dtype)
+        v = self.pool.v[layer.layer_id].index_select(0, flat).view(shape).to(dtype)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def _attend(self, q: torch.Tensor, layer: AttentionLayerSpec, md: Metadata) -> torch.Tensor:
+        """q [B, Q, Hq, D] -> [B, Q, Hq, D]; KV heads repeated for GQA."""
+        k, v = self._gather(layer, md, q.dtype)
+        ratio = layer.num_q_heads // layer.num_kv_heads
+        if ratio > 1:
+            k, v = k.repeat_interleave(ratio, dim=1), v.repeat_interleave(ratio, dim=1)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=md.mask,
+                                             is_causal=md.is_causal, scale=layer.scaling)
+        return out.transpose(1, 2)
+
+    def forward_extend(self, q: torch.Tensor, layer: AttentionLayerSpec,
+                       batch: Batch) -> torch.Tensor:
+        md: Metadata = batch.attn_metadata
+        bsz, q_len = md.kv_index.shape[0], md.num_queries
+        heads, dim = q.shape[1], q.shape[2]
+        if md.token_index is None:
+            padded = q.view(bsz, q_len, heads, dim)
+        else:
+            padded = q.new_zeros(bsz * q_len, heads, dim)
+            padded.index_copy_(0, md.token_index, q)
+            padded = padded.view(bsz, q_len, heads, dim)
+        out = self._attend(padded, layer, md).reshape(bsz * q_len, heads, dim)
+        return out if md.token_index is None else out.index_select(0, md.token_index)
+
+    def forward_decode(self, q: torch.Tensor, layer: AttentionLayerSpec,
+                       batch: Batch) -> torch.Tensor:
+        """The query heads sharing a KV head attend together as one group of queries (no KV
+        repeat): q [B, Hq, D] -> [B, Hkv, ratio, D] against K/V [B, Hkv, L, D]."""
+        md: Metadata = batch.attn_metadata
+        k, v = self._gather(layer, md, q.dtype)
+        bsz = q.shape[0]
+        grouped = q.view(bsz, layer.num_kv_heads, -1, layer.head_dim)
+        out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=md.mask,
+                                             scale=layer.scaling)
+        return out.reshape(bsz, layer.num_q_heads, layer.head_dim)
+
+
+@hookimpl
+def engine_create_attention_backend(pool: KVPool, model_config: Any, config: Any) -> Any:
+    return TorchNativeBackend(pool)

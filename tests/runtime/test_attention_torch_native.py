@@ -1,0 +1,33 @@
+"""The attention conformance kit over torch_native, built through the plugin registry."""
+
+from __future__ import annotations
+
+from engine.plugins.registry import Registry
+from engine.testing.attention import check
+
+
+def test_torch_native_conforms():
+    registry = Registry()
+    record = registry.resolve("attention", "torch_native")
+
+    def make_backend(**kwargs):
+        return registry.call_family_hook(record, **kwargs)
+
+    failures = check("torch_native", make_backend, device="cpu")
+    assert failures == [], "\n".join(failures[:20])
+
+
+def test_kit_catches_a_backend_that_ignores_causality():
+    from engine_attention_torch_native.impl import TorchNativeBackend
+
+    class NotCausal(TorchNativeBackend):
+        def prepare(self, batch):
+            super().prepare(batch)
+            md = batch.attn_metadata
+            md.is_causal = False
+            if md.mask is not None and not batch.is_decode:
+                md.mask = md.mask | True
+
+    failures = check("not_causal", lambda pool, model_config, config: NotCausal(pool), "cpu")
+    assert failures and all("differs from the reference" in f or "non-finite" in f
+                            for f in failures)
