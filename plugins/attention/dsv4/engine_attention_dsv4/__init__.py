@@ -1,0 +1,19 @@
+"""dsv4 attention: manifest only; this build has no implementation."""
+
+from engine.plugins import Plugin, Requires
+
+plugin = Plugin(
+    name="dsv4",
+    family="attention",
+    implementation=None,
+    description="DeepSeek-V4 compressed sparse attention",
+    requires=Requires(packages=("flash-mla",),
+                      devices=("cuda",),
+                      min_compute_capability=(9, 0),
+                      max_compute_capability=(10, 3),
+                      model_features=("deepseek_v4_attention",)),
+    not_implemented=(
+        "needs a DeepSeek-V4 model (compressed KV + sparse attention) and FlashMLA sparse "
+        "kernels on SM90/SM100; no adapter in this build"
+    ),
+)

@@ -1,0 +1,16 @@
+"""flashinfer attention: manifest only (flashinfer is imported on selection)."""
+
+from engine.plugins import Plugin, Requires
+
+plugin = Plugin(
+    name="flashinfer",
+    family="attention",
+    implementation="engine_attention_flashinfer.impl",
+    description="FlashInfer BatchPrefill/BatchDecode paged-KV wrappers (NHD, tensor-core "
+                "decode), planned once per batch and reused by every layer",
+    requires=Requires(packages=("flashinfer-python",), devices=("cuda",),
+                      min_compute_capability=(8, 0)),
+    priority=40,
+    notes=("written against flashinfer-python 0.5.3; kernels JIT-compile on first use "
+           "(set CUDA_HOME, and FLASHINFER_CUDA_ARCH_LIST such as 9.0a)",),
+)

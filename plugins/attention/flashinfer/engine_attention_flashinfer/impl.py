@@ -1,0 +1,145 @@
+"""flashinfer: FlashInfer's paged-KV wrappers over the engine's pool (GPU only).
+
+The pool's per-layer buffers [slots, Hkv, D] are viewed, without a copy, as FlashInfer's "NHD"
+paged cache [pages, page_size, Hkv, D] (the pool's slot count is a whole number of pages and a
+request's pages are whole pages, so slot ``s`` is row ``s % page_size`` of page
+``s // page_size``). ``prepare`` builds the page table once per forward from ``req_to_token`` and
+the CPU copies of the lengths:
+
+* ``kv_indptr`` [B+1] (host): running count of each request's pages;
+* ``kv_indices`` [pages] (device): ``req_to_token[row, ::page_size] // page_size`` per request;
+* ``kv_last_page_len`` [B] (host): tokens in each request's last page (1..page_size);
+* extend only: ``qo_indptr`` [B+1] (host): running count of new tokens,
+
+and plans the one wrapper the batch needs: ``BatchPrefillWithPagedKVCacheWrapper`` (causal;
+FlashInfer aligns the queries to the end of each request's keys, i.e. new token ``j`` sees
+positions ``<= prefix_len + j``) or ``BatchDecodeWithPagedKVCacheWrapper`` (tensor-core decode).
+Every layer then only calls ``run``. Heads, head dim and scale are planned from the model config;
+a layer that differs is refused rather than silently run with another plan.
+Written against flashinfer-python 0.5.3: ``plan`` takes the page table and shapes positionally
+and the rest by keyword; ``run(q, (k_cache, v_cache))``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.errors import PluginError
+from engine.plugins import hookimpl
+from engine.runtime.attention import AttentionBackend, AttentionLayerSpec, KVPool
+from engine.runtime.batch import Batch
+
+WORKSPACE_BYTES = 128 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PlanShape:
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scaling: float
+
+
+@dataclass
+class PageTable:
+    kv_indptr: torch.Tensor  #: [B+1] int32, host
+    kv_indices: torch.Tensor  #: [pages] int32, device
+    kv_last_page_len: torch.Tensor  #: [B] int32, host
+    qo_indptr: torch.Tensor | None  #: [B+1] int32, host (extend only)
+
+
+def page_table(batch: Batch, page_size: int) -> PageTable:
+    """The batch's pages in FlashInfer's CSR form (see the module docstring); no device sync."""
+    seq = batch.seq_lens_cpu or batch.seq_lens.tolist()
+    pages = [-(-n // page_size) for n in seq]
+    most = max(pages)
+    kv_indptr = torch.zeros(len(seq) + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.tensor(pages).cumsum(0)
+    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(seq, pages)], dtype=torch.int32)
+    dev = batch.req_to_token.device
+    first_slots = batch.req_to_token.index_select(0, batch.req_pool_indices)[
+        :, : most * page_size : page_size]  # [B, most]: first slot of each page
+    flat = torch.cat([torch.arange(p) + i * most for i, p in enumerate(pages)])
+    kv_indices = (first_slots.reshape(-1).index_select(0, flat.to(dev, non_blocking=True))
+                  // page_size).to(torch.int32)
+    qo = None
+    if not batch.is_decode:
+        ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
+        qo = torch.zeros(len(ext) + 1, dtype=torch.int32)
+        qo[1:] = torch.tensor(ext).cumsum(0)
+    return PageTable(kv_indptr, kv_indices, last, qo)
+
+
+class FlashInferBackend(AttentionBackend):
+    """See the module docstring."""
+
+    def __init__(self, pool: KVPool, shape: PlanShape) -> None:
+        super().__init__(pool)
+        import flashinfer
+
+        if pool.num_slots % pool.page_size:
+            raise PluginError(f"flashinfer: the KV pool's {pool.num_slots} slots are not a "
+                              f"whole number of {pool.page_size}-token pages")
+        self.shape = shape
+        dev = pool.device
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev), "NHD")
+        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev), "NHD",
+            use_tensor_cores=True)
+
+    def _paged(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ps, p = self.pool.page_size, self.pool
+        shape = (p.num_slots // ps, ps, p.num_kv_heads, p.head_dim)
+        return p.k[layer_id].view(shape), p.v[layer_id].view(shape)
+
+    def prepare(self, batch: Batch, q_dtype: torch.dtype | None = None) -> None:
+        """Plan the batch's wrapper; ``q_dtype`` defaults to the pool's dtype."""
+        s, ps = self.shape, self.pool.page_size
+        table = page_table(batch, ps)
+        q_dtype = q_dtype or self.pool.dtype
+        if batch.is_decode:
+            self._decode.plan(
+                table.kv_indptr, table.kv_indices, table.kv_last_page_len, s.num_q_heads,
+                s.num_kv_heads, s.head_dim, ps, sm_scale=s.scaling, q_data_type=q_dtype,
+                kv_data_type=self.pool.dtype)
+        else:
+            self._prefill.plan(
+                table.qo_indptr, table.kv_indptr, table.kv_indices, table.kv_last_page_len,
+                s.num_q_heads, s.num_kv_heads, s.head_dim, ps, causal=True,
+                sm_scale=s.scaling, q_data_type=q_dtype, kv_data_type=self.pool.dtype)
+        batch.attn_metadata = table
+
+    def _check(self, layer: AttentionLayerSpec) -> None:
+        got = PlanShape(layer.num_q_heads, layer.num_kv_heads, layer.head_dim, layer.scaling)
+        s = self.shape
+        if (got.num_q_heads, got.num_kv_heads, got.head_dim) != (s.num_q_heads, s.num_kv_heads,
+                                                                   s.head_dim) \
+                or not math.isclose(got.scaling, s.scaling, rel_tol=1e-6):
+            raise PluginError(f"flashinfer: layer {layer.layer_id} is {got}, the batch was "
+                              f"planned for {self.shape}")
+
+    def forward_extend(self, q: torch.Tensor, layer: AttentionLayerSpec,
+                       batch: Batch) -> torch.Tensor:
+        self._check(layer)
+        return self._prefill.run(q.contiguous(), self._paged(layer.layer_id))
+
+    def forward_decode(self, q: torch.Tensor, layer: AttentionLayerSpec,
+                       batch: Batch) -> torch.Tensor:
+        self._check(layer)
+        return self._decode.run(q.contiguous(), self._paged(layer.layer_id))
+
+
+@hookimpl
+def engine_create_attention_backend(pool: KVPool, model_config: Any, config: Any) -> Any:
+    if pool.device.type != "cuda":
+        raise PluginError(f"attention backend flashinfer needs a CUDA GPU; the KV pool is on "
+                          f"{pool.device.type}")
+    head_dim = model_config.head_dim
+    shape = PlanShape(model_config.num_attention_heads, model_config.num_key_value_heads,
+                      head_dim, head_dim ** -0.5)
+    return FlashInferBackend(pool, shape)

@@ -1,0 +1,18 @@
+"""minicpm_flashattn attention: manifest only; this build has no implementation."""
+
+from engine.plugins import Plugin, Requires
+
+plugin = Plugin(
+    name="minicpm_flashattn",
+    family="attention",
+    implementation=None,
+    description="MiniCPM sparse attention over FlashAttention kernels",
+    requires=Requires(packages=("sgl-kernel",),
+                      devices=("cuda",),
+                      min_compute_capability=(8, 0),
+                      model_features=("minicpm_sparse_attention",)),
+    not_implemented=(
+        "needs a MiniCPM model with sparse attention (MiniCPM4 / MiniCPM-SALA) and "
+        "FlashAttention kernels (sgl-kernel) on a CUDA GPU; no adapter in this build"
+    ),
+)

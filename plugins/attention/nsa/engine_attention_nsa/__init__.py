@@ -1,0 +1,20 @@
+"""nsa attention: manifest only; this build has no implementation."""
+
+from engine.plugins import Plugin, Requires
+
+plugin = Plugin(
+    name="nsa",
+    family="attention",
+    implementation=None,
+    description="Deprecated alias of dsa (DeepSeek Sparse Attention)",
+    requires=Requires(packages=("flash-mla", "deep-gemm"),
+                      devices=("cuda",),
+                      min_compute_capability=(9, 0),
+                      max_compute_capability=(10, 3),
+                      model_features=("mla", "deepseek_sparse_attention")),
+    not_implemented=(
+        "alias of dsa: needs a DeepSeek-sparse-attention model (DeepSeek-V3.2, GLM-5), "
+        "FlashMLA sparse and DeepGEMM kernels on SM90/SM100, page size 64; no adapter in this"
+        " build"
+    ),
+)

@@ -1,0 +1,207 @@
+"""triton: paged attention with our own Triton kernels (see ``kernels.py`` for their design).
+
+``prepare`` builds, once per forward, the small per-batch tables from the CPU copies of the
+lengths (no device sync): for decode the number of KV splits, for extend the tile -> request
+table and each request's first row in ``q``. Every layer then launches the kernels on the pool's
+buffers directly; K/V are never gathered into a contiguous copy.
+
+Options (``plugin_options["attention.triton"]``): ``triton_attention_num_kv_splits`` (splits per
+request, capped at one per key tile), ``triton_attention_split_tile_size`` (fixed tokens per split
+instead: the split layout depends only on a request's own length), and
+``triton_attention_reduce_in_fp32`` (float32 partial outputs; they are float32 anyway when q is).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.errors import ConfigError, PluginError
+from engine.plugins import hookimpl
+from engine.runtime.attention import AttentionBackend, AttentionLayerSpec, KVPool
+from engine.runtime.batch import Batch
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass
+class KernelConfig:
+    """Launch parameters; the benchmark may override them to sweep. The defaults were the best of
+    ``benchmarks/attention_gpu.py``'s sweep on an H200 (bf16, 32 q / 8 kv heads, head dim 128)."""
+
+    decode_block_n: int = 64
+    decode_warps: int = 4
+    decode_stages: int = 3
+    extend_block_m: int = 128
+    extend_block_n: int = 32
+    extend_warps: int = 4
+    extend_stages: int = 3
+
+
+#: under the interpreter every program and every loop step costs milliseconds: big tiles
+INTERPRETER_CONFIG = KernelConfig(decode_block_n=128, extend_block_m=128, extend_block_n=128)
+
+
+@dataclass
+class DecodeMetadata:
+    num_splits: int
+    split_tile: int  #: fixed tokens per split, 0: ``num_splits`` equal chunks per request
+
+
+@dataclass
+class ExtendMetadata:
+    tile_req: torch.Tensor  #: [tiles] int32, request of each tile of new tokens
+    tile_start: torch.Tensor  #: [tiles] int32, first new-token index of the tile
+    qo_start: torch.Tensor  #: [B] int64, first row of each request in q / the output
+    tile_tokens: int
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class TritonBackend(AttentionBackend):
+    """Split-KV GQA decode + LSE merge; tiled causal extend over prefix pages then new tokens."""
+
+    def __init__(self, pool: KVPool, group: int, *, num_kv_splits: int = 8,
+                 split_tile_size: int | None = None,
+                 reduce_in_fp32: bool = False, kernel_config: KernelConfig | None = None) -> None:
+        super().__init__(pool)
+        from engine_attention_triton import kernels  # after the interpreter check
+
+        self.kernels = kernels
+        self.num_kv_splits, self.split_tile_size = num_kv_splits, split_tile_size
+        self.reduce_in_fp32 = reduce_in_fp32
+        self.group = group
+        self.configure(kernel_config or (INTERPRETER_CONFIG if interpreting()
+                                         else KernelConfig()))
+
+    def configure(self, cfg: KernelConfig) -> None:
+        """Set the launch parameters (takes effect at the next ``prepare``)."""
+        self.cfg = cfg
+        #: extend rows per program: tokens x the group's query heads
+        self.block_rows = max(cfg.extend_block_m, _pow2(self.group))
+        self.tile_tokens = self.block_rows // self.group
+
+    # ------------------------------------------------------------------ metadata
+
+    def prepare(self, batch: Batch) -> None:
+        seq = batch.seq_lens_cpu or batch.seq_lens.tolist()
+        if batch.is_decode:
+            longest = max(seq)
+            if self.split_tile_size:
+                batch.attn_metadata = DecodeMetadata(-(-longest // self.split_tile_size),
+                                                     self.split_tile_size)
+            else:
+                tiles = -(-longest // self.cfg.decode_block_n)
+                batch.attn_metadata = DecodeMetadata(max(1, min(self.num_kv_splits, tiles)), 0)
+            return
+        ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
+        bm = self.tile_tokens
+        tile_req, tile_start, qo_start, acc = [], [], [], 0
+        for i, e in enumerate(ext):
+            starts = range(0, e, bm)
+            tile_req += [i] * len(starts)
+            tile_start += starts
+            qo_start.append(acc)
+            acc += e
+        dev = batch.seq_lens.device
+        batch.attn_metadata = ExtendMetadata(
+            torch.tensor(tile_req, dtype=torch.int32).to(dev, non_blocking=True),
+            torch.tensor(tile_start, dtype=torch.int32).to(dev, non_blocking=True),
+            torch.tensor(qo_start, dtype=torch.int64).to(dev, non_blocking=True), bm)
+
+    # ------------------------------------------------------------------ kernels
+
+    def _check(self, q: torch.Tensor, layer: AttentionLayerSpec, batch: Batch) -> torch.Tensor:
+        if batch.req_to_token.stride(1) != 1:
+            raise ValueError("req_to_token must have unit stride along tokens")
+        return q if q.stride(-1) == 1 else q.contiguous()
+
+    def forward_decode(self, q: torch.Tensor, layer: AttentionLayerSpec,
+                       batch: Batch) -> torch.Tensor:
+        md: DecodeMetadata = batch.attn_metadata
+        q = self._check(q, layer, batch)
+        k_buf, v_buf = self.pool.k[layer.layer_id], self.pool.v[layer.layer_id]
+        bsz, hq, dim = q.shape
+        hkv, group = layer.num_kv_heads, layer.num_q_heads // layer.num_kv_heads
+        splits = md.num_splits
+        part_dtype = torch.float32 if self.reduce_in_fp32 else q.dtype
+        shape = (bsz, hq, splits) if splits > 1 else (0, 0, 1)  # one split: written directly
+        part_out = torch.empty((*shape, dim), dtype=part_dtype, device=q.device)
+        part_lse = torch.empty(shape, dtype=torch.float32, device=q.device)
+        out = torch.empty_like(q)
+        cfg, r2t = self.cfg, batch.req_to_token
+        prec = "ieee" if q.dtype == torch.float32 else None
+        self.kernels._decode_split_kernel[(bsz, hkv, splits)](
+            q, k_buf, v_buf, r2t, batch.req_pool_indices, batch.seq_lens, part_out, part_lse, out,
+            q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
+            v_buf.stride(1), r2t.stride(0),
+            part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+            layer.scaling * LOG2E, md.split_tile,
+            GROUP=group, HEAD_DIM=dim, NUM_SPLITS=splits, BLOCK_H=max(16, _pow2(group)),
+            BLOCK_D=_pow2(dim), BLOCK_N=cfg.decode_block_n, FIXED_TILE=md.split_tile > 0,
+            DOT_PREC=prec, num_warps=cfg.decode_warps, num_stages=cfg.decode_stages)
+        if splits > 1:
+            self.kernels._decode_merge_kernel[(bsz, hkv)](
+                part_out, part_lse, out, batch.seq_lens, part_out.stride(0),
+                part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
+                out.stride(0), out.stride(1), md.split_tile, GROUP=group, HEAD_DIM=dim,
+                NUM_SPLITS=splits, BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim),
+                BLOCK_N=cfg.decode_block_n, FIXED_TILE=md.split_tile > 0, num_warps=4)
+        return out
+
+    def forward_extend(self, q: torch.Tensor, layer: AttentionLayerSpec,
+                       batch: Batch) -> torch.Tensor:
+        md: ExtendMetadata = batch.attn_metadata
+        q = self._check(q, layer, batch)
+        k_buf, v_buf = self.pool.k[layer.layer_id], self.pool.v[layer.layer_id]
+        dim = q.shape[2]
+        out = torch.empty_like(q)
+        cfg, r2t = self.cfg, batch.req_to_token
+        group = layer.num_q_heads // layer.num_kv_heads
+        if group != self.group:
+            raise ValueError(f"layer {layer.layer_id}: {group} query heads per KV head, the "
+                             f"backend was built for {self.group}")
+        self.kernels._extend_kernel[(md.tile_req.shape[0], layer.num_kv_heads)](
+            q, k_buf, v_buf, out, r2t, batch.req_pool_indices, batch.prefix_lens,
+            batch.extend_lens, md.qo_start, md.tile_req, md.tile_start,
+            q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
+            v_buf.stride(1), out.stride(0), out.stride(1), r2t.stride(0),
+            layer.scaling * LOG2E,
+            GROUP=group, HEAD_DIM=dim, TILE_TOKENS=md.tile_tokens, BLOCK_M=self.block_rows,
+            BLOCK_N=cfg.extend_block_n, BLOCK_D=_pow2(dim),
+            DOT_PREC="ieee" if q.dtype == torch.float32 else None,
+            num_warps=cfg.extend_warps, num_stages=cfg.extend_stages)
+        return out
+
+
+def options(config: Any) -> dict[str, Any]:
+    """This plugin's options from the server config, validated."""
+    opts = config.options_for("attention.triton") if config is not None else {}
+    splits = opts.get("triton_attention_num_kv_splits")
+    splits = 8 if splits is None else int(splits)
+    tile = opts.get("triton_attention_split_tile_size")
+    if splits < 1:
+        raise ConfigError(f"--triton-attention-num-kv-splits must be >= 1 (got {splits})")
+    if tile is not None and int(tile) < 1:
+        raise ConfigError(f"--triton-attention-split-tile-size must be >= 1 (got {tile})")
+    return {"num_kv_splits": splits, "split_tile_size": int(tile) if tile else None,
+            "reduce_in_fp32": bool(opts.get("triton_attention_reduce_in_fp32"))}
+
+
+@hookimpl
+def engine_create_attention_backend(pool: KVPool, model_config: Any, config: Any) -> Any:
+    if pool.device.type != "cuda" and not interpreting():
+        raise PluginError("attention backend triton needs a CUDA GPU (or TRITON_INTERPRET=1 "
+                          f"on CPU); the KV pool is on {pool.device.type}")
+    group = model_config.num_attention_heads // model_config.num_key_value_heads
+    return TritonBackend(pool, group, **options(config))

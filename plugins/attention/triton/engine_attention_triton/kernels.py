@@ -1,0 +1,226 @@
+"""Triton kernels over the paged KV pool (``k``/``v`` [slots, Hkv, D], slots through
+``req_to_token``).
+
+Decode (two kernels):
+
+* ``_decode_split_kernel``, grid ``(B, Hkv, S)``: program ``(b, g, s)`` takes the ``G = Hq / Hkv``
+  query heads of KV head ``g`` (padded to ``BLOCK_H`` >= 16 rows so the score and value products
+  are matrix products) and the ``s``-th chunk of request ``b``'s context, in ``BLOCK_N``-token
+  tiles: slots from ``req_to_token``, K and V rows gathered once for the whole group, online
+  softmax. It stores the chunk's normalized partial output [G, D] and its log-sum-exp [G]
+  (``-inf`` and zeros for an empty chunk); with a single split (``S == 1``) it writes the final
+  output instead and no merge runs.
+* ``_decode_merge_kernel``, grid ``(B, Hkv)``: for the group's heads, folds the request's
+  non-empty chunks in order with a running log-sum-exp (so a request's result never depends on
+  how many splits the longest request of the batch needed) and writes the final rows.
+
+Extend, ``_extend_kernel``, grid ``(tiles, Hkv)``, also GQA-aware: the ``BLOCK_M`` query rows of a
+program are ``TILE_TOKENS = BLOCK_M // G`` new tokens ``m0..`` of one request times the ``G`` query
+heads of KV head ``g`` (row ``r``: token ``m0 + r // G``, head ``g*G + r % G``), so each K/V tile
+is loaded once for the whole group. The tile -> request table is built on the host from the CPU
+copies of the lengths. Phase 1 walks keys ``0 .. prefix + m0`` (the cached prefix pages, then the
+new tokens before the tile), which every row sees, masked only at the bound; phase 2 the tile's
+own diagonal block ``prefix + m0 .. prefix + m0 + TILE_TOKENS`` with the causal mask. Online
+softmax in float32 (base 2), the output in q's dtype.
+
+Every load past a length is masked (never issued), so only slots the batch owns are read.
+Softmax runs in base 2: callers pass ``scale * log2(e)``, and the decode log-sum-exp is in base 2.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, req_to_token_ptr, req_pool_ptr, seq_lens_ptr,
+    part_out_ptr, part_lse_ptr, out_ptr,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_r2t,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
+    scale, split_len_fixed,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    FIXED_TILE: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    s = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    row = tl.load(req_pool_ptr + b)
+    if FIXED_TILE:
+        split_len = split_len_fixed
+    else:  # NUM_SPLITS chunks, each a whole number of tiles
+        chunk = (seq_len + NUM_SPLITS - 1) // NUM_SPLITS  # (plain arithmetic: cheaper to interpret)
+        split_len = (chunk + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    start = s * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = g * GROUP + offs_h
+    h_mask = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    hd_mask = h_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=hd_mask, other=0.0)
+    r2t_row = req_to_token_ptr + row * stride_r2t
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        n_mask = pos < end
+        slot = tl.load(r2t_row + pos, mask=n_mask, other=0)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        v = tl.load(v_ptr + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                            input_precision=DOT_PREC)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:  # the whole context in one chunk: final rows, no merge
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=hd_mask)
+    else:
+        nonempty = end > start
+        safe_l = tl.where(l_i > 0, l_i, 1.0)
+        out = tl.where(nonempty, acc / safe_l[:, None], 0.0)
+        lse = tl.where(nonempty, m_i + tl.log2(safe_l), float("-inf"))
+        tl.store(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + s * stride_ps
+                 + offs_d[None, :], out.to(part_out_ptr.dtype.element_ty), mask=hd_mask)
+        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + s, lse, mask=h_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, seq_lens_ptr,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
+    split_len_fixed,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    FIXED_TILE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + b)
+    if FIXED_TILE:
+        split_len = split_len_fixed
+    else:
+        chunk = (seq_len + NUM_SPLITS - 1) // NUM_SPLITS
+        split_len = (chunk + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    used = (seq_len + split_len - 1) // split_len  # this request's non-empty splits
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = g * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    gd_mask = g_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for s in range(0, used):  # in split order: the result depends on this request alone
+        lse = tl.load(part_lse_ptr + b * stride_lb + heads * stride_lh + s, mask=g_mask,
+                      other=0.0)
+        part = tl.load(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph
+                       + s * stride_ps + offs_d[None, :], mask=gd_mask, other=0.0)
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
+        acc = acc * alpha[:, None] + part.to(tl.float32) * w[:, None]
+        total = total * alpha + w
+        m = m_new
+    tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, req_to_token_ptr, req_pool_ptr, prefix_lens_ptr,
+    extend_lens_ptr, qo_start_ptr, tile_req_ptr, tile_start_ptr,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
+    stride_r2t, scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_TOKENS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    t = tl.program_id(0)
+    g = tl.program_id(1)
+    i = tl.load(tile_req_ptr + t)
+    m0 = tl.load(tile_start_ptr + t)
+    row = tl.load(req_pool_ptr + i)
+    prefix = tl.load(prefix_lens_ptr + i)
+    ext = tl.load(extend_lens_ptr + i)
+    qo = tl.load(qo_start_ptr + i)
+    r2t_row = req_to_token_ptr + row * stride_r2t
+
+    # row r of the tile: new token m0 + r // GROUP, query head g * GROUP + r % GROUP
+    offs_r = tl.arange(0, BLOCK_M)
+    tok = m0 + offs_r // GROUP
+    head = g * GROUP + offs_r % GROUP
+    r_mask = (offs_r < TILE_TOKENS * GROUP) & (tok < ext)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    rd_mask = r_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + (qo + tok)[:, None] * stride_qt + head[:, None] * stride_qh
+                + offs_d[None, :], mask=rd_mask, other=0.0)
+    q_pos = prefix + tok  # absolute position of each row's token
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # phase 1: the cached prefix pages, then new tokens before the tile: seen by every row
+    lo = prefix + m0
+    for n0 in range(0, lo, BLOCK_N):
+        pos = n0 + offs_n
+        n_mask = pos < lo
+        slot = tl.load(r2t_row + pos, mask=n_mask, other=0)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        v = tl.load(v_ptr + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                            input_precision=DOT_PREC)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    # phase 2: the tile's diagonal block of new tokens, causally
+    hi = prefix + tl.minimum(m0 + TILE_TOKENS, ext)
+    for n0 in range(lo, hi, BLOCK_N):
+        pos = n0 + offs_n
+        n_mask = pos < hi
+        slot = tl.load(r2t_row + pos, mask=n_mask, other=0)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale
+        qk = tl.where(n_mask[None, :] & (pos[None, :] <= q_pos[:, None]), qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        v = tl.load(v_ptr + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                            input_precision=DOT_PREC)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + (qo + tok)[:, None] * stride_ot + head[:, None] * stride_oh
+             + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=rd_mask)

@@ -1,0 +1,15 @@
+"""wave attention: manifest only; this build has no implementation."""
+
+from engine.plugins import Plugin, Requires
+
+plugin = Plugin(
+    name="wave",
+    family="attention",
+    implementation=None,
+    description="Wave (wave-lang) attention kernels for ROCm",
+    requires=Requires(packages=("wave-lang",),
+                      devices=("rocm",)),
+    not_implemented=(
+        "needs the wave-lang kernel DSL and a ROCm GPU; no adapter in this build"
+    ),
+)

@@ -1,0 +1,96 @@
+"""triton attention plugin: the conformance kit and our own checks under Triton's interpreter
+(child processes, since the interpreter must be chosen before triton is imported), the hook's
+refusal without CUDA or the interpreter, options, and the full kit on CUDA when present (page 64: benchmarks/attention_gpu.py).
+
+The interpreter is slow: by default the kit runs on a covering subset of its cases (page sizes
+1 and 16, GQA 1, 3 and 4, head dims 64 and 128), two child processes in parallel;
+``ENGINE_TRITON_FULL_KIT=1`` runs all twelve cases (about a minute on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import ServerConfig
+from engine.errors import ConfigError, PluginError
+from engine.runtime.attention import KVPool
+
+SCRIPT = Path(__file__).with_name("triton_interpret_checks.py")
+
+
+def _spawn(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    return subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _result(proc: subprocess.Popen) -> list[str]:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_kit_and_own_checks_under_the_interpreter():
+    pytest.importorskip("triton")
+    if os.environ.get("ENGINE_TRITON_FULL_KIT"):
+        jobs = [("kit", "1", "1,3,4", "64,128"), ("kit", "16", "1,3,4", "64,128"), ("own",)]
+    else:
+        jobs = [("kit", "1", "1,4", "128"), ("kit", "16", "3", "64"), ("own",)]
+    first = [_spawn(*j) for j in jobs[:2]]
+    failures = _result(first[0])
+    failures += _result(first[1]) + _result(_spawn(*jobs[2]))
+    assert failures == [], "\n".join(failures[:20])
+
+
+def _cpu_pool() -> KVPool:
+    return KVPool(num_layers=1, num_kv_heads=1, head_dim=64, num_slots=16, page_size=1,
+                  dtype=torch.float32, device=torch.device("cpu"))
+
+
+def test_hook_refuses_a_cpu_pool_without_the_interpreter(monkeypatch):
+    from engine_attention_triton.impl import engine_create_attention_backend
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(PluginError, match=r"needs a CUDA GPU \(or TRITON_INTERPRET=1 on CPU\)"):
+        engine_create_attention_backend(pool=_cpu_pool(), model_config=None,
+                                        config=ServerConfig())
+
+
+def test_options_reach_the_backend_and_are_validated():
+    from engine_attention_triton.impl import options
+
+    cfg = ServerConfig(plugin_options={"attention.triton": {
+        "triton_attention_num_kv_splits": 4, "triton_attention_split_tile_size": 256,
+        "triton_attention_reduce_in_fp32": True}})
+    assert options(cfg) == {"num_kv_splits": 4, "split_tile_size": 256, "reduce_in_fp32": True}
+    assert options(ServerConfig()) == {"num_kv_splits": 8, "split_tile_size": None,
+                                       "reduce_in_fp32": False}
+    bad = ServerConfig(plugin_options={"attention.triton": {"triton_attention_num_kv_splits": 0}})
+    with pytest.raises(ConfigError, match="num-kv-splits"):
+        options(bad)
+
+
+def test_manifest_states_its_needs_and_seed_flags():
+    from engine_attention_triton import plugin
+
+    assert plugin.requires.devices == ("cuda",) and "triton" in plugin.requires.packages
+    assert plugin.priority > 10  # above torch_native where it can run
+    assert {o.flag for o in plugin.options} == {
+        "--triton-attention-num-kv-splits", "--triton-attention-split-tile-size",
+        "--triton-attention-reduce-in-fp32"}
+
+
+@pytest.mark.gpu
+def test_kit_on_cuda():
+    from engine.testing import attention as kit
+    from engine_attention_triton.impl import engine_create_attention_backend
+
+    failures = kit.check("triton", engine_create_attention_backend, device="cuda")
+    assert failures == [], "\n".join(failures[:20])

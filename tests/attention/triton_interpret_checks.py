@@ -1,0 +1,148 @@
+"""Checks of the triton attention plugin under Triton's interpreter, run as a child process.
+
+``python triton_interpret_checks.py kit PAGE_SIZES GQA_RATIOS HEAD_DIMS`` runs the conformance
+kit restricted to those comma-separated values; ``python triton_interpret_checks.py own`` runs
+the checks the kit does not make (several decode splits and their merge, empty splits, fixed
+split tiles and batch invariance, float32 partials, extend over many prefix and query tiles).
+Prints one JSON list of failures. ``TRITON_INTERPRET=1`` is set here, before triton is imported,
+because the interpreter is chosen when the kernels are defined.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from engine.config import ServerConfig  # noqa: E402
+from engine.runtime.attention import AttentionLayerSpec, KVPool  # noqa: E402
+from engine.runtime.batch import Batch, ForwardMode  # noqa: E402
+from engine.testing import attention as kit  # noqa: E402
+from engine.testing.batches import BatchBuilder  # noqa: E402
+from engine_attention_triton.impl import (  # noqa: E402
+    KernelConfig, TritonBackend, engine_create_attention_backend)
+
+
+def run_kit(pages: str, ratios: str, dims: str) -> list[str]:
+    kit.PAGE_SIZES = tuple(int(x) for x in pages.split(","))
+    kit.GQA_RATIOS = tuple(int(x) for x in ratios.split(","))
+    kit.HEAD_DIMS = tuple(int(x) for x in dims.split(","))
+    return kit.check("triton", engine_create_attention_backend, device="cpu")
+
+
+class Rig:
+    """A one-layer pool, a batch builder, and a reference over what was written."""
+
+    def __init__(self, page: int, ratio: int, dim: int, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        hkv = 2
+        self.spec = AttentionLayerSpec(0, hkv * ratio, hkv, dim, dim ** -0.5)
+        slots = max(64 * page, 256)
+        self.pool = KVPool(num_layers=1, num_kv_heads=hkv, head_dim=dim, num_slots=slots,
+                           page_size=page, dtype=torch.float32, device=torch.device("cpu"))
+        for buf in self.pool.k + self.pool.v:
+            buf.fill_(float("nan"))
+            buf[:page] = 1e4
+        self.builder = BatchBuilder(torch.zeros((8, 512), dtype=torch.int64), slots, page,
+                                    shuffle=True, seed=seed)
+        self.kv: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+
+    def rand(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen)
+
+    def step(self, backend: TritonBackend, batch, rows: list[int], q=None, kv=None):
+        """Run one forward; return (output, reference, q, (k, v))."""
+        s, t = self.spec, batch.num_tokens
+        q = self.rand(t, s.num_q_heads, s.head_dim) if q is None else q
+        k, v = kv or (self.rand(t, s.num_kv_heads, s.head_dim),
+                      self.rand(t, s.num_kv_heads, s.head_dim))
+        backend.prepare(batch)
+        out = backend.forward(q, k, v, s, batch)
+        want, start = [], 0
+        for i, row in enumerate(rows):
+            n = batch.extend_lens_cpu[i]
+            ks, vs = self.kv.setdefault(row, ([], []))
+            ks.append(k[start:start + n])
+            vs.append(v[start:start + n])
+            want.append(kit.reference(q[start:start + n], torch.cat(ks), torch.cat(vs),
+                                      batch.prefix_lens_cpu[i], s.scaling))
+            start += n
+        return out, torch.cat(want), q, (k, v)
+
+
+def close(name: str, got: torch.Tensor, want: torch.Tensor) -> list[str]:
+    if torch.isfinite(got).all() and torch.allclose(got, want, atol=1e-4, rtol=1e-4):
+        return []
+    return [f"{name}: max error {(got - want).abs().max().item():.3g}"]
+
+
+def own_checks() -> list[str]:
+    failures: list[str] = []
+    # decode over several splits, some of them empty (short requests), GQA 4, merged by LSE
+    rig = Rig(page=16, ratio=4, dim=64, seed=1)
+    for fp32 in (False, True):
+        cfg = KernelConfig(decode_block_n=16)
+        backend = TritonBackend(rig.pool, 4, num_kv_splits=4, reduce_in_fp32=fp32,
+                                kernel_config=cfg)
+        if not fp32:
+            lengths = [1, 15, 16, 17, 70]
+            rows = [rig.builder.new_request() for _ in lengths]
+            batch = rig.builder.extend([(r, [1] * n) for r, n in zip(rows, lengths)])
+            out, want, _, _ = rig.step(backend, batch, rows)
+            failures += close("extend before split decode", out, want)
+        batch = rig.builder.decode([(r, 2) for r in rows])
+        backend.prepare(batch)
+        if batch.attn_metadata.num_splits != 4:
+            failures.append(f"expected 4 decode splits, got {batch.attn_metadata.num_splits}")
+        out, want, _, _ = rig.step(backend, batch, rows)
+        failures += close(f"split decode (fp32 partials={fp32})", out, want)
+
+    # fixed split tiles: a request's output does not depend on the rest of the batch
+    rig = Rig(page=1, ratio=3, dim=64, seed=2)
+    backend = TritonBackend(rig.pool, 3, split_tile_size=8,
+                            kernel_config=KernelConfig(decode_block_n=16))
+    rows = [rig.builder.new_request() for _ in range(3)]
+    batch = rig.builder.extend([(r, [1] * n) for r, n in zip(rows, (30, 5, 50))])
+    rig.step(backend, batch, rows)
+    together = rig.builder.decode([(r, 2) for r in rows])
+    out_all, want, q, (k, v) = rig.step(backend, together, rows)
+    failures += close("fixed-tile decode", out_all, want)
+    if together.attn_metadata.num_splits != 7:  # ceil(51 / 8)
+        failures.append(f"fixed tile 8 over 51 tokens: {together.attn_metadata.num_splits} "
+                        "splits, expected 7")
+    one = torch.tensor([rows[0]])
+    alone = Batch(mode=ForwardMode.DECODE, input_ids=together.input_ids[:1],
+                  positions=together.positions[:1], out_cache_loc=together.out_cache_loc[:1],
+                  req_pool_indices=one, seq_lens=together.seq_lens[:1],
+                  prefix_lens=together.prefix_lens[:1], extend_lens=together.extend_lens[:1],
+                  req_to_token=together.req_to_token, seq_lens_cpu=together.seq_lens_cpu[:1],
+                  prefix_lens_cpu=together.prefix_lens_cpu[:1],
+                  extend_lens_cpu=together.extend_lens_cpu[:1])  # the same request, alone
+    backend.prepare(alone)
+    out_alone = backend.forward(q[:1], k[:1], v[:1], rig.spec, alone)
+    if not torch.equal(out_alone, out_all[:1]):
+        failures.append("fixed-tile decode: output of a request changed with its batch "
+                        f"({(out_alone - out_all[:1]).abs().max().item():.3g}, {alone.attn_metadata.num_splits} splits)")
+
+    # extend: many query tiles and prefix tiles, prefix not tile-aligned, GQA 3
+    rig = Rig(page=16, ratio=3, dim=64, seed=3)
+    backend = TritonBackend(rig.pool, 3, kernel_config=KernelConfig(
+        extend_block_m=16, extend_block_n=16))
+    rows = [rig.builder.new_request() for _ in range(2)]
+    batch = rig.builder.extend([(rows[0], [1] * 41), (rows[1], [1] * 3)])
+    out, want, _, _ = rig.step(backend, batch, rows)
+    failures += close("tiled extend (no prefix)", out, want)
+    batch = rig.builder.extend([(rows[0], [1] * 23), (rows[1], [1] * 1)])
+    out, want, _, _ = rig.step(backend, batch, rows)
+    failures += close("tiled extend over a 41-token prefix", out, want)
+    return failures
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    result = run_kit(*sys.argv[2:5]) if mode == "kit" else own_checks()
+    print(json.dumps(result))
