@@ -56,6 +56,8 @@ class ServerConfig:
         None, "Model directory (config.json + safetensors) or .gguf file; default: the bundled "
         "SmolLM2-135M-Instruct Q4_1 GGUF.", aliases=("--model",))
     tokenizer_path: str | None = _opt(None, "Tokenizer directory (default: the model's).")
+    skip_tokenizer_init: bool = _opt(False, "Load no tokenizer; requests must give input_ids.",
+                                      type=None)
     load_format: str = _opt("auto", "Weights format.",
                             choices=("auto", "safetensors", "pt", "gguf", "dummy"))
     dtype: str = _opt("auto", "Weights and activations dtype (auto: float32 on CPU, the "
@@ -118,7 +120,7 @@ class ServerConfig:
         return dict(self.plugin_options.get(qualified, {}))
 
     def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["plugin_options"] = {k: dict(v) for k, v in self.plugin_options.items()}
         if out.get("api_key"):
             out["api_key"] = "***"

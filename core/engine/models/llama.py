@@ -78,7 +78,8 @@ class Rotary(nn.Module):
         self._build()
 
     def _build(self) -> None:
-        t = torch.arange(self.max_pos, dtype=torch.float32)
+        # built on the CPU in float32 (also under a ``torch.device`` context), then moved
+        t = torch.arange(self.max_pos, dtype=torch.float32, device="cpu")
         freqs = torch.outer(t, self.inv_freq.float().cpu())
         emb = torch.cat((freqs, freqs), dim=-1)
         device = self.inv_freq.device

@@ -136,16 +136,20 @@ def pt_weights(cfg: ModelConfig) -> Weights:
 
 
 def dummy_init(model: torch.nn.Module, seed: int) -> None:
-    """Normal(0, 0.02) weights, ones for norms, zeros for biases; reproducible from ``seed``."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """Normal(0, 0.02) weights, ones for norms, zeros for biases; reproducible from ``seed`` on
+    a given device kind (values are drawn on the parameter's device, so an 8B model initializes
+    in seconds on a GPU)."""
+    gens: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
         elif name.endswith(".bias"):
             param.data.zero_()
         else:
-            values = torch.randn(param.shape, generator=gen, dtype=torch.float32) * 0.02
-            param.data.copy_(values)
+            dev = param.device
+            if dev not in gens:
+                gens[dev] = torch.Generator(device=dev).manual_seed(seed)
+            param.data.normal_(0.0, 0.02, generator=gens[dev])
 
 
 def weights_iterator(cfg: ModelConfig, load_format: str) -> Weights:

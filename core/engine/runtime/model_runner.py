@@ -100,7 +100,9 @@ class ModelRunner:
         self.device = pick_device(config.device)
         self.model_config = load_model_config(config, registry)
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config)
-        self.tokenizer = Tokenizer.load(self.model_config, config.tokenizer_path)
+        self.tokenizer: Tokenizer | None = (
+            None if config.skip_tokenizer_init
+            else Tokenizer.load(self.model_config, config.tokenizer_path))
         self.max_context_len = config.context_length or self.model_config.context_len
         if config.page_size < 1:
             raise ConfigError(f"--page-size {config.page_size}: must be at least 1")

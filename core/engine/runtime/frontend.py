@@ -1,0 +1,123 @@
+"""The runtime shared by the HTTP server and the offline :class:`~engine.runtime.offline.Engine`:
+a model runner, its scheduler, and the checks that turn a prompt + :class:`SamplingParams` into
+scheduler requests (``n`` sequences each).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any
+
+import torch
+
+from engine.config import ServerConfig
+from engine.models.tokenizer import IncrementalDetokenizer
+from engine.plugins.registry import Registry
+from engine.runtime.request import Req, Sink
+from engine.runtime.sampling import SamplingParams
+from engine.runtime.scheduler import Scheduler
+
+log = logging.getLogger("engine.runtime")
+
+
+class RequestError(ValueError):
+    """A request the runtime cannot serve: ``status`` (HTTP), ``param`` (field), ``code``."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
+                 code: str | None = None, type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.param, self.status, self.code, self.type = param, status, code, type
+
+
+class Runtime:
+    """Model runner + scheduler. Thread-safe entry points: :meth:`make_reqs` and the
+    scheduler's ``submit``/``abort``."""
+
+    def __init__(self, config: ServerConfig, registry: Registry | None = None, *,
+                 runner: Any = None) -> None:
+        """Build the model runner from ``config`` (or use a ready ``runner``) and a scheduler."""
+        from engine.runtime.model_runner import ModelRunner
+
+        t0 = time.monotonic()
+        self.config = config
+        self.runner = runner if runner is not None else ModelRunner(config,
+                                                                    registry or Registry())
+        self.tokenizer = self.runner.tokenizer
+        self.model_config = self.runner.model_config
+        self.scheduler = Scheduler(config, self.runner)
+        self.context_len = self.scheduler.max_context_len
+        self.kv_capacity = self.scheduler.allocator.capacity_tokens
+        self.vocab_size = self.model_config.vocab_size
+        self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
+            self.model_config.eos_token_ids)
+        self._rng = random.Random(config.random_seed)
+        self.load_seconds = time.monotonic() - t0
+
+    def check_prompt(self, input_ids: list[int], *, param: str = "prompt") -> None:
+        """Reject an empty prompt, ids outside the vocabulary, or a prompt that cannot fit."""
+        if not input_ids:
+            raise RequestError("the prompt is empty", param=param)
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= self.vocab_size
+               for t in input_ids):
+            raise RequestError(f"token ids must be integers in [0, {self.vocab_size})",
+                               param=param)
+        if len(input_ids) >= self.context_len:
+            raise RequestError(f"the prompt has {len(input_ids)} tokens; this model's context "
+                               f"length is {self.context_len} (prompt + output)", param=param,
+                               code="context_length_exceeded")
+        if len(input_ids) + 1 > self.kv_capacity:
+            raise RequestError(f"the prompt has {len(input_ids)} tokens; the KV cache holds "
+                               f"{self.kv_capacity}", param=param,
+                               code="context_length_exceeded")
+
+    def max_new_tokens(self, prompt_len: int, params: SamplingParams,
+                       param: str = "max_tokens") -> int:
+        """The resolved output limit: ``None`` means up to the context length."""
+        room = self.context_len - prompt_len
+        if params.max_new_tokens is None:
+            return room
+        if params.max_new_tokens > room:
+            raise RequestError(f"{param} is {params.max_new_tokens}, but the prompt has "
+                               f"{prompt_len} tokens and the context length is "
+                               f"{self.context_len}: at most {room} more fit", param=param,
+                               code="context_length_exceeded")
+        return params.max_new_tokens
+
+    def make_reqs(self, rid: str, input_ids: list[int], params: SamplingParams, sink: Sink, *,
+                  param: str = "prompt", max_tokens_param: str = "max_tokens") -> list[Req]:
+        """Validated scheduler requests for one prompt: one per ``n`` (ids ``rid`` or
+        ``rid-i``). Raises :class:`RequestError`."""
+        self.check_prompt(input_ids, param=param)
+        params.validate(self.vocab_size)
+        limit = self.max_new_tokens(len(input_ids), params, max_tokens_param)
+        stop_ids = frozenset(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= self.eos_ids
+        reqs = []
+        for i in range(params.n):
+            gen = None
+            if not params.is_greedy:
+                seed = (params.seed + i) if params.seed is not None else self._rng.getrandbits(63)
+                gen = torch.Generator(device=self.runner.device).manual_seed(seed)
+            reqs.append(Req(
+                rid=rid if params.n == 1 else f"{rid}-{i}", origin_input_ids=list(input_ids),
+                sampling_params=params, sink=sink, stop_ids=stop_ids, generator=gen,
+                max_new_tokens=limit,
+                detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
+                                                   input_ids)))
+        return reqs
+
+    def info(self) -> dict[str, Any]:
+        mc = self.model_config
+        return {"model_path": mc.model_path, "gguf_file": mc.gguf_file,
+                "architecture": mc.architecture, "context_length": self.context_len,
+                "vocab_size": self.vocab_size, "dtype": str(self.runner.dtype).replace(
+                    "torch.", ""), "device": str(self.runner.device),
+                "kv_capacity_tokens": self.kv_capacity, "page_size": self.scheduler.page_size,
+                "max_running_requests": self.scheduler.max_running,
+                "chunked_prefill_size": self.scheduler.chunk_size}
+
+    def shutdown(self) -> None:
+        self.scheduler.stop()

@@ -1,0 +1,182 @@
+"""Radix-tree prefix cache over KV slots, page-aligned, with lock counts and LRU eviction.
+
+Contract (the scheduler is the only user):
+
+* ``match_prefix(tokens)`` returns the slots of the longest cached prefix whose length is a
+  multiple of ``page_size``, and the tree node where it ends. The caller must ``inc_lock(node)``
+  before using the slots and ``dec_lock(node)`` when done; locked nodes are never evicted.
+* ``insert(tokens, slots)`` (length a multiple of ``page_size``) hands the slots to the tree and
+  returns how many leading tokens were already cached: the caller owns, and must free, its own
+  slots for that leading part (except what it obtained from ``match_prefix``, which were the
+  tree's to begin with). The tree owns every slot it stores and frees them only on eviction.
+* ``evict(num_tokens)`` frees least-recently-used unlocked leaves through ``free_fn`` until at
+  least ``num_tokens`` were freed or nothing evictable is left; it returns the count freed.
+
+A disabled cache (``--disable-radix-cache``) matches nothing and stores nothing: ``insert``
+answers "all already cached", so the caller frees all of its slots.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Callable
+
+import torch
+
+
+class TreeNode:
+    """One edge of the tree: ``key`` tokens whose KV sits at ``value`` slots."""
+
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access")
+
+    def __init__(self, key: list[int], value: torch.Tensor, parent: "TreeNode | None") -> None:
+        self.children: dict[tuple[int, ...], TreeNode] = {}
+        self.parent = parent
+        self.key = key
+        self.value = value
+        self.lock_ref = 0
+        self.last_access = 0
+
+
+class RadixCache:
+    """Prefix cache keyed by token ids (see the module docstring for the ownership contract)."""
+
+    def __init__(self, page_size: int, free_fn: Callable[[torch.Tensor], None], *,
+                 disabled: bool = False) -> None:
+        self.page_size = page_size
+        self.free_fn = free_fn
+        self.disabled = disabled
+        self._clock = itertools.count(1)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything without freeing (the caller resets the allocator too)."""
+        self.root = TreeNode([], torch.empty(0, dtype=torch.long), None)
+        self.root.lock_ref = 1
+        self.evictable_size = 0
+        self.protected_size = 0
+
+    @property
+    def total_size(self) -> int:
+        return self.evictable_size + self.protected_size
+
+    def _child_key(self, tokens: list[int], at: int) -> tuple[int, ...]:
+        return tuple(tokens[at:at + self.page_size])
+
+    def _match_len(self, a: list[int], b: list[int], b_at: int) -> int:
+        """Length of the common page-aligned prefix of ``a`` and ``b[b_at:]``."""
+        p = self.page_size
+        n = min(len(a), len(b) - b_at)
+        n -= n % p
+        i = 0
+        while i < n and a[i:i + p] == b[b_at + i:b_at + i + p]:
+            i += p
+        return i
+
+    def match_prefix(self, tokens: list[int]) -> tuple[torch.Tensor, TreeNode]:
+        """Slots of the longest cached page-aligned prefix of ``tokens``, and its end node."""
+        if self.disabled:
+            return torch.empty(0, dtype=torch.long), self.root
+        node, at, parts = self.root, 0, []
+        now = next(self._clock)
+        node.last_access = now
+        while at < len(tokens):
+            child = node.children.get(self._child_key(tokens, at))
+            if child is None:
+                break
+            n = self._match_len(child.key, tokens, at)
+            if n == 0:
+                break
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            parts.append(child.value)
+            node, at = child, at + n
+        slots = torch.cat(parts) if parts else torch.empty(0, dtype=torch.long)
+        return slots, node
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Split ``child`` after ``n`` tokens; return the new upper node."""
+        parent = child.parent
+        assert parent is not None
+        upper = TreeNode(child.key[:n], child.value[:n], parent)
+        upper.lock_ref = child.lock_ref
+        upper.last_access = child.last_access
+        parent.children[self._child_key(child.key, 0)] = upper
+        child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
+        upper.children[self._child_key(child.key, 0)] = child
+        return upper
+
+    def insert(self, tokens: list[int], slots: torch.Tensor) -> int:
+        """Store ``tokens`` -> ``slots``; return how many leading tokens were already cached."""
+        assert len(tokens) == len(slots) and len(tokens) % self.page_size == 0
+        if self.disabled:
+            return len(tokens)
+        node, at = self.root, 0
+        now = next(self._clock)
+        while at < len(tokens):
+            child = node.children.get(self._child_key(tokens, at))
+            if child is None:
+                new = TreeNode(list(tokens[at:]), slots[at:].clone(), node)
+                new.last_access = now
+                node.children[self._child_key(tokens, at)] = new
+                self.evictable_size += len(new.key)
+                return at
+            n = self._match_len(child.key, tokens, at)
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            node, at = child, at + n
+        return at
+
+    def inc_lock(self, node: TreeNode) -> None:
+        """Protect ``node`` and its ancestors from eviction."""
+        while node is not self.root and node is not None:
+            if node.lock_ref == 0:
+                self.evictable_size -= len(node.key)
+                self.protected_size += len(node.key)
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def dec_lock(self, node: TreeNode) -> None:
+        """Undo one :meth:`inc_lock` of ``node``."""
+        while node is not self.root and node is not None:
+            assert node.lock_ref > 0, "dec_lock without inc_lock"
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.evictable_size += len(node.key)
+                self.protected_size -= len(node.key)
+            node = node.parent  # type: ignore[assignment]
+
+    def evict(self, num_tokens: int) -> int:
+        """Free least-recently-used unlocked leaves until ``num_tokens`` are freed."""
+        if self.disabled or num_tokens <= 0:
+            return 0
+        heap = [(n.last_access, id(n), n) for n in self._leaves() if n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while heap and freed < num_tokens:
+            _, _, node = heapq.heappop(heap)
+            self.free_fn(node.value)
+            freed += len(node.key)
+            self.evictable_size -= len(node.key)
+            parent = node.parent
+            assert parent is not None
+            del parent.children[self._child_key(node.key, 0)]
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return freed
+
+    def _leaves(self) -> list[TreeNode]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if not node.children and node is not self.root:
+                out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def flush(self) -> int:
+        """Evict everything unlocked; return the tokens freed."""
+        return self.evict(self.evictable_size)

@@ -1,0 +1,90 @@
+"""One generation request as the scheduler tracks it, and the deltas it reports.
+
+A :class:`Req` is one sequence (a request with ``n > 1`` is ``n`` of them). Its tokens are
+``fill_ids = origin_input_ids + output_ids``; ``kv_len`` of them have K/V in the pool, at
+``req_to_token[row, :kv_len]``. The first ``prefix_len`` of those slots belong to the radix
+cache (locked through ``prefix_node``); the rest belong to the request until it is released.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from engine.runtime.sampling import SamplingParams
+
+
+@dataclass
+class ReqOutput:
+    """What one scheduler step adds to one request (a stream delta; the last has ``finished``).
+
+    ``finish_reason`` is ``{"type": "stop"|"length"|"abort", "matched": <id or str>,
+    "message": <str>}`` (``matched``/``message`` only where they apply).
+    """
+
+    rid: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: dict[str, Any] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+Sink = Callable[[ReqOutput], None]
+
+
+class Detokenizer:
+    """What the scheduler needs from the model side's incremental detokenizer."""
+
+    def add(self, token_id: int) -> str: ...  # pragma: no cover - interface
+
+    def finish(self) -> str: ...  # pragma: no cover - interface
+
+
+@dataclass(eq=False)
+class Req:
+    """Scheduler-side state of one sequence. Mutated only by the scheduler thread."""
+
+    rid: str
+    origin_input_ids: list[int]
+    sampling_params: SamplingParams
+    sink: Sink
+    detokenizer: Detokenizer
+    #: ids that end the sequence: eos (unless ``ignore_eos``) and ``stop_token_ids``
+    stop_ids: frozenset[int] = frozenset()
+    generator: torch.Generator | None = None
+    max_new_tokens: int = 0  #: resolved against the context length by the front end
+    output_ids: list[int] = field(default_factory=list)
+    # KV state
+    row: int | None = None
+    kv_len: int = 0
+    last_slot: int | None = None  #: slot of token ``kv_len - 1`` once allocated
+    prefix_len: int = 0
+    prefix_node: Any = None
+    cached_tokens: int = 0
+    # text state
+    text: str = ""
+    sent_len: int = 0
+    finish_reason: dict[str, Any] | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    num_retractions: int = 0
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

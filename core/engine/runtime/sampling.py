@@ -1,0 +1,288 @@
+"""Sampling parameters and the batched sampler.
+
+:class:`SamplingParams` is what a request asks for (SGLang/vLLM vocabulary); ``validate()``
+raises :class:`InvalidParam` (a ``ValueError``) naming the offending field.
+
+:class:`Sampler` turns one float32 logits row per request into one token, in this order:
+
+1. penalties: ``repetition_penalty`` over prompt and generated tokens (a positive logit is
+   divided by it, a negative one multiplied); ``frequency_penalty`` times each token's count in
+   the generated tokens and ``presence_penalty`` once per generated token are subtracted
+   (OpenAI's definition); ``min_new_tokens`` masks the stop/eos tokens until reached;
+2. log-probabilities (``logprobs``/``top_logprobs``) are taken here, from the penalised logits
+   before temperature and truncation: the model's own distribution;
+3. greedy rows (``temperature == 0`` or ``top_k == 1``) take the argmax;
+4. other rows divide by the temperature, then keep the ``top_k`` best, then the smallest set
+   whose probability reaches ``top_p``, then drop tokens below ``min_p`` times the best
+   probability, and draw with the request's own ``torch.Generator``: a request's draws never
+   depend on the other requests in its batch, so one seed gives one output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import torch
+
+
+class InvalidParam(ValueError):
+    """A sampling parameter is out of range; ``param`` names the field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling and stopping options. ``None`` scalars mean "the default"."""
+
+    max_new_tokens: int | None = 128  #: None: up to the context length
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  #: -1 (or 0): the whole vocabulary
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int = 0
+    skip_special_tokens: bool = True
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "SamplingParams":
+        """Build from a JSON-like dict; unknown keys and wrong types raise :class:`InvalidParam`.
+
+        Accepts the aliases ``max_tokens``, ``min_tokens`` and ``sampling_seed``; a string
+        ``stop`` becomes a one-element list; ``None`` values keep the defaults.
+        """
+        data = dict(data or {})
+        for alias, name in (("max_tokens", "max_new_tokens"), ("min_tokens", "min_new_tokens"),
+                            ("sampling_seed", "seed")):
+            if alias in data:
+                value = data.pop(alias)
+                if data.get(name) is None:
+                    data[name] = value
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in names:
+                raise InvalidParam(key, f"unknown sampling parameter {key!r}")
+            if value is None and key not in ("max_new_tokens", "seed"):
+                continue
+            kwargs[key] = value
+        params = cls(**kwargs)
+        params.validate()
+        return params
+
+    def validate(self, vocab_size: int | None = None) -> "SamplingParams":
+        """Check types and ranges (normalising ``stop`` to a list); return ``self``."""
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        _check_int(self, "max_new_tokens", 0, allow_none=True)
+        _check_int(self, "min_new_tokens", 0)
+        if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
+            raise InvalidParam("min_new_tokens", f"min_new_tokens ({self.min_new_tokens}) must "
+                               f"not exceed max_new_tokens ({self.max_new_tokens})")
+        _check_float(self, "temperature", lo=0.0)
+        _check_float(self, "top_p", lo=0.0, lo_open=True, hi=1.0)
+        _check_int(self, "top_k", -1)
+        _check_float(self, "min_p", lo=0.0, hi=1.0)
+        _check_float(self, "repetition_penalty", lo=0.0, lo_open=True)
+        _check_float(self, "frequency_penalty", lo=-2.0, hi=2.0)
+        _check_float(self, "presence_penalty", lo=-2.0, hi=2.0)
+        _check_int(self, "seed", None, allow_none=True)
+        _check_int(self, "n", 1)
+        _check_int(self, "top_logprobs", 0)
+        if self.top_logprobs > 20:
+            raise InvalidParam("top_logprobs", "top_logprobs must be at most 20")
+        for name in ("ignore_eos", "logprobs", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidParam(name, f"{name} must be a boolean")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise InvalidParam("stop", "stop must be a string or a list of strings")
+        if any(s == "" for s in self.stop):
+            raise InvalidParam("stop", "stop strings must not be empty")
+        if not isinstance(self.stop_token_ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                for t in self.stop_token_ids):
+            raise InvalidParam("stop_token_ids", "stop_token_ids must be a list of token ids")
+        if vocab_size is not None and any(t >= vocab_size for t in self.stop_token_ids):
+            raise InvalidParam("stop_token_ids", f"stop_token_ids must be below the vocabulary "
+                               f"size {vocab_size}")
+        return self
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_int(p: SamplingParams, name: str, lo: int | None, *, allow_none: bool = False) -> None:
+    value = getattr(p, name)
+    if value is None and allow_none:
+        return
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+        setattr(p, name, value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidParam(name, f"{name} must be an integer, got {value!r}")
+    if lo is not None and value < lo:
+        raise InvalidParam(name, f"{name} must be >= {lo}, got {value}")
+
+
+def _check_float(p: SamplingParams, name: str, *, lo: float | None = None, hi: float | None = None,
+                 lo_open: bool = False) -> None:
+    value = getattr(p, name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+        raise InvalidParam(name, f"{name} must be a number, got {value!r}")
+    value = float(value)
+    setattr(p, name, value)
+    if lo is not None and (value < lo or (lo_open and value == lo)):
+        bound = f"> {lo}" if lo_open else f">= {lo}"
+        raise InvalidParam(name, f"{name} must be {bound}" + (f" and <= {hi}" if hi else "")
+                           + f", got {value}")
+    if hi is not None and value > hi:
+        raise InvalidParam(name, f"{name} must be <= {hi}, got {value}")
+
+
+class SamplingRow(Protocol):
+    """What the sampler reads of one request (the scheduler's request satisfies it)."""
+
+    sampling_params: SamplingParams
+    generator: torch.Generator | None
+    origin_input_ids: list[int]
+    output_ids: list[int]
+    #: token ids that end the request (eos unless ignored, plus ``stop_token_ids``)
+    stop_ids: frozenset[int]
+
+
+@dataclass
+class SampleOutput:
+    """One sampled token per row, with its log-probability and the top alternatives."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None  #: set when any row asked for logprobs
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+class Sampler:
+    """Batched sampler over ``[B, V]`` float32 logits (see the module docstring for the order)."""
+
+    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleOutput:
+        """Sample one token per row. ``logits`` may be modified in place."""
+        assert logits.dim() == 2 and logits.shape[0] == len(rows), "one logits row per request"
+        logits = logits.float()
+        vocab = logits.shape[1]
+        for i, row in enumerate(rows):
+            sp = row.sampling_params
+            if sp.has_penalties:
+                _apply_penalties(logits[i], row, vocab)
+            if sp.min_new_tokens and len(row.output_ids) < sp.min_new_tokens and row.stop_ids:
+                ids = [t for t in row.stop_ids if t < vocab]
+                logits[i, ids] = float("-inf")
+
+        out = SampleOutput(token_ids=[0] * len(rows))
+        want_lp = [r.sampling_params.logprobs or r.sampling_params.top_logprobs > 0 for r in rows]
+        logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
+
+        greedy = [r.sampling_params.is_greedy for r in rows]
+        if all(greedy):
+            out.token_ids = logits.argmax(dim=-1).tolist()
+        else:
+            sample_idx = [i for i, g in enumerate(greedy) if not g]
+            probs = _truncated_probs(logits[sample_idx], [rows[i].sampling_params
+                                                          for i in sample_idx])
+            greedy_ids = logits.argmax(dim=-1).tolist() if any(greedy) else []
+            for j, i in enumerate(sample_idx):
+                tok = torch.multinomial(probs[j], 1, generator=rows[i].generator)
+                out.token_ids[i] = int(tok)
+            for i, g in enumerate(greedy):
+                if g:
+                    out.token_ids[i] = greedy_ids[i]
+
+        if logprobs is not None:
+            ids = torch.tensor(out.token_ids, dtype=torch.long, device=logits.device)
+            out.logprobs = logprobs.gather(1, ids[:, None]).squeeze(1).tolist()
+            k = max(r.sampling_params.top_logprobs for r in rows)
+            out.top_logprobs = [[] for _ in rows]
+            if k > 0:
+                vals, idx = logprobs.topk(k, dim=-1)
+                vals_l, idx_l = vals.tolist(), idx.tolist()
+                for i, row in enumerate(rows):
+                    n = row.sampling_params.top_logprobs
+                    out.top_logprobs[i] = list(zip(idx_l[i][:n], vals_l[i][:n]))
+        return out
+
+
+def _apply_penalties(logits: torch.Tensor, row: SamplingRow, vocab: int) -> None:
+    """Penalise one row in place (repetition over prompt + output, the others over output)."""
+    sp = row.sampling_params
+    out_ids = torch.tensor(row.output_ids, dtype=torch.long, device=logits.device)
+    if sp.repetition_penalty != 1.0:
+        seen = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
+        if row.origin_input_ids:
+            prompt = torch.tensor(row.origin_input_ids, dtype=torch.long, device=logits.device)
+            seen[prompt.clamp_(0, vocab - 1)] = True
+        if out_ids.numel():
+            seen[out_ids] = True
+        penalised = torch.where(logits > 0, logits / sp.repetition_penalty,
+                                logits * sp.repetition_penalty)
+        logits.copy_(torch.where(seen, penalised, logits))
+    if out_ids.numel() and (sp.frequency_penalty or sp.presence_penalty):
+        counts = torch.bincount(out_ids, minlength=vocab)[:vocab].to(logits.dtype)
+        logits -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(
+            logits.dtype)
+
+
+def _truncated_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p truncation; returns probabilities [b, V].
+
+    Whether a row goes through the truncation path depends on its own parameters only, so its
+    probabilities (and hence its seeded draws) do not depend on the other rows.
+    """
+    dev = logits.device
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=dev)
+    logits = logits / temps[:, None]
+    vocab = logits.shape[1]
+    probs = torch.softmax(logits, dim=-1)
+    trunc = [i for i, p in enumerate(params)
+             if 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0]
+    if trunc:
+        sub = [params[i] for i in trunc]
+        probs[trunc] = _truncate(logits[trunc], sub)
+    return probs
+
+
+def _truncate(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    dev, vocab = logits.device, logits.shape[1]
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=dev)[None, :]
+    ks = torch.tensor(top_k, device=dev)[:, None]
+    sorted_logits.masked_fill_(ranks >= ks, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype, device=dev)[:, None]
+    # drop a token when the tokens before it already reach top_p (the best one always stays)
+    drop = (probs.cumsum(dim=-1) - probs) >= top_p
+    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype, device=dev)[:, None]
+    drop |= probs < min_p * probs[:, :1]
+    drop[:, 0] = False
+    probs = probs.masked_fill(drop, 0.0)
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(1, order, probs)

@@ -1,0 +1,567 @@
+"""Continuous batching: which requests run in the next forward, and what their results mean.
+
+Each :meth:`Scheduler.step` takes new requests and aborts from a thread-safe inbox, picks one
+batch, runs the model runner on it, samples, and reports a :class:`ReqOutput` to each request's
+sink. Requests join and leave between steps.
+
+* **Prefill** (an ``EXTEND`` batch): the partly prefilled request first, then waiting requests
+  in policy order (``fcfs``: arrival; ``lpm``: longest cached prefix first), each starting after
+  its radix-cache hit, until ``chunked_prefill_size`` new tokens are packed; a prompt longer
+  than what is left is cut into chunks across steps. When decode requests are running, prefill
+  and decode steps alternate, so a long prompt never stalls the running streams.
+* **Decode**: one token for every running request.
+* **Memory**: pages come from the allocator; when short, unlocked radix-cache leaves are
+  evicted (LRU); when still short, a new request waits in the queue, and a decode step retracts
+  the most recently admitted requests (their KV goes back to the cache and they are re-queued
+  to continue later from prompt + output so far). A lone request that cannot grow ends with
+  ``length``. Nothing here raises on memory pressure.
+* **Finishing**: eos (unless ``ignore_eos``) and ``stop_token_ids`` (the id is counted, its text
+  not emitted), stop strings (cut from the text, also when split across tokens: text that could
+  still begin a stop string is held back), ``max_new_tokens`` and the context length.
+
+The scheduler runs in one thread (:meth:`start`) or is stepped by its caller (offline engine).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.config import ServerConfig
+from engine.runtime.allocator import PageAllocator, ReqToTokenRows
+from engine.runtime.batch import Batch, ForwardMode
+from engine.runtime.radix_cache import RadixCache
+from engine.runtime.request import Req, ReqOutput
+from engine.runtime.sampling import Sampler
+
+log = logging.getLogger("engine.scheduler")
+
+DEFAULT_CHUNKED_PREFILL = {"cpu": 2048, "cuda": 8192}
+LPM_SCAN_LIMIT = 128  #: waiting requests ranked by prefix match per step (lpm)
+ADMIT_DECODE_RESERVE = 64  #: tokens of decode room a new request must find free to be admitted
+
+
+class QueueFull(RuntimeError):
+    """More waiting requests than ``--max-queued-requests`` allows (HTTP 503)."""
+
+
+@dataclass
+class SchedulerStats:
+    """A snapshot for /metrics and /get_server_info."""
+
+    num_running: int
+    num_waiting: int
+    kv_used_tokens: int
+    kv_cached_tokens: int
+    kv_capacity_tokens: int
+    num_retractions: int
+    num_steps: int
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_tokens / max(1, self.kv_capacity_tokens)
+
+
+class Scheduler:
+    """Owns the KV bookkeeping and the request queues of one model runner."""
+
+    def __init__(self, config: ServerConfig, runner: Any) -> None:
+        self.config, self.runner = config, runner
+        self.device = runner.device
+        self.page_size = runner.pool.page_size
+        self.allocator = PageAllocator(runner.pool.num_slots, self.page_size)
+        self.rows = ReqToTokenRows(runner.req_to_token.shape[0])
+        self.cache = RadixCache(self.page_size, self.allocator.free_slots,
+                                disabled=config.disable_radix_cache)
+        self.sampler = Sampler()
+        self.max_running = runner.req_to_token.shape[0]
+        self.max_context_len = runner.req_to_token.shape[1]
+        chunk = config.chunked_prefill_size
+        if chunk is None:
+            chunk = DEFAULT_CHUNKED_PREFILL.get(self.device.type, 2048)
+        self.chunk_size = chunk if chunk > 0 else None  #: None: whole prompts
+        self.max_prefill_tokens = max(config.max_prefill_tokens, 1)
+        self.max_queued = config.max_queued_requests
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._queued = 0
+        self._queued_lock = threading.Lock()
+        self._last_was_prefill = False
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.num_retractions = 0
+        self.num_steps = 0
+
+    # ------------------------------------------------------------------ thread-safe API
+
+    def submit(self, reqs: list[Req]) -> None:
+        """Queue requests (all or none); raise :class:`QueueFull` beyond the queue limit."""
+        with self._queued_lock:
+            if self.max_queued is not None and self._queued + len(reqs) > self.max_queued:
+                raise QueueFull(f"too many waiting requests (--max-queued-requests "
+                                f"{self.max_queued}); retry later")
+            self._queued += len(reqs)
+        for req in reqs:
+            self._inbox.put(("add", req))
+
+    def abort(self, rid: str) -> None:
+        """End request ``rid`` (and its ``n`` siblings ``rid-i``) at the next step boundary."""
+        self._inbox.put(("abort", rid))
+
+    def flush_cache(self) -> threading.Event:
+        """Drop every unlocked radix-cache entry at the next step boundary; set when done."""
+        done = threading.Event()
+        self._inbox.put(("flush", done))
+        return done
+
+    def stats(self) -> SchedulerStats:
+        cap = self.allocator.capacity_tokens
+        free = self.allocator.free_tokens
+        return SchedulerStats(
+            num_running=len(self.running) + (1 if self.chunked else 0),
+            num_waiting=self._queued, kv_used_tokens=cap - free,
+            kv_cached_tokens=self.cache.total_size, kv_capacity_tokens=cap,
+            num_retractions=self.num_retractions, num_steps=self.num_steps)
+
+    def start(self) -> None:
+        """Run :meth:`step` in a daemon thread until :meth:`stop`."""
+        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._inbox.put(("wake", None))
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if not self.step():
+                    self._drain_inbox(block=True)
+            except Exception:  # noqa: BLE001 - keep serving; fail only the requests in flight
+                log.exception("scheduler step failed; failing the requests in flight")
+                self._fail_all("internal error in the model step (see the server log)")
+
+    # ------------------------------------------------------------------ the step
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked or not self._inbox.empty())
+
+    def step(self) -> bool:
+        """Run at most one forward; return False when there was nothing to do."""
+        self._drain_inbox(block=False)
+        want_prefill = self.chunked is not None or bool(self.waiting)
+        batch_reqs: list[tuple[Req, int, list[int]]] | None = None
+        if want_prefill and not (self.running and self._last_was_prefill):
+            batch_reqs = self._schedule_prefill()
+        if batch_reqs:
+            self._last_was_prefill = True
+            self._run_extend(batch_reqs)
+        elif self.running:
+            self._last_was_prefill = False
+            self._run_decode()
+        else:
+            self._last_was_prefill = False
+            return False
+        self.num_steps += 1
+        return True
+
+    def _drain_inbox(self, *, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, arg = item
+            if kind == "add":
+                self.waiting.append(arg)
+            elif kind == "abort":
+                self._abort(arg)
+            elif kind == "flush":
+                self.cache.flush()
+                arg.set()
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    # ------------------------------------------------------------------ admission
+
+    def _schedule_prefill(self) -> list[tuple[Req, int, list[int]]]:
+        """Pick the extend batch: ``(request, new tokens, their slots)``, slots already taken."""
+        budget = self.chunk_size or self.max_prefill_tokens
+        plan: list[tuple[Req, int, list[int]]] = []
+        if self.chunked is not None:
+            req = self.chunked
+            n = self._extend_amount(req, budget)
+            slots = self._take_slots(req, n)
+            if slots is None:
+                return []
+            budget -= n
+            plan.append((req, n, slots))
+            if req.kv_len + n < req.seq_len:
+                return plan  # still partial: it keeps the whole budget
+            self.chunked = None
+        if self.config.schedule_policy == "lpm" and len(self.waiting) > 1:
+            self._sort_lpm()
+        admitted: list[Req] = []
+        for req in self.waiting:
+            if budget <= 0 or len(self.running) + len(plan) >= self.max_running:
+                break
+            if self.rows.num_free == 0:
+                break
+            item = self._admit(req, budget)
+            if item is None:
+                break
+            budget -= item[1]
+            plan.append(item)
+            admitted.append(req)
+            if req.kv_len + item[1] < req.seq_len:
+                self.chunked = req
+                break
+        if admitted:
+            taken = set(map(id, admitted))
+            self.waiting = [r for r in self.waiting if id(r) not in taken]
+            with self._queued_lock:
+                self._queued -= sum(1 for r in admitted if r.num_retractions == 0)
+        return plan
+
+    def _extend_amount(self, req: Req, budget: int) -> int:
+        remaining = req.seq_len - req.kv_len
+        if self.chunk_size is None:
+            return remaining  # whole prompts (the budget only limits how many are packed)
+        return min(remaining, budget)
+
+    def _sort_lpm(self) -> None:
+        if self.cache.disabled:
+            return
+        head = self.waiting[:LPM_SCAN_LIMIT]
+        scores = {id(r): len(self.cache.match_prefix(r.fill_ids[:-1])[0]) for r in head}
+        head.sort(key=lambda r: -scores[id(r)])  # stable: fcfs among equals
+        self.waiting[:LPM_SCAN_LIMIT] = head
+
+    def _admit(self, req: Req, budget: int) -> tuple[Req, int, list[int]] | None:
+        """Give ``req`` a row, its cached prefix and its first chunk's slots; None if no room."""
+        fill = req.fill_ids
+        cached, node = self.cache.match_prefix(fill[:-1])
+        self.cache.inc_lock(node)
+        req.prefix_node, req.prefix_len, req.kv_len = node, len(cached), len(cached)
+        req.last_slot = int(cached[-1]) if len(cached) else None
+        n = self._extend_amount(req, budget)
+        reserve = 0
+        if self.running:  # leave the running requests some room to decode
+            reserve = min(ADMIT_DECODE_RESERVE, max(0, req.max_new_tokens - len(req.output_ids)))
+        need = self.allocator.pages_needed(req.kv_len, n + reserve) * self.page_size
+        slots = self._take_slots(req, n) if self._make_room(need) else None
+        if slots is None:
+            self.cache.dec_lock(node)
+            req.prefix_node, req.prefix_len, req.kv_len, req.last_slot = None, 0, 0, None
+            return None
+        if req.num_retractions == 0:
+            req.cached_tokens = len(cached)
+        req.row = self.rows.alloc()
+        if len(cached):
+            self.runner.req_to_token[req.row, :len(cached)] = cached.to(self.device)
+        return req, n, slots
+
+    def _make_room(self, tokens: int) -> bool:
+        short = tokens - self.allocator.free_tokens
+        if short > 0:
+            self.cache.evict(short)
+        return self.allocator.free_tokens >= tokens
+
+    def _take_slots(self, req: Req, n: int) -> list[int] | None:
+        """Allocate slots for ``req``'s next ``n`` tokens (evicting if needed); None if no room."""
+        if not self._make_room(self.allocator.pages_needed(req.kv_len, n) * self.page_size):
+            return None
+        slots, _ = self.allocator.slots_for(req.last_slot, req.kv_len, n)
+        if slots:
+            req.last_slot = slots[-1]
+        return slots
+
+    # ------------------------------------------------------------------ forwards
+
+    def _run_extend(self, plan: list[tuple[Req, int, list[int]]]) -> None:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        locs: list[int] = []
+        prefix_lens: list[int] = []
+        extend_lens: list[int] = []
+        logits_idx: list[int] = []
+        sampled: list[Req] = []
+        for req, n, slots in plan:
+            start = req.kv_len
+            fill = req.fill_ids
+            input_ids.extend(fill[start:start + n])
+            positions.extend(range(start, start + n))
+            locs.extend(slots)
+            prefix_lens.append(start)
+            extend_lens.append(n)
+            if start + n == len(fill):
+                logits_idx.append(len(input_ids) - 1)
+                sampled.append(req)
+        reqs = [item[0] for item in plan]
+        batch = self._batch(ForwardMode.EXTEND, reqs, input_ids, positions, locs, prefix_lens,
+                            extend_lens, logits_idx)
+        logits = self.runner.forward(batch)
+        for req, n in zip(reqs, extend_lens):
+            req.kv_len += n
+        if sampled:
+            self._process(sampled, logits)
+            self.running.extend(r for r in sampled if not r.finished)
+
+    def _run_decode(self) -> None:
+        self._ensure_decode_room()
+        reqs = list(self.running)
+        if not reqs:
+            return
+        locs: list[int] = []
+        for req in reqs:
+            slots = self._take_slots(req, 1)
+            assert slots is not None, "room was ensured"
+            locs.extend(slots)
+        input_ids = [r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1] for r in reqs]
+        positions = [r.kv_len for r in reqs]
+        batch = self._batch(ForwardMode.DECODE, reqs, input_ids, positions, locs, positions,
+                            [1] * len(reqs), list(range(len(reqs))))
+        logits = self.runner.forward(batch)
+        for req in reqs:
+            req.kv_len += 1
+        self._process(reqs, logits)
+
+    def _ensure_decode_room(self) -> None:
+        """Free pages for one more token per running request: evict, then retract."""
+        while self.running:
+            need = sum(self.allocator.pages_needed(r.kv_len, 1) for r in self.running)
+            if self._make_room(need * self.page_size):
+                return
+            if len(self.running) == 1 and self.chunked is None:
+                req = self.running[0]
+                log.warning("request %s ended: the KV cache holds no more of it", req.rid)
+                self._finish(req, {"type": "length", "message": "KV cache capacity reached"})
+                self._emit_and_release([req])
+                return
+            if len(self.running) == 1:
+                self._retract_chunked()
+                continue
+            self._retract(self.running.pop())
+
+    def _retract(self, req: Req) -> None:
+        """Put a running request back in the queue; its KV goes to the cache (or is freed)."""
+        self.num_retractions += 1
+        req.num_retractions += 1
+        self._release(req)
+        self.waiting.insert(0, req)
+        log.info("retracted request %s (KV cache full); it continues later", req.rid)
+
+    def _retract_chunked(self) -> None:
+        req = self.chunked
+        assert req is not None
+        self.chunked = None
+        self._retract(req)
+
+    def _batch(self, mode: ForwardMode, reqs: list[Req], input_ids: list[int],
+               positions: list[int], locs: list[int], prefix_lens: list[int],
+               extend_lens: list[int], logits_idx: list[int]) -> Batch:
+        dev = self.device
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+        rows = [r.row for r in reqs]
+        row_idx = [row for row, e in zip(rows, extend_lens) for _ in range(e)]
+        loc_t = torch.tensor(locs, dtype=torch.long, device=dev)
+        pos_t = torch.tensor(positions, dtype=torch.long, device=dev)
+        self.runner.req_to_token[torch.tensor(row_idx, dtype=torch.long, device=dev),
+                                 pos_t] = loc_t
+        return Batch(
+            mode=mode,
+            input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
+            positions=pos_t, out_cache_loc=loc_t,
+            req_pool_indices=torch.tensor(rows, dtype=torch.long, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.long, device=dev),
+            prefix_lens=torch.tensor(prefix_lens, dtype=torch.long, device=dev),
+            extend_lens=torch.tensor(extend_lens, dtype=torch.long, device=dev),
+            req_to_token=self.runner.req_to_token,
+            seq_lens_cpu=seq_lens, prefix_lens_cpu=list(prefix_lens),
+            extend_lens_cpu=list(extend_lens),
+            logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=dev),
+            sampling=[r.sampling_params for r in reqs],
+        )
+
+    # ------------------------------------------------------------------ results
+
+    def _process(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        out = self.sampler(logits, reqs)
+        now = time.monotonic()
+        deltas: list[ReqOutput] = []
+        done: list[Req] = []
+        for i, req in enumerate(reqs):
+            if req.max_new_tokens == 0:  # prompt-only request: prefilled, nothing generated
+                req.finish_reason = {"type": "length"}
+                delta = ReqOutput(rid=req.rid)
+                self._fill_counts(req, delta)
+                deltas.append(delta)
+                done.append(req)
+                continue
+            tok = out.token_ids[i]
+            req.output_ids.append(tok)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            delta = ReqOutput(rid=req.rid, token_ids=[tok])
+            if out.logprobs is not None and (req.sampling_params.logprobs
+                                             or req.sampling_params.top_logprobs):
+                delta.logprobs = [out.logprobs[i]]
+                delta.top_logprobs = [out.top_logprobs[i]] if out.top_logprobs else [[]]
+            self._check_finish(req, tok)
+            delta.text = self._new_text(req)
+            self._fill_counts(req, delta)
+            deltas.append(delta)
+            if req.finished:
+                done.append(req)
+        for req, delta in zip(reqs, deltas):
+            req.sink(delta)
+        if done:
+            self.running = [r for r in self.running if not r.finished]
+            for req in done:
+                self._release(req)
+
+    def _check_finish(self, req: Req, tok: int) -> None:
+        sp = req.sampling_params
+        n_out = len(req.output_ids)
+        if tok in req.stop_ids and n_out >= sp.min_new_tokens:
+            self._finish(req, {"type": "stop", "matched": tok})
+            return
+        old = len(req.text)
+        req.text += req.detokenizer.add(tok)
+        if self._match_stop(req, old):
+            return
+        if n_out >= req.max_new_tokens or req.seq_len >= self.max_context_len:
+            self._finish(req, {"type": "length"})
+
+    def _match_stop(self, req: Req, old_len: int) -> bool:
+        """Cut the text at the first stop string that appears after ``old_len`` - its length."""
+        stops = req.sampling_params.stop
+        if not stops or len(req.output_ids) < req.sampling_params.min_new_tokens:
+            return False
+        start = max(0, old_len - max(len(s) for s in stops) + 1)
+        hits = [(i, s) for s in stops if (i := req.text.find(s, start)) >= 0]
+        if not hits:
+            return False
+        i, s = min(hits)
+        req.text = req.text[:i]
+        req.finish_reason = {"type": "stop", "matched": s}
+        return True
+
+    def _finish(self, req: Req, reason: dict[str, Any]) -> None:
+        """End ``req`` (first reason wins); flush the detokenizer, which may reveal a stop."""
+        if req.finish_reason is not None:
+            return
+        old = len(req.text)
+        req.text += req.detokenizer.finish()
+        if not self._match_stop(req, old):
+            req.finish_reason = reason
+
+    def _new_text(self, req: Req) -> str:
+        """Text that can be sent now: all of it when finished, else minus a possible stop."""
+        end = len(req.text)
+        if not req.finished and req.sampling_params.stop:
+            end -= _held_back(req.text, req.sampling_params.stop)
+        if end <= req.sent_len:
+            return ""
+        piece = req.text[req.sent_len:end]
+        req.sent_len = end
+        return piece
+
+    @staticmethod
+    def _fill_counts(req: Req, delta: ReqOutput) -> None:
+        delta.finished = req.finished
+        delta.finish_reason = req.finish_reason
+        delta.prompt_tokens = len(req.origin_input_ids)
+        delta.completion_tokens = len(req.output_ids)
+        delta.cached_tokens = req.cached_tokens
+
+    # ------------------------------------------------------------------ release / abort
+
+    def _release(self, req: Req) -> None:
+        """Give back the row; hand the request's page-aligned KV to the cache, free the rest."""
+        if req.row is None:
+            return
+        p = self.page_size
+        kv = req.kv_len
+        slots = self.runner.req_to_token[req.row, :kv].to("cpu")
+        aligned = kv - kv % p
+        if aligned > req.prefix_len:
+            present = self.cache.insert(req.fill_ids[:aligned], slots[:aligned])
+            if present > req.prefix_len:
+                self.allocator.free_slots(slots[req.prefix_len:present])
+        else:
+            aligned = req.prefix_len
+        if kv > aligned:
+            self.allocator.free_slots(slots[aligned:kv])
+        if req.prefix_node is not None:
+            self.cache.dec_lock(req.prefix_node)
+        self.rows.free(req.row)
+        req.row, req.prefix_node, req.prefix_len, req.kv_len = None, None, 0, 0
+        req.last_slot = None
+
+    def _emit_and_release(self, reqs: list[Req]) -> None:
+        for req in reqs:
+            delta = ReqOutput(rid=req.rid, text=self._new_text(req))
+            self._fill_counts(req, delta)
+            req.sink(delta)
+            if req in self.running:
+                self.running.remove(req)
+            if self.chunked is req:
+                self.chunked = None
+            self._release(req)
+
+    def _abort(self, rid: str) -> None:
+        def match(r: Req) -> bool:
+            return r.rid == rid or r.rid.startswith(rid + "-")
+
+        hit = [r for r in self.waiting if match(r)]
+        if hit:
+            self.waiting = [r for r in self.waiting if not match(r)]
+            with self._queued_lock:
+                self._queued -= sum(1 for r in hit if r.num_retractions == 0)
+        hit += [r for r in self.running if match(r)]
+        if self.chunked is not None and match(self.chunked):
+            hit.append(self.chunked)
+        for req in hit:
+            self._finish(req, {"type": "abort", "message": "request aborted"})
+        self._emit_and_release(hit)
+
+    def _fail_all(self, message: str) -> None:
+        reqs = list(self.waiting) + list(self.running) + ([self.chunked] if self.chunked else [])
+        with self._queued_lock:
+            self._queued -= sum(1 for r in self.waiting if r.num_retractions == 0)
+        self.waiting = []
+        for req in reqs:
+            req.finish_reason = None
+            self._finish(req, {"type": "abort", "message": message})
+        try:
+            self._emit_and_release(reqs)
+        except Exception:  # noqa: BLE001 - state is suspect: start memory over
+            log.exception("release failed; resetting the KV bookkeeping")
+        self.running, self.chunked = [], None
+        self.allocator.reset()
+        self.cache.reset()
+        self.rows = ReqToTokenRows(self.max_running)
+
+
+def _held_back(text: str, stops: list[str]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of some stop string."""
+    for k in range(min(len(text), max(len(s) for s in stops) - 1), 0, -1):
+        tail = text[-k:]
+        if any(s.startswith(tail) for s in stops):
+            return k
+    return 0
+

@@ -1,0 +1,1 @@
+"""The HTTP server (FastAPI + uvicorn) and its start-up."""

@@ -1,0 +1,159 @@
+"""The bridge between the event loop and the scheduler thread, for one HTTP request.
+
+The scheduler thread calls each request's sink with a :class:`ReqOutput`; the sink hands it to
+the event loop with ``call_soon_threadsafe`` (the loop never blocks on the model). A
+:class:`Generation` submits every sequence of one HTTP request (prompts x ``n``), yields their
+outputs as they come, records metrics, and aborts what is left when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+
+from engine.runtime.frontend import RequestError, Runtime
+from engine.runtime.request import ReqOutput
+from engine.runtime.sampling import SamplingParams
+from engine.runtime.scheduler import QueueFull
+from engine.server.metrics import Metrics
+
+DISCONNECT_POLL_S = 0.5
+
+
+class ClientGone(Exception):
+    """The client disconnected; its sequences were aborted."""
+
+
+@dataclass
+class SeqState:
+    """Accumulated output of one sequence (one choice)."""
+
+    index: int
+    prompt_index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: dict[str, Any] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+
+class Generation:
+    """Submit ``prompts`` (token ids, one params each) as one unit; iterate over outputs."""
+
+    def __init__(self, runtime: Runtime, metrics: Metrics, prompts: list[list[int]],
+                 params: list[SamplingParams], request: Request | None, *,
+                 rid: str | None = None, prompt_param: str = "prompt",
+                 max_tokens_param: str = "max_tokens") -> None:
+        self.runtime, self.metrics, self.request = runtime, metrics, request
+        self.rid = rid or uuid.uuid4().hex
+        self.start = time.monotonic()
+        self._queue: asyncio.Queue[ReqOutput] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def sink(out: ReqOutput) -> None:
+            loop.call_soon_threadsafe(self._queue.put_nowait, out)
+
+        reqs = []
+        self.seqs: dict[str, SeqState] = {}
+        index = 0
+        for p_i, (ids, sp) in enumerate(zip(prompts, params)):
+            sub = self.rid if len(prompts) == 1 else f"{self.rid}-p{p_i}"
+            for req in runtime.make_reqs(sub, ids, sp, sink, param=prompt_param,
+                                         max_tokens_param=max_tokens_param):
+                self.seqs[req.rid] = SeqState(index=index, prompt_index=p_i)
+                index += 1
+                reqs.append(req)
+        try:
+            runtime.scheduler.submit(reqs)
+        except QueueFull as exc:
+            raise RequestError(str(exc), status=503, code="queue_full",
+                               type="server_overloaded") from None
+        self._open = len(reqs)
+
+    @property
+    def states(self) -> list[SeqState]:
+        return sorted(self.seqs.values(), key=lambda s: s.index)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[SeqState, ReqOutput]]:
+        """Yield ``(state after the output, output)`` until every sequence has finished."""
+        try:
+            while self._open:
+                try:
+                    out = await asyncio.wait_for(self._queue.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if self.request is not None and await self.request.is_disconnected():
+                        raise ClientGone() from None
+                    continue
+                state = self._apply(out)
+                yield state, out
+        finally:
+            if self._open:  # the client left (or the handler failed): stop the rest
+                self.runtime.scheduler.abort(self.rid)
+                left = sum(1 for s in self.seqs.values() if s.finish_reason is None)
+                self.metrics.requests.labels(self.metrics.model_name, "abort").inc(left)
+                self._open = 0
+
+    async def collect(self) -> list[SeqState]:
+        async for _ in self:
+            pass
+        return self.states
+
+    def _apply(self, out: ReqOutput) -> SeqState:
+        s = self.seqs[out.rid]
+        now = time.monotonic()
+        m, name = self.metrics, self.metrics.model_name
+        if out.token_ids:
+            if s.first_token_at is None:
+                s.first_token_at = now
+                m.ttft.labels(name).observe(now - self.start)
+            elif s.last_token_at is not None:
+                m.itl.labels(name).observe((now - s.last_token_at) / len(out.token_ids))
+            s.last_token_at = now
+        s.text += out.text
+        s.token_ids.extend(out.token_ids)
+        s.logprobs.extend(out.logprobs)
+        s.top_logprobs.extend(out.top_logprobs)
+        if out.finished:
+            self._open -= 1
+            s.finish_reason = out.finish_reason
+            s.prompt_tokens, s.completion_tokens = out.prompt_tokens, out.completion_tokens
+            s.cached_tokens = out.cached_tokens
+            reason = (out.finish_reason or {}).get("type", "unknown")
+            m.requests.labels(name, reason).inc()
+            m.prompt_tokens.labels(name).inc(out.prompt_tokens)
+            m.generation_tokens.labels(name).inc(out.completion_tokens)
+            m.cached_tokens.labels(name).inc(out.cached_tokens)
+            m.e2e.labels(name).observe(now - self.start)
+        return s
+
+
+def internal_failure(states: list[SeqState]) -> str | None:
+    """The message of a sequence that the scheduler failed (not a client abort), if any."""
+    for s in states:
+        reason = s.finish_reason or {}
+        if reason.get("type") == "abort" and reason.get("message") != "request aborted":
+            return str(reason.get("message"))
+    return None
+
+
+def usage(states: list[SeqState]) -> dict[str, Any]:
+    """OpenAI ``usage``: prompt tokens counted once per prompt, completions per sequence."""
+    prompts: dict[int, SeqState] = {}
+    for s in states:
+        prompts.setdefault(s.prompt_index, s)
+    prompt = sum(s.prompt_tokens for s in prompts.values())
+    cached = sum(s.cached_tokens for s in prompts.values())
+    completion = sum(s.completion_tokens for s in states)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}

@@ -1,0 +1,64 @@
+"""Prometheus metrics of one server (a private registry, so several servers can share a process).
+
+Counters and histograms are observed by the HTTP side as request outputs arrive (so TTFT
+includes queueing); gauges read the scheduler's stats at scrape time.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
+                               generate_latest)
+
+from engine.runtime.scheduler import SchedulerStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+                    2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """All metrics, prefixed ``engine_``; ``render()`` gives the exposition text."""
+
+    def __init__(self, stats: Callable[[], SchedulerStats], model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        r, labels = self.registry, ["model_name"]
+        self.requests = Counter("engine_requests", "Finished generation requests (sequences) "
+                                "by finish reason.", labels + ["finish_reason"], registry=r)
+        self.rejected = Counter("engine_rejected_requests", "Requests refused (400-503) by "
+                                "HTTP status.", labels + ["status"], registry=r)
+        self.prompt_tokens = Counter("engine_prompt_tokens", "Prompt tokens processed.", labels,
+                                     registry=r)
+        self.generation_tokens = Counter("engine_generation_tokens", "Tokens generated.",
+                                         labels, registry=r)
+        self.cached_tokens = Counter("engine_cached_tokens", "Prompt tokens served from the "
+                                     "radix cache.", labels, registry=r)
+        self.ttft = Histogram("engine_time_to_first_token_seconds", "Time to first token.",
+                              labels, buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("engine_inter_token_latency_seconds", "Time between two output "
+                             "tokens of one request.", labels, buckets=_LATENCY_BUCKETS,
+                             registry=r)
+        self.e2e = Histogram("engine_e2e_request_latency_seconds", "Request latency.", labels,
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.model_name = model_name
+        gauges = {
+            "engine_num_running_requests": ("Requests in the running batch.",
+                                            lambda s: s.num_running),
+            "engine_num_queue_requests": ("Requests waiting to run.", lambda s: s.num_waiting),
+            "engine_kv_cache_usage": ("Fraction of KV cache slots in use (cache included).",
+                                      lambda s: s.kv_usage),
+            "engine_kv_cache_used_tokens": ("KV cache slots in use.",
+                                            lambda s: s.kv_used_tokens),
+            "engine_kv_cache_capacity_tokens": ("KV cache slots in all.",
+                                                lambda s: s.kv_capacity_tokens),
+            "engine_radix_cache_tokens": ("Tokens held by the radix prefix cache.",
+                                          lambda s: s.kv_cached_tokens),
+            "engine_num_retractions": ("Requests retracted for lack of KV memory so far.",
+                                       lambda s: s.num_retractions),
+        }
+        for name, (doc, read) in gauges.items():
+            g = Gauge(name, doc, labels, registry=r)
+            g.labels(model_name).set_function(lambda read=read: float(read(stats())))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

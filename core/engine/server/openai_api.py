@@ -1,0 +1,363 @@
+"""``/v1/completions`` and ``/v1/chat/completions``: OpenAI request -> runtime -> OpenAI response.
+
+Chat responses pass the generated text through the parser pipeline
+(:mod:`engine.parsers.api`) when ``--reasoning-parser`` is set, or ``--tool-call-parser`` is set
+and the request has ``tools`` (and ``tool_choice`` is not ``none``); otherwise the text is the
+message content as is. That is the one seam where reasoning and tool calls are split out.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from engine.runtime.frontend import RequestError
+from engine.server.generation import Generation, SeqState, internal_failure, usage
+from engine.server.protocol import (ChatCompletionRequest, CompletionRequest,
+                                    to_sampling_params)
+
+FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def finish_reason(state: SeqState) -> str | None:
+    if state.finish_reason is None:
+        return None
+    return FINISH.get(state.finish_reason.get("type", ""), "stop")
+
+
+def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
+               code: str | int | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class OpenAIServing:
+    """The two OpenAI generation endpoints over one server state (runtime, metrics, names)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.runtime = state.runtime
+        self.tok = state.runtime.tokenizer
+
+    # ------------------------------------------------------------------ helpers
+
+    def _token_text(self, tid: int) -> str:
+        return self.tok.decode([tid])
+
+    def _check_model(self, model: str | None) -> str:
+        name = self.state.model_name
+        if model is not None and model not in (name, self.state.model_path):
+            raise RequestError(f"the model '{model}' does not exist; this server serves "
+                               f"'{name}'", param="model", status=404, code="model_not_found")
+        return name
+
+    # ------------------------------------------------------------------ completions
+
+    async def completions(self, body: CompletionRequest, request: Request) -> Any:
+        model = self._check_model(body.model)
+        prompt = body.prompt
+        if isinstance(prompt, str):
+            prompts: list[str | list[int]] = [prompt]
+        elif prompt and all(isinstance(t, int) for t in prompt):
+            prompts = [list(prompt)]  # type: ignore[arg-type]
+        else:
+            prompts = list(prompt)  # type: ignore[arg-type]
+        if not prompts:
+            raise RequestError("prompt must not be empty", param="prompt")
+        if body.suffix:
+            raise RequestError("suffix is not supported", param="suffix")
+        ids = [self.tok.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        data = body.sampling_dict()
+        if body.logprobs is not None:
+            data.update(logprobs=True, top_logprobs=body.logprobs)
+        sp = to_sampling_params(data)
+        gen = Generation(self.runtime, self.state.metrics, ids, [sp] * len(ids), request,
+                         rid=body.rid)
+        echo = [self.tok.decode(i) if body.echo else "" for i in ids]
+        cid, created = f"cmpl-{gen.rid}", int(time.time())
+        if body.stream:
+            return StreamingResponse(self._stream_completions(gen, body, model, cid, created,
+                                                              echo),
+                                     media_type="text/event-stream")
+        states = await gen.collect()
+        failed = internal_failure(states)
+        if failed:
+            raise RequestError(failed, status=500, type="internal_error")
+        choices = [{"index": s.index, "text": echo[s.prompt_index] + s.text,
+                    "logprobs": self._completion_logprobs(s) if sp.logprobs else None,
+                    "finish_reason": finish_reason(s),
+                    "matched_stop": (s.finish_reason or {}).get("matched")} for s in states]
+        return JSONResponse({"id": cid, "object": "text_completion", "created": created,
+                             "model": model, "choices": choices, "usage": usage(states)})
+
+    def _completion_logprobs(self, s: SeqState, start: int = 0) -> dict[str, Any]:
+        tokens = [self._token_text(t) for t in s.token_ids[start:]]
+        offsets, pos = [], 0
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t)
+        return {"tokens": tokens, "token_logprobs": s.logprobs[start:],
+                "top_logprobs": [{self._token_text(t): lp for t, lp in top}
+                                 for top in s.top_logprobs[start:]],
+                "text_offset": offsets}
+
+    async def _stream_completions(self, gen: Generation, body: CompletionRequest, model: str,
+                                  cid: str, created: int, echo: list[str]) -> AsyncIterator[str]:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        head = {"id": cid, "object": "text_completion", "created": created, "model": model}
+        sent_echo: set[int] = set()
+        async for s, out in gen:
+            text = out.text
+            if echo[s.prompt_index] and s.index not in sent_echo:
+                sent_echo.add(s.index)
+                text = echo[s.prompt_index] + text
+            if not text and not out.finished and not out.logprobs:
+                continue
+            lp = None
+            if out.logprobs:
+                lp = self._completion_logprobs(s, len(s.token_ids) - len(out.token_ids))
+            choice = {"index": s.index, "text": text, "logprobs": lp,
+                      "finish_reason": finish_reason(s) if out.finished else None}
+            if out.finished and internal_failure([s]):
+                yield sse(error_body(internal_failure([s]) or "", type="internal_error"))
+                continue
+            yield sse({**head, "choices": [choice]})
+        if include_usage:
+            yield sse({**head, "choices": [], "usage": usage(gen.states)})
+        yield sse("[DONE]")
+
+    # ------------------------------------------------------------------ chat
+
+    def _chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        messages = []
+        for m in body.messages:
+            msg = m.model_dump(exclude_none=True)
+            if isinstance(m.content, list):
+                parts = []
+                for part in m.content:
+                    if part.get("type") != "text":
+                        raise RequestError(f"message content of type {part.get('type')!r} is "
+                                           "not supported (text only)", param="messages")
+                    parts.append(str(part.get("text", "")))
+                msg["content"] = "".join(parts)
+            for call in msg.get("tool_calls") or ():
+                fn = call.get("function") or {}
+                if isinstance(fn.get("arguments"), str):  # templates expect a mapping
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    except json.JSONDecodeError:
+                        pass
+            messages.append(msg)
+        kwargs = dict(body.chat_template_kwargs or {})
+        if body.reasoning_effort is not None:
+            kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+        if body.continue_final_message:
+            kwargs["continue_final_message"] = True
+        tools = body.tools if body.tools and body.tool_choice != "none" else None
+        try:
+            add_prompt = body.add_generation_prompt and not body.continue_final_message
+            ids = self.tok.apply_chat_template(messages, tools=tools,
+                                               add_generation_prompt=add_prompt, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
+            raise RequestError(f"the chat template failed on these messages: {exc}",
+                               param="messages") from None
+        return list(ids)  # type: ignore[arg-type]
+
+    def _check_tools(self, body: ChatCompletionRequest) -> str | None:
+        """Validate ``tools``/``tool_choice``; return the forced tool name, if any."""
+        choice = body.tool_choice
+        names = []
+        for i, tool in enumerate(body.tools or []):
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            if tool.get("type", "function") != "function" or not isinstance(fn, dict) or \
+                    not isinstance(fn.get("name"), str):
+                raise RequestError(f"tools[{i}] must be {{'type': 'function', 'function': "
+                                   "{'name': ..., 'parameters': ...}}", param="tools")
+            names.append(fn["name"])
+        if choice is None or choice in ("none", "auto"):
+            return None
+        if isinstance(choice, str) and choice != "required":
+            raise RequestError(f"tool_choice must be 'none', 'auto', 'required' or a named "
+                               f"function, got {choice!r}", param="tool_choice")
+        if not names:
+            raise RequestError("tool_choice needs tools", param="tool_choice")
+        if self.state.config.tool_call_parser is None:
+            raise RequestError("tool_choice 'required' or a named function needs the server "
+                               "to run with --tool-call-parser", param="tool_choice")
+        if choice == "required":
+            return ""
+        fn = choice.get("function") if isinstance(choice, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            raise RequestError("a named tool_choice is {'type': 'function', 'function': "
+                               "{'name': ...}}", param="tool_choice")
+        if name not in names:
+            raise RequestError(f"tool_choice names '{name}', which is not among the tools",
+                               param="tool_choice")
+        return name
+
+    def _parser_kwargs(self, body: ChatCompletionRequest) -> dict[str, Any] | None:
+        """Arguments of the parser pipeline, or None when the text is returned as is."""
+        cfg = self.state.config
+        use_tools = bool(cfg.tool_call_parser and body.tools and body.tool_choice != "none")
+        if not cfg.reasoning_parser and not use_tools:
+            return None
+        return {"reasoning_parser": cfg.reasoning_parser,
+                "tool_parser": cfg.tool_call_parser if use_tools else None,
+                "tools": body.tools if use_tools else None,
+                "chat_template_kwargs": body.chat_template_kwargs,
+                "reasoning_effort": body.reasoning_effort,
+                "chat_template": self.tok.chat_template,
+                "separate_reasoning": body.separate_reasoning}
+
+    def _chat_logprobs(self, s: SeqState, start: int = 0) -> dict[str, Any]:
+        def entry(tid: int, lp: float) -> dict[str, Any]:
+            text = self._token_text(tid)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+        content = []
+        for tid, lp, top in zip(s.token_ids[start:], s.logprobs[start:], s.top_logprobs[start:]):
+            content.append({**entry(tid, lp), "top_logprobs": [entry(t, v) for t, v in top]})
+        return {"content": content}
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Any:
+        model = self._check_model(body.model)
+        forced = self._check_tools(body)
+        if body.top_logprobs and not body.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+        ids = self._chat_prompt(body)
+        data = body.sampling_dict()
+        if body.max_completion_tokens is not None:
+            data["max_new_tokens"] = body.max_completion_tokens
+        data.update(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0)
+        sp = to_sampling_params(data)
+        gen = Generation(self.runtime, self.state.metrics, [ids], [sp], request, rid=body.rid,
+                         prompt_param="messages",
+                         max_tokens_param="max_completion_tokens"
+                         if body.max_completion_tokens is not None else "max_tokens")
+        pkw = self._parser_kwargs(body)
+        cid, created = f"chatcmpl-{gen.rid}", int(time.time())
+        if body.stream:
+            return StreamingResponse(self._stream_chat(gen, body, model, cid, created, pkw,
+                                                       forced),
+                                     media_type="text/event-stream")
+        states = await gen.collect()
+        failed = internal_failure(states)
+        if failed:
+            raise RequestError(failed, status=500, type="internal_error")
+        choices = []
+        for s in states:
+            message: dict[str, Any] = {"role": "assistant", "content": s.text}
+            reason = finish_reason(s)
+            if pkw is not None:
+                from engine.parsers.api import parse_message
+
+                parsed = parse_message(s.text, **pkw)
+                calls = _forced_calls(parsed["tool_calls"], forced)
+                message = {"role": "assistant", "content": parsed["content"] or "",
+                           "reasoning_content": parsed["reasoning_content"]}
+                if calls:
+                    message["tool_calls"] = calls
+                    if reason == "stop":
+                        reason = "tool_calls"
+            choices.append({"index": s.index, "message": message,
+                            "logprobs": self._chat_logprobs(s) if sp.logprobs else None,
+                            "finish_reason": reason,
+                            "matched_stop": (s.finish_reason or {}).get("matched")})
+        return JSONResponse({"id": cid, "object": "chat.completion", "created": created,
+                             "model": model, "choices": choices, "usage": usage(states)})
+
+    async def _stream_chat(self, gen: Generation, body: ChatCompletionRequest, model: str,
+                           cid: str, created: int, pkw: dict[str, Any] | None,
+                           forced: str | None) -> AsyncIterator[str]:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        head = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                "model": model}
+        streams: dict[int, Any] = {}
+        called: dict[int, bool] = {}
+        dropped: set[tuple[int, Any]] = set()
+
+        def chunk(index: int, delta: dict[str, Any], reason: str | None = None,
+                  logprobs: Any = None) -> str:
+            return sse({**head, "choices": [{"index": index, "delta": delta,
+                                             "logprobs": logprobs, "finish_reason": reason}]})
+
+        for s in gen.states:
+            yield chunk(s.index, {"role": "assistant", "content": ""})
+            if pkw is not None:
+                from engine.parsers.api import MessageStream
+
+                streams[s.index] = MessageStream(**pkw)
+        async for s, out in gen:
+            lp = None
+            if out.logprobs:
+                lp = self._chat_logprobs(s, len(s.token_ids) - len(out.token_ids))
+            deltas = []
+            stream = streams.get(s.index)
+            if stream is None:
+                if out.text:
+                    deltas.append({"content": out.text})
+            else:
+                if out.text:
+                    deltas.append(stream.feed(out.text))
+                if out.finished:
+                    deltas.append(stream.finish())
+            for d in deltas:
+                if d.get("tool_calls"):
+                    kept = []
+                    for c in d["tool_calls"]:
+                        key = (s.index, c.get("index"))
+                        if "id" in c and forced and c.get("function", {}).get("name") != forced:
+                            dropped.add(key)
+                        if key not in dropped:
+                            kept.append(c)
+                    if kept:
+                        d["tool_calls"] = kept
+                        called[s.index] = True
+                    else:
+                        del d["tool_calls"]
+            deltas = [d for d in deltas if d]
+            for i, d in enumerate(deltas):
+                yield chunk(s.index, d, logprobs=lp if i == 0 else None)
+            if lp is not None and not deltas:
+                yield chunk(s.index, {}, logprobs=lp)
+            if out.finished:
+                failed = internal_failure([s])
+                if failed:
+                    yield sse(error_body(failed, type="internal_error"))
+                    continue
+                if forced is not None and not called.get(s.index):
+                    yield sse(error_body(_no_call_message(forced), param="tool_choice",
+                                         code="tool_call_missing"))
+                reason = finish_reason(s)
+                if called.get(s.index) and reason == "stop":
+                    reason = "tool_calls"
+                yield chunk(s.index, {}, reason)
+        if include_usage:
+            yield sse({**head, "choices": [], "usage": usage(gen.states)})
+        yield sse("[DONE]")
+
+
+def _no_call_message(forced: str) -> str:
+    if forced:
+        return f"tool_choice names '{forced}', but the model produced no valid call to it"
+    return "tool_choice is 'required', but the model produced no valid tool call"
+
+
+def _forced_calls(calls: list[dict[str, Any]], forced: str | None) -> list[dict[str, Any]]:
+    """Keep only calls to the named tool when one is forced; raise when a call is required
+    (``forced`` is ``""``) or named but none was produced."""
+    if forced:
+        calls = [c for c in calls if c["function"]["name"] == forced]
+    if forced is not None and not calls:
+        raise RequestError(_no_call_message(forced), param="tool_choice",
+                           code="tool_call_missing")
+    return calls
+

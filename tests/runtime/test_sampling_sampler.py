@@ -1,0 +1,171 @@
+"""The sampler: penalties, truncation masks, greedy, seeds, logprobs; parameter validation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from engine.runtime.sampling import InvalidParam, Sampler, SamplingParams, _truncated_probs
+
+
+@dataclass
+class Row:
+    sampling_params: SamplingParams
+    origin_input_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    stop_ids: frozenset[int] = frozenset()
+    generator: torch.Generator | None = None
+
+
+def row(seed: int | None = None, prompt: list[int] | None = None, out: list[int] | None = None,
+        stop: frozenset[int] = frozenset(), **kw: object) -> Row:
+    sp = SamplingParams(seed=seed, **kw).validate()  # type: ignore[arg-type]
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    return Row(sp, list(prompt or []), list(out or []), stop, gen)
+
+
+def test_greedy_takes_the_argmax() -> None:
+    logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 1.0, 0.0]])
+    out = Sampler()(logits, [row(temperature=0.0), row(top_k=1)])
+    assert out.token_ids == [1, 0]
+    assert out.logprobs is None
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    logits = torch.tensor([[2.0, -1.0, 1.5, 0.5]])
+    r = row(temperature=0.0, repetition_penalty=2.0, prompt=[0], out=[1])
+    Sampler()(logits, [r])
+    # token 0 (prompt) 2.0 -> 1.0; token 1 (output) -1.0 -> -2.0; others untouched
+    assert logits.tolist() == [[1.0, -2.0, 1.5, 0.5]]
+
+
+def test_repetition_penalty_changes_the_greedy_choice() -> None:
+    logits = torch.tensor([[2.0, 1.5, 0.0]])
+    out = Sampler()(logits.clone(), [row(temperature=0.0, repetition_penalty=2.0, out=[0])])
+    assert out.token_ids == [1]
+
+
+def test_frequency_and_presence_penalties_count_generated_tokens_only() -> None:
+    logits = torch.zeros(1, 4)
+    r = row(temperature=0.0, frequency_penalty=0.5, presence_penalty=0.25, prompt=[3],
+            out=[1, 1, 2])
+    Sampler()(logits, [r])
+    assert logits.tolist() == [[0.0, -(2 * 0.5 + 0.25), -(0.5 + 0.25), 0.0]]
+
+
+def test_min_new_tokens_masks_stop_ids_until_reached() -> None:
+    logits = torch.tensor([[0.0, 10.0, 1.0]])
+    early = row(temperature=0.0, min_new_tokens=2, max_new_tokens=5, out=[2],
+                stop=frozenset({1}))
+    assert Sampler()(logits.clone(), [early]).token_ids == [2]
+    done = row(temperature=0.0, min_new_tokens=2, max_new_tokens=5, out=[2, 2],
+               stop=frozenset({1}))
+    assert Sampler()(logits.clone(), [done]).token_ids == [1]
+
+
+def _mask(**kw: float) -> list[bool]:
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
+    probs = _truncated_probs(logits, [SamplingParams(**kw).validate()])  # type: ignore[arg-type]
+    return (probs[0] > 0).tolist()
+
+
+def test_top_k_keeps_the_k_best() -> None:
+    assert _mask(top_k=2) == [True, True, False, False]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    assert _mask(top_p=0.5) == [True, False, False, False]
+    assert _mask(top_p=0.6) == [True, True, False, False]
+    assert _mask(top_p=0.8) == [True, True, True, False]
+    assert _mask(top_p=1.0) == [True, True, True, True]
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_best() -> None:
+    assert _mask(min_p=0.4) == [True, True, False, False]  # 0.4 * 0.5 = 0.2
+
+
+def test_truncated_probs_are_renormalised_and_keep_the_best_token() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
+    probs = _truncated_probs(logits, [SamplingParams(top_k=2).validate()])
+    assert probs.sum().item() == pytest.approx(1.0)
+    assert probs[0, 0].item() == pytest.approx(2 / 3)
+    tiny = _truncated_probs(logits, [SamplingParams(top_p=1e-6).validate()])
+    assert (tiny[0] > 0).tolist() == [True, False, False, False]
+
+
+def test_temperature_sharpens_the_distribution() -> None:
+    logits = torch.tensor([[1.0, 0.0]])
+    hot = _truncated_probs(logits, [SamplingParams(temperature=2.0).validate()])
+    cold = _truncated_probs(logits, [SamplingParams(temperature=0.5).validate()])
+    assert cold[0, 0] > hot[0, 0]
+    assert cold[0, 0].item() == pytest.approx(1 / (1 + math.exp(-2.0)))
+
+
+def _draws(seed: int, neighbours: int) -> list[int]:
+    torch.manual_seed(1234 + neighbours)  # the global RNG must not matter
+    mine = torch.randn(1, 50, generator=torch.Generator().manual_seed(7))
+    logits = torch.cat([mine, torch.randn(neighbours, 50)])
+    rows = [row(seed=seed, temperature=1.0)] + [row(seed=99 + i, temperature=0.7, top_p=0.9)
+                                                  for i in range(neighbours)]
+    sampler, toks = Sampler(), []
+    for _ in range(20):
+        toks.append(sampler(logits.clone(), rows).token_ids[0])
+    return toks
+
+
+def test_same_seed_same_tokens_whatever_the_batch() -> None:
+    alone = _draws(42, 0)
+    assert alone == _draws(42, 3) == _draws(42, 7)
+    assert alone != _draws(43, 0)
+
+
+def test_sampling_follows_the_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
+    r = row(seed=0, temperature=1.0)
+    counts = [0, 0, 0]
+    for _ in range(2000):
+        counts[Sampler()(logits.clone(), [r]).token_ids[0]] += 1
+    assert abs(counts[0] / 2000 - 0.7) < 0.05 and abs(counts[2] / 2000 - 0.1) < 0.03
+
+
+def test_logprobs_and_top_logprobs_are_the_models_distribution() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    out = Sampler()(logits.clone(), [row(temperature=0.0, logprobs=True, top_logprobs=2)])
+    ref = torch.log_softmax(logits, -1)[0]
+    assert out.token_ids == [0]
+    assert out.logprobs == pytest.approx([ref[0].item()])
+    assert [t for t, _ in out.top_logprobs[0]] == [0, 1]
+    assert out.top_logprobs[0][1][1] == pytest.approx(ref[1].item())
+
+
+def test_mixed_greedy_and_sampled_rows() -> None:
+    logits = torch.tensor([[0.0, 9.0, 0.0], [0.0, 0.0, 50.0]])
+    out = Sampler()(logits, [row(temperature=0.0), row(seed=1, temperature=1.0)])
+    assert out.token_ids == [1, 2]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("min_p", 1.5),
+    ("max_new_tokens", -1), ("min_new_tokens", -1), ("repetition_penalty", 0.0),
+    ("frequency_penalty", 3.0), ("presence_penalty", -2.5), ("n", 0), ("top_logprobs", 21),
+    ("stop", [1]), ("stop_token_ids", [-1]), ("temperature", "hot"), ("seed", 1.5),
+])
+def test_invalid_values_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(InvalidParam) as exc:
+        SamplingParams.from_dict({field: value})
+    assert exc.value.param == field
+    assert field in str(exc.value)
+
+
+def test_from_dict_aliases_and_defaults() -> None:
+    sp = SamplingParams.from_dict({"max_tokens": 5, "stop": "x", "temperature": None})
+    assert sp.max_new_tokens == 5 and sp.stop == ["x"] and sp.temperature == 1.0
+    with pytest.raises(InvalidParam) as exc:
+        SamplingParams.from_dict({"bogus": 1})
+    assert exc.value.param == "bogus"
+    with pytest.raises(InvalidParam) as exc:
+        SamplingParams.from_dict({"max_new_tokens": 2, "min_new_tokens": 3})
+    assert exc.value.param == "min_new_tokens"

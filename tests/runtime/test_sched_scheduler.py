@@ -1,0 +1,242 @@
+"""Scheduler bookkeeping against a stand-in model whose next token depends on the whole KV.
+
+The stand-in writes each new token id into a one-number-per-slot "KV pool" and predicts the
+next token from the sequence it reads back through ``req_to_token``: any slot mix-up (a wrong
+prefix from the radix cache, a page overwritten after eviction or retraction, a chunk at the
+wrong position) changes the output. Tests compare against the same function applied to the
+plain token list. (The real model's end-to-end behaviour is tested in tests/server/.)
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import torch
+
+from engine.config import ServerConfig
+from engine.runtime.batch import Batch
+from engine.runtime.request import Req, ReqOutput
+from engine.runtime.sampling import SamplingParams
+from engine.runtime.scheduler import QueueFull, Scheduler
+
+VOCAB = 40
+
+
+def next_token(seq: list[int]) -> int:
+    return (sum((i + 1) * t for i, t in enumerate(seq)) * 31 + len(seq)) % VOCAB
+
+
+class Pool:
+    def __init__(self, num_slots: int, page_size: int) -> None:
+        self.num_slots, self.page_size = num_slots, page_size
+        self.store = torch.full((num_slots,), -1, dtype=torch.long)
+
+
+class StandInRunner:
+    """Implements ``forward(batch) -> logits`` from the slots only."""
+
+    def __init__(self, num_slots: int, page_size: int, rows: int = 8, ctx: int = 256) -> None:
+        self.device = torch.device("cpu")
+        self.pool = Pool(num_slots, page_size)
+        self.req_to_token = torch.zeros(rows, ctx, dtype=torch.long)
+        self.batches: list[Batch] = []
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        self.batches.append(batch)
+        assert (batch.out_cache_loc > 0).all(), "slot 0 is reserved"
+        self.pool.store[batch.out_cache_loc] = batch.input_ids
+        ends = torch.cumsum(batch.extend_lens, 0) - 1
+        logits = torch.zeros(len(batch.logits_indices), VOCAB)
+        for j, tok_idx in enumerate(batch.logits_indices.tolist()):
+            i = int((ends < tok_idx).sum())
+            row, n = int(batch.req_pool_indices[i]), batch.seq_lens_cpu[i]
+            seq = self.pool.store[self.req_to_token[row, :n]].tolist()
+            logits[j, next_token(seq)] = 10.0
+        return logits
+
+
+class Detok:
+    def add(self, t: int) -> str:
+        return chr(ord("a") + t % 26)
+
+    def finish(self) -> str:
+        return ""
+
+
+def make_sched(num_slots: int = 512, page_size: int = 1, rows: int = 8,
+               **cfg: Any) -> Scheduler:
+    return Scheduler(ServerConfig(page_size=page_size, **cfg), StandInRunner(num_slots,
+                                                                             page_size, rows))
+
+
+_ids = itertools.count()
+
+
+def make_req(prompt: list[int], outs: dict[str, list[ReqOutput]], max_new: int = 8,
+             **sp: Any) -> Req:
+    rid = f"r{next(_ids)}"
+    outs[rid] = []
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new, **sp).validate()
+    return Req(rid=rid, origin_input_ids=prompt, sampling_params=params,
+               sink=outs[rid].append, detokenizer=Detok(), max_new_tokens=max_new,
+               stop_ids=frozenset(params.stop_token_ids))
+
+
+def expected(prompt: list[int], n: int) -> list[int]:
+    seq, out = list(prompt), []
+    for _ in range(n):
+        out.append(next_token(seq))
+        seq.append(out[-1])
+    return out
+
+
+def run(sched: Scheduler, reqs: list[Req], outs: dict[str, list[ReqOutput]]) -> dict[str, Any]:
+    sched.submit(reqs)
+    for _ in range(10_000):
+        if not sched.step():
+            break
+    result = {}
+    for req in reqs:
+        chunks = outs[req.rid]
+        assert chunks and chunks[-1].finished, f"{req.rid} did not finish"
+        result[req.rid] = ([t for c in chunks for t in c.token_ids],
+                           "".join(c.text for c in chunks), chunks[-1])
+    return result
+
+
+def prompts(k: int, base: int = 10) -> list[list[int]]:
+    return [[(base * i + j) % VOCAB + 1 for j in range(5 + 3 * i)] for i in range(k)]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_concurrent_requests_match_the_sequential_reference(page_size: int) -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched(page_size=page_size)
+    ps = prompts(6)
+    res = run(sched, [make_req(p, outs) for p in ps], outs)
+    for p, (toks, _, last) in zip(ps, res.values()):
+        assert toks == expected(p, 8)
+        assert last.finish_reason == {"type": "length"}
+    assert sched.allocator.free_tokens + sched.cache.total_size == \
+        sched.allocator.capacity_tokens, "every slot is free or cached after the run"
+    assert sched.cache.protected_size == 0
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_shared_prefix_hits_the_cache_with_the_same_output(page_size: int) -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched(page_size=page_size)
+    shared = list(range(1, 21))
+    first = run(sched, [make_req(shared + [3, 4], outs)], outs)
+    second = run(sched, [make_req(shared + [5, 6, 7], outs)], outs)
+    (t1, _, o1), = first.values()
+    (t2, _, o2), = second.values()
+    assert o1.cached_tokens == 0
+    assert o2.cached_tokens == 20
+    assert t2 == expected(shared + [5, 6, 7], 8)
+    assert sched.runner.batches[-8].extend_lens_cpu == [3]  # only the new tokens prefilled
+
+
+def test_chunked_prefill_cuts_long_prompts_and_keeps_the_output() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched(chunked_prefill_size=7)
+    long = [(7 * j) % VOCAB + 1 for j in range(30)]
+    res = run(sched, [make_req(long, outs)], outs)
+    (toks, _, _), = res.values()
+    assert toks == expected(long, 8)
+    extend = [b.extend_lens_cpu for b in sched.runner.batches if not b.is_decode]
+    assert extend == [[7], [7], [7], [7], [2]]
+
+
+def test_memory_pressure_retracts_and_still_gives_the_same_outputs() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched(num_slots=64, page_size=2)  # 62 usable slots for 6 x ~25 tokens
+    ps = prompts(6)
+    res = run(sched, [make_req(p, outs, max_new=12) for p in ps], outs)
+    for p, (toks, _, _) in zip(ps, res.values()):
+        assert toks == expected(p, 12)
+    assert sched.num_retractions > 0
+    assert sched.cache.protected_size == 0
+
+
+def test_a_lone_request_that_outgrows_the_cache_ends_with_length() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched(num_slots=17, page_size=1)  # 16 usable slots
+    res = run(sched, [make_req(list(range(1, 11)), outs, max_new=50)], outs)
+    (toks, _, last), = res.values()
+    assert last.finish_reason["type"] == "length"
+    assert toks == expected(list(range(1, 11)), len(toks)) and len(toks) == 7
+
+
+def test_stop_token_and_stop_string_across_tokens() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    p = [1, 2, 3]
+    ref = expected(p, 8)
+    text = "".join(chr(ord("a") + t % 26) for t in ref)
+    sched = make_sched()
+    by_id = make_req(p, outs, stop_token_ids=[ref[3]])
+    stop = text[4:6]  # spans two tokens
+    by_str = make_req(p, outs, stop=[stop])
+    res = run(sched, [by_id, by_str], outs)
+    toks, txt, last = res[by_id.rid]
+    assert toks == ref[:4] and txt == text[:3]  # the stop id counts, its text is not sent
+    assert last.finish_reason == {"type": "stop", "matched": ref[3]}
+    toks, txt, last = res[by_str.rid]
+    assert txt == text[:text.index(stop)] and last.finish_reason["matched"] == stop
+    assert all(stop[0] not in c.text or c.finished for c in outs[by_str.rid][:-1])
+
+
+def test_min_new_tokens_defers_a_stop_id() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    p = [1, 2, 3]
+    ref = expected(p, 8)
+    req = make_req(p, outs, stop_token_ids=[ref[0]], min_new_tokens=3)
+    (toks, _, _), = run(make_sched(), [req], outs).values()
+    assert len(toks) >= 3
+
+
+def test_abort_ends_waiting_and_running_requests() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched(rows=1)
+    a, b = make_req([1, 2, 3], outs, max_new=50), make_req([4, 5], outs, max_new=50)
+    sched.submit([a, b])
+    sched.step()
+    sched.step()
+    sched.abort(a.rid)
+    sched.abort(b.rid)
+    sched.step()
+    for r in (a, b):
+        assert outs[r.rid][-1].finish_reason["type"] == "abort"
+    assert not sched.has_work
+    assert sched.allocator.free_tokens + sched.cache.total_size == \
+        sched.allocator.capacity_tokens
+
+
+def test_queue_limit_rejects_beyond_max_queued_requests() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched(max_queued_requests=2)
+    sched.submit([make_req([1], outs), make_req([2], outs)])
+    with pytest.raises(QueueFull, match="max-queued-requests"):
+        sched.submit([make_req([3], outs)])
+
+
+def test_lpm_runs_the_longest_cached_prefix_first() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched(rows=1, schedule_policy="lpm")
+    shared = list(range(1, 16))
+    run(sched, [make_req(shared + [1], outs, max_new=1)], outs)
+    cold, warm = make_req([9, 9, 9, 9], outs, max_new=1), make_req(shared + [2], outs,
+                                                                   max_new=1)
+    sched.submit([cold, warm])
+    sched.step()
+    assert outs[warm.rid] and not outs[cold.rid]
+
+
+def test_zero_max_new_tokens_prefills_and_generates_nothing() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched()
+    (toks, txt, last), = run(sched, [make_req([1, 2, 3], outs, max_new=0)], outs).values()
+    assert toks == [] and txt == "" and last.finish_reason == {"type": "length"}
+    assert last.completion_tokens == 0 and last.prompt_tokens == 3

@@ -1,0 +1,116 @@
+"""Real ``engine serve`` subprocesses with the default model, shared by the server tests.
+
+Two servers start side by side once per session (their model loads overlap), both on the
+reference attention backend (``torch_native``) so that these tests measure the serving layer:
+
+* ``main``: default scheduling (prefill chunk 2048), 16 running requests;
+* ``aux``: ``--chunked-prefill-size 16``, ``--max-queued-requests 2``, two running requests
+  ``--api-key`` and ``--tool-call-parser qwen3_coder``, for the chunking, 503, 401 and
+  tool-choice checks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+START_TIMEOUT_S = 300
+API_KEY = "test-secret-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    proc: subprocess.Popen
+    log_path: str
+    api_key: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def client(self, timeout: float = 120.0) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers(), timeout=timeout)
+
+    def log_tail(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-30:])
+
+
+def start_server(name: str, *args: str) -> Server:
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix=f"engine-{name}-", suffix=".log", delete=False)
+    cmd = [sys.executable, "-m", "engine.cli.main", "serve", "--host", "127.0.0.1",
+           "--port", str(port), "--device", "cpu", "--max-total-tokens", "12288",
+           "--attention-backend", "torch_native", *args]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    key = args[args.index("--api-key") + 1] if "--api-key" in args else None
+    return Server(name, f"http://127.0.0.1:{port}", proc, log.name, key)
+
+
+def wait_ready(server: Server, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            pytest.fail(f"{server.name} server exited ({server.proc.returncode}):\n"
+                        f"{server.log_tail()}")
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"{server.name} server not ready in {START_TIMEOUT_S} s:\n{server.log_tail()}")
+
+
+def stop_server(server: Server) -> None:
+    if server.proc.poll() is None:
+        server.proc.terminate()
+        try:
+            server.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
+    os.unlink(server.log_path)
+
+
+@pytest.fixture(scope="session")
+def servers() -> dict[str, Server]:
+    started = [
+        start_server("main", "--max-running-requests", "16", "--max-queued-requests", "64"),
+        start_server("aux", "--chunked-prefill-size", "16", "--max-queued-requests", "2",
+                     "--max-running-requests", "2", "--api-key", API_KEY,
+                     "--tool-call-parser", "qwen3_coder"),
+    ]
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for s in started:
+            wait_ready(s, deadline)
+        yield {s.name: s for s in started}
+    finally:
+        for s in started:
+            stop_server(s)
+
+
+@pytest.fixture(scope="session")
+def main_server(servers: dict[str, Server]) -> Server:
+    return servers["main"]
+
+
+@pytest.fixture(scope="session")
+def aux_server(servers: dict[str, Server]) -> Server:
+    return servers["aux"]

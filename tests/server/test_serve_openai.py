@@ -1,0 +1,84 @@
+"""The official ``openai`` client against a real server: chat, completions, streaming."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def client(main_server):
+    return openai.OpenAI(base_url=main_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(client) -> str:
+    models = client.models.list().data
+    assert len(models) == 1
+    return models[0].id
+
+
+def test_chat_completion(client, model) -> None:
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=8,
+        temperature=0)
+    choice = r.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 5
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_stream_equals_non_stream_and_reports_usage(client, model) -> None:
+    kw = dict(model=model, messages=[{"role": "user", "content": "Name a colour."}],
+              max_tokens=8, temperature=0)
+    whole = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(
+        **kw, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == whole.choices[0].finish_reason and set(reasons[:-1]) == {None}
+    assert chunks[-1].usage is not None and chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_completions_with_logprobs_and_n(client, model) -> None:
+    r = client.completions.create(model=model, prompt="The sky is", max_tokens=5,
+                                  temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens
+    assert all(v <= 0 for v in lp.token_logprobs) and len(lp.top_logprobs[0]) == 2
+    assert "".join(lp.tokens) == r.choices[0].text
+    many = client.completions.create(model=model, prompt=["A", "B"], max_tokens=3, n=2,
+                                     temperature=0.8, seed=1)
+    assert sorted(c.index for c in many.choices) == [0, 1, 2, 3]
+
+
+def test_completions_stream(client, model) -> None:
+    whole = client.completions.create(model=model, prompt="Once upon a time", max_tokens=6,
+                                      temperature=0)
+    parts = list(client.completions.create(model=model, prompt="Once upon a time",
+                                           max_tokens=6, temperature=0, stream=True))
+    assert "".join(p.choices[0].text for p in parts) == whole.choices[0].text
+    assert parts[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_logprobs(client, model) -> None:
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+        temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert len(content[0].top_logprobs) == 3
+    assert content[0].top_logprobs[0].logprob >= content[0].top_logprobs[1].logprob
+
+
+def test_unknown_model_is_404(client) -> None:
+    with pytest.raises(openai.NotFoundError) as exc:
+        client.chat.completions.create(model="no-such-model", max_tokens=2,
+                                       messages=[{"role": "user", "content": "Hi"}])
+    assert "no-such-model" in str(exc.value)
