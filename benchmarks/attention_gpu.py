@@ -406,6 +406,8 @@ def main() -> int:
     ap.add_argument("--sections", default="conformance,decode,prefill",
                     help="comma-separated subset of conformance,decode,prefill")
     ap.add_argument("--no-sweep", action="store_true", help="only the shipped triton parameters")
+    ap.add_argument("--backends", default="torch_native,triton,flex_attention,flashinfer",
+                    help="comma-separated subset of backends")
     args = ap.parse_args()
     global TRITON_DECODE_SWEEP, TRITON_EXTEND_SWEEP
     if args.no_sweep:
@@ -428,7 +430,7 @@ def main() -> int:
         except Exception as exc:
             RESULTS["env"][mod] = f"unavailable ({type(exc).__name__})"
     log(json.dumps(RESULTS["env"]))
-    makers = hooks()
+    makers = {k: v for k, v in hooks().items() if k in args.backends.split(",")}
     sections = {"conformance": conformance, "decode": decode_section, "prefill": prefill_section}
     for name in args.sections.split(","):
         guarded(name, lambda name=name: sections[name](s, makers))
