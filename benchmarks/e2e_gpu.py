@@ -46,19 +46,29 @@ def prompts(vocab: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENS]
 
 
-def greedy(runner: ModelRunner) -> tuple[list[list[int]], torch.Tensor]:
-    """Prefill all prompts in one ragged extend, then GEN_STEPS batched decode steps."""
+def greedy(runner: ModelRunner) -> tuple[list[list[int]], torch.Tensor, list[list[float]]]:
+    """Prefill all prompts in one ragged extend, then GEN_STEPS batched decode steps; also the
+    top-1 minus top-2 logit margin of every chosen token (small margins are near-ties)."""
     bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
     ps = prompts(runner.model_config.vocab_size)
     rows = [bb.new_request() for _ in ps]
     logits = runner.forward(bb.extend(list(zip(rows, ps))))
     first_logits = logits.clone()
+    margins: list[list[float]] = [[] for _ in ps]
+
+    def margin(lg: torch.Tensor) -> None:
+        top = lg.float().topk(2, dim=-1).values
+        for m, v in zip(margins, (top[:, 0] - top[:, 1]).tolist()):
+            m.append(v)
+
+    margin(logits)
     out = [[int(t)] for t in logits.argmax(-1).tolist()]
     for _ in range(GEN_STEPS - 1):
         logits = runner.forward(bb.decode([(r, o[-1]) for r, o in zip(rows, out)]))
+        margin(logits)
         for o, t in zip(out, logits.argmax(-1).tolist()):
             o.append(int(t))
-    return out, first_logits
+    return out, first_logits, margins
 
 
 def time_decode(runner: ModelRunner, batch: int, steps: int) -> float:
@@ -113,6 +123,7 @@ def main() -> None:
     ap.add_argument("--backends", default="torch_native,triton,flashinfer")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--hf", default="eager,compile")
+    ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers eager")
     ap.add_argument("--steps", type=int, default=32)
     args = ap.parse_args()
     backends = [b for b in args.backends.split(",") if b]
@@ -124,14 +135,17 @@ def main() -> None:
             t0 = time.perf_counter()
             runner = make_runner(backend, max(batches + [len(PROMPT_LENS)]))
             startup = time.perf_counter() - t0
-            tokens, logits = greedy(runner)
-            entry = {"startup_s": round(startup, 1), "tokens": tokens}
+            tokens, logits, margins = greedy(runner)
+            entry = {"startup_s": round(startup, 1), "tokens": tokens, "margins": margins}
             if ref_tokens is None:
-                ref_tokens, ref_logits = tokens, logits
+                ref_tokens, ref_logits, ref_margins = tokens, logits, margins
             entry["same_tokens_as_first"] = tokens == ref_tokens
             entry["first_divergence"] = next(
                 ([i, j] for i, (a, b) in enumerate(zip(tokens, ref_tokens))
                  for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            div = entry["first_divergence"]
+            entry["ref_margin_at_divergence"] = (ref_margins[div[0]][div[1]]
+                                                 if div else None)
             entry["prefill_logits_max_abs_diff"] = float((logits - ref_logits).abs().max())
             entry["prefill_logits_scale"] = float(ref_logits.abs().max())
             results["greedy"][backend] = entry
@@ -148,7 +162,8 @@ def main() -> None:
         gc.collect()
         torch.cuda.empty_cache()
     for mode in [m for m in args.hf.split(",") if m]:
-        for b in batches if mode == "eager" else [1]:
+        hf_batches = [int(b) for b in args.hf_batches.split(",") if b]
+        for b in hf_batches if mode == "eager" else [1]:
             try:
                 ms = hf_decode(mode, b, args.steps)
                 results["decode_ms"][f"hf-{mode}@{b}"] = ms
@@ -163,8 +178,14 @@ def main() -> None:
         else:
             print(f"{name:14s} same_tokens={e['same_tokens_as_first']} "
                   f"first_divergence={e['first_divergence']} "
+                  f"(reference top-2 margin there: {e['ref_margin_at_divergence']}) "
                   f"prefill_logits_max_abs_diff={e['prefill_logits_max_abs_diff']:.4f} "
                   f"(logit scale {e['prefill_logits_scale']:.2f}) startup={e['startup_s']}s")
+    names = [n for n, e in results["greedy"].items() if "tokens" in e]
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            same = results["greedy"][a]["tokens"] == results["greedy"][b]["tokens"]
+            print(f"{a} vs {b}: same greedy tokens: {same}")
     print("\n== decode ms/step (dummy Llama-3-8B shape, bf16; roofline at batch 1 ~3.7 ms) ==")
     for key, ms in results["decode_ms"].items():
         print(f"{key:22s} {ms if isinstance(ms, str) else f'{ms:8.2f}'}")
