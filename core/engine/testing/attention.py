@@ -11,7 +11,7 @@ extend chunks mixed with a new request, then decode steps, checking:
 * no read of a slot the batch does not own: unwritten slots are poisoned with NaN first (the
   reserved padding page holds large finite garbage instead; backends may read and mask it).
 
-Cases: page sizes 1 and 16, GQA ratios 1, 3, 4, head dims 64 and 128; float32 on CPU
+Cases: page sizes 1 and 16 (and 64 on CUDA), GQA ratios 1, 3, 4, head dims 64 and 128; float32 on CPU
 (tolerance 1e-4 abs + 1e-4 rel), bfloat16 on CUDA (2e-2 abs + 2e-2 rel). Pages are handed out
 shuffled, so a request's pages are never contiguous.
 """
@@ -33,6 +33,7 @@ TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2),
               torch.float16: (5e-3, 5e-3)}
 NUM_LAYERS, NUM_KV_HEADS = 2, 2
 PAGE_SIZES, GQA_RATIOS, HEAD_DIMS = (1, 16), (1, 3, 4), (64, 128)
+GPU_EXTRA_PAGE_SIZES = (64,)  #: also run on CUDA
 
 
 def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
@@ -57,6 +58,7 @@ class _Case:
         self.specs = [AttentionLayerSpec(i, hq, NUM_KV_HEADS, head_dim, head_dim ** -0.5)
                       for i in range(NUM_LAYERS)]
         pages = 64 if page_size == 1 else 40
+        width = max(256, 8 * page_size + 32)  # the longest request: 6 pages + a few tokens
         num_slots = pages * page_size if page_size > 1 else 512
         self.pool = KVPool(num_layers=NUM_LAYERS, num_kv_heads=NUM_KV_HEADS, head_dim=head_dim,
                            num_slots=num_slots, page_size=page_size, dtype=dtype, device=device)
@@ -66,10 +68,10 @@ class _Case:
         mc = ModelConfig(architecture="LlamaForCausalLM", hidden_size=hq * head_dim,
                          intermediate_size=4, num_hidden_layers=NUM_LAYERS,
                          num_attention_heads=hq, num_key_value_heads=NUM_KV_HEADS,
-                         head_dim=head_dim, vocab_size=8, max_position_embeddings=256)
+                         head_dim=head_dim, vocab_size=8, max_position_embeddings=width)
         self.backend = make_backend(pool=self.pool, model_config=mc,
                                     config=ServerConfig(page_size=page_size, device=device.type))
-        r2t = torch.zeros((8, 256), dtype=torch.int64, device=device)
+        r2t = torch.zeros((8, width), dtype=torch.int64, device=device)
         self.builder = BatchBuilder(r2t, num_slots, page_size, shuffle=True, seed=seed)
         self.kv: dict[int, list[tuple[list[torch.Tensor], list[torch.Tensor]]]] = {}
         self.tol = TOLERANCES[dtype]
@@ -142,7 +144,9 @@ def check(name: str, make_backend: Callable[..., Any],
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     failures: list[str] = []
-    combos = itertools.product(PAGE_SIZES, GQA_RATIOS, HEAD_DIMS)
+    extra = GPU_EXTRA_PAGE_SIZES if dev.type == "cuda" else ()
+    page_sizes = PAGE_SIZES + tuple(p for p in extra if p not in PAGE_SIZES)
+    combos = itertools.product(page_sizes, GQA_RATIOS, HEAD_DIMS)
     for seed, (ps, ratio, dim) in enumerate(combos):
         label = f"{name} page_size={ps} gqa={ratio} head_dim={dim} {str(dtype)[6:]}"
         try:
