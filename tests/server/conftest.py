@@ -1,12 +1,14 @@
 """Real ``engine serve`` subprocesses with the default model, shared by the server tests.
 
-Two servers start side by side once per session (their model loads overlap), both on the
+Three servers start side by side once per session (their model loads overlap), all on the
 reference attention backend (``torch_native``) so that these tests measure the serving layer:
 
 * ``main``: default scheduling (prefill chunk 2048), 16 running requests;
 * ``aux``: ``--chunked-prefill-size 16``, ``--max-queued-requests 2``, two running requests
   ``--api-key`` and ``--tool-call-parser qwen3_coder``, for the chunking, 503, 401 and
-  tool-choice checks.
+  tool-choice checks;
+* ``parsers``: ``--reasoning-parser qwen3 --tool-call-parser hermes``, for the reasoning and
+  tool-call wiring of chat completions.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ def servers() -> dict[str, Server]:
         start_server("aux", "--chunked-prefill-size", "16", "--max-queued-requests", "2",
                      "--max-running-requests", "2", "--api-key", API_KEY,
                      "--tool-call-parser", "qwen3_coder"),
+        start_server("parsers", "--max-running-requests", "4", "--reasoning-parser", "qwen3",
+                     "--tool-call-parser", "hermes"),
     ]
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -114,3 +118,8 @@ def main_server(servers: dict[str, Server]) -> Server:
 @pytest.fixture(scope="session")
 def aux_server(servers: dict[str, Server]) -> Server:
     return servers["aux"]
+
+
+@pytest.fixture(scope="session")
+def parser_server(servers: dict[str, Server]) -> Server:
+    return servers["parsers"]

@@ -3,7 +3,9 @@
 Chat responses pass the generated text through the parser pipeline
 (:mod:`engine.parsers.api`) when ``--reasoning-parser`` is set, or ``--tool-call-parser`` is set
 and the request has ``tools`` (and ``tool_choice`` is not ``none``); otherwise the text is the
-message content as is. That is the one seam where reasoning and tool calls are split out.
+message content as is. That is the one seam where reasoning and tool calls are split out:
+:func:`chat_message` builds a whole message, :class:`ChatDeltas` the streamed deltas of the
+same message (their concatenation equals it, tool-call ids aside).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from engine.parsers.api import MessageStream, parse_message
 from engine.runtime.frontend import RequestError
 from engine.server.generation import Generation, SeqState, internal_failure, usage
 from engine.server.protocol import (ChatCompletionRequest, CompletionRequest,
@@ -136,25 +139,7 @@ class OpenAIServing:
     # ------------------------------------------------------------------ chat
 
     def _chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
-        messages = []
-        for m in body.messages:
-            msg = m.model_dump(exclude_none=True)
-            if isinstance(m.content, list):
-                parts = []
-                for part in m.content:
-                    if part.get("type") != "text":
-                        raise RequestError(f"message content of type {part.get('type')!r} is "
-                                           "not supported (text only)", param="messages")
-                    parts.append(str(part.get("text", "")))
-                msg["content"] = "".join(parts)
-            for call in msg.get("tool_calls") or ():
-                fn = call.get("function") or {}
-                if isinstance(fn.get("arguments"), str):  # templates expect a mapping
-                    try:
-                        fn["arguments"] = json.loads(fn["arguments"])
-                    except json.JSONDecodeError:
-                        pass
-            messages.append(msg)
+        messages = template_messages(body)
         kwargs = dict(body.chat_template_kwargs or {})
         if body.reasoning_effort is not None:
             kwargs.setdefault("reasoning_effort", body.reasoning_effort)
@@ -203,20 +188,6 @@ class OpenAIServing:
                                param="tool_choice")
         return name
 
-    def _parser_kwargs(self, body: ChatCompletionRequest) -> dict[str, Any] | None:
-        """Arguments of the parser pipeline, or None when the text is returned as is."""
-        cfg = self.state.config
-        use_tools = bool(cfg.tool_call_parser and body.tools and body.tool_choice != "none")
-        if not cfg.reasoning_parser and not use_tools:
-            return None
-        return {"reasoning_parser": cfg.reasoning_parser,
-                "tool_parser": cfg.tool_call_parser if use_tools else None,
-                "tools": body.tools if use_tools else None,
-                "chat_template_kwargs": body.chat_template_kwargs,
-                "reasoning_effort": body.reasoning_effort,
-                "chat_template": self.tok.chat_template,
-                "separate_reasoning": body.separate_reasoning}
-
     def _chat_logprobs(self, s: SeqState, start: int = 0) -> dict[str, Any]:
         def entry(tid: int, lp: float) -> dict[str, Any]:
             text = self._token_text(tid)
@@ -242,7 +213,9 @@ class OpenAIServing:
                          prompt_param="messages",
                          max_tokens_param="max_completion_tokens"
                          if body.max_completion_tokens is not None else "max_tokens")
-        pkw = self._parser_kwargs(body)
+        cfg = self.state.config
+        pkw = parser_kwargs(body, cfg.reasoning_parser, cfg.tool_call_parser,
+                            self.tok.chat_template)
         cid, created = f"chatcmpl-{gen.rid}", int(time.time())
         if body.stream:
             return StreamingResponse(self._stream_chat(gen, body, model, cid, created, pkw,
@@ -254,19 +227,7 @@ class OpenAIServing:
             raise RequestError(failed, status=500, type="internal_error")
         choices = []
         for s in states:
-            message: dict[str, Any] = {"role": "assistant", "content": s.text}
-            reason = finish_reason(s)
-            if pkw is not None:
-                from engine.parsers.api import parse_message
-
-                parsed = parse_message(s.text, **pkw)
-                calls = _forced_calls(parsed["tool_calls"], forced)
-                message = {"role": "assistant", "content": parsed["content"] or "",
-                           "reasoning_content": parsed["reasoning_content"]}
-                if calls:
-                    message["tool_calls"] = calls
-                    if reason == "stop":
-                        reason = "tool_calls"
+            message, reason = chat_message(s.text, finish_reason(s), pkw, forced)
             choices.append({"index": s.index, "message": message,
                             "logprobs": self._chat_logprobs(s) if sp.logprobs else None,
                             "finish_reason": reason,
@@ -280,9 +241,7 @@ class OpenAIServing:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         head = {"id": cid, "object": "chat.completion.chunk", "created": created,
                 "model": model}
-        streams: dict[int, Any] = {}
-        called: dict[int, bool] = {}
-        dropped: set[tuple[int, Any]] = set()
+        choices: dict[int, ChatDeltas] = {}
 
         def chunk(index: int, delta: dict[str, Any], reason: str | None = None,
                   logprobs: Any = None) -> str:
@@ -291,39 +250,13 @@ class OpenAIServing:
 
         for s in gen.states:
             yield chunk(s.index, {"role": "assistant", "content": ""})
-            if pkw is not None:
-                from engine.parsers.api import MessageStream
-
-                streams[s.index] = MessageStream(**pkw)
+            choices[s.index] = ChatDeltas(pkw, forced)
         async for s, out in gen:
             lp = None
             if out.logprobs:
                 lp = self._chat_logprobs(s, len(s.token_ids) - len(out.token_ids))
-            deltas = []
-            stream = streams.get(s.index)
-            if stream is None:
-                if out.text:
-                    deltas.append({"content": out.text})
-            else:
-                if out.text:
-                    deltas.append(stream.feed(out.text))
-                if out.finished:
-                    deltas.append(stream.finish())
-            for d in deltas:
-                if d.get("tool_calls"):
-                    kept = []
-                    for c in d["tool_calls"]:
-                        key = (s.index, c.get("index"))
-                        if "id" in c and forced and c.get("function", {}).get("name") != forced:
-                            dropped.add(key)
-                        if key not in dropped:
-                            kept.append(c)
-                    if kept:
-                        d["tool_calls"] = kept
-                        called[s.index] = True
-                    else:
-                        del d["tool_calls"]
-            deltas = [d for d in deltas if d]
+            choice = choices[s.index]
+            deltas = choice.feed(out.text, finished=out.finished)
             for i, d in enumerate(deltas):
                 yield chunk(s.index, d, logprobs=lp if i == 0 else None)
             if lp is not None and not deltas:
@@ -333,12 +266,9 @@ class OpenAIServing:
                 if failed:
                     yield sse(error_body(failed, type="internal_error"))
                     continue
-                if forced is not None and not called.get(s.index):
-                    yield sse(error_body(_no_call_message(forced), param="tool_choice",
-                                         code="tool_call_missing"))
-                reason = finish_reason(s)
-                if called.get(s.index) and reason == "stop":
-                    reason = "tool_calls"
+                reason, error = choice.close(finish_reason(s))
+                if error is not None:
+                    yield sse(error)
                 yield chunk(s.index, {}, reason)
         if include_usage:
             yield sse({**head, "choices": [], "usage": usage(gen.states)})
@@ -361,3 +291,130 @@ def _forced_calls(calls: list[dict[str, Any]], forced: str | None) -> list[dict[
                            code="tool_call_missing")
     return calls
 
+
+# ---------------------------------------------------------------------- chat messages
+
+
+def template_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The request's messages as the chat template receives them.
+
+    Text parts of a list ``content`` are joined (other parts are refused); a missing or null
+    ``content`` (an assistant turn that only calls tools) becomes ``""``, which every template
+    can concatenate; ``tool_calls[].function.arguments`` given as a JSON text (as OpenAI clients
+    send it back) becomes the mapping that templates iterate or re-serialize. ``tool`` messages
+    and ``tool_call_id`` pass through unchanged; what the template makes of them is its own
+    business (SmolLM2's renders a ``tool`` turn like any other and ignores ``tool_calls``).
+    """
+    messages = []
+    for m in body.messages:
+        msg = m.model_dump(exclude_none=True)
+        if isinstance(m.content, list):
+            parts = []
+            for part in m.content:
+                if part.get("type") != "text":
+                    raise RequestError(f"message content of type {part.get('type')!r} is "
+                                       "not supported (text only)", param="messages")
+                parts.append(str(part.get("text", "")))
+            msg["content"] = "".join(parts)
+        msg.setdefault("content", "")
+        for call in msg.get("tool_calls") or ():
+            fn = call.get("function") or {}
+            if isinstance(fn.get("arguments"), str):
+                try:
+                    fn["arguments"] = json.loads(fn["arguments"])
+                except json.JSONDecodeError:
+                    pass
+        messages.append(msg)
+    return messages
+
+
+def parser_kwargs(body: ChatCompletionRequest, reasoning_parser: str | None,
+                  tool_call_parser: str | None,
+                  chat_template: str | None) -> dict[str, Any] | None:
+    """Arguments of the parser pipeline for one request, or None when the text is returned as
+    is (no reasoning parser, and no tool parser in use: no ``tools``, or ``tool_choice`` is
+    ``none``). The request's ``chat_template_kwargs`` and ``reasoning_effort`` decide whether
+    reasoning is on (fact sheet §0.2)."""
+    use_tools = bool(tool_call_parser and body.tools and body.tool_choice != "none")
+    if not reasoning_parser and not use_tools:
+        return None
+    return {"reasoning_parser": reasoning_parser,
+            "tool_parser": tool_call_parser if use_tools else None,
+            "tools": body.tools if use_tools else None,
+            "chat_template_kwargs": body.chat_template_kwargs,
+            "reasoning_effort": body.reasoning_effort,
+            "chat_template": chat_template,
+            "separate_reasoning": body.separate_reasoning}
+
+
+def chat_message(text: str, reason: str | None, pkw: dict[str, Any] | None,
+                 forced: str | None) -> tuple[dict[str, Any], str | None]:
+    """The non-streamed assistant message of one choice and its finish reason.
+
+    Without a pipeline (``pkw`` None) the text is the content. Otherwise ``content`` holds the
+    normal text only (None when empty), ``reasoning_content`` the reasoning (None when there is
+    none), and ``tool_calls`` (present only when there are calls) the parsed calls; a ``stop``
+    becomes ``tool_calls`` when there are calls. ``forced`` as :class:`ChatDeltas`: a missing
+    required call raises :class:`RequestError` (400, ``param: tool_choice``).
+    """
+    if pkw is None:
+        return {"role": "assistant", "content": text}, reason
+    parsed = parse_message(text, **pkw)
+    calls = _forced_calls(parsed["tool_calls"], forced)
+    message: dict[str, Any] = {"role": "assistant", "content": parsed["content"],
+                               "reasoning_content": parsed["reasoning_content"]}
+    if calls:
+        message["tool_calls"] = calls
+        if reason == "stop":
+            reason = "tool_calls"
+    return message, reason
+
+
+class ChatDeltas:
+    """The streamed deltas of one chat choice; they add up to :func:`chat_message`'s message.
+
+    ``forced``: None (no call required), ``""`` (``tool_choice: required``) or the tool name a
+    named ``tool_choice`` gives; with a name, calls to other tools are left out of the stream
+    (as :func:`chat_message` leaves them out). ``feed(text, finished=...)`` per decoded output
+    returns the non-empty deltas it makes certain; ``close(reason)`` returns the final finish
+    reason (``tool_calls`` after a call, in place of ``stop``) and the error event to send when
+    a required call is missing (None otherwise).
+    """
+
+    def __init__(self, pkw: dict[str, Any] | None, forced: str | None) -> None:
+        self.forced = forced
+        self.stream = MessageStream(**pkw) if pkw is not None else None
+        self.called = False
+        self._dropped: set[int] = set()
+
+    def feed(self, text: str, *, finished: bool = False) -> list[dict[str, Any]]:
+        if self.stream is None:
+            return [{"content": text}] if text else []
+        deltas = [self.stream.feed(text)] if text else []
+        if finished:
+            deltas.append(self.stream.finish())
+        return [d for d in map(self._keep_forced, deltas) if d]
+
+    def _keep_forced(self, delta: dict[str, Any]) -> dict[str, Any]:
+        calls = delta.pop("tool_calls", None)
+        if not calls:
+            return delta
+        kept = []
+        for c in calls:
+            if "id" in c and self.forced and c["function"].get("name") != self.forced:
+                self._dropped.add(c["index"])
+            if c["index"] not in self._dropped:
+                kept.append(c)
+        if kept:
+            delta["tool_calls"] = kept
+            self.called = True
+        return delta
+
+    def close(self, reason: str | None) -> tuple[str | None, dict[str, Any] | None]:
+        error = None
+        if self.forced is not None and not self.called:
+            error = error_body(_no_call_message(self.forced), param="tool_choice",
+                               code="tool_call_missing")
+        if self.called and reason == "stop":
+            reason = "tool_calls"
+        return reason, error
