@@ -39,6 +39,7 @@ from engine.parsers.toolkit import (
     JsonStreamer,
     StreamingToolParser,
     match_token,
+    next_token,
     skip_ws,
 )
 
@@ -87,6 +88,32 @@ class JsonNamedObjectStreamer(JsonStreamer):
 # --------------------------------------------------------------------------- JSON in tags
 
 
+def _feed_call(text: str, block: Block, call: CallState, *, publish: bool) -> bool:
+    """Feed ``text`` from ``block.scan`` to the call's :class:`JsonCallStreamer`, copying its
+    name and settled arguments to ``call`` when ``publish``. True once the object is complete;
+    a failed or invalid one marks the block invalid."""
+    js: JsonCallStreamer = call.data
+    block.scan = js.feed(text, block.scan)
+    if publish:
+        if call.name is None and js.name is not None:
+            call.name = js.name
+        call.arguments = js.arguments
+    if js.failed or js.invalid:
+        block.invalid = True
+        return False
+    return js.done
+
+
+def _expect(text: str, block: Block, token: str, final: bool) -> int | None:
+    """The index after ``token`` where it follows ``block.scan`` (after whitespace). None tells
+    ``advance`` to return: more text may bring it, or it is missing and the block is malformed."""
+    j = match_token(text, skip_ws(text, block.scan), token, final)
+    if j is not None and j < 0:
+        block.invalid = True
+        return None
+    return j
+
+
 class JsonTagParser(StreamingToolParser):
     """``<start> {"name": ..., "arguments": {...}} <end>``; one call per block.
 
@@ -110,15 +137,8 @@ class JsonTagParser(StreamingToolParser):
         call = block.calls[0]
         js: JsonCallStreamer = call.data
         if not js.done:
-            block.scan = js.feed(text, block.scan)
-            if self.incremental:  # publish before judging, so every chunking decides alike
-                if call.name is None and js.name is not None:
-                    call.name = js.name
-                call.arguments = js.arguments
-            if js.failed or js.invalid:
-                block.invalid = True
-                return
-            if not js.done:
+            # publish before judging, so every chunking decides alike
+            if not _feed_call(text, block, call, publish=self.incremental):
                 return
             if js.name is None or not self.accept(js.name):
                 block.invalid = True
@@ -364,15 +384,7 @@ class JsonSequenceParser(StreamingToolParser):
                 block.calls.append(call)
                 block.scan = i
             call = block.calls[-1]
-            js = call.data
-            block.scan = js.feed(text, block.scan)
-            if call.name is None and js.name is not None:
-                call.name = js.name
-            call.arguments = js.arguments
-            if js.failed or js.invalid:
-                block.invalid = True
-                return
-            if not js.done:
+            if not _feed_call(text, block, call, publish=True):
                 return
             if call.name is None:
                 block.invalid = True
@@ -407,19 +419,10 @@ class SectionParser(StreamingToolParser):
         while True:
             phase = getattr(block, "phase", "between")
             if phase == "between":
-                i = skip_ws(text, block.scan)
-                for tok in (self.call_begin, *self.section_end):
-                    j = match_token(text, i, tok, final)
-                    if j is None:
-                        return
-                    if j >= 0:
-                        break
-                else:
-                    if final and i >= len(text) and block.calls:
-                        block.end = block.calls[-1].end
-                    else:
-                        block.invalid = True
+                found = next_token(text, block, (self.call_begin, *self.section_end), final)
+                if found is None:
                     return
+                i, tok, j = found
                 if tok != self.call_begin:
                     block.end = j
                     return
@@ -451,21 +454,13 @@ class SectionParser(StreamingToolParser):
                 call.done, call.end = True, block.scan
                 block.phase = "trailer" if self.args_trailer else "close"
             elif phase == "trailer":
-                i = skip_ws(text, block.scan)
-                j = match_token(text, i, self.args_trailer, final)
+                j = _expect(text, block, self.args_trailer, final)
                 if j is None:
-                    return
-                if j < 0:
-                    block.invalid = True
                     return
                 block.scan, block.phase = j, "close"
             else:  # close
-                i = skip_ws(text, block.scan)
-                j = match_token(text, i, self.call_end, final)
+                j = _expect(text, block, self.call_end, final)
                 if j is None:
-                    return
-                if j < 0:
-                    block.invalid = True
                     return
                 block.calls[-1].end = j
                 block.scan, block.phase = j, "between"

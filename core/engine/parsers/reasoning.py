@@ -4,6 +4,8 @@
   incremental ``_step``; ``parse`` is ``feed(text)`` + ``finish()``, so whole and streamed results
   agree by construction. It also implements ``stream_reasoning=False`` (reasoning buffered until
   it closes) and ``force_nonempty_content`` (fact sheet §0.3).
+* :class:`MarkerStateParser` with :func:`take_until` and :func:`strip_leading`: the loop and
+  marker scanning of hand-written state machines (the plugins' channel formats).
 * :class:`TagReasoningParser`: the ``<start>``…``<end>`` splitter with optional tool-start markers
   (implicit close of reasoning), forcing, and the newline-trimming Granite variant.
 * :class:`ReasoningPolicy` and :func:`template_policy`: whether reasoning is on for a request
@@ -49,6 +51,30 @@ def find_first(text: str, markers: Iterable[str], start: int = 0) -> tuple[int, 
         if i != -1 and (best == -1 or i < best or (i == best and len(m) > len(found))):
             best, found = i, m
     return best, found
+
+
+def take_until(buf: str, markers: tuple[str, ...], final: bool, out: list[str]) -> tuple[str, str]:
+    """Move the text of ``buf`` before the earliest of ``markers`` into ``out``.
+
+    Returns ``(marker, rest)``. With a marker found, ``rest`` starts at that marker. Otherwise
+    ``marker`` is ``""`` and ``rest`` is the tail held back because it may still grow into a
+    marker (nothing is held when ``final``)."""
+    i, m = find_first(buf, markers)
+    if i == -1:
+        keep = 0 if final else partial_tail(buf, markers)
+        out.append(buf[: len(buf) - keep])
+        return "", buf[len(buf) - keep:]
+    out.append(buf[:i])
+    return m, buf[i:]
+
+
+def strip_leading(buf: str, marker: str, final: bool) -> tuple[str, bool, bool]:
+    """Remove copies of ``marker`` from the start of ``buf``: ``(rest, stripped, wait)``, where
+    ``wait`` says that ``rest`` may still grow into another copy (more text is needed)."""
+    stripped = False
+    while buf.startswith(marker):
+        buf, stripped = buf[len(marker):], True
+    return buf, stripped, not final and marker.startswith(buf)
 
 
 # --------------------------------------------------------------------------- base
@@ -156,6 +182,32 @@ class PassthroughReasoningParser(StreamingReasoningParser):
         if out and self.prefix:
             out, self.prefix = self.prefix + out, ""
         return "", out
+
+
+class MarkerStateParser(StreamingReasoningParser):
+    """Base of hand-written marker state machines: subclasses implement :meth:`_advance`.
+
+    ``self._state`` starts at ``0``; ``_step`` calls ``_advance`` until it asks for more text,
+    and joins what it decided.
+    """
+
+    def __init__(self, **base: Any) -> None:
+        super().__init__(**base)
+        self._state = 0
+
+    @abstractmethod
+    def _advance(self, buf: str, final: bool, r: list[str], c: list[str]) -> tuple[str, bool]:
+        """One move from ``self._state`` over ``buf``: append decided reasoning to ``r`` and
+        content to ``c``; return ``(the rest of buf, whether to go on)``."""
+
+    def _step(self, final: bool) -> tuple[str, str]:
+        r: list[str] = []
+        c: list[str] = []
+        buf, more = self._buf, True
+        while more:
+            buf, more = self._advance(buf, final, r, c)
+        self._buf = buf
+        return "".join(r), "".join(c)
 
 
 # --------------------------------------------------------------------------- <start>...<end>

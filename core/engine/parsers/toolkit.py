@@ -108,6 +108,7 @@ __all__ = [
     "dump_arguments",
     "loads_object",
     "match_token",
+    "next_token",
     "skip_ws",
 ]
 
@@ -225,6 +226,13 @@ class JsonStreamer:
     def _fail(self) -> None:
         self._state = _FAIL
 
+    def _close_container(self, ch: str) -> bool:
+        """Write the innermost container's closing ``ch`` and pop it; whether the value is done."""
+        self._stack.pop()
+        self.out += ch
+        self._value_done()
+        return self._state == _DONE
+
     def feed(self, text: str, start: int = 0, stop: int | None = None) -> int:
         if stop is None:
             stop = len(text)
@@ -320,11 +328,8 @@ class JsonStreamer:
                 continue
             if st == _VALUE or st == _ARR_FIRST:
                 if st == _ARR_FIRST and c == "]":
-                    stack.pop()
-                    self.out += "]"
                     i += 1
-                    self._value_done()
-                    if self._state == _DONE:
+                    if self._close_container("]"):
                         return i
                     continue
                 if not stack and self._require_object and c != "{":
@@ -365,11 +370,8 @@ class JsonStreamer:
                     i += 1
                     continue
                 if st == _KEY_FIRST and c == "}":
-                    stack.pop()
-                    self.out += "}"
                     i += 1
-                    self._value_done()
-                    if self._state == _DONE:
+                    if self._close_container("}"):
                         return i
                     continue
                 self._fail()
@@ -390,11 +392,8 @@ class JsonStreamer:
                     i += 1
                     continue
                 if (c == "}" and top == "{") or (c == "]" and top == "["):
-                    stack.pop()
-                    self.out += c
                     i += 1
-                    self._value_done()
-                    if self._state == _DONE:
+                    if self._close_container(c):
                         return i
                     continue
                 self._fail()
@@ -568,6 +567,27 @@ class Block:
         #: when set, a block closing without surfaced calls yields this content instead of its
         #: raw text (e.g. ``""`` to consume framing such as a channel header)
         self.replace: str | None = None
+
+
+def next_token(
+    text: str, block: Block, tokens: tuple[str, ...], final: bool
+) -> tuple[int, str, int] | None:
+    """Which of ``tokens`` comes next in a block's call sequence (after whitespace from
+    ``block.scan``): ``(where, token, index after it)``. ``None`` tells ``advance`` to return:
+    more text may decide it, or none of them is there, and then the block ends after its last
+    call (when the text ends right there) or is malformed."""
+    i = skip_ws(text, block.scan)
+    for tok in tokens:
+        j = match_token(text, i, tok, final)
+        if j is None:
+            return None
+        if j >= 0:
+            return i, tok, j
+    if final and i >= len(text) and block.calls:
+        block.end = block.calls[-1].end
+    else:
+        block.invalid = True
+    return None
 
 
 class StreamingToolParser(ToolParser):

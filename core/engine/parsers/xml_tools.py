@@ -403,6 +403,29 @@ def json_calls(body: str, lists: bool = False) -> list[ParsedCall] | None:
     return [ParsedCall(c[0], c[1]) for c in calls if c is not None]
 
 
+def _body_calls(
+    body: str,
+    at: int,
+    json_ok: bool,
+    read: Callable[[str, int], tuple[tuple[str, dict[str, Any]], int] | None],
+) -> list[ParsedCall] | None:
+    """The calls of a region body (``at``: its absolute offset): one JSON call object when
+    ``json_ok`` and it starts with ``{``, else a whitespace-separated run of calls, each read by
+    ``read(body, pos)`` -> ``((name, args), end)``, or None when malformed."""
+    if json_ok and body.strip().startswith("{"):
+        return json_calls(body)
+    calls: list[ParsedCall] = []
+    pos = skip_ws(body, 0)
+    while pos < len(body):
+        found = read(body, pos)
+        if found is None:
+            return None
+        (name, args), end = found
+        calls.append(ParsedCall(name, args, at + pos, at + end))
+        pos = skip_ws(body, end)
+    return calls or None
+
+
 class XmlFormat(ABC):
     """A wire format: the markers that open a region and how a region resolves.
 
@@ -558,18 +581,7 @@ class InvokeFormat(XmlFormat):
         if opener not in dict(self.blocks):
             call = self._invoke_rest(ctx, body)
             return None if call is None else [ParsedCall(*call)]
-        if self.block_json and body.strip().startswith("{"):
-            return json_calls(body)
-        calls: list[ParsedCall] = []
-        pos = skip_ws(body, 0)
-        while pos < len(body):
-            found = self._wrapped_invoke(ctx, body, pos)
-            if found is None:
-                return None
-            (name, args), end = found
-            calls.append(ParsedCall(name, args, at + pos, at + end))
-            pos = skip_ws(body, end)
-        return calls or None
+        return _body_calls(body, at, self.block_json, lambda b, p: self._wrapped_invoke(ctx, b, p))
 
     def _wrapped_invoke(
         self, ctx: ToolContext, body: str, pos: int
@@ -702,18 +714,7 @@ class FunctionFormat(XmlFormat):
         if opener != self.wrapper[0]:  # a bare repaired function: body follows "<function="
             found = self._function(ctx, "<function=" + body + "</function>", 0)
             return None if found is None else [ParsedCall(*found[0])]
-        if self.json_body and body.strip().startswith("{"):
-            return json_calls(body)
-        calls: list[ParsedCall] = []
-        pos = skip_ws(body, 0)
-        while pos < len(body):
-            found = self._function(ctx, body, pos)
-            if found is None:
-                return None
-            (name, args), end = found
-            calls.append(ParsedCall(name, args, at + pos, at + end))
-            pos = skip_ws(body, end)
-        return calls or None
+        return _body_calls(body, at, self.json_body, lambda b, p: self._function(ctx, b, p))
 
     def _header(self, text: str, pos: int, word: str) -> tuple[str, int] | None:
         """``<word=X>`` (or repaired forms) at ``pos`` -> (X, index after the header)."""

@@ -9,55 +9,33 @@ Partial markers are held back.
 
 from __future__ import annotations
 
-from engine.parsers.reasoning import (
-    ParserFactory,
-    StreamingReasoningParser,
-    find_first,
-    partial_tail,
-)
+from engine.parsers.reasoning import MarkerStateParser, ParserFactory, take_until
 from engine.plugins import hookimpl
 
 INNER_PREFIX, INNER_SUFFIX = "<|inner_prefix|>", "<|inner_suffix|>"
 TOOLS_PREFIX, TOOLS_SUFFIX = "<|tools_prefix|>", "<|tools_suffix|>"
 
 _TEXT, _THINK, _TOOL = range(3)
+_MARKERS = {_TEXT: (INNER_PREFIX,), _THINK: (INNER_SUFFIX, TOOLS_PREFIX), _TOOL: (TOOLS_SUFFIX,)}
 
 
-class Apertus2509ReasoningParser(StreamingReasoningParser):
+class Apertus2509ReasoningParser(MarkerStateParser):
     """Splits Apertus output (see the module docstring)."""
 
-    def __init__(self, **base) -> None:
-        super().__init__(**base)
-        self._state = _TEXT
-
-    def _step(self, final: bool) -> tuple[str, str]:
-        r: list[str] = []
-        c: list[str] = []
-        buf = self._buf
-        while True:
-            st = self._state
-            markers = {_TEXT: (INNER_PREFIX,), _THINK: (INNER_SUFFIX, TOOLS_PREFIX),
-                       _TOOL: (TOOLS_SUFFIX,)}[st]
-            out = r if st == _THINK else c
-            i, m = find_first(buf, markers)
-            if i == -1:
-                keep = 0 if final else partial_tail(buf, markers)
-                out.append(buf[: len(buf) - keep])
-                buf = buf[len(buf) - keep:]
-                break
-            out.append(buf[:i])
-            if m == INNER_PREFIX:
-                buf, self._state, self._reasoning_open = buf[i + len(m):], _THINK, True
-            elif m == INNER_SUFFIX:
-                buf, self._state, self._reasoning_open = buf[i + len(m):], _TEXT, False
-            elif m == TOOLS_PREFIX:
-                c.append(m)
-                buf, self._state = buf[i + len(m):], _TOOL
-            else:
-                c.append(m)
-                buf, self._state = buf[i + len(m):], _THINK
-        self._buf = buf
-        return "".join(r), "".join(c)
+    def _advance(self, buf: str, final: bool, r: list[str], c: list[str]) -> tuple[str, bool]:
+        st = self._state
+        m, buf = take_until(buf, _MARKERS[st], final, r if st == _THINK else c)
+        if not m:
+            return buf, False
+        buf = buf[len(m):]
+        if m == INNER_PREFIX:
+            self._state, self._reasoning_open = _THINK, True
+        elif m == INNER_SUFFIX:
+            self._state, self._reasoning_open = _TEXT, False
+        else:  # a tool block passes into content, framing included
+            c.append(m)
+            self._state = _TOOL if m == TOOLS_PREFIX else _THINK
+        return buf, True
 
 
 @hookimpl

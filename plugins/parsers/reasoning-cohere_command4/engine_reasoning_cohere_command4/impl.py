@@ -11,10 +11,10 @@ Text between blocks after thinking is kept as content. Partial markers are held 
 from __future__ import annotations
 
 from engine.parsers.reasoning import (
+    MarkerStateParser,
     ParserFactory,
-    StreamingReasoningParser,
-    find_first,
-    partial_tail,
+    strip_leading,
+    take_until,
 )
 from engine.plugins import hookimpl
 
@@ -25,51 +25,33 @@ OUT_MARKERS = (START_TEXT, START_ACTION)
 TEXT_MARKERS = (END_TEXT, START_ACTION)
 
 _LEAD, _THINK, _OUT, _TEXT, _RAW = range(5)
+_MARKERS = {_THINK: THINK_ENDS, _OUT: OUT_MARKERS, _TEXT: TEXT_MARKERS}
 
 
-class CohereCommand4ReasoningParser(StreamingReasoningParser):
+class CohereCommand4ReasoningParser(MarkerStateParser):
     """Splits Command A output (see the module docstring)."""
 
-    def __init__(self, **base) -> None:
-        super().__init__(**base)
-        self._state = _LEAD
-
-    def _step(self, final: bool) -> tuple[str, str]:
-        r: list[str] = []
-        c: list[str] = []
-        buf = self._buf
-        while True:
-            st = self._state
-            if st == _LEAD:
-                if buf.startswith(START_THINKING):
-                    buf = buf[len(START_THINKING):]
-                    continue
-                if not final and START_THINKING.startswith(buf):
-                    break
+    def _advance(self, buf: str, final: bool, r: list[str], c: list[str]) -> tuple[str, bool]:
+        st = self._state
+        if st == _LEAD:
+            buf, _, wait = strip_leading(buf, START_THINKING, final)
+            if not wait:
                 self._state = _THINK
-                continue
-            if st == _RAW:
-                c.append(buf)
-                buf = ""
-                break
-            markers = {_THINK: THINK_ENDS, _OUT: OUT_MARKERS, _TEXT: TEXT_MARKERS}[st]
-            out = r if st == _THINK else c
-            i, m = find_first(buf, markers)
-            if i == -1:
-                keep = 0 if final else partial_tail(buf, markers)
-                out.append(buf[: len(buf) - keep])
-                buf = buf[len(buf) - keep:]
-                break
-            out.append(buf[:i])
-            if st == _THINK:
-                self._reasoning_open = False
-            if m == START_ACTION:
-                buf, self._state = buf[i:], _RAW
-            else:
-                buf = buf[i + len(m):]
-                self._state = _TEXT if m == START_TEXT else _OUT
-        self._buf = buf
-        return "".join(r), "".join(c)
+            return buf, not wait
+        if st == _RAW:
+            c.append(buf)
+            return "", False
+        m, buf = take_until(buf, _MARKERS[st], final, r if st == _THINK else c)
+        if not m:
+            return buf, False
+        if st == _THINK:
+            self._reasoning_open = False
+        if m == START_ACTION:
+            self._state = _RAW
+        else:
+            buf = buf[len(m):]
+            self._state = _TEXT if m == START_TEXT else _OUT
+        return buf, True
 
 
 @hookimpl

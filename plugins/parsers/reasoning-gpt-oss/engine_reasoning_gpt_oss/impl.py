@@ -14,12 +14,7 @@ from __future__ import annotations
 
 import re
 
-from engine.parsers.reasoning import (
-    ParserFactory,
-    StreamingReasoningParser,
-    find_first,
-    partial_tail,
-)
+from engine.parsers.reasoning import MarkerStateParser, ParserFactory, take_until
 from engine.plugins import hookimpl
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
@@ -32,60 +27,44 @@ _RECIPIENT = re.compile(r"\bto=[^\s<]+")
 _OUT, _HEADER, _BODY = range(3)
 
 
-class HarmonyReasoningParser(StreamingReasoningParser):
+class HarmonyReasoningParser(MarkerStateParser):
     """Splits a Harmony channel stream (see the module docstring)."""
 
     def __init__(self, **base) -> None:
         super().__init__(**base)
-        self._state = _OUT
         self._kind = ""  # body route: "reasoning", "content", "tool" or "skip"
         self._raw = ""  # a tool message held until its terminator
 
-    def _step(self, final: bool) -> tuple[str, str]:
-        r: list[str] = []
-        c: list[str] = []
-        buf = self._buf
-        while True:
-            if self._state == _OUT:
-                i, m = find_first(buf, OUTSIDE_MARKERS)
-                if i == -1:
-                    keep = 0 if final else partial_tail(buf, OUTSIDE_MARKERS)
-                    c.append(buf[: len(buf) - keep])
-                    buf = buf[len(buf) - keep:]
-                    break
-                c.append(buf[:i])
-                if m in TERMINATORS:
-                    buf = buf[i + len(m):]
-                else:
-                    buf = buf[i:]
-                    self._state = _HEADER
-            elif self._state == _HEADER:
-                i = buf.find(MESSAGE)
-                if i == -1:
-                    if final:
-                        buf = ""
-                    break
-                self._open(buf[:i])
-                buf = buf[i + len(MESSAGE):]
+    def _advance(self, buf: str, final: bool, r: list[str], c: list[str]) -> tuple[str, bool]:
+        if self._state == _OUT:
+            m, buf = take_until(buf, OUTSIDE_MARKERS, final, c)
+            if not m:
+                return buf, False
+            if m in TERMINATORS:
+                buf = buf[len(m):]
             else:
-                i, m = find_first(buf, BODY_MARKERS)
-                if i == -1:
-                    keep = 0 if final else partial_tail(buf, BODY_MARKERS)
-                    self._body(buf[: len(buf) - keep], r, c)
-                    buf = buf[len(buf) - keep:]
-                    if final:
-                        self._close("", c)
-                    break
-                self._body(buf[:i], r, c)
-                if m in TERMINATORS:
-                    self._close(m, c)
-                    buf = buf[i + len(m):]
-                else:
-                    self._close("", c)
-                    buf = buf[i:]
-                self._state = _OUT if m in TERMINATORS else _HEADER
-        self._buf = buf
-        return "".join(r), "".join(c)
+                self._state = _HEADER
+            return buf, True
+        if self._state == _HEADER:
+            i = buf.find(MESSAGE)
+            if i == -1:
+                return ("" if final else buf), False
+            self._open(buf[:i])
+            return buf[i + len(MESSAGE):], True
+        body: list[str] = []
+        m, buf = take_until(buf, BODY_MARKERS, final, body)
+        self._body("".join(body), r, c)
+        if not m:
+            if final:
+                self._close("", c)
+            return buf, False
+        if m in TERMINATORS:
+            self._close(m, c)
+            buf, self._state = buf[len(m):], _OUT
+        else:
+            self._close("", c)
+            self._state = _HEADER
+        return buf, True
 
     def _open(self, header: str) -> None:
         self._state = _BODY

@@ -12,12 +12,7 @@ left unfinished at the end is flushed as content. Partial control tokens are hel
 
 from __future__ import annotations
 
-from engine.parsers.reasoning import (
-    ParserFactory,
-    StreamingReasoningParser,
-    find_first,
-    partial_tail,
-)
+from engine.parsers.reasoning import MarkerStateParser, ParserFactory, find_first, take_until
 from engine.plugins import hookimpl
 
 MESSAGE, END = "<|message_model|>", "<|end_message|>"
@@ -36,66 +31,48 @@ BODY_MARKERS = (END, MESSAGE)
 _OUT, _HEADER, _BODY = range(3)
 
 
-class InklingReasoningParser(StreamingReasoningParser):
+class InklingReasoningParser(MarkerStateParser):
     """Splits Inkling output (see the module docstring)."""
 
     def __init__(self, **base) -> None:
         super().__init__(**base)
-        self._state = _OUT
         self._kind = ""
 
-    def _step(self, final: bool) -> tuple[str, str]:
-        r: list[str] = []
-        c: list[str] = []
-        buf = self._buf
-        while True:
-            st = self._state
-            if st == _OUT:
-                i, m = find_first(buf, OUTSIDE_MARKERS)
-                if i == -1:
-                    keep = 0 if final else partial_tail(buf, OUTSIDE_MARKERS)
-                    c.append(buf[: len(buf) - keep])
-                    buf = buf[len(buf) - keep:]
-                    break
-                c.append(buf[:i])
-                if m == MESSAGE:
-                    buf, self._state = buf[i:], _HEADER
-                elif m in KINDS:
-                    buf = self._open("", m, buf[i + len(m):], c)
-                else:
-                    buf = buf[i + len(m):]
-            elif st == _HEADER:
-                i, m = find_first(buf, HEADER_MARKERS, len(MESSAGE))
-                if i == -1:
-                    if final:
-                        c.append(buf[len(MESSAGE):])
-                        buf = ""
-                    break
-                if m == MESSAGE:
-                    c.append(buf[len(MESSAGE):i])
-                    buf = buf[i:]
-                    continue
-                buf = self._open(buf[:i], m, buf[i + len(m):], c)
+    def _advance(self, buf: str, final: bool, r: list[str], c: list[str]) -> tuple[str, bool]:
+        st = self._state
+        if st == _OUT:
+            m, buf = take_until(buf, OUTSIDE_MARKERS, final, c)
+            if not m:
+                return buf, False
+            if m == MESSAGE:
+                self._state = _HEADER
+            elif m in KINDS:
+                buf = self._open("", m, buf[len(m):], c)
             else:
-                i, m = find_first(buf, BODY_MARKERS)
-                out = r if self._kind == "reasoning" else c
-                if i == -1:
-                    keep = 0 if final else partial_tail(buf, BODY_MARKERS)
-                    out.append(buf[: len(buf) - keep])
-                    buf = buf[len(buf) - keep:]
-                    break
-                out.append(buf[:i])
-                if m == END:
-                    if self._kind == "tool":
-                        c.append(END)
-                    buf = buf[i + len(END):]
-                else:
-                    buf = buf[i:]
-                if self._kind == "reasoning":
-                    self._reasoning_open = False
-                self._state = _OUT
-        self._buf = buf
-        return "".join(r), "".join(c)
+                buf = buf[len(m):]
+            return buf, True
+        if st == _HEADER:
+            i, m = find_first(buf, HEADER_MARKERS, len(MESSAGE))
+            if i == -1:
+                if final:
+                    c.append(buf[len(MESSAGE):])
+                    buf = ""
+                return buf, False
+            if m == MESSAGE:
+                c.append(buf[len(MESSAGE):i])
+                return buf[i:], True
+            return self._open(buf[:i], m, buf[i + len(m):], c), True
+        m, buf = take_until(buf, BODY_MARKERS, final, r if self._kind == "reasoning" else c)
+        if not m:
+            return buf, False
+        if m == END:
+            if self._kind == "tool":
+                c.append(END)
+            buf = buf[len(END):]
+        if self._kind == "reasoning":
+            self._reasoning_open = False
+        self._state = _OUT
+        return buf, True
 
     def _open(self, header: str, token: str, rest: str, c: list[str]) -> str:
         self._kind = KINDS[token]

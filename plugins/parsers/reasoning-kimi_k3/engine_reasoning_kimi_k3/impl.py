@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from engine.parsers.base import ReasoningDelta
 from engine.parsers.reasoning import (
+    MarkerStateParser,
     ParserFactory,
-    StreamingReasoningParser,
-    find_first,
-    partial_tail,
+    strip_leading,
+    take_until,
 )
 from engine.plugins import hookimpl
 
@@ -34,13 +34,12 @@ CUT_PREFIXES = ("<|open|>", "<|close|>")
 _LEAD, _THINK, _CONTENT, _RAW = range(4)
 
 
-class KimiK3ReasoningParser(StreamingReasoningParser):
+class KimiK3ReasoningParser(MarkerStateParser):
     """Splits Kimi K3 XTML output (see the module docstring)."""
 
     def __init__(self, *, force_reasoning: bool = True, **base) -> None:
         super().__init__(**base)
         self.force_reasoning = force_reasoning
-        self._state = _LEAD
         self._in = force_reasoning
         self._thought = False
 
@@ -59,61 +58,44 @@ class KimiK3ReasoningParser(StreamingReasoningParser):
         return (self.force_nonempty_content and not whole.reasoning
                 and streamed.content == streamed.reasoning)
 
-    def _step(self, final: bool) -> tuple[str, str]:
-        r: list[str] = []
-        c: list[str] = []
-        buf = self._buf
-        while True:
-            st = self._state
-            if st == _LEAD:
-                if buf.startswith(THINK_OPEN):
-                    buf = buf[len(THINK_OPEN):]
-                    self._in = True
-                    continue
-                if not final and THINK_OPEN.startswith(buf):
-                    break
-                self._state = _THINK if self._in else _CONTENT
-                self._thought = self._thought or self._in
-            elif st == _THINK:
-                i, m = find_first(buf, THINK_ENDS)
-                if i == -1:
-                    keep = partial_tail(buf, THINK_ENDS)
-                    tail = buf[len(buf) - keep:]
-                    if final and not tail.startswith(CUT_PREFIXES):
-                        keep = 0
-                    r.append(buf[: len(buf) - keep])
-                    buf = "" if final else tail
-                    break
-                r.append(buf[:i])
-                self._reasoning_open = False
-                if m == TOOLS_OPEN:
-                    buf, self._state = buf[i:], _RAW
-                else:
-                    buf, self._state = buf[i + len(m):], _CONTENT
-            elif st == _CONTENT:
-                i, m = find_first(buf, CONTENT_MARKERS)
-                if i == -1:
-                    keep = 0 if final else partial_tail(buf, CONTENT_MARKERS)
-                    c.append(buf[: len(buf) - keep])
-                    buf = buf[len(buf) - keep:]
-                    break
-                c.append(buf[:i])
-                if m == TOOLS_OPEN:
-                    buf, self._state = buf[i:], _RAW
-                elif m == THINK_OPEN and not self._thought:
-                    buf, self._state, self._in = buf[i:], _LEAD, True
-                    self._reasoning_open = True
-                elif m == THINK_OPEN:
-                    c.append(m)
-                    buf = buf[i + len(m):]
-                else:
-                    buf = buf[i + len(m):]
+    def _advance(self, buf: str, final: bool, r: list[str], c: list[str]) -> tuple[str, bool]:
+        st = self._state
+        if st == _LEAD:
+            buf, stripped, wait = strip_leading(buf, THINK_OPEN, final)
+            self._in = self._in or stripped
+            if wait:
+                return buf, False
+            self._state = _THINK if self._in else _CONTENT
+            self._thought = self._thought or self._in
+            return buf, True
+        if st == _THINK:
+            m, buf = take_until(buf, THINK_ENDS, False, r)  # a held tail is judged here
+            if not m:
+                if final and not buf.startswith(CUT_PREFIXES):
+                    r.append(buf)  # not a marker cut by max_tokens: plain reasoning
+                return ("" if final else buf), False
+            self._reasoning_open = False
+            if m == TOOLS_OPEN:
+                self._state = _RAW
             else:
-                c.append(buf)
-                buf = ""
-                break
-        self._buf = buf
-        return "".join(r), "".join(c)
+                buf, self._state = buf[len(m):], _CONTENT
+            return buf, True
+        if st == _CONTENT:
+            m, buf = take_until(buf, CONTENT_MARKERS, final, c)
+            if not m:
+                return buf, False
+            if m == TOOLS_OPEN:
+                self._state = _RAW
+            elif m == THINK_OPEN and not self._thought:
+                self._state, self._in = _LEAD, True
+                self._reasoning_open = True
+            else:
+                if m == THINK_OPEN:
+                    c.append(m)
+                buf = buf[len(m):]
+            return buf, True
+        c.append(buf)
+        return "", False
 
 
 @hookimpl

@@ -18,12 +18,7 @@ from __future__ import annotations
 
 import re
 
-from engine.parsers.reasoning import (
-    ParserFactory,
-    StreamingReasoningParser,
-    find_first,
-    partial_tail,
-)
+from engine.parsers.reasoning import MarkerStateParser, ParserFactory, partial_tail, take_until
 from engine.plugins import hookimpl
 
 START, MESSAGE, EOM, EOT = "<|start|>", "<|message|>", "<|eom|>", "<|eot|>"
@@ -34,55 +29,39 @@ _RECIPIENT_TAIL = re.compile(r"[^\s<]*\s*")
 _HDR, _PROSE, _BODY = range(3)
 
 
-class MuseReasoningParser(StreamingReasoningParser):
+class MuseReasoningParser(MarkerStateParser):
     """Splits Muse Glimmer output (see the module docstring)."""
 
     def __init__(self, *, keep_user_framing: bool = False, **base) -> None:
         super().__init__(**base)
         self.keep_user_framing = keep_user_framing
-        self._state = _HDR
         self._first = True  # the first header may lack <|start|>
         self._kind = ""
         self._raw = ""  # the header as written, for the pass-through routes
         self._segments = 0
 
-    def _step(self, final: bool) -> tuple[str, str]:
-        r: list[str] = []
-        c: list[str] = []
-        buf = self._buf
-        while True:
-            st = self._state
-            if st == _HDR:
-                decided = self._header(buf, final, r, c)
-                if decided is None:
-                    break
-                buf = decided
-            elif st == _PROSE:
-                i = buf.find(START)
-                if i == -1:
-                    keep = 0 if final else partial_tail(buf, (START,))
-                    c.append(buf[: len(buf) - keep])
-                    buf = buf[len(buf) - keep:]
-                    break
-                c.append(buf[:i])
-                buf, self._state = buf[i:], _HDR
-            else:
-                i, m = find_first(buf, BODY_MARKERS)
-                out = r if self._kind == "self" else c
-                if i == -1:
-                    keep = 0 if final else partial_tail(buf, BODY_MARKERS)
-                    out.append(buf[: len(buf) - keep])
-                    buf = buf[len(buf) - keep:]
-                    break
-                out.append(buf[:i])
-                if m != START and self._kind != "self" and self._framed():
-                    c.append(m)
-                if self._kind == "self":
-                    self._reasoning_open = False
-                buf = buf[i:] if m == START else buf[i + len(m):]
-                self._state = _HDR if m == START else _PROSE
-        self._buf = buf
-        return "".join(r), "".join(c)
+    def _advance(self, buf: str, final: bool, r: list[str], c: list[str]) -> tuple[str, bool]:
+        st = self._state
+        if st == _HDR:
+            decided = self._header(buf, final, r, c)
+            return (buf, False) if decided is None else (decided, True)
+        if st == _PROSE:
+            m, buf = take_until(buf, (START,), final, c)
+            if m:
+                self._state = _HDR
+            return buf, bool(m)
+        m, buf = take_until(buf, BODY_MARKERS, final, r if self._kind == "self" else c)
+        if not m:
+            return buf, False
+        if m != START and self._kind != "self" and self._framed():
+            c.append(m)
+        if self._kind == "self":
+            self._reasoning_open = False
+        if m == START:
+            self._state = _HDR
+        else:
+            buf, self._state = buf[len(m):], _PROSE
+        return buf, True
 
     def _framed(self) -> bool:
         return self._kind == "tool" or self.keep_user_framing

@@ -5,7 +5,7 @@ import html
 import json
 import re
 
-from engine.parsers.toolkit import CallState, StreamingToolParser, match_token, skip_ws
+from engine.parsers.toolkit import CallState, StreamingToolParser, next_token
 from engine.plugins import hookimpl
 
 CALL_OPEN = "<|open|>call"
@@ -64,19 +64,10 @@ class KimiK3ToolParser(StreamingToolParser):
         while True:
             at = getattr(block, "call_at", None)
             if at is None:
-                i = skip_ws(text, block.scan)
-                for tok in (CALL_OPEN, TOOLS_CLOSE):
-                    j = match_token(text, i, tok, final)
-                    if j is None:
-                        return
-                    if j >= 0:
-                        break
-                else:
-                    if final and i >= len(text) and block.calls:
-                        block.end = block.calls[-1].end
-                    else:
-                        block.invalid = True
+                found = next_token(text, block, (CALL_OPEN, TOOLS_CLOSE), final)
+                if found is None:
                     return
+                i, tok, j = found
                 if tok == TOOLS_CLOSE:
                     block.end = j
                     return
