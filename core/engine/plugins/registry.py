@@ -110,12 +110,17 @@ class Registry:
 
     def auto_pick_label(self, family: str) -> str:
         """What ``auto`` means here, for listings."""
-        if any(r.name == "auto" for r in self.family_records(family)):
+        records = self.family_records(family)
+        if any(r.name == "auto" for r in records):
             return "auto (a plugin: decides from the model)"
+        if FAMILIES[family].auto is None:
+            return "off unless chosen"
+        if not records:
+            return "none installed"
         try:
             return self.auto(family).name
         except PluginError:
-            return "-"
+            return "none available here"
 
     @staticmethod
     def _unknown_message(label: str, choice: str, records: list[PluginRecord]) -> str:
