@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from engine.config import ServerConfig, convert_value, core_fields, flag_of
-from engine.plugins.families import FAMILIES, family_for_flag
+from engine.plugins.families import family_for_flag
 from engine.plugins.manifest import Option
 from engine.errors import ConfigError, PluginError
 from engine.plugins.registry import Registry
@@ -134,7 +134,3 @@ def parse_config(argv: list[str], registry: Registry) -> ServerConfig:
             raise ConfigError(str(exc)) from None
     frozen = MappingProxyType({k: MappingProxyType(v) for k, v in plugin_options.items() if v})
     return ServerConfig(**ns, plugin_options=frozen)
-
-
-def families_summary() -> str:
-    return ", ".join(FAMILIES)

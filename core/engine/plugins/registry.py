@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING
 
 from engine.errors import PluginError
 from engine.plugins.discovery import AVAILABLE, PluginRecord, discover, model_unmet
-from engine.plugins.families import FAMILIES, Family
+from engine.plugins.families import FAMILIES
 
 if TYPE_CHECKING:
     import pluggy
 
-log = logging.getLogger("engine.plugins")
 
 
 class Registry:
@@ -236,7 +235,3 @@ def load_product(family: str, name: str, **hook_kwargs: Any) -> Any:
     >>> factory = load_product("tool_parser", "qwen25", options={}, chat_template=None)
     """
     return get_registry().create(family, name, **hook_kwargs)
-
-
-def family_of(name: str) -> Family:
-    return FAMILIES[name]

@@ -53,6 +53,15 @@ class Runtime:
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
             self.model_config.eos_token_ids)
         self._rng = random.Random(config.random_seed)
+        # cross-cutting hooks of the selected plugins (engine.plugins.hookspecs)
+        self.registry = registry or getattr(self.runner, "registry", None)
+        self._observe_requests = bool(self.registry and
+                                      self.registry.has_impls("engine_on_request"))
+        if self.registry and self.registry.has_impls("engine_after_forward"):
+            hook = self.registry.pm.hook.engine_after_forward
+            self.scheduler.after_forward = lambda batch, ids: hook(batch=batch, next_token_ids=ids)
+        if self.registry:
+            self.registry.broadcast("engine_startup", config=config)
         self.load_seconds = time.monotonic() - t0
 
     def check_prompt(self, input_ids: list[int], *, param: str = "prompt") -> None:
@@ -107,6 +116,9 @@ class Runtime:
                 max_new_tokens=limit,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
                                                    input_ids)))
+        if self._observe_requests:
+            for req in reqs:
+                self.registry.broadcast("engine_on_request", request=req)
         return reqs
 
     def info(self) -> dict[str, Any]:
@@ -121,3 +133,5 @@ class Runtime:
 
     def shutdown(self) -> None:
         self.scheduler.stop()
+        if self.registry:
+            self.registry.broadcast("engine_shutdown")

@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -80,6 +80,9 @@ class Scheduler:
         self.cache = RadixCache(self.page_size, self.allocator.free_slots,
                                 disabled=config.disable_radix_cache)
         self.sampler = Sampler()
+        #: observer called after each forward with (batch, sampled token ids); set by Runtime
+        #: only when a plugin implements ``engine_after_forward`` (nothing on the hot path else)
+        self.after_forward: Callable[[Batch, list[int]], None] | None = None
         self.max_running = runner.req_to_token.shape[0]
         self.max_context_len = runner.req_to_token.shape[1]
         chunk = config.chunked_prefill_size
@@ -317,8 +320,10 @@ class Scheduler:
         for req, n in zip(reqs, extend_lens):
             req.kv_len += n
         if sampled:
-            self._process(sampled, logits)
+            tokens = self._process(sampled, logits)
             self.running.extend(r for r in sampled if not r.finished)
+            if self.after_forward is not None:
+                self.after_forward(batch, tokens)
 
     def _run_decode(self) -> None:
         self._ensure_decode_room()
@@ -337,7 +342,9 @@ class Scheduler:
         logits = self.runner.forward(batch)
         for req in reqs:
             req.kv_len += 1
-        self._process(reqs, logits)
+        tokens = self._process(reqs, logits)
+        if self.after_forward is not None:
+            self.after_forward(batch, tokens)
 
     def _ensure_decode_room(self) -> None:
         """Free pages for one more token per running request: evict, then retract."""
@@ -398,7 +405,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ results
 
-    def _process(self, reqs: list[Req], logits: torch.Tensor) -> None:
+    def _process(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
+        """Sample, append, finish and emit; returns the sampled token ids in ``reqs`` order."""
         out = self.sampler(logits, reqs)
         now = time.monotonic()
         deltas: list[ReqOutput] = []
@@ -432,6 +440,7 @@ class Scheduler:
             self.running = [r for r in self.running if not r.finished]
             for req in done:
                 self._release(req)
+        return list(out.token_ids)
 
     def _check_finish(self, req: Req, tok: int) -> None:
         sp = req.sampling_params
