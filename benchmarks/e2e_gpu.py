@@ -33,9 +33,12 @@ PROMPT_LENS = (17, 64, 100, 128)
 GEN_STEPS = 16
 
 
-def make_runner(backend: str, max_running: int) -> ModelRunner:
+def make_runner(spec: str, max_running: int) -> ModelRunner:
+    """``spec`` is a backend name, optionally ``:eager`` to turn CUDA graphs off."""
+    backend, _, mode = spec.partition(":")
     cfg = ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype="bfloat16",
                        skip_tokenizer_init=True, attention_backend=backend, page_size=16,
+                       disable_cuda_graph=(mode == "eager"),
                        max_total_tokens=160_000, max_running_requests=max_running,
                        context_length=4096, random_seed=0)
     return ModelRunner(cfg, Registry())
@@ -104,12 +107,17 @@ def hf_decode(mode: str, batch: int, steps: int) -> float:
     if mode == "compile":
         model.generation_config.cache_implementation = "static"
         model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    model.generate(ids, **{**kw, "min_new_tokens": 4, "max_new_tokens": 4})  # warm-up/compile
+    def generate(**args):
+        if mode == "compile":  # outputs of the previous call's graphs may be reused
+            torch.compiler.cudagraph_mark_step_begin()
+        return model.generate(ids, **args)
+
+    generate(**{**kw, "min_new_tokens": 4, "max_new_tokens": 4})  # warm-up/compile
     if mode == "compile":
-        model.generate(ids, **kw)
+        generate(**kw)
     torch.cuda.synchronize()
     t = time.perf_counter()
-    model.generate(ids, **kw)
+    generate(**kw)
     torch.cuda.synchronize()
     ms = (time.perf_counter() - t) * 1000 / steps
     del model
@@ -120,7 +128,9 @@ def hf_decode(mode: str, batch: int, steps: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--backends", default="torch_native,triton,flashinfer")
+    ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
+                    help="backend[:eager]; CUDA graphs are used for decode where the backend "
+                    "supports them unless :eager")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--hf", default="eager,compile")
     ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers eager")
@@ -134,6 +144,8 @@ def main() -> None:
         try:
             t0 = time.perf_counter()
             runner = make_runner(backend, max(batches + [len(PROMPT_LENS)]))
+            print(f"{backend}: decode CUDA graphs "
+                  f"{'on' if runner.decode_graphs is not None else 'off'}", flush=True)
             startup = time.perf_counter() - t0
             tokens, logits, margins = greedy(runner)
             entry = {"startup_s": round(startup, 1), "tokens": tokens, "margins": margins}

@@ -59,11 +59,21 @@ class KVPool:
 class AttentionBackend(ABC):
     """One attention implementation. Subclasses state their own constraints in their manifest."""
 
+    #: True when decode forwards can be captured in a CUDA graph (see :meth:`prepare_graph`)
+    supports_cuda_graph: bool = False
+
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
 
     def prepare(self, batch: Batch) -> None:
         """Build per-batch metadata into ``batch.attn_metadata`` (once per forward)."""
+
+    def prepare_graph(self, batch: Batch) -> None:
+        """Metadata for a decode batch that is captured once and replayed for every later
+        decode batch of the same size: it may depend only on the batch size and on device
+        tensors the runner refreshes in place (``seq_lens``, ``req_pool_indices``,
+        ``req_to_token``...), never on Python values of one step."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layer: AttentionLayerSpec, batch: Batch) -> torch.Tensor:

@@ -115,6 +115,7 @@ class ModelRunner:
         self.req_to_token = torch.zeros((self.max_running_requests, self.max_context_len),
                                         dtype=torch.int64, device=self.device)
         self.prefill_backend, self.decode_backend = self._make_backends()
+        self.decode_graphs = self._make_decode_graphs()
 
     # ------------------------------------------------------------------ set-up
 
@@ -173,6 +174,18 @@ class ModelRunner:
         log.info("attention: prefill %s, decode %s", prefill.name, decode.name)
         return built[prefill.qualified], built[decode.qualified]
 
+    def _make_decode_graphs(self) -> Any:
+        """CUDA graphs for decode steps, when on CUDA, not disabled, and the decode backend
+        supports them (it says so itself); otherwise decode runs eagerly."""
+        if (self.device.type != "cuda" or self.config.disable_cuda_graph
+                or not self.decode_backend.supports_cuda_graph):
+            return None
+        from engine.runtime.cuda_graph import DecodeGraphs
+
+        with torch.inference_mode():
+            return DecodeGraphs(lambda b: self._forward(b, prepare=False), self.decode_backend,
+                                self.req_to_token, self.max_running_requests)
+
     # ------------------------------------------------------------------ hot path
 
     @torch.inference_mode()
@@ -180,10 +193,18 @@ class ModelRunner:
         """Run the model over ``batch``; float32 logits ``[len(batch.logits_indices), vocab]``.
 
         Writes the new tokens' K/V into the pool at ``batch.out_cache_loc``. When
-        ``batch.logits_indices`` is None, the last token of every request is used.
+        ``batch.logits_indices`` is None, the last token of every request is used. Decode
+        batches replay a captured CUDA graph when one fits.
         """
+        graphs = self.decode_graphs
+        if graphs is not None and batch.is_decode and batch.batch_size <= graphs.max_batch:
+            return graphs.run(batch)
+        return self._forward(batch)
+
+    def _forward(self, batch: Batch, prepare: bool = True) -> torch.Tensor:
         backend = self.decode_backend if batch.is_decode else self.prefill_backend
-        backend.prepare(batch)
+        if prepare:
+            backend.prepare(batch)
         idx = batch.logits_indices
         if idx is None:
             idx = torch.cumsum(batch.extend_lens, 0) - 1

@@ -90,7 +90,18 @@ class TritonBackend(AttentionBackend):
         self.block_rows = max(cfg.extend_block_m, _pow2(self.group))
         self.tile_tokens = self.block_rows // self.group
 
+    @property
+    def supports_cuda_graph(self) -> bool:  # type: ignore[override]
+        """Graph replay needs a split count fixed per batch size: equal-chunk splitting
+        (the default) qualifies; a fixed ``--triton-attention-split-tile-size`` does not."""
+        return not self.split_tile_size
+
     # ------------------------------------------------------------------ metadata
+
+    def prepare_graph(self, batch: Batch) -> None:
+        """Always ``num_kv_splits`` equal chunks of each request's own length (the kernels
+        skip empty chunks), so one capture serves every context length."""
+        batch.attn_metadata = DecodeMetadata(max(1, self.num_kv_splits), 0)
 
     def prepare(self, batch: Batch) -> None:
         seq = batch.seq_lens_cpu or batch.seq_lens.tolist()

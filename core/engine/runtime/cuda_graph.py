@@ -1,0 +1,94 @@
+"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket.
+
+A decode step launches a few hundred small kernels; on a GPU the host cannot issue them as fast
+as the device runs them, so each step is captured once per bucket and replayed. The runner copies
+a step's inputs into static buffers (padded to the bucket: padded requests read one token of row
+0 and write their K/V into the reserved padding slot 0), replays, and returns the first rows of
+the static logits. Only decode batches of backends that declare ``supports_cuda_graph`` use it;
+everything else runs eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+from engine.runtime.attention import AttentionBackend
+from engine.runtime.batch import Batch, ForwardMode
+
+log = logging.getLogger("engine.runtime")
+
+BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+
+
+class DecodeGraphs:
+    """Captured decode forwards for batch sizes up to ``max_batch``."""
+
+    def __init__(self, forward: Callable[[Batch], torch.Tensor], backend: AttentionBackend,
+                 req_to_token: torch.Tensor, max_batch: int) -> None:
+        self.buckets = [b for b in BUCKETS if b <= max_batch] or [1]
+        if self.buckets[-1] < max_batch <= BUCKETS[-1]:
+            self.buckets.append(max_batch)
+        self.max_batch = self.buckets[-1]
+        dev = req_to_token.device
+        n = self.max_batch
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.req_pool_indices = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones(n, dtype=torch.int64, device=dev)
+        self.ones = torch.ones(n, dtype=torch.int64, device=dev)
+        self.rows = torch.arange(n, dtype=torch.int64, device=dev)
+        self.req_to_token = req_to_token
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        for size in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
+            self._capture(size, forward, backend)
+        log.info("captured decode CUDA graphs for batch sizes %s", self.buckets)
+
+    def _static_batch(self, size: int) -> Batch:
+        return Batch(
+            mode=ForwardMode.DECODE, input_ids=self.input_ids[:size],
+            positions=self.positions[:size], out_cache_loc=self.out_cache_loc[:size],
+            req_pool_indices=self.req_pool_indices[:size], seq_lens=self.seq_lens[:size],
+            prefix_lens=self.positions[:size], extend_lens=self.ones[:size],
+            req_to_token=self.req_to_token, seq_lens_cpu=[1] * size,
+            prefix_lens_cpu=[0] * size, extend_lens_cpu=[1] * size,
+            logits_indices=self.rows[:size])
+
+    def _capture(self, size: int, forward: Callable[[Batch], torch.Tensor],
+                 backend: AttentionBackend) -> None:
+        batch = self._static_batch(size)
+        backend.prepare_graph(batch)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compile kernels and settle allocations outside the capture
+                forward(batch)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.logits[size] = forward(batch)
+        self.graphs[size] = graph
+
+    def run(self, batch: Batch) -> torch.Tensor:
+        """Replay the smallest bucket that holds ``batch``; float32 logits [B, vocab]."""
+        bs = batch.batch_size
+        size = next(b for b in self.buckets if b >= bs)
+        self.input_ids[:bs].copy_(batch.input_ids)
+        self.positions[:bs].copy_(batch.positions)
+        self.out_cache_loc[:bs].copy_(batch.out_cache_loc)
+        self.req_pool_indices[:bs].copy_(batch.req_pool_indices)
+        self.seq_lens[:bs].copy_(batch.seq_lens)
+        if size > bs:  # padding: row 0's first token, K/V into the reserved slot 0
+            self.input_ids[bs:size].zero_()
+            self.positions[bs:size].zero_()
+            self.out_cache_loc[bs:size].zero_()
+            self.req_pool_indices[bs:size].zero_()
+            self.seq_lens[bs:size].fill_(1)
+        self.graphs[size].replay()
+        # a copy: graphs share one memory pool, so the next replay may reuse this buffer
+        return self.logits[size][:bs].clone()
