@@ -9,5 +9,10 @@ class PluginError(EngineError):
     """A plugin cannot be found, selected, loaded or called."""
 
 
+class NoAnswerError(PluginError):
+    """A plugin's family hook returned nothing (e.g. a model-config parser that does not
+    recognise the path)."""
+
+
 class ConfigError(EngineError):
     """Bad command line or config file."""

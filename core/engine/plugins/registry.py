@@ -13,12 +13,10 @@ import difflib
 import importlib
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from typing import TYPE_CHECKING
-
-from engine.errors import PluginError
-from engine.plugins.discovery import AVAILABLE, PluginRecord, discover, model_unmet
+from engine.errors import NoAnswerError, PluginError
+from engine.plugins.discovery import AVAILABLE, CONFLICT, PluginRecord, discover, model_unmet
 from engine.plugins.families import FAMILIES
 
 if TYPE_CHECKING:
@@ -84,7 +82,7 @@ class Registry:
                 f"{label} {name}: registered by {dists}; pin one as '{name}@<distribution>'"
             )
         rec = matches[0]
-        if rec.status not in (AVAILABLE, "conflict") or (rec.status == "conflict" and not pinned):
+        if rec.status not in (AVAILABLE, CONFLICT) or (rec.status == CONFLICT and not pinned):
             raise PluginError(f"{label} {name} ({rec.distribution}) is {rec.status}: {rec.reason}")
         if model_features is not None:
             reason = model_unmet(rec, model_features)
@@ -175,7 +173,7 @@ class Registry:
         caller = self.pm.subset_hook_caller(family.hook, remove_plugins=others)
         product = caller(**kwargs)
         if product is None:
-            raise PluginError(f"plugin {record.name} ({record.distribution}) returned nothing "
+            raise NoAnswerError(f"plugin {record.name} ({record.distribution}) returned nothing "
                               f"from {family.hook}")
         return product
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from engine.config import ServerConfig
-from engine.errors import ConfigError, PluginError
+from engine.errors import ConfigError, NoAnswerError
 from engine.models.config import ModelConfig, resolve_model_path
 from engine.models.tokenizer import Tokenizer
 from engine.plugins.registry import Registry
@@ -68,11 +68,9 @@ def load_model_config(config: ServerConfig, registry: Registry) -> ModelConfig:
     record = registry.resolve("model_config_parser", config.model_config_parser)
     try:
         model_config = registry.call_family_hook(record, model_path=path, config=config)
-    except PluginError as exc:
-        if "returned nothing" in str(exc):
-            raise ConfigError(f"--model-path {path}: not a model the {record.name} model-config "
-                              "parser recognises") from None
-        raise
+    except NoAnswerError:
+        raise ConfigError(f"--model-path {path}: not a model the {record.name} model-config "
+                          "parser recognises") from None
     if config.json_model_override_args:
         try:
             overrides = json.loads(config.json_model_override_args)
