@@ -95,35 +95,99 @@ def time_decode(runner: ModelRunner, batch: int, steps: int) -> float:
     return (time.perf_counter() - t) * 1000 / steps
 
 
-def hf_decode(mode: str, batch: int, steps: int) -> float:
-    """transformers on the same config with random bf16 weights: ms per generated token step."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def hf_decode(mode: str, batch: int, steps: int, device: str = "cuda", model_dir: str = MODEL_DIR,
+              tokens: list | None = None) -> float:
+    """transformers on the same config with random bf16 weights (seed 0): ms per decode step.
 
-    cfg = AutoConfig.from_pretrained(MODEL_DIR)
-    with torch.device("cuda"):
+    "eager": ``model.generate`` (dynamic cache) after a 4-token warm-up call; the time of a
+    call making ``steps + 1`` tokens minus that of a 1-token call (its prefill), per step. "compile": the static-cache recipe: a
+    StaticCache built once, the 128-token prefill run eagerly, then one decode step (token ids
+    [batch, 1], position [1] -> greedy ids [batch, 1]) compiled once (fullgraph, static shapes,
+    "reduce-overhead" = CUDA graphs on CUDA, "default" elsewhere); 4 warm-up steps compile and
+    record, then only ``steps`` further steps are timed, synchronised around the loop. "static" is
+    that loop uncompiled (the reference for tokens). ``tokens`` (if given) gets the greedy ids."""
+    import inspect
+    from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.from_pretrained(model_dir)
+    with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    ids = torch.randint(0, 32000, (batch, 128), device="cuda")
-    kw = dict(do_sample=False, min_new_tokens=steps, max_new_tokens=steps, pad_token_id=0)
-    if mode == "compile":
-        model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    def generate(**args):
-        if mode == "compile":  # outputs of the previous call's graphs may be reused
-            torch.compiler.cudagraph_mark_step_begin()
-        return model.generate(ids, **args)
+    ids = torch.randint(0, min(32000, cfg.vocab_size), (batch, 128), device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if mode == "eager":  # decode only: a 1-token call's time (prefill) is subtracted
+        kw = dict(do_sample=False, pad_token_id=0)
+        model.generate(ids, **kw, min_new_tokens=4, max_new_tokens=4)  # warm-up
+        sync()
+        t0 = time.perf_counter()
+        model.generate(ids, **kw, min_new_tokens=1, max_new_tokens=1)
+        sync()
+        prefill = time.perf_counter() - t0
+        t = time.perf_counter() + prefill  # so that the final (end - t) excludes the prefill
+        model.generate(ids, **kw, min_new_tokens=steps + 1, max_new_tokens=steps + 1)
+    else:
+        warm, n, fwd = 4, ids.shape[1], inspect.signature(model.forward).parameters
+        extra = {"max_batch_size": batch} if "max_batch_size" in inspect.signature(
+            StaticCache.__init__).parameters else {}  # older constructors want the batch
+        cache = StaticCache(config=cfg, max_cache_len=n + warm + steps + 8, **extra)
+        ck = "cache" if "cache" in fwd else "past_key_values"  # 5.24: cache, 5.17: past_key_values
 
-    generate(**{**kw, "min_new_tokens": 4, "max_new_tokens": 4})  # warm-up/compile
-    if mode == "compile":
-        generate(**kw)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    generate(**kw)
-    torch.cuda.synchronize()
+        def step(tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            kw = {ck: cache, **({"cache_position": pos} if "cache_position" in fwd else {})}
+            out = model(tok, position_ids=pos[None], use_cache=True, **kw)
+            return out.logits[:, -1].argmax(-1, keepdim=True)
+
+        fn = step if mode == "static" else torch.compile(
+            step, mode="reduce-overhead" if device == "cuda" else "default", fullgraph=True,
+            dynamic=False)
+        with torch.no_grad():
+            tok, pos = step(ids, torch.arange(n, device=device)), torch.tensor([n], device=device)
+            for i in range(warm + steps):
+                if i == warm:
+                    sync()
+                    t = time.perf_counter()
+                if tokens is not None:
+                    tokens.append(tok)
+                if device == "cuda":
+                    torch.compiler.cudagraph_mark_step_begin()
+                tok = fn(tok, pos).clone()  # the graph's output buffer is reused next replay
+                pos += 1
+        del cache
+    sync()
     ms = (time.perf_counter() - t) * 1000 / steps
     del model
+    if mode == "compile":
+        torch._dynamo.reset()  # drops the graphs (and their hold on the model) for the next call
     gc.collect()
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return ms
+
+
+def cpu_smoke(steps: int) -> None:
+    """hf_decode("compile") on a tiny Llama on the CPU: one compilation of the decode step over
+    warm-up + timed steps, and the same greedy tokens as the uncompiled loop."""
+    import tempfile
+
+    from torch._dynamo.utils import counters
+    from transformers import LlamaConfig
+
+    tmp = tempfile.mkdtemp()
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=512, max_position_embeddings=512,
+                ).save_pretrained(tmp)
+    torch._logging.set_logs(recompiles=True)
+    ref, got = [], []
+    ms_ref = hf_decode("static", 2, steps, "cpu", tmp, ref)
+    ms = hf_decode("compile", 2, steps, "cpu", tmp, got)
+    same = torch.equal(torch.cat(ref, 1), torch.cat(got, 1))
+    print(f"static (uncompiled) {ms_ref:.2f} ms/step, compile {ms:.2f} ms/step, "
+          f"{len(got)} x {tuple(got[0].shape)} greedy tokens, same: {same}")
+    print(f"dynamo: unique_graphs={counters['stats']['unique_graphs']} "
+          f"calls_captured={counters['stats']['calls_captured']} "
+          f"recompiles={sum(counters['recompiles'].values())}")
+    print("tokens[0]:", torch.cat(got, 1)[0].tolist())
+    assert same and counters["stats"]["unique_graphs"] == 1
 
 
 def main() -> None:
@@ -133,9 +197,13 @@ def main() -> None:
                     "supports them unless :eager")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--hf", default="eager,compile")
-    ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers eager")
+    ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers")
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="only the transformers compile loop, tiny Llama on the CPU")
     args = ap.parse_args()
+    if args.cpu_smoke:
+        return cpu_smoke(args.steps)
     backends = [b for b in args.backends.split(",") if b]
     batches = [int(b) for b in args.batches.split(",")]
     results: dict = {"device": torch.cuda.get_device_name(), "greedy": {}, "decode_ms": {}}
@@ -175,7 +243,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     for mode in [m for m in args.hf.split(",") if m]:
         hf_batches = [int(b) for b in args.hf_batches.split(",") if b]
-        for b in hf_batches if mode == "eager" else [1]:
+        for b in hf_batches:
             try:
                 ms = hf_decode(mode, b, args.steps)
                 results["decode_ms"][f"hf-{mode}@{b}"] = ms

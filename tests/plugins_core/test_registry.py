@@ -53,6 +53,8 @@ SPECS = [
     ("engine-t-gpu", "attention", "t_gpu", 50, "devices=('cuda',), min_compute_capability=(9, 0)",
      1, ""),
     ("engine-t-npu", "attention", "t_npu", 60, "devices=('npu',), packages=('torch_npu',)", 1, ""),
+    ("engine-t-needs-exe", "attention", "t_needs_exe", 0, "executables=('no-such-program-xyz',)",
+     1, ""),
 ]
 
 
@@ -97,6 +99,8 @@ def test_statuses_with_reasons(installed):
     assert noattr.status == "broken" and "AttributeError" in noattr.reason
     npu = by_name(records, "t_npu")[0]
     assert npu.status == "unavailable" and "Ascend NPU" in npu.reason
+    exe = by_name(records, "t_needs_exe")[0]
+    assert exe.status == "unavailable" and exe.reason == "needs no-such-program-xyz on PATH"
 
 
 def test_conflict_names_both_distributions(installed):

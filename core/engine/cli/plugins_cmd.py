@@ -118,6 +118,7 @@ def _show(registry: Registry, rec: Any) -> int:
              if r.min_compute_capability else "")
           + (f" cpu={','.join(r.cpu_features)}" if r.cpu_features else "")
           + (f" os={','.join(r.os)}" if r.os else "")
+          + (f" executables={','.join(r.executables)}" if r.executables else "")
           + (f" model={','.join(r.model_features)}" if r.model_features else ""))
     if m.not_implemented:
         print(f"  not implemented on this build: {m.not_implemented}")

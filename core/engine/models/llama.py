@@ -20,7 +20,7 @@ from engine.errors import ConfigError
 from engine.models.config import ModelConfig
 from engine.runtime.attention import AttentionBackend, AttentionLayerSpec
 from engine.runtime.batch import Batch
-from engine.runtime.linear import Linear, QuantMethod
+from engine.runtime.linear import Linear, PackedWeight, QuantMethod
 
 #: builds the quantization method of one linear layer from its qualified name (None: dense)
 QuantFactory = Callable[[str], "QuantMethod | None"]
@@ -205,8 +205,12 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         quant = quant or (lambda name: None)
         self.model = LlamaModel(cfg, dtype, quant)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(
-            cfg.hidden_size, cfg.vocab_size, dtype=dtype, quant_method=quant("lm_head"))
+        head_method = quant("lm_head")
+        # a tied head shares the embedding's dense weight, unless a quantization method wants
+        # its own copy (loaded from the embedding's checkpoint tensor)
+        self.head_copies_embedding = cfg.tie_word_embeddings and head_method is not None
+        self.lm_head = None if cfg.tie_word_embeddings and head_method is None else Linear(
+            cfg.hidden_size, cfg.vocab_size, dtype=dtype, quant_method=head_method)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Batch,
                 attn: AttentionBackend, logits_indices: torch.Tensor) -> torch.Tensor:
@@ -237,15 +241,16 @@ class LlamaForCausalLM(nn.Module):
         """Copy checkpoint tensors (HF names) into the parameters; every parameter must be set.
 
         ``model.rotary.freq_factors`` (from GGUF ``rope_freqs``) adjusts RoPE. A parameter may
-        carry ``weight_loader(param, tensor, shard_offset, shard_size)`` (quantized layouts);
-        otherwise fused shards are row slices of the dense weight.
+        carry ``weight_loader(param, tensor, shard_offset, shard_size)`` (quantized layouts; it
+        also receives :class:`PackedWeight` blocks as they are); otherwise fused shards are row
+        slices of the dense weight, and packed blocks are dequantized first.
         """
         params = dict(self.named_parameters())
         needed = {name: len(self.shard_sizes(name.split(".")[-2]))
                   if name.split(".")[-2] in ("qkv_proj", "gate_up_proj") else 1
                   for name in params}
         loaded: dict[str, set[int]] = {name: set() for name in params}
-        for name, tensor in weights:
+        for name, tensor in self._with_head_copy(weights):
             if name == "model.rotary.freq_factors":
                 self.model.rotary.set_freq_factors(tensor)
                 continue
@@ -266,6 +271,8 @@ class LlamaForCausalLM(nn.Module):
             if loader is not None:
                 loader(param, tensor, offset, size)
             else:
+                if isinstance(tensor, PackedWeight):
+                    tensor = tensor.dequantize()
                 dst = param.data if size is None else param.data.narrow(0, offset, size)
                 if tuple(dst.shape) != tuple(tensor.shape):
                     raise ConfigError(f"checkpoint tensor {name!r} has shape "
@@ -276,6 +283,13 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ConfigError(f"checkpoint lacks tensors for {len(missing)} parameters, e.g. "
                               f"{', '.join(missing[:3])}")
+
+    def _with_head_copy(self, weights: Iterable[tuple[str, object]]
+                        ) -> Iterable[tuple[str, object]]:
+        for name, tensor in weights:
+            yield name, tensor
+            if self.head_copies_embedding and name == "model.embed_tokens.weight":
+                yield "lm_head.weight", tensor
 
     def process_weights_after_loading(self) -> None:
         """Let every linear layer's quant method repack its weights (once, after loading)."""

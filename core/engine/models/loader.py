@@ -1,8 +1,9 @@
 """Build the model of a :class:`ModelConfig` and fill its weights.
 
 Formats: ``safetensors`` (memory-mapped), ``pt`` (``torch.load(mmap=True, weights_only=True)``),
-``gguf`` (every tensor dequantized to float32 at load with the ``gguf`` package: Q4_0, Q4_1, Q8_0,
-F16, F32, K-quants...), ``dummy`` (random, seeded by ``--random-seed``). Checkpoint tensors are
+``gguf`` (quantized tensors arrive as :class:`PackedWeight` blocks: a quantization method that
+reads them keeps them packed, every other parameter gets them dequantized to float32 by the
+``gguf`` package: Q4_0, Q4_1, Q8_0, K-quants...; F16/F32 tensors arrive dense), ``dummy`` (random, seeded by ``--random-seed``). Checkpoint tensors are
 yielded under HF names; GGUF and Mistral-native names are mapped, and their Q/K rows (stored in
 the interleaved-rotary order) are permuted back to the rotate-half order the model uses.
 """
@@ -18,14 +19,15 @@ from typing import Any, Iterator
 import torch
 
 from engine.config import ServerConfig
-from engine.errors import ConfigError
+from engine.errors import ConfigError, NoAnswerError, PluginError
 from engine.models.config import ModelConfig
 from engine.models.parsing import open_gguf
 from engine.models.registry import build_architecture_registry
+from engine.runtime.linear import PackedWeight
 
 log = logging.getLogger("engine.models")
 
-Weights = Iterator[tuple[str, torch.Tensor]]
+Weights = Iterator[tuple[str, "torch.Tensor | PackedWeight"]]
 
 _GGUF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
                 "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight",
@@ -63,33 +65,40 @@ def _mapped(name: str, globals_: dict[str, str], blocks: dict[str, str]) -> str 
     return None
 
 
-def _fix_qk(hf_name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    if ".self_attn.q_proj." in hf_name:
-        return unpermute_rows(t, cfg.num_attention_heads)
-    if ".self_attn.k_proj." in hf_name:
-        return unpermute_rows(t, cfg.num_key_value_heads)
-    return t
+def _fix_qk(hf_name: str, t: Any, cfg: ModelConfig) -> Any:
+    heads = (cfg.num_attention_heads if ".self_attn.q_proj." in hf_name
+             else cfg.num_key_value_heads if ".self_attn.k_proj." in hf_name else None)
+    if heads is None:
+        return t
+    if isinstance(t, PackedWeight):  # rows of blocks permute like rows of values
+        return t.map_rows(lambda rows: unpermute_rows(rows, heads))
+    return unpermute_rows(t, heads)
+
+
+#: GGUF types that arrive as dense tensors (everything else is block-quantized)
+_GGUF_DENSE = ("F32", "F16", "BF16", "F64")
+
+
+def _gguf_tensor(t: Any) -> "torch.Tensor | PackedWeight":
+    import gguf
+
+    shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+    if t.tensor_type.name not in _GGUF_DENSE and len(shape) == 2:
+        data = torch.from_numpy(t.data.reshape(shape[0], -1).copy())
+        return PackedWeight(data, t.tensor_type.name, (shape[0], shape[1]))
+    array = gguf.dequantize(t.data, t.tensor_type).reshape(shape)
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
 def gguf_weights(cfg: ModelConfig) -> Weights:
-    """Dequantized float32 tensors of the GGUF under HF names."""
-    import gguf
-
+    """The GGUF's tensors under HF names: dense tensors, or :class:`PackedWeight` blocks."""
     reader = open_gguf(cfg.weights_path)
     permuted = str(reader.fields["general.architecture"].contents()) == "llama"
     for t in reader.tensors:
         name = _mapped(t.name, _GGUF_GLOBAL, _GGUF_BLOCK)
         if name is None:
             raise ConfigError(f"{cfg.weights_path}: unexpected GGUF tensor {t.name!r}")
-        try:
-            array = gguf.dequantize(t.data, t.tensor_type)
-        except NotImplementedError:
-            raise ConfigError(f"{cfg.weights_path}: tensor {t.name} has quantization "
-                              f"{t.tensor_type.name}, which the gguf package cannot "
-                              "dequantize") from None
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        array = array.reshape(shape)
-        tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
+        tensor = _gguf_tensor(t)
         yield name, _fix_qk(name, tensor, cfg) if permuted else tensor
 
 
@@ -165,27 +174,42 @@ def weights_iterator(cfg: ModelConfig, load_format: str) -> Weights:
     raise ConfigError(f"--load-format {fmt}: unknown format")
 
 
-def _quant_factory(cfg: ModelConfig, config: ServerConfig, registry: Any) -> Any:
-    method_name = config.quantization
+def _quant_method(cfg: ModelConfig, config: ServerConfig, registry: Any,
+                  device: torch.device) -> Any:
+    """The quantization method of the linear layers, or None for dense weights.
+
+    ``--quantization`` wins; otherwise the checkpoint's ``quantization_config`` names the method.
+    A method named by the checkpoint that cannot run here is an error, except for blocks this
+    loader can dequantize itself (GGUF): those are then loaded dense, and the log says why.
+    """
+    name = config.quantization
     quant_cfg = cfg.quantization_config
-    if method_name is None and quant_cfg:
-        method_name = str(quant_cfg.get("quant_method", ""))
-        if registry is None or not registry.find(method_name, "quantization"):
-            raise ConfigError(f"the checkpoint is quantized with {method_name!r} and no "
-                              "installed quantization plugin serves it")
-    if method_name is None or registry is None:
+    detected = name is None and bool(quant_cfg)
+    if detected:
+        name = str(quant_cfg.get("quant_method", ""))
+    if name is None or registry is None:
         return None
-    method = registry.create("quantization", method_name, model_config=cfg, config=config,
-                             quant_config=quant_cfg)
-    return lambda name: method
+    kwargs = dict(model_config=cfg, config=config, quant_config=quant_cfg, device=device)
+    if not detected:
+        return registry.create("quantization", name, **kwargs)
+    try:
+        return registry.create("quantization", name, **kwargs)
+    except (PluginError, NoAnswerError) as exc:
+        if cfg.weights_format != "gguf" or config.load_format not in ("auto", "gguf"):
+            raise ConfigError(f"the checkpoint is quantized with {name!r} and no installed "
+                              f"quantization plugin serves it here ({exc})") from None
+        log.info("GGUF blocks are dequantized to dense %s weights (%s)", config.dtype, exc)
+        return None
 
 
 def load_model(cfg: ModelConfig, config: ServerConfig, registry: Any,
                device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """The model of ``cfg`` on ``device`` in ``dtype`` with its weights, in eval mode."""
     cls = build_architecture_registry(registry).resolve(cfg.architecture)
+    method = _quant_method(cfg, config, registry, device)
     with torch.device(device):
-        model = cls(cfg, dtype=dtype, quant=_quant_factory(cfg, config, registry))
+        model = cls(cfg, dtype=dtype, quant=method.for_layer if method is not None else None)
+    model.quant_method = method
     if config.load_format == "dummy":
         dummy_init(model, config.random_seed)
     else:

@@ -143,6 +143,8 @@ def read_gguf(path: str) -> ModelConfig:
         bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=eos_ids, model_path=os.path.dirname(os.path.abspath(path)),
         weights_format="gguf", gguf_file=os.path.basename(path),
+        quantization_config={"quant_method": "gguf", "weight_types": sorted(
+            {t.tensor_type.name for t in reader.tensors})},
     )
 
 

@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +114,9 @@ class _Checker:
         missing = [f for f in req.cpu_features if f not in p.cpu_features]
         if missing:
             return f"needs CPU features {', '.join(missing)}"
+        absent = [exe for exe in req.executables if shutil.which(exe) is None]
+        if absent:
+            return f"needs {', '.join(absent)} on PATH"
         for spec in req.packages:
             reason = self._package_unmet(spec)
             if reason:

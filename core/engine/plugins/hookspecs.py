@@ -50,12 +50,19 @@ def engine_create_moe_a2a(model_config: Any, config: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def engine_create_quant_method(model_config: Any, config: Any, quant_config: Any) -> Any:
+def engine_create_quant_method(model_config: Any, config: Any, quant_config: Any,
+                               device: Any) -> Any:
     """Build the quantization method for linear layers.
 
-    :param quant_config: the checkpoint's ``quantization_config`` dict, or ``None``
-    :return: an :class:`engine.runtime.linear.QuantMethod`: ``create_weights(layer, ...)``,
-        ``process_weights_after_loading(layer)``, ``apply(layer, x, bias)``.
+    :param quant_config: the checkpoint's ``quantization_config`` dict (a GGUF file's is
+        ``{"quant_method": "gguf", "weight_types": [...]}``), or ``None``
+    :param device: the ``torch.device`` the model is built on
+    :return: an :class:`engine.runtime.linear.QuantMethod`: ``for_layer(name)`` (the method per
+        layer, or None for a dense layer), ``create_weights(layer, ...)``,
+        ``process_weights_after_loading(layer)``, ``apply(layer, x, bias)``. Raise
+        :class:`engine.errors.PluginError` with the reason when it cannot serve this model on
+        this device. Quantized GGUF tensors reach a parameter's ``weight_loader`` as
+        :class:`engine.runtime.linear.PackedWeight` blocks.
     """
 
 

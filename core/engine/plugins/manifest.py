@@ -52,6 +52,8 @@ class Requires:
     cpu_features: tuple[str, ...] = ()
     #: values of ``sys.platform`` it runs on; empty means any
     os: tuple[str, ...] = ()
+    #: programs it runs, found on PATH (e.g. ``("cc",)`` for kernels compiled on first use)
+    executables: tuple[str, ...] = ()
     #: model features that must be present, e.g. ``("mla",)`` or ``("deepseek_sparse_attention",)``;
     #: checked only when a model is known (``engine serve``), shown in listings otherwise
     model_features: tuple[str, ...] = ()

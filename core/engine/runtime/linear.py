@@ -9,14 +9,54 @@ creates its parameters (``create_weights``), repacks them once the checkpoint is
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
+@dataclass(frozen=True)
+class PackedWeight:
+    """A checkpoint tensor still in its file's block-quantized layout.
+
+    ``data`` is uint8 ``[rows, row_bytes]`` (one row of blocks per output feature), ``qtype`` the
+    format's type name (GGUF: ``"Q4_1"``, ``"Q8_0"``...), ``shape`` the logical ``[rows, cols]``.
+    Loaders yield these for quantized GGUF tensors; a parameter without a ``weight_loader``
+    receives :meth:`dequantize`'s float32 tensor, so only quantization methods that read the
+    packed blocks ever see this type.
+    """
+
+    data: torch.Tensor
+    qtype: str
+    shape: tuple[int, int]
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 values, ``shape``-shaped."""
+        import gguf
+
+        from engine.errors import ConfigError
+
+        try:
+            array = gguf.dequantize(self.data.numpy(), gguf.GGMLQuantizationType[self.qtype])
+        except NotImplementedError:
+            raise ConfigError(f"GGUF quantization {self.qtype}: the gguf package cannot "
+                              "dequantize it") from None
+        return torch.from_numpy(array.reshape(self.shape))
+
+    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "PackedWeight":
+        """The same weight with its rows rearranged by ``fn`` (which sees ``data``)."""
+        return PackedWeight(fn(self.data).contiguous(), self.qtype, self.shape)
+
+
 class QuantMethod(ABC):
     """How one linear layer stores its weight and computes ``x @ W.T + bias``."""
+
+    def for_layer(self, name: str) -> "QuantMethod | None":
+        """The method for the layer called ``name`` (``model.layers.3.mlp.down_proj``,
+        ``lm_head``...); ``None`` keeps that layer dense. Default: this method everywhere."""
+        return self
 
     @abstractmethod
     def create_weights(self, layer: "Linear", in_features: int, out_features: int,

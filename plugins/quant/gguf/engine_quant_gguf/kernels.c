@@ -1,0 +1,162 @@
+/* Matrix products straight from GGUF block-quantized weights (x86-64, AVX2 + FMA + F16C).
+ *
+ * y[m, n] = sum_k x[m, k] * W[n, k] for float32 activations x [M, K] (row-major) and a weight
+ * W [N, K] stored as GGUF rows of blocks of 32 values along K:
+ *   Q4_0: fp16 d, 16 bytes of nibbles           value = d * (q - 8)
+ *   Q4_1: fp16 d, fp16 m, 16 bytes of nibbles   value = d * q + m
+ *   Q8_0: fp16 d, 32 int8                       value = d * q
+ * Nibble byte j holds element j (low half) and element j + 16 (high half).
+ *
+ * Activations stay float32 (no requantization): each output is an exact-weight dot product, in
+ * a fixed order that depends only on K, so an output row never depends on the other rows of the
+ * batch. Rows of W are split across the OpenMP threads of the process (the runtime that torch
+ * itself uses, so torch.set_num_threads applies).
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGML type ids */
+
+#define ROW_TILE 16 /* weight rows per task: their blocks stay in L1 while row chunks reuse them */
+#define MAX_MB 8    /* activation rows per register-blocked pass */
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+    return _cvtsh_ss(h);
+}
+
+static inline int block_bytes(int qtype) {
+    return qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
+}
+
+/* 32 quantized values of one block -> four vectors of 8 floats (integer levels, unscaled). */
+static inline __attribute__((always_inline)) void unpack(int qtype, const uint8_t *blk,
+                                                         __m256 q[4]) {
+    if (qtype == Q8_0) {
+        const uint8_t *qs = blk + 2;
+        for (int i = 0; i < 4; i++) {
+            __m128i b = _mm_loadl_epi64((const __m128i *)(qs + 8 * i));
+            q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+        }
+        return;
+    }
+    const uint8_t *qs = blk + (qtype == Q4_1 ? 4 : 2);
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    __m128i mask = _mm_set1_epi8(0x0F);
+    __m128i lo = _mm_and_si128(raw, mask);
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+    __m256i lo0 = _mm256_cvtepu8_epi32(lo), lo1 = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
+    __m256i hi0 = _mm256_cvtepu8_epi32(hi), hi1 = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
+    if (qtype == Q4_0) {
+        __m256i eight = _mm256_set1_epi32(8);
+        lo0 = _mm256_sub_epi32(lo0, eight);
+        lo1 = _mm256_sub_epi32(lo1, eight);
+        hi0 = _mm256_sub_epi32(hi0, eight);
+        hi1 = _mm256_sub_epi32(hi1, eight);
+    }
+    q[0] = _mm256_cvtepi32_ps(lo0);
+    q[1] = _mm256_cvtepi32_ps(lo1);
+    q[2] = _mm256_cvtepi32_ps(hi0);
+    q[3] = _mm256_cvtepi32_ps(hi1);
+}
+
+/* Rows [n0, n1) of W against MB activation rows starting at x; xsum holds the per-block sums of
+ * those rows (Q4_1 only). MB is a constant at every call site, so the accumulators live in
+ * registers. */
+static inline __attribute__((always_inline)) void rows(int qtype, int MB, const uint8_t *w,
+                                                       int64_t nb, int64_t n0, int64_t n1,
+                                                       const float *x, int64_t k,
+                                                       const float *xsum, float *y,
+                                                       int64_t ldy) {
+    const int bb = block_bytes(qtype);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = w + n * nb * bb;
+        __m256 acc[MAX_MB];
+        float extra[MAX_MB];
+        for (int m = 0; m < MB; m++) {
+            acc[m] = _mm256_setzero_ps();
+            extra[m] = 0.0f;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * bb;
+            __m256 q[4];
+            unpack(qtype, blk, q);
+            __m256 d = _mm256_set1_ps(f16(blk));
+            float mn = qtype == Q4_1 ? f16(blk + 2) : 0.0f;
+            for (int m = 0; m < MB; m++) {
+                const float *xb = x + m * k + b * 32;
+                __m256 s = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
+                s = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), s);
+                s = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), s);
+                s = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), s);
+                acc[m] = _mm256_fmadd_ps(d, s, acc[m]);
+                if (qtype == Q4_1) extra[m] += mn * xsum[m * nb + b];
+            }
+        }
+        for (int m = 0; m < MB; m++) y[m * ldy + n] = hsum(acc[m]) + extra[m];
+    }
+}
+
+#define DISPATCH_MB(QT)                                                                      \
+    switch (mb) {                                                                            \
+    case 1: rows(QT, 1, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
+    case 2: rows(QT, 2, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
+    case 3: rows(QT, 3, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
+    case 4: rows(QT, 4, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
+    case 5: rows(QT, 5, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
+    case 6: rows(QT, 6, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
+    case 7: rows(QT, 7, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
+    default: rows(QT, 8, w, nb, n0, n1, x, k, xsum, y, ldy); break;                          \
+    }
+
+static void tile(int qtype, int mb, const uint8_t *w, int64_t nb, int64_t n0, int64_t n1,
+                 const float *x, int64_t k, const float *xsum, float *y, int64_t ldy) {
+    if (qtype == Q4_1) {
+        DISPATCH_MB(Q4_1)
+    } else if (qtype == Q4_0) {
+        DISPATCH_MB(Q4_0)
+    } else {
+        DISPATCH_MB(Q8_0)
+    }
+}
+
+/* y [m, n] = x [m, k] @ W[n, k]^T. Returns 0, or -1 for an unknown type / K not a multiple of
+ * 32, or -2 when scratch memory cannot be had. */
+int engine_gguf_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
+                       int64_t m, float *y) {
+    if ((qtype != Q4_0 && qtype != Q4_1 && qtype != Q8_0) || k % 32 != 0) return -1;
+    const int64_t nb = k / 32;
+    float *xsum = NULL;
+    if (qtype == Q4_1) {
+        xsum = (float *)malloc(sizeof(float) * (size_t)(m * nb));
+        if (!xsum) return -2;
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t b = 0; b < nb; b++) {
+                const float *xb = x + r * k + b * 32;
+                __m256 s = _mm256_add_ps(
+                    _mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)),
+                    _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)));
+                xsum[r * nb + b] = hsum(s);
+            }
+    }
+    const int64_t tiles = (n + ROW_TILE - 1) / ROW_TILE;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t n0 = t * ROW_TILE, n1 = n0 + ROW_TILE < n ? n0 + ROW_TILE : n;
+        for (int64_t r = 0; r < m; r += MAX_MB) {
+            const int mb = (int)(m - r < MAX_MB ? m - r : MAX_MB);
+            tile(qtype, mb, w, nb, n0, n1, x + r * k, k, xsum ? xsum + r * nb : NULL, y + r * n,
+                 n);
+        }
+    }
+    free(xsum);
+    return 0;
+}

@@ -1,0 +1,163 @@
+"""The gguf quantization plugin: kernels against a float64 reference of the ``gguf`` package's
+own dequantization, the layer method, selection rules, and the default model end to end."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.config import ServerConfig
+from engine.errors import PluginError
+from engine.plugins.registry import Registry
+from engine.runtime.linear import Linear, PackedWeight
+
+gguf = pytest.importorskip("gguf")
+kernels = pytest.importorskip("engine_quant_gguf.kernels")
+from engine_quant_gguf.impl import GGUFMethod, engine_create_quant_method  # noqa: E402
+
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+
+def random_blocks(qtype: str, rows: int, cols: int, gen: np.random.Generator) -> PackedWeight:
+    """Random GGUF rows: fp16 scales (and mins), random quant bytes."""
+    nb = cols // 32
+    raw = gen.integers(0, 256, size=(rows, nb, BLOCK_BYTES[qtype]), dtype=np.uint8)
+    scales = gen.uniform(0.005, 0.05, size=(rows, nb)).astype(np.float16)
+    raw[:, :, 0:2] = scales.view(np.uint8).reshape(rows, nb, 2)
+    if qtype == "Q4_1":
+        mins = gen.uniform(-0.2, 0.2, size=(rows, nb)).astype(np.float16)
+        raw[:, :, 2:4] = mins.view(np.uint8).reshape(rows, nb, 2)
+    return PackedWeight(torch.from_numpy(raw.reshape(rows, -1)), qtype, (rows, cols))
+
+
+@pytest.mark.parametrize("qtype", sorted(kernels.QTYPES))
+@pytest.mark.parametrize("rows,cols", [(1, 32), (37, 96), (64, 576)])
+def test_kernel_matches_float64_reference(qtype, rows, cols):
+    gen = np.random.default_rng()
+    w = random_blocks(qtype, rows, cols, gen)
+    dense = w.dequantize().double()
+    for m in (1, 2, 5, 8, 9, 17):  # register-block sizes and their remainders
+        x = torch.randn(m, cols)
+        y = kernels.matmul(kernels.QTYPES[qtype], w.data, rows, x)
+        ref = x.double() @ dense.T
+        assert y.shape == (m, rows) and y.dtype == torch.float32
+        tol = 1e-5 * (x.double().abs() @ dense.abs().T).max().item() + 1e-6
+        assert (y.double() - ref).abs().max().item() <= tol, (qtype, m)
+
+
+def test_kernel_rows_are_batch_invariant():
+    """A token's output does not depend on the other rows of its batch."""
+    w = random_blocks("Q4_1", 48, 128, np.random.default_rng())
+    x = torch.randn(13, 128)
+    together = kernels.matmul(kernels.QTYPES["Q4_1"], w.data, 48, x)
+    for i in (0, 7, 12):
+        alone = kernels.matmul(kernels.QTYPES["Q4_1"], w.data, 48, x[i:i + 1].contiguous())
+        assert torch.equal(alone[0], together[i])
+
+
+def test_kernel_rejects_bad_width():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernels.matmul(kernels.QTYPES["Q8_0"], torch.zeros(4, 34, dtype=torch.uint8), 4,
+                       torch.zeros(1, 40))
+
+
+def fused_layer(shards: list[PackedWeight], max_rows: int = 8, bias: bool = False) -> Linear:
+    out = sum(s.shape[0] for s in shards)
+    layer = Linear(shards[0].shape[1], out, bias=bias, quant_method=GGUFMethod(max_rows))
+    offset = 0
+    for s in shards:
+        layer.weight.weight_loader(layer.weight, s, offset, s.shape[0])
+        offset += s.shape[0]
+    if bias:
+        layer.bias.data.normal_()
+    layer.process_weights_after_loading()
+    return layer
+
+
+def test_method_packed_path_small_batches_dense_path_large():
+    gen = np.random.default_rng()
+    layer = fused_layer([random_blocks("Q4_1", 24, 64, gen), random_blocks("Q4_1", 8, 64, gen)],
+                        max_rows=8, bias=True)
+    assert layer.gguf_blocks is not None and layer.gguf_blocks.shape == (32, 40)
+    dense = torch.cat([layer.weight])
+    for m in (1, 8):
+        x = torch.randn(m, 64)
+        got, want = layer(x), F.linear(x, dense, layer.bias)
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-5)
+    x = torch.randn(9, 64)  # above max_rows: the dense copy, exactly F.linear
+    assert torch.equal(layer(x), F.linear(x, dense, layer.bias))
+    x3 = torch.randn(2, 3, 64)  # leading dims are flattened and restored
+    assert layer(x3).shape == (2, 3, 32)
+
+
+def test_method_mixed_or_unsupported_types_stay_dense():
+    gen = np.random.default_rng()
+    mixed = fused_layer([random_blocks("Q4_1", 8, 64, gen), random_blocks("Q8_0", 8, 64, gen)])
+    assert mixed.gguf_blocks is None
+    x = torch.randn(2, 64)
+    assert torch.equal(mixed(x), F.linear(x, mixed.weight))
+
+
+class _Cfg:
+    weights_format = "gguf"
+
+
+def test_hook_refuses_with_reasons():
+    config = ServerConfig()
+    with pytest.raises(PluginError, match="run on the CPU; this model is on cuda"):
+        engine_create_quant_method(_Cfg(), config, None, torch.device("cuda"))
+    other = type("C", (), {"weights_format": "safetensors"})()
+    with pytest.raises(PluginError, match="needs a .gguf checkpoint"):
+        engine_create_quant_method(other, config, None, torch.device("cpu"))
+    with pytest.raises(PluginError, match="this file's weights are Q4_K, Q6_K"):
+        engine_create_quant_method(_Cfg(), config, {"weight_types": ["Q4_K", "Q6_K"]},
+                                   torch.device("cpu"))
+
+
+def test_detected_gguf_loads_dense_where_the_method_cannot_run(caplog):
+    from engine.models.loader import _quant_method
+    from engine.runtime.model_runner import load_model_config
+
+    registry = Registry()
+    mc = load_model_config(ServerConfig(), registry)
+    assert mc.quantization_config["quant_method"] == "gguf"
+    with caplog.at_level(logging.INFO, logger="engine.models"):
+        assert _quant_method(mc, ServerConfig(), registry, torch.device("cuda")) is None
+    assert "dequantized" in caplog.text and "this model is on cuda" in caplog.text
+    with pytest.raises(PluginError, match="this model is on cuda"):  # asked for: refused
+        _quant_method(mc, ServerConfig(quantization="gguf"), registry, torch.device("cuda"))
+
+
+@pytest.mark.slow
+def test_default_model_gguf_equals_unquant_greedy():
+    """The default model picks gguf on CPU; 24 greedy tokens equal the dequantized model's."""
+    from engine.runtime.model_runner import ModelRunner
+    from engine.testing.batches import BatchBuilder
+
+    outs, logits = {}, {}
+    for quant in (None, "unquant"):
+        runner = ModelRunner(ServerConfig(device="cpu", max_total_tokens=1024,
+                                          attention_backend="torch_native",
+                                          max_running_requests=4, quantization=quant),
+                             Registry())
+        if quant is None:
+            assert type(runner.model.quant_method).__name__ == "GGUFMethod"
+            assert runner.model.lm_head is not None  # tied head served from Q8_0 blocks
+        prompts = [runner.tokenizer.encode(p) for p in ("The capital of France is",
+                                                       "Once upon a time,")]
+        builder = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
+        rows = [builder.new_request() for _ in prompts]
+        lg = runner.forward(builder.extend(list(zip(rows, prompts))))
+        logits[quant] = lg
+        tokens = [[int(t)] for t in lg.argmax(-1)]
+        for _ in range(23):
+            lg = runner.forward(builder.decode([(r, t[-1]) for r, t in zip(rows, tokens)]))
+            for t, nxt in zip(tokens, lg.argmax(-1).tolist()):
+                t.append(nxt)
+        outs[quant] = tokens
+    assert outs[None] == outs["unquant"]
+    assert torch.allclose(logits[None], logits["unquant"], atol=1e-3, rtol=0)
