@@ -1,0 +1,12 @@
+# Source on the GPU machine (no network) from the repository root:  source benchmarks/gpu_env.sh
+# Installs the wheels carried in .whl/ (flashinfer-python 0.5.3, apache-tvm-ffi 0.1.3, pluggy,
+# gguf, flit_core: download them here first, see docs/benchmarks/attention-h200.md) and the
+# core's GPU-relevant plugins (real entry points) into /tmp, and exports the environment.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || return 1
+export PYTHONPATH=/tmp/site:$PWD/core
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+  --target /tmp/site2 plugins/attention/{torch_native,triton,flashinfer,flex_attention} \
+  plugins/parsers/model-config-{hf,auto,mistral} plugins/quant/{gguf,unquant} || return 1
+export PYTHONPATH=/tmp/site:/tmp/site2:$PWD/core
+export CUDA_HOME=/usr/local/cuda FLASHINFER_CUDA_ARCH_LIST=9.0a PYTHONUNBUFFERED=1
