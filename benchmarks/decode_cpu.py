@@ -1,7 +1,9 @@
 """CPU decode speed: our ModelRunner next to transformers, same weights, same run.
 
-Both sides: the default model (SmolLM2-135M-Instruct Q4_1 GGUF dequantized to float32), greedy.
-Ours: torch_native attention, extend then decode batches built as the scheduler would.
+Both sides: the default model (SmolLM2-135M-Instruct Q4_1 GGUF), greedy, float32 activations.
+Ours: torch_native attention, extend then decode batches built as the scheduler would; once with
+the default ``gguf`` quantization plugin (the file's blocks read directly) and once with
+``--quantization unquant`` (weights dequantized to float32, like transformers).
 transformers: fp32, SDPA attention, its KV cache, one forward per step.
 Prints batch-1 decode ms/token and batch-8 ms/step (median of the timed steps).
 
@@ -52,6 +54,10 @@ def transformers_side(prompt: list[int], batch: int, steps: int, model) -> float
     return statistics.median(times[2:]) * 1000
 
 
+#: llama.cpp on this machine class (Q4_1, 2 threads), from the project's issue: ms/step
+LLAMA_CPP = {1: "8-9.5", 8: "38-45"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=32)
@@ -67,10 +73,14 @@ def main() -> None:
     from engine.plugins.registry import Registry
     from engine.runtime.model_runner import ModelRunner
 
-    t0 = time.perf_counter()
-    runner = ModelRunner(ServerConfig(device="cpu", dtype="float32", max_total_tokens=4096,
-                                      attention_backend="torch_native"), Registry())
-    load_ours = time.perf_counter() - t0
+    runners, loads = {}, {}
+    for label, quant in (("gguf", None), ("unquant", "unquant")):
+        t0 = time.perf_counter()
+        runners[label] = ModelRunner(ServerConfig(device="cpu", dtype="float32",
+                                                  max_total_tokens=4096, quantization=quant,
+                                                  attention_backend="torch_native"), Registry())
+        loads[label] = time.perf_counter() - t0
+    runner = runners["gguf"]
     mc = runner.model_config
     t0 = time.perf_counter()
     hf = AutoModelForCausalLM.from_pretrained(mc.model_path, gguf_file=mc.gguf_file,
@@ -82,17 +92,19 @@ def main() -> None:
 
     rows = []
     for batch in (1, 8):
-        a = ours(prompt, batch, args.steps, runner)
+        a = ours(prompt, batch, args.steps, runners["gguf"])
+        d = ours(prompt, batch, args.steps, runners["unquant"])
         b = transformers_side(prompt, batch, args.steps, hf)
-        rows.append((batch, a, b))
-    print(f"threads={torch.get_num_threads()} prompt={len(prompt)} steps={args.steps} "
-          f"load: ours {load_ours:.1f}s, transformers {load_hf:.1f}s")
-    print("| batch | ours ms/step | transformers ms/step | ours tok/s | transformers tok/s "
-          "| speed-up |")
-    print("|---|---|---|---|---|---|")
-    for batch, a, b in rows:
-        print(f"| {batch} | {a:.1f} | {b:.1f} | {batch * 1000 / a:.0f} | {batch * 1000 / b:.0f} "
-              f"| {b / a:.2f}x |")
+        rows.append((batch, a, d, b))
+    print(f"threads={torch.get_num_threads()} prompt={len(prompt)} steps={args.steps} load: "
+          f"ours {loads['gguf']:.1f}s (unquant {loads['unquant']:.1f}s), "
+          f"transformers {load_hf:.1f}s")
+    print("| batch | ours (gguf blocks) ms/step | ours (unquant, fp32) | transformers fp32 "
+          "| llama.cpp Q4_1 (issue) | ours tok/s | transformers tok/s | speed-up vs transformers |")
+    print("|---|---|---|---|---|---|---|---|")
+    for batch, a, d, b in rows:
+        print(f"| {batch} | {a:.1f} | {d:.1f} | {b:.1f} | {LLAMA_CPP[batch]} "
+              f"| {batch * 1000 / a:.0f} | {batch * 1000 / b:.0f} | {b / a:.2f}x |")
 
 
 if __name__ == "__main__":
