@@ -90,7 +90,6 @@ static inline __attribute__((always_inline)) void rows(int qtype, int MB, const 
             __m256 q[4];
             unpack(qtype, blk, q);
             __m256 d = _mm256_set1_ps(f16(blk));
-            float mn = qtype == Q4_1 ? f16(blk + 2) : 0.0f;
             for (int m = 0; m < MB; m++) {
                 const float *xb = x + m * k + b * 32;
                 __m256 s = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
@@ -98,9 +97,25 @@ static inline __attribute__((always_inline)) void rows(int qtype, int MB, const 
                 s = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), s);
                 s = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), s);
                 acc[m] = _mm256_fmadd_ps(d, s, acc[m]);
-                if (qtype == Q4_1) extra[m] += mn * xsum[m * nb + b];
+            }
+            /* Q4_1 minimums: m_b * sum(x_b), eight blocks per vector (the rest one by one) */
+            if (qtype == Q4_1 && (b & 7) == 7) {
+                const uint8_t *g = row + (b - 7) * bb + 2;
+                __m128i h = _mm_setr_epi16(
+                    (short)(g[0] | g[1] << 8), (short)(g[bb] | g[bb + 1] << 8),
+                    (short)(g[2 * bb] | g[2 * bb + 1] << 8), (short)(g[3 * bb] | g[3 * bb + 1] << 8),
+                    (short)(g[4 * bb] | g[4 * bb + 1] << 8), (short)(g[5 * bb] | g[5 * bb + 1] << 8),
+                    (short)(g[6 * bb] | g[6 * bb + 1] << 8), (short)(g[7 * bb] | g[7 * bb + 1] << 8));
+                const __m256 mins = _mm256_cvtph_ps(h);
+                for (int m = 0; m < MB; m++)
+                    acc[m] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(xsum + m * nb + b - 7), acc[m]);
             }
         }
+        if (qtype == Q4_1)
+            for (int64_t b = nb & ~(int64_t)7; b < nb; b++) {
+                const float mn = f16(row + b * bb + 2);
+                for (int m = 0; m < MB; m++) extra[m] += mn * xsum[m * nb + b];
+            }
         for (int m = 0; m < MB; m++) y[m * ldy + n] = hsum(acc[m]) + extra[m];
     }
 }
