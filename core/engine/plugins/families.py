@@ -38,6 +38,8 @@ class Family:
     #: how ``auto`` is resolved when no plugin named ``auto`` is installed:
     #: "priority" (highest-priority available plugin) or None (no auto: unset means off)
     auto: str | None = "priority"
+    #: what an unset flag means when ``auto`` is None (listings)
+    unset: str = "off unless chosen"
     summary: str = ""
     folder_prefix: str = ""  #: choice folder: ``plugins/<folder>/<folder_prefix><choice>``
 
@@ -109,6 +111,7 @@ FAMILIES: dict[str, Family] = {
             interface="engine.runtime.linear:QuantMethod",
             conformance="engine.testing.contract:check",
             auto=None,
+            unset="the checkpoint's own method (a .gguf: gguf where it can run), else none",
             summary="creates a linear layer's weights, post-processes them, applies the matmul",
         ),
         Family(

@@ -111,7 +111,7 @@ class Registry:
         if any(r.name == "auto" for r in records):
             return "auto (a plugin: decides from the model)"
         if FAMILIES[family].auto is None:
-            return "off unless chosen"
+            return FAMILIES[family].unset
         if not records:
             return "none installed"
         try:
