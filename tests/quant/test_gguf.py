@@ -52,6 +52,13 @@ def test_kernel_matches_float64_reference(qtype, rows, cols):
         assert (y.double() - ref).abs().max().item() <= tol, (qtype, m)
 
 
+@pytest.mark.parametrize("qtype", sorted(kernels.QTYPES))
+def test_dequantize_is_bit_identical_to_the_gguf_package(qtype):
+    w = random_blocks(qtype, 37, 96, np.random.default_rng())
+    got = kernels.dequantize(kernels.QTYPES[qtype], w.data, 37, 96)
+    assert torch.equal(got, w.dequantize())
+
+
 def test_kernel_rows_are_batch_invariant():
     """A token's output does not depend on the other rows of its batch."""
     w = random_blocks("Q4_1", 48, 128, np.random.default_rng())

@@ -44,9 +44,12 @@ class GGUFMethod(QuantMethod):
               size: int | None) -> None:
         dst = param.data if size is None else param.data.narrow(0, offset, size)
         if isinstance(tensor, PackedWeight):
-            if tensor.qtype in kernels.QTYPES:
+            qtype = kernels.QTYPES.get(tensor.qtype)
+            if qtype is None:
+                tensor = tensor.dequantize()
+            else:
                 layer.gguf_shards[offset] = tensor
-            tensor = tensor.dequantize()
+                tensor = kernels.dequantize(qtype, tensor.data, *tensor.shape)
         if tuple(dst.shape) != tuple(tensor.shape):
             raise ConfigError(f"gguf: a weight of shape {tuple(tensor.shape)} does not fit "
                               f"rows {offset}..{offset + dst.shape[0]} of {layer}")

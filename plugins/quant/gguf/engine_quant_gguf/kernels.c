@@ -175,3 +175,27 @@ int engine_gguf_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const 
     free(xsum);
     return 0;
 }
+
+/* out [n, k] = the float32 values of W, exactly as the gguf reference computes them (d * q, then
+ * + m for Q4_1; no fused multiply-add). Returns 0, or -1 as engine_gguf_matmul. */
+int engine_gguf_dequantize(int qtype, const uint8_t *w, int64_t n, int64_t k, float *out) {
+    if ((qtype != Q4_0 && qtype != Q4_1 && qtype != Q8_0) || k % 32 != 0) return -1;
+    const int64_t nb = k / 32;
+    const int bb = block_bytes(qtype);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + (r * nb + b) * bb;
+            __m256 q[4];
+            unpack(qtype, blk, q);
+            const __m256 d = _mm256_set1_ps(f16(blk));
+            const __m256 mn = _mm256_set1_ps(qtype == Q4_1 ? f16(blk + 2) : 0.0f);
+            float *o = out + r * k + b * 32;
+            for (int j = 0; j < 4; j++) {
+                __m256 v = _mm256_mul_ps(q[j], d);
+                if (qtype == Q4_1) v = _mm256_add_ps(v, mn);
+                _mm256_storeu_ps(o + 8 * j, v);
+            }
+        }
+    return 0;
+}

@@ -62,6 +62,9 @@ def library() -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     fn.restype = ctypes.c_int
+    lib.engine_gguf_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                           ctypes.c_int64, ctypes.c_void_p]
+    lib.engine_gguf_dequantize.restype = ctypes.c_int
     return lib
 
 
@@ -79,3 +82,11 @@ def matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor) -> torch.T
         raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k}; K must be a "
                          "multiple of 32)")
     return y
+
+
+def dequantize(qtype: int, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """float32 [n, k] values of the packed weight, bit-identical to the gguf package's."""
+    out = torch.empty((n, k), dtype=torch.float32)
+    if library().engine_gguf_dequantize(qtype, blocks.data_ptr(), n, k, out.data_ptr()) != 0:
+        raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k})")
+    return out
