@@ -190,16 +190,19 @@ def _quant_method(cfg: ModelConfig, config: ServerConfig, registry: Any,
     if name is None or registry is None:
         return None
     kwargs = dict(model_config=cfg, config=config, quant_config=quant_cfg, device=device)
-    if not detected:
-        return registry.create("quantization", name, **kwargs)
     try:
-        return registry.create("quantization", name, **kwargs)
+        method = registry.create("quantization", name, **kwargs)
     except (PluginError, NoAnswerError) as exc:
+        if not detected:
+            raise
         if cfg.weights_format != "gguf" or config.load_format not in ("auto", "gguf"):
             raise ConfigError(f"the checkpoint is quantized with {name!r} and no installed "
                               f"quantization plugin serves it here ({exc})") from None
         log.info("GGUF blocks are dequantized to dense %s weights (%s)", config.dtype, exc)
         return None
+    log.info("quantization: %s (%s)", name,
+             "named by the checkpoint" if detected else "--quantization")
+    return method
 
 
 def load_model(cfg: ModelConfig, config: ServerConfig, registry: Any,
