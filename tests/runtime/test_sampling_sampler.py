@@ -34,6 +34,17 @@ def test_greedy_takes_the_argmax() -> None:
     assert out.logprobs is None
 
 
+def test_greedy_ties_take_the_first_maximum_and_masked_ids_never_win() -> None:
+    logits = torch.tensor([[1.0, 7.0, 7.0, 2.0], [float("-inf"), -5.0, -5.0, -9.0],
+                           [4.0, 4.0, 4.0, 4.0]])
+    out = Sampler()(logits, [row(temperature=0.0) for _ in range(3)])
+    assert out.token_ids == [1, 1, 0]
+    assert all(isinstance(t, int) for t in out.token_ids)
+    masked = Sampler()(torch.tensor([[9.0, 1.0, 0.5]]),
+                       [row(temperature=0.0, out=[], stop=frozenset({0}), min_new_tokens=1)])
+    assert masked.token_ids == [1]
+
+
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
     logits = torch.tensor([[2.0, -1.0, 1.5, 0.5]])
     r = row(temperature=0.0, repetition_penalty=2.0, prompt=[0], out=[1])

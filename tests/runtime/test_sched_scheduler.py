@@ -10,6 +10,8 @@ plain token list. (The real model's end-to-end behaviour is tested in tests/serv
 from __future__ import annotations
 
 import itertools
+import logging
+import threading
 from typing import Any
 
 import pytest
@@ -17,7 +19,10 @@ import torch
 
 from engine.config import ServerConfig
 from engine.runtime.batch import Batch
-from engine.runtime.request import Req, ReqOutput
+from engine.plugins.registry import Registry
+from engine.runtime import model_runner
+from engine.runtime.frontend import start_runtime
+from engine.runtime.request import ChannelSink, Req, ReqOutput, emit
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.scheduler import QueueFull, Scheduler
 
@@ -240,3 +245,155 @@ def test_zero_max_new_tokens_prefills_and_generates_nothing() -> None:
     (toks, txt, last), = run(sched, [make_req([1, 2, 3], outs, max_new=0)], outs).values()
     assert toks == [] and txt == "" and last.finish_reason == {"type": "length"}
     assert last.completion_tokens == 0 and last.prompt_tokens == 3
+
+
+def test_a_small_prefill_shares_the_forward_of_the_running_requests() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched()
+    first = make_req([1, 2, 3], outs, max_new=8)
+    sched.submit([first])
+    sched.step()  # prefill of the first request
+    sched.step()  # its first decode
+    late = [make_req(p, outs, max_new=8) for p in prompts(3)]
+    res = run(sched, late, outs)
+    for p, (toks, _, _) in zip(prompts(3), res.values()):
+        assert toks == expected(p, 8)
+    assert [t for o in outs[first.rid] for t in o.token_ids] == expected([1, 2, 3], 8)
+    mixed = sched.runner.batches[2]
+    assert not mixed.is_decode and mixed.extend_lens_cpu == [5, 8, 11, 1]
+    assert all(b.is_decode for b in sched.runner.batches[3:]), "no separate prefill step"
+
+
+def test_a_large_prefill_alternates_with_decode_steps() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched(chunked_prefill_size=150)
+    first = make_req([1, 2, 3], outs, max_new=8)
+    sched.submit([first])
+    sched.step()
+    long = [(3 * j) % VOCAB + 1 for j in range(200)]  # above MIXED_PREFILL_TOKENS
+    res = run(sched, [make_req(long, outs, max_new=4)], outs)
+    (toks, _, _), = res.values()
+    assert toks == expected(long, 4)
+    kinds = ["d" if b.is_decode else "e" + str(sum(b.extend_lens_cpu))
+             for b in sched.runner.batches]
+    # the chunk of 150 runs alone between decode steps; the last 50 mix with a decode
+    assert kinds[:5] == ["e3", "d", "e150", "e51", "d"]
+
+
+class RecordingChannel:
+    """A channel that delivers at once and records each delivery's request ids."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[list[str]] = []
+
+    def deliver(self, items: list[tuple[ChannelSink, ReqOutput]]) -> None:
+        self.deliveries.append([out.rid for _, out in items])
+        for sink, out in items:
+            sink.receive(out)
+
+
+def test_channel_sinks_get_one_delivery_per_step_with_every_output() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    channel = RecordingChannel()
+    sched = make_sched()
+    ps = prompts(4)
+    reqs = [make_req(p, outs) for p in ps]
+    for req in reqs:
+        req.sink = ChannelSink(channel, outs[req.rid].append)
+    res = run(sched, reqs, outs)
+    for p, (toks, _, _) in zip(ps, res.values()):
+        assert toks == expected(p, 8)
+    assert len(channel.deliveries) == len(sched.runner.batches), "one delivery per forward"
+    decode = [d for d, b in zip(channel.deliveries, sched.runner.batches) if b.is_decode]
+    assert decode and all(sorted(d) == sorted(r.rid for r in reqs) for d in decode)
+
+
+def test_emit_calls_plain_sinks_and_groups_each_channel_in_order() -> None:
+    got: list[str] = []
+    a, b = RecordingChannel(), RecordingChannel()
+    items = [(ChannelSink(a, lambda o: got.append("a" + o.rid)), ReqOutput(rid="1")),
+             (lambda o: got.append("p" + o.rid), ReqOutput(rid="2")),
+             (ChannelSink(b, lambda o: got.append("b" + o.rid)), ReqOutput(rid="3")),
+             (ChannelSink(a, lambda o: got.append("a" + o.rid)), ReqOutput(rid="4"))]
+    emit(items)
+    assert a.deliveries == [["1", "4"]] and b.deliveries == [["3"]]
+    assert got == ["p2", "a1", "a4", "b3"]
+
+
+def test_batch_vectors_match_the_requests() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched(chunked_prefill_size=6)
+    a, b = make_req([1, 2, 3, 4], outs, max_new=2), make_req([5, 6, 7, 8, 9], outs, max_new=2)
+    run(sched, [a, b], outs)
+    first, second = [bt for bt in sched.runner.batches if not bt.is_decode][:2]
+    assert first.extend_lens_cpu == [4, 2] and first.prefix_lens_cpu == [0, 0]
+    assert first.input_ids.tolist() == [1, 2, 3, 4, 5, 6]
+    assert first.positions.tolist() == [0, 1, 2, 3, 0, 1]
+    assert first.logits_indices.tolist() == [3]  # b's prompt is not complete yet
+    # b's last chunk and a's next token share the forward (a mixed step)
+    a_first = expected([1, 2, 3, 4], 1)[0]
+    assert second.extend_lens_cpu == [3, 1] and second.prefix_lens_cpu == [2, 4]
+    assert second.positions.tolist() == [2, 3, 4, 4]
+    assert second.input_ids.tolist() == [7, 8, 9, a_first]
+    assert second.logits_indices.tolist() == [2, 3]
+    for batch in sched.runner.batches:
+        assert batch.seq_lens.tolist() == batch.seq_lens_cpu == [
+            p + e for p, e in zip(batch.prefix_lens_cpu, batch.extend_lens_cpu)]
+        assert batch.prefix_lens.tolist() == batch.prefix_lens_cpu
+        assert batch.extend_lens.tolist() == batch.extend_lens_cpu
+        assert batch.out_cache_loc.shape == batch.input_ids.shape == batch.positions.shape
+    decode = [bt for bt in sched.runner.batches if bt.is_decode][0]
+    assert decode.positions.tolist() == decode.prefix_lens_cpu
+
+
+def test_step_timing_logs_a_summary_when_enabled(monkeypatch, caplog) -> None:
+    monkeypatch.setenv("ENGINE_STEP_TIMING", "3")
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched()
+    with caplog.at_level(logging.INFO, logger="engine.scheduler"):
+        run(sched, [make_req([1, 2, 3], outs, max_new=6)], outs)
+    lines = [r.getMessage() for r in caplog.records if "step timing" in r.getMessage()]
+    assert len(lines) == 2  # 6 steps, a summary every 3
+    assert "forward=" in lines[0] and "decode1:3" in lines[1]
+
+
+class ThreadRecordingRunner(StandInRunner):
+    """A stand-in for ``ModelRunner(config, registry)`` that records the threads it runs in."""
+
+    threads: dict[str, int] = {}
+
+    def __init__(self, config: ServerConfig, registry: Any) -> None:
+        super().__init__(512, 1)
+        self.threads["load"] = threading.get_ident()
+        self.tokenizer = type("Tok", (), {"eos_token_ids": ()})()
+        self.model_config = type("Cfg", (), {"vocab_size": VOCAB, "eos_token_ids": ()})()
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        self.threads["forward"] = threading.get_ident()
+        return super().forward(batch)
+
+
+def test_start_runtime_loads_and_steps_in_one_thread(monkeypatch) -> None:
+    monkeypatch.setattr(model_runner, "ModelRunner", ThreadRecordingRunner)
+    runtime = start_runtime(ServerConfig(page_size=1), Registry(records=[]))
+    try:
+        done = threading.Event()
+        outs: dict[str, list[ReqOutput]] = {}
+        req = make_req([1, 2, 3], outs, max_new=3)
+        req.sink = lambda out: (outs[req.rid].append(out), out.finished and done.set())
+        runtime.scheduler.submit([req])
+        assert done.wait(10)
+    finally:
+        runtime.shutdown()
+    threads = ThreadRecordingRunner.threads
+    assert threads["load"] == threads["forward"] != threading.get_ident()
+    assert [t for o in outs[req.rid] for t in o.token_ids] == expected([1, 2, 3], 3)
+
+
+def test_start_runtime_raises_what_the_load_raised(monkeypatch) -> None:
+    def broken(config: ServerConfig, registry: Any) -> None:
+        raise RuntimeError("no such model")
+
+    monkeypatch.setattr(model_runner, "ModelRunner", broken)
+    with pytest.raises(RuntimeError, match="no such model"):
+        start_runtime(ServerConfig(), Registry(records=[]))

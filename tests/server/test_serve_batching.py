@@ -145,6 +145,22 @@ def test_client_disconnect_aborts_the_request(main_server) -> None:
     assert 'finish_reason="abort"' in metrics
 
 
+def test_client_leaving_a_non_streamed_request_aborts_it(main_server) -> None:
+    """Tokens keep coming for this request; the disconnect is still noticed within a second."""
+    with main_server.client() as c:
+        with pytest.raises(httpx.ReadTimeout):
+            c.post("/generate", timeout=2.0, json={
+                "text": "Write a very long essay:",
+                "sampling_params": {"temperature": 0, "max_new_tokens": 2000,
+                                    "ignore_eos": True}})
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if c.get("/get_server_info").json()["scheduler"]["num_running"] == 0:
+                break
+            time.sleep(0.2)
+        assert c.get("/get_server_info").json()["scheduler"]["num_running"] == 0
+
+
 def test_info_health_and_metrics_routes(main_server) -> None:
     with main_server.client() as c:
         assert c.get("/health").status_code == 200

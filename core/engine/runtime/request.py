@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Protocol
 
 import torch
 
@@ -38,6 +38,42 @@ class ReqOutput:
 
 
 Sink = Callable[[ReqOutput], None]
+
+
+class Channel(Protocol):
+    """Carries outputs to consumers elsewhere (another thread's event loop): one ``deliver``
+    call per scheduler step for all of that step's outputs on the channel, in order."""
+
+    def deliver(self, items: list[tuple["ChannelSink", ReqOutput]]) -> None: ...
+
+
+@dataclass(eq=False)
+class ChannelSink:
+    """A sink that reaches its consumer through a shared :class:`Channel`.
+
+    ``receive`` runs on the consumer's side (after the channel's hand-off). Called on its own,
+    the sink delivers one output; :func:`emit` groups a step's outputs per channel instead.
+    """
+
+    channel: Channel
+    receive: Callable[[ReqOutput], None]
+
+    def __call__(self, out: ReqOutput) -> None:
+        self.channel.deliver([(self, out)])
+
+
+def emit(items: Iterable[tuple[Sink, ReqOutput]]) -> None:
+    """Hand each output to its sink, in order. The outputs for channel sinks
+    (:class:`ChannelSink`) of one channel go in a single ``deliver`` call, made after the plain
+    sinks have been called."""
+    groups: dict[int, tuple[Channel, list[tuple[ChannelSink, ReqOutput]]]] = {}
+    for sink, out in items:
+        if isinstance(sink, ChannelSink):
+            groups.setdefault(id(sink.channel), (sink.channel, []))[1].append((sink, out))
+        else:
+            sink(out)
+    for channel, group in groups.values():
+        channel.deliver(group)
 
 
 class Detokenizer:

@@ -203,12 +203,12 @@ class Sampler:
 
         greedy = [r.sampling_params.is_greedy for r in rows]
         if all(greedy):
-            out.token_ids = logits.argmax(dim=-1).tolist()
+            out.token_ids = _argmax(logits)
         else:
             sample_idx = [i for i, g in enumerate(greedy) if not g]
             probs = _truncated_probs(logits[sample_idx], [rows[i].sampling_params
                                                           for i in sample_idx])
-            greedy_ids = logits.argmax(dim=-1).tolist() if any(greedy) else []
+            greedy_ids = _argmax(logits) if any(greedy) else []
             for j, i in enumerate(sample_idx):
                 tok = torch.multinomial(probs[j], 1, generator=rows[i].generator)
                 out.token_ids[i] = int(tok)
@@ -228,6 +228,17 @@ class Sampler:
                     n = row.sampling_params.top_logprobs
                     out.top_logprobs[i] = list(zip(idx_l[i][:n], vals_l[i][:n]))
         return out
+
+
+def _argmax(logits: torch.Tensor) -> list[int]:
+    """Index of each row's first maximum, as Python ints (one device sync).
+
+    On CPU through NumPy, whose row argmax over a vocabulary is several times faster than
+    torch's; both return the first maximal index.
+    """
+    if logits.device.type == "cpu":
+        return logits.numpy().argmax(axis=-1).tolist()
+    return logits.argmax(dim=-1).tolist()
 
 
 def _apply_penalties(logits: torch.Tensor, row: SamplingRow, vocab: int) -> None:

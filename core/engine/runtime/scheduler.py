@@ -7,8 +7,10 @@ sink. Requests join and leave between steps.
 * **Prefill** (an ``EXTEND`` batch): the partly prefilled request first, then waiting requests
   in policy order (``fcfs``: arrival; ``lpm``: longest cached prefix first), each starting after
   its radix-cache hit, until ``chunked_prefill_size`` new tokens are packed; a prompt longer
-  than what is left is cut into chunks across steps. When decode requests are running, prefill
-  and decode steps alternate, so a long prompt never stalls the running streams.
+  than what is left is cut into chunks across steps. When decode requests are running, a
+  prefill of at most ``MIXED_PREFILL_TOKENS`` new tokens runs in the same forward as their next
+  tokens (a *mixed* step: requests arriving one by one cost no decode step); a larger one
+  alternates with decode steps, so a long prompt never stalls the running streams.
 * **Decode**: one token for every running request.
 * **Memory**: pages come from the allocator; when short, unlocked radix-cache leaves are
   evicted (LRU); when still short, a new request waits in the queue, and a decode step retracts
@@ -19,12 +21,15 @@ sink. Requests join and leave between steps.
   not emitted), stop strings (cut from the text, also when split across tokens: text that could
   still begin a stop string is held back), ``max_new_tokens`` and the context length.
 
-The scheduler runs in one thread (:meth:`start`) or is stepped by its caller (offline engine).
+The scheduler runs in one thread (:meth:`start`, or :meth:`run` in a thread of the caller's: the
+one that loaded the model, see :func:`engine.runtime.frontend.start_runtime`) or is stepped by
+its caller (offline engine). ``ENGINE_STEP_TIMING=N`` logs where its steps' time goes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -37,7 +42,7 @@ from engine.config import ServerConfig
 from engine.runtime.allocator import PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode
 from engine.runtime.radix_cache import RadixCache
-from engine.runtime.request import Req, ReqOutput
+from engine.runtime.request import Req, ReqOutput, emit
 from engine.runtime.sampling import Sampler
 
 log = logging.getLogger("engine.scheduler")
@@ -45,6 +50,71 @@ log = logging.getLogger("engine.scheduler")
 DEFAULT_CHUNKED_PREFILL = {"cpu": 2048, "cuda": 8192}
 LPM_SCAN_LIMIT = 128  #: waiting requests ranked by prefix match per step (lpm)
 ADMIT_DECODE_RESERVE = 64  #: tokens of decode room a new request must find free to be admitted
+#: a prefill of at most this many new tokens shares its forward with the running requests'
+#: decode tokens (their rows are padded to the longest extend by some attention backends, so
+#: this stays small)
+MIXED_PREFILL_TOKENS = 128
+
+
+class StepTimer:
+    """Wall and thread-CPU seconds per phase of the scheduler's steps, logged every ``every``.
+
+    Enabled by ``ENGINE_STEP_TIMING=N`` (log a summary every N steps). ``mark(phase)`` charges
+    the time since the previous mark to ``phase``; wall time well above CPU time in a Python
+    phase is time the thread waited for the GIL or for a core.
+    """
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self._last = (time.perf_counter(), time.thread_time())
+        self._phases: dict[str, list[float]] = {}
+        self._modes: dict[str, int] = {}
+        self._steps = 0
+
+    def mark(self, phase: str) -> None:
+        now = (time.perf_counter(), time.thread_time())
+        acc = self._phases.setdefault(phase, [0.0, 0.0])
+        acc[0] += now[0] - self._last[0]
+        acc[1] += now[1] - self._last[1]
+        self._last = now
+
+    def end_step(self, mode: str, batch_size: int) -> None:
+        self.mark("rest")
+        key = f"{mode}{batch_size}"
+        self._modes[key] = self._modes.get(key, 0) + 1
+        self._steps += 1
+        if self._steps >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Log the per-step means since the last flush and start over."""
+        if not self._steps:
+            return
+        n = self._steps
+        parts = " ".join(f"{k}={w / n * 1000:.2f}/{c / n * 1000:.2f}"
+                         for k, (w, c) in self._phases.items())
+        steps = " ".join(f"{k}:{v}" for k, v in sorted(self._modes.items()))
+        log.info("step timing over %d steps (ms per step, wall/cpu): %s | steps %s",
+                 n, parts, steps)
+        self._phases, self._modes, self._steps = {}, {}, 0
+
+
+class _NoTimer:
+    """The disabled :class:`StepTimer`: every call does nothing."""
+
+    def mark(self, phase: str) -> None:
+        pass
+
+    def end_step(self, mode: str, batch_size: int) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def _step_timer() -> StepTimer | _NoTimer:
+    every = os.environ.get("ENGINE_STEP_TIMING", "")
+    return StepTimer(int(every)) if every.isdigit() and int(every) > 0 else _NoTimer()
 
 
 class QueueFull(RuntimeError):
@@ -102,6 +172,7 @@ class Scheduler:
         self._stop = threading.Event()
         self.num_retractions = 0
         self.num_steps = 0
+        self.timer = _step_timer()
 
     # ------------------------------------------------------------------ thread-safe API
 
@@ -135,21 +206,31 @@ class Scheduler:
             num_retractions=self.num_retractions, num_steps=self.num_steps)
 
     def start(self) -> None:
-        """Run :meth:`step` in a daemon thread until :meth:`stop`."""
-        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+        """Run :meth:`step` in a new daemon thread until :meth:`stop`.
+
+        The model should have been loaded in that same thread (see
+        :func:`engine.runtime.frontend.start_runtime`); :meth:`run` is the loop to call there.
+        """
+        self._thread = threading.Thread(target=self.run, name="engine-scheduler", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """End the loop of :meth:`run` after the current step; wait for it (30 s at most)."""
         self._stop.set()
         self._inbox.put(("wake", None))
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=30)
 
-    def _loop(self) -> None:
+    def run(self) -> None:
+        """Step in the calling thread until :meth:`stop`, sleeping on the inbox when idle."""
+        self._thread = threading.current_thread()
         while not self._stop.is_set():
             try:
                 if not self.step():
+                    self.timer.flush()
                     self._drain_inbox(block=True)
+                    self.timer.mark("idle")
             except Exception:  # noqa: BLE001 - keep serving; fail only the requests in flight
                 log.exception("scheduler step failed; failing the requests in flight")
                 self._fail_all("internal error in the model step (see the server log)")
@@ -163,21 +244,37 @@ class Scheduler:
     def step(self) -> bool:
         """Run at most one forward; return False when there was nothing to do."""
         self._drain_inbox(block=False)
+        self.timer.mark("inbox")
         want_prefill = self.chunked is not None or bool(self.waiting)
-        batch_reqs: list[tuple[Req, int, list[int]]] | None = None
-        if want_prefill and not (self.running and self._last_was_prefill):
-            batch_reqs = self._schedule_prefill()
-        if batch_reqs:
-            self._last_was_prefill = True
-            self._run_extend(batch_reqs)
+        plan: list[tuple[Req, int, list[int]]] = []
+        if want_prefill and self.running:
+            self._ensure_decode_room()  # first: what it retracts re-enters the queue
+        if want_prefill and self.running and self._prefill_is_small():
+            kind, size = self._run_mixed()
+        elif want_prefill and not (self.running and self._last_was_prefill) and \
+                (plan := self._schedule_prefill()):
+            kind, size = "extend", len(plan)
+            self._run_extend(plan)
         elif self.running:
-            self._last_was_prefill = False
+            kind, size = "decode", len(self.running)
             self._run_decode()
         else:
             self._last_was_prefill = False
             return False
+        self._last_was_prefill = kind == "extend"
+        self.timer.end_step(kind, size)
         self.num_steps += 1
         return True
+
+    def _prefill_is_small(self) -> bool:
+        """Whether the next prefill has at most ``MIXED_PREFILL_TOKENS`` new tokens, whatever
+        requests it admits (an upper bound: cache hits only make it smaller)."""
+        total = self.chunked.seq_len - self.chunked.kv_len if self.chunked is not None else 0
+        for req in self.waiting:
+            if total > MIXED_PREFILL_TOKENS:
+                break
+            total += req.seq_len
+        return total <= MIXED_PREFILL_TOKENS
 
     def _drain_inbox(self, *, block: bool) -> None:
         try:
@@ -294,7 +391,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ forwards
 
-    def _run_extend(self, plan: list[tuple[Req, int, list[int]]]) -> None:
+    def _run_extend(self, plan: list[tuple[Req, int, list[int]]],
+                    running: list[Req] | None = None) -> None:
+        """Forward ``plan`` as one extend batch, then sample each request whose tokens are now
+        all in the KV. ``running``: requests of the plan that were already running (a mixed
+        step gives each of them its next token as a one-token extend)."""
         input_ids: list[int] = []
         positions: list[int] = []
         locs: list[int] = []
@@ -314,16 +415,37 @@ class Scheduler:
                 logits_idx.append(len(input_ids) - 1)
                 sampled.append(req)
         reqs = [item[0] for item in plan]
+        self.timer.mark("schedule")
         batch = self._batch(ForwardMode.EXTEND, reqs, input_ids, positions, locs, prefix_lens,
                             extend_lens, logits_idx)
+        self.timer.mark("batch")
         logits = self.runner.forward(batch)
+        self.timer.mark("forward")
         for req, n in zip(reqs, extend_lens):
             req.kv_len += n
         if sampled:
             tokens = self._process(sampled, logits)
-            self.running.extend(r for r in sampled if not r.finished)
+            already = set(map(id, running or ()))
+            self.running.extend(r for r in sampled if not r.finished and id(r) not in already)
             if self.after_forward is not None:
                 self.after_forward(batch, tokens)
+
+    def _run_mixed(self) -> tuple[str, int]:
+        """The running requests' next tokens and a small prefill in one forward (a plain decode
+        when no prefill can be admitted); returns the step's kind and size. The caller has
+        ensured decode room for every running request."""
+        reqs = list(self.running)
+        decode: list[tuple[Req, int, list[int]]] = []
+        for req in reqs:
+            slots = self._take_slots(req, 1)
+            assert slots is not None, "room was ensured"
+            decode.append((req, 1, slots))
+        plan = self._schedule_prefill()
+        if not plan:
+            self._forward_decode(reqs, [slots[0] for _, _, slots in decode])
+            return "decode", len(reqs)
+        self._run_extend(plan + decode, reqs)
+        return "mixed", len(plan) + len(reqs)
 
     def _run_decode(self) -> None:
         self._ensure_decode_room()
@@ -335,11 +457,18 @@ class Scheduler:
             slots = self._take_slots(req, 1)
             assert slots is not None, "room was ensured"
             locs.extend(slots)
+        self._forward_decode(reqs, locs)
+
+    def _forward_decode(self, reqs: list[Req], locs: list[int]) -> None:
+        """One decode forward: the next token of each of ``reqs`` into its slot in ``locs``."""
         input_ids = [r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1] for r in reqs]
         positions = [r.kv_len for r in reqs]
+        self.timer.mark("schedule")
         batch = self._batch(ForwardMode.DECODE, reqs, input_ids, positions, locs, positions,
                             [1] * len(reqs), list(range(len(reqs))))
+        self.timer.mark("batch")
         logits = self.runner.forward(batch)
+        self.timer.mark("forward")
         for req in reqs:
             req.kv_len += 1
         tokens = self._process(reqs, logits)
@@ -380,26 +509,22 @@ class Scheduler:
     def _batch(self, mode: ForwardMode, reqs: list[Req], input_ids: list[int],
                positions: list[int], locs: list[int], prefix_lens: list[int],
                extend_lens: list[int], logits_idx: list[int]) -> Batch:
-        dev = self.device
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
         rows = [r.row for r in reqs]
         row_idx = [row for row, e in zip(rows, extend_lens) for _ in range(e)]
-        loc_t = torch.tensor(locs, dtype=torch.long, device=dev)
-        pos_t = torch.tensor(positions, dtype=torch.long, device=dev)
-        self.runner.req_to_token[torch.tensor(row_idx, dtype=torch.long, device=dev),
-                                 pos_t] = loc_t
+        # every small index vector in one tensor (one host-to-device copy), split into views
+        n_tok, n_req = len(input_ids), len(reqs)
+        flat = torch.tensor(input_ids + positions + locs + row_idx + rows + seq_lens + prefix_lens
+                            + extend_lens + logits_idx, dtype=torch.long, device=self.device)
+        ids_t, pos_t, loc_t, row_idx_t, rows_t, seq_t, prefix_t, extend_t, logits_t = flat.split(
+            [n_tok] * 4 + [n_req] * 4 + [len(logits_idx)])
+        self.runner.req_to_token[row_idx_t, pos_t] = loc_t
         return Batch(
-            mode=mode,
-            input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
-            positions=pos_t, out_cache_loc=loc_t,
-            req_pool_indices=torch.tensor(rows, dtype=torch.long, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.long, device=dev),
-            prefix_lens=torch.tensor(prefix_lens, dtype=torch.long, device=dev),
-            extend_lens=torch.tensor(extend_lens, dtype=torch.long, device=dev),
+            mode=mode, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
+            req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=prefix_t, extend_lens=extend_t,
             req_to_token=self.runner.req_to_token,
             seq_lens_cpu=seq_lens, prefix_lens_cpu=list(prefix_lens),
-            extend_lens_cpu=list(extend_lens),
-            logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=dev),
+            extend_lens_cpu=list(extend_lens), logits_indices=logits_t,
             sampling=[r.sampling_params for r in reqs],
         )
 
@@ -408,6 +533,7 @@ class Scheduler:
     def _process(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
         """Sample, append, finish and emit; returns the sampled token ids in ``reqs`` order."""
         out = self.sampler(logits, reqs)
+        self.timer.mark("sample")
         now = time.monotonic()
         deltas: list[ReqOutput] = []
         done: list[Req] = []
@@ -434,12 +560,14 @@ class Scheduler:
             deltas.append(delta)
             if req.finished:
                 done.append(req)
-        for req, delta in zip(reqs, deltas):
-            req.sink(delta)
+        self.timer.mark("finish")
+        emit((req.sink, delta) for req, delta in zip(reqs, deltas))
+        self.timer.mark("emit")
         if done:
             self.running = [r for r in self.running if not r.finished]
             for req in done:
                 self._release(req)
+            self.timer.mark("release")
         return list(out.token_ids)
 
     def _check_finish(self, req: Req, tok: int) -> None:
@@ -522,10 +650,13 @@ class Scheduler:
         req.last_slot = None
 
     def _emit_and_release(self, reqs: list[Req]) -> None:
+        deltas = []
         for req in reqs:
             delta = ReqOutput(rid=req.rid, text=self._new_text(req))
             self._fill_counts(req, delta)
-            req.sink(delta)
+            deltas.append((req.sink, delta))
+        emit(deltas)
+        for req in reqs:
             if req in self.running:
                 self.running.remove(req)
             if self.chunked is req:

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import engine
 from engine.config import ServerConfig
 from engine.plugins.registry import Registry
-from engine.runtime.frontend import RequestError, Runtime
+from engine.runtime.frontend import RequestError, Runtime, start_runtime
 from engine.runtime.sampling import InvalidParam, SamplingParams
 from engine.server.generation import Generation, SeqState, internal_failure
 from engine.server.metrics import Metrics
@@ -342,8 +342,7 @@ def run_server(config: ServerConfig, registry: Registry) -> int:
     import uvicorn
 
     t0 = time.monotonic()
-    runtime = Runtime(config, registry)
-    runtime.scheduler.start()
+    runtime = start_runtime(config, registry)
     try:
         if not config.skip_server_warmup:
             _warm_up(runtime)

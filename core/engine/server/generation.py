@@ -1,9 +1,11 @@
 """The bridge between the event loop and the scheduler thread, for one HTTP request.
 
-The scheduler thread calls each request's sink with a :class:`ReqOutput`; the sink hands it to
-the event loop with ``call_soon_threadsafe`` (the loop never blocks on the model). A
-:class:`Generation` submits every sequence of one HTTP request (prompts x ``n``), yields their
-outputs as they come, records metrics, and aborts what is left when the client goes away.
+Each request's sink is a :class:`~engine.runtime.request.ChannelSink` on the loop's
+:class:`LoopChannel`: the scheduler hands all outputs of one step to the event loop with a
+single ``call_soon_threadsafe`` (the loop never blocks on the model, and wakes once per step,
+not once per token). A :class:`Generation` submits every sequence of one HTTP request (prompts
+x ``n``), yields their outputs as they come, records metrics, and aborts what is left when the
+client goes away.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
 
 from engine.runtime.frontend import RequestError, Runtime
-from engine.runtime.request import ReqOutput
+from engine.runtime.request import ChannelSink, ReqOutput
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.scheduler import QueueFull
 from engine.server.metrics import Metrics
@@ -27,6 +30,37 @@ DISCONNECT_POLL_S = 0.5
 
 class ClientGone(Exception):
     """The client disconnected; its sequences were aborted."""
+
+
+class LoopChannel:
+    """Hands outputs from the scheduler thread to one event loop: one callback per delivery."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def deliver(self, items: list[tuple[ChannelSink, ReqOutput]]) -> None:
+        """Thread-safe: run each sink's ``receive`` on the loop, in order."""
+        self.loop.call_soon_threadsafe(_receive_all, items)
+
+
+def _receive_all(items: list[tuple[ChannelSink, ReqOutput]]) -> None:
+    for sink, out in items:
+        sink.receive(out)
+
+
+_channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopChannel] = \
+    weakref.WeakKeyDictionary()
+
+
+def loop_channel(loop: asyncio.AbstractEventLoop) -> LoopChannel:
+    """The one :class:`LoopChannel` of ``loop`` (call on the loop's own thread)."""
+    channel = _channels.get(loop)
+    if channel is None:
+        channel = _channels[loop] = LoopChannel(loop)
+    return channel
+
+
+_GONE = object()  #: put in a generation's queue by its watchdog when the client disconnected
 
 
 @dataclass
@@ -57,11 +91,8 @@ class Generation:
         self.runtime, self.metrics, self.request = runtime, metrics, request
         self.rid = rid or uuid.uuid4().hex
         self.start = time.monotonic()
-        self._queue: asyncio.Queue[ReqOutput] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-
-        def sink(out: ReqOutput) -> None:
-            loop.call_soon_threadsafe(self._queue.put_nowait, out)
+        self._queue: asyncio.Queue[ReqOutput | object] = asyncio.Queue()
+        sink = ChannelSink(loop_channel(asyncio.get_running_loop()), self._queue.put_nowait)
 
         reqs = []
         self.seqs: dict[str, SeqState] = {}
@@ -85,23 +116,42 @@ class Generation:
         return sorted(self.seqs.values(), key=lambda s: s.index)
 
     async def __aiter__(self) -> AsyncIterator[tuple[SeqState, ReqOutput]]:
-        """Yield ``(state after the output, output)`` until every sequence has finished."""
+        """Yield ``(state after the output, output)`` until every sequence has finished.
+
+        Raises :class:`ClientGone` when the client disconnects (checked every
+        ``DISCONNECT_POLL_S`` by a watchdog task while the generation runs).
+        """
+        watchdog = None
+        if self.request is not None and self._open:
+            watchdog = asyncio.ensure_future(self._watch(self.request))
         try:
             while self._open:
-                try:
-                    out = await asyncio.wait_for(self._queue.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if self.request is not None and await self.request.is_disconnected():
-                        raise ClientGone() from None
-                    continue
+                out = await self._queue.get()
+                if not isinstance(out, ReqOutput):  # _GONE
+                    raise ClientGone()
                 state = self._apply(out)
                 yield state, out
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             if self._open:  # the client left (or the handler failed): stop the rest
                 self.runtime.scheduler.abort(self.rid)
                 left = sum(1 for s in self.seqs.values() if s.finish_reason is None)
                 self.metrics.requests.labels(self.metrics.model_name, "abort").inc(left)
                 self._open = 0
+
+    async def _watch(self, request: Request) -> None:
+        """Wake the iteration with ``_GONE`` once the client has disconnected (stop watching,
+        quietly, if the connection can no longer tell)."""
+        while True:
+            await asyncio.sleep(DISCONNECT_POLL_S)
+            try:
+                gone = await request.is_disconnected()
+            except Exception:  # noqa: BLE001 - the response is over or the transport is gone
+                return
+            if gone:
+                self._queue.put_nowait(_GONE)
+                return
 
     async def collect(self) -> list[SeqState]:
         async for _ in self:
@@ -115,9 +165,9 @@ class Generation:
         if out.token_ids:
             if s.first_token_at is None:
                 s.first_token_at = now
-                m.ttft.labels(name).observe(now - self.start)
+                m.observe_ttft(now - self.start)
             elif s.last_token_at is not None:
-                m.itl.labels(name).observe((now - s.last_token_at) / len(out.token_ids))
+                m.observe_itl((now - s.last_token_at) / len(out.token_ids))
             s.last_token_at = now
         s.text += out.text
         s.token_ids.extend(out.token_ids)

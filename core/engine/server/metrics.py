@@ -41,6 +41,9 @@ class Metrics:
         self.e2e = Histogram("engine_e2e_request_latency_seconds", "Request latency.", labels,
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.model_name = model_name
+        #: this model's per-token histograms, resolved once (``labels()`` locks and looks up)
+        self.observe_ttft = self.ttft.labels(model_name).observe
+        self.observe_itl = self.itl.labels(model_name).observe
         gauges = {
             "engine_num_running_requests": ("Requests in the running batch.",
                                             lambda s: s.num_running),
