@@ -7,7 +7,9 @@ Measures (greedy, ``ignore_eos`` so every request makes exactly ``--max-tokens``
 * aggregate throughput with 8 concurrent requests (output tokens / wall time), and the mean
   per-step decode time it implies;
 * batch-1 decode: ms per output token of one request alone (after its first token);
-* time to first token of a 512-token prompt (streamed ``/generate``, radix cache flushed).
+* time to first token of a 512-token prompt (streamed ``/generate``, radix cache flushed);
+* then, in the same run with the server stopped, transformers fp32 decoding the same GGUF at
+  batch 1 and at the concurrency (``--no-transformers`` skips it), and the ratios.
 
     python benchmarks/serve_cpu.py [--max-tokens 64] [--concurrency 8] [-- extra serve flags]
 """
@@ -56,11 +58,34 @@ def stream_generate(client: httpx.Client, body: dict) -> tuple[float, float, int
     return ttft or 0.0, time.perf_counter() - t0, n
 
 
+def transformers_steps(batch: int) -> dict[int, float]:
+    """transformers fp32 (SDPA, its KV cache) on the same GGUF: ms per decode step at batch 1
+    and ``batch`` (the loop of benchmarks/decode_cpu.py)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from decode_cpu import transformers_side
+
+    from engine.config import ServerConfig
+    from engine.plugins.registry import Registry
+    from engine.runtime.model_runner import load_model_config
+
+    mc = load_model_config(ServerConfig(), Registry())
+    model = AutoModelForCausalLM.from_pretrained(mc.model_path, gguf_file=mc.gguf_file,
+                                                 dtype=torch.float32,
+                                                 attn_implementation="sdpa").eval()
+    prompt = list(range(1000, 1064))
+    return {b: transformers_side(prompt, b, 32, model) for b in (1, batch)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--no-transformers", action="store_true",
+                    help="skip the transformers reference measured after the server stops")
     ap.add_argument("serve_args", nargs="*", help="extra flags for engine serve (after --)")
     args = ap.parse_args()
 
@@ -129,6 +154,16 @@ def main() -> int:
          f"{statistics.median(ttfts) * 1000:.0f} ms (median of 3; "
          f"chunk {info['runtime']['chunked_prefill_size']})"),
     ]
+    if not args.no_transformers:  # the same run, the server stopped: transformers fp32 decode
+        hf = transformers_steps(args.concurrency)
+        rows += [("transformers fp32, batch-1 decode", f"{hf[1]:.1f} ms/token"),
+                 (f"transformers fp32, batch-{args.concurrency} decode",
+                  f"{hf[args.concurrency]:.1f} ms/step "
+                  f"({args.concurrency * 1000 / hf[args.concurrency]:.1f} tok/s)"),
+                 ("ours vs transformers, batch 1", f"{hf[1] / b1_ms:.2f}x"),
+                 (f"ours through HTTP vs transformers batch {args.concurrency}",
+                  f"{(tokens / wall) / (args.concurrency * 1000 / hf[args.concurrency]):.2f}x "
+                  "(aggregate tok/s)")]
     width = max(len(r[0]) for r in rows)
     print(f"engine serve on {info['runtime']['device']}, {info['runtime']['dtype']}, "
           f"torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}")
