@@ -127,6 +127,16 @@ def test_seeded_sampling_repeats_and_n_gives_several(main_server) -> None:
     assert len({tuple(m["output_ids"]) for m in many}) > 1
 
 
+def _running_drops_to_zero(client, within: float) -> bool:
+    """Poll the scheduler until no request runs (True) or ``within`` seconds pass (False)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if client.get("/get_server_info").json()["scheduler"]["num_running"] == 0:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def test_client_disconnect_aborts_the_request(main_server) -> None:
     with main_server.client() as c:
         with c.stream("POST", "/generate", json={
@@ -135,12 +145,7 @@ def test_client_disconnect_aborts_the_request(main_server) -> None:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     break
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if c.get("/get_server_info").json()["scheduler"]["num_running"] == 0:
-                break
-            time.sleep(0.2)
-        assert c.get("/get_server_info").json()["scheduler"]["num_running"] == 0
+        assert _running_drops_to_zero(c, within=30)
         metrics = c.get("/metrics").text
     assert 'finish_reason="abort"' in metrics
 
@@ -153,12 +158,7 @@ def test_client_leaving_a_non_streamed_request_aborts_it(main_server) -> None:
                 "text": "Write a very long essay:",
                 "sampling_params": {"temperature": 0, "max_new_tokens": 2000,
                                     "ignore_eos": True}})
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if c.get("/get_server_info").json()["scheduler"]["num_running"] == 0:
-                break
-            time.sleep(0.2)
-        assert c.get("/get_server_info").json()["scheduler"]["num_running"] == 0
+        assert _running_drops_to_zero(c, within=20)
 
 
 def test_info_health_and_metrics_routes(main_server) -> None:
