@@ -112,6 +112,14 @@ def test_method_mixed_or_unsupported_types_stay_dense():
     assert torch.equal(mixed(x), F.linear(x, mixed.weight))
 
 
+def test_unwritable_cache_is_a_plugin_error(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(blocker))  # a file: no directory can go there
+    with pytest.raises(PluginError, match="cannot write the kernel cache"):
+        kernels._build("cc")
+
+
 class _Cfg:
     weights_format = "gguf"
 

@@ -43,8 +43,12 @@ def _build(cc: str) -> str:
     target = os.path.join(_cache_dir(), f"gguf-{tag}.so")
     if os.path.exists(target):
         return target
-    os.makedirs(_cache_dir(), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
+    try:
+        os.makedirs(_cache_dir(), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
+    except OSError as exc:
+        raise PluginError(f"gguf: cannot write the kernel cache {_cache_dir()}: {exc} "
+                          "(set ENGINE_CACHE_DIR)") from None
     os.close(fd)
     proc = subprocess.run([cc, *FLAGS, SOURCE, "-o", tmp], capture_output=True, text=True)
     if proc.returncode != 0:
