@@ -11,7 +11,17 @@ from typing import Any
 
 from engine.plugins.manifest import PLUGIN_API_VERSION, Option, Plugin, Requires
 
-__all__ = ["PLUGIN_API_VERSION", "Option", "Plugin", "Requires", "hookimpl", "load_product"]
+__all__ = ["PLUGIN_API_VERSION", "Option", "Plugin", "Requires", "cache_dir", "hookimpl",
+           "load_product"]
+
+
+def cache_dir() -> str:
+    """The engine's cache directory: ``$ENGINE_CACHE_DIR``, else ``$XDG_CACHE_HOME/engine`` or
+    ``~/.cache/engine`` (discovery's manifest cache; plugins keep their builds below it)."""
+    import os
+
+    return os.environ.get("ENGINE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "engine")
 
 
 def load_product(family: str, name: str, **hook_kwargs: Any) -> Any:

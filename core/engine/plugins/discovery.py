@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from engine.plugins import cache_dir
 from engine.plugins.families import FAMILIES, Family
 from engine.plugins.manifest import PLUGIN_API_VERSION, Option, Plugin, Requires
 from engine.plugins.platform import PlatformFacts, facts
@@ -256,10 +257,8 @@ def model_unmet(record: PluginRecord, model_features: frozenset[str]) -> str:
 
 
 def _cache_path() -> str | None:
-    root = os.environ.get("ENGINE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "engine")
     tag = hashlib.sha1(f"{sys.prefix}|{sys.version}|{PLUGIN_API_VERSION}".encode()).hexdigest()
-    return os.path.join(root, f"plugins-{tag[:16]}.json")
+    return os.path.join(cache_dir(), f"plugins-{tag[:16]}.json")
 
 
 def _mtime(path: str) -> int:

@@ -18,6 +18,7 @@ import tempfile
 import torch
 
 from engine.errors import PluginError
+from engine.plugins import cache_dir
 
 FLAGS = ("-O3", "-std=c11", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 #: GGML type ids the kernels read
@@ -26,9 +27,7 @@ SOURCE = os.path.join(os.path.dirname(__file__), "kernels.c")
 
 
 def _cache_dir() -> str:
-    root = os.environ.get("ENGINE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "engine")
-    return os.path.join(root, "gguf-kernels")
+    return os.path.join(cache_dir(), "gguf-kernels")
 
 
 def _build(cc: str) -> str:
