@@ -152,6 +152,16 @@ def match_token(text: str, i: int, token: str, final: bool) -> int | None:
     return -1
 
 
+def close_block_after(text: str, block: "Block", call: "CallState", token: str,
+                      final: bool) -> None:
+    """End ``block`` after its finished last ``call``: past ``token`` when it follows (after
+    whitespace from ``block.scan``), at the call's end when something else does (the rest is
+    content); unchanged while the text may still grow into ``token``."""
+    j = match_token(text, skip_ws(text, block.scan), token, final)
+    if j is not None:
+        block.end = call.end = j if j >= 0 else call.end
+
+
 def _escape(s: str) -> str:
     """JSON string body (no quotes) exactly as ``json.dumps(..., ensure_ascii=False)`` writes it."""
     return encode_basestring(s)[1:-1]

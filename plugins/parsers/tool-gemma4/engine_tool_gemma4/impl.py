@@ -4,7 +4,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from engine.parsers.toolkit import CallState, StreamingToolParser, match_token, skip_ws
+from engine.parsers.toolkit import (
+    CallState,
+    StreamingToolParser,
+    close_block_after,
+    match_token,
+    skip_ws,
+)
 from engine.plugins import hookimpl
 
 Q = '<|"|>'
@@ -146,12 +152,7 @@ class Gemma4ToolParser(StreamingToolParser):
                 return
             call.arguments, call.done, call.end = self.dump(args), True, last
             block.scan = last
-        i = skip_ws(text, block.scan)
-        j = match_token(text, i, END, final)
-        if j is None:
-            return
-        block.end = j if j >= 0 else call.end
-        call.end = block.end
+        close_block_after(text, block, call, END, final)
 
 
 @hookimpl

@@ -3,8 +3,7 @@ from engine.parsers.toolkit import (
     CallState,
     JsonCallStreamer,
     StreamingToolParser,
-    match_token,
-    skip_ws,
+    close_block_after,
 )
 from engine.plugins import hookimpl
 
@@ -52,12 +51,7 @@ class InklingToolParser(StreamingToolParser):
             if not js.done:
                 return
             call.arguments, call.done, call.end = js.arguments, True, block.scan
-        i = skip_ws(text, block.scan)
-        j = match_token(text, i, END, final)
-        if j is None:
-            return
-        block.end = j if j >= 0 else call.end
-        call.end = block.end
+        close_block_after(text, block, call, END, final)
 
 
 @hookimpl
