@@ -34,6 +34,28 @@ import triton.language as tl
 
 
 @triton.jit
+def _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, allowed, k_ptr, v_ptr, g, stride_ks,
+          stride_kh, stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC: tl.constexpr):
+    """One online-softmax step over the keys at positions ``pos`` (``n_mask``: in range;
+    ``allowed``: which (query row, key) scores count): K/V rows of KV head ``g`` gathered through
+    ``req_to_token``, scores, running max ``m_i``, sum ``l_i`` and output ``acc`` updated."""
+    slot = tl.load(r2t_row + pos, mask=n_mask, other=0)
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_ptr + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale
+    qk = tl.where(allowed, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.exp2(qk - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    v = tl.load(v_ptr + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, req_to_token_ptr, req_pool_ptr, seq_lens_ptr,
     part_out_ptr, part_lse_ptr, out_ptr,
@@ -74,21 +96,9 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < end
-        slot = tl.load(r2t_row + pos, mask=n_mask, other=0)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale
-        qk = tl.where(n_mask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        v = tl.load(v_ptr + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
-                                            input_precision=DOT_PREC)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, n_mask[None, :], k_ptr,
+                              v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
+                              d_mask, scale, DOT_PREC)
 
     if NUM_SPLITS == 1:  # the whole context in one chunk: final rows, no merge
         out = acc / l_i[:, None]
@@ -186,41 +196,18 @@ def _extend_kernel(
     for n0 in range(0, lo, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < lo
-        slot = tl.load(r2t_row + pos, mask=n_mask, other=0)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale
-        qk = tl.where(n_mask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        v = tl.load(v_ptr + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
-                                            input_precision=DOT_PREC)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, n_mask[None, :], k_ptr,
+                              v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
+                              d_mask, scale, DOT_PREC)
     # phase 2: the tile's diagonal block of new tokens, causally
     hi = prefix + tl.minimum(m0 + TILE_TOKENS, ext)
     for n0 in range(lo, hi, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < hi
-        slot = tl.load(r2t_row + pos, mask=n_mask, other=0)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale
-        qk = tl.where(n_mask[None, :] & (pos[None, :] <= q_pos[:, None]), qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        v = tl.load(v_ptr + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
-                                            input_precision=DOT_PREC)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        causal = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, causal, k_ptr,
+                              v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
+                              d_mask, scale, DOT_PREC)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (qo + tok)[:, None] * stride_ot + head[:, None] * stride_oh
              + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=rd_mask)
