@@ -180,3 +180,15 @@ def test_from_dict_aliases_and_defaults() -> None:
     with pytest.raises(InvalidParam) as exc:
         SamplingParams.from_dict({"max_new_tokens": 2, "min_new_tokens": 3})
     assert exc.value.param == "min_new_tokens"
+
+
+def test_penalties_and_min_tokens_apply_to_the_model_runners_inference_tensors() -> None:
+    # the model runner returns its logits from inside torch.inference_mode(); the scheduler
+    # samples outside it, and an in-place penalty must still work on them
+    with torch.inference_mode():
+        logits = torch.tensor([[2.0, -1.0, 1.5, 0.5], [1.0, 3.0, 0.0, 0.0]])
+    rows = [row(temperature=0.0, repetition_penalty=2.0, frequency_penalty=0.5,
+                presence_penalty=0.5, prompt=[0], out=[0, 2]),
+            row(temperature=0.0, out=[], stop=frozenset({1}), min_new_tokens=2)]
+    out = Sampler()(logits, rows)
+    assert out.token_ids == [3, 0]

@@ -184,8 +184,13 @@ class SampleOutput:
 class Sampler:
     """Batched sampler over ``[B, V]`` float32 logits (see the module docstring for the order)."""
 
+    @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleOutput:
-        """Sample one token per row. ``logits`` may be modified in place."""
+        """Sample one token per row. ``logits`` may be modified in place.
+
+        Runs in inference mode: the model runner's logits are inference tensors, which may
+        only be updated in place (penalties, ``min_new_tokens`` masks) inside it.
+        """
         assert logits.dim() == 2 and logits.shape[0] == len(rows), "one logits row per request"
         logits = logits.float()
         vocab = logits.shape[1]
