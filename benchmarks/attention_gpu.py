@@ -75,8 +75,11 @@ def guarded(name: str, fn: Callable[[], Any]) -> Any:
 # ---------------------------------------------------------------------------- backends
 
 def hooks() -> dict[str, Callable[..., Any]]:
-    """Each plugin's hook function, imported directly (no entry points needed)."""
+    """Each installed plugin's backend builder (through the start-up assembly, default
+    options)."""
     import importlib
+
+    from engine.testing import attention as kit
 
     out = {}
     for name, module in (("torch_native", "engine_attention_torch_native.impl"),
@@ -84,7 +87,8 @@ def hooks() -> dict[str, Callable[..., Any]]:
                          ("flex_attention", "engine_attention_flex_attention.impl"),
                          ("flashinfer", "engine_attention_flashinfer.impl")):
         try:
-            out[name] = importlib.import_module(module).engine_create_attention_backend
+            importlib.import_module(module)
+            out[name] = kit.plugin_backend(name)
         except Exception as exc:
             line = f"import {name}: {type(exc).__name__}: {exc}"
             log(f"ERROR {line}")

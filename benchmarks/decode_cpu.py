@@ -70,7 +70,6 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from engine.config import ServerConfig
-    from engine.plugins.registry import Registry
     from engine.runtime.model_runner import ModelRunner
 
     runners, loads = {}, {}
@@ -78,7 +77,7 @@ def main() -> None:
         t0 = time.perf_counter()
         runners[label] = ModelRunner(ServerConfig(device="cpu", dtype="float32",
                                                   max_total_tokens=4096, quantization=quant,
-                                                  attention_backend="torch_native"), Registry())
+                                                  attention_backend="torch_native"))
         loads[label] = time.perf_counter() - t0
     runner = runners["gguf"]
     mc = runner.model_config

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 from engine.config import ServerConfig
-from engine.plugins.registry import Registry
 from engine.runtime.model_runner import ModelRunner
 from engine.testing.batches import BatchBuilder
 
@@ -41,7 +40,7 @@ def make_runner(spec: str, max_running: int) -> ModelRunner:
                        disable_cuda_graph=(mode == "eager"),
                        max_total_tokens=160_000, max_running_requests=max_running,
                        context_length=4096, random_seed=0)
-    return ModelRunner(cfg, Registry())
+    return ModelRunner(cfg)
 
 
 def prompts(vocab: int) -> list[list[int]]:

@@ -129,10 +129,10 @@ def response(name: str) -> str | None:
 
 
 def load(name: str) -> Callable[..., Any]:
-    from engine.plugins import load_product
+    from engine.assembly import parser_factory
 
     template = "{{ '<|tool_calls_section_begin|>' }}" if name == "auto" else None
-    return load_product("tool_parser", name, options={}, chat_template=template)
+    return parser_factory("tool_parser", name, chat_template=template)
 
 
 def measure(factory: Callable[..., Any], text: str, chunk: int, runs: int) -> tuple[float, int, float]:

@@ -68,10 +68,9 @@ def transformers_steps(batch: int) -> dict[int, float]:
     from decode_cpu import transformers_side
 
     from engine.config import ServerConfig
-    from engine.plugins.registry import Registry
-    from engine.runtime.model_runner import load_model_config
+    from engine.assembly import Assembly
 
-    mc = load_model_config(ServerConfig(), Registry())
+    mc = Assembly(ServerConfig()).model_config()
     model = AutoModelForCausalLM.from_pretrained(mc.model_path, gguf_file=mc.gguf_file,
                                                  dtype=torch.float32,
                                                  attn_implementation="sdpa").eval()

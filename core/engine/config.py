@@ -2,7 +2,8 @@
 
 Every core option is a field of :class:`ServerConfig`; its flag, help and converter live in the
 field's metadata, so argparse, YAML validation and the dataclass cannot drift apart. Family flags
-(``--attention-backend``...) are fields too; their choices come from the installed plugins.
+(``--attention-backend``...) are fields too, generated from the family table
+(:data:`engine.plugins.families.FAMILIES`); their choices come from the installed plugins.
 Plugin-specific options land in ``plugin_options["<family>.<name>"]``.
 """
 
@@ -43,11 +44,19 @@ def _opt(default: Any, help: str, *, type: Callable[[str], Any] | None = str,
     return field(default=default, metadata=meta)
 
 
-def _fam(family: str, default: str | None = None) -> Any:
-    return _opt(default, "", family=family)
+def _with_family_fields(cls: type) -> type:
+    """Add one ``str | None`` field per family flag of
+    :data:`engine.plugins.families.FAMILIES`, with the table's default and help."""
+    from engine.plugins.families import family_for_flag
+
+    for dest, (fam, fl) in family_for_flag().items():
+        cls.__annotations__[dest] = "str | None"
+        setattr(cls, dest, _opt(fl.default, fl.help, flag=fl.flag, family=fam.name))
+    return cls
 
 
 @dataclass(frozen=True)
+@_with_family_fields
 class ServerConfig:
     """Everything ``engine serve`` was asked to do. Frozen: built once, read everywhere."""
 
@@ -97,18 +106,7 @@ class ServerConfig:
                                type=None)
     skip_server_warmup: bool = _opt(False, "Do not run one warm-up request at start-up.",
                                     type=None)
-    # families (choices come from installed plugins)
-    attention_backend: str | None = _fam("attention")
-    prefill_attention_backend: str | None = _fam("attention")
-    decode_attention_backend: str | None = _fam("attention")
-    moe_runner_backend: str = _fam("moe", "auto")
-    moe_a2a_backend: str = _fam("moe_a2a", "none")
-    quantization: str | None = _fam("quantization")
-    speculative_algorithm: str | None = _fam("speculative")
-    hicache_storage_backend: str | None = _fam("hicache_storage")
-    reasoning_parser: str | None = _fam("reasoning_parser")
-    tool_call_parser: str | None = _fam("tool_parser")
-    model_config_parser: str = _fam("model_config_parser", "auto")
+    # family flags (--attention-backend...): one field each, added from the family table
     # per-plugin options: {"attention.triton": {"triton_attention_num_kv_splits": 8}}
     plugin_options: Mapping[str, Mapping[str, Any]] = field(
         default_factory=lambda: MappingProxyType({}), metadata={"internal": True})

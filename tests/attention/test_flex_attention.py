@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.assembly import Assembly
+from engine.config import ServerConfig
 from engine.plugins.registry import Registry
 from engine.testing import attention as kit
 
@@ -14,7 +16,7 @@ def test_kit_on_cpu_through_the_registry():
     record = registry.resolve("attention", "flex_attention")
 
     def make_backend(**kwargs):
-        return registry.call_family_hook(record, **kwargs)
+        return Assembly(ServerConfig(), registry).build(record, **kwargs)
 
     failures = kit.check("flex_attention", make_backend, device="cpu")
     assert failures == [], "\n".join(failures[:20])

@@ -61,22 +61,26 @@ def test_hook_refuses_a_cpu_pool_without_the_interpreter(monkeypatch):
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(PluginError, match=r"needs a CUDA GPU \(or TRITON_INTERPRET=1 on CPU\)"):
-        engine_create_attention_backend(pool=_cpu_pool(), model_config=None,
-                                        config=ServerConfig())
+        engine_create_attention_backend(pool=_cpu_pool(), model_config=None, options={})
 
 
 def test_options_reach_the_backend_and_are_validated():
-    from engine_attention_triton.impl import options
+    from engine.assembly import Assembly
+    from engine_attention_triton.impl import backend_kwargs
+
+    def kwargs(cfg: ServerConfig) -> dict:
+        assembly = Assembly(cfg)
+        return backend_kwargs(assembly.options(assembly.registry.find("triton", "attention")[0]))
 
     cfg = ServerConfig(plugin_options={"attention.triton": {
         "triton_attention_num_kv_splits": 4, "triton_attention_split_tile_size": 256,
         "triton_attention_reduce_in_fp32": True}})
-    assert options(cfg) == {"num_kv_splits": 4, "split_tile_size": 256, "reduce_in_fp32": True}
-    assert options(ServerConfig()) == {"num_kv_splits": 8, "split_tile_size": None,
-                                       "reduce_in_fp32": False}
+    assert kwargs(cfg) == {"num_kv_splits": 4, "split_tile_size": 256, "reduce_in_fp32": True}
+    assert kwargs(ServerConfig()) == {"num_kv_splits": 8, "split_tile_size": None,
+                                      "reduce_in_fp32": False}
     bad = ServerConfig(plugin_options={"attention.triton": {"triton_attention_num_kv_splits": 0}})
     with pytest.raises(ConfigError, match="num-kv-splits"):
-        options(bad)
+        kwargs(bad)
 
 
 def test_manifest_states_its_needs_and_seed_flags():
@@ -92,7 +96,6 @@ def test_manifest_states_its_needs_and_seed_flags():
 @pytest.mark.gpu
 def test_kit_on_cuda():
     from engine.testing import attention as kit
-    from engine_attention_triton.impl import engine_create_attention_backend
 
-    failures = kit.check("triton", engine_create_attention_backend, device="cuda")
+    failures = kit.check("triton", kit.plugin_backend("triton"), device="cuda")
     assert failures == [], "\n".join(failures[:20])

@@ -23,15 +23,14 @@ from engine.runtime.attention import AttentionLayerSpec, KVPool  # noqa: E402
 from engine.runtime.batch import Batch, ForwardMode  # noqa: E402
 from engine.testing import attention as kit  # noqa: E402
 from engine.testing.batches import BatchBuilder  # noqa: E402
-from engine_attention_triton.impl import (  # noqa: E402
-    KernelConfig, TritonBackend, engine_create_attention_backend)
+from engine_attention_triton.impl import KernelConfig, TritonBackend  # noqa: E402
 
 
 def run_kit(pages: str, ratios: str, dims: str) -> list[str]:
     kit.PAGE_SIZES = tuple(int(x) for x in pages.split(","))
     kit.GQA_RATIOS = tuple(int(x) for x in ratios.split(","))
     kit.HEAD_DIMS = tuple(int(x) for x in dims.split(","))
-    return kit.check("triton", engine_create_attention_backend, device="cpu")
+    return kit.check("triton", kit.plugin_backend("triton"), device="cpu")
 
 
 class Rig:

@@ -21,11 +21,11 @@ from engine.parsers.reasoning import (
     POLICIES,
     ParserFactory,
     TagReasoningParser,
-    detect_reasoning_parser,
     partial_tail,
     template_policy,
 )
-from engine.plugins import load_product
+from engine.assembly import parser_factory
+from engine_reasoning_auto.detect import detect_reasoning_parser
 
 
 class Case(NamedTuple):
@@ -303,7 +303,7 @@ CASES += [
 
 @lru_cache(maxsize=None)
 def factory(name: str, template: str | None = None):
-    return load_product("reasoning_parser", name, options={}, chat_template=template)
+    return parser_factory("reasoning_parser", name, chat_template=template)
 
 
 def make(case: Case):
@@ -435,7 +435,7 @@ def test_hunyuan_markers_from_template(template, start, end):
 
 
 def test_muse_keep_user_framing_option():
-    f = load_product("reasoning_parser", "muse", options={"keep_user_framing": True},
+    f = parser_factory("reasoning_parser", "muse", options={"muse_keep_user_framing": True},
                      chat_template=None)
     got = f(chat_template_kwargs={}, reasoning_effort=None).parse(
         " to=self<|message|>a<|eom|><|start|>assistant to=user<|message|>b<|eot|>")

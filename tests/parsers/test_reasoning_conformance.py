@@ -6,7 +6,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from engine.plugins import load_product
+from engine.assembly import parser_factory
 from engine.testing.reasoning import check
 
 NAMES = sorted({ep.name for ep in entry_points(group="engine.reasoning_parser")})
@@ -17,7 +17,7 @@ TEMPLATES = {
 
 @pytest.mark.parametrize("name", NAMES)
 def test_conformance(name):
-    factory = load_product("reasoning_parser", name, options={}, chat_template=TEMPLATES.get(name))
+    factory = parser_factory("reasoning_parser", name, chat_template=TEMPLATES.get(name))
     assert check(name, factory) == []
 
 

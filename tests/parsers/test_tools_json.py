@@ -9,7 +9,7 @@ from functools import lru_cache
 import pytest
 
 from engine.parsers.base import ToolDelta, ToolResult
-from engine.plugins import load_product
+from engine.assembly import parser_factory
 
 from json_tool_cases import (
     FACT_SHEET,
@@ -34,7 +34,7 @@ OWNED = (
 
 @lru_cache(maxsize=None)
 def factory(name: str, chat_template: str | None = None):
-    return load_product("tool_parser", name, options={}, chat_template=chat_template)
+    return parser_factory("tool_parser", name, chat_template=chat_template)
 
 
 def parse(name: str, text: str, tools=TOOLS) -> ToolResult:

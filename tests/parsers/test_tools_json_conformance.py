@@ -8,7 +8,7 @@ import pytest
 
 from engine.parsers.base import ToolCallDelta, ToolDelta, ToolResult
 from engine.parsers.toolkit import PassThroughToolParser
-from engine.plugins import load_product
+from engine.assembly import parser_factory
 from engine.testing.tools import check
 
 from json_tool_cases import FACT_SHEET, ONE, RICH, TWO, WIRE, plugin_of
@@ -26,7 +26,7 @@ for _name, _text, _content, _calls in FACT_SHEET:
 
 @pytest.mark.parametrize("name", INSTALLED)
 def test_conformance(name):
-    factory = load_product("tool_parser", name, options={}, chat_template=None)
+    factory = parser_factory("tool_parser", name, chat_template=None)
     samples = SAMPLES.get(name, [])[:6]
     assert check(name, factory, samples=samples) == []
 

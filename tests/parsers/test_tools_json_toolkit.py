@@ -17,7 +17,7 @@ from engine.parsers.toolkit import (
     dump_arguments,
     loads_object,
 )
-from engine.plugins import load_product
+from engine.assembly import parser_factory
 
 from json_tool_cases import TOOLS
 
@@ -266,7 +266,7 @@ def test_auto_detection(template, expected):
 def test_auto_delegates_to_the_detected_plugin():
     text = ('Hi<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0'
             '<|tool_call_argument_begin|>{"tz": "CET"}<|tool_call_end|><|tool_calls_section_end|>')
-    factory = load_product("tool_parser", "auto", options={},
+    factory = parser_factory("tool_parser", "auto",
                            chat_template="{{ '<|tool_calls_section_begin|>' }}")
     r = factory(tools=TOOLS).parse(text)
     assert r.content == "Hi" and [(c.name, c.arguments) for c in r.calls] == [("get_time", '{"tz": "CET"}')]
@@ -274,7 +274,7 @@ def test_auto_delegates_to_the_detected_plugin():
 
 @pytest.mark.parametrize("template", [None, "Hello {{ messages }}"])
 def test_auto_without_a_detected_format_passes_text_through(template):
-    factory = load_product("tool_parser", "auto", options={}, chat_template=template)
+    factory = parser_factory("tool_parser", "auto", chat_template=template)
     text = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
     r = factory(tools=TOOLS).parse(text)
     assert r.content == text and r.calls == []

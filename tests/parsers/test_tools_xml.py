@@ -126,9 +126,9 @@ def test_streaming_cost_per_chunk(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_conformance_kit(name):
-    from engine.plugins import load_product
+    from engine.assembly import parser_factory
     from engine.testing.tools import check
 
     enc, malformed = FORMATS[name]
-    factory = load_product("tool_parser", name, options={}, chat_template=None)
+    factory = parser_factory("tool_parser", name, chat_template=None)
     assert check(name, factory, samples=[enc(ONE), "Hi\n" + enc(TWO), malformed]) == []

@@ -7,16 +7,14 @@ import json
 
 import pytest
 
-from engine.parsers.xml_tools import (
-    GLM_TYPING,
-    HUNYUAN_TYPING,
-    MIMO_TYPING,
-    QWEN3_CODER_TYPING,
-    SCHEMA_TYPING,
-    SPARK_TYPING,
-    schema_types,
-)
+from engine.api.parsers import SCHEMA_TYPING, ValueTyping, schema_types
+from engine_tool_hunyuan.impl import HUNYUAN_TYPING
+from engine_tool_mimo.impl import MIMO_TYPING
+from engine_tool_spark25.impl import SPARK_TYPING
 from xml_tool_cases import B, I, M3, N, S, TOOLS, make, parsed, stream, tool
+
+GLM_TYPING = ValueTyping(typed="loose", untyped="loose")
+QWEN3_CODER_TYPING = ValueTyping(trim="newline", typed="schema", untyped="raw", null_word=True)
 
 EXTRA_TOOLS = TOOLS + [
     tool("execute_bash", {"command": S}),

@@ -7,7 +7,7 @@ import random
 from typing import Any, Callable
 
 from engine.parsers.base import ToolParser
-from engine.plugins import load_product
+from engine.assembly import parser_factory
 
 
 def tool(name: str, props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -229,7 +229,7 @@ COMPLEX_OVERRIDES = {"muse": {"code": "A-42"}}
 
 
 def make(name: str, tools: list[dict[str, Any]] | None = None, chat_template: str | None = None) -> ToolParser:
-    factory = load_product("tool_parser", name, options={}, chat_template=chat_template)
+    factory = parser_factory("tool_parser", name, chat_template=chat_template)
     return factory(tools=TOOLS if tools is None else tools)
 
 

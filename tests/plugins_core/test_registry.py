@@ -8,20 +8,22 @@ import logging
 
 import pytest
 
+from engine.assembly import Assembly
+from engine.config import ServerConfig
 from engine.errors import PluginError
 from engine.plugins.registry import Registry
 from plugin_factory import engine, install, uninstall, write_plugin
 
 MANIFEST = """\
-from engine.plugins import Plugin, Requires
+from engine.api import Plugin, Requires
 plugin = Plugin(name={name!r}, family={family!r}, implementation={impl!r},
                 description="test", priority={priority}, requires=Requires({requires}),
                 api_version={api})
 """
 
 REASONING_IMPL = """\
-from engine.plugins import hookimpl
-from engine.parsers.base import ReasoningDelta, ReasoningParser
+from engine.api import hookimpl
+from engine.api.parsers import ReasoningDelta, ReasoningParser
 
 class P(ReasoningParser):
     def parse(self, text): return ReasoningDelta(content=text)
@@ -34,7 +36,7 @@ def engine_create_reasoning_parser(options, chat_template):
 """
 
 BAD_HOOK_IMPL = """\
-from engine.plugins import hookimpl
+from engine.api import hookimpl
 
 @hookimpl
 def engine_create_reasoning_parser(wrong_argument):
@@ -43,18 +45,18 @@ def engine_create_reasoning_parser(wrong_argument):
 
 SPECS = [
     # dist, family, name, priority, requires, api, impl source
-    ("engine-t-alpha", "reasoning_parser", "t_alpha", 0, "", 1, REASONING_IMPL),
-    ("engine-t-dup-one", "reasoning_parser", "t_dup", 0, "", 1, REASONING_IMPL),
-    ("engine-t-dup-two", "reasoning_parser", "t_dup", 0, "", 1, REASONING_IMPL),
+    ("engine-t-alpha", "reasoning_parser", "t_alpha", 0, "", 2, REASONING_IMPL),
+    ("engine-t-dup-one", "reasoning_parser", "t_dup", 0, "", 2, REASONING_IMPL),
+    ("engine-t-dup-two", "reasoning_parser", "t_dup", 0, "", 2, REASONING_IMPL),
     ("engine-t-needs-pkg", "reasoning_parser", "t_needs_pkg", 0,
-     "packages=('no-such-package-xyz>=1',)", 1, REASONING_IMPL),
-    ("engine-t-future", "reasoning_parser", "t_future", 0, "", 2, REASONING_IMPL),
-    ("engine-t-badhook", "reasoning_parser", "t_badhook", 0, "", 1, BAD_HOOK_IMPL),
+     "packages=('no-such-package-xyz>=1',)", 2, REASONING_IMPL),
+    ("engine-t-future", "reasoning_parser", "t_future", 0, "", 3, REASONING_IMPL),
+    ("engine-t-badhook", "reasoning_parser", "t_badhook", 0, "", 2, BAD_HOOK_IMPL),
     ("engine-t-gpu", "attention", "t_gpu", 50, "devices=('cuda',), min_compute_capability=(9, 0)",
-     1, ""),
-    ("engine-t-npu", "attention", "t_npu", 60, "devices=('npu',), packages=('torch_npu',)", 1, ""),
+     2, ""),
+    ("engine-t-npu", "attention", "t_npu", 60, "devices=('npu',), packages=('torch_npu',)", 2, ""),
     ("engine-t-needs-exe", "attention", "t_needs_exe", 0, "executables=('no-such-program-xyz',)",
-     1, ""),
+     2, ""),
 ]
 
 
@@ -89,7 +91,7 @@ def test_statuses_with_reasons(installed):
     needs = by_name(records, "t_needs_pkg")[0]
     assert needs.status == "unavailable" and "needs no-such-package-xyz>=1" in needs.reason
     future = by_name(records, "t_future")[0]
-    assert future.status == "incompatible" and "plugin API 2" in future.reason
+    assert future.status == "incompatible" and "plugin API 3" in future.reason
     broken = by_name(records, "t_broken")[0]
     assert broken.status == "broken" and "boom at import" in broken.reason
     assert broken.distribution == "engine-t-broken"
@@ -137,18 +139,23 @@ def test_auto_skips_unavailable(installed):
     assert reg.auto("attention").name != "t_npu"  # priority 60 but unavailable here
 
 
+def _build(reg: Registry, name: str, **config: object) -> object:
+    assembly = Assembly(ServerConfig(**config), reg)  # type: ignore[arg-type]
+    return assembly.build(reg.resolve("reasoning_parser", name), chat_template=None)
+
+
 def test_hook_validation_and_calls(installed):
     reg = Registry()
     with pytest.raises(PluginError, match="does not match the hook specifications"):
-        reg.create("reasoning_parser", "t_badhook", options={}, chat_template=None)
-    factory = reg.create("reasoning_parser", "t_alpha", options={}, chat_template=None)
+        _build(reg, "t_badhook")
+    factory = _build(reg, "t_alpha")
     assert factory().parse("hi").content == "hi"
 
 
 def test_trace_plugins_logs_hook_calls(installed, caplog):
-    reg = Registry(trace=True)
+    reg = Registry()
     with caplog.at_level(logging.WARNING, logger="engine.trace"):
-        reg.create("reasoning_parser", "t_alpha", options={}, chat_template=None)
+        _build(reg, "t_alpha", trace_plugins=True)
     line = next(r.getMessage() for r in caplog.records if r.name == "engine.trace")
     assert "engine_create_reasoning_parser -> reasoning_parser.t_alpha (engine-t-alpha 0.0.1)" in line
     assert line.endswith(" ms")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import ServerConfig
-from engine.errors import PluginError
+from engine.errors import ConfigError, PluginError
 from engine.plugins.registry import Registry
 from engine.runtime.linear import Linear, PackedWeight
 
@@ -125,30 +125,30 @@ class _Cfg:
 
 
 def test_hook_refuses_with_reasons():
-    config = ServerConfig()
+    opts = {"gguf_kernel_max_rows": 64}
     with pytest.raises(PluginError, match="run on the CPU; this model is on cuda"):
-        engine_create_quant_method(_Cfg(), config, None, torch.device("cuda"))
+        engine_create_quant_method(_Cfg(), None, torch.device("cuda"), opts)
     other = type("C", (), {"weights_format": "safetensors"})()
     with pytest.raises(PluginError, match="needs a .gguf checkpoint"):
-        engine_create_quant_method(other, config, None, torch.device("cpu"))
+        engine_create_quant_method(other, None, torch.device("cpu"), opts)
     with pytest.raises(PluginError, match="this file's weights are Q4_K, Q6_K"):
-        engine_create_quant_method(_Cfg(), config, {"weight_types": ["Q4_K", "Q6_K"]},
-                                   torch.device("cpu"))
+        engine_create_quant_method(_Cfg(), {"weight_types": ["Q4_K", "Q6_K"]},
+                                   torch.device("cpu"), opts)
 
 
 @needs_default_model
 def test_detected_gguf_loads_dense_where_the_method_cannot_run(caplog):
-    from engine.models.loader import _quant_method
-    from engine.runtime.model_runner import load_model_config
+    from engine.assembly import Assembly
 
     registry = Registry()
-    mc = load_model_config(ServerConfig(), registry)
+    mc = Assembly(ServerConfig(), registry).model_config()
     assert mc.quantization_config["quant_method"] == "gguf"
-    with caplog.at_level(logging.INFO, logger="engine.models"):
-        assert _quant_method(mc, ServerConfig(), registry, torch.device("cuda")) is None
+    with caplog.at_level(logging.INFO, logger="engine.assembly"):
+        assert Assembly(ServerConfig(), registry).quant_method(mc, torch.device("cuda")) is None
     assert "dequantized" in caplog.text and "this model is on cuda" in caplog.text
-    with pytest.raises(PluginError, match="this model is on cuda"):  # asked for: refused
-        _quant_method(mc, ServerConfig(quantization="gguf"), registry, torch.device("cuda"))
+    asked = Assembly(ServerConfig(quantization="gguf"), registry)
+    with pytest.raises(ConfigError, match="this model is on cuda"):  # asked for: refused
+        asked.quant_method(mc, torch.device("cuda"))
 
 
 @pytest.mark.slow
@@ -162,8 +162,7 @@ def test_default_model_gguf_equals_unquant_greedy():
     for quant in (None, "unquant"):
         runner = ModelRunner(ServerConfig(device="cpu", max_total_tokens=1024,
                                           attention_backend="torch_native",
-                                          max_running_requests=4, quantization=quant),
-                             Registry())
+                                          max_running_requests=4, quantization=quant))
         if quant is None:
             assert type(runner.model.quant_method).__name__ == "GGUFMethod"
             assert runner.model.lm_head is not None  # tied head served from Q8_0 blocks

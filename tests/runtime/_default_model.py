@@ -7,7 +7,6 @@ import functools
 import torch
 
 from engine.config import ServerConfig
-from engine.plugins.registry import Registry
 from engine.runtime.model_runner import ModelRunner
 from engine.testing.batches import BatchBuilder
 
@@ -17,7 +16,7 @@ def default_runner() -> ModelRunner:
     """SmolLM2-135M-Instruct Q4_1 GGUF, float32 on CPU, torch_native attention."""
     config = ServerConfig(device="cpu", dtype="float32", max_total_tokens=8192,
                           attention_backend="torch_native", max_running_requests=8)
-    return ModelRunner(config, Registry())
+    return ModelRunner(config)
 
 
 def greedy(runner: ModelRunner, prompts: list[list[int]], steps: int,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from engine.assembly import Assembly
+from engine.config import ServerConfig
 from engine.plugins.registry import Registry
 from engine.testing.attention import check
 
@@ -11,7 +13,7 @@ def test_torch_native_conforms():
     record = registry.resolve("attention", "torch_native")
 
     def make_backend(**kwargs):
-        return registry.call_family_hook(record, **kwargs)
+        return Assembly(ServerConfig(), registry).build(record, **kwargs)
 
     failures = check("torch_native", make_backend, device="cpu")
     assert failures == [], "\n".join(failures[:20])

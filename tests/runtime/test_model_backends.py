@@ -33,7 +33,7 @@ def available_backends() -> list[str]:
 def run_with(prompts, **choices):
     config = ServerConfig(device="cpu", dtype="float32", max_total_tokens=2048,
                           max_running_requests=4, **choices)
-    runner = ModelRunner(config, Registry())
+    runner = ModelRunner(config)
     try:
         return greedy(runner, prompts, STEPS), runner.attention_backend_names
     finally:

@@ -17,10 +17,10 @@ from engine.config import ServerConfig
 from engine.errors import ConfigError
 from engine.models.config import default_model_path
 from engine.models.loader import load_model, unpermute_rows
-from engine.models.registry import ArchitectureRegistry, build_architecture_registry
+from engine.assembly import Assembly
+from engine.models.registry import ArchitectureRegistry
 from engine.plugins.registry import Registry
 from engine.runtime.attention import KVPool
-from engine.runtime.model_runner import load_model_config
 from engine.testing.batches import BatchBuilder
 
 
@@ -30,8 +30,8 @@ def registry():
 
 
 def parse(registry, path, parser="auto"):
-    return load_model_config(ServerConfig(model_path=str(path), model_config_parser=parser),
-                             registry)
+    config = ServerConfig(model_path=str(path), model_config_parser=parser)
+    return Assembly(config, registry).model_config()
 
 
 def test_hf_parser_reads_the_default_gguf(registry):
@@ -73,7 +73,7 @@ def test_wrong_model_path_is_one_config_error(registry, tmp_path):
 
 
 def test_architecture_registry_lists_known_and_accepts_plugins():
-    arch = build_architecture_registry(None)
+    arch = ArchitectureRegistry()
     with pytest.raises(ConfigError, match="LlamaForCausalLM.*Qwen3ForCausalLM"):
         arch.resolve("GPT2LMHeadModel")
     arch.register("MyLlama", "engine.models.llama:LlamaForCausalLM")
@@ -122,8 +122,8 @@ def _our_logits(path: str, registry, ids: list[int], split: int) -> torch.Tensor
     from engine_attention_torch_native.impl import TorchNativeBackend
 
     config = ServerConfig(model_path=path)
-    mc = load_model_config(config, registry)
-    model = load_model(mc, config, registry, torch.device("cpu"), torch.float32)
+    mc = Assembly(config, registry).model_config()
+    model = load_model(mc, config, torch.device("cpu"), torch.float32)
     pool = KVPool(num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads,
                   head_dim=mc.head_dim, num_slots=256, page_size=4, dtype=torch.float32,
                   device=torch.device("cpu"))
@@ -162,7 +162,7 @@ def test_tiny_checkpoints_match_transformers(kind, fmt, registry, tmp_path):
 def test_dummy_weights_are_seeded(registry, tmp_path):
     _tiny_hf("qwen2").config.save_pretrained(tmp_path)
     mc = parse(registry, tmp_path)
-    a, b, c = (load_model(mc, ServerConfig(load_format="dummy", random_seed=s), registry,
+    a, b, c = (load_model(mc, ServerConfig(load_format="dummy", random_seed=s),
                           torch.device("cpu"), torch.float32) for s in (1, 1, 2))
     wa, wb, wc = (m.model.layers[0].mlp.down_proj.weight for m in (a, b, c))
     assert torch.equal(wa, wb) and not torch.equal(wa, wc)

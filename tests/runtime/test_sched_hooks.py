@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from engine.plugins import hookimpl
+from engine.api import hookimpl
+from engine.assembly import Assembly
+from engine.config import ServerConfig
 from engine.runtime.offline import Engine
 
 from _default_model import default_runner
@@ -36,14 +38,12 @@ class Observer:
 def test_observer_hooks_see_startup_requests_forwards_and_shutdown():
     runner = default_runner()
     observer = Observer()
-    runner.registry.pm.register(observer, name="test.observer")
-    try:
-        engine = Engine(runner=runner, disable_radix_cache=True)
-        out = engine.generate([[1, 2, 3, 4]], {"max_new_tokens": 3, "temperature": 0,
-                                               "ignore_eos": True})
-        engine.shutdown()
-    finally:
-        runner.registry.pm.unregister(observer)
+    assembly = Assembly(ServerConfig())
+    assembly.registry.pm.register(observer, name="test.observer")
+    engine = Engine(runner=runner, assembly=assembly, disable_radix_cache=True)
+    out = engine.generate([[1, 2, 3, 4]], {"max_new_tokens": 3, "temperature": 0,
+                                           "ignore_eos": True})
+    engine.shutdown()
     ev = observer.events
     assert ev[0] == "startup" and ev[-1] == "shutdown"
     assert ev[1] == "request 4"

@@ -19,6 +19,7 @@ import torch
 
 from engine.config import ServerConfig
 from engine.runtime.batch import Batch
+from engine.assembly import Assembly
 from engine.plugins.registry import Registry
 from engine.runtime import model_runner
 from engine.runtime.frontend import start_runtime
@@ -358,14 +359,14 @@ def test_step_timing_logs_a_summary_when_enabled(monkeypatch, caplog) -> None:
 
 
 class ThreadRecordingRunner(StandInRunner):
-    """A stand-in for ``ModelRunner(config, registry)`` that records the threads it runs in."""
+    """A stand-in for ``ModelRunner(config, assembly)`` that records the threads it runs in."""
 
     threads: dict[str, int] = {}
 
-    def __init__(self, config: ServerConfig, registry: Any) -> None:
+    def __init__(self, config: ServerConfig, assembly: Any) -> None:
         super().__init__(512, 1)
         self.threads["load"] = threading.get_ident()
-        self.tokenizer = type("Tok", (), {"eos_token_ids": ()})()
+        self.tokenizer = type("Tok", (), {"eos_token_ids": (), "chat_template": None})()
         self.model_config = type("Cfg", (), {"vocab_size": VOCAB, "eos_token_ids": ()})()
 
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -375,7 +376,8 @@ class ThreadRecordingRunner(StandInRunner):
 
 def test_start_runtime_loads_and_steps_in_one_thread(monkeypatch) -> None:
     monkeypatch.setattr(model_runner, "ModelRunner", ThreadRecordingRunner)
-    runtime = start_runtime(ServerConfig(page_size=1), Registry(records=[]))
+    config = ServerConfig(page_size=1)
+    runtime = start_runtime(config, Assembly(config, Registry(records=[])))
     try:
         done = threading.Event()
         outs: dict[str, list[ReqOutput]] = {}
@@ -391,9 +393,9 @@ def test_start_runtime_loads_and_steps_in_one_thread(monkeypatch) -> None:
 
 
 def test_start_runtime_raises_what_the_load_raised(monkeypatch) -> None:
-    def broken(config: ServerConfig, registry: Any) -> None:
+    def broken(config: ServerConfig, assembly: Any) -> None:
         raise RuntimeError("no such model")
 
     monkeypatch.setattr(model_runner, "ModelRunner", broken)
     with pytest.raises(RuntimeError, match="no such model"):
-        start_runtime(ServerConfig(), Registry(records=[]))
+        start_runtime(ServerConfig(), Assembly(ServerConfig(), Registry(records=[])))

@@ -19,6 +19,7 @@ import pytest
 
 from engine.parsers.api import assemble
 from engine.runtime.frontend import RequestError
+from engine.assembly import ParserFactories, parser_factory
 from engine.server.openai_api import ChatDeltas, chat_message, parser_kwargs
 from engine.server.protocol import ChatCompletionRequest
 
@@ -179,9 +180,13 @@ CALL_TEXT = ('Let me look.</think>Checking.\n<tool_call>\n{"name": "get_weather"
              '"arguments": {"tz": "CET"}}\n</tool_call>')
 
 
+PARSERS = ParserFactories(reasoning=parser_factory("reasoning_parser", "qwen3"),
+                          tool=parser_factory("tool_parser", "hermes"))
+
+
 def _pkw(**body: Any) -> dict[str, Any] | None:
     request = ChatCompletionRequest(messages=MSG, tools=TOOLS, **body)
-    return parser_kwargs(request, "qwen3", "hermes", None)
+    return parser_kwargs(request, PARSERS)
 
 
 def _stream(text: str, pkw: dict[str, Any] | None, forced: str | None,

@@ -8,6 +8,7 @@ import json
 from types import MappingProxyType
 from typing import Any
 
+from engine.assembly import refuse_unserved
 from engine.config import ServerConfig, convert_value, core_fields, flag_of
 from engine.plugins.families import family_for_flag
 from engine.plugins.manifest import Option
@@ -124,6 +125,9 @@ def parse_config(argv: list[str], registry: Registry) -> ServerConfig:
             for opt in rec.manifest.options:
                 if opts.get(opt.dest) is None:
                     opts[opt.dest] = opt.default
+    frozen = MappingProxyType({k: MappingProxyType(v) for k, v in plugin_options.items() if v})
+    config = ServerConfig(**ns, plugin_options=frozen)
+    refuse_unserved(config)
     for dest, (fam, fl) in family_for_flag().items():
         value = ns.get(dest)
         if value is None or value == fl.default:
@@ -132,5 +136,4 @@ def parse_config(argv: list[str], registry: Registry) -> ServerConfig:
             registry.resolve(fam.name, value, flag=fl.flag)
         except PluginError as exc:
             raise ConfigError(str(exc)) from None
-    frozen = MappingProxyType({k: MappingProxyType(v) for k, v in plugin_options.items() if v})
-    return ServerConfig(**ns, plugin_options=frozen)
+    return config

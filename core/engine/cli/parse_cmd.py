@@ -90,7 +90,7 @@ def _kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Parse stdin and print the message; 2 on a usage or plugin error."""
     from engine.parsers.api import MessageStream, assemble, parse_message
-    from engine.plugins.registry import PluginError
+    from engine.errors import PluginError
 
     try:
         kwargs = _kwargs(args)

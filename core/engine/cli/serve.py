@@ -1,32 +1,29 @@
-"""``engine serve``: validate and resolve everything, then start the server."""
+"""``engine serve``: argv -> frozen config -> start-up assembly -> HTTP server."""
 
 from __future__ import annotations
 
 import logging
 
 from engine.cli.args import parse_config
-from engine.config import ServerConfig
-from engine.plugins.families import family_for_flag
+from engine.errors import EngineError
 from engine.plugins.registry import Registry
 
 
+class MissingDependency(EngineError):
+    """A package the server needs is not installed."""
+
+
 def run(argv: list[str]) -> int:
-    registry = Registry(trace="--trace-plugins" in argv)
+    registry = Registry()
     config = parse_config(argv, registry)
     logging.getLogger().setLevel(config.log_level.upper())
-    from engine.server.launch import serve
+    try:
+        from engine.server.app import run_server
+    except ModuleNotFoundError as exc:
+        if (exc.name or "engine").partition(".")[0] == "engine":
+            raise
+        raise MissingDependency(f"the HTTP server needs the '{exc.name}' package, which is not "
+                                f"installed (pip install {exc.name})") from None
+    from engine.assembly import Assembly
 
-    return serve(config, registry)
-
-
-def plan(config: ServerConfig, registry: Registry) -> list[str]:
-    """One line per family flag: what was asked for and which plugin answers it."""
-    lines = []
-    for dest, (fam, fl) in family_for_flag().items():
-        value = getattr(config, dest)
-        if value is None:
-            continue
-        rec = registry.find(value.partition("@")[0], fam.name)
-        where = f" ({rec[0].distribution} {rec[0].version})" if rec else ""
-        lines.append(f"{fl.flag} {value}{where}")
-    return lines
+    return run_server(config, Assembly(config, registry))

@@ -19,11 +19,11 @@ from typing import Any, Iterator
 import torch
 
 from engine.config import ServerConfig
-from engine.errors import ConfigError, NoAnswerError, PluginError
+from engine.errors import ConfigError
 from engine.models.config import ModelConfig
 from engine.models.parsing import open_gguf
-from engine.models.registry import build_architecture_registry
-from engine.runtime.linear import PackedWeight
+from engine.models.registry import ArchitectureRegistry
+from engine.runtime.linear import PackedWeight, QuantMethod
 
 log = logging.getLogger("engine.models")
 
@@ -174,42 +174,16 @@ def weights_iterator(cfg: ModelConfig, load_format: str) -> Weights:
     raise ConfigError(f"--load-format {fmt}: unknown format")
 
 
-def _quant_method(cfg: ModelConfig, config: ServerConfig, registry: Any,
-                  device: torch.device) -> Any:
-    """The quantization method of the linear layers, or None for dense weights.
+def load_model(cfg: ModelConfig, config: ServerConfig, device: torch.device,
+               dtype: torch.dtype, *, architectures: ArchitectureRegistry | None = None,
+               quant_method: QuantMethod | None = None) -> torch.nn.Module:
+    """The model of ``cfg`` on ``device`` in ``dtype`` with its weights, in eval mode.
 
-    ``--quantization`` wins; otherwise the checkpoint's ``quantization_config`` names the method.
-    A method named by the checkpoint that cannot run here is an error, except for blocks this
-    loader can dequantize itself (GGUF): those are then loaded dense, and the log says why.
+    ``architectures``: the table to find ``cfg.architecture`` in (default: the core's);
+    ``quant_method``: the linear layers' method (default: dense weights).
     """
-    name = config.quantization
-    quant_cfg = cfg.quantization_config
-    detected = name is None and bool(quant_cfg)
-    if detected:
-        name = str(quant_cfg.get("quant_method", ""))
-    if name is None or registry is None:
-        return None
-    kwargs = dict(model_config=cfg, config=config, quant_config=quant_cfg, device=device)
-    try:
-        method = registry.create("quantization", name, **kwargs)
-    except (PluginError, NoAnswerError) as exc:
-        if not detected:
-            raise
-        if cfg.weights_format != "gguf" or config.load_format not in ("auto", "gguf"):
-            raise ConfigError(f"the checkpoint is quantized with {name!r} and no installed "
-                              f"quantization plugin serves it here ({exc})") from None
-        log.info("GGUF blocks are dequantized to dense %s weights (%s)", config.dtype, exc)
-        return None
-    log.info("quantization: %s (%s)", name,
-             "named by the checkpoint" if detected else "--quantization")
-    return method
-
-
-def load_model(cfg: ModelConfig, config: ServerConfig, registry: Any,
-               device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """The model of ``cfg`` on ``device`` in ``dtype`` with its weights, in eval mode."""
-    cls = build_architecture_registry(registry).resolve(cfg.architecture)
-    method = _quant_method(cfg, config, registry, device)
+    cls = (architectures or ArchitectureRegistry()).resolve(cfg.architecture)
+    method = quant_method
     with torch.device(device):
         model = cls(cfg, dtype=dtype, quant=method.for_layer if method is not None else None)
     model.quant_method = method

@@ -1,7 +1,7 @@
 """Architecture name (``config.json`` ``architectures[0]``) -> model class, imported lazily.
 
 Plugins add architectures through the cross-cutting hook ``engine_register_architectures``;
-:func:`build_architecture_registry` calls it on every loaded plugin.
+:meth:`engine.assembly.Assembly.architectures` calls it on every selected plugin.
 """
 
 from __future__ import annotations
@@ -48,11 +48,3 @@ class ArchitectureRegistry:
                               f"{', '.join(self.names)}")
         module, _, cls = ref.partition(":")
         return getattr(importlib.import_module(module), cls)
-
-
-def build_architecture_registry(registry: Any | None = None) -> ArchitectureRegistry:
-    """The built-in architectures plus those registered by loaded plugins."""
-    arch = ArchitectureRegistry()
-    if registry is not None:
-        registry.broadcast("engine_register_architectures", registry=arch)
-    return arch

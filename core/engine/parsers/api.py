@@ -11,7 +11,8 @@ Streaming: :class:`MessageStream` takes decoded chunks and returns OpenAI-style 
 same text (tool-call ids aside).
 
 Parsers are given by name (resolved through the installed plugins with
-:func:`engine.plugins.load_product`) or as a factory object: a reasoning factory is called as
+:func:`engine.assembly.parser_factory`; a server passes the factories it built once at
+start-up) or as a factory object: a reasoning factory is called as
 ``factory(chat_template_kwargs=..., reasoning_effort=...)``, a tool factory as
 ``factory(tools=...)``.
 """
@@ -29,18 +30,18 @@ Factory = Callable[..., Any]
 def reasoning_factory(parser: str | Factory, chat_template: str | None = None) -> Factory:
     """The per-request factory of a reasoning parser given by name or as a factory."""
     if isinstance(parser, str):
-        from engine.plugins import load_product
+        from engine.assembly import parser_factory
 
-        return load_product("reasoning_parser", parser, options={}, chat_template=chat_template)
+        return parser_factory("reasoning_parser", parser, chat_template=chat_template)
     return parser
 
 
 def tool_factory(parser: str | Factory, chat_template: str | None = None) -> Factory:
     """The per-request factory of a tool-call parser given by name or as a factory."""
     if isinstance(parser, str):
-        from engine.plugins import load_product
+        from engine.assembly import parser_factory
 
-        return load_product("tool_parser", parser, options={}, chat_template=chat_template)
+        return parser_factory("tool_parser", parser, chat_template=chat_template)
     return parser
 
 

@@ -265,27 +265,10 @@ class ValueTyping:
         return _MISSING
 
 
-#: value typings the fact sheet names, shared by the format plugins
-GLM_TYPING = ValueTyping(typed="loose", untyped="loose")
-POOLSIDE_TYPING = ValueTyping(trim="newline", typed="eval", untyped="json")
-SPARK_TYPING = ValueTyping(
-    typed="schema",
-    untyped="json",
-    null_word=True,
-    true_words=("true", "1"),
-    false_words=("false", "0"),
-)
-HUNYUAN_TYPING = ValueTyping(
-    typed="schema",
-    untyped="raw",
-    priority=("boolean", "integer", "number", "object", "array", "null"),
-)
-QWEN3_CODER_TYPING = ValueTyping(trim="newline", typed="schema", untyped="raw", null_word=True)
-MIMO_TYPING = ValueTyping(html=True, typed="schema", untyped="raw", null_word=True)
+#: value typings shared by several format plugins (a plugin with its own rules defines its
+#: own ``ValueTyping``)
 SCHEMA_TYPING = ValueTyping(typed="schema", untyped="json", null_word=True)
 DSML_TYPING = ValueTyping(trim="strip", typed="schema", untyped="json", null_word=True)
-STEP3_TYPING = ValueTyping(trim="strip", typed="eval", untyped="raw")
-MINICPM_TYPING = ValueTyping(cdata=True, typed="eval", untyped="raw")
 JSON_TYPING = ValueTyping(typed="json", untyped="json", honour_string=False)
 
 

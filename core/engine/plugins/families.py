@@ -1,8 +1,9 @@
 """The families: every extension point a user chooses on the command line, declared once.
 
-Adding a family is one entry in :data:`FAMILIES`. Everything else (entry-point discovery, the
-``engine serve`` flags and their choices, ``engine plugins list``, the scaffold, the conformance
-dispatcher) reads this table.
+Adding a family is one entry in :data:`FAMILIES`. Everything else reads this table: entry-point
+discovery, the ``engine serve`` flags with their help and defaults, the config fields they fill
+(:class:`engine.config.ServerConfig`), ``engine plugins list/show``, the scaffold, the
+conformance dispatcher, and the start-up assembly (:mod:`engine.assembly`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ class Family:
     prefix: str  #: distribution prefix after ``engine-``: ``engine-<prefix><choice>``
     flags: tuple[Flag, ...]
     hook: str  #: the family hook in :mod:`engine.plugins.hookspecs` its plugins implement
-    interface: str  #: ``"module:attribute"`` of the interface the hook's product implements
+    interface: str  #: ``"module:attribute"`` in :mod:`engine.api` the hook's product implements
     conformance: str  #: ``"module:function"`` running the family's conformance suite
+    #: None when the runtime uses this family's product; else why it does not yet (a choice on
+    #: the command line is then refused with this reason instead of being silently ignored)
+    unserved: str | None = None
     #: how ``auto`` is resolved when no plugin named ``auto`` is installed:
     #: "priority" (highest-priority available plugin) or None (no auto: unset means off)
     auto: str | None = "priority"
@@ -68,7 +72,7 @@ FAMILIES: dict[str, Family] = {
                 ),
             ),
             hook="engine_create_attention_backend",
-            interface="engine.runtime.attention:AttentionBackend",
+            interface="engine.api.attention:AttentionBackend",
             conformance="engine.testing.attention:check",
             summary="paged attention kernels: extend (cached prefix + new tokens) and decode",
         ),
@@ -79,8 +83,9 @@ FAMILIES: dict[str, Family] = {
             prefix="moe-",
             flags=(Flag("--moe-runner-backend", "Runner for routed experts.", default="auto"),),
             hook="engine_create_moe_runner",
-            interface="engine.runtime.moe:MoERunner",
+            interface="engine.api.moe:MoERunner",
             conformance="engine.testing.contract:check",
+            unserved="no served model architecture has routed experts yet",
             summary="routed experts: hidden states + top-k ids/weights -> combined output",
         ),
         Family(
@@ -91,8 +96,9 @@ FAMILIES: dict[str, Family] = {
             prefix="moe-a2a-",
             flags=(Flag("--moe-a2a-backend", "All-to-all for expert parallelism.", default="none"),),
             hook="engine_create_moe_a2a",
-            interface="engine.runtime.moe:MoEAllToAll",
+            interface="engine.api.moe:MoEAllToAll",
             conformance="engine.testing.contract:check",
+            unserved="no served model architecture has routed experts yet",
             auto=None,
             summary="token dispatch/combine across expert-parallel ranks",
         ),
@@ -108,7 +114,7 @@ FAMILIES: dict[str, Family] = {
                 ),
             ),
             hook="engine_create_quant_method",
-            interface="engine.runtime.linear:QuantMethod",
+            interface="engine.api.quant:QuantMethod",
             conformance="engine.testing.contract:check",
             auto=None,
             unset="the checkpoint's own method (a .gguf: gguf where it can run), else none",
@@ -121,8 +127,9 @@ FAMILIES: dict[str, Family] = {
             prefix="spec-",
             flags=(Flag("--speculative-algorithm", "Speculative decoding algorithm."),),
             hook="engine_create_speculative_proposer",
-            interface="engine.runtime.speculative:Proposer",
+            interface="engine.api.speculative:Proposer",
             conformance="engine.testing.contract:check",
+            unserved="the scheduler has no draft/verify step yet",
             auto=None,
             summary="proposes draft tokens; the core verifies them in one target forward",
         ),
@@ -133,8 +140,9 @@ FAMILIES: dict[str, Family] = {
             prefix="cache-",
             flags=(Flag("--hicache-storage-backend", "Storage tier behind the host KV cache."),),
             hook="engine_create_hicache_storage",
-            interface="engine.runtime.hicache:HiCacheStorage",
+            interface="engine.api.hicache:HiCacheStorage",
             conformance="engine.testing.contract:check",
+            unserved="the KV cache has no host or storage tier yet",
             auto=None,
             summary="page-granular get/set/exists of KV pages keyed by prefix hash",
         ),
@@ -146,7 +154,7 @@ FAMILIES: dict[str, Family] = {
             prefix="reasoning-",
             flags=(Flag("--reasoning-parser", "Splits model output into reasoning and content."),),
             hook="engine_create_reasoning_parser",
-            interface="engine.parsers.base:ReasoningParser",
+            interface="engine.api.parsers:ReasoningParser",
             conformance="engine.testing.reasoning:check",
             auto=None,
             summary="split model text into reasoning and content, whole or streamed",
@@ -159,7 +167,7 @@ FAMILIES: dict[str, Family] = {
             prefix="tool-",
             flags=(Flag("--tool-call-parser", "Extracts tool calls from model output."),),
             hook="engine_create_tool_parser",
-            interface="engine.parsers.base:ToolParser",
+            interface="engine.api.parsers:ToolParser",
             conformance="engine.testing.tools:check",
             auto=None,
             summary="extract tool calls (name, JSON arguments) from content, whole or streamed",
@@ -178,7 +186,7 @@ FAMILIES: dict[str, Family] = {
                 ),
             ),
             hook="engine_parse_model_config",
-            interface="engine.models.config:ModelConfig",
+            interface="engine.api.models:ModelConfig",
             conformance="engine.testing.contract:check",
             summary="model directory -> normalized model config",
         ),

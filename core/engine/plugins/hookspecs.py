@@ -1,4 +1,7 @@
-"""Every extension point of engine, with its contract. This module is the plugin API.
+"""Every extension point of engine, with its contract.
+
+Plugins implement these hooks with ``engine.api.hookimpl`` and import the types named here from
+:mod:`engine.api` (the whole public plugin API).
 
 A selected plugin's implementation object (the ``implementation`` of its manifest: a module or
 an instance carrying ``@hookimpl`` functions) is registered with the plugin manager and called
@@ -22,84 +25,93 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 # --------------------------------------------------------------------------- family hooks
+#
+# Every family hook receives ``options``: this plugin's own parsed options
+# (:class:`engine.api.Options`; each option its manifest declares, at its default when unset).
+# Families whose ``auto`` is a plugin also receive ``delegate(name) -> product``: the product of
+# another plugin of the same family, built by the start-up assembly with that plugin's own
+# options (and traced like any hook call); an auto plugin picks a name and delegates to it.
 
 
 @hookspec(firstresult=True)
-def engine_create_attention_backend(pool: Any, model_config: Any, config: Any) -> Any:
+def engine_create_attention_backend(pool: Any, model_config: Any, config: Any,
+                                    options: Any) -> Any:
     """Build the attention backend for one model runner.
 
-    :param pool: the :class:`engine.runtime.attention.KVPool` (its ``device``/``dtype`` are the
+    :param pool: the :class:`engine.api.attention.KVPool` (its ``device``/``dtype`` are the
         model's; ``page_size`` is the configured page size)
-    :param model_config: the normalized :class:`engine.models.config.ModelConfig`
-    :param config: the frozen :class:`engine.config.ServerConfig`
-    :return: an :class:`engine.runtime.attention.AttentionBackend`. It receives one
-        :class:`engine.runtime.batch.Batch` per forward through ``prepare(batch)``, then
-        ``forward_extend``/``forward_decode`` per layer; it writes the new K/V into the paged
-        pool and must never silently hand work to another backend.
+    :param model_config: the normalized :class:`engine.api.models.ModelConfig`
+    :param config: the frozen :class:`engine.config.ServerConfig` (read-only core settings)
+    :return: an :class:`engine.api.attention.AttentionBackend`. It receives one
+        :class:`engine.api.attention.Batch` per forward through ``prepare(batch)``, then
+        ``forward(...)`` per layer; it writes the new K/V into the paged pool and must never
+        silently hand work to another backend.
     """
 
 
 @hookspec(firstresult=True)
-def engine_create_moe_runner(model_config: Any, config: Any) -> Any:
-    """Build the routed-experts runner: hidden states + top-k ids/weights -> combined output."""
+def engine_create_moe_runner(model_config: Any, config: Any, options: Any) -> Any:
+    """Build the routed-experts runner (:class:`engine.api.moe.MoERunner`)."""
 
 
 @hookspec(firstresult=True)
-def engine_create_moe_a2a(model_config: Any, config: Any) -> Any:
-    """Build the expert-parallel token dispatcher (dispatch before experts, combine after)."""
+def engine_create_moe_a2a(model_config: Any, config: Any, options: Any) -> Any:
+    """Build the expert-parallel token dispatcher (:class:`engine.api.moe.MoEAllToAll`)."""
 
 
 @hookspec(firstresult=True)
 def engine_create_quant_method(model_config: Any, config: Any, quant_config: Any,
-                               device: Any) -> Any:
+                               device: Any, options: Any) -> Any:
     """Build the quantization method for linear layers.
 
     :param quant_config: the checkpoint's ``quantization_config`` dict (a GGUF file's is
         ``{"quant_method": "gguf", "weight_types": [...]}``), or ``None``
     :param device: the ``torch.device`` the model is built on
-    :return: an :class:`engine.runtime.linear.QuantMethod`: ``for_layer(name)`` (the method per
+    :return: an :class:`engine.api.quant.QuantMethod`: ``for_layer(name)`` (the method per
         layer, or None for a dense layer), ``create_weights(layer, ...)``,
         ``process_weights_after_loading(layer)``, ``apply(layer, x, bias)``. Raise
-        :class:`engine.errors.PluginError` with the reason when it cannot serve this model on
+        :class:`engine.api.PluginError` with the reason when it cannot serve this model on
         this device. Quantized GGUF tensors reach a parameter's ``weight_loader`` as
-        :class:`engine.runtime.linear.PackedWeight` blocks.
+        :class:`engine.api.quant.PackedWeight` blocks.
     """
 
 
 @hookspec(firstresult=True)
-def engine_create_speculative_proposer(model_config: Any, config: Any) -> Any:
-    """Build a draft-token proposer; the core verifies drafts in one target forward."""
+def engine_create_speculative_proposer(model_config: Any, config: Any, options: Any) -> Any:
+    """Build a draft-token proposer (:class:`engine.api.speculative.Proposer`)."""
 
 
 @hookspec(firstresult=True)
-def engine_create_hicache_storage(config: Any, options: dict[str, Any]) -> Any:
-    """Build a KV page store with ``get/set/exists`` (and batched forms) keyed by prefix hash."""
+def engine_create_hicache_storage(config: Any, options: Any) -> Any:
+    """Build a KV page store (:class:`engine.api.hicache.HiCacheStorage`)."""
 
 
 @hookspec(firstresult=True)
-def engine_create_reasoning_parser(options: dict[str, Any], chat_template: str | None) -> Any:
-    """Return a factory that builds one reasoning parser per request.
+def engine_create_reasoning_parser(options: Any, chat_template: str | None,
+                                   delegate: Any) -> Any:
+    """Return a factory that builds one reasoning parser per response. Called once, at
+    start-up; the factory is kept with the server and called per response.
 
-    :param options: this plugin's parsed options (may be empty)
     :param chat_template: the served model's chat template source, or ``None`` when unknown;
         ``auto`` detects its parser from it, others may read whether it pre-opens reasoning
     :return: a callable ``factory(*, chat_template_kwargs: dict, reasoning_effort: str | None)
-        -> engine.parsers.base.ReasoningParser`` (the request decides whether reasoning is on)
+        -> engine.api.parsers.ReasoningParser`` (the request decides whether reasoning is on)
     """
 
 
 @hookspec(firstresult=True)
-def engine_create_tool_parser(options: dict[str, Any], chat_template: str | None) -> Any:
-    """Return a factory that builds one tool-call parser per request.
+def engine_create_tool_parser(options: Any, chat_template: str | None, delegate: Any) -> Any:
+    """Return a factory that builds one tool-call parser per response (called once, at
+    start-up).
 
-    :return: a callable ``factory(*, tools: list[dict]) -> engine.parsers.base.ToolParser``;
+    :return: a callable ``factory(*, tools: list[dict]) -> engine.api.parsers.ToolParser``;
         ``tools`` is the request's OpenAI ``tools`` array.
     """
 
 
 @hookspec(firstresult=True)
-def engine_parse_model_config(model_path: str, config: Any) -> Any:
-    """Read a model directory or file into a :class:`engine.models.config.ModelConfig`.
+def engine_parse_model_config(model_path: str, config: Any, options: Any, delegate: Any) -> Any:
+    """Read a model directory or file into a :class:`engine.api.models.ModelConfig`.
 
     :return: the config, or ``None`` when this parser does not recognise the path.
     """

@@ -9,19 +9,21 @@ availability and ``auto`` selection is here; the implementation is named by a la
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping
 
 #: Major version of the plugin API published by this core. A plugin declares the major it was
 #: built for (``Plugin.api_version``); any other major is listed as incompatible and never loaded.
-PLUGIN_API_VERSION = 1
+PLUGIN_API_VERSION = 2
 
 
 @dataclass(frozen=True)
 class Option:
     """A plugin-specific command-line option (``--triton-attention-num-kv-splits``).
 
-    The option appears in ``engine serve --help`` when the plugin is installed, and its parsed
-    value reaches the plugin through ``ServerConfig.plugin_options[<family>.<name>]``.
+    The option appears in ``engine serve --help`` (and as a ``--config`` YAML key) when the
+    plugin is installed; its parsed value reaches the plugin's family hook as ``options[dest]``
+    (also ``options.<dest>``), the declared ``default`` when unset.
     """
 
     flag: str  #: the long flag, with leading dashes
@@ -102,3 +104,36 @@ class Plugin:
                 raise ValueError(f"manifest option {opt!r} must be an Option with a '--flag'")
             if opt.type not in ("str", "int", "float", "bool", "json"):
                 raise ValueError(f"option {opt.flag}: unknown type {opt.type!r}")
+
+
+class Options(Mapping[str, Any]):
+    """One plugin's parsed options, read-only: ``options["num_kv_splits"]`` or
+    ``options.num_kv_splits``. Every option the manifest declares is present (its default when
+    the user set nothing)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any] | None = None) -> None:
+        object.__setattr__(self, "_values", MappingProxyType(dict(values or {})))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"no plugin option {name!r} (options: "
+                                 f"{', '.join(self._values) or 'none'})") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("plugin options are read-only")
+
+    def __repr__(self) -> str:
+        return f"Options({dict(self._values)!r})"

@@ -34,6 +34,18 @@ class Registry:
         self._loaded: dict[str, Any] = {}  # qualified name -> registered implementation
         self._owner: dict[int, PluginRecord] = {}  # id(implementation) -> record
 
+    def enable_trace(self) -> None:
+        """Log every hook call from now on (``--trace-plugins``)."""
+        if not self._trace:
+            self._trace = True
+            if self._pm is not None:
+                self._enable_trace()
+
+    def hook_argnames(self, hook_name: str) -> tuple[str, ...]:
+        """The argument names of a hook specification."""
+        spec = getattr(self.pm.hook, hook_name).spec
+        return tuple(spec.argnames) if spec is not None else ()
+
     @property
     def pm(self) -> "pluggy.PluginManager":
         """The plugin manager, created on first use (listing plugins never needs it)."""
@@ -214,22 +226,3 @@ class Registry:
 
 def _neg(name: str) -> tuple[int, ...]:
     return tuple(-ord(c) for c in name)
-
-
-_default: Registry | None = None
-
-
-def get_registry() -> Registry:
-    """The process-wide registry (discovery runs once)."""
-    global _default
-    if _default is None:
-        _default = Registry()
-    return _default
-
-
-def load_product(family: str, name: str, **hook_kwargs: Any) -> Any:
-    """Resolve ``name`` in ``family`` and return what its family hook returns.
-
-    >>> factory = load_product("tool_parser", "qwen25", options={}, chat_template=None)
-    """
-    return get_registry().create(family, name, **hook_kwargs)

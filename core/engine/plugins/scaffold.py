@@ -16,6 +16,15 @@ from pathlib import Path
 from engine.plugins.families import FAMILIES
 from engine.errors import PluginError
 
+def core_requirement() -> str:
+    """The core versions a plugin built against this one supports: this minor series (the
+    plugin API of :mod:`engine.api` changes only with the minor version before 1.0)."""
+    from engine import __version__
+
+    major, minor = (int(x) for x in __version__.split(".")[:2])
+    return f"engine>={major}.{minor},<{major}.{minor + 1}"
+
+
 _PYPROJECT = """\
 [build-system]
 requires = ["flit_core>=3.9,<4"]
@@ -26,7 +35,7 @@ name = "{dist}"
 version = "0.1.0"
 description = "{family} plugin '{name}' for engine"
 requires-python = ">=3.10"
-dependencies = ["engine"]
+dependencies = ["{engine_requirement}"]
 
 [project.entry-points."{group}"]
 "{name}" = "{module}:plugin"
@@ -35,7 +44,7 @@ dependencies = ["engine"]
 _MANIFEST = '''\
 """Manifest of the {family} plugin '{name}'. Keep this module light: no heavy imports here."""
 
-from engine.plugins import Plugin, Requires
+from engine.api import Plugin, Requires
 
 plugin = Plugin(
     name="{name}",
@@ -49,8 +58,8 @@ plugin = Plugin(
 _IMPL_REASONING = '''\
 """A reasoning parser: text between <think> and </think> is reasoning. Edit the markers."""
 
-from engine.parsers.base import ReasoningDelta, ReasoningParser
-from engine.plugins import hookimpl
+from engine.api.parsers import ReasoningDelta, ReasoningParser
+from engine.api import hookimpl
 
 START, END = "<think>", "</think>"
 
@@ -116,8 +125,8 @@ _IMPL_TOOL = '''\
 
 import json
 
-from engine.parsers.base import ToolCall, ToolCallDelta, ToolDelta, ToolParser, ToolResult
-from engine.plugins import hookimpl
+from engine.api.parsers import ToolCall, ToolCallDelta, ToolDelta, ToolParser, ToolResult
+from engine.api import hookimpl
 
 PREFIX = "CALL "
 
@@ -189,7 +198,7 @@ Implement the family hook below (its contract: engine.plugins.hookspecs.{hook}),
 ``not_implemented`` line of the manifest so the plugin is listed as usable.
 """
 
-from engine.plugins import hookimpl
+from engine.api import hookimpl
 
 
 @hookimpl
@@ -249,7 +258,8 @@ def write_plugin(family: str, name: str, parent: str = ".") -> Path:
         impl = _IMPL_TODO
         extra = f'    not_implemented="scaffold: {fam.hook} in {module}/impl.py is not written yet",\n'
     fields = dict(dist=dist, family=family, name=name, module=module, group=fam.group,
-                  hook=fam.hook, flag=fam.flags[0].flag, extra=extra)
+                  hook=fam.hook, flag=fam.flags[0].flag, extra=extra,
+                  engine_requirement=core_requirement())
     (root / module).mkdir(parents=True)
     (root / "tests").mkdir()
     (root / "pyproject.toml").write_text(_PYPROJECT.format(**fields))

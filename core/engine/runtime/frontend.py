@@ -16,7 +16,6 @@ import torch
 
 from engine.config import ServerConfig
 from engine.models.tokenizer import IncrementalDetokenizer
-from engine.plugins.registry import Registry
 from engine.runtime.request import Req, Sink
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.scheduler import Scheduler
@@ -37,15 +36,18 @@ class Runtime:
     """Model runner + scheduler. Thread-safe entry points: :meth:`make_reqs` and the
     scheduler's ``submit``/``abort``."""
 
-    def __init__(self, config: ServerConfig, registry: Registry | None = None, *,
-                 runner: Any = None) -> None:
-        """Build the model runner from ``config`` (or use a ready ``runner``) and a scheduler."""
+    def __init__(self, config: ServerConfig, assembly: Any = None, *, runner: Any = None) -> None:
+        """Build the model runner from ``config``'s :class:`~engine.assembly.Assembly` (built
+        here when not given), or use a ready ``runner``, and a scheduler."""
+        from engine.assembly import Assembly, ParserFactories
         from engine.runtime.model_runner import ModelRunner
 
         t0 = time.monotonic()
         self.config = config
-        self.runner = runner if runner is not None else ModelRunner(config,
-                                                                    registry or Registry())
+        if runner is None:
+            assembly = assembly if assembly is not None else Assembly(config)
+            runner = ModelRunner(config, assembly)
+        self.runner = runner
         self.tokenizer = self.runner.tokenizer
         self.model_config = self.runner.model_config
         self.scheduler = Scheduler(config, self.runner)
@@ -55,15 +57,16 @@ class Runtime:
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
             self.model_config.eos_token_ids)
         self._rng = random.Random(config.random_seed)
-        # cross-cutting hooks of the selected plugins (engine.plugins.hookspecs)
-        self.registry = registry or getattr(self.runner, "registry", None)
-        self._observe_requests = bool(self.registry and
-                                      self.registry.has_impls("engine_on_request"))
-        if self.registry and self.registry.has_impls("engine_after_forward"):
-            hook = self.registry.pm.hook.engine_after_forward
-            self.scheduler.after_forward = lambda batch, ids: hook(batch=batch, next_token_ids=ids)
-        if self.registry:
-            self.registry.broadcast("engine_startup", config=config)
+        #: the chat parsers' factories (built once here, from the tokenizer's chat template)
+        self.parsers = ParserFactories()
+        self.observers = None
+        if assembly is not None:
+            template = self.tokenizer.chat_template if self.tokenizer is not None else None
+            self.parsers = assembly.parser_factories(template)
+            # cross-cutting hooks of the selected plugins (engine.plugins.hookspecs)
+            self.observers = assembly.observers()
+            self.scheduler.after_forward = self.observers.after_forward
+            self.observers.startup(config)
         self.load_seconds = time.monotonic() - t0
 
     def check_prompt(self, input_ids: list[int], *, param: str = "prompt") -> None:
@@ -118,9 +121,9 @@ class Runtime:
                 max_new_tokens=limit,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
                                                    input_ids)))
-        if self._observe_requests:
+        if self.observers is not None and self.observers.on_request is not None:
             for req in reqs:
-                self.registry.broadcast("engine_on_request", request=req)
+                self.observers.on_request(req)
         return reqs
 
     def info(self) -> dict[str, Any]:
@@ -135,11 +138,11 @@ class Runtime:
 
     def shutdown(self) -> None:
         self.scheduler.stop()
-        if self.registry:
-            self.registry.broadcast("engine_shutdown")
+        if self.observers is not None:
+            self.observers.shutdown()
 
 
-def start_runtime(config: ServerConfig, registry: Registry | None = None) -> Runtime:
+def start_runtime(config: ServerConfig, assembly: Any = None) -> Runtime:
     """Build a :class:`Runtime` in a new daemon thread that then runs its scheduler loop.
 
     Returns once the model is loaded (re-raising what the load raised). Loading and stepping
@@ -152,7 +155,7 @@ def start_runtime(config: ServerConfig, registry: Registry | None = None) -> Run
 
     def main() -> None:
         try:
-            runtime = Runtime(config, registry)
+            runtime = Runtime(config, assembly)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
             box.put(exc)
             return

@@ -1,9 +1,9 @@
 """The model runner: from one :class:`Batch` to float32 logits.
 
-Built once per server. It reads the model config (through the ``model_config_parser`` family),
-builds the model (architecture registry) and loads its weights, loads the tokenizer, sizes the
-paged KV pool and the request-to-token table, and builds the attention backends (one for extend
-batches, one for decode batches; the same object when both resolve to one plugin).
+Built once per server from the start-up :class:`~engine.assembly.Assembly`'s products: the model
+config, the architecture table and quantization method (model + weights), the tokenizer, the
+paged KV pool and request-to-token table it sizes itself, and the attention backends (one for
+extend batches, one for decode batches; the same object when both resolve to one plugin).
 
 The scheduler owns slot allocation: it writes rows of :attr:`ModelRunner.req_to_token` and builds
 each :class:`Batch`; :meth:`ModelRunner.forward` owns everything from the batch to the logits.
@@ -19,10 +19,9 @@ from typing import Any
 import torch
 
 from engine.config import ServerConfig
-from engine.errors import ConfigError, NoAnswerError
-from engine.models.config import ModelConfig, resolve_model_path
+from engine.errors import ConfigError
+from engine.models.config import ModelConfig
 from engine.models.tokenizer import Tokenizer
-from engine.plugins.registry import Registry
 from engine.runtime.attention import AttentionBackend, KVPool
 from engine.runtime.batch import Batch
 
@@ -62,26 +61,6 @@ def pick_dtype(name: str, device: torch.device, model_config: ModelConfig) -> to
     return torch.bfloat16
 
 
-def load_model_config(config: ServerConfig, registry: Registry) -> ModelConfig:
-    """Parse the model path with the configured parser plugin, then apply overrides."""
-    path = resolve_model_path(config.model_path)
-    record = registry.resolve("model_config_parser", config.model_config_parser)
-    try:
-        model_config = registry.call_family_hook(record, model_path=path, config=config)
-    except NoAnswerError:
-        raise ConfigError(f"--model-path {path}: not a model the {record.name} model-config "
-                          "parser recognises") from None
-    if config.json_model_override_args:
-        try:
-            overrides = json.loads(config.json_model_override_args)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--json-model-override-args: not JSON: {exc}") from None
-        if not isinstance(overrides, dict):
-            raise ConfigError("--json-model-override-args: expected a JSON object")
-        model_config = model_config.override(overrides)
-    return model_config
-
-
 class ModelRunner:
     """Owns the model, its weights, the tokenizer, the KV pool and the attention backends.
 
@@ -91,12 +70,16 @@ class ModelRunner:
     ``max_running_requests``, ``max_context_len``, ``device``, ``dtype``, ``page_size``.
     """
 
-    def __init__(self, config: ServerConfig, registry: Registry) -> None:
+    def __init__(self, config: ServerConfig, assembly: Any = None) -> None:
+        """``assembly``: the :class:`~engine.assembly.Assembly` of ``config`` (built here when
+        not given)."""
+        from engine.assembly import Assembly
         from engine.models.loader import load_model
 
-        self.config, self.registry = config, registry
+        self.config = config
+        assembly = assembly if assembly is not None else Assembly(config)
         self.device = pick_device(config.device)
-        self.model_config = load_model_config(config, registry)
+        self.model_config = assembly.model_config()
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config)
         self.tokenizer: Tokenizer | None = (
             None if config.skip_tokenizer_init
@@ -105,14 +88,20 @@ class ModelRunner:
         if config.page_size < 1:
             raise ConfigError(f"--page-size {config.page_size}: must be at least 1")
         self.page_size = config.page_size
-        self.model = load_model(self.model_config, config, registry, self.device, self.dtype)
+        self.model = load_model(self.model_config, config, self.device, self.dtype,
+                                architectures=assembly.architectures(),
+                                quant_method=assembly.quant_method(self.model_config,
+                                                                   self.device))
         self.pool = self._make_pool()
         self.max_total_num_tokens = self.pool.num_slots - self.page_size
         self.max_running_requests = (config.max_running_requests
                                      or DEFAULT_MAX_RUNNING.get(self.device.type, 64))
         self.req_to_token = torch.zeros((self.max_running_requests, self.max_context_len),
                                         dtype=torch.int64, device=self.device)
-        self.prefill_backend, self.decode_backend = self._make_backends()
+        self.prefill_backend, self.decode_backend = assembly.attention_backends(
+            self.pool, self.model_config)
+        self.attention_backend_names = tuple(
+            assembly.chosen[f"--{kind}-attention-backend"].name for kind in ("prefill", "decode"))
         self.decode_graphs = self._make_decode_graphs()
 
     # ------------------------------------------------------------------ set-up
@@ -152,25 +141,6 @@ class ModelRunner:
         return KVPool(num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads,
                       head_dim=mc.head_dim, num_slots=(pages + 1) * ps, page_size=ps,
                       dtype=self.dtype, device=self.device)
-
-    def _backend_record(self, flag: str, choice: str | None) -> Any:
-        chosen = choice or self.config.attention_backend or "auto"
-        label = flag if choice else "--attention-backend"
-        return self.registry.resolve("attention", chosen, flag=label,
-                                     model_features=self.model_config.features)
-
-    def _make_backends(self) -> tuple[AttentionBackend, AttentionBackend]:
-        cfg = self.config
-        prefill = self._backend_record("--prefill-attention-backend", cfg.prefill_attention_backend)
-        decode = self._backend_record("--decode-attention-backend", cfg.decode_attention_backend)
-        built: dict[str, AttentionBackend] = {}
-        for rec in (prefill, decode):
-            if rec.qualified not in built:
-                built[rec.qualified] = self.registry.call_family_hook(
-                    rec, pool=self.pool, model_config=self.model_config, config=cfg)
-        self.attention_backend_names = (prefill.name, decode.name)
-        log.info("attention: prefill %s, decode %s", prefill.name, decode.name)
-        return built[prefill.qualified], built[decode.qualified]
 
     def _make_decode_graphs(self) -> Any:
         """CUDA graphs for decode steps, when on CUDA, not disabled, and the decode backend

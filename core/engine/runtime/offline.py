@@ -23,10 +23,11 @@ class Engine:
     """An in-process engine. Keyword arguments are :class:`~engine.config.ServerConfig` fields."""
 
     def __init__(self, model_path: str | None = None, *, runner: Any = None,
-                 **server_config_fields: Any) -> None:
+                 assembly: Any = None, **server_config_fields: Any) -> None:
         """Load the model (or take a ready ``ModelRunner`` as ``runner``; the scheduling options
-        still come from the keyword arguments)."""
-        from engine.plugins.registry import Registry
+        still come from the keyword arguments). ``assembly``: the
+        :class:`~engine.assembly.Assembly` to take the plugins' products from (default: one
+        built from the options; none with a ready ``runner``)."""
         from engine.runtime.frontend import Runtime
 
         known = {f.name for f in dataclasses.fields(ServerConfig)}
@@ -34,8 +35,7 @@ class Engine:
         if unknown:
             raise TypeError(f"unknown Engine option(s): {', '.join(unknown)}")
         self.config = ServerConfig(model_path=model_path, **server_config_fields)
-        self.runtime = Runtime(self.config, None if runner is not None else Registry(),
-                               runner=runner)
+        self.runtime = Runtime(self.config, assembly, runner=runner)
         self.tokenizer = self.runtime.tokenizer
         self._ids = itertools.count()
 

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import engine
 from engine.config import ServerConfig
-from engine.plugins.registry import Registry
+from engine.assembly import Assembly, ParserFactories
 from engine.runtime.frontend import RequestError, Runtime, start_runtime
 from engine.runtime.sampling import InvalidParam, SamplingParams
 from engine.server.generation import Generation, SeqState, internal_failure
@@ -48,6 +48,7 @@ class ServerState:
     model_name: str
     model_path: str
     started: float
+    parsers: ParserFactories  #: the chat parsers' factories, built once at start-up
 
 
 def _model_name(config: ServerConfig, runtime: Runtime) -> str:
@@ -334,7 +335,7 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
 # ---------------------------------------------------------------------- start-up
 
 
-def run_server(config: ServerConfig, registry: Registry) -> int:
+def run_server(config: ServerConfig, assembly: Assembly) -> int:
     """Load the model, start the scheduler thread, warm up, serve until interrupted.
 
     Logs one line when ready: the URL and the seconds from start to ready.
@@ -342,14 +343,15 @@ def run_server(config: ServerConfig, registry: Registry) -> int:
     import uvicorn
 
     t0 = time.monotonic()
-    runtime = start_runtime(config, registry)
+    runtime = start_runtime(config, assembly)
     try:
         if not config.skip_server_warmup:
             _warm_up(runtime)
         name = _model_name(config, runtime)
         state = ServerState(config=config, runtime=runtime,
                             metrics=Metrics(runtime.scheduler.stats, name), model_name=name,
-                            model_path=runtime.model_config.model_path, started=time.time())
+                            model_path=runtime.model_config.model_path, started=time.time(),
+                            parsers=runtime.parsers)
         app = create_app(state)
         url = f"http://{config.host}:{config.port}"
 

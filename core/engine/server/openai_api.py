@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from engine.assembly import ParserFactories
 from engine.parsers.api import MessageStream, parse_message
 from engine.runtime.frontend import RequestError
 from engine.server.generation import Generation, SeqState, internal_failure, usage
@@ -173,7 +174,7 @@ class OpenAIServing:
                                f"function, got {choice!r}", param="tool_choice")
         if not names:
             raise RequestError("tool_choice needs tools", param="tool_choice")
-        if self.state.config.tool_call_parser is None:
+        if self.state.parsers.tool is None:
             raise RequestError("tool_choice 'required' or a named function needs the server "
                                "to run with --tool-call-parser", param="tool_choice")
         if choice == "required":
@@ -213,9 +214,7 @@ class OpenAIServing:
                          prompt_param="messages",
                          max_tokens_param="max_completion_tokens"
                          if body.max_completion_tokens is not None else "max_tokens")
-        cfg = self.state.config
-        pkw = parser_kwargs(body, cfg.reasoning_parser, cfg.tool_call_parser,
-                            self.tok.chat_template)
+        pkw = parser_kwargs(body, self.state.parsers)
         cid, created = f"chatcmpl-{gen.rid}", int(time.time())
         if body.stream:
             return StreamingResponse(self._stream_chat(gen, body, model, cid, created, pkw,
@@ -328,22 +327,20 @@ def template_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
     return messages
 
 
-def parser_kwargs(body: ChatCompletionRequest, reasoning_parser: str | None,
-                  tool_call_parser: str | None,
-                  chat_template: str | None) -> dict[str, Any] | None:
+def parser_kwargs(body: ChatCompletionRequest, parsers: ParserFactories) -> dict[str, Any] | None:
     """Arguments of the parser pipeline for one request, or None when the text is returned as
     is (no reasoning parser, and no tool parser in use: no ``tools``, or ``tool_choice`` is
-    ``none``). The request's ``chat_template_kwargs`` and ``reasoning_effort`` decide whether
-    reasoning is on (fact sheet §0.2)."""
-    use_tools = bool(tool_call_parser and body.tools and body.tool_choice != "none")
-    if not reasoning_parser and not use_tools:
+    ``none``). ``parsers`` are the server's factories, built once at start-up; the request's
+    ``chat_template_kwargs`` and ``reasoning_effort`` decide whether reasoning is on (fact
+    sheet §0.2)."""
+    use_tools = bool(parsers.tool and body.tools and body.tool_choice != "none")
+    if parsers.reasoning is None and not use_tools:
         return None
-    return {"reasoning_parser": reasoning_parser,
-            "tool_parser": tool_call_parser if use_tools else None,
+    return {"reasoning_parser": parsers.reasoning,
+            "tool_parser": parsers.tool if use_tools else None,
             "tools": body.tools if use_tools else None,
             "chat_template_kwargs": body.chat_template_kwargs,
             "reasoning_effort": body.reasoning_effort,
-            "chat_template": chat_template,
             "separate_reasoning": body.separate_reasoning}
 
 

@@ -155,3 +155,14 @@ def check(name: str, make_backend: Callable[..., Any],
             errors = [f"raised {type(exc).__name__}: {exc}"]
         failures += [f"{label}: {e}" for e in errors]
     return failures
+
+
+def plugin_backend(name: str) -> Callable[..., Any]:
+    """A ``make_backend`` for :func:`check` that builds the installed attention plugin ``name``
+    as ``engine serve`` does (through the start-up assembly, with its default options), also
+    where it is listed as unavailable (a kernel run under an interpreter)."""
+    from engine.assembly import Assembly
+
+    assembly = Assembly(ServerConfig())
+    record = assembly.registry.find(name, "attention")[0]
+    return lambda **kwargs: assembly.build(record, **kwargs)

@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import json
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from engine.plugins.discovery import AVAILABLE, BROKEN, INCOMPATIBLE, PluginRecord
@@ -22,8 +24,8 @@ HEAVY = ("torch", "triton", "transformers", "flashinfer", "numpy")
 
 #: family -> keyword arguments for the family hook when a suite wants the product directly
 PRODUCT_KWARGS: dict[str, dict[str, Any]] = {
-    "reasoning_parser": {"options": {}, "chat_template": None},
-    "tool_parser": {"options": {}, "chat_template": None},
+    "reasoning_parser": {"chat_template": None},
+    "tool_parser": {"chat_template": None},
 }
 
 
@@ -49,6 +51,39 @@ def manifest_import_cost(record: PluginRecord) -> list[str]:
     return json.loads(out.stdout)
 
 
+#: what a plugin may import of the core: the public plugin API (the plugin API version covers it)
+API_PACKAGE = "engine.api"
+
+
+def core_imports_outside_api(package_dir: str | Path) -> list[str]:
+    """Every ``engine.*`` import outside :mod:`engine.api` in the ``.py`` files below
+    ``package_dir``, as ``"file:line: module"`` (none for a plugin that keeps to the API)."""
+    found = []
+    for path in sorted(Path(package_dir).rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                modules = [node.module]
+                if node.module == "engine":
+                    modules = [f"engine.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            for module in modules:
+                inside = module == API_PACKAGE or module.startswith(API_PACKAGE + ".")
+                if (module == "engine" or module.startswith("engine.")) and not inside:
+                    found.append(f"{path}:{node.lineno}: {module}")
+    return found
+
+
+def _package_dir(record: PluginRecord) -> str | None:
+    spec = importlib.util.find_spec(record.entry_point.partition(":")[0].split(".")[0])
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
 def run_checks(registry: Registry, record: PluginRecord) -> list[CheckResult]:
     results: list[CheckResult] = []
     if record.status == BROKEN or record.manifest is None:
@@ -60,6 +95,10 @@ def run_checks(registry: Registry, record: PluginRecord) -> list[CheckResult]:
     heavy = manifest_import_cost(record)
     results.append(CheckResult("manifest import is cheap", "fail" if heavy else "pass",
                                f"pulled in {', '.join(heavy)}" if heavy else ""))
+    package = _package_dir(record)
+    outside = core_imports_outside_api(package) if package else []
+    results.append(CheckResult(f"imports only {API_PACKAGE} of the core",
+                               "fail" if outside else "pass", "; ".join(outside)))
     if record.status != AVAILABLE:
         results.append(CheckResult("loads", "skip", record.status_line()))
         return results
@@ -79,11 +118,15 @@ def run_checks(registry: Registry, record: PluginRecord) -> list[CheckResult]:
     if suite is None:
         results.append(CheckResult("family conformance suite", "skip", "none for this family"))
         return results
+    from engine.assembly import Assembly
+    from engine.config import ServerConfig
+
+    assembly = Assembly(ServerConfig(), registry)  # the plugin's options at their defaults
     try:
         if record.family in PRODUCT_KWARGS:
-            product: Any = registry.call_family_hook(record, **PRODUCT_KWARGS[record.family])
+            product: Any = assembly.build(record, **PRODUCT_KWARGS[record.family])
         else:
-            product = lambda **kw: registry.call_family_hook(record, **kw)  # noqa: E731
+            product = lambda **kw: assembly.build(record, **kw)  # noqa: E731
         failures = suite(record.name, product)
     except Exception as exc:  # the suite reports a crashing plugin as a failure
         failures = [f"raised {type(exc).__name__}: {exc}"]

@@ -1,6 +1,6 @@
 """cutedsl_mla attention: manifest only; this build has no implementation."""
 
-from engine.plugins import Plugin, Requires
+from engine.api import Plugin, Requires
 
 plugin = Plugin(
     name="cutedsl_mla",

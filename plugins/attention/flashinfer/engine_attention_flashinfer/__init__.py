@@ -1,6 +1,6 @@
 """flashinfer attention: manifest only (flashinfer is imported on selection)."""
 
-from engine.plugins import Plugin, Requires
+from engine.api import Plugin, Requires
 
 plugin = Plugin(
     name="flashinfer",

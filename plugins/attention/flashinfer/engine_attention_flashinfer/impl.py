@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from engine.errors import PluginError
-from engine.plugins import hookimpl
-from engine.runtime.attention import AttentionBackend, AttentionLayerSpec, KVPool
-from engine.runtime.batch import Batch
+from engine.api import PluginError
+from engine.api import hookimpl
+from engine.api.attention import AttentionBackend, AttentionLayerSpec, KVPool
+from engine.api.attention import Batch
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 

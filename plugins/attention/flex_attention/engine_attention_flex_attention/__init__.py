@@ -1,6 +1,6 @@
 """flex_attention attention: manifest only (the implementation loads on selection)."""
 
-from engine.plugins import Plugin, Requires
+from engine.api import Plugin, Requires
 
 plugin = Plugin(
     name="flex_attention",

@@ -28,9 +28,9 @@ from typing import Any, Callable
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from engine.plugins import hookimpl
-from engine.runtime.attention import AttentionBackend, AttentionLayerSpec, KVPool
-from engine.runtime.batch import Batch
+from engine.api import hookimpl
+from engine.api.attention import AttentionBackend, AttentionLayerSpec, KVPool
+from engine.api.attention import Batch
 
 # CPU runs flex's documented eager path on purpose; its one-time advice to compile is noise here
 warnings.filterwarnings("ignore", message=r".*flex_attention called without torch\.compile.*")

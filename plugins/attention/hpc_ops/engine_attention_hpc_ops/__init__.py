@@ -1,6 +1,6 @@
 """hpc_ops attention: manifest only; this build has no implementation."""
 
-from engine.plugins import Plugin, Requires
+from engine.api import Plugin, Requires
 
 plugin = Plugin(
     name="hpc_ops",

@@ -1,6 +1,6 @@
 """qsa attention: manifest only; this build has no implementation."""
 
-from engine.plugins import Plugin, Requires
+from engine.api import Plugin, Requires
 
 plugin = Plugin(
     name="qsa",

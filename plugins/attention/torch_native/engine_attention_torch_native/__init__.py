@@ -1,6 +1,6 @@
 """torch_native attention: the reference backend (manifest only; the implementation loads on selection)."""
 
-from engine.plugins import Plugin, Requires
+from engine.api import Plugin, Requires
 
 plugin = Plugin(
     name="torch_native",

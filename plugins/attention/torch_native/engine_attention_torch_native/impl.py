@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.plugins import hookimpl
-from engine.runtime.attention import AttentionBackend, AttentionLayerSpec, KVPool
-from engine.runtime.batch import Batch
+from engine.api import hookimpl
+from engine.api.attention import AttentionBackend, AttentionLayerSpec, KVPool
+from engine.api.attention import Batch
 
 
 @dataclass

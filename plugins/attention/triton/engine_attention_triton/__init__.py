@@ -7,7 +7,7 @@ where the hook itself refuses a CPU pool without the interpreter. ``Requires`` h
 check, and a manifest computed from the environment would be frozen by the discovery cache.
 """
 
-from engine.plugins import Option, Plugin, Requires
+from engine.api import Option, Plugin, Requires
 
 plugin = Plugin(
     name="triton",

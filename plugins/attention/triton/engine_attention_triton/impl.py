@@ -5,7 +5,7 @@ lengths (no device sync): for decode the number of KV splits, for extend the til
 table and each request's first row in ``q``. Every layer then launches the kernels on the pool's
 buffers directly; K/V are never gathered into a contiguous copy.
 
-Options (``plugin_options["attention.triton"]``): ``triton_attention_num_kv_splits`` (splits per
+Options (the hook's ``options``): ``triton_attention_num_kv_splits`` (splits per
 request, capped at one per key tile), ``triton_attention_split_tile_size`` (fixed tokens per split
 instead: the split layout depends only on a request's own length), and
 ``triton_attention_reduce_in_fp32`` (float32 partial outputs; they are float32 anyway when q is).
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
-from engine.errors import ConfigError, PluginError
-from engine.plugins import hookimpl
-from engine.runtime.attention import AttentionBackend, AttentionLayerSpec, KVPool
-from engine.runtime.batch import Batch
+from engine.api import ConfigError, PluginError
+from engine.api import hookimpl
+from engine.api.attention import AttentionBackend, AttentionLayerSpec, KVPool
+from engine.api.attention import Batch
 
 LOG2E = 1.4426950408889634
 
@@ -195,9 +195,8 @@ class TritonBackend(AttentionBackend):
         return out
 
 
-def options(config: Any) -> dict[str, Any]:
-    """This plugin's options from the server config, validated."""
-    opts = config.options_for("attention.triton") if config is not None else {}
+def backend_kwargs(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """:class:`TritonBackend` keyword arguments from this plugin's options, validated."""
     splits = opts.get("triton_attention_num_kv_splits")
     splits = 8 if splits is None else int(splits)
     tile = opts.get("triton_attention_split_tile_size")
@@ -210,9 +209,9 @@ def options(config: Any) -> dict[str, Any]:
 
 
 @hookimpl
-def engine_create_attention_backend(pool: KVPool, model_config: Any, config: Any) -> Any:
+def engine_create_attention_backend(pool: KVPool, model_config: Any, options: Any) -> Any:
     if pool.device.type != "cuda" and not interpreting():
         raise PluginError("attention backend triton needs a CUDA GPU (or TRITON_INTERPRET=1 "
                           f"on CPU); the KV pool is on {pool.device.type}")
     group = model_config.num_attention_heads // model_config.num_key_value_heads
-    return TritonBackend(pool, group, **options(config))
+    return TritonBackend(pool, group, **backend_kwargs(options))

@@ -1,6 +1,6 @@
 """auto model-config parser (manifest only)."""
 
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="auto",

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from engine.plugins import hookimpl
-from engine.plugins.registry import get_registry
+from engine.api import hookimpl
 
 
 def choose(model_path: str) -> str:
@@ -18,7 +17,6 @@ def choose(model_path: str) -> str:
 
 
 @hookimpl
-def engine_parse_model_config(model_path: str, config: Any) -> Any:
-    """Delegate to the chosen parser through the process-wide registry."""
-    return get_registry().create("model_config_parser", choose(model_path), model_path=model_path,
-                            config=config)
+def engine_parse_model_config(model_path: str, delegate: Any) -> Any:
+    """Delegate to the chosen parser (built with its own options by the assembly)."""
+    return delegate(choose(model_path))

@@ -1,6 +1,6 @@
 """hf model-config parser (manifest only)."""
 
-from engine.plugins import Plugin, Requires
+from engine.api import Plugin, Requires
 
 plugin = Plugin(
     name="hf",

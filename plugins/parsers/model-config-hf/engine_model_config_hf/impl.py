@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from engine.errors import ConfigError
-from engine.models import parsing
-from engine.plugins import hookimpl
+from engine.api import ConfigError
+from engine.api import models as parsing
+from engine.api import hookimpl
 
 
 @hookimpl

@@ -1,6 +1,6 @@
 """mistral model-config parser (manifest only)."""
 
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="mistral",

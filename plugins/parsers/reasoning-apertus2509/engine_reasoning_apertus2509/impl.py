@@ -9,8 +9,8 @@ Partial markers are held back.
 
 from __future__ import annotations
 
-from engine.parsers.reasoning import MarkerStateParser, ParserFactory, take_until
-from engine.plugins import hookimpl
+from engine.api.parsers import MarkerStateParser, ParserFactory, take_until
+from engine.api import hookimpl
 
 INNER_PREFIX, INNER_SUFFIX = "<|inner_prefix|>", "<|inner_suffix|>"
 TOOLS_PREFIX, TOOLS_SUFFIX = "<|tools_prefix|>", "<|tools_suffix|>"

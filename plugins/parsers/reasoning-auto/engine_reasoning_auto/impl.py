@@ -1,20 +1,18 @@
 """``--reasoning-parser auto``: detect the parser from the chat template and delegate to it.
 
-The fact sheet's §4 rules (:func:`engine.parsers.reasoning.detect_reasoning_parser`) pick a
-name; that plugin is loaded through the registry with the same options and template. With no
-template, or no rule matching, every response passes through as content.
+The fact sheet's §4 rules (:func:`engine_reasoning_auto.detect.detect_reasoning_parser`) pick
+a name; the assembly builds that plugin's factory with its own options and the same template.
+With no template, or no rule matching, every response passes through as content.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from engine.parsers.reasoning import (
-    ParserFactory,
-    PassthroughReasoningParser,
-    detect_reasoning_parser,
-)
-from engine.plugins import hookimpl, load_product
+from engine.api import hookimpl
+from engine.api.parsers import ParserFactory, PassthroughReasoningParser
+
+from engine_reasoning_auto.detect import detect_reasoning_parser
 
 
 class AutoReasoningFactory:
@@ -33,12 +31,11 @@ class AutoReasoningFactory:
 
 
 @hookimpl
-def engine_create_reasoning_parser(options, chat_template):
+def engine_create_reasoning_parser(options, chat_template, delegate):
     picked = detect_reasoning_parser(chat_template)
     if picked is None:
         factory = ParserFactory("passthrough", PassthroughReasoningParser, policy=None,
                                 options=options)
     else:
-        factory = load_product("reasoning_parser", picked, options=options,
-                               chat_template=chat_template)
+        factory = delegate(picked)
     return AutoReasoningFactory(picked, factory)

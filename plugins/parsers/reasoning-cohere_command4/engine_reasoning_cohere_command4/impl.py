@@ -10,13 +10,13 @@ Text between blocks after thinking is kept as content. Partial markers are held 
 
 from __future__ import annotations
 
-from engine.parsers.reasoning import (
+from engine.api.parsers import (
     MarkerStateParser,
     ParserFactory,
     strip_leading,
     take_until,
 )
-from engine.plugins import hookimpl
+from engine.api import hookimpl
 
 START_THINKING, END_THINKING = "<|START_THINKING|>", "<|END_THINKING|>"
 START_TEXT, END_TEXT, START_ACTION = "<|START_TEXT|>", "<|END_TEXT|>", "<|START_ACTION|>"

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 
-from engine.parsers.reasoning import MarkerStateParser, ParserFactory, take_until
-from engine.plugins import hookimpl
+from engine.api.parsers import MarkerStateParser, ParserFactory, take_until
+from engine.api import hookimpl
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 TERMINATORS = ("<|end|>", "<|call|>", "<|return|>")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from engine.parsers.reasoning import ParserFactory
-from engine.plugins import hookimpl
+from engine.api.parsers import ParserFactory
+from engine.api import hookimpl
 
 _THINK = re.compile(r"<think(:[^>\s]+)>")
 _TOOLS = re.compile(r"<tool_calls(:[^>\s]+)>")

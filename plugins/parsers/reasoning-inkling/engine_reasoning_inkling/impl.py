@@ -12,8 +12,8 @@ left unfinished at the end is flushed as content. Partial control tokens are hel
 
 from __future__ import annotations
 
-from engine.parsers.reasoning import MarkerStateParser, ParserFactory, find_first, take_until
-from engine.plugins import hookimpl
+from engine.api.parsers import MarkerStateParser, ParserFactory, find_first, take_until
+from engine.api import hookimpl
 
 MESSAGE, END = "<|message_model|>", "<|end_message|>"
 KINDS = {

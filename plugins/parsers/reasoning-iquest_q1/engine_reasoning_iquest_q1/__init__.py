@@ -3,7 +3,7 @@
 Manifest only; the implementation loads on selection.
 """
 
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="iquest_q1",

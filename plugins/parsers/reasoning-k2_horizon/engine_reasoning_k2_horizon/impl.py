@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.parsers.reasoning import TagReasoningParser, nonempty_requested
-from engine.plugins import hookimpl
+from engine.api.parsers import TagReasoningParser, nonempty_requested
+from engine.api import hookimpl
 
 WORDS = {"high": "think", "medium": "think_fast", "low": "think_faster"}
 TOOL_START = "<ifm|tool_call"

@@ -15,14 +15,14 @@ end instead (documented asymmetry).
 
 from __future__ import annotations
 
-from engine.parsers.base import ReasoningDelta
-from engine.parsers.reasoning import (
+from engine.api.parsers import ReasoningDelta
+from engine.api.parsers import (
     MarkerStateParser,
     ParserFactory,
     strip_leading,
     take_until,
 )
-from engine.plugins import hookimpl
+from engine.api import hookimpl
 
 THINK_OPEN, THINK_CLOSE = "<|open|>think<|sep|>", "<|close|>think<|sep|>"
 RESP_OPEN, RESP_CLOSE = "<|open|>response<|sep|>", "<|close|>response<|sep|>"

@@ -4,8 +4,8 @@ The template prefills ``<think>``, so the output is ``reasoning</think>answer``;
 returns it all as content with the open marker restored: ``<think>reasoning</think>answer``.
 """
 
-from engine.parsers.reasoning import ParserFactory, PassthroughReasoningParser
-from engine.plugins import hookimpl
+from engine.api.parsers import ParserFactory, PassthroughReasoningParser
+from engine.api import hookimpl
 
 
 @hookimpl

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import re
 
-from engine.parsers.reasoning import MarkerStateParser, ParserFactory, partial_tail, take_until
-from engine.plugins import hookimpl
+from engine.api.parsers import MarkerStateParser, ParserFactory, partial_tail, take_until
+from engine.api import hookimpl
 
 START, MESSAGE, EOM, EOT = "<|start|>", "<|message|>", "<|eom|>", "<|eot|>"
 BODY_MARKERS = (EOM, EOT, START)
@@ -130,6 +130,6 @@ def _could_be_header(head: str) -> bool:
 
 @hookimpl
 def engine_create_reasoning_parser(options, chat_template):
-    keep = bool((options or {}).get("keep_user_framing", False))
+    keep = bool((options or {}).get("muse_keep_user_framing", False))
     return ParserFactory("muse", MuseReasoningParser, policy=None, options=options,
                          keep_user_framing=keep)

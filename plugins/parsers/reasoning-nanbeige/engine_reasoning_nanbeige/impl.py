@@ -1,7 +1,7 @@
 """The nanbeige reasoning parser: a configuration of the shared tag splitter."""
 
-from engine.parsers.reasoning import ParserFactory
-from engine.plugins import hookimpl
+from engine.api.parsers import ParserFactory
+from engine.api import hookimpl
 
 
 @hookimpl

@@ -1,5 +1,5 @@
 """Swiss AI Apertus tool-call parser plugin (manifest only)."""
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="apertus2509",

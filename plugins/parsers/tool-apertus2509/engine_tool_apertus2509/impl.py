@@ -1,6 +1,6 @@
 """Apertus tool-call lists of single-key objects (wire format and notes in README.md)."""
-from engine.parsers.json_tools import JsonListParser
-from engine.plugins import hookimpl
+from engine.api.parsers import JsonListParser
+from engine.api import hookimpl
 
 
 class ApertusToolParser(JsonListParser):

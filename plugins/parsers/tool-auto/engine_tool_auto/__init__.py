@@ -1,5 +1,5 @@
 """Automatic tool-call parser choice plugin (manifest only)."""
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="auto",

@@ -3,26 +3,20 @@ from __future__ import annotations
 
 import logging
 
-from engine.parsers.toolkit import PassThroughToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import PassThroughToolParser
+from engine.api import hookimpl
 
 from engine_tool_auto.detect import detect_tool_parser
 
 log = logging.getLogger(__name__)
 
 
-def _load(name: str, chat_template: str | None):
-    from engine.plugins import load_product
-
-    return load_product("tool_parser", name, options={}, chat_template=chat_template)
-
-
 @hookimpl
-def engine_create_tool_parser(options, chat_template):
+def engine_create_tool_parser(chat_template, delegate):
     name = detect_tool_parser(chat_template or "")
     if name is not None:
         try:
-            return _load(name, chat_template)
+            return delegate(name)
         except Exception as exc:  # noqa: BLE001 - a missing plugin must not stop serving
             log.warning("tool parser %r detected but not loadable (%s); passing text through",
                         name, exc)

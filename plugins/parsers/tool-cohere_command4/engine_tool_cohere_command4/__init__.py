@@ -1,5 +1,5 @@
 """Cohere Command A tool-call parser plugin (manifest only)."""
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="cohere_command4",

@@ -1,6 +1,6 @@
 """Cohere Command A action blocks (wire format and notes in README.md)."""
-from engine.parsers.json_tools import JsonListParser
-from engine.plugins import hookimpl
+from engine.api.parsers import JsonListParser
+from engine.api import hookimpl
 
 
 class CohereToolParser(JsonListParser):

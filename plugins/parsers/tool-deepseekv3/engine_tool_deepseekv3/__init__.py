@@ -1,5 +1,5 @@
 """DeepSeek V3 / R1 tool-call parser plugin (manifest only)."""
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="deepseekv3",

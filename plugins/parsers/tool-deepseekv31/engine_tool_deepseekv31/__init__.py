@@ -1,5 +1,5 @@
 """DeepSeek V3.1 tool-call parser plugin (manifest only; the implementation loads on selection)."""
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="deepseekv31",

@@ -1,6 +1,6 @@
 """DeepSeek V3.1 / V3.2-Exp tool calls (wire format and notes in README.md)."""
-from engine.parsers.json_tools import SectionParser
-from engine.plugins import hookimpl
+from engine.api.parsers import SectionParser
+from engine.api import hookimpl
 
 
 class DeepSeekV31ToolParser(SectionParser):

@@ -1,6 +1,6 @@
 """DeepSeek-V3.2 tool calls: DSML invoke/parameter blocks (non-DSML tags accepted too)."""
-from engine.parsers.xml_tools import DSML_TYPING, InvokeFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import DSML_TYPING, InvokeFormat, XmlToolParser
+from engine.api import hookimpl
 
 _CLOSE = ("</｜DSML｜function_calls>", "</function_calls>")
 FORMAT = InvokeFormat(

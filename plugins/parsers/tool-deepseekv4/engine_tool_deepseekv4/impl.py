@@ -1,6 +1,6 @@
 """DeepSeek-V4 tool calls: strict DSML invoke/parameter blocks."""
-from engine.parsers.xml_tools import DSML_TYPING, InvokeFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import DSML_TYPING, InvokeFormat, XmlToolParser
+from engine.api import hookimpl
 
 FORMAT = InvokeFormat(
     blocks=(("<｜DSML｜tool_calls>", ("</｜DSML｜tool_calls>",)),),

@@ -1,6 +1,6 @@
 """DeepSeek-V4.1 tool calls: DSML blocks whose tag names start with a space."""
-from engine.parsers.xml_tools import DSML_TYPING, InvokeFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import DSML_TYPING, InvokeFormat, XmlToolParser
+from engine.api import hookimpl
 
 FORMAT = InvokeFormat(
     blocks=(("<｜DSML｜ calls>", ("</｜DSML｜ calls>",)),),

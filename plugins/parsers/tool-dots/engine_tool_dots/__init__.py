@@ -1,5 +1,5 @@
 """dots tool-call parser plugin (manifest only; the implementation loads on selection)."""
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="dots",

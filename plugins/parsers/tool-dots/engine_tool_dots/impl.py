@@ -1,6 +1,6 @@
 """dots tool calls: invoke/parameter XML or one JSON call inside <dots_function_call>."""
-from engine.parsers.xml_tools import SCHEMA_TYPING, InvokeFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import SCHEMA_TYPING, InvokeFormat, XmlToolParser
+from engine.api import hookimpl
 
 FORMAT = InvokeFormat(
     blocks=(("<dots_function_call>", ("</dots_function_call>",)),),

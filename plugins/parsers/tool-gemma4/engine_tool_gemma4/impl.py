@@ -4,14 +4,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from engine.parsers.toolkit import (
+from engine.api.parsers import (
     CallState,
     StreamingToolParser,
     close_block_after,
     match_token,
     skip_ws,
 )
-from engine.plugins import hookimpl
+from engine.api import hookimpl
 
 Q = '<|"|>'
 END = "<tool_call|>"

@@ -1,6 +1,6 @@
 """GigaChat 3: a single JSON call (wire format and notes in README.md)."""
-from engine.parsers.json_tools import JsonTagParser
-from engine.plugins import hookimpl
+from engine.api.parsers import JsonTagParser
+from engine.api import hookimpl
 
 
 class GigaChat3ToolParser(JsonTagParser):

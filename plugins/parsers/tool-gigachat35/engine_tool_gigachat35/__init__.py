@@ -1,5 +1,5 @@
 """GigaChat 3.5 tool-call parser plugin (manifest only; the implementation loads on selection)."""
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="gigachat35",

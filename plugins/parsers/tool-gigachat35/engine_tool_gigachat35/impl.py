@@ -1,6 +1,6 @@
 """GigaChat 3.5 tool calls: GCML invoke/parameter blocks."""
-from engine.parsers.xml_tools import DSML_TYPING, InvokeFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import DSML_TYPING, InvokeFormat, XmlToolParser
+from engine.api import hookimpl
 
 FORMAT = InvokeFormat(
     blocks=(("<｜GCML｜tool_calls>", ("</｜GCML｜tool_calls>",)),),

@@ -1,6 +1,6 @@
 """GLM-4.5 tool calls: <arg_key>/<arg_value> pairs after a newline-terminated name."""
-from engine.parsers.xml_tools import ArgPairFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import ArgPairFormat, XmlToolParser
+from engine.api import hookimpl
 
 FORMAT = ArgPairFormat(name_end="newline")
 

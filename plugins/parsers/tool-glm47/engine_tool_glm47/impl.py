@@ -1,6 +1,6 @@
 """GLM-4.7 tool calls: <arg_key>/<arg_value> pairs, the name ends at the first key."""
-from engine.parsers.xml_tools import ArgPairFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import ArgPairFormat, XmlToolParser
+from engine.api import hookimpl
 
 FORMAT = ArgPairFormat(name_end="key")
 

@@ -1,5 +1,5 @@
 """gpt-oss Harmony tool-call parser plugin (manifest only)."""
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="gpt-oss",

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import re
 
-from engine.parsers.toolkit import CallState, StreamingToolParser, loads_object
-from engine.plugins import hookimpl
+from engine.api.parsers import CallState, StreamingToolParser, loads_object
+from engine.api import hookimpl
 
 MESSAGE = "<|message|>"
 ENDS = ("<|call|>", "<|end|>", "<|return|>")

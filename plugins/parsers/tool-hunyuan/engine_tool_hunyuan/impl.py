@@ -2,8 +2,14 @@
 import re
 from dataclasses import replace
 
-from engine.parsers.xml_tools import HUNYUAN_TYPING, ArgPairFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import ArgPairFormat, XmlToolParser, ValueTyping
+from engine.api import hookimpl
+
+HUNYUAN_TYPING = ValueTyping(
+    typed="schema",
+    untyped="raw",
+    priority=("boolean", "integer", "number", "object", "array", "null"),
+)
 
 FORMAT = ArgPairFormat(
     group=("<tool_calls>", "</tool_calls>"), name_end="sep", sep="<tool_sep>", typing=HUNYUAN_TYPING

@@ -1,11 +1,11 @@
 """Inkling tool-invocation messages (wire format and notes in README.md)."""
-from engine.parsers.toolkit import (
+from engine.api.parsers import (
     CallState,
     JsonCallStreamer,
     StreamingToolParser,
     close_block_after,
 )
-from engine.plugins import hookimpl
+from engine.api import hookimpl
 
 TOOL_JSON = "<|content_invoke_tool_json|>"
 END = "<|end_message|>"

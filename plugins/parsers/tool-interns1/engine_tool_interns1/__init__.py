@@ -1,5 +1,5 @@
 """InternLM2 / Intern-S1 tool-call parser plugin (manifest only)."""
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="interns1",

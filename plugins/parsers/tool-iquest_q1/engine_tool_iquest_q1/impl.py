@@ -1,6 +1,6 @@
 """IQuest Q1 tool calls: GLM-4.7 pairs inside <iquest_tool_call>."""
-from engine.parsers.xml_tools import ArgPairFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import ArgPairFormat, XmlToolParser
+from engine.api import hookimpl
 
 FORMAT = ArgPairFormat(call=("<iquest_tool_call>", "</iquest_tool_call>"), name_end="key")
 

@@ -1,6 +1,6 @@
 """K2 Horizon tool calls: IFM-token key/value pairs or JSON bodies."""
-from engine.parsers.xml_tools import SCHEMA_TYPING, ArgPairFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import SCHEMA_TYPING, ArgPairFormat, XmlToolParser
+from engine.api import hookimpl
 
 FORMAT = ArgPairFormat(
     call=("<ifm|tool_call>", "</ifm|tool_call>"),

@@ -1,6 +1,6 @@
 """Kimi K2 Instruct / Thinking tool-call sections (wire format and notes in README.md)."""
-from engine.parsers.json_tools import SectionParser
-from engine.plugins import hookimpl
+from engine.api.parsers import SectionParser
+from engine.api import hookimpl
 
 
 class KimiK2ToolParser(SectionParser):

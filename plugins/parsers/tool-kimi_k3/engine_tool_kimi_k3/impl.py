@@ -5,8 +5,8 @@ import html
 import json
 import re
 
-from engine.parsers.toolkit import CallState, StreamingToolParser, next_token
-from engine.plugins import hookimpl
+from engine.api.parsers import CallState, StreamingToolParser, next_token
+from engine.api import hookimpl
 
 CALL_OPEN = "<|open|>call"
 CALL_CLOSE = "<|close|>call<|sep|>"

@@ -5,9 +5,9 @@ import keyword
 import re
 from typing import Any
 
-from engine.parsers.json_tools import parse_pythonic_calls
-from engine.parsers.toolkit import TaggedBlockParser, loads_object
-from engine.plugins import hookimpl
+from engine.api.parsers import parse_pythonic_calls
+from engine.api.parsers import TaggedBlockParser, loads_object
+from engine.api import hookimpl
 
 _STRING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.S)
 _ZERO_INT = re.compile(r"(?<![\w.])0+(\d)")

@@ -1,6 +1,6 @@
 """Ling-3 tool calls: GLM-4.5 pairs; the name ends at a newline, the first key or </tool_call>."""
-from engine.parsers.xml_tools import ArgPairFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import ArgPairFormat, XmlToolParser
+from engine.api import hookimpl
 
 FORMAT = ArgPairFormat(name_end="flex")
 

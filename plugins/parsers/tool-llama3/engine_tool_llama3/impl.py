@@ -1,6 +1,6 @@
 """Llama 3.1/3.2/3.3 JSON calls (wire format and notes in README.md)."""
-from engine.parsers.json_tools import JsonSequenceParser
-from engine.plugins import hookimpl
+from engine.api.parsers import JsonSequenceParser
+from engine.api import hookimpl
 
 
 @hookimpl

@@ -1,6 +1,8 @@
 """MiMo tool calls: Qwen3-Coder XML with HTML-unescaped, untrimmed values."""
-from engine.parsers.xml_tools import MIMO_TYPING, FunctionFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import FunctionFormat, XmlToolParser, ValueTyping
+from engine.api import hookimpl
+
+MIMO_TYPING = ValueTyping(html=True, typed="schema", untyped="raw", null_word=True)
 
 FORMAT = FunctionFormat(typing=MIMO_TYPING)
 

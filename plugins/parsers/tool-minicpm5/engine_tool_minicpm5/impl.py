@@ -1,6 +1,8 @@
 """MiniCPM5 tool calls: <function name=...><param name=...> elements without a wrapper."""
-from engine.parsers.xml_tools import MINICPM_TYPING, InvokeFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import InvokeFormat, XmlToolParser, ValueTyping
+from engine.api import hookimpl
+
+MINICPM_TYPING = ValueTyping(cdata=True, typed="eval", untyped="raw")
 
 FORMAT = InvokeFormat(
     invoke=("function",), param=("param",), bare=True, check_params=True, typing=MINICPM_TYPING

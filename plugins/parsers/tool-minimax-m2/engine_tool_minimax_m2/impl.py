@@ -1,6 +1,6 @@
 """MiniMax-M2 tool calls: invoke/parameter XML inside <minimax:tool_call>."""
-from engine.parsers.xml_tools import SCHEMA_TYPING, InvokeFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import SCHEMA_TYPING, InvokeFormat, XmlToolParser
+from engine.api import hookimpl
 
 FORMAT = InvokeFormat(
     blocks=(("<minimax:tool_call>", ("</minimax:tool_call>",)),), typing=SCHEMA_TYPING

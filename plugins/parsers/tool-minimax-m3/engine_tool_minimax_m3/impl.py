@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.parsers.xml_tools import (
+from engine.api.parsers import (
     ParsedCall,
     Region,
     ToolContext,
@@ -16,7 +16,7 @@ from engine.parsers.xml_tools import (
     resolve_ref,
     schema_types,
 )
-from engine.plugins import hookimpl
+from engine.api import hookimpl
 
 NS = "]<]minimax[>["
 _WS = " \t\r\n"

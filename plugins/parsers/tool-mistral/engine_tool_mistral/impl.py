@@ -1,6 +1,6 @@
 """Mistral [TOOL_CALLS] calls, both variants (wire format and notes in README.md)."""
-from engine.parsers.json_tools import MistralParser
-from engine.plugins import hookimpl
+from engine.api.parsers import MistralParser
+from engine.api import hookimpl
 
 
 @hookimpl

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.parsers.xml_tools import (
+from engine.api.parsers import (
     JSON_TYPING,
     InvokeFormat,
     ParsedCall,
@@ -15,7 +15,7 @@ from engine.parsers.xml_tools import (
     XmlToolParser,
     earliest,
 )
-from engine.plugins import hookimpl
+from engine.api import hookimpl
 
 HEADER = "<|start|>assistant"
 MESSAGE = "<|message|>"

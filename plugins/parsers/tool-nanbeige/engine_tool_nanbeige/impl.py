@@ -1,6 +1,6 @@
 """Nanbeige tool calls: Qwen3-Coder XML, or a JSON call object, inside <tool_call>."""
-from engine.parsers.xml_tools import FunctionFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import FunctionFormat, XmlToolParser
+from engine.api import hookimpl
 
 FORMAT = FunctionFormat(json_body=True)
 

@@ -1,6 +1,8 @@
 """Poolside v1 tool calls: <arg_key>/<arg_value> pairs; unknown tools vanish."""
-from engine.parsers.xml_tools import POOLSIDE_TYPING, ArgPairFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import ArgPairFormat, XmlToolParser, ValueTyping
+from engine.api import hookimpl
+
+POOLSIDE_TYPING = ValueTyping(trim="newline", typed="eval", untyped="json")
 
 FORMAT = ArgPairFormat(name_end="flex", lenient=True, unknown="drop", typing=POOLSIDE_TYPING)
 

@@ -1,6 +1,6 @@
 """Pythonic call lists (wire format and notes in README.md)."""
-from engine.parsers.json_tools import PythonicParser
-from engine.plugins import hookimpl
+from engine.api.parsers import PythonicParser
+from engine.api import hookimpl
 
 
 @hookimpl

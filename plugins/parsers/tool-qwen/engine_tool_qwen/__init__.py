@@ -1,5 +1,5 @@
 """Qwen 2.5 / Qwen3 tool-call parser plugin (manifest only)."""
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="qwen",

@@ -1,6 +1,6 @@
 """Qwen JSON calls in <tool_call> tags (wire format and notes in README.md)."""
-from engine.parsers.json_tools import JsonTagParser
-from engine.plugins import hookimpl
+from engine.api.parsers import JsonTagParser
+from engine.api import hookimpl
 
 
 class QwenToolParser(JsonTagParser):

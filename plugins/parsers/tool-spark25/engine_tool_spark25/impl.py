@@ -1,6 +1,14 @@
 """Spark 2.5 tool calls: adjacent <arg_key><arg_value> pairs, compact arguments."""
-from engine.parsers.xml_tools import SPARK_TYPING, ArgPairFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import ArgPairFormat, XmlToolParser, ValueTyping
+from engine.api import hookimpl
+
+SPARK_TYPING = ValueTyping(
+    typed="schema",
+    untyped="json",
+    null_word=True,
+    true_words=("true", "1"),
+    false_words=("false", "0"),
+)
 
 FORMAT = ArgPairFormat(name_end="flex", adjacent=True, compact=True, typing=SPARK_TYPING)
 

@@ -1,6 +1,8 @@
 """Step3 tool calls: <steptml:invoke> inside <｜tool_calls_begin｜> sections."""
-from engine.parsers.xml_tools import STEP3_TYPING, InvokeFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import InvokeFormat, XmlToolParser, ValueTyping
+from engine.api import hookimpl
+
+STEP3_TYPING = ValueTyping(trim="strip", typed="eval", untyped="raw")
 
 FORMAT = InvokeFormat(
     blocks=(("<｜tool_calls_begin｜>", ("<｜tool_calls_end｜>",)),),

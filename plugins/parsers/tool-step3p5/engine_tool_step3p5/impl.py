@@ -1,6 +1,6 @@
 """Step-3.5 tool calls: <function=NAME><parameter=KEY>value</parameter> inside <tool_call>."""
-from engine.parsers.xml_tools import FunctionFormat, XmlToolParser
-from engine.plugins import hookimpl
+from engine.api.parsers import FunctionFormat, XmlToolParser
+from engine.api import hookimpl
 
 FORMAT = FunctionFormat(repair=True)
 

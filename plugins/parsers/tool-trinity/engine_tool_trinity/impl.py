@@ -1,6 +1,6 @@
 """Trinity: Qwen JSON calls; think tags are deleted (wire format and notes in README.md)."""
-from engine.parsers.json_tools import JsonTagParser
-from engine.plugins import hookimpl
+from engine.api.parsers import JsonTagParser
+from engine.api import hookimpl
 
 
 class TrinityToolParser(JsonTagParser):

@@ -1,6 +1,6 @@
 """gguf quantization: manifest only (the kernels compile and load on selection)."""
 
-from engine.plugins import Option, Plugin, Requires
+from engine.api import Option, Plugin, Requires
 
 plugin = Plugin(
     name="gguf",

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.errors import ConfigError, PluginError
-from engine.plugins import hookimpl
-from engine.runtime.linear import Linear, PackedWeight, QuantMethod
+from engine.api import ConfigError, PluginError
+from engine.api import hookimpl
+from engine.api.quant import Linear, PackedWeight, QuantMethod
 
 from engine_quant_gguf import kernels
 
@@ -79,8 +79,8 @@ class GGUFMethod(QuantMethod):
 
 
 @hookimpl
-def engine_create_quant_method(model_config: Any, config: Any, quant_config: Any,
-                               device: torch.device) -> QuantMethod:
+def engine_create_quant_method(model_config: Any, quant_config: Any, device: torch.device,
+                               options: Any) -> QuantMethod:
     if device.type != "cpu":
         raise PluginError(f"--quantization gguf: its kernels run on the CPU; this model is on "
                           f"{device.type}")
@@ -92,5 +92,5 @@ def engine_create_quant_method(model_config: Any, config: Any, quant_config: Any
         raise PluginError(f"--quantization gguf: kernels read {', '.join(kernels.QTYPES)}; this "
                           f"file's weights are {', '.join(sorted(types))}")
     kernels.library()  # compile now, so a toolchain problem stops start-up with its reason
-    max_rows = int(config.options_for("quantization.gguf").get("gguf_kernel_max_rows", 64))
+    max_rows = int(options["gguf_kernel_max_rows"])
     return GGUFMethod(max_rows)

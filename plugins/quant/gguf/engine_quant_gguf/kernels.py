@@ -17,8 +17,8 @@ import tempfile
 
 import torch
 
-from engine.errors import PluginError
-from engine.plugins import cache_dir
+from engine.api import PluginError
+from engine.api import cache_dir
 
 FLAGS = ("-O3", "-std=c11", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 #: GGML type ids the kernels read

@@ -1,6 +1,6 @@
 """unquant quantization: manifest only."""
 
-from engine.plugins import Plugin
+from engine.api import Plugin
 
 plugin = Plugin(
     name="unquant",

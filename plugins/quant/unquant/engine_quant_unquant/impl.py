@@ -3,8 +3,8 @@ says; packed GGUF blocks reach it dequantized by the loader."""
 
 from typing import Any
 
-from engine.plugins import hookimpl
-from engine.runtime.linear import QuantMethod, UnquantizedMethod
+from engine.api import hookimpl
+from engine.api.quant import QuantMethod, UnquantizedMethod
 
 
 @hookimpl

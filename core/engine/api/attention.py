@@ -1,0 +1,15 @@
+"""The attention family's interface (hook ``engine_create_attention_backend``).
+
+A backend is built once per model runner from the paged :class:`KVPool`. Per forward the runner
+calls ``prepare(batch)`` once, then ``forward(q, k, v, layer, batch)`` for every layer: write the
+new tokens' K/V into the pool at ``batch.out_cache_loc`` and return the attention output
+(``q`` [T, Hq, D], ``k``/``v`` [T, Hkv, D], output [T, Hq, D]). New token ``j`` of request ``i``
+(position ``prefix_lens[i] + j``) attends to every cached token of that request and to new tokens
+``0..j``. A backend never hands work to another backend; ``supports_cuda_graph`` says whether its
+decode path may be captured. :mod:`engine.testing.attention` is the conformance suite.
+"""
+
+from engine.runtime.attention import AttentionBackend, AttentionLayerSpec, KVPool
+from engine.runtime.batch import Batch, ForwardMode
+
+__all__ = ["AttentionBackend", "AttentionLayerSpec", "Batch", "ForwardMode", "KVPool"]

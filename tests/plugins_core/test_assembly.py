@@ -1,0 +1,150 @@
+"""The start-up assembly: one resolution of every family choice, each plugin's own options,
+tracing of every hook call, unserved families refused, missing server dependencies named."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from engine.assembly import Assembly
+from engine.cli.args import parse_config
+from engine.config import ServerConfig
+from engine.errors import ConfigError
+from engine.plugins.families import FAMILIES
+from engine.plugins.registry import Registry
+from engine.testing.contract import run_checks
+from plugin_factory import engine, install, uninstall, write_plugin
+
+MUSE = " to=self<|message|>a<|eom|><|start|>assistant to=user<|message|>b<|eot|>"
+FRAMED = "<|start|>assistant to=user<|message|>b<|eot|>"
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    return Registry()
+
+
+def _muse_content(config: ServerConfig, registry: Registry) -> str:
+    factory = Assembly(config, registry).parser_factories(None).reasoning
+    return factory(chat_template_kwargs={}, reasoning_effort=None).parse(MUSE).content
+
+
+def test_a_parser_option_set_on_the_command_line_reaches_the_parser(registry):
+    plain = parse_config(["--reasoning-parser", "muse"], registry)
+    framed = parse_config(["--reasoning-parser", "muse", "--muse-keep-user-framing"], registry)
+    assert _muse_content(plain, registry) == "b"
+    assert _muse_content(framed, registry) == FRAMED
+
+
+def test_a_parser_option_set_in_yaml_reaches_the_parser(registry, tmp_path):
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("reasoning-parser: muse\nmuse-keep-user-framing: true\n")
+    config = parse_config(["--config", str(cfg)], registry)
+    assert _muse_content(config, registry) == FRAMED
+
+
+def test_options_are_the_declared_defaults_unless_set(registry):
+    assembly = Assembly(ServerConfig(), registry)
+    muse = registry.find("muse", "reasoning_parser")[0]
+    assert dict(assembly.options(muse)) == {"muse_keep_user_framing": False}
+    assert assembly.options(muse).muse_keep_user_framing is False
+
+
+@pytest.mark.parametrize("how", ["flag", "yaml"])
+def test_trace_plugins_logs_parser_hook_calls(tmp_path, caplog, how):
+    registry = Registry()
+    argv = ["--reasoning-parser", "auto", "--tool-call-parser", "hermes"]
+    if how == "flag":
+        argv.append("--trace-plugins")
+    else:
+        (tmp_path / "t.yaml").write_text("trace_plugins: true\n")
+        argv += ["--config", str(tmp_path / "t.yaml")]
+    config = parse_config(argv, registry)
+    assert config.trace_plugins
+    with caplog.at_level(logging.WARNING, logger="engine.trace"):
+        factories = Assembly(config, registry).parser_factories("<think>{{ x }}</think>")
+    assert factories.reasoning is not None and factories.tool is not None
+    lines = [r.getMessage() for r in caplog.records if r.name == "engine.trace"]
+    # auto's hook, the hook of the parser it delegated to, and the tool parser's
+    assert any(line.startswith("hook engine_create_reasoning_parser -> reasoning_parser.auto")
+               for line in lines)
+    assert any(line.startswith("hook engine_create_reasoning_parser -> "
+                               "reasoning_parser.deepseek-r1") for line in lines)
+    assert any(line.startswith("hook engine_create_tool_parser -> tool_parser.hermes")
+               for line in lines)
+
+
+def test_every_family_flag_is_a_config_field_from_the_family_table():
+    fields = ServerConfig.__dataclass_fields__
+    for fam in FAMILIES.values():
+        for fl in fam.flags:
+            f = fields[fl.dest]
+            assert f.default == fl.default and f.metadata["family"] == fam.name
+            assert f.metadata["help"] == fl.help
+
+
+@pytest.mark.parametrize("flag,value", [("--speculative-algorithm", "EAGLE"),
+                                        ("--moe-runner-backend", "triton"),
+                                        ("--hicache-storage-backend", "file")])
+def test_a_family_without_a_runtime_consumer_is_refused(registry, flag, value):
+    with pytest.raises(ConfigError, match=f"^{flag} {value}: not served by this build: "):
+        parse_config([flag, value], registry)
+    parse_config([], registry)  # their defaults are fine
+
+
+SPEC_MANIFEST = """\
+from engine.api import Plugin
+plugin = Plugin(name="t_draft", family="speculative", implementation="engine_t_draft.impl",
+                description="test")
+"""
+SPEC_IMPL = """\
+from engine.api import hookimpl
+
+@hookimpl
+def engine_create_speculative_proposer(model_config, config, options):
+    return object()
+"""
+
+
+def test_an_installed_plugin_of_an_unserved_family_is_refused_by_serve(tmp_path):
+    d = write_plugin(tmp_path, "engine-t-draft", "engine.speculative", "t_draft", SPEC_MANIFEST,
+                     SPEC_IMPL)
+    install(d)
+    try:
+        listed = engine("plugins", "list", "--family", "speculative")
+        assert "t_draft" in listed.stdout and "available" in listed.stdout
+        out = engine("serve", "--speculative-algorithm", "t_draft")
+        assert out.returncode == 2
+        assert out.stderr.strip() == ("engine serve: error: --speculative-algorithm t_draft: "
+                                      "not served by this build: the scheduler has no "
+                                      "draft/verify step yet")
+    finally:
+        uninstall("engine-t-draft")
+
+
+HIDE = """
+import sys
+class Hide:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "fastapi":
+            raise ModuleNotFoundError("No module named 'fastapi'", name="fastapi")
+sys.meta_path.insert(0, Hide())
+from engine.cli.main import main
+sys.exit(main(["serve", "--port", "1"]))
+"""
+
+
+def test_serve_without_fastapi_exits_non_zero_naming_it():
+    out = subprocess.run([sys.executable, "-c", HIDE], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2
+    assert "'fastapi' package" in out.stderr and "pip install fastapi" in out.stderr
+
+
+def test_plugins_check_includes_the_api_import_rule(registry):
+    results = run_checks(registry, registry.find("qwen3", "reasoning_parser")[0])
+    rule = [r for r in results if r.name == "imports only engine.api of the core"]
+    assert rule and rule[0].status == "pass"
