@@ -26,7 +26,7 @@ PY = sys.executable
 UV = str(Path(PY).with_name("uv"))
 ENGINE = str(Path(PY).with_name("engine"))
 
-MANIFEST = '''from engine.plugins import Plugin
+MANIFEST = '''from engine.api import Plugin
 plugin = Plugin(name="{name}", family="reasoning_parser", implementation="{mod}.impl",
                 description="throw-away plugin {i}")
 '''

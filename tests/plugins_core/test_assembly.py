@@ -148,3 +148,17 @@ def test_plugins_check_includes_the_api_import_rule(registry):
     results = run_checks(registry, registry.find("qwen3", "reasoning_parser")[0])
     rule = [r for r in results if r.name == "imports only engine.api of the core"]
     assert rule and rule[0].status == "pass"
+
+
+def test_every_family_names_a_real_interface_and_hook():
+    import importlib
+
+    from engine.plugins import hookspecs
+
+    for fam in FAMILIES.values():
+        module, _, attr = fam.interface.partition(":")
+        assert module.startswith("engine.api")
+        assert isinstance(getattr(importlib.import_module(module), attr), type)
+        assert callable(getattr(hookspecs, fam.hook))
+    out = engine("plugins", "show", "torch_native")
+    assert "engine_create_attention_backend -> engine.api.attention.AttentionBackend" in out.stdout

@@ -106,6 +106,9 @@ def _show(registry: Registry, rec: Any) -> int:
     print(f"  distribution:  {rec.distribution} {rec.version}")
     print(f"  entry point:   {fam.group}: {rec.name} = {rec.entry_point}")
     print(f"  flags served:  {', '.join(fl.flag for fl in fam.flags)}")
+    print(f"  implements:    {fam.hook} -> {fam.interface.replace(':', '.')}")
+    if fam.unserved:
+        print(f"  not served by this build: {fam.unserved}")
     if m is None:
         return 0
     print(f"  description:   {m.description}")
