@@ -358,9 +358,10 @@ class ReasoningPolicy:
     """Decides from a request whether reasoning is on (fact sheet §0.2).
 
     ``kind``: ``always``, ``never``, ``toggle`` (``key`` of ``chat_template_kwargs`` with a
-    default), ``mistral`` (``reasoning_effort`` set and not ``none``), ``effort`` (Hunyuan:
-    effort not unset/``none``/``no_think``), ``thinking_mode`` (MiniMax-M3: ``thinking_mode ==
-    "enabled"``) or ``aliased_toggles`` (IQuest: ``thinking``/``enable_thinking`` as aliases).
+    default), ``effort_given`` (``reasoning_effort`` set and not ``none``), ``effort_not_off``
+    (effort not unset/``none``/``no_think``), ``thinking_mode`` (``thinking_mode ==
+    "enabled"``) or ``aliased_toggles`` (``thinking``/``enable_thinking`` as aliases: on unless
+    one is false and neither is true).
     """
 
     kind: str
@@ -377,9 +378,9 @@ class ReasoningPolicy:
         if self.kind == "toggle":
             value = kw.get(self.key)
             return value is not False if self.default_on else value is True
-        if self.kind == "mistral":
+        if self.kind == "effort_given":
             return reasoning_effort is not None and reasoning_effort != "none"
-        if self.kind == "effort":
+        if self.kind == "effort_not_off":
             return reasoning_effort not in (None, "", "none", "no_think")
         if self.kind == "thinking_mode":
             return kw.get("thinking_mode") == "enabled"
@@ -397,10 +398,10 @@ POLICIES: dict[str, ReasoningPolicy] = {
     "thinking": ReasoningPolicy("toggle", "thinking", True),
     "explicit_enable_thinking": ReasoningPolicy("toggle", "enable_thinking", False),
     "explicit_thinking": ReasoningPolicy("toggle", "thinking", False),
-    "mistral": ReasoningPolicy("mistral"),
-    "hunyuan": ReasoningPolicy("effort"),
-    "minimax_m3": ReasoningPolicy("thinking_mode"),
-    "iquest": ReasoningPolicy("aliased_toggles"),
+    "effort_given": ReasoningPolicy("effort_given"),
+    "effort_not_off": ReasoningPolicy("effort_not_off"),
+    "thinking_mode_enabled": ReasoningPolicy("thinking_mode"),
+    "either_toggle": ReasoningPolicy("aliased_toggles"),
 }
 
 def _default_patterns(key: str, value: str) -> list[re.Pattern[str]]:
@@ -448,9 +449,9 @@ def template_policy(chat_template: str | None) -> ReasoningPolicy | None:
     if _is_glm53(t):
         return POLICIES["always"]
     if "reasoning_effort" in t and "[THINK]" in t:
-        return POLICIES["mistral"]
+        return POLICIES["effort_given"]
     if all(s in t for s in ("reasoning_effort", "reasoning_mode_token", "no_think")):
-        return POLICIES["hunyuan"]
+        return POLICIES["effort_not_off"]
     if _defaults_to(t, "enable_thinking", "false"):
         return POLICIES["explicit_enable_thinking"]
     if "low_effort" in t and "truncate_history_thinking" in t:

@@ -39,7 +39,7 @@ def detect_reasoning_parser(chat_template: str | None) -> str | None:
     ) or _glm53(t)
     hunyuan = (
         (bool(_HUNYUAN_TOOLS.search(t)) and "<tool_sep>" in t)
-        or (pol == POLICIES["hunyuan"] and args)
+        or (pol == POLICIES["effort_not_off"] and args)
         or has("reasoning_effort", "interleaved_thinking")
     )
     rules: list[tuple[bool, str]] = [
@@ -48,7 +48,7 @@ def detect_reasoning_parser(chat_template: str | None) -> str | None:
         ("<|channel>" in t, "gemma4"),
         ("◁think▷" in t, "kimi"),
         ("default_thinking_sys" in t and en_on, "interns1"),
-        (pol == POLICIES["mistral"], "mistral"),
+        (pol == POLICIES["effort_given"], "mistral"),
         ("<|channel|>" in t, "gpt-oss"),
         ("<|tool_calls_section_begin|>" in t, "kimi_k2"),
         (has("truncate_history_thinking", "defer_loading") and en_on, "granite_thinking_parser"),

@@ -29,5 +29,5 @@ def markers(chat_template: str | None) -> tuple[str, str, str]:
 @hookimpl
 def engine_create_reasoning_parser(options, chat_template):
     start, end, tool = markers(chat_template)
-    return ParserFactory("hunyuan", policy="hunyuan", template_overrides=False, options=options,
+    return ParserFactory("hunyuan", policy="effort_not_off", template_overrides=False, options=options,
                          start=start, end=end, tool_starts=(tool,))

@@ -6,4 +6,4 @@ from engine.api import hookimpl
 
 @hookimpl
 def engine_create_reasoning_parser(options, chat_template):
-    return ParserFactory("iquest_q1", policy="iquest", template_overrides=False, options=options)
+    return ParserFactory("iquest_q1", policy="either_toggle", template_overrides=False, options=options)

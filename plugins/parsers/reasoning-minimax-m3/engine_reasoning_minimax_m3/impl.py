@@ -8,7 +8,7 @@ from engine.api import hookimpl
 def engine_create_reasoning_parser(options, chat_template):
     return ParserFactory(
         "minimax-m3",
-        policy="minimax_m3",
+        policy="thinking_mode_enabled",
         template_overrides=False,
         options=options,
         start="<mm:think>",

@@ -8,7 +8,7 @@ from engine.api import hookimpl
 def engine_create_reasoning_parser(options, chat_template):
     return ParserFactory(
         "mistral",
-        policy="mistral",
+        policy="effort_given",
         chat_template=chat_template,
         options=options,
         start="[THINK]",
