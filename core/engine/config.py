@@ -35,6 +35,12 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+def parse_list(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``'a.example, b.example'`` (or a YAML list) -> ``('a.example', 'b.example')``."""
+    items = text.split(",") if isinstance(text, str) else [str(t) for t in text]
+    return tuple(t.strip() for t in items if t.strip())
+
+
 def _opt(default: Any, help: str, *, type: Callable[[str], Any] | None = str,
          flag: str | None = None, aliases: tuple[str, ...] = (), choices: tuple[str, ...] = (),
          family: str | None = None) -> Any:
@@ -91,12 +97,40 @@ class ServerConfig:
     port: int = _opt(30000, "Port to listen on.", type=int)
     api_key: str | None = _opt(None, "Require 'Authorization: Bearer KEY' on every route "
                                "except /health.")
+    admin_api_key: str | None = _opt(
+        None, "Require 'Authorization: Bearer KEY' with this key on the admin routes "
+        "(/flush_cache, /get_server_info, /server_info), which then do not accept --api-key.")
+    allowed_hosts: tuple[str, ...] = _opt(
+        (), "Without --api-key, the Host names a request may address besides localhost, IP "
+        "addresses and --host (comma-separated; '*.example.com' and '*' match many); "
+        "others get 403.", type=parse_list)
+    cors_allow_origins: tuple[str, ...] = _opt(
+        (), "Origins whose web pages may call the API (CORS), e.g. https://app.example "
+        "(comma-separated; '*' for any). Other cross-origin requests get 403.",
+        type=parse_list)
+    timeout_keep_alive: int = _opt(5, "Seconds an idle keep-alive connection stays open.",
+                                   type=int)
+    request_read_timeout: float = _opt(
+        30.0, "Seconds a client has to send a request's headers, and then its body; a slower "
+        "connection is closed (a slow body gets HTTP 408 first).", type=float)
+    limit_concurrency: int = _opt(2048, "Most open connections (and requests in progress); "
+                                  "beyond it HTTP 503.", type=int)
+    timeout_graceful_shutdown: float = _opt(
+        20.0, "On SIGTERM or SIGINT: seconds the requests in flight get to finish while new "
+        "ones get 503; those still running then end with an error. A second signal stops at "
+        "once.", type=float)
     log_level: str = _opt("info", "Logging level; 'debug' also prints tracebacks.",
                           choices=("debug", "info", "warning", "error", "critical"))
     trace_plugins: bool = _opt(False, "Log every plugin hook call with its plugin and time.",
                                type=None)
     skip_server_warmup: bool = _opt(False, "Do not run one warm-up request at start-up.",
                                     type=None)
+    # what one request may ask for (beyond it HTTP 400 naming the field)
+    max_sequences_per_request: int = _opt(
+        256, "Most sequences one request may generate: its prompts times n.", type=int)
+    max_stop_strings: int = _opt(32, "Most stop strings per request.", type=int)
+    max_stop_length: int = _opt(512, "Longest stop string, in characters.", type=int)
+    max_tools: int = _opt(128, "Most tools in one chat request.", type=int)
     # families (choices come from installed plugins)
     attention_backend: str | None = _fam("attention")
     prefill_attention_backend: str | None = _fam("attention")
@@ -122,8 +156,9 @@ class ServerConfig:
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["plugin_options"] = {k: dict(v) for k, v in self.plugin_options.items()}
-        if out.get("api_key"):
-            out["api_key"] = "***"
+        for secret in ("api_key", "admin_api_key"):
+            if out.get(secret):
+                out[secret] = "***"
         return out
 
 
