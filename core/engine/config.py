@@ -108,17 +108,17 @@ class ServerConfig:
         (), "Origins whose web pages may call the API (CORS), e.g. https://app.example "
         "(comma-separated; '*' for any). Other cross-origin requests get 403.",
         type=parse_list)
-    timeout_keep_alive: int = _opt(5, "Seconds an idle keep-alive connection stays open.",
-                                   type=int)
+    timeout_keep_alive: int = _opt(5, "Seconds an idle keep-alive connection stays open "
+                                   "(default 5).", type=int)
     request_read_timeout: float = _opt(
         30.0, "Seconds a client has to send a request's headers, and then its body; a slower "
-        "connection is closed (a slow body gets HTTP 408 first).", type=float)
+        "connection is closed (a slow body gets HTTP 408 first; default 30).", type=float)
     limit_concurrency: int = _opt(2048, "Most open connections (and requests in progress); "
-                                  "beyond it HTTP 503.", type=int)
+                                  "beyond it HTTP 503 (default 2048).", type=int)
     timeout_graceful_shutdown: float = _opt(
         20.0, "On SIGTERM or SIGINT: seconds the requests in flight get to finish while new "
-        "ones get 503; those still running then end with an error. A second signal stops at "
-        "once.", type=float)
+        "ones get 503; those still running then end with an error (default 20). A second "
+        "signal stops at once.", type=float)
     log_level: str = _opt("info", "Logging level; 'debug' also prints tracebacks.",
                           choices=("debug", "info", "warning", "error", "critical"))
     trace_plugins: bool = _opt(False, "Log every plugin hook call with its plugin and time.",
@@ -127,10 +127,11 @@ class ServerConfig:
                                     type=None)
     # what one request may ask for (beyond it HTTP 400 naming the field)
     max_sequences_per_request: int = _opt(
-        256, "Most sequences one request may generate: its prompts times n.", type=int)
-    max_stop_strings: int = _opt(32, "Most stop strings per request.", type=int)
-    max_stop_length: int = _opt(512, "Longest stop string, in characters.", type=int)
-    max_tools: int = _opt(128, "Most tools in one chat request.", type=int)
+        256, "Most sequences one request may generate: its prompts times n "
+        "(default 256).", type=int)
+    max_stop_strings: int = _opt(32, "Most stop strings per request (default 32).", type=int)
+    max_stop_length: int = _opt(512, "Longest stop string, in characters (default 512).", type=int)
+    max_tools: int = _opt(128, "Most tools in one chat request (default 128).", type=int)
     # families (choices come from installed plugins)
     attention_backend: str | None = _fam("attention")
     prefill_attention_backend: str | None = _fam("attention")

@@ -124,9 +124,7 @@ class GuardMiddleware:
                 "it with --allowed-hosts (or set --api-key)", type="permission_error",
                 code="host_not_allowed"))
         origin = headers.get("origin")
-        if origin is not None and origin.partition("://")[2].lower() != (host or "").lower() \
-                and "*" not in self.config.cors_allow_origins \
-                and origin not in self.config.cors_allow_origins:
+        if origin is not None and not self._origin_allowed(origin, host or ""):
             raise _Refused(_json_error(
                 403, f"cross-origin request from '{origin}' refused; allow the origin with "
                 "--cors-allow-origins", type="permission_error", code="origin_not_allowed"))
@@ -146,6 +144,7 @@ class GuardMiddleware:
                 type="invalid_request_error", code="unsupported_media_type"))
 
     def _host_allowed(self, host: str) -> bool:
+        """An IP address (a page cannot rebind one), or a name this server answers to."""
         name = host.strip().lower()
         name = name[1:].partition("]")[0] if name.startswith("[") else name.partition(":")[0]
         try:
@@ -154,6 +153,12 @@ class GuardMiddleware:
         except ValueError:
             return any(p == "*" or p == name or (p.startswith("*.") and name.endswith(p[1:]))
                        for p in self.host_names)
+
+    def _origin_allowed(self, origin: str, host: str) -> bool:
+        """The server's own origin (a page it served itself), or one of the CORS origins."""
+        allowed = self.config.cors_allow_origins
+        return origin.partition("://")[2].lower() == host.lower() or "*" in allowed or \
+            origin in allowed
 
     async def _read_body(self, headers: Headers, receive: Receive) -> bytes | None:
         """The whole body, or None when the client left; :class:`_Refused` when too large or
@@ -473,9 +478,11 @@ def run_server(config: ServerConfig, registry: Registry) -> int:
                              runtime.load_seconds)
 
             def handle_exit(self, sig: int, frame: Any) -> None:
+                """A signal handler: only flags (the drain starts at the next tick); a second
+                signal is uvicorn's own exit, at once."""
                 if self.exit_requested:
                     super().handle_exit(sig, frame)
-                self.exit_requested = True  # the drain starts at the next tick
+                self.exit_requested = True
 
             async def on_tick(self, counter: int) -> bool:
                 if self.exit_requested and self.drain_task is None:
