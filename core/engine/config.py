@@ -36,6 +36,12 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+def parse_list(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``'a.example, b.example'`` (or a YAML list) -> ``('a.example', 'b.example')``."""
+    items = text.split(",") if isinstance(text, str) else [str(t) for t in text]
+    return tuple(t.strip() for t in items if t.strip())
+
+
 def _opt(default: Any, help: str, *, type: Callable[[str], Any] | None = str,
          flag: str | None = None, aliases: tuple[str, ...] = (), choices: tuple[str, ...] = (),
          family: str | None = None) -> Any:
@@ -100,12 +106,41 @@ class ServerConfig:
     port: int = _opt(30000, "Port to listen on.", type=int)
     api_key: str | None = _opt(None, "Require 'Authorization: Bearer KEY' on every route "
                                "except /health.")
+    admin_api_key: str | None = _opt(
+        None, "Require 'Authorization: Bearer KEY' with this key on the admin routes "
+        "(/flush_cache, /get_server_info, /server_info), which then do not accept --api-key.")
+    allowed_hosts: tuple[str, ...] = _opt(
+        (), "Without --api-key, the Host names a request may address besides localhost, IP "
+        "addresses and --host (comma-separated; '*.example.com' and '*' match many); "
+        "others get 403.", type=parse_list)
+    cors_allow_origins: tuple[str, ...] = _opt(
+        (), "Origins whose web pages may call the API (CORS), e.g. https://app.example "
+        "(comma-separated; '*' for any). Other cross-origin requests get 403.",
+        type=parse_list)
+    timeout_keep_alive: int = _opt(5, "Seconds an idle keep-alive connection stays open "
+                                   "(default 5).", type=int)
+    request_read_timeout: float = _opt(
+        30.0, "Seconds a client has to send a request's headers, and then its body; a slower "
+        "connection is closed (a slow body gets HTTP 408 first; default 30).", type=float)
+    limit_concurrency: int = _opt(2048, "Most open connections (and requests in progress); "
+                                  "beyond it HTTP 503 (default 2048).", type=int)
+    timeout_graceful_shutdown: float = _opt(
+        20.0, "On SIGTERM or SIGINT: seconds the requests in flight get to finish while new "
+        "ones get 503; those still running then end with an error (default 20). A second "
+        "signal stops at once.", type=float)
     log_level: str = _opt("info", "Logging level; 'debug' also prints tracebacks.",
                           choices=("debug", "info", "warning", "error", "critical"))
     trace_plugins: bool = _opt(False, "Log every plugin hook call with its plugin and time.",
                                type=None)
     skip_server_warmup: bool = _opt(False, "Do not run one warm-up request at start-up.",
                                     type=None)
+    # what one request may ask for (beyond it HTTP 400 naming the field)
+    max_sequences_per_request: int = _opt(
+        256, "Most sequences one request may generate: its prompts times n "
+        "(default 256).", type=int)
+    max_stop_strings: int = _opt(32, "Most stop strings per request (default 32).", type=int)
+    max_stop_length: int = _opt(512, "Longest stop string, in characters (default 512).", type=int)
+    max_tools: int = _opt(128, "Most tools in one chat request (default 128).", type=int)
     # family flags (--attention-backend...): one field each, added from the family table
     # per-plugin options: {"attention.triton": {"triton_attention_num_kv_splits": 8}}
     plugin_options: Mapping[str, Mapping[str, Any]] = field(
@@ -120,8 +155,9 @@ class ServerConfig:
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["plugin_options"] = {k: dict(v) for k, v in self.plugin_options.items()}
-        if out.get("api_key"):
-            out["api_key"] = "***"
+        for secret in ("api_key", "admin_api_key"):
+            if out.get(secret):
+                out[secret] = "***"
         return out
 
 

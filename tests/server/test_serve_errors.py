@@ -1,5 +1,6 @@
 """Bad input answers 4xx with an OpenAI-style error naming the problem; the server goes on.
-Also: 503 beyond ``--max-queued-requests`` and 401 without the API key."""
+Also: 503 (with ``Retry-After``) beyond ``--max-queued-requests`` and 401 without the API
+key."""
 
 from __future__ import annotations
 
@@ -41,6 +42,34 @@ CASES = [
      "exactly one"),
     ("bad-tool-choice", CHAT, {"messages": MSG, "tool_choice": "sometimes"}, 400,
      "tool_choice", "tool_choice"),
+    ("empty-body", COMPL, b"", 400, None, "the request body is empty; expected a JSON object"),
+    ("invalid-utf8", COMPL, b'{"prompt": "\xff"}', 400, None, "not valid UTF-8"),
+    ("deep-nesting", CHAT, b'{"messages": ' + b"[" * 80 + b"]" * 80 + b"}", 400, None,
+     "deeper than 64 levels"),
+    ("nesting-beyond-the-parser", CHAT, b"[" * 100_000, 400, None, "deeper than 64 levels"),
+    ("stream-options-not-an-object", CHAT, {"messages": MSG, "stream": True,
+                                            "stream_options": "yes"}, 400, "stream_options",
+     "stream_options: expected a JSON object"),
+    ("negative-max-completion-tokens", CHAT, {"messages": MSG, "max_completion_tokens": -5},
+     400, "max_completion_tokens", "max_completion_tokens must be >= 0"),
+    ("lone-surrogate-prompt", COMPL, b'{"prompt": "a\\ud800", "stream": true}', 400,
+     "prompt", "lone surrogate"),
+    ("lone-surrogate-key", COMPL, b'{"prompt": "a", "\\udc00": 1}', 400, None,
+     "lone surrogate"),
+    ("logit-bias", CHAT, {"messages": MSG, "logit_bias": {"42": 5}}, 400, "logit_bias",
+     "not supported"),
+    ("best-of", COMPL, {"prompt": "x", "best_of": 2}, 400, "best_of", "not supported"),
+    ("response-format", CHAT, {"messages": MSG, "response_format": {"type": "json_object"}},
+     400, "response_format", "structured output"),
+    ("response-format-bogus", COMPL, {"prompt": "x", "response_format": {"type": "?"}}, 400,
+     "response_format", "structured output"),
+    ("tool-parameters-not-a-schema", CHAT, {"messages": MSG, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": [1]}}]}, 400, "tools",
+     "JSON schema"),
+    ("n-beyond-limit", COMPL, {"prompt": "x", "n": 2000}, 400, "n",
+     "--max-sequences-per-request"),
+    ("stop-strings-beyond-limit", COMPL, {"prompt": "x", "stop": ["s" * 2000] * 1000}, 400,
+     "stop", "--max-stop-strings"),
 ]
 
 
@@ -86,6 +115,7 @@ def test_beyond_max_queued_requests_is_503(aux_server) -> None:
             **body["sampling_params"], "n": 3}})
         assert r.status_code == 503, r.text
         assert "max-queued-requests" in r.json()["error"]["message"]
+        assert r.headers["retry-after"].isdigit()
         with ThreadPoolExecutor(8) as pool:
             codes = list(pool.map(lambda _: c.post("/generate", json=body).status_code,
                                   range(8)))

@@ -1,54 +1,49 @@
 """The HTTP server: FastAPI routes over one :class:`~engine.runtime.frontend.Runtime`.
 
 Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (OpenAI), ``/generate``
-(native), ``/health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info``,
-``/flush_cache``, ``/metrics``. With ``--api-key`` every route but ``/health`` needs
-``Authorization: Bearer KEY``. Every error is ``{"error": {"message", "type", "param", "code"}}``
-with a 4xx/5xx status; a bad request never disturbs the others.
+(native), ``/health``, ``/health_generate``, ``/get_model_info``, ``/metrics``, and the admin
+routes ``/flush_cache`` (POST), ``/get_server_info``. Every request first passes
+:class:`GuardMiddleware` (shutdown, Host, Origin, keys, content type, body). Every error is
+``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status (a 503 also says
+``Retry-After``); a bad request never disturbs the others.
 
 The scheduler runs in its own thread; handlers only submit requests and await their outputs.
+SIGTERM or SIGINT drains the server (:meth:`~engine.server.state.Drain.run`) before it exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import engine
 from engine.config import ServerConfig
-from engine.assembly import Assembly, ParserFactories
+from engine.assembly import Assembly
 from engine.runtime.frontend import RequestError, Runtime, start_runtime
 from engine.runtime.sampling import InvalidParam, SamplingParams
-from engine.server.generation import Generation, SeqState, internal_failure
+from engine.server.generation import ClientGone, Generation, SeqState, internal_failure
 from engine.server.metrics import Metrics
-from engine.server.openai_api import OpenAIServing, error_body, sse
+from engine.server.openai_api import OpenAIServing, error_body, sse, sse_response
 from engine.server.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest,
-                                    to_sampling_params)
+                                    parse_body, to_sampling_params)
+from engine.server.state import RETRY_AFTER_S, Drain, ServerState
 
 log = logging.getLogger("engine.serve")
 
 MIN_BODY_LIMIT = 8 * 2**20  #: bytes; raised for long contexts (about 64 bytes per token)
-
-
-@dataclass
-class ServerState:
-    config: ServerConfig
-    runtime: Runtime
-    metrics: Metrics
-    model_name: str
-    model_path: str
-    started: float
-    parsers: ParserFactories  #: the chat parsers' factories, built once at start-up
+ADMIN_ROUTES = frozenset({"/flush_cache", "/get_server_info", "/server_info"})
 
 
 def _model_name(config: ServerConfig, runtime: Runtime) -> str:
@@ -63,71 +58,155 @@ def _model_name(config: ServerConfig, runtime: Runtime) -> str:
 # ---------------------------------------------------------------------- ASGI middleware
 
 
-def _json_error(status: int, message: str, *, type: str, param: str | None = None,
-                code: Any = None) -> JSONResponse:
-    return JSONResponse(error_body(message, type=type, param=param, code=code or status),
-                        status_code=status)
+def _json_error(status: int, message: str, *, type: str, code: Any = None,
+                headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, type=type, code=code or status),
+                        status_code=status, headers=headers)
+
+
+class _Refused(Exception):
+    """Raised by the guard's checks: the response that answers the request instead."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
 
 
 class GuardMiddleware:
-    """API-key check (all routes but ``/health``) and the request-body size limit (413)."""
+    """The checks every HTTP request passes before a route sees it, in this order:
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int) -> None:
-        self.app, self.api_key, self.max_body = app, api_key, max_body
+    * while the server shuts down (:attr:`Drain.draining`): 503 with ``Retry-After``;
+    * without ``--api-key``, the ``Host`` must name this server: an IP address, ``localhost``,
+      ``--host`` or one of ``--allowed-hosts`` (else 403: a web page served from a DNS name
+      that resolves here must not drive a keyless server);
+    * an ``Origin`` other than the server's own must be one of ``--cors-allow-origins`` (403);
+    * the key, compared in constant time (401): ``--admin-api-key`` on :data:`ADMIN_ROUTES`
+      when it is set, else ``--api-key`` on every route but ``/health``;
+    * a request with a body must say ``Content-Type: application/json`` (415), and send the
+      body within ``--request-read-timeout`` (408) and the size limit (413).
+
+    A request that passes runs inside :meth:`Drain.track`, its body already read in full.
+    """
+
+    def __init__(self, app: ASGIApp, config: ServerConfig, drain: Drain, max_body: int) -> None:
+        self.app, self.config, self.drain, self.max_body = app, config, drain, max_body
+        self.host_names = {"localhost", config.host.lower(),
+                           *(h.lower() for h in config.allowed_hosts)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                   for k, v in scope.get("headers", [])}
-        if self.api_key is not None and scope.get("path") != "/health":
-            auth = headers.get("authorization", "")
-            token = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key")
-            if token != self.api_key:
-                resp = _json_error(401, "missing or invalid API key (send 'Authorization: "
-                                   "Bearer KEY')", type="authentication_error",
-                                   code="invalid_api_key")
-                await resp(scope, receive, send)
-                return
-        if scope.get("method") in ("POST", "PUT") and "json" not in headers.get("content-type",
-                                                                               ""):
-            # every body here is JSON: read it as such whatever the client labelled it
-            scope = dict(scope)
-            scope["headers"] = [(k, v) for k, v in scope.get("headers", [])
-                                if k.lower() != b"content-type"]
-            scope["headers"].append((b"content-type", b"application/json"))
-        length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            await self._too_large(scope, receive, send)
-            return
-        if length is None and scope.get("method") in ("POST", "PUT"):
-            body, more, total = [], True, 0
-            while more:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
+        headers = Headers(scope=scope)
+        try:
+            self._check(scope["path"], headers)
+            if _has_body(headers):
+                body = await self._read_body(headers, receive)
+                if body is None:  # the client left
                     return
-                chunk = msg.get("body", b"")
-                total += len(chunk)
-                if total > self.max_body:
-                    await self._too_large(scope, receive, send)
-                    return
-                body.append(chunk)
-                more = msg.get("more_body", False)
-            replay: list[Message] = [{"type": "http.request", "body": b"".join(body),
-                                      "more_body": False}]
-
-            async def receive_again() -> Message:
-                return replay.pop() if replay else await receive()
-
-            await self.app(scope, receive_again, send)
+                receive = _replay(body, receive)
+        except _Refused as refused:
+            await refused.response(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        with self.drain.track():
+            await self.app(scope, receive, send)
 
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        resp = _json_error(413, f"request body larger than {self.max_body} bytes",
-                           type="invalid_request_error", code="request_too_large")
-        await resp(scope, receive, send)
+    def _check(self, path: str, headers: Headers) -> None:
+        if self.drain.draining:
+            raise _Refused(_json_error(
+                503, "the server is shutting down; retry the request", type="server_unavailable",
+                code="shutting_down", headers={"Retry-After": str(RETRY_AFTER_S),
+                                               "Connection": "close"}))
+        host = headers.get("host")
+        if self.config.api_key is None and host is not None and not self._host_allowed(host):
+            raise _Refused(_json_error(
+                403, f"this server does not answer to the host name in 'Host: {host}'; allow "
+                "it with --allowed-hosts (or set --api-key)", type="permission_error",
+                code="host_not_allowed"))
+        origin = headers.get("origin")
+        if origin is not None and not self._origin_allowed(origin, host or ""):
+            raise _Refused(_json_error(
+                403, f"cross-origin request from '{origin}' refused; allow the origin with "
+                "--cors-allow-origins", type="permission_error", code="origin_not_allowed"))
+        admin = self.config.admin_api_key is not None and path in ADMIN_ROUTES
+        key = self.config.admin_api_key if admin else self.config.api_key
+        if key is not None and path != "/health" and not _key_matches(headers, key):
+            raise _Refused(_json_error(
+                401, f"missing or invalid {'admin ' if admin else ''}API key (send "
+                "'Authorization: Bearer KEY')", type="authentication_error",
+                code="invalid_api_key"))
+        media = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if _has_body(headers) and media != "application/json" and \
+                not (media.startswith("application/") and media.endswith("+json")):
+            raise _Refused(_json_error(
+                415, f"the request body must be JSON, sent with 'Content-Type: "
+                f"application/json' (got {media or 'no Content-Type'!r})",
+                type="invalid_request_error", code="unsupported_media_type"))
+
+    def _host_allowed(self, host: str) -> bool:
+        """An IP address (a page cannot rebind one), or a name this server answers to."""
+        name = host.strip().lower()
+        name = name[1:].partition("]")[0] if name.startswith("[") else name.partition(":")[0]
+        try:
+            ipaddress.ip_address(name)
+            return True
+        except ValueError:
+            return any(p == "*" or p == name or (p.startswith("*.") and name.endswith(p[1:]))
+                       for p in self.host_names)
+
+    def _origin_allowed(self, origin: str, host: str) -> bool:
+        """The server's own origin (a page it served itself), or one of the CORS origins."""
+        allowed = self.config.cors_allow_origins
+        return origin.partition("://")[2].lower() == host.lower() or "*" in allowed or \
+            origin in allowed
+
+    async def _read_body(self, headers: Headers, receive: Receive) -> bytes | None:
+        """The whole body, or None when the client left; :class:`_Refused` when too large or
+        too slow (both close the connection)."""
+        too_large = _Refused(_json_error(
+            413, f"request body larger than {self.max_body} bytes", type="invalid_request_error",
+            code="request_too_large", headers={"Connection": "close"}))
+        if int(headers.get("content-length", "0")) > self.max_body:
+            raise too_large
+        chunks, total, more = [], 0, True
+        try:
+            async with asyncio.timeout(self.config.request_read_timeout):
+                while more:
+                    msg = await receive()
+                    if msg["type"] == "http.disconnect":
+                        return None
+                    chunks.append(msg.get("body", b""))
+                    total += len(chunks[-1])
+                    if total > self.max_body:
+                        raise too_large
+                    more = msg.get("more_body", False)
+        except TimeoutError:
+            raise _Refused(_json_error(
+                408, f"the request body did not arrive within "
+                f"{self.config.request_read_timeout:g} s (--request-read-timeout)",
+                type="invalid_request_error", code="request_timeout",
+                headers={"Connection": "close"})) from None
+        return b"".join(chunks)
+
+
+def _has_body(headers: Headers) -> bool:
+    return headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+
+
+def _key_matches(headers: Headers, key: str) -> bool:
+    auth = headers.get("authorization", "")
+    token = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key", "")
+    return hmac.compare_digest(token.encode(), key.encode())
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` first, then what ``receive`` gives (a disconnect)."""
+    first: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive_again() -> Message:
+        return first.pop() if first else await receive()
+
+    return receive_again
 
 
 # ---------------------------------------------------------------------- the app
@@ -138,30 +217,18 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="engine", version=engine.__version__, docs_url=None, redoc_url=None)
     app.state.server = state
     oai = OpenAIServing(state)
-    runtime, metrics = state.runtime, state.metrics
-    app.add_middleware(GuardMiddleware, api_key=state.config.api_key,  # type: ignore[arg-type]
+    runtime, metrics, config = state.runtime, state.metrics, state.config
+    app.add_middleware(GuardMiddleware, config=config, drain=state.drain,  # type: ignore[arg-type]
                        max_body=max(MIN_BODY_LIMIT, 64 * runtime.context_len))
+    if config.cors_allow_origins:
+        app.add_middleware(CORSMiddleware,  # type: ignore[arg-type]
+                           allow_origins=list(config.cors_allow_origins), allow_methods=["*"],
+                           allow_headers=["*"])
 
     def reject(status: int, body: dict[str, Any]) -> JSONResponse:
         metrics.rejected.labels(state.model_name, str(status)).inc()
-        return JSONResponse(body, status_code=status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        err = (exc.errors() or [{}])[0]
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        if err.get("type") == "json_invalid":
-            msg = f"the request body is not valid JSON: {err.get('ctx', {}).get('error', '')}"
-            return reject(400, error_body(msg.rstrip(": "), code="invalid_json"))
-        param = ".".join(loc) or None
-        if err.get("type") == "missing":
-            msg = f"missing required field '{param}'"
-        elif err.get("type") == "model_attributes_type":
-            msg = "the request body must be a JSON object"
-        else:
-            msg = f"{param}: {err.get('msg', 'invalid value')}" if param else str(err.get("msg"))
-        return reject(400, error_body(msg, param=param.split(".")[0] if param else None,
-                                      code="invalid_value"))
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
@@ -171,6 +238,11 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(InvalidParam)
     async def _invalid_param(_: Request, exc: InvalidParam) -> JSONResponse:
         return reject(400, error_body(str(exc), param=exc.param, code="invalid_value"))
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(_: Request, exc: ClientGone) -> Response:
+        log.info("client disconnected; request %s aborted", exc)
+        return Response(status_code=499)  # nobody reads it
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -193,8 +265,8 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/health_generate")
     async def health_generate(request: Request) -> Response:
         ids = runtime.tokenizer.encode("Hi")
-        gen = Generation(runtime, metrics, [ids], [SamplingParams(max_new_tokens=1,
-                                                                  temperature=0.0)], request)
+        gen = Generation(state, [ids], [SamplingParams(max_new_tokens=1, temperature=0.0)],
+                         request)
         try:
             states = await asyncio.wait_for(gen.collect(), timeout=60)
         except asyncio.TimeoutError:
@@ -239,7 +311,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "scheduler": {**stats.__dict__, "kv_usage": stats.kv_usage},
                 "runtime": runtime.info(), "uptime_s": time.time() - state.started}
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.post("/flush_cache")
     async def flush_cache() -> Response:
         done = runtime.scheduler.flush_cache()
         await asyncio.get_running_loop().run_in_executor(None, done.wait, 30)
@@ -252,16 +324,18 @@ def create_app(state: ServerState) -> FastAPI:
     # -------------------------------------------------------------- generation
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Any:
-        return await oai.completions(body, request)
+    async def completions(request: Request) -> Any:
+        return await oai.completions(parse_body(await request.body(), CompletionRequest),
+                                     request)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request) -> Any:
-        return await oai.chat(body, request)
+    async def chat(request: Request) -> Any:
+        return await oai.chat(parse_body(await request.body(), ChatCompletionRequest), request)
 
     @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(body: GenerateRequest, request: Request) -> Any:
-        return await _native_generate(state, body, request)
+    async def generate(request: Request) -> Any:
+        return await _native_generate(state, parse_body(await request.body(), GenerateRequest),
+                                      request)
 
     return app
 
@@ -293,12 +367,12 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
         raws = [raw or {}] * len(prompts)
     params = []
     for r in raws:
-        sp = to_sampling_params(dict(r), api_names=False)
+        sp = to_sampling_params(dict(r), names={})
         if body.return_logprob:
             sp.logprobs, sp.top_logprobs = True, body.top_logprobs_num
         params.append(sp.validate())
-    gen = Generation(runtime, state.metrics, prompts, params, request, rid=body.rid,
-                     prompt_param=param, max_tokens_param="max_new_tokens")
+    gen = Generation(state, prompts, params, request, rid=body.rid, prompt_param=param,
+                     max_tokens_param="max_new_tokens")
 
     def item(s: SeqState) -> dict[str, Any]:
         meta: dict[str, Any] = {
@@ -323,7 +397,7 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
                     yield sse(item(s))
             yield sse("[DONE]")
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return sse_response(events())
     states = await gen.collect()
     failed = internal_failure(states)
     if failed:
@@ -335,12 +409,50 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
 # ---------------------------------------------------------------------- start-up
 
 
-def run_server(config: ServerConfig, assembly: Assembly) -> int:
-    """Load the model, start the scheduler thread, warm up, serve until interrupted.
+class HeadDeadline:
+    """Mixed into uvicorn's HTTP protocol: a connection that has not sent a whole request head
+    (request line and headers) within ``head_timeout`` seconds of opening, or of its previous
+    response, is closed. (uvicorn closes idle keep-alive connections, but not one that never
+    sends a byte after connecting, nor one that trickles its head.)"""
 
-    Logs one line when ready: the URL and the seconds from start to ready.
+    head_timeout: float
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._await_head()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _await_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(  # type: ignore[attr-defined]
+            self.head_timeout, self._head_expired, self.cycle)  # type: ignore[attr-defined]
+
+    def _head_expired(self, cycle: Any) -> None:
+        """No request head has completed (no new request cycle) since the timer was set."""
+        transport = self.transport  # type: ignore[attr-defined]
+        if self.cycle is cycle and not transport.is_closing():  # type: ignore[attr-defined]
+            transport.close()
+
+
+def run_server(config: ServerConfig, assembly: Assembly) -> int:
+    """Load the model, start the scheduler thread, warm up, serve until a signal.
+
+    Logs one line when ready: the URL and the seconds from start to ready. The first SIGTERM or
+    SIGINT drains the server (:meth:`~engine.server.state.Drain.run`, for up to
+    ``--timeout-graceful-shutdown`` seconds), then it exits; a second one exits at once.
     """
     import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     t0 = time.monotonic()
     runtime = start_runtime(config, assembly)
@@ -356,6 +468,9 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
         url = f"http://{config.host}:{config.port}"
 
         class _Server(uvicorn.Server):
+            exit_requested = False
+            drain_task: asyncio.Task[None] | None = None
+
             async def startup(self, sockets: Any = None) -> None:
                 await super().startup(sockets)
                 if self.started:
@@ -363,10 +478,27 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
                              "%.1f s)", state.model_name, url, time.monotonic() - t0,
                              runtime.load_seconds)
 
-        server = _Server(uvicorn.Config(app, host=config.host, port=config.port,
-                                        log_level=config.log_level, access_log=(
-                                            config.log_level == "debug"),
-                                        timeout_graceful_shutdown=5))
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                """A signal handler: only flags (the drain starts at the next tick); a second
+                signal is uvicorn's own exit, at once."""
+                if self.exit_requested:
+                    super().handle_exit(sig, frame)
+                self.exit_requested = True
+
+            async def on_tick(self, counter: int) -> bool:
+                if self.exit_requested and self.drain_task is None:
+                    self.drain_task = asyncio.create_task(
+                        state.drain.run(config.timeout_graceful_shutdown))
+                if self.drain_task is not None and self.drain_task.done():
+                    self.should_exit = True
+                return await super().on_tick(counter)
+
+        protocol = type("HTTPProtocol", (HeadDeadline, AutoHTTPProtocol),
+                        {"head_timeout": config.request_read_timeout})
+        server = _Server(uvicorn.Config(
+            app, host=config.host, port=config.port, http=protocol, log_level=config.log_level,
+            access_log=config.log_level == "debug", timeout_keep_alive=config.timeout_keep_alive,
+            limit_concurrency=config.limit_concurrency, timeout_graceful_shutdown=1))
         try:
             server.run()
         except SystemExit as exc:  # uvicorn exits when it cannot bind

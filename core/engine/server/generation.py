@@ -5,7 +5,7 @@ Each request's sink is a :class:`~engine.runtime.request.ChannelSink` on the loo
 single ``call_soon_threadsafe`` (the loop never blocks on the model, and wakes once per step,
 not once per token). A :class:`Generation` submits every sequence of one HTTP request (prompts
 x ``n``), yields their outputs as they come, records metrics, and aborts what is left when the
-client goes away.
+client goes away or the server shuts down.
 """
 
 from __future__ import annotations
@@ -19,17 +19,24 @@ from typing import Any, AsyncIterator
 
 from starlette.requests import Request
 
-from engine.runtime.frontend import RequestError, Runtime
+from engine.config import ServerConfig
+from engine.runtime.frontend import RequestError
 from engine.runtime.request import ChannelSink, ReqOutput
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.scheduler import QueueFull
-from engine.server.metrics import Metrics
+from engine.server.state import ServerState
 
 DISCONNECT_POLL_S = 0.5
 
 
 class ClientGone(Exception):
-    """The client disconnected; its sequences were aborted."""
+    """The client disconnected; its sequences were aborted. The argument is the request id."""
+
+
+def shutting_down() -> RequestError:
+    """The error of a request that the server's shutdown ended, or refused."""
+    return RequestError("the server is shutting down; retry the request", status=503,
+                        type="server_unavailable", code="shutting_down")
 
 
 class LoopChannel:
@@ -61,6 +68,7 @@ def loop_channel(loop: asyncio.AbstractEventLoop) -> LoopChannel:
 
 
 _GONE = object()  #: put in a generation's queue by its watchdog when the client disconnected
+_CLOSED = object()  #: put in a generation's queue by :meth:`Generation.close`
 
 
 @dataclass
@@ -81,14 +89,44 @@ class SeqState:
     last_token_at: float | None = None
 
 
-class Generation:
-    """Submit ``prompts`` (token ids, one params each) as one unit; iterate over outputs."""
+def check_limits(config: ServerConfig, params: list[SamplingParams], prompt_param: str) -> None:
+    """Hold one request (``params``: one per prompt) to the server's limits on its work:
+    sequences (prompts x ``n``), stop strings and their length. Raises :class:`RequestError`
+    naming the field (``n``, ``stop``, or ``prompt_param`` for a batch) and the flag."""
+    seqs = sum(sp.n for sp in params)
+    if seqs > config.max_sequences_per_request:
+        what = f"n={params[0].n}" if len(params) == 1 else f"{len(params)} prompts"
+        raise RequestError(f"this request asks for {seqs} sequences ({what}); this server "
+                           f"generates at most {config.max_sequences_per_request} per request "
+                           "(--max-sequences-per-request)",
+                           param="n" if len(params) == 1 else prompt_param)
+    for sp in params:
+        if len(sp.stop) > config.max_stop_strings:
+            raise RequestError(f"{len(sp.stop)} stop strings; this server takes at most "
+                               f"{config.max_stop_strings} (--max-stop-strings)", param="stop")
+        longest = max(map(len, sp.stop), default=0)
+        if longest > config.max_stop_length:
+            raise RequestError(f"a stop string of {longest} characters; this server takes at "
+                               f"most {config.max_stop_length} (--max-stop-length)",
+                               param="stop")
 
-    def __init__(self, runtime: Runtime, metrics: Metrics, prompts: list[list[int]],
+
+class Generation:
+    """Submit ``prompts`` (token ids, one params each) as one unit; iterate over outputs.
+
+    Raises :class:`RequestError`: beyond the server's limits (:func:`check_limits`), a prompt
+    or params the runtime refuses, a full queue (503) or a server shutting down (503).
+    """
+
+    def __init__(self, state: ServerState, prompts: list[list[int]],
                  params: list[SamplingParams], request: Request | None, *,
                  rid: str | None = None, prompt_param: str = "prompt",
                  max_tokens_param: str = "max_tokens") -> None:
-        self.runtime, self.metrics, self.request = runtime, metrics, request
+        runtime = self.runtime = state.runtime
+        self.metrics, self.request, self.drain = state.metrics, request, state.drain
+        if self.drain.closed:
+            raise shutting_down()
+        check_limits(state.config, params, prompt_param)
         self.rid = rid or uuid.uuid4().hex
         self.start = time.monotonic()
         self._queue: asyncio.Queue[ReqOutput | object] = asyncio.Queue()
@@ -110,6 +148,7 @@ class Generation:
             raise RequestError(str(exc), status=503, code="queue_full",
                                type="server_overloaded") from None
         self._open = len(reqs)
+        self.drain.generations.add(self)
 
     @property
     def states(self) -> list[SeqState]:
@@ -119,7 +158,8 @@ class Generation:
         """Yield ``(state after the output, output)`` until every sequence has finished.
 
         Raises :class:`ClientGone` when the client disconnects (checked every
-        ``DISCONNECT_POLL_S`` by a watchdog task while the generation runs).
+        ``DISCONNECT_POLL_S`` by a watchdog task while the generation runs), and the 503
+        :class:`RequestError` of :func:`shutting_down` after :meth:`close`.
         """
         watchdog = None
         if self.request is not None and self._open:
@@ -127,8 +167,11 @@ class Generation:
         try:
             while self._open:
                 out = await self._queue.get()
-                if not isinstance(out, ReqOutput):  # _GONE
-                    raise ClientGone()
+                if out is _GONE:
+                    raise ClientGone(self.rid)
+                if out is _CLOSED:
+                    raise shutting_down()
+                assert isinstance(out, ReqOutput)
                 state = self._apply(out)
                 yield state, out
         finally:
@@ -139,6 +182,12 @@ class Generation:
                 left = sum(1 for s in self.seqs.values() if s.finish_reason is None)
                 self.metrics.requests.labels(self.metrics.model_name, "abort").inc(left)
                 self._open = 0
+            self.drain.generations.discard(self)
+
+    def close(self) -> None:
+        """End the iteration with the error of :func:`shutting_down` (the server's shutdown);
+        the sequences still running are aborted."""
+        self._queue.put_nowait(_CLOSED)
 
     async def _watch(self, request: Request) -> None:
         """Wake the iteration with ``_GONE`` once the client has disconnected (stop watching,

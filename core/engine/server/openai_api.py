@@ -11,6 +11,7 @@ same message (their concatenation equals it, tool-call ids aside).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any, AsyncIterator
 
@@ -20,15 +21,35 @@ from starlette.responses import JSONResponse, StreamingResponse
 from engine.assembly import ParserFactories
 from engine.parsers.api import MessageStream, parse_message
 from engine.runtime.frontend import RequestError
-from engine.server.generation import Generation, SeqState, internal_failure, usage
-from engine.server.protocol import (ChatCompletionRequest, CompletionRequest,
+from engine.server.generation import ClientGone, Generation, SeqState, internal_failure, usage
+from engine.server.protocol import (API_NAMES, ChatCompletionRequest, CompletionRequest,
                                     to_sampling_params)
+
+log = logging.getLogger("engine.serve")
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 def sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+    """A server-sent-events response of ``events`` that always ends well: a generation the
+    server ends early (a :class:`RequestError`, e.g. at shutdown) sends an error event and
+    ``[DONE]``; a client that left gets nothing more, and that is logged as such."""
+    async def guarded() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield event
+        except RequestError as exc:
+            yield sse(error_body(str(exc), type=exc.type, param=exc.param,
+                                 code=exc.code or exc.status))
+            yield sse("[DONE]")
+        except ClientGone as exc:
+            log.info("client disconnected; request %s aborted", exc)
+
+    return StreamingResponse(guarded(), media_type="text/event-stream")
 
 
 def finish_reason(state: SeqState) -> str | None:
@@ -47,7 +68,6 @@ class OpenAIServing:
 
     def __init__(self, state: Any) -> None:
         self.state = state
-        self.runtime = state.runtime
         self.tok = state.runtime.tokenizer
 
     # ------------------------------------------------------------------ helpers
@@ -82,14 +102,11 @@ class OpenAIServing:
         if body.logprobs is not None:
             data.update(logprobs=True, top_logprobs=body.logprobs)
         sp = to_sampling_params(data)
-        gen = Generation(self.runtime, self.state.metrics, ids, [sp] * len(ids), request,
-                         rid=body.rid)
+        gen = Generation(self.state, ids, [sp] * len(ids), request, rid=body.rid)
         echo = [self.tok.decode(i) if body.echo else "" for i in ids]
         cid, created = f"cmpl-{gen.rid}", int(time.time())
         if body.stream:
-            return StreamingResponse(self._stream_completions(gen, body, model, cid, created,
-                                                              echo),
-                                     media_type="text/event-stream")
+            return sse_response(self._stream_completions(gen, body, model, cid, created, echo))
         states = await gen.collect()
         failed = internal_failure(states)
         if failed:
@@ -157,15 +174,24 @@ class OpenAIServing:
         return list(ids)  # type: ignore[arg-type]
 
     def _check_tools(self, body: ChatCompletionRequest) -> str | None:
-        """Validate ``tools``/``tool_choice``; return the forced tool name, if any."""
+        """Validate ``tools`` (at most ``--max-tools``; ``parameters``, when given, a JSON
+        schema object) and ``tool_choice``; return the forced tool name, if any."""
         choice = body.tool_choice
+        tools = body.tools or []
+        limit = self.state.config.max_tools
+        if len(tools) > limit:
+            raise RequestError(f"{len(tools)} tools; this server takes at most {limit} "
+                               "(--max-tools)", param="tools")
         names = []
-        for i, tool in enumerate(body.tools or []):
+        for i, tool in enumerate(tools):
             fn = tool.get("function") if isinstance(tool, dict) else None
             if tool.get("type", "function") != "function" or not isinstance(fn, dict) or \
                     not isinstance(fn.get("name"), str):
                 raise RequestError(f"tools[{i}] must be {{'type': 'function', 'function': "
                                    "{'name': ..., 'parameters': ...}}", param="tools")
+            if not isinstance(fn.get("parameters", {}), dict):
+                raise RequestError(f"tools[{i}].function.parameters must be a JSON schema "
+                                   "(an object)", param="tools")
             names.append(fn["name"])
         if choice is None or choice in ("none", "auto"):
             return None
@@ -206,20 +232,18 @@ class OpenAIServing:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
         ids = self._chat_prompt(body)
         data = body.sampling_dict()
+        names = dict(API_NAMES)
         if body.max_completion_tokens is not None:
             data["max_new_tokens"] = body.max_completion_tokens
+            names["max_new_tokens"] = "max_completion_tokens"
         data.update(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0)
-        sp = to_sampling_params(data)
-        gen = Generation(self.runtime, self.state.metrics, [ids], [sp], request, rid=body.rid,
-                         prompt_param="messages",
-                         max_tokens_param="max_completion_tokens"
-                         if body.max_completion_tokens is not None else "max_tokens")
+        sp = to_sampling_params(data, names=names)
+        gen = Generation(self.state, [ids], [sp], request, rid=body.rid,
+                         prompt_param="messages", max_tokens_param=names["max_new_tokens"])
         pkw = parser_kwargs(body, self.state.parsers)
         cid, created = f"chatcmpl-{gen.rid}", int(time.time())
         if body.stream:
-            return StreamingResponse(self._stream_chat(gen, body, model, cid, created, pkw,
-                                                       forced),
-                                     media_type="text/event-stream")
+            return sse_response(self._stream_chat(gen, body, model, cid, created, pkw, forced))
         states = await gen.collect()
         failed = internal_failure(states)
         if failed:

@@ -1,23 +1,42 @@
 """Request bodies of the HTTP API (pydantic), and their mapping to :class:`SamplingParams`.
 
-Unknown fields are ignored (clients send vendor extensions); wrongly typed fields are rejected
-with HTTP 400 naming the field. Range checks live in :meth:`SamplingParams.validate`, whose
-field names are mapped back to the API's names here (``max_new_tokens`` -> ``max_tokens``).
+:func:`parse_body` turns the bytes of a body into one of the request models, or a
+:class:`RequestError` (HTTP 400) that says what is wrong and names the field. Unknown fields are
+ignored (clients send vendor extensions); fields this server cannot honour (``logit_bias``,
+``best_of``, a ``response_format`` other than text) are refused rather than ignored. Range
+checks live in :meth:`SamplingParams.validate`, whose field names are mapped back to the API's
+names here (``max_new_tokens`` -> ``max_tokens`` or ``max_completion_tokens``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Annotated, Any, Literal, Mapping, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
+from engine.runtime.frontend import RequestError
 from engine.runtime.sampling import InvalidParam, SamplingParams
 
 TokenIds = list[int]
+MAX_JSON_DEPTH = 64  #: deepest nesting of arrays and objects in a request body
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+def _unsupported(accepted: Any, what: str = "") -> AfterValidator:
+    """A field this server cannot honour: null and the ``accepted`` no-op value pass, any other
+    value is refused (rather than silently ignored); ``what`` names the missing feature."""
+    def check(value: Any) -> Any:
+        if value is not None and value != accepted:
+            raise PydanticCustomError("unsupported", f"{what or 'this field'} is not supported "
+                                      f"by this server (only {json.dumps(accepted)} is "
+                                      "accepted)")
+        return value
+    return AfterValidator(check)
 
 
 class StreamOptions(_Body):
@@ -49,6 +68,10 @@ class _SamplingFields(_Body):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     rid: str | None = None
+    # no structured output and no logit bias: refused, never ignored
+    response_format: Annotated[dict[str, Any] | None, _unsupported(
+        {"type": "text"}, "structured output")] = None
+    logit_bias: Annotated[dict[str, Any] | None, _unsupported({})] = None
 
     def sampling_dict(self) -> dict[str, Any]:
         out = {
@@ -70,6 +93,7 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
+    best_of: Annotated[int | None, _unsupported(1)] = None
 
 
 class ChatMessage(_Body):
@@ -90,7 +114,6 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
-    response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None
     separate_reasoning: bool = True
@@ -110,15 +133,102 @@ class GenerateRequest(_Body):
     top_logprobs_num: int = 0
 
 
-_API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+Body = TypeVar("Body", bound=BaseModel)
 
 
-def to_sampling_params(data: dict[str, Any], *, api_names: bool = True) -> SamplingParams:
-    """Build validated params; an :class:`InvalidParam` names the API field (``max_tokens``)."""
+def to_sampling_params(data: dict[str, Any], *,
+                       names: Mapping[str, str] = API_NAMES) -> SamplingParams:
+    """Build validated params; an :class:`InvalidParam` names the field as the request does
+    (``names``: sampling-param name -> request field, e.g. ``max_new_tokens`` -> ``max_tokens``;
+    empty for the native API, which uses the sampling names)."""
     try:
         return SamplingParams.from_dict(data)
     except InvalidParam as exc:
-        if api_names and exc.param in _API_NAMES:
-            name = _API_NAMES[exc.param]
+        if exc.param in names:
+            name = names[exc.param]
             raise InvalidParam(name, str(exc).replace(exc.param, name)) from None
         raise
+
+
+def parse_body(raw: bytes, model: type[Body]) -> Body:
+    """The request body ``raw`` as a ``model``, else a :class:`RequestError` (400) saying what is
+    wrong: an empty body, bytes that are not UTF-8, text that is not JSON, nesting deeper than
+    :data:`MAX_JSON_DEPTH`, a value that is not an object, a string that cannot be encoded as
+    UTF-8 (a lone surrogate such as ``"\\ud800"``), a missing field or one of the wrong type or
+    value. ``param`` is the top-level field at fault, when there is one."""
+    if not raw.strip():
+        raise RequestError("the request body is empty; expected a JSON object",
+                           code="invalid_json")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"the request body is not valid UTF-8 (byte 0x{raw[exc.start]:02x} "
+                           f"at offset {exc.start})", code="invalid_json") from None
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}",
+                           code="invalid_json") from None
+    except RecursionError:
+        raise _too_deep() from None
+    if not isinstance(data, dict):
+        raise RequestError("the request body must be a JSON object", code="invalid_json")
+    _check_json(data)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+def _too_deep() -> RequestError:
+    return RequestError(f"the request body nests arrays and objects deeper than "
+                        f"{MAX_JSON_DEPTH} levels", code="invalid_json")
+
+
+def _check_json(data: dict[str, Any]) -> None:
+    """Refuse nesting deeper than :data:`MAX_JSON_DEPTH` and strings (keys too) that are not
+    encodable as UTF-8; iterative, so any depth that parsed is safe to walk."""
+    stack: list[tuple[dict[str, Any] | list[Any], tuple[str | int, ...]]] = [(data, ())]
+    while stack:
+        node, path = stack.pop()
+        if len(path) >= MAX_JSON_DEPTH:
+            raise _too_deep()
+        for key, value in node.items() if isinstance(node, dict) else enumerate(node):
+            if isinstance(key, str):
+                _check_text(key, path, key=True)
+            if isinstance(value, str):
+                _check_text(value, (*path, key))
+            elif isinstance(value, (dict, list)):
+                stack.append((value, (*path, key)))
+
+
+def _check_text(text: str, path: tuple[str | int, ...], *, key: bool = False) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        where = _where(path)
+        what = f"a key in {where or 'the body'}" if key else where
+        raise RequestError(f"{what} is not valid text: it contains the lone surrogate "
+                           f"\\u{ord(text[exc.start]):04x} (strings must be encodable as "
+                           "UTF-8)", param=str(path[0]) if path else None,
+                           code="invalid_value") from None
+
+
+def _where(path: tuple[str | int, ...]) -> str:
+    """``('messages', 0, 'content')`` -> ``'messages[0].content'``."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def _invalid(exc: ValidationError) -> RequestError:
+    """The first error of a model validation, as a message naming the field."""
+    err = exc.errors()[0]
+    loc = _where(err["loc"])
+    top = str(err["loc"][0]) if err["loc"] else None
+    if err["type"] == "missing":
+        msg = f"missing required field '{loc}'"
+    elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        msg = f"{loc}: expected a JSON object"
+    else:
+        msg = f"{loc}: {err['msg']}" if loc else err["msg"]
+    return RequestError(msg, param=top, code="invalid_value")
