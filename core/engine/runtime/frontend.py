@@ -110,7 +110,8 @@ class Runtime:
         for i in range(params.n):
             gen = None
             if not params.is_greedy:
-                seed = (params.seed + i) if params.seed is not None else self._rng.getrandbits(63)
+                seed = ((params.seed + i) % 2**64 if params.seed is not None
+                        else self._rng.getrandbits(63))
                 gen = torch.Generator(device=self.runner.device).manual_seed(seed)
             reqs.append(Req(
                 rid=rid if params.n == 1 else f"{rid}-{i}", origin_input_ids=list(input_ids),
