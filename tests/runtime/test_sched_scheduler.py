@@ -209,8 +209,8 @@ def test_abort_ends_waiting_and_running_requests() -> None:
     sched.submit([a, b])
     sched.step()
     sched.step()
-    sched.abort(a.rid)
-    sched.abort(b.rid)
+    sched.abort([a])
+    sched.abort([b])
     sched.step()
     for r in (a, b):
         assert outs[r.rid][-1].finish_reason["type"] == "abort"
