@@ -102,8 +102,13 @@ class Runtime:
     def claim_rid(self, rid: str | None) -> str:
         """An id that no request in flight has: ``rid`` itself (a :class:`RequestError`, 400
         naming ``rid``, when a request in flight already has it), or a fresh one when ``rid``
-        is None or empty. Give it back with :meth:`release_rid` once every sequence of the
-        request has finished."""
+        is None or empty; a rid that is not valid Unicode text (a lone surrogate) is refused
+        too. Give it back with :meth:`release_rid` once every sequence of the request has
+        finished."""
+        try:
+            (rid or "").encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError("rid must be valid Unicode text", param="rid") from None
         with self._rids_lock:
             if not rid:
                 rid = uuid.uuid4().hex
