@@ -442,7 +442,7 @@ def test_a_failed_forward_frees_its_requests_partial_pages(page_size: int) -> No
     assert failed
     for req in reqs:
         assert outs[req.rid][-1].finish_reason["message"].startswith(
-            "internal error while the model step: RuntimeError: injected")
+            "internal error in the model step: RuntimeError: injected")
         assert sum(o.finished for o in outs[req.rid]) == 1
     sched.cache.flush()
     assert sched.allocator.free_tokens == sched.allocator.capacity_tokens

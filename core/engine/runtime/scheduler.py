@@ -255,7 +255,7 @@ class Scheduler:
                     self.timer.mark("idle")
             except Exception as exc:  # noqa: BLE001 - keep serving
                 log.exception("scheduler loop failed")
-                self._reset(_failure("the scheduler loop", exc))
+                self._reset(_failure("in the scheduler loop", exc))
 
     # ------------------------------------------------------------------ the step
 
@@ -273,7 +273,7 @@ class Scheduler:
             return self._step()
         except Exception as exc:  # noqa: BLE001 - keep serving; fail only what the step held
             log.exception("scheduler step failed")
-            self._fail_step(_failure("the model step", exc))
+            self._fail_step(_failure("in the model step", exc))
             return True
 
     def _step(self) -> bool:
@@ -341,7 +341,7 @@ class Scheduler:
             try:
                 slots = self._take_slots(req, n)
             except Exception as exc:  # noqa: BLE001 - this request fails alone
-                self._fail(req, _failure("taking its KV slots", exc))
+                self._fail(req, _failure("while taking its KV slots", exc))
             else:
                 if slots is None:
                     return []
@@ -363,7 +363,7 @@ class Scheduler:
                 item = self._admit(req, budget)
             except Exception as exc:  # noqa: BLE001 - this request fails alone
                 taken.append(req)
-                self._fail(req, _failure("admitting it", exc))
+                self._fail(req, _failure("while admitting it", exc))
                 continue
             if item is None:
                 break
@@ -504,7 +504,7 @@ class Scheduler:
                 slots = self._take_slots(req, 1)
                 assert slots is not None, "room was ensured"
             except Exception as exc:  # noqa: BLE001 - this request fails alone
-                self._fail(req, _failure("taking its KV slots", exc))
+                self._fail(req, _failure("while taking its KV slots", exc))
                 continue
             decode.append((req, 1, slots))
         self._plan.extend(decode)
@@ -597,12 +597,12 @@ class Scheduler:
         done: list[Req] = []
         for i, req in enumerate(reqs):
             if out.errors and i in out.errors:
-                delta = self._error_output(req, _failure("sampling", out.errors[i]))
+                delta = self._error_output(req, _failure("while sampling", out.errors[i]))
             else:
                 try:
                     delta = self._next_output(req, out, i, now)
                 except Exception as exc:  # noqa: BLE001 - this request fails alone
-                    delta = self._error_output(req, _failure("finishing its token", exc))
+                    delta = self._error_output(req, _failure("while finishing its token", exc))
             items.append((req.sink, delta))
             if req.finished:
                 done.append(req)
@@ -732,7 +732,8 @@ class Scheduler:
         """Free the pages taken for ``req``'s tokens from ``kv_len`` on (``slots``, not counted
         in its ``kv_len``); the first of them may continue the page of token ``kv_len - 1``,
         which stays."""
-        self.allocator.free_slots(slots[-req.kv_len % self.page_size:])
+        room = -req.kv_len % self.page_size  # slots left in that page
+        self.allocator.free_slots(slots[room:])
 
     def _emit_and_release(self, reqs: list[Req]) -> None:
         deltas = []
@@ -825,9 +826,9 @@ class Scheduler:
         self.rows = ReqToTokenRows(self.max_running)
 
 
-def _failure(phase: str, exc: BaseException) -> str:
-    """The message of a request ended by ``exc`` while in ``phase``."""
-    return f"internal error while {phase}: {type(exc).__name__}: {exc}"
+def _failure(where: str, exc: BaseException) -> str:
+    """The message of a request ended by ``exc`` (``where``: "while sampling", ...)."""
+    return f"internal error {where}: {type(exc).__name__}: {exc}"
 
 
 def _held_back(text: str, stops: list[str]) -> int:
