@@ -155,8 +155,10 @@ LENGTHS = st.one_of(SMALL, st.sampled_from([-1, 10**30, -2**63, 2.5, "4", [1], {
 EDGE_INTS = st.sampled_from([-1, 0, 1, 2, 5, 21, 129, 2**31, 2**63, -2**63 - 1, 10**30])
 EDGE_FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
                         st.sampled_from([0.0, -0.0, 1e-300, 1e-40, 5e-324, 1e300, 0.5, 1.5]))
-#: text including lone surrogates (sent as JSON escapes such as "\ud800")
-ANY_TEXT = st.text(max_size=12)
+#: text, now and then with lone surrogates (sent as JSON escapes such as "\ud800")
+ANY_TEXT = mostly(st.text(max_size=12), st.lists(st.sampled_from(
+    ["\ud800", "\udc00", "\udfff", "x", "\x00", "\u00e9", "\U0001f600"]), min_size=1,
+    max_size=4).map("".join))
 #: text for prompts and model names, which are drawn without lone surrogates (the tokenizer
 #: cannot encode them, and an unknown model's name is quoted in the error)
 CLEAN_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=24)
@@ -274,7 +276,7 @@ def check_answer(client: httpx.Client, path: str, body: dict[str, Any]) -> None:
         json.loads(text)
 
 
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

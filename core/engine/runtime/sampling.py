@@ -246,12 +246,11 @@ class Sampler:
             sample_idx = [i for i, g in enumerate(greedy) if not g]
             probs = _truncated_probs(logits[sample_idx], [rows[i].sampling_params
                                                           for i in sample_idx])
-            usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
-            fallback = {}
-            if not bool(usable.all()):
-                bad = (~usable).nonzero().flatten().tolist()
-                ids = _argmax(logits[[sample_idx[j] for j in bad]])
-                fallback = dict(zip(bad, ids))
+            # a NaN or infinite probability makes its row's sum NaN or infinite
+            bad = [j for j, total in enumerate(probs.sum(dim=-1).tolist())
+                   if not (math.isfinite(total) and total > 0)]
+            fallback = dict(zip(bad, _argmax(logits[[sample_idx[j] for j in bad]]))) \
+                if bad else {}
             greedy_ids = _argmax(logits) if any(greedy) else []
             for j, i in enumerate(sample_idx):
                 if j in fallback:
@@ -285,7 +284,8 @@ def _argmax(logits: torch.Tensor) -> list[int]:
     wins (a row with no other value gives 0).
 
     On CPU through NumPy, whose row argmax over a vocabulary is several times faster than
-    torch's; both return the first maximal index, or the first NaN, which is then masked.
+    torch's; both return the first maximal index, or that of the first NaN, which is then
+    masked.
     """
     if logits.device.type == "cpu":
         arr = logits.numpy()
@@ -293,10 +293,11 @@ def _argmax(logits: torch.Tensor) -> list[int]:
         if np.isnan(arr[np.arange(len(ids)), ids]).any():
             ids = np.where(np.isnan(arr), -np.inf, arr).argmax(axis=-1)
         return ids.tolist()
-    ids = logits.argmax(dim=-1)
-    if bool(logits.gather(1, ids[:, None]).isnan().any()):
-        ids = logits.nan_to_num(nan=float("-inf")).argmax(dim=-1)
-    return ids.tolist()
+    values, ids = logits.max(dim=-1)
+    out = torch.where(values.isnan(), -1, ids).tolist()  # one device sync
+    if -1 in out:
+        out = logits.nan_to_num(nan=float("-inf")).argmax(dim=-1).tolist()
+    return out
 
 
 def _prepare_row(logits: torch.Tensor, row: SamplingRow, vocab: int) -> None:
