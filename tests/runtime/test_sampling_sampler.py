@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from engine.runtime.sampling import InvalidParam, Sampler, SamplingParams, _truncated_probs
+from engine.runtime import sampling
+from engine.runtime.sampling import (GREEDY_TEMPERATURE, MAX_N, InvalidParam, Sampler,
+                                     SamplingParams, _truncated_probs)
 
 
 @dataclass
@@ -192,3 +194,78 @@ def test_penalties_and_min_tokens_apply_to_the_model_runners_inference_tensors()
             row(temperature=0.0, out=[], stop=frozenset({1}), min_new_tokens=2)]
     out = Sampler()(logits, rows)
     assert out.token_ids == [3, 0]
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "repetition_penalty",
+                                   "frequency_penalty", "presence_penalty"])
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 10**400])
+def test_non_finite_floats_name_the_field(field: str, value: float) -> None:
+    with pytest.raises(InvalidParam) as exc:
+        SamplingParams.from_dict({field: value})
+    assert exc.value.param == field and "finite" in str(exc.value)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("repetition_penalty", 1e-300), ("repetition_penalty", 5e-5), ("repetition_penalty", 1e5),
+    ("temperature", 1e5), ("seed", 10**30), ("seed", 2**63), ("seed", -2**63 - 1),
+    ("n", MAX_N + 1),
+])
+def test_values_outside_the_documented_ranges_name_the_field(field: str, value: float) -> None:
+    with pytest.raises(InvalidParam) as exc:
+        SamplingParams.from_dict({field: value})
+    assert exc.value.param == field
+
+
+def test_range_edges_are_accepted() -> None:
+    for seed in (-2**63, 0, 2**63 - 1):
+        assert SamplingParams.from_dict({"seed": seed}).seed == seed
+    assert SamplingParams.from_dict({"repetition_penalty": 1e-4}).repetition_penalty == 1e-4
+    assert SamplingParams.from_dict({"repetition_penalty": 1e4, "temperature": 1e4})
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-300, 1e-40, 9.9e-6])
+def test_a_temperature_below_the_threshold_is_greedy(temperature: float) -> None:
+    sp = SamplingParams(temperature=temperature).validate()
+    assert sp.is_greedy
+    logits = torch.tensor([[0.1, 3.0, 2.9], [5.0, 1.0, 0.0]])
+    out = Sampler()(logits, [row(seed=1, temperature=temperature), row(temperature=1.0,
+                                                                          seed=2)])
+    assert out.token_ids[0] == 1 and not out.errors
+    assert not SamplingParams(temperature=GREEDY_TEMPERATURE).validate().is_greedy
+
+
+def test_rows_without_finite_probabilities_take_their_argmax() -> None:
+    nan = float("nan")
+    logits = torch.tensor([[nan, 1.0, 3.0, 2.0],     # NaN probabilities
+                           [1.0, 2.0, 3.0, 0.5],     # every token masked: probabilities sum to 0
+                           [0.0, 0.0, 50.0, 0.0]])   # a healthy sampled row
+    rows = [row(seed=1, temperature=0.7),
+            row(seed=2, temperature=0.7, stop=frozenset({0, 1, 2, 3}), min_new_tokens=1),
+            row(seed=3, temperature=1.0)]
+    out = Sampler()(logits, rows)
+    assert out.token_ids == [2, 0, 2] and not out.errors
+    greedy = Sampler()(torch.tensor([[nan, 1.0, 3.0], [nan, nan, nan]]),
+                       [row(temperature=0.0), row(temperature=0.0)])
+    assert greedy.token_ids == [2, 0]
+
+
+def test_a_row_whose_preparation_raises_is_reported_and_the_others_are_unaffected(
+        monkeypatch) -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    rows = [row(seed=5, temperature=0.8), row(temperature=0.0, repetition_penalty=1.3,
+                                              prompt=[1]),
+            row(temperature=0.0, frequency_penalty=0.5, out=[2, 2])]
+    alone = [Sampler()(logits[i:i + 1].clone(), [rows[i]]).token_ids[0] for i in (0, 2)]
+    rows[0].generator.manual_seed(5)
+    real = sampling._apply_penalties
+
+    def faulty(lg: torch.Tensor, r: Row, vocab: int) -> None:
+        if r.sampling_params.repetition_penalty == 1.3:
+            raise RuntimeError("boom")
+        real(lg, r, vocab)
+
+    monkeypatch.setattr(sampling, "_apply_penalties", faulty)
+    out = Sampler()(logits.clone(), rows)
+    assert list(out.errors) == [1] and "boom" in str(out.errors[1])
+    assert [out.token_ids[0], out.token_ids[2]] == alone

@@ -81,8 +81,8 @@ _ids = itertools.count()
 
 
 def make_req(prompt: list[int], outs: dict[str, list[ReqOutput]], max_new: int = 8,
-             **sp: Any) -> Req:
-    rid = f"r{next(_ids)}"
+             rid: str | None = None, **sp: Any) -> Req:
+    rid = rid or f"r{next(_ids)}"
     outs[rid] = []
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new, **sp).validate()
     return Req(rid=rid, origin_input_ids=prompt, sampling_params=params,
@@ -98,11 +98,17 @@ def expected(prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def run(sched: Scheduler, reqs: list[Req], outs: dict[str, list[ReqOutput]]) -> dict[str, Any]:
-    sched.submit(reqs)
+def drain(sched: Scheduler) -> None:
     for _ in range(10_000):
         if not sched.step():
-            break
+            return
+
+
+def run(sched: Scheduler, reqs: list[Req], outs: dict[str, list[ReqOutput]], *,
+        submit: bool = True) -> dict[str, Any]:
+    if submit:
+        sched.submit(reqs)
+    drain(sched)
     result = {}
     for req in reqs:
         chunks = outs[req.rid]
@@ -210,8 +216,8 @@ def test_abort_ends_waiting_and_running_requests() -> None:
     sched.submit([a, b])
     sched.step()
     sched.step()
-    sched.abort(a.rid)
-    sched.abort(b.rid)
+    sched.abort([a])
+    sched.abort([b])
     sched.step()
     for r in (a, b):
         assert outs[r.rid][-1].finish_reason["type"] == "abort"
@@ -399,3 +405,70 @@ def test_start_runtime_raises_what_the_load_raised(monkeypatch) -> None:
     monkeypatch.setattr(model_runner, "ModelRunner", broken)
     with pytest.raises(RuntimeError, match="no such model"):
         start_runtime(ServerConfig(), Assembly(ServerConfig(), Registry(records=[])))
+
+
+def test_abort_ends_exactly_the_requests_named() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched()
+    x = make_req([1, 2, 3], outs, max_new=20, rid="x")
+    x1 = make_req([4, 5], outs, max_new=20, rid="x-1")  # another client's, extending "x"
+    sched.submit([x, x1])
+    sched.step()
+    sched.abort([x])
+    res = run(sched, [x1], outs, submit=False)
+    assert outs["x"][-1].finish_reason == {"type": "abort", "message": "request aborted"}
+    assert res["x-1"][0] == expected([4, 5], 20)
+
+
+def fail_forward_once(sched: Scheduler, when) -> list[Batch]:
+    real, failed = sched.runner.forward, []
+
+    def forward(batch: Batch) -> torch.Tensor:
+        if not failed and when(batch):
+            failed.append(batch)
+            raise RuntimeError("injected")
+        return real(batch)
+
+    sched.runner.forward = forward
+    return failed
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_failed_forward_frees_its_requests_partial_pages(page_size: int) -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched(page_size=page_size)
+    reqs = [make_req(p, outs, max_new=10) for p in prompts(3)]
+    sched.submit(reqs)
+    failed = fail_forward_once(sched, lambda b: b.is_decode and b.seq_lens_cpu[0] == 9)
+    drain(sched)
+    assert failed
+    for req in reqs:
+        assert outs[req.rid][-1].finish_reason["message"].startswith(
+            "internal error in the model step: RuntimeError: injected")
+        assert sum(o.finished for o in outs[req.rid]) == 1
+    sched.cache.flush()
+    assert sched.allocator.free_tokens == sched.allocator.capacity_tokens
+    later = make_req([7, 8, 9], outs)
+    (toks, _, _), = run(sched, [later], outs).values()
+    assert toks == expected([7, 8, 9], 8)
+
+
+def test_when_the_clean_up_fails_too_memory_starts_over_and_the_queue_goes_on() -> None:
+    outs: dict[str, list[ReqOutput]] = {}
+    sched = make_sched(rows=2)
+    first = [make_req(p, outs, max_new=10) for p in prompts(2)]
+    queued = make_req([3, 4, 5], outs, max_new=4)
+    sched.submit(first + [queued])
+    sched.step()
+    fail_forward_once(sched, lambda b: b.is_decode)
+
+    def broken(req: Req, slots: list[int]) -> None:
+        raise RuntimeError("bookkeeping broken")
+
+    sched._free_pending = broken  # type: ignore[method-assign]
+    res = run(sched, [queued], outs, submit=False)
+    for req in first:
+        assert outs[req.rid][-1].finish_reason["type"] == "abort"
+    assert res[queued.rid][0] == expected([3, 4, 5], 4)
+    sched.cache.flush()
+    assert sched.allocator.free_tokens == sched.allocator.capacity_tokens

@@ -10,6 +10,7 @@ import queue
 import random
 import threading
 import time
+import uuid
 from typing import Any
 
 import torch
@@ -33,8 +34,8 @@ class RequestError(ValueError):
 
 
 class Runtime:
-    """Model runner + scheduler. Thread-safe entry points: :meth:`make_reqs` and the
-    scheduler's ``submit``/``abort``."""
+    """Model runner + scheduler. Thread-safe entry points: :meth:`make_reqs`,
+    :meth:`claim_rid`/:meth:`release_rid` and the scheduler's ``submit``/``abort``."""
 
     def __init__(self, config: ServerConfig, assembly: Any = None, *, runner: Any = None) -> None:
         """Build the model runner from ``config``'s :class:`~engine.assembly.Assembly` (built
@@ -57,6 +58,8 @@ class Runtime:
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
             self.model_config.eos_token_ids)
         self._rng = random.Random(config.random_seed)
+        self._rids: set[str] = set()
+        self._rids_lock = threading.Lock()
         #: the chat parsers' factories (built once here, from the tokenizer's chat template)
         self.parsers = ParserFactories()
         self.observers = None
@@ -99,10 +102,36 @@ class Runtime:
                                code="context_length_exceeded")
         return params.max_new_tokens
 
+    def claim_rid(self, rid: str | None) -> str:
+        """An id that no request in flight has: ``rid`` itself (a :class:`RequestError`, 400
+        naming ``rid``, when a request in flight already has it), or a fresh one when ``rid``
+        is None or empty; a rid that is not valid Unicode text (a lone surrogate) is refused
+        too. Give it back with :meth:`release_rid` once every sequence of the request has
+        finished."""
+        try:
+            (rid or "").encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError("rid must be valid Unicode text", param="rid") from None
+        with self._rids_lock:
+            if not rid:
+                rid = uuid.uuid4().hex
+            elif rid in self._rids:
+                raise RequestError(f"a request with rid {rid!r} is already in flight; a rid "
+                                   "must be unique among the requests in flight", param="rid",
+                                   code="duplicate_rid")
+            self._rids.add(rid)
+        return rid
+
+    def release_rid(self, rid: str) -> None:
+        with self._rids_lock:
+            self._rids.discard(rid)
+
     def make_reqs(self, rid: str, input_ids: list[int], params: SamplingParams, sink: Sink, *,
                   param: str = "prompt", max_tokens_param: str = "max_tokens") -> list[Req]:
         """Validated scheduler requests for one prompt: one per ``n`` (ids ``rid`` or
-        ``rid-i``). Raises :class:`RequestError`."""
+        ``rid-i``; the ids name requests in logs and outputs, aborts take the objects).
+        Sequence ``i`` of a seeded request draws with the seed ``(seed + i) mod 2**64``.
+        Raises :class:`RequestError`."""
         self.check_prompt(input_ids, param=param)
         params.validate(self.vocab_size)
         limit = self.max_new_tokens(len(input_ids), params, max_tokens_param)
@@ -113,7 +142,8 @@ class Runtime:
         for i in range(params.n):
             gen = None
             if not params.is_greedy:
-                seed = (params.seed + i) if params.seed is not None else self._rng.getrandbits(63)
+                seed = ((params.seed + i) % 2**64 if params.seed is not None
+                        else self._rng.getrandbits(63))
                 gen = torch.Generator(device=self.runner.device).manual_seed(seed)
             reqs.append(Req(
                 rid=rid if params.n == 1 else f"{rid}-{i}", origin_input_ids=list(input_ids),

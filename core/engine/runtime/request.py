@@ -8,13 +8,16 @@ cache (locked through ``prefix_node``); the rest belong to the request until it 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
 from engine.runtime.sampling import SamplingParams
+
+log = logging.getLogger("engine.scheduler")
 
 
 @dataclass
@@ -62,18 +65,33 @@ class ChannelSink:
         self.channel.deliver([(self, out)])
 
 
-def emit(items: Iterable[tuple[Sink, ReqOutput]]) -> None:
+def emit(items: Sequence[tuple[Sink, ReqOutput]]) -> list[int]:
     """Hand each output to its sink, in order. The outputs for channel sinks
     (:class:`ChannelSink`) of one channel go in a single ``deliver`` call, made after the plain
-    sinks have been called."""
-    groups: dict[int, tuple[Channel, list[tuple[ChannelSink, ReqOutput]]]] = {}
-    for sink, out in items:
+    sinks have been called.
+
+    A sink (or channel) that raises does not keep the others from their outputs: the error is
+    logged and the positions in ``items`` whose delivery raised are returned (every position
+    of a channel whose ``deliver`` raised).
+    """
+    failed: list[int] = []
+    groups: dict[int, tuple[Channel, list[int]]] = {}
+    for k, (sink, out) in enumerate(items):
         if isinstance(sink, ChannelSink):
-            groups.setdefault(id(sink.channel), (sink.channel, []))[1].append((sink, out))
-        else:
+            groups.setdefault(id(sink.channel), (sink.channel, []))[1].append(k)
+            continue
+        try:
             sink(out)
-    for channel, group in groups.values():
-        channel.deliver(group)
+        except Exception:  # noqa: BLE001 - reported to the caller
+            log.exception("delivering the output of request %s failed", out.rid)
+            failed.append(k)
+    for channel, positions in groups.values():
+        try:
+            channel.deliver([items[k] for k in positions])  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - reported to the caller
+            log.exception("delivering outputs to a channel failed")
+            failed.extend(positions)
+    return sorted(failed)
 
 
 class Detokenizer:

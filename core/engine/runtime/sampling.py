@@ -1,7 +1,16 @@
 """Sampling parameters and the batched sampler.
 
 :class:`SamplingParams` is what a request asks for (SGLang/vLLM vocabulary); ``validate()``
-raises :class:`InvalidParam` (a ``ValueError``) naming the offending field.
+raises :class:`InvalidParam` (a ``ValueError``) naming the offending field. Every float must
+be finite (``inf``/``nan`` are refused), and:
+
+* ``temperature`` in ``[0, MAX_TEMPERATURE]``; below ``GREEDY_TEMPERATURE`` (1e-5, as vLLM
+  and SGLang) the request is greedy, so no division by a zero or denormal float32 happens;
+* ``repetition_penalty`` in ``[MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY]``
+  (1e-4 .. 1e4): dividing or multiplying float32 logits by it keeps them finite;
+* ``frequency_penalty``/``presence_penalty`` in ``[-2, 2]``, ``top_p`` in ``(0, 1]``,
+  ``min_p`` in ``[0, 1]``;
+* ``seed`` a signed 64-bit integer (``-2**63 <= seed < 2**63``); ``n`` from 1 to ``MAX_N``.
 
 :class:`Sampler` turns one float32 logits row per request into one token, in this order:
 
@@ -11,20 +20,33 @@ raises :class:`InvalidParam` (a ``ValueError``) naming the offending field.
    (OpenAI's definition); ``min_new_tokens`` masks the stop/eos tokens until reached;
 2. log-probabilities (``logprobs``/``top_logprobs``) are taken here, from the penalised logits
    before temperature and truncation: the model's own distribution;
-3. greedy rows (``temperature == 0`` or ``top_k == 1``) take the argmax;
+3. greedy rows (``temperature < GREEDY_TEMPERATURE`` or ``top_k == 1``) take the argmax;
 4. other rows divide by the temperature, then keep the ``top_k`` best, then the smallest set
    whose probability reaches ``top_p``, then drop tokens below ``min_p`` times the best
    probability, and draw with the request's own ``torch.Generator``: a request's draws never
    depend on the other requests in its batch, so one seed gives one output.
+
+Guarantees: no NaN or infinite probability reaches a draw (a row whose probabilities are not
+finite or sum to zero takes the argmax of its logits instead, and an argmax never picks a NaN
+logit); a row whose own preparation (penalties, masks) or draw raises is reported in
+:attr:`SampleOutput.errors` and the other rows are sampled as if it were not there.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+import numpy as np
 import torch
+
+GREEDY_TEMPERATURE = 1e-5  #: a lower temperature means greedy
+MAX_TEMPERATURE = 1e4
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-4, 1e4
+SEED_RANGE = (-2**63, 2**63 - 1)  #: inclusive
+MAX_N = 128  #: sequences per prompt
 
 
 class InvalidParam(ValueError):
@@ -92,18 +114,17 @@ class SamplingParams:
         if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
             raise InvalidParam("min_new_tokens", f"min_new_tokens ({self.min_new_tokens}) must "
                                f"not exceed max_new_tokens ({self.max_new_tokens})")
-        _check_float(self, "temperature", lo=0.0)
+        _check_float(self, "temperature", lo=0.0, hi=MAX_TEMPERATURE)
         _check_float(self, "top_p", lo=0.0, lo_open=True, hi=1.0)
         _check_int(self, "top_k", -1)
         _check_float(self, "min_p", lo=0.0, hi=1.0)
-        _check_float(self, "repetition_penalty", lo=0.0, lo_open=True)
+        _check_float(self, "repetition_penalty", lo=MIN_REPETITION_PENALTY,
+                     hi=MAX_REPETITION_PENALTY)
         _check_float(self, "frequency_penalty", lo=-2.0, hi=2.0)
         _check_float(self, "presence_penalty", lo=-2.0, hi=2.0)
-        _check_int(self, "seed", None, allow_none=True)
-        _check_int(self, "n", 1)
-        _check_int(self, "top_logprobs", 0)
-        if self.top_logprobs > 20:
-            raise InvalidParam("top_logprobs", "top_logprobs must be at most 20")
+        _check_int(self, "seed", SEED_RANGE[0], SEED_RANGE[1], allow_none=True)
+        _check_int(self, "n", 1, MAX_N)
+        _check_int(self, "top_logprobs", 0, 20)
         for name in ("ignore_eos", "logprobs", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidParam(name, f"{name} must be a boolean")
@@ -122,7 +143,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:
@@ -133,7 +154,8 @@ class SamplingParams:
         return dataclasses.asdict(self)
 
 
-def _check_int(p: SamplingParams, name: str, lo: int | None, *, allow_none: bool = False) -> None:
+def _check_int(p: SamplingParams, name: str, lo: int | None, hi: int | None = None, *,
+               allow_none: bool = False) -> None:
     value = getattr(p, name)
     if value is None and allow_none:
         return
@@ -144,14 +166,21 @@ def _check_int(p: SamplingParams, name: str, lo: int | None, *, allow_none: bool
         raise InvalidParam(name, f"{name} must be an integer, got {value!r}")
     if lo is not None and value < lo:
         raise InvalidParam(name, f"{name} must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise InvalidParam(name, f"{name} must be <= {hi}, got {value}")
 
 
 def _check_float(p: SamplingParams, name: str, *, lo: float | None = None, hi: float | None = None,
                  lo_open: bool = False) -> None:
     value = getattr(p, name)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise InvalidParam(name, f"{name} must be a number, got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float's range
+        value = math.inf
+    if not math.isfinite(value):
+        raise InvalidParam(name, f"{name} must be a finite number, got {value}")
     setattr(p, name, value)
     if lo is not None and (value < lo or (lo_open and value == lo)):
         bound = f"> {lo}" if lo_open else f">= {lo}"
@@ -179,6 +208,8 @@ class SampleOutput:
     token_ids: list[int]
     logprobs: list[float] | None = None  #: set when any row asked for logprobs
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    #: rows whose own preparation or draw raised (their ``token_ids`` entry means nothing)
+    errors: dict[int, Exception] = field(default_factory=dict)
 
 
 class Sampler:
@@ -189,20 +220,22 @@ class Sampler:
         """Sample one token per row. ``logits`` may be modified in place.
 
         Runs in inference mode: the model runner's logits are inference tensors, which may
-        only be updated in place (penalties, ``min_new_tokens`` masks) inside it.
+        only be updated in place (penalties, ``min_new_tokens`` masks) inside it. A row whose
+        penalties, mask or draw raises is recorded in ``errors``; what the batch as a whole
+        computes (softmax, truncation, log-probabilities) raises to the caller.
         """
         assert logits.dim() == 2 and logits.shape[0] == len(rows), "one logits row per request"
         logits = logits.float()
         vocab = logits.shape[1]
+        out = SampleOutput(token_ids=[0] * len(rows))
         for i, row in enumerate(rows):
             sp = row.sampling_params
-            if sp.has_penalties:
-                _apply_penalties(logits[i], row, vocab)
-            if sp.min_new_tokens and len(row.output_ids) < sp.min_new_tokens and row.stop_ids:
-                ids = [t for t in row.stop_ids if t < vocab]
-                logits[i, ids] = float("-inf")
+            if sp.has_penalties or sp.min_new_tokens:
+                try:
+                    _prepare_row(logits[i], row, vocab)
+                except Exception as exc:  # noqa: BLE001 - this row fails, the batch goes on
+                    out.errors[i] = exc
 
-        out = SampleOutput(token_ids=[0] * len(rows))
         want_lp = [r.sampling_params.logprobs or r.sampling_params.top_logprobs > 0 for r in rows]
         logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
 
@@ -213,10 +246,21 @@ class Sampler:
             sample_idx = [i for i, g in enumerate(greedy) if not g]
             probs = _truncated_probs(logits[sample_idx], [rows[i].sampling_params
                                                           for i in sample_idx])
+            # a NaN or infinite probability makes its row's sum NaN or infinite
+            bad = [j for j, total in enumerate(probs.sum(dim=-1).tolist())
+                   if not (math.isfinite(total) and total > 0)]
+            fallback = dict(zip(bad, _argmax(logits[[sample_idx[j] for j in bad]]))) \
+                if bad else {}
             greedy_ids = _argmax(logits) if any(greedy) else []
             for j, i in enumerate(sample_idx):
-                tok = torch.multinomial(probs[j], 1, generator=rows[i].generator)
-                out.token_ids[i] = int(tok)
+                if j in fallback:
+                    out.token_ids[i] = fallback[j]
+                    continue
+                try:
+                    tok = torch.multinomial(probs[j], 1, generator=rows[i].generator)
+                    out.token_ids[i] = int(tok)
+                except Exception as exc:  # noqa: BLE001 - this row fails, the batch goes on
+                    out.errors[i] = exc
             for i, g in enumerate(greedy):
                 if g:
                     out.token_ids[i] = greedy_ids[i]
@@ -236,14 +280,33 @@ class Sampler:
 
 
 def _argmax(logits: torch.Tensor) -> list[int]:
-    """Index of each row's first maximum, as Python ints (one device sync).
+    """Index of each row's first maximum, as Python ints (one device sync); a NaN logit never
+    wins (a row with no other value gives 0).
 
     On CPU through NumPy, whose row argmax over a vocabulary is several times faster than
-    torch's; both return the first maximal index.
+    torch's; both return the first maximal index, or that of the first NaN, which is then
+    masked.
     """
     if logits.device.type == "cpu":
-        return logits.numpy().argmax(axis=-1).tolist()
-    return logits.argmax(dim=-1).tolist()
+        arr = logits.numpy()
+        ids = arr.argmax(axis=-1)
+        if np.isnan(arr[np.arange(len(ids)), ids]).any():
+            ids = np.where(np.isnan(arr), -np.inf, arr).argmax(axis=-1)
+        return ids.tolist()
+    values, ids = logits.max(dim=-1)
+    out = torch.where(values.isnan(), -1, ids).tolist()  # one device sync
+    if -1 in out:
+        out = logits.nan_to_num(nan=float("-inf")).argmax(dim=-1).tolist()
+    return out
+
+
+def _prepare_row(logits: torch.Tensor, row: SamplingRow, vocab: int) -> None:
+    """Apply one row's penalties and its ``min_new_tokens`` mask, in place."""
+    sp = row.sampling_params
+    if sp.has_penalties:
+        _apply_penalties(logits, row, vocab)
+    if sp.min_new_tokens and len(row.output_ids) < sp.min_new_tokens and row.stop_ids:
+        logits[[t for t in row.stop_ids if t < vocab]] = float("-inf")
 
 
 def _apply_penalties(logits: torch.Tensor, row: SamplingRow, vocab: int) -> None:

@@ -20,6 +20,23 @@ sink. Requests join and leave between steps.
 * **Finishing**: eos (unless ``ignore_eos``) and ``stop_token_ids`` (the id is counted, its text
   not emitted), stop strings (cut from the text, also when split across tokens: text that could
   still begin a stop string is held back), ``max_new_tokens`` and the context length.
+* **Aborts** name the :class:`Req` objects to end (a client's ``n`` sequences are the list it
+  submitted), never a request id: a client cannot end another client's request.
+
+Failure isolation (:meth:`step` never raises):
+
+* An exception in the work of one request - admitting it or taking its KV slots, preparing its
+  sampling row (penalties, masks) or drawing its token, appending/detokenizing/matching stops,
+  handing its output to its sink - fails that request alone: its last output carries
+  ``finish_reason = {"type": "abort", "message": "internal error while ..."}`` (the HTTP layer
+  answers it as an error), its KV is freed, and the step goes on for the others.
+* An exception that belongs to no one request (the forward itself, a batched sampling op, an
+  observer) fails the requests of that step - those in the forward and those admitted in it -
+  once, frees their KV, and leaves the others (queued, or running outside that forward) to go
+  on in the next step.
+* Only when that clean-up raises as well, or the failure came before the step took any
+  request, is the KV bookkeeping itself suspect: every request holding KV fails and memory
+  starts over (the waiting queue, which holds none, is kept).
 
 The scheduler runs in one thread (:meth:`start`, or :meth:`run` in a thread of the caller's: the
 one that loaded the model, see :func:`engine.runtime.frontend.start_runtime`) or is stepped by
@@ -42,8 +59,8 @@ from engine.config import ServerConfig
 from engine.runtime.allocator import PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode
 from engine.runtime.radix_cache import RadixCache
-from engine.runtime.request import Req, ReqOutput, emit
-from engine.runtime.sampling import Sampler
+from engine.runtime.request import Req, ReqOutput, Sink, emit
+from engine.runtime.sampling import SampleOutput, Sampler
 
 log = logging.getLogger("engine.scheduler")
 
@@ -168,6 +185,10 @@ class Scheduler:
         self._queued = 0
         self._queued_lock = threading.Lock()
         self._last_was_prefill = False
+        #: the step in progress: every request that took KV slots for it, with those slots
+        #: (freed on failure unless ``_counted``: already counted in the requests' ``kv_len``)
+        self._plan: list[tuple[Req, int, list[int]]] = []
+        self._counted = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.num_retractions = 0
@@ -186,9 +207,10 @@ class Scheduler:
         for req in reqs:
             self._inbox.put(("add", req))
 
-    def abort(self, rid: str) -> None:
-        """End request ``rid`` (and its ``n`` siblings ``rid-i``) at the next step boundary."""
-        self._inbox.put(("abort", rid))
+    def abort(self, reqs: list[Req]) -> None:
+        """End these requests (the very objects submitted) at the next step boundary; those
+        already finished are left alone, and no other request is touched."""
+        self._inbox.put(("abort", list(reqs)))
 
     def flush_cache(self) -> threading.Event:
         """Drop every unlocked radix-cache entry at the next step boundary; set when done."""
@@ -231,9 +253,9 @@ class Scheduler:
                     self.timer.flush()
                     self._drain_inbox(block=True)
                     self.timer.mark("idle")
-            except Exception:  # noqa: BLE001 - keep serving; fail only the requests in flight
-                log.exception("scheduler step failed; failing the requests in flight")
-                self._fail_all("internal error in the model step (see the server log)")
+            except Exception as exc:  # noqa: BLE001 - keep serving
+                log.exception("scheduler loop failed")
+                self._reset(_failure("in the scheduler loop", exc))
 
     # ------------------------------------------------------------------ the step
 
@@ -242,7 +264,19 @@ class Scheduler:
         return bool(self.waiting or self.running or self.chunked or not self._inbox.empty())
 
     def step(self) -> bool:
-        """Run at most one forward; return False when there was nothing to do."""
+        """Run at most one forward; return False when there was nothing to do.
+
+        Never raises: a failure ends the requests it belongs to (see the module docstring).
+        """
+        self._plan, self._counted = [], False
+        try:
+            return self._step()
+        except Exception as exc:  # noqa: BLE001 - keep serving; fail only what the step held
+            log.exception("scheduler step failed")
+            self._fail_step(_failure("in the model step", exc))
+            return True
+
+    def _step(self) -> bool:
         self._drain_inbox(block=False)
         self.timer.mark("inbox")
         want_prefill = self.chunked is not None or bool(self.waiting)
@@ -304,36 +338,47 @@ class Scheduler:
         if self.chunked is not None:
             req = self.chunked
             n = self._extend_amount(req, budget)
-            slots = self._take_slots(req, n)
-            if slots is None:
-                return []
-            budget -= n
-            plan.append((req, n, slots))
-            if req.kv_len + n < req.seq_len:
-                return plan  # still partial: it keeps the whole budget
-            self.chunked = None
+            try:
+                slots = self._take_slots(req, n)
+            except Exception as exc:  # noqa: BLE001 - this request fails alone
+                self._fail(req, _failure("while taking its KV slots", exc))
+            else:
+                if slots is None:
+                    return []
+                budget -= n
+                plan.append((req, n, slots))
+                self._plan.append(plan[-1])
+                if req.kv_len + n < req.seq_len:
+                    return plan  # still partial: it keeps the whole budget
+                self.chunked = None
         if self.config.schedule_policy == "lpm" and len(self.waiting) > 1:
             self._sort_lpm()
-        admitted: list[Req] = []
+        taken: list[Req] = []  # admitted, or failed while being admitted
         for req in self.waiting:
             if budget <= 0 or len(self.running) + len(plan) >= self.max_running:
                 break
             if self.rows.num_free == 0:
                 break
-            item = self._admit(req, budget)
+            try:
+                item = self._admit(req, budget)
+            except Exception as exc:  # noqa: BLE001 - this request fails alone
+                taken.append(req)
+                self._fail(req, _failure("while admitting it", exc))
+                continue
             if item is None:
                 break
             budget -= item[1]
             plan.append(item)
-            admitted.append(req)
+            self._plan.append(item)
+            taken.append(req)
             if req.kv_len + item[1] < req.seq_len:
                 self.chunked = req
                 break
-        if admitted:
-            taken = set(map(id, admitted))
-            self.waiting = [r for r in self.waiting if id(r) not in taken]
+        if taken:
+            ids = set(map(id, taken))
+            self.waiting = [r for r in self.waiting if id(r) not in ids]
             with self._queued_lock:
-                self._queued -= sum(1 for r in admitted if r.num_retractions == 0)
+                self._queued -= sum(1 for r in taken if r.num_retractions == 0)
         return plan
 
     def _extend_amount(self, req: Req, budget: int) -> int:
@@ -362,8 +407,7 @@ class Scheduler:
         if self.running:  # leave the running requests some room to decode
             reserve = min(ADMIT_DECODE_RESERVE, max(0, req.max_new_tokens - len(req.output_ids)))
         need = self.allocator.pages_needed(req.kv_len, n + reserve) * self.page_size
-        slots = self._take_slots(req, n) if self._make_room(need) else None
-        if slots is None:
+        if not self._make_room(need):
             self.cache.dec_lock(node)
             req.prefix_node, req.prefix_len, req.kv_len, req.last_slot = None, 0, 0, None
             return None
@@ -372,6 +416,8 @@ class Scheduler:
         req.row = self.rows.alloc()
         if len(cached):
             self.runner.req_to_token[req.row, :len(cached)] = cached.to(self.device)
+        slots = self._take_slots(req, n)
+        assert slots is not None, "room was made"
         return req, n, slots
 
     def _make_room(self, tokens: int) -> bool:
@@ -423,6 +469,7 @@ class Scheduler:
         self.timer.mark("forward")
         for req, n in zip(reqs, extend_lens):
             req.kv_len += n
+        self._counted = True
         if sampled:
             tokens = self._process(sampled, logits)
             already = set(map(id, running or ()))
@@ -434,33 +481,41 @@ class Scheduler:
         """The running requests' next tokens and a small prefill in one forward (a plain decode
         when no prefill can be admitted); returns the step's kind and size. The caller has
         ensured decode room for every running request."""
-        reqs = list(self.running)
-        decode: list[tuple[Req, int, list[int]]] = []
-        for req in reqs:
-            slots = self._take_slots(req, 1)
-            assert slots is not None, "room was ensured"
-            decode.append((req, 1, slots))
+        decode = self._take_decode_slots()
         plan = self._schedule_prefill()
         if not plan:
-            self._forward_decode(reqs, [slots[0] for _, _, slots in decode])
-            return "decode", len(reqs)
-        self._run_extend(plan + decode, reqs)
-        return "mixed", len(plan) + len(reqs)
+            self._forward_decode(decode)
+            return "decode", len(decode)
+        self._run_extend(plan + decode, [req for req, _, _ in decode])
+        return "mixed", len(plan) + len(decode)
 
     def _run_decode(self) -> None:
         self._ensure_decode_room()
-        reqs = list(self.running)
-        if not reqs:
-            return
-        locs: list[int] = []
-        for req in reqs:
-            slots = self._take_slots(req, 1)
-            assert slots is not None, "room was ensured"
-            locs.extend(slots)
-        self._forward_decode(reqs, locs)
+        decode = self._take_decode_slots()
+        if decode:
+            self._forward_decode(decode)
 
-    def _forward_decode(self, reqs: list[Req], locs: list[int]) -> None:
-        """One decode forward: the next token of each of ``reqs`` into its slot in ``locs``."""
+    def _take_decode_slots(self) -> list[tuple[Req, int, list[int]]]:
+        """A slot for the next token of each running request (room was ensured); a request
+        whose slot cannot be taken fails alone."""
+        decode: list[tuple[Req, int, list[int]]] = []
+        for req in list(self.running):
+            try:
+                slots = self._take_slots(req, 1)
+                assert slots is not None, "room was ensured"
+            except Exception as exc:  # noqa: BLE001 - this request fails alone
+                self._fail(req, _failure("while taking its KV slots", exc))
+                continue
+            decode.append((req, 1, slots))
+        self._plan.extend(decode)
+        return decode
+
+    def _forward_decode(self, decode: list[tuple[Req, int, list[int]]]) -> None:
+        """One decode forward: the next token of each request into its slot."""
+        if not decode:
+            return
+        reqs = [req for req, _, _ in decode]
+        locs = [slots[0] for _, _, slots in decode]
         input_ids = [r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1] for r in reqs]
         positions = [r.kv_len for r in reqs]
         self.timer.mark("schedule")
@@ -471,6 +526,7 @@ class Scheduler:
         self.timer.mark("forward")
         for req in reqs:
             req.kv_len += 1
+        self._counted = True
         tokens = self._process(reqs, logits)
         if self.after_forward is not None:
             self.after_forward(batch, tokens)
@@ -531,37 +587,32 @@ class Scheduler:
     # ------------------------------------------------------------------ results
 
     def _process(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
-        """Sample, append, finish and emit; returns the sampled token ids in ``reqs`` order."""
+        """Sample, append, finish and emit; returns the sampled token ids in ``reqs`` order.
+
+        A request whose sampling row, finishing or delivery raises fails alone."""
         out = self.sampler(logits, reqs)
         self.timer.mark("sample")
         now = time.monotonic()
-        deltas: list[ReqOutput] = []
+        items: list[tuple[Sink, ReqOutput]] = []
         done: list[Req] = []
         for i, req in enumerate(reqs):
-            if req.max_new_tokens == 0:  # prompt-only request: prefilled, nothing generated
-                req.finish_reason = {"type": "length"}
-                delta = ReqOutput(rid=req.rid)
-                self._fill_counts(req, delta)
-                deltas.append(delta)
-                done.append(req)
-                continue
-            tok = out.token_ids[i]
-            req.output_ids.append(tok)
-            if req.first_token_time is None:
-                req.first_token_time = now
-            delta = ReqOutput(rid=req.rid, token_ids=[tok])
-            if out.logprobs is not None and (req.sampling_params.logprobs
-                                             or req.sampling_params.top_logprobs):
-                delta.logprobs = [out.logprobs[i]]
-                delta.top_logprobs = [out.top_logprobs[i]] if out.top_logprobs else [[]]
-            self._check_finish(req, tok)
-            delta.text = self._new_text(req)
-            self._fill_counts(req, delta)
-            deltas.append(delta)
+            if out.errors and i in out.errors:
+                delta = self._error_output(req, _failure("while sampling", out.errors[i]))
+            else:
+                try:
+                    delta = self._next_output(req, out, i, now)
+                except Exception as exc:  # noqa: BLE001 - this request fails alone
+                    delta = self._error_output(req, _failure("while finishing its token", exc))
+            items.append((req.sink, delta))
             if req.finished:
                 done.append(req)
         self.timer.mark("finish")
-        emit((req.sink, delta) for req, delta in zip(reqs, deltas))
+        for k in emit(items):
+            req = reqs[k]
+            if not req.finished:
+                message = "internal error while delivering its output (see the server log)"
+                emit([(req.sink, self._error_output(req, message))])
+                done.append(req)
         self.timer.mark("emit")
         if done:
             self.running = [r for r in self.running if not r.finished]
@@ -569,6 +620,35 @@ class Scheduler:
                 self._release(req)
             self.timer.mark("release")
         return list(out.token_ids)
+
+    def _next_output(self, req: Req, out: SampleOutput, i: int, now: float) -> ReqOutput:
+        """Append row ``i``'s token to ``req``, check whether it finished; its output delta."""
+        if req.max_new_tokens == 0:  # prompt-only request: prefilled, nothing generated
+            req.finish_reason = {"type": "length"}
+            delta = ReqOutput(rid=req.rid)
+            self._fill_counts(req, delta)
+            return delta
+        tok = out.token_ids[i]
+        req.output_ids.append(tok)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        delta = ReqOutput(rid=req.rid, token_ids=[tok])
+        if out.logprobs is not None and (req.sampling_params.logprobs
+                                         or req.sampling_params.top_logprobs):
+            delta.logprobs = [out.logprobs[i]]
+            delta.top_logprobs = [out.top_logprobs[i]] if out.top_logprobs else [[]]
+        self._check_finish(req, tok)
+        delta.text = self._new_text(req)
+        self._fill_counts(req, delta)
+        return delta
+
+    def _error_output(self, req: Req, message: str) -> ReqOutput:
+        """End ``req`` with an internal error (whatever it had reached); its last output."""
+        log.error("request %s failed: %s", req.rid, message)
+        req.finish_reason = {"type": "abort", "message": message}
+        delta = ReqOutput(rid=req.rid)
+        self._fill_counts(req, delta)
+        return delta
 
     def _check_finish(self, req: Req, tok: int) -> None:
         sp = req.sampling_params
@@ -629,25 +709,31 @@ class Scheduler:
 
     def _release(self, req: Req) -> None:
         """Give back the row; hand the request's page-aligned KV to the cache, free the rest."""
-        if req.row is None:
-            return
-        p = self.page_size
-        kv = req.kv_len
-        slots = self.runner.req_to_token[req.row, :kv].to("cpu")
-        aligned = kv - kv % p
-        if aligned > req.prefix_len:
-            present = self.cache.insert(req.fill_ids[:aligned], slots[:aligned])
-            if present > req.prefix_len:
-                self.allocator.free_slots(slots[req.prefix_len:present])
-        else:
-            aligned = req.prefix_len
-        if kv > aligned:
-            self.allocator.free_slots(slots[aligned:kv])
+        if req.row is not None:
+            p = self.page_size
+            kv = req.kv_len
+            slots = self.runner.req_to_token[req.row, :kv].to("cpu")
+            aligned = kv - kv % p
+            if aligned > req.prefix_len:
+                present = self.cache.insert(req.fill_ids[:aligned], slots[:aligned])
+                if present > req.prefix_len:
+                    self.allocator.free_slots(slots[req.prefix_len:present])
+            else:
+                aligned = req.prefix_len
+            if kv > aligned:
+                self.allocator.free_slots(slots[aligned:kv])
+            self.rows.free(req.row)
         if req.prefix_node is not None:
             self.cache.dec_lock(req.prefix_node)
-        self.rows.free(req.row)
         req.row, req.prefix_node, req.prefix_len, req.kv_len = None, None, 0, 0
         req.last_slot = None
+
+    def _free_pending(self, req: Req, slots: list[int]) -> None:
+        """Free the pages taken for ``req``'s tokens from ``kv_len`` on (``slots``, not counted
+        in its ``kv_len``); the first of them may continue the page of token ``kv_len - 1``,
+        which stays."""
+        room = -req.kv_len % self.page_size  # slots left in that page
+        self.allocator.free_slots(slots[room:])
 
     def _emit_and_release(self, reqs: list[Req]) -> None:
         deltas = []
@@ -663,38 +749,86 @@ class Scheduler:
                 self.chunked = None
             self._release(req)
 
-    def _abort(self, rid: str) -> None:
-        def match(r: Req) -> bool:
-            return r.rid == rid or r.rid.startswith(rid + "-")
-
-        hit = [r for r in self.waiting if match(r)]
+    def _abort(self, reqs: list[Req]) -> None:
+        targets = set(map(id, reqs))
+        hit = [r for r in self.waiting if id(r) in targets]
         if hit:
-            self.waiting = [r for r in self.waiting if not match(r)]
+            self.waiting = [r for r in self.waiting if id(r) not in targets]
             with self._queued_lock:
                 self._queued -= sum(1 for r in hit if r.num_retractions == 0)
-        hit += [r for r in self.running if match(r)]
-        if self.chunked is not None and match(self.chunked):
+        hit += [r for r in self.running if id(r) in targets]
+        if self.chunked is not None and id(self.chunked) in targets:
             hit.append(self.chunked)
         for req in hit:
-            self._finish(req, {"type": "abort", "message": "request aborted"})
+            req.finish_reason = {"type": "abort", "message": "request aborted"}
         self._emit_and_release(hit)
 
-    def _fail_all(self, message: str) -> None:
-        reqs = list(self.waiting) + list(self.running) + ([self.chunked] if self.chunked else [])
-        with self._queued_lock:
-            self._queued -= sum(1 for r in self.waiting if r.num_retractions == 0)
-        self.waiting = []
+    # ------------------------------------------------------------------ failures
+
+    def _fail(self, req: Req, message: str) -> None:
+        """End ``req`` alone with an internal error before it took slots for this step: tell
+        its sink, take it out of the running set, free its KV."""
+        emit([(req.sink, self._error_output(req, message))])
+        if req in self.running:
+            self.running.remove(req)
+        if self.chunked is req:
+            self.chunked = None
+        self._release(req)
+
+    def _fail_step(self, message: str) -> None:
+        """Fail the requests of the step that raised - each once - and free their KV; the
+        others go on. Reset everything holding KV when there is no step to blame, or when
+        this clean-up raises too."""
+        if self._plan:
+            try:
+                self._fail_plan(message)
+                return
+            except Exception:  # noqa: BLE001 - the bookkeeping is suspect: start over
+                log.exception("cleaning up after the failed step failed")
+        self._reset(message)
+
+    def _fail_plan(self, message: str) -> None:
+        plan, self._plan = self._plan, []
+        reqs = [req for req, _, _ in plan]
+        ids = set(map(id, reqs))
+        emit([(r.sink, self._error_output(r, message)) for r in reqs if not r.finished])
+        self.running = [r for r in self.running if id(r) not in ids]
+        if self.chunked is not None and id(self.chunked) in ids:
+            self.chunked = None
+        queued = [r for r in self.waiting if id(r) in ids]  # admitted while the step raised
+        if queued:
+            self.waiting = [r for r in self.waiting if id(r) not in ids]
+            with self._queued_lock:
+                self._queued -= sum(1 for r in queued if r.num_retractions == 0)
+        for req, _, slots in plan:
+            if not self._counted and req.row is not None:
+                self._free_pending(req, slots)
+            self._release(req)
+
+    def _reset(self, message: str) -> None:
+        """Fail every request that holds KV (running, chunked, taken into this step) and start
+        the KV memory over; the waiting queue, which holds none, stays."""
+        holding = [r for r in self.waiting if r.row is not None or r.prefix_node is not None]
+        reqs = list({id(r): r for r in [*self.running, *([self.chunked] if self.chunked else []),
+                                        *(req for req, _, _ in self._plan), *holding]
+                     }.values())
+        if holding:
+            self.waiting = [r for r in self.waiting if r.row is None and r.prefix_node is None]
+            with self._queued_lock:
+                self._queued -= sum(1 for r in holding if r.num_retractions == 0)
+        emit([(r.sink, self._error_output(r, message)) for r in reqs if not r.finished])
         for req in reqs:
-            req.finish_reason = None
-            self._finish(req, {"type": "abort", "message": message})
-        try:
-            self._emit_and_release(reqs)
-        except Exception:  # noqa: BLE001 - state is suspect: start memory over
-            log.exception("release failed; resetting the KV bookkeeping")
-        self.running, self.chunked = [], None
+            req.row, req.prefix_node, req.prefix_len, req.kv_len = None, None, 0, 0
+            req.last_slot = None
+        self.running, self.chunked, self._plan = [], None, []
         self.allocator.reset()
         self.cache.reset()
         self.rows = ReqToTokenRows(self.max_running)
+
+
+def _failure(where: str, exc: BaseException) -> str:
+    """The message of a request ended by ``exc`` (``where``: "while sampling", ...)."""
+    return f"internal error {where}: {type(exc).__name__}: {exc}"
 
 
 def _held_back(text: str, stops: list[str]) -> int:
@@ -704,4 +838,3 @@ def _held_back(text: str, stops: list[str]) -> int:
         if any(s.startswith(tail) for s in stops):
             return k
     return 0
-

@@ -5,14 +5,15 @@ Each request's sink is a :class:`~engine.runtime.request.ChannelSink` on the loo
 single ``call_soon_threadsafe`` (the loop never blocks on the model, and wakes once per step,
 not once per token). A :class:`Generation` submits every sequence of one HTTP request (prompts
 x ``n``), yields their outputs as they come, records metrics, and aborts what is left when the
-client goes away or the server shuts down.
+client goes away or the server shuts down. Its ``rid`` (the client's, or a fresh one) is unique
+among the requests in flight (:meth:`~engine.runtime.frontend.Runtime.claim_rid`) until its last
+sequence finishes; aborts name its own sequences, so they never reach another request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -21,7 +22,7 @@ from starlette.requests import Request
 
 from engine.config import ServerConfig
 from engine.runtime.frontend import RequestError
-from engine.runtime.request import ChannelSink, ReqOutput
+from engine.runtime.request import ChannelSink, Req, ReqOutput
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.scheduler import QueueFull
 from engine.server.state import ServerState
@@ -127,28 +128,39 @@ class Generation:
         if self.drain.closed:
             raise shutting_down()
         check_limits(state.config, params, prompt_param)
-        self.rid = rid or uuid.uuid4().hex
+        self.rid = runtime.claim_rid(rid)
         self.start = time.monotonic()
         self._queue: asyncio.Queue[ReqOutput | object] = asyncio.Queue()
-        sink = ChannelSink(loop_channel(asyncio.get_running_loop()), self._queue.put_nowait)
+        sink = ChannelSink(loop_channel(asyncio.get_running_loop()), self._receive)
 
-        reqs = []
+        self.reqs: list[Req] = []
         self.seqs: dict[str, SeqState] = {}
-        index = 0
-        for p_i, (ids, sp) in enumerate(zip(prompts, params)):
-            sub = self.rid if len(prompts) == 1 else f"{self.rid}-p{p_i}"
-            for req in runtime.make_reqs(sub, ids, sp, sink, param=prompt_param,
-                                         max_tokens_param=max_tokens_param):
-                self.seqs[req.rid] = SeqState(index=index, prompt_index=p_i)
-                index += 1
-                reqs.append(req)
         try:
-            runtime.scheduler.submit(reqs)
+            for p_i, (ids, sp) in enumerate(zip(prompts, params)):
+                sub = self.rid if len(prompts) == 1 else f"{self.rid}-p{p_i}"
+                for req in runtime.make_reqs(sub, ids, sp, sink, param=prompt_param,
+                                             max_tokens_param=max_tokens_param):
+                    self.seqs[req.rid] = SeqState(index=len(self.reqs), prompt_index=p_i)
+                    self.reqs.append(req)
+            runtime.scheduler.submit(self.reqs)
         except QueueFull as exc:
+            runtime.release_rid(self.rid)
             raise RequestError(str(exc), status=503, code="queue_full",
                                type="server_overloaded") from None
-        self._open = len(reqs)
+        except BaseException:
+            runtime.release_rid(self.rid)
+            raise
+        self._open = self._live = len(self.reqs)
         self.drain.generations.add(self)
+
+    def _receive(self, out: ReqOutput) -> None:
+        """The sink's receiving end (on the loop): queue ``out``; give the rid back once the
+        scheduler has finished every sequence (whether or not anyone still iterates)."""
+        self._queue.put_nowait(out)
+        if out.finished:
+            self._live -= 1
+            if self._live == 0:
+                self.runtime.release_rid(self.rid)
 
     @property
     def states(self) -> list[SeqState]:
@@ -178,7 +190,7 @@ class Generation:
             if watchdog is not None:
                 watchdog.cancel()
             if self._open:  # the client left (or the handler failed): stop the rest
-                self.runtime.scheduler.abort(self.rid)
+                self.runtime.scheduler.abort(self.reqs)
                 left = sum(1 for s in self.seqs.values() if s.finish_reason is None)
                 self.metrics.requests.labels(self.metrics.model_name, "abort").inc(left)
                 self._open = 0

@@ -341,8 +341,8 @@ def template_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
             msg["content"] = "".join(parts)
         msg.setdefault("content", "")
         for call in msg.get("tool_calls") or ():
-            fn = call.get("function") or {}
-            if isinstance(fn.get("arguments"), str):
+            fn = call.get("function")
+            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
                 try:
                     fn["arguments"] = json.loads(fn["arguments"])
                 except json.JSONDecodeError:
