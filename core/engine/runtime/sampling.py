@@ -10,7 +10,8 @@ be finite (``inf``/``nan`` are refused), and:
   (1e-4 .. 1e4): dividing or multiplying float32 logits by it keeps them finite;
 * ``frequency_penalty``/``presence_penalty`` in ``[-2, 2]``, ``top_p`` in ``(0, 1]``,
   ``min_p`` in ``[0, 1]``;
-* ``seed`` a signed 64-bit integer (``-2**63 <= seed < 2**63``); ``n`` from 1 to ``MAX_N``.
+* ``seed`` a signed 64-bit integer (``-2**63 <= seed < 2**63``); ``n`` at least 1 (how many
+  sequences one request may ask for is the server's ``--max-sequences-per-request``).
 
 :class:`Sampler` turns one float32 logits row per request into one token, in this order:
 
@@ -46,7 +47,6 @@ GREEDY_TEMPERATURE = 1e-5  #: a lower temperature means greedy
 MAX_TEMPERATURE = 1e4
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-4, 1e4
 SEED_RANGE = (-2**63, 2**63 - 1)  #: inclusive
-MAX_N = 128  #: sequences per prompt
 
 
 class InvalidParam(ValueError):
@@ -123,7 +123,7 @@ class SamplingParams:
         _check_float(self, "frequency_penalty", lo=-2.0, hi=2.0)
         _check_float(self, "presence_penalty", lo=-2.0, hi=2.0)
         _check_int(self, "seed", SEED_RANGE[0], SEED_RANGE[1], allow_none=True)
-        _check_int(self, "n", 1, MAX_N)
+        _check_int(self, "n", 1)
         _check_int(self, "top_logprobs", 0, 20)
         for name in ("ignore_eos", "logprobs", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
