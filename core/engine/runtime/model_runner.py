@@ -83,7 +83,8 @@ class ModelRunner:
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config)
         self.tokenizer: Tokenizer | None = (
             None if config.skip_tokenizer_init
-            else Tokenizer.load(self.model_config, config.tokenizer_path))
+            else Tokenizer.load(self.model_config, config.tokenizer_path,
+                                mode=config.tokenizer_mode, chat_template=config.chat_template))
         self.max_context_len = config.context_length or self.model_config.context_len
         if config.page_size < 1:
             raise ConfigError(f"--page-size {config.page_size}: must be at least 1")

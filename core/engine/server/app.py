@@ -367,14 +367,17 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
         raws = [raw or {}] * len(prompts)
     params = []
     for r in raws:
-        sp = to_sampling_params(dict(r), names={})
+        sp = to_sampling_params(dict(r), names={}, defaults=runtime.sampling_defaults)
         if body.return_logprob:
             sp.logprobs, sp.top_logprobs = True, body.top_logprobs_num
         params.append(sp.validate())
     gen = Generation(state, prompts, params, request, rid=body.rid, prompt_param=param,
-                     max_tokens_param="max_new_tokens")
+                     max_tokens_param="max_new_tokens", priority=body.priority,
+                     routing_key=body.routing_key)
 
-    def item(s: SeqState) -> dict[str, Any]:
+    def item(s: SeqState, delta: Any = None) -> dict[str, Any]:
+        """The response item of sequence ``s``: all of its text and ids, or only those of
+        ``delta`` (``--incremental-streaming-output``)."""
         meta: dict[str, Any] = {
             "id": gen.rid if len(gen.seqs) == 1 else f"{gen.rid}-{s.index}",
             "finish_reason": s.finish_reason, "prompt_tokens": s.prompt_tokens,
@@ -385,16 +388,18 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
                                              zip(s.logprobs, s.token_ids)]
             meta["output_top_logprobs"] = [[[v, t, None] for t, v in top]
                                            for top in s.top_logprobs]
-        out = {"text": s.text, "output_ids": list(s.token_ids), "meta_info": meta}
+        text, ids = (delta.text, delta.token_ids) if delta is not None else (s.text, s.token_ids)
+        out = {"text": text, "output_ids": list(ids), "meta_info": meta}
         if batched or len(gen.seqs) > 1:
             out["index"] = s.index
         return out
 
     if body.stream:
         async def events() -> AsyncIterator[str]:
+            incremental = state.config.incremental_streaming_output
             async for s, out in gen:
                 if out.token_ids or out.finished:
-                    yield sse(item(s))
+                    yield sse(item(s, out if incremental else None))
             yield sse("[DONE]")
 
         return sse_response(events())
