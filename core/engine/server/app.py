@@ -33,6 +33,7 @@ from engine.config import ServerConfig
 from engine.assembly import Assembly
 from engine.runtime.frontend import RequestError, Runtime, start_runtime
 from engine.runtime.sampling import InvalidParam, SamplingParams
+from engine.runtime.watchdog import watch_forwards
 from engine.server.generation import ClientGone, Generation, SeqState, internal_failure
 from engine.server.metrics import Metrics
 from engine.server.openai_api import OpenAIServing, error_body, sse, sse_response
@@ -260,6 +261,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        if state.watchdog is not None and state.watchdog.tripped:
+            return reject(503, error_body("a model forward is stuck (--watchdog-timeout); the "
+                                          "server is exiting", type="server_unavailable",
+                                          code=503))
         return Response(status_code=200)
 
     @app.get("/health_generate")
@@ -461,6 +466,8 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
 
     t0 = time.monotonic()
     runtime = start_runtime(config, assembly)
+    watchdog = watch_forwards(runtime.runner, config.watchdog_timeout,
+                              config.soft_watchdog_timeout)
     try:
         if not config.skip_server_warmup:
             _warm_up(runtime)
@@ -468,7 +475,7 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
         state = ServerState(config=config, runtime=runtime,
                             metrics=Metrics(runtime.scheduler.stats, name), model_name=name,
                             model_path=runtime.model_config.model_path, started=time.time(),
-                            parsers=runtime.parsers)
+                            parsers=runtime.parsers, watchdog=watchdog)
         app = create_app(state)
         url = f"http://{config.host}:{config.port}"
 
@@ -511,6 +518,7 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
             return int(exc.code or 1)
         return 0 if server.started else 1
     finally:
+        watchdog.stop()
         runtime.shutdown()
 
 
