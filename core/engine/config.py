@@ -84,8 +84,8 @@ class ServerConfig:
         None, "Model directory (config.json + safetensors) or .gguf file; default: the bundled "
         "SmolLM2-135M-Instruct Q4_1 GGUF.", aliases=("--model",))
     tokenizer_path: str | None = _opt(None, "Tokenizer directory (default: the model's).")
-    tokenizer_mode: str = _opt("auto", "auto: the fast (Rust) tokenizer when the model has one; "
-                               "slow: the Python tokenizer.", choices=("auto", "slow"))
+    tokenizer_mode: str = _opt("auto", "auto: the fast (Rust) tokenizer; slow: the Python "
+                               "tokenizer where the model has one.", choices=("auto", "slow"))
     chat_template: str | None = _opt(
         None, "Chat template for /v1/chat/completions: a Jinja file, or the template itself "
         "(default: the tokenizer's).")
