@@ -20,7 +20,7 @@ DEFAULT_HELP = Path("/work/shared/reference/serve-help.txt")
 TARGET = ROOT / "core" / "engine" / "cli" / "reference_options.py"
 SKIP = {"--help", "--config"}  #: options every argparse parser (or the CLI itself) has
 
-HEADER = '''"""The reference ``serve`` options: one tuple per option, generated from the reference help
+HEADER = '''"""The reference ``serve`` options, one tuple each, generated from the reference help
 text by ``tools/gen_reference_options.py`` (do not edit by hand).
 
 Each entry: ``(flag, aliases, kind, metavar, choices, default, help)``; ``kind`` is ``switch``

@@ -36,7 +36,8 @@ def _events(resp) -> list:
 
 def test_inline_chat_template_and_cache_report(server):
     with server.client() as c:
-        body = {"messages": [{"role": "user", "content": "Quiet meadows hum softly"}], "max_tokens": 4}
+        body = {"messages": [{"role": "user", "content": "Quiet meadows hum softly"}],
+                "max_tokens": 4}
         first = c.post("/v1/chat/completions", json=body).json()
         again = c.post("/v1/chat/completions", json=body).json()
         ids = c.post("/generate", json={"text": "Quiet meadows hum softly", "sampling_params":

@@ -1,4 +1,4 @@
-"""The reference ``serve`` options: one tuple per option, generated from the reference help
+"""The reference ``serve`` options, one tuple each, generated from the reference help
 text by ``tools/gen_reference_options.py`` (do not edit by hand).
 
 Each entry: ``(flag, aliases, kind, metavar, choices, default, help)``; ``kind`` is ``switch``

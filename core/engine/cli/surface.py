@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 from engine.cli.reference_options import OPTIONS
 
-IMPLEMENTED, FAMILY, ACCEPTED_STATUS, NOT_YET_STATUS = "implemented", "family", "accepted", "not yet"
+IMPLEMENTED, FAMILY = "implemented", "family"
+ACCEPTED_STATUS, NOT_YET_STATUS = "accepted", "not yet"
 STATUSES = (IMPLEMENTED, ACCEPTED_STATUS, FAMILY, NOT_YET_STATUS)
 
 
@@ -167,7 +168,8 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--enable-profile-cuda-graph", "--enable-cudagraph-gc", "--debug-cuda-graph"),
     "kernel choices beyond the attention backend and quantization are not pluggable yet": (
         "--fp8-gemm-backend", "--fp4-gemm-backend", "--bf16-gemm-backend",
-        "--disable-flashinfer-autotune", "--flashinfer-autotune-skip-ops", "--enable-torch-compile*",
+        "--disable-flashinfer-autotune", "--flashinfer-autotune-skip-ops",
+        "--enable-torch-compile*",
         "--torch-compile-max-bs", "--enable-fused-qk-norm-rope", "--sampling-backend",
         "--radix-cache-backend", "--enable-tf32-matmul", "--enable-fp32-lm-head", "--enable-mis",
         "--mlx-enable-sampling"),

@@ -96,7 +96,8 @@ def refuse_remote_code(directory: str) -> None:
             raw = json.load(fh)
     except (OSError, ValueError):
         return  # AutoConfig reports it
-    if isinstance(raw, dict) and raw.get("auto_map") and raw.get("model_type") not in CONFIG_MAPPING:
+    if isinstance(raw, dict) and raw.get("auto_map") and \
+            raw.get("model_type") not in CONFIG_MAPPING:
         raise ConfigError(f"{directory}: config.json needs the model's own code (auto_map for "
                           f"model_type {raw.get('model_type')!r}); this server runs its own "
                           "architectures only and never runs a model's code, "
