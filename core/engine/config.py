@@ -42,11 +42,24 @@ def parse_list(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(t.strip() for t in items if t.strip())
 
 
+def parse_json_object(text: str) -> str:
+    """A JSON object given as text, checked and kept as text (the config stays hashable)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError("expected a JSON object")
+    return text
+
+
 def _opt(default: Any, help: str, *, type: Callable[[str], Any] | None = str,
-         flag: str | None = None, aliases: tuple[str, ...] = (), choices: tuple[str, ...] = (),
-         family: str | None = None) -> Any:
+         flag: str | None = None, aliases: tuple[str, ...] = (), choices: tuple[Any, ...] = (),
+         family: str | None = None, nargs: str | None = None) -> Any:
+    """A config field: ``type`` converts one command-line value (None: a switch); ``nargs``
+    ``"+"`` takes one or more values (a tuple); ``choices`` restrict the converted value."""
     meta = {"help": help, "type": type, "flag": flag, "aliases": aliases, "choices": choices,
-            "family": family}
+            "family": family, "nargs": nargs}
     return field(default=default, metadata=meta)
 
 
@@ -71,6 +84,11 @@ class ServerConfig:
         None, "Model directory (config.json + safetensors) or .gguf file; default: the bundled "
         "SmolLM2-135M-Instruct Q4_1 GGUF.", aliases=("--model",))
     tokenizer_path: str | None = _opt(None, "Tokenizer directory (default: the model's).")
+    tokenizer_mode: str = _opt("auto", "auto: the fast (Rust) tokenizer; slow: the Python "
+                               "tokenizer where the model has one.", choices=("auto", "slow"))
+    chat_template: str | None = _opt(
+        None, "Chat template for /v1/chat/completions: a Jinja file, or the template itself "
+        "(default: the tokenizer's).")
     skip_tokenizer_init: bool = _opt(False, "Load no tokenizer; requests must give input_ids.",
                                       type=None)
     load_format: str = _opt("auto", "Weights format.",
@@ -98,9 +116,38 @@ class ServerConfig:
     max_queued_requests: int | None = _opt(None, "Most waiting requests; beyond it HTTP 503.",
                                            type=int)
     max_prefill_tokens: int = _opt(16384, "Most new tokens in one prefill batch.", type=int)
-    schedule_policy: str = _opt("fcfs", "Order of waiting requests.", choices=("fcfs", "lpm"))
+    schedule_policy: str = _opt(
+        "fcfs", "Order of waiting requests: fcfs (arrival), lpm (longest cached prefix), "
+        "random, dfs-weight (shared prefixes together, largest groups first), lof (longest "
+        "output first), priority (the request's priority, then arrival), routing-key (the "
+        "request's routing_key, keys already running first), hrrn (highest response ratio), "
+        "shortest-prefill-first (fewest uncached prompt tokens).",
+        choices=("fcfs", "lpm", "random", "dfs-weight", "lof", "priority", "routing-key", "hrrn",
+                 "shortest-prefill-first"))
+    enable_priority_scheduling: bool = _opt(
+        False, "Order waiting requests by their priority first (higher first), then by "
+        "--schedule-policy.", type=None)
+    default_priority_value: int = _opt(0, "Priority of a request that gives none (default 0).",
+                                       type=int)
+    schedule_low_priority_values_first: bool = _opt(
+        False, "Lower priority values run first.", type=None)
+    schedule_conservativeness: float = _opt(
+        1.0, "Scales the decode room a new request must leave free for the running ones "
+        "(default 1.0; larger: fewer retractions, smaller batches).", type=float)
+    retraction_policy: str | None = _opt(
+        None, "Which running request a full KV cache retracts: length (longest prompt, then "
+        "shortest output), priority (lowest priority); default: the most recently admitted.",
+        choices=("length", "priority"))
     disable_radix_cache: bool = _opt(False, "Turn off prefix reuse.", type=None)
-    disable_cuda_graph: bool = _opt(False, "Run decode eagerly on GPU.", type=None)
+    disable_cuda_graph: bool = _opt(False, "Run decode eagerly on GPU.", type=None,
+                                    aliases=("--disable-decode-cuda-graph",))
+    cuda_graph_max_bs_decode: int | None = _opt(
+        None, "Largest decode batch replayed from a CUDA graph (default: --max-running-requests, "
+        "up to 256).", type=int)
+    cuda_graph_bs_decode: tuple[int, ...] | None = _opt(
+        None, "Decode batch sizes to capture CUDA graphs for (default: 1 2 4 8 12 16 24 32 ...).",
+        type=int, nargs="+")
+    base_gpu_id: int = _opt(0, "The GPU that --device cuda (or auto) means (default 0).", type=int)
     # server
     host: str = _opt("127.0.0.1", "Address to listen on.")
     port: int = _opt(30000, "Port to listen on.", type=int)
@@ -134,6 +181,41 @@ class ServerConfig:
                                type=None)
     skip_server_warmup: bool = _opt(False, "Do not run one warm-up request at start-up.",
                                     type=None)
+    watchdog_timeout: float = _opt(
+        300.0, "Seconds a model forward may take: beyond it /health fails and the server "
+        "exits with status 1 after dumping every thread's stack (default 300).", type=float)
+    soft_watchdog_timeout: float | None = _opt(
+        None, "Seconds after which a forward still running dumps every thread's stack to the "
+        "log once (the server keeps running).", type=float)
+    show_time_cost: bool = _opt(False, "Log where the scheduler's steps spend their time "
+                                "(every 100 steps).", type=None)
+    # requests and responses
+    sampling_defaults: str = _opt(
+        "model", "Sampling defaults of requests that give none: model (temperature, top_p, "
+        "top_k of the model's generation_config.json) or openai (1.0, 1.0, all).",
+        choices=("openai", "model"))
+    preferred_sampling_params: str | None = _opt(
+        None, "JSON object of sampling defaults (e.g. '{\"temperature\": 0.6}'); over "
+        "--sampling-defaults, under what a request gives.", type=parse_json_object)
+    allow_auto_truncate: bool = _opt(
+        False, "Cut prompts that do not fit from the left (keeping their end) instead of "
+        "refusing them with HTTP 400.", type=None)
+    enable_cache_report: bool = _opt(
+        False, "Report the prompt tokens served from the prefix cache in "
+        "usage.prompt_tokens_details.cached_tokens.", type=None)
+    stream_interval: int = _opt(1, "Streamed responses send a delta every N tokens "
+                                "(default 1).", type=int)
+    incremental_streaming_output: bool = _opt(
+        False, "Streamed /generate responses carry only the new text and ids in each event "
+        "(default: all so far).", type=None)
+    log_requests: bool = _opt(False, "Log every finished request (see --log-requests-level).",
+                              type=None)
+    log_requests_level: int = _opt(
+        2, "0: ids, token counts, finish reason and latency; 1: and sampling parameters; 2: "
+        "and the first 2048 characters of input and output; 3: all of them (default 2).",
+        type=int, choices=(0, 1, 2, 3))
+    log_requests_format: str = _opt("text", "Request log lines as text or one JSON object.",
+                                    choices=("text", "json"))
     # what one request may ask for (beyond it HTTP 400 naming the field)
     max_sequences_per_request: int = _opt(
         256, "Most sequences one request may generate: its prompts times n "
@@ -145,6 +227,10 @@ class ServerConfig:
     # per-plugin options: {"attention.triton": {"triton_attention_num_kv_splits": 8}}
     plugin_options: Mapping[str, Mapping[str, Any]] = field(
         default_factory=lambda: MappingProxyType({}), metadata={"internal": True})
+    #: reference options accepted as no-ops that were set: {"--tp-size": 1}
+    #: (:data:`engine.cli.surface.ACCEPTED` says why each changes nothing)
+    accepted: Mapping[str, Any] = field(
+        default_factory=lambda: MappingProxyType({}), metadata={"internal": True})
 
     def replace(self, **changes: Any) -> "ServerConfig":
         return dataclasses.replace(self, **changes)
@@ -155,6 +241,7 @@ class ServerConfig:
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["plugin_options"] = {k: dict(v) for k, v in self.plugin_options.items()}
+        out["accepted"] = dict(self.accepted)
         for secret in ("api_key", "admin_api_key"):
             if out.get(secret):
                 out[secret] = "***"

@@ -373,7 +373,8 @@ class ThreadRecordingRunner(StandInRunner):
         super().__init__(512, 1)
         self.threads["load"] = threading.get_ident()
         self.tokenizer = type("Tok", (), {"eos_token_ids": (), "chat_template": None})()
-        self.model_config = type("Cfg", (), {"vocab_size": VOCAB, "eos_token_ids": ()})()
+        self.model_config = type("Cfg", (), {"vocab_size": VOCAB, "eos_token_ids": (),
+                                             "model_path": ""})()
 
     def forward(self, batch: Batch) -> torch.Tensor:
         self.threads["forward"] = threading.get_ident()

@@ -1,14 +1,25 @@
-"""Build ``engine serve``'s argument parser from the config fields and the installed plugins,
-and turn parsed arguments (plus ``--config`` YAML) into the frozen :class:`ServerConfig`."""
+"""Build ``engine serve``'s argument parser from the config fields, the installed plugins and the
+reference option table, and turn parsed arguments (plus ``--config`` YAML) into the frozen
+:class:`ServerConfig`.
+
+``--help`` shows the config fields, the family flags and the plugin options; ``--help-all`` adds
+every other reference option (:mod:`engine.cli.surface`) with its status. Those parse like the
+reference's; an ``accepted`` one is recorded in ``ServerConfig.accepted`` (start-up says it
+changes nothing), a ``not yet`` one set to anything but its default is refused with its reason.
+Every error is a :class:`ConfigError` (one line, exit status 2); an unknown flag names the
+closest known one.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NoReturn
 
 from engine.assembly import refuse_unserved
+from engine.cli import surface
 from engine.config import ServerConfig, convert_value, core_fields, flag_of
 from engine.plugins.families import family_for_flag
 from engine.plugins.manifest import Option
@@ -18,9 +29,26 @@ from engine.plugins.registry import Registry
 _OPTION_TYPES = {"str": str, "int": int, "float": float, "json": json.loads, "bool": None}
 
 
-def build_parser(registry: Registry, prog: str = "engine serve") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Serve a model over an OpenAI-compatible "
-                                "HTTP API.", allow_abbrev=False)
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are :class:`ConfigError` (one line, exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+REF_PREFIX = "ref::"  #: dest prefix of the reference options that are no config field
+
+
+def build_parser(registry: Registry, prog: str = "engine serve", *,
+                 show_all: bool = False) -> argparse.ArgumentParser:
+    """The ``engine serve`` parser; ``show_all`` shows the reference options that are accepted
+    or not yet served (they are parsed either way)."""
+    p = _Parser(prog=prog, usage=f"{prog} [options]", allow_abbrev=False,
+                description="Serve a model over an OpenAI-compatible HTTP API. "
+                f"{'' if show_all else 'engine serve --help-all shows every option. '}"
+                "Status of every option: docs/flags.md.")
+    p.add_argument("--help-all", action="help", help="show every option, with its status, and "
+                   "exit")
     p.add_argument("--config", help="YAML file of options (keys: flag names without dashes); "
                    "command-line flags override it.")
     core = p.add_argument_group("server options")
@@ -34,8 +62,11 @@ def build_parser(registry: Registry, prog: str = "engine serve") -> argparse.Arg
         else:
             kw["type"] = f.metadata["type"]
             kw["metavar"] = f.name.upper()
+            if f.metadata.get("nargs"):
+                kw["nargs"] = f.metadata["nargs"]
         if f.metadata["choices"]:
             kw["choices"] = f.metadata["choices"]
+            kw.pop("metavar", None)
         core.add_argument(flag_of(f), *f.metadata["aliases"], **kw)
     fams = p.add_argument_group("plugin families (choices are the installed plugins)")
     for dest, (fam, fl) in fam_flags.items():
@@ -54,7 +85,78 @@ def build_parser(registry: Registry, prog: str = "engine serve") -> argparse.Arg
             seen.add(opt.flag)
             group.add_argument(opt.flag, dest=_opt_dest(rec.qualified, opt), default=None,
                                **_option_kwargs(opt))
+    _add_reference_options(p, seen, show_all)
     return p
+
+
+def _add_reference_options(p: argparse.ArgumentParser, seen: set[str], show_all: bool) -> None:
+    """The reference options no field, family flag or installed plugin option serves."""
+    groups = {status: p.add_argument_group(title) for status, title in (
+        (surface.ACCEPTED_STATUS, "accepted: reference options that change nothing here"),
+        (surface.FAMILY, "options of plugins that are not installed"),
+        (surface.NOT_YET_STATUS, "not yet: reference options refused unless left at their "
+                                 "default"))}
+    for opt in surface.surface():
+        if opt.status == surface.IMPLEMENTED or any(s in seen for s in opt.spellings):
+            continue
+        accept = surface.ACCEPTED.get(opt.flag)
+        kw: dict[str, Any] = {"dest": REF_PREFIX + opt.flag, "default": opt.default,
+                              "help": f"{opt.help} [{opt.status}: {opt.reason}]"
+                              if show_all else argparse.SUPPRESS}
+        spellings = [opt.flag, *opt.aliases]
+        if opt.kind == "switch":
+            kw["action"] = "store_true"
+        elif opt.kind == "negatable":
+            kw["action"] = argparse.BooleanOptionalAction
+            spellings = [opt.flag]
+        else:
+            kw["type"] = accept.type if accept and accept.type else str
+            kw["nargs"] = {"list": "+", "optlist": "*", "optional": "?"}.get(opt.kind)
+            if opt.kind == "optional":
+                kw["const"] = True
+            if opt.choices:
+                kw["choices"] = opt.choices
+            else:
+                kw["metavar"] = opt.metavar or opt.dest.upper()
+        groups[opt.status].add_argument(*spellings, **kw)
+
+
+def _reference_values(ns: dict[str, Any]) -> dict[str, Any]:
+    """Pop the reference options out of parsed arguments; return the accepted ones that were
+    set (flag -> value); refuse a not-yet one (or a plugin option whose plugin is missing) set
+    to anything but its default, and an accepted one outside its accepted values."""
+    by_flag = {o.flag: o for o in surface.surface()}
+    accepted: dict[str, Any] = {}
+    for key in [k for k in ns if k.startswith(REF_PREFIX)]:
+        value = ns.pop(key)
+        opt = by_flag[key[len(REF_PREFIX):]]
+        if value is None or value == opt.default:
+            continue
+        shown = value if not isinstance(value, list) else " ".join(map(str, value))
+        where = opt.flag if value is True else f"{opt.flag} {shown}"
+        if opt.status == surface.ACCEPTED_STATUS:
+            values = surface.ACCEPTED[opt.flag].values
+            if values and value not in values:
+                only = ", ".join(map(str, values))
+                raise ConfigError(f"{where}: only {only} is supported: {opt.reason}")
+            accepted[opt.flag] = value
+        elif opt.status == surface.FAMILY:
+            raise ConfigError(f"{where}: {opt.reason}, which is not installed")
+        else:
+            raise ConfigError(f"{where}: not supported yet: {opt.reason}")
+    return accepted
+
+
+def _refuse_unknown(extras: list[str], parser: argparse.ArgumentParser) -> None:
+    """Raise :class:`ConfigError` for the first unknown flag, naming the closest known one."""
+    known = [s for a in parser._actions for s in a.option_strings]
+    for arg in extras:
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("-"):
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown option '{flag}'{hint}")
+    raise ConfigError(f"unexpected argument '{extras[0]}'")
 
 
 def _opt_dest(qualified: str, opt: Option) -> str:
@@ -95,26 +197,41 @@ def load_yaml(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
         action = by_key.get(str(key))
         if action is None or action.dest in ("help", "config"):
             raise ConfigError(f"--config {path}: unknown key '{key}'")
-        conv = None if isinstance(action, argparse._StoreTrueAction) else (action.type or str)
+        where = f"--config {path}: key '{key}'"
+        switch = isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction))
+        conv = None if switch else (action.type or str)
         try:
-            value = convert_value(conv, value, f"--config {path}: key '{key}'")
+            if action.nargs in ("+", "*") and isinstance(value, list):
+                value = [convert_value(conv, v, where) for v in value]
+            else:
+                value = convert_value(conv, value, where)
+                if action.nargs in ("+", "*") and value is not None:
+                    value = [value]
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        if action.choices and value is not None and value not in action.choices:
-            raise ConfigError(f"--config {path}: key '{key}': {value!r} is not one of "
-                              f"{', '.join(map(str, action.choices))}")
+        for v in value if isinstance(value, list) else [value]:
+            if action.choices and v is not None and v not in action.choices:
+                raise ConfigError(f"{where}: {v!r} is not one of "
+                                  f"{', '.join(map(str, action.choices))}")
         out[action.dest] = value
     return out
 
 
 def parse_config(argv: list[str], registry: Registry) -> ServerConfig:
     """Parse ``engine serve`` arguments into a frozen config, validating every family choice."""
-    parser = build_parser(registry)
+    parser = build_parser(registry, show_all="--help-all" in argv)
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
         parser.set_defaults(**load_yaml(pre.config, parser))
-    ns = vars(parser.parse_args(argv))
+    parsed, extras = parser.parse_known_args(argv)
+    if extras:
+        _refuse_unknown(extras, parser)
+    ns = vars(parsed)
     ns.pop("config", None)
+    accepted = _reference_values(ns)
+    for f in core_fields():
+        if f.metadata.get("nargs") and isinstance(ns.get(f.name), list):
+            ns[f.name] = tuple(ns[f.name])
     plugin_options: dict[str, dict[str, Any]] = {}
     for key in [k for k in ns if k.startswith("plugin::")]:
         _, qualified, dest = key.split("::")
@@ -126,7 +243,7 @@ def parse_config(argv: list[str], registry: Registry) -> ServerConfig:
                 if opts.get(opt.dest) is None:
                     opts[opt.dest] = opt.default
     frozen = MappingProxyType({k: MappingProxyType(v) for k, v in plugin_options.items() if v})
-    config = ServerConfig(**ns, plugin_options=frozen)
+    config = ServerConfig(**ns, plugin_options=frozen, accepted=MappingProxyType(accepted))
     refuse_unserved(config)
     for dest, (fam, fl) in family_for_flag().items():
         value = ns.get(dest)

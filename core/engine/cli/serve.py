@@ -8,6 +8,8 @@ from engine.cli.args import parse_config
 from engine.errors import EngineError
 from engine.plugins.registry import Registry
 
+log = logging.getLogger("engine.serve")
+
 
 class MissingDependency(EngineError):
     """A package the server needs is not installed."""
@@ -17,6 +19,13 @@ def run(argv: list[str]) -> int:
     registry = Registry()
     config = parse_config(argv, registry)
     logging.getLogger().setLevel(config.log_level.upper())
+    if config.accepted:
+        from engine.cli.surface import ACCEPTED
+
+        for flag, value in config.accepted.items():
+            shown = "" if value is True else f" {value}"
+            log.info("%s%s is accepted and changes nothing here: %s", flag, shown,
+                     ACCEPTED[flag].why)
     try:
         from engine.server.app import run_server
     except ModuleNotFoundError as exc:

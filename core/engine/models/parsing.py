@@ -84,10 +84,31 @@ def from_hf_config(cfg: Any, model_path: str, **extra: Any) -> ModelConfig:
     return ModelConfig(**fields)
 
 
+def refuse_remote_code(directory: str) -> None:
+    """Raise :class:`ConfigError` when ``config.json`` needs the model's own code: it names
+    custom classes (``auto_map``) for a ``model_type`` transformers does not know. This server
+    runs its own architectures only and never runs a model's code, ``--trust-remote-code`` or
+    not; a known type with an ``auto_map`` loads as that type."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError):
+        return  # AutoConfig reports it
+    if isinstance(raw, dict) and raw.get("auto_map") and \
+            raw.get("model_type") not in CONFIG_MAPPING:
+        raise ConfigError(f"{directory}: config.json needs the model's own code (auto_map for "
+                          f"model_type {raw.get('model_type')!r}); this server runs its own "
+                          "architectures only and never runs a model's code, "
+                          "--trust-remote-code or not")
+
+
 def read_hf_dir(directory: str) -> ModelConfig:
     """``config.json`` through transformers' AutoConfig (offline)."""
     from transformers import AutoConfig
 
+    refuse_remote_code(directory)
     try:
         cfg = AutoConfig.from_pretrained(directory, local_files_only=True)
     except Exception as exc:

@@ -25,8 +25,14 @@ class Tokenizer:
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos))
 
     @classmethod
-    def load(cls, model_config: ModelConfig, tokenizer_path: str | None = None) -> "Tokenizer":
-        """From ``tokenizer_path``, else the model's directory or its GGUF metadata (offline)."""
+    def load(cls, model_config: ModelConfig, tokenizer_path: str | None = None, *,
+             mode: str = "auto", chat_template: str | None = None) -> "Tokenizer":
+        """From ``tokenizer_path``, else the model's directory or its GGUF metadata (offline).
+
+        ``mode`` ``slow`` loads the Python tokenizer (not for GGUF metadata, which builds a
+        fast one only). ``chat_template`` (:func:`read_chat_template`) replaces the model's.
+        Raises :class:`ConfigError`.
+        """
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
         kwargs: dict[str, Any] = {"local_files_only": True}
@@ -35,6 +41,12 @@ class Tokenizer:
             kwargs["gguf_file"] = model_config.gguf_file
         elif tokenizer_path and os.path.isfile(tokenizer_path) and tokenizer_path.endswith(".gguf"):
             path, kwargs["gguf_file"] = os.path.split(os.path.abspath(tokenizer_path))
+        if mode == "slow":
+            if "gguf_file" in kwargs:
+                raise ConfigError("--tokenizer-mode slow: a GGUF's tokenizer is built as a fast "
+                                  "tokenizer only; give --tokenizer-path an HF tokenizer "
+                                  "directory")
+            kwargs["use_fast"] = False
         # For a GGUF the fast-tokenizer class is built straight from the metadata; AutoTokenizer
         # would first parse the whole file again to pick the class (seconds for a big vocab).
         loader = PreTrainedTokenizerFast if "gguf_file" in kwargs else AutoTokenizer
@@ -44,6 +56,8 @@ class Tokenizer:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ConfigError(f"cannot load the tokenizer from {path}: "
                               f"{type(exc).__name__}: {first}") from None
+        if chat_template is not None:
+            hf.chat_template = read_chat_template(chat_template)
         return cls(hf, model_config.eos_token_ids)
 
     @property
@@ -84,6 +98,27 @@ class Tokenizer:
         if not tokenize:
             return text
         return self.encode(text, add_special_tokens=False)
+
+
+def read_chat_template(value: str) -> str:
+    """``--chat-template``: the Jinja text of a file, or ``value`` itself when it is a template
+    (has ``{{`` or ``{%``). Raises :class:`ConfigError` when it is neither or does not parse."""
+    import jinja2
+
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as fh:
+            text = fh.read()
+    elif "{{" in value or "{%" in value:
+        text = value
+    else:
+        raise ConfigError(f"--chat-template {value}: no such file, and not a Jinja template "
+                          "(no '{{' or '{%')")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"--chat-template: not a valid Jinja template (line {exc.lineno}: "
+                          f"{exc.message})") from None
+    return text
 
 
 class IncrementalDetokenizer:

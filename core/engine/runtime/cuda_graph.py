@@ -11,7 +11,7 @@ everything else runs eagerly.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -23,14 +23,25 @@ log = logging.getLogger("engine.runtime")
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
 
+def graph_buckets(max_batch: int, sizes: Sequence[int] | None = None) -> list[int]:
+    """The decode batch sizes to capture: ``sizes`` (``--cuda-graph-bs-decode``) up to
+    ``max_batch``, or :data:`BUCKETS` up to it and ``max_batch`` itself (when within them).
+    Larger batches run eagerly."""
+    if sizes:
+        return sorted({b for b in sizes if 1 <= b <= max_batch}) or [1]
+    buckets = [b for b in BUCKETS if b <= max_batch] or [1]
+    if buckets[-1] < max_batch <= BUCKETS[-1]:
+        buckets.append(max_batch)
+    return buckets
+
+
 class DecodeGraphs:
-    """Captured decode forwards for batch sizes up to ``max_batch``."""
+    """Captured decode forwards for batch sizes up to ``max_batch`` (:func:`graph_buckets`)."""
 
     def __init__(self, forward: Callable[[Batch], torch.Tensor], backend: AttentionBackend,
-                 req_to_token: torch.Tensor, max_batch: int) -> None:
-        self.buckets = [b for b in BUCKETS if b <= max_batch] or [1]
-        if self.buckets[-1] < max_batch <= BUCKETS[-1]:
-            self.buckets.append(max_batch)
+                 req_to_token: torch.Tensor, max_batch: int,
+                 sizes: Sequence[int] | None = None) -> None:
+        self.buckets = graph_buckets(max_batch, sizes)
         self.max_batch = self.buckets[-1]
         dev = req_to_token.device
         n = self.max_batch

@@ -5,7 +5,9 @@ scheduler requests (``n`` sequences each).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import queue
 import random
 import threading
@@ -16,12 +18,39 @@ from typing import Any
 import torch
 
 from engine.config import ServerConfig
+from engine.errors import ConfigError
 from engine.models.tokenizer import IncrementalDetokenizer
 from engine.runtime.request import Req, Sink
-from engine.runtime.sampling import SamplingParams
+from engine.runtime.sampling import InvalidParam, SamplingParams
 from engine.runtime.scheduler import Scheduler
 
 log = logging.getLogger("engine.runtime")
+
+#: the fields of a model's generation_config.json that ``--sampling-defaults model`` reads
+GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_defaults(config: ServerConfig, model_dir: str | None) -> dict[str, Any]:
+    """Sampling parameters a request that does not give them gets: the model's
+    ``generation_config.json`` (with ``--sampling-defaults model``), then
+    ``--preferred-sampling-params`` over it. Raises :class:`ConfigError` for preferred
+    parameters that are not valid sampling parameters."""
+    out: dict[str, Any] = {}
+    path = os.path.join(model_dir, "generation_config.json") if model_dir else ""
+    if config.sampling_defaults == "model" and path and os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            gen = json.load(fh)
+        if gen.get("do_sample", True) is False:
+            out["temperature"] = 0.0
+        out.update({k: gen[k] for k in GENERATION_CONFIG_KEYS
+                    if k in gen and not (k == "temperature" and "temperature" in out)})
+    if config.preferred_sampling_params:
+        out.update(json.loads(config.preferred_sampling_params))
+    try:
+        SamplingParams.from_dict(out)
+    except (InvalidParam, TypeError) as exc:
+        raise ConfigError(f"sampling defaults {json.dumps(out)}: {exc}") from None
+    return out
 
 
 class RequestError(ValueError):
@@ -60,6 +89,10 @@ class Runtime:
         self._rng = random.Random(config.random_seed)
         self._rids: set[str] = set()
         self._rids_lock = threading.Lock()
+        #: what requests that give no sampling parameters get (:func:`sampling_defaults`)
+        self.sampling_defaults = sampling_defaults(config, self.model_config.model_path)
+        if self.sampling_defaults:
+            log.info("sampling defaults: %s", json.dumps(self.sampling_defaults))
         #: the chat parsers' factories (built once here, from the tokenizer's chat template)
         self.parsers = ParserFactories()
         self.observers = None
@@ -126,12 +159,26 @@ class Runtime:
         with self._rids_lock:
             self._rids.discard(rid)
 
+    def truncate(self, input_ids: list[int], params: SamplingParams) -> list[int]:
+        """``input_ids`` cut from the left so that it and its output fit (the context length
+        less ``max_new_tokens``, or one token when unset; the KV cache), when it does not."""
+        keep = min(self.context_len - (params.max_new_tokens or 1), self.kv_capacity - 1)
+        if keep < 1 or len(input_ids) <= keep:
+            return input_ids
+        log.info("prompt of %d tokens truncated to its last %d", len(input_ids), keep)
+        return input_ids[-keep:]
+
     def make_reqs(self, rid: str, input_ids: list[int], params: SamplingParams, sink: Sink, *,
-                  param: str = "prompt", max_tokens_param: str = "max_tokens") -> list[Req]:
+                  param: str = "prompt", max_tokens_param: str = "max_tokens",
+                  priority: int | None = None, routing_key: str | None = None) -> list[Req]:
         """Validated scheduler requests for one prompt: one per ``n`` (ids ``rid`` or
         ``rid-i``; the ids name requests in logs and outputs, aborts take the objects).
-        Sequence ``i`` of a seeded request draws with the seed ``(seed + i) mod 2**64``.
-        Raises :class:`RequestError`."""
+        Sequence ``i`` of a seeded request draws with the seed ``(seed + i) mod 2**64``. A
+        prompt that does not fit is cut from the left with ``--allow-auto-truncate``
+        (:meth:`truncate`). ``priority`` defaults to ``--default-priority-value``. Raises
+        :class:`RequestError`."""
+        if self.config.allow_auto_truncate:
+            input_ids = self.truncate(input_ids, params)
         self.check_prompt(input_ids, param=param)
         params.validate(self.vocab_size)
         limit = self.max_new_tokens(len(input_ids), params, max_tokens_param)
@@ -148,7 +195,8 @@ class Runtime:
             reqs.append(Req(
                 rid=rid if params.n == 1 else f"{rid}-{i}", origin_input_ids=list(input_ids),
                 sampling_params=params, sink=sink, stop_ids=stop_ids, generator=gen,
-                max_new_tokens=limit,
+                max_new_tokens=limit, routing_key=routing_key,
+                priority=self.config.default_priority_value if priority is None else priority,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
                                                    input_ids)))
         if self.observers is not None and self.observers.on_request is not None:

@@ -35,10 +35,13 @@ GPU_MEM_FRACTION = 0.85  #: default --mem-fraction-static on GPU (weights + KV o
 DEFAULT_MAX_RUNNING = {"cpu": 64, "cuda": 256}
 
 
-def pick_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu; ``cuda[:N]`` must exist."""
+def pick_device(name: str, base_gpu_id: int = 0) -> torch.device:
+    """``auto`` -> cuda when available, else cpu; ``cuda`` (and ``auto`` on a GPU machine)
+    means GPU ``base_gpu_id``; ``cuda[:N]`` must exist."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{base_gpu_id}"
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -47,6 +50,9 @@ def pick_device(name: str) -> torch.device:
         raise ConfigError(f"--device {name}: CUDA is not available here")
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"--device {name}: only cpu and cuda are supported")
+    if device.type == "cuda" and not 0 <= (device.index or 0) < torch.cuda.device_count():
+        raise ConfigError(f"--device {name}: this machine has {torch.cuda.device_count()} "
+                          "GPUs (see --base-gpu-id)")
     return device
 
 
@@ -78,12 +84,13 @@ class ModelRunner:
 
         self.config = config
         assembly = assembly if assembly is not None else Assembly(config)
-        self.device = pick_device(config.device)
+        self.device = pick_device(config.device, config.base_gpu_id)
         self.model_config = assembly.model_config()
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config)
         self.tokenizer: Tokenizer | None = (
             None if config.skip_tokenizer_init
-            else Tokenizer.load(self.model_config, config.tokenizer_path))
+            else Tokenizer.load(self.model_config, config.tokenizer_path,
+                                mode=config.tokenizer_mode, chat_template=config.chat_template))
         self.max_context_len = config.context_length or self.model_config.context_len
         if config.page_size < 1:
             raise ConfigError(f"--page-size {config.page_size}: must be at least 1")
@@ -151,8 +158,10 @@ class ModelRunner:
         from engine.runtime.cuda_graph import DecodeGraphs
 
         with torch.inference_mode():
+            max_batch = min(self.config.cuda_graph_max_bs_decode or self.max_running_requests,
+                            self.max_running_requests)
             return DecodeGraphs(lambda b: self._forward(b, prepare=False), self.decode_backend,
-                                self.req_to_token, self.max_running_requests)
+                                self.req_to_token, max_batch, self.config.cuda_graph_bs_decode)
 
     # ------------------------------------------------------------------ hot path
 

@@ -5,7 +5,7 @@ batch, runs the model runner on it, samples, and reports a :class:`ReqOutput` to
 sink. Requests join and leave between steps.
 
 * **Prefill** (an ``EXTEND`` batch): the partly prefilled request first, then waiting requests
-  in policy order (``fcfs``: arrival; ``lpm``: longest cached prefix first), each starting after
+  in policy order (:mod:`engine.runtime.schedule_policy`), each starting after
   its radix-cache hit, until ``chunked_prefill_size`` new tokens are packed; a prompt longer
   than what is left is cut into chunks across steps. When decode requests are running, a
   prefill of at most ``MIXED_PREFILL_TOKENS`` new tokens runs in the same forward as their next
@@ -14,7 +14,7 @@ sink. Requests join and leave between steps.
 * **Decode**: one token for every running request.
 * **Memory**: pages come from the allocator; when short, unlocked radix-cache leaves are
   evicted (LRU); when still short, a new request waits in the queue, and a decode step retracts
-  the most recently admitted requests (their KV goes back to the cache and they are re-queued
+  running requests (``--retraction-policy``; by default the most recently admitted; their KV goes back to the cache and they are re-queued
   to continue later from prompt + output so far). A lone request that cannot grow ends with
   ``length``. Nothing here raises on memory pressure.
 * **Finishing**: eos (unless ``ignore_eos``) and ``stop_token_ids`` (the id is counted, its text
@@ -40,7 +40,8 @@ Failure isolation (:meth:`step` never raises):
 
 The scheduler runs in one thread (:meth:`start`, or :meth:`run` in a thread of the caller's: the
 one that loaded the model, see :func:`engine.runtime.frontend.start_runtime`) or is stepped by
-its caller (offline engine). ``ENGINE_STEP_TIMING=N`` logs where its steps' time goes.
+its caller (offline engine). ``--show-time-cost`` (or ``ENGINE_STEP_TIMING=N``) logs where its
+steps' time goes.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -61,12 +63,15 @@ from engine.runtime.batch import Batch, ForwardMode
 from engine.runtime.radix_cache import RadixCache
 from engine.runtime.request import Req, ReqOutput, Sink, emit
 from engine.runtime.sampling import SampleOutput, Sampler
+from engine.runtime.schedule_policy import order, retraction_victim
 
 log = logging.getLogger("engine.scheduler")
 
 DEFAULT_CHUNKED_PREFILL = {"cpu": 2048, "cuda": 8192}
-LPM_SCAN_LIMIT = 128  #: waiting requests ranked by prefix match per step (lpm)
-ADMIT_DECODE_RESERVE = 64  #: tokens of decode room a new request must find free to be admitted
+#: tokens of decode room a new request must find free to be admitted (times
+#: ``--schedule-conservativeness``)
+ADMIT_DECODE_RESERVE = 64
+SHOW_TIME_COST_EVERY = 100  #: steps per summary of ``--show-time-cost``
 #: a prefill of at most this many new tokens shares its forward with the running requests'
 #: decode tokens (their rows are padded to the longest extend by some attention backends, so
 #: this stays small)
@@ -129,9 +134,11 @@ class _NoTimer:
         pass
 
 
-def _step_timer() -> StepTimer | _NoTimer:
+def _step_timer(show_time_cost: bool) -> StepTimer | _NoTimer:
     every = os.environ.get("ENGINE_STEP_TIMING", "")
-    return StepTimer(int(every)) if every.isdigit() and int(every) > 0 else _NoTimer()
+    if every.isdigit() and int(every) > 0:
+        return StepTimer(int(every))
+    return StepTimer(SHOW_TIME_COST_EVERY) if show_time_cost else _NoTimer()
 
 
 class QueueFull(RuntimeError):
@@ -193,7 +200,8 @@ class Scheduler:
         self._stop = threading.Event()
         self.num_retractions = 0
         self.num_steps = 0
-        self.timer = _step_timer()
+        self.timer = _step_timer(config.show_time_cost)
+        self._rng = random.Random(config.random_seed)  #: the ``random`` schedule policy's
 
     # ------------------------------------------------------------------ thread-safe API
 
@@ -351,8 +359,8 @@ class Scheduler:
                 if req.kv_len + n < req.seq_len:
                     return plan  # still partial: it keeps the whole budget
                 self.chunked = None
-        if self.config.schedule_policy == "lpm" and len(self.waiting) > 1:
-            self._sort_lpm()
+        if len(self.waiting) > 1:
+            self._order_waiting()
         taken: list[Req] = []  # admitted, or failed while being admitted
         for req in self.waiting:
             if budget <= 0 or len(self.running) + len(plan) >= self.max_running:
@@ -387,13 +395,17 @@ class Scheduler:
             return remaining  # whole prompts (the budget only limits how many are packed)
         return min(remaining, budget)
 
-    def _sort_lpm(self) -> None:
-        if self.cache.disabled:
-            return
-        head = self.waiting[:LPM_SCAN_LIMIT]
-        scores = {id(r): len(self.cache.match_prefix(r.fill_ids[:-1])[0]) for r in head}
-        head.sort(key=lambda r: -scores[id(r)])  # stable: fcfs among equals
-        self.waiting[:LPM_SCAN_LIMIT] = head
+    def _order_waiting(self) -> None:
+        cfg = self.config
+
+        def match(req: Req) -> tuple[int, object]:
+            cached, node = self.cache.match_prefix(req.fill_ids[:-1])
+            return len(cached), node
+
+        self.waiting = order(cfg.schedule_policy, self.waiting, match=match,
+                             running=self.running, now=time.monotonic(), rng=self._rng,
+                             by_priority=cfg.enable_priority_scheduling,
+                             low_priority_first=cfg.schedule_low_priority_values_first)
 
     def _admit(self, req: Req, budget: int) -> tuple[Req, int, list[int]] | None:
         """Give ``req`` a row, its cached prefix and its first chunk's slots; None if no room."""
@@ -405,7 +417,8 @@ class Scheduler:
         n = self._extend_amount(req, budget)
         reserve = 0
         if self.running:  # leave the running requests some room to decode
-            reserve = min(ADMIT_DECODE_RESERVE, max(0, req.max_new_tokens - len(req.output_ids)))
+            reserve = min(int(ADMIT_DECODE_RESERVE * self.config.schedule_conservativeness),
+                          max(0, req.max_new_tokens - len(req.output_ids)))
         need = self.allocator.pages_needed(req.kv_len, n + reserve) * self.page_size
         if not self._make_room(need):
             self.cache.dec_lock(node)
@@ -546,7 +559,9 @@ class Scheduler:
             if len(self.running) == 1:
                 self._retract_chunked()
                 continue
-            self._retract(self.running.pop())
+            self._retract(self.running.pop(retraction_victim(
+                self.config.retraction_policy, self.running,
+                low_priority_first=self.config.schedule_low_priority_values_first)))
 
     def _retract(self, req: Req) -> None:
         """Put a running request back in the queue; its KV goes to the cache (or is freed)."""

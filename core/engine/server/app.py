@@ -33,6 +33,7 @@ from engine.config import ServerConfig
 from engine.assembly import Assembly
 from engine.runtime.frontend import RequestError, Runtime, start_runtime
 from engine.runtime.sampling import InvalidParam, SamplingParams
+from engine.runtime.watchdog import watch_forwards
 from engine.server.generation import ClientGone, Generation, SeqState, internal_failure
 from engine.server.metrics import Metrics
 from engine.server.openai_api import OpenAIServing, error_body, sse, sse_response
@@ -260,6 +261,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        if state.watchdog is not None and state.watchdog.tripped:
+            return reject(503, error_body("a model forward is stuck (--watchdog-timeout); the "
+                                          "server is exiting", type="server_unavailable",
+                                          code=503))
         return Response(status_code=200)
 
     @app.get("/health_generate")
@@ -367,14 +372,17 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
         raws = [raw or {}] * len(prompts)
     params = []
     for r in raws:
-        sp = to_sampling_params(dict(r), names={})
+        sp = to_sampling_params(dict(r), names={}, defaults=runtime.sampling_defaults)
         if body.return_logprob:
             sp.logprobs, sp.top_logprobs = True, body.top_logprobs_num
         params.append(sp.validate())
     gen = Generation(state, prompts, params, request, rid=body.rid, prompt_param=param,
-                     max_tokens_param="max_new_tokens")
+                     max_tokens_param="max_new_tokens", priority=body.priority,
+                     routing_key=body.routing_key)
 
-    def item(s: SeqState) -> dict[str, Any]:
+    def item(s: SeqState, delta: Any = None) -> dict[str, Any]:
+        """The response item of sequence ``s``: all of its text and ids, or only those of
+        ``delta`` (``--incremental-streaming-output``)."""
         meta: dict[str, Any] = {
             "id": gen.rid if len(gen.seqs) == 1 else f"{gen.rid}-{s.index}",
             "finish_reason": s.finish_reason, "prompt_tokens": s.prompt_tokens,
@@ -385,16 +393,18 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
                                              zip(s.logprobs, s.token_ids)]
             meta["output_top_logprobs"] = [[[v, t, None] for t, v in top]
                                            for top in s.top_logprobs]
-        out = {"text": s.text, "output_ids": list(s.token_ids), "meta_info": meta}
+        text, ids = (delta.text, delta.token_ids) if delta is not None else (s.text, s.token_ids)
+        out = {"text": text, "output_ids": list(ids), "meta_info": meta}
         if batched or len(gen.seqs) > 1:
             out["index"] = s.index
         return out
 
     if body.stream:
         async def events() -> AsyncIterator[str]:
+            incremental = state.config.incremental_streaming_output
             async for s, out in gen:
                 if out.token_ids or out.finished:
-                    yield sse(item(s))
+                    yield sse(item(s, out if incremental else None))
             yield sse("[DONE]")
 
         return sse_response(events())
@@ -456,6 +466,8 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
 
     t0 = time.monotonic()
     runtime = start_runtime(config, assembly)
+    watchdog = watch_forwards(runtime.runner, config.watchdog_timeout,
+                              config.soft_watchdog_timeout)
     try:
         if not config.skip_server_warmup:
             _warm_up(runtime)
@@ -463,7 +475,7 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
         state = ServerState(config=config, runtime=runtime,
                             metrics=Metrics(runtime.scheduler.stats, name), model_name=name,
                             model_path=runtime.model_config.model_path, started=time.time(),
-                            parsers=runtime.parsers)
+                            parsers=runtime.parsers, watchdog=watchdog)
         app = create_app(state)
         url = f"http://{config.host}:{config.port}"
 
@@ -506,6 +518,7 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
             return int(exc.code or 1)
         return 0 if server.started else 1
     finally:
+        watchdog.stop()
         runtime.shutdown()
 
 

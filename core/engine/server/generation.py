@@ -4,15 +4,19 @@ Each request's sink is a :class:`~engine.runtime.request.ChannelSink` on the loo
 :class:`LoopChannel`: the scheduler hands all outputs of one step to the event loop with a
 single ``call_soon_threadsafe`` (the loop never blocks on the model, and wakes once per step,
 not once per token). A :class:`Generation` submits every sequence of one HTTP request (prompts
-x ``n``), yields their outputs as they come, records metrics, and aborts what is left when the
-client goes away or the server shuts down. Its ``rid`` (the client's, or a fresh one) is unique
-among the requests in flight (:meth:`~engine.runtime.frontend.Runtime.claim_rid`) until its last
+x ``n``), yields their outputs as they come (every ``--stream-interval`` tokens), records
+metrics, logs finished requests (``--log-requests``), and aborts what is left when the client
+goes away or the server shuts down. Its ``rid`` (the client's, or a fresh one) is unique among
+the requests in flight (:meth:`~engine.runtime.frontend.Runtime.claim_rid`) until its last
 sequence finishes; aborts name its own sequences, so they never reach another request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import logging
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -28,6 +32,9 @@ from engine.runtime.scheduler import QueueFull
 from engine.server.state import ServerState
 
 DISCONNECT_POLL_S = 0.5
+LOG_TEXT_CHARS = 2048  #: characters of input and output logged at --log-requests-level 2
+
+request_log = logging.getLogger("engine.requests")
 
 
 class ClientGone(Exception):
@@ -117,13 +124,16 @@ class Generation:
 
     Raises :class:`RequestError`: beyond the server's limits (:func:`check_limits`), a prompt
     or params the runtime refuses, a full queue (503) or a server shutting down (503).
+    ``priority`` and ``routing_key`` reach the scheduler's policies.
     """
 
     def __init__(self, state: ServerState, prompts: list[list[int]],
                  params: list[SamplingParams], request: Request | None, *,
                  rid: str | None = None, prompt_param: str = "prompt",
-                 max_tokens_param: str = "max_tokens") -> None:
+                 max_tokens_param: str = "max_tokens", priority: int | None = None,
+                 routing_key: str | None = None) -> None:
         runtime = self.runtime = state.runtime
+        self.config, self.prompts, self.params = state.config, prompts, params
         self.metrics, self.request, self.drain = state.metrics, request, state.drain
         if self.drain.closed:
             raise shutting_down()
@@ -139,7 +149,8 @@ class Generation:
             for p_i, (ids, sp) in enumerate(zip(prompts, params)):
                 sub = self.rid if len(prompts) == 1 else f"{self.rid}-p{p_i}"
                 for req in runtime.make_reqs(sub, ids, sp, sink, param=prompt_param,
-                                             max_tokens_param=max_tokens_param):
+                                             max_tokens_param=max_tokens_param,
+                                             priority=priority, routing_key=routing_key):
                     self.seqs[req.rid] = SeqState(index=len(self.reqs), prompt_index=p_i)
                     self.reqs.append(req)
             runtime.scheduler.submit(self.reqs)
@@ -167,7 +178,9 @@ class Generation:
         return sorted(self.seqs.values(), key=lambda s: s.index)
 
     async def __aiter__(self) -> AsyncIterator[tuple[SeqState, ReqOutput]]:
-        """Yield ``(state after the output, output)`` until every sequence has finished.
+        """Yield ``(state after the output, output)`` until every sequence has finished; a
+        sequence's outputs are merged until they hold ``--stream-interval`` tokens (or it
+        finishes).
 
         Raises :class:`ClientGone` when the client disconnects (checked every
         ``DISCONNECT_POLL_S`` by a watchdog task while the generation runs), and the 503
@@ -176,6 +189,8 @@ class Generation:
         watchdog = None
         if self.request is not None and self._open:
             watchdog = asyncio.ensure_future(self._watch(self.request))
+        interval = max(1, self.config.stream_interval)
+        pending: dict[str, ReqOutput] = {}
         try:
             while self._open:
                 out = await self._queue.get()
@@ -185,6 +200,11 @@ class Generation:
                     raise shutting_down()
                 assert isinstance(out, ReqOutput)
                 state = self._apply(out)
+                if out.rid in pending:
+                    out = merge_outputs(pending.pop(out.rid), out)
+                if not out.finished and len(out.token_ids) < interval:
+                    pending[out.rid] = out
+                    continue
                 yield state, out
         finally:
             if watchdog is not None:
@@ -245,7 +265,31 @@ class Generation:
             m.generation_tokens.labels(name).inc(out.completion_tokens)
             m.cached_tokens.labels(name).inc(out.cached_tokens)
             m.e2e.labels(name).observe(now - self.start)
+            if self.config.log_requests:
+                self._log_finished(out.rid, s, now - self.start)
         return s
+
+    def _log_finished(self, rid: str, s: SeqState, seconds: float) -> None:
+        """One log line for a finished sequence, as ``--log-requests-level`` and
+        ``--log-requests-format`` say."""
+        level = self.config.log_requests_level
+        record: dict[str, Any] = {
+            "rid": rid, "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+            "cached_tokens": s.cached_tokens, "finish_reason": (s.finish_reason or {}).get("type"),
+            "e2e_latency": round(seconds, 4)}
+        if level >= 1:
+            record["sampling_params"] = dataclasses.asdict(self.params[s.prompt_index])
+        if level >= 2:
+            limit = LOG_TEXT_CHARS if level == 2 else None
+            tok = self.runtime.tokenizer
+            prompt = self.prompts[s.prompt_index]
+            record["input"] = tok.decode(prompt)[:limit] if tok is not None else prompt[:limit]
+            record["output"] = s.text[:limit]
+        if self.config.log_requests_format == "json":
+            request_log.info(json.dumps(record, ensure_ascii=False))
+        else:
+            request_log.info("finished request %s", " ".join(
+                f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in record.items()))
 
 
 def internal_failure(states: list[SeqState]) -> str | None:
@@ -257,14 +301,25 @@ def internal_failure(states: list[SeqState]) -> str | None:
     return None
 
 
-def usage(states: list[SeqState]) -> dict[str, Any]:
-    """OpenAI ``usage``: prompt tokens counted once per prompt, completions per sequence."""
+def merge_outputs(first: ReqOutput, then: ReqOutput) -> ReqOutput:
+    """Two consecutive outputs of one sequence as one (the later one's state and counts)."""
+    return dataclasses.replace(
+        then, text=first.text + then.text, token_ids=first.token_ids + then.token_ids,
+        logprobs=first.logprobs + then.logprobs,
+        top_logprobs=first.top_logprobs + then.top_logprobs)
+
+
+def usage(states: list[SeqState], *, cache_report: bool = False) -> dict[str, Any]:
+    """OpenAI ``usage``: prompt tokens counted once per prompt, completions per sequence;
+    ``prompt_tokens_details.cached_tokens`` with ``cache_report`` (``--enable-cache-report``)."""
     prompts: dict[int, SeqState] = {}
     for s in states:
         prompts.setdefault(s.prompt_index, s)
     prompt = sum(s.prompt_tokens for s in prompts.values())
     cached = sum(s.cached_tokens for s in prompts.values())
     completion = sum(s.completion_tokens for s in states)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion}
+    if cache_report:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out

@@ -72,6 +72,9 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------ helpers
 
+    def _usage(self, states: list[SeqState]) -> dict[str, Any]:
+        return usage(states, cache_report=self.state.config.enable_cache_report)
+
     def _token_text(self, tid: int) -> str:
         return self.tok.decode([tid])
 
@@ -101,8 +104,9 @@ class OpenAIServing:
         data = body.sampling_dict()
         if body.logprobs is not None:
             data.update(logprobs=True, top_logprobs=body.logprobs)
-        sp = to_sampling_params(data)
-        gen = Generation(self.state, ids, [sp] * len(ids), request, rid=body.rid)
+        sp = to_sampling_params(data, defaults=self.state.runtime.sampling_defaults)
+        gen = Generation(self.state, ids, [sp] * len(ids), request, rid=body.rid,
+                         priority=body.priority, routing_key=body.routing_key)
         echo = [self.tok.decode(i) if body.echo else "" for i in ids]
         cid, created = f"cmpl-{gen.rid}", int(time.time())
         if body.stream:
@@ -116,7 +120,7 @@ class OpenAIServing:
                     "finish_reason": finish_reason(s),
                     "matched_stop": (s.finish_reason or {}).get("matched")} for s in states]
         return JSONResponse({"id": cid, "object": "text_completion", "created": created,
-                             "model": model, "choices": choices, "usage": usage(states)})
+                             "model": model, "choices": choices, "usage": self._usage(states)})
 
     def _completion_logprobs(self, s: SeqState, start: int = 0) -> dict[str, Any]:
         tokens = [self._token_text(t) for t in s.token_ids[start:]]
@@ -151,7 +155,7 @@ class OpenAIServing:
                 continue
             yield sse({**head, "choices": [choice]})
         if include_usage:
-            yield sse({**head, "choices": [], "usage": usage(gen.states)})
+            yield sse({**head, "choices": [], "usage": self._usage(gen.states)})
         yield sse("[DONE]")
 
     # ------------------------------------------------------------------ chat
@@ -237,9 +241,10 @@ class OpenAIServing:
             data["max_new_tokens"] = body.max_completion_tokens
             names["max_new_tokens"] = "max_completion_tokens"
         data.update(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0)
-        sp = to_sampling_params(data, names=names)
+        sp = to_sampling_params(data, names=names, defaults=self.state.runtime.sampling_defaults)
         gen = Generation(self.state, [ids], [sp], request, rid=body.rid,
-                         prompt_param="messages", max_tokens_param=names["max_new_tokens"])
+                         prompt_param="messages", max_tokens_param=names["max_new_tokens"],
+                         priority=body.priority, routing_key=body.routing_key)
         pkw = parser_kwargs(body, self.state.parsers)
         cid, created = f"chatcmpl-{gen.rid}", int(time.time())
         if body.stream:
@@ -256,7 +261,7 @@ class OpenAIServing:
                             "finish_reason": reason,
                             "matched_stop": (s.finish_reason or {}).get("matched")})
         return JSONResponse({"id": cid, "object": "chat.completion", "created": created,
-                             "model": model, "choices": choices, "usage": usage(states)})
+                             "model": model, "choices": choices, "usage": self._usage(states)})
 
     async def _stream_chat(self, gen: Generation, body: ChatCompletionRequest, model: str,
                            cid: str, created: int, pkw: dict[str, Any] | None,
@@ -294,7 +299,7 @@ class OpenAIServing:
                     yield sse(error)
                 yield chunk(s.index, {}, reason)
         if include_usage:
-            yield sse({**head, "choices": [], "usage": usage(gen.states)})
+            yield sse({**head, "choices": [], "usage": self._usage(gen.states)})
         yield sse("[DONE]")
 
 

@@ -68,6 +68,8 @@ class _SamplingFields(_Body):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     rid: str | None = None
+    priority: int | None = None  #: scheduling priority (higher first; see --schedule-policy)
+    routing_key: str | None = None  #: requests of one key are admitted together (routing-key)
     # no structured output and no logit bias: refused, never ignored
     response_format: Annotated[dict[str, Any] | None, _unsupported(
         {"type": "text"}, "structured output")] = None
@@ -129,6 +131,8 @@ class GenerateRequest(_Body):
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
     rid: str | None = None
+    priority: int | None = None
+    routing_key: str | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
 
@@ -137,11 +141,14 @@ API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 Body = TypeVar("Body", bound=BaseModel)
 
 
-def to_sampling_params(data: dict[str, Any], *,
-                       names: Mapping[str, str] = API_NAMES) -> SamplingParams:
+def to_sampling_params(data: dict[str, Any], *, names: Mapping[str, str] = API_NAMES,
+                       defaults: Mapping[str, Any] | None = None) -> SamplingParams:
     """Build validated params; an :class:`InvalidParam` names the field as the request does
     (``names``: sampling-param name -> request field, e.g. ``max_new_tokens`` -> ``max_tokens``;
-    empty for the native API, which uses the sampling names)."""
+    empty for the native API, which uses the sampling names). ``defaults`` (the server's
+    sampling defaults) fill what ``data`` leaves unset (missing or null)."""
+    if defaults:
+        data = {**defaults, **{k: v for k, v in data.items() if v is not None or k not in defaults}}
     try:
         return SamplingParams.from_dict(data)
     except InvalidParam as exc:

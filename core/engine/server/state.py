@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Iterator
 from engine.assembly import ParserFactories
 from engine.config import ServerConfig
 from engine.runtime.frontend import Runtime
+from engine.runtime.watchdog import Watchdog
 from engine.server.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -83,4 +84,5 @@ class ServerState:
     model_path: str
     started: float
     parsers: ParserFactories  #: the chat parsers' factories, built once at start-up
+    watchdog: Watchdog | None = None  #: times the model's forwards; tripped: /health fails
     drain: Drain = field(default_factory=Drain)
