@@ -176,7 +176,7 @@ def test_the_work_of_one_request_is_bounded(main_server) -> None:
          "--max-stop-strings"),
         (CHAT, {"messages": msg, "tools": [tool] * 129}, "tools", "--max-tools"),
         (CHAT, {"messages": msg, "logprobs": True, "top_logprobs": 21}, "top_logprobs",
-         "at most 20"),
+         "<= 20"),
     ]
     with bystander(main_server), main_server.client(timeout=HANG_S) as c:
         for path, body, param, words in cases:
