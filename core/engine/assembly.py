@@ -11,7 +11,8 @@ This is the one place a family choice is turned into an object. The sequence, fr
    features and this machine (exact name, ``name@distribution``, ``auto``), and logs the picks.
 3. The runtime asks the assembly for products as their inputs come to exist: the quantization
    method (model config + device), the architecture table, the attention backends (the KV
-   pool), the parser factories (the tokenizer's chat template) and the cross-cutting observers.
+   pool), the parser factories (the tokenizer's chat template), the grammar backend (the
+   tokenizer) and the cross-cutting observers.
    Each family hook receives its plugin's own :class:`~engine.api.Options`; an ``auto`` plugin
    receives ``delegate(name)`` to build another plugin of its family the same way.
 
@@ -231,6 +232,13 @@ class Assembly:
                 made[dest] = self.build(record, chat_template=chat_template)
         return ParserFactories(reasoning=made.get("reasoning_parser"),
                                tool=made.get("tool_call_parser"))
+
+    def grammar_backend(self, tokenizer: Any, vocab_size: int) -> Any:
+        """The grammar backend of constrained decoding (an
+        :class:`engine.api.grammar.GrammarBackend`), built once the tokenizer is loaded."""
+        record = self.choose("grammar_backend")
+        assert record is not None, "the grammar family always has a choice"
+        return self.build(record, tokenizer=tokenizer, vocab_size=vocab_size, config=self.config)
 
     def observers(self) -> Observers:
         """The cross-cutting hooks, bound to this assembly's plugin manager."""

@@ -173,6 +173,17 @@ FAMILIES: dict[str, Family] = {
             summary="extract tool calls (name, JSON arguments) from content, whole or streamed",
         ),
         Family(
+            name="grammar",
+            group="engine.grammar",
+            folder="grammar",
+            prefix="grammar-",
+            flags=(Flag("--grammar-backend", "Choose the backend for grammar-guided decoding."),),
+            hook="engine_create_grammar_backend",
+            interface="engine.api.grammar:GrammarBackend",
+            conformance="engine.testing.grammar:check",
+            summary="compiles JSON schemas, regexes and grammars; masks each step's tokens",
+        ),
+        Family(
             name="model_config_parser",
             folder_prefix="model-config-",
             group="engine.model_config_parser",

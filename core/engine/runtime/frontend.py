@@ -17,6 +17,7 @@ import torch
 
 from engine.config import ServerConfig
 from engine.models.tokenizer import IncrementalDetokenizer
+from engine.runtime.grammar import Grammars
 from engine.runtime.request import Req, Sink
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.scheduler import Scheduler
@@ -63,9 +64,14 @@ class Runtime:
         #: the chat parsers' factories (built once here, from the tokenizer's chat template)
         self.parsers = ParserFactories()
         self.observers = None
+        #: constrained decoding (None without a tokenizer or an assembly)
+        self.grammars: Grammars | None = None
         if assembly is not None:
             template = self.tokenizer.chat_template if self.tokenizer is not None else None
             self.parsers = assembly.parser_factories(template)
+            if self.tokenizer is not None:
+                self.grammars = Grammars(assembly.grammar_backend(self.tokenizer,
+                                                                  self.vocab_size))
             # cross-cutting hooks of the selected plugins (engine.plugins.hookspecs)
             self.observers = assembly.observers()
             self.scheduler.after_forward = self.observers.after_forward
@@ -127,10 +133,12 @@ class Runtime:
             self._rids.discard(rid)
 
     def make_reqs(self, rid: str, input_ids: list[int], params: SamplingParams, sink: Sink, *,
-                  param: str = "prompt", max_tokens_param: str = "max_tokens") -> list[Req]:
+                  param: str = "prompt", max_tokens_param: str = "max_tokens",
+                  grammars: list[Any] | None = None) -> list[Req]:
         """Validated scheduler requests for one prompt: one per ``n`` (ids ``rid`` or
         ``rid-i``; the ids name requests in logs and outputs, aborts take the objects).
-        Sequence ``i`` of a seeded request draws with the seed ``(seed + i) mod 2**64``.
+        Sequence ``i`` of a seeded request draws with the seed ``(seed + i) mod 2**64``, and
+        is constrained by ``grammars[i]`` when given (from :meth:`Grammars.matchers`).
         Raises :class:`RequestError`."""
         self.check_prompt(input_ids, param=param)
         params.validate(self.vocab_size)
@@ -148,7 +156,7 @@ class Runtime:
             reqs.append(Req(
                 rid=rid if params.n == 1 else f"{rid}-{i}", origin_input_ids=list(input_ids),
                 sampling_params=params, sink=sink, stop_ids=stop_ids, generator=gen,
-                max_new_tokens=limit,
+                max_new_tokens=limit, grammar=grammars[i] if grammars else None,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
                                                    input_ids)))
         if self.observers is not None and self.observers.on_request is not None:
@@ -168,6 +176,8 @@ class Runtime:
 
     def shutdown(self) -> None:
         self.scheduler.stop()
+        if self.grammars is not None:
+            self.grammars.shutdown()
         if self.observers is not None:
             self.observers.shutdown()
 

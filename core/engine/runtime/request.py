@@ -115,6 +115,8 @@ class Req:
     stop_ids: frozenset[int] = frozenset()
     generator: torch.Generator | None = None
     max_new_tokens: int = 0  #: resolved against the context length by the front end
+    #: the constraint's matcher (:class:`engine.api.grammar.GrammarMatcher`), or None
+    grammar: Any = None
     output_ids: list[int] = field(default_factory=list)
     # KV state
     row: int | None = None

@@ -33,11 +33,13 @@ from engine.config import ServerConfig
 from engine.assembly import Assembly
 from engine.runtime.frontend import RequestError, Runtime, start_runtime
 from engine.runtime.sampling import InvalidParam, SamplingParams
-from engine.server.generation import ClientGone, Generation, SeqState, internal_failure
+from engine.server.generation import (ClientGone, Generation, SeqState, grammar_matchers,
+                                      internal_failure)
 from engine.server.metrics import Metrics
 from engine.server.openai_api import OpenAIServing, error_body, sse, sse_response
-from engine.server.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest,
-                                    parse_body, to_sampling_params)
+from engine.server.protocol import (CONSTRAINT_FIELDS, ChatCompletionRequest, CompletionRequest,
+                                    GenerateRequest, constraint, parse_body,
+                                    to_sampling_params)
 from engine.server.state import RETRY_AFTER_S, Drain, ServerState
 
 log = logging.getLogger("engine.serve")
@@ -365,14 +367,17 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
         raws = raw
     else:
         raws = [raw or {}] * len(prompts)
-    params = []
+    params, constraints = [], []
     for r in raws:
-        sp = to_sampling_params(dict(r), names={})
+        fields = dict(r)
+        constraints.append(constraint({k: fields.pop(k, None) for k in CONSTRAINT_FIELDS}))
+        sp = to_sampling_params(fields, names={})
         if body.return_logprob:
             sp.logprobs, sp.top_logprobs = True, body.top_logprobs_num
         params.append(sp.validate())
+    grammars = await grammar_matchers(state, constraints, params)
     gen = Generation(state, prompts, params, request, rid=body.rid, prompt_param=param,
-                     max_tokens_param="max_new_tokens")
+                     max_tokens_param="max_new_tokens", grammars=grammars)
 
     def item(s: SeqState) -> dict[str, Any]:
         meta: dict[str, Any] = {

@@ -21,9 +21,10 @@ from starlette.responses import JSONResponse, StreamingResponse
 from engine.assembly import ParserFactories
 from engine.parsers.api import MessageStream, parse_message
 from engine.runtime.frontend import RequestError
-from engine.server.generation import ClientGone, Generation, SeqState, internal_failure, usage
-from engine.server.protocol import (API_NAMES, ChatCompletionRequest, CompletionRequest,
-                                    to_sampling_params)
+from engine.server.generation import (ClientGone, Generation, SeqState, grammar_matchers,
+                                      internal_failure, usage)
+from engine.server.protocol import (API_NAMES, CONSTRAINT_FIELDS, ChatCompletionRequest,
+                                    CompletionRequest, constraint, to_sampling_params)
 
 log = logging.getLogger("engine.serve")
 
@@ -102,7 +103,10 @@ class OpenAIServing:
         if body.logprobs is not None:
             data.update(logprobs=True, top_logprobs=body.logprobs)
         sp = to_sampling_params(data)
-        gen = Generation(self.state, ids, [sp] * len(ids), request, rid=body.rid)
+        found = constraint(body.model_dump(include=set(CONSTRAINT_FIELDS)), body.response_format)
+        grammars = await grammar_matchers(self.state, [found] * len(ids), [sp] * len(ids))
+        gen = Generation(self.state, ids, [sp] * len(ids), request, rid=body.rid,
+                         grammars=grammars)
         echo = [self.tok.decode(i) if body.echo else "" for i in ids]
         cid, created = f"cmpl-{gen.rid}", int(time.time())
         if body.stream:
@@ -238,8 +242,11 @@ class OpenAIServing:
             names["max_new_tokens"] = "max_completion_tokens"
         data.update(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0)
         sp = to_sampling_params(data, names=names)
+        found = constraint(body.model_dump(include=set(CONSTRAINT_FIELDS)), body.response_format)
+        grammars = await grammar_matchers(self.state, [found], [sp])
         gen = Generation(self.state, [ids], [sp], request, rid=body.rid,
-                         prompt_param="messages", max_tokens_param=names["max_new_tokens"])
+                         prompt_param="messages", max_tokens_param=names["max_new_tokens"],
+                         grammars=grammars)
         pkw = parser_kwargs(body, self.state.parsers)
         cid, created = f"chatcmpl-{gen.rid}", int(time.time())
         if body.stream:

@@ -1,0 +1,71 @@
+"""llguidance: a compiled grammar is a validated matcher; each sequence gets a deep copy."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+
+from engine.api import hookimpl
+from engine.api.grammar import GrammarBackend, GrammarMatcher, GrammarSpec, InvalidGrammar
+
+
+class LLGuidanceMatcher(GrammarMatcher):
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self.m = matcher
+
+    def fill_bitmask(self, bitmask, index):
+        llguidance.torch.fill_next_token_bitmask(self.m, bitmask, index)
+
+    def accept(self, token):
+        return self.m.consume_token(token)
+
+    def is_terminated(self):
+        return self.m.is_stopped()
+
+    def rollback(self, n):
+        if not self.m.rollback(n):
+            raise ValueError(f"llguidance cannot roll back {n} tokens: {self.m.get_error()}")
+
+
+class LLGuidanceBackend(GrammarBackend):
+    name = "llguidance"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, json_options: dict[str, Any]) -> None:
+        self.tokenizer = llguidance.hf.from_tokenizer(
+            tokenizer.hf, n_vocab=vocab_size, eos_token=list(tokenizer.eos_token_ids))
+        self.json_options = json_options
+
+    def _grammar(self, spec: GrammarSpec) -> str:
+        if spec.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(spec.text)
+        if spec.kind == "ebnf":
+            return llguidance.grammar_from("ebnf", spec.text)
+        schema = spec.text if spec.kind == "json_schema" else json.dumps({"type": "object"})
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=self.json_options)
+
+    def compile(self, spec):
+        self.check_kind(spec)
+        try:
+            grammar = self._grammar(spec)
+        except ValueError as exc:
+            raise InvalidGrammar(f"invalid {spec.kind}: {exc}") from None
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise InvalidGrammar(f"invalid {spec.kind}: {matcher.get_error()}")
+        return matcher
+
+    def matcher(self, compiled):
+        return LLGuidanceMatcher(compiled.deep_copy())
+
+
+@hookimpl
+def engine_create_grammar_backend(tokenizer, vocab_size, options):
+    json_options: dict[str, Any] = {}
+    if options.constrained_json_disable_any_whitespace:
+        json_options["whitespace_flexible"] = False
+    elif options.constrained_json_whitespace_pattern is not None:
+        json_options["whitespace_pattern"] = options.constrained_json_whitespace_pattern
+    return LLGuidanceBackend(tokenizer, vocab_size, json_options)
