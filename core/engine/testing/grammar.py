@@ -15,7 +15,8 @@ here (no model needed), with a logits width beyond the tokenizer's length, and c
   schema, with ``jsonschema`` when it is installed; the regex; the grammar's language);
 * a token outside the mask is refused by ``accept``; ``json_object`` (unbounded: no walks)
   accepts a given object token by token, then allows an end token, and refuses an array;
-* ``rollback`` (when the backend has it) restores the allowed set of an earlier step.
+* ``rollback`` of up to :data:`ROLLBACK` tokens (when the backend has it) restores the
+  allowed set of that earlier step.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ WORDS = ("true", "false", "null", '"name"', '"age"', '"tags"', '":', '",', "hell
          "12", " {", "},", "],")
 WALKS = 6
 MAX_STEPS = 400
+ROLLBACK = 8  #: most tokens a walk's rollback check undoes
 
 SCHEMAS: list[dict[str, Any]] = [
     {"type": "object", "properties": {
@@ -219,15 +221,18 @@ def _walks(backend: GrammarBackend, spec: GrammarSpec, valid: Callable[[str], bo
 
 
 def _rollback(backend: GrammarBackend, compiled: Any, tokens: list[int], vocab: int) -> str:
+    """Roll back the last few tokens of a walk: the allowed set is that of before them."""
+    k = min(len(tokens) - 1, ROLLBACK)
     m = backend.matcher(compiled)
-    m.accept(tokens[0])
+    for t in tokens[:-k]:
+        m.accept(t)
     expected = m.allowed_tokens(vocab)
-    for t in tokens[1:]:
+    for t in tokens[-k:]:
         m.accept(t)
     try:
-        m.rollback(len(tokens) - 1)
+        m.rollback(k)
     except NotImplementedError:
         return ""
     if m.allowed_tokens(vocab) != expected:
-        return f"rollback({len(tokens) - 1}) did not restore the allowed tokens"
+        return f"rollback({k}) did not restore the allowed tokens"
     return ""
