@@ -181,7 +181,9 @@ def _walks(backend: GrammarBackend, spec: GrammarSpec, valid: Callable[[str], bo
     eos = set(tok.eos_token_ids)
     blank = {t for t in range(len(tok.hf)) if not tok.hf.decode([t]).strip()}
     first = backend.matcher(compiled).allowed_tokens(vocab)
-    outside = next(t for t in range(vocab) if t not in first)
+    outside = next((t for t in range(vocab) if t not in first), None)
+    if outside is None:
+        return [f"{label}: allows every token at the start"]
     if backend.matcher(compiled).accept(outside):
         return [f"{label}: accepted token {outside}, which the mask forbids"]
     for _ in range(WALKS):
