@@ -1,7 +1,8 @@
 """Grammar backends (the ``grammar`` family): constrained decoding.
 
 A request may carry one constraint, a :class:`GrammarSpec`: a JSON schema, any JSON object, a
-regular expression or an EBNF grammar. The server compiles it with the selected backend
+regular expression, an EBNF grammar, or tool calls (``tool_choice`` ``required`` or a named
+function, in the tool-call parser's format: see :data:`KINDS`). The server compiles it with the selected backend
 before the request is queued, and every step of that request the backend's matcher says which
 tokens may come next; the sampler sets the others' logits to ``-inf``.
 
@@ -45,8 +46,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-#: the constraint kinds a request can carry
-KINDS = ("json_schema", "json_object", "regex", "ebnf")
+#: the constraint kinds a request can carry. ``tool_calls``: the text is JSON
+#: ``{"structures": [{"begin": str, "schema": {...}, "end": str}, ...], "parallel": bool}``, and
+#: the output is one structure (with ``parallel``, one or more separated by ``"\n"``): its
+#: ``begin``, a JSON value valid against its ``schema``, its ``end``; nothing else.
+KINDS = ("json_schema", "json_object", "regex", "ebnf", "tool_calls")
 
 
 class InvalidGrammar(ValueError):

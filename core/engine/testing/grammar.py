@@ -7,7 +7,8 @@ here (no model needed), with a logits width beyond the tokenizer's length, and c
 * the product is a :class:`~engine.api.grammar.GrammarBackend` whose ``kinds`` are known;
 * a kind it does not list, and an invalid schema, regex or grammar of a kind it lists, raise
   :class:`~engine.api.grammar.InvalidGrammar` with a message;
-* seeded random walks through each sample constraint of a supported kind (a token drawn among
+* seeded random walks through each sample constraint of a supported kind (JSON schemas,
+  regexes, a grammar, tool calls) (a token drawn among
   the allowed ones each step, whitespace avoided while something else is allowed): every step
   allows some token and accepts the one drawn, the matcher is not terminated before the end,
   an end-of-sequence token ends every walk within a bounded number of steps, the matcher is
@@ -52,10 +53,18 @@ SCHEMAS: list[dict[str, Any]] = [
 REGEXES = [r"(yes|no)-[0-9]{2}", r"[a-c]{1,4}@[a-z]{2}\.(com|org)"]
 EBNF = 'root ::= greeting " " name\ngreeting ::= "hi" | "hello"\nname ::= "bob" | "alice"\n'
 EBNF_LANGUAGE = {f"{g} {n}" for g in ("hi", "hello") for n in ("bob", "alice")}
+TOOL_CALLS = {"parallel": True, "structures": [
+    {"begin": "<call>\n", "end": "\n</call>", "schema": {
+        "type": "object", "properties": {"name": {"const": "alice"}, "age": {"enum": [12, 7]}},
+        "required": ["name", "age"], "additionalProperties": False}},
+    {"begin": "<call>\n", "end": "", "schema": {
+        "type": "object", "properties": {"name": {"const": "bob"}, "ok": {"type": "boolean"}},
+        "required": ["name", "ok"], "additionalProperties": False}}]}
 INVALID = {
     "json_schema": '{"type": "object", "properties": ',
     "regex": "a(b",
     "ebnf": 'root ::= "a" (',
+    "tool_calls": '{"structures": [{"begin": "<call>", "schema": {"type": 5}, "end": ""}]}',
 }
 
 
@@ -107,7 +116,43 @@ def samples() -> list[tuple[GrammarSpec, Callable[[str], bool]]]:
         out.append((GrammarSpec("regex", pattern),
                     lambda text, pattern=pattern: re.fullmatch(pattern, text) is not None))
     out.append((GrammarSpec("ebnf", EBNF), lambda text: text in EBNF_LANGUAGE))
+    out.append((GrammarSpec("tool_calls", json.dumps(TOOL_CALLS)), _valid_tool_calls))
     return out
+
+
+def _valid_tool_calls(text: str) -> bool:
+    """Whether ``text`` is one or more :data:`TOOL_CALLS` structures separated by newlines."""
+    decoder, pos, first = json.JSONDecoder(), 0, True
+    while pos < len(text) or first:
+        if not first:
+            if not text.startswith("\n", pos):
+                return False
+            pos += 1
+        first = False
+        for st in TOOL_CALLS["structures"]:
+            if not text.startswith(st["begin"], pos):
+                continue
+            start = pos + len(st["begin"])
+            start += len(text[start:]) - len(text[start:].lstrip())
+            try:
+                value, end = decoder.raw_decode(text, start)
+            except ValueError:
+                continue
+            end += len(text[end:]) - len(text[end:].lstrip(" \t\r")) if st["end"] else 0
+            if _schema_ok(value, st["schema"]) and text.startswith(st["end"], end):
+                pos = end + len(st["end"])
+                break
+        else:
+            return False
+    return True
+
+
+def _schema_ok(value: Any, schema: dict[str, Any]) -> bool:
+    try:
+        import jsonschema
+    except ImportError:
+        return isinstance(value, dict)
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
 
 
 def _loads(text: str) -> Any:
@@ -119,13 +164,7 @@ def _loads(text: str) -> Any:
 
 def _valid_json(text: str, schema: dict[str, Any]) -> bool:
     value = _loads(text)
-    if value is None:
-        return False
-    try:
-        import jsonschema
-    except ImportError:
-        return isinstance(value, dict)
-    return jsonschema.Draft202012Validator(schema).is_valid(value)
+    return value is not None and _schema_ok(value, schema)
 
 
 def check(name: str, build: Callable[..., Any]) -> list[str]:

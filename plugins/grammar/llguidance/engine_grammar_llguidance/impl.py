@@ -43,6 +43,8 @@ class LLGuidanceBackend(GrammarBackend):
             return llguidance.LLMatcher.grammar_from_regex(spec.text)
         if spec.kind == "ebnf":
             return llguidance.grammar_from("ebnf", spec.text)
+        if spec.kind == "tool_calls":
+            return llguidance.LLMatcher.grammar_from_lark(_tool_calls_lark(json.loads(spec.text)))
         schema = spec.text if spec.kind == "json_schema" else json.dumps({"type": "object"})
         return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=self.json_options)
 
@@ -50,7 +52,7 @@ class LLGuidanceBackend(GrammarBackend):
         self.check_kind(spec)
         try:
             grammar = self._grammar(spec)
-        except ValueError as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             raise InvalidGrammar(f"invalid {spec.kind}: {exc}") from None
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
@@ -59,6 +61,18 @@ class LLGuidanceBackend(GrammarBackend):
 
     def matcher(self, compiled):
         return LLGuidanceMatcher(compiled.deep_copy())
+
+
+def _tool_calls_lark(tag: dict[str, Any]) -> str:
+    """Lark for a ``tool_calls`` spec: each structure is its begin, an inline ``%json`` schema,
+    its end; one of them, or with ``parallel`` one or more separated by newlines."""
+    calls = [f'{json.dumps(s["begin"])} %json {json.dumps(s["schema"])} {json.dumps(s["end"])}'
+             if s["end"] else f'{json.dumps(s["begin"])} %json {json.dumps(s["schema"])}'
+             for s in tag["structures"]]
+    if not calls:
+        raise ValueError("no tool to call")
+    start = 'start: call ("\\n" call)*' if tag.get("parallel") else "start: call"
+    return f"{start}\ncall: " + "\n    | ".join(calls) + "\n"
 
 
 @hookimpl

@@ -29,6 +29,7 @@ class XGrammarMatcher(GrammarMatcher):
 
 class XGrammarBackend(GrammarBackend):
     name = "xgrammar"
+    kinds = ("json_schema", "json_object", "regex", "ebnf")
 
     def __init__(self, tokenizer: Any, vocab_size: int, max_whitespace: int | None) -> None:
         info = xgr.TokenizerInfo.from_huggingface(
