@@ -287,3 +287,35 @@ def test_a_dead_end_ends_its_request_alone_with_abort(engine_and_backend) -> Non
         last.finish_reason["message"]
     assert last.completion_tokens == 3
     assert [t for o in outs for t in o.token_ids] == [t for o in solo for t in o.token_ids]
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                     "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string", "maxLength": 10}},
+        "required": ["tz"], "additionalProperties": False}}}]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parser", ["hermes", "qwen25"])
+@pytest.mark.parametrize("forced", ["", "get_time"])
+def test_a_forced_tool_choice_decodes_a_valid_call_in_the_parsers_format(
+        engine_and_backend, parser, forced) -> None:
+    from engine.assembly import parser_factory
+
+    engine, backend = engine_and_backend
+    tool_parser = parser_factory("tool_parser", parser)(tools=TOOLS)
+    spec = tool_parser.call_constraint(forced, False)
+    _, outs = run(engine, "What is the weather in Paris?",
+                  backend.matcher(backend.compile(spec)), max_new_tokens=80)
+    drain(engine)
+    text = "".join(o.text for o in outs)
+    assert outs[-1].finish_reason["type"] == "stop", (outs[-1], text)
+    calls = tool_parser.parse(text).calls
+    assert len(calls) == 1, text
+    assert calls[0].name == (forced or calls[0].name)
+    schema = next(t["function"]["parameters"] for t in TOOLS
+                  if t["function"]["name"] == calls[0].name)
+    jsonschema.validate(json.loads(calls[0].arguments), schema)

@@ -1,7 +1,9 @@
 """Structured output through a real server (``main``: the default grammar backend, llguidance;
-``aux``: ``--grammar-backend none``): every constrained output parses and validates, streamed
-or not, on chat, completions and /generate, while unconstrained greedy requests running beside
-them give their solo outputs; invalid constraints are a 400 with the backend's message."""
+``aux``: ``--grammar-backend none``; a module server with ``--tool-call-parser hermes``): every
+constrained output parses and validates, streamed or not, on chat, completions and /generate,
+while unconstrained greedy requests running beside them give their solo outputs; invalid
+constraints are a 400 with the backend's message; a forced ``tool_choice`` decodes a valid
+call."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+
+from conftest import START_TIMEOUT_S, start_server, stop_server, wait_ready
 
 CHAT, COMPL = "/v1/chat/completions", "/v1/completions"
 MAX_TOKENS = 120
@@ -216,3 +220,57 @@ def test_grammar_backend_none_refuses_constraints_and_serves_the_rest(aux_server
         ok = c.post(COMPL, json={"prompt": "x", "max_tokens": 2,
                                  "response_format": {"type": "text"}})
         assert ok.status_code == 200, ok.text
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                     "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string", "maxLength": 10}},
+        "required": ["tz"], "additionalProperties": False}}}]
+
+
+@pytest.fixture(scope="module")
+def hermes_server(servers):
+    server = start_server("hermes", "--max-running-requests", "4",
+                          "--tool-call-parser", "hermes")
+    try:
+        import time
+
+        wait_ready(server, time.monotonic() + START_TIMEOUT_S)
+        yield server
+    finally:
+        stop_server(server)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_time"}}],
+                         ids=["required", "named"])
+def test_a_forced_tool_choice_is_decoded_as_a_valid_call(hermes_server, choice) -> None:
+    body = {"messages": [{"role": "user", "content": "What's the weather in Paris?"}],
+            "tools": TOOLS, "tool_choice": choice, "max_tokens": MAX_TOKENS,
+            "temperature": 0, "parallel_tool_calls": False}
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    with hermes_server.client(timeout=300) as c:
+        r = c.post(CHAT, json=body)
+        assert r.status_code == 200, r.text
+        choice_out = r.json()["choices"][0]
+        assert choice_out["finish_reason"] == "tool_calls", choice_out
+        calls = choice_out["message"]["tool_calls"]
+        assert len(calls) == 1
+        name = calls[0]["function"]["name"]
+        assert name == (choice["function"]["name"] if isinstance(choice, dict) else name)
+        jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), schemas[name])
+        streamed: dict[str, str] = {"name": "", "arguments": ""}
+        with c.stream("POST", CHAT, json={**body, "stream": True}) as s:
+            for line in s.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                event = json.loads(line[6:])
+                assert "error" not in event, event
+                for delta_call in event["choices"][0]["delta"].get("tool_calls") or ():
+                    fn = delta_call.get("function", {})
+                    streamed["name"] += fn.get("name") or ""
+                    streamed["arguments"] += fn.get("arguments") or ""
+        assert streamed == {"name": name, "arguments": calls[0]["function"]["arguments"]}

@@ -63,12 +63,18 @@ class LLGuidanceBackend(GrammarBackend):
         return LLGuidanceMatcher(compiled.deep_copy())
 
 
+#: the JSON of a tool call is written as ``json.dumps`` writes it (no other whitespace)
+CALL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 def _tool_calls_lark(tag: dict[str, Any]) -> str:
     """Lark for a ``tool_calls`` spec: each structure is its begin, an inline ``%json`` schema,
     its end; one of them, or with ``parallel`` one or more separated by newlines."""
-    calls = [f'{json.dumps(s["begin"])} %json {json.dumps(s["schema"])} {json.dumps(s["end"])}'
-             if s["end"] else f'{json.dumps(s["begin"])} %json {json.dumps(s["schema"])}'
-             for s in tag["structures"]]
+    calls = []
+    for s in tag["structures"]:
+        schema = json.dumps({**s["schema"], "x-guidance": CALL_JSON})
+        calls.append(" ".join(filter(None, (json.dumps(s["begin"]), "%json", schema,
+                                            s["end"] and json.dumps(s["end"])))))
     if not calls:
         raise ValueError("no tool to call")
     start = 'start: call ("\\n" call)*' if tag.get("parallel") else "start: call"
