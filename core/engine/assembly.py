@@ -113,7 +113,8 @@ class Assembly:
         label, value = fl.flag, getattr(self.config, dest)
         if value is None and fallback is not None:
             label, value = family_for_flag()[fallback][1].flag, getattr(self.config, fallback)
-        if value is None:
+        unset = value is None
+        if unset:
             if fam.auto is None:
                 return None
             value = "auto"
@@ -123,6 +124,8 @@ class Assembly:
             record = self.registry.resolve(fam.name, value, flag=label,
                                            model_features=model_features)
         except PluginError as exc:
+            if unset and fam.optional:
+                return None
             raise ConfigError(str(exc)) from None
         self.chosen[fl.flag] = record
         return record
@@ -235,9 +238,11 @@ class Assembly:
 
     def grammar_backend(self, tokenizer: Any, vocab_size: int) -> Any:
         """The grammar backend of constrained decoding (an
-        :class:`engine.api.grammar.GrammarBackend`), built once the tokenizer is loaded."""
+        :class:`engine.api.grammar.GrammarBackend`), built once the tokenizer is loaded;
+        ``None`` when ``--grammar-backend`` is unset and no grammar plugin is available."""
         record = self.choose("grammar_backend")
-        assert record is not None, "the grammar family always has a choice"
+        if record is None:
+            return None
         return self.build(record, tokenizer=tokenizer, vocab_size=vocab_size, config=self.config)
 
     def observers(self) -> Observers:

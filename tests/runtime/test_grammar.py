@@ -319,3 +319,12 @@ def test_a_forced_tool_choice_decodes_a_valid_call_in_the_parsers_format(
     schema = next(t["function"]["parameters"] for t in TOOLS
                   if t["function"]["name"] == calls[0].name)
     jsonschema.validate(json.loads(calls[0].arguments), schema)
+
+
+def test_without_a_grammar_plugin_an_unset_flag_means_no_constrained_decoding() -> None:
+    from engine.errors import ConfigError
+
+    registry = Registry(records=[r for r in Registry().records if r.family != "grammar"])
+    assert Assembly(ServerConfig(), registry).grammar_backend(None, 10) is None
+    with pytest.raises(ConfigError, match="--grammar-backend 'llguidance'"):
+        Assembly(ServerConfig(grammar_backend="llguidance"), registry).grammar_backend(None, 10)

@@ -64,14 +64,15 @@ class Runtime:
         #: the chat parsers' factories (built once here, from the tokenizer's chat template)
         self.parsers = ParserFactories()
         self.observers = None
-        #: constrained decoding (None without a tokenizer or an assembly)
+        #: constrained decoding (None without a tokenizer, an assembly or a grammar plugin)
         self.grammars: Grammars | None = None
         if assembly is not None:
             template = self.tokenizer.chat_template if self.tokenizer is not None else None
             self.parsers = assembly.parser_factories(template)
-            if self.tokenizer is not None:
-                self.grammars = Grammars(assembly.grammar_backend(self.tokenizer,
-                                                                  self.vocab_size))
+            backend = assembly.grammar_backend(self.tokenizer, self.vocab_size) \
+                if self.tokenizer is not None else None
+            if backend is not None:
+                self.grammars = Grammars(backend)
             # cross-cutting hooks of the selected plugins (engine.plugins.hookspecs)
             self.observers = assembly.observers()
             self.scheduler.after_forward = self.observers.after_forward

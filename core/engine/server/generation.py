@@ -130,8 +130,9 @@ async def grammar_matchers(state: ServerState,
             continue
         spec, param = found
         if grammars is None:
-            raise RequestError("constrained decoding needs the model's tokenizer (this server "
-                               "runs with --skip-tokenizer-init)", param=param)
+            raise RequestError("constrained decoding needs a grammar backend and the model's "
+                               "tokenizer; this server has none (no grammar plugin is "
+                               "installed, or it runs with --skip-tokenizer-init)", param=param)
         try:
             out.append(await grammars.matchers(spec, sp.n))
         except InvalidGrammar as exc:
