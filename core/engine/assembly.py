@@ -11,7 +11,8 @@ This is the one place a family choice is turned into an object. The sequence, fr
    features and this machine (exact name, ``name@distribution``, ``auto``), and logs the picks.
 3. The runtime asks the assembly for products as their inputs come to exist: the quantization
    method (model config + device), the architecture table, the attention backends (the KV
-   pool), the parser factories (the tokenizer's chat template) and the cross-cutting observers.
+   pool), the parser factories (the tokenizer's chat template), the grammar backend (the
+   tokenizer) and the cross-cutting observers.
    Each family hook receives its plugin's own :class:`~engine.api.Options`; an ``auto`` plugin
    receives ``delegate(name)`` to build another plugin of its family the same way.
 
@@ -112,7 +113,8 @@ class Assembly:
         label, value = fl.flag, getattr(self.config, dest)
         if value is None and fallback is not None:
             label, value = family_for_flag()[fallback][1].flag, getattr(self.config, fallback)
-        if value is None:
+        unset = value is None
+        if unset:
             if fam.auto is None:
                 return None
             value = "auto"
@@ -122,6 +124,8 @@ class Assembly:
             record = self.registry.resolve(fam.name, value, flag=label,
                                            model_features=model_features)
         except PluginError as exc:
+            if unset and fam.optional:
+                return None
             raise ConfigError(str(exc)) from None
         self.chosen[fl.flag] = record
         return record
@@ -231,6 +235,15 @@ class Assembly:
                 made[dest] = self.build(record, chat_template=chat_template)
         return ParserFactories(reasoning=made.get("reasoning_parser"),
                                tool=made.get("tool_call_parser"))
+
+    def grammar_backend(self, tokenizer: Any, vocab_size: int) -> Any:
+        """The grammar backend of constrained decoding (an
+        :class:`engine.api.grammar.GrammarBackend`), built once the tokenizer is loaded;
+        ``None`` when ``--grammar-backend`` is unset and no grammar plugin is available."""
+        record = self.choose("grammar_backend")
+        if record is None:
+            return None
+        return self.build(record, tokenizer=tokenizer, vocab_size=vocab_size, config=self.config)
 
     def observers(self) -> Observers:
         """The cross-cutting hooks, bound to this assembly's plugin manager."""

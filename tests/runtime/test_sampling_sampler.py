@@ -20,6 +20,7 @@ class Row:
     output_ids: list[int] = field(default_factory=list)
     stop_ids: frozenset[int] = frozenset()
     generator: torch.Generator | None = None
+    grammar: None = None
 
 
 def row(seed: int | None = None, prompt: list[int] | None = None, out: list[int] | None = None,

@@ -5,8 +5,8 @@ reference attention backend (``torch_native``) so that these tests measure the s
 
 * ``main``: default scheduling (prefill chunk 2048), 16 running requests;
 * ``aux``: ``--chunked-prefill-size 16``, ``--max-queued-requests 2``, two running requests
-  ``--api-key`` and ``--tool-call-parser qwen3_coder``, for the chunking, 503, 401 and
-  tool-choice checks;
+  ``--api-key``, ``--tool-call-parser qwen3_coder`` and ``--grammar-backend none``, for the
+  chunking, 503, 401, tool-choice and refused-constraint checks;
 * ``parsers``: ``--reasoning-parser qwen3 --tool-call-parser hermes``, for the reasoning and
   tool-call wiring of chat completions.
 """
@@ -96,7 +96,7 @@ def servers() -> dict[str, Server]:
         start_server("main", "--max-running-requests", "16", "--max-queued-requests", "64"),
         start_server("aux", "--chunked-prefill-size", "16", "--max-queued-requests", "2",
                      "--max-running-requests", "2", "--api-key", API_KEY,
-                     "--tool-call-parser", "qwen3_coder"),
+                     "--tool-call-parser", "qwen3_coder", "--grammar-backend", "none"),
         start_server("parsers", "--max-running-requests", "4", "--reasoning-parser", "qwen3",
                      "--tool-call-parser", "hermes"),
     ]

@@ -59,10 +59,13 @@ CASES = [
     ("logit-bias", CHAT, {"messages": MSG, "logit_bias": {"42": 5}}, 400, "logit_bias",
      "not supported"),
     ("best-of", COMPL, {"prompt": "x", "best_of": 2}, 400, "best_of", "not supported"),
-    ("response-format", CHAT, {"messages": MSG, "response_format": {"type": "json_object"}},
-     400, "response_format", "structured output"),
+    ("response-format-without-schema", CHAT, {"messages": MSG, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x"}}}, 400, "response_format",
+     "needs json_schema.schema"),
     ("response-format-bogus", COMPL, {"prompt": "x", "response_format": {"type": "?"}}, 400,
-     "response_format", "structured output"),
+     "response_format", "'json_schema'"),
+    ("two-constraints", COMPL, {"prompt": "x", "regex": "a+", "ebnf": 'root ::= "a"'}, 400,
+     "ebnf", "at most one constraint"),
     ("tool-parameters-not-a-schema", CHAT, {"messages": MSG, "tools": [
         {"type": "function", "function": {"name": "f", "parameters": [1]}}]}, 400, "tools",
      "JSON schema"),

@@ -12,6 +12,8 @@ the hook marker from here, and each family's interface from one submodule:
 ``engine.api.parsers``      reasoning and tool-call parsers and their shared machinery
 ``engine.api.models``       model-config parsers: ``ModelConfig`` and the readers of HF
                             directories, GGUF files and Mistral ``params.json``
+``engine.api.grammar``      grammar backends of constrained decoding: ``GrammarBackend``,
+                            ``GrammarMatcher``, ``GrammarSpec``, the token-bitmask helpers
 ``engine.api.moe``          routed-expert runners and expert-parallel all-to-all
 ``engine.api.speculative``  draft-token proposers
 ``engine.api.hicache``      KV page storage behind the host cache

@@ -86,6 +86,9 @@ PLUGIN_OPTIONS: dict[str, str] = {
     "--triton-attention-reduce-in-fp32": "attention.triton",
     "--triton-attention-num-kv-splits": "attention.triton",
     "--triton-attention-split-tile-size": "attention.triton",
+    "--constrained-json-whitespace-pattern": "grammar.llguidance",
+    "--constrained-json-disable-any-whitespace": "grammar.llguidance",
+    "--constrained-json-max-whitespace-cnt": "grammar.xgrammar",
 }
 
 #: what each remaining option needs: reason -> flags (a trailing ``*`` matches a prefix)
@@ -173,9 +176,8 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--torch-compile-max-bs", "--enable-fused-qk-norm-rope", "--sampling-backend",
         "--radix-cache-backend", "--enable-tf32-matmul", "--enable-fp32-lm-head", "--enable-mis",
         "--mlx-enable-sampling"),
-    "grammar-constrained decoding is not built (a response_format other than text is refused)": (
-        "--grammar-backend", "--constrained-json-*", "--sampling-mask-max-tokens",
-        "--disable-outlines-disk-cache"),
+    "this grammar option is not built (the grammar family compiles each constraint once and "
+    "caches it in memory)": ("--sampling-mask-max-tokens", "--disable-outlines-disk-cache"),
     "this scheduling feature is not built (continuous batching with chunked prefill, LRU "
     "radix cache)": (
         "--prefill-decode-interval", "--enable-dynamic-chunking", "--prefill-max-requests",

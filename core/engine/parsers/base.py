@@ -112,6 +112,14 @@ class ToolParser(ABC):
                 return fn.get("parameters") or {}
         return {}
 
+    def call_constraint(self, forced: str, parallel: bool) -> Any:
+        """The constraint that makes the output valid calls in this format (a
+        :class:`engine.api.grammar.GrammarSpec` of kind ``tool_calls``), for ``tool_choice``
+        ``required`` (``forced`` is ``""``: any of ``tools``) or a named function (``forced``);
+        ``parallel``: one or more calls, else exactly one. None (the default) when the format
+        provides none: the choice is then checked after generation."""
+        return None
+
     @abstractmethod
     def parse(self, text: str) -> ToolResult:
         """Parse a whole response."""

@@ -126,6 +126,28 @@ class JsonTagParser(StreamingToolParser):
     name_keys: tuple[str, ...] = ("name",)
     args_keys: tuple[str, ...] = ("arguments", "parameters")
     incremental: bool = False
+    parallel_calls: bool = True  #: whether a response may hold more than one call
+
+    def call_constraint(self, forced: str, parallel: bool) -> Any:
+        """Calls as ``<start>\n{"<name key>": NAME, "<args key>": ARGS}\n<end>``: the first
+        start marker, name and arguments keys of the format, ARGS valid against the tool's
+        parameters; one call unless both ``parallel`` and the format allow more."""
+        from engine.api.grammar import GrammarSpec
+
+        structures = []
+        for name in sorted(n for n in self.tool_names if isinstance(n, str)):
+            if forced and name != forced:
+                continue
+            schema = {"type": "object",
+                      "properties": {self.name_keys[0]: {"const": name},
+                                     self.args_keys[0]: self.tool_schema(name)
+                                     or {"type": "object"}},
+                      "required": [self.name_keys[0], self.args_keys[0]],
+                      "additionalProperties": False}
+            structures.append({"begin": self.start_markers[0] + "\n", "schema": schema,
+                               "end": "\n" + self.end_marker if self.end_marker else ""})
+        return GrammarSpec("tool_calls", json.dumps({
+            "structures": structures, "parallel": parallel and self.parallel_calls}))
 
     def advance(self, text: str, block: Block, final: bool) -> None:
         if not block.calls:

@@ -44,6 +44,9 @@ class Family:
     auto: str | None = "priority"
     #: what an unset flag means when ``auto`` is None (listings)
     unset: str = "off unless chosen"
+    #: an unset flag whose ``auto`` finds no available plugin means off, not an error (the
+    #: runtime serves without the family)
+    optional: bool = False
     summary: str = ""
     folder_prefix: str = ""  #: choice folder: ``plugins/<folder>/<folder_prefix><choice>``
 
@@ -171,6 +174,18 @@ FAMILIES: dict[str, Family] = {
             conformance="engine.testing.tools:check",
             auto=None,
             summary="extract tool calls (name, JSON arguments) from content, whole or streamed",
+        ),
+        Family(
+            name="grammar",
+            group="engine.grammar",
+            folder="grammar",
+            prefix="grammar-",
+            flags=(Flag("--grammar-backend", "Choose the backend for grammar-guided decoding."),),
+            hook="engine_create_grammar_backend",
+            interface="engine.api.grammar:GrammarBackend",
+            conformance="engine.testing.grammar:check",
+            optional=True,
+            summary="compiles JSON schemas, regexes and grammars; masks each step's tokens",
         ),
         Family(
             name="model_config_parser",

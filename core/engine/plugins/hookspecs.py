@@ -110,6 +110,21 @@ def engine_create_tool_parser(options: Any, chat_template: str | None, delegate:
 
 
 @hookspec(firstresult=True)
+def engine_create_grammar_backend(tokenizer: Any, vocab_size: int, config: Any,
+                                  options: Any) -> Any:
+    """Build the grammar backend of constrained decoding (called once, at start-up).
+
+    :param tokenizer: the served model's tokenizer: ``tokenizer.hf`` is its transformers
+        tokenizer, ``tokenizer.eos_token_ids`` the ids that end a generation
+    :param vocab_size: the width of the model's logits (may exceed the tokenizer's length)
+    :param config: the frozen :class:`engine.config.ServerConfig` (read-only core settings)
+    :return: an :class:`engine.api.grammar.GrammarBackend`: ``compile(spec)`` (thread-safe,
+        called off the scheduler thread; raises :class:`engine.api.grammar.InvalidGrammar`
+        with the library's message) and ``matcher(compiled)`` (one per sequence).
+    """
+
+
+@hookspec(firstresult=True)
 def engine_parse_model_config(model_path: str, config: Any, options: Any, delegate: Any) -> Any:
     """Read a model directory or file into a :class:`engine.api.models.ModelConfig`.
 

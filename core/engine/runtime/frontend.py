@@ -20,6 +20,7 @@ import torch
 from engine.config import ServerConfig
 from engine.errors import ConfigError
 from engine.models.tokenizer import IncrementalDetokenizer
+from engine.runtime.grammar import Grammars
 from engine.runtime.request import Req, Sink
 from engine.runtime.sampling import InvalidParam, SamplingParams
 from engine.runtime.scheduler import Scheduler
@@ -96,9 +97,15 @@ class Runtime:
         #: the chat parsers' factories (built once here, from the tokenizer's chat template)
         self.parsers = ParserFactories()
         self.observers = None
+        #: constrained decoding (None without a tokenizer, an assembly or a grammar plugin)
+        self.grammars: Grammars | None = None
         if assembly is not None:
             template = self.tokenizer.chat_template if self.tokenizer is not None else None
             self.parsers = assembly.parser_factories(template)
+            backend = assembly.grammar_backend(self.tokenizer, self.vocab_size) \
+                if self.tokenizer is not None else None
+            if backend is not None:
+                self.grammars = Grammars(backend)
             # cross-cutting hooks of the selected plugins (engine.plugins.hookspecs)
             self.observers = assembly.observers()
             self.scheduler.after_forward = self.observers.after_forward
@@ -170,10 +177,12 @@ class Runtime:
 
     def make_reqs(self, rid: str, input_ids: list[int], params: SamplingParams, sink: Sink, *,
                   param: str = "prompt", max_tokens_param: str = "max_tokens",
-                  priority: int | None = None, routing_key: str | None = None) -> list[Req]:
+                  priority: int | None = None, routing_key: str | None = None,
+                  grammars: list[Any] | None = None) -> list[Req]:
         """Validated scheduler requests for one prompt: one per ``n`` (ids ``rid`` or
         ``rid-i``; the ids name requests in logs and outputs, aborts take the objects).
-        Sequence ``i`` of a seeded request draws with the seed ``(seed + i) mod 2**64``. A
+        Sequence ``i`` of a seeded request draws with the seed ``(seed + i) mod 2**64``, and
+        is constrained by ``grammars[i]`` when given (from :meth:`Grammars.matchers`). A
         prompt that does not fit is cut from the left with ``--allow-auto-truncate``
         (:meth:`truncate`). ``priority`` defaults to ``--default-priority-value``. Raises
         :class:`RequestError`."""
@@ -197,6 +206,7 @@ class Runtime:
                 sampling_params=params, sink=sink, stop_ids=stop_ids, generator=gen,
                 max_new_tokens=limit, routing_key=routing_key,
                 priority=self.config.default_priority_value if priority is None else priority,
+                grammar=grammars[i] if grammars else None,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
                                                    input_ids)))
         if self.observers is not None and self.observers.on_request is not None:
@@ -216,6 +226,8 @@ class Runtime:
 
     def shutdown(self) -> None:
         self.scheduler.stop()
+        if self.grammars is not None:
+            self.grammars.shutdown()
         if self.observers is not None:
             self.observers.shutdown()
 

@@ -117,6 +117,8 @@ class Req:
     max_new_tokens: int = 0  #: resolved against the context length by the front end
     priority: int = 0  #: higher runs first under priority scheduling
     routing_key: str | None = None  #: requests with one key are admitted together (routing-key)
+    #: the constraint's matcher (:class:`engine.api.grammar.GrammarMatcher`), or None
+    grammar: Any = None
     output_ids: list[int] = field(default_factory=list)
     # KV state
     row: int | None = None

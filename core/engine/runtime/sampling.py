@@ -19,8 +19,13 @@ be finite (``inf``/``nan`` are refused), and:
    divided by it, a negative one multiplied); ``frequency_penalty`` times each token's count in
    the generated tokens and ``presence_penalty`` once per generated token are subtracted
    (OpenAI's definition); ``min_new_tokens`` masks the stop/eos tokens until reached;
-2. log-probabilities (``logprobs``/``top_logprobs``) are taken here, from the penalised logits
-   before temperature and truncation: the model's own distribution;
+   a constrained row (one with a grammar matcher) then keeps only the tokens its grammar
+   allows (the others' logits become ``-inf``); a row whose grammar allows nothing fails with
+   :class:`~engine.runtime.grammar.GrammarDeadEnd`;
+2. log-probabilities (``logprobs``/``top_logprobs``) are taken here, from the penalised and
+   masked logits before temperature and truncation: the model's own distribution, restricted
+   to what the grammar allows (as SGLang, which applies the vocabulary mask with the
+   penalties); ``top_logprobs`` never list a token that cannot be drawn (``-inf``);
 3. greedy rows (``temperature < GREEDY_TEMPERATURE`` or ``top_k == 1``) take the argmax;
 4. other rows divide by the temperature, then keep the ``top_k`` best, then the smallest set
    whose probability reaches ``top_p``, then drop tokens below ``min_p`` times the best
@@ -42,6 +47,9 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
+
+from engine.api.grammar import allocate_token_bitmask, apply_token_bitmask_inplace
+from engine.runtime.grammar import GrammarDeadEnd
 
 GREEDY_TEMPERATURE = 1e-5  #: a lower temperature means greedy
 MAX_TEMPERATURE = 1e4
@@ -199,6 +207,8 @@ class SamplingRow(Protocol):
     output_ids: list[int]
     #: token ids that end the request (eos unless ignored, plus ``stop_token_ids``)
     stop_ids: frozenset[int]
+    #: the request's :class:`engine.api.grammar.GrammarMatcher`, or None (unconstrained)
+    grammar: Any
 
 
 @dataclass
@@ -235,6 +245,10 @@ class Sampler:
                     _prepare_row(logits[i], row, vocab)
                 except Exception as exc:  # noqa: BLE001 - this row fails, the batch goes on
                     out.errors[i] = exc
+        constrained = [i for i, r in enumerate(rows) if r.grammar is not None
+                       and i not in out.errors]
+        if constrained:
+            _constrain(logits, rows, constrained, out.errors)
 
         want_lp = [r.sampling_params.logprobs or r.sampling_params.top_logprobs > 0 for r in rows]
         logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
@@ -275,7 +289,8 @@ class Sampler:
                 vals_l, idx_l = vals.tolist(), idx.tolist()
                 for i, row in enumerate(rows):
                     n = row.sampling_params.top_logprobs
-                    out.top_logprobs[i] = list(zip(idx_l[i][:n], vals_l[i][:n]))
+                    out.top_logprobs[i] = [(t, v) for t, v in zip(idx_l[i][:n], vals_l[i][:n])
+                                           if v != -math.inf]
         return out
 
 
@@ -298,6 +313,23 @@ def _argmax(logits: torch.Tensor) -> list[int]:
     if -1 in out:
         out = logits.nan_to_num(nan=float("-inf")).argmax(dim=-1).tolist()
     return out
+
+
+def _constrain(logits: torch.Tensor, rows: Sequence[SamplingRow], idx: list[int],
+               errors: dict[int, Exception]) -> None:
+    """Mask rows ``idx`` of ``logits`` in place to the tokens their grammars allow; a row whose
+    matcher raises, or allows no token, is recorded in ``errors``."""
+    bitmask = allocate_token_bitmask(len(idx), logits.shape[1])
+    for k, i in enumerate(idx):
+        try:
+            rows[i].grammar.fill_bitmask(bitmask, k)
+            if not bitmask[k].any():
+                raise GrammarDeadEnd(f"the grammar allows no next token after "
+                                     f"{len(rows[i].output_ids)} generated tokens (a dead end "
+                                     "of the constraint)")
+            apply_token_bitmask_inplace(logits[i], bitmask[k])
+        except Exception as exc:  # noqa: BLE001 - this row fails, the batch goes on
+            errors[i] = exc
 
 
 def _prepare_row(logits: torch.Tensor, row: SamplingRow, vocab: int) -> None:

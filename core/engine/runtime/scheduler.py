@@ -19,7 +19,10 @@ sink. Requests join and leave between steps.
   ``length``. Nothing here raises on memory pressure.
 * **Finishing**: eos (unless ``ignore_eos``) and ``stop_token_ids`` (the id is counted, its text
   not emitted), stop strings (cut from the text, also when split across tokens: text that could
-  still begin a stop string is held back), ``max_new_tokens`` and the context length.
+  still begin a stop string is held back), a constrained request's grammar reaching its end
+  (``stop``; its matcher accepts every token as it is appended), ``max_new_tokens`` and the
+  context length. A grammar that allows no next token ends its request with ``abort`` and
+  says so.
 * **Aborts** name the :class:`Req` objects to end (a client's ``n`` sequences are the list it
   submitted), never a request id: a client cannot end another client's request.
 
@@ -60,6 +63,7 @@ import torch
 from engine.config import ServerConfig
 from engine.runtime.allocator import PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode
+from engine.runtime.grammar import GrammarDeadEnd
 from engine.runtime.radix_cache import RadixCache
 from engine.runtime.request import Req, ReqOutput, Sink, emit
 from engine.runtime.sampling import SampleOutput, Sampler
@@ -612,7 +616,9 @@ class Scheduler:
         done: list[Req] = []
         for i, req in enumerate(reqs):
             if out.errors and i in out.errors:
-                delta = self._error_output(req, _failure("while sampling", out.errors[i]))
+                exc = out.errors[i]
+                delta = self._error_output(req, str(exc) if isinstance(exc, GrammarDeadEnd)
+                                           else _failure("while sampling", exc))
             else:
                 try:
                     delta = self._next_output(req, out, i, now)
@@ -645,6 +651,8 @@ class Scheduler:
             return delta
         tok = out.token_ids[i]
         req.output_ids.append(tok)
+        if req.grammar is not None and not req.grammar.accept(tok):
+            raise RuntimeError(f"the grammar matcher refused token {tok}, which its mask allowed")
         if req.first_token_time is None:
             req.first_token_time = now
         delta = ReqOutput(rid=req.rid, token_ids=[tok])
@@ -674,6 +682,9 @@ class Scheduler:
         old = len(req.text)
         req.text += req.detokenizer.add(tok)
         if self._match_stop(req, old):
+            return
+        if req.grammar is not None and req.grammar.is_terminated():
+            self._finish(req, {"type": "stop"})
             return
         if n_out >= req.max_new_tokens or req.seq_len >= self.max_context_len:
             self._finish(req, {"type": "length"})

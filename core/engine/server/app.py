@@ -34,11 +34,13 @@ from engine.assembly import Assembly
 from engine.runtime.frontend import RequestError, Runtime, start_runtime
 from engine.runtime.sampling import InvalidParam, SamplingParams
 from engine.runtime.watchdog import watch_forwards
-from engine.server.generation import ClientGone, Generation, SeqState, internal_failure
+from engine.server.generation import (ClientGone, Generation, SeqState, grammar_matchers,
+                                      internal_failure)
 from engine.server.metrics import Metrics
 from engine.server.openai_api import OpenAIServing, error_body, sse, sse_response
-from engine.server.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest,
-                                    parse_body, to_sampling_params)
+from engine.server.protocol import (CONSTRAINT_FIELDS, ChatCompletionRequest, CompletionRequest,
+                                    GenerateRequest, constraint, parse_body,
+                                    to_sampling_params)
 from engine.server.state import RETRY_AFTER_S, Drain, ServerState
 
 log = logging.getLogger("engine.serve")
@@ -370,15 +372,18 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
         raws = raw
     else:
         raws = [raw or {}] * len(prompts)
-    params = []
+    params, constraints = [], []
     for r in raws:
-        sp = to_sampling_params(dict(r), names={}, defaults=runtime.sampling_defaults)
+        fields = dict(r)
+        constraints.append(constraint({k: fields.pop(k, None) for k in CONSTRAINT_FIELDS}))
+        sp = to_sampling_params(fields, names={}, defaults=runtime.sampling_defaults)
         if body.return_logprob:
             sp.logprobs, sp.top_logprobs = True, body.top_logprobs_num
         params.append(sp.validate())
+    grammars = await grammar_matchers(state, constraints, params)
     gen = Generation(state, prompts, params, request, rid=body.rid, prompt_param=param,
                      max_tokens_param="max_new_tokens", priority=body.priority,
-                     routing_key=body.routing_key)
+                     routing_key=body.routing_key, grammars=grammars)
 
     def item(s: SeqState, delta: Any = None) -> dict[str, Any]:
         """The response item of sequence ``s``: all of its text and ids, or only those of

@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator
 
 from starlette.requests import Request
 
+from engine.api.grammar import GrammarSpec, InvalidGrammar
 from engine.config import ServerConfig
 from engine.runtime.frontend import RequestError
 from engine.runtime.request import ChannelSink, Req, ReqOutput
@@ -119,6 +120,33 @@ def check_limits(config: ServerConfig, params: list[SamplingParams], prompt_para
                                param="stop")
 
 
+async def grammar_matchers(state: ServerState,
+                           constraints: list[tuple[GrammarSpec, str] | None],
+                           params: list[SamplingParams]) -> list[list[Any] | None] | None:
+    """Per prompt, ``params[i].n`` matchers of its constraint (``constraints[i]``: the spec and
+    the field that gave it, from :func:`engine.server.protocol.constraint`, or None), compiled
+    off the event loop and the scheduler thread; None when no prompt is constrained. An
+    invalid spec is a :class:`RequestError` (400) with the backend's message."""
+    if not any(constraints):
+        return None
+    grammars = state.runtime.grammars
+    out: list[list[Any] | None] = []
+    for found, sp in zip(constraints, params):
+        if found is None:
+            out.append(None)
+            continue
+        spec, param = found
+        if grammars is None:
+            raise RequestError("constrained decoding needs a grammar backend and the model's "
+                               "tokenizer; this server has none (no grammar plugin is "
+                               "installed, or it runs with --skip-tokenizer-init)", param=param)
+        try:
+            out.append(await grammars.matchers(spec, sp.n))
+        except InvalidGrammar as exc:
+            raise RequestError(str(exc), param=param, code="invalid_grammar") from None
+    return out
+
+
 class Generation:
     """Submit ``prompts`` (token ids, one params each) as one unit; iterate over outputs.
 
@@ -131,7 +159,8 @@ class Generation:
                  params: list[SamplingParams], request: Request | None, *,
                  rid: str | None = None, prompt_param: str = "prompt",
                  max_tokens_param: str = "max_tokens", priority: int | None = None,
-                 routing_key: str | None = None) -> None:
+                 routing_key: str | None = None,
+                 grammars: list[list[Any] | None] | None = None) -> None:
         runtime = self.runtime = state.runtime
         self.config, self.prompts, self.params = state.config, prompts, params
         self.metrics, self.request, self.drain = state.metrics, request, state.drain
@@ -150,7 +179,8 @@ class Generation:
                 sub = self.rid if len(prompts) == 1 else f"{self.rid}-p{p_i}"
                 for req in runtime.make_reqs(sub, ids, sp, sink, param=prompt_param,
                                              max_tokens_param=max_tokens_param,
-                                             priority=priority, routing_key=routing_key):
+                                             priority=priority, routing_key=routing_key,
+                                             grammars=grammars[p_i] if grammars else None):
                     self.seqs[req.rid] = SeqState(index=len(self.reqs), prompt_index=p_i)
                     self.reqs.append(req)
             runtime.scheduler.submit(self.reqs)

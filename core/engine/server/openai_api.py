@@ -18,12 +18,14 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from engine.api.grammar import GrammarSpec
 from engine.assembly import ParserFactories
 from engine.parsers.api import MessageStream, parse_message
 from engine.runtime.frontend import RequestError
-from engine.server.generation import ClientGone, Generation, SeqState, internal_failure, usage
-from engine.server.protocol import (API_NAMES, ChatCompletionRequest, CompletionRequest,
-                                    to_sampling_params)
+from engine.server.generation import (ClientGone, Generation, SeqState, grammar_matchers,
+                                      internal_failure, usage)
+from engine.server.protocol import (API_NAMES, CONSTRAINT_FIELDS, ChatCompletionRequest,
+                                    CompletionRequest, constraint, to_sampling_params)
 
 log = logging.getLogger("engine.serve")
 
@@ -105,8 +107,11 @@ class OpenAIServing:
         if body.logprobs is not None:
             data.update(logprobs=True, top_logprobs=body.logprobs)
         sp = to_sampling_params(data, defaults=self.state.runtime.sampling_defaults)
+        found = constraint(body.model_dump(include=set(CONSTRAINT_FIELDS)), body.response_format)
+        grammars = await grammar_matchers(self.state, [found] * len(ids), [sp] * len(ids))
         gen = Generation(self.state, ids, [sp] * len(ids), request, rid=body.rid,
-                         priority=body.priority, routing_key=body.routing_key)
+                         priority=body.priority, routing_key=body.routing_key,
+                         grammars=grammars)
         echo = [self.tok.decode(i) if body.echo else "" for i in ids]
         cid, created = f"cmpl-{gen.rid}", int(time.time())
         if body.stream:
@@ -219,6 +224,19 @@ class OpenAIServing:
                                param="tool_choice")
         return name
 
+    def _call_constraint(self, body: ChatCompletionRequest,
+                         forced: str) -> tuple[GrammarSpec, str] | None:
+        """The constraint that makes the output the forced call(s) in the tool parser's format,
+        or None where the choice is checked after generation instead: the parser gives no
+        constraint, the grammar backend compiles none, or a reasoning parser is on (the
+        reasoning comes before the calls)."""
+        grammars, parsers = self.state.runtime.grammars, self.state.parsers
+        if grammars is None or "tool_calls" not in grammars.backend.kinds or \
+                parsers.reasoning is not None or parsers.tool is None:
+            return None
+        spec = parsers.tool(tools=body.tools).call_constraint(forced, body.parallel_tool_calls)
+        return (spec, "tool_choice") if spec is not None else None
+
     def _chat_logprobs(self, s: SeqState, start: int = 0) -> dict[str, Any]:
         def entry(tid: int, lp: float) -> dict[str, Any]:
             text = self._token_text(tid)
@@ -242,9 +260,19 @@ class OpenAIServing:
             names["max_new_tokens"] = "max_completion_tokens"
         data.update(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0)
         sp = to_sampling_params(data, names=names, defaults=self.state.runtime.sampling_defaults)
+        found = constraint(body.model_dump(include=set(CONSTRAINT_FIELDS)), body.response_format)
+        if forced is not None:
+            calls = self._call_constraint(body, forced)
+            if calls is not None and found is not None:
+                raise RequestError(f"a request takes at most one constraint; this one has "
+                                   f"{found[1]} and a tool_choice that forces a call",
+                                   param="tool_choice")
+            found = found or calls
+        grammars = await grammar_matchers(self.state, [found], [sp])
         gen = Generation(self.state, [ids], [sp], request, rid=body.rid,
                          prompt_param="messages", max_tokens_param=names["max_new_tokens"],
-                         priority=body.priority, routing_key=body.routing_key)
+                         priority=body.priority, routing_key=body.routing_key,
+                         grammars=grammars)
         pkw = parser_kwargs(body, self.state.parsers)
         cid, created = f"chatcmpl-{gen.rid}", int(time.time())
         if body.stream:

@@ -3,7 +3,9 @@
 :func:`parse_body` turns the bytes of a body into one of the request models, or a
 :class:`RequestError` (HTTP 400) that says what is wrong and names the field. Unknown fields are
 ignored (clients send vendor extensions); fields this server cannot honour (``logit_bias``,
-``best_of``, a ``response_format`` other than text) are refused rather than ignored. Range
+``best_of``) are refused rather than ignored. :func:`constraint` reads a request's one
+structured-output constraint (``response_format``, or SGLang's ``json_schema``/``regex``/
+``ebnf``). Range
 checks live in :meth:`SamplingParams.validate`, whose field names are mapped back to the API's
 names here (``max_new_tokens`` -> ``max_tokens`` or ``max_completion_tokens``).
 """
@@ -16,6 +18,7 @@ from typing import Annotated, Any, Literal, Mapping, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
+from engine.api.grammar import GrammarSpec
 from engine.runtime.frontend import RequestError
 from engine.runtime.sampling import InvalidParam, SamplingParams
 
@@ -44,6 +47,21 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(_Body):
+    """``response_format.json_schema`` (OpenAI); the schema is always enforced (``strict``
+    changes nothing)."""
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _SamplingFields(_Body):
     """Fields shared by the two OpenAI endpoints (extensions beyond OpenAI at the end)."""
 
@@ -70,9 +88,12 @@ class _SamplingFields(_Body):
     rid: str | None = None
     priority: int | None = None  #: scheduling priority (higher first; see --schedule-policy)
     routing_key: str | None = None  #: requests of one key are admitted together (routing-key)
-    # no structured output and no logit bias: refused, never ignored
-    response_format: Annotated[dict[str, Any] | None, _unsupported(
-        {"type": "text"}, "structured output")] = None
+    # structured output: at most one of these (see constraint())
+    response_format: ResponseFormat | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    # no logit bias: refused, never ignored
     logit_bias: Annotated[dict[str, Any] | None, _unsupported({})] = None
 
     def sampling_dict(self) -> dict[str, Any]:
@@ -135,6 +156,41 @@ class GenerateRequest(_Body):
     routing_key: str | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
+
+
+#: SGLang's constraint fields, on the OpenAI bodies and in ``/generate``'s sampling_params
+CONSTRAINT_FIELDS = ("json_schema", "regex", "ebnf")
+
+
+def constraint(fields: Mapping[str, Any],
+               response_format: ResponseFormat | None = None) -> tuple[GrammarSpec, str] | None:
+    """The request's constraint and the field that gave it (``param`` of its errors), or None.
+
+    ``fields`` holds SGLang's ``json_schema`` (a JSON text), ``regex`` and ``ebnf``; an OpenAI
+    ``response_format`` of ``json_object`` or ``json_schema`` is one too (``text`` is none).
+    More than one is a :class:`RequestError`.
+    """
+    found: list[tuple[GrammarSpec, str]] = []
+    if response_format is not None and response_format.type == "json_object":
+        found.append((GrammarSpec("json_object"), "response_format"))
+    elif response_format is not None and response_format.type == "json_schema":
+        fmt = response_format.json_schema
+        if fmt is None or fmt.schema_ is None:
+            raise RequestError("response_format of type json_schema needs "
+                               "json_schema.schema (a JSON schema object)",
+                               param="response_format")
+        found.append((GrammarSpec("json_schema", json.dumps(fmt.schema_)), "response_format"))
+    for name in CONSTRAINT_FIELDS:
+        value = fields.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise RequestError(f"{name} must be a string", param=name)
+        found.append((GrammarSpec(name, value), name))
+    if len(found) > 1:
+        raise RequestError("a request takes at most one constraint; this one has "
+                           + ", ".join(param for _, param in found), param=found[1][1])
+    return found[0] if found else None
 
 
 API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}

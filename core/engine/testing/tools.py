@@ -13,7 +13,10 @@ generic checks need no knowledge of the format:
   none; indices are contiguous from 0; fragments are strings; streamed calls name declared tools;
 * streaming equals the whole parse (content and calls) on marker soup that names no declared
   tool, and no call surfaces there;
-* calls of a whole parse name declared tools and carry JSON-object arguments text.
+* calls of a whole parse name declared tools and carry JSON-object arguments text;
+* a parser that gives a call constraint (``call_constraint``, for a forced ``tool_choice``)
+  parses the text of each of its structures, filled with valid arguments, as that call (and
+  two in a row when the constraint is parallel), and a named choice allows that tool alone.
 
 ``samples`` (optional): texts in the plugin's own format. For each, streaming at every split
 and in random chunks must equal the whole parse (concatenated fragments equal ``arguments``),
@@ -269,4 +272,43 @@ def check(name: str, factory: Factory, samples: Iterable[str] = ()) -> list[str]
             got = ck.streamed([text[i : i + 3] for i in range(0, len(text), 3)], tools)
             if got is not None and got[1].calls:
                 ck.fail(f"undeclared tools surfaced while streaming: {_show(got[1])}")
+    _check_call_constraint(ck)
     return ck.failures
+
+
+#: arguments valid for each tool of :data:`TOOLS`
+EXAMPLE_ARGS = {"get_weather": {"city": "Paris", "days": 2}, "get_time": {"tz": "UTC"}}
+
+
+def _check_call_constraint(ck: _Checker) -> None:
+    """When the parser gives a ``tool_calls`` constraint, each structure filled with valid
+    arguments (the name the ``const`` of its schema) parses as exactly that call, one and two
+    in a row (parallel)."""
+    p = ck.build(TOOLS)
+    spec = p.call_constraint("", True) if p is not None else None
+    if spec is None:
+        return
+    tag = json.loads(spec.text)
+    texts, expected = [], []
+    for st in tag["structures"]:
+        name = _const_name(st)
+        value = {k: v.get("const", EXAMPLE_ARGS[name])
+                 for k, v in st["schema"]["properties"].items()}
+        texts.append(st["begin"] + json.dumps(value) + st["end"])
+        expected.append((name, EXAMPLE_ARGS[name]))
+    cases = [(t, [e]) for t, e in zip(texts, expected)]
+    if tag["parallel"]:
+        cases.append(("\n".join(texts), expected))
+    for text, want in cases:
+        got = ck.whole(text, TOOLS)
+        calls = [(c.name, json.loads(c.arguments)) for c in got.calls] if got else None
+        if calls != want:
+            ck.fail(f"text of its own call constraint {text!r} parsed as {calls}")
+    named = json.loads(p.call_constraint("get_time", False).text)["structures"]
+    if [_const_name(st) for st in named] != ["get_time"]:
+        ck.fail("the constraint of a named tool_choice allows other tools")
+
+
+def _const_name(structure: dict[str, Any]) -> str:
+    """The tool name a ``tool_calls`` structure fixes (the ``const`` in its schema)."""
+    return next(v["const"] for v in structure["schema"]["properties"].values() if "const" in v)

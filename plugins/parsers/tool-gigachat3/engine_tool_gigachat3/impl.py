@@ -11,6 +11,7 @@ class GigaChat3ToolParser(JsonTagParser):
     )
     drop_markers = ("</s>",)
     incremental = True
+    parallel_calls = False
 
     def advance(self, text, block, final):
         if not block.calls and self._next_index:  # only one call per response

@@ -1,0 +1,125 @@
+"""Cost of constrained decoding on CPU with the default model. One script.
+
+Run from the repository root after ``./dev setup``::
+
+    .venv/bin/python benchmarks/grammar.py [--backend llguidance] [--steps 48]
+
+(a) mask time per token: for one JSON schema, the time to fill a row's bitmask (the library)
+    and to apply it to a float32 logits row (the core), token by token along greedy walks
+    through the schema; p50 and p99 in microseconds;
+(b) decode step time at batch 1 and 8: the median wall time of a scheduler decode step with
+    every request unconstrained, and with every request constrained by the schema (ignore_eos,
+    the same prompts), in alternating rounds; the difference is what the grammar costs a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 40},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 6},
+    "address": {"type": "object", "properties": {"city": {"type": "string"},
+                                                 "zip": {"type": "string",
+                                                         "pattern": "^[0-9]{5}$"}},
+                "required": ["city", "zip"]}},
+    "required": ["name", "age", "tags", "address"]}
+ROUNDS = 3
+PROMPT = "Describe a person as JSON with name, age, tags and address:"
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def mask_times(backend, vocab: int, walks: int = 8, steps: int = 64) -> tuple[list, list]:
+    from engine.api.grammar import GrammarSpec, allocate_token_bitmask, \
+        apply_token_bitmask_inplace
+
+    compiled = backend.compile(GrammarSpec("json_schema", json.dumps(SCHEMA)))
+    fill, apply = [], []
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(walks):
+        m = backend.matcher(compiled)
+        bitmask = allocate_token_bitmask(1, vocab)
+        for _ in range(steps):
+            logits = torch.randn(1, vocab, generator=gen)
+            t0 = time.perf_counter()
+            m.fill_bitmask(bitmask, 0)
+            t1 = time.perf_counter()
+            apply_token_bitmask_inplace(logits[0], bitmask[0])
+            t2 = time.perf_counter()
+            fill.append(t1 - t0)
+            apply.append(t2 - t1)
+            tok = int(logits.argmax())
+            if not m.accept(tok) or m.is_terminated():
+                break
+    return fill, apply
+
+
+def decode_steps(engine, backend, batch: int, steps: int, constrained: bool) -> list[float]:
+    """Seconds of each decode step of ``batch`` greedy requests (all constrained or none)."""
+    from engine.api.grammar import GrammarSpec
+    from engine.runtime.sampling import SamplingParams
+
+    sched = engine.runtime.scheduler
+    compiled = backend.compile(GrammarSpec("json_schema", json.dumps(SCHEMA)))
+    ids = engine.tokenizer.encode(PROMPT)
+    params = SamplingParams(temperature=0.0, max_new_tokens=steps, ignore_eos=True).validate()
+    reqs = []
+    for i in range(batch):
+        grammars = [backend.matcher(compiled)] if constrained else None
+        reqs += engine.runtime.make_reqs(f"b{batch}-{constrained}-{i}", ids, params,
+                                         lambda out: None, grammars=grammars)
+    sched.submit(reqs)
+    times = []
+    while sched.has_work:
+        decoding = bool(sched.running) and not sched.waiting and sched.chunked is None
+        t0 = time.perf_counter()
+        sched.step()
+        if decoding:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="llguidance")
+    ap.add_argument("--steps", type=int, default=48)
+    args = ap.parse_args()
+
+    from engine import Engine
+
+    engine = Engine(device="cpu", attention_backend="torch_native", max_total_tokens=8192,
+                    max_running_requests=8, grammar_backend=args.backend)
+    backend = engine.runtime.grammars.backend
+    vocab = engine.runtime.vocab_size
+    fill, apply = mask_times(backend, vocab)
+    print(f"backend {args.backend}, vocabulary {vocab}, torch threads {torch.get_num_threads()}")
+    print(f"(a) mask per token over {len(fill)} tokens (us): fill p50 "
+          f"{percentile(fill, .5) * 1e6:.0f} p99 {percentile(fill, .99) * 1e6:.0f}; apply p50 "
+          f"{percentile(apply, .5) * 1e6:.0f} p99 {percentile(apply, .99) * 1e6:.0f}")
+    print(f"(b) decode step (ms), median over {ROUNDS} alternating rounds:")
+    for batch in (1, 8):
+        decode_steps(engine, backend, batch, 8, constrained=True)  # warm-up
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(ROUNDS):
+            for constrained in (False, True):
+                times[constrained] += decode_steps(engine, backend, batch, args.steps,
+                                                   constrained)
+        plain, constrained = (statistics.median(times[c]) for c in (False, True))
+        print(f"    batch {batch}: unconstrained {plain * 1e3:.1f}, constrained "
+              f"{constrained * 1e3:.1f} ({(constrained - plain) * 1e3:+.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

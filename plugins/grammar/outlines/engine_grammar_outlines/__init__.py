@@ -1,0 +1,21 @@
+"""outlines grammar backend: manifest only (the library loads on selection)."""
+from engine.api import Option, Plugin, Requires
+
+plugin = Plugin(
+    name="outlines",
+    family="grammar",
+    implementation="engine_grammar_outlines.impl",
+    description="outlines-core: JSON schemas, any JSON object and regexes, compiled to a token "
+                "automaton (no EBNF grammars)",
+    requires=Requires(packages=("outlines-core>=0.2",)),
+    priority=10,
+    options=(
+        Option("--outlines-json-whitespace-pattern", type="str", default=None,
+               help="Regex of the whitespace allowed between JSON tokens (default: outlines' "
+                    "own, at most one space)."),
+    ),
+    notes=("tokenizers with a byte-level decoder (GPT-2 style) or SentencePiece byte "
+           "fallback (Llama style)",
+           "outlines-core 0.2.14 does not enforce minimum/maximum on integers "
+           "(engine plugins check reports it)"),
+)

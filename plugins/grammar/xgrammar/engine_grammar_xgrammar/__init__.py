@@ -1,0 +1,18 @@
+"""xgrammar grammar backend: manifest only (the library loads on selection)."""
+from engine.api import Option, Plugin, Requires
+
+plugin = Plugin(
+    name="xgrammar",
+    family="grammar",
+    implementation="engine_grammar_xgrammar.impl",
+    description="xgrammar: JSON schemas, any JSON object, regexes and EBNF (GBNF) grammars",
+    requires=Requires(packages=("xgrammar>=0.1.20",)),
+    priority=20,
+    notes=("xgrammar 0.2.9: strings with maxLength/minLength admit raw control characters "
+           "(U+0000-U+001F), which JSON forbids (engine plugins check reports it)",),
+    options=(
+        Option("--constrained-json-max-whitespace-cnt", type="int", default=None,
+               help="Most consecutive whitespace characters between JSON tokens "
+                    "(default: unbounded)."),
+    ),
+)
