@@ -247,17 +247,15 @@ class Assembly:
 
     def observers(self) -> Observers:
         """The cross-cutting hooks, bound to this assembly's plugin manager."""
-        hook = self.registry.pm.hook
-        on_request = after_forward = None
-        if self.registry.has_impls("engine_on_request"):
-            def on_request(request: Any) -> None:
-                hook.engine_on_request(request=request)
-        if self.registry.has_impls("engine_after_forward"):
-            def after_forward(batch: Any, ids: list[int]) -> None:
-                hook.engine_after_forward(batch=batch, next_token_ids=ids)
-        return Observers(startup=lambda config: hook.engine_startup(config=config),
-                         shutdown=lambda: hook.engine_shutdown(),
-                         on_request=on_request, after_forward=after_forward)
+        hook, has = self.registry.pm.hook, self.registry.has_impls
+        return Observers(
+            startup=lambda config: hook.engine_startup(config=config),
+            shutdown=lambda: hook.engine_shutdown(),
+            on_request=(lambda request: hook.engine_on_request(request=request))
+            if has("engine_on_request") else None,
+            after_forward=(lambda batch, ids: hook.engine_after_forward(batch=batch,
+                                                                        next_token_ids=ids))
+            if has("engine_after_forward") else None)
 
     def plan(self) -> list[str]:
         """One line per resolved flag: the flag, the choice and its distribution."""

@@ -13,6 +13,7 @@ reference attention backend (``torch_native``) so that these tests measure the s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import httpx
 import pytest
@@ -90,16 +92,9 @@ def stop_server(server: Server) -> None:
     os.unlink(server.log_path)
 
 
-@pytest.fixture(scope="session")
-def servers() -> dict[str, Server]:
-    started = [
-        start_server("main", "--max-running-requests", "16", "--max-queued-requests", "64"),
-        start_server("aux", "--chunked-prefill-size", "16", "--max-queued-requests", "2",
-                     "--max-running-requests", "2", "--api-key", API_KEY,
-                     "--tool-call-parser", "qwen3_coder", "--grammar-backend", "none"),
-        start_server("parsers", "--max-running-requests", "4", "--reasoning-parser", "qwen3",
-                     "--tool-call-parser", "hermes"),
-    ]
+@contextlib.contextmanager
+def running(*started: Server) -> Iterator[dict[str, Server]]:
+    """Wait until every server of ``started`` is ready; stop them all on leaving (by name)."""
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         for s in started:
@@ -108,6 +103,19 @@ def servers() -> dict[str, Server]:
     finally:
         for s in started:
             stop_server(s)
+
+
+@pytest.fixture(scope="session")
+def servers() -> Iterator[dict[str, Server]]:
+    with running(
+        start_server("main", "--max-running-requests", "16", "--max-queued-requests", "64"),
+        start_server("aux", "--chunked-prefill-size", "16", "--max-queued-requests", "2",
+                     "--max-running-requests", "2", "--api-key", API_KEY,
+                     "--tool-call-parser", "qwen3_coder", "--grammar-backend", "none"),
+        start_server("parsers", "--max-running-requests", "4", "--reasoning-parser", "qwen3",
+                     "--tool-call-parser", "hermes"),
+    ) as started:
+        yield started
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import httpx
 import jsonschema
 import pytest
 
-from conftest import START_TIMEOUT_S, start_server, stop_server, wait_ready
+from conftest import running, start_server
 
 CHAT, COMPL = "/v1/chat/completions", "/v1/completions"
 MAX_TOKENS = 120
@@ -233,15 +233,9 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 @pytest.fixture(scope="module")
 def hermes_server(servers):
-    server = start_server("hermes", "--max-running-requests", "4",
-                          "--tool-call-parser", "hermes")
-    try:
-        import time
-
-        wait_ready(server, time.monotonic() + START_TIMEOUT_S)
-        yield server
-    finally:
-        stop_server(server)
+    with running(start_server("hermes", "--max-running-requests", "4",
+                              "--tool-call-parser", "hermes")) as started:
+        yield started["hermes"]
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function",

@@ -6,27 +6,25 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Iterator
 
 import pytest
 
-from conftest import Server, start_server, stop_server, wait_ready
+from conftest import Server, running, start_server
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
 @pytest.fixture(scope="module")
-def server() -> Server:
-    s = start_server("options", "--context-length", "256", "--chat-template", TEMPLATE,
-                     "--stream-interval", "4", "--incremental-streaming-output",
-                     "--enable-cache-report", "--allow-auto-truncate", "--log-requests",
-                     "--log-requests-level", "3", "--log-requests-format", "json",
-                     "--preferred-sampling-params", '{"temperature": 0}',
-                     "--schedule-policy", "priority", "--tp-size", "1", "--trust-remote-code")
-    try:
-        wait_ready(s, time.monotonic() + 300)
-        yield s
-    finally:
-        stop_server(s)
+def server() -> Iterator[Server]:
+    with running(start_server(
+            "options", "--context-length", "256", "--chat-template", TEMPLATE,
+            "--stream-interval", "4", "--incremental-streaming-output",
+            "--enable-cache-report", "--allow-auto-truncate", "--log-requests",
+            "--log-requests-level", "3", "--log-requests-format", "json",
+            "--preferred-sampling-params", '{"temperature": 0}',
+            "--schedule-policy", "priority", "--tp-size", "1", "--trust-remote-code")) as s:
+        yield s["options"]
 
 
 def _events(resp) -> list:

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-from conftest import START_TIMEOUT_S, Server, start_server, stop_server, wait_ready
+from conftest import Server, running, start_server
 from test_serve_errors import CASES, post
 
 pytestmark = pytest.mark.slow
@@ -37,24 +37,17 @@ PROBE = {"prompt": "List three colours:", "max_tokens": 32, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def extra_servers() -> Iterator[dict[str, Server]]:
-    started = [
-        start_server("guarded", "--admin-api-key", ADMIN_KEY,
-                     "--allowed-hosts", "engine.example,*.corp.example",
-                     "--cors-allow-origins", "https://app.example",
-                     "--request-read-timeout", str(READ_TIMEOUT_S),
-                     "--limit-concurrency", str(CONNECTION_LIMIT),
-                     "--max-running-requests", "4"),
-        start_server("draining", "--timeout-graceful-shutdown", str(GRACE_S),
-                     "--max-running-requests", "4"),
-    ]
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        for s in started:
-            wait_ready(s, deadline)
-        yield {s.name: s for s in started}
-    finally:
-        for s in started:
-            stop_server(s)
+    with running(
+            start_server("guarded", "--admin-api-key", ADMIN_KEY,
+                         "--allowed-hosts", "engine.example,*.corp.example",
+                         "--cors-allow-origins", "https://app.example",
+                         "--request-read-timeout", str(READ_TIMEOUT_S),
+                         "--limit-concurrency", str(CONNECTION_LIMIT),
+                         "--max-running-requests", "4"),
+            start_server("draining", "--timeout-graceful-shutdown", str(GRACE_S),
+                         "--max-running-requests", "4"),
+    ) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")

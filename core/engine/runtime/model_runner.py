@@ -11,9 +11,7 @@ each :class:`Batch`; :meth:`ModelRunner.forward` owns everything from the batch 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from typing import Any
 
 import torch
@@ -22,7 +20,7 @@ from engine.config import ServerConfig
 from engine.errors import ConfigError
 from engine.models.config import ModelConfig
 from engine.models.tokenizer import Tokenizer
-from engine.runtime.attention import AttentionBackend, KVPool
+from engine.runtime.attention import KVPool
 from engine.runtime.batch import Batch
 
 log = logging.getLogger("engine.runtime")
