@@ -257,8 +257,8 @@ def greedy_outputs(client: httpx.Client) -> list[str]:
         r = client.post(path, json=body)
         r.raise_for_status()
         out = r.json()
-        texts.append(out["text"] if path == GEN else out["choices"][0].get("text") or
-                     out["choices"][0]["message"]["content"])
+        texts.append(out["text"] if path == GEN else out["choices"][0]["text"] if path == COMPL
+                     else out["choices"][0]["message"]["content"])
     return texts
 
 
