@@ -2,7 +2,8 @@
 prints one table and exits 1 when a bar fails.
 
 The server serves the default model (``--device cpu --attention-backend torch_native``, no
-keys). Then:
+keys) with a KV pool of ``--kv-tokens`` (16384: under the full load the radix cache evicts and
+requests are retracted, paths the KV bar then covers). Then:
 
 1. four fixed greedy requests (cache flushed first) record the reference outputs;
 2. warm-up: ``--warmup-s`` seconds of the soak load, not counted; the server's RSS is read;
@@ -221,7 +222,8 @@ async def client_loop(client: httpx.AsyncClient, rng: random.Random, until: floa
             tally.hangs += 1
         except httpx.HTTPError as exc:
             tally.transport_errors.append(f"{spec.path}: {type(exc).__name__}: {exc}")
-            await asyncio.sleep(1)  # no busy loop when the server is gone
+            if isinstance(exc, httpx.ConnectError):  # the server is gone
+                return
 
 
 async def run_load(label: str, url: str, clients: int, seconds: float, seed: int,
@@ -340,6 +342,7 @@ def soak(url: str, pid: int, args: argparse.Namespace) -> list[tuple[str, str, b
          idle["num_running"] == idle["num_waiting"] == 0),
         ("idle: KV tokens used - cached", f"{idle['kv_used_tokens']} - "
          f"{idle['kv_cached_tokens']} = {held}", held == 0),
+        ("requests retracted (KV pool full)", str(idle["num_retractions"]), None),
         ("after /flush_cache: KV tokens used", str(flushed["kv_used_tokens"]),
          flushed["kv_used_tokens"] == 0),
         ("greedy outputs before = after", f"{sum(a == b for a, b in zip(before, after))} of "
@@ -355,6 +358,9 @@ def main() -> int:
     ap.add_argument("--request-timeout", type=float, default=1800,
                     help="seconds a request may take before it counts as a hang (far beyond "
                     "any answer on a busy 2-core machine)")
+    ap.add_argument("--kv-tokens", type=int, default=16384,
+                    help="the server's KV pool: small enough that the radix cache evicts and "
+                    "requests are retracted under the full load")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("serve_args", nargs="*", help="extra flags for engine serve (after --)")
     args = ap.parse_args()
@@ -363,7 +369,8 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="engine-soak-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "engine.cli.main", "serve", "--port", str(port),
-           "--device", "cpu", "--attention-backend", "torch_native", *args.serve_args]
+           "--device", "cpu", "--attention-backend", "torch_native",
+           "--max-total-tokens", str(args.kv_tokens), *args.serve_args]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONWARNINGS="ignore"))
     try:
@@ -378,6 +385,11 @@ def main() -> int:
                 pass
             time.sleep(0.5)
         rows = soak(url, proc.pid, args)
+    except httpx.ConnectError:
+        if proc.poll() is None:
+            raise
+        print(open(log.name).read()[-3000:], file=sys.stderr)
+        rows = [("the server", f"exited with status {proc.returncode}", False)]
     finally:
         proc.terminate()
         try:
@@ -385,9 +397,11 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        errors = [line for line in open(log.name, errors="replace")
-                  if "Traceback" in line or " ERROR " in line or line.startswith("ERROR")]
+        with open(log.name, errors="replace") as f:
+            lines = f.readlines()
         os.unlink(log.name)
+    errors = [line for line in lines
+              if "Traceback" in line or " ERROR " in line or line.startswith("ERROR")]
     rows.append(("server log: errors and tracebacks", str(len(errors)), not errors))
     for line in errors[:10]:
         print(line.rstrip(), file=sys.stderr)
