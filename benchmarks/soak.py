@@ -2,8 +2,8 @@
 prints one table and exits 1 when a bar fails.
 
 The server serves the default model (``--device cpu --attention-backend torch_native``, no
-keys) with a KV pool of ``--kv-tokens`` (16384: under the full load the radix cache evicts and
-requests are retracted, paths the KV bar then covers). Then:
+keys) with a KV pool of ``--kv-tokens`` (16384: under the full load the pool fills and the
+radix cache evicts, paths the KV bar then covers). Then:
 
 1. four fixed greedy requests (cache flushed first) record the reference outputs;
 2. warm-up: ``--warmup-s`` seconds of the soak load, not counted; the server's RSS is read;
@@ -342,7 +342,8 @@ def soak(url: str, pid: int, args: argparse.Namespace) -> list[tuple[str, str, b
          idle["num_running"] == idle["num_waiting"] == 0),
         ("idle: KV tokens used - cached", f"{idle['kv_used_tokens']} - "
          f"{idle['kv_cached_tokens']} = {held}", held == 0),
-        ("requests retracted (KV pool full)", str(idle["num_retractions"]), None),
+        ("requests retracted (no KV slot for a decode step)", str(idle["num_retractions"]),
+         None),
         ("after /flush_cache: KV tokens used", str(flushed["kv_used_tokens"]),
          flushed["kv_used_tokens"] == 0),
         ("greedy outputs before = after", f"{sum(a == b for a, b in zip(before, after))} of "
@@ -359,8 +360,8 @@ def main() -> int:
                     help="seconds a request may take before it counts as a hang (far beyond "
                     "any answer on a busy 2-core machine)")
     ap.add_argument("--kv-tokens", type=int, default=16384,
-                    help="the server's KV pool: small enough that the radix cache evicts and "
-                    "requests are retracted under the full load")
+                    help="the server's KV pool: small enough that it fills and the radix cache "
+                    "evicts under the full load")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("serve_args", nargs="*", help="extra flags for engine serve (after --)")
     args = ap.parse_args()
