@@ -155,17 +155,22 @@ LENGTHS = st.one_of(SMALL, st.sampled_from([-1, 10**30, -2**63, 2.5, "4", [1], {
 EDGE_INTS = st.sampled_from([-1, 0, 1, 2, 5, 21, 129, 2**31, 2**63, -2**63 - 1, 10**30])
 EDGE_FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
                         st.sampled_from([0.0, -0.0, 1e-300, 1e-40, 5e-324, 1e300, 0.5, 1.5]))
-#: text, now and then with lone surrogates (sent as JSON escapes such as "\ud800")
-ANY_TEXT = mostly(st.text(max_size=12), st.lists(st.sampled_from(
-    ["\ud800", "\udc00", "\udfff", "x", "\x00", "\u00e9", "\U0001f600"]), min_size=1,
+#: text: mostly ordinary (not empty), else empty or with lone surrogates (sent as JSON escapes
+#: such as "\ud800"), which every field refuses with a 400 naming it
+TEXT = mostly(st.text(min_size=1, max_size=24), st.lists(st.sampled_from(
+    ["\ud800", "\udc00", "\udfff", "x", "\x00", "\u00e9", "\U0001f600"]),
     max_size=4).map("".join))
-#: text for prompts and model names, which are drawn without lone surrogates (the tokenizer
-#: cannot encode them, and an unknown model's name is quoted in the error)
-CLEAN_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=24)
-MODEL = mostly(st.none(), st.one_of(st.just("SmolLM2-135M-Instruct.Q4_1"), CLEAN_TEXT))
-SCALARS = st.one_of(st.none(), st.booleans(), EDGE_INTS, EDGE_FLOATS, ANY_TEXT)
+MODEL = mostly(st.none(), st.one_of(st.just("SmolLM2-135M-Instruct.Q4_1"), TEXT))
+SCALARS = st.one_of(st.none(), st.booleans(), EDGE_INTS, EDGE_FLOATS, TEXT)
 WILD = st.recursive(SCALARS, lambda kids: st.one_of(
-    st.lists(kids, max_size=3), st.dictionaries(ANY_TEXT, kids, max_size=3)), max_leaves=6)
+    st.lists(kids, max_size=3), st.dictionaries(TEXT, kids, max_size=3)), max_leaves=6)
+
+
+def typed(usual: st.SearchStrategy) -> st.SearchStrategy:
+    """A nested field: ``usual`` values three times in four, else a wild one (any type)."""
+    return mostly(usual, WILD)
+
+
 TOKEN_IDS = st.lists(st.one_of(st.integers(0, 49151), EDGE_INTS), min_size=1, max_size=6)
 
 
@@ -178,15 +183,15 @@ def own_values(annotation: Any) -> st.SearchStrategy:
     elif "float" in kind:
         usual, edge = st.floats(0.05, 1), EDGE_FLOATS
     elif "dict" in kind:
-        usual = edge = st.dictionaries(ANY_TEXT, WILD, max_size=3)
+        usual = edge = st.dictionaries(TEXT, WILD, max_size=3)
         if "list[dict" in kind:
             usual = st.lists(usual, max_size=2)
     elif "list[int]" in kind:
         usual, edge = st.lists(SMALL, max_size=3), st.lists(EDGE_INTS, max_size=3)
     elif "list[str]" in kind:
-        usual = edge = st.one_of(ANY_TEXT, st.lists(ANY_TEXT, max_size=3))
+        usual = edge = st.one_of(TEXT, st.lists(TEXT, max_size=3))
     elif "str" in kind:
-        usual = edge = ANY_TEXT
+        usual = edge = TEXT
     elif "int" in kind:
         usual, edge = SMALL, EDGE_INTS
     else:
@@ -219,11 +224,11 @@ SAMPLING_FIELDS = {**{f.name: f.type for f in dataclasses.fields(SamplingParams)
 SAMPLING = bodies(SAMPLING_FIELDS, {"max_new_tokens": LENGTHS, "max_tokens": LENGTHS},
                   {"max_new_tokens"})
 
-TEXTS = st.one_of(CLEAN_TEXT, st.lists(CLEAN_TEXT, max_size=3))
+TEXTS = st.one_of(TEXT, st.lists(TEXT, max_size=3))
 TOKEN_ID_LISTS = st.one_of(TOKEN_IDS, st.lists(TOKEN_IDS, max_size=2))
 GENERATE_BODIES = st.tuples(bodies(pydantic_fields(GenerateRequest), {
     "sampling_params": mostly(SAMPLING, st.lists(SAMPLING, max_size=2)),
-    "rid": ANY_TEXT,
+    "rid": TEXT,
     "text": st.nothing(), "input_ids": st.nothing(),  # drawn together, below
 }, {"sampling_params"}), mostly(  # mostly exactly one of text and input_ids
     st.one_of(st.fixed_dictionaries({"text": TEXTS}),
@@ -231,30 +236,43 @@ GENERATE_BODIES = st.tuples(bodies(pydantic_fields(GenerateRequest), {
     st.fixed_dictionaries({}, optional={"text": TEXTS, "input_ids": TOKEN_ID_LISTS}),
 )).map(lambda parts: {**parts[0], **parts[1]})
 
-STREAM_OPTIONS = mostly(st.fixed_dictionaries({}, optional={
-    "include_usage": st.booleans(), "continuous_usage_stats": st.booleans()}), WILD)
+STREAM_OPTIONS = typed(st.fixed_dictionaries({}, optional={
+    "include_usage": typed(st.booleans()), "continuous_usage_stats": typed(st.booleans())}))
+FUNCTION_CALL = st.fixed_dictionaries({"function": typed(st.fixed_dictionaries(
+    {"name": typed(TEXT), "arguments": typed(TEXT)}))})
 MESSAGE = st.fixed_dictionaries({
-    "role": mostly(st.sampled_from(["system", "user", "assistant", "tool"]), ANY_TEXT),
-    "content": mostly(CLEAN_TEXT, st.one_of(st.none(), st.lists(st.fixed_dictionaries(
-        {"type": st.sampled_from(["text", "image_url"]), "text": CLEAN_TEXT}), max_size=2))),
-}, optional={"name": ANY_TEXT, "tool_call_id": ANY_TEXT, "tool_calls": st.lists(
-    st.fixed_dictionaries({"function": st.one_of(st.fixed_dictionaries(
-        {"name": ANY_TEXT, "arguments": mostly(ANY_TEXT, WILD)}), WILD)}), max_size=2)})
+    "role": typed(st.sampled_from(["system", "user", "assistant", "tool"])),
+    "content": typed(st.one_of(TEXT, st.none(), st.lists(typed(st.fixed_dictionaries({
+        "type": typed(st.sampled_from(["text", "image_url"])), "text": typed(TEXT)})),
+        max_size=2))),
+}, optional={"name": typed(TEXT), "tool_call_id": typed(TEXT),
+             "tool_calls": typed(st.lists(typed(FUNCTION_CALL), max_size=2))})
+TOOL = st.fixed_dictionaries({"type": typed(st.just("function")), "function": typed(
+    st.fixed_dictionaries({"name": typed(TEXT)}, optional={
+        "description": typed(TEXT),
+        "parameters": typed(st.dictionaries(TEXT, WILD, max_size=3))}))})
+#: keys of ``chat_template_kwargs`` that the server's own code reads or passes on
+TEMPLATE_KWARGS = st.fixed_dictionaries({}, optional={
+    k: typed(st.booleans()) for k in ("enable_thinking", "tokenize", "add_generation_prompt",
+                                      "continue_final_message")})
 
 CHAT_BODIES = bodies(pydantic_fields(ChatCompletionRequest), {
-    "messages": mostly(st.lists(MESSAGE, min_size=1, max_size=3), WILD),
+    "messages": typed(st.lists(MESSAGE, min_size=1, max_size=3)),
     "model": MODEL,
-    "tool_choice": mostly(st.sampled_from(["none", "auto", "required"]), WILD),
+    "tools": typed(st.lists(typed(TOOL), max_size=2)),
+    "tool_choice": mostly(st.sampled_from(["none", "auto", "required"]), typed(
+        st.fixed_dictionaries({"type": typed(st.just("function")), "function": typed(
+            st.fixed_dictionaries({"name": typed(TEXT)}))}))),
+    "chat_template_kwargs": typed(TEMPLATE_KWARGS),
     "stream_options": STREAM_OPTIONS,
     "max_tokens": LENGTHS,
     "max_completion_tokens": LENGTHS,
 }, {"messages", "max_tokens", "max_completion_tokens"})
 
 COMPLETION_BODIES = bodies(pydantic_fields(CompletionRequest), {
-    "prompt": st.one_of(CLEAN_TEXT, st.lists(CLEAN_TEXT, max_size=3), TOKEN_IDS,
-                        st.lists(TOKEN_IDS, max_size=2), WILD),
+    "prompt": st.one_of(TEXTS, TOKEN_IDS, st.lists(TOKEN_IDS, max_size=2), WILD),
     "model": MODEL,
-    "suffix": st.one_of(st.none(), CLEAN_TEXT),
+    "suffix": st.one_of(st.none(), TEXT),
     "stream_options": STREAM_OPTIONS,
     "max_tokens": LENGTHS,
 }, {"prompt", "max_tokens"})
