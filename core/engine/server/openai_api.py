@@ -29,6 +29,11 @@ from engine.server.protocol import (API_NAMES, CONSTRAINT_FIELDS, ChatCompletion
 
 log = logging.getLogger("engine.serve")
 
+#: arguments of the template rendering call that the server sets, not ``chat_template_kwargs``
+RENDER_ARGUMENTS = frozenset({"messages", "conversation", "tools", "tokenize",
+                              "add_generation_prompt", "continue_final_message", "documents",
+                              "return_dict", "return_tensors", "chat_template"})
+
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -168,6 +173,11 @@ class OpenAIServing:
     def _chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
         messages = template_messages(body)
         kwargs = dict(body.chat_template_kwargs or {})
+        reserved = sorted(set(kwargs) & RENDER_ARGUMENTS)
+        if reserved:
+            raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)}: the "
+                               "server sets these itself (use the request's own fields)",
+                               param="chat_template_kwargs")
         if body.reasoning_effort is not None:
             kwargs.setdefault("reasoning_effort", body.reasoning_effort)
         if body.continue_final_message:
