@@ -58,15 +58,10 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not TARGET.exists() or TARGET.read_text(encoding="utf-8") != text:
-            print(f"{TARGET} is stale: run python tools/gen_flags_doc.py", file=sys.stderr)
-            return 1
-        return 0
-    TARGET.write_text(text, encoding="utf-8")
-    print(f"wrote {TARGET}")
-    return 0
+    from _generated import write_or_check  # this folder, on the path when run as a script
+
+    return write_or_check(TARGET, render(), check="--check" in argv,
+                          command="python tools/gen_flags_doc.py")
 
 
 if __name__ == "__main__":

@@ -134,16 +134,11 @@ def render(entries: list[tuple]) -> str:
 def main(argv: list[str]) -> int:
     args = [a for a in argv if a != "--check"]
     source = Path(args[0]) if args else DEFAULT_HELP
-    text = render(parse(source.read_text(encoding="utf-8")))
-    if "--check" in argv:
-        current = TARGET.read_text(encoding="utf-8") if TARGET.exists() else ""
-        if current != text:
-            print(f"{TARGET} is stale: run python tools/gen_reference_options.py", file=sys.stderr)
-            return 1
-        return 0
-    TARGET.write_text(text, encoding="utf-8")
-    print(f"wrote {len(parse(source.read_text(encoding='utf-8')))} options to {TARGET}")
-    return 0
+    from _generated import write_or_check  # this folder, on the path when run as a script
+
+    return write_or_check(TARGET, render(parse(source.read_text(encoding="utf-8"))),
+                          check="--check" in argv,
+                          command="python tools/gen_reference_options.py")
 
 
 if __name__ == "__main__":
