@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,17 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from _server import free_port, wait_ready  # this folder, on the path when run as a script
+
 PROMPTS = ["Write a short story about a robot learning to paint.",
            "Explain how a bicycle works.", "List some facts about the planet Mars.",
            "Describe a walk through a forest in autumn.", "What makes a good cup of tea?",
            "Tell me about the history of the printing press.",
            "Give advice to a new gardener.", "Describe the sound of the ocean."]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stream_generate(client: httpx.Client, body: dict) -> tuple[float, float, int]:
@@ -97,16 +92,8 @@ def main() -> int:
                             env=dict(os.environ, PYTHONWARNINGS="ignore"))
     url = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            if proc.poll() is not None:
-                print(open(log.name).read()[-3000:], file=sys.stderr)
-                return 1
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        if not wait_ready(proc, url, log.name, poll_s=0.2):
+            return 1
         startup = time.perf_counter() - t0
         client = httpx.Client(base_url=url, timeout=600)
         sp = {"temperature": 0, "max_new_tokens": args.max_tokens, "ignore_eos": True}

@@ -29,7 +29,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,8 @@ from typing import Any
 
 import httpx
 import psutil
+
+from _server import free_port, wait_ready  # this folder, on the path when run as a script
 
 GEN, COMPL, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
 WORDS = ("the a of river stone light city music garden winter bright quiet old new small "
@@ -59,12 +60,6 @@ GREEDY = [  # (path, body): the fixed requests compared before and after the soa
             "temperature": 0}),
 ]
 RSS_GROWTH_BAR = 0.05
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------- the request mix
@@ -375,16 +370,8 @@ def main() -> int:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONWARNINGS="ignore"))
     try:
-        while True:
-            if proc.poll() is not None:
-                print(open(log.name).read()[-3000:], file=sys.stderr)
-                return 1
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        if not wait_ready(proc, url, log.name):
+            return 1
         rows = soak(url, proc.pid, args)
     except httpx.ConnectError:
         if proc.poll() is None:
