@@ -23,6 +23,7 @@ from engine.runtime.grammar import GrammarDeadEnd, Grammars
 from engine.runtime.sampling import Sampler, SamplingParams
 from engine.testing import grammar as kit
 from engine.testing.contract import run_checks
+from forced_call_tools import TOOLS
 
 #: what the conformance kit finds in each library's current release
 KNOWN = {
@@ -287,15 +288,6 @@ def test_a_dead_end_ends_its_request_alone_with_abort(engine_and_backend) -> Non
         last.finish_reason["message"]
     assert last.completion_tokens == 3
     assert [t for o in outs for t in o.token_ids] == [t for o in solo for t in o.token_ids]
-
-
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                     "unit": {"enum": ["C", "F"]}},
-    "required": ["city", "unit"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"tz": {"type": "string", "maxLength": 10}},
-        "required": ["tz"], "additionalProperties": False}}}]
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 
 from conftest import running, start_server
+from forced_call_tools import TOOLS
 
 CHAT, COMPL = "/v1/chat/completions", "/v1/completions"
 MAX_TOKENS = 120
@@ -220,15 +221,6 @@ def test_grammar_backend_none_refuses_constraints_and_serves_the_rest(aux_server
         ok = c.post(COMPL, json={"prompt": "x", "max_tokens": 2,
                                  "response_format": {"type": "text"}})
         assert ok.status_code == 200, ok.text
-
-
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                     "unit": {"enum": ["C", "F"]}},
-    "required": ["city", "unit"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"tz": {"type": "string", "maxLength": 10}},
-        "required": ["tz"], "additionalProperties": False}}}]
 
 
 @pytest.fixture(scope="module")
