@@ -108,8 +108,11 @@ class Assembly:
     def choose(self, dest: str, *, model_features: frozenset[str] | None = None,
                fallback: str | None = None) -> PluginRecord | None:
         """The plugin serving flag ``dest`` (``fallback``: the flag whose value applies when
-        this one is unset); ``None`` when the family is off."""
+        this one is unset); ``None`` when the family is off. A flag is resolved once: later
+        calls return the first answer."""
         fam, fl = family_for_flag()[dest]
+        if fl.flag in self.chosen:
+            return self.chosen[fl.flag]
         label, value = fl.flag, getattr(self.config, dest)
         if value is None and fallback is not None:
             label, value = family_for_flag()[fallback][1].flag, getattr(self.config, fallback)
