@@ -260,11 +260,6 @@ class Assembly:
                                                                         next_token_ids=ids))
             if has("engine_after_forward") else None)
 
-    def plan(self) -> list[str]:
-        """One line per resolved flag: the flag, the choice and its distribution."""
-        return [f"{flag} {rec.name} ({rec.distribution} {rec.version})"
-                for flag, rec in self.chosen.items()]
-
 
 _standalone: Assembly | None = None
 
