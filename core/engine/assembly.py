@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("engine.assembly")
 
+#: flags that only mean something for a model with routed experts
+_SPARSE_ONLY = ("moe_runner_backend", "moe_a2a_backend")
+
 
 @dataclass(frozen=True)
 class ParserFactories:
@@ -141,9 +144,19 @@ class Assembly:
         for dest in family_for_flag():
             if dest == "quantization":
                 continue  # the checkpoint may name the method: see quant_method
+            if dest in _SPARSE_ONLY and "moe" not in model_features:
+                self._note_unused(dest)
+                continue
             self.choose(dest, model_features=model_features, fallback=fallbacks.get(dest))
         for flag, rec in self.chosen.items():
             log.info("%s %s (%s %s)", flag, rec.name, rec.distribution, rec.version)
+
+    def _note_unused(self, dest: str) -> None:
+        fam, fl = family_for_flag()[dest]
+        value = getattr(self.config, dest)
+        if value is not None and value != fl.default:
+            log.warning("%s %s: the model has no routed experts; the flag has no effect",
+                        fl.flag, value)
 
     # ------------------------------------------------------------------ products
 
@@ -203,6 +216,22 @@ class Assembly:
         log.info("quantization: %s (%s)", name,
                  "named by the checkpoint" if detected else "--quantization")
         return method
+
+    def experts(self, model_config: "ModelConfig", device: "torch.device") -> Any:
+        """(runner, all-to-all) of the sparse layers, or ``None`` for a dense model."""
+        if model_config.num_experts <= 0:
+            return None
+        features = model_config.features
+        runner_rec = self.choose("moe_runner_backend", model_features=features)
+        a2a_rec = self.choose("moe_a2a_backend", model_features=features)
+        assert runner_rec is not None and a2a_rec is not None, "a served model's MoE choices"
+        runner = self.build(runner_rec, model_config=model_config, config=self.config,
+                            device=device)
+        a2a = self.build(a2a_rec, model_config=model_config, config=self.config)
+        log.info("experts: %d routed (top-%d), runner %s, all-to-all %s",
+                 model_config.num_experts, model_config.num_experts_per_tok, runner_rec.name,
+                 a2a_rec.name)
+        return runner, a2a
 
     def architectures(self) -> "ArchitectureRegistry":
         """The architecture table: the core's, plus what the selected plugins register."""

@@ -1,8 +1,15 @@
 """The MoE families' interfaces (hooks ``engine_create_moe_runner``, ``engine_create_moe_a2a``).
 
-These families are declared and their plugins listed, but no architecture the runtime serves
-has routed experts yet, so choosing one at ``engine serve`` is refused until it does. The
-contracts below are what a runner or dispatcher will be handed.
+A sparse layer of a served model (:mod:`engine.models.moe`) routes each token to its top-k
+experts and hands the work to two products, neither of which the layer names:
+
+* the **runner** (``--moe-runner-backend``) computes ``sum_k w_k * expert_k(x)`` for the tokens
+  and experts it is given, reading the layer's stacked expert weights (:class:`ExpertWeights`);
+* the **all-to-all** (``--moe-a2a-backend``) moves tokens to the ranks owning their experts and
+  back (``none``: every expert is local, so dispatch and combine are the identity).
+
+``torch_reference`` below is the float32 definition every runner is checked against (the
+conformance kit, ``engine plugins check``).
 """
 
 from __future__ import annotations
@@ -10,33 +17,74 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+import torch
+
+from engine.models.moe import ExpertWeights, route, torch_reference
+
+__all__ = ["ExpertWeights", "LocalAllToAll", "MoEAllToAll", "MoERunner", "route",
+           "torch_reference"]
+
 
 class MoERunner(ABC):
-    """Routed experts of one MoE layer: tokens + their top-k experts -> the combined output."""
+    """Routed experts of the sparse layers: tokens + their top-k experts -> combined output.
 
-    @abstractmethod
-    def create_weights(self, layer: Any, *, num_experts: int, hidden_size: int,
-                       intermediate_size: int, dtype: Any) -> None:
-        """Register the stacked expert parameters on ``layer`` (``w13`` gate+up
-        ``[E, 2*I, H]``, ``w2`` down ``[E, H, I]``), each with a ``weight_loader``."""
+    One runner serves every sparse layer of a model. ``supports`` is asked once per layer at
+    load time; ``process_weights_after_loading`` may repack a layer's weights once (keeping
+    them in ``experts``' attributes); ``apply`` is the hot path.
+    """
 
-    def process_weights_after_loading(self, layer: Any) -> None:
+    def supports(self, experts: ExpertWeights) -> str | None:
+        """``None`` when this runner can serve ``experts`` (dtype, device, layout), else the
+        reason it cannot (start-up then fails with it)."""
+        return None
+
+    def process_weights_after_loading(self, experts: ExpertWeights) -> None:
         """Repack the loaded weights once (default: nothing)."""
 
     @abstractmethod
-    def apply(self, layer: Any, hidden: Any, topk_ids: Any, topk_weights: Any) -> Any:
-        """``hidden`` [T, H]; ``topk_ids`` [T, k] int; ``topk_weights`` [T, k] float32 (already
-        normalised as the model's router defines). Returns ``sum_k w_k * expert_k(hidden)``
-        [T, H] in ``hidden``'s dtype, where ``expert(x) = down(silu(gate(x)) * up(x))``."""
+    def apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
+              topk_weights: torch.Tensor) -> torch.Tensor:
+        """``hidden`` [T, H]; ``topk_ids`` [T, k] int (ids local to ``experts``; -1: an expert
+        another rank serves, contributing nothing here); ``topk_weights`` [T, k] float32, as the
+        model's router defines them. Returns ``sum_k w_k * expert_k(hidden)`` [T, H] in
+        ``hidden``'s dtype, ``expert(x) = w2 @ (silu(gate(x)) * up(x))`` with ``gate``/``up``
+        the two halves of ``w13``."""
 
 
 class MoEAllToAll(ABC):
-    """Token movement across expert-parallel ranks around a :class:`MoERunner`."""
+    """Token movement across expert-parallel ranks around a :class:`MoERunner`.
+
+    ``dispatch`` returns what the runner computes on (hidden rows, top-k ids local to this
+    rank's experts, top-k weights) and a handle; ``combine`` turns the runner's output back
+    into this rank's tokens, weighted and summed over their experts.
+    """
+
+    #: experts of the model owned by this rank: ``range(first_expert, first_expert + n)``
+    first_expert: int = 0
 
     @abstractmethod
-    def dispatch(self, hidden: Any, topk_ids: Any, topk_weights: Any) -> Any:
-        """Send each token to the ranks owning its experts; returns what the runner needs."""
+    def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
+                 topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                      torch.Tensor, Any]:
+        """(hidden, local topk ids, topk weights, handle) for the runner."""
 
     @abstractmethod
-    def combine(self, expert_output: Any, handle: Any) -> Any:
-        """Bring the experts' outputs back to the tokens' ranks, weighted and summed."""
+    def combine(self, expert_output: torch.Tensor, handle: Any) -> torch.Tensor:
+        """This rank's tokens' outputs [T, H] from the runner's output."""
+
+    def local_experts(self, num_experts: int) -> range:
+        """The expert ids (of ``num_experts``) whose weights this rank loads."""
+        return range(num_experts)
+
+
+class LocalAllToAll(MoEAllToAll):
+    """Every expert on this rank (ep = 1): dispatch and combine are the identity."""
+
+    def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
+                 topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                      torch.Tensor, Any]:
+        return hidden, topk_ids, topk_weights, None
+
+    def combine(self, expert_output: torch.Tensor, handle: Any) -> torch.Tensor:
+        return expert_output
+

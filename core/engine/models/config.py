@@ -49,7 +49,17 @@ class ModelConfig:
     ``weights_format`` is what ``load_format auto`` resolves to for this path ("safetensors",
     "pt", "gguf"); ``gguf_file`` is the file when the model is a GGUF (``model_path`` is then
     its directory). ``features`` are the facts plugins may require (``Requires.model_features``):
-    "mha" or "gqa" (or "mqa"), "qk_norm", "attention_bias", "rope_scaling".
+    "mha" or "gqa" (or "mqa"), "qk_norm", "attention_bias", "rope_scaling", "moe",
+    "shared_experts".
+
+    Routed experts (``num_experts`` > 0): each token goes to ``num_experts_per_tok`` of
+    ``num_experts`` experts of width ``moe_intermediate_size`` (softmax over the router logits,
+    top-k, renormalised when ``norm_topk_prob``); ``shared_expert_intermediate_size`` > 0 adds an
+    always-on expert (scaled by ``sigmoid(shared_expert_gate(x))`` when ``shared_expert_gate``).
+    A layer is sparse unless it is in ``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step``;
+    dense layers keep an MLP of ``intermediate_size``. ``qk_norm`` is per head
+    (``qk_norm_scope`` "head", Qwen3) or over the whole projection ("full", OLMoE);
+    ``clip_qkv`` clamps q, k and v (OLMoE).
     """
 
     architecture: str
@@ -68,6 +78,16 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     hidden_act: str = "silu"
+    qk_norm_scope: str = "head"
+    clip_qkv: float | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     torch_dtype: str | None = None  #: the checkpoint's dtype name ("bfloat16"...), if stated
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -92,6 +112,11 @@ class ModelConfig:
             return os.path.join(self.model_path, self.gguf_file)
         return self.model_path
 
+    def is_sparse_layer(self, layer_id: int) -> bool:
+        """Whether layer ``layer_id`` has routed experts (else a dense MLP)."""
+        return (self.num_experts > 0 and layer_id not in self.mlp_only_layers
+                and (layer_id + 1) % max(self.decoder_sparse_step, 1) == 0)
+
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
 
@@ -103,8 +128,9 @@ class ModelConfig:
             raise ConfigError(f"--json-model-override-args: unknown model config fields "
                               f"{', '.join(unknown)}; known: {', '.join(sorted(names))}")
         changes = dict(overrides)
-        if "eos_token_ids" in changes:
-            changes["eos_token_ids"] = tuple(changes["eos_token_ids"])
+        for key in ("eos_token_ids", "mlp_only_layers"):
+            if key in changes:
+                changes[key] = tuple(changes[key])
         return dataclasses.replace(self, features=frozenset(), **changes)
 
 
@@ -122,6 +148,10 @@ def derive_features(cfg: ModelConfig) -> frozenset[str]:
         feats.add("attention_bias")
     if cfg.rope_scaling:
         feats.add("rope_scaling")
+    if cfg.num_experts > 0:
+        feats.add("moe")
+        if cfg.shared_expert_intermediate_size > 0:
+            feats.add("shared_experts")
     return frozenset(feats)
 
 

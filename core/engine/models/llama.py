@@ -5,12 +5,17 @@ Checkpoint names are HF's (``model.layers.N.self_attn.q_proj.weight``...). Proje
 the same input are fused at load (``qkv_proj``, ``gate_up_proj``): each shard is copied into its
 rows by :meth:`LlamaForCausalLM.load_weights`, so a decode step runs 4 matmuls per layer. Every
 layer calls the attention backend once, with RoPE already applied by ``batch.positions``.
+
+The same decoder serves the mixture-of-experts members of these families (Mixtral, Qwen2-MoE,
+Qwen3-MoE, OLMoE): their sparse layers replace the MLP with a
+:class:`~engine.models.moe.SparseMoeBlock` whose expert work goes to the chosen MoE runner.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+import re
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -18,9 +23,10 @@ from torch import nn
 
 from engine.errors import ConfigError
 from engine.models.config import ModelConfig
+from engine.models.moe import ExpertWeights, SparseMoeBlock
 from engine.runtime.attention import AttentionBackend, AttentionLayerSpec
 from engine.runtime.batch import Batch
-from engine.runtime.linear import Linear, PackedWeight, QuantMethod
+from engine.runtime.linear import Linear, PackedWeight, QuantMethod, UnquantizedMethod
 
 #: builds the quantization method of one linear layer from its qualified name (None: dense)
 QuantFactory = Callable[[str], "QuantMethod | None"]
@@ -122,10 +128,15 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                bias=cfg.attention_bias, dtype=dtype,
                                quant_method=quant(prefix + ".qkv_proj"))
+        self.qkv_proj.shards = (self.q_size, self.kv_size, self.kv_size)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, dtype=dtype,
                              quant_method=quant(prefix + ".o_proj"))
-        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+        # per-head norms (Qwen3) or over the whole projection (OLMoE)
+        self.full_qk_norm = cfg.qk_norm_scope == "full"
+        q_dim, k_dim = (self.q_size, self.kv_size) if self.full_qk_norm else (self.d, self.d)
+        self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+        self.clip_qkv = cfg.clip_qkv
         self.spec = AttentionLayerSpec(layer_id=layer_id, num_q_heads=self.hq,
                                        num_kv_heads=self.hkv, head_dim=self.d,
                                        scaling=self.d ** -0.5)
@@ -134,10 +145,15 @@ class Attention(nn.Module):
                 attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.full_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip_qkv is not None:  # after the whole-projection norms (OLMoE)
+            c = self.clip_qkv
+            q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
         q = q.view(t, self.hq, self.d)
         k = k.view(t, self.hkv, self.d)
         v = v.view(t, self.hkv, self.d)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.full_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = attn.forward(q, k, v, self.spec, batch)
@@ -146,11 +162,12 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantFactory,
-                 prefix: str) -> None:
+                 prefix: str, width: int | None = None) -> None:
         super().__init__()
-        self.inter = cfg.intermediate_size
+        self.inter = width or cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.inter, dtype=dtype,
                                    quant_method=quant(prefix + ".gate_up_proj"))
+        self.gate_up_proj.shards = (self.inter, self.inter)
         self.down_proj = Linear(self.inter, cfg.hidden_size, dtype=dtype,
                                 quant_method=quant(prefix + ".down_proj"))
         if cfg.hidden_act == "silu":
@@ -167,13 +184,32 @@ class MLP(nn.Module):
         return self.down_proj(self.act(gate) * up)
 
 
+def sparse_block(cfg: ModelConfig, layer_id: int, dtype: torch.dtype, quant: QuantFactory,
+                 prefix: str, experts: "ExpertParts | None") -> SparseMoeBlock:
+    if experts is None:
+        raise ConfigError(f"{cfg.architecture} has routed experts: build it with a MoE runner "
+                          "and all-to-all (engine serve does)")
+    method = quant(prefix + ".experts")
+    if method is not None and not isinstance(method, UnquantizedMethod):
+        raise ConfigError(f"{cfg.architecture}: routed experts of a quantized checkpoint "
+                          f"({type(method).__name__}) are not served yet; the experts need "
+                          "dense weights")
+    shared = (MLP(cfg, dtype, quant, prefix + ".shared_expert",
+                  width=cfg.shared_expert_intermediate_size)
+              if cfg.shared_expert_intermediate_size > 0 else None)
+    return SparseMoeBlock(cfg, layer_id, dtype, runner=experts[0], a2a=experts[1],
+                          shared=shared, prefix=prefix)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype,
-                 quant: QuantFactory) -> None:
+                 quant: QuantFactory, experts: "ExpertParts | None" = None) -> None:
         super().__init__()
         prefix = f"model.layers.{layer_id}"
         self.self_attn = Attention(cfg, layer_id, dtype, quant, prefix + ".self_attn")
-        self.mlp = MLP(cfg, dtype, quant, prefix + ".mlp")
+        self.mlp: nn.Module = (
+            sparse_block(cfg, layer_id, dtype, quant, prefix + ".mlp", experts)
+            if cfg.is_sparse_layer(layer_id) else MLP(cfg, dtype, quant, prefix + ".mlp"))
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
@@ -189,11 +225,12 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantFactory) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantFactory,
+                 experts: "ExpertParts | None" = None) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, experts)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.rotary = Rotary(cfg)
@@ -202,6 +239,15 @@ class LlamaModel(nn.Module):
 #: checkpoint projection -> (fused parameter, shard index)
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+#: per-expert checkpoint projection (HF, Mixtral) -> (stacked parameter, shard)
+_EXPERT = {"gate_proj": ("w13", 0), "w1": ("w13", 0), "up_proj": ("w13", 1), "w3": ("w13", 1),
+           "down_proj": ("w2", 0), "w2": ("w2", 0)}
+#: stacked checkpoint tensors (transformers 5 in-memory layout) -> parameter
+_STACKED = {"gate_up_proj": "w13", "down_proj": "w2"}
+_EXPERT_NAME = re.compile(r"^(.*\.mlp)\.experts\.(?:(\d+)\.(\w+)\.weight|(\w+))$")
+
+#: (runner, all-to-all) of the sparse layers (:mod:`engine.api.moe`)
+ExpertParts = tuple[Any, Any]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -209,11 +255,11 @@ class LlamaForCausalLM(nn.Module):
     the selected tokens; :meth:`compute_logits` projects them onto the vocabulary."""
 
     def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype = torch.float32,
-                 quant: QuantFactory | None = None) -> None:
+                 quant: QuantFactory | None = None, experts: ExpertParts | None = None) -> None:
         super().__init__()
         self.config = cfg
         quant = quant or (lambda name: None)
-        self.model = LlamaModel(cfg, dtype, quant)
+        self.model = LlamaModel(cfg, dtype, quant, experts)
         head_method = quant("lm_head")
         # a tied head shares the embedding's dense weight, unless a quantization method wants
         # its own copy (loaded from the embedding's checkpoint tensor)
@@ -239,25 +285,19 @@ class LlamaForCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ weights
 
-    def shard_sizes(self, fused: str) -> list[int]:
-        cfg = self.config
-        if fused == "qkv_proj":
-            q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-            return [q, kv, kv]
-        return [cfg.intermediate_size, cfg.intermediate_size]
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (HF names) into the parameters; every parameter must be set.
 
         ``model.rotary.freq_factors`` (from GGUF ``rope_freqs``) adjusts RoPE. A parameter may
         carry ``weight_loader(param, tensor, shard_offset, shard_size)`` (quantized layouts; it
         also receives :class:`PackedWeight` blocks as they are); otherwise fused shards are row
-        slices of the dense weight, and packed blocks are dequantized first.
+        slices of the dense weight (a fused :class:`Linear`'s ``shards``), and packed blocks are
+        dequantized first. Routed experts arrive per expert (``mlp.experts.3.gate_proj``,
+        Mixtral's ``block_sparse_moe.experts.3.w1``) or stacked (``mlp.experts.gate_up_proj``).
         """
         params = dict(self.named_parameters())
-        needed = {name: len(self.shard_sizes(name.split(".")[-2]))
-                  if name.split(".")[-2] in ("qkv_proj", "gate_up_proj") else 1
-                  for name in params}
+        modules = dict(self.named_modules())
+        needed = {name: self._pieces(modules, name) for name in params}
         loaded: dict[str, set[int]] = {name: set() for name in params}
         for name, tensor in self._with_head_copy(weights):
             if name == "model.rotary.freq_factors":
@@ -265,13 +305,21 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if (name.startswith("lm_head.") and self.lm_head is None) or "rotary_emb" in name:
                 continue
+            name = name.replace(".block_sparse_moe.", ".mlp.")
+            expert = _EXPERT_NAME.match(name)
+            if expert is not None:
+                target, pieces = self._load_expert(modules, name, expert, tensor)
+                loaded[target].update(pieces)
+                continue
             target, shard, offset, size = name, 0, 0, None
             parts = name.split(".")
             if len(parts) >= 2 and parts[-2] in _FUSED:
                 fused, shard = _FUSED[parts[-2]]
-                sizes = self.shard_sizes(fused)
-                offset, size = sum(sizes[:shard]), sizes[shard]
-                target = ".".join(parts[:-2] + [fused, parts[-1]])
+                owner = ".".join(parts[:-2] + [fused])
+                sizes = getattr(modules.get(owner), "shards", None)
+                if sizes is not None:
+                    offset, size = sum(sizes[:shard]), sizes[shard]
+                    target = owner + "." + parts[-1]
             param = params.get(target)
             if param is None:
                 raise ConfigError(f"checkpoint tensor {name!r} matches no parameter of "
@@ -293,6 +341,38 @@ class LlamaForCausalLM(nn.Module):
             raise ConfigError(f"checkpoint lacks tensors for {len(missing)} parameters, e.g. "
                               f"{', '.join(missing[:3])}")
 
+    @staticmethod
+    def _pieces(modules: dict[str, nn.Module], param: str) -> int:
+        """How many checkpoint tensors fill parameter ``param``."""
+        owner, _, leaf = param.rpartition(".")
+        module = modules.get(owner)
+        if isinstance(module, ExpertWeights):
+            return module.expected(leaf)
+        shards = getattr(module, "shards", None)
+        return 1 if shards is None else len(shards)
+
+    def _load_expert(self, modules: dict[str, nn.Module], name: str, match: "re.Match[str]",
+                     tensor: Any) -> tuple[str, list[int]]:
+        owner = match.group(1) + ".experts"
+        experts = modules.get(owner)
+        if not isinstance(experts, ExpertWeights):
+            raise ConfigError(f"checkpoint tensor {name!r}: layer {match.group(1)} of "
+                              f"{self.config.architecture} has no routed experts in this config")
+        if isinstance(tensor, PackedWeight):
+            tensor = tensor.dequantize()
+        if match.group(2) is not None:
+            kind = _EXPERT.get(match.group(3))
+            if kind is None:
+                raise ConfigError(f"checkpoint tensor {name!r}: unknown expert projection")
+            param, shard = kind
+            pieces = experts.load(param, tensor, int(match.group(2)), shard)
+        else:
+            param = _STACKED.get(match.group(4))
+            if param is None:
+                raise ConfigError(f"checkpoint tensor {name!r}: unknown stacked expert tensor")
+            pieces = experts.load(param, tensor, None, 0)
+        return f"{owner}.{param}", pieces
+
     def _with_head_copy(self, weights: Iterable[tuple[str, object]]
                         ) -> Iterable[tuple[str, object]]:
         for name, tensor in weights:
@@ -301,7 +381,10 @@ class LlamaForCausalLM(nn.Module):
                 yield "lm_head.weight", tensor
 
     def process_weights_after_loading(self) -> None:
-        """Let every linear layer's quant method repack its weights (once, after loading)."""
+        """Let every linear layer's quant method, and the MoE runner for every sparse layer,
+        repack its weights (once, after loading)."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.process_weights_after_loading()
+            elif isinstance(module, SparseMoeBlock):
+                module.runner.process_weights_after_loading(module.experts)

@@ -176,16 +176,20 @@ def weights_iterator(cfg: ModelConfig, load_format: str) -> Weights:
 
 def load_model(cfg: ModelConfig, config: ServerConfig, device: torch.device,
                dtype: torch.dtype, *, architectures: ArchitectureRegistry | None = None,
-               quant_method: QuantMethod | None = None) -> torch.nn.Module:
+               quant_method: QuantMethod | None = None,
+               experts: tuple[Any, Any] | None = None) -> torch.nn.Module:
     """The model of ``cfg`` on ``device`` in ``dtype`` with its weights, in eval mode.
 
     ``architectures``: the table to find ``cfg.architecture`` in (default: the core's);
-    ``quant_method``: the linear layers' method (default: dense weights).
+    ``quant_method``: the linear layers' method (default: dense weights); ``experts``: the MoE
+    (runner, all-to-all) when ``cfg`` has routed experts.
     """
     cls = (architectures or ArchitectureRegistry()).resolve(cfg.architecture)
     method = quant_method
+    extra: dict[str, Any] = {} if experts is None else {"experts": experts}
     with torch.device(device):
-        model = cls(cfg, dtype=dtype, quant=method.for_layer if method is not None else None)
+        model = cls(cfg, dtype=dtype, quant=method.for_layer if method is not None else None,
+                    **extra)
     model.quant_method = method
     if config.load_format == "dummy":
         dummy_init(model, config.random_seed)

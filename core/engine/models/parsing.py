@@ -14,7 +14,9 @@ from engine.models.config import ModelConfig, eos_tuple
 
 #: HF ``model_type`` / GGUF ``general.architecture`` -> architecture class name
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+               "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+               "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 
 
 @functools.lru_cache(maxsize=2)
@@ -80,8 +82,40 @@ def from_hf_config(cfg: Any, model_path: str, **extra: Any) -> ModelConfig:
         eos_token_ids=eos_tuple(getattr(cfg, "eos_token_id", None)), model_path=model_path,
         quantization_config=getattr(cfg, "quantization_config", None),
     )
+    fields.update(_moe_fields(cfg, architecture))
     fields.update(extra)
     return ModelConfig(**fields)
+
+
+def _moe_fields(cfg: Any, architecture: str) -> dict[str, Any]:
+    """The routed-expert fields of an HF config (nothing for a dense model).
+
+    Config names differ per family: Mixtral's ``num_local_experts`` and full-width
+    ``intermediate_size`` experts (always renormalised); Qwen2/3-MoE's ``num_experts`` and
+    ``moe_intermediate_size`` (Qwen2-MoE's ``intermediate_size`` is the shared expert's or dense
+    layers' width); OLMoE's ``num_experts`` with ``intermediate_size`` experts, whole-projection
+    q/k norms and ``clip_qkv``.
+    """
+    experts = int(getattr(cfg, "num_local_experts", 0) or getattr(cfg, "num_experts", 0) or 0)
+    fields: dict[str, Any] = {}
+    if architecture.startswith("Olmoe"):
+        fields.update(qk_norm=True, qk_norm_scope="full", clip_qkv=getattr(cfg, "clip_qkv", None))
+    if experts <= 0:
+        return fields
+    width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    fields.update(
+        num_experts=experts, num_experts_per_tok=int(cfg.num_experts_per_tok),
+        moe_intermediate_size=int(width),
+        norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", architecture.startswith("Mixtral"))),
+        shared_expert_intermediate_size=int(getattr(cfg, "shared_expert_intermediate_size", 0)
+                                            or 0),
+        decoder_sparse_step=int(getattr(cfg, "decoder_sparse_step", 1) or 1),
+        mlp_only_layers=tuple(int(i) for i in getattr(cfg, "mlp_only_layers", None) or ()))
+    fields["shared_expert_gate"] = fields["shared_expert_intermediate_size"] > 0 and \
+        architecture.startswith("Qwen2Moe")
+    if architecture.startswith("Mixtral"):
+        fields["norm_topk_prob"] = True
+    return fields
 
 
 def refuse_remote_code(directory: str) -> None:

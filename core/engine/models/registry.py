@@ -17,6 +17,10 @@ BUILTIN: dict[str, str] = {
     "MistralForCausalLM": _LLAMA,
     "Qwen2ForCausalLM": _LLAMA,
     "Qwen3ForCausalLM": _LLAMA,
+    "MixtralForCausalLM": _LLAMA,
+    "Qwen2MoeForCausalLM": _LLAMA,
+    "Qwen3MoeForCausalLM": _LLAMA,
+    "OlmoeForCausalLM": _LLAMA,
 }
 
 

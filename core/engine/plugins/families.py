@@ -87,8 +87,7 @@ FAMILIES: dict[str, Family] = {
             flags=(Flag("--moe-runner-backend", "Runner for routed experts.", default="auto"),),
             hook="engine_create_moe_runner",
             interface="engine.api.moe:MoERunner",
-            conformance="engine.testing.contract:check",
-            unserved="no served model architecture has routed experts yet",
+            conformance="engine.testing.moe:check_runner",
             summary="routed experts: hidden states + top-k ids/weights -> combined output",
         ),
         Family(
@@ -100,9 +99,9 @@ FAMILIES: dict[str, Family] = {
             flags=(Flag("--moe-a2a-backend", "All-to-all for expert parallelism.", default="none"),),
             hook="engine_create_moe_a2a",
             interface="engine.api.moe:MoEAllToAll",
-            conformance="engine.testing.contract:check",
-            unserved="no served model architecture has routed experts yet",
+            conformance="engine.testing.moe:check_a2a",
             auto=None,
+            unset="none (every expert on this rank)",
             summary="token dispatch/combine across expert-parallel ranks",
         ),
         Family(

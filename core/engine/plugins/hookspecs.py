@@ -50,13 +50,27 @@ def engine_create_attention_backend(pool: Any, model_config: Any, config: Any,
 
 
 @hookspec(firstresult=True)
-def engine_create_moe_runner(model_config: Any, config: Any, options: Any) -> Any:
-    """Build the routed-experts runner (:class:`engine.api.moe.MoERunner`)."""
+def engine_create_moe_runner(model_config: Any, config: Any, device: Any, options: Any) -> Any:
+    """Build the routed-experts runner of a model with sparse layers (called only when
+    ``model_config.num_experts`` > 0).
+
+    :param device: the ``torch.device`` the model is built on
+    :return: an :class:`engine.api.moe.MoERunner`: one object serves every sparse layer; its
+        ``supports(experts)`` is asked per layer at load (a reason fails start-up),
+        ``apply(experts, hidden, topk_ids, topk_weights)`` returns the weighted sum of the
+        experts' outputs in ``hidden``'s dtype and must match
+        :func:`engine.api.moe.torch_reference` (the conformance kit checks it).
+    """
 
 
 @hookspec(firstresult=True)
 def engine_create_moe_a2a(model_config: Any, config: Any, options: Any) -> Any:
-    """Build the expert-parallel token dispatcher (:class:`engine.api.moe.MoEAllToAll`)."""
+    """Build the expert-parallel token dispatcher of a model with sparse layers.
+
+    :return: an :class:`engine.api.moe.MoEAllToAll`: ``local_experts(E)`` says which expert
+        weights this rank loads; ``dispatch`` gives the runner its tokens with ids local to those
+        experts (-1 for the others); ``combine`` returns this rank's tokens' outputs.
+    """
 
 
 @hookspec(firstresult=True)

@@ -96,7 +96,8 @@ class ModelRunner:
         self.model = load_model(self.model_config, config, self.device, self.dtype,
                                 architectures=assembly.architectures(),
                                 quant_method=assembly.quant_method(self.model_config,
-                                                                   self.device))
+                                                                   self.device),
+                                experts=assembly.experts(self.model_config, self.device))
         self.pool = self._make_pool()
         self.max_total_num_tokens = self.pool.num_slots - self.page_size
         self.max_running_requests = (config.max_running_requests

@@ -1,0 +1,151 @@
+"""Sparse (mixture-of-experts) layers: the router, the stacked expert weights, and the block that
+hands the expert work to the chosen runner and all-to-all (:mod:`engine.api.moe`).
+
+Router semantics are the checkpoints' own (as transformers computes them): softmax over the
+router logits in float32, top-k, renormalised over the k when the config says so; Qwen2-MoE adds
+a shared expert scaled by ``sigmoid(shared_expert_gate(x))``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    from engine.api.moe import MoEAllToAll, MoERunner
+    from engine.models.config import ModelConfig
+
+
+def route(router_logits: torch.Tensor, top_k: int,
+          renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights float32 [T, k], topk_ids int32 [T, k]) from router logits [T, E]."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def torch_reference(w13: torch.Tensor, w2: torch.Tensor, hidden: torch.Tensor,
+                    topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """The definition, in float32: ``sum_k w_k * w2[e_k] @ (silu(g) * u)`` with
+    ``[g; u] = w13[e_k] @ x``; ids of -1 contribute nothing. Returns [T, H] in float32."""
+    x = hidden.float()
+    out = torch.zeros_like(x)
+    inter = w13.shape[1] // 2
+    flat_ids = topk_ids.reshape(-1).long()
+    token = torch.arange(x.shape[0], device=x.device).repeat_interleave(topk_ids.shape[1])
+    flat_w = topk_weights.reshape(-1).float()
+    for e in flat_ids.unique().tolist():
+        if e < 0:
+            continue
+        sel = (flat_ids == e).nonzero().squeeze(1)
+        gu = x[token[sel]] @ w13[e].float().t()
+        act = F.silu(gu[:, :inter]) * gu[:, inter:]
+        out.index_add_(0, token[sel], (act @ w2[e].float().t()) * flat_w[sel, None])
+    return out
+
+
+class ExpertWeights(nn.Module):
+    """The routed experts of one layer, stacked: ``w13`` [E, 2I, H] (gate rows, then up rows)
+    and ``w2`` [E, H, I] in the model dtype. ``first_expert``: the model-wide id of row 0 (expert
+    parallelism loads a slice). Runners may keep repacked copies as extra attributes."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
+                 dtype: torch.dtype, *, first_expert: int = 0, model_num_experts: int = 0,
+                 name: str = "") -> None:
+        super().__init__()
+        self.model_num_experts = model_num_experts or first_expert + num_experts
+        self.num_experts, self.hidden_size = num_experts, hidden_size
+        self.intermediate_size, self.first_expert, self.name = intermediate_size, first_expert, name
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size,
+                                            dtype=dtype), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size,
+                                           dtype=dtype), requires_grad=False)
+
+    def expected(self, param: str) -> int:
+        """How many checkpoint pieces fill ``param`` (per-expert gate and up, or down)."""
+        return self.num_experts * (2 if param == "w13" else 1)
+
+    def load(self, param: str, tensor: torch.Tensor, expert: int | None,
+             shard: int) -> list[int]:
+        """Copy one checkpoint tensor in; returns the piece ids it filled.
+
+        ``expert`` None: a stacked tensor of every expert (``experts.gate_up_proj`` [E, 2I, H] or
+        ``experts.down_proj`` [E, H, I]); else expert ``expert``'s ``gate`` (shard 0), ``up``
+        (shard 1) or ``down`` (``param`` "w2") matrix. Experts other ranks own are skipped.
+        """
+        dst = getattr(self, param).data
+        if expert is None:
+            want = (dst.shape[0] + self.first_expert, *dst.shape[1:])
+            if tuple(tensor.shape) != want:
+                raise ConfigError(f"{self.name}: stacked expert tensor for {param} has shape "
+                                  f"{tuple(tensor.shape)}, expected {want}")
+            dst.copy_(tensor[self.first_expert:self.first_expert + dst.shape[0]])
+            return list(range(self.expected(param)))
+        if not 0 <= expert < self.model_num_experts:
+            raise ConfigError(f"{self.name}: the checkpoint has expert {expert}, the config "
+                              f"says {self.model_num_experts} experts")
+        local = expert - self.first_expert
+        if not 0 <= local < self.num_experts:
+            return []
+        inter = self.intermediate_size
+        target = dst[local] if param == "w2" else dst[local].narrow(0, shard * inter, inter)
+        if tuple(tensor.shape) != tuple(target.shape):
+            what = ("down", "gate", "up")[0 if param == "w2" else 1 + shard]
+            raise ConfigError(f"{self.name}: expert {expert} {what} projection has shape "
+                              f"{tuple(tensor.shape)}, expected {tuple(target.shape)} "
+                              "(hidden size / expert width of the config)")
+        target.copy_(tensor)
+        return [local * (1 if param == "w2" else 2) + (0 if param == "w2" else shard)]
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.num_experts}, hidden={self.hidden_size}, "
+                f"inter={self.intermediate_size}, dtype={self.w13.dtype}")
+
+
+class SparseMoeBlock(nn.Module):
+    """Router + routed experts (+ an optional shared expert). ``forward(x [T, H]) -> [T, H]``."""
+
+    def __init__(self, cfg: "ModelConfig", layer_id: int, dtype: torch.dtype, *,
+                 runner: "MoERunner", a2a: "MoEAllToAll", shared: nn.Module | None,
+                 prefix: str) -> None:
+        super().__init__()
+        self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        if not 0 < self.top_k <= cfg.num_experts:
+            raise ConfigError(f"num_experts_per_tok {self.top_k} must be in 1..{cfg.num_experts}")
+        local = a2a.local_experts(cfg.num_experts)
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False, dtype=dtype)
+        self.gate.weight.requires_grad_(False)
+        self.experts = ExpertWeights(len(local), cfg.hidden_size, cfg.moe_intermediate_size,
+                                     dtype, first_expert=local.start,
+                                     model_num_experts=cfg.num_experts, name=prefix + ".experts")
+        self.shared_expert = shared
+        self.shared_expert_gate = None
+        if shared is not None and cfg.shared_expert_gate:
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False, dtype=dtype)
+            self.shared_expert_gate.weight.requires_grad_(False)
+        self.runner, self.a2a = runner, a2a
+        reason = runner.supports(self.experts)
+        if reason:
+            raise ConfigError(f"--moe-runner-backend: cannot serve {self.experts.name}: {reason}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        h, local_ids, local_w, handle = self.a2a.dispatch(x, ids, weights)
+        out = self.a2a.combine(self.runner.apply(self.experts, h, local_ids, local_w), handle)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
+        return out
+
+
+def moe_parts(model: nn.Module) -> list[SparseMoeBlock]:
+    return [m for m in model.modules() if isinstance(m, SparseMoeBlock)]

@@ -1,0 +1,74 @@
+"""``--moe-runner-backend torch``: sort the (token, expert) pairs by expert, run the gate/up and
+down projections as grouped GEMMs over the sorted rows, weight and scatter-add back.
+
+``torch.nn.functional.grouped_mm`` serves the GEMMs where this torch has it for the device and
+dtype (CPU float32/bfloat16; CUDA bfloat16 on SM90+ with 16-byte aligned widths); otherwise one
+matmul per expert that received tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.api import hookimpl
+from engine.api.moe import ExpertWeights, MoERunner
+
+_grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def _grouped_ok(experts: ExpertWeights) -> bool:
+    if _grouped_mm is None:
+        return False
+    w = experts.w13
+    if w.device.type == "cpu":
+        return w.dtype in (torch.float32, torch.bfloat16)
+    if w.device.type != "cuda" or w.dtype != torch.bfloat16:
+        return False
+    major, _ = torch.cuda.get_device_capability(w.device)
+    return major >= 9 and experts.hidden_size % 8 == 0 and experts.intermediate_size % 8 == 0
+
+
+class TorchRunner(MoERunner):
+    def process_weights_after_loading(self, experts: ExpertWeights) -> None:
+        experts.grouped = _grouped_ok(experts)
+
+    def apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
+              topk_weights: torch.Tensor) -> torch.Tensor:
+        t, k = topk_ids.shape
+        flat = topk_ids.reshape(-1).long()
+        valid = flat >= 0
+        order = torch.argsort(torch.where(valid, flat, experts.num_experts), stable=True)
+        n_valid = int(valid.sum())
+        order = order[:n_valid]
+        token = order // k
+        x = hidden.index_select(0, token)
+        counts = torch.bincount(flat[order], minlength=experts.num_experts)
+        inter = experts.intermediate_size
+        if getattr(experts, "grouped", None) is None:
+            experts.grouped = _grouped_ok(experts)
+        if experts.grouped and n_valid:
+            offs = counts.cumsum(0).to(torch.int32)
+            gu = _grouped_mm(x, experts.w13.transpose(1, 2), offs=offs)
+            y = _grouped_mm(F.silu(gu[:, :inter]) * gu[:, inter:], experts.w2.transpose(1, 2),
+                            offs=offs)
+        else:
+            y = torch.empty_like(x)
+            start = 0
+            for e, n in enumerate(counts.tolist()):
+                if n:
+                    gu = x[start:start + n] @ experts.w13[e].t()
+                    y[start:start + n] = (F.silu(gu[:, :inter]) * gu[:, inter:]) @ experts.w2[e].t()
+                    start += n
+        w = topk_weights.reshape(-1)[order].unsqueeze(1)
+        out = torch.zeros(t, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        out.index_add_(0, token, y.float() * w)
+        return out.to(hidden.dtype)
+
+
+@hookimpl
+def engine_create_moe_runner(model_config: Any, config: Any, device: Any,
+                             options: Any) -> MoERunner:
+    return TorchRunner()

@@ -1,0 +1,128 @@
+"""Mixture-of-experts architectures through ModelRunner equal transformers on the same files.
+
+Tiny random checkpoints of each architecture are written by transformers at test time (2 layers,
+hidden 64); both sides run float32 on the CPU: greedy tokens equal, logits close. Covers softmax
+top-k with and without renormalisation, Qwen2-MoE's gated shared expert and a dense layer among
+sparse ones (``mlp_only_layers``), E not a power of two, Mixtral's names, OLMoE's
+whole-projection q/k norms and ``clip_qkv``, and both per-expert and stacked expert tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "runtime"))
+
+from _default_model import greedy  # noqa: E402
+from _tiny import ARCHS, checkpoint, hf_model, stacked_checkpoint  # noqa: E402
+
+from engine.config import ServerConfig  # noqa: E402
+from engine.errors import ConfigError  # noqa: E402
+from engine.runtime.model_runner import ModelRunner  # noqa: E402
+
+STEPS = 12
+PROMPTS = [[5, 17, 99, 3, 42, 7, 200, 31], [9, 8, 7], [150, 151, 2, 60, 61, 62, 63, 64, 65, 66,
+                                                      12, 13, 14]]
+
+
+def runner_for(path: str, **kw) -> ModelRunner:
+    config = ServerConfig(model_path=path, device="cpu", dtype="float32",
+                          skip_tokenizer_init=True, attention_backend="torch_native",
+                          max_total_tokens=1024, max_running_requests=4, **kw)
+    return ModelRunner(config)
+
+
+def hf_reference(arch: str) -> list[tuple[list[int], torch.Tensor]]:
+    hf = hf_model(arch)
+    out = []
+    with torch.no_grad():
+        for ids in PROMPTS:
+            x = torch.tensor([ids])
+            logits = hf(x).logits[0, -1]
+            gen = hf.generate(x, max_new_tokens=STEPS, do_sample=False, eos_token_id=None,
+                              pad_token_id=0, attention_mask=torch.ones_like(x))
+            out.append((gen[0, len(ids):].tolist(), logits))
+    return out
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_greedy_and_logits_match_transformers(arch):
+    runner = runner_for(checkpoint(arch))
+    mc = runner.model_config
+    assert mc.architecture == arch and "moe" in mc.features and mc.num_experts > 0
+    reference = hf_reference(arch)
+    for i, ids in enumerate(PROMPTS):  # alone
+        ours, logits = greedy(runner, [ids], STEPS)
+        assert ours[0] == reference[i][0], f"{arch} prompt {i}"
+        assert torch.allclose(logits[0], reference[i][1], atol=1e-4, rtol=0), \
+            (logits[0] - reference[i][1]).abs().max()
+    ours, logits = greedy(runner, PROMPTS, STEPS)  # one ragged batch
+    for i in range(len(PROMPTS)):
+        assert ours[i] == reference[i][0], f"{arch} prompt {i} differs when batched"
+        assert torch.allclose(logits[i], reference[i][1], atol=1e-4, rtol=0)
+
+
+def test_config_fields_per_family():
+    q2 = runner_for(checkpoint("Qwen2MoeForCausalLM")).model_config
+    assert (q2.num_experts, q2.num_experts_per_tok, q2.moe_intermediate_size) == (6, 3, 32)
+    assert q2.shared_expert_intermediate_size == 48 and q2.shared_expert_gate
+    assert not q2.norm_topk_prob and q2.is_sparse_layer(0) and not q2.is_sparse_layer(1)
+    assert "shared_experts" in q2.features
+    mx = runner_for(checkpoint("MixtralForCausalLM")).model_config
+    assert mx.norm_topk_prob and mx.moe_intermediate_size == 48 and mx.num_experts == 4
+    ol = runner_for(checkpoint("OlmoeForCausalLM")).model_config
+    assert ol.qk_norm and ol.qk_norm_scope == "full" and ol.clip_qkv == 3.0
+
+
+def test_stacked_expert_tensors_load_the_same_model():
+    arch = "Qwen3MoeForCausalLM"
+    a = runner_for(checkpoint(arch))
+    b = runner_for(stacked_checkpoint(arch))
+    ids = PROMPTS[0]
+    assert greedy(a, [ids], 4)[0] == greedy(b, [ids], 4)[0]
+    assert torch.equal(a.model.model.layers[0].mlp.experts.w13,
+                       b.model.model.layers[0].mlp.experts.w13)
+
+
+def test_layers_can_be_shrunk_with_override_args():
+    runner = runner_for(checkpoint("MixtralForCausalLM"), load_format="dummy",
+                        json_model_override_args=json.dumps({"num_hidden_layers": 1}))
+    assert len(runner.model.model.layers) == 1
+    assert greedy(runner, [PROMPTS[1]], 2)[0][0]
+
+
+def _edit_config(tmp_path, arch: str, **changes) -> str:
+    path = str(tmp_path / "ckpt")
+    shutil.copytree(checkpoint(arch), path)
+    with open(os.path.join(path, "config.json")) as fh:
+        cfg = json.load(fh)
+    if "num_experts" in changes and "num_local_experts" in cfg:  # transformers 5 writes this
+        changes["num_local_experts"] = changes.pop("num_experts")
+    cfg.update(changes)
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(cfg, fh)
+    return path
+
+
+def test_checkpoint_with_more_experts_than_the_config_is_refused(tmp_path):
+    path = _edit_config(tmp_path, "Qwen3MoeForCausalLM", num_experts=4)
+    with pytest.raises(ConfigError, match=r"expert 4.*says 4 experts|4 experts"):
+        runner_for(path)
+
+
+def test_checkpoint_with_fewer_experts_than_the_config_is_refused(tmp_path):
+    path = _edit_config(tmp_path, "Qwen3MoeForCausalLM", num_experts=10)
+    with pytest.raises(ConfigError, match=r"mlp.gate.weight. has shape \(8, 64\), expected \(10, 64\)"):
+        runner_for(path)
+
+
+def test_expert_width_disagreeing_with_the_config_is_refused(tmp_path):
+    path = _edit_config(tmp_path, "Qwen3MoeForCausalLM", moe_intermediate_size=40)
+    with pytest.raises(ConfigError, match=r"expert 0 .*projection has shape"):
+        runner_for(path)
