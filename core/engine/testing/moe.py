@@ -147,3 +147,56 @@ def check_a2a(name: str, build: Callable[..., Any]) -> list[str]:
         if not torch.allclose(out, ref, atol=1e-5, rtol=1e-5):
             failures.append(f"{case.name}: dispatch/combine changed the result")
     return failures
+
+
+class TorchDistAllToAll:
+    """A reference expert-parallel all-to-all over ``torch.distributed`` (any backend with
+    ``all_to_all_single``, gloo included): rank r owns experts ``[r*E/n, (r+1)*E/n)``; each
+    (token, slot) pair travels to its expert's owner with its row and router weight, the runner
+    computes ``w * expert(x)`` there, and the results travel back to be summed per token."""
+
+    def __init__(self, num_experts: int, group: Any = None) -> None:
+        import torch.distributed as dist
+
+        self.dist, self.group = dist, group
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        if num_experts % self.world:
+            raise ValueError(f"{num_experts} experts do not split over {self.world} ranks")
+        self.per_rank = num_experts // self.world
+        self.first_expert = self.rank * self.per_rank
+
+    def local_experts(self, num_experts: int) -> range:
+        return range(self.first_expert, self.first_expert + self.per_rank)
+
+    def _exchange(self, send: torch.Tensor, send_counts: list[int],
+                  recv_counts: list[int]) -> torch.Tensor:
+        recv = send.new_empty((sum(recv_counts), *send.shape[1:]))
+        self.dist.all_to_all_single(recv, send.contiguous(), recv_counts, send_counts,
+                                    group=self.group)
+        return recv
+
+    def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
+                 topk_weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        k = topk_ids.shape[1]
+        flat = topk_ids.reshape(-1).long()
+        keep = (flat >= 0).nonzero().squeeze(1)
+        owner = flat[keep] // self.per_rank
+        order = keep[torch.argsort(owner, stable=True)]
+        send_counts = torch.bincount(flat[order] // self.per_rank,
+                                     minlength=self.world)
+        recv_counts = torch.empty_like(send_counts)
+        self.dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        sc, rc = send_counts.tolist(), recv_counts.tolist()
+        rows = self._exchange(hidden.index_select(0, order // k), sc, rc)
+        local = self._exchange((flat[order] % self.per_rank).to(torch.int32), sc, rc)
+        weights = self._exchange(topk_weights.reshape(-1)[order].float(), sc, rc)
+        handle = (order // k, sc, rc, hidden.shape[0])
+        return rows, local.unsqueeze(1), weights.unsqueeze(1), handle
+
+    def combine(self, expert_output: torch.Tensor, handle: Any) -> torch.Tensor:
+        token, sc, rc, tokens = handle
+        back = self._exchange(expert_output, rc, sc)
+        out = torch.zeros(tokens, expert_output.shape[1], dtype=torch.float32,
+                          device=expert_output.device)
+        out.index_add_(0, token, back.float())
+        return out.to(expert_output.dtype)

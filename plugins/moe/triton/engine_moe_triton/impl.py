@@ -1,0 +1,117 @@
+"""``--moe-runner-backend triton``: the fused-MoE kernels of :mod:`.kernels` with launch
+parameters from a tuning table.
+
+Tables are JSON files named ``E={E},N={N},device_name={device}[,dtype={dtype}].json`` (N: the
+expert width) mapping a token count to ``BLOCK_SIZE_M/N/K``, ``GROUP_SIZE_M``, ``num_warps`` and
+``num_stages``; the nearest token count is used. They are searched in
+``--triton-moe-config-dir``, then in this package's ``configs/``; without a table the defaults
+below apply (``benchmarks/tune_moe_triton.py`` writes tables).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+
+from engine.api import PluginError, hookimpl
+from engine.api.moe import ExpertWeights, MoERunner
+
+log = logging.getLogger("engine.moe.triton")
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def default_config(tokens: int, num_experts: int, dtype: torch.dtype) -> dict[str, int]:
+    """Launch parameters without a tuned table (small batches: thin M blocks, since each
+    expert sees few rows)."""
+    if interpreting():
+        return dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=16, GROUP_SIZE_M=1)
+    if tokens <= num_experts:
+        return dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1,
+                    num_warps=4, num_stages=4)
+    return dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8,
+                num_warps=4, num_stages=3)
+
+
+def table_name(num_experts: int, width: int, device: str, dtype: torch.dtype) -> str:
+    name = f"E={num_experts},N={width},device_name={device.replace(' ', '_')}"
+    if dtype == torch.float32:
+        name += ",dtype=float32"
+    return name + ".json"
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(dirs: tuple[str, ...], name: str) -> dict[int, dict[str, int]] | None:
+    for d in dirs:
+        path = os.path.join(d, name)
+        if os.path.isfile(path):
+            with open(path) as fh:
+                table = {int(k): v for k, v in json.load(fh).items()}
+            log.info("fused MoE launch table %s", path)
+            return table
+    return None
+
+
+class TritonRunner(MoERunner):
+    def __init__(self, config_dir: str | None) -> None:
+        dirs = [config_dir] if config_dir else []
+        self.dirs = tuple(dirs + [os.path.join(_HERE, "configs")])
+        self.override: dict[str, int] | None = None  # benchmarks/tuning set this
+
+    def supports(self, experts: ExpertWeights) -> str | None:
+        if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return f"expert weights in {experts.w13.dtype} (serves float32, bfloat16, float16)"
+        if experts.w13.device.type == "cpu" and not interpreting():
+            return "a CPU device needs TRITON_INTERPRET=1"
+        return None
+
+    def config_for(self, experts: ExpertWeights, tokens: int) -> dict[str, int]:
+        if self.override is not None:
+            return self.override
+        device = ("cpu" if experts.w13.device.type == "cpu"
+                  else torch.cuda.get_device_name(experts.w13.device))
+        table = None if interpreting() else load_table(
+            self.dirs, table_name(experts.num_experts, experts.intermediate_size, device,
+                                  experts.w13.dtype))
+        if not table:
+            return default_config(tokens, experts.num_experts, experts.w13.dtype)
+        return table[min(table, key=lambda m: abs(m - tokens))]
+
+    def apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
+              topk_weights: torch.Tensor) -> torch.Tensor:
+        from .kernels import align_by_expert, grouped_gemm, silu_and_mul
+
+        t, k = topk_ids.shape
+        block = self.config_for(experts, t)
+        sorted_ids, block_expert, num_padded = align_by_expert(
+            topk_ids, block["BLOCK_SIZE_M"], experts.num_experts)
+        inter, h = experts.intermediate_size, experts.hidden_size
+        pairs = t * k
+        x = hidden.to(experts.w13.dtype)
+        gate_up = torch.empty(pairs, 2 * inter, dtype=x.dtype, device=x.device)
+        weights = topk_weights.reshape(-1).float().contiguous()
+        grouped_gemm(x, experts.w13, gate_up, weights, sorted_ids, block_expert, num_padded,
+                     top_k=k, mul_weight=False, block=block)
+        act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+        silu_and_mul(gate_up, act)
+        down = torch.zeros(pairs, h, dtype=x.dtype, device=x.device)  # -1 ids stay zero
+        grouped_gemm(act, experts.w2, down, weights, sorted_ids, block_expert, num_padded,
+                     top_k=1, mul_weight=True, block=block)
+        return down.view(t, k, h).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+
+
+@hookimpl
+def engine_create_moe_runner(model_config: Any, config: Any, device: Any,
+                             options: Any) -> MoERunner:
+    if torch.device(device).type != "cuda" and not interpreting():
+        raise PluginError("moe runner triton needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU)")
+    return TritonRunner(options.get("triton_moe_config_dir"))

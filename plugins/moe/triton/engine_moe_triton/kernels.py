@@ -1,0 +1,137 @@
+"""The fused-MoE kernels.
+
+Design (the SGLang/vLLM lineage, written here from the algorithm):
+
+1. ``align_by_expert`` (torch ops, no host sync, so CUDA graphs can capture it): the ``T*k``
+   (token, slot) pairs are sorted by expert and each expert's run padded up to a multiple of
+   ``BLOCK_M``; ``sorted_ids`` holds pair ids (``T*k`` marks padding), ``block_expert`` the expert
+   of each ``BLOCK_M`` block (-1 past the end), ``num_padded`` the used length.
+2. ``grouped_gemm`` (one kernel, launched twice): program (m-block, n-block) gathers the rows of
+   its block (``pair // top_k`` of the input), multiplies them by its expert's ``[N, K]`` matrix
+   with float32 accumulation, optionally scales each row by its router weight, and writes the rows
+   back at their pair positions. Launch 1: ``hidden @ w13[e].T`` (gate and up in one GEMM);
+   launch 2: ``act @ w2[e].T`` weighted.
+3. ``silu_and_mul`` between them; the combine is a sum over the k slots.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def align_by_expert(topk_ids: torch.Tensor, block_m: int,
+                    num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted_ids [cap] int32, block_expert [cap // block_m] int32, num_padded [1] int32) with
+    ``cap = T*k + E*(block_m-1)`` rounded up to ``block_m``; ids < 0 are dropped."""
+    device = topk_ids.device
+    flat = topk_ids.reshape(-1).long()
+    n = flat.numel()
+    bucket = torch.where(flat >= 0, flat, num_experts)  # foreign experts -> a dropped bucket
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, bucket, torch.ones_like(bucket))
+    counts = counts[:num_experts]
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = padded.cumsum(0)
+    starts = ends - padded
+    order = torch.argsort(bucket, stable=True)
+    sorted_bucket = bucket[order]
+    first = torch.cumsum(torch.cat([counts.new_zeros(1), counts]), 0)  # unpadded run starts
+    keep = sorted_bucket < num_experts
+    safe = torch.where(keep, sorted_bucket, 0)
+    rank = torch.arange(n, device=device) - first[safe]
+    dest = torch.where(keep, starts[safe] + rank, -1)
+    cap = (n + num_experts * (block_m - 1) + block_m - 1) // block_m * block_m
+    sorted_ids = torch.full((cap + 1,), n, dtype=torch.int32, device=device)
+    sorted_ids.scatter_(0, torch.where(keep, dest, cap), order.to(torch.int32))
+    sorted_ids = sorted_ids[:cap]
+    block_start = torch.arange(0, cap, block_m, device=device)
+    block_expert = torch.searchsorted(ends, block_start, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
+    return sorted_ids, block_expert, ends[-1:].to(torch.int32)
+
+
+@triton.jit
+def _grouped_gemm(a_ptr, b_ptr, c_ptr, w_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
+                  N, K, num_pairs, stride_am, stride_ak, stride_be, stride_bn, stride_bk,
+                  stride_cm, stride_cn, TOP_K: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+    pid = tl.program_id(0)
+    cap_blocks = tl.cdiv(tl.num_programs(0), tl.cdiv(N, BLOCK_N))
+    n_blocks = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * n_blocks)
+    first_m = group * GROUP_M
+    size_m = min(cap_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * n_blocks)) % size_m
+    pid_n = (pid % (GROUP_M * n_blocks)) // size_m
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + rows)
+    row_ok = pair < num_pairs
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + (pair // TOP_K).to(tl.int64)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = (b_ptr + expert * stride_be + offs_n.to(tl.int64)[None, :] * stride_bn
+              + offs_k[:, None] * stride_bk)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)
+        else:
+            k_ok = offs_k < K - k0 * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if IEEE:  # float32 weights: exact products, no TF32
+            acc += tl.dot(a, b, input_precision="ieee")
+        else:
+            acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    if MUL_WEIGHT:
+        w = tl.load(w_ptr + pair, mask=row_ok, other=0.0)
+        acc = acc * w[:, None]
+    c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, weights: torch.Tensor,
+                 sorted_ids: torch.Tensor, block_expert: torch.Tensor, num_padded: torch.Tensor,
+                 *, top_k: int, mul_weight: bool, block: dict[str, int]) -> None:
+    """``out[pair] = a[pair // top_k] @ b[expert(pair)].T`` (times the pair's router weight)."""
+    num_pairs = out.shape[0]
+    _, n, k = b.shape
+    bm, bn, bk = block["BLOCK_SIZE_M"], block["BLOCK_SIZE_N"], block["BLOCK_SIZE_K"]
+    grid = (triton.cdiv(sorted_ids.shape[0], bm) * triton.cdiv(n, bn),)
+    _grouped_gemm[grid](
+        a, b, out, weights, sorted_ids, block_expert, num_padded, n, k, num_pairs,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
+        out.stride(0), out.stride(1), TOP_K=top_k, MUL_WEIGHT=mul_weight,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=block["GROUP_SIZE_M"],
+        EVEN_K=k % bk == 0, IEEE=a.dtype == torch.float32, num_warps=block.get("num_warps", 4),
+        num_stages=block.get("num_stages", 3))
+
+
+@triton.jit
+def _silu_and_mul(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < inter
+    g = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + row * stride_x + inter + offs, mask=ok, other=0.0).to(tl.float32)
+    y = g * tl.sigmoid(g) * u
+    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> None:
+    rows, inter = out.shape
+    block = min(1024, triton.next_power_of_2(inter))
+    _silu_and_mul[(rows, triton.cdiv(inter, block))](x, out, inter, x.stride(0), out.stride(0),
+                                                     BLOCK=block)

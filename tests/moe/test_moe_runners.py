@@ -1,0 +1,87 @@
+"""The MoE runner and all-to-all families: the conformance kit on the torch runner, the Triton
+fused-MoE kernels under the Triton interpreter (kit + a whole tiny model against the torch
+runner), honest refusals, and expert parallelism over two gloo processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine.errors import ConfigError, PluginError
+from engine.plugins.registry import Registry
+from engine.testing.moe import cases, runner_failures
+
+HERE = os.path.dirname(__file__)
+ROOT = os.path.join(HERE, "..", "..")
+
+
+def test_torch_runner_passes_the_kit_in_float32_and_bfloat16():
+    from engine_moe_torch.impl import TorchRunner
+
+    assert list(runner_failures(TorchRunner(), torch.device("cpu"))) == []
+    assert any(c.tokens >= 2048 for c in cases())
+
+
+def test_triton_kernels_under_the_interpreter():
+    """Kit cases (float32) and a tiny Qwen3-MoE model whose logits equal the torch runner's."""
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "triton_interpret_checks.py")],
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_triton_hook_refuses_a_cpu_without_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from engine_moe_triton.impl import engine_create_moe_runner
+
+    with pytest.raises(PluginError, match=r"needs a CUDA GPU \(or TRITON_INTERPRET=1"):
+        engine_create_moe_runner(model_config=None, config=None, device="cpu", options={})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_serve_refuses_triton_runner_without_cuda_with_the_reason():
+    from engine.cli.args import parse_config
+
+    with pytest.raises(ConfigError, match=r"--moe-runner-backend triton .* unavailable: needs a CUDA GPU"):
+        parse_config(["--moe-runner-backend", "triton"], Registry())
+
+
+def test_every_runner_and_a2a_choice_is_packaged():
+    reg = Registry()
+    runners = {r.name for r in reg.family_records("moe")}
+    a2a = {r.name for r in reg.family_records("moe_a2a")}
+    want_runners = {"triton", "triton_kernel", "deep_gemm", "flashinfer_trtllm",
+                    "experimental_sgl_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutlass",
+                    "flashinfer_mxfp4", "flashinfer_cutedsl", "flashinfer_megamoe", "cutlass",
+                    "aiter", "marlin", "humming", "experimental_sgl_marlin", "hpc_ops",
+                    "megamoe", "intel_xpu", "torch"}
+    want_a2a = {"none", "deepep", "deepep_v2", "mooncake", "nixl", "mori", "flashinfer", "pplx",
+                "megamoe", "flashinfer_megamoe", "ascend_fuseep", "ascend_tp"}
+    assert want_runners <= runners and want_a2a <= a2a
+    for rec in reg.family_records("moe") + reg.family_records("moe_a2a"):
+        if rec.name not in ("torch", "none", "triton"):
+            assert rec.status != "available" and rec.reason, rec.name
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def test_expert_parallel_over_two_gloo_processes_matches_one_process():
+    port = _free_port()
+    worker = os.path.join(HERE, "ep_worker.py")
+    procs = [subprocess.Popen([sys.executable, worker, str(r), port], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    assert sorted(o.split()[-1] for o, _ in outs) == ["0", "1"]

@@ -1,0 +1,38 @@
+"""Run under TRITON_INTERPRET=1: the fused-MoE kit's small cases (float32) and a tiny
+Qwen3-MoE checkpoint whose logits with the triton runner equal the torch runner's. Prints one
+JSON list of failures."""
+
+import json
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "runtime"))
+
+from engine.api.moe import LocalAllToAll  # noqa: E402
+from engine.config import ServerConfig  # noqa: E402
+from engine.models.loader import load_model  # noqa: E402
+from engine.models.parsing import read_hf_dir  # noqa: E402
+from engine.testing.moe import runner_failures  # noqa: E402
+from engine_moe_torch.impl import TorchRunner  # noqa: E402
+from engine_moe_triton.impl import TritonRunner  # noqa: E402
+
+from _tiny import checkpoint  # noqa: E402
+
+failures = list(runner_failures(TritonRunner(None), torch.device("cpu"), small=True,
+                                dtypes=(torch.float32,)))
+cfg = read_hf_dir(checkpoint("Qwen3MoeForCausalLM"))
+outs = []
+for runner in (TorchRunner(), TritonRunner(None)):
+    model = load_model(cfg, ServerConfig(), torch.device("cpu"), torch.float32,
+                       experts=(runner, LocalAllToAll()))
+    x = torch.randn(11, cfg.hidden_size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        outs.append(torch.stack([layer.mlp(x) for layer in model.model.layers]))
+if not torch.allclose(outs[0], outs[1], atol=1e-5, rtol=1e-4):
+    failures.append(f"model sparse blocks differ: {(outs[0] - outs[1]).abs().max():.2e}")
+print(json.dumps(failures))
