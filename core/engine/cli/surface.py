@@ -113,7 +113,8 @@ NOT_YET: dict[str, tuple[str, ...]] = {
     "speculative decoding: the speculative family has no runtime consumer yet": (
         "--speculative-*", "--spec-trace-dir", "--decoupled-spec-*", "--enable-multi-layer-eagle",
         "--uno-lora-path"),
-    "mixture-of-experts models: the moe families have no runtime consumer yet": (
+    "expert parallelism across ranks, EPLB, DeepEP and shared-expert fusion: this build runs every "
+    "routed expert in one process (--moe-runner-backend, --moe-a2a-backend none)": (
         "--enable-w4a4-mxfp4-megamoe", "--deepep-*", "--flashinfer-mxfp4-moe-precision",
         "--fuseep-mode", "--ep-*", "--init-expert-location", "--enable-eplb", "--eplb-*",
         "--expert-distribution-recorder-*", "--expert-balancedness-report-mode", "--elastic-ep-*",
