@@ -33,6 +33,9 @@ class MoERunner(ABC):
     them in ``experts``' attributes); ``apply`` is the hot path.
     """
 
+    #: ``apply`` can be captured in a CUDA graph (no host sync, fixed launch shapes per batch)
+    supports_cuda_graph: bool = False
+
     def supports(self, experts: ExpertWeights) -> str | None:
         """``None`` when this runner can serve ``experts`` (dtype, device, layout), else the
         reason it cannot (start-up then fails with it)."""

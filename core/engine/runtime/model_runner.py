@@ -93,11 +93,12 @@ class ModelRunner:
         if config.page_size < 1:
             raise ConfigError(f"--page-size {config.page_size}: must be at least 1")
         self.page_size = config.page_size
+        self._experts = assembly.experts(self.model_config, self.device)
         self.model = load_model(self.model_config, config, self.device, self.dtype,
                                 architectures=assembly.architectures(),
                                 quant_method=assembly.quant_method(self.model_config,
                                                                    self.device),
-                                experts=assembly.experts(self.model_config, self.device))
+                                experts=self._experts)
         self.pool = self._make_pool()
         self.max_total_num_tokens = self.pool.num_slots - self.page_size
         self.max_running_requests = (config.max_running_requests
@@ -153,6 +154,9 @@ class ModelRunner:
         supports them (it says so itself); otherwise decode runs eagerly."""
         if (self.device.type != "cuda" or self.config.disable_cuda_graph
                 or not self.decode_backend.supports_cuda_graph):
+            return None
+        if self._experts is not None and not self._experts[0].supports_cuda_graph:
+            log.info("decode runs without CUDA graphs: the MoE runner cannot be captured")
             return None
         from engine.runtime.cuda_graph import DecodeGraphs
 

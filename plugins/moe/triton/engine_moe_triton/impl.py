@@ -62,10 +62,14 @@ def load_table(dirs: tuple[str, ...], name: str) -> dict[int, dict[str, int]] | 
 
 
 class TritonRunner(MoERunner):
+    supports_cuda_graph = True  # routing tables built by device ops, grids from shapes only
+
     def __init__(self, config_dir: str | None) -> None:
         dirs = [config_dir] if config_dir else []
         self.dirs = tuple(dirs + [os.path.join(_HERE, "configs")])
         self.override: dict[str, int] | None = None  # benchmarks/tuning set this
+        #: at most this many (token, expert) pairs take the matrix-vector path
+        self.gemv_max_pairs = 64
 
     def supports(self, experts: ExpertWeights) -> str | None:
         if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -88,13 +92,21 @@ class TritonRunner(MoERunner):
 
     def apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
               topk_weights: torch.Tensor) -> torch.Tensor:
-        from .kernels import align_by_expert, grouped_gemm, silu_and_mul
+        from .kernels import align_by_expert, grouped_gemm, pair_moe, silu_and_mul
 
         t, k = topk_ids.shape
+        inter, h = experts.intermediate_size, experts.hidden_size
+        if t * k <= self.gemv_max_pairs:
+            x = hidden.to(experts.w13.dtype)
+            gate_up = torch.empty(t * k, 2 * inter, dtype=x.dtype, device=x.device)
+            down = torch.zeros(t * k, h, dtype=x.dtype, device=x.device)
+            pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
+                     topk_weights.float().contiguous(), gate_up, down,
+                     **({"block_n": 16, "block_k": 16} if interpreting() else {}))
+            return down.view(t, k, h).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
         block = self.config_for(experts, t)
         sorted_ids, block_expert, num_padded = align_by_expert(
             topk_ids, block["BLOCK_SIZE_M"], experts.num_experts)
-        inter, h = experts.intermediate_size, experts.hidden_size
         pairs = t * k
         x = hidden.to(experts.w13.dtype)
         gate_up = torch.empty(pairs, 2 * inter, dtype=x.dtype, device=x.device)
