@@ -7,6 +7,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD/core
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
   --target /tmp/site2 plugins/attention/{torch_native,triton,flashinfer,flex_attention} \
-  plugins/parsers/model-config-{hf,auto,mistral} plugins/quant/{gguf,unquant} || return 1
+  plugins/parsers/model-config-{hf,auto,mistral} plugins/quant/{gguf,unquant} \
+  plugins/moe/{torch,triton,a2a-none} || return 1
 export PYTHONPATH=/tmp/site:/tmp/site2:$PWD/core
 export CUDA_HOME=/usr/local/cuda FLASHINFER_CUDA_ARCH_LIST=9.0a PYTHONUNBUFFERED=1

@@ -1,0 +1,231 @@
+"""Mixture-of-experts on a GPU: the runner kit on CUDA, the fused-MoE kernel per layer against the
+bandwidth/compute roofline, and whole-model decode of a dummy Qwen3-30B-A3B (48 layers, 128
+experts, top-8) with the triton and torch runners (and transformers where asked), same run.
+
+    python3 benchmarks/moe_gpu.py [--batches 1,8,64] [--kernel-tokens 1,8,64,256,1024,4096]
+                                  [--layers 48] [--hf eager] [--tune]
+
+Writes moe_gpu.json (and, with --tune, the tuned launch table) to $OUT when set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "plugins" / "moe" / "triton"))
+sys.path.insert(0, str(ROOT / "plugins" / "moe" / "torch"))
+
+from engine.api.moe import ExpertWeights, route  # noqa: E402
+from engine.testing.moe import runner_failures  # noqa: E402
+from engine_moe_torch.impl import TorchRunner  # noqa: E402
+from engine_moe_triton.impl import TritonRunner, table_name  # noqa: E402
+
+MODEL_DIR = str(ROOT / "tests" / "data" / "qwen3-30b-a3b-dummy")
+E, K, H, I = 128, 8, 2048, 768  # Qwen3-30B-A3B's sparse layer
+BW = 4.3e12  # H200 HBM3e, bytes/s (spec; measured GEMV ~3.65e12)
+FLOPS = 760e12  # bf16 dense, FLOP/s
+
+
+def kit() -> list[list]:
+    rows = []
+    dev = torch.device("cuda")
+    for name, runner in (("torch", TorchRunner()), ("triton (gemv for small)", TritonRunner(None)),
+                         ("triton (grouped only)", TritonRunner(None))):
+        if name == "triton (grouped only)":
+            runner.gemv_max_pairs = 0
+        fails = list(runner_failures(runner, dev))
+        rows.append([name, len(fails), "; ".join(fails)[:200]])
+    return rows
+
+
+def layer(dtype=torch.bfloat16) -> tuple[ExpertWeights, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ex = ExpertWeights(E, H, I, dtype).cuda()
+    ex.w13.data.normal_(0, 0.02, generator=g)
+    ex.w2.data.normal_(0, 0.02, generator=g)
+    router = torch.randn(E, H, device="cuda", dtype=dtype, generator=g) * 0.02
+    return ex, router
+
+
+def time_fn(fn, iters: int = 100, graph: bool = True) -> float:
+    """ms per call: replayed from a CUDA graph (launch overhead as in a served decode step) or
+    eagerly."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            fn()
+        run = g.replay
+    else:
+        run = fn
+    run()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def kernel_rows(tokens_list: list[int]) -> list[list]:
+    ex, router = layer()
+    tri, tch = TritonRunner(None), TorchRunner()
+    tri.process_weights_after_loading(ex)
+    tch.process_weights_after_loading(ex)
+    rows = []
+    for m in tokens_list:
+        x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
+        w, ids = route(x @ router.t(), K, True)
+        active = int(ids.unique().numel())
+        bytes_ = active * 3 * H * I * 2 + 2 * m * H * 2
+        flops = 2 * m * K * 3 * H * I
+        t_tri = time_fn(lambda: tri.apply(ex, x, ids, w))
+        t_tch = time_fn(lambda: tch.apply(ex, x, ids, w), graph=False)
+        ref = tch.apply(ex, x, ids, w).float()
+        err = ((tri.apply(ex, x, ids, w).float() - ref).abs().max() / ref.abs().max()).item()
+        roof = max(bytes_ / BW, flops / FLOPS) * 1e3
+        rows.append([m, active, round(t_tri * 1e3, 1), round(t_tch * 1e3, 1),
+                     round(bytes_ / (t_tri * 1e-3) / 1e12, 2),
+                     round(flops / (t_tri * 1e-3) / 1e12, 1), round(roof * 1e3, 1),
+                     f"{err:.1e}"])
+    return rows
+
+
+def tune(tokens_list: list[int]) -> dict[int, dict]:
+    """Sweep the grouped-GEMM launch parameters per token count (bf16, this layer shape)."""
+    ex, router = layer()
+    best: dict[int, dict] = {}
+    space = [dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm,
+                  num_warps=nw, num_stages=ns)
+             for bm in (16, 32, 64, 128) for bn in (32, 64, 128) for bk in (64, 128)
+             for gm in (1, 8) for nw in (4, 8) for ns in (3, 4)]
+    for m in tokens_list:
+        x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
+        w, ids = route(x @ router.t(), K, True)
+        r = TritonRunner(None)
+        r.gemv_max_pairs = 0
+        scores = []
+        for cfg in space:
+            r.override = cfg
+            try:
+                scores.append((time_fn(lambda: r.apply(ex, x, ids, w), iters=20), cfg))
+            except Exception:  # a configuration the compiler rejects (shared memory...)
+                continue
+        scores.sort(key=lambda s: s[0])
+        best[m] = scores[0][1]
+        print(f"tune M={m}: {scores[0][0] * 1e3:.1f} us {scores[0][1]}", flush=True)
+    return best
+
+
+def model_rows(batches: list[int], layers: int, hf: list[str]) -> list[list]:
+    from e2e_gpu import hf_decode, time_decode
+    from engine.config import ServerConfig
+    from engine.runtime.model_runner import ModelRunner
+
+    rows = []
+    override = json.dumps({"num_hidden_layers": layers})
+    for runner_name, attention, eager in (("triton", "triton", False),
+                                          ("torch", "triton", True)):
+        try:
+            cfg = ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype="bfloat16",
+                               skip_tokenizer_init=True, attention_backend=attention,
+                               moe_runner_backend=runner_name, page_size=16,
+                               disable_cuda_graph=eager, max_total_tokens=40_000,
+                               max_running_requests=max(batches), context_length=2048,
+                               json_model_override_args=override, random_seed=0)
+            runner = ModelRunner(cfg)
+            graphs = runner.decode_graphs is not None
+            for b in batches:
+                rows.append([f"ours, {runner_name} runner" + (" + graphs" if graphs else ""),
+                             b, round(time_decode(runner, b, 20), 2)])
+                print(rows[-1], flush=True)
+            del runner
+        except Exception:
+            traceback.print_exc()
+        gc.collect()
+        torch.cuda.empty_cache()
+    for mode in hf:
+        for b in batches:
+            try:
+                rows.append([f"transformers {mode}", b, round(hf_decode(mode, b, 10, model_dir=MODEL_DIR), 2)])
+                print(rows[-1], flush=True)
+            except Exception:
+                traceback.print_exc()
+    return rows
+
+
+def roofline_ms(layers: int) -> float:
+    attn = H * (32 * 128 + 2 * 4 * 128) + 32 * 128 * H
+    per_layer = attn + E * H + K * 3 * H * I
+    head = 151936 * H
+    return (layers * per_layer + head) * 2 / BW * 1e3
+
+
+def table(title: str, header: list[str], rows: list[list]) -> None:
+    print(f"\n{title}\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--kernel-tokens", default="1,2,4,8,16,64,256,1024,4096")
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--hf", default="")
+    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--skip", default="", help="sections to skip: kit,kernel,model")
+    args = ap.parse_args()
+    skip = set(args.skip.split(","))
+    out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                 "date": time.strftime("%Y-%m-%d")}
+    if "kit" not in skip:
+        out["kit"] = kit()
+        table("runner kit on CUDA (failures)", ["runner", "failures", "first"], out["kit"])
+    if args.tune:
+        best = tune([16, 32, 64, 128, 256, 512, 1024, 2048, 4096])
+        name = table_name(E, I, torch.cuda.get_device_name(), torch.bfloat16)
+        dest = os.environ.get("OUT")
+        if dest:
+            with open(os.path.join(dest, name), "w") as fh:
+                json.dump({str(k): v for k, v in best.items()}, fh, indent=1)
+    if "kernel" not in skip:
+        out["kernel"] = kernel_rows([int(x) for x in args.kernel_tokens.split(",")])
+        table(f"one sparse layer (E={E}, top-{K}, H={H}, I={I}, bf16): triton in a CUDA graph, "
+              "torch eager", ["tokens", "active experts", "triton us", "torch us", "triton TB/s",
+                              "triton TFLOP/s", "roofline us", "max rel err"], out["kernel"])
+    if "model" not in skip:
+        batches = [int(b) for b in args.batches.split(",")]
+        out["model"] = model_rows(batches, args.layers,
+                                  [m for m in args.hf.split(",") if m])
+        out["roofline_ms_batch1"] = round(roofline_ms(args.layers), 2)
+        table(f"decode ms/step, Qwen3-30B-A3B shape ({args.layers} layers, dummy bf16); "
+              f"batch-1 bandwidth roofline of the active parameters "
+              f"{out['roofline_ms_batch1']} ms", ["engine", "batch", "ms/step"], out["model"])
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "moe_gpu.json"), "w") as fh:
+            json.dump(out, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
