@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from typing import Any
 
@@ -499,26 +500,41 @@ _JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False"
                "None": None}
 
 
-def _literal(node: ast.AST) -> Any:
-    """A Python (or JSON-style) literal; anything else raises ``_NotLiteral``."""
+def _number_text(node: ast.AST, src: str, value: float) -> str:
+    """A number beyond float range (``1e999``) is kept as the string of its text: JSON has no
+    infinities, and arguments must stay valid JSON."""
+    return (ast.get_source_segment(src, node) if src else None) or json.dumps(value)
+
+
+def _literal(node: ast.AST, src: str = "") -> Any:
+    """A Python (or JSON-style) literal; anything else raises ``_NotLiteral``. ``src``: the
+    parsed text (for the text of non-finite numbers)."""
     if isinstance(node, ast.Constant):
-        if isinstance(node.value, (str, int, float, bool)) or node.value is None:
-            return node.value
+        v = node.value
+        if isinstance(v, float) and not math.isfinite(v):
+            return _number_text(node, src, v)
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            return v
         raise _NotLiteral
     if isinstance(node, (ast.List, ast.Tuple)):
-        return [_literal(e) for e in node.elts]
+        return [_literal(e, src) for e in node.elts]
     if isinstance(node, ast.Dict):
         out = {}
         for k, v in zip(node.keys, node.values):
             if k is None:
                 raise _NotLiteral
-            key = _literal(k)
+            key = _literal(k, src)
             if not isinstance(key, (str, int, float, bool)) and key is not None:
                 raise _NotLiteral
-            out[key] = _literal(v)
+            out[key] = _literal(v, src)
         return out
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _literal(node.operand)
+        inner = node.operand
+        if isinstance(inner, ast.Constant) and isinstance(inner.value, float) and not (
+                math.isfinite(inner.value)):
+            sign = -1.0 if isinstance(node.op, ast.USub) else 1.0
+            return _number_text(node, src, sign * inner.value)
+        v = _literal(inner, src)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return -v if isinstance(node.op, ast.USub) else v
         raise _NotLiteral
@@ -539,8 +555,9 @@ def _call_name(node: ast.AST) -> str | None:
 def parse_pythonic_calls(src: str) -> list[tuple[str, dict[str, Any]]] | None:
     """``[f(a=1), g(b="x")]`` → ``[("f", {"a": 1}), ("g", {"b": "x"})]``; None if it is not a
     list of calls with keyword literal arguments. Nothing is evaluated."""
+    src = src.strip()
     try:
-        tree = ast.parse(src.strip(), mode="eval")
+        tree = ast.parse(src, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     body = tree.body
@@ -554,7 +571,7 @@ def parse_pythonic_calls(src: str) -> list[tuple[str, dict[str, Any]]] | None:
             name = _call_name(el.func)
             if name is None or any(kw.arg is None for kw in el.keywords):
                 return None
-            calls.append((name, {kw.arg: _literal(kw.value) for kw in el.keywords}))
+            calls.append((name, {kw.arg: _literal(kw.value, src) for kw in el.keywords}))
     except (_NotLiteral, RecursionError):
         return None
     return calls
@@ -570,10 +587,12 @@ class PythonicParser(StreamingToolParser):
     Starts at ``[`` followed by ``name(`` (or at a ``start_markers`` wrapper such as Llama 4's
     ``<|python_start|>``, whose ``wrapper_end`` is dropped after the list). Calls are emitted when
     the list closes (atomic). Only keyword arguments with literal values are accepted;
-    ``true``/``false``/``null`` are read as JSON literals.
+    ``true``/``false``/``null`` are read as JSON literals. The text around the list is kept
+    verbatim (``trim_whitespace`` off), as SGLang's pythonic parser keeps it.
     """
 
     start_markers = ("[", "<|python_start|>")
+    trim_whitespace = False
     wrapper_markers: tuple[str, ...] = ("<|python_start|>",)
     wrapper_end = "<|python_end|>"
     _HEAD = re.compile(r"\s*[A-Za-z_][\w.]*\s*\(")

@@ -137,9 +137,17 @@ def _reject_constant(word: str) -> Any:
     raise ValueError(f"non-finite number {word}")
 
 
+def _finite_float(word: str) -> float:
+    value = float(word)
+    if not math.isfinite(value):
+        raise ValueError(f"non-finite number {word}")
+    return value
+
+
 def loads_finite(text: str) -> Any:
-    """``json.loads`` that refuses NaN and Infinity (arguments must stay valid JSON)."""
-    return json.loads(text, parse_constant=_reject_constant)
+    """``json.loads`` that refuses NaN, Infinity and numbers beyond float range such as
+    ``1e999`` (arguments must stay valid JSON: such a value stays its raw text)."""
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def _json(text: str) -> Any:
@@ -497,7 +505,7 @@ class XmlToolParser(StreamingToolParser):
         """A dropped region (see :attr:`Region.dropped`) leaves neither calls nor content; the
         whitespace trimmed before it is kept."""
         if getattr(blk, "dropped", False) and blk.end is not None:
-            out.append(blk.pre_ws)
+            self._put(out, blk.pre_ws)
             self._leave(blk, blk.end)
             return
         super()._close(blk, out)
