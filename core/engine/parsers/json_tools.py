@@ -53,6 +53,7 @@ __all__ = [
     "PythonicParser",
     "SectionParser",
     "parse_pythonic_calls",
+    "recover_pythonic_calls",
 ]
 
 class JsonNamedObjectStreamer(JsonStreamer):
@@ -574,6 +575,52 @@ def parse_pythonic_calls(src: str) -> list[tuple[str, dict[str, Any]]] | None:
             calls.append((name, {kw.arg: _literal(kw.value, src) for kw in el.keywords}))
     except (_NotLiteral, RecursionError):
         return None
+    return calls
+
+
+_RECOVER_HEAD = re.compile(r"(?:^\s*|\)\s*,\s*)([A-Za-z_][\w.]*)\s*\(")
+_RECOVER_ARG = re.compile(r"(?:^|,)\s*([A-Za-z_]\w*)\s*=(?!=)")
+
+
+def _recover_value(raw: str) -> Any:
+    v = raw.strip()
+    try:
+        node = ast.parse(v, mode="eval").body
+        return _literal(node, v)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, _NotLiteral):
+        pass
+    if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
+        return v[1:-1]  # a string holding its own unescaped quotes
+    return v
+
+
+def recover_pythonic_calls(src: str) -> list[tuple[str, dict[str, Any]]] | None:
+    """A lenient reading of a pythonic call list that :func:`parse_pythonic_calls` refuses,
+    for string values holding their own unescaped quotes (``[f(q='sed -n '1,2p' x')]`` gives
+    ``q = "sed -n '1,2p' x"``): calls are split at ``), name(`` and arguments at ``, key=``;
+    a value that is not a literal but is quoted is the text between its outer quotes. None
+    when even that shape is missing."""
+    src = src.strip()
+    if not (src.startswith("[") and src.endswith("]")):
+        return None
+    inner = src[1:-1].strip()
+    if not inner.endswith(")"):
+        return None
+    heads = list(_RECOVER_HEAD.finditer(inner))
+    if not heads or heads[0].start() != 0:
+        return None
+    calls = []
+    for k, head in enumerate(heads):
+        stop = heads[k + 1].start() if k + 1 < len(heads) else len(inner) - 1
+        body = inner[head.end() : stop]
+        args: dict[str, Any] = {}
+        keys = list(_RECOVER_ARG.finditer(body))
+        if (keys[0].start() if keys else len(body)) != 0 and body.strip():
+            return None
+        for j, key in enumerate(keys):
+            end = keys[j + 1].start() if j + 1 < len(keys) else len(body)
+            args[key.group(1)] = _recover_value(body[key.end() : end])
+        calls.append((head.group(1), args))
     return calls
 
 

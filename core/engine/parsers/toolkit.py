@@ -40,7 +40,8 @@ Subclass :class:`StreamingToolParser` and give it:
       ``block.invalid = True`` when the text is not a well-formed block. On invalid, calls already
       done stay; the rest from the end of the last done call (or the start marker itself, when
       none is done) becomes content and scanning resumes after it. If you also set ``block.end``
-      on an invalid block with no done call, the whole ``text[start:end]`` becomes content.
+      on an invalid block with no done call, the whole ``text[start:end]`` becomes content, or
+      ``block.replace`` when set (a malformed block whose framing is not content).
     * a block may also hold no call: set ``block.end`` and ``block.replace`` (the content it
       stands for, e.g. ``""``) to consume framing text.
     * ``final`` is True once the stream has ended: complete the block if the format allows an
@@ -866,6 +867,9 @@ class StreamingToolParser(ToolParser):
             self._owe(blk.pre_ws)
             self._put(out, self._rejected_text(blk, cut))
             self._after_block = True
+        elif blk.end is not None and blk.replace is not None:
+            cut = blk.end  # the malformed block stands for the text the format gave
+            self._put(out, blk.pre_ws + blk.replace)
         elif blk.end is not None and not any(c.index is not None for c in blk.calls):
             cut = blk.end
             self._put(out, blk.pre_ws + self._buf[blk.start : cut])

@@ -9,7 +9,9 @@ class GigaChat3ToolParser(JsonTagParser):
         "function call<|role_sep|>",
         "<|function_call|>",
     )
-    drop_markers = ("</s>",)
+    # a separator not directly followed by the call header (``<|message_sep|>\n\nfunction
+    # call``) is a control token all the same: never content
+    drop_markers = ("</s>", "<|message_sep|>")
     incremental = True
     parallel_calls = False
 
