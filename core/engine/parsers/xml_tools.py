@@ -125,9 +125,28 @@ def json_type(v: Any) -> str:
 
 
 def property_schema(params: dict[str, Any], key: str) -> Any:
-    """The schema of property ``key`` of a tool's parameters schema (``None`` if undeclared)."""
-    props = resolve_ref(params, params).get("properties") if isinstance(params, dict) else None
-    return props.get(key) if isinstance(props, dict) else None
+    """The schema of property ``key`` of a tool's parameters schema (``None`` if undeclared).
+    Properties declared under a top-level ``anyOf``/``oneOf``/``allOf`` count too (several
+    declarations of one key are combined as an ``anyOf``)."""
+
+    def walk(s: Any, depth: int) -> list[Any]:
+        s = resolve_ref(s, params)
+        if not isinstance(s, dict) or depth > 8:
+            return []
+        props = s.get("properties")
+        if isinstance(props, dict) and key in props:
+            return [props[key]]
+        found: list[Any] = []
+        for word in ("anyOf", "oneOf", "allOf"):
+            subs = s.get(word)
+            for sub in subs if isinstance(subs, list) else ():
+                found.extend(walk(sub, depth + 1))
+        return found
+
+    found = walk(params, 0) if isinstance(params, dict) else []
+    if not found:
+        return None
+    return found[0] if len(found) == 1 else {"anyOf": found}
 
 
 _MISSING = object()
@@ -169,7 +188,16 @@ def _literal(text: str) -> Any:
 
 
 def _unescaped_json(text: str) -> Any:
-    return _json(text.replace('\\"', '"')) if '\\"' in text else _MISSING
+    """Over-escaped JSON (a JSON text written as the body of a JSON string, its quotes and
+    backslashes escaped once more): undo one level of string escaping, every escape (so a
+    doubled backslash becomes one), else only the escaped quotes."""
+    if '\\"' not in text:
+        return _MISSING
+    try:
+        value = _json(json.loads('"' + text + '"', strict=False))
+    except (ValueError, RecursionError):
+        value = _MISSING
+    return value if value is not _MISSING else _json(text.replace('\\"', '"'))
 
 
 def _first(text: str, *decoders: Callable[[str], Any]) -> Any:
