@@ -548,7 +548,8 @@ class InvokeFormat(XmlFormat):
 
     ``blocks``: ``(open, closes)`` wrappers holding invokes separated by whitespace; a block is
     one region (a malformed invoke leaves the block content; an unknown tool leaves its invoke
-    content). ``bare``: invokes may also stand alone, each its own region. ``invoke``/``param``:
+    content). ``bare``: invokes may also stand alone, each its own region. An invoke may be
+    self-closing (``<invoke name="f"/>``, a call without arguments). ``invoke``/``param``:
     accepted tag names (open and close may mix alternatives). ``call_wrap``: ``(begin, sep,
     end)`` around each invoke, with the type ``function`` before ``sep`` (Step3).
     ``string_attr``: ``string="true"`` keeps the (prepared) raw text, ``"false"`` decodes JSON
@@ -594,6 +595,12 @@ class InvokeFormat(XmlFormat):
                 return Region(None, None) if final else None
             if text[n] not in _WS:
                 return Region(None, None)
+            gt = text.find(">", n)
+            if gt < 0 and not final:
+                return None
+            if gt > 0 and text[gt - 1] == "/":  # ``<invoke name="f"/>``: no arguments
+                call = self._invoke_rest(ctx, text[n : gt - 1] + ">")
+                return Region(gt + 1, None if call is None else [ParsedCall(*call)])
         return super().region(ctx, text, start, opener, final, scan)
 
     def parse(self, ctx: ToolContext, opener: str, body: str, at: int) -> list[ParsedCall] | None:
@@ -626,6 +633,10 @@ class InvokeFormat(XmlFormat):
         tag = open_tag_at(body, pos, self.invoke)
         if tag is None:
             return None
+        gt = body.find(">", pos)
+        if gt > 0 and body[gt - 1] == "/":  # self-closing ``<invoke name="f"/>``: no arguments
+            call = self._invoke_rest(ctx, body[pos + 1 + len(tag) : gt - 1] + ">")
+            return None if call is None else (call, gt + 1)
         j, close = earliest(body, tuple("</" + t + ">" for t in self.invoke), pos)
         if j < 0:
             return None
