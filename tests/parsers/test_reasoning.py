@@ -81,7 +81,7 @@ def _qwen(name: str, forced_always: bool = False) -> list[Case]:
              ("The user wants 2+2.", "\n\nThe answer is 4.")),
         Case(name, "The user wants 2+2.</think>\n\n4", ("The user wants 2+2.", "\n\n4")),
         Case(name, "<think>Need weather\n" + QWEN_TOOL, ("Need weather\n", QWEN_TOOL)),
-        Case(name, "<think>a<tool_call>b</think>c", ("a<tool_call>b", "c")),
+        Case(name, "<think>a<tool_call>b</think>c", ("a", "<tool_call>b</think>c")),
         Case(name, "<think>Still", ("Still", "")),
         Case(name, "<think>only</think>", ("only", "")),
         Case(name, "<think><think>twice</think>x", ("twice", "x")),
@@ -131,7 +131,7 @@ CASES += [
     Case("ling3", "<think>hmm</think>Hello", ("hmm", "Hello")),
     Case("ling3", "Hello", ("", "Hello"), OFF),
     Case("ling3", "<think>hmm", ("", "hmm")),
-    Case("ling3", "<think>use <tool_call> later</think>", ("use <tool_call> later", "")),
+    Case("ling3", "<think>use <tool_call> later</think>", ("use ", "<tool_call> later</think>")),
     Case("ling3", "<think>plan" + QWEN_TOOL, ("plan", QWEN_TOOL)),
     Case("ling3", "<think>r</think>", ("r", ""), {"force_nonempty_content": False}),
 ]
@@ -398,11 +398,13 @@ def test_iquest_literal_close_after_answer_streams_as_content():
     assert (second.reasoning, second.content) == ("", "literal </think> tail")
 
 
-def test_tool_start_held_in_stream_until_decided():
+def test_tool_start_closes_reasoning_at_once_in_a_stream():
+    """The call streams as soon as its marker arrives (not held to a later ``</think>``)."""
     parser = factory("qwen3")(chat_template_kwargs={}, reasoning_effort=None)
-    assert parser.feed("<think>a<tool_call>b").reasoning == "a"
+    first = parser.feed("<think>a<tool_call>b")
+    assert (first.reasoning, first.content) == ("a", "<tool_call>b")
     late = parser.feed("</think>c")
-    assert (late.reasoning, late.content) == ("<tool_call>b", "c")
+    assert (late.reasoning, late.content) == ("", "</think>c")
 
 
 @pytest.mark.parametrize("stream_reasoning", [True, False])

@@ -124,11 +124,12 @@ MESSAGES = [
      {"reasoning_content": "Need weather\n", "content": None,
       "tool_calls": [("get_weather", '{"city": "Zürich", "opts": {"u": ["C"]}}'),
                      ("get_time", '{"tz": "Europe/Zürich \\"q\\""}')]}),
-    # tool calls are read from content only: one written inside reasoning stays reasoning
+    # a call marker inside unclosed reasoning closes it (as SGLang's tool_start_token): the
+    # call is read from the content that follows, and a late </think> is plain content
     ("<think>maybe " + call("get_time", {}) + " no</think>ok",
      dict(reasoning_parser="qwen3", tool_parser=tool_factory, tools=TOOLS),
-     {"reasoning_content": "maybe " + call("get_time", {}) + " no", "content": "ok",
-      "tool_calls": []}),
+     {"reasoning_content": "maybe ", "content": " no</think>ok",
+      "tool_calls": [("get_time", "{}")]}),
     # unknown tool and no tools: text stays content
     ("x" + call("rm_rf", {}), dict(tool_parser=tool_factory, tools=TOOLS),
      {"reasoning_content": None, "content": "x" + call("rm_rf", {}), "tool_calls": []}),

@@ -177,7 +177,9 @@ CALL = '<call>{"name": "get_time", "arguments": {"tz": "CET"}}</call>'
     "text,content",
     [
         ("Sure.\n" + CALL + "\n", "Sure."),
-        ("Hi " + CALL + " bye", "Hibye"),
+        ("Hi " + CALL + " bye", "Hi bye"),
+        ("Hi\n" + CALL + "bye", "Hi\nbye"),
+        ("Hi " + CALL + CALL + "\tbye", "Hi\tbye"),
         (CALL + "\n\n" + CALL + "\n\nDone.", "Done."),
         ("a </call> b", "a  b"),
         ("plain\n\n  ", "plain\n\n  "),
@@ -194,16 +196,16 @@ def test_base_content_rules(text, content):
         assert _run(text, [text[:i], text[i:]]) == whole
 
 
-def test_join_with_whitespace_keeps_the_gap_between_content():
-    class Joined(Tagged):
-        join_with_whitespace = True
+def test_join_with_whitespace_false_glues_the_content():
+    class Glued(Tagged):
+        join_with_whitespace = False
 
-    for text, content in (("Hi " + CALL + " bye", "Hi bye"), (CALL + " bye", "bye"),
+    for text, content in (("Hi " + CALL + " bye", "Hibye"), (CALL + " bye", "bye"),
                           ("Hi " + CALL + " \n" + CALL + "\n", "Hi")):
         for i in range(len(text) + 1):
-            p = Joined(tools=TOOLS)
+            p = Glued(tools=TOOLS)
             got = p.feed(text[:i]).content + p.feed(text[i:]).content + p.finish().content
-            assert got == content == Joined(tools=TOOLS).parse(text).content
+            assert got == content == Glued(tools=TOOLS).parse(text).content
 
 
 def test_base_holds_partial_markers_and_waits_for_longer_marker():

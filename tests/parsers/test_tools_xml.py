@@ -61,7 +61,7 @@ def test_calls(name, case, calls):
     calls = complex_calls(name) if calls is None else calls
     content, got = parsed(make(name).parse(texts(name)[case]))
     assert got == expect(name, calls)
-    assert content == {"before": "Let me check.", "around": "Let me check.Done."}.get(case, "")
+    assert content == {"before": "Let me check.", "around": "Let me check.\nDone."}.get(case, "")
 
 
 @pytest.mark.parametrize("name", NAMES)

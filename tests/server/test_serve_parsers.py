@@ -253,3 +253,41 @@ def test_unknown_tool_is_text_and_forced_choice_is_enforced() -> None:
     assert _pkw(tool_choice="none")["tool_parser"] is None
     whole, reason = chat_message(CALL_TEXT, "stop", _pkw(tool_choice="none"), None)
     assert reason == "stop" and "tool_calls" not in whole
+
+
+def test_continue_final_message_parses_from_the_state_the_prefill_left() -> None:
+    """The prefilled assistant message is read by the parsers first: after a closed think
+    block the continuation is content (not reasoning), streamed or whole, and the prefill's
+    own text is not returned again; an open think block keeps the continuation reasoning."""
+    closed = [*MSG, {"role": "assistant", "content": "<think>weighed it</think>The total is "}]
+    pkw = parser_kwargs(ChatCompletionRequest(messages=closed, continue_final_message=True),
+                        PARSERS)
+    assert pkw["prefill"] == "<think>weighed it</think>The total is "
+    whole, _ = chat_message("17.", "stop", pkw, None)
+    assert (whole["reasoning_content"], whole["content"]) == (None, "17.")
+    for size in (1, 2):
+        deltas, _, _ = _stream("17.", pkw, None, size)
+        assert _without_ids(assemble(deltas)) == _without_ids(whole)
+    still_open = [*MSG, {"role": "assistant", "content": [{"type": "text",
+                                                           "text": "<think>first, "}]}]
+    pkw = parser_kwargs(ChatCompletionRequest(messages=still_open, continue_final_message=True),
+                        PARSERS)
+    whole, _ = chat_message("then</think>Done.", "stop", pkw, None)
+    assert (whole["reasoning_content"], whole["content"]) == ("then", "Done.")
+    # without the flag the final assistant message is history, not a prefill
+    plain = parser_kwargs(ChatCompletionRequest(messages=closed), PARSERS)
+    assert plain["prefill"] is None
+    assert chat_message("17.", "stop", plain, None)[0]["reasoning_content"] == "17."
+
+
+def test_continue_final_message_completes_a_call_the_prefill_began() -> None:
+    began = [*MSG, {"role": "assistant", "content":
+                    '<think>ok</think><tool_call>\n{"name": "get_weather", "arguments": '}]
+    pkw = parser_kwargs(ChatCompletionRequest(messages=began, tools=TOOLS,
+                                              continue_final_message=True), PARSERS)
+    whole, reason = chat_message('{"city": "Oslo"}}\n</tool_call>', "stop", pkw, None)
+    assert reason == "tool_calls" and whole["content"] is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in whole["tool_calls"]] == [("get_weather", {"city": "Oslo"})]
+    deltas, reason, _ = _stream('{"city": "Oslo"}}\n</tool_call>', pkw, None, 3)
+    assert reason == "tool_calls" and _without_ids(assemble(deltas)) == _without_ids(whole)

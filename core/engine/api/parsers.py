@@ -19,7 +19,7 @@ from engine.parsers.base import (ReasoningDelta, ReasoningParser, ToolCall, Tool
                                  ToolDelta, ToolParser, ToolResult)
 from engine.parsers.json_tools import (JsonListParser, JsonSequenceParser, JsonTagParser,
                                        MistralParser, PythonicParser, SectionParser,
-                                       parse_pythonic_calls)
+                                       parse_pythonic_calls, recover_pythonic_calls)
 from engine.parsers.reasoning import (POLICIES, MarkerStateParser, ParserFactory,
                                       PassthroughReasoningParser, ReasoningPolicy,
                                       StreamingReasoningParser, TagReasoningParser,
@@ -27,7 +27,8 @@ from engine.parsers.reasoning import (POLICIES, MarkerStateParser, ParserFactory
                                       partial_tail, strip_leading, take_until, template_policy)
 from engine.parsers.toolkit import (Block, CallState, JsonCallStreamer, JsonStreamer,
                                     PassThroughToolParser, StreamingToolParser, TaggedBlockParser,
-                                    close_block_after, dump_arguments, loads_object, match_token,
+                                    close_block_after, dump_arguments, finite, loads_json,
+                                    loads_object, match_token,
                                     next_token, skip_ws)
 from engine.parsers.xml_tools import (DSML_TYPING, JSON_TYPING, SCHEMA_TYPING, ArgPairFormat,
                                       FunctionFormat, InvokeFormat, ParsedCall, Region,
@@ -43,7 +44,8 @@ __all__ = [
     "SectionParser", "StreamingReasoningParser", "StreamingToolParser", "TagReasoningParser",
     "TaggedBlockParser", "ToolCall", "ToolCallDelta", "ToolContext", "ToolDelta", "ToolParser",
     "ToolResult", "ValueTyping", "XmlFormat", "XmlToolParser", "close_block_after",
-    "dump_arguments", "earliest", "effective_policy", "find_first", "loads_object",
+    "dump_arguments", "earliest", "effective_policy", "find_first", "finite", "loads_json",
+    "loads_object", "recover_pythonic_calls",
     "match_token", "next_token", "nonempty_requested", "parse_attrs", "parse_pythonic_calls",
     "partial_tail", "resolve_ref", "schema_types", "skip_ws", "strip_leading", "take_until",
     "template_policy",

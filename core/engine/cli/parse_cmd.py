@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="chat template file (used by auto detection)")
     parser.add_argument("--no-separate-reasoning", dest="separate_reasoning",
                         action="store_false", help="keep the reasoning text in content")
+    parser.add_argument("--prefill", default=None, metavar="TEXT",
+                        help="the prefilled start of the assistant message that stdin continues "
+                             "(a chat request's continue_final_message)")
     parser.add_argument("--stream", action="store_true",
                         help="parse through the streaming API in small chunks")
     parser.add_argument("--chunk-size", type=int, default=4, metavar="N",
@@ -83,7 +86,7 @@ def _kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "reasoning_parser": args.reasoning_parser, "tool_parser": args.tool_call_parser,
         "tools": _tools(args.tools), "chat_template_kwargs": ctk,
         "reasoning_effort": args.reasoning_effort, "chat_template": template,
-        "separate_reasoning": args.separate_reasoning,
+        "separate_reasoning": args.separate_reasoning, "prefill": args.prefill,
     }
 
 

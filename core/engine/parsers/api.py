@@ -10,6 +10,12 @@ Streaming: :class:`MessageStream` takes decoded chunks and returns OpenAI-style 
 ``assemble(deltas)`` builds the whole message from them and equals :func:`parse_message` on the
 same text (tool-call ids aside).
 
+Continuing a prefilled assistant message (a chat request's ``continue_final_message``):
+``prefill`` is the text the message already holds; the parsers read it first, so they start in
+the state it left them in (after ``<think>work</think>The answer is `` the continuation is
+content), and none of its text is returned again. The pieces of a call it holds are returned
+with the continuation (a call it began is completed by it).
+
 Parsers are given by name (resolved through the installed plugins with
 :func:`engine.assembly.parser_factory`; a server passes the factories it built once at
 start-up) or as a factory object: a reasoning factory is called as
@@ -74,6 +80,15 @@ class _Pipeline:
         if tool_parser is not None and tools:
             self.tools = tool_factory(tool_parser, chat_template)(tools=list(tools))
 
+        self.carried: list[ToolCallDelta] = []
+
+    def prime(self, prefill: str) -> None:
+        """Read the prefilled start of the message; its output is not returned, except the
+        pieces of a call it began (carried into the first delta)."""
+        normal = self.reasoning.feed(prefill).content if self.reasoning is not None else prefill
+        if self.tools is not None and normal:
+            self.carried = list(self.tools.feed(normal).calls)
+
     def place(self, reasoning: str, content: str) -> tuple[str, str]:
         """With ``separate_reasoning=False`` reasoning text goes into content ahead of it."""
         return (reasoning, content) if self.separate else ("", reasoning + content)
@@ -89,6 +104,7 @@ def parse_message(
     reasoning_effort: str | None = None,
     chat_template: str | None = None,
     separate_reasoning: bool = True,
+    prefill: str | None = None,
 ) -> dict[str, Any]:
     """Parse one whole response into ``{"reasoning_content", "content", "tool_calls"}``.
 
@@ -96,8 +112,16 @@ def parse_message(
     ``{"id": "call_<24 hex>", "type": "function", "function": {"name", "arguments"}}``
     (``arguments`` a JSON text). ``separate_reasoning=False``: the reasoning text (markers
     removed) stays in ``content`` ahead of the normal text, which is where the common formats
-    have it; tool calls are still read from the normal text only.
+    have it; tool calls are still read from the normal text only. ``prefill``: see the module
+    docstring (the text parsed is then the continuation alone).
     """
+    if prefill:
+        stream = MessageStream(
+            reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
+            chat_template_kwargs=chat_template_kwargs, reasoning_effort=reasoning_effort,
+            chat_template=chat_template, separate_reasoning=separate_reasoning,
+            prefill=prefill)
+        return assemble([stream.feed(text), stream.finish()])
     pipe = _Pipeline(
         reasoning_parser=reasoning_parser, tool_parser=tool_parser, tools=tools,
         chat_template_kwargs=chat_template_kwargs, reasoning_effort=reasoning_effort,
@@ -142,10 +166,13 @@ class MessageStream:
             chat_template=kwargs.pop("chat_template", None),
             separate_reasoning=kwargs.pop("separate_reasoning", True),
         )
+        prefill = kwargs.pop("prefill", None)
         if kwargs:
             raise TypeError(f"unexpected keyword arguments: {', '.join(sorted(kwargs))}")
         self._ids: dict[int, str] = {}
         self._finished = False
+        if prefill:
+            self._pipe.prime(prefill)
 
     def feed(self, chunk: str) -> dict[str, Any]:
         """Take the next decoded chunk and return the delta it makes certain."""
@@ -170,7 +197,7 @@ class MessageStream:
         return self._delta(reasoning, normal, final=True)
 
     def _delta(self, reasoning: str, normal: str, *, final: bool) -> dict[str, Any]:
-        pieces: list[ToolCallDelta] = []
+        pieces, self._pipe.carried = self._pipe.carried, []
         tp = self._pipe.tools
         if tp is not None:
             content_parts: list[str] = []

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from typing import Any
 
@@ -52,6 +53,7 @@ __all__ = [
     "PythonicParser",
     "SectionParser",
     "parse_pythonic_calls",
+    "recover_pythonic_calls",
 ]
 
 class JsonNamedObjectStreamer(JsonStreamer):
@@ -499,26 +501,41 @@ _JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False"
                "None": None}
 
 
-def _literal(node: ast.AST) -> Any:
-    """A Python (or JSON-style) literal; anything else raises ``_NotLiteral``."""
+def _number_text(node: ast.AST, src: str, value: float) -> str:
+    """A number beyond float range (``1e999``) is kept as the string of its text: JSON has no
+    infinities, and arguments must stay valid JSON."""
+    return (ast.get_source_segment(src, node) if src else None) or json.dumps(value)
+
+
+def _literal(node: ast.AST, src: str = "") -> Any:
+    """A Python (or JSON-style) literal; anything else raises ``_NotLiteral``. ``src``: the
+    parsed text (for the text of non-finite numbers)."""
     if isinstance(node, ast.Constant):
-        if isinstance(node.value, (str, int, float, bool)) or node.value is None:
-            return node.value
+        v = node.value
+        if isinstance(v, float) and not math.isfinite(v):
+            return _number_text(node, src, v)
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            return v
         raise _NotLiteral
     if isinstance(node, (ast.List, ast.Tuple)):
-        return [_literal(e) for e in node.elts]
+        return [_literal(e, src) for e in node.elts]
     if isinstance(node, ast.Dict):
         out = {}
         for k, v in zip(node.keys, node.values):
             if k is None:
                 raise _NotLiteral
-            key = _literal(k)
+            key = _literal(k, src)
             if not isinstance(key, (str, int, float, bool)) and key is not None:
                 raise _NotLiteral
-            out[key] = _literal(v)
+            out[key] = _literal(v, src)
         return out
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _literal(node.operand)
+        inner = node.operand
+        if isinstance(inner, ast.Constant) and isinstance(inner.value, float) and not (
+                math.isfinite(inner.value)):
+            sign = -1.0 if isinstance(node.op, ast.USub) else 1.0
+            return _number_text(node, src, sign * inner.value)
+        v = _literal(inner, src)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return -v if isinstance(node.op, ast.USub) else v
         raise _NotLiteral
@@ -539,8 +556,9 @@ def _call_name(node: ast.AST) -> str | None:
 def parse_pythonic_calls(src: str) -> list[tuple[str, dict[str, Any]]] | None:
     """``[f(a=1), g(b="x")]`` → ``[("f", {"a": 1}), ("g", {"b": "x"})]``; None if it is not a
     list of calls with keyword literal arguments. Nothing is evaluated."""
+    src = src.strip()
     try:
-        tree = ast.parse(src.strip(), mode="eval")
+        tree = ast.parse(src, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     body = tree.body
@@ -554,9 +572,55 @@ def parse_pythonic_calls(src: str) -> list[tuple[str, dict[str, Any]]] | None:
             name = _call_name(el.func)
             if name is None or any(kw.arg is None for kw in el.keywords):
                 return None
-            calls.append((name, {kw.arg: _literal(kw.value) for kw in el.keywords}))
+            calls.append((name, {kw.arg: _literal(kw.value, src) for kw in el.keywords}))
     except (_NotLiteral, RecursionError):
         return None
+    return calls
+
+
+_RECOVER_HEAD = re.compile(r"(?:^\s*|\)\s*,\s*)([A-Za-z_][\w.]*)\s*\(")
+_RECOVER_ARG = re.compile(r"(?:^|,)\s*([A-Za-z_]\w*)\s*=(?!=)")
+
+
+def _recover_value(raw: str) -> Any:
+    v = raw.strip()
+    try:
+        node = ast.parse(v, mode="eval").body
+        return _literal(node, v)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, _NotLiteral):
+        pass
+    if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
+        return v[1:-1]  # a string holding its own unescaped quotes
+    return v
+
+
+def recover_pythonic_calls(src: str) -> list[tuple[str, dict[str, Any]]] | None:
+    """A lenient reading of a pythonic call list that :func:`parse_pythonic_calls` refuses,
+    for string values holding their own unescaped quotes (``[f(q='sed -n '1,2p' x')]`` gives
+    ``q = "sed -n '1,2p' x"``): calls are split at ``), name(`` and arguments at ``, key=``;
+    a value that is not a literal but is quoted is the text between its outer quotes. None
+    when even that shape is missing."""
+    src = src.strip()
+    if not (src.startswith("[") and src.endswith("]")):
+        return None
+    inner = src[1:-1].strip()
+    if not inner.endswith(")"):
+        return None
+    heads = list(_RECOVER_HEAD.finditer(inner))
+    if not heads or heads[0].start() != 0:
+        return None
+    calls = []
+    for k, head in enumerate(heads):
+        stop = heads[k + 1].start() if k + 1 < len(heads) else len(inner) - 1
+        body = inner[head.end() : stop]
+        args: dict[str, Any] = {}
+        keys = list(_RECOVER_ARG.finditer(body))
+        if (keys[0].start() if keys else len(body)) != 0 and body.strip():
+            return None
+        for j, key in enumerate(keys):
+            end = keys[j + 1].start() if j + 1 < len(keys) else len(body)
+            args[key.group(1)] = _recover_value(body[key.end() : end])
+        calls.append((head.group(1), args))
     return calls
 
 
@@ -570,10 +634,12 @@ class PythonicParser(StreamingToolParser):
     Starts at ``[`` followed by ``name(`` (or at a ``start_markers`` wrapper such as Llama 4's
     ``<|python_start|>``, whose ``wrapper_end`` is dropped after the list). Calls are emitted when
     the list closes (atomic). Only keyword arguments with literal values are accepted;
-    ``true``/``false``/``null`` are read as JSON literals.
+    ``true``/``false``/``null`` are read as JSON literals. The text around the list is kept
+    verbatim (``trim_whitespace`` off), as SGLang's pythonic parser keeps it.
     """
 
     start_markers = ("[", "<|python_start|>")
+    trim_whitespace = False
     wrapper_markers: tuple[str, ...] = ("<|python_start|>",)
     wrapper_end = "<|python_end|>"
     _HEAD = re.compile(r"\s*[A-Za-z_][\w.]*\s*\(")

@@ -212,7 +212,7 @@ class MarkerStateParser(StreamingReasoningParser):
 
 # --------------------------------------------------------------------------- <start>...<end>
 
-_LEAD, _BEFORE, _THINK, _TOOL, _AFTER = range(5)
+_LEAD, _BEFORE, _THINK, _AFTER = range(4)
 
 
 class TagReasoningParser(StreamingReasoningParser):
@@ -225,10 +225,11 @@ class TagReasoningParser(StreamingReasoningParser):
       mid-text start marker as reasoning; that cannot be streamed, so both modes here treat it
       as content.)
     * Reasoning ends at the first ``end`` marker; everything after is content forever.
-    * ``tool_starts``: markers that implicitly close reasoning when the text has no end marker;
-      the marker stays at the start of content for the tool parser. A stream holds the text from
-      a tool-start marker until an end marker (then it was reasoning) or the end of the stream
-      (then it is content), so streamed results equal the whole parse for every split.
+    * ``tool_starts``: markers that close reasoning where they appear inside it, as SGLang's
+      ``tool_start_token`` does (the model went from thinking straight to calling): the marker
+      and everything after it are content, for the tool parser, and stream at once. These are
+      the format's call tokens, which a model emits only to call (a later end marker is then
+      plain content).
     * ``drop_leading_end``: when not in reasoning, one end marker at the start of the text
       (after whitespace) is dropped (a stray close left by a previous turn).
     * ``content_lstrip_newlines``: leading newlines of content are removed and whitespace-only
@@ -255,7 +256,6 @@ class TagReasoningParser(StreamingReasoningParser):
         self.content_lstrip_newlines = content_lstrip_newlines
         self._state = _LEAD
         self._in = force_reasoning
-        self._scan = 0
         self._ws = ""
         self._content_started = False
 
@@ -303,28 +303,12 @@ class TagReasoningParser(StreamingReasoningParser):
                 i, m = find_first(buf, (end, *self.tool_starts))
                 if i != -1:
                     r.append(buf[:i])
-                    if m == end:
-                        buf = buf[i + len(end):]
-                        self._close()
-                    else:
-                        buf = buf[i:]
-                        self._state, self._scan = _TOOL, 0
+                    buf = buf[i + len(end):] if m == end else buf[i:]
+                    self._close()
                     continue
                 keep = 0 if final else partial_tail(buf, (end, *self.tool_starts))
                 r.append(buf[: len(buf) - keep])
                 buf = buf[len(buf) - keep:]
-                break
-            elif st == _TOOL:
-                i = buf.find(end, self._scan)
-                if i != -1:
-                    r.append(buf[:i])
-                    buf = buf[i + len(end):]
-                    self._close()
-                    continue
-                if final:
-                    self._close()
-                    continue
-                self._scan = max(0, len(buf) - len(end) + 1)
                 break
             else:
                 c.append(buf)

@@ -15,12 +15,15 @@ Subclass :class:`StreamingToolParser` and give it:
 ``drop_markers`` (optional tuple of str)
     Texts removed wherever they occur outside blocks (stray closing tags).
 ``trim_whitespace`` (bool, default True)
-    Whitespace right before a surfaced block and right after any closed block is dropped
-    (``"Sure.\\n<tool_call>...</tool_call>\\n"`` yields ``"Sure."``; ``"Hi <call> bye"`` yields
-    ``"Hibye"``). A response without calls is returned unchanged.
-``join_with_whitespace`` (bool, default False)
-    With ``trim_whitespace``: keep the whitespace after a block when content came before it
-    and more content follows (``"Hi <call> bye"`` yields ``"Hi bye"``).
+    Whitespace right before a surfaced block and right after it is trimmed
+    (``"Sure.\\n<tool_call>...</tool_call>\\n"`` yields ``"Sure."``). A response without calls
+    is returned unchanged. False: the text around blocks is kept verbatim (only the blocks
+    themselves are removed).
+``join_with_whitespace`` (bool, default True)
+    With ``trim_whitespace``: when content comes both before and after one or more blocks,
+    the whitespace that separated them is kept, one run of it (the whitespace after the last
+    block, else the one before it), so words are never glued: ``"Hi <call> bye"`` yields
+    ``"Hi bye"``, ``"Hi\\n<call>bye"`` yields ``"Hi\\nbye"``. False glues them (``"Hibye"``).
 ``advance(self, text, block, final) -> None`` (required)
     Called with the whole buffer ``text`` (the block starts at ``block.start``, its marker is
     ``block.marker``; ``block.scan`` starts just after the marker and is yours to keep a resume
@@ -37,7 +40,8 @@ Subclass :class:`StreamingToolParser` and give it:
       ``block.invalid = True`` when the text is not a well-formed block. On invalid, calls already
       done stay; the rest from the end of the last done call (or the start marker itself, when
       none is done) becomes content and scanning resumes after it. If you also set ``block.end``
-      on an invalid block with no done call, the whole ``text[start:end]`` becomes content.
+      on an invalid block with no done call, the whole ``text[start:end]`` becomes content, or
+      ``block.replace`` when set (a malformed block whose framing is not content).
     * a block may also hold no call: set ``block.end`` and ``block.replace`` (the content it
       stands for, e.g. ``""``) to consume framing text.
     * ``final`` is True once the stream has ended: complete the block if the format allows an
@@ -89,6 +93,7 @@ Ready-made JSON formats built this way are in :mod:`engine.parsers.json_tools`.
 from __future__ import annotations
 
 import json
+import math
 import re
 from abc import abstractmethod
 from json.encoder import encode_basestring
@@ -106,6 +111,8 @@ __all__ = [
     "StreamingToolParser",
     "TaggedBlockParser",
     "dump_arguments",
+    "finite",
+    "loads_json",
     "loads_object",
     "match_token",
     "next_token",
@@ -116,18 +123,50 @@ __all__ = [
 _WS = " \t\n\r"
 
 
+def finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float (``inf``, ``nan``) replaced by a string
+    (``"Infinity"``, ``"-Infinity"``, ``"NaN"``): JSON has no such numbers, and arguments must
+    always be valid JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return json.dumps(obj)
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
 def dump_arguments(obj: Any, compact: bool = False) -> str:
     """The canonical arguments text: ``json.dumps(obj, ensure_ascii=False)``; ``compact`` uses
-    the separators ``,`` and ``:``."""
-    if compact:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-    return json.dumps(obj, ensure_ascii=False)
+    the separators ``,`` and ``:``. Always valid JSON: non-finite numbers are written as
+    strings (see :func:`finite`)."""
+    seps = (",", ":") if compact else (", ", ": ")
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=seps, allow_nan=False)
+    except ValueError:
+        return json.dumps(finite(obj), ensure_ascii=False, separators=seps)
+
+
+def _float_or_text(text: str) -> Any:
+    value = float(text)
+    return value if math.isfinite(value) else text
+
+
+def _no_constant(word: str) -> Any:
+    raise ValueError(f"{word} is not JSON")
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads`` of model text with the parsers' number rules: ``NaN``/``Infinity`` are
+    not JSON (ValueError), and a number too large for a float (``1e999``) is kept as the string
+    of its text, as a typed parameter that fails to convert is."""
+    return json.loads(text, parse_float=_float_or_text, parse_constant=_no_constant)
 
 
 def loads_object(text: str) -> dict[str, Any] | None:
-    """``json.loads`` of a JSON object text, or None when it is not one (never raises)."""
+    """:func:`loads_json` of a JSON object text, or None when it is not one (never raises)."""
     try:
-        obj = json.loads(text)
+        obj = loads_json(text)
     except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
@@ -191,7 +230,7 @@ class JsonStreamer:
     stopped: just past the value once it is complete (``done``), at the offending character when
     the text is not JSON (``failed``), at an incomplete escape (feed again from there with more
     text), or ``stop``. ``out`` is the settled canonical prefix: it only grows, and once ``done``
-    it equals ``dump_arguments(json.loads(raw), compact)`` (duplicate keys are kept as written).
+    it equals ``dump_arguments(loads_json(raw), compact)`` (duplicate keys are kept as written).
     Raw control characters inside strings are tolerated (and escaped in ``out``); ``NaN`` and
     ``Infinity`` are not JSON here. ``require_object`` fails on any top-level value but an object.
     """
@@ -314,7 +353,10 @@ class JsonStreamer:
                 if not _NUM_RE.match(tok):
                     self._fail()
                     return i
-                self.out += json.dumps(json.loads(tok))
+                value = json.loads(tok)
+                # a number beyond float range (1e999) keeps its text, as a string
+                self.out += json.dumps(value if isinstance(value, int) or math.isfinite(value)
+                                       else tok)
                 self._tok = ""
                 self._value_done()
                 continue
@@ -511,7 +553,7 @@ class PairArgumentsStreamer:
 
     def value(self, value: Any) -> str:
         seps = (self._item_sep, self._key_sep)
-        return self._put(json.dumps(value, ensure_ascii=False, separators=seps))
+        return self._put(json.dumps(finite(value), ensure_ascii=False, separators=seps))
 
     def add(self, key: str, value: Any) -> str:
         return self.key(key) + self.value(value)
@@ -609,7 +651,7 @@ class StreamingToolParser(ToolParser):
     start_markers: tuple[str, ...] = ()
     drop_markers: tuple[str, ...] = ()
     trim_whitespace: bool = True
-    join_with_whitespace: bool = False
+    join_with_whitespace: bool = True
     compact: bool = False
 
     def __init__(self, *, tools: list[dict[str, Any]] | None = None) -> None:
@@ -619,6 +661,8 @@ class StreamingToolParser(ToolParser):
         self._block: Block | None = None
         self._after_block = False
         self._has_content = False  # non-whitespace content has been emitted
+        self._tail = ""  # the last character of content emitted so far
+        self._gap = ""  # whitespace trimmed around blocks, owed before the next content
         self._next_index = 0
         self._completed: dict[int, ToolCall] = {}
         self._all_markers = tuple(self.start_markers) + tuple(self.drop_markers)
@@ -695,27 +739,39 @@ class StreamingToolParser(ToolParser):
                 self._abandon(blk, out)
                 continue
             break
-        content = "".join(out)
-        if not self._has_content and content.strip(_WS):
+        return ToolDelta(content="".join(out), calls=deltas)
+
+    def _put(self, out: list[str], text: str) -> None:
+        """Emit content ``text``: the separator trimmed around blocks comes first when content
+        came before and ``text`` would otherwise be glued to it."""
+        if not text:
+            return
+        if text.strip(_WS):
+            if (self._gap and self.join_with_whitespace and self._has_content
+                    and text[0] not in _WS and self._tail not in _WS):
+                out.append(self._gap)
+            self._gap = ""
             self._has_content = True
-        return ToolDelta(content=content, calls=deltas)
+        out.append(text)
+        self._tail = text[-1]
+
+    def _owe(self, ws: str) -> None:
+        """Whitespace trimmed at a block boundary: remembered as the separator."""
+        if ws:
+            self._gap = ws
 
     def _outside(self, final: bool, out: list[str]) -> None:
         buf, pos = self._buf, self._pos
         while True:
             if self._after_block and self.trim_whitespace:
-                # whitespace after a block: dropped, unless join_with_whitespace keeps it
-                # between content on both sides (it is then dropped before a further block)
+                # whitespace after a block: trimmed and remembered as the separator owed to
+                # the next content (see ``join_with_whitespace``)
                 n, j = len(buf), pos
                 while j < n and buf[j] in _WS:
                     j += 1
-                if j < n:
+                if j < n or final:
                     self._after_block = False
-                    if not self.join_with_whitespace or not (
-                        self._has_content or any(s.strip(_WS) for s in out)
-                    ):
-                        pos = j
-                elif final:
+                    self._owe(buf[pos:j])
                     pos = j
                 else:
                     self._buf = buf[pos:]
@@ -730,13 +786,13 @@ class StreamingToolParser(ToolParser):
                     found = None  # a longer marker may still arrive: hold from i
                     end = i
                 elif marker in self.drop_markers and marker not in self.start_markers:
-                    out.append(buf[pos:i])
+                    self._put(out, buf[pos:i])
                     pos = i + len(marker)
                     continue
                 else:
                     text = buf[pos:i]
                     kept = text.rstrip(_WS) if self.trim_whitespace else text
-                    out.append(kept)
+                    self._put(out, kept)
                     blk = Block(0, marker)
                     blk.pre_ws = text[len(kept) :]
                     self._buf = buf[i:]
@@ -748,7 +804,7 @@ class StreamingToolParser(ToolParser):
             text = buf[pos:end]
             if self.trim_whitespace and not final:
                 text = text.rstrip(_WS)
-            out.append(text)
+            self._put(out, text)
             pos += len(text)
             self._buf = buf[pos:]
             self._pos = 0
@@ -791,10 +847,14 @@ class StreamingToolParser(ToolParser):
             self._complete(c)
         if not surfaced:  # no call (framing only, or unknown names): the block is content
             raw = self._buf[blk.start : end] if blk.replace is None else blk.replace
-            out.append(blk.pre_ws + raw)
-        elif any(c.rejected for c in blk.calls):
-            spans = all(c.start is not None and c.end is not None for c in blk.calls if c.rejected)
-            out.append(self._rejected_text(blk, end) if spans else self._buf[blk.start : end])
+            self._put(out, blk.pre_ws + raw)
+        else:
+            self._owe(blk.pre_ws)
+            if any(c.rejected for c in blk.calls):
+                spans = all(c.start is not None and c.end is not None
+                            for c in blk.calls if c.rejected)
+                self._put(out, self._rejected_text(blk, end) if spans
+                          else self._buf[blk.start : end])
         self._after_block = bool(surfaced)
         self._leave(blk, end)
 
@@ -804,14 +864,18 @@ class StreamingToolParser(ToolParser):
             self._complete(c)
         if done:
             cut = max(c.end for c in done if c.end is not None)
-            out.append(self._rejected_text(blk, cut))
+            self._owe(blk.pre_ws)
+            self._put(out, self._rejected_text(blk, cut))
             self._after_block = True
+        elif blk.end is not None and blk.replace is not None:
+            cut = blk.end  # the malformed block stands for the text the format gave
+            self._put(out, blk.pre_ws + blk.replace)
         elif blk.end is not None and not any(c.index is not None for c in blk.calls):
             cut = blk.end
-            out.append(blk.pre_ws + self._buf[blk.start : cut])
+            self._put(out, blk.pre_ws + self._buf[blk.start : cut])
         else:
             cut = blk.start + len(blk.marker)
-            out.append(blk.pre_ws + blk.marker)
+            self._put(out, blk.pre_ws + blk.marker)
         self._leave(blk, cut)
 
     def _leave(self, blk: Block, pos: int) -> None:

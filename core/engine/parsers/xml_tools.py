@@ -125,9 +125,28 @@ def json_type(v: Any) -> str:
 
 
 def property_schema(params: dict[str, Any], key: str) -> Any:
-    """The schema of property ``key`` of a tool's parameters schema (``None`` if undeclared)."""
-    props = resolve_ref(params, params).get("properties") if isinstance(params, dict) else None
-    return props.get(key) if isinstance(props, dict) else None
+    """The schema of property ``key`` of a tool's parameters schema (``None`` if undeclared).
+    Properties declared under a top-level ``anyOf``/``oneOf``/``allOf`` count too (several
+    declarations of one key are combined as an ``anyOf``)."""
+
+    def walk(s: Any, depth: int) -> list[Any]:
+        s = resolve_ref(s, params)
+        if not isinstance(s, dict) or depth > 8:
+            return []
+        props = s.get("properties")
+        if isinstance(props, dict) and key in props:
+            return [props[key]]
+        found: list[Any] = []
+        for word in ("anyOf", "oneOf", "allOf"):
+            subs = s.get(word)
+            for sub in subs if isinstance(subs, list) else ():
+                found.extend(walk(sub, depth + 1))
+        return found
+
+    found = walk(params, 0) if isinstance(params, dict) else []
+    if not found:
+        return None
+    return found[0] if len(found) == 1 else {"anyOf": found}
 
 
 _MISSING = object()
@@ -137,9 +156,17 @@ def _reject_constant(word: str) -> Any:
     raise ValueError(f"non-finite number {word}")
 
 
+def _finite_float(word: str) -> float:
+    value = float(word)
+    if not math.isfinite(value):
+        raise ValueError(f"non-finite number {word}")
+    return value
+
+
 def loads_finite(text: str) -> Any:
-    """``json.loads`` that refuses NaN and Infinity (arguments must stay valid JSON)."""
-    return json.loads(text, parse_constant=_reject_constant)
+    """``json.loads`` that refuses NaN, Infinity and numbers beyond float range such as
+    ``1e999`` (arguments must stay valid JSON: such a value stays its raw text)."""
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def _json(text: str) -> Any:
@@ -161,7 +188,16 @@ def _literal(text: str) -> Any:
 
 
 def _unescaped_json(text: str) -> Any:
-    return _json(text.replace('\\"', '"')) if '\\"' in text else _MISSING
+    """Over-escaped JSON (a JSON text written as the body of a JSON string, its quotes and
+    backslashes escaped once more): undo one level of string escaping, every escape (so a
+    doubled backslash becomes one), else only the escaped quotes."""
+    if '\\"' not in text:
+        return _MISSING
+    try:
+        value = _json(json.loads('"' + text + '"', strict=False))
+    except (ValueError, RecursionError):
+        value = _MISSING
+    return value if value is not _MISSING else _json(text.replace('\\"', '"'))
 
 
 def _first(text: str, *decoders: Callable[[str], Any]) -> Any:
@@ -497,7 +533,7 @@ class XmlToolParser(StreamingToolParser):
         """A dropped region (see :attr:`Region.dropped`) leaves neither calls nor content; the
         whitespace trimmed before it is kept."""
         if getattr(blk, "dropped", False) and blk.end is not None:
-            out.append(blk.pre_ws)
+            self._put(out, blk.pre_ws)
             self._leave(blk, blk.end)
             return
         super()._close(blk, out)
@@ -512,7 +548,8 @@ class InvokeFormat(XmlFormat):
 
     ``blocks``: ``(open, closes)`` wrappers holding invokes separated by whitespace; a block is
     one region (a malformed invoke leaves the block content; an unknown tool leaves its invoke
-    content). ``bare``: invokes may also stand alone, each its own region. ``invoke``/``param``:
+    content). ``bare``: invokes may also stand alone, each its own region. An invoke may be
+    self-closing (``<invoke name="f"/>``, a call without arguments). ``invoke``/``param``:
     accepted tag names (open and close may mix alternatives). ``call_wrap``: ``(begin, sep,
     end)`` around each invoke, with the type ``function`` before ``sep`` (Step3).
     ``string_attr``: ``string="true"`` keeps the (prepared) raw text, ``"false"`` decodes JSON
@@ -558,6 +595,12 @@ class InvokeFormat(XmlFormat):
                 return Region(None, None) if final else None
             if text[n] not in _WS:
                 return Region(None, None)
+            gt = text.find(">", n)
+            if gt < 0 and not final:
+                return None
+            if gt > 0 and text[gt - 1] == "/":  # ``<invoke name="f"/>``: no arguments
+                call = self._invoke_rest(ctx, text[n : gt - 1] + ">")
+                return Region(gt + 1, None if call is None else [ParsedCall(*call)])
         return super().region(ctx, text, start, opener, final, scan)
 
     def parse(self, ctx: ToolContext, opener: str, body: str, at: int) -> list[ParsedCall] | None:
@@ -590,6 +633,10 @@ class InvokeFormat(XmlFormat):
         tag = open_tag_at(body, pos, self.invoke)
         if tag is None:
             return None
+        gt = body.find(">", pos)
+        if gt > 0 and body[gt - 1] == "/":  # self-closing ``<invoke name="f"/>``: no arguments
+            call = self._invoke_rest(ctx, body[pos + 1 + len(tag) : gt - 1] + ">")
+            return None if call is None else (call, gt + 1)
         j, close = earliest(body, tuple("</" + t + ">" for t in self.invoke), pos)
         if j < 0:
             return None

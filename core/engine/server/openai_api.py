@@ -399,7 +399,8 @@ def parser_kwargs(body: ChatCompletionRequest, parsers: ParserFactories) -> dict
     is (no reasoning parser, and no tool parser in use: no ``tools``, or ``tool_choice`` is
     ``none``). ``parsers`` are the server's factories, built once at start-up; the request's
     ``chat_template_kwargs`` and ``reasoning_effort`` decide whether reasoning is on (fact
-    sheet §0.2)."""
+    sheet §0.2); with ``continue_final_message`` the final assistant message is the prefill the
+    parsers read first (:func:`prefill_text`)."""
     use_tools = bool(parsers.tool and body.tools and body.tool_choice != "none")
     if parsers.reasoning is None and not use_tools:
         return None
@@ -408,7 +409,23 @@ def parser_kwargs(body: ChatCompletionRequest, parsers: ParserFactories) -> dict
             "tools": body.tools if use_tools else None,
             "chat_template_kwargs": body.chat_template_kwargs,
             "reasoning_effort": body.reasoning_effort,
-            "separate_reasoning": body.separate_reasoning}
+            "separate_reasoning": body.separate_reasoning,
+            "prefill": prefill_text(body)}
+
+
+def prefill_text(body: ChatCompletionRequest) -> str | None:
+    """With ``continue_final_message``, the text of the final assistant message that the
+    output continues: the parsers start in the state it leaves them in (a prefill
+    ``<think>work</think>The answer is `` makes the continuation content, not reasoning)."""
+    if not body.continue_final_message or not body.messages:
+        return None
+    last = body.messages[-1]
+    if last.role != "assistant":
+        return None
+    if isinstance(last.content, list):
+        return "".join(str(p.get("text", "")) for p in last.content
+                       if isinstance(p, dict) and p.get("type") == "text") or None
+    return last.content or None
 
 
 def chat_message(text: str, reason: str | None, pkw: dict[str, Any] | None,

@@ -13,15 +13,31 @@ generic checks need no knowledge of the format:
   none; indices are contiguous from 0; fragments are strings; streamed calls name declared tools;
 * streaming equals the whole parse (content and calls) on marker soup that names no declared
   tool, and no call surfaces there;
-* calls of a whole parse name declared tools and carry JSON-object arguments text;
+* calls of a whole parse name declared tools and carry JSON-object arguments text, valid JSON
+  in the strict sense (no ``NaN``/``Infinity``, which JSON clients refuse), streamed calls too;
 * a parser that gives a call constraint (``call_constraint``, for a forced ``tool_choice``)
   parses the text of each of its structures, filled with valid arguments, as that call (and
   two in a row when the constraint is parallel), and a named choice allows that tool alone.
 
-``samples`` (optional): texts in the plugin's own format. For each, streaming at every split
-and in random chunks must equal the whole parse (concatenated fragments equal ``arguments``),
-and with no declared tools, or only other tools, no call may surface. A parser with a documented
-asymmetry may provide ``stream_matches(whole: ToolResult, streamed: ToolResult) -> bool``.
+``samples`` (optional): texts in the plugin's own format; a parser may also list some in a
+``conformance_samples`` attribute, and the texts of its call constraint count too. For each,
+streaming at every split and in random chunks must equal the whole parse (concatenated
+fragments equal ``arguments``), and with no declared tools, or only other tools, no call may
+surface. For each sample that yields calls:
+
+* no marker text of the format (its ``start_markers``/``drop_markers`` of two or more
+  characters) is left in the content;
+* no text is lost or glued: with words before and after it (``"Alpha " + sample + " Omega"``,
+  and with only a newline before and nothing after), the same calls come back and the content
+  holds ``Alpha``, the sample's own content words and ``Omega``, each a word of its own;
+  streamed alike. (A format whose block runs to the end of the response, so that the words
+  after it change the calls, is exempt from that part.)
+
+A parser whose call constraint gives a text is also fed that text with a number beyond float
+range (``1e999``) as a value: its arguments must still be strict JSON.
+
+A parser with a documented asymmetry may provide ``stream_matches(whole: ToolResult, streamed:
+ToolResult) -> bool``.
 """
 
 from __future__ import annotations
@@ -191,13 +207,13 @@ class _Checker:
         for c in r.calls:
             if c.name not in names:
                 self.fail(f"parse surfaced undeclared tool {c.name!r} on {text[:80]!r}")
-            try:
-                ok = isinstance(json.loads(c.arguments), dict)
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                self.fail(f"call {c.name!r}: arguments {c.arguments!r} are not a JSON object")
+            self.json_object(c)
         return r
+
+    def json_object(self, c: ToolCall) -> None:
+        if not strict_json_object(c.arguments):
+            self.fail(f"call {c.name!r}: arguments {c.arguments!r} are not a (strict) JSON "
+                      "object")
 
     def streamed(
         self, chunks: list[str], tools: list[dict[str, Any]]
@@ -217,6 +233,8 @@ class _Checker:
         for c in r.calls:
             if c.name not in names:
                 self.fail(f"streaming surfaced undeclared tool {c.name!r}")
+            elif _same(p, ToolResult(calls=[c]), ToolResult(calls=[c])):
+                self.json_object(c)
         return p, r
 
     def equivalence(self, text: str, tools: list[dict[str, Any]], rng: random.Random,
@@ -234,6 +252,64 @@ class _Checker:
                 self.fail(f"streamed {_show(r)} != whole {_show(whole)} for chunks {chunks[:12]!r}")
                 break
         return whole
+
+
+def _no_constant(word: str) -> Any:
+    raise ValueError(f"{word} is not JSON")
+
+
+def strict_json_object(text: Any) -> bool:
+    """Whether ``text`` is a JSON object text that strict JSON parsers accept (Python's
+    ``json`` alone also takes ``NaN``, ``Infinity`` and ``1e999``, which decodes to infinity)."""
+    def finite_float(word: str) -> float:
+        value = float(word)
+        if value in (float("inf"), float("-inf")):
+            raise ValueError(f"{word} is beyond float range")
+        return value
+
+    try:
+        obj = json.loads(text, parse_constant=_no_constant, parse_float=finite_float)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return isinstance(obj, dict)
+
+
+def _markers(parser: ToolParser) -> list[str]:
+    found = []
+    for attr in ("start_markers", "drop_markers"):
+        for m in getattr(parser, attr, ()) or ():
+            if isinstance(m, str) and len(m.strip()) >= 2:
+                found.append(m)
+    return found
+
+
+def _calls(r: ToolResult) -> list[tuple[str, str]]:
+    return [(c.name, c.arguments) for c in r.calls]
+
+
+def _check_surroundings(ck: "_Checker", text: str, whole: ToolResult,
+                        rng: random.Random) -> None:
+    """A sample that yields calls: no marker in content; words around it neither lost nor
+    glued, whole and streamed."""
+    p = ck.build(TOOLS)
+    if p is None:
+        return
+    markers = _markers(p)
+    for m in markers:
+        if m in whole.content:
+            ck.fail(f"marker {m!r} left in content {whole.content!r} of {text[:80]!r}")
+    words = whole.content.split()
+    for wrapped in ("Alpha " + text + " Omega", "Alpha\n" + text):
+        got = ck.equivalence(wrapped, TOOLS, rng, every=False)
+        if got is None or _calls(got) != _calls(whole):
+            continue  # the words after the block changed it (a block that runs to the end)
+        want = ["Alpha", *words] + (["Omega"] if wrapped.endswith("Omega") else [])
+        if got.content.split() != want:
+            ck.fail(f"text around calls lost or glued: {wrapped[:100]!r} gave content "
+                    f"{got.content!r}")
+        for m in markers:
+            if m in got.content:
+                ck.fail(f"marker {m!r} left in content {got.content!r}")
 
 
 def _soup(rng: random.Random, n: int) -> list[str]:
@@ -263,8 +339,13 @@ def check(name: str, factory: Factory, samples: Iterable[str] = ()) -> list[str]
         if whole is not None and whole.calls:
             ck.fail(f"calls surfaced from text naming no declared tool: {_show(whole)}")
     # the plugin's own format
-    for text in samples:
-        ck.equivalence(text, TOOLS, rng, every=True)
+    probe = ck.build(TOOLS)
+    own = list(getattr(probe, "conformance_samples", ()) or ())
+    texts = list(samples) + own + _constraint_texts(probe)
+    for text in texts:
+        whole = ck.equivalence(text, TOOLS, rng, every=True)
+        if whole is not None and whole.calls:
+            _check_surroundings(ck, text, whole, rng)
         for tools in ([], OTHER_TOOLS):
             whole = ck.whole(text, tools)
             if whole is not None and whole.calls:
@@ -278,6 +359,25 @@ def check(name: str, factory: Factory, samples: Iterable[str] = ()) -> list[str]
 
 #: arguments valid for each tool of :data:`TOOLS`
 EXAMPLE_ARGS = {"get_weather": {"city": "Paris", "days": 2}, "get_time": {"tz": "UTC"}}
+
+
+def _constraint_texts(p: ToolParser | None) -> list[str]:
+    """The text of each structure of the parser's call constraint (valid arguments), and one
+    whose number is beyond float range (``1e999``)."""
+    try:
+        spec = p.call_constraint("", True) if p is not None else None
+        tag = json.loads(spec.text) if spec is not None else None
+        out = []
+        for st in tag["structures"] if tag else ():
+            name = _const_name(st)
+            value = {k: v.get("const", EXAMPLE_ARGS[name])
+                     for k, v in st["schema"]["properties"].items()}
+            out.append(st["begin"] + json.dumps(value) + st["end"])
+            if name == "get_weather":
+                out.append(out[-1].replace('"days": 2', '"days": 1e999'))
+        return out
+    except Exception:  # noqa: BLE001 - a broken constraint is reported by its own check
+        return []
 
 
 def _check_call_constraint(ck: _Checker) -> None:

@@ -7,6 +7,7 @@ FORMAT = InvokeFormat(
     blocks=(("<｜DSML｜function_calls>", _CLOSE), ("<function_calls>", _CLOSE)),
     invoke=("｜DSML｜invoke", "invoke"),
     param=("｜DSML｜parameter", "parameter"),
+    bare=True,
     string_attr=True,
     json_body=True,
     typing=DSML_TYPING,

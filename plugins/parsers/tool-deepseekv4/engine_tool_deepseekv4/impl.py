@@ -6,6 +6,7 @@ FORMAT = InvokeFormat(
     blocks=(("<｜DSML｜tool_calls>", ("</｜DSML｜tool_calls>",)),),
     invoke=("｜DSML｜invoke",),
     param=("｜DSML｜parameter",),
+    bare=True,
     string_attr=True,
     json_body=True,
     strict=True,

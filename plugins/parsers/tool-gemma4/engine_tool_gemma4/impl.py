@@ -1,6 +1,7 @@
 """Gemma 4 tool calls with their own argument syntax (wire format and notes in README.md)."""
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -58,7 +59,8 @@ def _value(s: str, i: int) -> tuple[Any, int]:
     if _INT.match(word):
         return int(word), j
     if _FLOAT.match(word):
-        return float(word), j
+        number = float(word)
+        return (number if math.isfinite(number) else word), j  # 1e999 keeps its text
     return _BARE.get(word, word), j
 
 

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import html
-import json
 import re
 
-from engine.api.parsers import CallState, StreamingToolParser, next_token
+from engine.api.parsers import CallState, StreamingToolParser, loads_json, next_token
 from engine.api import hookimpl
 
 CALL_OPEN = "<|open|>call"
@@ -42,7 +41,7 @@ def parse_call(src: str) -> tuple[str, dict] | None:
             args[at["key"]] = raw
         else:
             try:
-                args[at["key"]] = json.loads(raw)
+                args[at["key"]] = loads_json(raw)
             except ValueError:
                 args[at["key"]] = raw
         i = a.end()

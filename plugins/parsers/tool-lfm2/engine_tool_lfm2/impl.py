@@ -5,7 +5,7 @@ import keyword
 import re
 from typing import Any
 
-from engine.api.parsers import parse_pythonic_calls
+from engine.api.parsers import parse_pythonic_calls, recover_pythonic_calls
 from engine.api.parsers import TaggedBlockParser, loads_object
 from engine.api import hookimpl
 
@@ -65,8 +65,8 @@ def parse_lfm2_body(body: str) -> list[tuple[str, Any]] | None:
         return calls
     fixed, renamed = _repair(body)
     calls = parse_pythonic_calls(fixed)
-    if calls is None:
-        return None
+    if calls is None:  # string values holding their own unescaped quotes
+        return recover_pythonic_calls(body)
     return [(n, {renamed.get(k, k): v for k, v in a.items()}) for n, a in calls]
 
 
