@@ -116,9 +116,9 @@ def tune(tokens_list: list[int]) -> dict[int, dict]:
     ex, router = layer()
     best: dict[int, dict] = {}
     space = [dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm,
-                  num_warps=nw, num_stages=ns)
-             for bm in (16, 32, 64, 128) for bn in (32, 64, 128) for bk in (64, 128)
-             for gm in (1, 8) for nw in (4, 8) for ns in (3, 4)]
+                  num_warps=4 if bm <= 32 else 8, num_stages=ns)
+             for bm in (16, 32, 64, 128) for bn in (64, 128) for bk in (64, 128)
+             for gm in (1, 16) for ns in (3, 4)]
     for m in tokens_list:
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
         w, ids = route(x @ router.t(), K, True)
@@ -137,7 +137,33 @@ def tune(tokens_list: list[int]) -> dict[int, dict]:
     return best
 
 
-def model_rows(batches: list[int], layers: int, hf: list[str]) -> list[list]:
+def sweep_gemv(tokens_list: list[int]) -> list[list]:
+    """Time the matrix-vector path per launch configuration (CUDA graph replay)."""
+    ex, router = layer()
+    rows = []
+    configs = [dict(block_n=bn, block_k=bk, warps=w, down_block_n=dbn, down_block_k=dbk)
+               for bn in (16, 32, 64) for bk in (128, 256, 512) for w in (4, 8)
+               for dbn, dbk in ((None, None), (64, 128), (32, 256))]
+    for m in tokens_list:
+        x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
+        w, ids = route(x @ router.t(), K, True)
+        r = TritonRunner(None)
+        scores = []
+        for cfg in configs:
+            r.gemv = cfg
+            try:
+                scores.append((time_fn(lambda: r.apply(ex, x, ids, w), iters=50), cfg))
+            except Exception:
+                continue
+        scores.sort(key=lambda s: s[0])
+        for t, cfg in scores[:3]:
+            rows.append([m, round(t * 1e3, 1), json.dumps(cfg)])
+        rows.append([m, round(scores[-1][0] * 1e3, 1), "worst: " + json.dumps(scores[-1][1])])
+    return rows
+
+
+def model_rows(batches: list[int], layers: int, hf: list[str],
+               runners: tuple[str, ...] = ("triton", "torch")) -> list[list]:
     from e2e_gpu import hf_decode, time_decode
     from engine.config import ServerConfig
     from engine.runtime.model_runner import ModelRunner
@@ -146,6 +172,8 @@ def model_rows(batches: list[int], layers: int, hf: list[str]) -> list[list]:
     override = json.dumps({"num_hidden_layers": layers})
     for runner_name, attention, eager in (("triton", "triton", False),
                                           ("torch", "triton", True)):
+        if runner_name not in runners:
+            continue
         try:
             cfg = ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype="bfloat16",
                                skip_tokenizer_init=True, attention_backend=attention,
@@ -194,6 +222,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--hf", default="")
     ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--sweep-gemv", action="store_true")
+    ap.add_argument("--runners", default="triton,torch")
     ap.add_argument("--skip", default="", help="sections to skip: kit,kernel,model")
     args = ap.parse_args()
     skip = set(args.skip.split(","))
@@ -202,6 +232,10 @@ def main() -> None:
     if "kit" not in skip:
         out["kit"] = kit()
         table("runner kit on CUDA (failures)", ["runner", "failures", "first"], out["kit"])
+    if args.sweep_gemv:
+        out["gemv_sweep"] = sweep_gemv([1, 8])
+        table("matrix-vector path launch sweep (best 3 + worst per token count)",
+              ["tokens", "us", "config"], out["gemv_sweep"])
     if args.tune:
         best = tune([16, 32, 64, 128, 256, 512, 1024, 2048, 4096])
         name = table_name(E, I, torch.cuda.get_device_name(), torch.bfloat16)
@@ -217,7 +251,8 @@ def main() -> None:
     if "model" not in skip:
         batches = [int(b) for b in args.batches.split(",")]
         out["model"] = model_rows(batches, args.layers,
-                                  [m for m in args.hf.split(",") if m])
+                                  [m for m in args.hf.split(",") if m],
+                                  tuple(args.runners.split(",")))
         out["roofline_ms_batch1"] = round(roofline_ms(args.layers), 2)
         table(f"decode ms/step, Qwen3-30B-A3B shape ({args.layers} layers, dummy bf16); "
               f"batch-1 bandwidth roofline of the active parameters "

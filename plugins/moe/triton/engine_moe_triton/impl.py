@@ -42,6 +42,10 @@ def default_config(tokens: int, num_experts: int, dtype: torch.dtype) -> dict[st
                 num_warps=4, num_stages=3)
 
 
+#: matrix-vector launch parameters (gate/up and down projections)
+GEMV_DEFAULT = dict(block_n=32, block_k=128, warps=4)
+
+
 def table_name(num_experts: int, width: int, device: str, dtype: torch.dtype) -> str:
     name = f"E={num_experts},N={width},device_name={device.replace(' ', '_')}"
     if dtype == torch.float32:
@@ -70,6 +74,8 @@ class TritonRunner(MoERunner):
         self.override: dict[str, int] | None = None  # benchmarks/tuning set this
         #: at most this many (token, expert) pairs take the matrix-vector path
         self.gemv_max_pairs = 64
+        #: its launch parameters (benchmarks/moe_gpu.py --sweep-gemv measures them)
+        self.gemv: dict[str, int] = dict(GEMV_DEFAULT)
 
     def supports(self, experts: ExpertWeights) -> str | None:
         if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -99,11 +105,11 @@ class TritonRunner(MoERunner):
         if t * k <= self.gemv_max_pairs:
             x = hidden.to(experts.w13.dtype)
             gate_up = torch.empty(t * k, 2 * inter, dtype=x.dtype, device=x.device)
-            down = torch.zeros(t * k, h, dtype=x.dtype, device=x.device)
+            down = torch.empty(t * k, h, dtype=x.dtype, device=x.device)
             pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                      topk_weights.float().contiguous(), gate_up, down,
-                     **({"block_n": 16, "block_k": 16} if interpreting() else {}))
-            return down.view(t, k, h).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+                     **({"block_n": 16, "block_k": 16} if interpreting() else self.gemv))
+            return down.view(t, k, h).sum(dim=1).to(hidden.dtype)  # float32 accumulation
         block = self.config_for(experts, t)
         sorted_ids, block_expert, num_padded = align_by_expert(
             topk_ids, block["BLOCK_SIZE_M"], experts.num_experts)

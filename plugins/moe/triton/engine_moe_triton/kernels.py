@@ -175,7 +175,9 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_g
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     expert = tl.load(ids_ptr + pair).to(tl.int64)
-    if expert < 0:
+    if expert < 0:  # another rank's expert: this pair contributes zeros
+        tl.store(out_ptr + pair * stride_o + offs_n,
+                 tl.zeros((BLOCK_N,), dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=n_ok)
         return
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     gu_row = gu_ptr + pair * stride_gu
@@ -194,9 +196,10 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_g
 
 def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
              topk_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, *,
-             block_n: int = 32, block_k: int = 128, warps: int = 4) -> None:
-    """The small-batch path: ``down[pair]`` = the pair's weighted expert output (rows of
-    ``-1`` ids are left as they are: zeros)."""
+             block_n: int = 32, block_k: int = 128, warps: int = 4,
+             down_block_n: int | None = None, down_block_k: int | None = None) -> None:
+    """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
+    ``-1`` ids)."""
     t, k = topk_ids.shape
     pairs = t * k
     _, n13, h = w13.shape
@@ -205,7 +208,8 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     _pair_gemv_up[(pairs, triton.cdiv(n13, block_n))](
         x, w13, gate_up, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1),
         gate_up.stride(0), TOP_K=k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
-    _pair_gemv_down[(pairs, triton.cdiv(h, block_n))](
+    dbn, dbk = down_block_n or block_n, down_block_k or block_k
+    _pair_gemv_down[(pairs, triton.cdiv(h, dbn))](
         gate_up, w2, down, ids, topk_weights.reshape(-1), h, inter, gate_up.stride(0),
-        w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=block_n,
-        BLOCK_K=min(block_k, triton.next_power_of_2(inter)), num_warps=warps)
+        w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=dbn,
+        BLOCK_K=min(dbk, triton.next_power_of_2(inter)), num_warps=warps)
