@@ -226,6 +226,14 @@ NOT_YET: dict[str, tuple[str, ...]] = {
 }
 
 
+#: implemented options whose reference lists choices this server does not serve: flag -> why.
+#: Those choices parse (they are the reference's) and are refused with the reason, exit 2.
+UNSERVED_CHOICES: dict[str, str] = {
+    "--load-format": "weights load once, from local safetensors, pt or gguf files (or dummy "
+                     "weights), with the built-in loader",
+}
+
+
 @dataclass(frozen=True)
 class RefOption:
     """One reference option, its status here, and (for accepted / family / not yet) why."""
@@ -291,6 +299,11 @@ def surface() -> tuple[RefOption, ...]:
         out.append(RefOption(flag, aliases, kind, metavar, choices, default, help_text, status,
                              reason))
     return tuple(out)
+
+
+def by_spelling() -> dict[str, RefOption]:
+    """Every spelling of every reference option -> the option."""
+    return {s: o for o in surface() for s in o.spellings}
 
 
 def counts() -> dict[str, int]:
