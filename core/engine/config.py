@@ -216,6 +216,10 @@ class ServerConfig:
         type=int, choices=(0, 1, 2, 3))
     log_requests_format: str = _opt("text", "Request log lines as text or one JSON object.",
                                     choices=("text", "json"))
+    completion_template: str | None = _opt(
+        None, "Fill-in-the-middle template of /v1/completions requests with a suffix: "
+        "deepseek_coder, star_coder, qwen_coder, or a JSON file (fim_begin_token, "
+        "fim_middle_token, fim_end_token, fim_position MIDDLE or END).")
     # what one request may ask for (beyond it HTTP 400 naming the field)
     max_sequences_per_request: int = _opt(
         256, "Most sequences one request may generate: its prompts times n "

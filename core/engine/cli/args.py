@@ -277,6 +277,10 @@ def parse_config(argv: list[str], registry: Registry) -> ServerConfig:
     frozen = MappingProxyType({k: MappingProxyType(v) for k, v in plugin_options.items() if v})
     config = ServerConfig(**ns, plugin_options=frozen, accepted=MappingProxyType(accepted))
     refuse_unserved(config)
+    if config.completion_template is not None:
+        from engine.models.completion_templates import load_completion_template
+
+        load_completion_template(config.completion_template)
     for dest, (fam, fl) in family_for_flag().items():
         value = ns.get(dest)
         if value is None or value == fl.default:

@@ -217,8 +217,6 @@ NOT_YET: dict[str, tuple[str, ...]] = {
     "embedding models and endpoints are not built": ("--is-embedding",),
     "each architecture has one implementation, this server's own": ("--model-impl",),
     "reinforcement-learning integration is not built": ("--rl-on-policy-target",),
-    "code-completion templates are not built: /v1/completions sends the prompt as given": (
-        "--completion-template",),
     "custom logit processors (serialized Python code sent by clients) are not run here": (
         "--enable-custom-logit-processor",),
     "batch-invariant kernels for every backend are not built (greedy output can still depend on "

@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import engine
 from engine.config import ServerConfig
 from engine.assembly import Assembly
+from engine.models.completion_templates import load_completion_template
 from engine.runtime.frontend import RequestError, Runtime, start_runtime
 from engine.runtime.sampling import InvalidParam, SamplingParams
 from engine.runtime.watchdog import watch_forwards
@@ -470,6 +471,9 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     t0 = time.monotonic()
+    completion_template = None
+    if config.completion_template is not None:
+        completion_template = load_completion_template(config.completion_template)
     runtime = start_runtime(config, assembly)
     watchdog = watch_forwards(runtime.runner, config.watchdog_timeout,
                               config.soft_watchdog_timeout)
@@ -480,7 +484,8 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
         state = ServerState(config=config, runtime=runtime,
                             metrics=Metrics(runtime.scheduler.stats, name), model_name=name,
                             model_path=runtime.model_config.model_path, started=time.time(),
-                            parsers=runtime.parsers, watchdog=watchdog)
+                            parsers=runtime.parsers, watchdog=watchdog,
+                            completion_template=completion_template)
         app = create_app(state)
         url = f"http://{config.host}:{config.port}"
 

@@ -106,7 +106,7 @@ class OpenAIServing:
         if not prompts:
             raise RequestError("prompt must not be empty", param="prompt")
         if body.suffix:
-            raise RequestError("suffix is not supported", param="suffix")
+            prompts = self._fill_in_the_middle(prompts, body.suffix)
         ids = [self.tok.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         data = body.sampling_dict()
         if body.logprobs is not None:
@@ -131,6 +131,18 @@ class OpenAIServing:
                     "matched_stop": (s.finish_reason or {}).get("matched")} for s in states]
         return JSONResponse({"id": cid, "object": "text_completion", "created": created,
                              "model": model, "choices": choices, "usage": self._usage(states)})
+
+    def _fill_in_the_middle(self, prompts: list[str | list[int]],
+                            suffix: str) -> list[str | list[int]]:
+        """Each text prompt joined with ``suffix`` by ``--completion-template``."""
+        template = self.state.completion_template
+        if template is None:
+            raise RequestError("suffix needs a fill-in-the-middle template: this server runs "
+                               "without --completion-template", param="suffix")
+        if not all(isinstance(p, str) for p in prompts):
+            raise RequestError("suffix needs a text prompt (the template joins text), not "
+                               "token ids", param="suffix")
+        return [template.format(p, suffix) for p in prompts]  # type: ignore[arg-type]
 
     def _completion_logprobs(self, s: SeqState, start: int = 0) -> dict[str, Any]:
         tokens = [self._token_text(t) for t in s.token_ids[start:]]
