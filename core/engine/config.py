@@ -91,6 +91,10 @@ class ServerConfig:
         "(default: the tokenizer's).")
     skip_tokenizer_init: bool = _opt(False, "Load no tokenizer; requests must give input_ids.",
                                       type=None)
+    is_embedding: bool = _opt(
+        False, "Serve the model as an embedding model: /v1/embeddings answers the normalized "
+        "final hidden state of each input's last token; the generation endpoints are refused.",
+        type=None)
     load_format: str = _opt("auto", "Weights format.",
                             choices=("auto", "safetensors", "pt", "gguf", "dummy"))
     dtype: str = _opt("auto", "Weights and activations dtype (auto: float32 on CPU, the "

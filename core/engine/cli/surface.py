@@ -214,7 +214,6 @@ NOT_YET: dict[str, tuple[str, ...]] = {
     "tokenizing runs in the server process, one request at a time": (
         "--enable-dynamic-batch-tokenizer", "--dynamic-batch-tokenizer-*",
         "--enable-tokenizer-batch-encode", "--disable-tokenizer-batch-decode"),
-    "embedding models and endpoints are not built": ("--is-embedding",),
     "each architecture has one implementation, this server's own": ("--model-impl",),
     "reinforcement-learning integration is not built": ("--rl-on-policy-target",),
     "custom logit processors (serialized Python code sent by clients) are not run here": (

@@ -151,7 +151,7 @@ class ModelRunner:
         """CUDA graphs for decode steps, when on CUDA, not disabled, and the decode backend
         supports them (it says so itself); otherwise decode runs eagerly."""
         if (self.device.type != "cuda" or self.config.disable_cuda_graph
-                or not self.decode_backend.supports_cuda_graph):
+                or self.config.is_embedding or not self.decode_backend.supports_cuda_graph):
             return None
         from engine.runtime.cuda_graph import DecodeGraphs
 
@@ -165,7 +165,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
-        """Run the model over ``batch``; float32 logits ``[len(batch.logits_indices), vocab]``.
+        """Run the model over ``batch``; float32 logits ``[len(batch.logits_indices), vocab]``
+        (with ``--is-embedding``: the selected tokens' final hidden states, L2-normalized,
+        float32 ``[len(batch.logits_indices), hidden_size]``).
 
         Writes the new tokens' K/V into the pool at ``batch.out_cache_loc``. When
         ``batch.logits_indices`` is None, the last token of every request is used. Decode
@@ -184,4 +186,6 @@ class ModelRunner:
         if idx is None:
             idx = torch.cumsum(batch.extend_lens, 0) - 1
         hidden = self.model(batch.input_ids, batch.positions, batch, backend, idx)
+        if self.config.is_embedding:  # last-token pooling of the final norm's output
+            return torch.nn.functional.normalize(hidden.float(), p=2.0, dim=-1)
         return self.model.compute_logits(hidden).float()

@@ -38,6 +38,8 @@ class ReqOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    #: the prompt's embedding (``--is-embedding``), on its one and last output
+    embedding: list[float] | None = None
 
 
 Sink = Callable[[ReqOutput], None]

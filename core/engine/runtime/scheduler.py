@@ -608,7 +608,12 @@ class Scheduler:
     def _process(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
         """Sample, append, finish and emit; returns the sampled token ids in ``reqs`` order.
 
-        A request whose sampling row, finishing or delivery raises fails alone."""
+        A request whose sampling row, finishing or delivery raises fails alone. With
+        ``--is-embedding`` ``logits`` are the prompts' embeddings: each request ends with its
+        own (:meth:`_finish_embeddings`)."""
+        if self.config.is_embedding:
+            self._finish_embeddings(reqs, logits)
+            return []
         out = self.sampler(logits, reqs)
         self.timer.mark("sample")
         now = time.monotonic()
@@ -641,6 +646,20 @@ class Scheduler:
                 self._release(req)
             self.timer.mark("release")
         return list(out.token_ids)
+
+    def _finish_embeddings(self, reqs: list[Req], embeddings: torch.Tensor) -> None:
+        """End each prompt-complete request with its embedding (row ``i`` of ``embeddings``)."""
+        rows = embeddings.tolist()
+        items: list[tuple[Sink, ReqOutput]] = []
+        for req, row in zip(reqs, rows):
+            req.finish_reason = {"type": "stop"}
+            delta = ReqOutput(rid=req.rid, embedding=row)
+            self._fill_counts(req, delta)
+            items.append((req.sink, delta))
+        emit(items)
+        for req in reqs:
+            self._release(req)
+        self.timer.mark("emit")
 
     def _next_output(self, req: Req, out: SampleOutput, i: int, now: float) -> ReqOutput:
         """Append row ``i``'s token to ``req``, check whether it finished; its output delta."""

@@ -1,6 +1,7 @@
 """The HTTP server: FastAPI routes over one :class:`~engine.runtime.frontend.Runtime`.
 
-Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (OpenAI), ``/generate``
+Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, ``/v1/embeddings``
+(OpenAI; embeddings with ``--is-embedding``, which refuses the generation routes), ``/generate``
 (native), ``/health``, ``/health_generate``, ``/get_model_info``, ``/metrics``, and the admin
 routes ``/flush_cache`` (POST), ``/get_server_info``. Every request first passes
 :class:`GuardMiddleware` (shutdown, Host, Origin, keys, content type, body). Every error is
@@ -40,7 +41,7 @@ from engine.server.generation import (ClientGone, Generation, SeqState, grammar_
 from engine.server.metrics import Metrics
 from engine.server.openai_api import OpenAIServing, error_body, sse, sse_response
 from engine.server.protocol import (CONSTRAINT_FIELDS, ChatCompletionRequest, CompletionRequest,
-                                    GenerateRequest, constraint, parse_body,
+                                    EmbeddingRequest, GenerateRequest, constraint, parse_body,
                                     to_sampling_params)
 from engine.server.state import RETRY_AFTER_S, Drain, ServerState
 
@@ -308,7 +309,8 @@ def create_app(state: ServerState) -> FastAPI:
         mc = runtime.model_config
         return {"model_path": state.model_path, "served_model_name": state.model_name,
                 "tokenizer_path": state.config.tokenizer_path or state.model_path,
-                "is_generation": True, "architectures": [mc.architecture],
+                "is_generation": not state.config.is_embedding,
+                "architectures": [mc.architecture],
                 "model_type": mc.architecture, **runtime.info()}
 
     @app.get("/get_server_info")
@@ -331,19 +333,35 @@ def create_app(state: ServerState) -> FastAPI:
 
     # -------------------------------------------------------------- generation
 
+    def generating(route: str) -> None:
+        """Refuse a generation route on an embedding server (400, saying what it serves)."""
+        if config.is_embedding:
+            raise RequestError(f"this server serves embeddings (--is-embedding): {route} "
+                               "generates text; use /v1/embeddings", code="wrong_endpoint")
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
+        generating("/v1/completions")
         return await oai.completions(parse_body(await request.body(), CompletionRequest),
                                      request)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
+        generating("/v1/chat/completions")
         return await oai.chat(parse_body(await request.body(), ChatCompletionRequest), request)
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Any:
+        generating("/generate")
         return await _native_generate(state, parse_body(await request.body(), GenerateRequest),
                                       request)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Any:
+        if not config.is_embedding:
+            raise RequestError("this server generates text: /v1/embeddings needs a server "
+                               "started with --is-embedding", code="wrong_endpoint")
+        return await oai.embeddings(parse_body(await request.body(), EmbeddingRequest), request)
 
     return app
 

@@ -96,6 +96,7 @@ class SeqState:
     cached_tokens: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
+    embedding: list[float] | None = None  #: the prompt's embedding (``--is-embedding``)
 
 
 def check_limits(config: ServerConfig, params: list[SamplingParams], prompt_param: str) -> None:
@@ -284,6 +285,8 @@ class Generation:
         s.token_ids.extend(out.token_ids)
         s.logprobs.extend(out.logprobs)
         s.top_logprobs.extend(out.top_logprobs)
+        if out.embedding is not None:
+            s.embedding = out.embedding
         if out.finished:
             self._open -= 1
             s.finish_reason = out.finish_reason

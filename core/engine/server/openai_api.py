@@ -10,7 +10,9 @@ same message (their concatenation equals it, tool-call ids aside).
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 import logging
 import time
 from typing import Any, AsyncIterator
@@ -24,8 +26,10 @@ from engine.parsers.api import MessageStream, parse_message
 from engine.runtime.frontend import RequestError
 from engine.server.generation import (ClientGone, Generation, SeqState, grammar_matchers,
                                       internal_failure, usage)
+from engine.runtime.sampling import SamplingParams
 from engine.server.protocol import (API_NAMES, CONSTRAINT_FIELDS, ChatCompletionRequest,
-                                    CompletionRequest, constraint, to_sampling_params)
+                                    CompletionRequest, EmbeddingRequest, constraint,
+                                    to_sampling_params)
 
 log = logging.getLogger("engine.serve")
 
@@ -179,6 +183,51 @@ class OpenAIServing:
         if include_usage:
             yield sse({**head, "choices": [], "usage": self._usage(gen.states)})
         yield sse("[DONE]")
+
+    # ------------------------------------------------------------------ embeddings
+
+    async def embeddings(self, body: EmbeddingRequest, request: Request) -> Any:
+        """One embedding per input (``--is-embedding``): the model's final hidden state at the
+        input's last token, L2-normalized; ``base64`` is its little-endian float32 bytes."""
+        model = self._check_model(body.model)
+        size = self.state.runtime.model_config.hidden_size
+        if body.dimensions is not None and body.dimensions != size:
+            raise RequestError(f"dimensions {body.dimensions}: this model's embeddings have "
+                               f"{size} dimensions and cannot be shortened (it is not a "
+                               "matryoshka model); leave dimensions out", param="dimensions")
+        ids = [self._embedding_input(p, i) for i, p in enumerate(_embedding_inputs(body.input))]
+        params = [SamplingParams(max_new_tokens=0, temperature=0.0) for _ in ids]
+        gen = Generation(self.state, ids, params, request, rid=body.rid, prompt_param="input",
+                         priority=body.priority)
+        states = await gen.collect()
+        failed = internal_failure(states)
+        if failed:
+            raise RequestError(failed, status=500, type="internal_error")
+        data = []
+        for s in states:
+            vector = s.embedding or []
+            if body.encoding_format == "base64":
+                packed = struct.pack(f"<{len(vector)}f", *vector)
+                value: Any = base64.b64encode(packed).decode("ascii")
+            else:
+                value = vector
+            data.append({"object": "embedding", "index": s.index, "embedding": value})
+        prompt = sum(s.prompt_tokens for s in states)
+        return JSONResponse({"object": "list", "data": data, "model": model,
+                             "usage": {"prompt_tokens": prompt, "total_tokens": prompt}})
+
+    def _embedding_input(self, item: str | list[int], index: int) -> list[int]:
+        where = "input" if index == 0 else f"input[{index}]"
+        if isinstance(item, str):
+            if not item:
+                raise RequestError(f"{where} is an empty string", param="input")
+            if self.tok is None:
+                raise RequestError("this server has no tokenizer (--skip-tokenizer-init); "
+                                   "give input as token ids", param="input")
+            return self.tok.encode(item)
+        if not item:
+            raise RequestError(f"{where} is an empty list of token ids", param="input")
+        return list(item)
 
     # ------------------------------------------------------------------ chat
 
@@ -351,6 +400,18 @@ class OpenAIServing:
         if include_usage:
             yield sse({**head, "choices": [], "usage": self._usage(gen.states)})
         yield sse("[DONE]")
+
+
+def _embedding_inputs(value: str | list[Any]) -> list[str | list[int]]:
+    """``input`` as a list of texts or token-id lists: a text and a token-id list are one
+    input each; a list of texts or of token-id lists is a batch."""
+    if isinstance(value, str):
+        return [value]
+    if not value:
+        raise RequestError("input is an empty list", param="input")
+    if all(isinstance(v, int) for v in value):
+        return [list(value)]
+    return list(value)
 
 
 def _no_call_message(forced: str) -> str:

@@ -119,6 +119,18 @@ class CompletionRequest(_SamplingFields):
     best_of: Annotated[int | None, _unsupported(1)] = None
 
 
+class EmbeddingRequest(_Body):
+    """OpenAI ``/v1/embeddings``: ``input`` is a text, texts, token ids or lists of them."""
+
+    input: str | list[str] | TokenIds | list[TokenIds]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    rid: str | None = None
+    priority: int | None = None
+
+
 class ChatMessage(_Body):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "tool", "developer", "function"]
