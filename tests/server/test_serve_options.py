@@ -1,7 +1,8 @@
 """Options whose behaviour shows over HTTP, on one extra server started with all of them:
 an inline chat template, stream interval, incremental /generate streams, cache report,
-auto-truncation, request logging, preferred sampling parameters, accepted no-op options, and
-the fill-in-the-middle completion template."""
+auto-truncation, request logging, preferred sampling parameters, accepted no-op options, the
+fill-in-the-middle completion template; and what a server refuses while embeddings and custom
+logit processors are off."""
 
 from __future__ import annotations
 
@@ -95,3 +96,15 @@ def test_suffix_goes_through_the_completion_template(server):
     assert fim["usage"]["prompt_tokens"] == plain["meta_info"]["prompt_tokens"]
     assert fim["choices"][0]["text"] == plain["text"], "greedy: the same prompt, the same text"
     assert ids.status_code == 400 and ids.json()["error"]["param"] == "suffix"
+
+
+def test_embeddings_and_logit_processors_are_refused_when_off(server):
+    with server.client() as c:
+        emb = c.post("/v1/embeddings", json={"input": "Hi"})
+        proc = c.post("/v1/completions", json={
+            "prompt": "Hi", "max_tokens": 2,
+            "custom_logit_processor": '{"callable": "disallowed_tokens"}'})
+    assert emb.status_code == 400 and "--is-embedding" in emb.json()["error"]["message"]
+    assert proc.status_code == 400
+    assert proc.json()["error"]["param"] == "custom_logit_processor"
+    assert "--enable-custom-logit-processor" in proc.json()["error"]["message"]

@@ -216,10 +216,6 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--enable-tokenizer-batch-encode", "--disable-tokenizer-batch-decode"),
     "each architecture has one implementation, this server's own": ("--model-impl",),
     "reinforcement-learning integration is not built": ("--rl-on-policy-target",),
-    "custom logit processors (serialized Python code sent by clients) are not run here": (
-        "--enable-custom-logit-processor",),
-    "batch-invariant kernels for every backend are not built (greedy output can still depend on "
-    "the batch on GPU)": ("--enable-deterministic-inference",),
 }
 
 

@@ -177,7 +177,7 @@ class Scheduler:
         self.rows = ReqToTokenRows(runner.req_to_token.shape[0])
         self.cache = RadixCache(self.page_size, self.allocator.free_slots,
                                 disabled=config.disable_radix_cache)
-        self.sampler = Sampler()
+        self.sampler = Sampler(batch_invariant=config.enable_deterministic_inference)
         #: observer called after each forward with (batch, sampled token ids); set by Runtime
         #: only when a plugin implements ``engine_after_forward`` (nothing on the hot path else)
         self.after_forward: Callable[[Batch, list[int]], None] | None = None

@@ -34,6 +34,7 @@ from engine.config import ServerConfig
 from engine.assembly import Assembly
 from engine.models.completion_templates import load_completion_template
 from engine.runtime.frontend import RequestError, Runtime, start_runtime
+from engine.runtime.logit_processors import choose as choose_processor
 from engine.runtime.sampling import InvalidParam, SamplingParams
 from engine.runtime.watchdog import watch_forwards
 from engine.server.generation import (ClientGone, Generation, SeqState, grammar_matchers,
@@ -391,10 +392,19 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
         raws = raw
     else:
         raws = [raw or {}] * len(prompts)
-    params, constraints = [], []
-    for r in raws:
+    chosen = body.custom_logit_processor
+    if isinstance(chosen, list):
+        if len(chosen) != len(prompts):
+            raise RequestError(f"{len(chosen)} custom_logit_processor for {len(prompts)} inputs",
+                               param="custom_logit_processor")
+    else:
+        chosen = [chosen] * len(prompts)
+    params, constraints, processors = [], [], []
+    for r, proc in zip(raws, chosen):
         fields = dict(r)
         constraints.append(constraint({k: fields.pop(k, None) for k in CONSTRAINT_FIELDS}))
+        processors.append(choose_processor(proc, fields.pop("custom_params", None),
+                                           runtime.logit_processors, runtime.vocab_size))
         sp = to_sampling_params(fields, names={}, defaults=runtime.sampling_defaults)
         if body.return_logprob:
             sp.logprobs, sp.top_logprobs = True, body.top_logprobs_num
@@ -402,7 +412,8 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
     grammars = await grammar_matchers(state, constraints, params)
     gen = Generation(state, prompts, params, request, rid=body.rid, prompt_param=param,
                      max_tokens_param="max_new_tokens", priority=body.priority,
-                     routing_key=body.routing_key, grammars=grammars)
+                     routing_key=body.routing_key, grammars=grammars,
+                     logit_processors=processors)
 
     def item(s: SeqState, delta: Any = None) -> dict[str, Any]:
         """The response item of sequence ``s``: all of its text and ids, or only those of

@@ -153,7 +153,8 @@ class Generation:
 
     Raises :class:`RequestError`: beyond the server's limits (:func:`check_limits`), a prompt
     or params the runtime refuses, a full queue (503) or a server shutting down (503).
-    ``priority`` and ``routing_key`` reach the scheduler's policies.
+    ``priority`` and ``routing_key`` reach the scheduler's policies; ``logit_processors``
+    (one per prompt, or None) the sampler.
     """
 
     def __init__(self, state: ServerState, prompts: list[list[int]],
@@ -161,7 +162,8 @@ class Generation:
                  rid: str | None = None, prompt_param: str = "prompt",
                  max_tokens_param: str = "max_tokens", priority: int | None = None,
                  routing_key: str | None = None,
-                 grammars: list[list[Any] | None] | None = None) -> None:
+                 grammars: list[list[Any] | None] | None = None,
+                 logit_processors: list[Any] | None = None) -> None:
         runtime = self.runtime = state.runtime
         self.config, self.prompts, self.params = state.config, prompts, params
         self.metrics, self.request, self.drain = state.metrics, request, state.drain
@@ -181,7 +183,9 @@ class Generation:
                 for req in runtime.make_reqs(sub, ids, sp, sink, param=prompt_param,
                                              max_tokens_param=max_tokens_param,
                                              priority=priority, routing_key=routing_key,
-                                             grammars=grammars[p_i] if grammars else None):
+                                             grammars=grammars[p_i] if grammars else None,
+                                             logit_processor=logit_processors[p_i]
+                                             if logit_processors else None):
                     self.seqs[req.rid] = SeqState(index=len(self.reqs), prompt_index=p_i)
                     self.reqs.append(req)
             runtime.scheduler.submit(self.reqs)

@@ -24,6 +24,7 @@ from engine.api.grammar import GrammarSpec
 from engine.assembly import ParserFactories
 from engine.parsers.api import MessageStream, parse_message
 from engine.runtime.frontend import RequestError
+from engine.runtime.logit_processors import choose as choose_processor
 from engine.server.generation import (ClientGone, Generation, SeqState, grammar_matchers,
                                       internal_failure, usage)
 from engine.runtime.sampling import SamplingParams
@@ -86,6 +87,12 @@ class OpenAIServing:
     def _usage(self, states: list[SeqState]) -> dict[str, Any]:
         return usage(states, cache_report=self.state.config.enable_cache_report)
 
+    def _processor(self, body: Any) -> Any:
+        """The request's custom logit processor (``custom_logit_processor``), or None."""
+        runtime = self.state.runtime
+        return choose_processor(body.custom_logit_processor, body.custom_params,
+                                runtime.logit_processors, runtime.vocab_size)
+
     def _token_text(self, tid: int) -> str:
         return self.tok.decode([tid])
 
@@ -117,10 +124,11 @@ class OpenAIServing:
             data.update(logprobs=True, top_logprobs=body.logprobs)
         sp = to_sampling_params(data, defaults=self.state.runtime.sampling_defaults)
         found = constraint(body.model_dump(include=set(CONSTRAINT_FIELDS)), body.response_format)
+        processor = self._processor(body)
         grammars = await grammar_matchers(self.state, [found] * len(ids), [sp] * len(ids))
         gen = Generation(self.state, ids, [sp] * len(ids), request, rid=body.rid,
                          priority=body.priority, routing_key=body.routing_key,
-                         grammars=grammars)
+                         grammars=grammars, logit_processors=[processor] * len(ids))
         echo = [self.tok.decode(i) if body.echo else "" for i in ids]
         cid, created = f"cmpl-{gen.rid}", int(time.time())
         if body.stream:
@@ -339,11 +347,12 @@ class OpenAIServing:
                                    f"{found[1]} and a tool_choice that forces a call",
                                    param="tool_choice")
             found = found or calls
+        processor = self._processor(body)
         grammars = await grammar_matchers(self.state, [found], [sp])
         gen = Generation(self.state, [ids], [sp], request, rid=body.rid,
                          prompt_param="messages", max_tokens_param=names["max_new_tokens"],
                          priority=body.priority, routing_key=body.routing_key,
-                         grammars=grammars)
+                         grammars=grammars, logit_processors=[processor])
         pkw = parser_kwargs(body, self.state.parsers)
         cid, created = f"chatcmpl-{gen.rid}", int(time.time())
         if body.stream:

@@ -93,6 +93,9 @@ class _SamplingFields(_Body):
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    # a named custom logit processor (--enable-custom-logit-processor) and its parameters
+    custom_logit_processor: Any = None
+    custom_params: Any = None
     # no logit bias: refused, never ignored
     logit_bias: Annotated[dict[str, Any] | None, _unsupported({})] = None
 
@@ -168,6 +171,7 @@ class GenerateRequest(_Body):
     routing_key: str | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    custom_logit_processor: Any = None  #: one, or one per input
 
 
 #: SGLang's constraint fields, on the OpenAI bodies and in ``/generate``'s sampling_params
