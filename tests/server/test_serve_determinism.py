@@ -80,6 +80,7 @@ def test_a_named_processor_changes_the_output(server):
      "custom_params", "JSON object"),
     ({"custom_logit_processor": {"callable": "disallowed_tokens"},
       "custom_params": {"token_ids": [10**9]}}, "custom_params", "token ids below"),
+    ({"custom_params": {"token_ids": [1]}}, "custom_params", "names none"),
     ({"suffix": "x"}, "suffix", "--completion-template"),
 ])
 def test_refused_requests_are_400_naming_the_field(server, extra, param, words):

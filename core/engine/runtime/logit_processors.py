@@ -97,11 +97,14 @@ def choose(value: Any, params: Any, processors: dict[str, LogitProcessor] | None
     a JSON text or an object), with its ``custom_params``; None when it names none. Raises
     :class:`InvalidParam` naming the field (HTTP 400): the server runs without
     ``--enable-custom-logit-processor`` (``processors`` None), serialized code, an unknown name,
-    ``custom_params`` that is not an object."""
+    ``custom_params`` that is not an object, or without a processor."""
     if value is None:
-        if params is not None and processors is None:
-            raise InvalidParam("custom_params", "custom_params needs a server started with "
-                             "--enable-custom-logit-processor")
+        if params is not None:
+            raise InvalidParam("custom_params", "custom_params are the parameters of a custom "
+                               "logit processor; this request names none "
+                               "(custom_logit_processor)" if processors is not None else
+                               "custom_params needs a server started with "
+                               "--enable-custom-logit-processor")
         return None
     field = "custom_logit_processor"
     if processors is None:
