@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from engine.cli import surface
+from engine.cli.args import unserved_choices
 from engine.config import core_fields, flag_of
 
 TARGET = Path(__file__).resolve().parent.parent / "docs" / "flags.md"
@@ -48,6 +49,10 @@ def render() -> str:
         if o.status == surface.ACCEPTED_STATUS and surface.ACCEPTED[o.flag].values:
             only = ", ".join(map(str, surface.ACCEPTED[o.flag].values))
             notes = f"only {only}: {notes}"
+        if o.flag in surface.UNSERVED_CHOICES:
+            field = next(f for f in core_fields() if o.flag in (flag_of(f), *f.metadata["aliases"]))
+            refused = ", ".join(map(str, unserved_choices(field)))
+            notes = f"refused (exit 2): {refused}: {surface.UNSERVED_CHOICES[o.flag]}"
         lines.append(f"| {names} | {o.status} | {notes.replace('|', '/')} |")
     own = [f for f in core_fields() if not f.metadata.get("family")
            and flag_of(f) not in ref_flags]

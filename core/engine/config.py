@@ -91,6 +91,10 @@ class ServerConfig:
         "(default: the tokenizer's).")
     skip_tokenizer_init: bool = _opt(False, "Load no tokenizer; requests must give input_ids.",
                                       type=None)
+    is_embedding: bool = _opt(
+        False, "Serve the model as an embedding model: /v1/embeddings answers the normalized "
+        "final hidden state of each input's last token; the generation endpoints are refused.",
+        type=None)
     load_format: str = _opt("auto", "Weights format.",
                             choices=("auto", "safetensors", "pt", "gguf", "dummy"))
     dtype: str = _opt("auto", "Weights and activations dtype (auto: float32 on CPU, the "
@@ -102,6 +106,11 @@ class ServerConfig:
     served_model_name: str | None = _opt(None, "Model name reported by the API.")
     json_model_override_args: str | None = _opt(None, "JSON object overriding model config fields.")
     random_seed: int = _opt(0, "Seed for dummy weights and unseeded sampling.", type=int)
+    enable_deterministic_inference: bool = _opt(
+        False, "Batch-invariant inference: a request's tokens and logprobs do not depend on the "
+        "other requests batched with it (matmuls row by row or with row-invariant kernels, "
+        "attention one token at a time, sampling row by row; slower). Needs an attention "
+        "backend with a batch-invariant path (torch_native).", type=None)
     # memory and scheduling
     mem_fraction_static: float | None = _opt(
         None, "Fraction of free device memory for weights + KV cache (GPU); of the CPU budget.",
@@ -216,6 +225,15 @@ class ServerConfig:
         type=int, choices=(0, 1, 2, 3))
     log_requests_format: str = _opt("text", "Request log lines as text or one JSON object.",
                                     choices=("text", "json"))
+    enable_custom_logit_processor: bool = _opt(
+        False, "Let requests choose a custom logit processor by name: custom_logit_processor "
+        "{\"callable\": NAME} with custom_params; NAME is built in (disallowed_tokens) or "
+        "installed under the engine.logit_processors entry points. Serialized code is refused.",
+        type=None)
+    completion_template: str | None = _opt(
+        None, "Fill-in-the-middle template of /v1/completions requests with a suffix: "
+        "deepseek_coder, star_coder, qwen_coder, or a JSON file (fim_begin_token, "
+        "fim_middle_token, fim_end_token, fim_position MIDDLE or END).")
     # what one request may ask for (beyond it HTTP 400 naming the field)
     max_sequences_per_request: int = _opt(
         256, "Most sequences one request may generate: its prompts times n "

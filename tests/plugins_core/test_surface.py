@@ -75,6 +75,36 @@ def test_not_yet_options_are_refused_with_their_reason(opt):
     assert str(err.value).startswith(opt.flag) and opt.reason in str(err.value)
 
 
+CHOICES = [(o, c) for o in TABLE if o.status in (surface.IMPLEMENTED, surface.FAMILY)
+           for c in o.choices]
+
+
+@pytest.mark.parametrize("opt,choice", CHOICES, ids=[f"{o.flag}={c}" for o, c in CHOICES])
+def test_every_reference_choice_of_a_served_option_parses_or_is_refused_with_a_reason(opt,
+                                                                                      choice):
+    """A choice the reference lists is never an argparse 'invalid choice': it is served, or
+    refused (exit 2) saying why (an unserved choice, a plugin not installed or unavailable)."""
+    try:
+        config = parse_config([opt.flag, choice], REGISTRY)
+    except ConfigError as exc:
+        message = str(exc)
+        assert "invalid choice" not in message and opt.flag in message, message
+        if opt.status == surface.IMPLEMENTED:
+            assert message.startswith(f"{opt.flag} {choice}: not supported yet: ")
+            assert surface.UNSERVED_CHOICES[opt.flag] in message
+        return
+    served = {str(v) for v in vars(config).values() if not isinstance(v, (dict, tuple))}
+    assert choice in served
+
+
+def test_every_unserved_choice_rule_is_used():
+    from engine.cli.args import unserved_choices
+    from engine.config import core_fields, flag_of
+
+    used = {flag_of(f) for f in core_fields() if unserved_choices(f)}
+    assert used == set(surface.UNSERVED_CHOICES)
+
+
 def test_refusal_is_one_line_and_exit_status_2():
     out = engine("serve", "--kv-cache-dtype", "fp8_e4m3")
     assert out.returncode == 2

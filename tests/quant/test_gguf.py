@@ -124,16 +124,19 @@ class _Cfg:
     weights_format = "gguf"
 
 
+CONFIG = ServerConfig()
+
+
 def test_hook_refuses_with_reasons():
     opts = {"gguf_kernel_max_rows": 64}
     with pytest.raises(PluginError, match="run on the CPU; this model is on cuda"):
-        engine_create_quant_method(_Cfg(), None, torch.device("cuda"), opts)
+        engine_create_quant_method(_Cfg(), None, torch.device("cuda"), opts, CONFIG)
     other = type("C", (), {"weights_format": "safetensors"})()
     with pytest.raises(PluginError, match="needs a .gguf checkpoint"):
-        engine_create_quant_method(other, None, torch.device("cpu"), opts)
+        engine_create_quant_method(other, None, torch.device("cpu"), opts, CONFIG)
     with pytest.raises(PluginError, match="this file's weights are Q4_K, Q6_K"):
         engine_create_quant_method(_Cfg(), {"weight_types": ["Q4_K", "Q6_K"]},
-                                   torch.device("cpu"), opts)
+                                   torch.device("cpu"), opts, CONFIG)
 
 
 @needs_default_model

@@ -33,3 +33,20 @@ def test_kit_catches_a_backend_that_ignores_causality():
     failures = check("not_causal", lambda pool, model_config, config: NotCausal(pool), "cpu")
     assert failures and all("differs from the reference" in f or "non-finite" in f
                             for f in failures)
+
+
+def test_torch_native_batch_invariant_path_conforms():
+    """Its --enable-deterministic-inference path (one SDPA call per token) is still correct
+    attention: ragged batches, cached prefixes, decode, page sizes, GQA."""
+    registry = Registry()
+    record = registry.resolve("attention", "torch_native")
+
+    def make_backend(pool, model_config, config):
+        backend = Assembly(ServerConfig(), registry).build(
+            record, pool=pool, model_config=model_config,
+            config=config.replace(enable_deterministic_inference=True))
+        assert backend.batch_invariant
+        return backend
+
+    failures = check("torch_native", make_backend, device="cpu")
+    assert failures == [], "\n".join(failures[:20])

@@ -236,3 +236,23 @@ def test_a_model_needing_its_own_code_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(
         {"model_type": "llama", "auto_map": {"AutoConfig": "x.Y"}}))
     refuse_remote_code(str(tmp_path))  # a known type loads as that type
+
+
+def test_deterministic_inference_needs_batch_invariant_attention_and_goes_row_by_row():
+    from engine.runtime.linear import Linear
+
+    layer = Linear(8, 4)
+    fake = SimpleNamespace(prefill_backend=SimpleNamespace(batch_invariant=True),
+                           decode_backend=SimpleNamespace(batch_invariant=False),
+                           attention_backend_names=("torch_native", "flex_attention"),
+                           model=torch.nn.Sequential(layer))
+    with pytest.raises(ConfigError, match="decode attention backend flex_attention has no "
+                                          "batch-invariant path"):
+        model_runner.ModelRunner._make_batch_invariant(fake)
+    fake.decode_backend.batch_invariant = True
+    model_runner.ModelRunner._make_batch_invariant(fake)
+    assert layer.row_by_row
+    torch.nn.init.normal_(layer.weight)
+    x = torch.randn(5, 8)
+    assert torch.equal(layer(x), torch.cat([torch.nn.functional.linear(x[i:i + 1], layer.weight)
+                                            for i in range(5)]))

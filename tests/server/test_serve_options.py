@@ -1,6 +1,8 @@
 """Options whose behaviour shows over HTTP, on one extra server started with all of them:
 an inline chat template, stream interval, incremental /generate streams, cache report,
-auto-truncation, request logging, preferred sampling parameters, and accepted no-op options."""
+auto-truncation, request logging, preferred sampling parameters, accepted no-op options, the
+fill-in-the-middle completion template; and what a server refuses while embeddings and custom
+logit processors are off."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ def server() -> Iterator[Server]:
             "--enable-cache-report", "--allow-auto-truncate", "--log-requests",
             "--log-requests-level", "3", "--log-requests-format", "json",
             "--preferred-sampling-params", '{"temperature": 0}',
-            "--schedule-policy", "priority", "--tp-size", "1", "--trust-remote-code")) as s:
+            "--schedule-policy", "priority", "--tp-size", "1", "--trust-remote-code",
+            "--completion-template", "star_coder")) as s:
         yield s["options"]
 
 
@@ -79,3 +82,29 @@ def test_auto_truncate_and_request_log(server):
     assert record["input"].startswith("word") and "output" in record
     assert "--tp-size 1 is accepted and changes nothing here" in log
     assert "--trust-remote-code is accepted and changes nothing here" in log
+
+
+def test_suffix_goes_through_the_completion_template(server):
+    prompt, suffix = "def add(a, b):\n    ", "\n    return total\n"
+    joined = f"<fim_prefix>{prompt}<fim_suffix>{suffix}<fim_middle>"
+    with server.client() as c:
+        fim = c.post("/v1/completions", json={"prompt": prompt, "suffix": suffix,
+                                              "max_tokens": 6}).json()
+        plain = c.post("/generate", json={"text": joined,
+                                          "sampling_params": {"max_new_tokens": 6}}).json()
+        ids = c.post("/v1/completions", json={"prompt": [1, 2, 3], "suffix": suffix})
+    assert fim["usage"]["prompt_tokens"] == plain["meta_info"]["prompt_tokens"]
+    assert fim["choices"][0]["text"] == plain["text"], "greedy: the same prompt, the same text"
+    assert ids.status_code == 400 and ids.json()["error"]["param"] == "suffix"
+
+
+def test_embeddings_and_logit_processors_are_refused_when_off(server):
+    with server.client() as c:
+        emb = c.post("/v1/embeddings", json={"input": "Hi"})
+        proc = c.post("/v1/completions", json={
+            "prompt": "Hi", "max_tokens": 2,
+            "custom_logit_processor": '{"callable": "disallowed_tokens"}'})
+    assert emb.status_code == 400 and "--is-embedding" in emb.json()["error"]["message"]
+    assert proc.status_code == 400
+    assert proc.json()["error"]["param"] == "custom_logit_processor"
+    assert "--enable-custom-logit-processor" in proc.json()["error"]["message"]

@@ -6,10 +6,14 @@ new tokens' K/V into the pool at ``batch.out_cache_loc`` and return the attentio
 (``q`` [T, Hq, D], ``k``/``v`` [T, Hkv, D], output [T, Hq, D]). New token ``j`` of request ``i``
 (position ``prefix_lens[i] + j``) attends to every cached token of that request and to new tokens
 ``0..j``. A backend never hands work to another backend; ``supports_cuda_graph`` says whether its
-decode path may be captured. :mod:`engine.testing.attention` is the conformance suite.
+decode path may be captured, ``batch_invariant`` whether a token's output is independent of the
+rest of the batch (``--enable-deterministic-inference``; :func:`attend_per_token` is such a
+path). :mod:`engine.testing.attention` is the conformance suite.
 """
 
-from engine.runtime.attention import AttentionBackend, AttentionLayerSpec, KVPool
+from engine.runtime.attention import (AttentionBackend, AttentionLayerSpec, KVPool,
+                                      attend_per_token)
 from engine.runtime.batch import Batch, ForwardMode
 
-__all__ = ["AttentionBackend", "AttentionLayerSpec", "Batch", "ForwardMode", "KVPool"]
+__all__ = ["AttentionBackend", "AttentionLayerSpec", "Batch", "ForwardMode", "KVPool",
+           "attend_per_token"]

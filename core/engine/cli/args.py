@@ -65,7 +65,7 @@ def build_parser(registry: Registry, prog: str = "engine serve", *,
             if f.metadata.get("nargs"):
                 kw["nargs"] = f.metadata["nargs"]
         if f.metadata["choices"]:
-            kw["choices"] = f.metadata["choices"]
+            kw["choices"] = f.metadata["choices"] + unserved_choices(f)
             kw.pop("metavar", None)
         core.add_argument(flag_of(f), *f.metadata["aliases"], **kw)
     fams = p.add_argument_group("plugin families (choices are the installed plugins)")
@@ -119,6 +119,37 @@ def _add_reference_options(p: argparse.ArgumentParser, seen: set[str], show_all:
             else:
                 kw["metavar"] = opt.metavar or opt.dest.upper()
         groups[opt.status].add_argument(*spellings, **kw)
+
+
+def unserved_choices(f: Any) -> tuple[Any, ...]:
+    """The choices the reference lists for field ``f``'s option that the field does not serve
+    (converted with the field's type): they parse, and :func:`_refuse_unserved_choices` refuses
+    them with :data:`surface.UNSERVED_CHOICES`' reason."""
+    spellings = (flag_of(f), *f.metadata["aliases"])
+    ref = next((surface.by_spelling()[s] for s in spellings if s in surface.by_spelling()), None)
+    if ref is None or not f.metadata["choices"]:
+        return ()
+    convert = f.metadata["type"] or str
+    out = []
+    for choice in ref.choices:
+        try:
+            value = convert(choice)
+        except ValueError:
+            continue
+        if value not in f.metadata["choices"]:
+            out.append(value)
+    return tuple(out)
+
+
+def _refuse_unserved_choices(ns: dict[str, Any]) -> None:
+    for f in core_fields():
+        if f.metadata.get("family") or not f.metadata["choices"]:
+            continue
+        value = ns.get(f.name)
+        if value is not None and value not in f.metadata["choices"] and \
+                value in unserved_choices(f):
+            reason = surface.UNSERVED_CHOICES.get(flag_of(f), "")
+            raise ConfigError(f"{flag_of(f)} {value}: not supported yet: {reason}")
 
 
 def _reference_values(ns: dict[str, Any]) -> dict[str, Any]:
@@ -229,6 +260,7 @@ def parse_config(argv: list[str], registry: Registry) -> ServerConfig:
     ns = vars(parsed)
     ns.pop("config", None)
     accepted = _reference_values(ns)
+    _refuse_unserved_choices(ns)
     for f in core_fields():
         if f.metadata.get("nargs") and isinstance(ns.get(f.name), list):
             ns[f.name] = tuple(ns[f.name])
@@ -245,6 +277,10 @@ def parse_config(argv: list[str], registry: Registry) -> ServerConfig:
     frozen = MappingProxyType({k: MappingProxyType(v) for k, v in plugin_options.items() if v})
     config = ServerConfig(**ns, plugin_options=frozen, accepted=MappingProxyType(accepted))
     refuse_unserved(config)
+    if config.completion_template is not None:
+        from engine.models.completion_templates import load_completion_template
+
+        load_completion_template(config.completion_template)
     for dest, (fam, fl) in family_for_flag().items():
         value = ns.get(dest)
         if value is None or value == fl.default:

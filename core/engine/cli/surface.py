@@ -215,15 +215,16 @@ NOT_YET: dict[str, tuple[str, ...]] = {
     "tokenizing runs in the server process, one request at a time": (
         "--enable-dynamic-batch-tokenizer", "--dynamic-batch-tokenizer-*",
         "--enable-tokenizer-batch-encode", "--disable-tokenizer-batch-decode"),
-    "embedding models and endpoints are not built": ("--is-embedding",),
     "each architecture has one implementation, this server's own": ("--model-impl",),
     "reinforcement-learning integration is not built": ("--rl-on-policy-target",),
-    "code-completion templates are not built: /v1/completions sends the prompt as given": (
-        "--completion-template",),
-    "custom logit processors (serialized Python code sent by clients) are not run here": (
-        "--enable-custom-logit-processor",),
-    "batch-invariant kernels for every backend are not built (greedy output can still depend on "
-    "the batch on GPU)": ("--enable-deterministic-inference",),
+}
+
+
+#: implemented options whose reference lists choices this server does not serve: flag -> why.
+#: Those choices parse (they are the reference's) and are refused with the reason, exit 2.
+UNSERVED_CHOICES: dict[str, str] = {
+    "--load-format": "weights load once, from local safetensors, pt or gguf files (or dummy "
+                     "weights), with the built-in loader",
 }
 
 
@@ -292,6 +293,11 @@ def surface() -> tuple[RefOption, ...]:
         out.append(RefOption(flag, aliases, kind, metavar, choices, default, help_text, status,
                              reason))
     return tuple(out)
+
+
+def by_spelling() -> dict[str, RefOption]:
+    """Every spelling of every reference option -> the option."""
+    return {s: o for o in surface() for s in o.spellings}
 
 
 def counts() -> dict[str, int]:

@@ -26,7 +26,7 @@ from engine.models.config import ModelConfig
 from engine.models.moe import ExpertWeights, SparseMoeBlock
 from engine.runtime.attention import AttentionBackend, AttentionLayerSpec
 from engine.runtime.batch import Batch
-from engine.runtime.linear import Linear, PackedWeight, QuantMethod, UnquantizedMethod
+from engine.runtime.linear import Linear, PackedWeight, QuantMethod, UnquantizedMethod, rowwise
 
 #: builds the quantization method of one linear layer from its qualified name (None: dense)
 QuantFactory = Callable[[str], "QuantMethod | None"]
@@ -252,7 +252,10 @@ ExpertParts = tuple[Any, Any]
 
 class LlamaForCausalLM(nn.Module):
     """``forward(input_ids, positions, batch, attn, logits_indices)`` -> final hidden states of
-    the selected tokens; :meth:`compute_logits` projects them onto the vocabulary."""
+    the selected tokens; :meth:`compute_logits` projects them onto the vocabulary (one row at a
+    time with ``row_by_row``, as every :class:`Linear` then does)."""
+
+    row_by_row: bool = False
 
     def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype = torch.float32,
                  quant: QuantFactory | None = None, experts: ExpertParts | None = None) -> None:
@@ -279,9 +282,12 @@ class LlamaForCausalLM(nn.Module):
         return m.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.lm_head is None:
-            return F.linear(hidden, self.model.embed_tokens.weight)
-        return self.lm_head(hidden)
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        weight = self.model.embed_tokens.weight
+        if self.row_by_row:
+            return rowwise(lambda row: F.linear(row, weight), hidden)
+        return F.linear(hidden, weight)
 
     # ------------------------------------------------------------------ weights
 

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from engine.runtime.batch import Batch
 
@@ -61,6 +62,11 @@ class AttentionBackend(ABC):
 
     #: True when decode forwards can be captured in a CUDA graph (see :meth:`prepare_graph`)
     supports_cuda_graph: bool = False
+    #: True when each token's output depends only on its query and its request's K/V, never on
+    #: the other requests of the batch or on how its prompt was split into forwards
+    #: (``--enable-deterministic-inference`` refuses a backend without it);
+    #: :func:`attend_per_token` is such a path, for any backend that keeps the pool's layout
+    batch_invariant: bool = False
 
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
@@ -91,3 +97,33 @@ class AttentionBackend(ABC):
     def forward_decode(self, q: torch.Tensor, layer: AttentionLayerSpec,
                        batch: Batch) -> torch.Tensor:
         """One token per request attends to all of its cached tokens (itself included)."""
+
+
+def attend_per_token(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
+                     batch: Batch) -> torch.Tensor:
+    """Batch-invariant attention (extend and decode alike): each new token is one call of
+    ``scaled_dot_product_attention`` of its own query (a fresh copy) against exactly the keys it
+    sees (its request's first ``position + 1`` slots, gathered once per request into a fresh
+    buffer), with the query heads of one KV head grouped. The shapes, strides and alignment of
+    every call depend on the token alone, so its output does not depend on the batch, on the
+    padding others would need, or on whether it is decoded or prefilled. One call per token:
+    slow, meant for ``--enable-deterministic-inference``."""
+    seq = batch.seq_lens_cpu or batch.seq_lens.tolist()
+    ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
+    rows = batch.req_to_token.index_select(0, batch.req_pool_indices)
+    hkv, d = layer.num_kv_heads, layer.head_dim
+    ratio = layer.num_q_heads // hkv
+    out = torch.empty_like(q)
+    t = 0
+    for i, (n, e) in enumerate(zip(seq, ext)):
+        slots = rows[i, :n]
+        k = pool.k[layer.layer_id].index_select(0, slots).to(q.dtype).transpose(0, 1)
+        v = pool.v[layer.layer_id].index_select(0, slots).to(q.dtype).transpose(0, 1)
+        for j in range(e):
+            seen = n - e + j + 1
+            query = q[t].clone().view(1, hkv, ratio, d)
+            o = F.scaled_dot_product_attention(query, k[None, :, :seen], v[None, :, :seen],
+                                               scale=layer.scaling)
+            out[t] = o.reshape(layer.num_q_heads, d)
+            t += 1
+    return out

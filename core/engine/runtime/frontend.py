@@ -99,6 +99,12 @@ class Runtime:
         self.observers = None
         #: constrained decoding (None without a tokenizer, an assembly or a grammar plugin)
         self.grammars: Grammars | None = None
+        #: the custom logit processors by name (None: ``--enable-custom-logit-processor`` is off)
+        self.logit_processors = None
+        if config.enable_custom_logit_processor:
+            from engine.runtime.logit_processors import load_processors
+
+            self.logit_processors = load_processors()
         if assembly is not None:
             template = self.tokenizer.chat_template if self.tokenizer is not None else None
             self.parsers = assembly.parser_factories(template)
@@ -178,13 +184,15 @@ class Runtime:
     def make_reqs(self, rid: str, input_ids: list[int], params: SamplingParams, sink: Sink, *,
                   param: str = "prompt", max_tokens_param: str = "max_tokens",
                   priority: int | None = None, routing_key: str | None = None,
-                  grammars: list[Any] | None = None) -> list[Req]:
+                  grammars: list[Any] | None = None,
+                  logit_processor: Any = None) -> list[Req]:
         """Validated scheduler requests for one prompt: one per ``n`` (ids ``rid`` or
         ``rid-i``; the ids name requests in logs and outputs, aborts take the objects).
         Sequence ``i`` of a seeded request draws with the seed ``(seed + i) mod 2**64``, and
         is constrained by ``grammars[i]`` when given (from :meth:`Grammars.matchers`). A
         prompt that does not fit is cut from the left with ``--allow-auto-truncate``
-        (:meth:`truncate`). ``priority`` defaults to ``--default-priority-value``. Raises
+        (:meth:`truncate`). ``priority`` defaults to ``--default-priority-value``;
+        ``logit_processor`` is the request's custom logit processor, if any. Raises
         :class:`RequestError`."""
         if self.config.allow_auto_truncate:
             input_ids = self.truncate(input_ids, params)
@@ -206,7 +214,7 @@ class Runtime:
                 sampling_params=params, sink=sink, stop_ids=stop_ids, generator=gen,
                 max_new_tokens=limit, routing_key=routing_key,
                 priority=self.config.default_priority_value if priority is None else priority,
-                grammar=grammars[i] if grammars else None,
+                grammar=grammars[i] if grammars else None, logit_processor=logit_processor,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
                                                    input_ids)))
         if self.observers is not None and self.observers.on_request is not None:

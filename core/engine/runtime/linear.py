@@ -51,7 +51,14 @@ class PackedWeight:
 
 
 class QuantMethod(ABC):
-    """How one linear layer stores its weight and computes ``x @ W.T + bias``."""
+    """How one linear layer stores its weight and computes ``x @ W.T + bias``.
+
+    ``batch_invariant``: row ``i`` of :meth:`apply`'s output depends on ``x[i]`` alone, bit for
+    bit, whatever the other rows and their number (a fixed reduction order per output, no
+    split-K that depends on the shape). Under ``--enable-deterministic-inference`` a layer whose
+    method does not say so multiplies its rows one at a time."""
+
+    batch_invariant: bool = False
 
     def for_layer(self, name: str) -> "QuantMethod | None":
         """The method for the layer called ``name`` (``model.layers.3.mlp.down_proj``,
@@ -92,6 +99,10 @@ class UnquantizedMethod(QuantMethod):
 class Linear(nn.Module):
     """``y = x W^T + b`` with storage and matmul delegated to ``quant_method``."""
 
+    #: multiply one row at a time unless the method is batch-invariant (set by the model
+    #: runner under ``--enable-deterministic-inference``)
+    row_by_row: bool = False
+
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False,
                  dtype: torch.dtype = torch.float32,
                  quant_method: QuantMethod | None = None) -> None:
@@ -108,8 +119,19 @@ class Linear(nn.Module):
         self.quant_method.process_weights_after_loading(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.row_by_row and not self.quant_method.batch_invariant:
+            return rowwise(lambda row: self.quant_method.apply(self, row, self.bias), x)
         return self.quant_method.apply(self, x, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, "
                 f"method={type(self.quant_method).__name__}")
+
+
+def rowwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``fn`` applied to each row of ``x`` [..., in] alone (a fresh [1, in] copy each time), the
+    results stacked: every row goes through the very same call, whatever the batch."""
+    flat = x.reshape(-1, x.shape[-1])
+    rows = [fn(flat[i:i + 1].clone()) for i in range(flat.shape[0])]
+    out = torch.cat(rows) if rows else fn(flat)
+    return out.reshape(*x.shape[:-1], out.shape[-1])

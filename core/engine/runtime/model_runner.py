@@ -109,6 +109,8 @@ class ModelRunner:
             self.pool, self.model_config)
         self.attention_backend_names = tuple(
             assembly.chosen[f"--{kind}-attention-backend"].name for kind in ("prefill", "decode"))
+        if config.enable_deterministic_inference:
+            self._make_batch_invariant()
         self.decode_graphs = self._make_decode_graphs()
 
     # ------------------------------------------------------------------ set-up
@@ -149,10 +151,31 @@ class ModelRunner:
                       head_dim=mc.head_dim, num_slots=(pages + 1) * ps, page_size=ps,
                       dtype=self.dtype, device=self.device)
 
+    def _make_batch_invariant(self) -> None:
+        """``--enable-deterministic-inference``: every linear layer (and a tied output head)
+        multiplies row by row unless its method is batch-invariant; both attention backends
+        must have a batch-invariant path (else :class:`ConfigError`)."""
+        from engine.runtime.linear import Linear
+
+        for kind, backend, name in (("prefill", self.prefill_backend,
+                                     self.attention_backend_names[0]),
+                                    ("decode", self.decode_backend,
+                                     self.attention_backend_names[1])):
+            if not backend.batch_invariant:
+                raise ConfigError(f"--enable-deterministic-inference: the {kind} attention "
+                                  f"backend {name} has no batch-invariant path; use "
+                                  "--attention-backend torch_native")
+        for module in self.model.modules():
+            if isinstance(module, Linear):
+                module.row_by_row = True
+        self.model.row_by_row = True
+        log.info("deterministic inference: batch-invariant attention, matmuls and sampling")
+
     def _make_decode_graphs(self) -> Any:
         """CUDA graphs for decode steps, when on CUDA, not disabled, and the decode backend
         supports them (it says so itself); otherwise decode runs eagerly."""
         if (self.device.type != "cuda" or self.config.disable_cuda_graph
+                or self.config.is_embedding or self.config.enable_deterministic_inference
                 or not self.decode_backend.supports_cuda_graph):
             return None
         if self._experts is not None and not self._experts[0].supports_cuda_graph:
@@ -170,7 +193,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
-        """Run the model over ``batch``; float32 logits ``[len(batch.logits_indices), vocab]``.
+        """Run the model over ``batch``; float32 logits ``[len(batch.logits_indices), vocab]``
+        (with ``--is-embedding``: the selected tokens' final hidden states, L2-normalized,
+        float32 ``[len(batch.logits_indices), hidden_size]``).
 
         Writes the new tokens' K/V into the pool at ``batch.out_cache_loc``. When
         ``batch.logits_indices`` is None, the last token of every request is used. Decode
@@ -189,4 +214,6 @@ class ModelRunner:
         if idx is None:
             idx = torch.cumsum(batch.extend_lens, 0) - 1
         hidden = self.model(batch.input_ids, batch.positions, batch, backend, idx)
+        if self.config.is_embedding:  # last-token pooling of the final norm's output
+            return torch.nn.functional.normalize(hidden.float(), p=2.0, dim=-1)
         return self.model.compute_logits(hidden).float()

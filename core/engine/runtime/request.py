@@ -38,6 +38,8 @@ class ReqOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    #: the prompt's embedding (``--is-embedding``), on its one and last output
+    embedding: list[float] | None = None
 
 
 Sink = Callable[[ReqOutput], None]
@@ -119,6 +121,8 @@ class Req:
     routing_key: str | None = None  #: requests with one key are admitted together (routing-key)
     #: the constraint's matcher (:class:`engine.api.grammar.GrammarMatcher`), or None
     grammar: Any = None
+    #: the chosen :class:`engine.runtime.logit_processors.ChosenProcessor`, or None
+    logit_processor: Any = None
     output_ids: list[int] = field(default_factory=list)
     # KV state
     row: int | None = None

@@ -18,7 +18,8 @@ be finite (``inf``/``nan`` are refused), and:
 1. penalties: ``repetition_penalty`` over prompt and generated tokens (a positive logit is
    divided by it, a negative one multiplied); ``frequency_penalty`` times each token's count in
    the generated tokens and ``presence_penalty`` once per generated token are subtracted
-   (OpenAI's definition); ``min_new_tokens`` masks the stop/eos tokens until reached;
+   (OpenAI's definition); ``min_new_tokens`` masks the stop/eos tokens until reached; a row's
+   custom logit processor (:mod:`engine.runtime.logit_processors`) then runs;
    a constrained row (one with a grammar matcher) then keeps only the tokens its grammar
    allows (the others' logits become ``-inf``); a row whose grammar allows nothing fails with
    :class:`~engine.runtime.grammar.GrammarDeadEnd`;
@@ -209,6 +210,8 @@ class SamplingRow(Protocol):
     stop_ids: frozenset[int]
     #: the request's :class:`engine.api.grammar.GrammarMatcher`, or None (unconstrained)
     grammar: Any
+    #: the request's :class:`engine.runtime.logit_processors.ChosenProcessor`, or None
+    logit_processor: Any
 
 
 @dataclass
@@ -223,10 +226,22 @@ class SampleOutput:
 
 
 class Sampler:
-    """Batched sampler over ``[B, V]`` float32 logits (see the module docstring for the order)."""
+    """Batched sampler over ``[B, V]`` float32 logits (see the module docstring for the order).
+
+    ``batch_invariant`` (``--enable-deterministic-inference``): each row is sampled alone, so
+    its softmax, log-probabilities and draw never depend on the other rows."""
+
+    def __init__(self, batch_invariant: bool = False) -> None:
+        self.batch_invariant = batch_invariant
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleOutput:
+        if self.batch_invariant and len(rows) > 1:
+            return _merge([self._sample(logits[i:i + 1].clone(), [row])
+                           for i, row in enumerate(rows)])
+        return self._sample(logits, rows)
+
+    def _sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleOutput:
         """Sample one token per row. ``logits`` may be modified in place.
 
         Runs in inference mode: the model runner's logits are inference tensors, which may
@@ -245,6 +260,12 @@ class Sampler:
                     _prepare_row(logits[i], row, vocab)
                 except Exception as exc:  # noqa: BLE001 - this row fails, the batch goes on
                     out.errors[i] = exc
+        chosen = [i for i, r in enumerate(rows) if getattr(r, "logit_processor", None)
+                  is not None and i not in out.errors]
+        if chosen:
+            from engine.runtime import logit_processors
+
+            logit_processors.apply(logits, rows, chosen, out.errors)
         constrained = [i for i, r in enumerate(rows) if r.grammar is not None
                        and i not in out.errors]
         if constrained:
@@ -292,6 +313,17 @@ class Sampler:
                     out.top_logprobs[i] = [(t, v) for t, v in zip(idx_l[i][:n], vals_l[i][:n])
                                            if v != -math.inf]
         return out
+
+
+def _merge(outs: list[SampleOutput]) -> SampleOutput:
+    """One output of single-row outputs (rows that asked for no log-probabilities get NaN and
+    no alternatives when others did)."""
+    merged = SampleOutput(token_ids=[o.token_ids[0] for o in outs])
+    if any(o.logprobs is not None for o in outs):
+        merged.logprobs = [o.logprobs[0] if o.logprobs is not None else math.nan for o in outs]
+        merged.top_logprobs = [o.top_logprobs[0] if o.top_logprobs else [] for o in outs]
+    merged.errors = {i: o.errors[0] for i, o in enumerate(outs) if o.errors}
+    return merged
 
 
 def _argmax(logits: torch.Tensor) -> list[int]:

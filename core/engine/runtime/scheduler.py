@@ -177,7 +177,7 @@ class Scheduler:
         self.rows = ReqToTokenRows(runner.req_to_token.shape[0])
         self.cache = RadixCache(self.page_size, self.allocator.free_slots,
                                 disabled=config.disable_radix_cache)
-        self.sampler = Sampler()
+        self.sampler = Sampler(batch_invariant=config.enable_deterministic_inference)
         #: observer called after each forward with (batch, sampled token ids); set by Runtime
         #: only when a plugin implements ``engine_after_forward`` (nothing on the hot path else)
         self.after_forward: Callable[[Batch, list[int]], None] | None = None
@@ -608,7 +608,12 @@ class Scheduler:
     def _process(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
         """Sample, append, finish and emit; returns the sampled token ids in ``reqs`` order.
 
-        A request whose sampling row, finishing or delivery raises fails alone."""
+        A request whose sampling row, finishing or delivery raises fails alone. With
+        ``--is-embedding`` ``logits`` are the prompts' embeddings: each request ends with its
+        own (:meth:`_finish_embeddings`)."""
+        if self.config.is_embedding:
+            self._finish_embeddings(reqs, logits)
+            return []
         out = self.sampler(logits, reqs)
         self.timer.mark("sample")
         now = time.monotonic()
@@ -641,6 +646,20 @@ class Scheduler:
                 self._release(req)
             self.timer.mark("release")
         return list(out.token_ids)
+
+    def _finish_embeddings(self, reqs: list[Req], embeddings: torch.Tensor) -> None:
+        """End each prompt-complete request with its embedding (row ``i`` of ``embeddings``)."""
+        rows = embeddings.tolist()
+        items: list[tuple[Sink, ReqOutput]] = []
+        for req, row in zip(reqs, rows):
+            req.finish_reason = {"type": "stop"}
+            delta = ReqOutput(rid=req.rid, embedding=row)
+            self._fill_counts(req, delta)
+            items.append((req.sink, delta))
+        emit(items)
+        for req in reqs:
+            self._release(req)
+        self.timer.mark("emit")
 
     def _next_output(self, req: Req, out: SampleOutput, i: int, now: float) -> ReqOutput:
         """Append row ``i``'s token to ``req``, check whether it finished; its output delta."""

@@ -1,6 +1,7 @@
 """The HTTP server: FastAPI routes over one :class:`~engine.runtime.frontend.Runtime`.
 
-Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (OpenAI), ``/generate``
+Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, ``/v1/embeddings``
+(OpenAI; embeddings with ``--is-embedding``, which refuses the generation routes), ``/generate``
 (native), ``/health``, ``/health_generate``, ``/get_model_info``, ``/metrics``, and the admin
 routes ``/flush_cache`` (POST), ``/get_server_info``. Every request first passes
 :class:`GuardMiddleware` (shutdown, Host, Origin, keys, content type, body). Every error is
@@ -31,7 +32,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import engine
 from engine.config import ServerConfig
 from engine.assembly import Assembly
+from engine.models.completion_templates import load_completion_template
 from engine.runtime.frontend import RequestError, Runtime, start_runtime
+from engine.runtime.logit_processors import choose as choose_processor
 from engine.runtime.sampling import InvalidParam, SamplingParams
 from engine.runtime.watchdog import watch_forwards
 from engine.server.generation import (ClientGone, Generation, SeqState, grammar_matchers,
@@ -39,7 +42,7 @@ from engine.server.generation import (ClientGone, Generation, SeqState, grammar_
 from engine.server.metrics import Metrics
 from engine.server.openai_api import OpenAIServing, error_body, sse, sse_response
 from engine.server.protocol import (CONSTRAINT_FIELDS, ChatCompletionRequest, CompletionRequest,
-                                    GenerateRequest, constraint, parse_body,
+                                    EmbeddingRequest, GenerateRequest, constraint, parse_body,
                                     to_sampling_params)
 from engine.server.state import RETRY_AFTER_S, Drain, ServerState
 
@@ -307,7 +310,8 @@ def create_app(state: ServerState) -> FastAPI:
         mc = runtime.model_config
         return {"model_path": state.model_path, "served_model_name": state.model_name,
                 "tokenizer_path": state.config.tokenizer_path or state.model_path,
-                "is_generation": True, "architectures": [mc.architecture],
+                "is_generation": not state.config.is_embedding,
+                "architectures": [mc.architecture],
                 "model_type": mc.architecture, **runtime.info()}
 
     @app.get("/get_server_info")
@@ -330,19 +334,35 @@ def create_app(state: ServerState) -> FastAPI:
 
     # -------------------------------------------------------------- generation
 
+    def generating(route: str) -> None:
+        """Refuse a generation route on an embedding server (400, saying what it serves)."""
+        if config.is_embedding:
+            raise RequestError(f"this server serves embeddings (--is-embedding): {route} "
+                               "generates text; use /v1/embeddings", code="wrong_endpoint")
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
+        generating("/v1/completions")
         return await oai.completions(parse_body(await request.body(), CompletionRequest),
                                      request)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
+        generating("/v1/chat/completions")
         return await oai.chat(parse_body(await request.body(), ChatCompletionRequest), request)
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Any:
+        generating("/generate")
         return await _native_generate(state, parse_body(await request.body(), GenerateRequest),
                                       request)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Any:
+        if not config.is_embedding:
+            raise RequestError("this server generates text: /v1/embeddings needs a server "
+                               "started with --is-embedding", code="wrong_endpoint")
+        return await oai.embeddings(parse_body(await request.body(), EmbeddingRequest), request)
 
     return app
 
@@ -372,10 +392,19 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
         raws = raw
     else:
         raws = [raw or {}] * len(prompts)
-    params, constraints = [], []
-    for r in raws:
+    chosen = body.custom_logit_processor
+    if isinstance(chosen, list):
+        if len(chosen) != len(prompts):
+            raise RequestError(f"{len(chosen)} custom_logit_processor for {len(prompts)} inputs",
+                               param="custom_logit_processor")
+    else:
+        chosen = [chosen] * len(prompts)
+    params, constraints, processors = [], [], []
+    for r, proc in zip(raws, chosen):
         fields = dict(r)
         constraints.append(constraint({k: fields.pop(k, None) for k in CONSTRAINT_FIELDS}))
+        processors.append(choose_processor(proc, fields.pop("custom_params", None),
+                                           runtime.logit_processors, runtime.vocab_size))
         sp = to_sampling_params(fields, names={}, defaults=runtime.sampling_defaults)
         if body.return_logprob:
             sp.logprobs, sp.top_logprobs = True, body.top_logprobs_num
@@ -383,7 +412,8 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
     grammars = await grammar_matchers(state, constraints, params)
     gen = Generation(state, prompts, params, request, rid=body.rid, prompt_param=param,
                      max_tokens_param="max_new_tokens", priority=body.priority,
-                     routing_key=body.routing_key, grammars=grammars)
+                     routing_key=body.routing_key, grammars=grammars,
+                     logit_processors=processors)
 
     def item(s: SeqState, delta: Any = None) -> dict[str, Any]:
         """The response item of sequence ``s``: all of its text and ids, or only those of
@@ -470,6 +500,9 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     t0 = time.monotonic()
+    completion_template = None
+    if config.completion_template is not None:
+        completion_template = load_completion_template(config.completion_template)
     runtime = start_runtime(config, assembly)
     watchdog = watch_forwards(runtime.runner, config.watchdog_timeout,
                               config.soft_watchdog_timeout)
@@ -480,7 +513,8 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
         state = ServerState(config=config, runtime=runtime,
                             metrics=Metrics(runtime.scheduler.stats, name), model_name=name,
                             model_path=runtime.model_config.model_path, started=time.time(),
-                            parsers=runtime.parsers, watchdog=watchdog)
+                            parsers=runtime.parsers, watchdog=watchdog,
+                            completion_template=completion_template)
         app = create_app(state)
         url = f"http://{config.host}:{config.port}"
 

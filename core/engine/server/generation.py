@@ -96,6 +96,7 @@ class SeqState:
     cached_tokens: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
+    embedding: list[float] | None = None  #: the prompt's embedding (``--is-embedding``)
 
 
 def check_limits(config: ServerConfig, params: list[SamplingParams], prompt_param: str) -> None:
@@ -152,7 +153,8 @@ class Generation:
 
     Raises :class:`RequestError`: beyond the server's limits (:func:`check_limits`), a prompt
     or params the runtime refuses, a full queue (503) or a server shutting down (503).
-    ``priority`` and ``routing_key`` reach the scheduler's policies.
+    ``priority`` and ``routing_key`` reach the scheduler's policies; ``logit_processors``
+    (one per prompt, or None) the sampler.
     """
 
     def __init__(self, state: ServerState, prompts: list[list[int]],
@@ -160,7 +162,8 @@ class Generation:
                  rid: str | None = None, prompt_param: str = "prompt",
                  max_tokens_param: str = "max_tokens", priority: int | None = None,
                  routing_key: str | None = None,
-                 grammars: list[list[Any] | None] | None = None) -> None:
+                 grammars: list[list[Any] | None] | None = None,
+                 logit_processors: list[Any] | None = None) -> None:
         runtime = self.runtime = state.runtime
         self.config, self.prompts, self.params = state.config, prompts, params
         self.metrics, self.request, self.drain = state.metrics, request, state.drain
@@ -180,7 +183,9 @@ class Generation:
                 for req in runtime.make_reqs(sub, ids, sp, sink, param=prompt_param,
                                              max_tokens_param=max_tokens_param,
                                              priority=priority, routing_key=routing_key,
-                                             grammars=grammars[p_i] if grammars else None):
+                                             grammars=grammars[p_i] if grammars else None,
+                                             logit_processor=logit_processors[p_i]
+                                             if logit_processors else None):
                     self.seqs[req.rid] = SeqState(index=len(self.reqs), prompt_index=p_i)
                     self.reqs.append(req)
             runtime.scheduler.submit(self.reqs)
@@ -284,6 +289,8 @@ class Generation:
         s.token_ids.extend(out.token_ids)
         s.logprobs.extend(out.logprobs)
         s.top_logprobs.extend(out.top_logprobs)
+        if out.embedding is not None:
+            s.embedding = out.embedding
         if out.finished:
             self._open -= 1
             s.finish_reason = out.finish_reason

@@ -10,7 +10,9 @@ same message (their concatenation equals it, tool-call ids aside).
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 import logging
 import time
 from typing import Any, AsyncIterator
@@ -22,10 +24,13 @@ from engine.api.grammar import GrammarSpec
 from engine.assembly import ParserFactories
 from engine.parsers.api import MessageStream, parse_message
 from engine.runtime.frontend import RequestError
+from engine.runtime.logit_processors import choose as choose_processor
 from engine.server.generation import (ClientGone, Generation, SeqState, grammar_matchers,
                                       internal_failure, usage)
+from engine.runtime.sampling import SamplingParams
 from engine.server.protocol import (API_NAMES, CONSTRAINT_FIELDS, ChatCompletionRequest,
-                                    CompletionRequest, constraint, to_sampling_params)
+                                    CompletionRequest, EmbeddingRequest, constraint,
+                                    to_sampling_params)
 
 log = logging.getLogger("engine.serve")
 
@@ -82,6 +87,12 @@ class OpenAIServing:
     def _usage(self, states: list[SeqState]) -> dict[str, Any]:
         return usage(states, cache_report=self.state.config.enable_cache_report)
 
+    def _processor(self, body: Any) -> Any:
+        """The request's custom logit processor (``custom_logit_processor``), or None."""
+        runtime = self.state.runtime
+        return choose_processor(body.custom_logit_processor, body.custom_params,
+                                runtime.logit_processors, runtime.vocab_size)
+
     def _token_text(self, tid: int) -> str:
         return self.tok.decode([tid])
 
@@ -106,17 +117,18 @@ class OpenAIServing:
         if not prompts:
             raise RequestError("prompt must not be empty", param="prompt")
         if body.suffix:
-            raise RequestError("suffix is not supported", param="suffix")
+            prompts = self._fill_in_the_middle(prompts, body.suffix)
         ids = [self.tok.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         data = body.sampling_dict()
         if body.logprobs is not None:
             data.update(logprobs=True, top_logprobs=body.logprobs)
         sp = to_sampling_params(data, defaults=self.state.runtime.sampling_defaults)
         found = constraint(body.model_dump(include=set(CONSTRAINT_FIELDS)), body.response_format)
+        processor = self._processor(body)
         grammars = await grammar_matchers(self.state, [found] * len(ids), [sp] * len(ids))
         gen = Generation(self.state, ids, [sp] * len(ids), request, rid=body.rid,
                          priority=body.priority, routing_key=body.routing_key,
-                         grammars=grammars)
+                         grammars=grammars, logit_processors=[processor] * len(ids))
         echo = [self.tok.decode(i) if body.echo else "" for i in ids]
         cid, created = f"cmpl-{gen.rid}", int(time.time())
         if body.stream:
@@ -131,6 +143,18 @@ class OpenAIServing:
                     "matched_stop": (s.finish_reason or {}).get("matched")} for s in states]
         return JSONResponse({"id": cid, "object": "text_completion", "created": created,
                              "model": model, "choices": choices, "usage": self._usage(states)})
+
+    def _fill_in_the_middle(self, prompts: list[str | list[int]],
+                            suffix: str) -> list[str | list[int]]:
+        """Each text prompt joined with ``suffix`` by ``--completion-template``."""
+        template = self.state.completion_template
+        if template is None:
+            raise RequestError("suffix needs a fill-in-the-middle template: this server runs "
+                               "without --completion-template", param="suffix")
+        if not all(isinstance(p, str) for p in prompts):
+            raise RequestError("suffix needs a text prompt (the template joins text), not "
+                               "token ids", param="suffix")
+        return [template.format(p, suffix) for p in prompts]  # type: ignore[arg-type]
 
     def _completion_logprobs(self, s: SeqState, start: int = 0) -> dict[str, Any]:
         tokens = [self._token_text(t) for t in s.token_ids[start:]]
@@ -167,6 +191,51 @@ class OpenAIServing:
         if include_usage:
             yield sse({**head, "choices": [], "usage": self._usage(gen.states)})
         yield sse("[DONE]")
+
+    # ------------------------------------------------------------------ embeddings
+
+    async def embeddings(self, body: EmbeddingRequest, request: Request) -> Any:
+        """One embedding per input (``--is-embedding``): the model's final hidden state at the
+        input's last token, L2-normalized; ``base64`` is its little-endian float32 bytes."""
+        model = self._check_model(body.model)
+        size = self.state.runtime.model_config.hidden_size
+        if body.dimensions is not None and body.dimensions != size:
+            raise RequestError(f"dimensions {body.dimensions}: this model's embeddings have "
+                               f"{size} dimensions and cannot be shortened (it is not a "
+                               "matryoshka model); leave dimensions out", param="dimensions")
+        ids = [self._embedding_input(p, i) for i, p in enumerate(_embedding_inputs(body.input))]
+        params = [SamplingParams(max_new_tokens=0, temperature=0.0) for _ in ids]
+        gen = Generation(self.state, ids, params, request, rid=body.rid, prompt_param="input",
+                         priority=body.priority)
+        states = await gen.collect()
+        failed = internal_failure(states)
+        if failed:
+            raise RequestError(failed, status=500, type="internal_error")
+        data = []
+        for s in states:
+            vector = s.embedding or []
+            if body.encoding_format == "base64":
+                packed = struct.pack(f"<{len(vector)}f", *vector)
+                value: Any = base64.b64encode(packed).decode("ascii")
+            else:
+                value = vector
+            data.append({"object": "embedding", "index": s.index, "embedding": value})
+        prompt = sum(s.prompt_tokens for s in states)
+        return JSONResponse({"object": "list", "data": data, "model": model,
+                             "usage": {"prompt_tokens": prompt, "total_tokens": prompt}})
+
+    def _embedding_input(self, item: str | list[int], index: int) -> list[int]:
+        where = "input" if index == 0 else f"input[{index}]"
+        if isinstance(item, str):
+            if not item:
+                raise RequestError(f"{where} is an empty string", param="input")
+            if self.tok is None:
+                raise RequestError("this server has no tokenizer (--skip-tokenizer-init); "
+                                   "give input as token ids", param="input")
+            return self.tok.encode(item)
+        if not item:
+            raise RequestError(f"{where} is an empty list of token ids", param="input")
+        return list(item)
 
     # ------------------------------------------------------------------ chat
 
@@ -278,11 +347,12 @@ class OpenAIServing:
                                    f"{found[1]} and a tool_choice that forces a call",
                                    param="tool_choice")
             found = found or calls
+        processor = self._processor(body)
         grammars = await grammar_matchers(self.state, [found], [sp])
         gen = Generation(self.state, [ids], [sp], request, rid=body.rid,
                          prompt_param="messages", max_tokens_param=names["max_new_tokens"],
                          priority=body.priority, routing_key=body.routing_key,
-                         grammars=grammars)
+                         grammars=grammars, logit_processors=[processor])
         pkw = parser_kwargs(body, self.state.parsers)
         cid, created = f"chatcmpl-{gen.rid}", int(time.time())
         if body.stream:
@@ -339,6 +409,18 @@ class OpenAIServing:
         if include_usage:
             yield sse({**head, "choices": [], "usage": self._usage(gen.states)})
         yield sse("[DONE]")
+
+
+def _embedding_inputs(value: str | list[Any]) -> list[str | list[int]]:
+    """``input`` as a list of texts or token-id lists: a text and a token-id list are one
+    input each; a list of texts or of token-id lists is a batch."""
+    if isinstance(value, str):
+        return [value]
+    if not value:
+        raise RequestError("input is an empty list", param="input")
+    if all(isinstance(v, int) for v in value):
+        return [list(value)]
+    return list(value)
 
 
 def _no_call_message(forced: str) -> str:

@@ -93,6 +93,9 @@ class _SamplingFields(_Body):
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    # a named custom logit processor (--enable-custom-logit-processor) and its parameters
+    custom_logit_processor: Any = None
+    custom_params: Any = None
     # no logit bias: refused, never ignored
     logit_bias: Annotated[dict[str, Any] | None, _unsupported({})] = None
 
@@ -117,6 +120,18 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: Annotated[int | None, _unsupported(1)] = None
+
+
+class EmbeddingRequest(_Body):
+    """OpenAI ``/v1/embeddings``: ``input`` is a text, texts, token ids or lists of them."""
+
+    input: str | list[str] | TokenIds | list[TokenIds]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    rid: str | None = None
+    priority: int | None = None
 
 
 class ChatMessage(_Body):
@@ -156,6 +171,7 @@ class GenerateRequest(_Body):
     routing_key: str | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    custom_logit_processor: Any = None  #: one, or one per input
 
 
 #: SGLang's constraint fields, on the OpenAI bodies and in ``/generate``'s sampling_params

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from engine.assembly import ParserFactories
 from engine.config import ServerConfig
+from engine.models.completion_templates import CompletionTemplate
 from engine.runtime.frontend import Runtime
 from engine.runtime.watchdog import Watchdog
 from engine.server.metrics import Metrics
@@ -85,4 +86,6 @@ class ServerState:
     started: float
     parsers: ParserFactories  #: the chat parsers' factories, built once at start-up
     watchdog: Watchdog | None = None  #: times the model's forwards; tripped: /health fails
+    #: ``--completion-template``'s template, or None
+    completion_template: CompletionTemplate | None = None
     drain: Drain = field(default_factory=Drain)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from engine.api import hookimpl
 from engine.api.attention import AttentionBackend, AttentionLayerSpec, KVPool
-from engine.api.attention import Batch
+from engine.api.attention import Batch, attend_per_token
 
 
 @dataclass
@@ -31,9 +31,17 @@ class Metadata:
 
 
 class TorchNativeBackend(AttentionBackend):
-    """SDPA over gathered pages; see the module docstring."""
+    """SDPA over gathered pages; see the module docstring. ``batch_invariant``
+    (``--enable-deterministic-inference``): one SDPA call per token instead
+    (:func:`engine.api.attention.attend_per_token`)."""
+
+    def __init__(self, pool: KVPool, batch_invariant: bool = False) -> None:
+        super().__init__(pool)
+        self.batch_invariant = batch_invariant
 
     def prepare(self, batch: Batch) -> None:
+        if self.batch_invariant:
+            return
         dev = batch.seq_lens.device
         seq = batch.seq_lens_cpu or batch.seq_lens.tolist()
         ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
@@ -84,6 +92,8 @@ class TorchNativeBackend(AttentionBackend):
 
     def forward_extend(self, q: torch.Tensor, layer: AttentionLayerSpec,
                        batch: Batch) -> torch.Tensor:
+        if self.batch_invariant:
+            return attend_per_token(self.pool, q, layer, batch)
         md: Metadata = batch.attn_metadata
         bsz, q_len = md.kv_index.shape[0], md.num_queries
         heads, dim = q.shape[1], q.shape[2]
@@ -100,6 +110,8 @@ class TorchNativeBackend(AttentionBackend):
                        batch: Batch) -> torch.Tensor:
         """The query heads sharing a KV head attend together as one group of queries (no KV
         repeat): q [B, Hq, D] -> [B, Hkv, ratio, D] against K/V [B, Hkv, L, D]."""
+        if self.batch_invariant:
+            return attend_per_token(self.pool, q, layer, batch)
         md: Metadata = batch.attn_metadata
         k, v = self._gather(layer, md, q.dtype)
         bsz = q.shape[0]
@@ -111,4 +123,4 @@ class TorchNativeBackend(AttentionBackend):
 
 @hookimpl
 def engine_create_attention_backend(pool: KVPool, model_config: Any, config: Any) -> Any:
-    return TorchNativeBackend(pool)
+    return TorchNativeBackend(pool, batch_invariant=config.enable_deterministic_inference)

@@ -17,17 +17,25 @@ from torch import nn
 
 from engine.api import ConfigError, PluginError
 from engine.api import hookimpl
-from engine.api.quant import Linear, PackedWeight, QuantMethod
+from engine.api.quant import Linear, PackedWeight, QuantMethod, rowwise
 
 from engine_quant_gguf import kernels
 
 
 class GGUFMethod(QuantMethod):
     """Dense ``weight`` (filled by dequantizing) plus ``gguf_blocks`` [out, row_bytes] uint8 when
-    every row of the layer came packed in one type the kernels read."""
+    every row of the layer came packed in one type the kernels read.
 
-    def __init__(self, max_rows: int) -> None:
-        self.max_rows = max_rows
+    The kernels are batch-invariant: each output element is accumulated by one thread, over the
+    blocks of its row in order, in per-row registers (threads split the output columns, never
+    the reduction), so a row's result never depends on the other rows. ``batch_invariant``
+    (``--enable-deterministic-inference``) therefore multiplies every row count from the packed
+    blocks, and a layer without blocks one row at a time.
+    """
+
+    def __init__(self, max_rows: int, batch_invariant: bool = False) -> None:
+        self.max_rows = max_rows if not batch_invariant else 2**62
+        self.batch_invariant = batch_invariant
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:
@@ -67,6 +75,8 @@ class GGUFMethod(QuantMethod):
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         blocks = layer.gguf_blocks
         rows = x.numel() // layer.in_features
+        if blocks is None and self.batch_invariant:
+            return rowwise(lambda row: F.linear(row, layer.weight, bias), x)
         if blocks is None or not 0 < rows <= self.max_rows:
             return F.linear(x, layer.weight, bias)
         flat = x.reshape(rows, layer.in_features)
@@ -80,7 +90,7 @@ class GGUFMethod(QuantMethod):
 
 @hookimpl
 def engine_create_quant_method(model_config: Any, quant_config: Any, device: torch.device,
-                               options: Any) -> QuantMethod:
+                               options: Any, config: Any) -> QuantMethod:
     if device.type != "cpu":
         raise PluginError(f"--quantization gguf: its kernels run on the CPU; this model is on "
                           f"{device.type}")
@@ -93,4 +103,4 @@ def engine_create_quant_method(model_config: Any, quant_config: Any, device: tor
                           f"file's weights are {', '.join(sorted(types))}")
     kernels.library()  # compile now, so a toolchain problem stops start-up with its reason
     max_rows = int(options["gguf_kernel_max_rows"])
-    return GGUFMethod(max_rows)
+    return GGUFMethod(max_rows, batch_invariant=config.enable_deterministic_inference)
