@@ -35,6 +35,8 @@ class MoERunner(ABC):
 
     #: ``apply`` can be captured in a CUDA graph (no host sync, fixed launch shapes per batch)
     supports_cuda_graph: bool = False
+    #: a token's output does not depend on the other tokens of the batch (bit for bit)
+    batch_invariant: bool = False
 
     def supports(self, experts: ExpertWeights) -> str | None:
         """``None`` when this runner can serve ``experts`` (dtype, device, layout), else the

@@ -165,6 +165,10 @@ class ModelRunner:
                 raise ConfigError(f"--enable-deterministic-inference: the {kind} attention "
                                   f"backend {name} has no batch-invariant path; use "
                                   "--attention-backend torch_native")
+        if self._experts is not None and not self._experts[0].batch_invariant:
+            raise ConfigError("--enable-deterministic-inference: the MoE runner groups tokens "
+                              "by expert, so a token's result depends on the batch; no "
+                              "batch-invariant MoE runner is installed")
         for module in self.model.modules():
             if isinstance(module, Linear):
                 module.row_by_row = True

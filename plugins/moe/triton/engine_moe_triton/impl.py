@@ -1,8 +1,8 @@
 """``--moe-runner-backend triton``: the fused-MoE kernels of :mod:`.kernels` with launch
 parameters from a tuning table.
 
-Tables are JSON files named ``E={E},N={N},device_name={device}[,dtype={dtype}].json`` (N: the
-expert width) mapping a token count to ``BLOCK_SIZE_M/N/K``, ``GROUP_SIZE_M``, ``num_warps`` and
+Tables are JSON files named ``E{E}_N{N}_{device}[_float32].json`` (N: the expert width, device
+as ``torch.cuda.get_device_name`` with ``_`` for spaces) mapping a token count to ``BLOCK_SIZE_M/N/K``, ``GROUP_SIZE_M``, ``num_warps`` and
 ``num_stages``; the nearest token count is used. They are searched in
 ``--triton-moe-config-dir``, then in this package's ``configs/``; without a table the defaults
 below apply (``benchmarks/tune_moe_triton.py`` writes tables).
@@ -43,13 +43,13 @@ def default_config(tokens: int, num_experts: int, dtype: torch.dtype) -> dict[st
 
 
 #: matrix-vector launch parameters (gate/up and down projections)
-GEMV_DEFAULT = dict(block_n=32, block_k=128, warps=4)
+GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8)  # best of the H200 sweep at 1 token
 
 
 def table_name(num_experts: int, width: int, device: str, dtype: torch.dtype) -> str:
-    name = f"E={num_experts},N={width},device_name={device.replace(' ', '_')}"
+    name = f"E{num_experts}_N{width}_{device.replace(' ', '_')}"
     if dtype == torch.float32:
-        name += ",dtype=float32"
+        name += "_float32"
     return name + ".json"
 
 
