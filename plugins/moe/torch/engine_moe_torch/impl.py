@@ -49,7 +49,11 @@ class TorchRunner(MoERunner):
         inter = experts.intermediate_size
         if getattr(experts, "grouped", None) is None:
             experts.grouped = _grouped_ok(experts)
-        if experts.grouped and n_valid:
+        # the CPU's grouped_mm visits every expert, empty or not: a loop over the experts that
+        # received tokens is faster when fewer pairs than experts are routed
+        grouped = experts.grouped and n_valid and (hidden.device.type != "cpu"
+                                                   or n_valid >= experts.num_experts)
+        if grouped:
             offs = counts.cumsum(0).to(torch.int32)
             gu = _grouped_mm(x, experts.w13.transpose(1, 2), offs=offs)
             y = _grouped_mm(F.silu(gu[:, :inter]) * gu[:, inter:], experts.w2.transpose(1, 2),
@@ -62,10 +66,12 @@ class TorchRunner(MoERunner):
                     gu = x[start:start + n] @ experts.w13[e].t()
                     y[start:start + n] = (F.silu(gu[:, :inter]) * gu[:, inter:]) @ experts.w2[e].t()
                     start += n
-        w = topk_weights.reshape(-1)[order].unsqueeze(1)
-        out = torch.zeros(t, hidden.shape[1], dtype=torch.float32, device=hidden.device)
-        out.index_add_(0, token, y.float() * w)
-        return out.to(hidden.dtype)
+        # back to (token, slot) order, then a weighted sum over the slots (a scatter-add with
+        # repeated indices is serialised on the CPU: far slower than this)
+        pairs = torch.zeros(t * k, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        pairs[order] = y.float()
+        out = torch.bmm(topk_weights.float().view(t, 1, k), pairs.view(t, k, -1))
+        return out.view(t, -1).to(hidden.dtype)
 
 
 @hookimpl
