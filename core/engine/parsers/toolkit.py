@@ -19,6 +19,10 @@ Subclass :class:`StreamingToolParser` and give it:
     (``"Sure.\\n<tool_call>...</tool_call>\\n"`` yields ``"Sure."``). A response without calls
     is returned unchanged. False: the text around blocks is kept verbatim (only the blocks
     themselves are removed).
+``cut_prefixes`` (optional tuple of str)
+    For formats whose markers span several tokens, so that ``max_tokens`` can stop inside one:
+    at the end of the stream, held-back text that is a prefix of a marker and starts with one
+    of these (``"<|open|>"``) is a cut marker, dropped instead of returned as content.
 ``join_with_whitespace`` (bool, default True)
     With ``trim_whitespace``: when content comes both before and after one or more blocks,
     the whitespace that separated them is kept, one run of it (the whitespace after the last
@@ -650,6 +654,7 @@ class StreamingToolParser(ToolParser):
 
     start_markers: tuple[str, ...] = ()
     drop_markers: tuple[str, ...] = ()
+    cut_prefixes: tuple[str, ...] = ()
     trim_whitespace: bool = True
     join_with_whitespace: bool = True
     compact: bool = False
@@ -801,6 +806,11 @@ class StreamingToolParser(ToolParser):
                     return
             else:
                 end = len(buf) if final else self.hold_from(buf, pos)
+                if final and self.cut_prefixes:
+                    cut = self.hold_from(buf, pos)  # a marker cut by the end of the stream
+                    if buf.startswith(self.cut_prefixes, cut):
+                        end = cut
+                        self._buf = buf = buf[:cut]
             text = buf[pos:end]
             if self.trim_whitespace and not final:
                 text = text.rstrip(_WS)

@@ -501,11 +501,15 @@ class XmlToolParser(StreamingToolParser):
 
     Calls are emitted atomically when their region closes (name and complete arguments in one
     delta), so streaming equals non-streaming for every split. Content before a region yielding
-    calls, and whitespace after it, is trimmed (the toolkit's ``trim_whitespace``).
+    calls, and whitespace after it, is trimmed (the toolkit's ``trim_whitespace``). ``samples``:
+    texts of the plugin's format that the conformance kit checks (``conformance_samples``).
     """
 
-    def __init__(self, *, tools: list[dict[str, Any]] | None = None, fmt: XmlFormat) -> None:
+    def __init__(self, *, tools: list[dict[str, Any]] | None = None, fmt: XmlFormat,
+                 samples: tuple[str, ...] = ()) -> None:
         self.fmt = fmt
+        #: texts of the format for the conformance kit (``engine plugins check``)
+        self.conformance_samples = tuple(samples)
         self.start_markers = fmt.openers
         self.drop_markers = fmt.drop_markers
         self.compact = fmt.compact
