@@ -227,7 +227,9 @@ class ValueTyping:
     Other declared types: ``typed`` names a chain of :data:`CHAINS`, or ``"schema"``: try each
     declared type in ``priority`` order (integer, number, boolean words, JSON object/array,
     null), then JSON, then the raw text. Undeclared properties use the ``untyped`` chain.
-    ``null_word``: the literal ``null`` is ``None`` whatever the type.
+    ``null_word``: the literal ``null`` is ``None`` whatever the type. A quoted number
+    (``"42"``) for a parameter declared numeric and not string is the number, as SGLang
+    coerces it.
     """
 
     trim: str = "none"
@@ -267,6 +269,12 @@ class ValueTyping:
             return text
         if not types:
             return _first(text, *CHAINS[self.untyped])
+        s = text.strip()
+        if "string" not in types and len(s) > 2 and s[0] == s[-1] == '"':
+            for kind in ("integer", "number"):  # a quoted number for a numeric parameter
+                value = self._as(kind, s[1:-1]) if kind in types else _MISSING
+                if value is not _MISSING:
+                    return value
         if self.typed != "schema":
             if self.honour_string and "string" in types:
                 return text
@@ -727,11 +735,14 @@ class FunctionFormat(XmlFormat):
     block body may instead be a JSON ``{"name", "arguments"}`` object (Nanbeige). ``repair``
     (Step-3.5): ``<function f>``/``<parameter k>`` with a space, a header closed by a newline
     instead of ``>``, a missing ``</function>``, and a bare ``<function=...></function>``.
+    ``bare`` (Qwen3-Coder, as SGLang reads it): a ``<function=...>...</function>`` outside the
+    ``<tool_call>`` wrapper is a call too (implied by ``repair``).
     """
 
     wrapper: tuple[str, str] = ("<tool_call>", "</tool_call>")
     json_body: bool = False
     repair: bool = False
+    bare: bool = False
     typing: ValueTyping = ValueTyping(trim="newline", typed="schema", untyped="raw", null_word=True)
     unknown: str = "content"
     compact: bool = False
@@ -739,7 +750,7 @@ class FunctionFormat(XmlFormat):
 
     @property
     def openers(self) -> tuple[str, ...]:
-        return (self.wrapper[0], "<function=") if self.repair else (self.wrapper[0],)
+        return (self.wrapper[0], "<function=") if self.repair or self.bare else (self.wrapper[0],)
 
     def closers(self, opener: str) -> tuple[str, ...]:
         return (self.wrapper[1],) if opener == self.wrapper[0] else ("</function>",)

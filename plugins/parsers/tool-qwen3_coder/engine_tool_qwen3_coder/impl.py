@@ -2,9 +2,18 @@
 from engine.api.parsers import FunctionFormat, XmlToolParser
 from engine.api import hookimpl
 
-FORMAT = FunctionFormat()
+FORMAT = FunctionFormat(bare=True)
+
+#: texts the conformance kit checks: a wrapped call, bare functions with an implicit
+#: parameter close
+SAMPLES = (
+    "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+    "<function=get_time>\n<parameter=tz>UTC\n</function>\n<function=get_weather>\n"
+    "<parameter=city>Oslo</parameter>\n</function>",
+)
 
 
 @hookimpl
 def engine_create_tool_parser(options, chat_template):
-    return lambda *, tools: XmlToolParser(tools=tools, fmt=FORMAT)
+    return lambda *, tools: XmlToolParser(tools=tools, fmt=FORMAT, samples=SAMPLES)
