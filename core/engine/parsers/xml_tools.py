@@ -725,24 +725,36 @@ class InvokeFormat(XmlFormat):
 
 # --------------------------------------------------------------------------- <function=...>
 
+_DRIFTED_CLOSE = re.compile(r"</parameter[\w-]*>?")
+
+
+def _drop_drifted_close(raw: str) -> str:
+    """An unclosed value (it ends at the next parameter or at ``</function>``) without the
+    close marker the model drifted into (``</parameter1>``, ``</parameter_x>``, a bare
+    ``</parameter``), as SGLang strips it. A value closed by a real ``</parameter>`` is kept
+    whole, whatever it ends with."""
+    body = raw.rstrip()
+    at = body.rfind("</parameter")
+    if at >= 0 and _DRIFTED_CLOSE.fullmatch(body, at):
+        return body[:at].rstrip() + raw[len(body):]
+    return raw
+
 
 @dataclass(frozen=True)
 class FunctionFormat(XmlFormat):
     """``<tool_call><function=f><parameter=k>v</parameter></function></tool_call>`` calls.
 
     One or more functions per ``<tool_call>`` block (one region). A parameter ends at
-    ``</parameter>``, at the next ``<parameter=``, or at ``</function>``. ``json_body``: the
+    ``</parameter>``, at the next ``<parameter=``, or at ``</function>`` (then without a
+    drifted close such as ``</parameter1>`` at its end). ``json_body``: the
     block body may instead be a JSON ``{"name", "arguments"}`` object (Nanbeige). ``repair``
     (Step-3.5): ``<function f>``/``<parameter k>`` with a space, a header closed by a newline
     instead of ``>``, a missing ``</function>``, and a bare ``<function=...></function>``.
-    ``bare`` (Qwen3-Coder, as SGLang reads it): a ``<function=...>...</function>`` outside the
-    ``<tool_call>`` wrapper is a call too (implied by ``repair``).
     """
 
     wrapper: tuple[str, str] = ("<tool_call>", "</tool_call>")
     json_body: bool = False
     repair: bool = False
-    bare: bool = False
     typing: ValueTyping = ValueTyping(trim="newline", typed="schema", untyped="raw", null_word=True)
     unknown: str = "content"
     compact: bool = False
@@ -750,7 +762,7 @@ class FunctionFormat(XmlFormat):
 
     @property
     def openers(self) -> tuple[str, ...]:
-        return (self.wrapper[0], "<function=") if self.repair or self.bare else (self.wrapper[0],)
+        return (self.wrapper[0], "<function=") if self.repair else (self.wrapper[0],)
 
     def closers(self, opener: str) -> tuple[str, ...]:
         return (self.wrapper[1],) if opener == self.wrapper[0] else ("</function>",)
@@ -801,7 +813,8 @@ class FunctionFormat(XmlFormat):
             key, i = head
             j, end = earliest(inner, ends, i)
             j = len(inner) if j < 0 else j
-            args[key] = self.value(ctx, name, key, inner[i:j])
+            raw = inner[i:j] if end == "</parameter>" else _drop_drifted_close(inner[i:j])
+            args[key] = self.value(ctx, name, key, raw)
             pos = skip_ws(inner, j + len(end) if end == "</parameter>" else j)
         return args
 

@@ -2,15 +2,15 @@
 from engine.api.parsers import FunctionFormat, XmlToolParser
 from engine.api import hookimpl
 
-FORMAT = FunctionFormat(bare=True)
+FORMAT = FunctionFormat()
 
-#: texts the conformance kit checks: a wrapped call, bare functions with an implicit
+#: texts the conformance kit checks: a call, and two in one block with an implicit
 #: parameter close
 SAMPLES = (
     "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
     "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
-    "<function=get_time>\n<parameter=tz>UTC\n</function>\n<function=get_weather>\n"
-    "<parameter=city>Oslo</parameter>\n</function>",
+    "<tool_call>\n<function=get_time>\n<parameter=tz>UTC\n</function>\n<function=get_weather>\n"
+    "<parameter=city>Oslo</parameter>\n</function>\n</tool_call>",
 )
 
 
