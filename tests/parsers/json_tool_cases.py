@@ -156,7 +156,7 @@ MALFORMED: dict[str, str] = {
     "mistral": '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}]',
     "mistral#compact": '[TOOL_CALLS]get_weather[ARGS]{"city": Paris}',
     "pythonic": "[get_weather(city=open('x'))]",
-    "lfm2": '<|tool_call_start|>[get_weather("Paris")]<|tool_call_end|>',
+    "lfm2": '<|tool_call_start|>[get_weather(**{"city": "Paris"})]<|tool_call_end|>',
     "lfm2#json": '<|tool_call_start|>[{"arguments": {}}]<|tool_call_end|>',
     "deepseekv3": DS[0] + DS[1] + "function" + DS[2] + "get_weather\n```json\n{city: 1}\n```" + DS[3] + DS[4],
     "deepseekv31": DS[0] + DS[1] + "get_weather" + DS[2] + '["Paris"]' + DS[3] + DS[4],

@@ -31,7 +31,7 @@ import ast
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 from engine.parsers.toolkit import (
     Block,
@@ -39,6 +39,7 @@ from engine.parsers.toolkit import (
     JsonCallStreamer,
     JsonStreamer,
     StreamingToolParser,
+    loads_json,
     match_token,
     next_token,
     skip_ws,
@@ -122,6 +123,10 @@ class JsonTagParser(StreamingToolParser):
     ``end_marker = ""``: the block ends with the JSON object. A complete object whose end tag is
     missing when the stream ends is accepted. Text between the object and the end tag, other
     than whitespace, makes the block malformed.
+
+    With an end marker, the payload may also be a JSON array of call objects (as SGLang reads
+    it): each object with a name is a call, other entries are skipped; the block's calls are
+    emitted when its end tag arrives. An array without any call is malformed.
     """
 
     end_marker: str = ""
@@ -152,6 +157,17 @@ class JsonTagParser(StreamingToolParser):
             "structures": structures, "parallel": parallel and self.parallel_calls}))
 
     def advance(self, text: str, block: Block, final: bool) -> None:
+        if not block.calls and self.end_marker:
+            i = getattr(block, "array_at", None)
+            if i is None:
+                i = skip_ws(text, block.scan)
+                if i >= len(text) and not final:
+                    return  # the payload's first character decides object or array
+                if text.startswith("[", i):
+                    block.array_at = i
+            if i == getattr(block, "array_at", None):
+                self._array(text, block, i, final)
+                return
         if not block.calls:
             call = CallState(start=block.start)
             call.data = JsonCallStreamer(
@@ -187,6 +203,29 @@ class JsonTagParser(StreamingToolParser):
     def accept(self, name: str) -> bool:
         """Extra validation of a complete call's name (e.g. one call per response)."""
         return True
+
+    def _array(self, text: str, block: Block, i: int, final: bool) -> None:
+        """A payload that is a JSON array of calls, read whole once the end tag arrives."""
+        k = text.find(self.end_marker, i)
+        if k < 0:
+            block.scan = max(i, len(text) - len(self.end_marker) + 1)
+            if final:
+                block.invalid = True
+            return
+        block.end = k + len(self.end_marker)
+        try:
+            items = loads_json(text[i:k])
+        except (ValueError, RecursionError):
+            items = None
+        for item in items if isinstance(items, list) else ():
+            name = next((item.get(key) for key in self.name_keys
+                         if isinstance(item, dict) and key in item), None)
+            args = next((item.get(key) for key in self.args_keys
+                         if isinstance(item, dict) and key in item), {})
+            if isinstance(name, str) and isinstance(args, dict) and self.accept(name):
+                block.calls.append(CallState(name, self.dump(args), True))
+        if not block.calls:
+            block.invalid = True
 
 
 # --------------------------------------------------------------------------- JSON lists
@@ -350,11 +389,39 @@ class MistralParser(JsonListParser):
             block.calls.append(CallState(block.name, js.out, True, block.start, block.end))
 
 
+def _balanced_end(text: str, i: int) -> int | None:
+    """Just past the bracket closing the one at ``i``, skipping Python/JSON strings; None while
+    the text may still complete it, -1 when it cannot (a stray closer)."""
+    depth, quote, n = 0, "", len(text)
+    while i < n:
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 2
+                continue
+            if c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in "[({":
+            depth += 1
+        elif c in "])}":
+            depth -= 1
+            if depth < 0:
+                return -1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
 class JsonSequenceParser(StreamingToolParser):
     """Llama 3: ``<|python_tag|>{call}; {call}`` or a response that opens with ``{``.
 
     Calls are ``{"name", "parameters"|"arguments"}`` objects separated by ``;``; the block ends
-    after the last object (text after it is content). Streamed incrementally.
+    after the last object (text after it is content). Streamed incrementally. An object written
+    as a Python dict (``{'name': 'f', 'arguments': {'a': 1}}``) is read too, as SGLang converts
+    it; such a call is emitted when its closing brace arrives.
     """
 
     start_markers = ("<|python_tag|>",)
@@ -408,12 +475,40 @@ class JsonSequenceParser(StreamingToolParser):
                 block.calls.append(call)
                 block.scan = i
             call = block.calls[-1]
+            if call.data is None:  # a Python dict, read whole
+                if not self._python_dict(text, block, call, final):
+                    return
+                continue
             if not _feed_call(text, block, call, publish=True):
+                if block.invalid and call.name is None and text.startswith(
+                        "'", skip_ws(text, call.start + 1)):
+                    block.invalid, call.data = False, None
+                    continue
                 return
             if call.name is None:
                 block.invalid = True
                 return
             call.done, call.end = True, block.scan
+
+    def _python_dict(self, text: str, block: Block, call: CallState, final: bool) -> bool:
+        """Read the call at ``call.start`` as a Python dict literal; True once it is complete."""
+        end = _balanced_end(text, call.start)
+        if end is None or end < 0:
+            block.invalid = end is not None or final
+            return False
+        try:
+            obj = _literal(ast.parse(text[call.start:end], mode="eval").body, text[call.start:end])
+        except (SyntaxError, ValueError, RecursionError, MemoryError, _NotLiteral):
+            obj = None
+        name = obj.get("name") if isinstance(obj, dict) else None
+        args = next((obj[k] for k in ("parameters", "arguments") if k in obj), {}) \
+            if isinstance(obj, dict) else None
+        if not isinstance(name, str) or not isinstance(args, dict):
+            block.invalid = True
+            return False
+        call.name, call.arguments, call.done, call.end = name, self.dump(args), True, end
+        block.scan = end
+        return True
 
 
 # --------------------------------------------------------------------------- header sections
@@ -553,9 +648,16 @@ def _call_name(node: ast.AST) -> str | None:
     return None
 
 
-def parse_pythonic_calls(src: str) -> list[tuple[str, dict[str, Any]]] | None:
+def parse_pythonic_calls(
+    src: str, params: Callable[[str], list[str]] | None = None
+) -> list[tuple[str, dict[str, Any]]] | None:
     """``[f(a=1), g(b="x")]`` → ``[("f", {"a": 1}), ("g", {"b": "x"})]``; None if it is not a
-    list of calls with keyword literal arguments. Nothing is evaluated."""
+    list of calls with literal arguments. Nothing is evaluated.
+
+    Positional arguments (``f("x")``) do not make the list unreadable: SGLang ignores them;
+    here, when ``params(name)`` gives the tool's declared parameter names, they take those
+    names in order (after the ones given as keywords), so the value is not lost; beyond the
+    declared ones, or without ``params``, they are ignored."""
     src = src.strip()
     try:
         tree = ast.parse(src, mode="eval")
@@ -567,12 +669,20 @@ def parse_pythonic_calls(src: str) -> list[tuple[str, dict[str, Any]]] | None:
     calls = []
     try:
         for el in body.elts:
-            if not isinstance(el, ast.Call) or el.args:
+            if not isinstance(el, ast.Call):
                 return None
             name = _call_name(el.func)
             if name is None or any(kw.arg is None for kw in el.keywords):
                 return None
-            calls.append((name, {kw.arg: _literal(kw.value, src) for kw in el.keywords}))
+            args = {kw.arg: _literal(kw.value, src) for kw in el.keywords}
+            if any(isinstance(a, ast.Starred) for a in el.args):
+                return None
+            free = [k for k in (params(name) if params and el.args else ()) if k not in args]
+            for key, node in zip(free, el.args):
+                args[key] = _literal(node, src)
+            for node in el.args[len(free):]:
+                _literal(node, src)  # ignored, but still a literal
+            calls.append((name, args))
     except (_NotLiteral, RecursionError):
         return None
     return calls
@@ -684,7 +794,12 @@ class PythonicParser(StreamingToolParser):
             block.calls.append(CallState(name, self.dump(args), True))
 
     def read_list(self, src: str) -> list[tuple[str, dict[str, Any]]] | None:
-        return parse_pythonic_calls(src)
+        return parse_pythonic_calls(src, self.param_names)
+
+    def param_names(self, name: str) -> list[str]:
+        """The declared parameter names of tool ``name``, in order (positional arguments)."""
+        props = self.tool_schema(name).get("properties")
+        return list(props) if isinstance(props, dict) else []
 
     def _scan(self, text: str, block: Block) -> None:
         """Bracket matching aware of Python strings, resumable at ``block.scan``."""

@@ -19,6 +19,14 @@ Subclass :class:`StreamingToolParser` and give it:
     (``"Sure.\\n<tool_call>...</tool_call>\\n"`` yields ``"Sure."``). A response without calls
     is returned unchanged. False: the text around blocks is kept verbatim (only the blocks
     themselves are removed).
+``framing_tokens`` (bool, default False)
+    The markers are control tokens, never prose: when a block is rejected (its payload cannot
+    be read), its start marker and any drop marker inside it are left out of the content, and
+    the payload stays (``<tool_call>not json</tool_call>`` gives ``not json``).
+``cut_prefixes`` (optional tuple of str)
+    For formats whose markers span several tokens, so that ``max_tokens`` can stop inside one:
+    at the end of the stream, held-back text that is a prefix of a marker and starts with one
+    of these (``"<|open|>"``) is a cut marker, dropped instead of returned as content.
 ``join_with_whitespace`` (bool, default True)
     With ``trim_whitespace``: when content comes both before and after one or more blocks,
     the whitespace that separated them is kept, one run of it (the whitespace after the last
@@ -650,6 +658,8 @@ class StreamingToolParser(ToolParser):
 
     start_markers: tuple[str, ...] = ()
     drop_markers: tuple[str, ...] = ()
+    cut_prefixes: tuple[str, ...] = ()
+    framing_tokens: bool = False
     trim_whitespace: bool = True
     join_with_whitespace: bool = True
     compact: bool = False
@@ -801,6 +811,11 @@ class StreamingToolParser(ToolParser):
                     return
             else:
                 end = len(buf) if final else self.hold_from(buf, pos)
+                if final and self.cut_prefixes:
+                    cut = self.hold_from(buf, pos)  # a marker cut by the end of the stream
+                    if buf.startswith(self.cut_prefixes, cut):
+                        end = cut
+                        self._buf = buf = buf[:cut]
             text = buf[pos:end]
             if self.trim_whitespace and not final:
                 text = text.rstrip(_WS)
@@ -872,11 +887,19 @@ class StreamingToolParser(ToolParser):
             self._put(out, blk.pre_ws + blk.replace)
         elif blk.end is not None and not any(c.index is not None for c in blk.calls):
             cut = blk.end
-            self._put(out, blk.pre_ws + self._buf[blk.start : cut])
+            self._put(out, blk.pre_ws + self._unframed(self._buf[blk.start : cut]))
         else:
             cut = blk.start + len(blk.marker)
-            self._put(out, blk.pre_ws + blk.marker)
+            self._put(out, blk.pre_ws + ("" if self.framing_tokens else blk.marker))
         self._leave(blk, cut)
+
+    def _unframed(self, raw: str) -> str:
+        """A rejected block's text as content: with ``framing_tokens``, without its markers."""
+        if not self.framing_tokens:
+            return raw
+        for m in sorted(self._all_markers, key=len, reverse=True):
+            raw = raw.replace(m, "")
+        return raw.strip(_WS)
 
     def _leave(self, blk: Block, pos: int) -> None:
         self._block = None

@@ -227,7 +227,9 @@ class ValueTyping:
     Other declared types: ``typed`` names a chain of :data:`CHAINS`, or ``"schema"``: try each
     declared type in ``priority`` order (integer, number, boolean words, JSON object/array,
     null), then JSON, then the raw text. Undeclared properties use the ``untyped`` chain.
-    ``null_word``: the literal ``null`` is ``None`` whatever the type.
+    ``null_word``: the literal ``null`` is ``None`` whatever the type. A quoted number
+    (``"42"``) for a parameter declared numeric and not string is the number, as SGLang
+    coerces it.
     """
 
     trim: str = "none"
@@ -267,6 +269,12 @@ class ValueTyping:
             return text
         if not types:
             return _first(text, *CHAINS[self.untyped])
+        s = text.strip()
+        if "string" not in types and len(s) > 2 and s[0] == s[-1] == '"':
+            for kind in ("integer", "number"):  # a quoted number for a numeric parameter
+                value = self._as(kind, s[1:-1]) if kind in types else _MISSING
+                if value is not _MISSING:
+                    return value
         if self.typed != "schema":
             if self.honour_string and "string" in types:
                 return text
@@ -501,11 +509,15 @@ class XmlToolParser(StreamingToolParser):
 
     Calls are emitted atomically when their region closes (name and complete arguments in one
     delta), so streaming equals non-streaming for every split. Content before a region yielding
-    calls, and whitespace after it, is trimmed (the toolkit's ``trim_whitespace``).
+    calls, and whitespace after it, is trimmed (the toolkit's ``trim_whitespace``). ``samples``:
+    texts of the plugin's format that the conformance kit checks (``conformance_samples``).
     """
 
-    def __init__(self, *, tools: list[dict[str, Any]] | None = None, fmt: XmlFormat) -> None:
+    def __init__(self, *, tools: list[dict[str, Any]] | None = None, fmt: XmlFormat,
+                 samples: tuple[str, ...] = ()) -> None:
         self.fmt = fmt
+        #: texts of the format for the conformance kit (``engine plugins check``)
+        self.conformance_samples = tuple(samples)
         self.start_markers = fmt.openers
         self.drop_markers = fmt.drop_markers
         self.compact = fmt.compact
@@ -713,13 +725,28 @@ class InvokeFormat(XmlFormat):
 
 # --------------------------------------------------------------------------- <function=...>
 
+_DRIFTED_CLOSE = re.compile(r"</parameter[\w-]*>?")
+
+
+def _drop_drifted_close(raw: str) -> str:
+    """An unclosed value (it ends at the next parameter or at ``</function>``) without the
+    close marker the model drifted into (``</parameter1>``, ``</parameter_x>``, a bare
+    ``</parameter``), as SGLang strips it. A value closed by a real ``</parameter>`` is kept
+    whole, whatever it ends with."""
+    body = raw.rstrip()
+    at = body.rfind("</parameter")
+    if at >= 0 and _DRIFTED_CLOSE.fullmatch(body, at):
+        return body[:at].rstrip() + raw[len(body):]
+    return raw
+
 
 @dataclass(frozen=True)
 class FunctionFormat(XmlFormat):
     """``<tool_call><function=f><parameter=k>v</parameter></function></tool_call>`` calls.
 
     One or more functions per ``<tool_call>`` block (one region). A parameter ends at
-    ``</parameter>``, at the next ``<parameter=``, or at ``</function>``. ``json_body``: the
+    ``</parameter>``, at the next ``<parameter=``, or at ``</function>`` (then without a
+    drifted close such as ``</parameter1>`` at its end). ``json_body``: the
     block body may instead be a JSON ``{"name", "arguments"}`` object (Nanbeige). ``repair``
     (Step-3.5): ``<function f>``/``<parameter k>`` with a space, a header closed by a newline
     instead of ``>``, a missing ``</function>``, and a bare ``<function=...></function>``.
@@ -786,7 +813,8 @@ class FunctionFormat(XmlFormat):
             key, i = head
             j, end = earliest(inner, ends, i)
             j = len(inner) if j < 0 else j
-            args[key] = self.value(ctx, name, key, inner[i:j])
+            raw = inner[i:j] if end == "</parameter>" else _drop_drifted_close(inner[i:j])
+            args[key] = self.value(ctx, name, key, raw)
             pos = skip_ws(inner, j + len(end) if end == "</parameter>" else j)
         return args
 

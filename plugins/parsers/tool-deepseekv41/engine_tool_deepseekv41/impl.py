@@ -6,12 +6,25 @@ FORMAT = InvokeFormat(
     blocks=(("<｜DSML｜ calls>", ("</｜DSML｜ calls>",)),),
     invoke=("｜DSML｜ invoke",),
     param=("｜DSML｜ parameter",),
+    bare=True,
     string_attr=True,
     json_body=True,
     typing=DSML_TYPING,
 )
 
+#: texts the conformance kit checks: a wrapped block (with a self-closing invoke), a bare
+#: invoke and a bare self-closing one
+SAMPLES = (
+    'Checking.\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="get_weather">\n'
+    '<｜DSML｜ parameter name="city" string="true">Paris</｜DSML｜ parameter>\n'
+    '<｜DSML｜ parameter name="days" string="false">3</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n'
+    '<｜DSML｜ invoke name="get_time"/>\n</｜DSML｜ calls>',
+    '<｜DSML｜ invoke name="get_time">\n'
+    '<｜DSML｜ parameter name="tz" string="true">UTC</｜DSML｜ parameter>\n</｜DSML｜ invoke>',
+    '<｜DSML｜ invoke name="get_time"/>',
+)
+
 
 @hookimpl
 def engine_create_tool_parser(options, chat_template):
-    return lambda *, tools: XmlToolParser(tools=tools, fmt=FORMAT)
+    return lambda *, tools: XmlToolParser(tools=tools, fmt=FORMAT, samples=SAMPLES)

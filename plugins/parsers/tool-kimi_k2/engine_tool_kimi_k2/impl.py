@@ -9,6 +9,10 @@ class KimiK2ToolParser(SectionParser):
     call_begin = "<|tool_call_begin|>"
     header_end = "<|tool_call_argument_begin|>"
     call_end = "<|tool_call_end|>"
+    #: control tokens outside a section (stray, or left by a rejected one) are not content
+    drop_markers = ("<|tool_calls_section_end|>", "<|tool_call_section_end|>",
+                    "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+    framing_tokens = True
 
     def call_name(self, header):
         """``functions.NAME:IDX`` or ``NAME:IDX``; NAME may contain dots."""

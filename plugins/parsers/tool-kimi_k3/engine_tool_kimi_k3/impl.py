@@ -4,7 +4,8 @@ from __future__ import annotations
 import html
 import re
 
-from engine.api.parsers import CallState, StreamingToolParser, loads_json, next_token
+from engine.api.parsers import (CallState, StreamingToolParser, loads_json, next_token,
+                                skip_ws)
 from engine.api import hookimpl
 
 CALL_OPEN = "<|open|>call"
@@ -24,7 +25,8 @@ def _attrs(src: str) -> dict[str, str]:
 
 
 def parse_call(src: str) -> tuple[str, dict] | None:
-    """One ``<|open|>call ...<|sep|>ARGS<|close|>call<|sep|>`` unit -> (name, arguments)."""
+    """One ``<|open|>call ...<|sep|>ARGS<|close|>call<|sep|>`` unit -> (name, arguments); the
+    name is ``""`` for a call without a ``tool`` attribute (skipped, as SGLang does)."""
     m = _HEAD.match(src)
     if m is None or not src.endswith(CALL_CLOSE):
         return None
@@ -45,45 +47,69 @@ def parse_call(src: str) -> tuple[str, dict] | None:
             except ValueError:
                 args[at["key"]] = raw
         i = a.end()
-    if body[i:].strip() or not name:
+    if body[i:].strip():
         return None
-    return name, args
+    return name or "", args
 
 
 class KimiK3ToolParser(StreamingToolParser):
     """``<|open|>tools<|sep|>`` calls ``<|close|>tools<|sep|>``; each call is emitted when its
-    ``<|close|>call<|sep|>`` arrives. Response wrappers and the message close are removed from
-    the content."""
+    ``<|close|>call<|sep|>`` arrives. Response wrappers, the message close and a stray think
+    close are removed from the content, also without their ``<|sep|>``; a marker cut by the end
+    of the stream is dropped, and so is a tools channel cut inside a call (after the calls it
+    completed). A call without a ``tool`` attribute is skipped."""
 
     start_markers = ("<|open|>tools<|sep|>",)
     drop_markers = ("<|open|>response<|sep|>", "<|close|>response<|sep|>",
-                    "<|close|>message<|sep|>")
+                    "<|close|>message<|sep|>", "<|close|>think<|sep|>",
+                    "<|close|>response", "<|close|>message", "<|close|>think")
+    cut_prefixes = ("<|open|>", "<|close|>")
+    conformance_samples = (
+        '<|open|>response<|sep|>Checking.<|close|>response<|sep|><|open|>tools<|sep|>'
+        '<|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city" '
+        'type="string"<|sep|>Paris<|close|>argument<|sep|><|open|>argument key="days" '
+        'type="integer"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|>'
+        '<|open|>call tool="get_time" index="2"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
+        '<|open|>tools<|sep|>\n<|open|>call tool="get_time" index="1"<|sep|><|open|>argument '
+        'key="tz" type="string"<|sep|>a &amp; <|sep b<|close|>argument<|sep|><|close|>call<|sep|>',
+        '<|open|>tools<|sep|><|open|>call index="1"<|sep|><|close|>call<|sep|>'
+        '<|open|>call tool="get_weather" index="2"<|sep|><|open|>argument key="city" '
+        'type="string"<|sep|>Oslo<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>'
+        '<|close|>message<|sep|>',
+    )
 
     def advance(self, text, block, final):
         while True:
             at = getattr(block, "call_at", None)
             if at is None:
+                rest = text[skip_ws(text, block.scan):]
+                if final and any(t.startswith(rest) for t in (CALL_OPEN, TOOLS_CLOSE)):
+                    block.end, block.replace = len(text), ""  # cut between calls: dropped
+                    return
                 found = next_token(text, block, (CALL_OPEN, TOOLS_CLOSE), final)
                 if found is None:
                     return
                 i, tok, j = found
                 if tok == TOOLS_CLOSE:
                     block.end = j
+                    if not block.calls:  # framing only (or nameless calls): no content
+                        block.replace = ""
                     return
                 block.call_at, block.scan = i, j
                 continue
             k = text.find(CALL_CLOSE, block.scan)
             if k < 0:
                 block.scan = max(block.scan, len(text) - len(CALL_CLOSE) + 1)
-                if final:
-                    block.invalid = True
+                if final:  # cut by the end of the stream: framing and a partial call, dropped
+                    block.end, block.replace = len(text), ""
                 return
             end = k + len(CALL_CLOSE)
             parsed = parse_call(text[at:end])
             if parsed is None:
                 block.invalid = True
                 return
-            block.calls.append(CallState(parsed[0], self.dump(parsed[1]), True, at, end))
+            if parsed[0]:
+                block.calls.append(CallState(parsed[0], self.dump(parsed[1]), True, at, end))
             block.call_at, block.scan = None, end
 
 

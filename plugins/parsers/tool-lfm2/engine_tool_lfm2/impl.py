@@ -56,15 +56,16 @@ def _json_list(body: str) -> list[tuple[str, Any]] | None:
     return calls
 
 
-def parse_lfm2_body(body: str) -> list[tuple[str, Any]] | None:
+def parse_lfm2_body(body: str, params=None) -> list[tuple[str, Any]] | None:
+    """``params(name)``: the tool's parameter names, which positional arguments take."""
     body = body.strip()
     if body.startswith("[{") or body.startswith("{"):
         return _json_list(body if body.startswith("[") else "[" + body + "]")
-    calls = parse_pythonic_calls(body)
+    calls = parse_pythonic_calls(body, params)
     if calls is not None:
         return calls
     fixed, renamed = _repair(body)
-    calls = parse_pythonic_calls(fixed)
+    calls = parse_pythonic_calls(fixed, params)
     if calls is None:  # string values holding their own unescaped quotes
         return recover_pythonic_calls(body)
     return [(n, {renamed.get(k, k): v for k, v in a.items()}) for n, a in calls]
@@ -75,7 +76,11 @@ class Lfm2ToolParser(TaggedBlockParser):
     end_marker = "<|tool_call_end|>"
 
     def parse_body(self, body: str) -> list[tuple[str, Any]] | None:
-        return parse_lfm2_body(body)
+        return parse_lfm2_body(body, self.param_names)
+
+    def param_names(self, name: str) -> list[str]:
+        props = self.tool_schema(name).get("properties")
+        return list(props) if isinstance(props, dict) else []
 
 
 @hookimpl

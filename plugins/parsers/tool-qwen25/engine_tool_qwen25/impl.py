@@ -6,6 +6,7 @@ from engine.api import hookimpl
 class QwenToolParser(JsonTagParser):
     start_markers = ("<tool_call>",)
     end_marker = "</tool_call>"
+    framing_tokens = True  # a rejected payload is content without its tags
     drop_markers = ("</tool_call>",)
     incremental = False
 
