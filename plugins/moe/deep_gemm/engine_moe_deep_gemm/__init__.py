@@ -11,6 +11,6 @@ plugin = Plugin(
                       devices=('cuda',),
                       min_compute_capability=(9, 0)),
     not_implemented=(
-        'needs DeepGEMM (PyPI sgl-deep-gemm, CUDA 13, built against one torch version) and FP8 block-scaled expert weights; no adapter in this build'
+        "needs a DeepGEMM build for this torch: sgl-deep-gemm 0.2.5's _C.so does not load with torch 2.11 on the H200 (built against another torch), and FP8 block-scaled expert weights"
     ),
 )
