@@ -126,3 +126,59 @@ def test_expert_width_disagreeing_with_the_config_is_refused(tmp_path):
     path = _edit_config(tmp_path, "Qwen3MoeForCausalLM", moe_intermediate_size=40)
     with pytest.raises(ConfigError, match=r"expert 0 .*projection has shape"):
         runner_for(path)
+
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "data")
+
+
+@pytest.mark.parametrize("name,fields", [
+    ("mixtral-8x7b-dummy", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336,
+                                norm_topk_prob=True, shared_expert_intermediate_size=0)),
+    ("qwen1.5-moe-a2.7b-dummy", dict(num_experts=60, num_experts_per_tok=4,
+                                     moe_intermediate_size=1408, norm_topk_prob=False,
+                                     shared_expert_intermediate_size=5632,
+                                     shared_expert_gate=True, attention_bias=True)),
+    ("qwen3-30b-a3b-dummy", dict(num_experts=128, num_experts_per_tok=8,
+                                 moe_intermediate_size=768, norm_topk_prob=True, qk_norm=True,
+                                 qk_norm_scope="head")),
+    ("olmoe-1b-7b-dummy", dict(num_experts=64, num_experts_per_tok=8, moe_intermediate_size=1024,
+                               norm_topk_prob=False, qk_norm=True, qk_norm_scope="full")),
+])
+def test_published_configs_parse_to_their_routing(name, fields):
+    from engine.models.parsing import read_hf_dir
+
+    cfg = read_hf_dir(os.path.join(DATA, name))
+    for key, value in fields.items():
+        assert getattr(cfg, key) == value, key
+    assert all(cfg.is_sparse_layer(i) for i in range(cfg.num_hidden_layers))
+
+
+def test_quantized_experts_are_refused_at_load():
+    from engine.api.moe import LocalAllToAll
+    from engine.models.loader import load_model
+    from engine.models.parsing import read_hf_dir
+    from engine.runtime.linear import QuantMethod
+    from engine_moe_torch.impl import TorchRunner
+
+    class Int8(QuantMethod):
+        def create_weights(self, layer, in_features, out_features, dtype):
+            layer.register_parameter("weight", torch.nn.Parameter(
+                torch.empty(out_features, in_features), requires_grad=False))
+
+        def apply(self, layer, x, bias):
+            return x @ layer.weight.t()
+
+    cfg = read_hf_dir(checkpoint("Qwen3MoeForCausalLM"))
+    with pytest.raises(ConfigError, match=r"routed experts of a quantized checkpoint \(Int8\)"):
+        load_model(cfg, ServerConfig(load_format="dummy"), torch.device("cpu"), torch.float32,
+                   quant_method=Int8(), experts=(TorchRunner(), LocalAllToAll()))
+
+
+def test_an_all_to_all_that_needs_several_ranks_is_refused_with_its_reason():
+    from engine.cli.args import parse_config
+    from engine.plugins.registry import Registry
+
+    with pytest.raises(ConfigError, match=r"--moe-a2a-backend deepep .*several GPUs"):
+        parse_config(["--moe-a2a-backend", "deepep"], Registry())
+    with pytest.raises(ConfigError, match=r"--ep-size"):
+        parse_config(["--ep-size", "2"], Registry())
