@@ -229,7 +229,8 @@ class ValueTyping:
     null), then JSON, then the raw text. Undeclared properties use the ``untyped`` chain.
     ``null_word``: the literal ``null`` is ``None`` whatever the type. A quoted number
     (``"42"``) for a parameter declared numeric and not string is the number, as SGLang
-    coerces it.
+    coerces it. ``null_words``: the texts a parameter admitting ``null`` reads as None;
+    ``integral_numbers``: a whole float for a ``number`` parameter (``3.0``) is an integer.
     """
 
     trim: str = "none"
@@ -242,6 +243,8 @@ class ValueTyping:
     priority: tuple[str, ...] = ("integer", "number", "boolean", "object", "array", "null")
     true_words: tuple[str, ...] = ("true",)
     false_words: tuple[str, ...] = ("false",)
+    null_words: tuple[str, ...] = ("null", "None", "")
+    integral_numbers: bool = False
 
     def prepare(self, raw: str) -> str:
         """The text of a value before decoding (CDATA, entities, trimming)."""
@@ -294,7 +297,10 @@ class ValueTyping:
         if kind == "number":
             if _INT_RE.fullmatch(s):
                 return int(s)
-            return float(s) if _FLOAT_RE.fullmatch(s) and math.isfinite(float(s)) else _MISSING
+            if not _FLOAT_RE.fullmatch(s) or not math.isfinite(float(s)):
+                return _MISSING
+            value = float(s)
+            return int(value) if self.integral_numbers and value.is_integer() else value
         if kind == "boolean":
             low = s.lower()
             if low in self.true_words:
@@ -305,7 +311,7 @@ class ValueTyping:
             value = _first(s, _json, _literal)
             return value if isinstance(value, want) else _MISSING
         if kind == "null":
-            return None if s in ("null", "None", "") else _MISSING
+            return None if s in self.null_words else _MISSING
         return _MISSING
 
 
