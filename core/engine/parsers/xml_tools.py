@@ -746,6 +746,14 @@ def _drop_drifted_close(raw: str) -> str:
     return raw
 
 
+def _drop_partial_close(body: str, closes: tuple[str, ...]) -> str:
+    """``body`` without a close marker cut by the end of the stream (``</tool_c``)."""
+    at = body.rfind("</")
+    if at >= 0 and any(c.startswith(body[at:]) for c in closes):
+        return body[:at]
+    return body
+
+
 @dataclass(frozen=True)
 class FunctionFormat(XmlFormat):
     """``<tool_call><function=f><parameter=k>v</parameter></function></tool_call>`` calls.
@@ -754,8 +762,11 @@ class FunctionFormat(XmlFormat):
     ``</parameter>``, at the next ``<parameter=``, or at ``</function>`` (then without a
     drifted close such as ``</parameter1>`` at its end). ``json_body``: the
     block body may instead be a JSON ``{"name", "arguments"}`` object (Nanbeige). ``repair``
-    (Step-3.5): ``<function f>``/``<parameter k>`` with a space, a header closed by a newline
-    instead of ``>``, a missing ``</function>``, and a bare ``<function=...></function>``.
+    (Step-3.5): ``<function f>``/``<parameter k>`` with a space, ``<functionf>`` without one
+    for a declared tool, a header closed by a newline instead of ``>``, a doubled
+    ``<parameter=parameter=k``, a missing ``</function>``, a bare ``<function=...></function>``
+    (a ``</tool_call>`` right after it is part of it), and a ``<tool_call>`` cut by the end of
+    the stream once its function header is complete.
     """
 
     wrapper: tuple[str, str] = ("<tool_call>", "</tool_call>")
@@ -773,17 +784,52 @@ class FunctionFormat(XmlFormat):
     def closers(self, opener: str) -> tuple[str, ...]:
         return (self.wrapper[1],) if opener == self.wrapper[0] else ("</function>",)
 
+    def region(
+        self, ctx: ToolContext, text: str, start: int, opener: str, final: bool, scan: int
+    ) -> Region | None:
+        if not self.repair:
+            return super().region(ctx, text, start, opener, final, scan)
+        body_at = start + len(opener)
+        if opener == self.wrapper[0]:
+            r = super().region(ctx, text, start, opener, final, scan)
+            if r is None or r.end is not None:
+                return r
+            # cut by the end of the stream: a call whose function header is complete is kept
+            body = _drop_partial_close(text[body_at:], (self.wrapper[1], "</function>",
+                                                        "</parameter>"))
+            return Region(len(text), self.parse(ctx, opener, body, body_at))
+        j = text.find("</function>", body_at)  # a bare function (rare: searched whole)
+        if j < 0:
+            return Region(None, None) if final else None
+        end = j + len("</function>")
+        k = skip_ws(text, end)
+        if text.startswith(self.wrapper[1], k):  # the close of a wrapper it was written without
+            end = k + len(self.wrapper[1])
+        elif not final and self.wrapper[1].startswith(text[k:]):
+            return None
+        return Region(end, self.parse(ctx, opener, text[body_at:j], body_at))
+
     def parse(self, ctx: ToolContext, opener: str, body: str, at: int) -> list[ParsedCall] | None:
         if opener != self.wrapper[0]:  # a bare repaired function: body follows "<function="
             found = self._function(ctx, "<function=" + body + "</function>", 0)
             return None if found is None else [ParsedCall(*found[0])]
         return _body_calls(body, at, self.json_body, lambda b, p: self._function(ctx, b, p))
 
-    def _header(self, text: str, pos: int, word: str) -> tuple[str, int] | None:
-        """``<word=X>`` (or repaired forms) at ``pos`` -> (X, index after the header)."""
+    def _header(
+        self, text: str, pos: int, word: str, names: Any = ()
+    ) -> tuple[str, int] | None:
+        """``<word=X>`` (or repaired forms) at ``pos`` -> (X, index after the header);
+        ``names``: declared names that may follow ``<word`` without a separator (repair)."""
         seps = "= " if self.repair else "="
         k = pos + len(word) + 2
-        if not text.startswith("<" + word, pos) or k > len(text) or text[k - 1] not in seps:
+        if not text.startswith("<" + word, pos) or k > len(text):
+            return None
+        if text[k - 1] not in seps:
+            for name in names if self.repair else ():
+                if isinstance(name, str) and name and text.startswith(name, k - 1):
+                    after = k - 1 + len(name)
+                    if text[after : after + 1] in (">", "\n"):
+                        return name, after + 1
             return None
         gt = text.find(">", k)
         nl = text.find("\n", k) if self.repair else -1
@@ -794,7 +840,7 @@ class FunctionFormat(XmlFormat):
     def _function(
         self, ctx: ToolContext, body: str, pos: int
     ) -> tuple[tuple[str, dict[str, Any]], int] | None:
-        head = self._header(body, pos, "function")
+        head = self._header(body, pos, "function", ctx.tool_names)
         if head is None or not head[0]:
             return None
         name, i = head
@@ -817,6 +863,8 @@ class FunctionFormat(XmlFormat):
             if head is None or not head[0]:
                 return None
             key, i = head
+            while self.repair and key[:10] in ("parameter=", "parameter "):  # a doubled prefix
+                key = key[10:].strip()
             j, end = earliest(inner, ends, i)
             j = len(inner) if j < 0 else j
             raw = inner[i:j] if end == "</parameter>" else _drop_drifted_close(inner[i:j])
