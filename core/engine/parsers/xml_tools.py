@@ -49,7 +49,7 @@ def normalize_type(word: str) -> str | None:
     w = word.strip().lower()
     if w in _STRING_WORDS:
         return "string"
-    if w.startswith("int") or w in ("long", "short"):
+    if w.startswith(("int", "uint", "unsigned")) or w in ("long", "short"):
         return "integer"
     if w.startswith("num") or w.startswith("float") or w in ("double", "decimal"):
         return "number"
@@ -227,7 +227,8 @@ class ValueTyping:
     Other declared types: ``typed`` names a chain of :data:`CHAINS`, or ``"schema"``: try each
     declared type in ``priority`` order (integer, number, boolean words, JSON object/array,
     null), then JSON, then the raw text. Undeclared properties use the ``untyped`` chain.
-    ``null_word``: the literal ``null`` is ``None`` whatever the type. A quoted number
+    ``null_word``: the literal ``null`` is ``None`` whatever the type (``"any_case"``: also
+    ``NULL``, ``Null``...). A quoted number
     (``"42"``) for a parameter declared numeric and not string is the number, as SGLang
     coerces it. ``null_words``: the texts a parameter admitting ``null`` reads as None;
     ``integral_numbers``: a whole float for a ``number`` parameter (``3.0``) is an integer.
@@ -239,7 +240,7 @@ class ValueTyping:
     typed: str = "loose"
     untyped: str = "loose"
     honour_string: bool = True
-    null_word: bool = False
+    null_word: bool | str = False
     priority: tuple[str, ...] = ("integer", "number", "boolean", "object", "array", "null")
     true_words: tuple[str, ...] = ("true",)
     false_words: tuple[str, ...] = ("false",)
@@ -266,7 +267,8 @@ class ValueTyping:
         """Decode one value; never raises (the raw text is the last resort)."""
         text = self.prepare(raw)
         types = schema_types(prop, root) if prop is not None else []
-        if self.null_word and text.strip() == "null":
+        word = text.strip().lower() if self.null_word == "any_case" else text.strip()
+        if self.null_word and word == "null":
             return None
         if self.honour_string and types and set(types) <= {"string", "null"}:
             return text
