@@ -886,8 +886,8 @@ class ArgPairFormat(XmlFormat):
     calls separated by whitespace (one region; a malformed call fails the whole group).
     ``name_end``: how the name ends: ``"newline"`` (a newline or a literal ``\\n`` is required,
     GLM-4.5), ``"key"`` (the text before the first key, GLM-4.7), ``"flex"`` (a newline, the
-    first key, or the end of the call), ``"sep"`` (the ``sep`` marker, else as ``"key"``:
-    Hunyuan). The body after
+    first key, or the end of the call), ``"sep"`` (the ``sep`` marker, Hunyuan),
+    ``"sep_or_key"`` (the ``sep`` marker, else as ``"key"``: Hunyuan HY4). The body after
     the name must be pairs separated by whitespace; ``adjacent``: no whitespace between a key
     and its value (Spark); ``lenient``: a key without a value is dropped (Poolside);
     ``type_tag``: an optional inline type between key and value (K2 Horizon); ``json_body``:
@@ -944,9 +944,9 @@ class ArgPairFormat(XmlFormat):
         return None if args is None else [ParsedCall(name, args)]
 
     def _name(self, body: str) -> tuple[str, str] | None:
-        if self.name_end == "sep":  # without the marker (Hunyuan HY4): the first key or the end
+        if self.name_end in ("sep", "sep_or_key"):
             k, m = body.find(self.sep), self.sep
-            if k < 0:
+            if k < 0 and self.name_end == "sep_or_key":  # no marker: the first key or the end
                 k, m = body.find(self.key[0]), ""
                 k = len(body) if k < 0 else k
         elif self.name_end == "key":
