@@ -467,12 +467,15 @@ class XmlFormat(ABC):
     ``openers``/``drop_markers`` feed :class:`XmlToolParser`'s marker scan. ``unknown``:
     ``"content"`` (a call to a tool not in the request stays content) or ``"drop"`` (it
     vanishes). ``compact``: compact argument separators. ``typing`` decodes values.
+    ``framing_tokens``: the markers are control tokens (a malformed region is content without
+    them, see :class:`StreamingToolParser`).
     """
 
     typing: ValueTyping
     unknown: str = "content"
     compact: bool = False
     drop_markers: tuple[str, ...] = ()
+    framing_tokens: bool = False
 
     @property
     @abstractmethod
@@ -528,6 +531,7 @@ class XmlToolParser(StreamingToolParser):
         self.conformance_samples = tuple(samples)
         self.start_markers = fmt.openers
         self.drop_markers = fmt.drop_markers
+        self.framing_tokens = fmt.framing_tokens
         self.compact = fmt.compact
         super().__init__(tools=tools)
 
@@ -574,7 +578,8 @@ class InvokeFormat(XmlFormat):
     end)`` around each invoke, with the type ``function`` before ``sep`` (Step3).
     ``string_attr``: ``string="true"`` keeps the (prepared) raw text, ``"false"`` decodes JSON
     (DSML). ``json_body``: an invoke body may be a JSON object of arguments; ``block_json``: a
-    block body may be one ``{"name", "arguments"}`` object. ``strict``: the DeepSeek-V4 checks
+    block body may be one ``{"name", "arguments"}`` object (complete, it is read even when
+    the end of the stream cut its block). ``strict``: the DeepSeek-V4 checks
     (``string`` flag present and boolean, no duplicate parameter, JSON must decode, arguments
     valid against the schema). ``check_params``: unknown, duplicate or missing required
     parameters make the call malformed (MiniCPM).
@@ -594,6 +599,7 @@ class InvokeFormat(XmlFormat):
     unknown: str = "content"
     compact: bool = False
     drop_markers: tuple[str, ...] = ()
+    framing_tokens: bool = False
 
     @property
     def openers(self) -> tuple[str, ...]:
@@ -621,7 +627,13 @@ class InvokeFormat(XmlFormat):
             if gt > 0 and text[gt - 1] == "/":  # ``<invoke name="f"/>``: no arguments
                 call = self._invoke_rest(ctx, text[n : gt - 1] + ">")
                 return Region(gt + 1, None if call is None else [ParsedCall(*call)])
-        return super().region(ctx, text, start, opener, final, scan)
+        r = super().region(ctx, text, start, opener, final, scan)
+        if r is not None and r.end is None and self.block_json:  # cut by the end of the stream:
+            body = text[start + len(opener) :]  # a complete JSON call body still counts
+            calls = json_calls(body) if body.strip().startswith("{") else None
+            if calls:
+                return Region(len(text), calls)
+        return r
 
     def parse(self, ctx: ToolContext, opener: str, body: str, at: int) -> list[ParsedCall] | None:
         if opener not in dict(self.blocks):
