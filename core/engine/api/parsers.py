@@ -33,7 +33,8 @@ from engine.parsers.toolkit import (Block, CallState, JsonCallStreamer, JsonStre
 from engine.parsers.xml_tools import (DSML_TYPING, JSON_TYPING, SCHEMA_TYPING, ArgPairFormat,
                                       FunctionFormat, InvokeFormat, ParsedCall, Region,
                                       ToolContext, ValueTyping, XmlFormat, XmlToolParser,
-                                      earliest, parse_attrs, resolve_ref, schema_types)
+                                      earliest, parse_attrs, property_schema, resolve_ref,
+                                      schema_types)
 
 __all__ = [
     "DSML_TYPING", "JSON_TYPING", "POLICIES", "SCHEMA_TYPING", "ArgPairFormat", "Block",
@@ -47,6 +48,6 @@ __all__ = [
     "dump_arguments", "earliest", "effective_policy", "find_first", "finite", "loads_json",
     "loads_object", "recover_pythonic_calls",
     "match_token", "next_token", "nonempty_requested", "parse_attrs", "parse_pythonic_calls",
-    "partial_tail", "resolve_ref", "schema_types", "skip_ws", "strip_leading", "take_until",
-    "template_policy",
+    "partial_tail", "property_schema", "resolve_ref", "schema_types", "skip_ws",
+    "strip_leading", "take_until", "template_policy",
 ]

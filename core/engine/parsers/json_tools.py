@@ -238,9 +238,11 @@ class JsonListParser(StreamingToolParser):
     ``{NAME: ARGS}``). ``end_marker`` (optional) must follow the array; a complete array whose end
     tag is missing at the end of the stream is accepted. Unknown names in the array become
     content (their element's raw text). A truncated array keeps its complete calls.
+    ``bare_object``: the body may also be one call object without the array.
     """
 
     end_marker: str = ""
+    bare_object: bool = False
     element: str = "call"
     name_keys: tuple[str, ...] = ("name",)
     args_keys: tuple[str, ...] = ("arguments", "parameters")
@@ -265,6 +267,10 @@ class JsonListParser(StreamingToolParser):
                 block.phase = phase
                 return
             if phase == "open":
+                if self.bare_object and text[i] == "{":
+                    block.single = True  # type: ignore[attr-defined]
+                    phase = "elem"
+                    continue
                 if text[i] != "[":
                     block.invalid = True
                     return
@@ -300,7 +306,7 @@ class JsonListParser(StreamingToolParser):
                     return
                 call.name, call.arguments, call.done, call.end = (
                     js.name, js.arguments, True, block.scan)
-                phase = "sep"
+                phase = "trailer" if getattr(block, "single", False) else "sep"
             elif phase == "sep":
                 c = text[i]
                 if c == ",":

@@ -49,7 +49,7 @@ def normalize_type(word: str) -> str | None:
     w = word.strip().lower()
     if w in _STRING_WORDS:
         return "string"
-    if w.startswith("int") or w in ("long", "short"):
+    if w.startswith(("int", "uint", "unsigned")) or w in ("long", "short"):
         return "integer"
     if w.startswith("num") or w.startswith("float") or w in ("double", "decimal"):
         return "number"
@@ -227,9 +227,11 @@ class ValueTyping:
     Other declared types: ``typed`` names a chain of :data:`CHAINS`, or ``"schema"``: try each
     declared type in ``priority`` order (integer, number, boolean words, JSON object/array,
     null), then JSON, then the raw text. Undeclared properties use the ``untyped`` chain.
-    ``null_word``: the literal ``null`` is ``None`` whatever the type. A quoted number
+    ``null_word``: the literal ``null`` is ``None`` whatever the type (``"any_case"``: also
+    ``NULL``, ``Null``...). A quoted number
     (``"42"``) for a parameter declared numeric and not string is the number, as SGLang
-    coerces it.
+    coerces it. ``null_words``: the texts a parameter admitting ``null`` reads as None;
+    ``integral_numbers``: a whole float for a ``number`` parameter (``3.0``) is an integer.
     """
 
     trim: str = "none"
@@ -238,10 +240,12 @@ class ValueTyping:
     typed: str = "loose"
     untyped: str = "loose"
     honour_string: bool = True
-    null_word: bool = False
+    null_word: bool | str = False
     priority: tuple[str, ...] = ("integer", "number", "boolean", "object", "array", "null")
     true_words: tuple[str, ...] = ("true",)
     false_words: tuple[str, ...] = ("false",)
+    null_words: tuple[str, ...] = ("null", "None", "")
+    integral_numbers: bool = False
 
     def prepare(self, raw: str) -> str:
         """The text of a value before decoding (CDATA, entities, trimming)."""
@@ -263,7 +267,8 @@ class ValueTyping:
         """Decode one value; never raises (the raw text is the last resort)."""
         text = self.prepare(raw)
         types = schema_types(prop, root) if prop is not None else []
-        if self.null_word and text.strip() == "null":
+        word = text.strip().lower() if self.null_word == "any_case" else text.strip()
+        if self.null_word and word == "null":
             return None
         if self.honour_string and types and set(types) <= {"string", "null"}:
             return text
@@ -294,7 +299,10 @@ class ValueTyping:
         if kind == "number":
             if _INT_RE.fullmatch(s):
                 return int(s)
-            return float(s) if _FLOAT_RE.fullmatch(s) and math.isfinite(float(s)) else _MISSING
+            if not _FLOAT_RE.fullmatch(s) or not math.isfinite(float(s)):
+                return _MISSING
+            value = float(s)
+            return int(value) if self.integral_numbers and value.is_integer() else value
         if kind == "boolean":
             low = s.lower()
             if low in self.true_words:
@@ -305,7 +313,7 @@ class ValueTyping:
             value = _first(s, _json, _literal)
             return value if isinstance(value, want) else _MISSING
         if kind == "null":
-            return None if s in ("null", "None", "") else _MISSING
+            return None if s in self.null_words else _MISSING
         return _MISSING
 
 
@@ -459,12 +467,15 @@ class XmlFormat(ABC):
     ``openers``/``drop_markers`` feed :class:`XmlToolParser`'s marker scan. ``unknown``:
     ``"content"`` (a call to a tool not in the request stays content) or ``"drop"`` (it
     vanishes). ``compact``: compact argument separators. ``typing`` decodes values.
+    ``framing_tokens``: the markers are control tokens (a malformed region is content without
+    them, see :class:`StreamingToolParser`).
     """
 
     typing: ValueTyping
     unknown: str = "content"
     compact: bool = False
     drop_markers: tuple[str, ...] = ()
+    framing_tokens: bool = False
 
     @property
     @abstractmethod
@@ -520,6 +531,7 @@ class XmlToolParser(StreamingToolParser):
         self.conformance_samples = tuple(samples)
         self.start_markers = fmt.openers
         self.drop_markers = fmt.drop_markers
+        self.framing_tokens = fmt.framing_tokens
         self.compact = fmt.compact
         super().__init__(tools=tools)
 
@@ -566,7 +578,8 @@ class InvokeFormat(XmlFormat):
     end)`` around each invoke, with the type ``function`` before ``sep`` (Step3).
     ``string_attr``: ``string="true"`` keeps the (prepared) raw text, ``"false"`` decodes JSON
     (DSML). ``json_body``: an invoke body may be a JSON object of arguments; ``block_json``: a
-    block body may be one ``{"name", "arguments"}`` object. ``strict``: the DeepSeek-V4 checks
+    block body may be one ``{"name", "arguments"}`` object (complete, it is read even when
+    the end of the stream cut its block). ``strict``: the DeepSeek-V4 checks
     (``string`` flag present and boolean, no duplicate parameter, JSON must decode, arguments
     valid against the schema). ``check_params``: unknown, duplicate or missing required
     parameters make the call malformed (MiniCPM).
@@ -586,6 +599,7 @@ class InvokeFormat(XmlFormat):
     unknown: str = "content"
     compact: bool = False
     drop_markers: tuple[str, ...] = ()
+    framing_tokens: bool = False
 
     @property
     def openers(self) -> tuple[str, ...]:
@@ -613,7 +627,13 @@ class InvokeFormat(XmlFormat):
             if gt > 0 and text[gt - 1] == "/":  # ``<invoke name="f"/>``: no arguments
                 call = self._invoke_rest(ctx, text[n : gt - 1] + ">")
                 return Region(gt + 1, None if call is None else [ParsedCall(*call)])
-        return super().region(ctx, text, start, opener, final, scan)
+        r = super().region(ctx, text, start, opener, final, scan)
+        if r is not None and r.end is None and self.block_json:  # cut by the end of the stream:
+            body = text[start + len(opener) :]  # a complete JSON call body still counts
+            calls = json_calls(body) if body.strip().startswith("{") else None
+            if calls:
+                return Region(len(text), calls)
+        return r
 
     def parse(self, ctx: ToolContext, opener: str, body: str, at: int) -> list[ParsedCall] | None:
         if opener not in dict(self.blocks):
@@ -740,6 +760,14 @@ def _drop_drifted_close(raw: str) -> str:
     return raw
 
 
+def _drop_partial_close(body: str, closes: tuple[str, ...]) -> str:
+    """``body`` without a close marker cut by the end of the stream (``</tool_c``)."""
+    at = body.rfind("</")
+    if at >= 0 and any(c.startswith(body[at:]) for c in closes):
+        return body[:at]
+    return body
+
+
 @dataclass(frozen=True)
 class FunctionFormat(XmlFormat):
     """``<tool_call><function=f><parameter=k>v</parameter></function></tool_call>`` calls.
@@ -748,8 +776,11 @@ class FunctionFormat(XmlFormat):
     ``</parameter>``, at the next ``<parameter=``, or at ``</function>`` (then without a
     drifted close such as ``</parameter1>`` at its end). ``json_body``: the
     block body may instead be a JSON ``{"name", "arguments"}`` object (Nanbeige). ``repair``
-    (Step-3.5): ``<function f>``/``<parameter k>`` with a space, a header closed by a newline
-    instead of ``>``, a missing ``</function>``, and a bare ``<function=...></function>``.
+    (Step-3.5): ``<function f>``/``<parameter k>`` with a space, ``<functionf>`` without one
+    for a declared tool, a header closed by a newline instead of ``>``, a doubled
+    ``<parameter=parameter=k``, a missing ``</function>``, a bare ``<function=...></function>``
+    (a ``</tool_call>`` right after it is part of it), and a ``<tool_call>`` cut by the end of
+    the stream once its function header is complete.
     """
 
     wrapper: tuple[str, str] = ("<tool_call>", "</tool_call>")
@@ -767,17 +798,52 @@ class FunctionFormat(XmlFormat):
     def closers(self, opener: str) -> tuple[str, ...]:
         return (self.wrapper[1],) if opener == self.wrapper[0] else ("</function>",)
 
+    def region(
+        self, ctx: ToolContext, text: str, start: int, opener: str, final: bool, scan: int
+    ) -> Region | None:
+        if not self.repair:
+            return super().region(ctx, text, start, opener, final, scan)
+        body_at = start + len(opener)
+        if opener == self.wrapper[0]:
+            r = super().region(ctx, text, start, opener, final, scan)
+            if r is None or r.end is not None:
+                return r
+            # cut by the end of the stream: a call whose function header is complete is kept
+            body = _drop_partial_close(text[body_at:], (self.wrapper[1], "</function>",
+                                                        "</parameter>"))
+            return Region(len(text), self.parse(ctx, opener, body, body_at))
+        j = text.find("</function>", body_at)  # a bare function (rare: searched whole)
+        if j < 0:
+            return Region(None, None) if final else None
+        end = j + len("</function>")
+        k = skip_ws(text, end)
+        if text.startswith(self.wrapper[1], k):  # the close of a wrapper it was written without
+            end = k + len(self.wrapper[1])
+        elif not final and self.wrapper[1].startswith(text[k:]):
+            return None
+        return Region(end, self.parse(ctx, opener, text[body_at:j], body_at))
+
     def parse(self, ctx: ToolContext, opener: str, body: str, at: int) -> list[ParsedCall] | None:
         if opener != self.wrapper[0]:  # a bare repaired function: body follows "<function="
             found = self._function(ctx, "<function=" + body + "</function>", 0)
             return None if found is None else [ParsedCall(*found[0])]
         return _body_calls(body, at, self.json_body, lambda b, p: self._function(ctx, b, p))
 
-    def _header(self, text: str, pos: int, word: str) -> tuple[str, int] | None:
-        """``<word=X>`` (or repaired forms) at ``pos`` -> (X, index after the header)."""
+    def _header(
+        self, text: str, pos: int, word: str, names: Any = ()
+    ) -> tuple[str, int] | None:
+        """``<word=X>`` (or repaired forms) at ``pos`` -> (X, index after the header);
+        ``names``: declared names that may follow ``<word`` without a separator (repair)."""
         seps = "= " if self.repair else "="
         k = pos + len(word) + 2
-        if not text.startswith("<" + word, pos) or k > len(text) or text[k - 1] not in seps:
+        if not text.startswith("<" + word, pos) or k > len(text):
+            return None
+        if text[k - 1] not in seps:
+            for name in names if self.repair else ():
+                if isinstance(name, str) and name and text.startswith(name, k - 1):
+                    after = k - 1 + len(name)
+                    if text[after : after + 1] in (">", "\n"):
+                        return name, after + 1
             return None
         gt = text.find(">", k)
         nl = text.find("\n", k) if self.repair else -1
@@ -788,7 +854,7 @@ class FunctionFormat(XmlFormat):
     def _function(
         self, ctx: ToolContext, body: str, pos: int
     ) -> tuple[tuple[str, dict[str, Any]], int] | None:
-        head = self._header(body, pos, "function")
+        head = self._header(body, pos, "function", ctx.tool_names)
         if head is None or not head[0]:
             return None
         name, i = head
@@ -811,6 +877,8 @@ class FunctionFormat(XmlFormat):
             if head is None or not head[0]:
                 return None
             key, i = head
+            while self.repair and key[:10] in ("parameter=", "parameter "):  # a doubled prefix
+                key = key[10:].strip()
             j, end = earliest(inner, ends, i)
             j = len(inner) if j < 0 else j
             raw = inner[i:j] if end == "</parameter>" else _drop_drifted_close(inner[i:j])
@@ -830,7 +898,8 @@ class ArgPairFormat(XmlFormat):
     calls separated by whitespace (one region; a malformed call fails the whole group).
     ``name_end``: how the name ends: ``"newline"`` (a newline or a literal ``\\n`` is required,
     GLM-4.5), ``"key"`` (the text before the first key, GLM-4.7), ``"flex"`` (a newline, the
-    first key, or the end of the call), ``"sep"`` (the ``sep`` marker, Hunyuan). The body after
+    first key, or the end of the call), ``"sep"`` (the ``sep`` marker, Hunyuan),
+    ``"sep_or_key"`` (the ``sep`` marker, else as ``"key"``: Hunyuan HY4). The body after
     the name must be pairs separated by whitespace; ``adjacent``: no whitespace between a key
     and its value (Spark); ``lenient``: a key without a value is dropped (Poolside);
     ``type_tag``: an optional inline type between key and value (K2 Horizon); ``json_body``:
@@ -887,8 +956,11 @@ class ArgPairFormat(XmlFormat):
         return None if args is None else [ParsedCall(name, args)]
 
     def _name(self, body: str) -> tuple[str, str] | None:
-        if self.name_end == "sep":
+        if self.name_end in ("sep", "sep_or_key"):
             k, m = body.find(self.sep), self.sep
+            if k < 0 and self.name_end == "sep_or_key":  # no marker: the first key or the end
+                k, m = body.find(self.key[0]), ""
+                k = len(body) if k < 0 else k
         elif self.name_end == "key":
             k, m = body.find(self.key[0]), ""
             k = len(body) if k < 0 else k

@@ -6,6 +6,9 @@ from engine.api import hookimpl
 class CohereToolParser(JsonListParser):
     start_markers = ("<|START_ACTION|>",)
     end_marker = "<|END_ACTION|>"
+    drop_markers = ("<|END_ACTION|>",)
+    framing_tokens = True
+    bare_object = True
     name_keys = ("tool_name",)
     args_keys = ("parameters",)
 

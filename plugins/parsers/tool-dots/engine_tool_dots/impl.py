@@ -6,6 +6,8 @@ FORMAT = InvokeFormat(
     blocks=(("<dots_function_call>", ("</dots_function_call>",)),),
     block_json=True,
     typing=SCHEMA_TYPING,
+    drop_markers=("</dots_function_call>",),
+    framing_tokens=True,
 )
 
 

@@ -27,9 +27,9 @@ def _format(chat_template: str | None) -> ArgPairFormat:
         return suffixed if suffixed.replace("</", "<") in chat_template else t
 
     pair = lambda p: (tag(p[0]), tag(p[1]))  # noqa: E731
-    return replace(
+    return replace(  # HY4 (suffixed tokens) may write no separator after the name
         FORMAT, group=pair(FORMAT.group), call=pair(FORMAT.call), sep=tag(FORMAT.sep),
-        key=pair(FORMAT.key), val=pair(FORMAT.val),
+        key=pair(FORMAT.key), val=pair(FORMAT.val), name_end="sep_or_key",
     )
 
 

@@ -59,6 +59,9 @@ class InklingToolParser(StreamingToolParser):
                 return
             if not js.done:
                 return
+            if js.name is None:  # a payload without a name: rejected like a malformed one
+                self._reject(text, block, final)
+                return
             call.arguments, call.done, call.end = js.arguments, True, block.scan
         close_block_after(text, block, call, END, final)
 

@@ -2,7 +2,11 @@
 from engine.api.parsers import FunctionFormat, XmlToolParser, ValueTyping
 from engine.api import hookimpl
 
-MIMO_TYPING = ValueTyping(html=True, typed="schema", untyped="raw", null_word=True)
+#: SGLang's MiMo conversion: ``null`` in any case is None, a whole float for a number is an
+#: integer (``3.0`` -> 3)
+MIMO_TYPING = ValueTyping(
+    html=True, typed="schema", untyped="raw", null_word="any_case", integral_numbers=True
+)
 
 FORMAT = FunctionFormat(typing=MIMO_TYPING)
 

@@ -13,6 +13,7 @@ from engine.api.parsers import (
     XmlFormat,
     XmlToolParser,
     parse_attrs,
+    property_schema,
     resolve_ref,
     schema_types,
 )
@@ -89,12 +90,14 @@ def convert(node: Node, prop: Any, root: dict[str, Any]) -> Any:
 
 
 def members(children: list[Node], schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
-    """Child tags as object members; a key that repeats collects its values in a list."""
+    """Child tags as object members; a key that repeats collects its values in a list. A key
+    declared under a top-level ``anyOf``/``oneOf``/``allOf`` of ``schema`` takes that type."""
     props = schema.get("properties") or {}
     out: dict[str, Any] = {}
     repeated: set[str] = set()
     for c in children:
-        value = convert(c, props.get(c.tag), root)
+        prop = props[c.tag] if c.tag in props else property_schema(schema, c.tag)
+        value = convert(c, prop, root)
         if c.tag not in out:
             out[c.tag] = value
         elif c.tag in repeated:

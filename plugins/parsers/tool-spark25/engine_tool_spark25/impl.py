@@ -2,9 +2,9 @@
 from engine.api.parsers import ArgPairFormat, XmlToolParser, ValueTyping
 from engine.api import hookimpl
 
-SPARK_TYPING = ValueTyping(
+SPARK_TYPING = ValueTyping(  # an undeclared parameter keeps its text, as the Spark protocol
     typed="schema",
-    untyped="json",
+    untyped="raw",
     null_word=True,
     true_words=("true", "1"),
     false_words=("false", "0"),
