@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
@@ -25,6 +26,7 @@ from engine.errors import ConfigError
 from engine.models.config import ModelConfig
 from engine.models.moe import ExpertWeights, SparseMoeBlock
 from engine.runtime.attention import AttentionBackend, AttentionLayerSpec
+from engine.runtime import fused
 from engine.runtime.batch import Batch
 from engine.runtime.linear import Linear, PackedWeight, QuantMethod, UnquantizedMethod, rowwise
 
@@ -47,6 +49,14 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+    def add_forward(self, x: torch.Tensor,
+                    residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual); one kernel on a GPU in half precision."""
+        if x.dim() == 2 and fused.enabled(x):
+            return fused.add_rms_norm(x, residual, self.weight, self.eps)
+        total = x if residual is None else x + residual
+        return self(total), total
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -141,10 +151,27 @@ class Attention(nn.Module):
                                        num_kv_heads=self.hkv, head_dim=self.d,
                                        scaling=self.d ** -0.5)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: Batch,
+    @property
+    def fusable(self) -> bool:
+        """q/k norms (if any) per head and no clipping: one fused norm + RoPE kernel fits."""
+        return not self.full_qk_norm and self.clip_qkv is None
+
+    def forward(self, x: torch.Tensor, rope: "RopeInputs", batch: Batch,
                 attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        if rope.cos is None:  # the fused path (see LlamaForCausalLM.forward)
+            qn, kn = self.q_norm, self.k_norm
+            q, k = fused.qk_norm_rope(qkv, self.hq, self.hkv, self.d, rope.positions,
+                                      rope.rotary.cos_cache, rope.rotary.sin_cache,
+                                      qn.weight if qn is not None else None,
+                                      kn.weight if kn is not None else None,
+                                      qn.eps if qn is not None else 0.0)
+            v = qkv[:, self.q_size + self.kv_size:].view(t, self.hkv, self.d)
+            out = attn.forward(q, k, v, self.spec, batch)
+            return self.o_proj(out.reshape(t, self.q_size))
+        cos, sin = rope.cos, rope.sin
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.full_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip_qkv is not None:  # after the whole-projection norms (OLMoE)
@@ -180,7 +207,10 @@ class MLP(nn.Module):
             self.act = ACT2FN[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split([self.inter, self.inter], dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.act is F.silu and gate_up.dim() == 2 and fused.enabled(gate_up):
+            return self.down_proj(fused.silu_and_mul(gate_up))
+        gate, up = gate_up.split([self.inter, self.inter], dim=-1)
         return self.down_proj(self.act(gate) * up)
 
 
@@ -213,15 +243,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
-    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                sin: torch.Tensor, batch: Batch,
-                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, rope: "RopeInputs",
+                batch: Batch, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden, residual) -> (mlp output, residual before the mlp); sum them for the
         layer's output."""
-        residual = h if residual is None else h + residual
-        h = self.self_attn(self.input_layernorm(residual), cos, sin, batch, attn)
-        residual = h + residual
-        return self.mlp(self.post_attention_layernorm(residual)), residual
+        normed, residual = self.input_layernorm.add_forward(h, residual)
+        h = self.self_attn(normed, rope, batch, attn)
+        normed, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(normed), residual
 
 
 class LlamaModel(nn.Module):
@@ -250,6 +279,17 @@ _EXPERT_NAME = re.compile(r"^(.*\.mlp)\.experts\.(?:(\d+)\.(\w+)\.weight|(\w+))$
 ExpertParts = tuple[Any, Any]
 
 
+@dataclass(frozen=True)
+class RopeInputs:
+    """Positions of a forward's tokens with their cos/sin rows (``None`` when the fused kernel
+    reads the rotary caches itself)."""
+
+    positions: torch.Tensor
+    rotary: Rotary
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+
+
 class LlamaForCausalLM(nn.Module):
     """``forward(input_ids, positions, batch, attn, logits_indices)`` -> final hidden states of
     the selected tokens; :meth:`compute_logits` projects them onto the vocabulary (one row at a
@@ -269,15 +309,20 @@ class LlamaForCausalLM(nn.Module):
         self.head_copies_embedding = cfg.tie_word_embeddings and head_method is not None
         self.lm_head = None if cfg.tie_word_embeddings and head_method is None else Linear(
             cfg.hidden_size, cfg.vocab_size, dtype=dtype, quant_method=head_method)
+        self.fused_rope = all(layer.self_attn.fusable for layer in self.model.layers) and \
+            cfg.head_dim % 2 == 0 and (cfg.head_dim // 2) & (cfg.head_dim // 2 - 1) == 0
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Batch,
                 attn: AttentionBackend, logits_indices: torch.Tensor) -> torch.Tensor:
         m = self.model
         h = m.embed_tokens(input_ids)
-        cos, sin = m.rotary(positions, h.dtype)
+        if self.fused_rope and fused.enabled(h):
+            rope = RopeInputs(positions, m.rotary)
+        else:
+            rope = RopeInputs(positions, m.rotary, *m.rotary(positions, h.dtype))
         residual = None
         for layer in m.layers:
-            h, residual = layer(h, residual, cos, sin, batch, attn)
+            h, residual = layer(h, residual, rope, batch, attn)
         h = (h + residual).index_select(0, logits_indices)
         return m.norm(h)
 

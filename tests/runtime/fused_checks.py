@@ -1,0 +1,72 @@
+"""The fused decoder kernels against the torch ops they replace, in bfloat16 (and float16): run
+under TRITON_INTERPRET=1 on a CPU, or on a GPU. Prints one JSON list of failures."""
+
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from engine.models.config import ModelConfig
+from engine.models.llama import RMSNorm, Rotary, apply_rotary
+from engine.runtime import fused
+
+device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+failures = []
+
+
+def close(name, got, want, ulps=1):
+    """Equal, up to ``ulps`` units in the last place on at most 1 % of the elements (the
+    reciprocal square root may differ in its last float32 bit)."""
+    diff = (got.float() - want.float()).abs()
+    ulp = want.float().abs().clamp_min(1e-3) * (2 ** -7 if want.dtype == torch.bfloat16
+                                               else 2 ** -10)
+    bad = diff > ulps * ulp
+    if bad.float().mean() > 0.01 or (diff > 4 * ulp).any():
+        failures.append(f"{name}: {int(bad.sum())} of {bad.numel()} differ, max {diff.max():.3g}")
+
+
+g = torch.Generator().manual_seed(0)
+# the Triton interpreter truncates float32 -> bfloat16 (the GPU rounds to nearest even), so on a
+# CPU only float16 is compared exactly
+dtypes = (torch.bfloat16, torch.float16) if device == "cuda" else (torch.float16,)
+for dtype in dtypes:
+    for t, n in ((1, 64), (5, 200), (3, 2048)):
+        x = torch.randn(t, n, generator=g).to(device, dtype)
+        r = torch.randn(t, n, generator=g).to(device, dtype)
+        norm = RMSNorm(n, 1e-6, dtype).to(device)
+        norm.weight.data.copy_(torch.randn(n, generator=g) * 0.5 + 1)
+        out, res = fused.add_rms_norm(x, r, norm.weight, norm.eps)
+        close(f"add_rms_norm {dtype} {t}x{n} residual", res, x + r, ulps=0)
+        close(f"add_rms_norm {dtype} {t}x{n}", out, norm(x + r))
+        out, res = fused.add_rms_norm(x, None, norm.weight, norm.eps)
+        close(f"rms_norm {dtype} {t}x{n}", out, norm(x))
+        gu = torch.randn(t, 2 * n, generator=g).to(device, dtype)
+        close(f"silu_and_mul {dtype} {t}x{n}", fused.silu_and_mul(gu),
+              F.silu(gu[:, :n]) * gu[:, n:])
+    for hq, hkv, d, qk_norm in ((4, 2, 64, True), (8, 8, 128, False), (2, 1, 32, True)):
+        cfg = ModelConfig(architecture="LlamaForCausalLM", hidden_size=hq * d,
+                          intermediate_size=8, num_hidden_layers=1, num_attention_heads=hq,
+                          num_key_value_heads=hkv, head_dim=d, vocab_size=8,
+                          max_position_embeddings=256, rope_theta=10000.0)
+        rot = Rotary(cfg).to(device)
+        t = 7
+        qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).to(device, dtype)
+        pos = torch.tensor([0, 1, 2, 100, 5, 255, 17], device=device)
+        qn, kn = RMSNorm(d, 1e-6, dtype).to(device), RMSNorm(d, 1e-6, dtype).to(device)
+        qn.weight.data.copy_(torch.randn(d, generator=g) * 0.3 + 1)
+        kn.weight.data.copy_(torch.randn(d, generator=g) * 0.3 + 1)
+        q, k = fused.qk_norm_rope(qkv, hq, hkv, d, pos, rot.cos_cache, rot.sin_cache,
+                                  qn.weight if qk_norm else None,
+                                  kn.weight if qk_norm else None, 1e-6)
+        rq = qkv[:, :hq * d].reshape(t, hq, d)
+        rk = qkv[:, hq * d:(hq + hkv) * d].reshape(t, hkv, d)
+        if qk_norm:
+            rq, rk = qn(rq), kn(rk)
+        cos, sin = rot(pos, dtype)
+        close(f"qk_norm_rope q {dtype} {hq}/{hkv}x{d} norm={qk_norm}", q,
+              apply_rotary(rq, cos, sin))
+        close(f"qk_norm_rope k {dtype} {hq}/{hkv}x{d} norm={qk_norm}", k,
+              apply_rotary(rk, cos, sin))
+print(json.dumps(failures))
