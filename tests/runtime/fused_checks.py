@@ -71,4 +71,20 @@ for dtype in dtypes:
               apply_rotary(rq, cos, sin))
         close(f"qk_norm_rope k {dtype} {hq}/{hkv}x{d} norm={qk_norm}", k,
               apply_rotary(rk, cos, sin))
+
+# the router: softmax + top-k (+ renormalise) in one kernel, against the torch ops
+
+for dtype in dtypes:
+    for t, e, k, renorm in ((1, 8, 2, True), (7, 128, 8, True), (5, 60, 4, False), (3, 6, 1, True)):
+        logits = torch.randn(t, e, generator=g).to(device, dtype)
+        w, ids = fused.route_topk(logits, k, renorm)
+        probs = torch.softmax(logits.float(), dim=-1)
+        rw, rids = torch.topk(probs, k, dim=-1)
+        if renorm:
+            rw = rw / rw.sum(-1, keepdim=True)
+        if not torch.equal(ids.long(), rids):
+            failures.append(f"route_topk ids {dtype} {t}x{e} top-{k}")
+        if not torch.allclose(w, rw, rtol=1e-5, atol=1e-7):
+            failures.append(f"route_topk weights {dtype} {t}x{e} top-{k}: "
+                            f"{(w - rw).abs().max():.2e}")
 print(json.dumps(failures))

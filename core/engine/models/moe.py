@@ -23,7 +23,12 @@ if TYPE_CHECKING:
 
 def route(router_logits: torch.Tensor, top_k: int,
           renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_weights float32 [T, k], topk_ids int32 [T, k]) from router logits [T, E]."""
+    """(topk_weights float32 [T, k], topk_ids int32 [T, k]) from router logits [T, E] (one
+    fused kernel on a GPU in half precision)."""
+    from engine.runtime import fused
+
+    if router_logits.dim() == 2 and fused.enabled(router_logits):
+        return fused.route_topk(router_logits, top_k, renormalize)
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:

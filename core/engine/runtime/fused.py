@@ -109,6 +109,48 @@ if triton is not None:
         tl.store(out_ptr + row * stride_o + offs, (act * u).to(dt), mask=ok)
 
 
+if triton is not None:
+
+    @triton.jit
+    def _route_topk(logits_ptr, w_ptr, ids_ptr, E, stride_l, K: tl.constexpr,
+                    RENORM: tl.constexpr, BLOCK_E: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK_E)
+        ok = offs < E
+        x = tl.load(logits_ptr + t * stride_l + offs, mask=ok, other=-float("inf"))
+        x = x.to(tl.float32)
+        p = tl.exp(x - tl.max(x, axis=0))
+        p = p / tl.sum(p, axis=0)
+        left = tl.where(ok, p, -1.0)
+        total = 0.0
+        for i in tl.static_range(K):  # k passes of argmax (ties: the lower id, as topk)
+            best = tl.max(left, axis=0)
+            idx = tl.min(tl.where(left == best, offs, BLOCK_E), axis=0)
+            tl.store(w_ptr + t * K + i, best)
+            tl.store(ids_ptr + t * K + i, idx.to(tl.int32))
+            total += best
+            left = tl.where(offs == idx, -1.0, left)
+        if RENORM:
+            for i in tl.static_range(K):
+                w = tl.load(w_ptr + t * K + i)
+                tl.store(w_ptr + t * K + i, w / total)
+
+
+def route_topk(logits: torch.Tensor, top_k: int,
+               renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over each row of router ``logits`` [T, E] in float32, its top-k (descending) and,
+    with ``renormalize``, the k weights divided by their sum: (weights float32 [T, k], ids int32
+    [T, k]) in one kernel."""
+    t, e = logits.shape
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=logits.device)
+    if t:
+        _route_topk[(t,)](logits, weights, ids, e, logits.stride(0), K=top_k,
+                          RENORM=renormalize, BLOCK_E=triton.next_power_of_2(e),
+                          num_warps=1 if e <= 256 else 4)
+    return weights, ids
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) * weight, x + residual) for rows of ``x`` [T, N]; without a
