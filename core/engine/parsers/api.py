@@ -85,7 +85,10 @@ class _Pipeline:
     def prime(self, prefill: str) -> None:
         """Read the prefilled start of the message; its output is not returned, except the
         pieces of a call it began (carried into the first delta)."""
-        normal = self.reasoning.feed(prefill).content if self.reasoning is not None else prefill
+        if self.reasoning is not None:
+            normal = self.reasoning.feed(self.reasoning.prefill_prefix + prefill).content
+        else:
+            normal = prefill
         if self.tools is not None and normal:
             self.carried = list(self.tools.feed(normal).calls)
 
