@@ -15,6 +15,14 @@ Continuing a prefilled assistant message (a chat request's ``continue_final_mess
 the state it left them in (after ``<think>work</think>The answer is `` the continuation is
 content), and none of its text is returned again. The pieces of a call it holds are returned
 with the continuation (a call it began is completed by it).
+A continuation reads as the whole message would: after a reasoning block the prefill closed, a
+new open marker in the continuation is answer text (SGLang starts a fresh block there). A
+parser's ``prefill_prefix`` is read ahead of the prefill (DeepSeek-V4 renders a continued
+message after ``</think>``).
+
+``separate_reasoning=False`` keeps the reasoning text, markers removed, ahead of the answer in
+``content``, and calls are read from the answer only (SGLang skips the reasoning parser then and
+returns the raw text).
 
 Parsers are given by name (resolved through the installed plugins with
 :func:`engine.assembly.parser_factory`; a server passes the factories it built once at
@@ -85,7 +93,10 @@ class _Pipeline:
     def prime(self, prefill: str) -> None:
         """Read the prefilled start of the message; its output is not returned, except the
         pieces of a call it began (carried into the first delta)."""
-        normal = self.reasoning.feed(prefill).content if self.reasoning is not None else prefill
+        if self.reasoning is not None:
+            normal = self.reasoning.feed(self.reasoning.prefill_prefix + prefill).content
+        else:
+            normal = prefill
         if self.tools is not None and normal:
             self.carried = list(self.tools.feed(normal).calls)
 

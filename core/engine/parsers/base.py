@@ -32,7 +32,15 @@ class ReasoningDelta:
 
 
 class ReasoningParser(ABC):
-    """Splits model text into ``reasoning_content`` and normal content."""
+    """Splits model text into ``reasoning_content`` and normal content.
+
+    ``prefill_prefix``: text the format's chat template renders before a continued assistant
+    message (``continue_final_message``); the pipeline reads it ahead of the prefill. DeepSeek-V4
+    renders the continued message as the answer, after ``</think>``, so its parser sets
+    ``"</think>"`` and the continuation is content.
+    """
+
+    prefill_prefix: str = ""
 
     @abstractmethod
     def parse(self, text: str) -> ReasoningDelta:

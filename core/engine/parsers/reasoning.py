@@ -92,7 +92,9 @@ class StreamingReasoningParser(ReasoningParser):
     reasoning into content; a stream instead re-emits the accumulated reasoning as content at
     ``finish()`` (documented asymmetry; ``nonempty_when_streaming=False`` disables it for
     formats where the rule is whole-parse only). ``nonempty_blockers``: the swap is skipped when
-    the text contains one of these (e.g. a tool-call marker).
+    the text contains one of these (e.g. a tool-call marker). Content counts as present when the
+    format wrote any, even text a subclass then trims away (Granite's newlines after the close):
+    the swap is for a response that has no answer at all, as in the reference.
     """
 
     def __init__(
@@ -102,7 +104,9 @@ class StreamingReasoningParser(ReasoningParser):
         force_nonempty_content: bool = False,
         nonempty_when_streaming: bool = True,
         nonempty_blockers: tuple[str, ...] = (),
+        prefill_prefix: str = "",
     ) -> None:
+        self.prefill_prefix = prefill_prefix
         self.stream_reasoning = stream_reasoning
         self.force_nonempty_content = force_nonempty_content
         self.nonempty_when_streaming = nonempty_when_streaming
@@ -138,7 +142,7 @@ class StreamingReasoningParser(ReasoningParser):
         a, b = self.feed(text), self.finish()
         reasoning, content = a.reasoning + b.reasoning, a.content + b.content
         if (
-            self.force_nonempty_content and reasoning and not content
+            self.force_nonempty_content and reasoning and not content and not self._content_seen
             and not any(m in text for m in self.nonempty_blockers)
         ):
             reasoning, content = "", reasoning
@@ -322,6 +326,8 @@ class TagReasoningParser(StreamingReasoningParser):
         self._reasoning_open = False
 
     def _content(self, text: str, final: bool) -> str:
+        if text:
+            self._content_seen = True  # written, even if trimmed below
         if not self.content_lstrip_newlines or self._content_started:
             return text
         self._ws += text

@@ -3,7 +3,8 @@
 Never forced: text is content, and each inner block (there may be several, interleaved with
 text) is reasoning. A tool block ``<|tools_prefix|>`` … ``<|tools_suffix|>`` inside a reasoning
 block is moved, framing included, into content for the tool parser; reasoning resumes after it.
-An unclosed reasoning block at the end is reasoning; an unclosed tool block is content.
+A tool block opens only with ``<|tools_prefix|>[`` (its JSON list): a bare ``<|tools_prefix|>``
+not followed by ``[`` is reasoning text, as in the reference. An unclosed reasoning block at the end is reasoning; an unclosed tool block is content.
 Partial markers are held back.
 """
 
@@ -14,9 +15,10 @@ from engine.api import hookimpl
 
 INNER_PREFIX, INNER_SUFFIX = "<|inner_prefix|>", "<|inner_suffix|>"
 TOOLS_PREFIX, TOOLS_SUFFIX = "<|tools_prefix|>", "<|tools_suffix|>"
+TOOLS_START = TOOLS_PREFIX + "["  # a tool block: the prefix token and its JSON list
 
 _TEXT, _THINK, _TOOL = range(3)
-_MARKERS = {_TEXT: (INNER_PREFIX,), _THINK: (INNER_SUFFIX, TOOLS_PREFIX), _TOOL: (TOOLS_SUFFIX,)}
+_MARKERS = {_TEXT: (INNER_PREFIX,), _THINK: (INNER_SUFFIX, TOOLS_START), _TOOL: (TOOLS_SUFFIX,)}
 
 
 class Apertus2509ReasoningParser(MarkerStateParser):
@@ -34,7 +36,7 @@ class Apertus2509ReasoningParser(MarkerStateParser):
             self._state, self._reasoning_open = _TEXT, False
         else:  # a tool block passes into content, framing included
             c.append(m)
-            self._state = _TOOL if m == TOOLS_PREFIX else _THINK
+            self._state = _TOOL if m == TOOLS_START else _THINK
         return buf, True
 
 

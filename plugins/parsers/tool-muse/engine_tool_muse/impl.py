@@ -38,9 +38,11 @@ def resolve_name(name: str, known: set) -> str:
 
 @dataclass(frozen=True)
 class MuseFormat(InvokeFormat):
-    """ATEM blocks, bare or as the body of a ``<|start|>assistant to=TOOL<|message|>`` channel
-    ended by ``<|eom|>``/``<|eot|>``. A ``to=user`` header (or one without ``to=``) and the
-    terminators are framing: removed, the channel's text is content. ``to=self`` stays text."""
+    """ATEM blocks as the body of a ``<|start|>assistant to=TOOL<|message|>`` channel ended by
+    ``<|eom|>``/``<|eot|>`` (or by the end of the output once the block is complete). A
+    ``to=user`` header (or one without ``to=``) and the terminators are framing: removed, the
+    channel's text is content. ``to=self`` stays text. An ATEM block outside a tool channel
+    (quoted in an answer or in reasoning) is text, never a call, as in the reference."""
 
     blocks: tuple[tuple[str, tuple[str, ...]], ...] = ((ATEM[0], (ATEM[1],)),)
     invoke: tuple[str, ...] = ("atem:invoke",)
@@ -50,7 +52,7 @@ class MuseFormat(InvokeFormat):
 
     @property
     def openers(self) -> tuple[str, ...]:
-        return (HEADER, ATEM[0])
+        return (HEADER,)
 
     def region(
         self, ctx: ToolContext, text: str, start: int, opener: str, final: bool, scan: int
@@ -69,7 +71,11 @@ class MuseFormat(InvokeFormat):
             return Region(body_at, None)
         j, end = earliest(text, ENDS, max(body_at, scan - 6))
         if j < 0:
-            return Region(None, None) if final else None
+            if not final:
+                return None
+            j, end = len(text), ""  # the output ended the channel: only a whole block counts
+            if not _whole_block(text[body_at:]):
+                return Region(None, None)
         body = text[body_at:j]
         inner = body.strip()
         if not (inner.startswith(ATEM[0]) and inner.endswith(ATEM[1])):
@@ -83,6 +89,11 @@ class MuseFormat(InvokeFormat):
         for c in calls or ():
             c.name = resolve_name(c.name, ctx.tool_names)
         return calls
+
+
+def _whole_block(body: str) -> bool:
+    inner = body.strip()
+    return inner.startswith(ATEM[0]) and inner.endswith(ATEM[1])
 
 
 FORMAT = MuseFormat()
