@@ -224,8 +224,14 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--sweep-gemv", action="store_true")
     ap.add_argument("--runners", default="triton,torch")
+    ap.add_argument("--shape", default=None,
+                    help="E,top_k,H,I of the layer for the kit-free sections (default: "
+                         "Qwen3-30B-A3B's 128,8,2048,768), e.g. 8,2,4096,14336 for Mixtral")
     ap.add_argument("--skip", default="", help="sections to skip: kit,kernel,model")
     args = ap.parse_args()
+    if args.shape:
+        global E, K, H, I
+        E, K, H, I = (int(v) for v in args.shape.split(","))
     skip = set(args.skip.split(","))
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                  "date": time.strftime("%Y-%m-%d")}
@@ -239,6 +245,7 @@ def main() -> None:
     if args.tune:
         best = tune([16, 32, 64, 128, 256, 512, 1024, 2048, 4096])
         name = table_name(E, I, torch.cuda.get_device_name(), torch.bfloat16)
+        print(f"tuned table {name}: {json.dumps({str(k): v for k, v in best.items()})}")
         dest = os.environ.get("OUT")
         if dest:
             with open(os.path.join(dest, name), "w") as fh:
