@@ -36,6 +36,8 @@ class Tokenizer:
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
         kwargs: dict[str, Any] = {"local_files_only": True}
+        if tokenizer_path is not None and os.path.exists(tokenizer_path):
+            tokenizer_path = os.path.abspath(tokenizer_path)  # a local path, never a hub id
         path = tokenizer_path or model_config.model_path
         if tokenizer_path is None and model_config.gguf_file:
             kwargs["gguf_file"] = model_config.gguf_file
@@ -119,6 +121,17 @@ def read_chat_template(value: str) -> str:
         raise ConfigError(f"--chat-template: not a valid Jinja template (line {exc.lineno}: "
                           f"{exc.message})") from None
     return text
+
+
+class NoDetokenizer:
+    """The detokenizer of a server without a tokenizer (``--skip-tokenizer-init``): requests
+    carry token ids only, so there is never text."""
+
+    def add(self, token_id: int) -> str:
+        return ""
+
+    def finish(self) -> str:
+        return ""
 
 
 class IncrementalDetokenizer:

@@ -19,7 +19,7 @@ import torch
 
 from engine.config import ServerConfig
 from engine.errors import ConfigError
-from engine.models.tokenizer import IncrementalDetokenizer
+from engine.models.tokenizer import IncrementalDetokenizer, NoDetokenizer
 from engine.runtime.grammar import Grammars
 from engine.runtime.request import Req, Sink
 from engine.runtime.sampling import InvalidParam, SamplingParams
@@ -85,7 +85,8 @@ class Runtime:
         self.context_len = self.scheduler.max_context_len
         self.kv_capacity = self.scheduler.allocator.capacity_tokens
         self.vocab_size = self.model_config.vocab_size
-        self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
+        self.eos_ids = frozenset(
+            self.tokenizer.eos_token_ids if self.tokenizer is not None else ()) | frozenset(
             self.model_config.eos_token_ids)
         self._rng = random.Random(config.random_seed)
         self._rids: set[str] = set()
@@ -215,8 +216,8 @@ class Runtime:
                 max_new_tokens=limit, routing_key=routing_key,
                 priority=self.config.default_priority_value if priority is None else priority,
                 grammar=grammars[i] if grammars else None, logit_processor=logit_processor,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
-                                                   input_ids)))
+                detokenizer=NoDetokenizer() if self.tokenizer is None else
+                IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens, input_ids)))
         if self.observers is not None and self.observers.on_request is not None:
             for req in reqs:
                 self.observers.on_request(req)

@@ -274,7 +274,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health_generate")
     async def health_generate(request: Request) -> Response:
-        ids = runtime.tokenizer.encode("Hi")
+        ids = runtime.tokenizer.encode("Hi") if runtime.tokenizer is not None else [1, 2]
         gen = Generation(state, [ids], [SamplingParams(max_new_tokens=1, temperature=0.0)],
                          request)
         try:
@@ -375,6 +375,9 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
     if body.text is not None:
         batched = isinstance(body.text, list)
         texts = body.text if isinstance(body.text, list) else [body.text]
+        if runtime.tokenizer is None:
+            raise RequestError("this server runs with --skip-tokenizer-init: give input_ids",
+                               param="text")
         prompts = [runtime.tokenizer.encode(t) for t in texts]
         param = "text"
     else:
@@ -571,7 +574,8 @@ def _warm_up(runtime: Runtime) -> None:
         if out.finished:
             done.set()
 
-    ids = runtime.tokenizer.encode("Hello")
+    ids = (runtime.tokenizer.encode("Hello") if runtime.tokenizer is not None
+           else [min(1, runtime.vocab_size - 1)] * 4)  # --skip-tokenizer-init: any ids
     reqs = runtime.make_reqs("warmup", ids, SamplingParams(max_new_tokens=2, temperature=0.0),
                              sink)
     runtime.scheduler.submit(reqs)

@@ -105,8 +105,15 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------ completions
 
+    def _need_tokenizer(self, param: str) -> None:
+        if self.tok is None:
+            raise RequestError("this server runs with --skip-tokenizer-init: the OpenAI text "
+                               "endpoints need a tokenizer; use /generate with input_ids",
+                               param=param)
+
     async def completions(self, body: CompletionRequest, request: Request) -> Any:
         model = self._check_model(body.model)
+        self._need_tokenizer("prompt")
         prompt = body.prompt
         if isinstance(prompt, str):
             prompts: list[str | list[int]] = [prompt]
@@ -240,6 +247,7 @@ class OpenAIServing:
     # ------------------------------------------------------------------ chat
 
     def _chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        self._need_tokenizer("messages")
         messages = template_messages(body)
         kwargs = dict(body.chat_template_kwargs or {})
         reserved = sorted(set(kwargs) & RENDER_ARGUMENTS)
