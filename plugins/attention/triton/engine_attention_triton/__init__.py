@@ -16,7 +16,7 @@ plugin = Plugin(
     description="Triton kernels reading the paged pool: split-KV GQA decode + LSE merge, "
                 "tiled causal extend over the cached prefix",
     requires=Requires(packages=("triton",), devices=("cuda",), min_compute_capability=(8, 0)),
-    priority=30,
+    priority=40,  # auto on CUDA: decode in CUDA graphs (docs/benchmarks/attention-h200.md)
     options=(
         Option("--triton-attention-num-kv-splits", type="int", default=8,
                help="KV splits per request in the decode kernel (more helps long contexts)."),
