@@ -10,4 +10,14 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile
   plugins/parsers/model-config-{hf,auto,mistral} plugins/quant/{gguf,unquant} \
   plugins/moe/{torch,triton,a2a-none} || return 1
 export PYTHONPATH=/tmp/site:/tmp/site2:$PWD/core
+# The server's own dependencies (fastapi, uvicorn, pydantic, llguidance...), carried as wheels in
+# .whl-server/ when a run starts `engine serve` there. Fetch them here with:
+#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d .whl-server \
+#     fastapi uvicorn pydantic prometheus-client llguidance jsonschema httpx pyyaml
+if compgen -G ".whl-server/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-server \
+    .whl-server/*.whl || return 1
+  export PYTHONPATH=$PYTHONPATH:/tmp/site-server
+fi
 export CUDA_HOME=/usr/local/cuda FLASHINFER_CUDA_ARCH_LIST=9.0a PYTHONUNBUFFERED=1
