@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 
 import jsonschema
 import pytest
@@ -288,6 +289,106 @@ def test_a_dead_end_ends_its_request_alone_with_abort(engine_and_backend) -> Non
         last.finish_reason["message"]
     assert last.completion_tokens == 3
     assert [t for o in outs for t in o.token_ids] == [t for o in solo for t in o.token_ids]
+
+
+class Recording(GrammarMatcher):
+    """Wraps a matcher; records the name of each thread that filled a mask."""
+
+    def __init__(self, inner: GrammarMatcher, threads: list[str]) -> None:
+        self.inner, self.threads = inner, threads
+
+    def fill_bitmask(self, bitmask, index):
+        self.threads.append(threading.current_thread().name)
+        self.inner.fill_bitmask(bitmask, index)
+
+    def accept(self, token):
+        return self.inner.accept(token)
+
+    def is_terminated(self):
+        return self.inner.is_terminated()
+
+
+def _mix(engine, backend, threads: list[str]) -> list[tuple[list[int], dict]]:
+    """A batch of constrained (schema greedy and sampled, a terminating regex, a dead end) and
+    unconstrained requests; each request's tokens and finish reason."""
+    schema = backend.compile(GrammarSpec("json_schema", json.dumps(SCHEMA)))
+    regex = backend.compile(GrammarSpec("regex", r"[A-Z][a-z]{2,8}, [0-9]{4}"))
+    runs = [run(engine, "Describe Lisbon as JSON:", Recording(backend.matcher(schema), threads)),
+            run(engine, "The capital of France is", max_new_tokens=12, ignore_eos=True),
+            run(engine, "A city and a year:", Recording(backend.matcher(regex), threads),
+                ignore_eos=True),
+            run(engine, "Describe Oslo as JSON:", Recording(backend.matcher(schema), threads),
+                temperature=0.8, seed=5),
+            run(engine, "Hello", DeadAfter(4), ignore_eos=True)]
+    drain(engine)
+    return [([t for o in outs for t in o.token_ids], outs[-1].finish_reason)
+            for _, outs in runs]
+
+
+@pytest.mark.slow
+def test_masks_computed_during_the_forward_give_the_same_outputs_as_inline_ones(
+        engine_and_backend) -> None:
+    engine, backend = engine_and_backend
+    masks = engine.runtime.scheduler.masks
+    assert masks.enabled, "overlap is the default"
+    ahead: list[str] = []
+    overlapped = _mix(engine, backend, ahead)
+    masks.enabled = False
+    try:
+        inline: list[str] = []
+        assert _mix(engine, backend, inline) == overlapped
+    finally:
+        masks.enabled = True
+    assert [r["type"] for _, r in overlapped] == ["stop", "length", "stop", "stop", "abort"], \
+        overlapped
+    # every mask but each request's first was computed by the worker; none inline when off
+    assert sum(name.startswith("engine-grammar-mask") for name in ahead) >= len(ahead) - 3
+    assert not any(name.startswith("engine-grammar-mask") for name in inline)
+
+
+class Gate(GrammarMatcher):
+    """Allows anything; its ``n``-th mask blocks until ``release`` is set."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.fills = n, 0
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def fill_bitmask(self, bitmask, index):
+        self.fills += 1
+        if self.fills == self.n:
+            self.entered.set()
+            self.release.wait(120)  # a guard only: the test sets it
+        bitmask[index] = -1
+
+    def accept(self, token):
+        return True
+
+    def is_terminated(self):
+        return False
+
+
+@pytest.mark.slow
+def test_aborting_a_request_whose_mask_is_in_flight_never_waits_for_it(
+        engine_and_backend) -> None:
+    engine, _ = engine_and_backend
+    sched = engine.runtime.scheduler
+    gate = Gate(3)  # mask 1 is filled inline (first token), masks 2 and 3 ahead
+    gated, gated_outs = run(engine, "Hello", gate, ignore_eos=True, max_new_tokens=40)
+    _, solo = run(engine, "Once upon a time", max_new_tokens=8, ignore_eos=True)
+    while len(gated.output_ids) < 2:  # the step that accepts token 2 submits mask 3
+        assert sched.step()
+    assert gate.entered.wait(60), "the worker never started the third mask"
+    assert gated.grammar_mask is not None and not gated.grammar_mask.future.done()
+    sched.abort([gated])  # taken at the start of the next step, before any forward
+    _, outs = run(engine, "Once upon a time", max_new_tokens=8, ignore_eos=True)
+    drain(engine)  # would hang if anything joined the blocked mask
+    assert not gate.release.is_set() and not gated.grammar_mask.future.done()
+    assert gated_outs[-1].finish_reason["type"] == "abort", gated_outs[-1]
+    assert len(gated.output_ids) == 2
+    assert outs[-1].finished and [t for o in outs for t in o.token_ids] == \
+        [t for o in solo for t in o.token_ids]
+    gate.release.set()
+    gated.grammar_mask.future.result()  # the worker is free again for the next requests
 
 
 @pytest.mark.slow

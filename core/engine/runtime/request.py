@@ -119,6 +119,8 @@ class Req:
     routing_key: str | None = None  #: requests with one key are admitted together (routing-key)
     #: the constraint's matcher (:class:`engine.api.grammar.GrammarMatcher`), or None
     grammar: Any = None
+    #: its next-token mask being computed ahead (:class:`engine.runtime.grammar.PendingMask`)
+    grammar_mask: Any = None
     output_ids: list[int] = field(default_factory=list)
     # KV state
     row: int | None = None
