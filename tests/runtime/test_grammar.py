@@ -392,7 +392,7 @@ def test_aborting_a_request_whose_mask_is_in_flight_never_waits_for_it(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parser", ["hermes", "qwen25"])
+@pytest.mark.parametrize("parser", ["hermes", "qwen25", "llama3", "mistral", "pythonic"])
 @pytest.mark.parametrize("forced", ["", "get_time"])
 def test_a_forced_tool_choice_decodes_a_valid_call_in_the_parsers_format(
         engine_and_backend, parser, forced) -> None:
@@ -421,3 +421,41 @@ def test_without_a_grammar_plugin_an_unset_flag_means_no_constrained_decoding() 
     assert Assembly(ServerConfig(), registry).grammar_backend(None, 10) is None
     with pytest.raises(ConfigError, match="--grammar-backend 'llguidance'"):
         Assembly(ServerConfig(grammar_backend="llguidance"), registry).grammar_backend(None, 10)
+
+
+@pytest.mark.parametrize("thinking", [True, False], ids=["reasoning-open", "reasoning-optional"])
+def test_a_forced_call_comes_after_the_reasoning_section_the_reasoning_parser_gives(
+        thinking) -> None:
+    from engine.assembly import parser_factory
+    from engine.parsers.api import call_constraint, parse_message
+
+    kw = {"enable_thinking": thinking}
+    reasoning = parser_factory("reasoning_parser", "qwen3")(chat_template_kwargs=kw)
+    assert reasoning.reasoning_section() == {"start": "<think>", "end": "</think>",
+                                             "open": thinking}
+    tools = parser_factory("tool_parser", "hermes")(tools=TOOLS)
+    spec = call_constraint(tools, reasoning, "get_time", False)
+    tok = kit.tiny_tokenizer()
+    backend = Assembly(ServerConfig()).grammar_backend(tok, len(tok.hf))
+    compiled = backend.compile(spec)
+
+    def complete(text: str) -> bool:
+        m = backend.matcher(compiled)
+        return all(m.accept(t) for t in tok.hf.encode(text)) and m.accept(tok.eos_token_ids[0])
+
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'
+    thought = "<think>" * (not thinking) + "the user wants the time </thin</think>\n\n"
+    assert complete(thought + call)
+    assert complete(call) is not thinking  # an open section must be closed first
+    assert not complete(thought + call.replace("get_time", "get_weather"))
+    message = parse_message(thought + call, reasoning_parser="qwen3", tool_parser="hermes",
+                            tools=TOOLS, chat_template_kwargs=kw)
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_time"]
+    assert message["reasoning_content"].startswith("the user wants")
+    # a reasoning parser that cannot say where its section ends: no constraint (checked after)
+
+    class Opaque:
+        def reasoning_section(self):
+            return None
+
+    assert call_constraint(tools, Opaque(), "", True) is None
