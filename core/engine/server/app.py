@@ -38,8 +38,8 @@ from engine.server.generation import (ClientGone, Generation, SeqState, grammar_
                                       internal_failure)
 from engine.server.metrics import Metrics
 from engine.server.openai_api import OpenAIServing, error_body, sse, sse_response
-from engine.server.protocol import (CONSTRAINT_FIELDS, ChatCompletionRequest, CompletionRequest,
-                                    GenerateRequest, constraint, parse_body,
+from engine.server.protocol import (GENERATE_CONSTRAINT_FIELDS, ChatCompletionRequest,
+                                    CompletionRequest, GenerateRequest, constraint, parse_body,
                                     to_sampling_params)
 from engine.server.state import RETRY_AFTER_S, Drain, ServerState
 
@@ -375,7 +375,8 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
     params, constraints = [], []
     for r in raws:
         fields = dict(r)
-        constraints.append(constraint({k: fields.pop(k, None) for k in CONSTRAINT_FIELDS}))
+        constraints.append(constraint({k: fields.pop(k, None)
+                                       for k in GENERATE_CONSTRAINT_FIELDS}))
         sp = to_sampling_params(fields, names={}, defaults=runtime.sampling_defaults)
         if body.return_logprob:
             sp.logprobs, sp.top_logprobs = True, body.top_logprobs_num
