@@ -97,7 +97,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 }
 REGEXES = [r"(yes|no), because [a-z ]{3,20}\.", r"[A-Z][a-z]{2,10}-[0-9]{3}",
            r"\d{4}-\d{2}-\d{2}", r"(red|green|blue)( and (red|green|blue)){0,2}",
-           r"[a-z]+@[a-z]+\.com"]
+           r"[a-z]{1,10}@[a-z]{1,8}\.com"]
 #: GBNF grammars with a checker of their language each
 EBNFS: list[tuple[str, Callable[[str], bool]]] = [
     ('root ::= animal " " verb " " place\nanimal ::= "cat" | "dog" | "bird"\n'
