@@ -333,13 +333,14 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--plain", type=int, default=40)
     ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--extra", default="", help="more serve flags, space separated")
+    ap.add_argument("--extra", default="", help="more serve flags for the backends' servers "
+                    "(not the reference's), space separated")
     args = ap.parse_args()
     extra = args.extra.split()
     cases = constrained_cases(args.requests)
     plain = plain_cases(args.plain)
 
-    proc, url, log = start("none", extra)
+    proc, url, log = start("none", [])
     try:
         if not wait_ready(proc, url, log):
             return 2
