@@ -9,7 +9,8 @@ Run from the repository root after ``./dev setup``::
     through the schema; p50 and p99 in microseconds;
 (b) decode step time at batch 1 and 8: the median wall time of a scheduler decode step with
     every request unconstrained, and with every request constrained by the schema (ignore_eos,
-    the same prompts), in alternating rounds; the difference is what the grammar costs a step.
+    the same prompts), the masks computed inline (after the forward) and overlapped with it
+    (the default), in alternating rounds; the difference is what the grammar costs a step.
 """
 
 from __future__ import annotations
@@ -65,12 +66,15 @@ def mask_times(backend, vocab: int, walks: int = 8, steps: int = 64) -> tuple[li
     return fill, apply
 
 
-def decode_steps(engine, backend, batch: int, steps: int, constrained: bool) -> list[float]:
-    """Seconds of each decode step of ``batch`` greedy requests (all constrained or none)."""
+def decode_steps(engine, backend, batch: int, steps: int, constrained: bool,
+                 overlap: bool = True) -> list[float]:
+    """Seconds of each decode step of ``batch`` greedy requests (all constrained or none; the
+    masks overlapped with the forward or computed inline)."""
     from engine.api.grammar import GrammarSpec
     from engine.runtime.sampling import SamplingParams
 
     sched = engine.runtime.scheduler
+    sched.masks.enabled = overlap
     compiled = backend.compile(GrammarSpec("json_schema", json.dumps(SCHEMA)))
     ids = engine.tokenizer.encode(PROMPT)
     params = SamplingParams(temperature=0.0, max_new_tokens=steps, ignore_eos=True).validate()
@@ -110,14 +114,18 @@ def main() -> int:
     print(f"(b) decode step (ms), median over {ROUNDS} alternating rounds:")
     for batch in (1, 8):
         decode_steps(engine, backend, batch, 8, constrained=True)  # warm-up
-        times: dict[bool, list[float]] = {False: [], True: []}
+        modes = {"unconstrained": (False, True), "inline": (True, False),
+                 "overlapped": (True, True)}
+        times: dict[str, list[float]] = {m: [] for m in modes}
         for _ in range(ROUNDS):
-            for constrained in (False, True):
-                times[constrained] += decode_steps(engine, backend, batch, args.steps,
-                                                   constrained)
-        plain, constrained = (statistics.median(times[c]) for c in (False, True))
-        print(f"    batch {batch}: unconstrained {plain * 1e3:.1f}, constrained "
-              f"{constrained * 1e3:.1f} ({(constrained - plain) * 1e3:+.1f})")
+            for mode, (constrained, overlap) in modes.items():
+                times[mode] += decode_steps(engine, backend, batch, args.steps, constrained,
+                                            overlap)
+        med = {m: statistics.median(t) * 1e3 for m, t in times.items()}
+        print(f"    batch {batch}: unconstrained {med['unconstrained']:.1f}, constrained "
+              f"inline {med['inline']:.1f} ({med['inline'] - med['unconstrained']:+.1f}), "
+              f"overlapped {med['overlapped']:.1f} "
+              f"({med['overlapped'] - med['unconstrained']:+.1f})")
     return 0
 
 

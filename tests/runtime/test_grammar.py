@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 
 import jsonschema
 import pytest
@@ -290,8 +291,108 @@ def test_a_dead_end_ends_its_request_alone_with_abort(engine_and_backend) -> Non
     assert [t for o in outs for t in o.token_ids] == [t for o in solo for t in o.token_ids]
 
 
+class Recording(GrammarMatcher):
+    """Wraps a matcher; records the name of each thread that filled a mask."""
+
+    def __init__(self, inner: GrammarMatcher, threads: list[str]) -> None:
+        self.inner, self.threads = inner, threads
+
+    def fill_bitmask(self, bitmask, index):
+        self.threads.append(threading.current_thread().name)
+        self.inner.fill_bitmask(bitmask, index)
+
+    def accept(self, token):
+        return self.inner.accept(token)
+
+    def is_terminated(self):
+        return self.inner.is_terminated()
+
+
+def _mix(engine, backend, threads: list[str]) -> list[tuple[list[int], dict]]:
+    """A batch of constrained (schema greedy and sampled, a terminating regex, a dead end) and
+    unconstrained requests; each request's tokens and finish reason."""
+    schema = backend.compile(GrammarSpec("json_schema", json.dumps(SCHEMA)))
+    regex = backend.compile(GrammarSpec("regex", r"[A-Z][a-z]{2,8}, [0-9]{4}"))
+    runs = [run(engine, "Describe Lisbon as JSON:", Recording(backend.matcher(schema), threads)),
+            run(engine, "The capital of France is", max_new_tokens=12, ignore_eos=True),
+            run(engine, "A city and a year:", Recording(backend.matcher(regex), threads),
+                ignore_eos=True),
+            run(engine, "Describe Oslo as JSON:", Recording(backend.matcher(schema), threads),
+                temperature=0.8, seed=5),
+            run(engine, "Hello", DeadAfter(4), ignore_eos=True)]
+    drain(engine)
+    return [([t for o in outs for t in o.token_ids], outs[-1].finish_reason)
+            for _, outs in runs]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("parser", ["hermes", "qwen25"])
+def test_masks_computed_during_the_forward_give_the_same_outputs_as_inline_ones(
+        engine_and_backend) -> None:
+    engine, backend = engine_and_backend
+    masks = engine.runtime.scheduler.masks
+    assert masks.enabled, "overlap is the default"
+    ahead: list[str] = []
+    overlapped = _mix(engine, backend, ahead)
+    masks.enabled = False
+    try:
+        inline: list[str] = []
+        assert _mix(engine, backend, inline) == overlapped
+    finally:
+        masks.enabled = True
+    assert [r["type"] for _, r in overlapped] == ["stop", "length", "stop", "stop", "abort"], \
+        overlapped
+    # every mask but each request's first was computed by the worker; none inline when off
+    assert sum(name.startswith("engine-grammar-mask") for name in ahead) >= len(ahead) - 3
+    assert not any(name.startswith("engine-grammar-mask") for name in inline)
+
+
+class Gate(GrammarMatcher):
+    """Allows anything; its ``n``-th mask blocks until ``release`` is set."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.fills = n, 0
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def fill_bitmask(self, bitmask, index):
+        self.fills += 1
+        if self.fills == self.n:
+            self.entered.set()
+            self.release.wait(120)  # a guard only: the test sets it
+        bitmask[index] = -1
+
+    def accept(self, token):
+        return True
+
+    def is_terminated(self):
+        return False
+
+
+@pytest.mark.slow
+def test_aborting_a_request_whose_mask_is_in_flight_never_waits_for_it(
+        engine_and_backend) -> None:
+    engine, _ = engine_and_backend
+    sched = engine.runtime.scheduler
+    gate = Gate(3)  # mask 1 is filled inline (first token), masks 2 and 3 ahead
+    gated, gated_outs = run(engine, "Hello", gate, ignore_eos=True, max_new_tokens=40)
+    _, solo = run(engine, "Once upon a time", max_new_tokens=8, ignore_eos=True)
+    while len(gated.output_ids) < 2:  # the step that accepts token 2 submits mask 3
+        assert sched.step()
+    assert gate.entered.wait(60), "the worker never started the third mask"
+    assert gated.grammar_mask is not None and not gated.grammar_mask.future.done()
+    sched.abort([gated])  # taken at the start of the next step, before any forward
+    _, outs = run(engine, "Once upon a time", max_new_tokens=8, ignore_eos=True)
+    drain(engine)  # would hang if anything joined the blocked mask
+    assert not gate.release.is_set() and not gated.grammar_mask.future.done()
+    assert gated_outs[-1].finish_reason["type"] == "abort", gated_outs[-1]
+    assert len(gated.output_ids) == 2
+    assert outs[-1].finished and [t for o in outs for t in o.token_ids] == \
+        [t for o in solo for t in o.token_ids]
+    gate.release.set()
+    gated.grammar_mask.future.result()  # the worker is free again for the next requests
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parser", ["hermes", "qwen25", "llama3", "mistral", "pythonic"])
 @pytest.mark.parametrize("forced", ["", "get_time"])
 def test_a_forced_tool_choice_decodes_a_valid_call_in_the_parsers_format(
         engine_and_backend, parser, forced) -> None:
@@ -320,3 +421,41 @@ def test_without_a_grammar_plugin_an_unset_flag_means_no_constrained_decoding() 
     assert Assembly(ServerConfig(), registry).grammar_backend(None, 10) is None
     with pytest.raises(ConfigError, match="--grammar-backend 'llguidance'"):
         Assembly(ServerConfig(grammar_backend="llguidance"), registry).grammar_backend(None, 10)
+
+
+@pytest.mark.parametrize("thinking", [True, False], ids=["reasoning-open", "reasoning-optional"])
+def test_a_forced_call_comes_after_the_reasoning_section_the_reasoning_parser_gives(
+        thinking) -> None:
+    from engine.assembly import parser_factory
+    from engine.parsers.api import call_constraint, parse_message
+
+    kw = {"enable_thinking": thinking}
+    reasoning = parser_factory("reasoning_parser", "qwen3")(chat_template_kwargs=kw)
+    assert reasoning.reasoning_section() == {"start": "<think>", "end": "</think>",
+                                             "open": thinking}
+    tools = parser_factory("tool_parser", "hermes")(tools=TOOLS)
+    spec = call_constraint(tools, reasoning, "get_time", False)
+    tok = kit.tiny_tokenizer()
+    backend = Assembly(ServerConfig()).grammar_backend(tok, len(tok.hf))
+    compiled = backend.compile(spec)
+
+    def complete(text: str) -> bool:
+        m = backend.matcher(compiled)
+        return all(m.accept(t) for t in tok.hf.encode(text)) and m.accept(tok.eos_token_ids[0])
+
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'
+    thought = "<think>" * (not thinking) + "the user wants the time </thin</think>\n\n"
+    assert complete(thought + call)
+    assert complete(call) is not thinking  # an open section must be closed first
+    assert not complete(thought + call.replace("get_time", "get_weather"))
+    message = parse_message(thought + call, reasoning_parser="qwen3", tool_parser="hermes",
+                            tools=TOOLS, chat_template_kwargs=kw)
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_time"]
+    assert message["reasoning_content"].startswith("the user wants")
+    # a reasoning parser that cannot say where its section ends: no constraint (checked after)
+
+    class Opaque:
+        def reasoning_section(self):
+            return None
+
+    assert call_constraint(tools, Opaque(), "", True) is None

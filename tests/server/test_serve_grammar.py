@@ -214,7 +214,8 @@ def test_an_invalid_constraint_is_a_400_with_the_backends_message(main_server, p
 def test_grammar_backend_none_refuses_constraints_and_serves_the_rest(aux_server) -> None:
     with aux_server.client() as c:
         for body in ({"prompt": "x", "max_tokens": 2, "regex": "a+"},
-                     {"prompt": "x", "max_tokens": 2, "response_format": {"type": "json_object"}}):
+                     {"prompt": "x", "max_tokens": 2, "response_format": {"type": "json_object"}},
+                     {"prompt": "x", "max_tokens": 2, "response_format": STRUCTURAL_TAG}):
             r = c.post(COMPL, json=body)
             assert r.status_code == 400, r.text
             assert "--grammar-backend none" in r.json()["error"]["message"]
@@ -223,40 +224,138 @@ def test_grammar_backend_none_refuses_constraints_and_serves_the_rest(aux_server
         assert ok.status_code == 200, ok.text
 
 
-@pytest.fixture(scope="module")
-def hermes_server(servers):
-    with running(start_server("hermes", "--max-running-requests", "4",
-                              "--tool-call-parser", "hermes")) as started:
-        yield started["hermes"]
+STRUCTURAL_TAG = {"type": "structural_tag", "triggers": ["<function="], "structures": [
+    {"begin": "<function=get_weather>", "end": "</function>",
+     "schema": TOOLS[0]["function"]["parameters"]},
+    {"begin": "<function=get_time>", "end": "</function>",
+     "schema": TOOLS[1]["function"]["parameters"]}]}
+FEW_SHOT = ('Q: time in Berlin?\nA: <function=get_time>{"tz": "CET"}</function>\n'
+            'Q: weather in Rome?\nA: <function=get_weather>{"city": "Rome", "unit": "C"}'
+            '</function>\nQ: weather in Paris?\nA:')
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function",
-                                                 "function": {"name": "get_time"}}],
-                         ids=["required", "named"])
-def test_a_forced_tool_choice_is_decoded_as_a_valid_call(hermes_server, choice) -> None:
-    body = {"messages": [{"role": "user", "content": "What's the weather in Paris?"}],
-            "tools": TOOLS, "tool_choice": choice, "max_tokens": MAX_TOKENS,
-            "temperature": 0, "parallel_tool_calls": False}
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    with hermes_server.client(timeout=300) as c:
-        r = c.post(CHAT, json=body)
+def tagged_calls(text: str) -> list[tuple[str, Any]]:
+    """Each ``<function=NAME>JSON</function>`` of ``text``; fails on a trigger that does not
+    start a valid structure."""
+    out, pos = [], 0
+    while (i := text.find("<function=", pos)) >= 0:
+        m = re.compile(r"<function=(get_weather|get_time)>").match(text, i)
+        assert m, text[i:]
+        value, end = json.JSONDecoder().raw_decode(text, m.end())
+        jsonschema.validate(value, TOOL_SCHEMAS[m.group(1)])
+        assert text.startswith("</function>", end), text[end:]
+        out.append((m.group(1), value))
+        pos = end + len("</function>")
+    return out
+
+
+def test_a_structural_tag_constrains_what_follows_each_trigger(main_server) -> None:
+    tag_text = json.dumps({k: v for k, v in STRUCTURAL_TAG.items() if k != "type"})
+    with main_server.client(timeout=600) as c:
+        r = c.post(COMPL, json={"prompt": FEW_SHOT, "max_tokens": 60, "temperature": 0,
+                                "stop": ["\n"], "response_format": STRUCTURAL_TAG})
         assert r.status_code == 200, r.text
-        choice_out = r.json()["choices"][0]
-        assert choice_out["finish_reason"] == "tool_calls", choice_out
-        calls = choice_out["message"]["tool_calls"]
-        assert len(calls) == 1
-        name = calls[0]["function"]["name"]
+        assert tagged_calls(r.json()["choices"][0]["text"]) == [
+            ("get_weather", {"city": "Paris", "unit": "C"})], r.json()
+        r = c.post("/generate", json={"text": FEW_SHOT, "sampling_params": {
+            "max_new_tokens": 60, "temperature": 0.8, "seed": 1, "stop": ["\n"],
+            "structural_tag": tag_text}})
+        assert r.status_code == 200, r.text
+        tagged_calls(r.json()["text"])
+        chat = c.post(CHAT, json={"messages": [{"role": "user", "content": "Say hello."}],
+                                  "max_tokens": 30, "temperature": 0,
+                                  "response_format": STRUCTURAL_TAG})
+        assert chat.status_code == 200, chat.text
+        tagged_calls(chat.json()["choices"][0]["message"]["content"])
+        bad = {**STRUCTURAL_TAG, "triggers": ["<tool>"]}
+        r = c.post(CHAT, json={"messages": [{"role": "user", "content": "x"}],
+                               "response_format": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+        assert "does not start with any of the triggers" in r.json()["error"]["message"]
+
+
+#: the tool-call parsers whose forced calls are constrained while decoding
+FORCED_PARSERS = ["hermes", "qwen25", "llama3", "mistral", "pythonic"]
+FORCED_PROMPTS = ["What's the weather in Paris?", "What time is it in Tokyo?",
+                  "Is it raining in Oslo right now?", "Tell me a joke about cats.",
+                  "Weather for Lima, in Fahrenheit please."]
+TOOL_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@pytest.fixture(scope="module", params=FORCED_PARSERS)
+def tool_server(request, servers):
+    """One server per tool-call parser, one at a time."""
+    with running(start_server(request.param, "--max-running-requests", "8",
+                              "--tool-call-parser", request.param)) as started:
+        yield started[request.param]
+
+
+def forced_body(prompt: str, choice: Any, **extra: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": prompt}], "tools": TOOLS,
+            "tool_choice": choice, "max_tokens": MAX_TOKENS, "temperature": 0,
+            "parallel_tool_calls": False, **extra}
+
+
+def check_calls(message: dict[str, Any], choice: Any) -> list[dict[str, Any]]:
+    calls = message.get("tool_calls") or []
+    assert calls, message
+    for call in calls:
+        name = call["function"]["name"]
         assert name == (choice["function"]["name"] if isinstance(choice, dict) else name)
-        jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), schemas[name])
-        streamed: dict[str, str] = {"name": "", "arguments": ""}
-        with c.stream("POST", CHAT, json={**body, "stream": True}) as s:
-            for line in s.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                event = json.loads(line[6:])
-                assert "error" not in event, event
-                for delta_call in event["choices"][0]["delta"].get("tool_calls") or ():
-                    fn = delta_call.get("function", {})
-                    streamed["name"] += fn.get("name") or ""
-                    streamed["arguments"] += fn.get("arguments") or ""
-        assert streamed == {"name": name, "arguments": calls[0]["function"]["arguments"]}
+        jsonschema.validate(json.loads(call["function"]["arguments"]), TOOL_SCHEMAS[name])
+    return calls
+
+
+def test_every_forced_tool_choice_decodes_a_valid_call_in_the_parsers_format(
+        tool_server) -> None:
+    """Each prompt, with ``required`` and with a named tool (greedy and sampled, one call or
+    parallel calls allowed): 100 % of the responses carry valid calls. (With parallel calls
+    allowed, the default model may go on calling until ``max_tokens``: its complete calls are
+    valid.)"""
+    named = {"type": "function", "function": {"name": "get_time"}}
+    bodies = []
+    for i, prompt in enumerate(FORCED_PROMPTS):
+        bodies.append(forced_body(prompt, "required", parallel_tool_calls=i == 0))
+        bodies.append(forced_body(prompt, named, temperature=0.7, seed=i))
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(lambda b: tool_server.client(timeout=600).post(CHAT, json=b),
+                                  bodies))
+    for body, r in zip(bodies, responses):
+        assert r.status_code == 200, (tool_server.name, body["messages"], r.text)
+        out = r.json()["choices"][0]
+        calls = check_calls(out["message"], body["tool_choice"])
+        if body["parallel_tool_calls"]:  # the model may repeat calls up to max_tokens
+            assert out["finish_reason"] in ("tool_calls", "length"), (tool_server.name, out)
+        else:
+            assert out["finish_reason"] == "tool_calls", (tool_server.name, out)
+            assert len(calls) == 1, out
+    # streamed: the same call as the whole response, in deltas
+    body = bodies[1]
+    whole = responses[1].json()["choices"][0]["message"]["tool_calls"][0]["function"]
+    streamed: dict[str, str] = {"name": "", "arguments": ""}
+    with tool_server.client(timeout=300) as c, \
+            c.stream("POST", CHAT, json={**body, "stream": True}) as s:
+        for line in s.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            for delta_call in event["choices"][0]["delta"].get("tool_calls") or ():
+                fn = delta_call.get("function", {})
+                streamed["name"] += fn.get("name") or ""
+                streamed["arguments"] += fn.get("arguments") or ""
+    assert streamed == whole
+
+
+def test_a_forced_call_with_a_reasoning_parser_follows_the_reasoning(parser_server) -> None:
+    """``--reasoning-parser qwen3 --tool-call-parser hermes``: reasoning off for the request
+    (``enable_thinking: false``), so a ``<think>`` section is optional; the call is forced
+    after it."""
+    kw = {"chat_template_kwargs": {"enable_thinking": False}}
+    with parser_server.client(timeout=600) as c:
+        for prompt in FORCED_PROMPTS[:3]:
+            r = c.post(CHAT, json=forced_body(prompt, "required", **kw))
+            assert r.status_code == 200, r.text
+            out = r.json()["choices"][0]
+            assert out["finish_reason"] == "tool_calls", out
+            check_calls(out["message"], "required")

@@ -1,8 +1,8 @@
 """Grammar backends (the ``grammar`` family): constrained decoding.
 
 A request may carry one constraint, a :class:`GrammarSpec`: a JSON schema, any JSON object, a
-regular expression, an EBNF grammar, or tool calls (``tool_choice`` ``required`` or a named
-function, in the tool-call parser's format: see :data:`KINDS`). The server compiles it with the selected backend
+regular expression, an EBNF grammar, tool calls (``tool_choice`` ``required`` or a named
+function, in the tool-call parser's format) or structural tags (see :data:`KINDS`). The server compiles it with the selected backend
 before the request is queued, and every step of that request the backend's matcher says which
 tokens may come next; the sampler sets the others' logits to ``-inf``.
 
@@ -46,11 +46,26 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-#: the constraint kinds a request can carry. ``tool_calls``: the text is JSON
-#: ``{"structures": [{"begin": str, "schema": {...}, "end": str}, ...], "parallel": bool}``, and
-#: the output is one structure (with ``parallel``, one or more separated by ``"\n"``): its
-#: ``begin``, a JSON value valid against its ``schema``, its ``end``; nothing else.
-KINDS = ("json_schema", "json_object", "regex", "ebnf", "tool_calls")
+#: the constraint kinds a request can carry.
+#:
+#: ``tool_calls`` (``tool_choice`` ``required`` or a named function): the text is JSON
+#: ``{"structures": [{"begin": str, "schema": {...}, "end": str, "arguments": "json"}, ...],
+#: "parallel": bool, "prefix": str, "separator": str, "suffix": str, "reasoning": null}``, and
+#: the output is ``prefix``, one structure (with ``parallel``, one or more separated by
+#: ``separator``, default ``"\n"``), ``suffix``; nothing else. A structure is its ``begin``,
+#: its value, its ``end``: with ``arguments`` ``"json"`` (the default) a JSON value valid
+#: against ``schema``; with ``"kwargs"`` the object's properties as keyword arguments
+#: ``name=VALUE, ...`` (declared order, required ones always, values written as JSON), as in a
+#: Python call. ``reasoning`` ``{"start": str, "end": str, "open": bool}``: a reasoning section
+#: comes first, free text up to ``end`` (``open``: the output starts inside it; else it is
+#: optional and opens with ``start``), then optional whitespace, then the calls.
+#:
+#: ``structural_tag`` (OpenAI/SGLang ``response_format``): the text is JSON
+#: ``{"structures": [{"begin": str, "schema": {...} | null, "end": str}, ...],
+#: "triggers": [str, ...]}``: free text, in which each occurrence of a trigger starts one of
+#: the structures whose ``begin`` starts with it: that ``begin``, a JSON value valid against its
+#: ``schema`` (any JSON when null), its ``end``; then free text again.
+KINDS = ("json_schema", "json_object", "regex", "ebnf", "tool_calls", "structural_tag")
 
 
 class InvalidGrammar(ValueError):

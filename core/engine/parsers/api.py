@@ -59,6 +59,28 @@ def tool_factory(parser: str | Factory, chat_template: str | None = None) -> Fac
     return parser
 
 
+def call_constraint(tool_parser: ToolParser, reasoning_parser: ReasoningParser | None,
+                    forced: str, parallel: bool) -> Any:
+    """The constraint of a forced tool choice (``forced``: ``""`` for ``required``, else the
+    tool's name): the tool parser's calls (:meth:`ToolParser.call_constraint`), after the
+    reasoning section the reasoning parser describes
+    (:meth:`ReasoningParser.reasoning_section`). None when either parser cannot give its part
+    (the choice is then checked after generation)."""
+    section: dict[str, Any] | None = {}
+    if reasoning_parser is not None:
+        section = reasoning_parser.reasoning_section()
+        if section is None:
+            return None
+    spec = tool_parser.call_constraint(forced, parallel)
+    if spec is None or not section:
+        return spec
+    import json
+
+    from engine.api.grammar import GrammarSpec
+
+    return GrammarSpec(spec.kind, json.dumps({**json.loads(spec.text), "reasoning": section}))
+
+
 def new_call_id() -> str:
     """An OpenAI-style tool-call id: ``call_`` and 24 hex digits."""
     return "call_" + uuid.uuid4().hex[:24]

@@ -54,6 +54,14 @@ class ReasoningParser(ABC):
     def finish(self) -> ReasoningDelta:
         """The stream ended: flush anything held back."""
 
+    def reasoning_section(self) -> dict[str, Any] | None:
+        """Where this response's reasoning sits, for a constraint that applies after it (a
+        forced tool call): ``{"start": marker, "end": marker, "open": bool}`` (``open``: the
+        response starts inside the reasoning; else it may open with ``start``), ``{}`` when
+        the response has no reasoning section, or None (the default) when this parser cannot
+        say: the constraint is then checked after generation instead."""
+        return None
+
 
 # --------------------------------------------------------------------------- tool calls
 
@@ -119,6 +127,19 @@ class ToolParser(ABC):
             if fn.get("name") == name:
                 return fn.get("parameters") or {}
         return {}
+
+    def callable_names(self, forced: str) -> list[str]:
+        """The tool names a forced choice allows: ``forced`` alone, or every tool (sorted)."""
+        names = sorted(n for n in self.tool_names if isinstance(n, str))
+        return [n for n in names if not forced or n == forced]
+
+    def call_object_schema(self, name: str, name_key: str, args_key: str) -> dict[str, Any]:
+        """The JSON schema of a call object ``{name_key: name, args_key: ARGS}`` (ARGS valid
+        against the tool's parameters)."""
+        return {"type": "object",
+                "properties": {name_key: {"const": name},
+                               args_key: self.tool_schema(name) or {"type": "object"}},
+                "required": [name_key, args_key], "additionalProperties": False}
 
     def call_constraint(self, forced: str, parallel: bool) -> Any:
         """The constraint that makes the output valid calls in this format (a

@@ -141,18 +141,11 @@ class JsonTagParser(StreamingToolParser):
         parameters; one call unless both ``parallel`` and the format allow more."""
         from engine.api.grammar import GrammarSpec
 
-        structures = []
-        for name in sorted(n for n in self.tool_names if isinstance(n, str)):
-            if forced and name != forced:
-                continue
-            schema = {"type": "object",
-                      "properties": {self.name_keys[0]: {"const": name},
-                                     self.args_keys[0]: self.tool_schema(name)
-                                     or {"type": "object"}},
-                      "required": [self.name_keys[0], self.args_keys[0]],
-                      "additionalProperties": False}
-            structures.append({"begin": self.start_markers[0] + "\n", "schema": schema,
-                               "end": "\n" + self.end_marker if self.end_marker else ""})
+        structures = [{"begin": self.start_markers[0] + "\n",
+                       "schema": self.call_object_schema(name, self.name_keys[0],
+                                                         self.args_keys[0]),
+                       "end": "\n" + self.end_marker if self.end_marker else ""}
+                      for name in self.callable_names(forced)]
         return GrammarSpec("tool_calls", json.dumps({
             "structures": structures, "parallel": parallel and self.parallel_calls}))
 
@@ -342,6 +335,18 @@ class MistralParser(JsonListParser):
     join_with_whitespace = True  # content = text before + " " + text after, as the reference
     _NAME = re.compile(r"[A-Za-z0-9_.\-]*")
 
+    def call_constraint(self, forced: str, parallel: bool) -> Any:
+        """Calls in the array form, ``[TOOL_CALLS] [{"name": NAME, "arguments": ARGS}, ...]``
+        (one element unless ``parallel``), ARGS valid against the tool's parameters."""
+        from engine.api.grammar import GrammarSpec
+
+        structures = [{"begin": "", "end": "",
+                       "schema": self.call_object_schema(name, "name", "arguments")}
+                      for name in self.callable_names(forced)]
+        return GrammarSpec("tool_calls", json.dumps({
+            "structures": structures, "parallel": parallel, "prefix": "[TOOL_CALLS] [",
+            "separator": ", ", "suffix": "]"}))
+
     def advance(self, text: str, block: Block, final: bool) -> None:
         mode = getattr(block, "mode", None)
         if mode is None:
@@ -438,6 +443,20 @@ class JsonSequenceParser(StreamingToolParser):
     def __init__(self, *, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools=tools)
         self._opened = False  # some non-whitespace text or a block has been seen
+
+    def call_constraint(self, forced: str, parallel: bool) -> Any:
+        """Calls as bare objects at the start of the response, ``{"name": NAME, "parameters":
+        ARGS}`` (with ``parallel``, one or more separated by ``;``), ARGS valid against the
+        tool's parameters. Without ``bare_object_at_start`` they follow the start marker."""
+        from engine.api.grammar import GrammarSpec
+
+        structures = [{"begin": "", "end": "",
+                       "schema": self.call_object_schema(name, "name", "parameters")}
+                      for name in self.callable_names(forced)]
+        prefix = "" if self.bare_object_at_start else self.start_markers[0]
+        return GrammarSpec("tool_calls", json.dumps({
+            "structures": structures, "parallel": parallel, "prefix": prefix,
+            "separator": self.separator}))
 
     def find_start(self, text: str, pos: int) -> tuple[int, str] | None:
         if self.bare_object_at_start and not self._opened:
@@ -760,6 +779,28 @@ class PythonicParser(StreamingToolParser):
     wrapper_end = "<|python_end|>"
     _HEAD = re.compile(r"\s*[A-Za-z_][\w.]*\s*\(")
     _HEAD_PARTIAL = re.compile(r"\s*(?:[A-Za-z_][\w.]*\s*)?\Z")
+
+    def call_constraint(self, forced: str, parallel: bool) -> Any:
+        """Calls as a Python list, ``[NAME(key=VALUE, ...), ...]`` (one call unless
+        ``parallel``): keyword arguments for the tool's declared parameters in their order, the
+        required ones always, values written as JSON literals (which the list reader takes as
+        Python literals; ``true``/``false``/``null`` included). None - checked after generation
+        - when a tool name or parameter name cannot be written so."""
+        from engine.api.grammar import GrammarSpec
+
+        structures = []
+        for name in self.callable_names(forced):
+            schema = self.tool_schema(name) or {"type": "object"}
+            props = schema.get("properties") or {}
+            if not re.fullmatch(r"[A-Za-z_][\w.]*", name) or \
+                    not all(isinstance(k, str) and k.isidentifier() for k in props) or \
+                    not set(schema.get("required") or ()) <= set(props):
+                return None
+            structures.append({"begin": name + "(", "end": ")", "arguments": "kwargs",
+                               "schema": schema})
+        return GrammarSpec("tool_calls", json.dumps({
+            "structures": structures, "parallel": parallel, "prefix": "[", "separator": ", ",
+            "suffix": "]"}))
 
     def advance(self, text: str, block: Block, final: bool) -> None:
         if not hasattr(block, "depth"):

@@ -181,6 +181,9 @@ class PassthroughReasoningParser(StreamingReasoningParser):
         super().__init__(**base)
         self.prefix = prefix
 
+    def reasoning_section(self) -> dict[str, Any] | None:
+        return {}
+
     def _step(self, final: bool) -> tuple[str, str]:
         out, self._buf = self._buf, ""
         if out and self.prefix:
@@ -262,6 +265,10 @@ class TagReasoningParser(StreamingReasoningParser):
         self._in = force_reasoning
         self._ws = ""
         self._content_started = False
+
+    def reasoning_section(self) -> dict[str, Any] | None:
+        """Reasoning is ``start``...``end`` at the beginning (already open when forced)."""
+        return {"start": self.start, "end": self.end, "open": self.force_reasoning}
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(start={self.start!r}, end={self.end!r}, "

@@ -123,6 +123,8 @@ class Req:
     grammar: Any = None
     #: the chosen :class:`engine.runtime.logit_processors.ChosenProcessor`, or None
     logit_processor: Any = None
+    #: its next-token mask being computed ahead (:class:`engine.runtime.grammar.PendingMask`)
+    grammar_mask: Any = None
     output_ids: list[int] = field(default_factory=list)
     # KV state
     row: int | None = None

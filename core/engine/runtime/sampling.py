@@ -21,8 +21,9 @@ be finite (``inf``/``nan`` are refused), and:
    (OpenAI's definition); ``min_new_tokens`` masks the stop/eos tokens until reached; a row's
    custom logit processor (:mod:`engine.runtime.logit_processors`) then runs;
    a constrained row (one with a grammar matcher) then keeps only the tokens its grammar
-   allows (the others' logits become ``-inf``); a row whose grammar allows nothing fails with
-   :class:`~engine.runtime.grammar.GrammarDeadEnd`;
+   allows (the others' logits become ``-inf``; the mask is the one computed ahead during the
+   forward when there is one, see :class:`~engine.runtime.grammar.MaskPrefetcher`); a row
+   whose grammar allows nothing fails with :class:`~engine.runtime.grammar.GrammarDeadEnd`;
 2. log-probabilities (``logprobs``/``top_logprobs``) are taken here, from the penalised and
    masked logits before temperature and truncation: the model's own distribution, restricted
    to what the grammar allows (as SGLang, which applies the vocabulary mask with the
@@ -212,6 +213,8 @@ class SamplingRow(Protocol):
     grammar: Any
     #: the request's :class:`engine.runtime.logit_processors.ChosenProcessor`, or None
     logit_processor: Any
+    #: optional: its next mask computed ahead (:class:`engine.runtime.grammar.PendingMask`)
+    grammar_mask: Any
 
 
 @dataclass
@@ -350,16 +353,29 @@ def _argmax(logits: torch.Tensor) -> list[int]:
 def _constrain(logits: torch.Tensor, rows: Sequence[SamplingRow], idx: list[int],
                errors: dict[int, Exception]) -> None:
     """Mask rows ``idx`` of ``logits`` in place to the tokens their grammars allow; a row whose
-    matcher raises, or allows no token, is recorded in ``errors``."""
-    bitmask = allocate_token_bitmask(len(idx), logits.shape[1])
+    matcher raises, or allows no token, is recorded in ``errors``.
+
+    A row whose mask was computed ahead (a :class:`~engine.runtime.grammar.PendingMask` in its
+    ``grammar_mask``, consumed here) waits for it; the others fill theirs now."""
+    words = (logits.shape[1] + 31) // 32
+    bitmask = None
     for k, i in enumerate(idx):
+        row = rows[i]
         try:
-            rows[i].grammar.fill_bitmask(bitmask, k)
-            if not bitmask[k].any():
+            pending = getattr(row, "grammar_mask", None)
+            if pending is not None:
+                row.grammar_mask = None
+                mask = pending.result()
+            if pending is None or mask.shape[-1] != words:
+                if bitmask is None:
+                    bitmask = allocate_token_bitmask(len(idx), logits.shape[1])
+                row.grammar.fill_bitmask(bitmask, k)
+                mask = bitmask[k]
+            if not mask.any():
                 raise GrammarDeadEnd(f"the grammar allows no next token after "
-                                     f"{len(rows[i].output_ids)} generated tokens (a dead end "
+                                     f"{len(row.output_ids)} generated tokens (a dead end "
                                      "of the constraint)")
-            apply_token_bitmask_inplace(logits[i], bitmask[k])
+            apply_token_bitmask_inplace(logits[i], mask)
         except Exception as exc:  # noqa: BLE001 - this row fails, the batch goes on
             errors[i] = exc
 

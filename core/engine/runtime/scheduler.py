@@ -17,6 +17,10 @@ sink. Requests join and leave between steps.
   running requests (``--retraction-policy``; by default the most recently admitted; their KV goes back to the cache and they are re-queued
   to continue later from prompt + output so far). A lone request that cannot grow ends with
   ``length``. Nothing here raises on memory pressure.
+* **Constrained requests**: after a step's tokens are appended (each accepted by its
+  request's grammar matcher), :class:`~engine.runtime.grammar.MaskPrefetcher` computes their
+  next masks in a worker thread while this thread emits, schedules and runs the next forward;
+  the sampler joins each mask just before it samples (``ENGINE_GRAMMAR_OVERLAP=0``: inline).
 * **Finishing**: eos (unless ``ignore_eos``) and ``stop_token_ids`` (the id is counted, its text
   not emitted), stop strings (cut from the text, also when split across tokens: text that could
   still begin a stop string is held back), a constrained request's grammar reaching its end
@@ -63,7 +67,7 @@ import torch
 from engine.config import ServerConfig
 from engine.runtime.allocator import PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode
-from engine.runtime.grammar import GrammarDeadEnd
+from engine.runtime.grammar import GrammarDeadEnd, MaskPrefetcher
 from engine.runtime.radix_cache import RadixCache
 from engine.runtime.request import Req, ReqOutput, Sink, emit
 from engine.runtime.sampling import SampleOutput, Sampler
@@ -178,6 +182,8 @@ class Scheduler:
         self.cache = RadixCache(self.page_size, self.allocator.free_slots,
                                 disabled=config.disable_radix_cache)
         self.sampler = Sampler(batch_invariant=config.enable_deterministic_inference)
+        #: next-token masks of constrained requests, computed during the next forward
+        self.masks = MaskPrefetcher()
         #: observer called after each forward with (batch, sampled token ids); set by Runtime
         #: only when a plugin implements ``engine_after_forward`` (nothing on the hot path else)
         self.after_forward: Callable[[Batch, list[int]], None] | None = None
@@ -255,6 +261,7 @@ class Scheduler:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=30)
+        self.masks.shutdown()
 
     def run(self) -> None:
         """Step in the calling thread until :meth:`stop`, sleeping on the inbox when idle."""
@@ -633,6 +640,8 @@ class Scheduler:
             if req.finished:
                 done.append(req)
         self.timer.mark("finish")
+        # the next masks of the constrained requests go on during the emit and the next forward
+        self.masks.prefetch(reqs, logits.shape[1])
         for k in emit(items):
             req = reqs[k]
             if not req.finished:

@@ -41,8 +41,9 @@ from engine.server.generation import (ClientGone, Generation, SeqState, grammar_
                                       internal_failure)
 from engine.server.metrics import Metrics
 from engine.server.openai_api import OpenAIServing, error_body, sse, sse_response
-from engine.server.protocol import (CONSTRAINT_FIELDS, ChatCompletionRequest, CompletionRequest,
-                                    EmbeddingRequest, GenerateRequest, constraint, parse_body,
+from engine.server.protocol import (GENERATE_CONSTRAINT_FIELDS, ChatCompletionRequest,
+                                    CompletionRequest, EmbeddingRequest, GenerateRequest,
+                                    constraint, parse_body,
                                     to_sampling_params)
 from engine.server.state import RETRY_AFTER_S, Drain, ServerState
 
@@ -405,7 +406,8 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
     params, constraints, processors = [], [], []
     for r, proc in zip(raws, chosen):
         fields = dict(r)
-        constraints.append(constraint({k: fields.pop(k, None) for k in CONSTRAINT_FIELDS}))
+        constraints.append(constraint({k: fields.pop(k, None)
+                                       for k in GENERATE_CONSTRAINT_FIELDS}))
         processors.append(choose_processor(proc, fields.pop("custom_params", None),
                                            runtime.logit_processors, runtime.vocab_size))
         sp = to_sampling_params(fields, names={}, defaults=runtime.sampling_defaults)

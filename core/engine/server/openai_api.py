@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from engine.api.grammar import GrammarSpec
 from engine.assembly import ParserFactories
-from engine.parsers.api import MessageStream, parse_message
+from engine.parsers.api import MessageStream, call_constraint, parse_message
 from engine.runtime.frontend import RequestError
 from engine.runtime.logit_processors import choose as choose_processor
 from engine.server.generation import (ClientGone, Generation, SeqState, grammar_matchers,
@@ -314,15 +314,23 @@ class OpenAIServing:
     def _call_constraint(self, body: ChatCompletionRequest,
                          forced: str) -> tuple[GrammarSpec, str] | None:
         """The constraint that makes the output the forced call(s) in the tool parser's format,
-        or None where the choice is checked after generation instead: the parser gives no
-        constraint, the grammar backend compiles none, or a reasoning parser is on (the
-        reasoning comes before the calls)."""
+        after the reasoning section when a reasoning parser is on (the reasoning parser says
+        where it ends); None where the choice is checked after generation instead: the tool
+        parser gives no constraint, the grammar backend compiles none, or the reasoning parser
+        cannot say where its section ends."""
         grammars, parsers = self.state.runtime.grammars, self.state.parsers
-        if grammars is None or "tool_calls" not in grammars.backend.kinds or \
-                parsers.reasoning is not None or parsers.tool is None:
+        if grammars is None or "tool_calls" not in grammars.backend.kinds or parsers.tool is None:
             return None
-        spec = parsers.tool(tools=body.tools).call_constraint(forced, body.parallel_tool_calls)
-        return (spec, "tool_choice") if spec is not None else None
+        reasoning = None
+        if parsers.reasoning is not None:
+            reasoning = parsers.reasoning(
+                chat_template_kwargs=dict(body.chat_template_kwargs or {}),
+                reasoning_effort=body.reasoning_effort)
+        spec = call_constraint(parsers.tool(tools=body.tools), reasoning, forced,
+                               body.parallel_tool_calls)
+        if spec is None:
+            return None
+        return spec, "tool_choice"
 
     def _chat_logprobs(self, s: SeqState, start: int = 0) -> dict[str, Any]:
         def entry(tid: int, lp: float) -> dict[str, Any]:

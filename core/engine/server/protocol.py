@@ -57,9 +57,22 @@ class JsonSchemaFormat(_Body):
     strict: bool | None = None
 
 
+class StructuralTag(_Body):
+    """One structure of a ``structural_tag`` response format (SGLang's legacy shape): its
+    ``begin`` (which starts with one of the triggers), a JSON value of ``schema`` (any JSON
+    when absent), its ``end``."""
+
+    begin: str
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    end: str
+
+
 class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    #: ``structural_tag``: free text in which each trigger starts one of the structures
+    structures: list[StructuralTag] | None = None
+    triggers: list[str] | None = None
 
 
 class _SamplingFields(_Body):
@@ -176,14 +189,43 @@ class GenerateRequest(_Body):
 
 #: SGLang's constraint fields, on the OpenAI bodies and in ``/generate``'s sampling_params
 CONSTRAINT_FIELDS = ("json_schema", "regex", "ebnf")
+#: ``/generate``'s sampling_params also take ``structural_tag`` (its JSON text, as SGLang)
+GENERATE_CONSTRAINT_FIELDS = (*CONSTRAINT_FIELDS, "structural_tag")
+
+
+def structural_tag_spec(structures: Any, triggers: Any, param: str) -> GrammarSpec:
+    """The ``structural_tag`` spec of SGLang's ``structures`` and ``triggers``: at least one of
+    each, and every structure's ``begin`` starting with a trigger (else a 400 naming
+    ``param``)."""
+    if not isinstance(triggers, list) or not triggers or \
+            not all(isinstance(t, str) and t for t in triggers):
+        raise RequestError("a structural_tag needs triggers: a non-empty list of non-empty "
+                           "strings", param=param)
+    if not isinstance(structures, list) or not structures:
+        raise RequestError("a structural_tag needs structures: a non-empty list of "
+                           "{begin, schema, end}", param=param)
+    items = []
+    for i, st in enumerate(structures):
+        try:
+            item = st if isinstance(st, StructuralTag) else StructuralTag.model_validate(st)
+        except ValidationError:
+            raise RequestError(f"structures[{i}] must be {{'begin': str, 'schema': object, "
+                               "'end': str}", param=param) from None
+        if not any(item.begin.startswith(t) for t in triggers):
+            raise RequestError(f"structures[{i}].begin {item.begin!r} does not start with any "
+                               "of the triggers", param=param)
+        items.append({"begin": item.begin, "schema": item.schema_, "end": item.end})
+    return GrammarSpec("structural_tag", json.dumps({"structures": items,
+                                                     "triggers": triggers}))
 
 
 def constraint(fields: Mapping[str, Any],
                response_format: ResponseFormat | None = None) -> tuple[GrammarSpec, str] | None:
     """The request's constraint and the field that gave it (``param`` of its errors), or None.
 
-    ``fields`` holds SGLang's ``json_schema`` (a JSON text), ``regex`` and ``ebnf``; an OpenAI
-    ``response_format`` of ``json_object`` or ``json_schema`` is one too (``text`` is none).
+    ``fields`` holds SGLang's ``json_schema`` (a JSON text), ``regex`` and ``ebnf`` (and, from
+    ``/generate``, ``structural_tag``: a JSON text); an OpenAI ``response_format`` of
+    ``json_object``, ``json_schema`` or ``structural_tag`` is one too (``text`` is none).
     More than one is a :class:`RequestError`.
     """
     found: list[tuple[GrammarSpec, str]] = []
@@ -196,12 +238,28 @@ def constraint(fields: Mapping[str, Any],
                                "json_schema.schema (a JSON schema object)",
                                param="response_format")
         found.append((GrammarSpec("json_schema", json.dumps(fmt.schema_)), "response_format"))
-    for name in CONSTRAINT_FIELDS:
+    elif response_format is not None and response_format.type == "structural_tag":
+        found.append((structural_tag_spec(response_format.structures,
+                                          response_format.triggers, "response_format"),
+                      "response_format"))
+    for name in GENERATE_CONSTRAINT_FIELDS:
         value = fields.get(name)
         if value is None:
             continue
         if not isinstance(value, str):
             raise RequestError(f"{name} must be a string", param=name)
+        if name == "structural_tag":
+            try:
+                tag = json.loads(value)
+            except ValueError:
+                raise RequestError("structural_tag must be the JSON text of {structures, "
+                                   "triggers}", param=name) from None
+            if not isinstance(tag, dict):
+                raise RequestError("structural_tag must be the JSON text of {structures, "
+                                   "triggers}", param=name)
+            found.append((structural_tag_spec(tag.get("structures"), tag.get("triggers"),
+                                              name), name))
+            continue
         found.append((GrammarSpec(name, value), name))
     if len(found) > 1:
         raise RequestError("a request takes at most one constraint; this one has "

@@ -8,7 +8,8 @@ here (no model needed), with a logits width beyond the tokenizer's length, and c
 * a kind it does not list, and an invalid schema, regex or grammar of a kind it lists, raise
   :class:`~engine.api.grammar.InvalidGrammar` with a message;
 * seeded random walks through each sample constraint of a supported kind (JSON schemas,
-  regexes, a grammar, tool calls) (a token drawn among
+  regexes, a grammar, tool calls in JSON and as keyword arguments, structural tags) (a token
+  drawn among
   the allowed ones each step, whitespace avoided while something else is allowed): every step
   allows some token and accepts the one drawn, the matcher is not terminated before the end,
   an end-of-sequence token ends every walk within a bounded number of steps, the matcher is
@@ -60,11 +61,24 @@ TOOL_CALLS = {"parallel": True, "structures": [
     {"begin": "<call>\n", "end": "", "schema": {
         "type": "object", "properties": {"name": {"const": "bob"}, "ok": {"type": "boolean"}},
         "required": ["name", "ok"], "additionalProperties": False}}]}
+#: calls in a Python-list format: keyword arguments, a prefix, separator and suffix
+KWARGS_CALLS = {"parallel": True, "prefix": "[", "separator": ", ", "suffix": "]", "structures": [
+    {"begin": "alice(", "end": ")", "arguments": "kwargs", "schema": {
+        "type": "object", "properties": {"age": {"enum": [12, 7]}, "ok": {"type": "boolean"},
+                                         "name": {"enum": ["bob", "alice"]}},
+        "required": ["name"], "additionalProperties": False}}]}
+STRUCTURAL_TAG = {"triggers": ["<f"], "structures": [
+    {"begin": "<f=a>", "end": "</f>", "schema": {
+        "type": "object", "properties": {"age": {"enum": [12, 7]}}, "required": ["age"],
+        "additionalProperties": False}},
+    {"begin": "<f=b>", "end": "</f>", "schema": {"enum": [True, None]}}]}
 INVALID = {
     "json_schema": '{"type": "object", "properties": ',
     "regex": "a(b",
     "ebnf": 'root ::= "a" (',
     "tool_calls": '{"structures": [{"begin": "<call>", "schema": {"type": 5}, "end": ""}]}',
+    "structural_tag": '{"structures": [{"begin": "<x>", "schema": {}, "end": ""}], '
+                      '"triggers": ["<f"]}',
 }
 
 
@@ -117,7 +131,44 @@ def samples() -> list[tuple[GrammarSpec, Callable[[str], bool]]]:
                     lambda text, pattern=pattern: re.fullmatch(pattern, text) is not None))
     out.append((GrammarSpec("ebnf", EBNF), lambda text: text in EBNF_LANGUAGE))
     out.append((GrammarSpec("tool_calls", json.dumps(TOOL_CALLS)), _valid_tool_calls))
+    out.append((GrammarSpec("tool_calls", json.dumps(KWARGS_CALLS)), _valid_kwargs_calls))
+    out.append((GrammarSpec("structural_tag", json.dumps(STRUCTURAL_TAG)), _valid_tagged))
     return out
+
+
+def _valid_kwargs_calls(text: str) -> bool:
+    """Whether ``text`` is a Python list of :data:`KWARGS_CALLS` calls."""
+    from engine.parsers.json_tools import parse_pythonic_calls
+
+    st = KWARGS_CALLS["structures"][0]
+    calls = parse_pythonic_calls(text)
+    return calls is not None and text.startswith("[") and all(
+        name + "(" == st["begin"] and _schema_ok(args, st["schema"]) for name, args in calls)
+
+
+def _valid_tagged(text: str) -> bool:
+    """Whether every trigger in ``text`` starts a :data:`STRUCTURAL_TAG` structure."""
+    decoder, pos = json.JSONDecoder(), 0
+    while True:
+        found = [i for t in STRUCTURAL_TAG["triggers"] if (i := text.find(t, pos)) >= 0]
+        if not found:
+            return True
+        pos = min(found)
+        for st in STRUCTURAL_TAG["structures"]:
+            if not text.startswith(st["begin"], pos):
+                continue
+            start = pos + len(st["begin"])
+            start += len(text[start:]) - len(text[start:].lstrip())
+            try:
+                value, end = decoder.raw_decode(text, start)
+            except ValueError:
+                continue
+            end += len(text[end:]) - len(text[end:].lstrip(" \t\r\n"))
+            if _schema_ok(value, st["schema"]) and text.startswith(st["end"], end):
+                pos = end + len(st["end"])
+                break
+        else:
+            return False
 
 
 def _valid_tool_calls(text: str) -> bool:

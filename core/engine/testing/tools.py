@@ -382,8 +382,9 @@ def _constraint_texts(p: ToolParser | None) -> list[str]:
 
 def _check_call_constraint(ck: _Checker) -> None:
     """When the parser gives a ``tool_calls`` constraint, each structure filled with valid
-    arguments (the name the ``const`` of its schema) parses as exactly that call, one and two
-    in a row (parallel)."""
+    arguments (the name the ``const`` of its schema, or its ``begin`` for keyword arguments)
+    parses as exactly that call, one and two in a row (parallel), within the constraint's
+    prefix, separator and suffix."""
     p = ck.build(TOOLS)
     spec = p.call_constraint("", True) if p is not None else None
     if spec is None:
@@ -391,22 +392,35 @@ def _check_call_constraint(ck: _Checker) -> None:
     tag = json.loads(spec.text)
     texts, expected = [], []
     for st in tag["structures"]:
-        name = _const_name(st)
-        value = {k: v.get("const", EXAMPLE_ARGS[name])
-                 for k, v in st["schema"]["properties"].items()}
-        texts.append(st["begin"] + json.dumps(value) + st["end"])
+        name = _structure_name(st)
+        if st.get("arguments", "json") == "kwargs":
+            args = ", ".join(f"{k}={json.dumps(v)}" for k, v in EXAMPLE_ARGS[name].items())
+            texts.append(st["begin"] + args + st["end"])
+        else:
+            value = {k: v.get("const", EXAMPLE_ARGS[name])
+                     for k, v in st["schema"]["properties"].items()}
+            texts.append(st["begin"] + json.dumps(value) + st["end"])
         expected.append((name, EXAMPLE_ARGS[name]))
-    cases = [(t, [e]) for t, e in zip(texts, expected)]
+    prefix, suffix = tag.get("prefix", ""), tag.get("suffix", "")
+    cases = [(prefix + t + suffix, [e]) for t, e in zip(texts, expected)]
     if tag["parallel"]:
-        cases.append(("\n".join(texts), expected))
+        cases.append((prefix + tag.get("separator", "\n").join(texts) + suffix, expected))
     for text, want in cases:
         got = ck.whole(text, TOOLS)
         calls = [(c.name, json.loads(c.arguments)) for c in got.calls] if got else None
         if calls != want:
             ck.fail(f"text of its own call constraint {text!r} parsed as {calls}")
     named = json.loads(p.call_constraint("get_time", False).text)["structures"]
-    if [_const_name(st) for st in named] != ["get_time"]:
+    if [_structure_name(st) for st in named] != ["get_time"]:
         ck.fail("the constraint of a named tool_choice allows other tools")
+
+
+def _structure_name(structure: dict[str, Any]) -> str:
+    """The tool name a ``tool_calls`` structure fixes: the ``const`` in its call schema, or, for
+    keyword arguments, its ``begin`` up to ``(``."""
+    if structure.get("arguments", "json") == "kwargs":
+        return structure["begin"].rstrip("(")
+    return _const_name(structure)
 
 
 def _const_name(structure: dict[str, Any]) -> str:

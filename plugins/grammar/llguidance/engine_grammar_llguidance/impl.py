@@ -37,14 +37,20 @@ class LLGuidanceBackend(GrammarBackend):
         self.tokenizer = llguidance.hf.from_tokenizer(
             tokenizer.hf, n_vocab=vocab_size, eos_token=list(tokenizer.eos_token_ids))
         self.json_options = json_options
+        self.special = _special_tokens(tokenizer.hf)
 
     def _grammar(self, spec: GrammarSpec) -> str:
         if spec.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(spec.text)
         if spec.kind == "ebnf":
             return llguidance.grammar_from("ebnf", spec.text)
-        if spec.kind == "tool_calls":
-            return llguidance.LLMatcher.grammar_from_lark(_tool_calls_lark(json.loads(spec.text)))
+        if spec.kind in ("tool_calls", "structural_tag"):
+            tag = json.loads(spec.text)
+            if not isinstance(tag, dict):
+                raise ValueError(f"a {spec.kind} spec is a JSON object")
+            lark = _Lark(self.special)
+            build = lark.tool_calls if spec.kind == "tool_calls" else lark.structural_tag
+            return llguidance.LLMatcher.grammar_from_lark(build(tag))
         schema = spec.text if spec.kind == "json_schema" else json.dumps({"type": "object"})
         return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=self.json_options)
 
@@ -52,7 +58,7 @@ class LLGuidanceBackend(GrammarBackend):
         self.check_kind(spec)
         try:
             grammar = self._grammar(spec)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidGrammar(f"invalid {spec.kind}: {exc}") from None
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
@@ -65,20 +71,128 @@ class LLGuidanceBackend(GrammarBackend):
 
 #: the JSON of a tool call is written as ``json.dumps`` writes it (no other whitespace)
 CALL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+#: free text (structural tags, reasoning)
+FREE_TEXT = "FREE_TEXT: /(.|\\n)*/\n"
 
 
-def _tool_calls_lark(tag: dict[str, Any]) -> str:
-    """Lark for a ``tool_calls`` spec: each structure is its begin, an inline ``%json`` schema,
-    its end; one of them, or with ``parallel`` one or more separated by newlines."""
-    calls = []
-    for s in tag["structures"]:
-        schema = json.dumps({**s["schema"], "x-guidance": CALL_JSON})
-        calls.append(" ".join(filter(None, (json.dumps(s["begin"]), "%json", schema,
-                                            s["end"] and json.dumps(s["end"])))))
-    if not calls:
-        raise ValueError("no tool to call")
-    start = 'start: call ("\\n" call)*' if tag.get("parallel") else "start: call"
-    return f"{start}\ncall: " + "\n    | ".join(calls) + "\n"
+class _Lark:
+    """Builds the Lark text of a ``tool_calls`` or ``structural_tag`` spec. Literal text that
+    holds one of the tokenizer's special tokens is written with that token's id (``<[id]>``):
+    a special token is never the bytes of its text."""
+
+    def __init__(self, special: dict[str, int]) -> None:
+        self.special = special
+        self.rules: list[str] = []
+        self.count = 0
+
+    def lit(self, text: str) -> str:
+        """A sequence of terminals for ``text`` ("" when empty)."""
+        if not text:
+            return ""
+        for tok, tid in self.special.items():
+            i = text.find(tok)
+            if i >= 0:
+                parts = (self.lit(text[:i]), f"<[{tid}]>", self.lit(text[i + len(tok):]))
+                return " ".join(p for p in parts if p)
+        return json.dumps(text)
+
+    def rule(self, body: str, name: str = "r", attrs: str = "") -> str:
+        self.count += 1
+        label = f"{name}_{self.count}"
+        self.rules.append(f"{label}{attrs}: {body}")
+        return label
+
+    @staticmethod
+    def json(schema: Any) -> str:
+        if schema is None:
+            schema = {}
+        if not isinstance(schema, dict):
+            raise ValueError(f"a schema must be a JSON object, not {schema!r}")
+        return "%json " + json.dumps({**schema, "x-guidance": CALL_JSON})
+
+    def kwargs(self, schema: Any) -> str:
+        """Keyword arguments ``name=VALUE, ...`` of an object schema's properties (declared
+        order; required ones always present; values as JSON)."""
+        schema = schema or {}
+        props = schema.get("properties") or {}
+        required = set(schema.get("required") or ())
+        missing = required - set(props)
+        if missing:
+            raise ValueError(f"required properties without a schema: {sorted(missing)}")
+        items = [(name, self.json(sub), name in required) for name, sub in props.items()]
+        if not all(n.isidentifier() for n, _, _ in items):
+            raise ValueError("keyword arguments need property names that are identifiers")
+        # after[k]: the arguments from k on when one was written; before[k]: none yet
+        after, before = ['""'], ['""']
+        for name, value, req in reversed(items):
+            head = f'{json.dumps(name + "=")} {value}'
+            tail_after, tail_before = after[-1], before[-1]
+            a = f'", " {head} {tail_after}' if req else f'(", " {head})? {tail_after}'
+            b = f"{head} {tail_after}" if req else f"{head} {tail_after} | {tail_before}"
+            after.append(self.rule(a, "after"))
+            before.append(self.rule(b, "before"))
+        return before[-1]
+
+    def structure(self, st: dict[str, Any]) -> str:
+        kind = st.get("arguments", "json")
+        if kind == "json":
+            value = self.json(st.get("schema"))
+        elif kind == "kwargs":
+            value = self.kwargs(st.get("schema"))
+        else:
+            raise ValueError(f"unknown arguments format {kind!r}")
+        parts = [self.lit(st.get("begin", "")), value, self.lit(st.get("end", ""))]
+        return " ".join(p for p in parts if p)
+
+    def reasoning(self, section: dict[str, Any]) -> str:
+        end = section.get("end")
+        if not end:
+            raise ValueError("a reasoning section needs its end marker")
+        body = self.rule(f"FREE_TEXT {self.lit(end)}", "reasoning", "[lazy]")
+        if not section.get("open"):
+            body = f"({self.lit(section.get('start') or '')} {body})?"
+        return f'{body} /[ \\t\\n]*/'
+
+    def tool_calls(self, tag: dict[str, Any]) -> str:
+        calls = [self.structure(st) for st in tag["structures"]]
+        if not calls:
+            raise ValueError("no tool to call")
+        call = self.rule(" | ".join(calls), "call")
+        sep = self.lit(tag.get("separator", "\n"))
+        body = f"{call} ({sep} {call})*" if tag.get("parallel") else call
+        parts = [self.reasoning(tag["reasoning"]) if tag.get("reasoning") else "",
+                 self.lit(tag.get("prefix", "")), body, self.lit(tag.get("suffix", ""))]
+        return self.grammar(" ".join(p for p in parts if p))
+
+    def structural_tag(self, tag: dict[str, Any]) -> str:
+        triggers = [t for t in tag.get("triggers") or () if isinstance(t, str) and t]
+        if not triggers:
+            raise ValueError("structural_tag needs at least one non-empty trigger")
+        tags = []
+        for i, st in enumerate(tag.get("structures") or ()):
+            begin = st.get("begin", "")
+            trigger = next((t for t in triggers if begin.startswith(t)), None)
+            if trigger is None:
+                raise ValueError(f"structures[{i}].begin {begin!r} starts with no trigger")
+            head = self.rule(f"FREE_TEXT {self.lit(trigger)}", "text", "[lazy]")
+            rest = self.structure({**st, "begin": begin[len(trigger):]})
+            tags.append(self.rule(f"{head} {rest}", "tag"))
+        if not tags:
+            raise ValueError("structural_tag needs at least one structure")
+        return self.grammar(f"({' | '.join(tags)})* FREE_TEXT")
+
+    def grammar(self, start: str) -> str:
+        return "\n".join([f"start: {start}", *self.rules, FREE_TEXT])
+
+
+def _special_tokens(hf: Any) -> dict[str, int]:
+    """The tokenizer's special tokens by text (longest first)."""
+    out = {}
+    for text in getattr(hf, "all_special_tokens", ()) or ():
+        tid = hf.convert_tokens_to_ids(text)
+        if isinstance(tid, int) and tid >= 0:
+            out[text] = tid
+    return dict(sorted(out.items(), key=lambda kv: -len(kv[0])))
 
 
 @hookimpl

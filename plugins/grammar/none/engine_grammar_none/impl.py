@@ -9,8 +9,8 @@ class NoGrammarBackend(GrammarBackend):
 
     def compile(self, spec):
         raise InvalidGrammar(f"this server runs with --grammar-backend none: {spec.kind} "
-                             "constraints (response_format, regex, ebnf, json_schema) are "
-                             "not available")
+                             "constraints (response_format, regex, ebnf, json_schema, "
+                             "structural_tag) are not available")
 
 
 @hookimpl

@@ -2,6 +2,7 @@
 gets a GrammarMatcher."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import xgrammar as xgr
@@ -29,7 +30,7 @@ class XGrammarMatcher(GrammarMatcher):
 
 class XGrammarBackend(GrammarBackend):
     name = "xgrammar"
-    kinds = ("json_schema", "json_object", "regex", "ebnf")
+    kinds = ("json_schema", "json_object", "regex", "ebnf", "structural_tag")
 
     def __init__(self, tokenizer: Any, vocab_size: int, max_whitespace: int | None) -> None:
         info = xgr.TokenizerInfo.from_huggingface(
@@ -44,17 +45,42 @@ class XGrammarBackend(GrammarBackend):
                                                      max_whitespace_cnt=self.max_whitespace)
         if spec.kind == "regex":
             return self.compiler.compile_regex(spec.text)
+        if spec.kind == "structural_tag":
+            return self.compiler.compile_structural_tag(_structural_tag(json.loads(spec.text)))
         return self.compiler.compile_grammar(spec.text)
 
     def compile(self, spec):
         self.check_kind(spec)
         try:
             return self._compile(spec)
-        except (RuntimeError, ValueError) as exc:
+        except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as exc:
             raise InvalidGrammar(f"invalid {spec.kind}: {exc}") from None
 
     def matcher(self, compiled):
         return XGrammarMatcher(xgr.GrammarMatcher(compiled))
+
+
+def _structural_tag(tag: Any) -> str:
+    """xgrammar's own structural-tag format for a ``structural_tag`` spec: triggered tags, each
+    its begin, a JSON value of its schema (any JSON without one), its end."""
+    if not isinstance(tag, dict):
+        raise ValueError("a structural_tag spec is a JSON object")
+    triggers = [t for t in tag.get("triggers") or () if isinstance(t, str) and t]
+    if not triggers:
+        raise ValueError("structural_tag needs at least one non-empty trigger")
+    tags = []
+    for i, st in enumerate(tag.get("structures") or ()):
+        begin = st.get("begin", "")
+        if not any(begin.startswith(t) for t in triggers):
+            raise ValueError(f"structures[{i}].begin {begin!r} starts with no trigger")
+        schema = st.get("schema")
+        content = {"type": "json_schema", "json_schema": schema} if schema is not None else \
+            {"type": "json_schema", "json_schema": {}}
+        tags.append({"type": "tag", "begin": begin, "content": content, "end": st.get("end", "")})
+    if not tags:
+        raise ValueError("structural_tag needs at least one structure")
+    return json.dumps({"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": triggers, "tags": tags}})
 
 
 @hookimpl
