@@ -165,7 +165,8 @@ class ModelRunner:
                 raise ConfigError(f"--enable-deterministic-inference: the {kind} attention "
                                   f"backend {name} has no batch-invariant path; use "
                                   "--attention-backend torch_native")
-        if self._experts is not None and not self._experts[0].batch_invariant:
+        experts = getattr(self, "_experts", None)
+        if experts is not None and not experts[0].batch_invariant:
             raise ConfigError("--enable-deterministic-inference: the MoE runner groups tokens "
                               "by expert, so a token's result depends on the batch; no "
                               "batch-invariant MoE runner is installed")
