@@ -98,18 +98,18 @@ class TritonRunner(MoERunner):
 
     def apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
               topk_weights: torch.Tensor) -> torch.Tensor:
-        from .kernels import align_by_expert, grouped_gemm, silu_and_mul, token_moe
+        from .kernels import align_by_expert, grouped_gemm, pair_moe, silu_and_mul
 
         t, k = topk_ids.shape
         inter, h = experts.intermediate_size, experts.hidden_size
         if t * k <= self.gemv_max_pairs:
             x = hidden.to(experts.w13.dtype)
             gate_up = torch.empty(t * k, 2 * inter, dtype=x.dtype, device=x.device)
-            out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-            token_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
-                      topk_weights.float().contiguous(), gate_up, out,
-                      **({"block_n": 16, "block_k": 16} if interpreting() else self.gemv))
-            return out.to(hidden.dtype)
+            down = torch.empty(t * k, h, dtype=x.dtype, device=x.device)
+            pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
+                     topk_weights.float().contiguous(), gate_up, down,
+                     **({"block_n": 16, "block_k": 16} if interpreting() else self.gemv))
+            return down.view(t, k, h).sum(dim=1).to(hidden.dtype)  # float32 accumulation
         block = self.config_for(experts, t)
         sorted_ids, block_expert, num_padded = align_by_expert(
             topk_ids, block["BLOCK_SIZE_M"], experts.num_experts)

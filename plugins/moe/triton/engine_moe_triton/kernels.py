@@ -167,49 +167,49 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
 
 
 @triton.jit
-def _token_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_gu, stride_we,
-                     stride_wn, stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
-    """``out[t] = sum_k weight_k * w2[e_k] @ (silu(gate) * up)`` over token t's k pairs: the
-    combine is done in registers (float32), so no per-pair buffer and no sum kernel."""
-    t = tl.program_id(0).to(tl.int64)
+def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_gu, stride_we,
+                    stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
+    from the gate/up row of the pair."""
+    pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    if expert < 0:  # another rank's expert: this pair contributes zeros
+        tl.store(out_ptr + pair * stride_o + offs_n,
+                 tl.zeros((BLOCK_N,), dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=n_ok)
+        return
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for slot in range(TOP_K):
-        pair = t * TOP_K + slot
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        if expert >= 0:
-            part = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            gu_row = gu_ptr + pair * stride_gu
-            w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
-            for k0 in range(0, I, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                k_ok = offs_k < I
-                g = tl.load(gu_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                u = tl.load(gu_row + I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
-                w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                            other=0.0)
-                part += tl.sum(w.to(tl.float32) * act[None, :], axis=1)
-            acc += part * tl.load(weights_ptr + pair)
-    tl.store(out_ptr + t * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+    gu_row = gu_ptr + pair * stride_gu
+    w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    for k0 in range(0, I, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < I
+        g = tl.load(gu_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        u = tl.load(gu_row + I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * act[None, :], axis=1)
+    acc = acc * tl.load(weights_ptr + pair)
+    tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
-def token_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-              topk_weights: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor, *,
-              block_n: int = 16, block_k: int = 256, warps: int = 8,
-              down_block_n: int | None = None, down_block_k: int | None = None) -> None:
-    """The small-batch path with the combine fused: ``out`` [T, H] directly."""
+def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+             topk_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, *,
+             block_n: int = 32, block_k: int = 128, warps: int = 4,
+             down_block_n: int | None = None, down_block_k: int | None = None) -> None:
+    """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
+    ``-1`` ids)."""
     t, k = topk_ids.shape
+    pairs = t * k
     _, n13, h = w13.shape
     inter = n13 // 2
     ids = topk_ids.reshape(-1)
-    _pair_gemv_up[(t * k, triton.cdiv(n13, block_n))](
+    _pair_gemv_up[(pairs, triton.cdiv(n13, block_n))](
         x, w13, gate_up, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1),
         gate_up.stride(0), TOP_K=k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
-    _token_gemv_down[(t, triton.cdiv(h, dbn))](
-        gate_up, w2, out, ids, topk_weights.reshape(-1), h, inter, gate_up.stride(0),
-        w2.stride(0), w2.stride(1), out.stride(0), TOP_K=k, BLOCK_N=dbn,
+    _pair_gemv_down[(pairs, triton.cdiv(h, dbn))](
+        gate_up, w2, down, ids, topk_weights.reshape(-1), h, inter, gate_up.stride(0),
+        w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=dbn,
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), num_warps=warps)
