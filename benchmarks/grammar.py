@@ -98,12 +98,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="llguidance")
     ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model-path", default=None,
+                    help="default: the default model; on a GPU machine, a directory with the "
+                         "default model's config and tokenizer and --load-format dummy")
+    ap.add_argument("--load-format", default="auto")
     args = ap.parse_args()
 
     from engine import Engine
 
-    engine = Engine(device="cpu", attention_backend="torch_native", max_total_tokens=8192,
-                    max_running_requests=8, grammar_backend=args.backend)
+    engine = Engine(device=args.device, model_path=args.model_path, load_format=args.load_format,
+                    attention_backend="torch_native" if args.device == "cpu" else "triton",
+                    max_total_tokens=8192, max_running_requests=8, grammar_backend=args.backend)
+    print(f"device {args.device}, model {engine.runtime.model_config.model_path}")
     backend = engine.runtime.grammars.backend
     vocab = engine.runtime.vocab_size
     fill, apply = mask_times(backend, vocab)
