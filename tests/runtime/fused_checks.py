@@ -16,17 +16,18 @@ device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
 failures = []
 
 
-def close(name, got, want, ulps=1):
-    """Equal, up to ``ulps`` units in the last place on at most 3 % of the elements (measured on
-    an H200: RoPE outputs differ from the torch ops by one unit on ~1.5 % of the elements; the
-    norms and SiLU-and-mul agree except where the reciprocal square root's last float32 bit
-    differs)."""
-    diff = (got.float() - want.float()).abs()
-    ulp = want.float().abs().clamp_min(1e-3) * (2 ** -7 if want.dtype == torch.bfloat16
-                                               else 2 ** -10)
-    bad = diff > ulps * ulp
-    if bad.float().mean() > 0.03 or (diff > 2 * ulp).any():
-        failures.append(f"{name}: {int(bad.sum())} of {bad.numel()} differ, max {diff.max():.3g}")
+def close(name, got, want):
+    """Equal, up to one unit in the last place (counted on the bit patterns) on at most 3 % of
+    the elements; values within 1e-3 of each other near zero count as equal. Measured on an
+    H200: RoPE outputs differ from the torch ops by one unit on ~1.5 % of the elements; the norms
+    and SiLU-and-mul agree except where the reciprocal square root's last float32 bit differs."""
+    a, b = got.contiguous().view(torch.int16).int(), want.contiguous().view(torch.int16).int()
+    units = (a - b).abs()
+    near = (got.float() - want.float()).abs() <= 1e-3
+    off = (units > 0) & ~near
+    if off.float().mean() > 0.03 or ((units > 1) & ~near).any():
+        failures.append(f"{name}: {int(off.sum())} of {off.numel()} differ, "
+                        f"max {(got.float() - want.float()).abs().max():.3g}")
 
 
 g = torch.Generator().manual_seed(0)
@@ -40,7 +41,7 @@ for dtype in dtypes:
         norm = RMSNorm(n, 1e-6, dtype).to(device)
         norm.weight.data.copy_(torch.randn(n, generator=g) * 0.5 + 1)
         out, res = fused.add_rms_norm(x, r, norm.weight, norm.eps)
-        close(f"add_rms_norm {dtype} {t}x{n} residual", res, x + r, ulps=0)
+        close(f"add_rms_norm {dtype} {t}x{n} residual", res, x + r)
         close(f"add_rms_norm {dtype} {t}x{n}", out, norm(x + r))
         out, res = fused.add_rms_norm(x, None, norm.weight, norm.eps)
         close(f"rms_norm {dtype} {t}x{n}", out, norm(x))

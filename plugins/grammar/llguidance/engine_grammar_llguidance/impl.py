@@ -34,8 +34,13 @@ class LLGuidanceBackend(GrammarBackend):
     name = "llguidance"
 
     def __init__(self, tokenizer: Any, vocab_size: int, json_options: dict[str, Any]) -> None:
-        self.tokenizer = llguidance.hf.from_tokenizer(
-            tokenizer.hf, n_vocab=vocab_size, eos_token=list(tokenizer.eos_token_ids))
+        eos = list(tokenizer.eos_token_ids)
+        try:
+            self.tokenizer = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=vocab_size,
+                                                          eos_token=eos)
+        except TypeError:  # llguidance before list support: one end-of-sequence id
+            self.tokenizer = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=vocab_size,
+                                                          eos_token=eos[0] if eos else None)
         self.json_options = json_options
         self.special = _special_tokens(tokenizer.hf)
 
