@@ -38,6 +38,8 @@ class ReqOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    #: of ``cached_tokens``, how many each tier supplied: ``{"device", "host", "storage"}``
+    cached_tokens_details: dict[str, int] | None = None
 
 
 Sink = Callable[[ReqOutput], None]
@@ -127,6 +129,8 @@ class Req:
     prefix_len: int = 0
     prefix_node: Any = None
     cached_tokens: int = 0
+    cached_tiers: dict[str, int] | None = None  #: cached tokens per tier (device, host, storage)
+    prefetch: Any = None  #: the storage read started when it arrived (hierarchical cache)
     # text state
     text: str = ""
     sent_len: int = 0

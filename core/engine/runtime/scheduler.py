@@ -64,7 +64,7 @@ from engine.config import ServerConfig
 from engine.runtime.allocator import PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode
 from engine.runtime.grammar import GrammarDeadEnd
-from engine.runtime.radix_cache import RadixCache
+from engine.runtime.hiradix_cache import build_cache
 from engine.runtime.request import Req, ReqOutput, Sink, emit
 from engine.runtime.sampling import SampleOutput, Sampler
 from engine.runtime.schedule_policy import order, retraction_victim
@@ -169,14 +169,16 @@ class SchedulerStats:
 class Scheduler:
     """Owns the KV bookkeeping and the request queues of one model runner."""
 
-    def __init__(self, config: ServerConfig, runner: Any) -> None:
+    def __init__(self, config: ServerConfig, runner: Any, *, eviction: Any = None,
+                 storage_factory: Callable[[Any], Any] | None = None) -> None:
+        """``eviction``: the ``--radix-eviction-policy`` object (None: least recently used);
+        ``storage_factory(storage_config)``: builds the hierarchical cache's store."""
         self.config, self.runner = config, runner
         self.device = runner.device
         self.page_size = runner.pool.page_size
         self.allocator = PageAllocator(runner.pool.num_slots, self.page_size)
         self.rows = ReqToTokenRows(runner.req_to_token.shape[0])
-        self.cache = RadixCache(self.page_size, self.allocator.free_slots,
-                                disabled=config.disable_radix_cache)
+        self.cache = build_cache(config, runner, self.allocator, eviction, storage_factory)
         self.sampler = Sampler()
         #: observer called after each forward with (batch, sampled token ids); set by Runtime
         #: only when a plugin implements ``engine_after_forward`` (nothing on the hot path else)
@@ -255,6 +257,7 @@ class Scheduler:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=30)
+        self.cache.close()
 
     def run(self) -> None:
         """Step in the calling thread until :meth:`stop`, sleeping on the inbox when idle."""
@@ -331,6 +334,7 @@ class Scheduler:
             kind, arg = item
             if kind == "add":
                 self.waiting.append(arg)
+                self._prefetch(arg)
             elif kind == "abort":
                 self._abort(arg)
             elif kind == "flush":
@@ -342,6 +346,13 @@ class Scheduler:
                 return
 
     # ------------------------------------------------------------------ admission
+
+    def _prefetch(self, req: Req) -> None:
+        """Start reading ``req``'s uncached prompt pages from the storage tier, if any."""
+        try:
+            req.prefetch = self.cache.prefetch(req.fill_ids[:-1])
+        except Exception:  # noqa: BLE001 - a prefetch only saves work
+            log.exception("storage prefetch for request %s failed; it is recomputed", req.rid)
 
     def _schedule_prefill(self) -> list[tuple[Req, int, list[int]]]:
         """Pick the extend batch: ``(request, new tokens, their slots)``, slots already taken."""
@@ -414,7 +425,9 @@ class Scheduler:
     def _admit(self, req: Req, budget: int) -> tuple[Req, int, list[int]] | None:
         """Give ``req`` a row, its cached prefix and its first chunk's slots; None if no room."""
         fill = req.fill_ids
-        cached, node = self.cache.match_prefix(fill[:-1])
+        hit = self.cache.admit(fill[:-1], req.priority, req.prefetch)
+        req.prefetch = None
+        cached, node = hit.slots, hit.node
         self.cache.inc_lock(node)
         req.prefix_node, req.prefix_len, req.kv_len = node, len(cached), len(cached)
         req.last_slot = int(cached[-1]) if len(cached) else None
@@ -430,6 +443,7 @@ class Scheduler:
             return None
         if req.num_retractions == 0:
             req.cached_tokens = len(cached)
+            req.cached_tiers = hit.tiers()
         req.row = self.rows.alloc()
         if len(cached):
             self.runner.req_to_token[req.row, :len(cached)] = cached.to(self.device)
@@ -730,6 +744,7 @@ class Scheduler:
         delta.prompt_tokens = len(req.origin_input_ids)
         delta.completion_tokens = len(req.output_ids)
         delta.cached_tokens = req.cached_tokens
+        delta.cached_tokens_details = req.cached_tiers
 
     # ------------------------------------------------------------------ release / abort
 
@@ -741,7 +756,8 @@ class Scheduler:
             slots = self.runner.req_to_token[req.row, :kv].to("cpu")
             aligned = kv - kv % p
             if aligned > req.prefix_len:
-                present = self.cache.insert(req.fill_ids[:aligned], slots[:aligned])
+                present = self.cache.insert(req.fill_ids[:aligned], slots[:aligned],
+                                            req.priority)
                 if present > req.prefix_len:
                     self.allocator.free_slots(slots[req.prefix_len:present])
             else:
