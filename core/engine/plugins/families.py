@@ -156,13 +156,13 @@ FAMILIES: dict[str, Family] = {
             folder="eviction",
             prefix="eviction-",
             flags=(Flag("--radix-eviction-policy",
-                        "Order in which cached prefixes are evicted (device and host tiers).",
-                        default="lru"),),
+                        "Order in which cached prefixes are evicted (device and host tiers; "
+                        "default: least recently used)."),),
             hook="engine_create_eviction_policy",
             interface="engine.api.eviction:EvictionPolicy",
             conformance="engine.testing.eviction:check",
             auto=None,
-            unset="lru",
+            unset="least recently used (the cache's own order, which the lru plugin also gives)",
             summary="scores evictable radix-cache nodes: the lowest is evicted first",
         ),
         Family(
