@@ -88,17 +88,19 @@ class HostKVPool:
 
     # ------------------------------------------------------------------ page payloads
 
-    def page_payload(self, page_slot: int) -> torch.Tensor:
-        """The payload of the page starting at host slot ``page_slot``, as uint8: a view into
-        the pool (page-first layouts) or a contiguous copy (layer_first)."""
+    def page_payload(self, page_slot: int) -> Any:
+        """The payload of the page starting at host slot ``page_slot``, as a uint8 array: a
+        view into the pool (page-first layouts) or a contiguous copy (layer_first)."""
         ps = self.page_size
         if self.page_first:
-            return self.data[page_slot // ps].view(-1).view(torch.uint8)
+            return self.data[page_slot // ps].view(-1).view(torch.uint8).numpy()
         kv = torch.stack((self.k[:, page_slot:page_slot + ps], self.v[:, page_slot:page_slot + ps]))
-        return kv.contiguous().view(-1).view(torch.uint8)
+        return kv.contiguous().view(-1).view(torch.uint8).numpy()
 
     def write_payload(self, page_slot: int, payload: Any) -> None:
         """Fill the page at ``page_slot`` from ``payload`` bytes (a payload's layout)."""
+        if isinstance(payload, bytes):
+            payload = bytearray(payload)  # torch wants a writable buffer
         src = torch.frombuffer(payload, dtype=torch.uint8).view(self.dtype).view(self.page_shape)
         ps = self.page_size
         if self.page_first:
