@@ -99,7 +99,7 @@ class HostKVPool:
 
     def write_payload(self, page_slot: int, payload: Any) -> None:
         """Fill the page at ``page_slot`` from ``payload`` bytes (a payload's layout)."""
-        if isinstance(payload, bytes):
+        if isinstance(payload, bytes) or getattr(payload, "readonly", False):
             payload = bytearray(payload)  # torch wants a writable buffer
         src = torch.frombuffer(payload, dtype=torch.uint8).view(self.dtype).view(self.page_shape)
         ps = self.page_size
