@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,6 @@ import time
 from typing import Any
 
 import httpx
-
 from _server import free_port, wait_ready  # this folder, on the path when run as a script
 
 
@@ -47,7 +45,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
 def stream_turn(client: httpx.Client, ids: list[int], n: int) -> tuple[float, list[int], dict]:

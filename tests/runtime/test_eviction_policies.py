@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from engine.errors import ConfigError
 from engine.runtime.radix_cache import RadixCache
 from engine.runtime.request import ReqOutput
@@ -15,10 +14,9 @@ from engine_eviction_lfu.impl import LFU
 from engine_eviction_lru.impl import LRU
 from engine_eviction_priority.impl import Priority
 from engine_eviction_slru.impl import SLRU
+from engine_eviction_slru.impl import engine_create_eviction_policy as make_slru
 from engine_eviction_tlru.impl import TLRU
 from engine_eviction_tlru.impl import engine_create_eviction_policy as make_tlru
-from engine_eviction_slru.impl import engine_create_eviction_policy as make_slru
-
 from test_hicache import A, B, C, generate, sched
 from test_sched_scheduler import make_req
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from engine.api.hicache import DirectoryStorage, HiCacheStorage
 from engine.config import ServerConfig
 from engine.runtime.attention import KVPool
@@ -29,7 +28,6 @@ from engine.runtime.host_pool import HostKVPool, Transfer
 from engine.runtime.page_store import PageCodec, identity, page_keys
 from engine.runtime.request import ReqOutput
 from engine.runtime.scheduler import Scheduler
-
 from test_sched_scheduler import VOCAB, expected, make_req, next_token
 
 PS = 4  #: page size of these tests
@@ -216,10 +214,10 @@ def test_a_full_disk_degrades_to_recompute(tmp_path, monkeypatch, caplog) -> Non
         def __getattr__(self, name: str) -> Any:
             return getattr(self.fh, name)
 
-        def __enter__(self) -> "Full":
+        def __enter__(self) -> Full:
             return self
 
-        def __exit__(self, *exc: Any) -> None:
+        def __exit__(self, *exc: object) -> None:
             self.fh.close()
 
     def full_open(path: Any, mode: str = "r", *args: Any, **kw: Any) -> Any:

@@ -16,15 +16,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
-
 from engine.api import Options
 from engine.api.hicache import DirectoryStorage, StorageConfig
 from engine.testing.hicache import run as conformance
-
 from test_hicache import A, B, C, generate, sched
 
 REPO = Path(__file__).resolve().parents[2]
@@ -192,8 +191,7 @@ class Torn(DirectoryStorage):
     def set(self, key: str, value: Any) -> bool:
         with open(self._path(key), "wb", buffering=0) as fh:
             data = bytes(value)
-            for at in range(0, len(data), 512):
-                fh.write(data[at:at + 512])
+            fh.writelines(data[at:at + 512] for at in range(0, len(data), 512))
         return True
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from conftest import running, start_server
 
 PROMPT_TOKENS = 150  #: 9 whole pages of 16 are cached per request (and 6 tokens beyond)

@@ -25,8 +25,9 @@ keeps bytes under keys:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 #: bytes of the header the core writes in front of every page's payload
 PAGE_HEADER_BYTES = 64

@@ -245,6 +245,9 @@ def parse_config(argv: list[str], registry: Registry) -> ServerConfig:
     frozen = MappingProxyType({k: MappingProxyType(v) for k, v in plugin_options.items() if v})
     config = ServerConfig(**ns, plugin_options=frozen, accepted=MappingProxyType(accepted))
     refuse_unserved(config)
+    if config.hicache_storage_backend is not None and not config.enable_hierarchical_cache:
+        raise ConfigError(f"--hicache-storage-backend {config.hicache_storage_backend}: needs "
+                          "--enable-hierarchical-cache")
     for dest, (fam, fl) in family_for_flag().items():
         value = ns.get(dest)
         if value is None or value == fl.default:

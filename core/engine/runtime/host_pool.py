@@ -25,7 +25,8 @@ memory). On CPU both are plain tensor copies.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 

@@ -24,8 +24,9 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from engine.api.hicache import PAGE_HEADER_BYTES
 

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
-
 from engine.api.eviction import EvictionPolicy, NodeView
 
 
@@ -50,10 +50,23 @@ class PrefixHit:
 class TreeNode:
     """One edge of the tree: ``key`` tokens whose KV sits at ``value`` slots."""
 
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "hit_count",
-                 "priority", "start", "host_value", "hashes", "from_storage", "pinned")
+    __slots__ = (
+        "children",
+        "from_storage",
+        "hashes",
+        "hit_count",
+        "host_value",
+        "key",
+        "last_access",
+        "lock_ref",
+        "parent",
+        "pinned",
+        "priority",
+        "start",
+        "value",
+    )
 
-    def __init__(self, key: list[int], value: torch.Tensor | None, parent: "TreeNode | None",
+    def __init__(self, key: list[int], value: torch.Tensor | None, parent: TreeNode | None,
                  start: int = 0) -> None:
         self.children: dict[tuple[int, ...], TreeNode] = {}
         self.parent = parent

@@ -64,7 +64,7 @@ from engine.config import ServerConfig
 from engine.runtime.allocator import PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode
 from engine.runtime.grammar import GrammarDeadEnd
-from engine.runtime.hiradix_cache import build_cache
+from engine.runtime.kv_cache import build_cache
 from engine.runtime.request import Req, ReqOutput, Sink, emit
 from engine.runtime.sampling import SampleOutput, Sampler
 from engine.runtime.schedule_policy import order, retraction_victim

@@ -9,7 +9,8 @@ a :class:`engine.api.ConfigError`.
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from engine.api.eviction import NodeView
 from engine.errors import ConfigError

@@ -25,7 +25,8 @@ import os
 import random
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from engine.api.hicache import PAGE_HEADER_BYTES, StorageConfig
 from engine.runtime.page_store import PageCodec
@@ -34,7 +35,7 @@ PAYLOAD_BYTES = 4096
 
 
 def _key(rng: random.Random) -> str:
-    return "%064x" % rng.getrandbits(256)
+    return f"{rng.getrandbits(256):064x}"
 
 
 def _page(codec: PageCodec, key: str, rng: random.Random) -> bytearray:

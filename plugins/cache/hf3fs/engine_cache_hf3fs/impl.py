@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from engine.api import PluginError, hookimpl
 from engine.api.hicache import HiCacheStorage

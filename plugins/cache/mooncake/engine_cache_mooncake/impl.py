@@ -11,7 +11,8 @@ identity as a prefix, so servers of different models share one store safely.
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from engine.api import PluginError, hookimpl
 from engine.api.hicache import HiCacheStorage

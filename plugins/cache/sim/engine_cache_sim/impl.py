@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from engine.api import PluginError, hookimpl
 from engine.api.hicache import HiCacheStorage
