@@ -13,7 +13,8 @@ sink. Requests join and leave between steps.
   alternates with decode steps, so a long prompt never stalls the running streams.
 * **Decode**: one token for every running request.
 * **Memory**: pages come from the allocator; when short, unlocked radix-cache leaves are
-  evicted (LRU); when still short, a new request waits in the queue, and a decode step retracts
+  evicted (``--radix-eviction-policy``; with the hierarchical cache they move to the host
+  tier first, :mod:`engine.runtime.hiradix_cache`); when still short, a new request waits in the queue, and a decode step retracts
   running requests (``--retraction-policy``; by default the most recently admitted; their KV goes back to the cache and they are re-queued
   to continue later from prompt + output so far). A lone request that cannot grow ends with
   ``length``. Nothing here raises on memory pressure.
