@@ -57,6 +57,14 @@ def test_host_and_storage_hits_then_a_restart_hits_storage(tmp_path) -> None:
         back = ask(s, 1)
         assert back["output_ids"] == first[1]["output_ids"]
         assert back["cached_tokens_details"]["storage"] == 144
+        with s.client() as c:
+            metrics = c.get("/metrics").text
+        for tier in ("host", "storage"):
+            assert f'engine_cached_tokens_by_tier_total{{model_name="' in metrics
+            line = next(x for x in metrics.splitlines()
+                        if x.startswith("engine_cached_tokens_by_tier_total")
+                        and f'tier="{tier}"' in x)
+            assert float(line.rsplit(" ", 1)[1]) == 144
     with running(hicache_server("hicache-restarted", store)) as servers:
         after = ask(servers["hicache-restarted"], 2)
         assert after["output_ids"] == first[2]["output_ids"]

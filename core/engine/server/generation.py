@@ -296,6 +296,9 @@ class Generation:
             m.prompt_tokens.labels(name).inc(out.prompt_tokens)
             m.generation_tokens.labels(name).inc(out.completion_tokens)
             m.cached_tokens.labels(name).inc(out.cached_tokens)
+            for tier, n in (out.cached_tokens_details or {}).items():
+                if n:
+                    m.cached_tokens_tier.labels(name, tier).inc(n)
             m.e2e.labels(name).observe(now - self.start)
             if self.config.log_requests:
                 self._log_finished(out.rid, s, now - self.start)
