@@ -13,15 +13,19 @@ throughput, and the share of prompt tokens served from each tier (device, host, 
 
 CPU, default model (the numbers of docs/benchmarks/hicache.md)::
 
-    python benchmarks/hicache_multiturn.py -- --device cpu --max-total-tokens 8192 \\
-        --vs --device cpu --max-total-tokens 8192 --enable-hierarchical-cache --hicache-ratio 4
+    python benchmarks/hicache_multiturn.py --conversations 8 --turns 8 --user-tokens 64 \\
+        --output-tokens 8 --concurrency 1 -- --device cpu --page-size 16 \\
+        --max-total-tokens 1024 --vs --device cpu --page-size 16 --max-total-tokens 1024 \\
+        --enable-hierarchical-cache --hicache-ratio 8
 
 A GPU (dummy 8B weights)::
 
-    python benchmarks/hicache_multiturn.py --user-tokens 512 --output-tokens 64 -- \\
-        --model-path tests/data/llama3-8b-dummy --load-format dummy --max-total-tokens 65536 \\
-        --vs --model-path tests/data/llama3-8b-dummy --load-format dummy \\
-        --max-total-tokens 65536 --enable-hierarchical-cache --hicache-ratio 4
+    python benchmarks/hicache_multiturn.py --user-tokens 512 --output-tokens 64 \\
+        --concurrency 8 -- --model-path tests/data/llama3-8b-dummy --load-format dummy \\
+        --dtype bfloat16 --skip-tokenizer-init --page-size 64 --max-total-tokens 65536 \\
+        --vs --model-path tests/data/llama3-8b-dummy --load-format dummy --dtype bfloat16 \\
+        --skip-tokenizer-init --page-size 64 --max-total-tokens 65536 \\
+        --enable-hierarchical-cache --hicache-ratio 4
 """
 
 from __future__ import annotations
