@@ -75,8 +75,9 @@ def run_workload(url: str, args: argparse.Namespace) -> dict[str, Any]:
     vocab = args.vocab
     convs = [[] for _ in range(args.conversations)]
     turns_done = [0] * args.conversations
-    user = [[[rng.randrange(100, vocab) for _ in range(args.user_tokens)]
-             for _ in range(args.turns)] for _ in range(args.conversations)]
+    first = args.first_user_tokens or args.user_tokens
+    user = [[[rng.randrange(100, vocab) for _ in range(first if t == 0 else args.user_tokens)]
+             for t in range(args.turns)] for _ in range(args.conversations)]
     lock = threading.Lock()
     order = list(range(args.conversations)) * args.turns  # round robin: turn t of all, t + 1
     records: list[dict[str, Any]] = []
@@ -161,6 +162,9 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--user-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=32)
+    ap.add_argument("--first-user-tokens", type=int, default=0,
+                    help="tokens of each conversation's first turn (a long document or system "
+                         "prompt; default: --user-tokens)")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=32000, help="token ids are drawn below this")
     ap.add_argument("--seed", type=int, default=0)
@@ -184,7 +188,8 @@ def main() -> None:
         r["flags"] = " ".join(flags) or args.url
         results.append(r)
         print(json.dumps(r), file=sys.stderr)
-    print(f"\n{args.conversations} conversations x {args.turns} turns, +{args.user_tokens} "
+    print(f"\n{args.conversations} conversations x {args.turns} turns, first turn "
+          f"{args.first_user_tokens or args.user_tokens} tokens, +{args.user_tokens} "
           f"user tokens and {args.output_tokens} output tokens a turn, {args.concurrency} "
           "clients\n")
     print("| configuration | TTFT p50 / p99 (ms) | later turns TTFT p50 / p99 (ms) | "

@@ -24,6 +24,11 @@ keeps bytes under keys:
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -112,9 +117,6 @@ class DirectoryStorage(HiCacheStorage):
     TMP_SUFFIX = ".tmp"
 
     def __init__(self, root: str, *, fsync: bool = False) -> None:
-        import os
-        import time
-
         self.root, self.fsync = root, fsync
         os.makedirs(root, exist_ok=True)
         cutoff = time.time() - 3600
@@ -125,8 +127,6 @@ class DirectoryStorage(HiCacheStorage):
                     os.unlink(path)
 
     def _path(self, key: str) -> str:
-        import os
-
         if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
             raise ValueError(f"not a page key: {key!r}")
         return os.path.join(self.root, key + ".kv")
@@ -144,9 +144,6 @@ class DirectoryStorage(HiCacheStorage):
             return None
 
     def set(self, key: str, value: Any) -> bool:
-        import os
-        import threading
-
         path = self._path(key)
         if os.path.exists(path):
             return True
@@ -161,8 +158,6 @@ class DirectoryStorage(HiCacheStorage):
             os.replace(tmp, path)
             return True
         except OSError as exc:
-            import logging
-
             logging.getLogger("engine.hicache").warning(
                 "storing page %s in %s failed: %s", key[:16], self.root, exc.strerror or exc)
             with _suppress_oserror():
@@ -170,13 +165,9 @@ class DirectoryStorage(HiCacheStorage):
             return False
 
     def exists(self, key: str) -> bool:
-        import os
-
         return os.path.exists(self._path(key))
 
     def clear(self) -> None:
-        import os
-
         for name in os.listdir(self.root):
             if name.endswith(".kv"):
                 with _suppress_oserror():
@@ -184,6 +175,4 @@ class DirectoryStorage(HiCacheStorage):
 
 
 def _suppress_oserror() -> Any:
-    import contextlib
-
     return contextlib.suppress(OSError)
