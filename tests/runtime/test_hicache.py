@@ -362,3 +362,30 @@ def test_hierarchical_cache_refuses_what_it_cannot_serve() -> None:
             sched(**cfg)
     with pytest.raises(ConfigError, match="needs --enable-hierarchical-cache"):
         Scheduler(ServerConfig(page_size=PS, hicache_storage_backend="file"), KVStandIn(64))
+
+
+def test_a_request_that_recomputed_a_host_only_prefix_gives_the_tree_its_device_copy() -> None:
+    """When a host-only prefix could not be loaded at admission (no room) the request computes
+    it; inserting it then makes those nodes device-resident again with the request's slots
+    (never a device node under a host-only one), and no slot is freed twice."""
+    s = sched(slots=64)
+    cache: HiRadixCache = s.cache  # type: ignore[assignment]
+    alloc = s.allocator
+    tokens = list(range(1, 33))
+    first = torch.tensor(alloc.slots_for(None, 0, 32)[0])
+    assert cache.insert(tokens, first) == 0
+    assert cache.evict(32) == 32  # to the host tier only
+    assert next(iter(cache.root.children.values())).value is None
+    again = torch.tensor(alloc.slots_for(None, 0, 40)[0])
+    longer = tokens + list(range(40, 48))
+    present = cache.insert(longer, again)
+    assert present == 0  # nothing to free: the tree took every slot
+    slots, node = cache.match_prefix(longer)
+    assert torch.equal(slots, again)
+    assert _device_run_ok(cache)
+    assert cache.evictable_size == 40 and alloc.free_tokens == 60 - 40
+
+
+def _device_run_ok(cache: HiRadixCache) -> bool:
+    return all(n.value is None or n.parent is cache.root or n.parent.value is not None
+               for n in _nodes(cache))

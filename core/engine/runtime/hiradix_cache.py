@@ -69,8 +69,7 @@ class HiRadixCache(RadixCache):
     def match_prefix(self, tokens: list[int]) -> tuple[torch.Tensor, TreeNode]:
         """The device part of the longest match (no copy between tiers)."""
         path = self._walk(tokens, split=True)
-        dev = [n for n in path if n.value is not None]
-        path = path[:len(dev)]
+        path = path[:_device_run(path)]
         slots = torch.cat([n.value for n in path]) if path else torch.empty(0, dtype=torch.long)
         return slots, (path[-1] if path else self.root)
 
@@ -102,7 +101,7 @@ class HiRadixCache(RadixCache):
             self._wait(fetch)
         self.poll()
         path = self._walk(tokens, split=True)
-        dev = [n for n in path if n.value is not None]
+        dev = path[:_device_run(path)]
         hit = PrefixHit(torch.empty(0, dtype=torch.long), self.root,
                         device=sum(len(n.key) for n in dev))
         last = dev[-1] if dev else self.root
@@ -119,7 +118,7 @@ class HiRadixCache(RadixCache):
             else:
                 hit.host += len(node.key)
         self.dec_lock(last)
-        loaded = [n for n in path if n.value is not None]  # a leading run (see _load)
+        loaded = path[:_device_run(path)]
         hit.node = loaded[-1] if loaded else self.root
         if loaded:
             hit.slots = torch.cat([n.value for n in loaded])
@@ -152,6 +151,39 @@ class HiRadixCache(RadixCache):
             node.pinned -= 1
 
     # ------------------------------------------------------------------ backup and eviction
+
+    def insert(self, tokens: list[int], slots: torch.Tensor, priority: int = 0) -> int:
+        """:meth:`RadixCache.insert`, except that a matched node only a lower tier holds takes
+        the caller's device slots for its tokens (so the device copies stay a top part of the
+        tree): the count returned stops before the first such node, and the caller keeps (the
+        tree now owns) every slot from there on."""
+        assert len(tokens) == len(slots) and len(tokens) % self.page_size == 0
+        node, at, adopted = self.root, 0, None
+        now = next(self._clock)
+        while at < len(tokens):
+            child = node.children.get(self._child_key(tokens, at))
+            if child is None:
+                new = TreeNode(list(tokens[at:]), slots[at:].clone(), node, at)
+                new.last_access, new.priority = now, priority
+                node.children[self._child_key(tokens, at)] = new
+                self.evictable_size += len(new.key)
+                self._inserted(new)
+                return at if adopted is None else adopted
+            n = self._match_len(child.key, tokens, at)
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            child.priority = max(child.priority, priority)
+            if child.value is None:
+                adopted = at if adopted is None else adopted
+                child.value = slots[at:at + n].clone()
+                child.from_storage = False
+                if child.lock_ref == 0:
+                    self.evictable_size += n
+                else:
+                    self.protected_size += n
+            node, at = child, at + n
+        return at if adopted is None else adopted
 
     def _inserted(self, node: TreeNode) -> None:
         if self.write_policy == "write_through":
@@ -347,3 +379,11 @@ class HiRadixCache(RadixCache):
         node.hashes = f.keys[first:first + need // ps]
         node.last_access = next(self._clock)
         parent.children[self._child_key(node.key, 0)] = node
+
+
+def _device_run(path: list[TreeNode]) -> int:
+    """How many leading nodes of ``path`` hold device slots."""
+    k = 0
+    while k < len(path) and path[k].value is not None:
+        k += 1
+    return k
