@@ -44,6 +44,4 @@ def run(make: Callable[[dict[str, Any]], Any], *, seed: int = 0) -> list[str]:
 
 
 def check(name: str, product: Callable[..., Any]) -> list[str]:
-    from engine.config import ServerConfig
-
-    return run(lambda params: product(config=ServerConfig(), params=params))
+    return run(lambda params: product(config=product.config, params=params))

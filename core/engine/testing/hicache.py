@@ -14,9 +14,9 @@ Every store must pass, with pages of the length the core uses:
 * a corrupted and a short page stored under a key: the core's page codec refuses both (so the
   store's bytes are never served as KV).
 
-``check(name, product)`` builds the store through the plugin's hook with its default options and
-an empty extra config; :func:`run` takes any store factory (tests pass the extra config a
-store needs, such as a Mooncake master address).
+``check(name, product)`` builds the store through the plugin's hook with its options and the
+extra config given to ``engine plugins check NAME --extra-config JSON`` (a Mooncake master's
+address, the mock 3FS client...); :func:`run` takes any store factory.
 """
 
 from __future__ import annotations
@@ -216,8 +216,16 @@ def _interrupted(store: Any, codec: PageCodec, rng: random.Random, points: int) 
     return fails
 
 
-def check(name: str, product: Callable[..., Any]) -> list[str]:
-    """``engine plugins check``: the suite on the plugin's store with its default options."""
-    from engine.config import ServerConfig
+def check(name: str, product: Any) -> list[str]:
+    """``engine plugins check``: the suite on the plugin's store, built with its options and
+    the backend part of ``--hicache-storage-backend-extra-config`` (``--extra-config``)."""
+    import dataclasses
 
-    return run(lambda sc: product(config=ServerConfig(), storage_config=sc))
+    from engine.config import load_extra_config
+    from engine.runtime.page_store import CORE_KEYS
+
+    config = product.config
+    extra = {k: v for k, v in load_extra_config(
+        config.hicache_storage_backend_extra_config).items() if k not in CORE_KEYS}
+    return run(lambda sc: product(config=config,
+                                  storage_config=dataclasses.replace(sc, extra=extra)))
