@@ -277,6 +277,32 @@ class Assembly:
             return None
         return self.build(record, tokenizer=tokenizer, vocab_size=vocab_size, config=self.config)
 
+    def eviction_policy(self) -> Any:
+        """The radix cache's eviction order (an :class:`engine.api.eviction.EvictionPolicy`)
+        from ``--radix-eviction-policy`` and ``--radix-eviction-policy-config``."""
+        record = self.choose("radix_eviction_policy")
+        if record is None:
+            return None
+        params = json.loads(self.config.radix_eviction_policy_config or "{}")
+        try:
+            return self.build(record, config=self.config, params=params)
+        except PluginError as exc:
+            raise ConfigError(f"--radix-eviction-policy {record.name}: {exc}") from None
+
+    def hicache_storage(self, storage_config: Any) -> Any:
+        """The hierarchical cache's store (an :class:`engine.api.hicache.HiCacheStorage`) for
+        ``storage_config``, or None when ``--hicache-storage-backend`` is unset. A store that
+        cannot be built refuses the start with its reason."""
+        record = self.choose("hicache_storage_backend")
+        if record is None:
+            return None
+        try:
+            store = self.build(record, config=self.config, storage_config=storage_config)
+        except PluginError as exc:
+            raise ConfigError(f"--hicache-storage-backend {record.name}: {exc}") from None
+        log.info("hicache storage: %s (%s %s)", record.name, record.distribution, record.version)
+        return store
+
     def observers(self) -> Observers:
         """The cross-cutting hooks, bound to this assembly's plugin manager."""
         hook, has = self.registry.pm.hook, self.registry.has_impls

@@ -53,6 +53,45 @@ def parse_json_object(text: str) -> str:
     return text
 
 
+def parse_extra_config(text: str) -> str:
+    """A JSON object, or ``@path`` of a JSON/YAML/TOML file holding one; kept as given (read
+    with :func:`load_extra_config`)."""
+    if not text.startswith("@"):
+        return parse_json_object(text)
+    load_extra_config(text)
+    return text
+
+
+def load_extra_config(text: str | None) -> dict[str, Any]:
+    """The object of :func:`parse_extra_config`'s ``text`` (``{}`` for None)."""
+    if not text:
+        return {}
+    if not text.startswith("@"):
+        return json.loads(text)
+    path = text[1:]
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    if path.endswith(".toml"):
+        import tomllib
+
+        value: Any = tomllib.loads(raw.decode())
+    elif path.endswith((".yaml", ".yml")):
+        import yaml
+
+        value = yaml.safe_load(raw)
+    else:
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected an object")
+    return value
+
+
 def _opt(default: Any, help: str, *, type: Callable[[str], Any] | None = str,
          flag: str | None = None, aliases: tuple[str, ...] = (), choices: tuple[Any, ...] = (),
          family: str | None = None, nargs: str | None = None) -> Any:
@@ -148,6 +187,38 @@ class ServerConfig:
         "shortest output), priority (lowest priority); default: the most recently admitted.",
         choices=("length", "priority"))
     disable_radix_cache: bool = _opt(False, "Turn off prefix reuse.", type=None)
+    radix_eviction_policy_config: str | None = _opt(
+        None, "Tuning parameters of --radix-eviction-policy, a JSON object (slru: "
+        "protected_threshold; tlru: threshold, next_prompt_estimate).", type=parse_json_object)
+    # hierarchical KV cache (engine.runtime.hiradix_cache)
+    enable_hierarchical_cache: bool = _opt(
+        False, "Keep prefixes evicted from the device KV pool in a host pool, and behind it in "
+        "--hicache-storage-backend.", type=None)
+    hicache_ratio: float = _opt(2.0, "Host KV pool size as a multiple of the device pool.",
+                                type=float)
+    hicache_size: float = _opt(0.0, "Host KV pool size in GB (overrides --hicache-ratio; 0: "
+                               "use the ratio).", type=float)
+    hicache_write_policy: str = _opt(
+        "write_through", "When device pages are copied to the host tier: write_through (when "
+        "cached), write_through_selective (on the second hit), write_back (when evicted).",
+        choices=("write_back", "write_through", "write_through_selective"))
+    hicache_io_backend: str = _opt(
+        "kernel", "Host<->device copies: kernel (one gather/scatter per layer), direct (one "
+        "copy per page run).", choices=("direct", "kernel", "kernel_ascend"))
+    hicache_mem_layout: str = _opt(
+        "layer_first", "Host pool layout: layer_first (as the device pool), page_first / "
+        "page_first_direct (each page contiguous: stores read and write it in place).",
+        choices=("layer_first", "page_first", "page_first_direct", "page_first_kv_split",
+                 "page_head"))
+    hicache_storage_prefetch_policy: str = _opt(
+        "best_effort", "How long admission waits for pages being fetched from storage: "
+        "best_effort (not at all), wait_complete (until fetched, at most prefetch_timeout_max), "
+        "timeout (a budget growing with the prompt).",
+        choices=("best_effort", "wait_complete", "timeout"))
+    hicache_storage_backend_extra_config: str | None = _opt(
+        None, "Storage backend settings: a JSON object, or @FILE (JSON, YAML or TOML). The core "
+        "reads prefetch_threshold, prefetch_timeout_base/_per_ki_token/_max; the rest goes to "
+        "the backend.", type=parse_extra_config)
     disable_cuda_graph: bool = _opt(False, "Run decode eagerly on GPU.", type=None,
                                     aliases=("--disable-decode-cuda-graph",))
     cuda_graph_max_bs_decode: int | None = _opt(

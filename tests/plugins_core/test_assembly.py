@@ -86,8 +86,7 @@ def test_every_family_flag_is_a_config_field_from_the_family_table():
             assert f.metadata["help"] == fl.help
 
 
-@pytest.mark.parametrize("flag,value", [("--speculative-algorithm", "EAGLE"),
-                                        ("--hicache-storage-backend", "file")])
+@pytest.mark.parametrize("flag,value", [("--speculative-algorithm", "EAGLE")])
 def test_a_family_without_a_runtime_consumer_is_refused(registry, flag, value):
     with pytest.raises(ConfigError, match=f"^{flag} {value}: not served by this build: "):
         parse_config([flag, value], registry)

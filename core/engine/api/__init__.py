@@ -16,7 +16,9 @@ the hook marker from here, and each family's interface from one submodule:
                             ``GrammarMatcher``, ``GrammarSpec``, the token-bitmask helpers
 ``engine.api.moe``          routed-expert runners and expert-parallel all-to-all
 ``engine.api.speculative``  draft-token proposers
-``engine.api.hicache``      KV page storage behind the host cache
+``engine.api.hicache``      KV page storage behind the host cache: ``HiCacheStorage``,
+                            ``StorageConfig``
+``engine.api.eviction``     radix-cache eviction orders: ``EvictionPolicy``, ``NodeView``
 ==========================  ==============================================================
 
 The hooks each family implements, and what they receive and return, are listed with their

@@ -281,6 +281,9 @@ def parse_config(argv: list[str], registry: Registry) -> ServerConfig:
         from engine.models.completion_templates import load_completion_template
 
         load_completion_template(config.completion_template)
+    if config.hicache_storage_backend is not None and not config.enable_hierarchical_cache:
+        raise ConfigError(f"--hicache-storage-backend {config.hicache_storage_backend}: needs "
+                          "--enable-hierarchical-cache")
     for dest, (fam, fl) in family_for_flag().items():
         value = ns.get(dest)
         if value is None or value == fl.default:

@@ -26,6 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     ck = sub.add_parser("check", help="run the family's conformance suite on a plugin")
     ck.add_argument("name")
     ck.add_argument("--family", choices=list(FAMILIES))
+    ck.add_argument("--extra-config", metavar="JSON",
+                    help="--hicache-storage-backend-extra-config to check a store with "
+                         "(a JSON object or @FILE)")
     new = sub.add_parser("new", help="write a ready-to-install plugin package")
     new.add_argument("family", help=f"one of: {', '.join(FAMILIES)}")
     new.add_argument("name")
@@ -49,7 +52,17 @@ def run(argv: list[str]) -> int:
     from engine.testing.contract import run_checks
 
     rec = _one(registry, args.name, args.family)
-    results = run_checks(registry, rec)
+    config = None
+    if args.extra_config:
+        from engine.config import ServerConfig, parse_extra_config
+
+        try:
+            extra = parse_extra_config(args.extra_config)
+        except ValueError as exc:
+            print(f"engine plugins check: --extra-config: {exc}", file=sys.stderr)
+            return 2
+        config = ServerConfig(hicache_storage_backend_extra_config=extra)
+    results = run_checks(registry, rec, config)
     failed = 0
     for res in results:
         print(f"{res.status.upper():5} {res.name}" + (f": {res.detail}" if res.detail else ""))

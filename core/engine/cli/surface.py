@@ -134,9 +134,13 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--qsa-indexer-dtype", "--enable-dsa-fused-indexer", "--flashinfer-mla-disable-ragged",
         "--disable-chunked-prefix-cache", "--enable-return-indexer-topk",
         "--enable-linker-mla-dedup", "--enable-lean-attention"),
-    "a hierarchical (host or storage) KV cache: the hicache_storage family has no runtime "
-    "consumer yet": (
-        "--enable-hierarchical-cache", "--hicache-*", "--enable-unified-cache-external-linker",
+    "this hierarchical-cache option is not built (the host tier is a persistent cache; "
+    "storage reads are checked once, when a request arrives)": (
+        "--hicache-host-memory-mode", "--hicache-host-memory-fraction",
+        "--hicache-storage-prefetch-retry-*"),
+    "other external KV caches are not integrated (the hierarchical cache and its storage "
+    "family serve this)": (
+        "--enable-unified-cache-external-linker",
         "--unified-cache-external-linker-backend", "--enable-lmcache", "--lmcache-config-file",
         "--enable-flexkv", "--flexkv-config-file", "--enable-hisparse", "--hisparse-config"),
     "multimodal inputs: requests carry text or token ids only": (
@@ -179,11 +183,11 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--mlx-enable-sampling"),
     "this grammar option is not built (the grammar family compiles each constraint once and "
     "caches it in memory)": ("--sampling-mask-max-tokens", "--disable-outlines-disk-cache"),
-    "this scheduling feature is not built (continuous batching with chunked prefill, LRU "
+    "this scheduling feature is not built (continuous batching with chunked prefill and a "
     "radix cache)": (
         "--prefill-decode-interval", "--enable-dynamic-chunking", "--prefill-max-requests",
         "--disable-priority-preemption", "--abort-on-priority-when-disabled",
-        "--priority-scheduling-preemption-threshold", "--radix-eviction-policy*",
+        "--priority-scheduling-preemption-threshold",
         "--prefill-only-disable-kv-cache", "--num-continuous-decode-steps",
         "--scheduler-recv-interval", "--enable-prefill-delayer", "--prefill-delayer-*",
         "--min-free-slots-delay", "--batch-notify-size"),

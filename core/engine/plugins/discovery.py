@@ -129,6 +129,11 @@ class _Checker:
         return ""
 
     def _package_unmet(self, spec: str) -> str:
+        if "|" in spec:  # alternatives: any one of them installed will do
+            options = [s.strip() for s in spec.split("|")]
+            if any(not self._package_unmet(o) for o in options):
+                return ""
+            return f"needs one of {', '.join(options)}"
         if spec not in self.package_results:
             self.package_results[spec] = self._evaluate_package(spec)
         return self.package_results[spec]

@@ -96,8 +96,28 @@ def engine_create_speculative_proposer(model_config: Any, config: Any, options: 
 
 
 @hookspec(firstresult=True)
-def engine_create_hicache_storage(config: Any, options: Any) -> Any:
-    """Build a KV page store (:class:`engine.api.hicache.HiCacheStorage`)."""
+def engine_create_hicache_storage(config: Any, options: Any, storage_config: Any) -> Any:
+    """Build the KV page store behind the host tier (called once, at start-up, when
+    ``--enable-hierarchical-cache`` and ``--hicache-storage-backend`` are set).
+
+    :param storage_config: the :class:`engine.api.hicache.StorageConfig`: value length, the
+        model/layout identity the keys belong to, and the backend's part of
+        ``--hicache-storage-backend-extra-config``
+    :return: an :class:`engine.api.hicache.HiCacheStorage`. Raise
+        :class:`engine.api.PluginError` with the reason when the store cannot be reached or
+        configured (missing service, bad extra config): the server refuses to start with it.
+    """
+
+
+@hookspec(firstresult=True)
+def engine_create_eviction_policy(config: Any, options: Any, params: Any) -> Any:
+    """Build the radix cache's eviction order (called once, at start-up).
+
+    :param params: the ``--radix-eviction-policy-config`` JSON object (a dict, empty when
+        unset): the policy's tuning parameters
+    :return: an :class:`engine.api.eviction.EvictionPolicy`; raise
+        :class:`engine.api.ConfigError` naming an unknown or invalid parameter.
+    """
 
 
 @hookspec(firstresult=True)

@@ -42,7 +42,8 @@ class Option:
 class Requires:
     """Cheap facts a plugin needs to run; checked without importing anything heavy."""
 
-    #: requirement strings in PEP 508 form, e.g. ``"flashinfer-python>=0.5"`` or ``"torch_npu"``
+    #: requirement strings in PEP 508 form, e.g. ``"flashinfer-python>=0.5"`` or ``"torch_npu"``;
+    #: ``"a | b"`` is met by either (wheel variants of one library)
     packages: tuple[str, ...] = ()
     #: device kinds it runs on: any of "cpu", "cuda", "rocm", "xpu", "npu", "mps"
     devices: tuple[str, ...] = ("cpu", "cuda")

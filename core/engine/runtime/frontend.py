@@ -81,7 +81,10 @@ class Runtime:
         self.runner = runner
         self.tokenizer = self.runner.tokenizer
         self.model_config = self.runner.model_config
-        self.scheduler = Scheduler(config, self.runner)
+        eviction = assembly.eviction_policy() if assembly is not None else None
+        storage = assembly.hicache_storage if assembly is not None else None
+        self.scheduler = Scheduler(config, self.runner, eviction=eviction,
+                                   storage_factory=storage)
         self.context_len = self.scheduler.max_context_len
         self.kv_capacity = self.scheduler.allocator.capacity_tokens
         self.vocab_size = self.model_config.vocab_size

@@ -40,6 +40,8 @@ class ReqOutput:
     cached_tokens: int = 0
     #: the prompt's embedding (``--is-embedding``), on its one and last output
     embedding: list[float] | None = None
+    #: of ``cached_tokens``, how many each tier supplied: ``{"device", "host", "storage"}``
+    cached_tokens_details: dict[str, int] | None = None
 
 
 Sink = Callable[[ReqOutput], None]
@@ -133,6 +135,8 @@ class Req:
     prefix_len: int = 0
     prefix_node: Any = None
     cached_tokens: int = 0
+    cached_tiers: dict[str, int] | None = None  #: cached tokens per tier (device, host, storage)
+    prefetch: Any = None  #: the storage read started when it arrived (hierarchical cache)
     # text state
     text: str = ""
     sent_len: int = 0

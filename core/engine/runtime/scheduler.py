@@ -13,7 +13,8 @@ sink. Requests join and leave between steps.
   alternates with decode steps, so a long prompt never stalls the running streams.
 * **Decode**: one token for every running request.
 * **Memory**: pages come from the allocator; when short, unlocked radix-cache leaves are
-  evicted (LRU); when still short, a new request waits in the queue, and a decode step retracts
+  evicted (``--radix-eviction-policy``; with the hierarchical cache they move to the host
+  tier first, :mod:`engine.runtime.hiradix_cache`); when still short, a new request waits in the queue, and a decode step retracts
   running requests (``--retraction-policy``; by default the most recently admitted; their KV goes back to the cache and they are re-queued
   to continue later from prompt + output so far). A lone request that cannot grow ends with
   ``length``. Nothing here raises on memory pressure.
@@ -68,7 +69,7 @@ from engine.config import ServerConfig
 from engine.runtime.allocator import PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode
 from engine.runtime.grammar import GrammarDeadEnd, MaskPrefetcher
-from engine.runtime.radix_cache import RadixCache
+from engine.runtime.kv_cache import build_cache
 from engine.runtime.request import Req, ReqOutput, Sink, emit
 from engine.runtime.sampling import SampleOutput, Sampler
 from engine.runtime.schedule_policy import order, retraction_victim
@@ -173,14 +174,16 @@ class SchedulerStats:
 class Scheduler:
     """Owns the KV bookkeeping and the request queues of one model runner."""
 
-    def __init__(self, config: ServerConfig, runner: Any) -> None:
+    def __init__(self, config: ServerConfig, runner: Any, *, eviction: Any = None,
+                 storage_factory: Callable[[Any], Any] | None = None) -> None:
+        """``eviction``: the ``--radix-eviction-policy`` object (None: least recently used);
+        ``storage_factory(storage_config)``: builds the hierarchical cache's store."""
         self.config, self.runner = config, runner
         self.device = runner.device
         self.page_size = runner.pool.page_size
         self.allocator = PageAllocator(runner.pool.num_slots, self.page_size)
         self.rows = ReqToTokenRows(runner.req_to_token.shape[0])
-        self.cache = RadixCache(self.page_size, self.allocator.free_slots,
-                                disabled=config.disable_radix_cache)
+        self.cache = build_cache(config, runner, self.allocator, eviction, storage_factory)
         self.sampler = Sampler(batch_invariant=config.enable_deterministic_inference)
         #: next-token masks of constrained requests, computed during the next forward
         self.masks = MaskPrefetcher()
@@ -262,6 +265,7 @@ class Scheduler:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=30)
         self.masks.shutdown()
+        self.cache.close()
 
     def run(self) -> None:
         """Step in the calling thread until :meth:`stop`, sleeping on the inbox when idle."""
@@ -338,6 +342,7 @@ class Scheduler:
             kind, arg = item
             if kind == "add":
                 self.waiting.append(arg)
+                self._prefetch(arg)
             elif kind == "abort":
                 self._abort(arg)
             elif kind == "flush":
@@ -349,6 +354,13 @@ class Scheduler:
                 return
 
     # ------------------------------------------------------------------ admission
+
+    def _prefetch(self, req: Req) -> None:
+        """Start reading ``req``'s uncached prompt pages from the storage tier, if any."""
+        try:
+            req.prefetch = self.cache.prefetch(req.fill_ids[:-1])
+        except Exception:  # noqa: BLE001 - a prefetch only saves work
+            log.exception("storage prefetch for request %s failed; it is recomputed", req.rid)
 
     def _schedule_prefill(self) -> list[tuple[Req, int, list[int]]]:
         """Pick the extend batch: ``(request, new tokens, their slots)``, slots already taken."""
@@ -421,7 +433,9 @@ class Scheduler:
     def _admit(self, req: Req, budget: int) -> tuple[Req, int, list[int]] | None:
         """Give ``req`` a row, its cached prefix and its first chunk's slots; None if no room."""
         fill = req.fill_ids
-        cached, node = self.cache.match_prefix(fill[:-1])
+        hit = self.cache.admit(fill[:-1], req.priority, req.prefetch)
+        req.prefetch = None
+        cached, node = hit.slots, hit.node
         self.cache.inc_lock(node)
         req.prefix_node, req.prefix_len, req.kv_len = node, len(cached), len(cached)
         req.last_slot = int(cached[-1]) if len(cached) else None
@@ -437,6 +451,7 @@ class Scheduler:
             return None
         if req.num_retractions == 0:
             req.cached_tokens = len(cached)
+            req.cached_tiers = hit.tiers()
         req.row = self.rows.alloc()
         if len(cached):
             self.runner.req_to_token[req.row, :len(cached)] = cached.to(self.device)
@@ -758,6 +773,7 @@ class Scheduler:
         delta.prompt_tokens = len(req.origin_input_ids)
         delta.completion_tokens = len(req.output_ids)
         delta.cached_tokens = req.cached_tokens
+        delta.cached_tokens_details = req.cached_tiers
 
     # ------------------------------------------------------------------ release / abort
 
@@ -769,7 +785,8 @@ class Scheduler:
             slots = self.runner.req_to_token[req.row, :kv].to("cpu")
             aligned = kv - kv % p
             if aligned > req.prefix_len:
-                present = self.cache.insert(req.fill_ids[:aligned], slots[:aligned])
+                present = self.cache.insert(req.fill_ids[:aligned], slots[:aligned],
+                                            req.priority)
                 if present > req.prefix_len:
                     self.allocator.free_slots(slots[req.prefix_len:present])
             else:

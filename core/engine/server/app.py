@@ -427,6 +427,7 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
             "id": gen.rid if len(gen.seqs) == 1 else f"{gen.rid}-{s.index}",
             "finish_reason": s.finish_reason, "prompt_tokens": s.prompt_tokens,
             "completion_tokens": s.completion_tokens, "cached_tokens": s.cached_tokens,
+            "cached_tokens_details": s.cached_tokens_details,
             "e2e_latency": time.monotonic() - gen.start}
         if body.return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in

@@ -94,6 +94,7 @@ class SeqState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    cached_tokens_details: dict[str, int] | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
     embedding: list[float] | None = None  #: the prompt's embedding (``--is-embedding``)
@@ -296,11 +297,15 @@ class Generation:
             s.finish_reason = out.finish_reason
             s.prompt_tokens, s.completion_tokens = out.prompt_tokens, out.completion_tokens
             s.cached_tokens = out.cached_tokens
+            s.cached_tokens_details = out.cached_tokens_details
             reason = (out.finish_reason or {}).get("type", "unknown")
             m.requests.labels(name, reason).inc()
             m.prompt_tokens.labels(name).inc(out.prompt_tokens)
             m.generation_tokens.labels(name).inc(out.completion_tokens)
             m.cached_tokens.labels(name).inc(out.cached_tokens)
+            for tier, n in (out.cached_tokens_details or {}).items():
+                if n:
+                    m.cached_tokens_tier.labels(name, tier).inc(n)
             m.e2e.labels(name).observe(now - self.start)
             if self.config.log_requests:
                 self._log_finished(out.rid, s, now - self.start)

@@ -33,6 +33,10 @@ class Metrics:
                                          labels, registry=r)
         self.cached_tokens = Counter("engine_cached_tokens", "Prompt tokens served from the "
                                      "radix cache.", labels, registry=r)
+        self.cached_tokens_tier = Counter(
+            "engine_cached_tokens_by_tier", "Prompt tokens served from the cache, by the tier "
+            "that held them (device, host, storage; hierarchical cache).",
+            labels + ["tier"], registry=r)
         self.ttft = Histogram("engine_time_to_first_token_seconds", "Time to first token.",
                               labels, buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("engine_inter_token_latency_seconds", "Time between two output "

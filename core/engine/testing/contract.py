@@ -84,7 +84,21 @@ def _package_dir(record: PluginRecord) -> str | None:
     return list(spec.submodule_search_locations)[0]
 
 
-def run_checks(registry: Registry, record: PluginRecord) -> list[CheckResult]:
+class Product:
+    """Builds the plugin's product through its family hook (``product(**hook_kwargs)``);
+    ``config`` is the server config the check runs with (its options, extra configs)."""
+
+    def __init__(self, assembly: Any, record: PluginRecord) -> None:
+        self.assembly, self.record, self.config = assembly, record, assembly.config
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self.assembly.build(self.record, **kwargs)
+
+
+def run_checks(registry: Registry, record: PluginRecord,
+               config: Any = None) -> list[CheckResult]:
+    """Every check, in order; ``config``: the :class:`~engine.config.ServerConfig` to check
+    with (default: every option at its default)."""
     results: list[CheckResult] = []
     if record.status == BROKEN or record.manifest is None:
         return [CheckResult("manifest valid", "fail", record.reason)]
@@ -121,12 +135,12 @@ def run_checks(registry: Registry, record: PluginRecord) -> list[CheckResult]:
     from engine.assembly import Assembly
     from engine.config import ServerConfig
 
-    assembly = Assembly(ServerConfig(), registry)  # the plugin's options at their defaults
+    assembly = Assembly(config or ServerConfig(), registry)  # options: defaults unless set
     try:
         if record.family in PRODUCT_KWARGS:
             product: Any = assembly.build(record, **PRODUCT_KWARGS[record.family])
         else:
-            product = lambda **kw: assembly.build(record, **kw)  # noqa: E731
+            product = Product(assembly, record)
         failures = suite(record.name, product)
     except Exception as exc:  # the suite reports a crashing plugin as a failure
         failures = [f"raised {type(exc).__name__}: {exc}"]

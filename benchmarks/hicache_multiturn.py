@@ -1,0 +1,215 @@
+"""Multi-turn benchmark of the hierarchical KV cache through a real ``engine serve``.
+
+``--conversations`` conversations of ``--turns`` turns each; a turn sends the conversation so
+far (every earlier prompt and answer) plus ``--user-tokens`` new token ids, and streams
+``--output-tokens`` tokens back (greedy, ``ignore_eos``). ``--concurrency`` clients each take
+the next turn of the conversation that has waited longest, so a conversation's next turn comes
+after the others' and its prefix has left a device pool smaller than the working set.
+
+Each configuration is a list of ``engine serve`` flags after ``--``, separated by ``--vs``; the
+same workload (seeded token ids) runs against each, one server at a time, and one table row is
+printed per configuration: TTFT p50/p99 over all turns and over the later turns (hits), output
+throughput, and the share of prompt tokens served from each tier (device, host, storage).
+
+CPU, default model (the numbers of docs/benchmarks/hicache.md)::
+
+    python benchmarks/hicache_multiturn.py --conversations 8 --turns 8 --user-tokens 64 \\
+        --output-tokens 8 --concurrency 1 -- --device cpu --page-size 16 \\
+        --max-total-tokens 1024 --vs --device cpu --page-size 16 --max-total-tokens 1024 \\
+        --enable-hierarchical-cache --hicache-ratio 8
+
+A GPU (dummy 8B weights)::
+
+    python benchmarks/hicache_multiturn.py --user-tokens 512 --output-tokens 64 \\
+        --concurrency 8 -- --model-path tests/data/llama3-8b-dummy --load-format dummy \\
+        --dtype bfloat16 --skip-tokenizer-init --page-size 64 --max-total-tokens 65536 \\
+        --vs --model-path tests/data/llama3-8b-dummy --load-format dummy --dtype bfloat16 \\
+        --skip-tokenizer-init --page-size 64 --max-total-tokens 65536 \\
+        --enable-hierarchical-cache --hicache-ratio 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import httpx
+from _server import free_port, wait_ready  # this folder, on the path when run as a script
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
+
+
+def stream_turn(client: httpx.Client, ids: list[int], n: int) -> tuple[float, list[int], dict]:
+    """One streamed turn: (seconds to the first token, output ids, final meta_info)."""
+    body = {"input_ids": ids, "stream": True, "sampling_params": {
+        "temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
+    t0 = time.perf_counter()
+    ttft, out, meta = None, [], {}
+    with client.stream("POST", "/generate", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            item = json.loads(line[6:])
+            if ttft is None and item.get("output_ids"):
+                ttft = time.perf_counter() - t0
+            out, meta = item.get("output_ids", out), item.get("meta_info", meta)
+    return ttft if ttft is not None else time.perf_counter() - t0, out, meta
+
+
+def run_workload(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    vocab = args.vocab
+    convs = [[] for _ in range(args.conversations)]
+    turns_done = [0] * args.conversations
+    first = args.first_user_tokens or args.user_tokens
+    user = [[[rng.randrange(100, vocab) for _ in range(first if t == 0 else args.user_tokens)]
+             for t in range(args.turns)] for _ in range(args.conversations)]
+    lock = threading.Lock()
+    order = list(range(args.conversations)) * args.turns  # round robin: turn t of all, t + 1
+    records: list[dict[str, Any]] = []
+    busy: set[int] = set()
+
+    def take() -> int | None:
+        with lock:
+            for k, c in enumerate(order):
+                if c not in busy:
+                    busy.add(c)
+                    return order.pop(k)
+            return None
+
+    def worker() -> None:
+        with httpx.Client(base_url=url, timeout=600) as client:
+            while True:
+                c = take()
+                if c is None:
+                    with lock:
+                        if not order:
+                            return
+                    time.sleep(0.01)
+                    continue
+                t = turns_done[c]
+                ids = convs[c] + user[c][t]
+                ttft, out, meta = stream_turn(client, ids, args.output_tokens)
+                with lock:
+                    convs[c] = ids + out
+                    turns_done[c] += 1
+                    busy.discard(c)
+                    records.append({"turn": t, "ttft": ttft, "prompt": len(ids),
+                                    "out": len(out), "cached": meta.get("cached_tokens", 0),
+                                    "tiers": meta.get("cached_tokens_details") or {}})
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(args.concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t0
+    prompt = sum(r["prompt"] for r in records)
+    tiers = {k: sum(r["tiers"].get(k, 0) for r in records) / prompt
+             for k in ("device", "host", "storage")}
+    if not any(r["tiers"] for r in records):
+        tiers["device"] = sum(r["cached"] for r in records) / prompt
+    later = [r["ttft"] for r in records if r["turn"] > 0]
+    return {"requests": len(records), "wall_s": wall,
+            "ttft_p50_ms": pct([r["ttft"] for r in records], 50) * 1e3,
+            "ttft_p99_ms": pct([r["ttft"] for r in records], 99) * 1e3,
+            "ttft_later_p50_ms": pct(later, 50) * 1e3, "ttft_later_p99_ms": pct(later, 99) * 1e3,
+            "output_tok_s": sum(r["out"] for r in records) / wall,
+            "prompt_tok_s": prompt / wall, "hit": tiers,
+            "mean_prompt_tokens": prompt / len(records)}
+
+
+def serve_and_run(flags: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="engine-hicache-bench-", suffix=".log",
+                                      delete=False)
+    cmd = [sys.executable, "-m", "engine.cli.main", "serve", "--host", "127.0.0.1", "--port",
+           str(port), "--max-running-requests", str(max(args.concurrency, 1)), *flags]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        if not wait_ready(proc, url, log.name):
+            raise SystemExit(f"server failed: {' '.join(flags)}")
+        return run_workload(url, args)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        os.unlink(log.name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--conversations", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--user-tokens", type=int, default=128)
+    ap.add_argument("--output-tokens", type=int, default=32)
+    ap.add_argument("--first-user-tokens", type=int, default=0,
+                    help="tokens of each conversation's first turn (a long document or system "
+                         "prompt; default: --user-tokens)")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=32000, help="token ids are drawn below this")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--url", help="measure this running server instead (no flags after --)")
+    ap.add_argument("--json", help="also write the results here")
+    argv = sys.argv[1:]
+    rest: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, rest = argv[:i], argv[i + 1:]
+    args = ap.parse_args(argv)
+    configs: list[list[str]] = [[]]
+    for tok in rest:
+        if tok == "--vs":
+            configs.append([])
+        else:
+            configs[-1].append(tok)
+    results = []
+    for flags in configs if not args.url else [[]]:
+        r = run_workload(args.url, args) if args.url else serve_and_run(flags, args)
+        r["flags"] = " ".join(flags) or args.url
+        results.append(r)
+        print(json.dumps(r), file=sys.stderr)
+    print(f"\n{args.conversations} conversations x {args.turns} turns, first turn "
+          f"{args.first_user_tokens or args.user_tokens} tokens, +{args.user_tokens} "
+          f"user tokens and {args.output_tokens} output tokens a turn, {args.concurrency} "
+          "clients\n")
+    print("| configuration | TTFT p50 / p99 (ms) | later turns TTFT p50 / p99 (ms) | "
+          "output tok/s | hit device / host / storage |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        h = r["hit"]
+        print(f"| `{r['flags']}` | {r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | "
+              f"{r['ttft_later_p50_ms']:.0f} / {r['ttft_later_p99_ms']:.0f} | "
+              f"{r['output_tok_s']:.1f} | {h['device']:.0%} / {h['host']:.0%} / "
+              f"{h['storage']:.0%} |")
+    if len(results) > 1 and results[0]["ttft_later_p50_ms"] > 0:
+        for r in results[1:]:
+            print(f"\nlater-turn TTFT p50 of `{r['flags']}`: "
+                  f"{r['ttft_later_p50_ms'] / results[0]['ttft_later_p50_ms']:.2f}x the first "
+                  "configuration's")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

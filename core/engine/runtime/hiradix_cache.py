@@ -1,0 +1,389 @@
+"""The hierarchical radix cache (``--enable-hierarchical-cache``): device pool, host pool,
+storage.
+
+Every tree node knows where its tokens' K/V lives: ``value`` (device slots) and ``host_value``
+(host slots), either or both; a node that neither tier holds is not in the tree. The device
+copies form a top part of the tree (a node on the device has its parent on the device), so a
+match is a run of device nodes followed by a run of host-only nodes.
+
+* **Backup** (device -> host) happens when a node is inserted (``write_through``), on its
+  second hit (``write_through_selective``), or when the device evicts it (``write_back``, and
+  whatever an earlier backup could not place). Every page that reaches the host is also queued
+  for the storage tier when there is one (:mod:`engine.runtime.page_store`).
+* **Device eviction** frees a node's device slots and keeps the node when the host holds it;
+  otherwise the node (and any host-only nodes below it) is dropped.
+* **Host eviction** frees host copies, the policy's lowest score first; a host-only node losing
+  its copy leaves the tree.
+* **Admission** (:meth:`HiRadixCache.admit`) loads the host-only run of the match back into
+  device pages (the copy stream on CUDA) and reports how many tokens each tier supplied.
+* **Prefetch**: when a request arrives, the pages of its prompt beyond what the tree holds are
+  looked up in storage by key and read on the I/O thread; once read they enter the tree as
+  host-only nodes (``from_storage``) and admission loads them like any host hit. How long
+  admission waits for a read still in flight is ``--hicache-storage-prefetch-policy``.
+
+One eviction policy object orders both tiers.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from engine.runtime.host_pool import HostKVPool, Transfer
+from engine.runtime.page_store import CORE_KEYS, Fetch, PageCodec, StorageTier, page_keys
+from engine.runtime.radix_cache import PrefixHit, RadixCache, TreeNode
+
+log = logging.getLogger("engine.hicache")
+
+class HiRadixCache(RadixCache):
+    """Radix cache over a device pool, a host pool and an optional storage tier."""
+
+    def __init__(self, page_size: int, free_fn: Callable[[torch.Tensor], None], *,
+                 allocator: Any, host: HostKVPool, transfer: Transfer,
+                 write_policy: str = "write_through", policy: Any = None,
+                 storage: StorageTier | None = None, identity: str = "",
+                 prefetch_policy: str = "best_effort",
+                 prefetch: dict[str, float] | None = None) -> None:
+        self.allocator, self.host, self.transfer = allocator, host, transfer
+        self.write_policy, self.storage, self.identity = write_policy, storage, identity
+        self.prefetch_policy = prefetch_policy
+        self.prefetch_cfg = dict(CORE_KEYS, **(prefetch or {}))
+        self.codec = PageCodec(host.payload_bytes)
+        self._fetches: list[Fetch] = []
+        super().__init__(page_size, free_fn, policy=policy)
+
+    def reset(self) -> None:
+        super().reset()
+        self.host.reset()
+        self._fetches = []
+
+    def close(self) -> None:
+        if self.storage is not None:
+            self.storage.close()
+
+    # ------------------------------------------------------------------ matching
+
+    def match_prefix(self, tokens: list[int]) -> tuple[torch.Tensor, TreeNode]:
+        """The device part of the longest match (no copy between tiers)."""
+        path = self._walk(tokens, split=True)
+        path = path[:_device_run(path)]
+        slots = torch.cat([n.value for n in path]) if path else torch.empty(0, dtype=torch.long)
+        return slots, (path[-1] if path else self.root)
+
+    def _walk(self, tokens: list[int], *, split: bool) -> list[TreeNode]:
+        """The nodes of the longest match of ``tokens`` in any tier (``split``: cut the last
+        node where the match ends; else the match ends before a partly matched node)."""
+        node, at, path = self.root, 0, []
+        now = next(self._clock)
+        while at < len(tokens):
+            child = node.children.get(self._child_key(tokens, at))
+            if child is None:
+                break
+            n = self._match_len(child.key, tokens, at)
+            if n == 0 or (n < len(child.key) and not split):
+                break
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            path.append(child)
+            node, at = child, at + n
+        return path
+
+    def admit(self, tokens: list[int], priority: int = 0, fetch: Fetch | None = None
+              ) -> PrefixHit:
+        """Match ``tokens``, load their host-only run back to the device as far as room allows,
+        and report the tiers (``fetch``: this request's storage read, waited for as the
+        prefetch policy says)."""
+        if fetch is not None:
+            self._wait(fetch)
+        self.poll()
+        path = self._walk(tokens, split=True)
+        dev = path[:_device_run(path)]
+        hit = PrefixHit(torch.empty(0, dtype=torch.long), self.root,
+                        device=sum(len(n.key) for n in dev))
+        last = dev[-1] if dev else self.root
+        self.inc_lock(last)
+        for node in path[len(dev):]:
+            if not self._load(node):
+                break
+            self.inc_lock(node)
+            self.dec_lock(last)
+            last = node
+            if node.from_storage:
+                hit.storage += len(node.key)
+                node.from_storage = False
+            else:
+                hit.host += len(node.key)
+        self.dec_lock(last)
+        loaded = path[:_device_run(path)]
+        hit.node = loaded[-1] if loaded else self.root
+        if loaded:
+            hit.slots = torch.cat([n.value for n in loaded])
+        self._touch_path(hit.node, priority)
+        if self.write_policy == "write_through_selective":
+            self._backup([n for n in loaded if n.host_value is None and n.hit_count >= 2])
+        return hit
+
+    def _load(self, node: TreeNode) -> bool:
+        """Give ``node`` device slots and copy its host pages there; False when no room."""
+        need = len(node.key)
+        node.pinned += 1
+        try:
+            if self.allocator.free_tokens < need:
+                self.evict(need - self.allocator.free_tokens)
+            if self.allocator.free_tokens < need:
+                return False
+            pages = self.allocator.alloc_pages(need // self.page_size)
+            dev = torch.tensor(pages, dtype=torch.long)[:, None] * self.page_size
+            dev = (dev + torch.arange(self.page_size)).reshape(-1)
+            assert node.host_value is not None
+            self.transfer.to_device(node.host_value, dev)
+            node.value = dev
+            if node.lock_ref == 0:
+                self.evictable_size += need
+            else:
+                self.protected_size += need
+            return True
+        finally:
+            node.pinned -= 1
+
+    # ------------------------------------------------------------------ backup and eviction
+
+    def insert(self, tokens: list[int], slots: torch.Tensor, priority: int = 0) -> int:
+        """:meth:`RadixCache.insert`, except that a matched node only a lower tier holds takes
+        the caller's device slots for its tokens (so the device copies stay a top part of the
+        tree): the count returned stops before the first such node, and the caller keeps (the
+        tree now owns) every slot from there on."""
+        assert len(tokens) == len(slots) and len(tokens) % self.page_size == 0
+        node, at, adopted = self.root, 0, None
+        now = next(self._clock)
+        while at < len(tokens):
+            child = node.children.get(self._child_key(tokens, at))
+            if child is None:
+                new = TreeNode(list(tokens[at:]), slots[at:].clone(), node, at)
+                new.last_access, new.priority = now, priority
+                node.children[self._child_key(tokens, at)] = new
+                self.evictable_size += len(new.key)
+                self._inserted(new)
+                return at if adopted is None else adopted
+            n = self._match_len(child.key, tokens, at)
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            child.priority = max(child.priority, priority)
+            if child.value is None:
+                adopted = at if adopted is None else adopted
+                child.value = slots[at:at + n].clone()
+                child.from_storage = False
+                if child.lock_ref == 0:
+                    self.evictable_size += n
+                else:
+                    self.protected_size += n
+            node, at = child, at + n
+        return at if adopted is None else adopted
+
+    def _inserted(self, node: TreeNode) -> None:
+        if self.write_policy == "write_through":
+            self._backup([node])
+
+    def _backup(self, nodes: list[TreeNode]) -> None:
+        """Copy each node's device pages to the host (evicting host copies for room) and queue
+        them for storage; a node that finds no host room stays device-only."""
+        for node in nodes:
+            if node.host_value is not None or node.value is None:
+                continue
+            need = len(node.key)
+            node.pinned += 1
+            try:
+                if self.host.free_tokens < need:
+                    self._evict_host(need - self.host.free_tokens)
+                slots = self.host.alloc(need)
+            finally:
+                node.pinned -= 1
+            if slots is None:
+                continue
+            self.transfer.to_host(node.value, slots)
+            node.host_value = slots
+            self._store(node)
+
+    def _store(self, node: TreeNode) -> None:
+        if self.storage is None or node.host_value is None:
+            return
+        keys = self._hashes(node)
+        ps = self.page_size
+        blobs = [self.codec.encode(k, self.host.page_payload(int(node.host_value[i * ps])))
+                 for i, k in enumerate(keys)]
+        self.storage.write(keys, blobs)
+
+    def _hashes(self, node: TreeNode) -> list[str]:
+        if node.hashes is None:
+            parent = node.parent
+            prev = self.identity if parent is None or parent is self.root \
+                else self._hashes(parent)[-1]
+            node.hashes = page_keys(node.key, self.page_size, prev)
+        return node.hashes
+
+    def evict(self, num_tokens: int, *, backup: bool = True) -> int:
+        """Free device pages, the policy's lowest score first: a node the host holds (or can
+        take now, with ``backup``, unless the write policy is selective) stays in the tree
+        without its device copy; any other leaves the tree."""
+        if num_tokens <= 0:
+            return 0
+        heap = [(self.score(n), id(n), n) for n in self._device_leaves()]
+        heapq.heapify(heap)
+        freed = 0
+        while heap and freed < num_tokens:
+            _, _, node = heapq.heappop(heap)
+            if node.host_value is None and backup and \
+                    self.write_policy != "write_through_selective":
+                self._backup([node])
+            self.free_fn(node.value)
+            freed += len(node.key)
+            self.evictable_size -= len(node.key)
+            node.value = None
+            parent = node.parent
+            if node.host_value is None:
+                self._drop(node)
+            if (parent is not self.root and parent.lock_ref == 0 and parent.value is not None
+                    and not any(c.value is not None for c in parent.children.values())):
+                heapq.heappush(heap, (self.score(parent), id(parent), parent))
+        return freed
+
+    def _device_leaves(self) -> list[TreeNode]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            on_dev = [c for c in node.children.values() if c.value is not None]
+            if node is not self.root and node.value is not None and not on_dev \
+                    and node.lock_ref == 0:
+                out.append(node)
+            stack.extend(on_dev)
+        return out
+
+    def _drop(self, node: TreeNode) -> None:
+        """Take ``node`` (holding no device slots) and its subtree out, freeing host copies."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            if n.host_value is not None:
+                self.host.free(n.host_value)
+                n.host_value = None
+        parent = node.parent
+        assert parent is not None
+        del parent.children[self._child_key(node.key, 0)]
+
+    def _evict_host(self, num_tokens: int) -> int:
+        """Free host copies, lowest score first, until ``num_tokens`` are free'd."""
+        def candidates() -> list[TreeNode]:
+            out, stack = [], [self.root]
+            while stack:
+                n = stack.pop()
+                stack.extend(n.children.values())
+                if n is not self.root and n.host_value is not None and n.pinned == 0 and \
+                        (n.value is not None or not n.children):
+                    out.append(n)
+            return out
+
+        heap = [(self.score(n), id(n), n) for n in candidates()]
+        heapq.heapify(heap)
+        freed = 0
+        while heap and freed < num_tokens:
+            _, _, node = heapq.heappop(heap)
+            assert node.host_value is not None
+            self.host.free(node.host_value)
+            node.host_value = None
+            freed += len(node.key)
+            parent = node.parent
+            if node.value is None:
+                self._drop(node)
+                if (parent is not self.root and parent is not None and parent.value is None
+                        and parent.host_value is not None and not parent.children
+                        and parent.pinned == 0):
+                    heapq.heappush(heap, (self.score(parent), id(parent), parent))
+        return freed
+
+    def flush(self) -> int:
+        """Drop every unlocked device and host copy; return the device tokens freed."""
+        freed = self.evict(self.evictable_size, backup=False)
+        self._evict_host(self.host.capacity_tokens)
+        return freed
+
+    # ------------------------------------------------------------------ storage prefetch
+
+    def prefetch(self, tokens: list[int]) -> Fetch | None:
+        """Queue a storage read of ``tokens``' pages beyond what the tree holds (when at least
+        ``prefetch_threshold`` tokens); the handle :meth:`admit` waits on."""
+        if self.storage is None:
+            return None
+        self.poll()
+        ps = self.page_size
+        aligned = len(tokens) - len(tokens) % ps
+        held = sum(len(n.key) for n in self._walk(tokens[:aligned], split=False))
+        if aligned - held < max(ps, int(self.prefetch_cfg["prefetch_threshold"])):
+            return None
+        keys = page_keys(tokens[:aligned], ps, self.identity)
+        fetch = self.storage.fetch(list(tokens[:aligned]), held, keys[held // ps:])
+        self._fetches.append(fetch)
+        return fetch
+
+    def _wait(self, fetch: Fetch) -> None:
+        cfg, policy = self.prefetch_cfg, self.prefetch_policy
+        if policy == "best_effort" or fetch.done.is_set():
+            return
+        budget = float(cfg["prefetch_timeout_max"])
+        if policy == "timeout":
+            budget = min(budget, float(cfg["prefetch_timeout_base"]) + float(
+                cfg["prefetch_timeout_per_ki_token"]) * len(fetch.tokens) / 1024)
+        if not fetch.done.wait(budget):
+            log.warning("storage read of %d pages not done after %.1f s (%s); admitting with "
+                        "what the faster tiers hold", len(fetch.keys), budget, policy)
+
+    def poll(self) -> None:
+        """Put the pages of finished storage reads into the tree as host-only nodes."""
+        if not self._fetches:
+            return
+        pending = []
+        for f in self._fetches:
+            if f.done.is_set():
+                self._attach(f)
+            else:
+                pending.append(f)
+        self._fetches = pending
+
+    def _attach(self, f: Fetch) -> None:
+        ps = self.page_size
+        end = f.start + len(f.payloads) * ps
+        if end <= f.start:
+            return
+        path = self._walk(f.tokens[:end], split=True)
+        held = sum(len(n.key) for n in path)
+        if held < f.start or held >= end:
+            return  # the tree changed since: a gap before the pages, or it holds them already
+        need = end - held
+        if self.host.free_tokens < need:
+            self._evict_host(need - self.host.free_tokens)
+        slots = self.host.alloc(need)
+        if slots is None:
+            log.info("no host room for %d tokens read from storage", need)
+            return
+        first = (held - f.start) // ps
+        for i in range(need // ps):
+            self.host.write_payload(int(slots[i * ps]), f.payloads[first + i])
+        parent = path[-1] if path else self.root
+        node = TreeNode(list(f.tokens[held:end]), None, parent, held)
+        node.host_value, node.from_storage = slots, True
+        node.hashes = f.keys[first:first + need // ps]
+        node.last_access = next(self._clock)
+        parent.children[self._child_key(node.key, 0)] = node
+
+
+def _device_run(path: list[TreeNode]) -> int:
+    """How many leading nodes of ``path`` hold device slots."""
+    k = 0
+    while k < len(path) and path[k].value is not None:
+        k += 1
+    return k

@@ -1,0 +1,178 @@
+"""The host tier of the hierarchical KV cache: a second KV pool in host memory, and the copies
+between it and the device pool.
+
+The host pool holds whole pages, like the device pool, in one of two layouts
+(``--hicache-mem-layout``):
+
+* ``layer_first``: ``k``/``v`` are ``[layers, slots, heads, head_dim]``, the device pool's layout
+  per layer (a page's bytes are spread over the layers);
+* ``page_first`` / ``page_first_direct``: one ``[pages, 2, layers, page_size, heads, head_dim]``
+  tensor, so a page is one contiguous run that a store reads and writes in place.
+
+A page's *payload* (what the storage tier keeps) is the same in both layouts: K then V, each
+``[layers, page_size, heads, head_dim]`` in the model dtype, so pages written under one layout
+are read under the other.
+
+On CUDA the pool is pinned and copies run on a dedicated copy stream: a load from host waits for
+nothing the compute stream is doing and the compute stream waits for the load before its next
+kernel (``wait_stream``), so loads overlap the forwards already queued; a backup to host first
+waits for the compute stream (the K/V it copies must be written), then the host side waits for
+the copy before anyone reads the pages. ``--hicache-io-backend kernel`` gathers/scatters each
+layer with one index kernel; ``direct`` copies page by page (``cudaMemcpyAsync`` on pinned
+memory). On CPU both are plain tensor copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+PAGE_FIRST_LAYOUTS = ("page_first", "page_first_direct")
+
+
+class HostKVPool:
+    """Pages of K/V in host memory with their own free list (no reserved page)."""
+
+    def __init__(self, device_pool: Any, num_tokens: int, *, layout: str = "layer_first",
+                 pin: bool = False) -> None:
+        ps = device_pool.page_size
+        self.page_size, self.layout = ps, layout
+        self.num_layers = device_pool.num_layers
+        self.dtype = device_pool.dtype
+        self.num_pages = max(0, num_tokens // ps)
+        if self.num_pages < 1:
+            raise ValueError(f"a host pool of {num_tokens} tokens holds no page of {ps}")
+        self.page_shape = (2, device_pool.num_layers, ps, device_pool.num_kv_heads,
+                           device_pool.head_dim)
+        self.page_first = layout in PAGE_FIRST_LAYOUTS
+        L, H, D = device_pool.num_layers, device_pool.num_kv_heads, device_pool.head_dim
+        if self.page_first:
+            self.data = torch.zeros((self.num_pages, *self.page_shape), dtype=self.dtype,
+                                    pin_memory=pin)
+        else:
+            slots = self.num_pages * ps
+            self.k = torch.zeros((L, slots, H, D), dtype=self.dtype, pin_memory=pin)
+            self.v = torch.zeros((L, slots, H, D), dtype=self.dtype, pin_memory=pin)
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        self.payload_bytes = elem * 2 * L * ps * H * D
+        self._free: list[int] = []
+        self.reset()
+
+    # ------------------------------------------------------------------ pages
+
+    def reset(self) -> None:
+        self._free = list(range(self.num_pages - 1, -1, -1))
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def free_tokens(self) -> int:
+        return len(self._free) * self.page_size
+
+    def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        """Host slots for ``num_tokens`` (a multiple of the page size), or None if short."""
+        n = num_tokens // self.page_size
+        if n > len(self._free):
+            return None
+        pages = self._free[len(self._free) - n:]
+        del self._free[len(self._free) - n:]
+        pages.reverse()
+        return _slots(pages, self.page_size)
+
+    def free(self, slots: torch.Tensor) -> None:
+        self._free.extend(_pages(slots, self.page_size))
+
+    # ------------------------------------------------------------------ page payloads
+
+    def page_payload(self, page_slot: int) -> Any:
+        """The payload of the page starting at host slot ``page_slot``, as a uint8 array: a
+        view into the pool (page-first layouts) or a contiguous copy (layer_first)."""
+        ps = self.page_size
+        if self.page_first:
+            return self.data[page_slot // ps].view(-1).view(torch.uint8).numpy()
+        kv = torch.stack((self.k[:, page_slot:page_slot + ps], self.v[:, page_slot:page_slot + ps]))
+        return kv.contiguous().view(-1).view(torch.uint8).numpy()
+
+    def write_payload(self, page_slot: int, payload: Any) -> None:
+        """Fill the page at ``page_slot`` from ``payload`` bytes (a payload's layout)."""
+        if isinstance(payload, bytes) or getattr(payload, "readonly", False):
+            payload = bytearray(payload)  # torch wants a writable buffer
+        src = torch.frombuffer(payload, dtype=torch.uint8).view(self.dtype).view(self.page_shape)
+        ps = self.page_size
+        if self.page_first:
+            self.data[page_slot // ps].copy_(src)
+        else:
+            self.k[:, page_slot:page_slot + ps].copy_(src[0])
+            self.v[:, page_slot:page_slot + ps].copy_(src[1])
+
+
+def _pages(slots: torch.Tensor, page_size: int) -> list[int]:
+    return (slots[::page_size] // page_size).tolist()
+
+
+def _slots(pages: list[int], page_size: int) -> torch.Tensor:
+    p = torch.tensor(pages, dtype=torch.long)
+    return (p[:, None] * page_size + torch.arange(page_size)).reshape(-1)
+
+
+class Transfer:
+    """Copies whole pages between the device pool and the host pool (see the module docstring
+    for the streams)."""
+
+    def __init__(self, device_pool: Any, host: HostKVPool, io_backend: str = "kernel") -> None:
+        self.dev, self.host, self.io = device_pool, host, io_backend
+        self.cuda = device_pool.device.type == "cuda"
+        self.stream = torch.cuda.Stream(device_pool.device) if self.cuda else None
+
+    @contextlib.contextmanager
+    def _on_copy_stream(self, *, to_host: bool) -> Iterator[None]:
+        if self.stream is None:
+            yield
+            return
+        compute = torch.cuda.current_stream(self.dev.device)
+        self.stream.wait_stream(compute)  # the K/V to copy, and the slots to fill, are settled
+        with torch.cuda.stream(self.stream):
+            yield
+        compute.wait_stream(self.stream)  # later kernels see the loaded pages
+        if to_host:
+            self.stream.synchronize()  # host memory is read by the CPU right after
+
+    def to_host(self, dev_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
+        """Copy the pages at device ``dev_slots`` into host ``host_slots`` (equal lengths)."""
+        with self._on_copy_stream(to_host=True):
+            self._copy(dev_slots, host_slots, to_host=True)
+
+    def to_device(self, host_slots: torch.Tensor, dev_slots: torch.Tensor) -> None:
+        """Copy the pages at host ``host_slots`` into device ``dev_slots``."""
+        with self._on_copy_stream(to_host=False):
+            self._copy(dev_slots, host_slots, to_host=False)
+
+    def _copy(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *, to_host: bool) -> None:
+        h, ps = self.host, self.host.page_size
+        if self.io == "direct" or h.page_first:
+            for d0, h0 in zip(dev_slots[::ps].tolist(), host_slots[::ps].tolist()):
+                for layer in range(h.num_layers):
+                    for kind, dev in ((0, self.dev.k[layer]), (1, self.dev.v[layer])):
+                        dslice = dev[d0:d0 + ps]
+                        hslice = (h.data[h0 // ps, kind, layer] if h.page_first
+                                  else (h.k if kind == 0 else h.v)[layer, h0:h0 + ps])
+                        if to_host:
+                            hslice.copy_(dslice, non_blocking=self.cuda)
+                        else:
+                            dslice.copy_(hslice, non_blocking=self.cuda)
+            return
+        d_idx = dev_slots.to(self.dev.device, non_blocking=self.cuda)
+        for layer in range(h.num_layers):
+            for dev, hk in ((self.dev.k[layer], h.k[layer]), (self.dev.v[layer], h.v[layer])):
+                if to_host:
+                    hk.index_copy_(0, host_slots, dev.index_select(0, d_idx).to("cpu"))
+                else:
+                    src = hk.index_select(0, host_slots)
+                    if self.cuda:
+                        src = src.pin_memory().to(self.dev.device, non_blocking=True)
+                    dev.index_copy_(0, d_idx, src)

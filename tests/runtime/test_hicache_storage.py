@@ -1,0 +1,200 @@
+"""Every storage plugin that runs on this machine: the conformance kit, and a prompt evicted
+past the host tier coming back from the store.
+
+Mooncake (a local master on loopback TCP, started here) and NIXL (its POSIX plugin) run when
+their wheels are installed (``tools/hicache/setup_backends.sh``), and are skipped with the
+reason otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine.api import Options
+from engine.api.hicache import DirectoryStorage, StorageConfig
+from engine.testing.hicache import run as conformance
+from test_hicache import A, B, C, generate, sched
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def plugin_store(name: str, extra: dict[str, Any]) -> Callable[[StorageConfig], Any]:
+    """A factory building ``name``'s store through its hook, with its declared options."""
+    manifest = importlib.import_module(f"engine_cache_{name}").plugin
+    impl = importlib.import_module(f"engine_cache_{name}.impl")
+    options = Options({o.dest: o.default for o in manifest.options})
+
+    def make(sc: StorageConfig) -> Any:
+        sc = StorageConfig(**dict(sc.__dict__, extra=dict(extra)))
+        hook = impl.engine_create_hicache_storage
+        args = {"options": options, "storage_config": sc}
+        wanted = inspect.signature(hook).parameters
+        return hook(**{k: v for k, v in args.items() if k in wanted})
+
+    return make
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mooncake_master() -> Iterator[str]:
+    try:
+        importlib.import_module("mooncake.store")
+    except ImportError as exc:
+        pytest.skip(f"Mooncake client not usable ({exc}); run tools/hicache/setup_backends.sh")
+    rpc, http = _free_port(), _free_port()
+    proc = subprocess.Popen([str(REPO / "tools/hicache/mooncake_master.sh"), str(rpc),
+                             str(http)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, ENGINE_VENV=str(Path(sys.executable).parents[1])))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail("mooncake_master exited at start")
+            try:
+                socket.create_connection(("127.0.0.1", rpc), 1).close()
+                socket.create_connection(("127.0.0.1", http), 1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        yield f"127.0.0.1:{rpc}|http://127.0.0.1:{http}/metadata"
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def _nixl() -> None:
+    for module in ("nixl_cu12", "nixl_cu13", "nixl"):
+        try:
+            importlib.import_module(module)
+            return
+        except ImportError:
+            continue
+    pytest.skip("no NIXL wheel (pip install --no-deps nixl-cu12); run "
+                "tools/hicache/setup_backends.sh")
+
+
+THIRD_PARTY = '''
+import threading
+from engine.api.hicache import HiCacheStorage
+
+
+class DictStore(HiCacheStorage):
+    """A store from outside the engine, built by the dynamic plugin."""
+
+    def __init__(self, storage_config):
+        self.pages, self.lock = {}, threading.Lock()
+        self.page_bytes = storage_config.page_bytes
+        self.tag = storage_config.extra.get("tag")
+
+    def get(self, key, target=None):
+        return self.pages.get(key)
+
+    def set(self, key, value):
+        with self.lock:
+            self.pages[key] = bytes(value)
+        return True
+
+    def exists(self, key):
+        return key in self.pages
+'''
+
+
+@pytest.fixture()
+def backend(request, tmp_path, monkeypatch) -> Callable[[StorageConfig], Any]:
+    name = request.param
+    if name == "file":
+        return plugin_store("file", {"path": str(tmp_path / "file")})
+    if name == "shm":
+        if not os.path.isdir("/dev/shm"):
+            pytest.skip("no /dev/shm here")
+        root = f"/dev/shm/engine-hicache-test-{os.getpid()}-{tmp_path.name}"
+        request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
+        return plugin_store("shm", {"path": root})
+    if name == "sim":
+        return plugin_store("sim", {"sim_op_latency_us": 0, "sim_read_gbps": 0,
+                                    "sim_write_gbps": 0})
+    if name == "hf3fs":
+        return plugin_store("hf3fs", {"use_mock_hf3fs_client": True,
+                                      "file_path": str(tmp_path / "hf3fs" / "pages.bin"),
+                                      "file_size": 64 * 2**20})
+    if name == "dynamic":
+        (tmp_path / "acme_store.py").write_text(THIRD_PARTY)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        return plugin_store("dynamic", {"module_path": "acme_store", "class_name": "DictStore",
+                                        "tag": "x"})
+    if name == "nixl":
+        _nixl()
+        return plugin_store("nixl", {"path": str(tmp_path / "nixl")})
+    if name == "mooncake":
+        master, meta = request.getfixturevalue("mooncake_master").split("|")
+        return plugin_store("mooncake", {"master_server_address": master,
+                                         "metadata_server": meta,
+                                         "global_segment_size": 64 * 2**20,
+                                         "local_buffer_size": 16 * 2**20})
+    raise AssertionError(name)
+
+
+BACKENDS = ["file", "shm", "sim", "hf3fs", "dynamic", "nixl", "mooncake"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_conformance(backend) -> None:
+    assert conformance(backend, interrupt_points=6) == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_prompt_evicted_past_the_host_tier_comes_back_from_the_store(backend) -> None:
+    s = sched(slots=40, hicache_ratio=1.0, store=backend)
+    for p in (A, B, C):
+        generate(s, p)
+    out = generate(s, A)
+    assert out.cached_tokens_details == {"device": 0, "host": 0, "storage": 28}
+    s.stop()
+
+
+def test_dynamic_refuses_a_class_it_cannot_load() -> None:
+    from engine.api import PluginError
+
+    make = plugin_store("dynamic", {"module_path": "no_such_module_here", "class_name": "X"})
+    with pytest.raises(PluginError, match="cannot load no_such_module_here.X"):
+        make(StorageConfig(page_bytes=128))
+    with pytest.raises(PluginError, match="needs module_path and class_name"):
+        plugin_store("dynamic", {})(StorageConfig(page_bytes=128))
+
+
+def test_hf3fs_without_the_mock_names_what_it_needs() -> None:
+    from engine.api import PluginError
+
+    with pytest.raises(PluginError, match="3FS mount and its USRBIO bindings"):
+        plugin_store("hf3fs", {})(StorageConfig(page_bytes=128))
+
+
+class Torn(DirectoryStorage):
+    """Writes straight into the key's file: a killed write leaves a torn page."""
+
+    def set(self, key: str, value: Any) -> bool:
+        with open(self._path(key), "wb", buffering=0) as fh:
+            data = bytes(value)
+            fh.writelines(data[at:at + 512] for at in range(0, len(data), 512))
+        return True
+
+
+def test_the_kit_catches_a_store_that_can_leave_a_torn_page(tmp_path) -> None:
+    fails = conformance(lambda sc: Torn(str(tmp_path)), interrupt_points=8)
+    assert any("torn page" in f for f in fails)
