@@ -1,0 +1,434 @@
+"""Checkpoint formats as layer methods, and the readers of each format's config.
+
+Weight-only integer formats (GPTQ, AWQ, compressed-tensors pack-quantized and int weight-only,
+MLX affine, NVFP4 weights) dequantize per fused shard at load (:class:`DequantizedMethod`);
+the fp8 and int8 W8A8 schemes are :class:`Fp8Method` / :class:`Int8Method` configured from the
+checkpoint. :class:`PerLayer` is what a plugin returns: it hands each layer its bound method
+(``None`` keeps the layer dense: excluded layers, and ``lm_head`` unless the format says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch
+
+from engine.errors import ConfigError
+from engine.runtime import quant_formats as qf
+from engine.runtime.linear import Linear, QuantMethod
+from engine.runtime.quant_methods import (DequantizedMethod, Fp8Method, Int8Method, LayerMethod,
+                                          _matches, add_param, check_group, config_value,
+                                          is_excluded, packed_extent, unsupported)
+
+
+def _shards(layer: Linear) -> list[tuple[int, int]]:
+    """(start, size) of each fused shard along the output features."""
+    sizes = getattr(layer, "shards", None) or (layer.out_features,)
+    return [(sum(sizes[:i]), s) for i, s in enumerate(sizes)]
+
+
+def _optional(param: torch.nn.Parameter) -> None:
+    param.optional = True  # the loader accepts a checkpoint without it (its default stays)
+
+
+class GPTQMethod(DequantizedMethod):
+    """GPTQ ``qweight``/``qzeros``/``scales``/``g_idx`` (2, 4 or 8 bits; act-order included:
+    each shard's ``g_idx`` is used as stored); v1 zeros are stored minus one."""
+
+    def __init__(self, bits: int, group_size: int, desc_act: bool, zero_offset: int) -> None:
+        self.bits, self.group_size, self.desc_act, self.zero_offset = bits, group_size, \
+            desc_act, zero_offset
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        g = check_group(self.prefix, k, self.group_size)
+        per = 32 // self.bits
+        if k % per:
+            raise ConfigError(f"{self.prefix}: in_features {k} is not a multiple of {per}")
+        layer.group = g
+        add_param(layer, "qweight", (k // per, n), torch.int32, dim=1)
+        add_param(layer, "qzeros", (k // g, n // per), torch.int32, dim=1,
+                  extent=packed_extent(per, "qzeros"))
+        add_param(layer, "scales", (k // g, n), torch.float32, dim=1)
+        g_idx = add_param(layer, "g_idx", (len(_shards(layer)), k), torch.int32,
+                          extent=lambda s: 1)
+        g_idx.data.copy_((torch.arange(k) // g).expand_as(g_idx))
+        if not self.desc_act:
+            _optional(g_idx)
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        per = 32 // self.bits
+        out = []
+        for i, (start, size) in enumerate(_shards(layer)):
+            cols, zcols = slice(start, start + size), slice(start // per, (start + size) // per)
+            out.append(qf.dequant_gptq(layer.qweight.data[:, cols], layer.qzeros.data[:, zcols],
+                                       layer.scales.data[:, cols], layer.g_idx.data[i],
+                                       self.bits, self.zero_offset))
+        return torch.cat(out)
+
+
+class AWQMethod(DequantizedMethod):
+    """AWQ GEMM layout: 4-bit, ``qweight``/``qzeros`` packed along N in AWQ order."""
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        g = check_group(self.prefix, k, self.group_size)
+        layer.group = g
+        add_param(layer, "qweight", (k, n // 8), torch.int32, dim=1,
+                  extent=packed_extent(8, "qweight"))
+        add_param(layer, "qzeros", (k // g, n // 8), torch.int32, dim=1,
+                  extent=packed_extent(8, "qzeros"))
+        add_param(layer, "scales", (k // g, n), torch.float32, dim=1)
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        return qf.dequant_awq(layer.qweight.data, layer.qzeros.data, layer.scales.data,
+                              layer.group)
+
+
+class PackQuantizedMethod(DequantizedMethod):
+    """compressed-tensors ``pack-quantized`` (WNA16): ``weight_packed`` along K, per-group or
+    per-channel ``weight_scale``, optional packed ``weight_zero_point`` and ``weight_g_idx``."""
+
+    def __init__(self, bits: int, group_size: int, symmetric: bool, g_idx: bool) -> None:
+        self.bits, self.group_size, self.symmetric, self.has_g_idx = bits, group_size, \
+            symmetric, g_idx
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        g = check_group(self.prefix, k, self.group_size, "config_groups.weights.group_size")
+        per = 32 // self.bits
+        layer.group = g
+        s = len(_shards(layer))
+        add_param(layer, "weight_packed", (n, k // per), torch.int32)
+        add_param(layer, "weight_scale", (n, k // g), torch.float32)
+        add_param(layer, "weight_shape", (s, 2), torch.int64, extent=lambda _: 1)
+        if not self.symmetric:
+            add_param(layer, "weight_zero_point", (n // per, k // g), torch.int32,
+                      extent=packed_extent(per, "weight_zero_point"))
+        if self.has_g_idx:
+            add_param(layer, "weight_g_idx", (s, k), torch.int32, extent=lambda _: 1)
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        per, out = 32 // self.bits, []
+        k = layer.in_features
+        for i, (start, size) in enumerate(_shards(layer)):
+            shape = tuple(int(v) for v in layer.weight_shape.data[i])
+            if shape != (size, k):
+                raise ConfigError(f"{self.prefix}: weight_shape {list(shape)} of shard {i} "
+                                  f"disagrees with the layer ({size}, {k})")
+            rows = slice(start, start + size)
+            zp = (layer.weight_zero_point.data[start // per:(start + size) // per]
+                  if not self.symmetric else None)
+            g_idx = layer.weight_g_idx.data[i] if self.has_g_idx else None
+            out.append(qf.dequant_pack_quantized(layer.weight_packed.data[rows],
+                                                 layer.weight_scale.data[rows], self.bits,
+                                                 layer.group, zp, g_idx))
+        return torch.cat(out)
+
+
+class IntWeightOnlyMethod(DequantizedMethod):
+    """Symmetric int8 (or int4 held in int8) weights [N, K] with per-channel or per-group
+    ``weight_scale`` (compressed-tensors ``int-quantized`` W8A16)."""
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        layer.group = check_group(self.prefix, k, self.group_size,
+                                  "config_groups.weights.group_size")
+        add_param(layer, "weight", (n, k), torch.int8)
+        add_param(layer, "weight_scale", (n, k // layer.group), torch.float32)
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        s = layer.weight_scale.data.repeat_interleave(layer.group, 1)
+        return layer.weight.data.to(torch.float32) * s
+
+
+class MLXMethod(DequantizedMethod):
+    """MLX affine: ``weight`` uint32 codes along K, ``scales`` and ``biases`` per group."""
+
+    def __init__(self, bits: int, group_size: int) -> None:
+        self.bits, self.group_size = bits, group_size
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        g = check_group(self.prefix, k, self.group_size)
+        layer.group = g
+        add_param(layer, "weight", (n, k * self.bits // 32), torch.int32)
+        add_param(layer, "scales", (n, k // g), torch.float32)
+        add_param(layer, "biases", (n, k // g), torch.float32)
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        return qf.dequant_mlx(layer.weight.data, layer.scales.data, layer.biases.data,
+                              self.bits, layer.group)
+
+
+class NVFP4WeightMethod(DequantizedMethod):
+    """ModelOpt NVFP4 weights (e2m1 pairs, e4m3 scale per 16, fp32 ``weight_scale_2`` per
+    shard) served weight-only, as Hopper-class GPUs serve them: activations stay unquantized."""
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        check_group(self.prefix, k, 16)
+        s = len(_shards(layer))
+        add_param(layer, "weight", (n, k // 2), torch.uint8)
+        add_param(layer, "weight_scale", (n, k // 16), torch.float8_e4m3fn)
+        add_param(layer, "weight_scale_2", (s,), torch.float32, extent=lambda _: 1)
+        _optional(add_param(layer, "input_scale", (s,), torch.float32, extent=lambda _: 1))
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        w = qf.dequant_e2m1(layer.weight.data)
+        w = w * layer.weight_scale.data.to(torch.float32).repeat_interleave(16, 1)
+        sizes = torch.tensor([s for _, s in _shards(layer)])
+        return w * torch.repeat_interleave(layer.weight_scale_2.data, sizes).reshape(-1, 1)
+
+
+class PerLayer(QuantMethod):
+    """The method a plugin returns: ``scheme(name)`` gives each layer's method (``None``: dense);
+    ``lm_head`` stays dense unless ``head`` is set."""
+
+    def __init__(self, scheme: Callable[[str], LayerMethod | None], head: bool = False,
+                 rewrite: Callable[[Iterator[Any]], Iterator[Any]] | None = None) -> None:
+        self.scheme, self.head, self.rewrite = scheme, head, rewrite
+
+    def checkpoint_weights(self, weights: Iterator[Any]) -> Iterator[Any]:
+        return weights if self.rewrite is None else self.rewrite(weights)
+
+    def for_layer(self, name: str) -> QuantMethod | None:
+        if name == "lm_head" and not self.head:
+            return None
+        method = self.scheme(name)
+        return None if method is None else method.bind(name)
+
+    def create_weights(self, layer: Linear, in_features: int, out_features: int,
+                       dtype: torch.dtype) -> None:
+        raise TypeError("PerLayer hands out per-layer methods through for_layer")
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise TypeError("PerLayer hands out per-layer methods through for_layer")
+
+
+def excluding(patterns: Any, method: LayerMethod) -> Callable[[str], LayerMethod | None]:
+    """``method`` for every layer but those the checkpoint's exclusion list names."""
+    pats = [patterns] if isinstance(patterns, str) else list(patterns or [])
+    return lambda name: None if is_excluded(name, pats) else method
+
+
+# ---------------------------------------------------------------- config readers
+
+
+def _bits(cfg: dict, allowed: tuple[int, ...], fmt: str) -> int:
+    bits = config_value(cfg, "bits", "w_bit", "num_bits", default=4)
+    if bits not in allowed:
+        raise unsupported("bits", bits, f"{fmt} is served at {' or '.join(map(str, allowed))} "
+                                         "bits")
+    return int(bits)
+
+
+def gptq_method(cfg: dict) -> GPTQMethod:
+    bits = _bits(cfg, (2, 4, 8), "gptq")
+    fmt = str(cfg.get("checkpoint_format", "gptq"))
+    if fmt not in ("gptq", "gptq_v2") or cfg.get("is_marlin_format"):
+        raise unsupported("checkpoint_format", fmt, "gptq v1 and v2 layouts are served (a "
+                                                     "Marlin-repacked checkpoint is not)")
+    return GPTQMethod(bits, int(config_value(cfg, "group_size", default=128)),
+                      bool(cfg.get("desc_act", False)), 0 if fmt == "gptq_v2" else 1)
+
+
+def gptq_exclusions(cfg: dict) -> list[str]:
+    """GPTQModel ``dynamic`` rules that skip modules (``-:`` regexes); other overrides refuse."""
+    skips = []
+    for rule, override in (cfg.get("dynamic") or {}).items():
+        if rule.startswith("-:"):
+            skips.append("re:" + rule[2:])
+        elif override:
+            raise unsupported("dynamic", rule, "per-module overrides of bits or groups are not "
+                                               "served; only '-:' (skip) rules")
+    return skips
+
+
+def awq_method(cfg: dict) -> AWQMethod:
+    _bits(cfg, (4,), "awq")
+    version = str(cfg.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise unsupported("version", version, "the AWQ GEMM layout is served")
+    return AWQMethod(int(config_value(cfg, "group_size", "q_group_size", default=128)))
+
+
+def fp8_method(cfg: dict | None) -> Fp8Method:
+    """``quant_method: fp8`` (block ``weight_block_size`` with ``weight_scale_inv``, or
+    per-tensor ``weight_scale`` with dynamic/static activations); ``None``: online."""
+    if cfg is None:
+        return Fp8Method(weight_scheme="channel", act="dynamic", online=True)
+    act = str(cfg.get("activation_scheme", "dynamic"))
+    if act not in ("dynamic", "static"):
+        raise unsupported("activation_scheme", act, "dynamic or static")
+    block = cfg.get("weight_block_size")
+    if block is not None:
+        if act != "dynamic" or len(block) != 2:
+            raise unsupported("weight_block_size", block, "[block_n, block_k] with dynamic "
+                                                          "activations")
+        return Fp8Method(weight_scheme="block", block=(int(block[0]), int(block[1])),
+                         act_group=int(block[1]), scale_name="weight_scale_inv")
+    return Fp8Method(weight_scheme="tensor", act=act)
+
+
+def _fp8_dtype(name: Any) -> torch.dtype:
+    if name in (None, "fp8_e4m3", "float8_e4m3fn", "e4m3"):
+        return torch.float8_e4m3fn
+    if name in ("fp8_e5m2", "float8_e5m2", "e5m2"):
+        return torch.float8_e5m2
+    raise unsupported("dtype", name, "fp8_e4m3 or fp8_e5m2 weights")
+
+
+def ct_group_method(group: dict, fmt: str) -> LayerMethod:
+    """One compressed-tensors ``config_groups`` entry as a layer method."""
+    w, a = group.get("weights") or {}, group.get("input_activations")
+    fmt = group.get("format") or fmt
+    wtype, bits, strategy = w.get("type", "int"), w.get("num_bits"), w.get("strategy")
+    where = "config_groups.weights"
+    if w.get("dynamic"):
+        raise unsupported(f"{where}.dynamic", True, "weights must be stored quantized")
+    if wtype == "float" and bits == 8:
+        act, group_k = _ct_fp8_act(a)
+        if strategy == "block":
+            bs = w.get("block_structure") or [128, 128]
+            return Fp8Method(weight_scheme="block", block=(int(bs[0]), int(bs[1])), act=act,
+                             act_group=group_k)
+        if strategy not in ("tensor", "channel"):
+            raise unsupported(f"{where}.strategy", strategy, "fp8 weights per tensor, channel "
+                                                            "or block")
+        return Fp8Method(weight_scheme=strategy, act=act, act_group=group_k)
+    if wtype != "int":
+        raise unsupported(f"{where}.type", f"{wtype}{bits}", "int and fp8 schemes are served "
+                          "(nvfp4/mxfp4 compressed-tensors linears are not)")
+    if a is not None:
+        if bits != 8 or a.get("num_bits") != 8 or a.get("type", "int") != "int":
+            raise unsupported("config_groups.input_activations", a, "int W8A8 is the served "
+                                                                  "activation-quantized int scheme")
+        if not w.get("symmetric", True) or strategy != "channel":
+            raise unsupported(f"{where}.strategy", strategy, "W8A8 int8 weights are symmetric "
+                                                            "per channel")
+        if not a.get("symmetric", True):
+            raise unsupported("config_groups.input_activations.symmetric", False,
+                              "int8 activations are symmetric")
+        return Int8Method(act="dynamic" if a.get("dynamic") else "static")
+    gsize = -1 if strategy == "channel" else int(w.get("group_size") or -1)
+    if fmt == "pack-quantized":
+        if bits not in (4, 8):
+            raise unsupported(f"{where}.num_bits", bits, "pack-quantized is served at 4 or 8 "
+                                                        "bits")
+        return PackQuantizedMethod(bits, gsize, bool(w.get("symmetric", True)),
+                                   w.get("actorder") == "group")
+    if fmt in ("int-quantized", "naive-quantized") and bits == 8 and w.get("symmetric", True):
+        return IntWeightOnlyMethod(gsize)
+    raise unsupported("format", fmt, f"int{bits} weight-only is served pack-quantized (4/8 bits)"
+                                     " or int-quantized (8 bits, symmetric)")
+
+
+def _ct_fp8_act(a: dict | None) -> tuple[str | None, int | None]:
+    if a is None:
+        return None, None
+    if a.get("type", "float") != "float" or a.get("num_bits") != 8:
+        raise unsupported("config_groups.input_activations", a, "fp8 activations with fp8 "
+                                                              "weights")
+    strategy = a.get("strategy")
+    if a.get("dynamic"):
+        if strategy == "group":
+            return "dynamic", int(a.get("group_size") or 128)
+        return "dynamic", None
+    if strategy != "tensor":
+        raise unsupported("config_groups.input_activations.strategy", strategy,
+                          "static fp8 activations are per tensor")
+    return "static", None
+
+
+def compressed_tensors_scheme(cfg: dict) -> Callable[[str], LayerMethod | None]:
+    """The per-layer methods of a compressed-tensors config (``config_groups`` targets, the
+    ``ignore`` list)."""
+    fmt = cfg.get("format", "")
+    groups = [(g.get("targets") or [], ct_group_method(g, fmt))
+              for g in (cfg.get("config_groups") or {}).values()]
+    if not groups:
+        raise unsupported("config_groups", {}, "at least one quantization group")
+    ignore = list(cfg.get("ignore") or [])
+
+    def scheme(name: str) -> LayerMethod | None:
+        if is_excluded(name, ignore):
+            return None
+        from engine.runtime.quant_methods import checkpoint_names
+
+        for targets, method in groups:
+            if any(t == "Linear" or all(_matches(p, t) for p in checkpoint_names(name))
+                   for t in targets):
+                return method
+        return None
+    return scheme
+
+
+def quark_scheme(cfg: dict) -> Callable[[str], LayerMethod | None]:
+    """Quark's ``global_quant_config`` with fp8 weights (per tensor or channel) and static or
+    dynamic fp8 activations; ``exclude`` layers stay dense."""
+    g = cfg.get("global_quant_config") or {}
+    w, a = g.get("weight") or {}, g.get("input_tensors")
+    dtype = _fp8_dtype(w.get("dtype"))
+    if cfg.get("layer_quant_config"):
+        raise unsupported("layer_quant_config", "...", "one global scheme is served")
+    qscheme = w.get("qscheme", "per_tensor")
+    if qscheme not in ("per_tensor", "per_channel"):
+        raise unsupported("global_quant_config.weight.qscheme", qscheme,
+                          "fp8 per_tensor or per_channel")
+    act = None if a is None else ("dynamic" if a.get("is_dynamic") else "static")
+    if a is not None:
+        _fp8_dtype(a.get("dtype"))
+        if act == "static" and a.get("qscheme", "per_tensor") != "per_tensor":
+            raise unsupported("global_quant_config.input_tensors.qscheme", a.get("qscheme"),
+                              "static activations per tensor")
+    method = Fp8Method(weight_scheme="tensor" if qscheme == "per_tensor" else "channel",
+                       act=act, dtype=dtype)
+    return excluding(cfg.get("exclude"), method)
+
+
+def modelopt_scheme(cfg: dict, algos: tuple[str, ...]) -> Callable[[str], LayerMethod | None]:
+    """ModelOpt ``quant_algo`` ``FP8`` (per-tensor weights, static per-tensor activations) or
+    ``NVFP4``/``W4A16_NVFP4`` (weights only: :class:`NVFP4WeightMethod`)."""
+    algo = str(cfg.get("quant_algo", "")).upper()
+    if algo not in algos:
+        raise unsupported("quant_algo", algo, f"this choice serves {', '.join(algos)}")
+    method: LayerMethod = (Fp8Method(weight_scheme="tensor", act="static") if algo == "FP8"
+                           else NVFP4WeightMethod())
+    return excluding(config_value(cfg, "exclude_modules", "ignore", default=[]), method)
+
+
+
+def mlx_dense_embeddings(bits: int, group_size: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A checkpoint rewrite that dequantizes MLX's quantized ``embed_tokens`` and ``lm_head``
+    (``weight``/``scales``/``biases`` triples) into dense weights; other tensors pass."""
+    owners = ("model.embed_tokens", "lm_head")
+
+    def rewrite(weights: Iterator[Any]) -> Iterator[Any]:
+        held: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in weights:
+            owner, _, leaf = name.rpartition(".")
+            if owner not in owners or leaf not in ("weight", "scales", "biases"):
+                yield name, tensor
+                continue
+            parts = held.setdefault(owner, {})
+            parts[leaf] = tensor
+            if "scales" not in parts and parts.get("weight") is not None \
+                    and parts["weight"].is_floating_point():
+                yield name, held.pop(owner)["weight"]  # a dense embedding
+            elif len(parts) == 3:
+                w = parts["weight"]
+                w = w.view(torch.int32) if w.dtype == torch.uint32 else w
+                yield f"{owner}.weight", qf.dequant_mlx(w, parts["scales"], parts["biases"],
+                                                        bits, group_size)
+                del held[owner]
+        if held:
+            raise ConfigError(f"MLX tensors of {', '.join(held)} are incomplete (need weight, "
+                              "scales and biases)")
+    return rewrite
