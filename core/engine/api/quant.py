@@ -17,12 +17,12 @@ errors), :func:`is_excluded` (a checkpoint's ignore lists against a possibly fus
 
 from engine.runtime import quant_formats as formats
 from engine.runtime.linear import Linear, PackedWeight, QuantMethod, UnquantizedMethod, rowwise
+from engine.runtime.quant_readers import (awq_method, compressed_tensors_scheme, fp8_method,
+                                          gptq_exclusions, gptq_method, modelopt_scheme,
+                                          quark_scheme)
 from engine.runtime.quant_schemes import (AWQMethod, GPTQMethod, IntWeightOnlyMethod, MLXMethod,
                                           NVFP4WeightMethod, PackQuantizedMethod, PerLayer,
-                                          awq_method, compressed_tensors_scheme, excluding,
-                                          fp8_method, gptq_exclusions, gptq_method,
-                                          mlx_dense_embeddings,
-                                          modelopt_scheme, quark_scheme)
+                                          excluding, mlx_dense_embeddings)
 from engine.runtime.quant_methods import (DequantizedMethod, Fp8Method, Int8Method, LayerMethod,
                                           add_param, check_group, checkpoint_names, claim,
                                           config_value, is_excluded, packed_extent, unsupported)

@@ -4,7 +4,7 @@
 from typing import Any
 
 from engine.api import hookimpl
-from engine.api.quant import AWQMethod, GPTQMethod, PerLayer, QuantMethod, check_group, claim, config_value, excluding, unsupported
+from engine.api.quant import AWQMethod, GPTQMethod, PerLayer, QuantMethod, claim, excluding, unsupported
 
 
 @hookimpl

@@ -5,7 +5,7 @@ whose shape Marlin could not take (K % 128, N % 64) is logged as such."""
 from typing import Any
 
 from engine.api import hookimpl
-from engine.api.quant import PerLayer, QuantMethod, checkpoint_names, claim, excluding, gptq_exclusions, gptq_method, unsupported
+from engine.api.quant import PerLayer, QuantMethod, claim, excluding, gptq_exclusions, gptq_method, unsupported
 
 
 @hookimpl
