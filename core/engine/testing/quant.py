@@ -275,3 +275,104 @@ def tiny_llama(dst: str, *, layers: int = 2, vocab: int = 512, seed: int = 0,
         json.dump(config, fh, indent=1)
     save_file(state, os.path.join(dst, "model.safetensors"))
     return state
+
+
+# ---------------------------------------------------------------- conformance kit
+
+#: schemes whose activations are quantized (their reference tolerance is the activation grid's)
+ACTIVATION_QUANTIZED = ("ct_w8a8_int8", "ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block",
+                        "fp8_block", "fp8_tensor", "modelopt_fp8", "quark_fp8")
+KIT_SCHEMES = {"gptq": {"desc_act": True, "group": 32}, "awq": {"sym": False, "group": 32},
+               "auto_round": {}, "ct_wna16": {"sym": False, "group": 32}, "ct_w8a16": {},
+               "ct_w8a8_int8": {}, "ct_fp8_dynamic": {}, "ct_fp8_static": {},
+               "ct_fp8_block": {"block": (64, 64)}, "fp8_block": {"block": (64, 64)},
+               "fp8_tensor": {}, "modelopt_fp8": {}, "modelopt_nvfp4": {}, "quark_fp8": {},
+               "mlx4": {"group": 32}, "mlx8": {"group": 32}}
+
+
+def normalized_config(scheme: str, qcfg: dict[str, Any]) -> dict[str, Any]:
+    """The ``quantization_config`` the engine reads for a written scheme (mlx's block and
+    ModelOpt's file normalized as :mod:`engine.models.quant_config` does)."""
+    if scheme.startswith("mlx"):
+        return {"quant_method": f"mlx_q{qcfg['bits']}", **qcfg}
+    return dict(qcfg)
+
+
+def load_fused_layer(method: Any, tensors: dict[str, torch.Tensor], prefix: str,
+                     parts: dict[str, int], in_features: int,
+                     dtype: torch.dtype = torch.float32) -> Any:
+    """A fused :class:`Linear` of ``method`` filled shard by shard through its parameters'
+    ``weight_loader`` (as the model loader does), then processed."""
+    from engine.runtime.linear import Linear
+
+    layer = Linear(in_features, sum(parts.values()), dtype=dtype, quant_method=method,
+                   shards=tuple(parts.values()))
+    params, start = dict(layer.named_parameters()), 0
+    for part, n in parts.items():
+        base = f"{prefix}.{part}"
+        for key, t in tensors.items():
+            if key.startswith(base + ".") and key[len(base) + 1:] in params:
+                leaf = key[len(base) + 1:]
+                params[leaf].weight_loader(params[leaf], t, start, n)
+        start += n
+    layer.process_weights_after_loading()
+    return layer
+
+
+def check(name: str, build: Any) -> list[str]:
+    """The quantization kit: every checkpoint kind the writers produce that the plugin accepts
+    (its hook raises ConfigError for the others) loads into a fused q/k/v layer at SmolLM2's
+    widths, and its output equals x @ W_ref^T, W_ref the format's own dequantized values:
+    within float32 summation error for weight-only formats, within the activation grid for
+    activation-quantized ones; a method that says ``batch_invariant`` is checked row by row;
+    a tensor of the wrong shape is a ConfigError. A plugin reading none of these kinds passes
+    with nothing to check."""
+    from types import SimpleNamespace
+
+    from engine.config import ServerConfig
+    from engine.errors import ConfigError, PluginError
+
+    failures: list[str] = []
+    parts = {"q_proj": 576, "k_proj": 192, "v_proj": 192}
+    gen = torch.Generator().manual_seed(0)
+    dense = {f"model.layers.0.self_attn.{p}.weight": torch.randn(n, 576, generator=gen) * 0.04
+             for p, n in parts.items()}
+    x = torch.randn(7, 576, generator=gen)
+    for scheme, kw in KIT_SCHEMES.items():
+        tensors, qcfg, ref = quantize_state(dense, scheme, **kw)
+        try:
+            qc = normalized_config(scheme, qcfg)
+            top = build(quant_config=qc, config=ServerConfig(), device=torch.device("cpu"),
+                        model_config=SimpleNamespace(weights_format="safetensors",
+                                                     quantization_config=qc))
+        except (ConfigError, PluginError):
+            continue  # not a kind this plugin reads
+        method = top.for_layer("model.layers.0.self_attn.qkv_proj")
+        if method is None:
+            failures.append(f"{scheme}: for_layer left a quantized layer dense")
+            continue
+        layer = load_fused_layer(method, tensors, "model.layers.0.self_attn", parts, 576)
+        w = torch.cat([ref[k] for k in dense])
+        got, want = layer(x), (x.double() @ w.double().T).float()
+        scale = (x.abs() @ w.abs().T).max().item()
+        tol = (0.05 if scheme in ACTIVATION_QUANTIZED else 1e-5) * scale
+        err = (got - want).abs().max().item()
+        if err > tol:
+            failures.append(f"{scheme}: max error {err:.3g} against the dequantized reference "
+                            f"(allowed {tol:.3g})")
+        if getattr(layer.quant_method, "batch_invariant", False):
+            rows = torch.cat([layer(x[i:i + 1]) for i in range(x.shape[0])])
+            if not torch.equal(rows, got):
+                failures.append(f"{scheme}: says batch_invariant, but rows depend on the batch")
+        bad = dict(tensors)
+        key = next(k for k in bad if k.startswith("model.layers.0.self_attn.k_proj.")
+                   and not k.endswith((".g_idx", ".weight_shape", "input_scale",
+                                       "weight_scale_2")))
+        bad[key] = torch.cat([bad[key], bad[key]])
+        try:
+            load_fused_layer(top.for_layer("model.layers.0.self_attn.qkv_proj"), bad,
+                             "model.layers.0.self_attn", parts, 576)
+            failures.append(f"{scheme}: {key} of the wrong shape loaded without an error")
+        except ConfigError:
+            pass
+    return failures
