@@ -63,7 +63,8 @@ WEIGHT_ONLY = [("gptq", {}), ("gptq", {"desc_act": True, "group": 32}), ("gptq",
                ("auto_round", {}), ("awq", {"sym": False}), ("awq", {"group": 32}),
                ("ct_wna16", {}), ("ct_wna16", {"sym": False, "group": 32}),
                ("ct_wna16", {"sym": False, "bits": 8}),
-               ("ct_w8a16", {}), ("mlx4", {}), ("mlx8", {"group": 32}), ("modelopt_nvfp4", {})]
+               ("ct_w8a16", {}), ("mlx4", {}), ("mlx8", {"group": 32}), ("modelopt_nvfp4", {}),
+               ("bnb_nf4", {})]
 
 
 @pytest.mark.parametrize("scheme,kw", WEIGHT_ONLY, ids=[f"{s}-{k}" for s, k in WEIGHT_ONLY])
@@ -256,3 +257,21 @@ def test_quantize_config_json_and_mlx_block_are_detected(dense, tmp_path):
         json.dump(cfg, fh)
     with pytest.raises(ConfigError, match="quantization.bits = 5"):
         read_quant_config(m)
+
+
+def test_bnb_dequantization_equals_the_bitsandbytes_library():
+    """Cross-check against the library where it is installed (it is not a dependency)."""
+    bnb = pytest.importorskip("bitsandbytes.functional")
+    from engine.runtime.quant_formats import dequant_bnb4
+
+    w = torch.randn(192, 576)
+    for kind in ("nf4", "fp4"):
+        for nested in (True, False):
+            q, st = bnb.quantize_4bit(w, blocksize=64, quant_type=kind,
+                                      compress_statistics=nested)
+            d = st.as_dict(packed=True)
+            state = json.loads(bytes(d[f"quant_state.bitsandbytes__{kind}"].tolist()))
+            extra = ((d["nested_quant_map"], d["nested_absmax"], state["nested_offset"])
+                     if nested else None)
+            ours = dequant_bnb4(q, d["quant_map"], d["absmax"], (192, 576), 64, extra)
+            assert torch.equal(ours, bnb.dequantize_4bit(q, st).float())

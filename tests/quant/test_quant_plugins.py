@@ -27,7 +27,7 @@ READS = {"gptq": {"gptq"}, "gptq_marlin": {"gptq"}, "awq": {"awq"}, "awq_marlin"
          "fp8": {"fp8_block", "fp8_tensor"}, "modelopt": {"modelopt_fp8", "modelopt_nvfp4"},
          "modelopt_fp8": {"modelopt_fp8"}, "modelopt_fp4": {"modelopt_nvfp4"},
          "petit_nvfp4": {"modelopt_nvfp4"}, "quark": {"quark_fp8"}, "mlx_q4": {"mlx4"},
-         "mlx_q8": {"mlx8"}}
+         "mlx_q8": {"mlx8"}, "bitsandbytes": {"bnb_nf4"}}
 
 
 @pytest.fixture(scope="module")

@@ -130,6 +130,30 @@ def dequant_e2m1(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([table[lo], table[hi]], -1).reshape(packed.shape[0], -1)
 
 
+#: the NF4 code book (QLoRA's normal-float 4-bit levels), as bitsandbytes stores it
+NF4_VALUES = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+              -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+              0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+              0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)
+
+
+def dequant_bnb4(data: torch.Tensor, quant_map: torch.Tensor, absmax: torch.Tensor,
+                 shape: tuple[int, int], blocksize: int = 64,
+                 nested: tuple[torch.Tensor, torch.Tensor, float] | None = None
+                 ) -> torch.Tensor:
+    """bitsandbytes 4-bit (nf4/fp4): bytes of two codes (high nibble first) over the flattened
+    weight, ``quant_map[code] * absmax[block]``; with double quantization ``absmax`` holds uint8
+    codes and ``nested`` = (nested_quant_map, nested_absmax per 256 blocks, nested_offset)."""
+    b = data.reshape(-1)
+    codes = torch.stack([(b >> 4) & 15, b & 15], -1).reshape(-1).long()
+    if nested is not None:
+        nmap, nabs, offset = nested
+        scale = nabs.to(torch.float32).repeat_interleave(256)[:absmax.numel()]
+        absmax = nmap.to(torch.float32)[absmax.long()] * scale + offset
+    vals = quant_map.to(torch.float32)[codes].reshape(-1, blocksize)
+    return (vals * absmax.to(torch.float32).reshape(-1, 1)).reshape(shape)
+
+
 def expand_blocks(scale: torch.Tensor, rows: int, cols: int, block: tuple[int, int]
                   ) -> torch.Tensor:
     """A [ceil(rows/bn), ceil(cols/bk)] block scale expanded to [rows, cols]."""

@@ -186,6 +186,78 @@ class NVFP4WeightMethod(DequantizedMethod):
         return w * torch.repeat_interleave(layer.weight_scale_2.data, sizes).reshape(-1, 1)
 
 
+class BnB4bitMethod(DequantizedMethod):
+    """bitsandbytes 4-bit (nf4 or fp4, blocks of 64, optional double quantization); the
+    checkpoint's ``weight.absmax``-style names are renamed by :func:`bnb_rewrite`."""
+
+    def __init__(self, double_quant: bool, blocksize: int = 64) -> None:
+        self.double_quant, self.blocksize = double_quant, blocksize
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        bs, s = self.blocksize, len(_shards(layer))
+        blocks = lambda m: -(-m * k // bs)  # noqa: E731
+        shards = getattr(layer, "shards", None) or (n,)
+        if any(m * k % bs for m in shards):
+            raise ConfigError(f"{self.prefix}: {k} inputs per row do not fill blocks of {bs}")
+        add_param(layer, "weight", (n * k // 2, 1), torch.uint8, extent=lambda m: m * k // 2)
+        add_param(layer, "weight_absmax", (sum(blocks(m) for m in shards),),
+                  torch.uint8 if self.double_quant else torch.float32, extent=blocks)
+        add_param(layer, "weight_quant_map", (16,), torch.float32, dim=None)
+        if self.double_quant:
+            nested = lambda m: -(-blocks(m) // 256)  # noqa: E731
+            add_param(layer, "weight_nested_absmax", (sum(nested(m) for m in shards),),
+                      torch.float32, extent=nested)
+            add_param(layer, "weight_nested_quant_map", (256,), torch.float32, dim=None)
+            add_param(layer, "weight_nested_offset", (s,), torch.float32, extent=lambda _: 1)
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        k, bs, out = layer.in_features, self.blocksize, []
+        wrow = brow = nrow = 0
+        for i, (_, m) in enumerate(_shards(layer)):
+            nb = m * k // bs
+            nested = None
+            if self.double_quant:
+                nn_ = -(-nb // 256)
+                nested = (layer.weight_nested_quant_map.data,
+                          layer.weight_nested_absmax.data[nrow:nrow + nn_],
+                          float(layer.weight_nested_offset.data[i]))
+                nrow += nn_
+            out.append(qf.dequant_bnb4(layer.weight.data[wrow:wrow + m * k // 2],
+                                       layer.weight_quant_map.data,
+                                       layer.weight_absmax.data[brow:brow + nb], (m, k), bs,
+                                       nested))
+            wrow, brow = wrow + m * k // 2, brow + nb
+        return torch.cat(out)
+
+
+def bnb_rewrite(quant_type: str, blocksize: int = 64
+                ) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """bitsandbytes names (``q_proj.weight.absmax``...) to parameter names
+    (``q_proj.weight_absmax``); each ``weight.quant_state.bitsandbytes__<type>`` JSON is checked
+    against the config (type, block size) and yields the shard's ``weight_nested_offset``."""
+    import json
+
+    def rewrite(weights: Iterator[Any]) -> Iterator[Any]:
+        for name, tensor in weights:
+            head, sep, tail = name.partition(".weight.")
+            if not sep:
+                yield name, tensor
+            elif tail.startswith("quant_state."):
+                state = json.loads(bytes(tensor.tolist()))
+                if state.get("quant_type") != quant_type or state.get("blocksize") != blocksize:
+                    raise ConfigError(f"checkpoint tensor {name!r}: quant_type "
+                                      f"{state.get('quant_type')!r}, blocksize "
+                                      f"{state.get('blocksize')} (the config says {quant_type!r} "
+                                      f"in blocks of {blocksize})")
+                if "nested_offset" in state:
+                    yield f"{head}.weight_nested_offset", torch.tensor(
+                        float(state["nested_offset"]))
+            else:
+                yield f"{head}.weight_{tail}", tensor
+    return rewrite
+
+
 class PerLayer(QuantMethod):
     """The method a plugin returns: ``scheme(name)`` gives each layer's method (``None``: dense);
     ``lm_head`` stays dense unless ``head`` is set."""

@@ -27,7 +27,7 @@ CHOICE = {"gptq": "gptq", "awq": "awq", "auto_round": "auto-round", "ct_wna16": 
           "ct_w8a8_int8": "w8a8_int8", "ct_fp8_dynamic": "w8a8_fp8", "ct_fp8_static": "compressed-tensors",
           "ct_fp8_block": "compressed-tensors", "ct_w8a16": "compressed-tensors",
           "fp8_block": "fp8", "fp8_tensor": "fp8", "modelopt_fp8": "modelopt_fp8",
-          "modelopt_nvfp4": "modelopt_fp4", "quark_fp8": "quark", "mlx4": "mlx_q4", "mlx8": "mlx_q8"}
+          "modelopt_nvfp4": "modelopt_fp4", "quark_fp8": "quark", "bnb_nf4": "bitsandbytes", "mlx4": "mlx_q4", "mlx8": "mlx_q8"}
 
 
 def _groups(w: torch.Tensor, g: int) -> torch.Tensor:
@@ -144,6 +144,31 @@ def quantize_state(state: dict[str, torch.Tensor], scheme: str, *, bits: int = 4
             out[base + ".weight_scale"] = bs
             out[base + ".weight_scale_2"] = s2
             r = torch.tensor(qf.E2M1_VALUES)[codes] * bs.float().repeat_interleave(16, 1) * s2
+        elif scheme == "bnb_nf4":
+            table = torch.tensor(qf.NF4_VALUES)
+            blocks = w.reshape(-1, 64)
+            absmax = blocks.abs().amax(1).clamp(min=1e-8)
+            codes = ((blocks / absmax[:, None])[..., None] - table).abs().argmin(-1)
+            offset = absmax.mean()
+            centered = absmax - offset
+            nabs = torch.nn.functional.pad(centered, (0, (-centered.numel()) % 256)).reshape(
+                -1, 256).abs().amax(1).clamp(min=1e-8)
+            nmap = torch.linspace(-1, 1, 256)
+            acodes = torch.round((centered / nabs.repeat_interleave(256)[:centered.numel()] + 1)
+                                 * 127.5).clamp(0, 255).long()
+            deq_absmax = nmap[acodes] * nabs.repeat_interleave(256)[:acodes.numel()] + offset
+            flat = codes.reshape(-1)
+            out[name] = ((flat[0::2] << 4) | flat[1::2]).to(torch.uint8).reshape(-1, 1)
+            state = {"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [n, k],
+                     "nested_blocksize": 256, "nested_dtype": "float32",
+                     "nested_offset": float(offset)}
+            out[name + ".absmax"] = acodes.to(torch.uint8)
+            out[name + ".quant_map"] = table
+            out[name + ".nested_absmax"] = nabs
+            out[name + ".nested_quant_map"] = nmap
+            out[name + ".quant_state.bitsandbytes__nf4"] = torch.tensor(
+                list(json.dumps(state).encode()), dtype=torch.uint8)
+            r = (table[codes] * deq_absmax[:, None]).reshape(n, k)
         elif scheme in ("mlx4", "mlx8"):
             b = 4 if scheme == "mlx4" else 8
             lo = _groups(w, group).amin(-1)
@@ -202,6 +227,9 @@ def _config(scheme: str, bits: int, group: int, sym: bool, desc_act: bool,
             "weight": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
             "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
             "output_tensors": None}},
+        "bnb_nf4": {"quant_method": "bitsandbytes", "load_in_4bit": True,
+                    "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                    "bnb_4bit_quant_storage": "uint8", "llm_int8_skip_modules": ["lm_head"]},
         "mlx4": {"group_size": group, "bits": 4},
         "mlx8": {"group_size": group, "bits": 8},
     }[scheme]
@@ -287,7 +315,7 @@ KIT_SCHEMES = {"gptq": {"desc_act": True, "group": 32}, "awq": {"sym": False, "g
                "ct_w8a8_int8": {}, "ct_fp8_dynamic": {}, "ct_fp8_static": {},
                "ct_fp8_block": {"block": (64, 64)}, "fp8_block": {"block": (64, 64)},
                "fp8_tensor": {}, "modelopt_fp8": {}, "modelopt_nvfp4": {}, "quark_fp8": {},
-               "mlx4": {"group": 32}, "mlx8": {"group": 32}}
+               "mlx4": {"group": 32}, "mlx8": {"group": 32}, "bnb_nf4": {}}
 
 
 def normalized_config(scheme: str, qcfg: dict[str, Any]) -> dict[str, Any]:
@@ -347,6 +375,7 @@ def check(name: str, build: Any) -> list[str]:
                                                      quantization_config=qc))
         except (ConfigError, PluginError):
             continue  # not a kind this plugin reads
+        tensors = dict(top.checkpoint_weights(iter(tensors.items())))
         method = top.for_layer("model.layers.0.self_attn.qkv_proj")
         if method is None:
             failures.append(f"{scheme}: for_layer left a quantized layer dense")
@@ -367,7 +396,7 @@ def check(name: str, build: Any) -> list[str]:
         bad = dict(tensors)
         key = next(k for k in bad if k.startswith("model.layers.0.self_attn.k_proj.")
                    and not k.endswith((".g_idx", ".weight_shape", "input_scale",
-                                       "weight_scale_2")))
+                                       "weight_scale_2", "quant_map", "nested_offset")))
         bad[key] = torch.cat([bad[key], bad[key]])
         try:
             load_fused_layer(top.for_layer("model.layers.0.self_attn.qkv_proj"), bad,
