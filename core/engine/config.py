@@ -139,6 +139,13 @@ class ServerConfig:
     dtype: str = _opt("auto", "Weights and activations dtype (auto: float32 on CPU, the "
                       "checkpoint's 16-bit type on GPU).",
                       choices=("auto", "half", "float16", "bfloat16", "float", "float32"))
+    kv_cache_dtype: str = _opt(
+        "auto", "KV cache storage: auto (the model dtype), bf16/bfloat16, fp8_e4m3/fp8_e5m2 (stored "
+        "divided by the checkpoint's per-layer k/v scales, else 1.0, and dequantized on read by "
+        "backends that support it); mxfp8 and nvfp4 need SM100 GPUs, fp4_mx_block16 is not "
+        "implemented in this build.",
+        choices=("auto", "fp8_e4m3", "fp8_e5m2", "bf16", "bfloat16", "fp4_mx_block16", "mxfp8",
+                 "nvfp4"))
     context_length: int | None = _opt(None, "Maximum context length (default: the model's); "
                                       "accepts 1k, 32Ki...", type=parse_size)
     device: str = _opt("auto", "Device: auto, cpu, cuda, cuda:N.")

@@ -106,10 +106,11 @@ def test_every_unserved_choice_rule_is_used():
 
 
 def test_refusal_is_one_line_and_exit_status_2():
-    out = engine("serve", "--kv-cache-dtype", "fp8_e4m3")
+    flag = "--prefill-kv-cache-dequant-dtype"
+    out = engine("serve", flag, "fp8_e4m3")
     assert out.returncode == 2
-    assert out.stderr.strip() == ("engine serve: error: --kv-cache-dtype fp8_e4m3: not "
-                                  "supported yet: " + surface.not_yet_reason("--kv-cache-dtype"))
+    assert out.stderr.strip() == (f"engine serve: error: {flag} fp8_e4m3: not "
+                                  "supported yet: " + surface.not_yet_reason(flag))
 
 
 def test_accepted_options_are_recorded_and_held_to_their_values(tmp_path):
@@ -121,7 +122,7 @@ def test_accepted_options_are_recorded_and_held_to_their_values(tmp_path):
         parse_config(["--tensor-parallel-size", "2"], REGISTRY)
     with pytest.raises(ConfigError, match="not supported yet"):
         yaml = tmp_path / "c.yaml"
-        yaml.write_text("tp-size: 1\nkv_cache_dtype: fp8_e4m3\n")
+        yaml.write_text("tp-size: 1\nprefill_kv_cache_dequant_dtype: fp8_e4m3\n")
         parse_config(["--config", str(yaml)], REGISTRY)
 
 

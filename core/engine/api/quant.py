@@ -6,8 +6,31 @@ computes ``x @ W.T + bias`` (``apply``). Block-quantized checkpoint tensors reac
 ``weight_loader`` as :class:`PackedWeight`; :class:`UnquantizedMethod` is the dense method. A
 method whose rows never depend on each other says ``batch_invariant`` (the core otherwise
 multiplies row by row under ``--enable-deterministic-inference``; :func:`rowwise` does that).
+
+The shared machinery of the checkpoint formats: ``formats`` (bit packing, dequantizers and
+activation quantizers: :mod:`engine.runtime.quant_formats`), :func:`add_param` (a checkpoint
+tensor whose loader places fused shards by output rows and checks shapes),
+:class:`DequantizedMethod` (weight-only formats), :class:`Fp8Method`, :class:`Int8Method`,
+:func:`claim` (does a choice read this checkpoint: conflicts and missing configs as one-line
+errors), :func:`is_excluded` (a checkpoint's ignore lists against a possibly fused layer).
 """
 
+from engine.runtime import quant_formats as formats
 from engine.runtime.linear import Linear, PackedWeight, QuantMethod, UnquantizedMethod, rowwise
+from engine.runtime.quant_readers import (awq_method, compressed_tensors_scheme, fp8_method,
+                                          gptq_exclusions, gptq_method, modelopt_scheme,
+                                          quark_scheme)
+from engine.runtime.quant_schemes import (AWQMethod, BnB4bitMethod, GPTQMethod, IntWeightOnlyMethod, MLXMethod,
+                                          NVFP4WeightMethod, PackQuantizedMethod, PerLayer,
+                                          bnb_rewrite, excluding, mlx_dense_embeddings)
+from engine.runtime.quant_methods import (DequantizedMethod, Fp8Method, Int8Method, LayerMethod,
+                                          add_param, check_group, checkpoint_names, claim,
+                                          config_value, is_excluded, packed_extent, unsupported)
 
-__all__ = ["Linear", "PackedWeight", "QuantMethod", "UnquantizedMethod", "rowwise"]
+__all__ = ["AWQMethod", "BnB4bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeightOnlyMethod", "MLXMethod", "NVFP4WeightMethod",
+           "PackQuantizedMethod", "PerLayer", "awq_method", "compressed_tensors_scheme",
+           "excluding", "fp8_method", "gptq_exclusions", "gptq_method", "mlx_dense_embeddings", "modelopt_scheme",
+           "quark_scheme", "DequantizedMethod", "Fp8Method", "Int8Method", "LayerMethod", "Linear",
+           "PackedWeight", "QuantMethod", "UnquantizedMethod", "add_param", "check_group",
+           "checkpoint_names", "claim", "config_value", "formats", "is_excluded",
+           "packed_extent", "rowwise", "unsupported"]

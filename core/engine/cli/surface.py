@@ -161,8 +161,8 @@ NOT_YET: dict[str, tuple[str, ...]] = {
     "quantization toolkits are not integrated; quantized checkpoints load through "
     "--quantization": (
         "--modelopt-*", "--quantize-and-serve", "--rl-quant-profile", "--quantization-param-path"),
-    "the KV cache is kept in the model's dtype; quantized KV caches are not built": (
-        "--kv-cache-dtype", "--prefill-kv-cache-dequant-dtype"),
+    "the only quantized KV caches are fp8 (--kv-cache-dtype), read by the attention "
+    "backends directly": ("--prefill-kv-cache-dequant-dtype",),
     "weights load once, from local files, with the built-in loader": (
         "--model-loader-extra-config", "--startup-weight-load-mode", "--custom-weight-loader",
         "--weight-loader-*", "--remote-instance-weight-loader-*", "--modelexpress-config",

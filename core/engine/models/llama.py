@@ -137,8 +137,8 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = self.hq * self.d, self.hkv * self.d
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                bias=cfg.attention_bias, dtype=dtype,
-                               quant_method=quant(prefix + ".qkv_proj"))
-        self.qkv_proj.shards = (self.q_size, self.kv_size, self.kv_size)
+                               quant_method=quant(prefix + ".qkv_proj"),
+                               shards=(self.q_size, self.kv_size, self.kv_size))
         self.o_proj = Linear(self.q_size, cfg.hidden_size, dtype=dtype,
                              quant_method=quant(prefix + ".o_proj"))
         # per-head norms (Qwen3) or over the whole projection (OLMoE)
@@ -193,8 +193,8 @@ class MLP(nn.Module):
         super().__init__()
         self.inter = width or cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.inter, dtype=dtype,
-                                   quant_method=quant(prefix + ".gate_up_proj"))
-        self.gate_up_proj.shards = (self.inter, self.inter)
+                                   quant_method=quant(prefix + ".gate_up_proj"),
+                                   shards=(self.inter, self.inter))
         self.down_proj = Linear(self.inter, cfg.hidden_size, dtype=dtype,
                                 quant_method=quant(prefix + ".down_proj"))
         if cfg.hidden_act == "silu":
@@ -273,6 +273,10 @@ _EXPERT = {"gate_proj": ("w13", 0), "w1": ("w13", 0), "up_proj": ("w13", 1), "w3
            "down_proj": ("w2", 0), "w2": ("w2", 0)}
 #: stacked checkpoint tensors (transformers 5 in-memory layout) -> parameter
 _STACKED = {"gate_up_proj": "w13", "down_proj": "w2"}
+#: per-layer KV-cache scales as checkpoints name them (compressed-tensors ``self_attn.k_scale``,
+#: ModelOpt ``k_proj.k_scale``, Quark ``k_proj.output_scale``, legacy ``kv_scale``)
+_KV_SCALE = re.compile(r"\.(?:self_attn\.(?:k|v)_scale|(?:k|v)_proj\.(?:k_scale|v_scale|output_scale)"
+                       r"|kv_scale)$")
 _EXPERT_NAME = re.compile(r"^(.*\.mlp)\.experts\.(?:(\d+)\.(\w+)\.weight|(\w+))$")
 
 #: (runner, all-to-all) of the sparse layers (:mod:`engine.api.moe`)
@@ -348,6 +352,7 @@ class LlamaForCausalLM(nn.Module):
         """
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
+        self.kv_scales: dict[str, float] = {}
         needed = {name: self._pieces(modules, name) for name in params}
         loaded: dict[str, set[int]] = {name: set() for name in params}
         for name, tensor in self._with_head_copy(weights):
@@ -355,6 +360,9 @@ class LlamaForCausalLM(nn.Module):
                 self.model.rotary.set_freq_factors(tensor)
                 continue
             if (name.startswith("lm_head.") and self.lm_head is None) or "rotary_emb" in name:
+                continue
+            if _KV_SCALE.search(name):
+                self.kv_scales[name] = float(tensor.float().max())  # per-layer fp8 KV scales
                 continue
             name = name.replace(".block_sparse_moe.", ".mlp.")
             expert = _EXPERT_NAME.match(name)
@@ -377,7 +385,10 @@ class LlamaForCausalLM(nn.Module):
                                   f"{self.config.architecture}")
             loader = getattr(param, "weight_loader", None)
             if loader is not None:
-                loader(param, tensor, offset, size)
+                try:
+                    loader(param, tensor, offset, size)
+                except ConfigError as exc:
+                    raise ConfigError(f"checkpoint tensor {name!r}: {exc}") from None
             else:
                 if isinstance(tensor, PackedWeight):
                     tensor = tensor.dequantize()
@@ -387,7 +398,8 @@ class LlamaForCausalLM(nn.Module):
                                       f"{tuple(tensor.shape)}, expected {tuple(dst.shape)}")
                 dst.copy_(tensor)
             loaded[target].add(shard)
-        missing = sorted(n for n, k in needed.items() if len(loaded[n]) < k)
+        missing = sorted(n for n, k in needed.items()
+                         if len(loaded[n]) < k and not getattr(params[n], "optional", False))
         if missing:
             raise ConfigError(f"checkpoint lacks tensors for {len(missing)} parameters, e.g. "
                               f"{', '.join(missing[:3])}")

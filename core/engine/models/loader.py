@@ -194,6 +194,7 @@ def load_model(cfg: ModelConfig, config: ServerConfig, device: torch.device,
     if config.load_format == "dummy":
         dummy_init(model, config.random_seed)
     else:
-        model.load_weights(weights_iterator(cfg, config.load_format))
+        weights = weights_iterator(cfg, config.load_format)
+        model.load_weights(weights if method is None else method.checkpoint_weights(weights))
     model.process_weights_after_loading()
     return model.eval()

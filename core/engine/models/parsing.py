@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.errors import ConfigError
 from engine.models.config import ModelConfig, eos_tuple
+from engine.models.quant_config import read_quant_config
 
 #: HF ``model_type`` / GGUF ``general.architecture`` -> architecture class name
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
@@ -80,7 +81,8 @@ def from_hf_config(cfg: Any, model_path: str, **extra: Any) -> ModelConfig:
         torch_dtype=str(dtype).replace("torch.", "") if dtype is not None else None,
         bos_token_id=getattr(cfg, "bos_token_id", None),
         eos_token_ids=eos_tuple(getattr(cfg, "eos_token_id", None)), model_path=model_path,
-        quantization_config=getattr(cfg, "quantization_config", None),
+        quantization_config=read_quant_config(model_path,
+                                              getattr(cfg, "quantization_config", None)),
     )
     fields.update(_moe_fields(cfg, architecture))
     fields.update(extra)

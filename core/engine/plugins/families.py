@@ -117,7 +117,7 @@ FAMILIES: dict[str, Family] = {
             ),
             hook="engine_create_quant_method",
             interface="engine.api.quant:QuantMethod",
-            conformance="engine.testing.contract:check",
+            conformance="engine.testing.quant:check",
             auto=None,
             unset="the checkpoint's own method (a .gguf: gguf where it can run), else none",
             summary="creates a linear layer's weights, post-processes them, applies the matmul",

@@ -46,10 +46,39 @@ class KVPool:
         shape = (num_slots, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        #: fp8 storage (``--kv-cache-dtype fp8_e4m3/fp8_e5m2``): values are stored divided by
+        #: the layer's per-tensor scale and multiplied back on read (:meth:`gather`)
+        self.is_fp8 = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+        self.k_scale = [1.0] * num_layers
+        self.v_scale = [1.0] * num_layers
+
+    def _store(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        if not self.is_fp8:
+            return x.to(self.dtype)
+        top = torch.finfo(self.dtype).max
+        return (x.to(torch.float32) / scale).clamp(-top, top).to(self.dtype)
 
     def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer].index_copy_(0, loc, k.to(self.dtype))
-        self.v[layer].index_copy_(0, loc, v.to(self.dtype))
+        for buf, x, scale in ((self.k[layer], k, self.k_scale[layer]),
+                              (self.v[layer], v, self.v_scale[layer])):
+            x = self._store(x, scale)
+            if self.is_fp8:  # fp8 index kernels are missing on some devices: move bytes
+                buf, x = buf.view(torch.uint8), x.view(torch.uint8)
+            buf.index_copy_(0, loc, x)
+
+    def gather(self, layer: int, slots: torch.Tensor, dtype: torch.dtype
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of ``slots`` [..] as ``dtype`` [.., Hkv, D], dequantized from fp8 storage."""
+        flat = slots.reshape(-1)
+        if self.is_fp8:
+            k = self.k[layer].view(torch.uint8).index_select(0, flat).view(self.dtype)
+            v = self.v[layer].view(torch.uint8).index_select(0, flat).view(self.dtype)
+            k, v = k.to(dtype) * self.k_scale[layer], v.to(dtype) * self.v_scale[layer]
+        else:
+            k = self.k[layer].index_select(0, flat).to(dtype)
+            v = self.v[layer].index_select(0, flat).to(dtype)
+        shape = (*slots.shape, self.num_kv_heads, self.head_dim)
+        return k.view(shape), v.view(shape)
 
     @property
     def bytes_per_token(self) -> int:
@@ -67,6 +96,9 @@ class AttentionBackend(ABC):
     #: (``--enable-deterministic-inference`` refuses a backend without it);
     #: :func:`attend_per_token` is such a path, for any backend that keeps the pool's layout
     batch_invariant: bool = False
+    #: True when the backend reads K/V through :meth:`KVPool.gather` (fp8 storage dequantized
+    #: on read); ``--kv-cache-dtype fp8_*`` refuses a backend without it
+    supports_fp8_kv_cache: bool = False
 
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
@@ -117,8 +149,8 @@ def attend_per_token(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
     t = 0
     for i, (n, e) in enumerate(zip(seq, ext)):
         slots = rows[i, :n]
-        k = pool.k[layer.layer_id].index_select(0, slots).to(q.dtype).transpose(0, 1)
-        v = pool.v[layer.layer_id].index_select(0, slots).to(q.dtype).transpose(0, 1)
+        k, v = pool.gather(layer.layer_id, slots, q.dtype)
+        k, v = k.transpose(0, 1), v.transpose(0, 1)
         for j in range(e):
             seen = n - e + j + 1
             query = q[t].clone().view(1, hkv, ratio, d)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +74,11 @@ class QuantMethod(ABC):
         the checkpoint's (``weight`` [out_features, in_features] when unquantized).
         """
 
+    def checkpoint_weights(self, weights: Iterator[Any]) -> Iterator[Any]:
+        """The checkpoint's ``(name, tensor)`` stream as the model should load it (a format
+        whose embeddings are quantized dequantizes them here). Default: unchanged."""
+        return weights
+
     def process_weights_after_loading(self, layer: "Linear") -> None:
         """Repack loaded weights for :meth:`apply` (called once, after every weight is set)."""
 
@@ -105,9 +110,12 @@ class Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False,
                  dtype: torch.dtype = torch.float32,
-                 quant_method: QuantMethod | None = None) -> None:
+                 quant_method: QuantMethod | None = None,
+                 shards: tuple[int, ...] | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        #: output widths of the checkpoint tensors fused into this layer (q/k/v, gate/up)
+        self.shards = shards
         self.quant_method = quant_method or UnquantizedMethod()
         self.quant_method.create_weights(self, in_features, out_features, dtype)
         if bias:

@@ -12,6 +12,7 @@ each :class:`Batch`; :meth:`ModelRunner.forward` owns everything from the batch 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import torch
@@ -100,6 +101,7 @@ class ModelRunner:
                                                                    self.device),
                                 experts=self._experts)
         self.pool = self._make_pool()
+        self._kv_scales(self.pool)
         self.max_total_num_tokens = self.pool.num_slots - self.page_size
         self.max_running_requests = (config.max_running_requests
                                      or DEFAULT_MAX_RUNNING.get(self.device.type, 64))
@@ -107,6 +109,13 @@ class ModelRunner:
                                         dtype=torch.int64, device=self.device)
         self.prefill_backend, self.decode_backend = assembly.attention_backends(
             self.pool, self.model_config)
+        for kind, backend in (("prefill", self.prefill_backend),
+                              ("decode", self.decode_backend)):
+            if self.pool.is_fp8 and not backend.supports_fp8_kv_cache:
+                raise ConfigError(f"--kv-cache-dtype {config.kv_cache_dtype}: the {kind} "
+                                  f"attention backend ({type(backend).__name__}) reads the KV "
+                                  "cache directly and does not dequantize fp8; use "
+                                  "torch_native or flex_attention")
         self.attention_backend_names = tuple(
             assembly.chosen[f"--{kind}-attention-backend"].name for kind in ("prefill", "decode"))
         if config.enable_deterministic_inference:
@@ -115,9 +124,31 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ set-up
 
+    def _kv_dtype(self) -> torch.dtype:
+        """``--kv-cache-dtype`` on this device (a format this build cannot store: ConfigError)."""
+        name = self.config.kv_cache_dtype
+        if name in ("mxfp8", "nvfp4"):
+            raise ConfigError(f"--kv-cache-dtype {name}: needs an SM100 (Blackwell) GPU and its "
+                              f"attention kernels (this model is on {self.device.type})")
+        if name == "fp4_mx_block16":
+            raise ConfigError("--kv-cache-dtype fp4_mx_block16: not implemented in this build "
+                              "(fp8_e4m3 and fp8_e5m2 are)")
+        return {"auto": self.dtype, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+                "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[name]
+
+    def _kv_scales(self, pool: KVPool) -> None:
+        """Per-layer k/v scales the checkpoint carries (fp8 KV cache only; else 1.0)."""
+        scales = getattr(self.model, "kv_scales", {}) if pool.is_fp8 else {}
+        for name, value in scales.items():
+            m = re.search(r"layers\.(\d+)\..*?(k|v)(?:_proj\.\w+|_scale)$", name)
+            if m and int(m.group(1)) < pool.num_layers and value > 0:
+                (pool.k_scale if m.group(2) == "k" else pool.v_scale)[int(m.group(1))] = value
+        if pool.is_fp8:
+            log.info("fp8 KV cache: %s per-layer scales from the checkpoint", len(scales) or "no")
+
     def _kv_bytes_per_token(self) -> int:
         mc = self.model_config
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = torch.empty((), dtype=self._kv_dtype()).element_size()
         return 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem
 
     def _kv_tokens(self) -> int:
@@ -149,7 +180,7 @@ class ModelRunner:
         mc = self.model_config
         return KVPool(num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads,
                       head_dim=mc.head_dim, num_slots=(pages + 1) * ps, page_size=ps,
-                      dtype=self.dtype, device=self.device)
+                      dtype=self._kv_dtype(), device=self.device)
 
     def _make_batch_invariant(self) -> None:
         """``--enable-deterministic-inference``: every linear layer (and a tied output head)

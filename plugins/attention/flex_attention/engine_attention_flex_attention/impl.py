@@ -45,6 +45,8 @@ class Metadata:
 class FlexAttentionBackend(AttentionBackend):
     """See the module docstring."""
 
+    supports_fp8_kv_cache = True  # K/V read through pool.gather
+
     def __init__(self, pool: KVPool) -> None:
         super().__init__(pool)
         self._attend: Callable[..., torch.Tensor] = flex_attention
@@ -76,8 +78,7 @@ class FlexAttentionBackend(AttentionBackend):
         batch.attn_metadata = Metadata(kv_slots, mask)
 
     def _run(self, q: torch.Tensor, layer: AttentionLayerSpec, md: Metadata) -> torch.Tensor:
-        k = self.pool.k[layer.layer_id].index_select(0, md.kv_slots).to(q.dtype)
-        v = self.pool.v[layer.layer_id].index_select(0, md.kv_slots).to(q.dtype)
+        k, v = self.pool.gather(layer.layer_id, md.kv_slots, q.dtype)
         out = self._attend(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                            v.transpose(0, 1).unsqueeze(0), block_mask=md.block_mask,
                            scale=layer.scaling,

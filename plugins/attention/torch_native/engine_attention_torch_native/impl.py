@@ -35,6 +35,8 @@ class TorchNativeBackend(AttentionBackend):
     (``--enable-deterministic-inference``): one SDPA call per token instead
     (:func:`engine.api.attention.attend_per_token`)."""
 
+    supports_fp8_kv_cache = True  # K/V read through pool.gather
+
     def __init__(self, pool: KVPool, batch_invariant: bool = False) -> None:
         super().__init__(pool)
         self.batch_invariant = batch_invariant
@@ -74,10 +76,7 @@ class TorchNativeBackend(AttentionBackend):
     def _gather(self, layer: AttentionLayerSpec, md: Metadata,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """This layer's K and V of every request, [B, Hkv, L, D] (one gather each)."""
-        shape = (*md.kv_index.shape, layer.num_kv_heads, layer.head_dim)
-        flat = md.kv_index.view(-1)
-        k = self.pool.k[layer.layer_id].index_select(0, flat).view(shape).to(dtype)
-        v = self.pool.v[layer.layer_id].index_select(0, flat).view(shape).to(dtype)
+        k, v = self.pool.gather(layer.layer_id, md.kv_index, dtype)
         return k.transpose(1, 2), v.transpose(1, 2)
 
     def _attend(self, q: torch.Tensor, layer: AttentionLayerSpec, md: Metadata) -> torch.Tensor:

@@ -1,0 +1,206 @@
+"""The arithmetic of quantized checkpoint formats: bit packing, dequantization, and the
+activation quantizers of the W8A8 schemes.
+
+Pure tensor functions shared by every quantization plugin (through :mod:`engine.api.quant`)
+and by the checkpoint writers of :mod:`engine.testing.quant`. Dequantizers return float32
+``[out_features, in_features]``; nothing here depends on a device.
+
+Layouts (all integer codes LSB-first inside little-endian int32 words):
+
+- GPTQ: ``qweight`` [K/p, N] packed along K; ``qzeros`` [K/g, N/p] packed along N, stored as
+  ``zero - 1`` by the v1 format; ``scales`` [K/g, N]; ``g_idx`` [K] (the group of input row k).
+- AWQ: ``qweight`` [K, N/8] and ``qzeros`` [K/g, N/8] packed along N in the order
+  :data:`AWQ_ORDER`; ``scales`` [K/g, N]; 4-bit only.
+- compressed-tensors pack-quantized: ``weight_packed`` [N, K/p] packed along K as ``q + 2^(b-1)``;
+  ``weight_scale`` [N, K/g]; ``weight_zero_point`` [N/p, K/g] packed along N.
+- MLX affine: ``weight`` uint32 [N, K*b/32] packed along K; ``scales``/``biases`` [N, K/g];
+  ``W = q * scale + bias``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: nibble i of an AWQ word holds column 8j + AWQ_ORDER[i]
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+#: largest magnitudes of the fp8 formats
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+#: E2M1 (fp4) code -> value; bit 3 is the sign
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0,
+               -4.0, -6.0)
+
+
+def _words(packed: torch.Tensor) -> torch.Tensor:
+    """int32/uint32 words as int64 holding the unsigned 32-bit value."""
+    w = packed.to(torch.int64) if packed.dtype != torch.uint32 else packed.view(torch.int32).to(
+        torch.int64)
+    return w & 0xFFFFFFFF
+
+
+def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Unsigned ``bits``-bit codes packed LSB-first into 32-bit words along ``dim`` -> int32
+    codes, that dimension ``32 // bits`` times longer. ``bits`` must divide 32."""
+    if 32 % bits:
+        raise ValueError(f"{bits}-bit codes do not fit whole into 32-bit words")
+    per = 32 // bits
+    w = _words(packed).movedim(dim, -1)
+    shifts = torch.arange(per, dtype=torch.int64, device=w.device) * bits
+    codes = (w.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    codes = codes.reshape(*w.shape[:-1], w.shape[-1] * per)
+    return codes.to(torch.int32).movedim(-1, dim).contiguous()
+
+
+def pack_int32(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """The inverse of :func:`unpack_int32`: int32 words (two's complement of the word)."""
+    per = 32 // bits
+    c = codes.to(torch.int64).movedim(dim, -1)
+    if c.shape[-1] % per:
+        raise ValueError(f"{c.shape[-1]} codes do not fill whole words of {per}")
+    c = c.reshape(*c.shape[:-1], c.shape[-1] // per, per)
+    shifts = torch.arange(per, dtype=torch.int64) * bits
+    words = ((c & ((1 << bits) - 1)) << shifts).sum(-1)
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words)
+    return words.to(torch.int32).movedim(-1, dim).contiguous()
+
+
+def awq_unpack(packed: torch.Tensor) -> torch.Tensor:
+    """AWQ int32 [R, N/8] -> int32 codes [R, N] in column order."""
+    codes = unpack_int32(packed, 4, 1)
+    r, n = codes.shape
+    inverse = torch.tensor([AWQ_ORDER.index(i) for i in range(8)])
+    return codes.reshape(r, n // 8, 8)[:, :, inverse].reshape(r, n)
+
+
+def awq_pack(codes: torch.Tensor) -> torch.Tensor:
+    """int codes [R, N] -> AWQ int32 [R, N/8]."""
+    r, n = codes.shape
+    order = torch.tensor(AWQ_ORDER)
+    return pack_int32(codes.reshape(r, n // 8, 8)[:, :, order].reshape(r, n), 4, 1)
+
+
+def dequant_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                 g_idx: torch.Tensor, bits: int, zero_offset: int = 1) -> torch.Tensor:
+    """W [N, K] = scales[g_idx[k], n] * (q[k, n] - zero[g_idx[k], n]); the v1 format stores
+    ``zero - 1`` (``zero_offset=1``), v2 the zero itself (``0``)."""
+    q = unpack_int32(qweight, bits, 0)  # [K, N]
+    z = unpack_int32(qzeros, bits, 1) + zero_offset  # [K/g, N]
+    g = g_idx.long()
+    w = (q - z[g]).to(torch.float32) * scales.to(torch.float32)[g]
+    return w.t().contiguous()
+
+
+def dequant_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                group_size: int) -> torch.Tensor:
+    """W [N, K] = (q - zero) * scale per group of ``group_size`` input rows."""
+    q = awq_unpack(qweight)  # [K, N]
+    z = awq_unpack(qzeros).repeat_interleave(group_size, 0)
+    s = scales.to(torch.float32).repeat_interleave(group_size, 0)
+    return ((q - z).to(torch.float32) * s).t().contiguous()
+
+
+def dequant_pack_quantized(weight_packed: torch.Tensor, weight_scale: torch.Tensor,
+                           bits: int, group_size: int, zero_point: torch.Tensor | None = None,
+                           g_idx: torch.Tensor | None = None) -> torch.Tensor:
+    """compressed-tensors pack-quantized -> W [N, K] = (q - zero) * scale, where ``q`` is the
+    stored code minus ``2^(bits-1)`` and ``zero`` the (packed, signed) zero point or 0."""
+    q = unpack_int32(weight_packed, bits, 1) - (1 << (bits - 1))  # [N, K]
+    k = q.shape[1]
+    groups = (g_idx.long() if g_idx is not None
+              else torch.arange(k) // group_size)
+    s = weight_scale.to(torch.float32)[:, groups]
+    if zero_point is None:
+        return q.to(torch.float32) * s
+    z = unpack_int32(zero_point, bits, 0) - (1 << (bits - 1))  # [N, K/g]
+    return (q - z[:, groups]).to(torch.float32) * s
+
+
+def dequant_mlx(weight: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
+                bits: int, group_size: int) -> torch.Tensor:
+    """MLX affine -> W [N, K] = q * scale + bias per group along K."""
+    q = unpack_int32(weight, bits, 1).to(torch.float32)
+    s = scales.to(torch.float32).repeat_interleave(group_size, 1)
+    b = biases.to(torch.float32).repeat_interleave(group_size, 1)
+    return q * s + b
+
+
+def dequant_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2], two E2M1 codes per byte (low nibble = even index) -> float32 [N, K]."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    lo, hi = (packed & 0xF).long(), (packed >> 4).long()
+    return torch.stack([table[lo], table[hi]], -1).reshape(packed.shape[0], -1)
+
+
+#: the NF4 code book (QLoRA's normal-float 4-bit levels), as bitsandbytes stores it
+NF4_VALUES = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+              -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+              0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+              0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)
+
+
+def dequant_bnb4(data: torch.Tensor, quant_map: torch.Tensor, absmax: torch.Tensor,
+                 shape: tuple[int, int], blocksize: int = 64,
+                 nested: tuple[torch.Tensor, torch.Tensor, float] | None = None
+                 ) -> torch.Tensor:
+    """bitsandbytes 4-bit (nf4/fp4): bytes of two codes (high nibble first) over the flattened
+    weight, ``quant_map[code] * absmax[block]``; with double quantization ``absmax`` holds uint8
+    codes and ``nested`` = (nested_quant_map, nested_absmax per 256 blocks, nested_offset)."""
+    b = data.reshape(-1)
+    codes = torch.stack([(b >> 4) & 15, b & 15], -1).reshape(-1).long()
+    if nested is not None:
+        nmap, nabs, offset = nested
+        scale = nabs.to(torch.float32).repeat_interleave(256)[:absmax.numel()]
+        absmax = nmap.to(torch.float32)[absmax.long()] * scale + offset
+    vals = quant_map.to(torch.float32)[codes].reshape(-1, blocksize)
+    return (vals * absmax.to(torch.float32).reshape(-1, 1)).reshape(shape)
+
+
+def expand_blocks(scale: torch.Tensor, rows: int, cols: int, block: tuple[int, int]
+                  ) -> torch.Tensor:
+    """A [ceil(rows/bn), ceil(cols/bk)] block scale expanded to [rows, cols]."""
+    bn, bk = block
+    s = scale.to(torch.float32).repeat_interleave(bn, 0).repeat_interleave(bk, 1)
+    return s[:rows, :cols]
+
+
+# ---------------------------------------------------------------- activation quantizers
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x / scale`` saturated to the fp8 range and rounded to ``dtype``."""
+    m = FP8_MAX[dtype]
+    return (x.to(torch.float32) / scale).clamp(-m, m).to(dtype)
+
+
+def fp8_scale_per_token(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[M, 1] float32 dynamic scales: the row's absolute maximum over the format's maximum."""
+    amax = x.to(torch.float32).abs().amax(-1, keepdim=True)
+    return amax.clamp(min=1e-12) / FP8_MAX[dtype]
+
+
+def fake_quant_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None,
+                   group: int | None = None) -> torch.Tensor:
+    """The float32 values an fp8 activation quantizer hands the matmul: dynamic per token
+    (``scale`` None), dynamic per token and group of ``group`` columns, or static ``scale``."""
+    x = x.to(torch.float32)
+    if group is not None:
+        m, k = x.shape
+        pad = (-k) % group
+        xg = torch.nn.functional.pad(x, (0, pad)).reshape(m, -1, group)
+        s = fp8_scale_per_token(xg, dtype)
+        return (quantize_fp8(xg, s, dtype).to(torch.float32) * s).reshape(m, -1)[:, :k]
+    if scale is None:
+        scale = fp8_scale_per_token(x, dtype)
+    return quantize_fp8(x, scale, dtype).to(torch.float32) * scale
+
+
+def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric dynamic per-token int8: (int8 [M, K], float32 scales [M, 1]),
+    ``x ~ q * scale`` with round-half-to-even."""
+    xf = x.to(torch.float32)
+    scale = xf.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127.0
+    return torch.round(xf / scale).clamp(-128, 127).to(torch.int8), scale
+
+
+def quantize_int8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Symmetric static per-tensor int8 codes of ``x``."""
+    return torch.round(x.to(torch.float32) / scale).clamp(-128, 127).to(torch.int8)

@@ -1,0 +1,357 @@
+"""The layer methods quantization plugins assemble: checkpoint parameters that load fused shards
+by output rows, weight-only formats served by dequantize-then-matmul, fp8 (W8A16, W8A8 with
+dynamic per-token / per-group or static activations, online) and int8 W8A8.
+
+CPU paths are exact against the format's dequantize-then-float reference: weight-only and fp8
+layers multiply a dense copy of the dequantized weight (as fast as the dense model; fp8
+activations are quantized and dequantized the way the format's kernels see them), int8 W8A8
+multiplies integers (``torch._int_mm``, exact) and scales the int32 sums. On CUDA, fp8
+per-tensor/per-channel layers use ``torch._scaled_mm`` (row-wise scales), block fp8 with whole
+128x128 blocks its block-scaled form, int8 ``torch._int_mm``; the other formats dequantize.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import re
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.errors import ConfigError
+from engine.runtime import quant_formats as qf
+from engine.runtime.linear import Linear, QuantMethod
+
+#: fused projections and the checkpoint modules they are made of
+FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def checkpoint_names(name: str) -> list[str]:
+    """The checkpoint module names a layer of the model is made of (a fused one: several)."""
+    prefix, _, leaf = name.rpartition(".")
+    parts = FUSED_PARTS.get(leaf)
+    if parts is None:
+        return [name]
+    return [f"{prefix}.{p}" if prefix else p for p in parts]
+
+
+def _matches(name: str, pattern: str) -> bool:
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(name, pattern)
+    return name == pattern or name.endswith("." + pattern) or pattern.endswith("." + name) \
+        or ("." + pattern + ".") in ("." + name + ".")
+
+
+def is_excluded(name: str, patterns: Sequence[str]) -> bool:
+    """Whether the layer ``name`` is in a checkpoint's exclusion list (``ignore``,
+    ``modules_to_not_convert``, ``exclude_modules``...: exact or dotted-suffix names, ``re:``
+    regexes, shell wildcards). A fused layer must be excluded whole or not at all."""
+    parts = checkpoint_names(name)
+    hits = [any(_matches(p, pat) for pat in patterns) for p in parts]
+    if any(hits) and not all(hits):
+        raise ConfigError(f"{name}: the checkpoint quantizes only some of "
+                          f"{', '.join(p.rpartition('.')[2] for p in parts)}; a fused layer "
+                          "must be quantized whole")
+    return all(hits)
+
+
+# ---------------------------------------------------------------- sharded checkpoint params
+
+
+def add_param(layer: Linear, name: str, shape: Sequence[int], dtype: torch.dtype,
+              dim: int | None = 0, extent: Callable[[int], int] | None = None) -> nn.Parameter:
+    """Register a checkpoint tensor of ``layer`` whose ``weight_loader`` places each fused shard.
+
+    ``dim``: the tensor's output-feature dimension (``None``: one tensor shared by every shard,
+    such as a ``g_idx``); ``extent(n)``: how long a shard of ``n`` output features is along
+    ``dim`` (packed codes: ``n // 8``; a per-tensor scale: ``1``). Shapes and dtype kinds are
+    checked; a mismatch is a :class:`ConfigError` the loader prefixes with the tensor's name.
+    """
+    ext = extent or (lambda n: n)
+    param = nn.Parameter(torch.zeros(tuple(shape), dtype=dtype), requires_grad=False)
+
+    def load(param: nn.Parameter, tensor: torch.Tensor, offset: int, size: int | None) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise ConfigError(f"expected a dense tensor, got {type(tensor).__name__}")
+        if tensor.dtype == torch.uint32:
+            tensor = tensor.view(torch.int32)
+        dst = param.data
+        if dim is not None and size is not None:
+            shards = getattr(layer, "shards", None) or (layer.out_features,)
+            starts = [sum(shards[:i]) for i in range(len(shards))]
+            if offset not in starts:
+                raise ConfigError(f"shard offset {offset} is not one of {starts}")
+            i = starts.index(offset)
+            dst = dst.narrow(dim, sum(ext(s) for s in shards[:i]), ext(shards[i]))
+        if tuple(tensor.shape) != tuple(dst.shape):
+            if tensor.numel() == dst.numel() and tensor.squeeze().shape == dst.squeeze().shape:
+                tensor = tensor.reshape(dst.shape)
+            else:
+                raise ConfigError(f"has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)} "
+                                  "for this quantization config")
+        if tensor.dtype.is_floating_point != dst.dtype.is_floating_point:
+            raise ConfigError(f"has dtype {str(tensor.dtype).replace('torch.', '')}, expected "
+                              f"{str(dst.dtype).replace('torch.', '')}")
+        dst.copy_(tensor)
+
+    param.weight_loader = load
+    layer.register_parameter(name, param)
+    return param
+
+
+def packed_extent(per: int, what: str) -> Callable[[int], int]:
+    """Extent of ``per`` codes to a word along the output dimension (``what`` names the tensor
+    for the error when a shard is not a whole number of words)."""
+    def ext(n: int) -> int:
+        if n % per:
+            raise ConfigError(f"{what}: {n} output features are not a multiple of {per}")
+        return n // per
+    return ext
+
+
+def check_group(prefix: str, in_features: int, group_size: int, field: str = "group_size"
+                ) -> int:
+    """The group size for ``in_features`` (-1: one group), or a ConfigError naming the field."""
+    g = in_features if group_size in (-1, 0, None) else int(group_size)
+    if in_features % g:
+        raise ConfigError(f"{prefix}: quantization_config.{field} = {group_size} does not "
+                          f"divide in_features {in_features}")
+    return g
+
+
+class LayerMethod(QuantMethod):
+    """A method bound to one layer name (``prefix``) by :meth:`bind`, for error messages."""
+
+    prefix: str = ""
+
+    def bind(self, name: str) -> "LayerMethod":
+        bound = copy.copy(self)
+        bound.prefix = name
+        return bound
+
+
+# ---------------------------------------------------------------- weight-only, dequantized
+
+
+class DequantizedMethod(LayerMethod):
+    """A weight-only format kept as a dense dequantized copy: ``create_weights`` registers the
+    checkpoint's tensors (:func:`add_param`), :meth:`dequantize` turns them into float32
+    [out, in]; after loading they are replaced by ``weight`` in the model dtype and the product
+    is ``F.linear`` (exact against the float reference, and as fast as the dense model)."""
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        dtype = layer.quant_dtype
+        w = self.dequantize(layer)
+        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
+            delattr(layer, name)
+        layer.weight = nn.Parameter(w.to(dtype), requires_grad=False)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+# ---------------------------------------------------------------- fp8
+
+
+class Fp8Method(LayerMethod):
+    """fp8 weights with per-tensor (one scale per fused shard), per-channel or block scales;
+    activations quantized dynamically per token (``act="dynamic"``, ``act_group`` columns per
+    scale for block formats), statically per tensor (``"static"``: ``input_scale``, the largest
+    of a fused layer's shards), or not at all (``None``: W8A16). ``online``: the checkpoint is
+    dense and the weight is quantized per output channel at load."""
+
+    def __init__(self, *, weight_scheme: str = "channel", act: str | None = "dynamic",
+                 block: tuple[int, int] | None = None, act_group: int | None = None,
+                 scale_name: str = "weight_scale", dtype: torch.dtype = torch.float8_e4m3fn,
+                 online: bool = False) -> None:
+        if weight_scheme == "block" and block is None:
+            raise ConfigError("block fp8 needs its block size (weight_block_size)")
+        self.weight_scheme, self.act, self.block, self.act_group = weight_scheme, act, block, \
+            act_group
+        self.scale_name, self.fp8, self.online = scale_name, dtype, online
+
+    def create_weights(self, layer: Linear, in_features: int, out_features: int,
+                       dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        if self.online:
+            layer.register_parameter("weight", nn.Parameter(
+                torch.empty(out_features, in_features, dtype=dtype), requires_grad=False))
+            return
+        add_param(layer, "weight", (out_features, in_features), self.fp8)
+        n_shards = len(getattr(layer, "shards", None) or (1,))
+        if self.weight_scheme == "tensor":
+            add_param(layer, self.scale_name, (n_shards,), torch.float32, extent=lambda n: 1)
+        elif self.weight_scheme == "channel":
+            add_param(layer, self.scale_name, (out_features, 1), torch.float32)
+        else:
+            bn, bk = self.block
+            rows = lambda n: -(-n // bn)  # noqa: E731
+            shards = getattr(layer, "shards", None) or (out_features,)
+            add_param(layer, self.scale_name, (sum(rows(s) for s in shards), -(-in_features // bk)),
+                      torch.float32, extent=rows)
+        if self.act == "static":
+            add_param(layer, "input_scale", (n_shards,), torch.float32, extent=lambda n: 1)
+
+    def _channel_scales(self, layer: Linear) -> torch.Tensor:
+        """float32 [N, 1] per-output-channel scales (per-tensor scales expanded per shard)."""
+        s = getattr(layer, self.scale_name).data.to(torch.float32)
+        if self.weight_scheme == "channel":
+            return s.reshape(-1, 1)
+        shards = getattr(layer, "shards", None) or (layer.out_features,)
+        return torch.repeat_interleave(s, torch.tensor(shards, device=s.device)).reshape(-1, 1)
+
+    def _dequantize(self, layer: Linear) -> torch.Tensor:
+        w = layer.weight.data.to(torch.float32)
+        if self.weight_scheme != "block":
+            return w * self._channel_scales(layer)
+        bn, bk = self.block
+        s = getattr(layer, self.scale_name).data
+        shards = getattr(layer, "shards", None) or (layer.out_features,)
+        out, row, srow = [], 0, 0
+        for n in shards:
+            nb = -(-n // bn)
+            out.append(w[row:row + n] * qf.expand_blocks(s[srow:srow + nb], n, w.shape[1],
+                                                         self.block))
+            row, srow = row + n, srow + nb
+        return torch.cat(out)
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        dtype = layer.quant_dtype
+        if self.online:
+            w = layer.weight.data.to(torch.float32)
+            scale = w.abs().amax(1, keepdim=True).clamp(min=1e-12) / qf.FP8_MAX[self.fp8]
+            del layer.weight
+            add_param(layer, "weight", tuple(w.shape), self.fp8).data.copy_(
+                qf.quantize_fp8(w, scale, self.fp8))
+            add_param(layer, self.scale_name, tuple(scale.shape), torch.float32).data.copy_(scale)
+        layer.act_scale = (layer.input_scale.data.max().reshape(1, 1).float()
+                           if self.act == "static" else None)
+        layer.cuda_rowwise = (layer.weight.is_cuda and self.act is not None
+                             and self.weight_scheme != "block")
+        if layer.cuda_rowwise:
+            layer.w_scale = self._channel_scales(layer).reshape(1, -1).contiguous()
+            layer.w_t = layer.weight.data.t()
+            return
+        w = self._dequantize(layer)
+        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
+            delattr(layer, name)
+        layer.weight = nn.Parameter(w.to(dtype), requires_grad=False)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if layer.cuda_rowwise:
+            scale = (layer.act_scale.expand(x2.shape[0], 1).contiguous()
+                     if layer.act_scale is not None else qf.fp8_scale_per_token(x2, self.fp8))
+            y = torch._scaled_mm(qf.quantize_fp8(x2, scale, self.fp8), layer.w_t,
+                                 scale_a=scale, scale_b=layer.w_scale, bias=bias,
+                                 out_dtype=x.dtype)
+            return y.reshape(*shape[:-1], -1)
+        if self.act is not None:
+            x2 = qf.fake_quant_fp8(x2, self.fp8, scale=layer.act_scale,
+                                   group=self.act_group).to(x.dtype)
+        return F.linear(x2, layer.weight, bias).reshape(*shape[:-1], -1)
+
+
+# ---------------------------------------------------------------- int8 W8A8
+
+
+class Int8Method(LayerMethod):
+    """int8 weights with per-channel scales; activations int8, symmetric, dynamic per token
+    (``act="dynamic"``) or static per tensor (``"static"``); the integer product is exact
+    (``torch._int_mm``), so rows never depend on each other. ``online``: quantize a dense
+    checkpoint per output channel at load."""
+
+    batch_invariant = True
+
+    def __init__(self, *, act: str = "dynamic", online: bool = False) -> None:
+        self.act, self.online = act, online
+
+    def create_weights(self, layer: Linear, in_features: int, out_features: int,
+                       dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        if self.online:
+            layer.register_parameter("weight", nn.Parameter(
+                torch.empty(out_features, in_features, dtype=dtype), requires_grad=False))
+            return
+        add_param(layer, "weight", (out_features, in_features), torch.int8)
+        add_param(layer, "weight_scale", (out_features, 1), torch.float32)
+        if self.act == "static":
+            n_shards = len(getattr(layer, "shards", None) or (1,))
+            add_param(layer, "input_scale", (n_shards,), torch.float32, extent=lambda n: 1)
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        if self.online:
+            w = layer.weight.data.to(torch.float32)
+            scale = w.abs().amax(1, keepdim=True).clamp(min=1e-12) / 127.0
+            q = torch.round(w / scale).clamp(-128, 127).to(torch.int8)
+        else:
+            q, scale = layer.weight.data, layer.weight_scale.data.to(torch.float32)
+        layer.w_t = q.t().contiguous()  # [K, N] for torch._int_mm
+        layer.w_scale = scale.reshape(1, -1).contiguous()
+        layer.act_scale = (layer.input_scale.data.max().reshape(1, 1).float()
+                           if self.act == "static" else None)
+        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
+            delattr(layer, name)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if layer.act_scale is None:
+            xq, sx = qf.quantize_int8_per_token(x2)
+        else:
+            xq, sx = qf.quantize_int8_static(x2, layer.act_scale), layer.act_scale
+        m = xq.shape[0]
+        if xq.is_cuda and m <= 16:  # cuBLAS int8 GEMMs want more than 16 rows
+            xq = F.pad(xq, (0, 0, 0, 17 - m))
+        acc = torch._int_mm(xq, layer.w_t)[:m]
+        y = (acc.to(torch.float32) * sx * layer.w_scale).to(x.dtype)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*shape[:-1], -1)
+
+
+# ---------------------------------------------------------------- checkpoint claims
+
+
+def claim(choice: str, quant_config: dict | None, accepts: Sequence[str], *,
+          online: bool = False) -> dict | None:
+    """The checkpoint's config when choice ``choice`` reads checkpoints whose ``quant_method``
+    is one of ``accepts``; ``None`` for a dense checkpoint when the choice quantizes online.
+    Otherwise a :class:`ConfigError` naming both the choice and what the checkpoint holds (a
+    conflict, or a quantized method with no config to read)."""
+    if not quant_config:
+        if online:
+            return None
+        want = " or ".join(accepts)
+        raise ConfigError(f"--quantization {choice}: the checkpoint is not quantized (no "
+                          "quantization_config in config.json, no quantize_config.json or "
+                          f"hf_quant_config.json); {choice} reads {want} checkpoints")
+    method = str(quant_config.get("quant_method", "")).lower()
+    if method not in accepts:
+        raise ConfigError(f"--quantization {choice} conflicts with the checkpoint, which is "
+                          f"quantized with {method!r}; {choice} reads {' or '.join(accepts)} "
+                          f"checkpoints{' or quantizes a dense one' if online else ''}")
+    return quant_config
+
+
+def config_value(quant_config: dict, *keys: str, default: object = None) -> object:
+    """The first of ``keys`` present in ``quant_config`` (formats spell fields differently:
+    ``bits``/``w_bit``, ``group_size``/``q_group_size``...)."""
+    for k in keys:
+        if k in quant_config:
+            return quant_config[k]
+    return default
+
+
+def unsupported(field: str, value: object, served: str) -> ConfigError:
+    """The one-line error for a config field this build does not serve."""
+    return ConfigError(f"quantization_config.{field} = {value!r}: {served}")

@@ -1,0 +1,318 @@
+"""Checkpoint formats as layer methods, and the readers of each format's config.
+
+Weight-only integer formats (GPTQ, AWQ, compressed-tensors pack-quantized and int weight-only,
+MLX affine, NVFP4 weights) dequantize per fused shard at load (:class:`DequantizedMethod`);
+the fp8 and int8 W8A8 schemes are :class:`Fp8Method` / :class:`Int8Method` configured from the
+checkpoint. :class:`PerLayer` is what a plugin returns: it hands each layer its bound method
+(``None`` keeps the layer dense: excluded layers, and ``lm_head`` unless the format says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch
+
+from engine.errors import ConfigError
+from engine.runtime import quant_formats as qf
+from engine.runtime.linear import Linear, QuantMethod
+from engine.runtime.quant_methods import (DequantizedMethod, LayerMethod, add_param, check_group,
+                                          is_excluded, packed_extent)
+
+
+def _shards(layer: Linear) -> list[tuple[int, int]]:
+    """(start, size) of each fused shard along the output features."""
+    sizes = getattr(layer, "shards", None) or (layer.out_features,)
+    return [(sum(sizes[:i]), s) for i, s in enumerate(sizes)]
+
+
+def _optional(param: torch.nn.Parameter) -> None:
+    param.optional = True  # the loader accepts a checkpoint without it (its default stays)
+
+
+class GPTQMethod(DequantizedMethod):
+    """GPTQ ``qweight``/``qzeros``/``scales``/``g_idx`` (2, 4 or 8 bits; act-order included:
+    each shard's ``g_idx`` is used as stored); v1 zeros are stored minus one."""
+
+    def __init__(self, bits: int, group_size: int, desc_act: bool, zero_offset: int) -> None:
+        self.bits, self.group_size, self.desc_act, self.zero_offset = bits, group_size, \
+            desc_act, zero_offset
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        g = check_group(self.prefix, k, self.group_size)
+        per = 32 // self.bits
+        if k % per:
+            raise ConfigError(f"{self.prefix}: in_features {k} is not a multiple of {per}")
+        layer.group = g
+        add_param(layer, "qweight", (k // per, n), torch.int32, dim=1)
+        add_param(layer, "qzeros", (k // g, n // per), torch.int32, dim=1,
+                  extent=packed_extent(per, "qzeros"))
+        add_param(layer, "scales", (k // g, n), torch.float32, dim=1)
+        g_idx = add_param(layer, "g_idx", (len(_shards(layer)), k), torch.int32,
+                          extent=lambda s: 1)
+        g_idx.data.copy_((torch.arange(k) // g).expand_as(g_idx))
+        if not self.desc_act:
+            _optional(g_idx)
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        per = 32 // self.bits
+        out = []
+        for i, (start, size) in enumerate(_shards(layer)):
+            cols, zcols = slice(start, start + size), slice(start // per, (start + size) // per)
+            out.append(qf.dequant_gptq(layer.qweight.data[:, cols], layer.qzeros.data[:, zcols],
+                                       layer.scales.data[:, cols], layer.g_idx.data[i],
+                                       self.bits, self.zero_offset))
+        return torch.cat(out)
+
+
+class AWQMethod(DequantizedMethod):
+    """AWQ GEMM layout: 4-bit, ``qweight``/``qzeros`` packed along N in AWQ order."""
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        g = check_group(self.prefix, k, self.group_size)
+        layer.group = g
+        add_param(layer, "qweight", (k, n // 8), torch.int32, dim=1,
+                  extent=packed_extent(8, "qweight"))
+        add_param(layer, "qzeros", (k // g, n // 8), torch.int32, dim=1,
+                  extent=packed_extent(8, "qzeros"))
+        add_param(layer, "scales", (k // g, n), torch.float32, dim=1)
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        return qf.dequant_awq(layer.qweight.data, layer.qzeros.data, layer.scales.data,
+                              layer.group)
+
+
+class PackQuantizedMethod(DequantizedMethod):
+    """compressed-tensors ``pack-quantized`` (WNA16): ``weight_packed`` along K, per-group or
+    per-channel ``weight_scale``, optional packed ``weight_zero_point`` and ``weight_g_idx``."""
+
+    def __init__(self, bits: int, group_size: int, symmetric: bool, g_idx: bool) -> None:
+        self.bits, self.group_size, self.symmetric, self.has_g_idx = bits, group_size, \
+            symmetric, g_idx
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        g = check_group(self.prefix, k, self.group_size, "config_groups.weights.group_size")
+        per = 32 // self.bits
+        layer.group = g
+        s = len(_shards(layer))
+        add_param(layer, "weight_packed", (n, k // per), torch.int32)
+        add_param(layer, "weight_scale", (n, k // g), torch.float32)
+        add_param(layer, "weight_shape", (s, 2), torch.int64, extent=lambda _: 1)
+        if not self.symmetric:
+            add_param(layer, "weight_zero_point", (n // per, k // g), torch.int32,
+                      extent=packed_extent(per, "weight_zero_point"))
+        if self.has_g_idx:
+            add_param(layer, "weight_g_idx", (s, k), torch.int32, extent=lambda _: 1)
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        per, out = 32 // self.bits, []
+        k = layer.in_features
+        for i, (start, size) in enumerate(_shards(layer)):
+            shape = tuple(int(v) for v in layer.weight_shape.data[i])
+            if shape != (size, k):
+                raise ConfigError(f"{self.prefix}: weight_shape {list(shape)} of shard {i} "
+                                  f"disagrees with the layer ({size}, {k})")
+            rows = slice(start, start + size)
+            zp = (layer.weight_zero_point.data[start // per:(start + size) // per]
+                  if not self.symmetric else None)
+            g_idx = layer.weight_g_idx.data[i] if self.has_g_idx else None
+            out.append(qf.dequant_pack_quantized(layer.weight_packed.data[rows],
+                                                 layer.weight_scale.data[rows], self.bits,
+                                                 layer.group, zp, g_idx))
+        return torch.cat(out)
+
+
+class IntWeightOnlyMethod(DequantizedMethod):
+    """Symmetric int8 (or int4 held in int8) weights [N, K] with per-channel or per-group
+    ``weight_scale`` (compressed-tensors ``int-quantized`` W8A16)."""
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        layer.group = check_group(self.prefix, k, self.group_size,
+                                  "config_groups.weights.group_size")
+        add_param(layer, "weight", (n, k), torch.int8)
+        add_param(layer, "weight_scale", (n, k // layer.group), torch.float32)
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        s = layer.weight_scale.data.repeat_interleave(layer.group, 1)
+        return layer.weight.data.to(torch.float32) * s
+
+
+class MLXMethod(DequantizedMethod):
+    """MLX affine: ``weight`` uint32 codes along K, ``scales`` and ``biases`` per group."""
+
+    def __init__(self, bits: int, group_size: int) -> None:
+        self.bits, self.group_size = bits, group_size
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        g = check_group(self.prefix, k, self.group_size)
+        layer.group = g
+        add_param(layer, "weight", (n, k * self.bits // 32), torch.int32)
+        add_param(layer, "scales", (n, k // g), torch.float32)
+        add_param(layer, "biases", (n, k // g), torch.float32)
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        return qf.dequant_mlx(layer.weight.data, layer.scales.data, layer.biases.data,
+                              self.bits, layer.group)
+
+
+class NVFP4WeightMethod(DequantizedMethod):
+    """ModelOpt NVFP4 weights (e2m1 pairs, e4m3 scale per 16, fp32 ``weight_scale_2`` per
+    shard) served weight-only, as Hopper-class GPUs serve them: activations stay unquantized."""
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        check_group(self.prefix, k, 16)
+        s = len(_shards(layer))
+        add_param(layer, "weight", (n, k // 2), torch.uint8)
+        add_param(layer, "weight_scale", (n, k // 16), torch.float8_e4m3fn)
+        add_param(layer, "weight_scale_2", (s,), torch.float32, extent=lambda _: 1)
+        _optional(add_param(layer, "input_scale", (s,), torch.float32, extent=lambda _: 1))
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        w = qf.dequant_e2m1(layer.weight.data)
+        w = w * layer.weight_scale.data.to(torch.float32).repeat_interleave(16, 1)
+        sizes = torch.tensor([s for _, s in _shards(layer)])
+        return w * torch.repeat_interleave(layer.weight_scale_2.data, sizes).reshape(-1, 1)
+
+
+class BnB4bitMethod(DequantizedMethod):
+    """bitsandbytes 4-bit (nf4 or fp4, blocks of 64, optional double quantization); the
+    checkpoint's ``weight.absmax``-style names are renamed by :func:`bnb_rewrite`."""
+
+    def __init__(self, double_quant: bool, blocksize: int = 64) -> None:
+        self.double_quant, self.blocksize = double_quant, blocksize
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        bs, s = self.blocksize, len(_shards(layer))
+        blocks = lambda m: -(-m * k // bs)  # noqa: E731
+        shards = getattr(layer, "shards", None) or (n,)
+        if any(m * k % bs for m in shards):
+            raise ConfigError(f"{self.prefix}: {k} inputs per row do not fill blocks of {bs}")
+        add_param(layer, "weight", (n * k // 2, 1), torch.uint8, extent=lambda m: m * k // 2)
+        add_param(layer, "weight_absmax", (sum(blocks(m) for m in shards),),
+                  torch.uint8 if self.double_quant else torch.float32, extent=blocks)
+        add_param(layer, "weight_quant_map", (16,), torch.float32, dim=None)
+        if self.double_quant:
+            nested = lambda m: -(-blocks(m) // 256)  # noqa: E731
+            add_param(layer, "weight_nested_absmax", (sum(nested(m) for m in shards),),
+                      torch.float32, extent=nested)
+            add_param(layer, "weight_nested_quant_map", (256,), torch.float32, dim=None)
+            add_param(layer, "weight_nested_offset", (s,), torch.float32, extent=lambda _: 1)
+
+    def dequantize(self, layer: Linear) -> torch.Tensor:
+        k, bs, out = layer.in_features, self.blocksize, []
+        wrow = brow = nrow = 0
+        for i, (_, m) in enumerate(_shards(layer)):
+            nb = m * k // bs
+            nested = None
+            if self.double_quant:
+                nn_ = -(-nb // 256)
+                nested = (layer.weight_nested_quant_map.data,
+                          layer.weight_nested_absmax.data[nrow:nrow + nn_],
+                          float(layer.weight_nested_offset.data[i]))
+                nrow += nn_
+            out.append(qf.dequant_bnb4(layer.weight.data[wrow:wrow + m * k // 2],
+                                       layer.weight_quant_map.data,
+                                       layer.weight_absmax.data[brow:brow + nb], (m, k), bs,
+                                       nested))
+            wrow, brow = wrow + m * k // 2, brow + nb
+        return torch.cat(out)
+
+
+def bnb_rewrite(quant_type: str, blocksize: int = 64
+                ) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """bitsandbytes names (``q_proj.weight.absmax``...) to parameter names
+    (``q_proj.weight_absmax``); each ``weight.quant_state.bitsandbytes__<type>`` JSON is checked
+    against the config (type, block size) and yields the shard's ``weight_nested_offset``."""
+    import json
+
+    def rewrite(weights: Iterator[Any]) -> Iterator[Any]:
+        for name, tensor in weights:
+            head, sep, tail = name.partition(".weight.")
+            if not sep:
+                yield name, tensor
+            elif tail.startswith("quant_state."):
+                state = json.loads(bytes(tensor.tolist()))
+                if state.get("quant_type") != quant_type or state.get("blocksize") != blocksize:
+                    raise ConfigError(f"checkpoint tensor {name!r}: quant_type "
+                                      f"{state.get('quant_type')!r}, blocksize "
+                                      f"{state.get('blocksize')} (the config says {quant_type!r} "
+                                      f"in blocks of {blocksize})")
+                if "nested_offset" in state:
+                    yield f"{head}.weight_nested_offset", torch.tensor(
+                        float(state["nested_offset"]))
+            else:
+                yield f"{head}.weight_{tail}", tensor
+    return rewrite
+
+
+class PerLayer(QuantMethod):
+    """The method a plugin returns: ``scheme(name)`` gives each layer's method (``None``: dense);
+    ``lm_head`` stays dense unless ``head`` is set."""
+
+    def __init__(self, scheme: Callable[[str], LayerMethod | None], head: bool = False,
+                 rewrite: Callable[[Iterator[Any]], Iterator[Any]] | None = None) -> None:
+        self.scheme, self.head, self.rewrite = scheme, head, rewrite
+
+    def checkpoint_weights(self, weights: Iterator[Any]) -> Iterator[Any]:
+        return weights if self.rewrite is None else self.rewrite(weights)
+
+    def for_layer(self, name: str) -> QuantMethod | None:
+        if name == "lm_head" and not self.head:
+            return None
+        method = self.scheme(name)
+        return None if method is None else method.bind(name)
+
+    def create_weights(self, layer: Linear, in_features: int, out_features: int,
+                       dtype: torch.dtype) -> None:
+        raise TypeError("PerLayer hands out per-layer methods through for_layer")
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise TypeError("PerLayer hands out per-layer methods through for_layer")
+
+
+def excluding(patterns: Any, method: LayerMethod) -> Callable[[str], LayerMethod | None]:
+    """``method`` for every layer but those the checkpoint's exclusion list names."""
+    pats = [patterns] if isinstance(patterns, str) else list(patterns or [])
+    return lambda name: None if is_excluded(name, pats) else method
+
+
+def mlx_dense_embeddings(bits: int, group_size: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A checkpoint rewrite that dequantizes MLX's quantized ``embed_tokens`` and ``lm_head``
+    (``weight``/``scales``/``biases`` triples) into dense weights; other tensors pass."""
+    owners = ("model.embed_tokens", "lm_head")
+
+    def rewrite(weights: Iterator[Any]) -> Iterator[Any]:
+        held: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in weights:
+            owner, _, leaf = name.rpartition(".")
+            if owner not in owners or leaf not in ("weight", "scales", "biases"):
+                yield name, tensor
+                continue
+            parts = held.setdefault(owner, {})
+            parts[leaf] = tensor
+            if "scales" not in parts and parts.get("weight") is not None \
+                    and parts["weight"].is_floating_point():
+                yield name, held.pop(owner)["weight"]  # a dense embedding
+            elif len(parts) == 3:
+                w = parts["weight"]
+                w = w.view(torch.int32) if w.dtype == torch.uint32 else w
+                yield f"{owner}.weight", qf.dequant_mlx(w, parts["scales"], parts["biases"],
+                                                        bits, group_size)
+                del held[owner]
+        if held:
+            raise ConfigError(f"MLX tensors of {', '.join(held)} are incomplete (need weight, "
+                              "scales and biases)")
+    return rewrite

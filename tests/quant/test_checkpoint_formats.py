@@ -1,0 +1,277 @@
+"""Quantized checkpoints of every real format: a tiny 2-layer model at the default model's
+widths, written by :mod:`engine.testing.quant`, gives the logits of the same model with the
+format's dequantized weights (float32), exactly for weight-only formats; activation-quantized
+layers equal their own quantize-dequantize reference; detection, conflicts and bad checkpoints
+are one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.config import ServerConfig
+from engine.errors import ConfigError
+from engine.runtime import quant_formats as qf
+from engine.testing import quant as tq
+
+IDS = [[5, 17, 300, 41, 8, 99, 250, 7], [3, 11]]
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("dense"))
+    return path, tq.tiny_llama(path)
+
+
+def logits(path: str, quantization: str | None = None, dtype: str = "float32") -> torch.Tensor:
+    from engine.runtime.model_runner import ModelRunner
+    from engine.testing.batches import BatchBuilder
+
+    runner = ModelRunner(ServerConfig(model_path=path, device="cpu", dtype=dtype,
+                                      skip_tokenizer_init=True, max_total_tokens=256,
+                                      attention_backend="torch_native", max_running_requests=2,
+                                      quantization=quantization))
+    builder = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
+    rows = [builder.new_request() for _ in IDS]
+    first = runner.forward(builder.extend(list(zip(rows, IDS))))
+    nxt = runner.forward(builder.decode([(r, 1) for r in rows]))
+    return torch.cat([first, nxt]), runner
+
+
+def reference_dir(tmp: str, dense_state: dict, ref: dict) -> str:
+    from safetensors.torch import save_file
+
+    path = os.path.join(tmp, "ref")
+    os.makedirs(path, exist_ok=True)
+    src = dense_state["__path__"]
+    with open(os.path.join(src, "config.json")) as fh:
+        cfg = json.load(fh)
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(cfg, fh)
+    state = {k: v for k, v in dense_state.items() if k != "__path__"}
+    state.update(ref)
+    save_file(state, os.path.join(path, "model.safetensors"))
+    return path
+
+
+WEIGHT_ONLY = [("gptq", {}), ("gptq", {"desc_act": True, "group": 32}), ("gptq", {"bits": 8}),
+               ("gptq", {"bits": 2, "group": 32}),
+               ("auto_round", {}), ("awq", {"sym": False}), ("awq", {"group": 32}),
+               ("ct_wna16", {}), ("ct_wna16", {"sym": False, "group": 32}),
+               ("ct_wna16", {"sym": False, "bits": 8}),
+               ("ct_w8a16", {}), ("mlx4", {}), ("mlx8", {"group": 32}), ("modelopt_nvfp4", {}),
+               ("bnb_nf4", {})]
+
+
+@pytest.mark.parametrize("scheme,kw", WEIGHT_ONLY, ids=[f"{s}-{k}" for s, k in WEIGHT_ONLY])
+def test_weight_only_logits_equal_the_dequantized_float32_model(dense, tmp_path, scheme, kw):
+    path, state = dense
+    ref = tq.write_checkpoint(path, str(tmp_path / "q"), scheme, **kw)
+    ours, runner = logits(str(tmp_path / "q"))
+    want, _ = logits(reference_dir(str(tmp_path), {**state, "__path__": path}, ref))
+    assert runner.model.quant_method is not None
+    # the same float32 weights through the same dense product: equal up to summation order
+    assert torch.allclose(ours, want, atol=1e-5, rtol=0), (ours - want).abs().max()
+
+
+@pytest.mark.parametrize("choice", [None, "auto-round"])
+def test_detected_and_named_method_agree(dense, tmp_path, choice):
+    path, _ = dense
+    tq.write_checkpoint(path, str(tmp_path / "q"), "auto_round")
+    a, runner = logits(str(tmp_path / "q"), choice)
+    assert type(runner.model.model.layers[0].mlp.down_proj.quant_method).__name__ == "GPTQMethod"
+
+
+ACT = ["ct_w8a8_int8", "ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block", "fp8_block",
+       "fp8_tensor", "modelopt_fp8", "quark_fp8"]
+
+
+def _fake_fp8(x, scale):
+    return (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale
+
+
+def _reference_linear(scheme: str, x: torch.Tensor, w: torch.Tensor, tensors: dict,
+                      base: str, block=(128, 128)) -> torch.Tensor:
+    """The format's arithmetic written out: quantize the activations as its kernels do, then
+    a float64 product with the dequantized weight."""
+    if scheme == "ct_w8a8_int8":
+        s = x.abs().amax(-1, keepdim=True) / 127
+        xq = torch.round(x / s).clamp(-128, 127) * s
+    elif scheme in ("ct_fp8_dynamic",):
+        s = x.abs().amax(-1, keepdim=True) / 448
+        xq = _fake_fp8(x, s)
+    elif scheme in ("ct_fp8_block", "fp8_block"):
+        g = block[1]
+        xg = F.pad(x, (0, (-x.shape[1]) % g)).reshape(x.shape[0], -1, g)
+        s = xg.abs().amax(-1, keepdim=True) / 448
+        xq = _fake_fp8(xg, s).reshape(x.shape[0], -1)[:, :x.shape[1]]
+    else:  # static per-tensor
+        xq = _fake_fp8(x, tensors[base + ".input_scale"].float())
+    return (xq.double() @ w.double().T).float()
+
+
+@pytest.mark.parametrize("scheme", ACT)
+def test_activation_quantized_layers_equal_their_reference(scheme):
+    from engine.assembly import Assembly
+    from engine.runtime.linear import Linear
+
+    torch.manual_seed(0)
+    block = (64, 64)
+    sizes = (192, 64, 64)
+    w = {f"m.{p}.weight": torch.randn(n, 576) * 0.05 for p, n in zip(("q_proj", "k_proj",
+                                                                       "v_proj"), sizes)}
+    tensors, qcfg, ref = tq.quantize_state(
+        {f"model.layers.0.self_attn.{k[2:]}": v for k, v in w.items()}, scheme, block=block)
+    del Assembly
+    from engine.plugins.registry import Registry
+    registry = Registry()
+    record = registry.resolve("quantization", tq.CHOICE[scheme], flag="--quantization")
+    impl = __import__(record.manifest.implementation, fromlist=["x"])
+    method = impl.engine_create_quant_method(quant_config={**qcfg, "quant_method": qcfg.get(
+        "quant_method", "")}).for_layer("model.layers.0.self_attn.qkv_proj")
+    layer = Linear(576, sum(sizes), quant_method=method, shards=sizes)
+    start = 0
+    params = dict(layer.named_parameters())
+    for p, n in zip(("q_proj", "k_proj", "v_proj"), sizes):
+        base = f"model.layers.0.self_attn.{p}"
+        for key, t in tensors.items():
+            if key.startswith(base + "."):
+                leaf = key[len(base) + 1:]
+                params[leaf].weight_loader(params[leaf], t, start, n)
+        start += n
+    layer.process_weights_after_loading()
+    x = torch.randn(5, 576)
+    got = layer(x)
+    outs, start = [], 0
+    for p, n in zip(("q_proj", "k_proj", "v_proj"), sizes):
+        base = f"model.layers.0.self_attn.{p}"
+        if scheme in ("ct_fp8_static", "fp8_tensor", "modelopt_fp8", "quark_fp8"):
+            # a fused layer quantizes its shared input with the largest shard scale
+            top = max(float(tensors[f"model.layers.0.self_attn.{q}.input_scale"].float())
+                      for q in ("q_proj", "k_proj", "v_proj"))
+            tensors = {**tensors, base + ".input_scale": torch.tensor(top)}
+        outs.append(_reference_linear(scheme, x, ref[base + ".weight"], tensors, base, block))
+    want = torch.cat(outs, 1)
+    # float32 against float64 sums of the same quantized operands
+    tol = 1e-5 * (x.abs() @ torch.cat([ref[k] for k in sorted(ref)]).abs().T).max()
+    assert (got - want).abs().max() <= max(tol, 2e-5), (got - want).abs().max()
+
+
+def test_int8_layers_are_batch_invariant(dense, tmp_path):
+    path, _ = dense
+    tq.write_checkpoint(path, str(tmp_path / "q"), "ct_w8a8_int8")
+    _, runner = logits(str(tmp_path / "q"))
+    layer = runner.model.model.layers[0].mlp.gate_up_proj
+    x = torch.randn(9, 576)
+    one = torch.cat([layer(x[i:i + 1]) for i in range(9)])
+    assert torch.equal(layer(x), one)
+
+
+def test_online_fp8_and_w8a8_fp8_run_on_a_dense_checkpoint(dense):
+    path, _ = dense
+    base, _ = logits(path)
+    for choice in ("fp8", "w8a8_fp8"):
+        got, runner = logits(path, choice)
+        assert runner.model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float32
+        p, q = F.log_softmax(base, -1), F.log_softmax(got, -1)
+        kl = (p.exp() * (p - q)).sum(-1).mean()
+        assert kl < 0.05, kl
+
+
+def test_pack_unpack_roundtrip_and_awq_order():
+    codes = torch.randint(0, 16, (6, 16), dtype=torch.int32)
+    for dim in (0, 1):
+        c = codes if dim == 1 else codes.t().contiguous()
+        assert torch.equal(qf.unpack_int32(qf.pack_int32(c, 4, dim), 4, dim), c)
+    assert torch.equal(qf.awq_unpack(qf.awq_pack(codes)), codes)
+    word = qf.awq_pack(torch.arange(8, dtype=torch.int32).reshape(1, 8))
+    # nibble i holds column AWQ_ORDER[i]
+    assert [(int(word) >> (4 * i)) & 15 for i in range(8)] == list(qf.AWQ_ORDER)
+    assert int(qf.pack_int32(torch.full((1, 8), 7, dtype=torch.int32), 4, 1)) == 0x77777777
+
+
+# ---------------------------------------------------------------- detection and refusals
+
+
+def test_conflicting_choice_names_both(dense, tmp_path):
+    path, _ = dense
+    tq.write_checkpoint(path, str(tmp_path / "q"), "fp8_block", block=(64, 64))
+    with pytest.raises(ConfigError, match=r"--quantization awq conflicts .* 'fp8'"):
+        logits(str(tmp_path / "q"), "awq")
+
+
+def test_gptq_on_a_dense_checkpoint_says_no_config(dense):
+    with pytest.raises(ConfigError, match="not quantized .*quantize_config.json"):
+        logits(dense[0], "gptq")
+
+
+@pytest.mark.parametrize("edit,pattern", [
+    (lambda c: c.update(bits=3), r"quantization_config.bits = 3"),
+    (lambda c: c.update(group_size=100), r"group_size = 100 does not divide in_features 576"),
+    (lambda c: c.update(group_size=32), r"checkpoint tensor 'model\.layers\.\d+\.[\w.]+"
+                                        r"\.(qzeros|scales)': has shape \(\d+, \d+\), expected"),
+])
+def test_bad_gptq_configs_are_one_line_errors(dense, tmp_path, edit, pattern):
+    path, _ = dense
+    q = str(tmp_path / "q")
+    tq.write_checkpoint(path, q, "gptq")
+    cfg_path = os.path.join(q, "config.json")
+    with open(cfg_path) as fh:
+        cfg = json.load(fh)
+    edit(cfg["quantization_config"])
+    with open(cfg_path, "w") as fh:
+        json.dump(cfg, fh)
+    with pytest.raises(ConfigError, match=pattern) as info:
+        logits(q)
+    assert "\n" not in str(info.value)
+
+
+def test_quantize_config_json_and_mlx_block_are_detected(dense, tmp_path):
+    from engine.models.quant_config import read_quant_config
+
+    path, _ = dense
+    q = str(tmp_path / "q")
+    tq.write_checkpoint(path, q, "gptq")
+    with open(os.path.join(q, "config.json")) as fh:
+        cfg = json.load(fh)
+    qcfg = cfg.pop("quantization_config")
+    del qcfg["quant_method"]
+    with open(os.path.join(q, "config.json"), "w") as fh:
+        json.dump(cfg, fh)
+    with open(os.path.join(q, "quantize_config.json"), "w") as fh:
+        json.dump(qcfg, fh)
+    assert read_quant_config(q)["quant_method"] == "gptq"
+    _, runner = logits(q)
+    assert runner.model.quant_method is not None
+    m = str(tmp_path / "m")
+    tq.write_checkpoint(path, m, "mlx4")
+    assert read_quant_config(m)["quant_method"] == "mlx_q4"
+    with open(os.path.join(m, "config.json")) as fh:
+        cfg = json.load(fh)
+    cfg["quantization"]["bits"] = 5
+    with open(os.path.join(m, "config.json"), "w") as fh:
+        json.dump(cfg, fh)
+    with pytest.raises(ConfigError, match="quantization.bits = 5"):
+        read_quant_config(m)
+
+
+def test_bnb_dequantization_equals_the_bitsandbytes_library():
+    """Cross-check against the library where it is installed (it is not a dependency)."""
+    bnb = pytest.importorskip("bitsandbytes.functional")
+    from engine.runtime.quant_formats import dequant_bnb4
+
+    w = torch.randn(192, 576)
+    for kind in ("nf4", "fp4"):
+        for nested in (True, False):
+            q, st = bnb.quantize_4bit(w, blocksize=64, quant_type=kind,
+                                      compress_statistics=nested)
+            d = st.as_dict(packed=True)
+            state = json.loads(bytes(d[f"quant_state.bitsandbytes__{kind}"].tolist()))
+            extra = ((d["nested_quant_map"], d["nested_absmax"], state["nested_offset"])
+                     if nested else None)
+            ours = dequant_bnb4(q, d["quant_map"], d["absmax"], (192, 576), 64, extra)
+            assert torch.equal(ours, bnb.dequantize_4bit(q, st).float())

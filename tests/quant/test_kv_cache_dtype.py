@@ -1,0 +1,72 @@
+"""``--kv-cache-dtype``: fp8 storage with per-layer scales, dequantized on read by torch_native;
+formats this build cannot store are refused with the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from engine.config import ServerConfig
+from engine.errors import ConfigError
+from engine.testing import quant as tq
+
+IDS = [[5, 17, 300, 41, 8, 99, 250, 7, 3, 11, 12, 13]]
+
+
+def run(path, kv, backend="torch_native"):
+    from engine.runtime.model_runner import ModelRunner
+    from engine.testing.batches import BatchBuilder
+
+    runner = ModelRunner(ServerConfig(model_path=path, device="cpu", dtype="float32",
+                                      skip_tokenizer_init=True, max_total_tokens=128,
+                                      attention_backend=backend, kv_cache_dtype=kv))
+    b = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
+    row = b.new_request()
+    first = runner.forward(b.extend([(row, IDS[0])], all_logits=True))
+    return torch.cat([first, runner.forward(b.decode([(row, 4)]))]), runner
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("m"))
+    tq.tiny_llama(path)
+    return path
+
+
+@pytest.mark.parametrize("kv,fmt", [("fp8_e4m3", torch.float8_e4m3fn),
+                                    ("fp8_e5m2", torch.float8_e5m2)])
+def test_fp8_kv_cache_is_stored_fp8_and_close_to_float32(model, kv, fmt):
+    base, _ = run(model, "auto")
+    got, runner = run(model, kv)
+    assert runner.pool.k[0].dtype == fmt
+    p, q = F.log_softmax(base, -1), F.log_softmax(got, -1)
+    assert (p.exp() * (p - q)).sum(-1).mean() < 0.02
+    assert (got.argmax(-1) == base.argmax(-1)).float().mean() >= 0.75
+
+
+def test_checkpoint_kv_scales_are_used(model, tmp_path):
+    dst = str(tmp_path / "s")
+    os.makedirs(dst)
+    state = load_file(os.path.join(model, "model.safetensors"))
+    state["model.layers.1.self_attn.k_scale"] = torch.tensor(0.5)
+    state["model.layers.1.self_attn.v_proj.v_scale"] = torch.tensor(0.25)  # modelopt-style
+    save_file(state, os.path.join(dst, "model.safetensors"))
+    with open(os.path.join(model, "config.json")) as fh, \
+            open(os.path.join(dst, "config.json"), "w") as out:
+        json.dump(json.load(fh), out)
+    _, runner = run(dst, "fp8_e4m3")
+    assert runner.pool.k_scale == [1.0, 0.5] and runner.pool.v_scale == [1.0, 0.25]
+    _, dense = run(dst, "auto")  # scales ignored when the cache is not fp8
+    assert dense.pool.k_scale == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("kv,pattern", [("nvfp4", "SM100"), ("mxfp8", "SM100"),
+                                        ("fp4_mx_block16", "not implemented")])
+def test_unsupported_kv_dtypes_are_refused(model, kv, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        run(model, kv)
