@@ -61,6 +61,9 @@ class AttentionBackend(ABC):
 
     #: True when decode forwards can be captured in a CUDA graph (see :meth:`prepare_graph`)
     supports_cuda_graph: bool = False
+    #: True when extend forwards honour ``batch.tree_mask`` (speculative tree verify); a
+    #: backend without it can verify chains only (plain causal extend)
+    supports_tree_verify: bool = False
 
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool

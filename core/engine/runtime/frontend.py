@@ -81,7 +81,8 @@ class Runtime:
         self.runner = runner
         self.tokenizer = self.runner.tokenizer
         self.model_config = self.runner.model_config
-        self.scheduler = Scheduler(config, self.runner)
+        spec = assembly.speculative(self.runner) if assembly is not None else None
+        self.scheduler = Scheduler(config, self.runner, speculative=spec)
         self.context_len = self.scheduler.max_context_len
         self.kv_capacity = self.scheduler.allocator.capacity_tokens
         self.vocab_size = self.model_config.vocab_size
