@@ -86,42 +86,49 @@ def test_every_family_flag_is_a_config_field_from_the_family_table():
             assert f.metadata["help"] == fl.help
 
 
-@pytest.mark.parametrize("flag,value", [("--speculative-algorithm", "EAGLE"),
-                                        ("--hicache-storage-backend", "file")])
-def test_a_family_without_a_runtime_consumer_is_refused(registry, flag, value):
+def test_a_family_without_a_runtime_consumer_is_refused(registry):
+    flag, value = "--hicache-storage-backend", "file"
     with pytest.raises(ConfigError, match=f"^{flag} {value}: not served by this build: "):
         parse_config([flag, value], registry)
     parse_config([], registry)  # their defaults are fine
 
 
-SPEC_MANIFEST = """\
+def test_speculative_algorithms_are_served_and_matched_whatever_their_case(registry):
+    assert FAMILIES["speculative"].unserved is None
+    config = parse_config(["--speculative-algorithm", "NGRAM"], registry)
+    assert registry.resolve("speculative", config.speculative_algorithm).name == "ngram"
+    with pytest.raises(ConfigError, match="unknown --speculative-algorithm 'NOPE'"):
+        parse_config(["--speculative-algorithm", "NOPE"], registry)
+
+
+STORE_MANIFEST = """\
 from engine.api import Plugin
-plugin = Plugin(name="t_draft", family="speculative", implementation="engine_t_draft.impl",
+plugin = Plugin(name="t_store", family="hicache_storage", implementation="engine_t_store.impl",
                 description="test")
 """
-SPEC_IMPL = """\
+STORE_IMPL = """\
 from engine.api import hookimpl
 
 @hookimpl
-def engine_create_speculative_proposer(model_config, config, options):
+def engine_create_hicache_storage(config, options):
     return object()
 """
 
 
 def test_an_installed_plugin_of_an_unserved_family_is_refused_by_serve(tmp_path):
-    d = write_plugin(tmp_path, "engine-t-draft", "engine.speculative", "t_draft", SPEC_MANIFEST,
-                     SPEC_IMPL)
+    d = write_plugin(tmp_path, "engine-t-store", "engine.hicache_storage", "t_store",
+                     STORE_MANIFEST, STORE_IMPL)
     install(d)
     try:
-        listed = engine("plugins", "list", "--family", "speculative")
-        assert "t_draft" in listed.stdout and "available" in listed.stdout
-        out = engine("serve", "--speculative-algorithm", "t_draft")
+        listed = engine("plugins", "list", "--family", "hicache_storage")
+        assert "t_store" in listed.stdout and "available" in listed.stdout
+        out = engine("serve", "--hicache-storage-backend", "t_store")
         assert out.returncode == 2
-        assert out.stderr.strip() == ("engine serve: error: --speculative-algorithm t_draft: "
-                                      "not served by this build: the scheduler has no "
-                                      "draft/verify step yet")
+        assert out.stderr.strip() == ("engine serve: error: --hicache-storage-backend t_store: "
+                                      "not served by this build: the KV cache has no host or "
+                                      "storage tier yet")
     finally:
-        uninstall("engine-t-draft")
+        uninstall("engine-t-store")
 
 
 HIDE = """

@@ -33,3 +33,15 @@ def test_kit_catches_a_backend_that_ignores_causality():
     failures = check("not_causal", lambda pool, model_config, config: NotCausal(pool), "cpu")
     assert failures and all("differs from the reference" in f or "non-finite" in f
                             for f in failures)
+
+
+def test_kit_catches_a_tree_verify_backend_that_ignores_the_tree_mask():
+    from engine_attention_torch_native.impl import TorchNativeBackend
+
+    class NoTree(TorchNativeBackend):
+        def prepare(self, batch):
+            batch.tree_mask = None  # claims tree verify, attends causally instead
+            super().prepare(batch)
+
+    failures = check("no_tree", lambda pool, model_config, config: NoTree(pool), "cpu")
+    assert failures and all(" verify: " in f for f in failures)
