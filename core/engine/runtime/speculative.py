@@ -458,7 +458,8 @@ def load_draft_runner(config: Any, target: Any, registry: Any) -> DraftRunner:
         quantization=config.speculative_draft_model_quantization,
         max_total_tokens=target.max_total_num_tokens + target.max_running_requests * width,
         page_size=1, context_length=target.max_context_len,
-        max_running_requests=target.max_running_requests, json_model_override_args=None)
+        max_running_requests=target.max_running_requests, json_model_override_args=None,
+        skip_tokenizer_init=True)
     try:
         runner = ModelRunner(draft_cfg, Assembly(draft_cfg, registry))
     except ConfigError as exc:
@@ -479,8 +480,16 @@ def check_same_vocab(target: Any, draft: Any, path: str) -> None:
     if tv != dv:
         raise ConfigError(f"--speculative-draft-model-path {path}: its vocabulary has {dv} "
                           f"tokens, the target's {tv}; a draft must share the target's tokenizer")
-    tt, dt = target.tokenizer, draft.tokenizer
-    if tt is not None and dt is not None:
+    from engine.models.tokenizer import Tokenizer
+
+    tt = target.tokenizer
+    try:
+        dt = Tokenizer.load(draft.model_config)
+    except ConfigError:
+        log.info("the draft model %s has no tokenizer of its own: only its vocabulary size is "
+                 "checked against the target's", path)
+        return
+    if tt is not None:
         a, b = tt.hf.get_vocab(), dt.hf.get_vocab()
         if a != b:
             diff = len(set(a.items()) ^ set(b.items()))
