@@ -102,10 +102,18 @@ class DraftModel(ABC):
 
 
 class TargetModel(ABC):
-    """Read access to the target model for drafts that reuse its parts (EAGLE)."""
+    """Read access to the target model for drafts that reuse its parts (EAGLE, NEXTN).
+
+    Attributes: ``hidden_size``, ``vocab_size``, ``num_layers``, ``dtype``, ``device``,
+    ``rms_norm_eps``.
+    """
 
     hidden_size: int
     vocab_size: int
+    num_layers: int
+    dtype: Any
+    device: Any
+    rms_norm_eps: float
 
     @abstractmethod
     def embed(self, token_ids: Any) -> Any:
@@ -113,7 +121,19 @@ class TargetModel(ABC):
 
     @abstractmethod
     def logits(self, hidden: Any) -> Any:
-        """The target's LM head over final-normed hidden states ([N, H] -> [N, V] float32)."""
+        """The target's LM head over hidden states ([N, H] -> [N, V] float32)."""
+
+    @abstractmethod
+    def capture(self, layers: Sequence[int] = ()) -> int:
+        """Keep, from now on, each target token's features: its final normed hidden state
+        (``layers`` empty) or the inputs of the given layers concatenated (EAGLE3). Call once,
+        at construction; returns the feature width."""
+
+    @abstractmethod
+    def features(self, request: Any, start: int, end: int) -> Any:
+        """Features ``[end - start, width]`` of the request's tokens ``start .. end - 1``; they
+        must be in the target's KV (``end <= request.kv_len``). Tokens of a cached prefix
+        have theirs too (features live with the KV slots)."""
 
 
 @dataclass

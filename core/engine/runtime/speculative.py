@@ -250,9 +250,10 @@ class SpecDecoder:
             dst = torch.tensor([slots[d] for d, n in enumerate(path, 1) if n != d],
                                device=pool.device)
             src_t = torch.tensor(src, device=pool.device)
-            for layer in range(pool.num_layers):
-                pool.k[layer].index_copy_(0, dst, pool.k[layer].index_select(0, src_t))
-                pool.v[layer].index_copy_(0, dst, pool.v[layer].index_select(0, src_t))
+            sink = getattr(getattr(self.runner, "model", None), "feature_sink", None)
+            buffers = [*pool.k, *pool.v] + ([sink.buf] if sink is not None else [])
+            for buf in buffers:
+                buf.index_copy_(0, dst, buf.index_select(0, src_t))
         keep = 1 + len(path)
         new_len = req.kv_len + keep
         room = -new_len % sched.page_size  # the rest of the last kept page stays
@@ -425,19 +426,61 @@ class DraftRunner(DraftModel):
         raise OutOfMemory("no free draft row")
 
 
+class FeatureSink:
+    """Per-slot features of the target's tokens, written by every target forward (the
+    model's ``feature_sink``): [num_slots, width], moved with the KV of accepted nodes."""
+
+    def __init__(self, layers: list[int], width: int, num_slots: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.layers = layers
+        self.buf = torch.zeros((num_slots, width), dtype=dtype, device=device)
+
+    def write(self, batch: Batch, feats: torch.Tensor) -> None:
+        self.buf.index_copy_(0, batch.out_cache_loc, feats.to(self.buf.dtype))
+
+
 class TargetView(TargetModel):
-    """The target's embedding and head, for drafts that reuse them."""
+    """The target's embedding, head and (once :meth:`capture` is called) per-token features."""
 
     def __init__(self, runner: Any) -> None:
+        self._runner = runner
         self._model = runner.model
         mc = runner.model_config
         self.hidden_size, self.vocab_size = mc.hidden_size, mc.vocab_size
+        self.num_layers = mc.num_hidden_layers
+        self.dtype, self.device = runner.dtype, runner.device
+        self.rms_norm_eps = mc.rms_norm_eps
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self._model.model.embed_tokens(token_ids)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._model.compute_logits(hidden).float()
+
+    def capture(self, layers: Sequence[int] = ()) -> int:
+        """From now on every target forward keeps each token's features: the final normed
+        hidden state (``layers`` empty), or the inputs of ``layers`` concatenated. Returns
+        the feature width. Decode CUDA graphs are re-captured by the runner when needed."""
+        bad = [i for i in layers if not 0 <= i < self.num_layers]
+        if bad:
+            raise ConfigError(f"target layers {bad} to capture: the target has "
+                              f"{self.num_layers} layers")
+        width = self.hidden_size * max(1, len(layers))
+        self._model.feature_sink = FeatureSink(list(layers), width, self._runner.pool.num_slots,
+                                               self.dtype, self.device)
+        if getattr(self._runner, "decode_graphs", None) is not None:
+            self._runner.decode_graphs = self._runner._make_decode_graphs()
+        return width
+
+    def features(self, request: Any, start: int, end: int) -> torch.Tensor:
+        """Features of the request's tokens ``start .. end - 1`` (all in the target's KV)."""
+        sink = self._model.feature_sink
+        if sink is None:
+            raise RuntimeError("features were not captured (call capture() first)")
+        if end > request.kv_len:
+            raise ValueError(f"token {end - 1} is not in the target's KV yet")
+        slots = self._runner.req_to_token[request.row, start:end]
+        return sink.buf.index_select(0, slots)
 
 
 def load_draft_runner(config: Any, target: Any, registry: Any) -> DraftRunner:

@@ -4,7 +4,11 @@
 config=..., context=...)``) with a :class:`~engine.api.speculative.SpecContext` whose draft
 model is a small stand-in (deterministic logits from the last token, the target's vocabulary)
 and runs a few rounds of drafting over requests with repetitive and random token streams,
-appending tokens between rounds as the verify step would. It checks:
+appending tokens between rounds as the verify step would
+
+(a draft-model proposer gets ``--speculative-draft-model-path`` of a tiny random model:
+``--speculative-draft-load-format dummy``, and a two-layer stand-in target whose features are
+its token embeddings) It checks:
 
 * the product is a :class:`~engine.api.speculative.Proposer` with a verify width of at least 2;
 * one :class:`~engine.api.speculative.Draft` per request, of at most width - 1 nodes, whose
@@ -56,10 +60,14 @@ class StandInDraftModel(DraftModel):
 
 
 class StandInTarget(TargetModel):
+    """A two-layer target's parts: an embedding table as embeddings, head and features."""
+
     def __init__(self) -> None:
-        self.hidden_size, self.vocab_size = HIDDEN, VOCAB
+        self.hidden_size, self.vocab_size, self.num_layers = HIDDEN, VOCAB, 2
+        self.dtype, self.device, self.rms_norm_eps = torch.float32, torch.device("cpu"), 1e-5
         gen = torch.Generator().manual_seed(0)
         self.table = torch.randn(VOCAB, HIDDEN, generator=gen)
+        self.width = 0
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.table[token_ids]
@@ -67,12 +75,42 @@ class StandInTarget(TargetModel):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.float() @ self.table.T
 
+    def capture(self, layers: Sequence[int] = ()) -> int:
+        self.width = HIDDEN * max(1, len(layers))
+        return self.width
+
+    def features(self, request: Any, start: int, end: int) -> torch.Tensor:
+        if not self.width:
+            raise RuntimeError("features read before capture()")
+        if not 0 <= start <= end <= request.kv_len:
+            raise ValueError(f"features of {start}..{end} with {request.kv_len} in the KV")
+        ids = torch.tensor((request.origin_input_ids + request.output_ids)[start:end])
+        return self.table[ids].repeat(1, self.width // HIDDEN)
+
 
 @dataclass(eq=False)
 class FakeRequest:
     rid: str
     origin_input_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
+
+    @property
+    def kv_len(self) -> int:  # every token but the last is in the target's KV
+        return len(self.origin_input_ids) + len(self.output_ids) - 1
+
+
+def draft_head_dir() -> str:
+    """A directory with a tiny draft model's config.json (random weights: load format dummy)."""
+    import json
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="engine-spec-kit-")
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": HIDDEN, "intermediate_size": 32,
+           "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+           "head_dim": 8, "vocab_size": VOCAB, "max_position_embeddings": 512}
+    with open(f"{path}/config.json", "w") as f:
+        json.dump(cfg, f)
+    return path
 
 
 def model_config() -> ModelConfig:
@@ -107,7 +145,9 @@ def check(name: str, build: Callable[..., Any]) -> list[str]:
     context = SpecContext(num_steps=3, eagle_topk=2, num_draft_tokens=6,
                           device=torch.device("cpu"), target=StandInTarget(),
                           draft_loader=StandInDraftModel)
-    proposer = build(model_config=model_config(), config=ServerConfig(), context=context)
+    config = ServerConfig(speculative_draft_model_path=draft_head_dir(),
+                          speculative_draft_load_format="dummy")
+    proposer = build(model_config=model_config(), config=config, context=context)
     if not isinstance(proposer, Proposer):
         return [f"the hook returned {type(proposer).__name__}, not a Proposer"]
     if proposer.num_draft_tokens < 2:
@@ -116,7 +156,7 @@ def check(name: str, build: Callable[..., Any]) -> list[str]:
     phrase = [rng.randrange(VOCAB) for _ in range(9)]
     reqs = [FakeRequest("repeat", phrase * 4), FakeRequest("random",
                                                            [rng.randrange(VOCAB) for _ in range(30)]),
-            FakeRequest("short", [1])]
+            FakeRequest("short", [1], [2])]
     failures: list[str] = []
     for rnd in range(6):
         drafts = proposer.propose(reqs)
