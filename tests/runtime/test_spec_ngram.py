@@ -41,9 +41,10 @@ def test_a_repeated_text_drafts_its_continuation_as_one_chain():
 def test_breadth_one_drafts_chains_and_wider_drafts_trees():
     req = FakeRequest("r", [5, 6, 1, 5, 6, 2, 5, 6, 3, 5, 6])
     wide = proposer(width=8).propose([req])[0]
-    # "5 6" was followed by 1, 2 and 3: three branches, the most recent (3) first and deepest
+    # "5 6" was followed by 1, 2 and 3: three branches, the one with the most continuation
+    # (1) first and deepest
     roots = [t for t, p in zip(wide.token_ids, wide.parents) if p == -1]
-    assert not wide.is_chain and roots == [3, 2, 1] and wide.token_ids[:3] == [3, 5, 6]
+    assert not wide.is_chain and sorted(roots) == [1, 2, 3] and wide.token_ids[:3] == [1, 5, 6]
     assert not draft_failures(wide, proposer(width=8))
     p = proposer(width=8, speculative_ngram_max_bfs_breadth=1)
     assert not p.drafts_trees and p.propose([req])[0].is_chain
@@ -114,3 +115,20 @@ def test_the_kit_catches_malformed_drafts():
     text = "\n".join(failures)
     assert "4 nodes for a verify width of 3" in text and "a sibling already carries" in text
     assert "parent 5 is not an earlier node" in text and "declares chains only" in text
+
+
+def test_drafts_shrink_when_rejected_and_pause_then_probe():
+    p = proposer(width=12)
+    req = FakeRequest("r", [1, 2, 3, 4, 5] * 6)
+    sizes = []
+    for _ in range(12):
+        d = p.propose([req])[0]
+        sizes.append(len(d))
+        p.on_verified(req, 0)  # the target never agrees
+    assert sizes[0] == 11 and sizes[3] < sizes[2] < sizes[0]
+    assert sizes[-8:].count(0) >= 5 and any(sizes[-8:])  # idle, with a probe now and then
+    p.on_verified(req, 0)
+    for _ in range(4):  # the target agrees again: the drafts grow back
+        p.propose([req])
+        p.on_verified(req, 8)
+    assert len(p.propose([req])[0]) == 11

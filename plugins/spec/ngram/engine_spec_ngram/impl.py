@@ -6,7 +6,9 @@
 * :class:`NgramTrie` holds every n-gram (up to ``max_depth`` tokens) of every request, with a
   count and a recency stamp per node; ``capacity`` bounds its nodes (least recently used
   subtrees are dropped when it overflows).
-* :func:`build_draft` merges them into one tree: the own matches first (the best one as a
+* the tree is cut per request to about twice its recent accepted length plus one, and a
+  request whose drafts keep failing drafts only every few steps (see ``EMA_WEIGHT``).
+* the draft merges them into one tree: the own matches first (the best one as a
   chain as deep as the budget allows after reserving one node per other branch), then the trie
   below the longest matched suffix, level by level with a breadth that shrinks as the match
   grows, children ordered by recency (``BFS``) or count (``PROB``).
@@ -20,6 +22,11 @@ from engine.api import ConfigError, hookimpl
 from engine.api.speculative import Draft, Proposer, SpecContext
 
 MAX_CANDIDATES = 64  #: earlier positions of the last token examined by the own matcher
+#: per request, the draft is cut to about twice its recent accepted length (an exponential
+#: average with this weight on the last verify) plus one; below ``IDLE_BELOW`` accepted tokens
+#: per verify it drafts only every ``PROBE_EVERY``-th step, so text that n-grams do not predict
+#: costs (nearly) plain decoding
+EMA_WEIGHT, IDLE_BELOW, PROBE_EVERY = 0.5, 0.25, 4
 
 
 class _Node:
@@ -188,6 +195,9 @@ class NgramProposer(Proposer):
         self.drafts_trees = self.max_breadth > 1 and self.num_draft_tokens > 2
         self.trie = NgramTrie(self.max_depth, capacity)
         self._state: dict[Any, tuple[OwnMatcher, list[Any]]] = {}
+        #: per request: [accepted tokens per verify (average), steps since the last draft,
+        #: nodes of the last draft]
+        self._pace: dict[Any, list[float]] = {}
 
     def describe(self) -> str:
         shape = f"trees of breadth {self.min_breadth}..{self.max_breadth}" \
@@ -214,6 +224,23 @@ class NgramProposer(Proposer):
 
     def release(self, request: Any) -> None:
         self._state.pop(request, None)
+        self._pace.pop(request, None)
+
+    def on_verified(self, request: Any, accepted: int) -> None:
+        pace = self._pace.get(request)
+        if pace is not None and pace[2] > 0:
+            pace[0] = (1 - EMA_WEIGHT) * pace[0] + EMA_WEIGHT * accepted
+            pace[2] = 0
+
+    def _budget(self, req: Any) -> int:
+        """Draft nodes for ``req`` this step (0: skip), from its recent acceptance."""
+        width = self.num_draft_tokens - 1
+        pace = self._pace.setdefault(req, [float(width), 0.0, 0.0])
+        pace[1] += 1
+        if pace[0] < IDLE_BELOW and pace[1] < PROBE_EVERY:
+            return 0
+        pace[1] = 0
+        return max(1, min(width, int(2 * pace[0]) + 1))
 
     # ------------------------------------------------------------------ drafting
 
@@ -228,7 +255,7 @@ class NgramProposer(Proposer):
 
     def _propose(self, req: Any) -> Draft:
         own = self._sync(req)
-        budget = self.num_draft_tokens - 1
+        budget = self._budget(req)
         if budget <= 0:
             return Draft()
         tree = _Tree(budget)
@@ -242,8 +269,12 @@ class NgramProposer(Proposer):
             for _, pos in matches:
                 counts[toks[pos + 1]] = counts.get(toks[pos + 1], 0) + 1
             breadth = self._breadth(matches[0][0]) if self.drafts_trees else 1
-            ordered = matches if self.match_type == "BFS" else sorted(
-                matches, key=lambda m: (-counts[toks[m[1] + 1]], -m[0], -m[1]))
+            last = len(toks) - 1
+            if self.match_type == "BFS":  # longest match, then the most continuation, recent
+                ordered = sorted(matches, key=lambda m: (-m[0], -min(last - m[1], budget),
+                                                         -m[1]))
+            else:
+                ordered = sorted(matches, key=lambda m: (-counts[toks[m[1] + 1]], -m[0], -m[1]))
             for _, pos in ordered:
                 if toks[pos + 1] not in seen:
                     seen.add(toks[pos + 1])
@@ -259,6 +290,7 @@ class NgramProposer(Proposer):
             self._from_trie(tree, toks)
         if not tree.tokens:
             return Draft()
+        self._pace[req][2] = len(tree.tokens)
         return Draft(tree.tokens, tree.parents)
 
     def _from_trie(self, tree: _Tree, toks: list[int]) -> None:
