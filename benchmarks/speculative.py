@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -149,7 +150,10 @@ def main() -> None:
         for i, prompt in enumerate(prompts):
             order = names if i % 2 == 0 else names[::-1]
             for n in order:
-                results[w][n].append(run_one(engines[n], prompt, args.max_new_tokens))
+                r = run_one(engines[n], prompt, args.max_new_tokens)
+                results[w][n].append(r)
+                print(f"{w} {i} {n}: {r['tps']:.1f} tok/s, {r['verify']} verifies, "
+                      f"{r['accepted']} accepted", file=sys.stderr, flush=True)
     load = os.getloadavg()
     print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
           f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")

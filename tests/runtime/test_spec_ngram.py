@@ -23,6 +23,14 @@ def proposer(width: int = 12, **opts) -> NgramProposer:
     return NgramProposer(Options({**DEFAULTS, **opts}), SpecContext(num_draft_tokens=width))
 
 
+@pytest.fixture
+def confident(monkeypatch):
+    """New requests draft the whole width at once (not after a ramp)."""
+    import engine_spec_ngram.impl as impl
+
+    monkeypatch.setattr(impl, "START_PACE", 100.0)
+
+
 def test_own_matcher_prefers_the_longest_then_the_most_recent_match():
     m = OwnMatcher()
     m.extend([1, 2, 3, 9, 7, 2, 3, 8, 5, 2, 3])
@@ -31,14 +39,14 @@ def test_own_matcher_prefers_the_longest_then_the_most_recent_match():
     assert m.matches(3, 4) == []
 
 
-def test_a_repeated_text_drafts_its_continuation_as_one_chain():
+def test_a_repeated_text_drafts_its_continuation_as_one_chain(confident):
     text = list(range(100, 140))
     req = FakeRequest("r", [1, 2] + text + [3] + text[:5])
     d = proposer(width=12).propose([req])[0]
     assert d.token_ids[:11] == text[5:16] and d.is_chain
 
 
-def test_breadth_one_drafts_chains_and_wider_drafts_trees():
+def test_breadth_one_drafts_chains_and_wider_drafts_trees(confident):
     req = FakeRequest("r", [5, 6, 1, 5, 6, 2, 5, 6, 3, 5, 6])
     wide = proposer(width=8).propose([req])[0]
     # "5 6" was followed by 1, 2 and 3: three branches, the one with the most continuation
@@ -50,7 +58,7 @@ def test_breadth_one_drafts_chains_and_wider_drafts_trees():
     assert not p.drafts_trees and p.propose([req])[0].is_chain
 
 
-def test_prob_orders_by_frequency_and_bfs_by_recency():
+def test_prob_orders_by_frequency_and_bfs_by_recency(confident):
     # after "7": 1 follows three times, then 2 once (the most recent)
     req = FakeRequest("r", [7, 1, 7, 1, 7, 1, 7, 2, 7])
     bfs = proposer(width=3, speculative_ngram_max_bfs_breadth=1).propose([req])[0]
@@ -59,7 +67,7 @@ def test_prob_orders_by_frequency_and_bfs_by_recency():
     assert bfs.token_ids[0] == 2 and prob.token_ids[0] == 1
 
 
-def test_the_shared_trie_drafts_from_other_requests():
+def test_the_shared_trie_drafts_from_other_requests(confident):
     p = proposer(width=6)
     p.propose([FakeRequest("a", [40, 41, 42, 43, 44, 45, 46])])
     d = p.propose([FakeRequest("b", [9, 40, 41, 42])])[0]
@@ -121,14 +129,17 @@ def test_drafts_shrink_when_rejected_and_pause_then_probe():
     p = proposer(width=12)
     req = FakeRequest("r", [1, 2, 3, 4, 5] * 6)
     sizes = []
-    for _ in range(12):
-        d = p.propose([req])[0]
-        sizes.append(len(d))
+    for _ in range(3):  # the target agrees with everything: the drafts grow to the width
+        sizes.append(len(p.propose([req])[0]))
+        p.on_verified(req, sizes[-1])
+    assert sizes == [3, 5, 8]
+    for _ in range(16):
+        sizes.append(len(p.propose([req])[0]))
         p.on_verified(req, 0)  # the target never agrees
-    assert sizes[0] == 11 and sizes[3] < sizes[2] < sizes[0]
-    assert sizes[-8:].count(0) >= 5 and any(sizes[-8:])  # idle, with a probe now and then
-    p.on_verified(req, 0)
-    for _ in range(4):  # the target agrees again: the drafts grow back
-        p.propose([req])
-        p.on_verified(req, 8)
-    assert len(p.propose([req])[0]) == 11
+    assert sizes[3] == 11 and sizes[5] < sizes[4] < sizes[3]
+    assert sizes[-12:].count(0) >= 9 and any(sizes[-12:])  # idle, with a probe now and then
+    grown = []
+    for _ in range(30):  # the target agrees again: from the next probe on, the drafts grow
+        grown.append(len(p.propose([req])[0]))
+        p.on_verified(req, grown[-1])
+    assert grown[-1] == 11 and grown.index(11) < 20

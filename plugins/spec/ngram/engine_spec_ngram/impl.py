@@ -23,10 +23,11 @@ from engine.api.speculative import Draft, Proposer, SpecContext
 
 MAX_CANDIDATES = 64  #: earlier positions of the last token examined by the own matcher
 #: per request, the draft is cut to about twice its recent accepted length (an exponential
-#: average with this weight on the last verify) plus one; below ``IDLE_BELOW`` accepted tokens
-#: per verify it drafts only every ``PROBE_EVERY``-th step, so text that n-grams do not predict
-#: costs (nearly) plain decoding
-EMA_WEIGHT, IDLE_BELOW, PROBE_EVERY = 0.5, 0.25, 4
+#: average with weight ``EMA_WEIGHT`` on the last verify, starting at ``START_PACE``) plus one;
+#: below ``IDLE_BELOW`` accepted tokens per verify it drafts only every ``PROBE_EVERY``-th
+#: step. A verify costs more than a decode step where the device is compute-bound (CPU: about
+#: +15 % per draft token), so text that n-grams do not predict must not draft much
+EMA_WEIGHT, START_PACE, IDLE_BELOW, PROBE_EVERY = 0.5, 1.0, 0.5, 6
 
 
 class _Node:
@@ -235,7 +236,7 @@ class NgramProposer(Proposer):
     def _budget(self, req: Any) -> int:
         """Draft nodes for ``req`` this step (0: skip), from its recent acceptance."""
         width = self.num_draft_tokens - 1
-        pace = self._pace.setdefault(req, [float(width), 0.0, 0.0])
+        pace = self._pace.setdefault(req, [START_PACE, 0.0, 0.0])
         pace[1] += 1
         if pace[0] < IDLE_BELOW and pace[1] < PROBE_EVERY:
             return 0
