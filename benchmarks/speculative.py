@@ -2,7 +2,8 @@
 
 Every engine is loaded once, in this process; each prompt then runs on every engine in turn
 (batch 1, greedy), so a change in the machine's load hits them alike. Per request the decode
-rate is ``(tokens - 1) / (time of the last token - time of the first)``; the table gives the
+rate is ``(tokens - 1) / (time of the last token - time of the first)``, in wall time and in
+this process's CPU time (steadier where other programs share the cores); the table gives the
 median over prompts and the speed-up over the matching plain engine, with acceptance (draft
 tokens accepted per verify, tokens per verify) and a check that every output equals the plain
 one.
@@ -74,11 +75,13 @@ def run_one(engine: Any, prompt: str, max_new: int) -> dict[str, Any]:
     from engine.runtime.sampling import SamplingParams
 
     times: list[float] = []
+    cpu: list[float] = []  #: process CPU time: steadier than wall time on a shared machine
     state: dict[str, Any] = {"ids": [], "done": False, "last": None}
 
     def sink(out: Any) -> None:
         if out.token_ids:
             times.append(time.perf_counter())
+            cpu.append(time.process_time())
             state["ids"].extend(out.token_ids)
         if out.finished:
             state["done"], state["last"] = True, out
@@ -95,7 +98,9 @@ def run_one(engine: Any, prompt: str, max_new: int) -> dict[str, Any]:
     n = len(state["ids"])
     decode_s = times[-1] - times[0] if len(times) > 1 else float("nan")
     last = state["last"]
+    cpu_s = cpu[-1] - cpu[0] if len(cpu) > 1 else float("nan")
     return {"ids": state["ids"], "tps": (n - 1) / decode_s if decode_s > 0 else float("nan"),
+            "cpu_tps": (n - 1) / cpu_s if cpu_s > 0 else float("nan"),
             "verify": last.spec_verify_ct, "accepted": last.spec_accepted_tokens, "n": n}
 
 
@@ -159,21 +164,23 @@ def main() -> None:
           f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     print(f"# model {args.model or 'default'}, {args.max_new_tokens} new tokens, batch 1, "
           f"greedy, {args.prompts} prompts per workload")
-    print("| workload | engine | decode tok/s (median) | speed-up | accepted/verify | "
-          "tokens/verify | same output |")
-    print("|---|---|---|---|---|---|---|")
+    print("| workload | engine | decode tok/s (median) | speed-up | tok per CPU-s | speed-up "
+          "(CPU) | accepted/verify | tokens/verify | same output |")
+    print("|---|---|---|---|---|---|---|---|---|")
     table = []
     for w in work:
         for n in names:
             rows = results[w][n]
             tps = statistics.median(r["tps"] for r in rows)
+            ctps = statistics.median(r["cpu_tps"] for r in rows)
             base = BASELINE.get(n)
-            speed = ""
+            speed = cspeed = ""
             same = ""
             acc = tpv = ""
             if base in results[w]:
                 b = statistics.median(r["tps"] for r in results[w][base])
                 speed = f"{tps / b:.2f}x"
+                cspeed = f"{ctps / statistics.median(r['cpu_tps'] for r in results[w][base]):.2f}x"
                 same = "yes" if all(r["ids"] == q["ids"] for r, q in
                                     zip(rows, results[w][base])) else "NO"
             verify = sum(r["verify"] for r in rows)
@@ -181,8 +188,10 @@ def main() -> None:
                 accepted = sum(r["accepted"] for r in rows)
                 acc = f"{accepted / verify:.2f}"
                 tpv = f"{(accepted + verify) / verify:.2f}"
-            print(f"| {w} | {n} | {tps:.1f} | {speed} | {acc} | {tpv} | {same} |")
+            print(f"| {w} | {n} | {tps:.1f} | {speed} | {ctps:.1f} | {cspeed} | {acc} | {tpv} "
+                  f"| {same} |")
             table.append({"workload": w, "engine": n, "tps": tps, "speedup": speed,
+                          "cpu_tps": ctps, "cpu_speedup": cspeed,
                           "accepted_per_verify": acc, "same_output": same})
     if args.json:
         with open(args.json, "w") as f:
