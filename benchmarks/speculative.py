@@ -18,7 +18,11 @@ self).
 
     python benchmarks/speculative.py [--model PATH] [--draft PATH] [--device cpu|cuda]
         [--max-new-tokens 96] [--prompts 4] [--engines plain,ngram,dense,standalone]
-        [--target-args '{"attention_backend": "triton"}'] [--spec-args '{...}']
+        [--target-args '{"attention_backend": "triton"}'] [--ngram-args '{...}']
+        [--standalone-args '{"speculative_num_steps": 5, ...}']
+
+On a shared CPU, ``OMP_NUM_THREADS=1`` gives steadier figures (two OpenMP threads on two busy
+cores wait on each other).
 """
 
 from __future__ import annotations
@@ -109,11 +113,11 @@ def build(name: str, args: argparse.Namespace) -> Any:
 
     base = dict(device=args.device, max_total_tokens=args.max_total_tokens,
                 skip_server_warmup=True, **json.loads(args.target_args))
-    spec = json.loads(args.spec_args)
     if name == "plain":
         return Engine(args.model, **base)
     if name == "ngram":
-        return Engine(args.model, speculative_algorithm="ngram", **base, **spec)
+        return Engine(args.model, speculative_algorithm="ngram", **base,
+                      **json.loads(args.ngram_args))
     dense = dict(base, quantization="unquant")
     if name == "dense":
         return Engine(args.model, **dense)
@@ -122,7 +126,8 @@ def build(name: str, args: argparse.Namespace) -> Any:
 
         draft = args.draft or resolve_model_path(args.model)
         return Engine(args.model, speculative_algorithm="standalone",
-                      speculative_draft_model_path=draft, **dense, **spec)
+                      speculative_draft_model_path=draft, **dense,
+                      **json.loads(args.standalone_args))
     raise SystemExit(f"unknown engine {name}")
 
 
@@ -140,8 +145,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--max-total-tokens", type=int, default=8192)
     ap.add_argument("--target-args", default="{}", help="JSON: extra engine options")
-    ap.add_argument("--spec-args", default="{}", help="JSON: extra options of the speculative "
-                    "engines (e.g. {\"speculative_num_draft_tokens\": 8})")
+    ap.add_argument("--ngram-args", default="{}", help="JSON: extra options of the ngram "
+                    "engine (e.g. {\"speculative_num_draft_tokens\": 8})")
+    ap.add_argument("--standalone-args", default="{}", help="JSON: extra options of the "
+                    "standalone engine (e.g. {\"speculative_num_steps\": 5, "
+                    "\"speculative_eagle_topk\": 1, \"speculative_num_draft_tokens\": 6})")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
     names = args.engines.split(",")
