@@ -264,6 +264,8 @@ class Assembly:
 
         The proposer states what it needs: a tree needs a verify backend that verifies trees;
         lossy acceptance thresholds are refused."""
+        if self.config.speculative_algorithm is None:
+            return None
         record = self.choose("speculative_algorithm", model_features=runner.model_config.features)
         if record is None:
             return None
