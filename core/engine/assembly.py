@@ -258,6 +258,52 @@ class Assembly:
         log.info("attention: prefill %s, decode %s", prefill.name, decode.name)
         return built[prefill.qualified], built[decode.qualified]
 
+    def speculative(self, runner: Any) -> Any:
+        """The verify step of ``--speculative-algorithm`` over the loaded target ``runner`` (a
+        :class:`~engine.runtime.speculative.SpecDecoder`), or ``None`` when the flag is unset.
+
+        The proposer states what it needs: a tree needs a verify backend that verifies trees;
+        lossy acceptance thresholds are refused."""
+        if self.config.speculative_algorithm is None:
+            return None
+        record = self.choose("speculative_algorithm", model_features=runner.model_config.features)
+        if record is None:
+            return None
+        from engine.api.speculative import SpecContext
+        from engine.runtime.speculative import SpecDecoder, TargetView, load_draft_runner
+
+        cfg = self.config
+        for flag, value in (("--speculative-accept-threshold-single",
+                             cfg.speculative_accept_threshold_single),
+                            ("--speculative-accept-threshold-acc",
+                             cfg.speculative_accept_threshold_acc)):
+            if value != 1.0:
+                raise ConfigError(f"{flag} {value}: only 1.0 is served (a lower threshold "
+                                  "accepts tokens the target would not draw: lossy)")
+        for flag, value in (("--speculative-num-steps", cfg.speculative_num_steps),
+                            ("--speculative-eagle-topk", cfg.speculative_eagle_topk),
+                            ("--speculative-num-draft-tokens", cfg.speculative_num_draft_tokens)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag} {value}: must be at least 1")
+        context = SpecContext(
+            num_steps=cfg.speculative_num_steps, eagle_topk=cfg.speculative_eagle_topk,
+            num_draft_tokens=cfg.speculative_num_draft_tokens, device=runner.device,
+            target=TargetView(runner),
+            draft_loader=lambda: load_draft_runner(cfg, runner, self.registry))
+        proposer = self.build(record, model_config=runner.model_config, config=cfg,
+                              context=context)
+        backend = runner.verify_backend
+        if proposer.drafts_trees and not backend.supports_tree_verify:
+            name = self.chosen[f"--{cfg.speculative_attention_mode}-attention-backend"].name
+            raise ConfigError(
+                f"--speculative-algorithm {record.name} drafts trees, and the "
+                f"{cfg.speculative_attention_mode} attention backend {name} cannot verify a "
+                "tree (no custom mask); use --speculative-eagle-topk 1 (a chain) or a backend "
+                "with tree verify (torch_native)")
+        log.info("speculative: %s (%s %s): %s", record.name, record.distribution,
+                 record.version, proposer.describe())
+        return SpecDecoder(proposer, runner)
+
     def parser_factories(self, chat_template: str | None) -> ParserFactories:
         """The reasoning and tool-call parser factories (``None`` where the flag is unset)."""
         made: dict[str, Any] = {}

@@ -319,6 +319,37 @@ class ServerConfig:
     max_stop_strings: int = _opt(32, "Most stop strings per request (default 32).", type=int)
     max_stop_length: int = _opt(512, "Longest stop string, in characters (default 512).", type=int)
     max_tools: int = _opt(128, "Most tools in one chat request (default 128).", type=int)
+    # speculative decoding (--speculative-algorithm is the family flag; these reach the core
+    # verify step and every proposer; a proposer's own options are its plugin's)
+    speculative_draft_model_path: str | None = _opt(
+        None, "The draft model (directory or .gguf) of draft-model algorithms (STANDALONE, "
+        "EAGLE...); it must share the target's tokenizer.", aliases=("--speculative-draft-model",))
+    speculative_draft_model_revision: str | None = _opt(
+        None, "Accepted for compatibility: draft models load from local paths only.")
+    speculative_draft_load_format: str | None = _opt(
+        None, "Weights format of the draft model (default: --load-format).",
+        choices=("auto", "safetensors", "pt", "gguf", "dummy"))
+    speculative_draft_model_quantization: str | None = _opt(
+        None, "Quantization method of the draft model (default: its checkpoint's).")
+    speculative_num_steps: int | None = _opt(
+        None, "Draft steps per verify (default: the algorithm's).", type=int)
+    speculative_eagle_topk: int | None = _opt(
+        None, "Candidates kept per draft step; above 1 the draft is a tree (default: the "
+        "algorithm's).", type=int)
+    speculative_num_draft_tokens: int | None = _opt(
+        None, "Verify width per request: the last token plus draft nodes (default: the "
+        "algorithm's).", type=int)
+    speculative_accept_threshold_single: float = _opt(
+        1.0, "Sampled verify accepts a draft token whose target probability reaches this; "
+        "only 1.0 (lossless) is served.", type=float)
+    speculative_accept_threshold_acc: float = _opt(
+        1.0, "Sampled verify raises a draft token's acceptance from p to min(1, p / this); "
+        "only 1.0 (lossless) is served.", type=float)
+    speculative_token_map: str | None = _opt(
+        None, "FR-Spec hot-token table of an EAGLE draft (a .pt list of token ids).")
+    speculative_attention_mode: str = _opt(
+        "prefill", "Attention kernels of the verify forward: prefill (the extend backend) or "
+        "decode (the decode backend).", choices=("prefill", "decode"))
     # family flags (--attention-backend...): one field each, added from the family table
     # per-plugin options: {"attention.triton": {"triton_attention_num_kv_splits": 8}}
     plugin_options: Mapping[str, Mapping[str, Any]] = field(

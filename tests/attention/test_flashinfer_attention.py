@@ -61,3 +61,27 @@ def test_kit_on_cuda():
 
     failures = kit.check("flashinfer", engine_create_attention_backend, device="cuda")
     assert failures == [], "\n".join(failures[:20])
+
+
+def test_tree_verify_custom_mask_layout():
+    """Per request a row-major [new, prefix + new] block: the prefix seen by all, then the
+    tree's ancestors-and-self (the mask FlashInfer's plan takes)."""
+    import torch
+
+    from engine.runtime.batch import Batch, ForwardMode
+    from engine_attention_flashinfer.impl import tree_custom_mask
+
+    tree = torch.zeros(2, 3, 3, dtype=torch.bool)
+    tree[0] = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    tree[1, 0, 0] = True
+    t = torch.zeros(4, dtype=torch.long)
+    batch = Batch(mode=ForwardMode.VERIFY, input_ids=t, positions=t, out_cache_loc=t,
+                  req_pool_indices=t[:2], seq_lens=torch.tensor([5, 3]),
+                  prefix_lens=torch.tensor([2, 2]), extend_lens=torch.tensor([3, 1]),
+                  req_to_token=torch.zeros(2, 8, dtype=torch.long), seq_lens_cpu=[5, 3],
+                  prefix_lens_cpu=[2, 2], extend_lens_cpu=[3, 1], tree_mask=tree)
+    mask = tree_custom_mask(batch).int().tolist()
+    assert mask == [1, 1, 1, 0, 0,
+                    1, 1, 1, 1, 0,
+                    1, 1, 1, 0, 1,
+                    1, 1, 1]

@@ -50,3 +50,15 @@ def test_torch_native_batch_invariant_path_conforms():
 
     failures = check("torch_native", make_backend, device="cpu")
     assert failures == [], "\n".join(failures[:20])
+
+
+def test_kit_catches_a_tree_verify_backend_that_ignores_the_tree_mask():
+    from engine_attention_torch_native.impl import TorchNativeBackend
+
+    class NoTree(TorchNativeBackend):
+        def prepare(self, batch):
+            batch.tree_mask = None  # claims tree verify, attends causally instead
+            super().prepare(batch)
+
+    failures = check("no_tree", lambda pool, model_config, config: NoTree(pool), "cpu")
+    assert failures and all(" verify: " in f for f in failures)

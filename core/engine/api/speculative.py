@@ -1,34 +1,184 @@
 """The speculative family's interface (hook ``engine_create_speculative_proposer``).
 
-The family is declared and its plugins listed; the scheduler does not yet run a verify step, so
-choosing one at ``engine serve`` is refused until it does. A proposer only *proposes*: the core
-scores the drafts in one target forward and accepts the longest prefix the target agrees with
-(greedy: token-for-token equal to decoding without drafts).
+A proposer only *proposes*: each decode step it drafts, per running request, a chain or a tree
+of tokens that may follow the request's last token. The core verifies every draft in one target
+forward (the last verified token plus the draft nodes are that forward's extend tokens, a tree
+with its attention mask) and walks each tree from the root: the target's next token is drawn at
+the root; when a child carries that token the walk moves there and draws again, else it stops.
+Greedy, every emitted token is the target's argmax (token-for-token what decoding without
+drafts gives); sampled, every emitted token is drawn from the target's own distribution with
+the request's generator (the draft acts as a deterministic proposal, so acceptance never
+changes the distribution). Rejected nodes' KV is freed in the same step.
+
+What a plugin builds on (given to its hook as ``context``, a :class:`SpecContext`):
+
+* ``context.num_steps`` / ``eagle_topk`` / ``num_draft_tokens``: the user's values, ``None``
+  when unset (each proposer has its own defaults; ``num_draft_tokens`` is the verify width per
+  request: the last verified token plus at most ``num_draft_tokens - 1`` draft nodes);
+* ``context.load_draft_model()``: the draft model of ``--speculative-draft-model-path`` (same
+  tokenizer as the target, checked), a :class:`DraftModel` with its own KV pool;
+* ``context.target``: the target's embedding and head and its captured hidden states, for
+  drafts that read them (:class:`TargetModel`), or ``None`` when the core cannot give them.
+
+A proposer states its own constraints: :attr:`Proposer.drafts_trees` (a tree needs an attention
+backend with ``supports_tree_verify``; the core refuses the combination at start-up otherwise).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Sequence
+
+__all__ = ["Draft", "DraftModel", "Proposer", "SpecContext", "TargetModel"]
 
 
 @dataclass
 class Draft:
-    """Draft tokens for one request: a chain (``parents[i] == i - 1``) or a tree (``parents``
-    index earlier nodes; ``-1`` is the verified last token)."""
+    """Draft tokens for one request: node ``i`` carries ``token_ids[i]`` and hangs below node
+    ``parents[i]`` (an earlier node, or ``-1``: the request's last verified token). A chain has
+    ``parents[i] == i - 1``. Siblings must carry distinct tokens."""
 
-    token_ids: list[int]
-    parents: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int]) -> "Draft":
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)))
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def depths(self) -> list[int]:
+        """Depth of each node (a child of the root has depth 1)."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p < 0 else out[p] + 1)
+        return out
+
+    def truncated(self, max_nodes: int, max_depth: int) -> "Draft":
+        """The first ``max_nodes`` nodes no deeper than ``max_depth`` (a node whose parent is
+        dropped is dropped too); node order is kept."""
+        keep: dict[int, int] = {}
+        tokens: list[int] = []
+        parents: list[int] = []
+        for i, (tok, par, depth) in enumerate(zip(self.token_ids, self.parents, self.depths())):
+            if len(tokens) >= max_nodes:
+                break
+            if depth > max_depth or (par >= 0 and par not in keep):
+                continue
+            keep[i] = len(tokens)
+            tokens.append(tok)
+            parents.append(keep[par] if par >= 0 else -1)
+        return Draft(tokens, parents)
+
+
+class DraftModel(ABC):
+    """A second causal LM with its own KV pool, served by the core (STANDALONE drafts).
+
+    Sequences are named by any hashable key (the request object). Each keeps the KV of its
+    first ``length(key)`` tokens; :meth:`extend` first cuts a sequence back to ``start`` tokens
+    (freeing the rest), then appends ``tokens`` and returns the logits after the last of them.
+    """
+
+    vocab_size: int
+
+    @abstractmethod
+    def extend(self, items: Sequence[tuple[Hashable, int, Sequence[int]]]) -> Any:
+        """``items``: ``(key, start, tokens)``; float32 logits ``[len(items), vocab]`` (a torch
+        tensor), one row per item, after its last token. One forward for all items."""
+
+    @abstractmethod
+    def length(self, key: Hashable) -> int:
+        """Tokens of ``key`` in the draft KV (0 when unknown)."""
+
+    @abstractmethod
+    def release(self, key: Hashable) -> None:
+        """Free ``key``'s KV (a no-op when it holds none)."""
+
+
+class TargetModel(ABC):
+    """Read access to the target model for drafts that reuse its parts (EAGLE, NEXTN).
+
+    Attributes: ``hidden_size``, ``vocab_size``, ``num_layers``, ``dtype``, ``device``,
+    ``rms_norm_eps``.
+    """
+
+    hidden_size: int
+    vocab_size: int
+    num_layers: int
+    dtype: Any
+    device: Any
+    rms_norm_eps: float
+
+    @abstractmethod
+    def embed(self, token_ids: Any) -> Any:
+        """The target's input embeddings of ``token_ids`` ([T] -> [T, H])."""
+
+    @abstractmethod
+    def logits(self, hidden: Any) -> Any:
+        """The target's LM head over hidden states ([N, H] -> [N, V] float32)."""
+
+    @abstractmethod
+    def capture(self, layers: Sequence[int] = ()) -> int:
+        """Keep, from now on, each target token's features: its final normed hidden state
+        (``layers`` empty) or the inputs of the given layers concatenated (EAGLE3). Call once,
+        at construction; returns the feature width."""
+
+    @abstractmethod
+    def features(self, request: Any, start: int, end: int) -> Any:
+        """Features ``[end - start, width]`` of the request's tokens ``start .. end - 1``; they
+        must be in the target's KV (``end <= request.kv_len``). Tokens of a cached prefix
+        have theirs too (features live with the KV slots)."""
+
+
+@dataclass
+class SpecContext:
+    """What the core gives a proposer's hook (see the module docstring)."""
+
+    num_steps: int | None = None
+    eagle_topk: int | None = None
+    num_draft_tokens: int | None = None
+    device: Any = None
+    target: TargetModel | None = None
+    #: builds the ``--speculative-draft-model-path`` model (raises ConfigError when there is
+    #: none, its vocabulary differs from the target's, or it fails to load)
+    draft_loader: Any = None
+
+    def load_draft_model(self) -> DraftModel:
+        from engine.errors import ConfigError
+
+        if self.draft_loader is None:
+            raise ConfigError("this server cannot load a draft model")
+        return self.draft_loader()
 
 
 class Proposer(ABC):
-    """Proposes up to ``num_draft_tokens`` tokens per running request each decode step."""
+    """Drafts tokens for the running requests, once per decode step."""
+
+    #: verify width per request: the last verified token plus at most this minus one nodes
+    num_draft_tokens: int = 4
+    #: True when drafts may branch (needs an attention backend that verifies trees)
+    drafts_trees: bool = False
 
     @abstractmethod
     def propose(self, requests: Sequence[Any]) -> list[Draft]:
-        """One :class:`Draft` per request (possibly empty), from each request's prompt and
-        output so far (``origin_input_ids``, ``output_ids``)."""
+        """One :class:`Draft` per request (empty: none this step), from each request's prompt
+        and output so far (``origin_input_ids``, ``output_ids``). The core cuts a draft to the
+        request's remaining tokens and context; nodes past the width are dropped."""
 
-    def on_accept(self, request: Any, accepted: int) -> None:
-        """Told how many of the request's last drafts were accepted (default: nothing)."""
+    def on_verified(self, request: Any, accepted: int) -> None:
+        """Told how many nodes of the request's last draft were accepted (default: nothing)."""
+
+    def release(self, request: Any) -> None:
+        """The request left the running batch (finished, aborted or retracted): drop its
+        state (draft KV...). Default: nothing."""
+
+    def describe(self) -> str:
+        """One line for the start-up log."""
+        return f"{type(self).__name__}: up to {self.num_draft_tokens - 1} draft tokens" + (
+            " (tree)" if self.drafts_trees else " (chain)")

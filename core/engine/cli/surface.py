@@ -79,6 +79,9 @@ ACCEPTED: dict[str, Accept] = {
     "--enable-mixed-chunk": Accept("small prefills always share a forward with the decode batch "
                                    "(mixed steps)"),
     "--sleep-on-idle": Accept("the scheduler always sleeps on its inbox when idle"),
+    "--speculative-use-rejection-sampling": Accept(
+        "drafts are deterministic proposals, for which the sampled verify already is the "
+        "rejection rule (accept with the target's probability, else draw from the rest)"),
 }
 
 #: options of the reference that a plugin declares (its manifest's ``Option``): flag -> plugin
@@ -89,6 +92,11 @@ PLUGIN_OPTIONS: dict[str, str] = {
     "--constrained-json-whitespace-pattern": "grammar.llguidance",
     "--constrained-json-disable-any-whitespace": "grammar.llguidance",
     "--constrained-json-max-whitespace-cnt": "grammar.xgrammar",
+    "--speculative-ngram-min-bfs-breadth": "speculative.ngram",
+    "--speculative-ngram-max-bfs-breadth": "speculative.ngram",
+    "--speculative-ngram-match-type": "speculative.ngram",
+    "--speculative-ngram-max-trie-depth": "speculative.ngram",
+    "--speculative-ngram-capacity": "speculative.ngram",
 }
 
 #: what each remaining option needs: reason -> flags (a trailing ``*`` matches a prefix)
@@ -110,9 +118,16 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--enable-two-batch-overlap", "--enable-single-batch-overlap",
         "--tbo-token-distribution-threshold", "--enable-metrics-for-all-schedulers",
         "--sm-group-num", "--numa-node"),
-    "speculative decoding: the speculative family has no runtime consumer yet": (
-        "--speculative-*", "--spec-trace-dir", "--decoupled-spec-*", "--enable-multi-layer-eagle",
-        "--uno-lora-path"),
+    "this speculative decoding option is not built (drafts come from --speculative-algorithm "
+    "with one draft model in the target's process; see docs/architecture.md)": (
+        "--speculative-dflash-*", "--speculative-dspark-*", "--speculative-draft-attention-backend",
+        "--speculative-dsa-topk-backend", "--speculative-draft-kv-cache-dtype",
+        "--speculative-draft-window-size", "--speculative-draft-sink-size",
+        "--speculative-moe-*", "--speculative-enable-w4a4-mxfp4-megamoe",
+        "--speculative-skip-dp-mlp-sync", "--speculative-adaptive*",
+        "--speculative-ngram-external-*", "--speculative-domino-*",
+        "--speculative-use-block-verification", "--spec-trace-dir", "--decoupled-spec-*",
+        "--enable-multi-layer-eagle", "--uno-lora-path"),
     "expert parallelism across ranks, EPLB, DeepEP and shared-expert fusion: this build runs every "
     "routed expert in one process (--moe-runner-backend, --moe-a2a-backend none)": (
         "--enable-w4a4-mxfp4-megamoe", "--deepep-*", "--flashinfer-mxfp4-moe-precision",

@@ -325,10 +325,21 @@ class LlamaForCausalLM(nn.Module):
         else:
             rope = RopeInputs(positions, m.rotary, *m.rotary(positions, h.dtype))
         residual = None
-        for layer in m.layers:
+        sink = self.feature_sink
+        aux: list[torch.Tensor] = []
+        for i, layer in enumerate(m.layers):
+            if sink is not None and i in sink.layers:
+                aux.extend([h if residual is None else h + residual] * sink.layers.count(i))
             h, residual = layer(h, residual, rope, batch, attn)
-        h = (h + residual).index_select(0, logits_indices)
-        return m.norm(h)
+        h = h + residual
+        if sink is not None:  # speculative drafts read every token's features
+            sink.write(batch, torch.cat(aux, -1) if sink.layers else m.norm(h))
+        return m.norm(h.index_select(0, logits_indices))
+
+    #: when set (speculative drafts that read the target's hidden states), every forward
+    #: writes each new token's features at its KV slot: ``sink.layers`` empty: the final
+    #: normed hidden state; else the inputs of those layers, concatenated
+    feature_sink: Any = None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:

@@ -49,6 +49,8 @@ class Family:
     optional: bool = False
     summary: str = ""
     folder_prefix: str = ""  #: choice folder: ``plugins/<folder>/<folder_prefix><choice>``
+    #: choices match whatever their case (``--speculative-algorithm NGRAM`` is ``ngram``)
+    ignore_case: bool = False
 
     @property
     def dist_prefix(self) -> str:
@@ -130,9 +132,10 @@ FAMILIES: dict[str, Family] = {
             flags=(Flag("--speculative-algorithm", "Speculative decoding algorithm."),),
             hook="engine_create_speculative_proposer",
             interface="engine.api.speculative:Proposer",
-            conformance="engine.testing.contract:check",
-            unserved="the scheduler has no draft/verify step yet",
+            conformance="engine.testing.speculative:check",
             auto=None,
+            ignore_case=True,
+            unset="off (plain decoding)",
             summary="proposes draft tokens; the core verifies them in one target forward",
         ),
         Family(

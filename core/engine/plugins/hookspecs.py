@@ -91,8 +91,17 @@ def engine_create_quant_method(model_config: Any, config: Any, quant_config: Any
 
 
 @hookspec(firstresult=True)
-def engine_create_speculative_proposer(model_config: Any, config: Any, options: Any) -> Any:
-    """Build a draft-token proposer (:class:`engine.api.speculative.Proposer`)."""
+def engine_create_speculative_proposer(model_config: Any, config: Any, options: Any,
+                                       context: Any) -> Any:
+    """Build a draft-token proposer (:class:`engine.api.speculative.Proposer`), once the target
+    model is loaded.
+
+    :param context: an :class:`engine.api.speculative.SpecContext`: the user's step, top-k and
+        width values (None when unset), the draft-model loader and the target's embedding and
+        head
+    :return: the proposer; raise :class:`engine.api.ConfigError` for a combination it cannot
+        serve (its reason is printed at start-up, exit status 2)
+    """
 
 
 @hookspec(firstresult=True)

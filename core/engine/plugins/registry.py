@@ -85,6 +85,8 @@ class Registry:
         records = self.family_records(family)
         if name == "auto" and not any(r.name == "auto" for r in records):
             return self.auto(family, model_features=model_features, flag=label)
+        if fam is not None and fam.ignore_case:
+            name = next((r.name for r in records if r.name.lower() == name.lower()), name)
         matches = [r for r in records if r.name == name and (not pinned or r.distribution == pinned)]
         if not matches:
             raise PluginError(self._unknown_message(label, choice, records))

@@ -99,6 +99,9 @@ class AttentionBackend(ABC):
     #: True when the backend reads K/V through :meth:`KVPool.gather` (fp8 storage dequantized
     #: on read); ``--kv-cache-dtype fp8_*`` refuses a backend without it
     supports_fp8_kv_cache: bool = False
+    #: True when extend forwards honour ``batch.tree_mask`` (speculative tree verify); a
+    #: backend without it can verify chains only (plain causal extend)
+    supports_tree_verify: bool = False
 
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool

@@ -1,7 +1,6 @@
 """The one batch object on the hot path: built by the scheduler, read by the model runner, the
-attention backend (which fills ``attn_metadata``), the sampler and future families (speculative
-verification adds draft tokens as extend tokens; MoE and quantization never need more than the
-hidden states).
+attention backend (which fills ``attn_metadata``), the sampler and the speculative verify step
+(draft tokens are extend tokens; MoE and quantization never need more than the hidden states).
 
 Layout of a forward over ``B`` requests with ``T`` new tokens in total:
 
@@ -12,6 +11,11 @@ Layout of a forward over ``B`` requests with ``T`` new tokens in total:
 * The KV slots of request ``i`` are ``req_to_token[req_pool_indices[i], :seq_lens[i]]`` (slot
   indices into the pool's token dimension); the new tokens' slots are ``out_cache_loc`` and are
   already written into that table when the batch is built.
+* A speculative *verify* batch is an ``EXTEND`` batch whose new tokens of request ``i`` are its
+  last verified token followed by its draft nodes. For a chain, positions are consecutive and
+  plain causal attention is right. For a tree, ``tree_mask`` says which of its own new tokens
+  each new token sees (its ancestors and itself) and ``positions`` are ``prefix + depth``;
+  key ``prefix_lens[i] + j`` is still new token ``j`` (slots in index order in ``req_to_token``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ import torch
 class ForwardMode(Enum):
     EXTEND = "extend"  #: prefill or a prefill chunk: new tokens attend to prefix + themselves
     DECODE = "decode"  #: one new token per request
+    #: speculative verify: each request's last token and its draft nodes (an extend batch for
+    #: the attention backend, with ``tree_mask`` for trees)
+    VERIFY = "verify"
 
 
 @dataclass
@@ -50,6 +57,11 @@ class Batch:
     attn_metadata: Any = None
     #: sampling parameters of the requests, in batch order (scheduler-owned)
     sampling: Any = None
+    #: tree verify only: [B, Q, Q] bool, Q = max(extend_lens); ``tree_mask[i, j, k]``: new token
+    #: ``j`` of request ``i`` attends to its new token ``k`` (rows beyond ``extend_lens[i]`` are
+    #: padding). None: plain causal attention among the new tokens. Only backends that declare
+    #: ``supports_tree_verify`` ever receive one.
+    tree_mask: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

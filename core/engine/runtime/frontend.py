@@ -83,8 +83,9 @@ class Runtime:
         self.model_config = self.runner.model_config
         eviction = assembly.eviction_policy() if assembly is not None else None
         storage = assembly.hicache_storage if assembly is not None else None
+        spec = assembly.speculative(self.runner) if assembly is not None else None
         self.scheduler = Scheduler(config, self.runner, eviction=eviction,
-                                   storage_factory=storage)
+                                   storage_factory=storage, speculative=spec)
         self.context_len = self.scheduler.max_context_len
         self.kv_capacity = self.scheduler.allocator.capacity_tokens
         self.vocab_size = self.model_config.vocab_size

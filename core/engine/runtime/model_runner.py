@@ -22,7 +22,7 @@ from engine.errors import ConfigError
 from engine.models.config import ModelConfig
 from engine.models.tokenizer import Tokenizer
 from engine.runtime.attention import KVPool
-from engine.runtime.batch import Batch
+from engine.runtime.batch import Batch, ForwardMode
 
 log = logging.getLogger("engine.runtime")
 
@@ -116,6 +116,9 @@ class ModelRunner:
                                   f"attention backend ({type(backend).__name__}) reads the KV "
                                   "cache directly and does not dequantize fp8; use "
                                   "torch_native or flex_attention")
+        #: the backend of speculative verify forwards (--speculative-attention-mode)
+        self.verify_backend = (self.decode_backend if config.speculative_attention_mode == "decode"
+                               else self.prefill_backend)
         self.attention_backend_names = tuple(
             assembly.chosen[f"--{kind}-attention-backend"].name for kind in ("prefill", "decode"))
         if config.enable_deterministic_inference:
@@ -243,7 +246,8 @@ class ModelRunner:
         return self._forward(batch)
 
     def _forward(self, batch: Batch, prepare: bool = True) -> torch.Tensor:
-        backend = self.decode_backend if batch.is_decode else self.prefill_backend
+        backend = (self.decode_backend if batch.is_decode else self.verify_backend
+                   if batch.mode is ForwardMode.VERIFY else self.prefill_backend)
         if prepare:
             backend.prepare(batch)
         idx = batch.logits_indices

@@ -71,6 +71,9 @@ class Engine:
                 res["meta_info"].update(prompt_tokens=out.prompt_tokens,
                                         completion_tokens=out.completion_tokens,
                                         cached_tokens=out.cached_tokens)
+                if self.runtime.scheduler.spec is not None:
+                    res["meta_info"].update(spec_verify_ct=out.spec_verify_ct,
+                                            spec_accepted_tokens=out.spec_accepted_tokens)
 
         all_reqs = []
         for prompt, params in zip(batch, params_list):

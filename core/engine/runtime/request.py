@@ -42,6 +42,9 @@ class ReqOutput:
     embedding: list[float] | None = None
     #: of ``cached_tokens``, how many each tier supplied: ``{"device", "host", "storage"}``
     cached_tokens_details: dict[str, int] | None = None
+    #: speculative decoding: verify forwards of this request so far, draft tokens accepted
+    spec_verify_ct: int = 0
+    spec_accepted_tokens: int = 0
 
 
 Sink = Callable[[ReqOutput], None]
@@ -144,6 +147,8 @@ class Req:
     arrival: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     num_retractions: int = 0
+    spec_verify_ct: int = 0  #: speculative verify forwards it took part in
+    spec_accepted_tokens: int = 0  #: draft tokens of it the target accepted
 
     @property
     def fill_ids(self) -> list[int]:

@@ -11,7 +11,9 @@ sink. Requests join and leave between steps.
   prefill of at most ``MIXED_PREFILL_TOKENS`` new tokens runs in the same forward as their next
   tokens (a *mixed* step: requests arriving one by one cost no decode step); a larger one
   alternates with decode steps, so a long prompt never stalls the running streams.
-* **Decode**: one token for every running request.
+* **Decode**: one token for every running request; with speculative decoding
+  (``speculative``: a :class:`engine.runtime.speculative.SpecDecoder`), a verify step of
+  each request's drafts instead whenever any request has one (several tokens per request).
 * **Memory**: pages come from the allocator; when short, unlocked radix-cache leaves are
   evicted (``--radix-eviction-policy``; with the hierarchical cache they move to the host
   tier first, :mod:`engine.runtime.hiradix_cache`); when still short, a new request waits in the queue, and a decode step retracts
@@ -165,6 +167,8 @@ class SchedulerStats:
     kv_capacity_tokens: int
     num_retractions: int
     num_steps: int
+    #: speculative decoding's counters (:class:`engine.runtime.speculative.SpecStats`), or None
+    spec: Any = None
 
     @property
     def kv_usage(self) -> float:
@@ -175,10 +179,13 @@ class Scheduler:
     """Owns the KV bookkeeping and the request queues of one model runner."""
 
     def __init__(self, config: ServerConfig, runner: Any, *, eviction: Any = None,
-                 storage_factory: Callable[[Any], Any] | None = None) -> None:
+                 storage_factory: Callable[[Any], Any] | None = None,
+                 speculative: Any = None) -> None:
         """``eviction``: the ``--radix-eviction-policy`` object (None: least recently used);
-        ``storage_factory(storage_config)``: builds the hierarchical cache's store."""
+        ``storage_factory(storage_config)``: builds the hierarchical cache's store;
+        ``speculative``: the ``--speculative-algorithm`` product (None: off)."""
         self.config, self.runner = config, runner
+        self.spec = speculative  #: the verify step (None: plain decoding)
         self.device = runner.device
         self.page_size = runner.pool.page_size
         self.allocator = PageAllocator(runner.pool.num_slots, self.page_size)
@@ -246,7 +253,8 @@ class Scheduler:
             num_running=len(self.running) + (1 if self.chunked else 0),
             num_waiting=self._queued, kv_used_tokens=cap - free,
             kv_cached_tokens=self.cache.total_size, kv_capacity_tokens=cap,
-            num_retractions=self.num_retractions, num_steps=self.num_steps)
+            num_retractions=self.num_retractions, num_steps=self.num_steps,
+            spec=self.spec.stats if self.spec is not None else None)
 
     def start(self) -> None:
         """Run :meth:`step` in a new daemon thread until :meth:`stop`.
@@ -531,7 +539,7 @@ class Scheduler:
     def _run_decode(self) -> None:
         self._ensure_decode_room()
         decode = self._take_decode_slots()
-        if decode:
+        if decode and not (self.spec is not None and self.spec.verify(self, decode)):
             self._forward_decode(decode)
 
     def _take_decode_slots(self) -> list[tuple[Req, int, list[int]]]:
@@ -774,6 +782,8 @@ class Scheduler:
         delta.completion_tokens = len(req.output_ids)
         delta.cached_tokens = req.cached_tokens
         delta.cached_tokens_details = req.cached_tiers
+        delta.spec_verify_ct, delta.spec_accepted_tokens = (req.spec_verify_ct,
+                                                            req.spec_accepted_tokens)
 
     # ------------------------------------------------------------------ release / abort
 
@@ -798,6 +808,8 @@ class Scheduler:
             self.cache.dec_lock(req.prefix_node)
         req.row, req.prefix_node, req.prefix_len, req.kv_len = None, None, 0, 0
         req.last_slot = None
+        if self.spec is not None:
+            self.spec.release(req)
 
     def _free_pending(self, req: Req, slots: list[int]) -> None:
         """Free the pages taken for ``req``'s tokens from ``kv_len`` on (``slots``, not counted
@@ -891,6 +903,8 @@ class Scheduler:
         for req in reqs:
             req.row, req.prefix_node, req.prefix_len, req.kv_len = None, None, 0, 0
             req.last_slot = None
+            if self.spec is not None:
+                self.spec.release(req)
         self.running, self.chunked, self._plan = [], None, []
         self.allocator.reset()
         self.cache.reset()

@@ -429,6 +429,9 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
             "completion_tokens": s.completion_tokens, "cached_tokens": s.cached_tokens,
             "cached_tokens_details": s.cached_tokens_details,
             "e2e_latency": time.monotonic() - gen.start}
+        if gen.runtime.scheduler.spec is not None:
+            meta["spec_verify_ct"] = s.spec_verify_ct
+            meta["spec_accepted_tokens"] = s.spec_accepted_tokens
         if body.return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in
                                              zip(s.logprobs, s.token_ids)]

@@ -95,6 +95,8 @@ class SeqState:
     completion_tokens: int = 0
     cached_tokens: int = 0
     cached_tokens_details: dict[str, int] | None = None
+    spec_verify_ct: int = 0
+    spec_accepted_tokens: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
     embedding: list[float] | None = None  #: the prompt's embedding (``--is-embedding``)
@@ -298,6 +300,8 @@ class Generation:
             s.prompt_tokens, s.completion_tokens = out.prompt_tokens, out.completion_tokens
             s.cached_tokens = out.cached_tokens
             s.cached_tokens_details = out.cached_tokens_details
+            s.spec_verify_ct, s.spec_accepted_tokens = (out.spec_verify_ct,
+                                                        out.spec_accepted_tokens)
             reason = (out.finish_reason or {}).get("type", "unknown")
             m.requests.labels(name, reason).inc()
             m.prompt_tokens.labels(name).inc(out.prompt_tokens)

@@ -63,6 +63,21 @@ class Metrics:
             "engine_num_retractions": ("Requests retracted for lack of KV memory so far.",
                                        lambda s: s.num_retractions),
         }
+        if stats().spec is not None:
+            gauges.update({
+                "engine_spec_accept_length": (
+                    "Mean tokens emitted per request per speculative verify (1 + accepted).",
+                    lambda s: s.spec.accept_length),
+                "engine_spec_accepted_tokens_per_second": (
+                    "Draft tokens accepted per second over the last 10 seconds.",
+                    lambda s: s.spec.accepted_per_second),
+                "engine_spec_accepted_tokens_total": (
+                    "Draft tokens accepted so far.", lambda s: s.spec.accepted_tokens),
+                "engine_spec_draft_tokens_total": (
+                    "Draft tokens verified so far.", lambda s: s.spec.draft_tokens),
+                "engine_spec_verify_forwards_total": (
+                    "Speculative verify forwards so far.", lambda s: s.spec.verify_forwards),
+            })
         for name, (doc, read) in gauges.items():
             g = Gauge(name, doc, labels, registry=r)
             g.labels(model_name).set_function(lambda read=read: float(read(stats())))

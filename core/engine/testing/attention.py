@@ -4,7 +4,9 @@
 backend conforms). ``make_backend(pool=..., model_config=..., config=...)`` builds the backend
 (the family hook's keyword arguments). Each case runs, over 2 layers, a single-request prefill,
 a ragged prefill (lengths 1 .. many pages, one ending exactly on a page boundary), prefix +
-extend chunks mixed with a new request, then decode steps, checking:
+extend chunks mixed with a new request, then decode steps, then speculative verify batches
+(``VERIFY`` mode: a chain for every backend; a draft tree with its ``tree_mask`` for a backend
+that declares ``supports_tree_verify``), checking:
 
 * outputs (shape [T, Hq, D], all finite) against plain masked-softmax attention computed here;
 * every new token's K/V stored at its ``out_cache_loc`` slot, in the right layer;
@@ -26,7 +28,7 @@ import torch
 from engine.config import ServerConfig
 from engine.models.config import ModelConfig
 from engine.runtime.attention import AttentionLayerSpec, KVPool
-from engine.runtime.batch import Batch
+from engine.runtime.batch import Batch, ForwardMode
 from engine.testing.batches import BatchBuilder
 
 TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2),
@@ -37,14 +39,18 @@ GPU_EXTRA_PAGE_SIZES = (64,)  #: also run on CUDA
 
 
 def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-              scale: float) -> torch.Tensor:
-    """Plain attention of new tokens at positions ``start..`` over keys [S, Hkv, D] (float32)."""
+              scale: float, tree: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain attention of new tokens at positions ``start..`` over keys [S, Hkv, D] (float32);
+    with ``tree`` ([T, T] bool) new token ``j`` sees the prefix and the new tokens ``k`` with
+    ``tree[j, k]`` instead of ``k <= j``."""
     ratio = q.shape[1] // keys.shape[1]
     k = keys.float().repeat_interleave(ratio, dim=1)  # [S, Hq, D]
     v = values.float().repeat_interleave(ratio, dim=1)
     scores = torch.einsum("thd,shd->hts", q.float(), k) * scale
     pos = torch.arange(start, start + q.shape[0])[:, None]
     allowed = torch.arange(keys.shape[0])[None, :] <= pos
+    if tree is not None:
+        allowed = torch.cat([torch.ones(q.shape[0], start, dtype=torch.bool), tree.cpu()], 1)
     scores = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v)
 
@@ -82,6 +88,7 @@ class _Case:
     def step(self, batch: Batch, rows: list[int]) -> list[str]:
         errors: list[str] = []
         spec0 = self.specs[0]
+        tree_mask = batch.tree_mask  # as built (a backend must not change what is asked)
         self.backend.prepare(batch)
         tokens = batch.num_tokens
         for spec in self.specs:
@@ -106,8 +113,9 @@ class _Case:
                 ks, vs = self.kv.setdefault(row, [([], []) for _ in self.specs])[spec.layer_id]
                 ks.append(k[start:start + n])
                 vs.append(v[start:start + n])
+                tree = tree_mask[i, :n, :n] if tree_mask is not None else None
                 want = reference(q[start:start + n], torch.cat(ks), torch.cat(vs), pre,
-                                 spec.scaling)
+                                 spec.scaling, tree)
                 got = out[start:start + n].float()
                 atol, rtol = self.tol
                 if not torch.allclose(got, want, atol=atol, rtol=rtol):
@@ -135,7 +143,39 @@ class _Case:
         b.free(rows[0])
         live = live[1:]
         errors += self.step(b.decode([(r, 7) for r in live]), live)
+        # speculative verify: a chain (plain causal), then a tree where the backend has it
+        errors += self.step(self.verify(live[:3], [[8, 9, 10], [8], [8, 9]], None), live[:3])
+        if getattr(self.backend, "supports_tree_verify", False):
+            trees = [[-1, -1, 0, 1, 2], [-1], [-1, 0, -1]]
+            toks = [[9] * (1 + len(t)) for t in trees]
+            errors += self.step(self.verify(live[:3], toks, trees), live[:3])
         return errors
+
+    def verify(self, rows: list[int], tokens: list[list[int]],
+               trees: list[list[int]] | None) -> Batch:
+        """A VERIFY batch: each row's last token plus draft nodes (``trees``: the nodes'
+        parents, -1 the last token; None: chains)."""
+        batch = self.builder.extend(list(zip(rows, tokens)), all_logits=True)
+        batch.mode = ForwardMode.VERIFY
+        if trees is None:
+            return batch
+        width = max(len(t) for t in tokens)
+        mask = torch.zeros(len(rows), width, width, dtype=torch.bool)
+        depth_pos = []
+        for i, parents in enumerate(trees):
+            anc: list[list[int]] = [[0]]
+            depths = [0]
+            for j, p in enumerate(parents):
+                anc.append(anc[p + 1] + [j + 1])
+                depths.append(depths[p + 1] + 1)
+            for j, a in enumerate(anc):
+                mask[i, j, a] = True
+            for j in range(len(anc), width):
+                mask[i, j, j] = mask[i, j, 0] = True
+            depth_pos += [batch.prefix_lens_cpu[i] + d for d in depths]
+        batch.tree_mask = mask.to(self.device)
+        batch.positions = torch.tensor(depth_pos, dtype=torch.int64, device=self.device)
+        return batch
 
 
 def check(name: str, make_backend: Callable[..., Any],

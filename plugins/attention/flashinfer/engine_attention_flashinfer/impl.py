@@ -11,7 +11,8 @@ the CPU copies of the lengths:
 * ``kv_last_page_len`` [B] (host): tokens in each request's last page (1..page_size);
 * extend only: ``qo_indptr`` [B+1] (host): running count of new tokens,
 
-and plans the one wrapper the batch needs: ``BatchPrefillWithPagedKVCacheWrapper`` (causal;
+and plans the one wrapper the batch needs: ``BatchPrefillWithPagedKVCacheWrapper`` (causal, or a
+speculative tree's ``custom_mask``;
 FlashInfer aligns the queries to the end of each request's keys, i.e. new token ``j`` sees
 positions ``<= prefix_len + j``) or ``BatchDecodeWithPagedKVCacheWrapper`` (tensor-core decode).
 Every layer then only calls ``run``. Heads, head dim and scale are planned from the model config;
@@ -74,8 +75,25 @@ def page_table(batch: Batch, page_size: int) -> PageTable:
     return PageTable(kv_indptr, kv_indices, last, qo)
 
 
+def tree_custom_mask(batch: Batch) -> torch.Tensor:
+    """FlashInfer's ``custom_mask`` of a speculative tree verify: per request a row-major
+    [new tokens, all its keys] bool block (the prefix all True, then the tree's ancestors and
+    self), flattened and concatenated in batch order."""
+    ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
+    pre = batch.prefix_lens_cpu or batch.prefix_lens.tolist()
+    tree = batch.tree_mask
+    parts = []
+    for i, (e, p) in enumerate(zip(ext, pre)):
+        block = torch.ones((e, p + e), dtype=torch.bool, device=tree.device)
+        block[:, p:] = tree[i, :e, :e]
+        parts.append(block.reshape(-1))
+    return torch.cat(parts)
+
+
 class FlashInferBackend(AttentionBackend):
     """See the module docstring."""
+
+    supports_tree_verify = True  #: through ``plan(custom_mask=...)``
 
     def __init__(self, pool: KVPool, shape: PlanShape) -> None:
         super().__init__(pool)
@@ -108,10 +126,12 @@ class FlashInferBackend(AttentionBackend):
                 s.num_kv_heads, s.head_dim, ps, sm_scale=s.scaling, q_data_type=q_dtype,
                 kv_data_type=self.pool.dtype)
         else:
+            mask = tree_custom_mask(batch) if batch.tree_mask is not None else None
             self._prefill.plan(
                 table.qo_indptr, table.kv_indptr, table.kv_indices, table.kv_last_page_len,
-                s.num_q_heads, s.num_kv_heads, s.head_dim, ps, causal=True,
-                sm_scale=s.scaling, q_data_type=q_dtype, kv_data_type=self.pool.dtype)
+                s.num_q_heads, s.num_kv_heads, s.head_dim, ps, causal=mask is None,
+                custom_mask=mask, sm_scale=s.scaling, q_data_type=q_dtype,
+                kv_data_type=self.pool.dtype)
         batch.attn_metadata = table
 
     def _check(self, layer: AttentionLayerSpec) -> None:

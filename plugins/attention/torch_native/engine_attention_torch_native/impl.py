@@ -5,7 +5,8 @@ the longest context ([B, L]) and the boolean mask (causal over prefix + new toke
 off). Each layer then gathers its K/V pages once (one ``index_select`` per layer) and runs one
 ``scaled_dot_product_attention`` over the padded batch (GQA: decode groups the query heads of one
 KV head, extend repeats KV heads). Correct for ragged batches, cached prefixes, decode and any
-page size (slots are read one by one).
+page size (slots are read one by one). Speculative tree verify: the new tokens' part of the mask
+is ``batch.tree_mask`` instead of causal.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class TorchNativeBackend(AttentionBackend):
         super().__init__(pool)
         self.batch_invariant = batch_invariant
 
+    supports_tree_verify = True
+
     def prepare(self, batch: Batch) -> None:
         if self.batch_invariant:
             return
@@ -60,11 +63,17 @@ class TorchNativeBackend(AttentionBackend):
             batch.attn_metadata = Metadata(kv_index, mask, False, None, 1)
             return
         q_len = max(ext)
-        if bsz == 1 and pre[0] == 0:
+        tree = batch.tree_mask
+        if bsz == 1 and pre[0] == 0 and tree is None:
             batch.attn_metadata = Metadata(kv_index, None, True, None, q_len)
             return
-        q_pos = batch.prefix_lens[:, None] + torch.arange(q_len, device=dev)[None, :]
-        mask = keys[None, None, :] <= q_pos[:, :, None]  # [B, Q, L]
+        if tree is None:
+            q_pos = batch.prefix_lens[:, None] + torch.arange(q_len, device=dev)[None, :]
+            mask = keys[None, None, :] <= q_pos[:, :, None]  # [B, Q, L]
+        else:  # the cached prefix, then the tree's own ancestors-or-self
+            rel = keys[None, :] - batch.prefix_lens[:, None]  # [B, L]: new-token index of a key
+            seen = tree.gather(2, rel.clamp(0, q_len - 1)[:, None, :].expand(bsz, q_len, ctx))
+            mask = (rel < 0)[:, None, :] | (seen & (rel < q_len)[:, None, :])
         if valid is not None:
             mask = mask & valid[:, None, :]
         token_index = None

@@ -57,6 +57,7 @@ class ExtendMetadata:
     tile_start: torch.Tensor  #: [tiles] int32, first new-token index of the tile
     qo_start: torch.Tensor  #: [B] int64, first row of each request in q / the output
     tile_tokens: int
+    tree: torch.Tensor | None = None  #: speculative tree verify: [B, Q, Q] uint8
 
 
 def interpreting() -> bool:
@@ -68,7 +69,10 @@ def _pow2(n: int) -> int:
 
 
 class TritonBackend(AttentionBackend):
-    """Split-KV GQA decode + LSE merge; tiled causal extend over prefix pages then new tokens."""
+    """Split-KV GQA decode + LSE merge; tiled causal extend over prefix pages then new tokens
+    (or a speculative tree's mask over them)."""
+
+    supports_tree_verify = True
 
     def __init__(self, pool: KVPool, group: int, *, num_kv_splits: int = 8,
                  split_tile_size: int | None = None,
@@ -127,7 +131,8 @@ class TritonBackend(AttentionBackend):
         batch.attn_metadata = ExtendMetadata(
             torch.tensor(tile_req, dtype=torch.int32).to(dev, non_blocking=True),
             torch.tensor(tile_start, dtype=torch.int32).to(dev, non_blocking=True),
-            torch.tensor(qo_start, dtype=torch.int64).to(dev, non_blocking=True), bm)
+            torch.tensor(qo_start, dtype=torch.int64).to(dev, non_blocking=True), bm,
+            batch.tree_mask.to(torch.uint8).contiguous() if batch.tree_mask is not None else None)
 
     # ------------------------------------------------------------------ kernels
 
@@ -182,15 +187,17 @@ class TritonBackend(AttentionBackend):
         if group != self.group:
             raise ValueError(f"layer {layer.layer_id}: {group} query heads per KV head, the "
                              f"backend was built for {self.group}")
+        tree = md.tree if md.tree is not None else md.tile_req  # a placeholder when unused
+        tb, tq = (md.tree.stride(0), md.tree.stride(1)) if md.tree is not None else (0, 0)
         self.kernels._extend_kernel[(md.tile_req.shape[0], layer.num_kv_heads)](
             q, k_buf, v_buf, out, r2t, batch.req_pool_indices, batch.prefix_lens,
-            batch.extend_lens, md.qo_start, md.tile_req, md.tile_start,
+            batch.extend_lens, md.qo_start, md.tile_req, md.tile_start, tree,
             q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
-            v_buf.stride(1), out.stride(0), out.stride(1), r2t.stride(0),
+            v_buf.stride(1), out.stride(0), out.stride(1), r2t.stride(0), tb, tq,
             layer.scaling * LOG2E,
             GROUP=group, HEAD_DIM=dim, TILE_TOKENS=md.tile_tokens, BLOCK_M=self.block_rows,
             BLOCK_N=cfg.extend_block_n, BLOCK_D=_pow2(dim),
-            DOT_PREC="ieee" if q.dtype == torch.float32 else None,
+            DOT_PREC="ieee" if q.dtype == torch.float32 else None, HAS_TREE=md.tree is not None,
             num_warps=cfg.extend_warps, num_stages=cfg.extend_stages)
         return out
 

@@ -20,7 +20,10 @@ heads of KV head ``g`` (row ``r``: token ``m0 + r // G``, head ``g*G + r % G``),
 is loaded once for the whole group. The tile -> request table is built on the host from the CPU
 copies of the lengths. Phase 1 walks keys ``0 .. prefix + m0`` (the cached prefix pages, then the
 new tokens before the tile), which every row sees, masked only at the bound; phase 2 the tile's
-own diagonal block ``prefix + m0 .. prefix + m0 + TILE_TOKENS`` with the causal mask. Online
+own diagonal block ``prefix + m0 .. prefix + m0 + TILE_TOKENS`` with the causal mask. A
+speculative tree (``HAS_TREE``): phase 1 covers the prefix only and phase 2 every new token up to
+the tile's end, masked by the tree (``tree_ptr`` [B, Q, Q] uint8: ancestors and self; a token's
+ancestors come before it, so none lies past the tile). Online
 softmax in float32 (base 2), the output in q's dtype.
 
 Every load past a length is masked (never issued), so only slots the batch owns are read.
@@ -158,12 +161,12 @@ def _decode_merge_kernel(
 @triton.jit
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, req_to_token_ptr, req_pool_ptr, prefix_lens_ptr,
-    extend_lens_ptr, qo_start_ptr, tile_req_ptr, tile_start_ptr,
+    extend_lens_ptr, qo_start_ptr, tile_req_ptr, tile_start_ptr, tree_ptr,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
-    stride_r2t, scale,
+    stride_r2t, stride_tb, stride_tq, scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_TOKENS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr,
 ):
     t = tl.program_id(0)
     g = tl.program_id(1)
@@ -192,19 +195,29 @@ def _extend_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # phase 1: the cached prefix pages, then new tokens before the tile: seen by every row
-    lo = prefix + m0
+    # (a speculative tree: the prefix only; every new token goes through the tree mask)
+    if HAS_TREE:
+        lo = prefix
+    else:
+        lo = prefix + m0
     for n0 in range(0, lo, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < lo
         m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, n_mask[None, :], k_ptr,
                               v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
                               d_mask, scale, DOT_PREC)
-    # phase 2: the tile's diagonal block of new tokens, causally
+    # phase 2: the tile's diagonal block of new tokens, causally (a tree: by its mask)
     hi = prefix + tl.minimum(m0 + TILE_TOKENS, ext)
     for n0 in range(lo, hi, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < hi
-        causal = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        if HAS_TREE:
+            seen = tl.load(tree_ptr + i * stride_tb + tok[:, None] * stride_tq
+                           + (pos - prefix)[None, :], mask=r_mask[:, None] & n_mask[None, :],
+                           other=0)
+            causal = n_mask[None, :] & (seen != 0)
+        else:
+            causal = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
         m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, causal, k_ptr,
                               v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
                               d_mask, scale, DOT_PREC)

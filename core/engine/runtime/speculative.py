@@ -1,0 +1,541 @@
+"""Speculative decoding: the verify step of the scheduler, and the draft model the core serves.
+
+:class:`SpecDecoder` replaces a decode forward when the proposer drafts anything:
+
+1. the proposer (a plugin: :class:`engine.api.speculative.Proposer`) drafts a chain or a tree
+   per running request; each draft is cut to what the request may still emit (its remaining
+   tokens, the context) and to the verify width;
+2. every request's last token and draft nodes become the extend tokens of one ``VERIFY``
+   forward: KV slots are taken for all of them (a request for which no pages are left verifies
+   its last token alone), positions are ``prefix + depth``, and a tree carries its
+   ancestor mask (``Batch.tree_mask``); requests without drafts ride along as one-token rows;
+3. each tree is walked from the root, one depth per round for the whole batch: the sampler
+   draws the target's token at the current node (argmax for greedy rows, a draw from the
+   target's distribution with the request's generator otherwise); the token is appended like
+   any decoded token (stops, grammar, logprobs); when a child carries it the walk moves there.
+   Greedy output is thus the target's own greedy sequence, and sampled output is drawn from the
+   target's own distribution position by position: with a deterministic draft, the rejection
+   rule min(1, p/q) accepts node x with probability p(x) and resamples from p without x, which
+   is the same draw (chains and trees alike);
+4. the KV of accepted nodes is moved to the slots of their positions (a tree's accepted path is
+   not contiguous), rejected slots are freed at once, and ``kv_len`` grows by one plus the
+   accepted count; the proposer is told how many nodes it got accepted.
+
+When no request has a draft, the step is a plain decode (no cost for prompts with no match).
+
+:class:`DraftRunner` is a second model runner with its own KV pool and rows, keyed by request:
+the :class:`engine.api.speculative.DraftModel` given to draft-model proposers.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Any, Hashable, Sequence
+
+import torch
+
+from engine.api.speculative import Draft, DraftModel, Proposer, TargetModel
+from engine.errors import ConfigError
+from engine.runtime.allocator import OutOfMemory, PageAllocator, ReqToTokenRows
+from engine.runtime.batch import Batch, ForwardMode
+from engine.runtime.request import ReqOutput, emit
+
+log = logging.getLogger("engine.scheduler")
+
+RATE_WINDOW_S = 10.0  #: accepted tokens per second are measured over this window
+
+
+class SpecStats:
+    """Counters of the verify steps (read by /metrics)."""
+
+    def __init__(self) -> None:
+        self.verify_forwards = 0  #: VERIFY forwards run
+        self.verified_requests = 0  #: request rows verified (a forward verifies many)
+        self.draft_tokens = 0  #: draft nodes verified
+        self.accepted_tokens = 0  #: draft nodes accepted
+        self.emitted_tokens = 0  #: tokens emitted by verify steps (accepted + one per row)
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+
+    def record(self, rows: int, drafted: int, accepted: int, emitted: int) -> None:
+        self.verify_forwards += 1
+        self.verified_requests += rows
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        self.emitted_tokens += emitted
+        now = time.monotonic()
+        self._recent.append((now, accepted))
+        while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
+            self._recent.popleft()
+
+    @property
+    def accept_length(self) -> float:
+        """Mean tokens emitted per verified request row (1 + accepted drafts)."""
+        return self.emitted_tokens / self.verified_requests if self.verified_requests else 0.0
+
+    @property
+    def accepted_per_second(self) -> float:
+        now = time.monotonic()
+        return sum(n for t, n in self._recent if t >= now - RATE_WINDOW_S) / RATE_WINDOW_S
+
+
+def ancestor_mask(draft: Draft, width: int) -> torch.Tensor:
+    """[width, width] bool: row ``j`` (0 = the root, ``i + 1`` = node ``i``) sees its
+    ancestors and itself; rows and columns past the draft are padding (self only)."""
+    mask = torch.zeros((width, width), dtype=torch.bool)
+    mask[:, 0] = True
+    idx = torch.arange(width)
+    mask[idx, idx] = True
+    rows: list[list[int]] = [[0]]
+    for i, p in enumerate(draft.parents):
+        anc = rows[p + 1] + [i + 1]
+        rows.append(anc)
+        mask[i + 1, anc] = True
+    return mask
+
+
+class SpecDecoder:
+    """The verify step over a scheduler's running requests (see the module docstring)."""
+
+    def __init__(self, proposer: Proposer, runner: Any) -> None:
+        self.proposer = proposer
+        self.runner = runner
+        self.width = max(1, int(proposer.num_draft_tokens))
+        self.stats = SpecStats()
+
+    def describe(self) -> str:
+        return self.proposer.describe()
+
+    # ------------------------------------------------------------------ drafting
+
+    def _drafts(self, sched: Any, reqs: list[Any]) -> list[Draft]:
+        drafts = self.proposer.propose(reqs)
+        if len(drafts) != len(reqs):
+            raise RuntimeError(f"the proposer drafted {len(drafts)} drafts for {len(reqs)} "
+                               "requests")
+        out = []
+        for req, draft in zip(reqs, drafts):
+            room = min(req.max_new_tokens - len(req.output_ids),
+                       sched.max_context_len - req.seq_len) - 1
+            if not draft or room <= 0:
+                out.append(Draft())
+                continue
+            out.append(draft.truncated(self.width - 1, room))
+        return out
+
+    def _take_draft_slots(self, sched: Any, req: Any, slots: list[int], n: int) -> int:
+        """Extend ``slots`` (the one slot of ``req``'s last token) by ``n`` draft slots when
+        pages are free (evicting cache); returns how many were taken (``n`` or 0)."""
+        alloc = sched.allocator
+        if not sched._make_room(alloc.pages_needed(req.kv_len + 1, n) * alloc.page_size):
+            return 0
+        more, _ = alloc.slots_for(req.last_slot, req.kv_len + 1, n)
+        slots.extend(more)
+        req.last_slot = more[-1]
+        return n
+
+    # ------------------------------------------------------------------ the step
+
+    def verify(self, sched: Any, decode: list[tuple[Any, int, list[int]]]) -> bool:
+        """Run the verify step over ``decode`` (each request with the slot of its last token,
+        already in the scheduler's plan); False when nobody drafted (the caller decodes)."""
+        reqs = [req for req, _, _ in decode]
+        drafts = self._drafts(sched, reqs)
+        if not any(drafts):
+            return False
+        for k, (req, _, slots) in enumerate(decode):
+            if drafts[k] and not self._take_draft_slots(sched, req, slots, len(drafts[k])):
+                drafts[k] = Draft()
+        if not any(drafts):
+            return False
+        sched.timer.mark("draft")
+        batch = self._batch(sched, decode, drafts)
+        sched.timer.mark("batch")
+        logits = self.runner.forward(batch)
+        sched.timer.mark("forward")
+        self._finish_step(sched, decode, drafts, logits, batch)
+        return True
+
+    def _batch(self, sched: Any, decode: list[tuple[Any, int, list[int]]],
+               drafts: list[Draft]) -> Batch:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        locs: list[int] = []
+        rows_idx: list[int] = []
+        key_pos: list[int] = []
+        prefix, extend = [], []
+        tree = any(not d.is_chain for d in drafts)
+        for (req, _, slots), draft in zip(decode, drafts):
+            start = req.kv_len
+            n = 1 + len(draft)
+            input_ids.append(req.output_ids[-1] if req.output_ids else req.origin_input_ids[-1])
+            input_ids.extend(draft.token_ids)
+            positions.append(start)
+            positions.extend(start + d for d in draft.depths())
+            locs.extend(slots[:n])
+            rows_idx.extend([req.row] * n)
+            key_pos.extend(range(start, start + n))
+            prefix.append(start)
+            extend.append(n)
+        reqs = [req for req, _, _ in decode]
+        seq = [p + e for p, e in zip(prefix, extend)]
+        dev = sched.device
+        n_tok, n_req = len(input_ids), len(reqs)
+        flat = torch.tensor(input_ids + positions + locs + rows_idx + key_pos
+                            + [r.row for r in reqs] + seq + prefix + extend,
+                            dtype=torch.long, device=dev)
+        ids_t, pos_t, loc_t, rowi_t, key_t, rows_t, seq_t, pre_t, ext_t = flat.split(
+            [n_tok] * 5 + [n_req] * 4)
+        self.runner.req_to_token[rowi_t, key_t] = loc_t
+        tree_mask = None
+        if tree:
+            width = max(extend)
+            tree_mask = torch.stack([ancestor_mask(d, width) for d in drafts]).to(dev)
+        return Batch(
+            mode=ForwardMode.VERIFY, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
+            req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=pre_t, extend_lens=ext_t,
+            req_to_token=self.runner.req_to_token, seq_lens_cpu=seq, prefix_lens_cpu=prefix,
+            extend_lens_cpu=extend, logits_indices=torch.arange(n_tok, device=dev),
+            sampling=[r.sampling_params for r in reqs], tree_mask=tree_mask)
+
+    def _walk(self, sched: Any, reqs: list[Any], drafts: list[Draft], offsets: list[int],
+              logits: torch.Tensor) -> tuple[list[list[int]], list[ReqOutput | None]]:
+        """Sample the trees depth by depth; returns each request's accepted path (node
+        numbers: ``i + 1`` for draft node ``i``) and its merged output delta."""
+        children: list[dict[int, dict[int, int]]] = []
+        for d in drafts:
+            kids: dict[int, dict[int, int]] = {}
+            for i, (tok, par) in enumerate(zip(d.token_ids, d.parents)):
+                kids.setdefault(par + 1, {}).setdefault(tok, i + 1)
+            children.append(kids)
+        node = [0] * len(reqs)
+        path: list[list[int]] = [[] for _ in reqs]
+        deltas: list[ReqOutput | None] = [None] * len(reqs)
+        active = list(range(len(reqs)))
+        now = time.monotonic()
+        while active:
+            rows = logits[[offsets[i] + node[i] for i in active]]
+            out = sched.sampler(rows, [reqs[i] for i in active])
+            sched.timer.mark("sample")
+            still: list[int] = []
+            for j, i in enumerate(active):
+                req = reqs[i]
+                if out.errors and j in out.errors:
+                    delta = sched._error_output(req, _sample_failure(out.errors[j]))
+                else:
+                    try:
+                        delta = sched._next_output(req, out, j, now)
+                    except Exception as exc:  # noqa: BLE001 - this request fails alone
+                        delta = sched._error_output(
+                            req, f"internal error while finishing its token: "
+                            f"{type(exc).__name__}: {exc}")
+                deltas[i] = _merge(deltas[i], delta)
+                if req.finished:
+                    continue
+                child = children[i].get(node[i], {}).get(out.token_ids[j])
+                if child is not None:
+                    node[i] = child
+                    path[i].append(child)
+                    still.append(i)
+            active = still
+        return path, deltas
+
+    def _commit(self, sched: Any, req: Any, slots: list[int], path: list[int]) -> None:
+        """Keep the KV of the last token and the accepted nodes at the slots of their
+        positions, free the rest; ``kv_len`` moves past them."""
+        pool = self.runner.pool
+        src = [slots[n] for d, n in enumerate(path, 1) if n != d]
+        if src:
+            dst = torch.tensor([slots[d] for d, n in enumerate(path, 1) if n != d],
+                               device=pool.device)
+            src_t = torch.tensor(src, device=pool.device)
+            sink = getattr(getattr(self.runner, "model", None), "feature_sink", None)
+            buffers = [*pool.k, *pool.v] + ([sink.buf] if sink is not None else [])
+            for buf in buffers:
+                buf.index_copy_(0, dst, buf.index_select(0, src_t))
+        keep = 1 + len(path)
+        new_len = req.kv_len + keep
+        room = -new_len % sched.page_size  # the rest of the last kept page stays
+        if len(slots) > keep + room:
+            sched.allocator.free_slots(slots[keep + room:])
+        req.kv_len = new_len
+        req.last_slot = slots[keep - 1]
+
+    def _finish_step(self, sched: Any, decode: list[tuple[Any, int, list[int]]],
+                     drafts: list[Draft], logits: torch.Tensor, batch: Batch) -> None:
+        reqs = [req for req, _, _ in decode]
+        offsets, at = [], 0
+        for d in drafts:
+            offsets.append(at)
+            at += 1 + len(d)
+        path, deltas = self._walk(sched, reqs, drafts, offsets, logits)
+        for (req, _, slots), p in zip(decode, path):
+            self._commit(sched, req, slots, p)
+        sched._counted = True
+        accepted = sum(len(p) for p in path)
+        emitted = 0
+        for req, p, delta in zip(reqs, path, deltas):
+            req.spec_verify_ct += 1
+            req.spec_accepted_tokens += len(p)
+            if delta is not None:
+                emitted += len(delta.token_ids)
+                delta.spec_verify_ct = req.spec_verify_ct
+                delta.spec_accepted_tokens = req.spec_accepted_tokens
+        self.stats.record(len(reqs), sum(map(len, drafts)), accepted, emitted)
+        for req, p in zip(reqs, path):
+            try:
+                self.proposer.on_verified(req, len(p))
+            except Exception:  # noqa: BLE001 - a proposer's bookkeeping never fails a request
+                log.exception("the proposer failed on a verified request")
+        sched.timer.mark("finish")
+        items = [(req.sink, delta) for req, delta in zip(reqs, deltas) if delta is not None]
+        senders = [req for req, delta in zip(reqs, deltas) if delta is not None]
+        done = [req for req in senders if req.finished]
+        for k in emit(items):
+            req = senders[k]
+            if not req.finished:
+                message = "internal error while delivering its output (see the server log)"
+                emit([(req.sink, sched._error_output(req, message))])
+                done.append(req)
+        sched.timer.mark("emit")
+        if done:
+            sched.running = [r for r in sched.running if not r.finished]
+            for req in done:
+                sched._release(req)
+        if sched.after_forward is not None:
+            sched.after_forward(batch, [r.output_ids[-1] if r.output_ids else 0 for r in reqs])
+
+    def release(self, req: Any) -> None:
+        try:
+            self.proposer.release(req)
+        except Exception:  # noqa: BLE001
+            log.exception("the proposer failed to release a request")
+
+
+def _merge(old: ReqOutput | None, new: ReqOutput) -> ReqOutput:
+    """One delta for several tokens of one step."""
+    if old is None:
+        return new
+    old.text += new.text
+    old.token_ids.extend(new.token_ids)
+    old.logprobs.extend(new.logprobs)
+    old.top_logprobs.extend(new.top_logprobs)
+    for name in ("finished", "finish_reason", "prompt_tokens", "completion_tokens",
+                 "cached_tokens"):
+        setattr(old, name, getattr(new, name))
+    return old
+
+
+def _sample_failure(exc: BaseException) -> str:
+    from engine.runtime.grammar import GrammarDeadEnd
+
+    if isinstance(exc, GrammarDeadEnd):
+        return str(exc)
+    return f"internal error while sampling: {type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------------- the draft model
+
+
+class DraftRunner(DraftModel):
+    """A draft model runner with its own KV pool (page size 1) and rows, keyed by request."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.vocab_size = runner.model_config.vocab_size
+        self.device = runner.device
+        self.allocator = PageAllocator(runner.pool.num_slots, 1)
+        self.rows = ReqToTokenRows(runner.req_to_token.shape[0])
+        self._seqs: dict[Hashable, tuple[int, list[int]]] = {}
+
+    def length(self, key: Hashable) -> int:
+        seq = self._seqs.get(key)
+        return len(seq[1]) if seq is not None else 0
+
+    def release(self, key: Hashable) -> None:
+        seq = self._seqs.pop(key, None)
+        if seq is not None:
+            self.allocator.free_slots(seq[1])
+            self.rows.free(seq[0])
+
+    def _room(self, keep: set[int], need: int) -> None:
+        """Free whole sequences (not in ``keep``) until ``need`` slots are free."""
+        for key in list(self._seqs):
+            if self.allocator.free_tokens >= need:
+                return
+            if id(key) not in keep:
+                self.release(key)
+        if self.allocator.free_tokens < need:
+            raise OutOfMemory(f"the draft KV pool is full ({need} slots needed)")
+
+    @torch.inference_mode()
+    def extend(self, items: Sequence[tuple[Hashable, int, Sequence[int]]]) -> torch.Tensor:
+        keep = {id(k) for k, _, _ in items}
+        input_ids: list[int] = []
+        positions: list[int] = []
+        locs: list[int] = []
+        rows_idx: list[int] = []
+        rows, prefix, extend = [], [], []
+        for key, start, tokens in items:
+            seq = self._seqs.get(key)
+            if seq is None:
+                if self.rows.num_free == 0:
+                    self._evict_row(keep)
+                seq = (self.rows.alloc(), [])
+                self._seqs[key] = seq
+            row, slots = seq
+            if start > len(slots):
+                raise ValueError(f"draft sequence has {len(slots)} tokens; cannot extend at "
+                                 f"{start}")
+            if len(slots) > start:
+                self.allocator.free_slots(slots[start:])
+                del slots[start:]
+            if self.allocator.free_tokens < len(tokens):
+                self._room(keep, len(tokens))
+            new, _ = self.allocator.slots_for(None, 0, len(tokens))
+            slots.extend(new)
+            input_ids.extend(tokens)
+            positions.extend(range(start, start + len(tokens)))
+            locs.extend(new)
+            rows_idx.extend([row] * len(tokens))
+            rows.append(row)
+            prefix.append(start)
+            extend.append(len(tokens))
+        seq_lens = [p + e for p, e in zip(prefix, extend)]
+        n_tok, n_req = len(input_ids), len(rows)
+        last = list(torch.tensor(extend).cumsum(0).sub(1).tolist())
+        flat = torch.tensor(input_ids + positions + locs + rows_idx + rows + seq_lens + prefix
+                            + extend + last, dtype=torch.long, device=self.device)
+        ids_t, pos_t, loc_t, rowi_t, rows_t, seq_t, pre_t, ext_t, last_t = flat.split(
+            [n_tok] * 4 + [n_req] * 5)
+        self.runner.req_to_token[rowi_t, pos_t] = loc_t
+        mode = ForwardMode.DECODE if n_tok == n_req else ForwardMode.EXTEND
+        batch = Batch(mode=mode, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
+                      req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=pre_t,
+                      extend_lens=ext_t, req_to_token=self.runner.req_to_token,
+                      seq_lens_cpu=seq_lens, prefix_lens_cpu=prefix, extend_lens_cpu=extend,
+                      logits_indices=last_t)
+        return self.runner.forward(batch)
+
+    def _evict_row(self, keep: set[int]) -> None:
+        for key in list(self._seqs):
+            if id(key) not in keep:
+                self.release(key)
+                return
+        raise OutOfMemory("no free draft row")
+
+
+class FeatureSink:
+    """Per-slot features of the target's tokens, written by every target forward (the
+    model's ``feature_sink``): [num_slots, width], moved with the KV of accepted nodes."""
+
+    def __init__(self, layers: list[int], width: int, num_slots: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.layers = layers
+        self.buf = torch.zeros((num_slots, width), dtype=dtype, device=device)
+
+    def write(self, batch: Batch, feats: torch.Tensor) -> None:
+        self.buf.index_copy_(0, batch.out_cache_loc, feats.to(self.buf.dtype))
+
+
+class TargetView(TargetModel):
+    """The target's embedding, head and (once :meth:`capture` is called) per-token features."""
+
+    def __init__(self, runner: Any) -> None:
+        self._runner = runner
+        self._model = runner.model
+        mc = runner.model_config
+        self.hidden_size, self.vocab_size = mc.hidden_size, mc.vocab_size
+        self.num_layers = mc.num_hidden_layers
+        self.dtype, self.device = runner.dtype, runner.device
+        self.rms_norm_eps = mc.rms_norm_eps
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self._model.model.embed_tokens(token_ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._model.compute_logits(hidden).float()
+
+    def capture(self, layers: Sequence[int] = ()) -> int:
+        """From now on every target forward keeps each token's features: the final normed
+        hidden state (``layers`` empty), or the inputs of ``layers`` concatenated. Returns
+        the feature width. Decode CUDA graphs are re-captured by the runner when needed."""
+        bad = [i for i in layers if not 0 <= i < self.num_layers]
+        if bad:
+            raise ConfigError(f"target layers {bad} to capture: the target has "
+                              f"{self.num_layers} layers")
+        width = self.hidden_size * max(1, len(layers))
+        self._model.feature_sink = FeatureSink(list(layers), width, self._runner.pool.num_slots,
+                                               self.dtype, self.device)
+        if getattr(self._runner, "decode_graphs", None) is not None:
+            self._runner.decode_graphs = self._runner._make_decode_graphs()
+        return width
+
+    def features(self, request: Any, start: int, end: int) -> torch.Tensor:
+        """Features of the request's tokens ``start .. end - 1`` (all in the target's KV)."""
+        sink = self._model.feature_sink
+        if sink is None:
+            raise RuntimeError("features were not captured (call capture() first)")
+        if end > request.kv_len:
+            raise ValueError(f"token {end - 1} is not in the target's KV yet")
+        slots = self._runner.req_to_token[request.row, start:end]
+        return sink.buf.index_select(0, slots)
+
+
+def load_draft_runner(config: Any, target: Any, registry: Any) -> DraftRunner:
+    """The ``--speculative-draft-model-path`` model as a :class:`DraftRunner` whose pool holds
+    as many tokens as the target's plus the drafts; ConfigError when there is no path, the
+    vocabularies differ or it fails to load."""
+    from engine.assembly import Assembly
+    from engine.runtime.model_runner import ModelRunner
+
+    path = config.speculative_draft_model_path
+    if not path:
+        raise ConfigError(f"--speculative-algorithm {config.speculative_algorithm} needs a "
+                          "draft model: set --speculative-draft-model-path")
+    width = config.speculative_num_draft_tokens or 16
+    draft_cfg = config.replace(
+        model_path=path, tokenizer_path=None, speculative_algorithm=None,
+        load_format=config.speculative_draft_load_format or config.load_format,
+        quantization=config.speculative_draft_model_quantization,
+        max_total_tokens=target.max_total_num_tokens + target.max_running_requests * width,
+        page_size=1, context_length=target.max_context_len,
+        max_running_requests=target.max_running_requests, json_model_override_args=None,
+        skip_tokenizer_init=True)
+    try:
+        runner = ModelRunner(draft_cfg, Assembly(draft_cfg, registry))
+    except ConfigError as exc:
+        raise ConfigError(f"--speculative-draft-model-path {path}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - any load failure is a start-up error
+        raise ConfigError(f"--speculative-draft-model-path {path}: the draft model failed to "
+                          f"load: {type(exc).__name__}: {exc}") from None
+    check_same_vocab(target, runner, path)
+    log.info("draft model %s: %d layers, KV pool of %d tokens", path,
+             runner.model_config.num_hidden_layers, runner.max_total_num_tokens)
+    return DraftRunner(runner)
+
+
+def check_same_vocab(target: Any, draft: Any, path: str) -> None:
+    """The draft must speak the target's token ids: same vocabulary size and, where both have
+    a tokenizer, the same token strings."""
+    tv, dv = target.model_config.vocab_size, draft.model_config.vocab_size
+    if tv != dv:
+        raise ConfigError(f"--speculative-draft-model-path {path}: its vocabulary has {dv} "
+                          f"tokens, the target's {tv}; a draft must share the target's tokenizer")
+    from engine.models.tokenizer import Tokenizer
+
+    tt = target.tokenizer
+    try:
+        dt = Tokenizer.load(draft.model_config)
+    except ConfigError:
+        log.info("the draft model %s has no tokenizer of its own: only its vocabulary size is "
+                 "checked against the target's", path)
+        return
+    if tt is not None:
+        a, b = tt.hf.get_vocab(), dt.hf.get_vocab()
+        if a != b:
+            diff = len(set(a.items()) ^ set(b.items()))
+            raise ConfigError(f"--speculative-draft-model-path {path}: its tokenizer differs from "
+                              f"the target's ({diff} token entries differ); a draft must share "
+                              "the target's tokenizer")

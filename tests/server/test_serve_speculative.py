@@ -1,0 +1,155 @@
+"""Through real servers: speculative decoding is lossless on the default model.
+
+One plain server computes the reference (each prompt alone, greedy), then stops; then an NGRAM
+server and a STANDALONE server (the default model drafting for itself) must give the same ids,
+streamed and not, alone and 16 at once; STANDALONE accepts every draft token. Bad speculative
+set-ups end ``engine serve`` at start-up with exit status 2 and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import running, start_server
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 24
+TEXTS = ["The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat.",
+         "Rivers carry water from the mountains to the sea, shaping valleys over many years.",
+         "A good recipe lists every ingredient first, then each step in the order it is done.",
+         "The library opens at nine in the morning and closes at six in the evening."]
+
+
+def prompts() -> list[str]:
+    """16 prompts: half ask to repeat or edit a given text (drafts match), half do not."""
+    grounded = [f"Repeat the following text exactly.\n\n{t}\n\nRepeated text:\n" for t in TEXTS]
+    grounded += [f"Rewrite the text in capital letters.\n\n{t}\n\nRewritten:\n" for t in TEXTS]
+    free = [f"Write about {topic}. Answer:" for topic in (
+        "the sea", "volcanoes", "jazz music", "honey bees", "old maps", "paper cranes",
+        "desert rain", "city lights")]
+    return grounded + free
+
+
+def generate(client: httpx.Client, text: str, **extra: Any) -> dict[str, Any]:
+    body = {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": MAX_TOKENS},
+            **extra}
+    r = client.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stream(client: httpx.Client, text: str) -> dict[str, Any]:
+    events = []
+    with client.stream("POST", "/generate", json={
+            "text": text, "stream": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": MAX_TOKENS}}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]"
+    return json.loads(events[-2])
+
+
+def one_by_one(server) -> list[list[int]]:
+    with server.client(timeout=600) as c:
+        return [generate(c, p)["output_ids"] for p in prompts()]
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[list[int]]:
+    with running(start_server("plain", "--max-running-requests", "16")) as s:
+        return one_by_one(s["plain"])
+
+
+def check_lossless(server, reference: list[list[int]]) -> list[dict[str, Any]]:
+    ps = prompts()
+    with server.client(timeout=600) as c:
+        alone = [generate(c, p) for p in ps]
+        streamed = [stream(c, p) for p in ps[:4] + ps[8:10]]
+        c.post("/flush_cache")
+        with ThreadPoolExecutor(16) as pool:
+            together = list(pool.map(
+                lambda i: stream(c, ps[i]) if i % 2 else generate(c, ps[i]), range(16)))
+        metrics = c.get("/metrics").text
+    assert [r["output_ids"] for r in alone] == reference
+    assert [r["output_ids"] for r in streamed] == reference[:4] + reference[8:10]
+    assert [r["output_ids"] for r in together] == reference
+    assert all(r["meta_info"]["spec_verify_ct"] >= 1 for r in alone[:8])
+    lines = {ln.split("{")[0]: float(ln.split()[-1]) for ln in metrics.splitlines()
+             if ln.startswith("engine_spec_")}
+    assert lines["engine_spec_accepted_tokens_total"] > 0
+    assert lines["engine_spec_accept_length"] > 1.0
+    return alone
+
+
+def test_ngram_is_lossless_and_accepts_drafts_on_grounded_prompts(reference):
+    with running(start_server("ngram", "--max-running-requests", "16",
+                              "--speculative-algorithm", "NGRAM")) as s:
+        alone = check_lossless(s["ngram"], reference)
+    grounded = alone[:4]
+    accepted = sum(r["meta_info"]["spec_accepted_tokens"] for r in grounded)
+    assert accepted >= len(grounded) * MAX_TOKENS // 3
+
+
+def test_standalone_drafting_for_itself_accepts_every_draft(reference):
+    from engine.models.config import resolve_model_path
+
+    with running(start_server("standalone", "--max-running-requests", "16",
+                              "--speculative-algorithm", "standalone",
+                              "--speculative-draft-model-path", resolve_model_path(None))) as s:
+        alone = check_lossless(s["standalone"], reference)
+    for r in alone:
+        meta = r["meta_info"]
+        verified = meta["completion_tokens"] - 1  # the first token comes from the prefill
+        # 3 drafts per verify, all accepted: 4 tokens per verify (the last verify may be cut)
+        assert meta["spec_accepted_tokens"] + meta["spec_verify_ct"] == verified, meta
+        if r["meta_info"]["finish_reason"]["type"] == "length":
+            assert meta["spec_verify_ct"] == -(-verified // 4), meta
+
+
+# ---------------------------------------------------------------------- bad set-ups
+
+
+def serve_error(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "engine.cli.main", "serve", "--device", "cpu",
+                          "--max-total-tokens", "4096", "--port", "1", *args],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    return out.stderr.strip().splitlines()[-1]
+
+
+def tiny_model(tmp_path, vocab: int) -> str:
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,
+           "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "head_dim": 16, "vocab_size": vocab,
+           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+def test_bad_speculative_setups_exit_2_with_the_reason(tmp_path):
+    assert serve_error("--speculative-algorithm", "STANDALONE") == (
+        "engine serve: error: --speculative-algorithm STANDALONE needs a draft model: set "
+        "--speculative-draft-model-path")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "empty").mkdir()
+    other = tiny_model(tmp_path / "other", 1000)
+    line = serve_error("--speculative-algorithm", "standalone", "--speculative-draft-model-path",
+                       other, "--speculative-draft-load-format", "dummy")
+    assert "its vocabulary has 1000 tokens, the target's 49152" in line
+    empty = tiny_model(tmp_path / "empty", 49152)
+    line = serve_error("--speculative-algorithm", "standalone", "--speculative-draft-model-path",
+                       empty)
+    assert line.startswith(f"engine serve: error: --speculative-draft-model-path {empty}: ")
+    line = serve_error("--speculative-algorithm", "ngram", "--attention-backend",
+                       "flex_attention")
+    assert "drafts trees" in line and "cannot verify a tree" in line
