@@ -94,6 +94,8 @@ def test_every_reference_choice_of_a_served_option_parses_or_is_refused_with_a_r
             assert surface.UNSERVED_CHOICES[opt.flag] in message
         return
     served = {str(v) for v in vars(config).values() if not isinstance(v, (dict, tuple))}
+    for values in (config.plugin_options or {}).values():  # a plugin's own options
+        served |= {str(v) for v in values.values()}
     assert choice in served
 
 

@@ -241,9 +241,11 @@ NOT_YET: dict[str, tuple[str, ...]] = {
 
 #: implemented options whose reference lists choices this server does not serve: flag -> why.
 #: Those choices parse (they are the reference's) and are refused with the reason, exit 2.
+_LOADER = ("weights load once, from local safetensors, pt or gguf files (or dummy weights), "
+           "with the built-in loader")
 UNSERVED_CHOICES: dict[str, str] = {
-    "--load-format": "weights load once, from local safetensors, pt or gguf files (or dummy "
-                     "weights), with the built-in loader",
+    "--load-format": _LOADER,
+    "--speculative-draft-load-format": _LOADER,
 }
 
 
