@@ -61,9 +61,12 @@ def _fp8(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def quantize_state(state: dict[str, torch.Tensor], scheme: str, *, bits: int = 4,
                    group: int = 64, sym: bool = True, desc_act: bool = False,
-                   block: tuple[int, int] = (128, 128), seed: int = 0
+                   block: tuple[int, int] = (128, 128), seed: int = 0,
+                   input_amax: dict[str, float] | None = None
                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, torch.Tensor]]:
-    """(tensors, quantization config, reference float32 weights of the quantized layers)."""
+    """(tensors, quantization config, reference float32 weights of the quantized layers).
+    Static activation scales are ``input_amax[module] / 448`` (calibrated by the caller), else
+    arbitrary values in [0.02, 0.03] (enough for layer-level tests)."""
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     ref: dict[str, torch.Tensor] = {}
@@ -120,8 +123,9 @@ def quantize_state(state: dict[str, torch.Tensor], scheme: str, *, bits: int = 4
                                            else s)
             r = q.float() * s
             if scheme in ("ct_fp8_static", "fp8_tensor", "modelopt_fp8", "quark_fp8"):
-                out[base + ".input_scale"] = torch.tensor(0.02 + 0.01 * torch.rand(
-                    (), generator=gen).item(), dtype=torch.float32)
+                value = (input_amax[base] / 448 if input_amax is not None
+                         else 0.02 + 0.01 * torch.rand((), generator=gen).item())
+                out[base + ".input_scale"] = torch.tensor(value, dtype=torch.float32)
         elif scheme in ("fp8_block", "ct_fp8_block"):
             bn, bk = block
             pad = torch.nn.functional.pad(w, (0, (-k) % bk, 0, (-n) % bn))
