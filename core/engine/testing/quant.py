@@ -23,11 +23,13 @@ from engine.runtime import quant_formats as qf
 LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight$")
 
 #: scheme -> the ``--quantization`` choice that reads it
-CHOICE = {"gptq": "gptq", "awq": "awq", "auto_round": "auto-round", "ct_wna16": "compressed-tensors",
-          "ct_w8a8_int8": "w8a8_int8", "ct_fp8_dynamic": "w8a8_fp8", "ct_fp8_static": "compressed-tensors",
+CHOICE = {"gptq": "gptq", "awq": "awq", "auto_round": "auto-round",
+          "ct_wna16": "compressed-tensors", "ct_w8a8_int8": "w8a8_int8",
+          "ct_fp8_dynamic": "w8a8_fp8", "ct_fp8_static": "compressed-tensors",
           "ct_fp8_block": "compressed-tensors", "ct_w8a16": "compressed-tensors",
           "fp8_block": "fp8", "fp8_tensor": "fp8", "modelopt_fp8": "modelopt_fp8",
-          "modelopt_nvfp4": "modelopt_fp4", "quark_fp8": "quark", "bnb_nf4": "bitsandbytes", "mlx4": "mlx_q4", "mlx8": "mlx_q8"}
+          "modelopt_nvfp4": "modelopt_fp4", "quark_fp8": "quark", "bnb_nf4": "bitsandbytes",
+          "mlx4": "mlx_q4", "mlx8": "mlx_q8"}
 
 
 def _groups(w: torch.Tensor, g: int) -> torch.Tensor:
@@ -239,7 +241,8 @@ def _config(scheme: str, bits: int, group: int, sym: bool, desc_act: bool,
     }[scheme]
 
 
-def write_checkpoint(src: str, dst: str, scheme: str, state: dict[str, torch.Tensor] | None = None,
+def write_checkpoint(src: str, dst: str, scheme: str,
+                     state: dict[str, torch.Tensor] | None = None,
                      **kw: Any) -> dict[str, torch.Tensor]:
     """Quantize the dense HF checkpoint directory ``src`` (or ``state`` with ``src``'s
     config.json) into ``dst``; returns the reference weights. mlx configs go to config.json's
