@@ -20,10 +20,10 @@ from engine.runtime.model_runner import ModelRunner
 from engine.testing import quant as tq
 from engine.testing.batches import BatchBuilder
 
-SCHEMES = {"ct_w8a16": {}, "ct_w8a8_int8": {}, "ct_fp8_dynamic": {}, "fp8_block": {"block": (64, 64)},
-           "modelopt_fp8": {}, "quark_fp8": {}, "gptq": {"group": 64}, "awq": {"group": 64, "sym": False},
-           "ct_wna16": {"group": 64}, "mlx4": {"group": 64}, "mlx8": {"group": 64},
-           "modelopt_nvfp4": {}, "bnb_nf4": {}}
+SCHEMES = {"ct_w8a16": {}, "ct_w8a8_int8": {}, "ct_fp8_dynamic": {},
+           "fp8_block": {"block": (64, 64)}, "modelopt_fp8": {}, "quark_fp8": {},
+           "gptq": {"group": 64}, "awq": {"group": 64, "sym": False}, "ct_wna16": {"group": 64},
+           "mlx4": {"group": 64}, "mlx8": {"group": 64}, "modelopt_nvfp4": {}, "bnb_nf4": {}}
 SEQ, N_SEQ = 512, 4
 
 
@@ -33,6 +33,40 @@ def held_out_text() -> str:
 
     return "\n\n".join(metadata.metadata(p).get_payload() or "" for p in
                        ("httpx", "pydantic", "fastapi", "uvicorn"))
+
+
+def calibration_text() -> str:
+    """Other README text, for the static activation scales (never the evaluated text)."""
+    from importlib import metadata
+
+    return "\n\n".join(metadata.metadata(p).get_payload() or "" for p in
+                       ("openai", "transformers", "safetensors"))
+
+
+INPUT_AMAX: dict[str, float] = {}
+
+
+def calibrate(runner: ModelRunner, ids: list[int]) -> dict[str, float]:
+    """Largest input magnitude of every linear layer over ``ids``, under checkpoint names (a
+    fused layer's input is each of its parts')."""
+    from engine.api.quant import Linear, checkpoint_names
+
+    amax: dict[str, float] = {}
+    hooks = []
+    for name, mod in runner.model.named_modules():
+        if isinstance(mod, Linear) and name.startswith("model.layers."):
+            def hook(_m, args, name=name):
+                for part in checkpoint_names(name):
+                    amax[part] = max(amax.get(part, 0.0), float(args[0].abs().max()))
+            hooks.append(mod.register_forward_pre_hook(hook))
+    builder = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
+    row = builder.new_request()
+    runner.forward(builder.extend([(row, ids)]))
+    builder.free(row)
+    runner.req_to_token.zero_()
+    for h in hooks:
+        h.remove()
+    return amax
 
 
 def dense_checkpoint(dst: str) -> list[list[int]]:
@@ -63,6 +97,8 @@ def dense_checkpoint(dst: str) -> list[list[int]]:
     with open(os.path.join(dst, "config.json"), "w") as fh:
         json.dump(config, fh)
     save_file(state, os.path.join(dst, "model.safetensors"))
+    global INPUT_AMAX
+    INPUT_AMAX = calibrate(runner, runner.tokenizer.encode(calibration_text())[:1024])
     ids = runner.tokenizer.encode(held_out_text())
     assert len(ids) >= SEQ * N_SEQ, len(ids)
     return [ids[i * SEQ:(i + 1) * SEQ] for i in range(N_SEQ)]
@@ -91,7 +127,7 @@ def main() -> None:
         print("| format (choice) | top-1 agreement % | KL(fp32 ‖ q) nats |\n|---|---|---|")
         for name in names:
             qdir = os.path.join(tmp, name)
-            tq.write_checkpoint(dense, qdir, name, **SCHEMES[name])
+            tq.write_checkpoint(dense, qdir, name, input_amax=INPUT_AMAX, **SCHEMES[name])
             lp = F.log_softmax(all_logits(qdir, seqs), -1)
             top1 = (lp.argmax(-1) == base.argmax(-1)).float().mean().item() * 100
             kl = (base.exp() * (base - lp)).sum(-1).mean().item()

@@ -138,8 +138,9 @@ def test_help_shows_the_served_options_and_help_all_everything():
     short = engine("serve", "--help").stdout
     full = engine("serve", "--help-all").stdout
     assert "--stream-interval" in short and "--help-all" in short
-    assert "--kv-cache-dtype" not in short and "--tp-size" not in short
-    assert "--kv-cache-dtype" in full and "not yet:" in full and "accepted:" in full
+    assert "--kv-cache-dtype" in short  # served
+    assert "--prefill-kv-cache-dequant-dtype" not in short and "--tp-size" not in short
+    assert "--prefill-kv-cache-dequant-dtype" in full and "not yet:" in full and "accepted:" in full
 
 
 def test_list_options_parse_to_tuples():

@@ -23,11 +23,13 @@ from engine.runtime import quant_formats as qf
 LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight$")
 
 #: scheme -> the ``--quantization`` choice that reads it
-CHOICE = {"gptq": "gptq", "awq": "awq", "auto_round": "auto-round", "ct_wna16": "compressed-tensors",
-          "ct_w8a8_int8": "w8a8_int8", "ct_fp8_dynamic": "w8a8_fp8", "ct_fp8_static": "compressed-tensors",
+CHOICE = {"gptq": "gptq", "awq": "awq", "auto_round": "auto-round",
+          "ct_wna16": "compressed-tensors", "ct_w8a8_int8": "w8a8_int8",
+          "ct_fp8_dynamic": "w8a8_fp8", "ct_fp8_static": "compressed-tensors",
           "ct_fp8_block": "compressed-tensors", "ct_w8a16": "compressed-tensors",
           "fp8_block": "fp8", "fp8_tensor": "fp8", "modelopt_fp8": "modelopt_fp8",
-          "modelopt_nvfp4": "modelopt_fp4", "quark_fp8": "quark", "bnb_nf4": "bitsandbytes", "mlx4": "mlx_q4", "mlx8": "mlx_q8"}
+          "modelopt_nvfp4": "modelopt_fp4", "quark_fp8": "quark", "bnb_nf4": "bitsandbytes",
+          "mlx4": "mlx_q4", "mlx8": "mlx_q8"}
 
 
 def _groups(w: torch.Tensor, g: int) -> torch.Tensor:
@@ -61,9 +63,12 @@ def _fp8(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def quantize_state(state: dict[str, torch.Tensor], scheme: str, *, bits: int = 4,
                    group: int = 64, sym: bool = True, desc_act: bool = False,
-                   block: tuple[int, int] = (128, 128), seed: int = 0
+                   block: tuple[int, int] = (128, 128), seed: int = 0,
+                   input_amax: dict[str, float] | None = None
                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, torch.Tensor]]:
-    """(tensors, quantization config, reference float32 weights of the quantized layers)."""
+    """(tensors, quantization config, reference float32 weights of the quantized layers).
+    Static activation scales are ``input_amax[module] / 448`` (calibrated by the caller), else
+    arbitrary values in [0.02, 0.03] (enough for layer-level tests)."""
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     ref: dict[str, torch.Tensor] = {}
@@ -120,8 +125,9 @@ def quantize_state(state: dict[str, torch.Tensor], scheme: str, *, bits: int = 4
                                            else s)
             r = q.float() * s
             if scheme in ("ct_fp8_static", "fp8_tensor", "modelopt_fp8", "quark_fp8"):
-                out[base + ".input_scale"] = torch.tensor(0.02 + 0.01 * torch.rand(
-                    (), generator=gen).item(), dtype=torch.float32)
+                value = (input_amax[base] / 448 if input_amax is not None
+                         else 0.02 + 0.01 * torch.rand((), generator=gen).item())
+                out[base + ".input_scale"] = torch.tensor(value, dtype=torch.float32)
         elif scheme in ("fp8_block", "ct_fp8_block"):
             bn, bk = block
             pad = torch.nn.functional.pad(w, (0, (-k) % bk, 0, (-n) % bn))
@@ -235,7 +241,8 @@ def _config(scheme: str, bits: int, group: int, sym: bool, desc_act: bool,
     }[scheme]
 
 
-def write_checkpoint(src: str, dst: str, scheme: str, state: dict[str, torch.Tensor] | None = None,
+def write_checkpoint(src: str, dst: str, scheme: str,
+                     state: dict[str, torch.Tensor] | None = None,
                      **kw: Any) -> dict[str, torch.Tensor]:
     """Quantize the dense HF checkpoint directory ``src`` (or ``state`` with ``src``'s
     config.json) into ``dst``; returns the reference weights. mlx configs go to config.json's
