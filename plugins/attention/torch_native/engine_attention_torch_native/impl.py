@@ -41,8 +41,8 @@ class TorchNativeBackend(AttentionBackend):
     def __init__(self, pool: KVPool, batch_invariant: bool = False) -> None:
         super().__init__(pool)
         self.batch_invariant = batch_invariant
-
-    supports_tree_verify = True
+        # the per-token path attends causally: speculative trees need the batched path's mask
+        self.supports_tree_verify = not batch_invariant
 
     def prepare(self, batch: Batch) -> None:
         if self.batch_invariant:
