@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from engine.parsers.api import MessageStream, assemble, parse_message
-from engine.testing.tools import strict_json_object
+from engine.parsers.api import parse_message
+from reference_cases import both, calls
 
 
 def tools(*names: str, **props: Any) -> list[dict[str, Any]]:
@@ -26,23 +26,6 @@ def tools(*names: str, **props: Any) -> list[dict[str, Any]]:
 
 def tool(name: str, parameters: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"type": "function", "function": {"name": name, "parameters": parameters}}]
-
-
-def both(text: str, **kw: Any) -> dict[str, Any]:
-    """The whole parse, after checking that a one-character stream assembles to it."""
-    whole = parse_message(text, **kw)
-    stream = MessageStream(**kw)
-    streamed = assemble([*(stream.feed(ch) for ch in text), stream.finish()])
-    strip = lambda m: {**m, "tool_calls": [(c["function"]["name"], c["function"]["arguments"])
-                                           for c in m["tool_calls"]]}
-    assert strip(streamed) == strip(whole)
-    for c in whole["tool_calls"]:
-        assert strict_json_object(c["function"]["arguments"]), c
-    return strip(whole)
-
-
-def calls(msg: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [(n, json.loads(a)) for n, a in msg["tool_calls"]]
 
 
 # --------------------------------------------------------------------------- gpt-oss (Harmony)
