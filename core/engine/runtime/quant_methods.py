@@ -23,7 +23,7 @@ from torch import nn
 
 from engine.errors import ConfigError
 from engine.runtime import quant_formats as qf
-from engine.runtime.linear import Linear, QuantMethod
+from engine.runtime.linear import Linear, QuantMethod, UnquantizedMethod
 
 #: fused projections and the checkpoint modules they are made of
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -182,8 +182,7 @@ class Fp8Method(LayerMethod):
                        dtype: torch.dtype) -> None:
         layer.quant_dtype = dtype
         if self.online:
-            layer.register_parameter("weight", nn.Parameter(
-                torch.empty(out_features, in_features, dtype=dtype), requires_grad=False))
+            UnquantizedMethod().create_weights(layer, in_features, out_features, dtype)
             return
         add_param(layer, "weight", (out_features, in_features), self.fp8)
         n_shards = len(getattr(layer, "shards", None) or (1,))
@@ -279,8 +278,7 @@ class Int8Method(LayerMethod):
                        dtype: torch.dtype) -> None:
         layer.quant_dtype = dtype
         if self.online:
-            layer.register_parameter("weight", nn.Parameter(
-                torch.empty(out_features, in_features, dtype=dtype), requires_grad=False))
+            UnquantizedMethod().create_weights(layer, in_features, out_features, dtype)
             return
         add_param(layer, "weight", (out_features, in_features), torch.int8)
         add_param(layer, "weight_scale", (out_features, 1), torch.float32)
