@@ -168,9 +168,15 @@ class Attention(nn.Module):
                                       kn.weight if kn is not None else None,
                                       qn.eps if qn is not None else 0.0)
             v = qkv[:, self.q_size + self.kv_size:].view(t, self.hkv, self.d)
-            out = attn.forward(q, k, v, self.spec, batch)
-            return self.o_proj(out.reshape(t, self.q_size))
-        cos, sin = rope.cos, rope.sin
+        else:
+            q, k, v = self._qkv(qkv, rope.cos, rope.sin)
+        out = attn.forward(q, k, v, self.spec, batch)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+    def _qkv(self, qkv: torch.Tensor, cos: torch.Tensor,
+             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (normed as the model says, rotated) and v per head, with torch ops."""
+        t = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.full_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -182,9 +188,7 @@ class Attention(nn.Module):
         v = v.view(t, self.hkv, self.d)
         if self.q_norm is not None and not self.full_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = attn.forward(q, k, v, self.spec, batch)
-        return self.o_proj(out.reshape(t, self.q_size))
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
 
 class MLP(nn.Module):
