@@ -29,3 +29,13 @@ def wait_ready(proc: subprocess.Popen, url: str, log_path: str, poll_s: float = 
         except httpx.HTTPError:
             pass
         time.sleep(poll_s)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM (the server drains), then SIGKILL if it has not exited within ``timeout`` s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -38,7 +38,7 @@ import httpx
 import jsonschema
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _server import free_port, wait_ready  # noqa: E402
+from _server import free_port, stop, wait_ready  # noqa: E402
 
 CHAT, COMPL, GEN = "/v1/chat/completions", "/v1/completions", "/generate"
 MAX_TOKENS = 256
@@ -305,15 +305,6 @@ def start(backend: str, extra: list[str]) -> tuple[subprocess.Popen, str, str]:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONWARNINGS="ignore"))
     return proc, f"http://127.0.0.1:{port}", log.name
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def table(backend: str, rows: dict[str, Row], seconds: float) -> str:

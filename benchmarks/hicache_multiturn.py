@@ -42,7 +42,7 @@ import time
 from typing import Any
 
 import httpx
-from _server import free_port, wait_ready  # this folder, on the path when run as a script
+from _server import free_port, stop, wait_ready  # this folder, on the path when run as a script
 
 
 def pct(values: list[float], q: float) -> float:
@@ -148,11 +148,7 @@ def serve_and_run(flags: list[str], args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"server failed: {' '.join(flags)}")
         return run_workload(url, args)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, timeout=60)
         os.unlink(log.name)
 
 

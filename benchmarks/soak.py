@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 import psutil
 
-from _server import free_port, wait_ready  # this folder, on the path when run as a script
+from _server import free_port, stop, wait_ready  # this folder, on the path when run as a script
 
 GEN, COMPL, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
 WORDS = ("the a of river stone light city music garden winter bright quiet old new small "
@@ -379,12 +379,7 @@ def main() -> int:
         print(open(log.name).read()[-3000:], file=sys.stderr)
         rows = [("the server", f"exited with status {proc.returncode}", False)]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         with open(log.name, errors="replace") as f:
             lines = f.readlines()
         os.unlink(log.name)
