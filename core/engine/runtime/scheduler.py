@@ -665,6 +665,13 @@ class Scheduler:
         self.timer.mark("finish")
         # the next masks of the constrained requests go on during the emit and the next forward
         self.masks.prefetch(reqs, logits.shape[1])
+        self._deliver(reqs, items, done)
+        return list(out.token_ids)
+
+    def _deliver(self, reqs: list[Req], items: list[tuple[Sink, ReqOutput]],
+                 done: list[Req]) -> None:
+        """Emit ``items`` (one per request of ``reqs``, in order); a request whose output could
+        not be delivered is ended with an error; then release ``done`` and those."""
         for k in emit(items):
             req = reqs[k]
             if not req.finished:
@@ -677,7 +684,6 @@ class Scheduler:
             for req in done:
                 self._release(req)
             self.timer.mark("release")
-        return list(out.token_ids)
 
     def _finish_embeddings(self, reqs: list[Req], embeddings: torch.Tensor) -> None:
         """End each prompt-complete request with its embedding (row ``i`` of ``embeddings``)."""

@@ -40,7 +40,7 @@ from engine.api.speculative import Draft, DraftModel, Proposer, TargetModel
 from engine.errors import ConfigError
 from engine.runtime.allocator import OutOfMemory, PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode
-from engine.runtime.request import ReqOutput, emit
+from engine.runtime.request import ReqOutput
 
 log = logging.getLogger("engine.scheduler")
 
@@ -291,18 +291,7 @@ class SpecDecoder:
         sched.timer.mark("finish")
         items = [(req.sink, delta) for req, delta in zip(reqs, deltas) if delta is not None]
         senders = [req for req, delta in zip(reqs, deltas) if delta is not None]
-        done = [req for req in senders if req.finished]
-        for k in emit(items):
-            req = senders[k]
-            if not req.finished:
-                message = "internal error while delivering its output (see the server log)"
-                emit([(req.sink, sched._error_output(req, message))])
-                done.append(req)
-        sched.timer.mark("emit")
-        if done:
-            sched.running = [r for r in sched.running if not r.finished]
-            for req in done:
-                sched._release(req)
+        sched._deliver(senders, items, [req for req in senders if req.finished])
         if sched.after_forward is not None:
             sched.after_forward(batch, [r.output_ids[-1] if r.output_ids else 0 for r in reqs])
 
