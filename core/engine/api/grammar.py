@@ -124,6 +124,27 @@ class GrammarBackend:
                                  f"{', '.join(self.kinds) or 'none'})")
 
 
+def structural_tag_structures(tag: Any) -> tuple[list[str], list[tuple[str, dict[str, Any]]]]:
+    """(triggers, [(trigger, structure)]) of a ``structural_tag`` spec's JSON object: each
+    structure with the trigger its ``begin`` starts with. ``ValueError`` saying what is wrong
+    (not an object, no trigger, a ``begin`` starting with no trigger, no structure)."""
+    if not isinstance(tag, dict):
+        raise ValueError("a structural_tag spec is a JSON object")
+    triggers = [t for t in tag.get("triggers") or () if isinstance(t, str) and t]
+    if not triggers:
+        raise ValueError("structural_tag needs at least one non-empty trigger")
+    out = []
+    for i, st in enumerate(tag.get("structures") or ()):
+        begin = st.get("begin", "")
+        trigger = next((t for t in triggers if begin.startswith(t)), None)
+        if trigger is None:
+            raise ValueError(f"structures[{i}].begin {begin!r} starts with no trigger")
+        out.append((trigger, st))
+    if not out:
+        raise ValueError("structural_tag needs at least one structure")
+    return triggers, out
+
+
 def allocate_token_bitmask(batch: int, vocab_size: int) -> "torch.Tensor":
     """An ``int32`` CPU tensor ``[batch, ceil(vocab_size / 32)]`` with every token allowed."""
     import torch

@@ -9,7 +9,8 @@ import llguidance.hf
 import llguidance.torch
 
 from engine.api import hookimpl
-from engine.api.grammar import GrammarBackend, GrammarMatcher, GrammarSpec, InvalidGrammar
+from engine.api.grammar import (GrammarBackend, GrammarMatcher, GrammarSpec, InvalidGrammar,
+                                structural_tag_structures)
 
 
 class LLGuidanceMatcher(GrammarMatcher):
@@ -170,20 +171,11 @@ class _Lark:
         return self.grammar(" ".join(p for p in parts if p))
 
     def structural_tag(self, tag: dict[str, Any]) -> str:
-        triggers = [t for t in tag.get("triggers") or () if isinstance(t, str) and t]
-        if not triggers:
-            raise ValueError("structural_tag needs at least one non-empty trigger")
         tags = []
-        for i, st in enumerate(tag.get("structures") or ()):
-            begin = st.get("begin", "")
-            trigger = next((t for t in triggers if begin.startswith(t)), None)
-            if trigger is None:
-                raise ValueError(f"structures[{i}].begin {begin!r} starts with no trigger")
+        for trigger, st in structural_tag_structures(tag)[1]:
             head = self.rule(f"FREE_TEXT {self.lit(trigger)}", "text", "[lazy]")
-            rest = self.structure({**st, "begin": begin[len(trigger):]})
+            rest = self.structure({**st, "begin": st.get("begin", "")[len(trigger):]})
             tags.append(self.rule(f"{head} {rest}", "tag"))
-        if not tags:
-            raise ValueError("structural_tag needs at least one structure")
         return self.grammar(f"({' | '.join(tags)})* FREE_TEXT")
 
     def grammar(self, start: str) -> str:

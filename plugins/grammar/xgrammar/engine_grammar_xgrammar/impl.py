@@ -8,7 +8,8 @@ from typing import Any
 import xgrammar as xgr
 
 from engine.api import hookimpl
-from engine.api.grammar import GrammarBackend, GrammarMatcher, GrammarSpec, InvalidGrammar
+from engine.api.grammar import (GrammarBackend, GrammarMatcher, GrammarSpec, InvalidGrammar,
+                                structural_tag_structures)
 
 
 class XGrammarMatcher(GrammarMatcher):
@@ -63,22 +64,13 @@ class XGrammarBackend(GrammarBackend):
 def _structural_tag(tag: Any) -> str:
     """xgrammar's own structural-tag format for a ``structural_tag`` spec: triggered tags, each
     its begin, a JSON value of its schema (any JSON without one), its end."""
-    if not isinstance(tag, dict):
-        raise ValueError("a structural_tag spec is a JSON object")
-    triggers = [t for t in tag.get("triggers") or () if isinstance(t, str) and t]
-    if not triggers:
-        raise ValueError("structural_tag needs at least one non-empty trigger")
+    triggers, structures = structural_tag_structures(tag)
     tags = []
-    for i, st in enumerate(tag.get("structures") or ()):
-        begin = st.get("begin", "")
-        if not any(begin.startswith(t) for t in triggers):
-            raise ValueError(f"structures[{i}].begin {begin!r} starts with no trigger")
+    for _, st in structures:
         schema = st.get("schema")
-        content = {"type": "json_schema", "json_schema": schema} if schema is not None else \
-            {"type": "json_schema", "json_schema": {}}
-        tags.append({"type": "tag", "begin": begin, "content": content, "end": st.get("end", "")})
-    if not tags:
-        raise ValueError("structural_tag needs at least one structure")
+        content = {"type": "json_schema", "json_schema": schema if schema is not None else {}}
+        tags.append({"type": "tag", "begin": st.get("begin", ""), "content": content,
+                     "end": st.get("end", "")})
     return json.dumps({"type": "structural_tag", "format": {
         "type": "triggered_tags", "triggers": triggers, "tags": tags}})
 
