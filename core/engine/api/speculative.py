@@ -43,6 +43,25 @@ class Draft:
     parents: list[int] = field(default_factory=list)
 
     @classmethod
+    def chain_with_siblings(cls, chain: Sequence[int],
+                            siblings: Sequence[Sequence[int]]) -> "Draft":
+        """A chain whose node i also has ``siblings[i]`` (alternatives at its depth, under its
+        parent) as leaves; an alternative equal to the chain's token there is left out."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        prev = -1
+        for tok, alts in zip(chain, siblings):
+            tokens.append(tok)
+            parents.append(prev)
+            here = len(tokens) - 1
+            for alt in alts:
+                if alt != tok:
+                    tokens.append(alt)
+                    parents.append(prev)
+            prev = here
+        return cls(tokens, parents)
+
+    @classmethod
     def chain(cls, tokens: Sequence[int]) -> "Draft":
         return cls(list(tokens), list(range(-1, len(tokens) - 1)))
 

@@ -107,19 +107,8 @@ class EagleProposer(Proposer):
                 tok = torch.tensor([top[0]], device=self.device)
                 p = torch.tensor([kv + step], device=self.device)
                 hidden = self.head(self.target.embed(tok), hidden[-1:], p, seq.caches)
-        tokens_out: list[int] = []
-        parents: list[int] = []
-        prev = -1
-        for tok, alts in zip(chain, sibs):
-            tokens_out.append(tok)
-            parents.append(prev)
-            here = len(tokens_out) - 1
-            for alt in alts:
-                if alt != tok:
-                    tokens_out.append(alt)
-                    parents.append(prev)
-            prev = here
-        return Draft(tokens_out, parents).truncated(self.num_draft_tokens - 1, len(chain))
+        return Draft.chain_with_siblings(chain, sibs).truncated(self.num_draft_tokens - 1,
+                                                                 len(chain))
 
 
 def build(config: Any, context: SpecContext, want: str) -> EagleProposer:

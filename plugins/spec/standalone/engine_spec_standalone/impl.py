@@ -60,18 +60,8 @@ class StandaloneProposer(Proposer):
         return [self._draft(c, s) for c, s in zip(chains, siblings)]
 
     def _draft(self, chain: list[int], siblings: list[list[int]]) -> Draft:
-        tokens: list[int] = []
-        parents: list[int] = []
-        prev = -1
-        for tok, alts in zip(chain, siblings):
-            tokens.append(tok)
-            parents.append(prev)
-            here = len(tokens) - 1
-            for alt in alts:
-                tokens.append(alt)
-                parents.append(prev)
-            prev = here
-        return Draft(tokens, parents).truncated(self.num_draft_tokens - 1, len(chain))
+        return Draft.chain_with_siblings(chain, siblings).truncated(self.num_draft_tokens - 1,
+                                                                     len(chain))
 
 
 @hookimpl
