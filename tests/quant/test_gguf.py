@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.api import native
 from engine.config import ServerConfig
 from engine.errors import ConfigError, PluginError
 from engine.plugins.registry import Registry
@@ -117,7 +118,7 @@ def test_unwritable_cache_is_a_plugin_error(monkeypatch, tmp_path):
     blocker.write_text("")
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(blocker))  # a file: no directory can go there
     with pytest.raises(PluginError, match="cannot write the kernel cache"):
-        kernels._build("cc")
+        native.build("gguf", kernels.SOURCES)
 
 
 class _Cfg:

@@ -1,66 +1,30 @@
 """Build (once, cached) and call the C kernels of ``kernels.c`` through ctypes.
 
-The shared library is compiled with the system C compiler into the engine cache directory
-(``$ENGINE_CACHE_DIR`` or ``~/.cache/engine``), named by a hash of the source, the flags and the
-compiler, and reused by every later process. It links OpenMP; inside a process that imported torch
-it shares torch's own OpenMP runtime, so ``torch.set_num_threads`` sets its thread count too.
+The shared library is compiled once by :func:`engine.api.native.load_library` (cached under the
+engine cache directory, built for this CPU). It links OpenMP; inside a process that imported
+torch it shares torch's own OpenMP runtime, so ``torch.set_num_threads`` sets its thread count
+too.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import subprocess
-import tempfile
 
 import torch
 
-from engine.api import PluginError
-from engine.api import cache_dir
+from engine.api.native import load_library
 
-FLAGS = ("-O3", "-std=c11", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 #: GGML type ids the kernels read
 QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
-SOURCE = os.path.join(os.path.dirname(__file__), "kernels.c")
-
-
-def _cache_dir() -> str:
-    return os.path.join(cache_dir(), "gguf-kernels")
-
-
-def _build(cc: str) -> str:
-    with open(SOURCE, "rb") as fh:
-        source = fh.read()
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
-                                 check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise PluginError(f"gguf: cannot run the C compiler {cc!r}: {exc}") from None
-    tag = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
-    target = os.path.join(_cache_dir(), f"gguf-{tag}.so")
-    if os.path.exists(target):
-        return target
-    try:
-        os.makedirs(_cache_dir(), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
-    except OSError as exc:
-        raise PluginError(f"gguf: cannot write the kernel cache {_cache_dir()}: {exc} "
-                          "(set ENGINE_CACHE_DIR)") from None
-    os.close(fd)
-    proc = subprocess.run([cc, *FLAGS, SOURCE, "-o", tmp], capture_output=True, text=True)
-    if proc.returncode != 0:
-        os.unlink(tmp)
-        raise PluginError(f"gguf: compiling the kernels failed: {proc.stderr.strip()[:500]}")
-    os.replace(tmp, target)  # atomic: concurrent builders end with the same file
-    return target
+SOURCES = (os.path.join(os.path.dirname(__file__), "kernels.c"),)
 
 
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
-    """The loaded kernel library (built on first call)."""
-    lib = ctypes.CDLL(_build(os.environ.get("CC", "cc")))
+    """The loaded kernel library (built on first call, see :mod:`engine.api.native`)."""
+    lib = load_library("gguf", SOURCES, ("-std=c11",))
     fn = lib.engine_gguf_matmul
     fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
