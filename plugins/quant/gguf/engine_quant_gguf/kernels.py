@@ -32,6 +32,10 @@ def library() -> ctypes.CDLL:
     lib.engine_gguf_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
                                            ctypes.c_int64, ctypes.c_void_p]
     lib.engine_gguf_dequantize.restype = ctypes.c_int
+    lib.engine_gguf_matmul_q8.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                          ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                          ctypes.c_void_p, ctypes.c_int64]
+    lib.engine_gguf_matmul_q8.restype = ctypes.c_int
     return lib
 
 
@@ -45,6 +49,23 @@ def matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor) -> torch.T
     y = torch.empty((m, n), dtype=torch.float32)
     rc = library().engine_gguf_matmul(qtype, blocks.data_ptr(), n, k, x.data_ptr(), m,
                                       y.data_ptr())
+    if rc != 0:
+        raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k}; K must be a "
+                         "multiple of 32)")
+    return y
+
+
+def matmul_q8(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """As :func:`matmul`, with the activations quantized per block of 32 to int8 and integer
+    block dot products (llama.cpp's arithmetic). ``out``: a float32 [M, >=n] view whose rows
+    are contiguous (e.g. a column slice of a wider output) to write into."""
+    m, k = x.shape
+    y = torch.empty((m, n), dtype=torch.float32) if out is None else out
+    if y.stride(-1) != 1 or y.shape[0] != m or y.shape[1] != n:
+        raise ValueError("gguf kernel: out must be [M, n] with contiguous rows")
+    rc = library().engine_gguf_matmul_q8(qtype, blocks.data_ptr(), n, k, x.data_ptr(), m,
+                                         y.data_ptr(), y.stride(0))
     if rc != 0:
         raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k}; K must be a "
                          "multiple of 32)")
