@@ -321,6 +321,7 @@ class LlamaForCausalLM(nn.Module):
         self.head_copies_embedding = cfg.tie_word_embeddings and head_method is not None
         self.lm_head = None if cfg.tie_word_embeddings and head_method is None else Linear(
             cfg.hidden_size, cfg.vocab_size, dtype=dtype, quant_method=head_method)
+        self._plans: dict[int, Any] = {}  # KV pool id -> CPU decode plan (False: none fits)
         self.fused_rope = all(layer.self_attn.fusable for layer in self.model.layers) and \
             cfg.head_dim % 2 == 0 and (cfg.head_dim // 2) & (cfg.head_dim // 2 - 1) == 0
 
@@ -328,6 +329,13 @@ class LlamaForCausalLM(nn.Module):
                 attn: AttentionBackend, logits_indices: torch.Tensor) -> torch.Tensor:
         m = self.model
         h = m.embed_tokens(input_ids)
+        plan = self._decode_plan(batch, attn, h)
+        if plan is not None:  # the whole decode forward in one C call (CPU)
+            seq = batch.seq_lens_cpu
+            h = plan.run(h, positions, batch.out_cache_loc, batch.req_to_token,
+                         batch.req_pool_indices, batch.seq_lens,
+                         max(seq) if seq else int(batch.seq_lens.max()))
+            return m.norm(h.index_select(0, logits_indices))
         ops = fused.for_tensor(h) if self.fused_rope else None
         if ops is not None:
             rope = RopeInputs(positions, m.rotary, ops=ops)
@@ -344,6 +352,49 @@ class LlamaForCausalLM(nn.Module):
         if sink is not None:  # speculative drafts read every token's features
             sink.write(batch, torch.cat(aux, -1) if sink.layers else m.norm(h))
         return m.norm(h.index_select(0, logits_indices))
+
+    def _decode_plan(self, batch: Batch, attn: AttentionBackend, h: torch.Tensor) -> Any:
+        """The CPU decode plan serving this forward (built once per KV pool), or ``None``: a
+        float32 CPU decode batch whose attention backend decodes straight from the pool, no
+        feature sink, and a model every layer of which the plan covers."""
+        if self.feature_sink is not None or not (
+                batch.is_decode and h.dtype is torch.float32 and h.device.type == "cpu"
+                and attn.decodes_from_pool(batch)):
+            return None
+        plan = self._plans.get(id(attn.pool))
+        if plan is None:
+            plan = self._plans[id(attn.pool)] = self._build_plan(attn.pool) or False
+        return plan or None
+
+    def _build_plan(self, pool: Any) -> Any:
+        from engine.runtime import fused_cpu
+
+        m, cfg = self.model, self.config
+        if not (self.fused_rope and fused_cpu.available() and cfg.hidden_act == "silu"):
+            return None
+        rows = []
+        for layer in m.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            if not isinstance(mlp, MLP) or mlp.act is not F.silu or \
+                    mlp.inter != cfg.intermediate_size:
+                return None
+            linears = (at.qkv_proj, at.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if any(lin.bias is not None or lin.row_by_row for lin in linears):
+                return None
+            kernels = [lin.quant_method.native_kernel(lin) for lin in linears]
+            if any(k is None for k in kernels):
+                return None
+            qn, kn = at.q_norm, at.k_norm
+            rows.append((layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                         qn.weight if qn is not None else None,
+                         kn.weight if kn is not None else None, kernels,
+                         pool.k[at.spec.layer_id], pool.v[at.spec.layer_id]))
+        return fused_cpu.DecodePlan(rows, hidden=cfg.hidden_size,
+                                    num_q_heads=cfg.num_attention_heads,
+                                    num_kv_heads=cfg.num_key_value_heads,
+                                    head_dim=cfg.head_dim, intermediate=cfg.intermediate_size,
+                                    eps=cfg.rms_norm_eps, cos_cache=m.rotary.cos_cache,
+                                    sin_cache=m.rotary.sin_cache)
 
     #: when set (speculative drafts that read the target's hidden states), every forward
     #: writes each new token's features at its KV slot: ``sink.layers`` empty: the final

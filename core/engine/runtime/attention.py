@@ -109,6 +109,13 @@ class AttentionBackend(ABC):
     def prepare(self, batch: Batch) -> None:
         """Build per-batch metadata into ``batch.attn_metadata`` (once per forward)."""
 
+    def decodes_from_pool(self, batch: Batch) -> bool:
+        """True when this decode batch's attention is exactly :func:`decode_from_pool` (the
+        core's CPU kernel), so a model may run it inside a whole-forward CPU plan
+        (:class:`engine.runtime.fused_cpu.DecodePlan`) instead of calling :meth:`forward`.
+        Default: False."""
+        return False
+
     def prepare_graph(self, batch: Batch) -> None:
         """Metadata for a decode batch that is captured once and replayed for every later
         decode batch of the same size: it may depend only on the batch size and on device

@@ -198,3 +198,81 @@ void engine_cpu_decode_attention(const float *q, const float *kp, const float *v
     }
     free(scores_all);
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* A whole decode forward through the decoder layers in one call (the CPU counterpart of a
+ * captured CUDA graph): the same kernels as the per-operation path, in the same order, so the
+ * result is bit-identical to it; only the Python between them is gone.
+ *
+ * plan: PLAN_FIELDS int64 per layer (pointers as integers): the two norm weights, the q/k norm
+ * weights (0: none), then for qkv, o, gate_up and down a matmul (function, type, weight), then
+ * the layer's K and V pools [slots, hk, d]. A matmul function computes y [m, n] (rows ldy apart)
+ * = x [m, k] @ W^T from its packed weight (the quantization method's kernel). */
+typedef int (*matmul_fn)(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
+                         int64_t m, float *y, int64_t ldy);
+
+enum { P_IN_NORM, P_POST_NORM, P_Q_NORM, P_K_NORM, P_QKV, P_O = P_QKV + 3, P_GU = P_O + 3,
+       P_DOWN = P_GU + 3, P_KPOOL = P_DOWN + 3, P_VPOOL, PLAN_FIELDS };
+
+static int call_mm(const int64_t *f, int64_t n, int64_t k, const float *x, int64_t m,
+                   float *y) {
+    return ((matmul_fn)(intptr_t)f[0])((int)f[1], (const uint8_t *)(intptr_t)f[2], n, k, x, m,
+                                       y, n);
+}
+
+#define PTR(T, v) ((T)(intptr_t)(v))
+
+/* h [B, hidden]: the embeddings in, the last layer's output plus the residual out. Returns 0,
+ * a matmul's nonzero code, or -2 without scratch memory. */
+int engine_cpu_decode_layers(const int64_t *plan, int64_t layers, int64_t batch, int64_t hidden,
+                             int64_t hq, int64_t hk, int64_t d, int64_t inter, float eps,
+                             float scale, const float *cos_c, const float *sin_c,
+                             const int64_t *pos, const int64_t *out_loc,
+                             const int64_t *req_to_token, int64_t rt_stride,
+                             const int64_t *req_idx, const int64_t *seq_lens, int64_t max_len,
+                             float *h) {
+    const int64_t qkv_n = (hq + 2 * hk) * d, B = batch;
+    const size_t floats = (size_t)(B * (3 * hidden + qkv_n + 2 * hq * d + 3 * inter));
+    float *buf = (float *)malloc(sizeof(float) * floats);
+    if (!buf) return -2;
+    float *res = buf, *normed = res + B * hidden, *x = normed + B * hidden;
+    float *qkv = x + B * hidden, *q = qkv + B * qkv_n, *att = q + B * hq * d;
+    float *gu = att + B * hq * d, *act = gu + B * 2 * inter;
+    int rc = 0;
+    for (int64_t l = 0; l < layers && rc == 0; l++) {
+        const int64_t *p = plan + l * PLAN_FIELDS;
+        float *kp = PTR(float *, p[P_KPOOL]), *vp = PTR(float *, p[P_VPOOL]);
+        /* input norm: the first layer's residual is the embedding itself */
+        if (l == 0) {
+            memcpy(res, h, sizeof(float) * (size_t)(B * hidden));
+            engine_cpu_add_rms_norm(h, hidden, NULL, 0, NULL, PTR(const float *, p[P_IN_NORM]),
+                                    normed, B, hidden, eps);
+        } else {
+            engine_cpu_add_rms_norm(x, hidden, res, hidden, res,
+                                    PTR(const float *, p[P_IN_NORM]), normed, B, hidden, eps);
+        }
+        if ((rc = call_mm(p + P_QKV, qkv_n, hidden, normed, B, qkv))) break;
+        engine_cpu_qk_norm_rope(qkv, qkv_n, B, hq, hk, d, pos, cos_c, sin_c,
+                                PTR(const float *, p[P_Q_NORM]), PTR(const float *, p[P_K_NORM]),
+                                eps);
+        for (int64_t b = 0; b < B; b++) { /* K and V into the pool; q gathered contiguous */
+            const float *row = qkv + b * qkv_n;
+            memcpy(kp + out_loc[b] * hk * d, row + hq * d, sizeof(float) * (size_t)(hk * d));
+            memcpy(vp + out_loc[b] * hk * d, row + (hq + hk) * d,
+                   sizeof(float) * (size_t)(hk * d));
+            memcpy(q + b * hq * d, row, sizeof(float) * (size_t)(hq * d));
+        }
+        engine_cpu_decode_attention(q, kp, vp, req_to_token, rt_stride, req_idx, seq_lens, att,
+                                    B, hq, hk, d, scale, max_len);
+        if ((rc = call_mm(p + P_O, hidden, hq * d, att, B, x))) break;
+        engine_cpu_add_rms_norm(x, hidden, res, hidden, res, PTR(const float *, p[P_POST_NORM]),
+                                normed, B, hidden, eps);
+        if ((rc = call_mm(p + P_GU, 2 * inter, hidden, normed, B, gu))) break;
+        engine_cpu_silu_and_mul(gu, 2 * inter, act, inter, B, inter);
+        if ((rc = call_mm(p + P_DOWN, hidden, inter, act, B, x))) break;
+    }
+    if (rc == 0)
+        for (int64_t i = 0; i < B * hidden; i++) h[i] = x[i] + res[i];
+    free(buf);
+    return rc;
+}

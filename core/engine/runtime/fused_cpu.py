@@ -43,6 +43,9 @@ def _library() -> ctypes.CDLL | None:
     for fn in (lib.engine_cpu_add_rms_norm, lib.engine_cpu_qk_norm_rope,
                lib.engine_cpu_silu_and_mul, lib.engine_cpu_decode_attention):
         fn.restype = None
+    lib.engine_cpu_decode_layers.argtypes = [_P, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P,
+                                             _P, _P, _I, _P, _P, _I, _P]
+    lib.engine_cpu_decode_layers.restype = ctypes.c_int
     return lib
 
 
@@ -127,3 +130,54 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
         req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(), out.data_ptr(), b, hq,
         k_pool.shape[1], d, scale, max_len)
     return out
+
+
+#: int64 fields per layer of a decode plan (see ``engine_cpu_decode_layers`` in fused_cpu.c)
+PLAN_FIELDS = 18
+
+
+class DecodePlan:
+    """A decode forward through all decoder layers as one C call: the CPU counterpart of a
+    captured CUDA graph. Built once per model and pool from the layers' parameters and each
+    linear layer's native kernel (:meth:`QuantMethod.native_kernel`); the kernels and their
+    order are those of the per-operation path, so results are bit-identical to it.
+
+    ``layers``: (input norm weight, post-attention norm weight, q norm weight or None, k norm
+    weight or None, (qkv, o, gate_up, down) native kernels as (function address, type, weight
+    address), K pool, V pool) per layer.
+    """
+
+    def __init__(self, layers: list[tuple], *, hidden: int, num_q_heads: int, num_kv_heads: int,
+                 head_dim: int, intermediate: int, eps: float, cos_cache: torch.Tensor,
+                 sin_cache: torch.Tensor) -> None:
+        rows = []
+        for in_w, post_w, qn, kn, kernels, k_pool, v_pool in layers:
+            row = [in_w.data_ptr(), post_w.data_ptr(), qn.data_ptr() if qn is not None else 0,
+                   kn.data_ptr() if kn is not None else 0]
+            for fn, qtype, weight in kernels:
+                row += [fn, qtype, weight]
+            rows.append(row + [k_pool.data_ptr(), v_pool.data_ptr()])
+        self.plan = torch.tensor(rows, dtype=torch.int64)
+        assert self.plan.shape[1] == PLAN_FIELDS
+        self.keep = (layers, cos_cache, sin_cache)  # the addresses stay valid while we live
+        self.dims = (len(layers), hidden, num_q_heads, num_kv_heads, head_dim, intermediate)
+        self.eps, self.scale = eps, head_dim ** -0.5
+        self.cos, self.sin = cos_cache, sin_cache
+
+    def run(self, h: torch.Tensor, positions: torch.Tensor, out_cache_loc: torch.Tensor,
+            req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+            max_len: int) -> torch.Tensor:
+        """``h`` [B, hidden] embeddings of one token per request -> the last layer's output
+        plus the residual (a new tensor), writing each layer's K/V at ``out_cache_loc``."""
+        h = h.contiguous().clone()
+        n, hidden, hq, hk, d, inter = self.dims
+        pos, loc = positions.contiguous(), out_cache_loc.contiguous()
+        idx, lens = req_pool_indices.contiguous(), seq_lens.contiguous()
+        rc = _library().engine_cpu_decode_layers(
+            self.plan.data_ptr(), n, h.shape[0], hidden, hq, hk, d, inter, self.eps, self.scale,
+            self.cos.data_ptr(), self.sin.data_ptr(), pos.data_ptr(), loc.data_ptr(),
+            req_to_token.data_ptr(), req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(),
+            max_len, h.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"CPU decode plan: a kernel failed ({rc})")
+        return h

@@ -65,6 +65,15 @@ class QuantMethod(ABC):
         ``lm_head``...); ``None`` keeps that layer dense. Default: this method everywhere."""
         return self
 
+    def native_kernel(self, layer: "Linear") -> tuple[int, int, int] | None:
+        """A C function that computes this layer's product on the CPU, for callers that run a
+        whole forward in C (:class:`engine.runtime.fused_cpu.DecodePlan`): ``(address, type,
+        weight address)`` of ``int f(int type, const uint8_t *weight, int64_t n, int64_t k,
+        const float *x, int64_t m, float *y, int64_t ldy)`` (y [m, n] rows ``ldy`` apart = x
+        [m, k] @ W^T; 0 on success), equal to :meth:`apply` on float32 input; or ``None``
+        (default) where there is none."""
+        return None
+
     @abstractmethod
     def create_weights(self, layer: "Linear", in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:

@@ -51,6 +51,9 @@ class TorchNativeBackend(AttentionBackend):
         return (batch.is_decode and self.pool.device.type == "cpu"
                 and self.pool.dtype == torch.float32 and batch.tree_mask is None)
 
+    def decodes_from_pool(self, batch: Batch) -> bool:
+        return not self.batch_invariant and self._pool_decode(batch)
+
     def prepare(self, batch: Batch) -> None:
         if self.batch_invariant or self._pool_decode(batch):
             batch.attn_metadata = None

@@ -9,6 +9,7 @@ and sums, the exact products of the dequantized weights up to summation order, f
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from typing import Any
 
@@ -119,6 +120,12 @@ class GGUFMethod(QuantMethod):
         if bias is not None:
             y += bias
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
+
+    def native_kernel(self, layer: Linear) -> tuple[int, int, int] | None:
+        if not self.int8 or layer.gguf_blocks is None:
+            return None
+        return (ctypes.cast(self._q8, ctypes.c_void_p).value, layer.gguf_qtype,
+                layer.gguf_blocks.data_ptr())
 
     @functools.cached_property
     def _q8(self):
