@@ -6,8 +6,9 @@ plugin = Plugin(
     name="gguf",
     family="quantization",
     implementation="engine_quant_gguf.impl",
-    description="GGUF Q4_0/Q4_1/Q8_0 weights kept packed; AVX2 matmuls read the blocks directly "
-                "(float32 activations), dense weights for large batches",
+    description="GGUF Q4_0/Q4_1/Q8_0 and K-quant (Q2_K/Q3_K/Q4_K/Q5_K/Q6_K) weights kept packed; "
+                "AVX2/VNNI matmuls read the blocks directly (float32 activations; 8-bit "
+                "activations for K-quants), dense weights for large batches",
     requires=Requires(packages=("gguf",), devices=("cpu",),
                       cpu_features=("avx2", "fma", "f16c"), executables=("cc",)),
     options=(

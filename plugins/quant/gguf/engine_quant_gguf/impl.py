@@ -2,13 +2,16 @@
 ``--gguf-kernel-max-rows`` tokens (every decode step), multiplies straight from them; larger
 batches (long prefills) use a dequantized copy, where dense matrix products are faster.
 
-Only the weight stays quantized: activations and accumulation are float32, so the products are
-those of the dequantized weights up to summation order.
+Q4_0/Q4_1/Q8_0 layers keep activations and accumulation in float32, so their products are those
+of the dequantized weights up to summation order. K-quant layers (Q2_K..Q6_K) quantize each
+activation row to 8 bits per 256 values and take integer dot products, as llama.cpp does.
+Types the kernels do not read (Q5_0, Q5_1, IQ*...) are dequantized at load.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import torch
@@ -21,10 +24,15 @@ from engine.api.quant import Linear, PackedWeight, QuantMethod, rowwise
 
 from engine_quant_gguf import kernels
 
+log = logging.getLogger("engine.quant.gguf")
+
 
 class GGUFMethod(QuantMethod):
     """Dense ``weight`` (filled by dequantizing) plus ``gguf_blocks`` [out, row_bytes] uint8 when
-    every row of the layer came packed in one type the kernels read.
+    every row of the layer came packed in one type the kernels read, or ``gguf_parts`` (row
+    offset, rows, type id, blocks) per shard when a fused layer's shards came in different packed
+    types (Q4_K_M files: attn_v and ffn_down in Q6_K next to Q4_K); then one kernel call per part
+    writes its columns of the output.
 
     The kernels are batch-invariant: each output element is accumulated by one thread, over the
     blocks of its row in order, in per-row registers (threads split the output columns, never
@@ -36,6 +44,7 @@ class GGUFMethod(QuantMethod):
     def __init__(self, max_rows: int, batch_invariant: bool = False) -> None:
         self.max_rows = max_rows if not batch_invariant else 2**62
         self.batch_invariant = batch_invariant
+        self._dequantized_types: set[str] = set()  # types already reported as dequantized
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:
@@ -46,14 +55,19 @@ class GGUFMethod(QuantMethod):
         layer.gguf_shards = {}  # row offset -> PackedWeight, until loading ends
         layer.register_buffer("gguf_blocks", None, persistent=False)
         layer.gguf_qtype = 0
+        layer.gguf_parts = []
 
-    @staticmethod
-    def _load(layer: Linear, param: nn.Parameter, tensor: Any, offset: int,
+    def _load(self, layer: Linear, param: nn.Parameter, tensor: Any, offset: int,
               size: int | None) -> None:
         dst = param.data if size is None else param.data.narrow(0, offset, size)
         if isinstance(tensor, PackedWeight):
-            qtype = kernels.QTYPES.get(tensor.qtype)
+            qtype = kernels.PACKED.get(tensor.qtype)
             if qtype is None:
+                if tensor.qtype not in self._dequantized_types:
+                    self._dequantized_types.add(tensor.qtype)
+                    log.info("gguf: %s weights are not served packed (kernels read %s); their "
+                             "layers are dequantized to float32 at load", tensor.qtype,
+                             ", ".join(kernels.PACKED))
                 tensor = tensor.dequantize()
             else:
                 layer.gguf_shards[offset] = tensor
@@ -66,23 +80,33 @@ class GGUFMethod(QuantMethod):
     def process_weights_after_loading(self, layer: Linear) -> None:
         shards: dict[int, PackedWeight] = layer.__dict__.pop("gguf_shards", {})
         qtypes = {s.qtype for s in shards.values()}
-        if len(qtypes) != 1 or sum(s.shape[0] for s in shards.values()) != layer.out_features:
-            return  # mixed or unsupported types: this layer stays dense
+        if not qtypes or sum(s.shape[0] for s in shards.values()) != layer.out_features:
+            return  # rows in types the kernels do not read: this layer stays dense
+        if len(qtypes) > 1:  # fused shards of different types: one kernel call per shard
+            layer.gguf_parts = [(o, s.shape[0], kernels.PACKED[s.qtype], s.data.contiguous())
+                                for o, s in sorted(shards.items())]
+            return
         blocks = torch.cat([shards[o].data for o in sorted(shards)]).contiguous()
         layer.gguf_blocks = blocks
-        layer.gguf_qtype = kernels.QTYPES[qtypes.pop()]
+        layer.gguf_qtype = kernels.PACKED[qtypes.pop()]
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        blocks = layer.gguf_blocks
+        blocks, parts = layer.gguf_blocks, layer.gguf_parts
+        packed = blocks is not None or bool(parts)
         rows = x.numel() // layer.in_features
-        if blocks is None and self.batch_invariant:
+        if not packed and self.batch_invariant:
             return rowwise(lambda row: F.linear(row, layer.weight, bias), x)
-        if blocks is None or not 0 < rows <= self.max_rows:
+        if not packed or not 0 < rows <= self.max_rows:
             return F.linear(x, layer.weight, bias)
         flat = x.reshape(rows, layer.in_features)
         if flat.dtype != torch.float32 or not flat.is_contiguous():
             flat = flat.float().contiguous()
-        y = kernels.matmul(layer.gguf_qtype, blocks, layer.out_features, flat)
+        if blocks is not None:
+            y = kernels.matmul(layer.gguf_qtype, blocks, layer.out_features, flat)
+        else:
+            y = torch.empty((rows, layer.out_features), dtype=torch.float32)
+            for offset, size, qtype, data in parts:
+                kernels.matmul(qtype, data, size, flat, out=y[:, offset:offset + size])
         if bias is not None:
             y += bias
         return y.to(x.dtype).reshape(*x.shape[:-1], layer.out_features)
@@ -97,9 +121,9 @@ def engine_create_quant_method(model_config: Any, quant_config: Any, device: tor
     if model_config.weights_format != "gguf":
         raise PluginError("--quantization gguf: needs a .gguf checkpoint (this one is "
                           f"{model_config.weights_format})")
-    types = set((quant_config or {}).get("weight_types", kernels.QTYPES))
-    if not types & set(kernels.QTYPES):
-        raise PluginError(f"--quantization gguf: kernels read {', '.join(kernels.QTYPES)}; this "
+    types = set((quant_config or {}).get("weight_types", kernels.PACKED))
+    if not types & set(kernels.PACKED):
+        raise PluginError(f"--quantization gguf: kernels read {', '.join(kernels.PACKED)}; this "
                           f"file's weights are {', '.join(sorted(types))}")
     kernels.library()  # compile now, so a toolchain problem stops start-up with its reason
     max_rows = int(options["gguf_kernel_max_rows"])

@@ -17,8 +17,8 @@
  * values 32g..32g+31) and a vector of 16-bit scales. Activations are quantized the way llama.cpp
  * does (Q8_K): per row and super-block a float scale, 256 int8 values and the sums of each 16,
  * which give the K-quant minimums (and the offsets of Q3_K / Q6_K) as one small integer product.
- * The per-super-block dot product is integer (exact), then scaled and accumulated in float32
- * (one float sum per output, over its super-blocks in order).
+ * The per-super-block dot products are integer (exact), then scaled and accumulated in float32
+ * vector lanes (a fixed order per output: its super-blocks in turn, then the lanes).
  *
  * Threads split the rows of W only (never the reduction) and each activation row is quantized on
  * its own, so an output row never depends on the other rows of the batch.
@@ -221,22 +221,25 @@ static ALWAYS_INLINE __m256i kq_idot(const kblock *kb, const int8_t *a) {
 /* The super-block's contribution to one output. Its integer sums are reduced to one integer
  * each before any rounding, so the result does not depend on how the dot-product path spreads
  * them over vector lanes (the AVX2 and VNNI builds agree bit for bit). */
-static ALWAYS_INLINE float kq_block_dot(int T, const kblock *kb, const q8k *a) {
-    __m256i isum = kq_idot(kb, a->qs), msum;
+/* acc + the super-block's contribution to one output (8 float partial sums). */
+static ALWAYS_INLINE __m256 kq_block_dot(int T, const kblock *kb, const q8k *a, __m256 acc) {
+    __m256i isum = kq_idot(kb, a->qs);
     if (T == Q3_K || T == Q6_K) { /* signed levels: subtract offset * scale * group sum */
         isum = _mm256_sub_epi32(
             isum, _mm256_madd_epi16(kb->mn, _mm256_loadu_si256((const __m256i *)a->bsums)));
-        msum = _mm256_setzero_si256();
-    } else {
-        msum = _mm256_madd_epi16(
-            kb->mn, _mm256_loadu_si256((const __m256i *)(T == Q2_K ? a->bsums : a->bsums32)));
+        return _mm256_fmadd_ps(_mm256_set1_ps(kb->d * a->d), _mm256_cvtepi32_ps(isum), acc);
     }
-    const __m256i h = _mm256_hadd_epi32(isum, msum);
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    t = _mm_hadd_epi32(t, t); /* [isum total, msum total, ..] */
-    const float isf = (float)_mm_cvtsi128_si32(t), msf = (float)_mm_extract_epi32(t, 1);
-    if (T == Q3_K || T == Q6_K) return (kb->d * a->d) * isf;
-    return (kb->d * a->d) * isf - (kb->dmin * a->d) * msf;
+    const __m256i msum = _mm256_madd_epi16( /* the minimums: dmin * m * group sum */
+        kb->mn, _mm256_loadu_si256((const __m256i *)(T == Q2_K ? a->bsums : a->bsums32)));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(kb->d * a->d), _mm256_cvtepi32_ps(isum), acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(-(kb->dmin * a->d)), _mm256_cvtepi32_ps(msum), acc);
+}
+
+static ALWAYS_INLINE float kq_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
 }
 
 /* Rows [n0, n1) of W against MB activation rows (quantized, nb super-blocks each). MB is a
@@ -246,14 +249,14 @@ static ALWAYS_INLINE void kq_rows(int T, int MB, const uint8_t *w, int64_t nb, i
     const int64_t bb = kq_block_bytes(T);
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = w + n * nb * bb;
-        float acc[KQ_MAX_MB];
-        for (int m = 0; m < MB; m++) acc[m] = 0.0f;
+        __m256 acc[KQ_MAX_MB];
+        for (int m = 0; m < MB; m++) acc[m] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             kblock kb;
             kq_unpack(T, row + b * bb, &kb);
-            for (int m = 0; m < MB; m++) acc[m] += kq_block_dot(T, &kb, xq + m * nb + b);
+            for (int m = 0; m < MB; m++) acc[m] = kq_block_dot(T, &kb, xq + m * nb + b, acc[m]);
         }
-        for (int m = 0; m < MB; m++) y[m * ldy + n] = acc[m];
+        for (int m = 0; m < MB; m++) y[m * ldy + n] = kq_hsum(acc[m]);
     }
 }
 
