@@ -118,6 +118,18 @@ def test_matmul_zero_and_outlier_activations():
     check_product(y, x, w, "zero / outlier")
 
 
+def test_non_finite_activations_give_nan_rows():
+    """A NaN or an infinity makes its row's outputs NaN (as a dense product would make them
+    non-finite); the other rows are unaffected."""
+    w = kquant_blocks("Q6_K", 8, 512, np.random.default_rng(4))
+    x = torch.randn(3, 512)
+    clean = kernels.matmul(kernels.KQTYPES["Q6_K"], w.data, 8, x)
+    x[0, 5], x[2, 400] = float("nan"), float("inf")
+    y = kernels.matmul(kernels.KQTYPES["Q6_K"], w.data, 8, x)
+    assert y[0].isnan().all() and y[2].isnan().all()
+    assert torch.equal(y[1], clean[1])
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 def test_rows_are_batch_invariant(qtype):
     """A row's output is the same bits alone, in a batch of 5 or 17, on one thread or two."""
@@ -172,15 +184,16 @@ def test_other_instruction_paths_agree(name, flags, path):
     """The kernels built without AVX512-VNNI (AVX-VNNI, if this CPU has it) and without any
     VNNI (AVX2 maddubs/madd) compute the same integer sums: the same products up to float
     rounding, checked like the default build's."""
-    from engine.api.native import load_library
+    from engine.api.native import cpu_flags, load_library
 
     try:
         lib = kernels.declare_kquants(load_library(f"gguf-kq-{name}", kernels.SOURCES[1:],
                                                    ("-std=c11", *flags)))
     except PluginError as exc:  # a compiler that does not know the flag
         pytest.skip(f"cannot build the {name} variant: {exc}")
-    if path is not None:
-        assert lib.engine_gguf_kq_path() == path
+    if path is None:  # AVX-VNNI where this CPU has it, else AVX2
+        path = 1 if "avx_vnni" in cpu_flags().split() else 0
+    assert lib.engine_gguf_kq_path() == path
     rng = np.random.default_rng(11)
     for qtype in TYPES:
         qid = kernels.KQTYPES[qtype]

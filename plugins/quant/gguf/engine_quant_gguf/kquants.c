@@ -26,7 +26,9 @@
  * The library is built with -std=c11 (no floating-point contraction), which the dequantizer
  * relies on to round exactly like the gguf package (a product, then a difference).
  */
+#include <float.h>
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,18 +284,22 @@ static void kq_tile(int qtype, int mb, const uint8_t *w, int64_t nb, int64_t n0,
 /* One activation super-block (256 floats) -> Q8_K: d = max|x| / 127, qs = round(x / d). */
 static void kq_quantize_block(const float *x, q8k *o) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 amax = _mm256_setzero_ps();
-    for (int i = 0; i < 32; i++)
-        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i)));
+    __m256 amax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    for (int i = 0; i < 32; i++) {
+        const __m256 v = _mm256_loadu_ps(x + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     const float am = _mm_cvtss_f32(m);
     memset(o->bsums32, 0, sizeof o->bsums32);
-    if (!(am > 0.0f)) { /* all zero (or not finite: nothing sensible to multiply) */
+    if (!(am > 0.0f) || !(am <= FLT_MAX) || _mm256_movemask_ps(nan)) {
+        /* all zero: d = 0; a NaN or an infinity: d = NaN, so the products are NaN too */
         memset(o->qs, 0, sizeof o->qs);
         memset(o->bsums, 0, sizeof o->bsums);
-        o->d = 0.0f;
+        o->d = am == 0.0f && !_mm256_movemask_ps(nan) ? 0.0f : NAN;
         return;
     }
     o->d = am / 127.0f;
