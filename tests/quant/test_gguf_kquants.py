@@ -228,15 +228,15 @@ def fused_layer(shards: list[PackedWeight], max_rows: int = 8, bias: bool = Fals
 
 
 def test_fused_layer_of_mixed_q4_k_and_q6_k_shards():
-    """q/k in Q4_K and v in Q6_K (as Q4_K_M files store them): one kernel call per shard into
-    its columns; the dense copy (large batches) is the dequantized shards."""
+    """q/k in Q4_K and v in Q6_K (as Q4_K_M files store them): one kernel call per run of a
+    type (q and k together, then v) into its columns; the dense copy (large batches) is the
+    dequantized shards."""
     rng = np.random.default_rng(5)
     shards = [kquant_blocks("Q4_K", 64, 512, rng), kquant_blocks("Q4_K", 32, 512, rng),
               kquant_blocks("Q6_K", 32, 512, rng)]
     layer = fused_layer(shards, max_rows=8, bias=True)
     assert layer.gguf_blocks is None
-    assert [(o, r, q) for o, r, q, _ in layer.gguf_parts] == [(0, 64, 12), (64, 32, 12),
-                                                              (96, 32, 14)]
+    assert [(o, r, q) for o, r, q, _ in layer.gguf_parts] == [(0, 96, 12), (96, 32, 14)]
     dense = torch.cat([s.dequantize() for s in shards])
     assert torch.equal(layer.weight, dense)
     x = torch.randn(5, 512)
@@ -361,7 +361,7 @@ def test_tiny_k_quant_model_matches_its_dequantized_self(tiny_kquant_gguf, caplo
             assert isinstance(runner.model.quant_method, GGUFMethod)
             layer = runner.model.model.layers[0]
             qkv, gate_up = layer.self_attn.qkv_proj, layer.mlp.gate_up_proj
-            assert [q for _, _, q, _ in qkv.gguf_parts] == [12, 12, 14]
+            assert [q for _, _, q, _ in qkv.gguf_parts] == [12, 14]  # q+k, then v
             assert gate_up.gguf_qtype == 12 and layer.mlp.down_proj.gguf_qtype == 14
             assert runner.model.lm_head.gguf_qtype == 14
             o_proj = runner.model.model.layers[1].self_attn.o_proj

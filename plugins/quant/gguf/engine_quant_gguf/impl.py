@@ -30,9 +30,9 @@ log = logging.getLogger("engine.quant.gguf")
 class GGUFMethod(QuantMethod):
     """Dense ``weight`` (filled by dequantizing) plus ``gguf_blocks`` [out, row_bytes] uint8 when
     every row of the layer came packed in one type the kernels read, or ``gguf_parts`` (row
-    offset, rows, type id, blocks) per shard when a fused layer's shards came in different packed
-    types (Q4_K_M files: attn_v and ffn_down in Q6_K next to Q4_K); then one kernel call per part
-    writes its columns of the output.
+    offset, rows, type id, blocks), one per run of shards of one type, when a fused layer's shards
+    came in different packed types (Q4_K_M files: attn_q/attn_k in Q4_K, attn_v in Q6_K); then
+    one kernel call per part writes its columns of the output.
 
     The kernels are batch-invariant: each output element is accumulated by one thread, over the
     blocks of its row in order, in per-row registers (threads split the output columns, never
@@ -82,9 +82,16 @@ class GGUFMethod(QuantMethod):
         qtypes = {s.qtype for s in shards.values()}
         if not qtypes or sum(s.shape[0] for s in shards.values()) != layer.out_features:
             return  # rows in types the kernels do not read: this layer stays dense
-        if len(qtypes) > 1:  # fused shards of different types: one kernel call per shard
-            layer.gguf_parts = [(o, s.shape[0], kernels.PACKED[s.qtype], s.data.contiguous())
-                                for o, s in sorted(shards.items())]
+        if len(qtypes) > 1:  # fused shards of different types: one kernel call per run of a type
+            parts: list[tuple[int, int, int, torch.Tensor]] = []
+            for o, s in sorted(shards.items()):
+                qtype = kernels.PACKED[s.qtype]
+                if parts and parts[-1][2] == qtype:
+                    po, prows, _, pdata = parts.pop()
+                    parts.append((po, prows + s.shape[0], qtype, torch.cat([pdata, s.data])))
+                else:
+                    parts.append((o, s.shape[0], qtype, s.data.contiguous()))
+            layer.gguf_parts = parts
             return
         blocks = torch.cat([shards[o].data for o in sorted(shards)]).contiguous()
         layer.gguf_blocks = blocks
