@@ -168,6 +168,10 @@ def test_bad_arguments_are_refused():
         kernels.matmul(kernels.KQTYPES["Q4_K"], w, 4, torch.zeros(1, 300))
     with pytest.raises(ValueError, match="multiple of 256"):
         kernels.dequantize(kernels.KQTYPES["Q4_K"], w, 4, 128)
+    with pytest.raises(ValueError, match="576 bytes of blocks for a \\[4, 512\\] weight"):
+        kernels.matmul(kernels.KQTYPES["Q4_K"], w, 4, torch.zeros(1, 512))  # 2 blocks a row
+    with pytest.raises(ValueError, match="contiguous float32"):
+        kernels.matmul(kernels.KQTYPES["Q4_K"], w, 4, torch.zeros(2, 512)[:, ::2])
     lib = kernels.library()
     x, y = torch.zeros(1, 256), torch.zeros(1, 4)
     for qtype in (9, 15, 2):  # not a K-quant id

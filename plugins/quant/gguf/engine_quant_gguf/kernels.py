@@ -27,6 +27,8 @@ PACKED = {**QTYPES, **KQTYPES}
 SOURCES = (os.path.join(os.path.dirname(__file__), "kernels.c"),
            os.path.join(os.path.dirname(__file__), "kquants.c"))
 _KQ_IDS = frozenset(KQTYPES.values())
+#: bytes of one 256-value super-block of each K-quant type id
+_KQ_BLOCK_BYTES = {10: 84, 11: 110, 12: 144, 13: 176, 14: 210}
 
 
 @functools.lru_cache(maxsize=1)
@@ -79,9 +81,19 @@ def matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
     return y
 
 
+def _check_kq_blocks(qtype: int, blocks: torch.Tensor, n: int, k: int) -> None:
+    """The kernels read ``n`` rows of ``k // 256`` blocks: refuse any other buffer."""
+    if not blocks.is_contiguous() or blocks.numel() != n * (k // 256) * _KQ_BLOCK_BYTES[qtype]:
+        raise ValueError(f"gguf kernel: {blocks.numel()} bytes of blocks for a [{n}, {k}] weight "
+                         f"of type {qtype} (K must be a multiple of 256)")
+
+
 def _kq_matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
                out: torch.Tensor | None) -> torch.Tensor:
     m, k = x.shape
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        raise ValueError("gguf kernel: x must be contiguous float32")
+    _check_kq_blocks(qtype, blocks, n, k)
     y = torch.empty((m, n), dtype=torch.float32) if out is None else out
     if y.shape != (m, n) or y.dtype != torch.float32 or (n > 1 and y.stride(1) != 1):
         raise ValueError(f"gguf kernel: out must be float32 [{m}, {n}] with contiguous rows")
@@ -98,6 +110,7 @@ def dequantize(qtype: int, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor
     """float32 [n, k] values of the packed weight, bit-identical to the gguf package's."""
     out = torch.empty((n, k), dtype=torch.float32)
     if qtype in _KQ_IDS:
+        _check_kq_blocks(qtype, blocks, n, k)
         rc = library().engine_gguf_kq_dequantize(qtype, blocks.data_ptr(), n, k, out.data_ptr())
         if rc != 0:
             raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k}; K must be a "
