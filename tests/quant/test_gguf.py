@@ -76,9 +76,11 @@ def test_kernel_rejects_bad_width():
                        torch.zeros(1, 40))
 
 
-def fused_layer(shards: list[PackedWeight], max_rows: int = 8, bias: bool = False) -> Linear:
+def fused_layer(shards: list[PackedWeight], max_rows: int = 8, bias: bool = False,
+                activations: str = "float32") -> Linear:
     out = sum(s.shape[0] for s in shards)
-    layer = Linear(shards[0].shape[1], out, bias=bias, quant_method=GGUFMethod(max_rows))
+    layer = Linear(shards[0].shape[1], out, bias=bias,
+                   quant_method=GGUFMethod(max_rows, activations=activations))
     offset = 0
     for s in shards:
         layer.weight.weight_loader(layer.weight, s, offset, s.shape[0])
@@ -89,35 +91,95 @@ def fused_layer(shards: list[PackedWeight], max_rows: int = 8, bias: bool = Fals
     return layer
 
 
-def test_method_packed_path_small_batches_dense_path_large():
+def q8_reference(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """float64 product of ``dense`` with ``x`` rounded as the int8 path rounds it: per block of
+    32, scale d = max|x|/127, values round(x * (127 / max|x|)) in float32 (nearest, ties to
+    even), i.e. llama.cpp's Q8_0 rounding."""
+    m, k = x.shape
+    xb = x.float().reshape(m, k // 32, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / torch.where(amax > 0, amax, 1.0), 0.0)
+    q = torch.round(xb * inv).double() * (amax / 127.0).double()
+    return q.reshape(m, k) @ dense.double().T
+
+
+@pytest.mark.parametrize("qtype", sorted(kernels.QTYPES))
+@pytest.mark.parametrize("rows,cols", [(1, 32), (37, 96), (64, 576), (20, 288)])
+def test_int8_kernel_matches_quantized_activation_reference(qtype, rows, cols):
     gen = np.random.default_rng()
-    layer = fused_layer([random_blocks("Q4_1", 24, 64, gen), random_blocks("Q4_1", 8, 64, gen)],
-                        max_rows=8, bias=True)
+    w = random_blocks(qtype, rows, cols, gen)
+    dense = w.dequantize()
+    for m in (1, 2, 5, 8, 9, 17):
+        x = torch.randn(m, cols)
+        x[0, :32] = 0  # an all-zero block has scale 0
+        y = kernels.matmul_q8(kernels.QTYPES[qtype], w.data, rows, x)
+        ref = q8_reference(x, dense)
+        assert y.shape == (m, rows) and y.dtype == torch.float32
+        tol = 1e-5 * (x.double().abs() @ dense.double().abs().T).max().item() + 1e-6
+        assert (y.double() - ref).abs().max().item() <= tol, (qtype, m)
+        # and within int8 rounding of the exact product
+        exact = x.double() @ dense.double().T
+        assert (y.double() - exact).norm().item() <= 2e-2 * exact.norm().item() + 1e-6
+
+
+def test_int8_kernel_rows_are_batch_invariant_and_write_into_slices():
+    w = random_blocks("Q4_0", 48, 128, np.random.default_rng())
+    x = torch.randn(13, 128)
+    together = kernels.matmul_q8(kernels.QTYPES["Q4_0"], w.data, 48, x)
+    for i in (0, 7, 12):
+        alone = kernels.matmul_q8(kernels.QTYPES["Q4_0"], w.data, 48, x[i:i + 1].contiguous())
+        assert torch.equal(alone[0], together[i])
+    wide = torch.zeros(13, 60)
+    kernels.matmul_q8(kernels.QTYPES["Q4_0"], w.data, 48, x, out=wide[:, 5:53])
+    assert torch.equal(wide[:, 5:53], together) and not wide[:, :5].any()
+
+
+def test_method_float32_path_exact_products_dense_copy_for_large_batches():
+    gen = np.random.default_rng()
+    shards = [random_blocks("Q4_1", 24, 64, gen), random_blocks("Q4_1", 8, 64, gen)]
+    layer = fused_layer(shards, max_rows=8, bias=True)
     assert layer.gguf_blocks is not None and layer.gguf_blocks.shape == (32, 40)
-    dense = torch.cat([layer.weight])
+    assert layer.weight is None  # no dense copy is kept
+    dense = torch.cat([s.dequantize() for s in shards])
     for m in (1, 8):
         x = torch.randn(m, 64)
         got, want = layer(x), F.linear(x, dense, layer.bias)
         assert torch.allclose(got, want, atol=1e-4, rtol=1e-5)
-    x = torch.randn(9, 64)  # above max_rows: the dense copy, exactly F.linear
+    x = torch.randn(9, 64)  # above max_rows: a dequantized copy for the call, exactly F.linear
     assert torch.equal(layer(x), F.linear(x, dense, layer.bias))
     x3 = torch.randn(2, 3, 64)  # leading dims are flattened and restored
     assert layer(x3).shape == (2, 3, 32)
 
 
-def test_method_mixed_types_run_per_shard_unsupported_types_stay_dense(caplog):
+def test_method_int8_path_every_batch_size_from_the_blocks():
     gen = np.random.default_rng()
-    mixed = fused_layer([random_blocks("Q4_1", 8, 64, gen), random_blocks("Q8_0", 8, 64, gen)])
-    assert mixed.gguf_blocks is None
+    shards = [random_blocks("Q8_0", 24, 64, gen), random_blocks("Q8_0", 8, 64, gen)]
+    layer = fused_layer(shards, max_rows=8, bias=True, activations="int8")
+    dense = torch.cat([s.dequantize() for s in shards])
+    for m in (1, 9, 100):
+        x = torch.randn(m, 64)
+        want = q8_reference(x, dense) + layer.bias.double()
+        assert torch.allclose(layer(x).double(), want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("activations", ["float32", "int8"])
+def test_method_mixed_types_run_per_shard_unsupported_types_stay_dense(activations, caplog):
+    gen = np.random.default_rng()
+    shards = [random_blocks("Q4_1", 8, 64, gen), random_blocks("Q8_0", 8, 64, gen)]
+    mixed = fused_layer(shards, activations=activations)
+    assert mixed.gguf_blocks is None and mixed.weight is None  # no dense copy is kept
     assert [(o, r, q) for o, r, q, _ in mixed.gguf_parts] == [(0, 8, 3), (8, 8, 8)]
+    dense = torch.cat([s.dequantize() for s in shards])
+    assert torch.equal(mixed.quant_method.dense_weight(mixed), dense)
     x = torch.randn(2, 64)
-    assert torch.allclose(mixed(x), F.linear(x, mixed.weight), atol=1e-4, rtol=1e-5)
+    want = F.linear(x, dense) if activations == "float32" else q8_reference(x, dense).float()
+    assert torch.allclose(mixed(x), want, atol=1e-4, rtol=1e-5)
     q5_0 = random_blocks("Q5_0", 8, 64, gen)  # a type the kernels do not read
     with caplog.at_level(logging.INFO, logger="engine.quant.gguf"):
-        other = fused_layer([random_blocks("Q4_1", 8, 64, gen), q5_0])
+        other = fused_layer([random_blocks("Q4_1", 8, 64, gen), q5_0], activations=activations)
     assert "Q5_0 weights are not served packed" in caplog.text
     assert other.gguf_blocks is None and not other.gguf_parts
-    assert torch.equal(other.weight[8:], q5_0.dequantize())
+    assert other.weight.shape == (16, 64) and torch.equal(other.weight[8:], q5_0.dequantize())
     assert torch.equal(other(x), F.linear(x, other.weight))
 
 
@@ -137,7 +199,7 @@ CONFIG = ServerConfig()
 
 
 def test_hook_refuses_with_reasons():
-    opts = {"gguf_kernel_max_rows": 64}
+    opts = {"gguf_kernel_max_rows": 64, "gguf_activations": "int8"}
     with pytest.raises(PluginError, match="run on the CPU; this model is on cuda"):
         engine_create_quant_method(_Cfg(), None, torch.device("cuda"), opts, CONFIG)
     other = type("C", (), {"weights_format": "safetensors"})()
@@ -165,30 +227,44 @@ def test_detected_gguf_loads_dense_where_the_method_cannot_run(caplog):
 
 @pytest.mark.slow
 @needs_default_model
-def test_default_model_gguf_equals_unquant_greedy():
-    """The default model picks gguf on CPU; 24 greedy tokens equal the dequantized model's."""
+def test_default_model_gguf_paths_against_the_dequantized_model():
+    """The default model picks gguf on CPU. With float32 activations, 24 greedy tokens equal the
+    dequantized model's and logits agree to 1e-3; the default int8 path, teacher-forced on those
+    tokens, picks the same top-1 token almost everywhere with a small KL divergence."""
     from engine.runtime.model_runner import ModelRunner
     from engine.testing.batches import BatchBuilder
 
     outs, logits = {}, {}
-    for quant in (None, "unquant"):
+    paths = {"unquant": ("unquant", {}),
+             "float32": (None, {"quantization.gguf": {"gguf_activations": "float32"}}),
+             "int8": (None, {})}
+    for path, (quant, plugin_options) in paths.items():
         runner = ModelRunner(ServerConfig(device="cpu", max_total_tokens=1024,
                                           attention_backend="torch_native",
-                                          max_running_requests=4, quantization=quant))
+                                          max_running_requests=4, quantization=quant,
+                                          plugin_options=plugin_options))
         if quant is None:
             assert type(runner.model.quant_method).__name__ == "GGUFMethod"
             assert runner.model.lm_head is not None  # tied head served from Q8_0 blocks
+            assert runner.model.lm_head.weight is None  # and no dense copy of it
         prompts = [runner.tokenizer.encode(p) for p in ("The capital of France is",
                                                        "Once upon a time,")]
         builder = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
         rows = [builder.new_request() for _ in prompts]
         lg = runner.forward(builder.extend(list(zip(rows, prompts))))
-        logits[quant] = lg
-        tokens = [[int(t)] for t in lg.argmax(-1)]
-        for _ in range(23):
+        steps = [lg]
+        forced = outs.get("unquant")  # teacher-forced on the reference's tokens
+        tokens = [[int(t)] for t in lg.argmax(-1)] if forced is None else [[t[0]] for t in forced]
+        for s in range(23):
             lg = runner.forward(builder.decode([(r, t[-1]) for r, t in zip(rows, tokens)]))
-            for t, nxt in zip(tokens, lg.argmax(-1).tolist()):
-                t.append(nxt)
-        outs[quant] = tokens
-    assert outs[None] == outs["unquant"]
-    assert torch.allclose(logits[None], logits["unquant"], atol=1e-3, rtol=0)
+            steps.append(lg)
+            for i, (t, nxt) in enumerate(zip(tokens, lg.argmax(-1).tolist())):
+                t.append(nxt if forced is None else forced[i][s + 1])
+        outs.setdefault(path, tokens)  # the reference's own greedy tokens
+        logits[path] = torch.stack(steps)  # [24, 2, vocab]
+    assert torch.equal(logits["float32"].argmax(-1), logits["unquant"].argmax(-1))
+    assert torch.allclose(logits["float32"], logits["unquant"], atol=1e-3, rtol=0)
+    ref, fast = logits["unquant"].log_softmax(-1), logits["int8"].log_softmax(-1)
+    agree = (ref.argmax(-1) == fast.argmax(-1)).float().mean().item()
+    kl = (ref.exp() * (ref - fast)).sum(-1).mean().item()
+    assert agree >= 0.9 and kl < 0.05, (agree, kl)

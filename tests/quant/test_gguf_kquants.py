@@ -218,9 +218,11 @@ def test_other_instruction_paths_agree(name, flags, path):
 # ------------------------------------------------------------------ the layer method
 
 
-def fused_layer(shards: list[PackedWeight], max_rows: int = 8, bias: bool = False) -> Linear:
+def fused_layer(shards: list[PackedWeight], max_rows: int = 8, bias: bool = False,
+                activations: str = "int8") -> Linear:
     out = sum(s.shape[0] for s in shards)
-    layer = Linear(shards[0].shape[1], out, bias=bias, quant_method=GGUFMethod(max_rows))
+    layer = Linear(shards[0].shape[1], out, bias=bias,
+                   quant_method=GGUFMethod(max_rows, activations=activations))
     offset = 0
     for s in shards:
         layer.weight.weight_loader(layer.weight, s, offset, s.shape[0])
@@ -231,18 +233,20 @@ def fused_layer(shards: list[PackedWeight], max_rows: int = 8, bias: bool = Fals
     return layer
 
 
-def test_fused_layer_of_mixed_q4_k_and_q6_k_shards():
+@pytest.mark.parametrize("activations", ["int8", "float32"])
+def test_fused_layer_of_mixed_q4_k_and_q6_k_shards(activations):
     """q/k in Q4_K and v in Q6_K (as Q4_K_M files store them): one kernel call per run of a
-    type (q and k together, then v) into its columns; the dense copy (large batches) is the
-    dequantized shards."""
+    type (q and k together, then v) into its columns, no dense copy kept. K-quants quantize
+    activations to 8 bits under either --gguf-activations; with float32, batches above
+    max_rows multiply a dequantized copy made for the call."""
     rng = np.random.default_rng(5)
     shards = [kquant_blocks("Q4_K", 64, 512, rng), kquant_blocks("Q4_K", 32, 512, rng),
               kquant_blocks("Q6_K", 32, 512, rng)]
-    layer = fused_layer(shards, max_rows=8, bias=True)
-    assert layer.gguf_blocks is None
+    layer = fused_layer(shards, max_rows=8, bias=True, activations=activations)
+    assert layer.gguf_blocks is None and layer.weight is None
     assert [(o, r, q) for o, r, q, _ in layer.gguf_parts] == [(0, 96, 12), (96, 32, 14)]
     dense = torch.cat([s.dequantize() for s in shards])
-    assert torch.equal(layer.weight, dense)
+    assert torch.equal(layer.quant_method.dense_weight(layer), dense)
     x = torch.randn(5, 512)
     got = layer(x)
     want = F.linear(x.double(), dense.double(), layer.bias.double())
@@ -252,8 +256,13 @@ def test_fused_layer_of_mixed_q4_k_and_q6_k_shards():
     assert torch.equal(got, parts)
     for i in range(5):  # batch-invariant through the layer too
         assert torch.equal(layer(x[i:i + 1])[0], got[i])
-    big = torch.randn(9, 512)  # above max_rows: the dense copy, exactly F.linear
-    assert torch.equal(layer(big), F.linear(big, layer.weight, layer.bias))
+    big = torch.randn(9, 512)  # above max_rows
+    if activations == "float32":  # a dequantized copy for the call: exactly F.linear
+        assert torch.equal(layer(big), F.linear(big, dense, layer.bias))
+    else:  # int8: the kernels for every batch size
+        want = torch.cat([kernels.matmul(q, s.data, s.shape[0], big) for s, q in
+                          zip(shards, (12, 12, 14))], dim=1) + layer.bias
+        assert torch.equal(layer(big), want)
     assert layer(torch.randn(2, 3, 512)).shape == (2, 3, 128)
 
 
@@ -262,15 +271,17 @@ def test_single_type_k_quant_layer_keeps_one_block_tensor():
     shards = [kquant_blocks("Q4_K", 48, 256, rng), kquant_blocks("Q4_K", 48, 256, rng)]
     layer = fused_layer(shards)
     assert layer.gguf_blocks is not None and layer.gguf_blocks.shape == (96, 144)
-    assert layer.gguf_qtype == 12 and not layer.gguf_parts
+    assert layer.gguf_qtype == 12 and not layer.gguf_parts and layer.weight is None
     x = torch.randn(3, 256)
     assert torch.equal(layer(x), kernels.matmul(12, layer.gguf_blocks, 96, x))
+    assert torch.equal(layer(x[None]), kernels.matmul(12, layer.gguf_blocks, 96, x)[None])
 
 
 def test_hook_selects_the_plugin_for_a_k_quant_file():
     cfg = type("C", (), {"weights_format": "gguf"})()
     method = engine_create_quant_method(cfg, {"weight_types": ["F32", "Q4_K", "Q6_K"]},
-                                        torch.device("cpu"), {"gguf_kernel_max_rows": 64},
+                                        torch.device("cpu"),
+                                        {"gguf_kernel_max_rows": 64, "gguf_activations": "int8"},
                                         ServerConfig())
     assert isinstance(method, GGUFMethod)
 

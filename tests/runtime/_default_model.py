@@ -11,11 +11,17 @@ from engine.runtime.model_runner import ModelRunner
 from engine.testing.batches import BatchBuilder
 
 
+#: the gguf plugin's exact path (float32 activations), which equals transformers token for token
+EXACT = {"quantization.gguf": {"gguf_activations": "float32"}}
+
+
 @functools.lru_cache(maxsize=1)
 def default_runner() -> ModelRunner:
-    """SmolLM2-135M-Instruct Q4_1 GGUF, float32 on CPU, torch_native attention."""
+    """SmolLM2-135M-Instruct Q4_1 GGUF, float32 on CPU, torch_native attention; the gguf
+    plugin's exact path (float32 activations), which equals transformers token for token."""
     config = ServerConfig(device="cpu", dtype="float32", max_total_tokens=8192,
-                          attention_backend="torch_native", max_running_requests=8)
+                          attention_backend="torch_native", max_running_requests=8,
+                          plugin_options=EXACT)
     return ModelRunner(config)
 
 

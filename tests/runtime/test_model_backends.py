@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _default_model import default_runner, greedy
+from _default_model import EXACT, default_runner, greedy
 from engine.config import ServerConfig
 from engine.plugins.registry import Registry
 from engine.runtime.model_runner import ModelRunner
@@ -32,7 +32,7 @@ def available_backends() -> list[str]:
 
 def run_with(prompts, **choices):
     config = ServerConfig(device="cpu", dtype="float32", max_total_tokens=2048,
-                          max_running_requests=4, **choices)
+                          max_running_requests=4, plugin_options=EXACT, **choices)
     runner = ModelRunner(config)
     try:
         return greedy(runner, prompts, STEPS), runner.attention_backend_names

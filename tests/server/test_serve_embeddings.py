@@ -22,7 +22,7 @@ ATOL = 1e-4  #: against transformers, per component of a unit vector (measured: 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     with running(start_server("embedding", "--is-embedding", "--max-running-requests",
-                              "4")) as s:
+                              "4", "--gguf-activations", "float32")) as s:
         yield s["embedding"]
 
 

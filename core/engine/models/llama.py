@@ -52,9 +52,11 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, x: torch.Tensor,
                     residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual); one kernel on a GPU in half precision."""
-        if x.dim() == 2 and fused.enabled(x):
-            return fused.add_rms_norm(x, residual, self.weight, self.eps)
+        """(norm(x + residual), x + residual); one kernel where :func:`fused.for_tensor` has
+        one (half precision on a GPU, float32 on the CPU)."""
+        ops = fused.for_tensor(x) if x.dim() == 2 else None
+        if ops is not None:
+            return ops.add_rms_norm(x, residual, self.weight, self.eps)
         total = x if residual is None else x + residual
         return self(total), total
 
@@ -162,7 +164,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         if rope.cos is None:  # the fused path (see LlamaForCausalLM.forward)
             qn, kn = self.q_norm, self.k_norm
-            q, k = fused.qk_norm_rope(qkv, self.hq, self.hkv, self.d, rope.positions,
+            q, k = rope.ops.qk_norm_rope(qkv, self.hq, self.hkv, self.d, rope.positions,
                                       rope.rotary.cos_cache, rope.rotary.sin_cache,
                                       qn.weight if qn is not None else None,
                                       kn.weight if kn is not None else None,
@@ -212,8 +214,9 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.act is F.silu and gate_up.dim() == 2 and fused.enabled(gate_up):
-            return self.down_proj(fused.silu_and_mul(gate_up))
+        ops = fused.for_tensor(gate_up) if self.act is F.silu and gate_up.dim() == 2 else None
+        if ops is not None:
+            return self.down_proj(ops.silu_and_mul(gate_up))
         gate, up = gate_up.split([self.inter, self.inter], dim=-1)
         return self.down_proj(self.act(gate) * up)
 
@@ -296,6 +299,7 @@ class RopeInputs:
     rotary: Rotary
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
+    ops: Any = None  #: the fused-kernel module (see :func:`fused.for_tensor`) when cos is None
 
 
 class LlamaForCausalLM(nn.Module):
@@ -324,8 +328,9 @@ class LlamaForCausalLM(nn.Module):
                 attn: AttentionBackend, logits_indices: torch.Tensor) -> torch.Tensor:
         m = self.model
         h = m.embed_tokens(input_ids)
-        if self.fused_rope and fused.enabled(h):
-            rope = RopeInputs(positions, m.rotary)
+        ops = fused.for_tensor(h) if self.fused_rope else None
+        if ops is not None:
+            rope = RopeInputs(positions, m.rotary, ops=ops)
         else:
             rope = RopeInputs(positions, m.rotary, *m.rotary(positions, h.dtype))
         residual = None

@@ -162,3 +162,22 @@ def attend_per_token(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
             out[t] = o.reshape(layer.num_q_heads, d)
             t += 1
     return out
+
+
+def decode_from_pool(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
+                     batch: Batch) -> torch.Tensor | None:
+    """Decode attention read straight from a float32 CPU pool by the core's C kernel
+    (:func:`engine.runtime.fused_cpu.decode_attention`: no gather, no padding; each (request,
+    query head) pair computed alone, in a fixed order): q [B, Hq, D] -> [B, Hq, D]. ``None``
+    where it does not apply (another device or pool dtype, kernels unavailable): the caller's
+    own path serves."""
+    if q.device.type != "cpu" or pool.dtype != torch.float32 or q.dtype != torch.float32:
+        return None
+    from engine.runtime import fused_cpu
+
+    if not fused_cpu.available():
+        return None
+    max_len = max(batch.seq_lens_cpu) if batch.seq_lens_cpu else int(batch.seq_lens.max())
+    return fused_cpu.decode_attention(q, pool.k[layer.layer_id], pool.v[layer.layer_id],
+                                      batch.req_to_token, batch.req_pool_indices,
+                                      batch.seq_lens, max_len, layer.scaling)

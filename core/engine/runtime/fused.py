@@ -15,15 +15,36 @@ the sum of RoPE are rounded (as transformers computes them). Float32 models keep
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 
 import torch
+
+_this = sys.modules[__name__]
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - triton is a core dependency; CPU-only builds may lack it
     triton = None
+
+
+def for_tensor(x: torch.Tensor):
+    """The module whose fused kernels serve ``x``: this one (Triton, half precision on a GPU),
+    :mod:`engine.runtime.fused_cpu` (C, float32 on the CPU), or ``None`` (torch ops)."""
+    if x.dtype is torch.float32 and x.device.type == "cpu":
+        if os.environ.get("ENGINE_DISABLE_FUSED") == "1":
+            return None
+        return _cpu_ops()
+    return _this if enabled(x) else None
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_ops():
+    from engine.runtime import fused_cpu
+
+    return fused_cpu if fused_cpu.available() else None
 
 
 def enabled(x: torch.Tensor) -> bool:

@@ -7,6 +7,9 @@ off). Each layer then gathers its K/V pages once (one ``index_select`` per layer
 KV head, extend repeats KV heads). Correct for ragged batches, cached prefixes, decode and any
 page size (slots are read one by one). Speculative tree verify: the new tokens' part of the mask
 is ``batch.tree_mask`` instead of causal.
+
+On the CPU with a float32 pool, decode batches skip the gather: the core's C kernel
+(:func:`engine.api.attention.decode_from_pool`) reads each request's slots from the pool.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch.nn.functional as F
 
 from engine.api import hookimpl
 from engine.api.attention import AttentionBackend, AttentionLayerSpec, KVPool
-from engine.api.attention import Batch, attend_per_token
+from engine.api.attention import Batch, attend_per_token, decode_from_pool
 
 
 @dataclass
@@ -44,9 +47,18 @@ class TorchNativeBackend(AttentionBackend):
         # the per-token path attends causally: speculative trees need the batched path's mask
         self.supports_tree_verify = not batch_invariant
 
+    def _pool_decode(self, batch: Batch) -> bool:
+        return (batch.is_decode and self.pool.device.type == "cpu"
+                and self.pool.dtype == torch.float32 and batch.tree_mask is None)
+
     def prepare(self, batch: Batch) -> None:
-        if self.batch_invariant:
+        if self.batch_invariant or self._pool_decode(batch):
+            batch.attn_metadata = None
             return
+        self.prepare_padded(batch)
+
+    def prepare_padded(self, batch: Batch) -> None:
+        """The padded slot table and mask of the SDPA paths."""
         dev = batch.seq_lens.device
         seq = batch.seq_lens_cpu or batch.seq_lens.tolist()
         ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
@@ -120,7 +132,13 @@ class TorchNativeBackend(AttentionBackend):
         repeat): q [B, Hq, D] -> [B, Hkv, ratio, D] against K/V [B, Hkv, L, D]."""
         if self.batch_invariant:
             return attend_per_token(self.pool, q, layer, batch)
-        md: Metadata = batch.attn_metadata
+        md: Metadata | None = batch.attn_metadata
+        if md is None:
+            out = decode_from_pool(self.pool, q, layer, batch)
+            if out is not None:
+                return out
+            self.prepare_padded(batch)
+            md = batch.attn_metadata
         k, v = self._gather(layer, md, q.dtype)
         bsz = q.shape[0]
         grouped = q.view(bsz, layer.num_kv_heads, -1, layer.head_dim)

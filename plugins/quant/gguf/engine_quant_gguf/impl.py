@@ -1,11 +1,13 @@
-"""The ``gguf`` quantization method: each linear layer keeps its GGUF blocks packed and, for up to
-``--gguf-kernel-max-rows`` tokens (every decode step), multiplies straight from them; larger
-batches (long prefills) use a dequantized copy, where dense matrix products are faster.
+"""The ``gguf`` quantization method: each linear layer keeps its GGUF blocks packed (no dense
+copy) and multiplies straight from them.
 
-Q4_0/Q4_1/Q8_0 layers keep activations and accumulation in float32, so their products are those
-of the dequantized weights up to summation order. K-quant layers (Q2_K..Q6_K) quantize each
-activation row to 8 bits per 256 values and take integer dot products, as llama.cpp does.
-Types the kernels do not read (Q5_0, Q5_1, IQ*...) are dequantized at load.
+``--gguf-activations int8`` (default): activations quantized per block of 32 to int8, integer
+block dot products (llama.cpp's arithmetic), every batch size. ``float32``: float32 activations
+and sums, the exact products of the dequantized weights up to summation order, for up to
+``--gguf-kernel-max-rows`` tokens; larger batches multiply a dequantized copy made per call.
+K-quant layers (Q2_K..Q6_K) always quantize activations to 8 bits per 256 values (kquants.c;
+there is no float32 K-quant kernel). Types the kernels do not read (Q5_0, Q5_1, IQ*...) are
+dequantized at load.
 """
 
 from __future__ import annotations
@@ -28,95 +30,138 @@ log = logging.getLogger("engine.quant.gguf")
 
 
 class GGUFMethod(QuantMethod):
-    """Dense ``weight`` (filled by dequantizing) plus ``gguf_blocks`` [out, row_bytes] uint8 when
-    every row of the layer came packed in one type the kernels read, or ``gguf_parts`` (row
-    offset, rows, type id, blocks), one per run of shards of one type, when a fused layer's shards
-    came in different packed types (Q4_K_M files: attn_q/attn_k in Q4_K, attn_v in Q6_K); then
-    one kernel call per part writes its columns of the output.
+    """A layer whose rows all came packed in one type the kernels read keeps only its blocks,
+    ``gguf_blocks`` [out, row_bytes] uint8 (no dense copy); a fused layer whose shards came in
+    different packed types (Q4_K_M files: attn_q/attn_k in Q4_K, attn_v in Q6_K) keeps
+    ``gguf_parts`` (row offset, rows, type id, blocks), one per run of shards of one type, and
+    runs one kernel call per part into its columns of the output; any other layer gets a dense
+    float32 ``weight`` built from its shards (packed ones dequantized) once loading ends.
 
-    The kernels are batch-invariant: each output element is accumulated by one thread, over the
-    blocks of its row in order, in per-row registers (threads split the output columns, never
-    the reduction), so a row's result never depends on the other rows. ``batch_invariant``
+    ``activations``: ``"int8"`` (default) quantizes each activation row per block of 32 and
+    multiplies integers, for every batch size; ``"float32"`` keeps activations and sums float32
+    (exact weight products: the outputs equal the dense model's up to summation order) for
+    batches of up to ``max_rows`` tokens, and multiplies larger ones with a dequantized copy
+    made for that call.
+
+    The kernels are batch-invariant either way: each output element is accumulated by one
+    thread, over the blocks of its row in order (threads split the output columns, never the
+    reduction), so a row's result never depends on the other rows. ``batch_invariant``
     (``--enable-deterministic-inference``) therefore multiplies every row count from the packed
     blocks, and a layer without blocks one row at a time.
     """
 
-    def __init__(self, max_rows: int, batch_invariant: bool = False) -> None:
+    def __init__(self, max_rows: int, batch_invariant: bool = False,
+                 activations: str = "int8") -> None:
         self.max_rows = max_rows if not batch_invariant else 2**62
         self.batch_invariant = batch_invariant
+        self.int8 = activations == "int8"
         self._dequantized_types: set[str] = set()  # types already reported as dequantized
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:
-        param = nn.Parameter(torch.empty((out_features, in_features), dtype=dtype),
-                             requires_grad=False)
+        # a placeholder until loading ends: packed layers never get a dense weight
+        param = nn.Parameter(torch.empty((out_features, in_features), dtype=dtype,
+                                         device="meta"), requires_grad=False)
         param.weight_loader = functools.partial(self._load, layer)
         layer.register_parameter("weight", param)
-        layer.gguf_shards = {}  # row offset -> PackedWeight, until loading ends
+        layer.gguf_shards = {}  # row offset -> PackedWeight or dense tensor, until loading ends
         layer.register_buffer("gguf_blocks", None, persistent=False)
         layer.gguf_qtype = 0
         layer.gguf_parts = []
 
-    def _load(self, layer: Linear, param: nn.Parameter, tensor: Any, offset: int,
+    @staticmethod
+    def _load(layer: Linear, param: nn.Parameter, tensor: Any, offset: int,
               size: int | None) -> None:
-        dst = param.data if size is None else param.data.narrow(0, offset, size)
-        if isinstance(tensor, PackedWeight):
-            qtype = kernels.PACKED.get(tensor.qtype)
-            if qtype is None:
-                if tensor.qtype not in self._dequantized_types:
-                    self._dequantized_types.add(tensor.qtype)
-                    log.info("gguf: %s weights are not served packed (kernels read %s); their "
-                             "layers are dequantized to float32 at load", tensor.qtype,
-                             ", ".join(kernels.PACKED))
-                tensor = tensor.dequantize()
-            else:
-                layer.gguf_shards[offset] = tensor
-                tensor = kernels.dequantize(qtype, tensor.data, *tensor.shape)
-        if tuple(dst.shape) != tuple(tensor.shape):
+        rows = param.shape[0] if size is None else size
+        if tuple(tensor.shape) != (rows, param.shape[1]):
             raise ConfigError(f"gguf: a weight of shape {tuple(tensor.shape)} does not fit "
-                              f"rows {offset}..{offset + dst.shape[0]} of {layer}")
-        dst.copy_(tensor)
+                              f"rows {offset}..{offset + rows} of {layer}")
+        layer.gguf_shards[offset] = tensor
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        shards: dict[int, PackedWeight] = layer.__dict__.pop("gguf_shards", {})
-        qtypes = {s.qtype for s in shards.values()}
-        if not qtypes or sum(s.shape[0] for s in shards.values()) != layer.out_features:
-            return  # rows in types the kernels do not read: this layer stays dense
-        if len(qtypes) > 1:  # fused shards of different types: one kernel call per run of a type
-            parts: list[tuple[int, int, int, torch.Tensor]] = []
-            for o, s in sorted(shards.items()):
-                qtype = kernels.PACKED[s.qtype]
-                if parts and parts[-1][2] == qtype:
-                    po, prows, _, pdata = parts.pop()
-                    parts.append((po, prows + s.shape[0], qtype, torch.cat([pdata, s.data])))
-                else:
-                    parts.append((o, s.shape[0], qtype, s.data.contiguous()))
-            layer.gguf_parts = parts
+        shards: dict[int, Any] = layer.__dict__.pop("gguf_shards", {})
+        packed = {s.qtype for s in shards.values() if isinstance(s, PackedWeight)}
+        whole = sum(s.shape[0] for s in shards.values()) == layer.out_features
+        if whole and packed and all(isinstance(s, PackedWeight) for s in shards.values()) \
+                and packed <= set(kernels.PACKED):
+            if len(packed) == 1:
+                layer.gguf_blocks = torch.cat([shards[o].data for o in sorted(shards)])
+                layer.gguf_qtype = kernels.PACKED[packed.pop()]
+            else:  # fused shards of different types: one kernel call per run of a type
+                parts: list[tuple[int, int, int, torch.Tensor]] = []
+                for o, s in sorted(shards.items()):
+                    qtype = kernels.PACKED[s.qtype]
+                    if parts and parts[-1][2] == qtype:
+                        po, prows, _, pdata = parts.pop()
+                        parts.append((po, prows + s.shape[0], qtype, torch.cat([pdata, s.data])))
+                    else:
+                        parts.append((o, s.shape[0], qtype, s.data.contiguous()))
+                layer.gguf_parts = parts
+            del layer.weight
+            layer.weight = None  # the blocks are the weight
             return
-        blocks = torch.cat([shards[o].data for o in sorted(shards)]).contiguous()
-        layer.gguf_blocks = blocks
-        layer.gguf_qtype = kernels.PACKED[qtypes.pop()]
+        dense = torch.zeros((layer.out_features, layer.in_features), dtype=layer.weight.dtype)
+        for offset, s in shards.items():
+            if isinstance(s, PackedWeight):
+                qtype = kernels.PACKED.get(s.qtype)
+                if qtype is None and s.qtype not in self._dequantized_types:
+                    self._dequantized_types.add(s.qtype)
+                    log.info("gguf: %s weights are not served packed (kernels read %s); their "
+                             "layers are dequantized to float32 at load", s.qtype,
+                             ", ".join(kernels.PACKED))
+                s = (kernels.dequantize(qtype, s.data, *s.shape) if qtype is not None
+                     else s.dequantize())
+            dense.narrow(0, offset, s.shape[0]).copy_(s)
+        layer.weight = nn.Parameter(dense, requires_grad=False)
+
+    def dense_weight(self, layer: Linear) -> torch.Tensor:
+        """The layer's float32 weight (made now from the blocks of a packed layer)."""
+        if layer.gguf_parts:
+            return torch.cat([kernels.dequantize(q, data, rows, layer.in_features)
+                              for _, rows, q, data in layer.gguf_parts])
+        if layer.gguf_blocks is None:
+            return layer.weight
+        return kernels.dequantize(layer.gguf_qtype, layer.gguf_blocks, layer.out_features,
+                                  layer.in_features)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         blocks, parts = layer.gguf_blocks, layer.gguf_parts
-        packed = blocks is not None or bool(parts)
-        rows = x.numel() // layer.in_features
-        if not packed and self.batch_invariant:
-            return rowwise(lambda row: F.linear(row, layer.weight, bias), x)
-        if not packed or not 0 < rows <= self.max_rows:
+        if blocks is None and not parts:
+            if self.batch_invariant:
+                return rowwise(lambda row: F.linear(row, layer.weight, bias), x)
             return F.linear(x, layer.weight, bias)
+        n = layer.out_features
+        if blocks is not None and self.int8 and x.dim() == 2 and x.dtype is torch.float32 \
+                and x.is_contiguous() and x.shape[0] > 0:  # the decode hot path: straight in
+            y = torch.empty((x.shape[0], n), dtype=torch.float32)
+            kernel = self._kq if layer.gguf_qtype in kernels.KQ_IDS else self._q8
+            kernel(layer.gguf_qtype, blocks.data_ptr(), n, layer.in_features, x.data_ptr(),
+                   x.shape[0], y.data_ptr(), n)
+            return y if bias is None else y.add_(bias)
+        rows = x.numel() // layer.in_features
+        if rows == 0 or (not self.int8 and rows > self.max_rows):
+            return F.linear(x, self.dense_weight(layer).to(x.dtype), bias)
         flat = x.reshape(rows, layer.in_features)
         if flat.dtype != torch.float32 or not flat.is_contiguous():
             flat = flat.float().contiguous()
+        matmul = kernels.matmul_q8 if self.int8 else kernels.matmul
         if blocks is not None:
-            y = kernels.matmul(layer.gguf_qtype, blocks, layer.out_features, flat)
+            y = matmul(layer.gguf_qtype, blocks, n, flat)
         else:
-            y = torch.empty((rows, layer.out_features), dtype=torch.float32)
+            y = torch.empty((rows, n), dtype=torch.float32)
             for offset, size, qtype, data in parts:
-                kernels.matmul(qtype, data, size, flat, out=y[:, offset:offset + size])
+                matmul(qtype, data, size, flat, out=y[:, offset:offset + size])
         if bias is not None:
             y += bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], layer.out_features)
+        return y.to(x.dtype).reshape(*x.shape[:-1], n)
+
+    @functools.cached_property
+    def _q8(self):
+        return kernels.library().engine_gguf_matmul_q8
+
+    @functools.cached_property
+    def _kq(self):  # the arguments of engine_gguf_matmul_q8
+        return kernels.library().engine_gguf_kq_matmul_ld
 
 
 @hookimpl
@@ -134,4 +179,5 @@ def engine_create_quant_method(model_config: Any, quant_config: Any, device: tor
                           f"file's weights are {', '.join(sorted(types))}")
     kernels.library()  # compile now, so a toolchain problem stops start-up with its reason
     max_rows = int(options["gguf_kernel_max_rows"])
-    return GGUFMethod(max_rows, batch_invariant=config.enable_deterministic_inference)
+    return GGUFMethod(max_rows, batch_invariant=config.enable_deterministic_inference,
+                      activations=options["gguf_activations"])

@@ -199,3 +199,161 @@ int engine_gguf_dequantize(int qtype, const uint8_t *w, int64_t n, int64_t k, fl
         }
     return 0;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Integer path: the activations are quantized per block of 32 to int8 (scale d_x = max|x|/127,
+ * q_x = round(x / d_x), as llama.cpp's Q8_0/Q8_1), and each block's dot product is an integer
+ * one (u8 x s8 -> s32: VNNI's dpbusd where the CPU has it, AVX2 maddubs+madd otherwise):
+ *   Q4_1: sum_j (d_w q_j + m) d_x x_j = d_w d_x <q, x> + m s_x        (s_x = d_x sum_j x_j)
+ *   Q4_0: the same with m = -8 d_w
+ *   Q8_0: d_w d_x <|w|, sign(w) x>                                     (signs moved onto x)
+ * Each output is still accumulated by one thread over its blocks in order (batch-invariant). */
+
+static inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
+                                                   _mm256_set1_epi16(1)));
+#endif
+}
+
+/* One row of activations -> int8 blocks q [k], scales d [k/32] and d * sum(q) in s [k/32]. */
+static void quantize_row_q8(const float *x, int64_t k, int8_t *q, float *d, float *s) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < k / 32; b++) {
+        const float *xb = x + b * 32;
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(xb + 8 * j);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+        }
+        __m128 mx = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        mx = _mm_max_ps(mx, _mm_movehl_ps(mx, mx));
+        mx = _mm_max_ss(mx, _mm_movehdup_ps(mx));
+        const float am = _mm_cvtss_f32(mx);
+        const float db = am / 127.0f, id = am > 0.0f ? 127.0f / am : 0.0f;
+        const __m256 mul = _mm256_set1_ps(id);
+        __m256i i[4];
+        for (int j = 0; j < 4; j++)
+            i[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], mul),
+                                                      _MM_ROUND_NEAREST | _MM_FROUND_NO_EXC));
+        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]),
+                                       _mm256_packs_epi32(i[2], i[3]));
+        /* the packs interleave 128-bit lanes: restore the element order */
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + b * 32), p);
+        d[b] = db;
+        s[b] = db * (float)hsum(_mm256_cvtepi32_ps(sum));
+    }
+}
+
+/* The 32 weights of one block as bytes in element order: nibbles (Q4, unsigned 0..15) or int8. */
+static inline __m256i weight_bytes(int qtype, const uint8_t *blk) {
+    if (qtype == Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask),
+                            _mm_and_si128(raw, mask));
+}
+
+static inline __attribute__((always_inline)) void rows_q8(int qtype, int MB, const uint8_t *w,
+                                                          int64_t nb, int64_t n0, int64_t n1,
+                                                          const int8_t *xq, const float *xd,
+                                                          const float *xs, int64_t k, float *y,
+                                                          int64_t ldy) {
+    const int bb = block_bytes(qtype);
+    float mins[nb + 8];
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = w + n * nb * bb;
+        __m256 acc[MAX_MB];
+        for (int m = 0; m < MB; m++) acc[m] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * bb;
+            const float dw = f16(blk);
+            __m256i u = weight_bytes(qtype, blk);
+            __m256i sw = u;
+            if (qtype == Q8_0) {
+                u = _mm256_sign_epi8(u, u); /* |w| */
+            } else {
+                mins[b] = qtype == Q4_1 ? f16(blk + 2) : -8.0f * dw;
+            }
+            for (int m = 0; m < MB; m++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + m * k + b * 32));
+                if (qtype == Q8_0) xv = _mm256_sign_epi8(xv, sw);
+                const __m256i isum = dot_u8s8(_mm256_setzero_si256(), u, xv);
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
+                                         _mm256_set1_ps(dw * xd[m * nb + b]), acc[m]);
+            }
+        }
+        if (qtype != Q8_0) { /* + sum_b min_b * s_b, eight blocks per vector, then the rest */
+            int64_t b = 0;
+            for (; b + 8 <= nb; b += 8) {
+                const __m256 mv = _mm256_loadu_ps(mins + b);
+                for (int m = 0; m < MB; m++)
+                    acc[m] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + m * nb + b), acc[m]);
+            }
+            for (int m = 0; m < MB; m++) {
+                float e = 0.0f;
+                for (int64_t r = b; r < nb; r++) e += mins[r] * xs[m * nb + r];
+                y[m * ldy + n] = hsum(acc[m]) + e;
+            }
+        } else {
+            for (int m = 0; m < MB; m++) y[m * ldy + n] = hsum(acc[m]);
+        }
+    }
+}
+
+#define DISPATCH_MB_Q8(QT)                                                                   \
+    switch (mb) {                                                                            \
+    case 1: rows_q8(QT, 1, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
+    case 2: rows_q8(QT, 2, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
+    case 3: rows_q8(QT, 3, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
+    case 4: rows_q8(QT, 4, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
+    case 5: rows_q8(QT, 5, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
+    case 6: rows_q8(QT, 6, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
+    case 7: rows_q8(QT, 7, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
+    default: rows_q8(QT, 8, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                    \
+    }
+
+static void tile_q8(int qtype, int mb, const uint8_t *w, int64_t nb, int64_t n0, int64_t n1,
+                    const int8_t *xq, const float *xd, const float *xs, int64_t k, float *y,
+                    int64_t ldy) {
+    if (qtype == Q4_1) {
+        DISPATCH_MB_Q8(Q4_1)
+    } else if (qtype == Q4_0) {
+        DISPATCH_MB_Q8(Q4_0)
+    } else {
+        DISPATCH_MB_Q8(Q8_0)
+    }
+}
+
+/* y [m, n] = x [m, k] @ W[n, k]^T through 8-bit activations (see above); y rows are ldy apart.
+ * Returns 0, -1 (unknown type, K not a multiple of 32) or -2 (no scratch memory). */
+int engine_gguf_matmul_q8(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
+                          int64_t m, float *y, int64_t ldy) {
+    if ((qtype != Q4_0 && qtype != Q4_1 && qtype != Q8_0) || k % 32 != 0) return -1;
+    const int64_t nb = k / 32;
+    int8_t *xq = (int8_t *)malloc((size_t)(m * k) + 2 * sizeof(float) * (size_t)(m * nb) + 64);
+    if (!xq) return -2;
+    float *xd = (float *)(((uintptr_t)(xq + m * k) + 63) & ~(uintptr_t)63);
+    float *xs = xd + m * nb;
+#pragma omp parallel for schedule(static) if (m > 8)
+    for (int64_t r = 0; r < m; r++) quantize_row_q8(x + r * k, k, xq + r * k, xd + r * nb,
+                                                     xs + r * nb);
+    const int64_t tiles = (n + ROW_TILE - 1) / ROW_TILE;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t n0 = t * ROW_TILE, n1 = n0 + ROW_TILE < n ? n0 + ROW_TILE : n;
+        for (int64_t r = 0; r < m; r += MAX_MB) {
+            const int mb = (int)(m - r < MAX_MB ? m - r : MAX_MB);
+            tile_q8(qtype, mb, w, nb, n0, n1, xq + r * k, xd + r * nb, xs + r * nb, k,
+                    y + r * ldy, ldy);
+        }
+    }
+    free(xq);
+    return 0;
+}

@@ -17,16 +17,16 @@ import torch
 
 from engine.api.native import load_library
 
-#: GGML type ids the kernels read
+#: GGML type ids the kernels of kernels.c read (blocks of 32 values)
 QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 #: GGML K-quant type ids the kernels of kquants.c read (super-blocks of 256 values; activations
-#: quantized to 8 bits per super-block, integer dot products)
+#: always quantized to 8 bits per super-block, integer dot products)
 KQTYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 #: every type served packed
 PACKED = {**QTYPES, **KQTYPES}
 SOURCES = (os.path.join(os.path.dirname(__file__), "kernels.c"),
            os.path.join(os.path.dirname(__file__), "kquants.c"))
-_KQ_IDS = frozenset(KQTYPES.values())
+KQ_IDS = frozenset(KQTYPES.values())
 #: bytes of one 256-value super-block of each K-quant type id
 _KQ_BLOCK_BYTES = {10: 84, 11: 110, 12: 144, 13: 176, 14: 210}
 
@@ -42,11 +42,16 @@ def library() -> ctypes.CDLL:
     lib.engine_gguf_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
                                            ctypes.c_int64, ctypes.c_void_p]
     lib.engine_gguf_dequantize.restype = ctypes.c_int
+    lib.engine_gguf_matmul_q8.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                          ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                          ctypes.c_void_p, ctypes.c_int64]
+    lib.engine_gguf_matmul_q8.restype = ctypes.c_int
     return declare_kquants(lib)
 
 
 def declare_kquants(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Set the argument and result types of kquants.c's functions on ``lib``; returns it."""
+    """Set the argument and result types of kquants.c's functions on ``lib``; returns it.
+    ``engine_gguf_kq_matmul_ld`` takes the arguments of ``engine_gguf_matmul_q8``."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for name, argtypes in (
             ("engine_gguf_kq_matmul", [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]),
@@ -63,11 +68,12 @@ def matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` float32 [M, K] (contiguous) @ the packed weight [n, K]^T -> float32 [M, n].
 
-    ``blocks`` is the uint8 [n, row_bytes] GGUF layout of type ``qtype`` (a value of PACKED).
-    ``out``: a float32 [M, n] tensor to write into and return, whose rows may be strided (a
-    column slice of a wider output). The call releases the GIL while it runs.
+    ``blocks`` is the uint8 [n, row_bytes] GGUF layout of type ``qtype`` (a value of PACKED;
+    K-quants quantize the activations to 8 bits, see :func:`matmul_q8`). ``out``: a float32
+    [M, n] tensor to write into and return, whose rows may be strided (a column slice of a
+    wider output). The call releases the GIL while it runs.
     """
-    if qtype in _KQ_IDS:
+    if qtype in KQ_IDS:
         return _kq_matmul(qtype, blocks, n, x, out)
     if out is not None:
         return out.copy_(matmul(qtype, blocks, n, x))
@@ -75,6 +81,26 @@ def matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
     y = torch.empty((m, n), dtype=torch.float32)
     rc = library().engine_gguf_matmul(qtype, blocks.data_ptr(), n, k, x.data_ptr(), m,
                                       y.data_ptr())
+    if rc != 0:
+        raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k}; K must be a "
+                         "multiple of 32)")
+    return y
+
+
+def matmul_q8(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """As :func:`matmul`, with the activations quantized per block of 32 to int8 and integer
+    block dot products (llama.cpp's arithmetic; K-quants: per super-block of 256 values, see
+    kquants.c). ``out``: a float32 [M, >=n] view whose rows are contiguous (e.g. a column slice
+    of a wider output) to write into."""
+    if qtype in KQ_IDS:
+        return _kq_matmul(qtype, blocks, n, x, out)
+    m, k = x.shape
+    y = torch.empty((m, n), dtype=torch.float32) if out is None else out
+    if y.stride(-1) != 1 or y.shape[0] != m or y.shape[1] != n:
+        raise ValueError("gguf kernel: out must be [M, n] with contiguous rows")
+    rc = library().engine_gguf_matmul_q8(qtype, blocks.data_ptr(), n, k, x.data_ptr(), m,
+                                         y.data_ptr(), y.stride(0))
     if rc != 0:
         raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k}; K must be a "
                          "multiple of 32)")
@@ -109,7 +135,7 @@ def _kq_matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
 def dequantize(qtype: int, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """float32 [n, k] values of the packed weight, bit-identical to the gguf package's."""
     out = torch.empty((n, k), dtype=torch.float32)
-    if qtype in _KQ_IDS:
+    if qtype in KQ_IDS:
         _check_kq_blocks(qtype, blocks, n, k)
         rc = library().engine_gguf_kq_dequantize(qtype, blocks.data_ptr(), n, k, out.data_ptr())
         if rc != 0:

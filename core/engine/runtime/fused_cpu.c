@@ -1,0 +1,200 @@
+/* The decoder's small per-layer operations on the CPU, float32 (see fused_cpu.py).
+ *
+ * A CPU decode step of a small model is bound by per-operation overhead as much as by weight
+ * reads: written as torch ops, one layer's norms, RoPE, activation and attention are ~40 calls
+ * with their temporaries. Here each is one call that makes one pass over its rows. Rows are
+ * split across OpenMP threads only when there are enough of them (prefill); a decode step's
+ * few rows run on the calling thread, which avoids a fork/join per operation.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    float s = hsum8(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+#define PAR_ROWS 16 /* rows from which a call splits its rows across threads */
+
+/* out = rms_norm(x + res) * w and res_out = x + res (res may be NULL: then out = rms_norm(x) *
+ * w and res_out is not written). All [rows, n]; x and res with the given row strides (floats),
+ * out and res_out contiguous. */
+void engine_cpu_add_rms_norm(const float *x, int64_t sx, const float *res, int64_t sr,
+                             float *res_out, const float *w, float *out, int64_t rows, int64_t n,
+                             float eps) {
+#pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * sx;
+        float *o = out + r * n;
+        const float *src = xr;
+        if (res) {
+            const float *rr = res + r * sr;
+            float *ro = res_out + r * n;
+            int64_t i = 0;
+            for (; i + 8 <= n; i += 8)
+                _mm256_storeu_ps(ro + i, _mm256_add_ps(_mm256_loadu_ps(xr + i),
+                                                       _mm256_loadu_ps(rr + i)));
+            for (; i < n; i++) ro[i] = xr[i] + rr[i];
+            src = ro;
+        }
+        const float scale = 1.0f / sqrtf(dot(src, src, n) / (float)n + eps);
+        const __m256 s = _mm256_set1_ps(scale);
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(src + i), s),
+                                                  _mm256_loadu_ps(w + i)));
+        for (; i < n; i++) o[i] = src[i] * scale * w[i];
+    }
+}
+
+/* Rotate-half RoPE, in place, on the first (hq + hk) heads of each row of qk ([rows, >= (hq +
+ * hk) * d], row stride sq): x' = x * cos + swap_halves(x) * sin_signed, with cos/sin rows of the
+ * [max_pos, d] caches at each token's position (sin's first half negated, as Rotary keeps it).
+ * With norm weights (qw [d], kw [d]: per-head RMSNorm of q and k first, Qwen3). */
+void engine_cpu_qk_norm_rope(float *qk, int64_t sq, int64_t rows, int64_t hq, int64_t hk,
+                             int64_t d, const int64_t *pos, const float *cos_c,
+                             const float *sin_c, const float *qw, const float *kw, float eps) {
+    const int64_t half = d / 2;
+#pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = cos_c + pos[r] * d, *s = sin_c + pos[r] * d;
+        for (int64_t h = 0; h < hq + hk; h++) {
+            float *x = qk + r * sq + h * d;
+            const float *nw = h < hq ? qw : kw;
+            if (nw) {
+                const float scale = 1.0f / sqrtf(dot(x, x, d) / (float)d + eps);
+                for (int64_t i = 0; i < d; i++) x[i] = x[i] * scale * nw[i];
+            }
+            int64_t i = 0;
+            for (; i + 8 <= half; i += 8) {
+                const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + half + i);
+                _mm256_storeu_ps(x + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(c + i),
+                                                        _mm256_mul_ps(b, _mm256_loadu_ps(s + i))));
+                _mm256_storeu_ps(x + half + i,
+                                 _mm256_fmadd_ps(b, _mm256_loadu_ps(c + half + i),
+                                                 _mm256_mul_ps(a, _mm256_loadu_ps(s + half + i))));
+            }
+            for (; i < half; i++) {
+                const float a = x[i], b = x[half + i];
+                x[i] = a * c[i] + b * s[i];
+                x[half + i] = b * c[half + i] + a * s[half + i];
+            }
+        }
+    }
+}
+
+/* exp for x <= 0 (softmax and SiLU arguments are kept non-positive), 8 lanes: 2^(x log2 e) by
+ * splitting into an integer power of two and a degree-6 polynomial on [-0.5, 0.5]
+ * (relative error ~2e-7). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+    const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, n), _mm256_set1_ps(0.6931471805599453f));
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                         _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* out [rows, inter] = silu(x[:, :inter]) * x[:, inter:] (x row stride sx, out row stride so). */
+void engine_cpu_silu_and_mul(const float *x, int64_t sx, float *out, int64_t so, int64_t rows,
+                             int64_t inter) {
+#pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = x + r * sx, *u = g + inter;
+        float *o = out + r * so;
+        int64_t i = 0;
+        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+        for (; i + 8 <= inter; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i);
+            /* sigmoid(g) = 1 / (1 + e^-g) for g >= 0, e^g / (1 + e^g) for g < 0 */
+            const __m256 e = exp8(_mm256_or_ps(gv, sign)); /* e^-|g| */
+            const __m256 pos = _mm256_div_ps(one, _mm256_add_ps(one, e));
+            const __m256 neg = _mm256_mul_ps(e, pos);
+            const __m256 sig = _mm256_blendv_ps(pos, neg, gv); /* sign bit of g picks neg */
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
+        }
+        for (; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* Decode attention straight from the paged pool: for each request b and query head h, the
+ * softmax(scale q.k) weighted sum of V over the request's seq_lens[b] slots, read through
+ * req_to_token[req_pool_indices[b]] (no gather). q/out [B, hq, d]; k/v pools [slots, hk, d];
+ * query head h reads KV head h / (hq / hk). Work items are (request, query head) pairs split
+ * across threads when there are several. */
+void engine_cpu_decode_attention(const float *q, const float *kp, const float *vp,
+                                 const int64_t *req_to_token, int64_t rt_stride,
+                                 const int64_t *req_idx, const int64_t *seq_lens, float *out,
+                                 int64_t batch, int64_t hq, int64_t hk, int64_t d, float scale,
+                                 int64_t max_len) {
+    const int64_t group = hq / hk, items = batch * hq;
+    float *scores_all = (float *)malloc(sizeof(float) * (size_t)(max_len > 0 ? max_len : 1) *
+                                        (size_t)items);
+    if (!scores_all) return;
+#pragma omp parallel for schedule(static) if (items > 1 && batch * max_len >= 256)
+    for (int64_t it = 0; it < items; it++) {
+        const int64_t b = it / hq, h = it % hq, kh = h / group, len = seq_lens[b];
+        const int64_t *slots = req_to_token + req_idx[b] * rt_stride;
+        const float *qv = q + (b * hq + h) * d;
+        float *sc = scores_all + it * max_len, *o = out + (b * hq + h) * d;
+        float mx = -INFINITY;
+        for (int64_t l = 0; l < len; l++) {
+            const float s = dot(qv, kp + (slots[l] * hk + kh) * d, d) * scale;
+            sc[l] = s;
+            mx = s > mx ? s : mx;
+        }
+        float sum = 0.0f;
+        int64_t l = 0;
+        const __m256 m8 = _mm256_set1_ps(mx);
+        __m256 s8 = _mm256_setzero_ps();
+        for (; l + 8 <= len; l += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + l), m8));
+            _mm256_storeu_ps(sc + l, e);
+            s8 = _mm256_add_ps(s8, e);
+        }
+        sum = hsum8(s8);
+        for (; l < len; l++) {
+            sc[l] = expf(sc[l] - mx);
+            sum += sc[l];
+        }
+        memset(o, 0, sizeof(float) * (size_t)d);
+        for (l = 0; l < len; l++) {
+            const float p = sc[l];
+            const float *vv = vp + (slots[l] * hk + kh) * d;
+            int64_t i = 0;
+            const __m256 p8 = _mm256_set1_ps(p);
+            for (; i + 8 <= d; i += 8)
+                _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p8, _mm256_loadu_ps(vv + i),
+                                                        _mm256_loadu_ps(o + i)));
+            for (; i < d; i++) o[i] += p * vv[i];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t i = 0; i < d; i++) o[i] *= inv;
+    }
+    free(scores_all);
+}

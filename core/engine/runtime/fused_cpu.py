@@ -1,0 +1,129 @@
+"""The fused per-layer operations of :mod:`engine.runtime.fused`, for float32 tensors on the CPU.
+
+Same functions, same contracts (``add_rms_norm``, ``qk_norm_rope``, ``silu_and_mul``), as C
+kernels (``fused_cpu.c``, built once by :mod:`engine.api.native`); plus ``decode_attention``,
+which reads K/V straight from the paged pool through ``req_to_token`` (no gather), for the CPU
+attention paths. Each is one call and one pass over its rows, where the torch ops they replace
+are several calls with temporaries; at batch 1 that overhead is most of a small model's step.
+
+Arithmetic is float32 throughout, in a fixed order per row (batch-invariant); results equal the
+torch ops' up to summation order. Unavailable (``available()`` is false: the torch ops serve)
+without a C compiler or AVX2/FMA, or with ``ENGINE_DISABLE_FUSED=1``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import torch
+
+_SOURCE = os.path.join(os.path.dirname(__file__), "fused_cpu.c")
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL | None:
+    from engine.api.native import load_library
+    from engine.errors import PluginError
+    from engine.plugins.platform import facts
+
+    if not {"avx2", "fma"} <= facts().cpu_features:
+        return None
+    try:
+        lib = load_library("fused_cpu", (_SOURCE,), ("-std=c11",))
+    except PluginError:
+        return None
+    lib.engine_cpu_add_rms_norm.argtypes = [_P, _I, _P, _I, _P, _P, _P, _I, _I, _F]
+    lib.engine_cpu_qk_norm_rope.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F]
+    lib.engine_cpu_silu_and_mul.argtypes = [_P, _I, _P, _I, _I, _I]
+    lib.engine_cpu_decode_attention.argtypes = [_P, _P, _P, _P, _I, _P, _P, _P, _I, _I, _I,
+                                                _I, _F, _I]
+    for fn in (lib.engine_cpu_add_rms_norm, lib.engine_cpu_qk_norm_rope,
+               lib.engine_cpu_silu_and_mul, lib.engine_cpu_decode_attention):
+        fn.restype = None
+    return lib
+
+
+def available() -> bool:
+    """Whether the kernels can run here (built on first call)."""
+    return os.environ.get("ENGINE_DISABLE_FUSED") != "1" and _library() is not None
+
+
+def enabled(x: torch.Tensor) -> bool:
+    """Whether these kernels serve ``x``: a float32 CPU tensor, kernels available."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and available()
+
+
+def _rows_ok(x: torch.Tensor) -> bool:
+    return x.dim() == 2 and x.stride(1) == 1
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) * weight, x + residual) for rows of ``x`` [T, N] (new tensors);
+    without a residual, (rms_norm(x) * weight, x)."""
+    x = x if _rows_ok(x) else x.contiguous()
+    t, n = x.shape
+    out = torch.empty((t, n), dtype=torch.float32)
+    res_out = x
+    if residual is not None:
+        residual = residual if _rows_ok(residual) else residual.contiguous()
+        res_out = torch.empty((t, n), dtype=torch.float32)
+    _library().engine_cpu_add_rms_norm(
+        x.data_ptr(), x.stride(0), residual.data_ptr() if residual is not None else None,
+        residual.stride(0) if residual is not None else 0, res_out.data_ptr(),
+        weight.data_ptr(), out.data_ptr(), t, n, eps)
+    return out, res_out
+
+
+def qk_norm_rope(qk: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D] and k [T, Hkv, D]: views of the q and k columns at the start of each row of
+    ``qk`` (the fused qkv projection's output, rotated in place), each head RMS-normalised with
+    its weight (when given) and rotated by RoPE at ``positions``."""
+    if not _rows_ok(qk):
+        raise ValueError("qk_norm_rope: qk must have contiguous rows")
+    t = qk.shape[0]
+    pos = positions if positions.dtype == torch.int64 else positions.long()
+    pos = pos.contiguous()
+    _library().engine_cpu_qk_norm_rope(
+        qk.data_ptr(), qk.stride(0), t, num_q_heads, num_kv_heads, head_dim, pos.data_ptr(),
+        cos_cache.data_ptr(), sin_cache.data_ptr(),
+        q_weight.data_ptr() if q_weight is not None else None,
+        k_weight.data_ptr() if k_weight is not None else None, eps)
+    q_size, k_size = num_q_heads * head_dim, num_kv_heads * head_dim
+    q = qk[:, :q_size].view(t, num_q_heads, head_dim)
+    k = qk[:, q_size:q_size + k_size].view(t, num_kv_heads, head_dim)
+    return q, k
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[:, :I]) * x[:, I:]`` for ``x`` [T, 2I]."""
+    x = x if _rows_ok(x) else x.contiguous()
+    t, two_i = x.shape
+    out = torch.empty((t, two_i // 2), dtype=torch.float32)
+    _library().engine_cpu_silu_and_mul(x.data_ptr(), x.stride(0), out.data_ptr(),
+                                       out.stride(0), t, two_i // 2)
+    return out
+
+
+def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+                     seq_lens: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
+    """One query token per request: ``q`` [B, Hq, D] attends to the ``seq_lens[b]`` slots
+    ``req_to_token[req_pool_indices[b]]`` of the float32 pools [slots, Hkv, D] (GQA: query head
+    h reads KV head h // (Hq / Hkv)). ``max_len``: the largest of ``seq_lens``."""
+    q = q.contiguous()
+    b, hq, d = q.shape
+    out = torch.empty_like(q)
+    idx = req_pool_indices.contiguous()
+    lens = seq_lens.contiguous()
+    _library().engine_cpu_decode_attention(
+        q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), req_to_token.data_ptr(),
+        req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(), out.data_ptr(), b, hq,
+        k_pool.shape[1], d, scale, max_len)
+    return out

@@ -1,0 +1,99 @@
+"""The CPU fused kernels against float32/float64 torch references on random inputs: ragged
+batches, GQA, pages scattered through the pool, rows above the threading threshold."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.runtime import fused_cpu
+
+pytestmark = pytest.mark.skipif(not fused_cpu.available(), reason="needs a C compiler, AVX2/FMA")
+
+
+def rope_caches(max_pos: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.outer(torch.arange(max_pos).float(), inv)
+    emb = torch.cat((freqs, freqs), -1)
+    sin = emb.sin()
+    sin[:, : d // 2].neg_()
+    return emb.cos(), sin
+
+
+@pytest.mark.parametrize("rows", [1, 3, 40])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rms_norm(rows, with_residual):
+    n = 576
+    x, res, w = torch.randn(rows, n), torch.randn(rows, n), torch.randn(n)
+    total = x.double() + res.double() if with_residual else x.double()
+    want = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    before = res.clone()
+    got, new_res = fused_cpu.add_rms_norm(x, res if with_residual else None, w, 1e-5)
+    assert torch.equal(res, before)  # inputs untouched
+    assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(new_res.double(), total, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_qk_norm_rope_in_place(norm, rows):
+    hq, hk, d = 9, 3, 64
+    cos, sin = rope_caches(256, d)
+    qkv = torch.randn(rows, (hq + 2 * hk) * d)
+    pos = torch.randint(0, 256, (rows,))
+    qw, kw = (torch.randn(d), torch.randn(d)) if norm else (None, None)
+    ref = qkv.clone()
+    q, k = fused_cpu.qk_norm_rope(qkv, hq, hk, d, pos, cos, sin, qw, kw, 1e-6)
+
+    def rot(x, weight):
+        if weight is not None:
+            x = F.rms_norm(x, (d,), weight, 1e-6)
+        c, s = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)
+        swapped = x.reshape(*x.shape[:-1], 2, d // 2).flip(-2).reshape(x.shape)
+        return x * c + swapped * s
+
+    want_q = rot(ref[:, : hq * d].view(rows, hq, d), qw)
+    want_k = rot(ref[:, hq * d:(hq + hk) * d].view(rows, hk, d), kw)
+    assert torch.allclose(q, want_q, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(k, want_k, atol=1e-5, rtol=1e-5)
+    assert q.data_ptr() == qkv.data_ptr()  # views of the projection, rotated in place
+    assert torch.equal(qkv[:, (hq + hk) * d:], ref[:, (hq + hk) * d:])  # v untouched
+
+
+@pytest.mark.parametrize("rows", [1, 20])
+def test_silu_and_mul(rows):
+    inter = 1540  # not a multiple of 8: the tail runs too
+    x = torch.randn(rows, 2 * inter) * 8
+    x[0, :4] = torch.tensor([-100.0, -30.0, 0.0, 90.0])
+    gate, up = x.double().split(inter, -1)
+    want = F.silu(gate) * up
+    got = fused_cpu.silu_and_mul(x)
+    assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("hq,hk", [(9, 3), (4, 4), (8, 1)])
+def test_decode_attention_reads_scattered_pages(hq, hk):
+    d, slots, page = 64, 400, 4
+    k_pool, v_pool = torch.randn(slots, hk, d), torch.randn(slots, hk, d)
+    lens = [1, 7, 33, 130]  # ragged, crossing page boundaries
+    req_to_token = torch.zeros(6, 160, dtype=torch.int64)
+    pages = torch.randperm(slots // page - 1) + 1  # page 0 holds the padding slot
+    used = 0
+    rows = torch.tensor([4, 0, 2, 5])
+    for r, n in zip(rows.tolist(), lens):
+        need = -(-n // page)
+        slot_ids = (pages[used:used + need, None] * page + torch.arange(page)).reshape(-1)[:n]
+        req_to_token[r, :n] = slot_ids
+        used += need
+    q = torch.randn(len(lens), hq, d)
+    scale = d ** -0.5
+    got = fused_cpu.decode_attention(q, k_pool, v_pool, req_to_token, rows,
+                                     torch.tensor(lens), max(lens), scale)
+    for b, (r, n) in enumerate(zip(rows.tolist(), lens)):
+        ids = req_to_token[r, :n]
+        k = k_pool[ids].double().repeat_interleave(hq // hk, 1)  # [n, hq, d]
+        v = v_pool[ids].double().repeat_interleave(hq // hk, 1)
+        p = torch.softmax(torch.einsum("hd,nhd->hn", q[b].double(), k) * scale, -1)
+        want = torch.einsum("hn,nhd->hd", p, v)
+        assert torch.allclose(got[b].double(), want, atol=1e-5, rtol=1e-5), b
