@@ -9,7 +9,7 @@ tensors in another type), so 1536x768 stands for it. ``--large`` adds a 4096x409
 (Llama-3-8B's attention width) whose blocks no longer sit in the L2 cache.
 
 GB/s is the bytes of weight read per call (the blocks; the float32 weight for F.linear) over
-the median time.
+the median time. Q4_0 and Q8_0 rows (kernels.c, blocks of 32) are there for reference.
 
     python benchmarks/gguf_kquants_cpu.py [--rounds 400] [--threads N] [--large]
 """
@@ -27,15 +27,15 @@ import torch.nn.functional as F
 SHAPES = [(576, 1536), (1536, 768)]
 #: byte offsets of the fp16 super-block scale (and minimum scale) in each type's block
 FP16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-               "Q6_K": (208,)}
+               "Q6_K": (208,), "Q4_0": (0,), "Q8_0": (0,)}
 
 
 def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> torch.Tensor:
     """Random but valid rows: random code and sub-block scale bytes, small fp16 scales."""
     import gguf
 
-    size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][1]
-    nb = cols // 256
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    nb = cols // block
     raw = rng.integers(0, 256, size=(rows, nb, size), dtype=np.uint8)
     for off in FP16_FIELDS[qtype]:
         scale = rng.uniform(1e-4, 1e-3, size=(rows, nb)).astype(np.float16)
@@ -81,11 +81,14 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for n, k in shapes:
         x = torch.randn(1, k)
-        for qtype, qid in kernels.KQTYPES.items():
+        # for reference, kernels.c's blocks of 32 (int8 activations where it has them)
+        others = {q: kernels.QTYPES[q] for q in ("Q4_0", "Q8_0")}
+        for qtype, qid in {**kernels.KQTYPES, **others}.items():
             blocks = random_blocks(qtype, n, k, rng)
             dense = kernels.dequantize(qid, blocks, n, k)
             out = torch.empty(1, n)
-            t = timed({"kernel": lambda: kernels.matmul(qid, blocks, n, x, out=out),
+            mm = getattr(kernels, "matmul_q8", kernels.matmul)
+            t = timed({"kernel": lambda: mm(qid, blocks, n, x, out=out),
                        "dense": lambda: F.linear(x, dense)}, args.rounds)
             kb, db = blocks.numel(), dense.numel() * 4
             print(f"| {qtype} | {n}x{k} | {kb / 1024:.0f} | {t['kernel'] * 1e3:.4f} "
