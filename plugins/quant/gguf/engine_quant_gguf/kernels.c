@@ -260,6 +260,13 @@ static inline __m256i weight_bytes(int qtype, const uint8_t *blk) {
                             _mm_and_si128(raw, mask));
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VNNI__)
+#define WIDE 1 /* two blocks per 512-bit vector */
+#else
+#define WIDE 0
+#endif
+
 static inline __attribute__((always_inline)) void rows_q8(int qtype, int MB, const uint8_t *w,
                                                           int64_t nb, int64_t n0, int64_t n1,
                                                           const int8_t *xq, const float *xd,
@@ -267,11 +274,47 @@ static inline __attribute__((always_inline)) void rows_q8(int qtype, int MB, con
                                                           int64_t ldy) {
     const int bb = block_bytes(qtype);
     float mins[nb + 8];
+#if WIDE
+    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+#endif
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = w + n * nb * bb;
         __m256 acc[MAX_MB];
         for (int m = 0; m < MB; m++) acc[m] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
+        int64_t b = 0;
+#if WIDE
+        __m512 acc2[MAX_MB];
+        for (int m = 0; m < MB; m++) acc2[m] = _mm512_setzero_ps();
+        for (; b + 2 <= nb; b += 2) {
+            const uint8_t *b0 = row + b * bb, *b1 = b0 + bb;
+            const float dw0 = f16(b0), dw1 = f16(b1);
+            __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(weight_bytes(qtype, b0)),
+                                           weight_bytes(qtype, b1), 1);
+            __mmask64 neg = 0;
+            if (qtype == Q8_0) {
+                neg = _mm512_movepi8_mask(u);
+                u = _mm512_abs_epi8(u);
+            } else {
+                mins[b] = qtype == Q4_1 ? f16(b0 + 2) : -8.0f * dw0;
+                mins[b + 1] = qtype == Q4_1 ? f16(b1 + 2) : -8.0f * dw1;
+            }
+            const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(dw0), _mm256_set1_ps(dw1), 1);
+            for (int m = 0; m < MB; m++) {
+                __m512i xv = _mm512_loadu_si512((const void *)(xq + m * k + b * 32));
+                if (qtype == Q8_0) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+                const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xv);
+                const __m512 dx = _mm512_permutexvar_ps(
+                    pick, _mm512_castpd_ps(_mm512_castpd128_pd512(
+                              _mm_load_sd((const double *)(xd + m * nb + b)))));
+                acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx),
+                                          acc2[m]);
+            }
+        }
+        for (int m = 0; m < MB; m++)
+            acc[m] = _mm256_add_ps(_mm512_castps512_ps256(acc2[m]),
+                                   _mm512_extractf32x8_ps(acc2[m], 1));
+#endif
+        for (; b < nb; b++) {
             const uint8_t *blk = row + b * bb;
             const float dw = f16(blk);
             __m256i u = weight_bytes(qtype, blk);
@@ -290,7 +333,7 @@ static inline __attribute__((always_inline)) void rows_q8(int qtype, int MB, con
             }
         }
         if (qtype != Q8_0) { /* + sum_b min_b * s_b, eight blocks per vector, then the rest */
-            int64_t b = 0;
+            b = 0;
             for (; b + 8 <= nb; b += 8) {
                 const __m256 mv = _mm256_loadu_ps(mins + b);
                 for (int m = 0; m < MB; m++)
