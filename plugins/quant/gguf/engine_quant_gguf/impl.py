@@ -131,12 +131,13 @@ class GGUFMethod(QuantMethod):
                 return rowwise(lambda row: F.linear(row, layer.weight, bias), x)
             return F.linear(x, layer.weight, bias)
         n = layer.out_features
-        if blocks is not None and self.int8 and x.dim() == 2 and x.dtype is torch.float32 \
-                and x.is_contiguous() and x.shape[0] > 0:  # the decode hot path: straight in
+        if self.int8 and x.dim() == 2 and x.dtype is torch.float32 and x.is_contiguous() \
+                and x.shape[0] > 0:  # the decode hot path: straight to the kernels
             y = torch.empty((x.shape[0], n), dtype=torch.float32)
-            kernel = self._kq if layer.gguf_qtype in kernels.KQ_IDS else self._q8
-            kernel(layer.gguf_qtype, blocks.data_ptr(), n, layer.in_features, x.data_ptr(),
-                   x.shape[0], y.data_ptr(), n)
+            for offset, size, qtype, data in (parts or ((0, n, layer.gguf_qtype, blocks),)):
+                kernel = self._kq if qtype in kernels.KQ_IDS else self._q8  # same arguments
+                kernel(qtype, data.data_ptr(), size, layer.in_features, x.data_ptr(),
+                       x.shape[0], y.data_ptr() + 4 * offset, n)  # into columns offset..
             return y if bias is None else y.add_(bias)
         rows = x.numel() // layer.in_features
         if rows == 0 or (not self.int8 and rows > self.max_rows):
