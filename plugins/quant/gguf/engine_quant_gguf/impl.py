@@ -5,12 +5,16 @@ copy) and multiplies straight from them.
 block dot products (llama.cpp's arithmetic), every batch size. ``float32``: float32 activations
 and sums, the exact products of the dequantized weights up to summation order, for up to
 ``--gguf-kernel-max-rows`` tokens; larger batches multiply a dequantized copy made per call.
+K-quant layers (Q2_K..Q6_K) always quantize activations to 8 bits per 256 values (kquants.c;
+there is no float32 K-quant kernel). Types the kernels do not read (Q5_0, Q5_1, IQ*...) are
+dequantized at load.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 from typing import Any
 
 import torch
@@ -23,11 +27,16 @@ from engine.api.quant import Linear, PackedWeight, QuantMethod, rowwise
 
 from engine_quant_gguf import kernels
 
+log = logging.getLogger("engine.quant.gguf")
+
 
 class GGUFMethod(QuantMethod):
     """A layer whose rows all came packed in one type the kernels read keeps only its blocks,
-    ``gguf_blocks`` [out, row_bytes] uint8 (no dense copy); any other layer gets a dense float32
-    ``weight`` built from its shards (packed ones dequantized) once loading ends.
+    ``gguf_blocks`` [out, row_bytes] uint8 (no dense copy); a fused layer whose shards came in
+    different packed types (Q4_K_M files: attn_q/attn_k in Q4_K, attn_v in Q6_K) keeps
+    ``gguf_parts`` (row offset, rows, type id, blocks), one per run of shards of one type, and
+    runs one kernel call per part into its columns of the output; any other layer gets a dense
+    float32 ``weight`` built from its shards (packed ones dequantized) once loading ends.
 
     ``activations``: ``"int8"`` (default) quantizes each activation row per block of 32 and
     multiplies integers, for every batch size; ``"float32"`` keeps activations and sums float32
@@ -47,6 +56,7 @@ class GGUFMethod(QuantMethod):
         self.max_rows = max_rows if not batch_invariant else 2**62
         self.batch_invariant = batch_invariant
         self.int8 = activations == "int8"
+        self._dequantized_types: set[str] = set()  # types already reported as dequantized
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:
@@ -58,6 +68,7 @@ class GGUFMethod(QuantMethod):
         layer.gguf_shards = {}  # row offset -> PackedWeight or dense tensor, until loading ends
         layer.register_buffer("gguf_blocks", None, persistent=False)
         layer.gguf_qtype = 0
+        layer.gguf_parts = []
 
     @staticmethod
     def _load(layer: Linear, param: nn.Parameter, tensor: Any, offset: int,
@@ -72,18 +83,33 @@ class GGUFMethod(QuantMethod):
         shards: dict[int, Any] = layer.__dict__.pop("gguf_shards", {})
         packed = {s.qtype for s in shards.values() if isinstance(s, PackedWeight)}
         whole = sum(s.shape[0] for s in shards.values()) == layer.out_features
-        if whole and len(packed) == 1 and all(isinstance(s, PackedWeight)
-                                              for s in shards.values()) \
-                and packed <= set(kernels.QTYPES):
-            layer.gguf_blocks = torch.cat([shards[o].data for o in sorted(shards)]).contiguous()
-            layer.gguf_qtype = kernels.QTYPES[packed.pop()]
+        if whole and packed and all(isinstance(s, PackedWeight) for s in shards.values()) \
+                and packed <= set(kernels.PACKED):
+            if len(packed) == 1:
+                layer.gguf_blocks = torch.cat([shards[o].data for o in sorted(shards)])
+                layer.gguf_qtype = kernels.PACKED[packed.pop()]
+            else:  # fused shards of different types: one kernel call per run of a type
+                parts: list[tuple[int, int, int, torch.Tensor]] = []
+                for o, s in sorted(shards.items()):
+                    qtype = kernels.PACKED[s.qtype]
+                    if parts and parts[-1][2] == qtype:
+                        po, prows, _, pdata = parts.pop()
+                        parts.append((po, prows + s.shape[0], qtype, torch.cat([pdata, s.data])))
+                    else:
+                        parts.append((o, s.shape[0], qtype, s.data.contiguous()))
+                layer.gguf_parts = parts
             del layer.weight
             layer.weight = None  # the blocks are the weight
             return
         dense = torch.zeros((layer.out_features, layer.in_features), dtype=layer.weight.dtype)
         for offset, s in shards.items():
             if isinstance(s, PackedWeight):
-                qtype = kernels.QTYPES.get(s.qtype)
+                qtype = kernels.PACKED.get(s.qtype)
+                if qtype is None and s.qtype not in self._dequantized_types:
+                    self._dequantized_types.add(s.qtype)
+                    log.info("gguf: %s weights are not served packed (kernels read %s); their "
+                             "layers are dequantized to float32 at load", s.qtype,
+                             ", ".join(kernels.PACKED))
                 s = (kernels.dequantize(qtype, s.data, *s.shape) if qtype is not None
                      else s.dequantize())
             dense.narrow(0, offset, s.shape[0]).copy_(s)
@@ -91,23 +117,28 @@ class GGUFMethod(QuantMethod):
 
     def dense_weight(self, layer: Linear) -> torch.Tensor:
         """The layer's float32 weight (made now from the blocks of a packed layer)."""
+        if layer.gguf_parts:
+            return torch.cat([kernels.dequantize(q, data, rows, layer.in_features)
+                              for _, rows, q, data in layer.gguf_parts])
         if layer.gguf_blocks is None:
             return layer.weight
         return kernels.dequantize(layer.gguf_qtype, layer.gguf_blocks, layer.out_features,
                                   layer.in_features)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        blocks = layer.gguf_blocks
-        if blocks is None:
+        blocks, parts = layer.gguf_blocks, layer.gguf_parts
+        if blocks is None and not parts:
             if self.batch_invariant:
                 return rowwise(lambda row: F.linear(row, layer.weight, bias), x)
             return F.linear(x, layer.weight, bias)
         n = layer.out_features
         if self.int8 and x.dim() == 2 and x.dtype is torch.float32 and x.is_contiguous() \
-                and x.shape[0] > 0:  # the decode hot path: straight to the kernel
+                and x.shape[0] > 0:  # the decode hot path: straight to the kernels
             y = torch.empty((x.shape[0], n), dtype=torch.float32)
-            self._q8(layer.gguf_qtype, blocks.data_ptr(), n, layer.in_features, x.data_ptr(),
-                     x.shape[0], y.data_ptr(), n)
+            for offset, size, qtype, data in (parts or ((0, n, layer.gguf_qtype, blocks),)):
+                kernel = self._kq if qtype in kernels.KQ_IDS else self._q8  # same arguments
+                kernel(qtype, data.data_ptr(), size, layer.in_features, x.data_ptr(),
+                       x.shape[0], y.data_ptr() + 4 * offset, n)  # into columns offset..
             return y if bias is None else y.add_(bias)
         rows = x.numel() // layer.in_features
         if rows == 0 or (not self.int8 and rows > self.max_rows):
@@ -116,7 +147,12 @@ class GGUFMethod(QuantMethod):
         if flat.dtype != torch.float32 or not flat.is_contiguous():
             flat = flat.float().contiguous()
         matmul = kernels.matmul_q8 if self.int8 else kernels.matmul
-        y = matmul(layer.gguf_qtype, blocks, n, flat)
+        if blocks is not None:
+            y = matmul(layer.gguf_qtype, blocks, n, flat)
+        else:
+            y = torch.empty((rows, n), dtype=torch.float32)
+            for offset, size, qtype, data in parts:
+                matmul(qtype, data, size, flat, out=y[:, offset:offset + size])
         if bias is not None:
             y += bias
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
@@ -131,6 +167,10 @@ class GGUFMethod(QuantMethod):
     def _q8(self):
         return kernels.library().engine_gguf_matmul_q8
 
+    @functools.cached_property
+    def _kq(self):  # the arguments of engine_gguf_matmul_q8
+        return kernels.library().engine_gguf_kq_matmul_ld
+
 
 @hookimpl
 def engine_create_quant_method(model_config: Any, quant_config: Any, device: torch.device,
@@ -141,9 +181,9 @@ def engine_create_quant_method(model_config: Any, quant_config: Any, device: tor
     if model_config.weights_format != "gguf":
         raise PluginError("--quantization gguf: needs a .gguf checkpoint (this one is "
                           f"{model_config.weights_format})")
-    types = set((quant_config or {}).get("weight_types", kernels.QTYPES))
-    if not types & set(kernels.QTYPES):
-        raise PluginError(f"--quantization gguf: kernels read {', '.join(kernels.QTYPES)}; this "
+    types = set((quant_config or {}).get("weight_types", kernels.PACKED))
+    if not types & set(kernels.PACKED):
+        raise PluginError(f"--quantization gguf: kernels read {', '.join(kernels.PACKED)}; this "
                           f"file's weights are {', '.join(sorted(types))}")
     kernels.library()  # compile now, so a toolchain problem stops start-up with its reason
     max_rows = int(options["gguf_kernel_max_rows"])

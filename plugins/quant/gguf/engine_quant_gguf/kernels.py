@@ -1,4 +1,5 @@
-"""Build (once, cached) and call the C kernels of ``kernels.c`` through ctypes.
+"""Build (once, cached) and call the C kernels of ``kernels.c`` (Q4_0/Q4_1/Q8_0) and ``kquants.c``
+(the K-quants Q2_K..Q6_K) through ctypes.
 
 The shared library is compiled once by :func:`engine.api.native.load_library` (cached under the
 engine cache directory, built for this CPU). It links OpenMP; inside a process that imported
@@ -16,9 +17,18 @@ import torch
 
 from engine.api.native import load_library
 
-#: GGML type ids the kernels read
+#: GGML type ids the kernels of kernels.c read (blocks of 32 values)
 QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
-SOURCES = (os.path.join(os.path.dirname(__file__), "kernels.c"),)
+#: GGML K-quant type ids the kernels of kquants.c read (super-blocks of 256 values; activations
+#: always quantized to 8 bits per super-block, integer dot products)
+KQTYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+#: every type served packed
+PACKED = {**QTYPES, **KQTYPES}
+SOURCES = (os.path.join(os.path.dirname(__file__), "kernels.c"),
+           os.path.join(os.path.dirname(__file__), "kquants.c"))
+KQ_IDS = frozenset(KQTYPES.values())
+#: bytes of one 256-value super-block of each K-quant type id
+_KQ_BLOCK_BYTES = {10: 84, 11: 110, 12: 144, 13: 176, 14: 210}
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,15 +46,37 @@ def library() -> ctypes.CDLL:
                                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                                           ctypes.c_void_p, ctypes.c_int64]
     lib.engine_gguf_matmul_q8.restype = ctypes.c_int
+    return declare_kquants(lib)
+
+
+def declare_kquants(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Set the argument and result types of kquants.c's functions on ``lib``; returns it.
+    ``engine_gguf_kq_matmul_ld`` takes the arguments of ``engine_gguf_matmul_q8``."""
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for name, argtypes in (
+            ("engine_gguf_kq_matmul", [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]),
+            ("engine_gguf_kq_matmul_ld", [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]),
+            ("engine_gguf_kq_dequantize", [ctypes.c_int, ptr, i64, i64, ptr]),
+            ("engine_gguf_kq_path", [])):
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
     return lib
 
 
-def matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor) -> torch.Tensor:
+def matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` float32 [M, K] (contiguous) @ the packed weight [n, K]^T -> float32 [M, n].
 
-    ``blocks`` is the uint8 [n, row_bytes] GGUF layout of type ``qtype`` (a value of QTYPES).
-    The call releases the GIL while it runs.
+    ``blocks`` is the uint8 [n, row_bytes] GGUF layout of type ``qtype`` (a value of PACKED;
+    K-quants quantize the activations to 8 bits, see :func:`matmul_q8`). ``out``: a float32
+    [M, n] tensor to write into and return, whose rows may be strided (a column slice of a
+    wider output). The call releases the GIL while it runs.
     """
+    if qtype in KQ_IDS:
+        return _kq_matmul(qtype, blocks, n, x, out)
+    if out is not None:
+        return out.copy_(matmul(qtype, blocks, n, x))
     m, k = x.shape
     y = torch.empty((m, n), dtype=torch.float32)
     rc = library().engine_gguf_matmul(qtype, blocks.data_ptr(), n, k, x.data_ptr(), m,
@@ -58,8 +90,11 @@ def matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor) -> torch.T
 def matmul_q8(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """As :func:`matmul`, with the activations quantized per block of 32 to int8 and integer
-    block dot products (llama.cpp's arithmetic). ``out``: a float32 [M, >=n] view whose rows
-    are contiguous (e.g. a column slice of a wider output) to write into."""
+    block dot products (llama.cpp's arithmetic; K-quants: per super-block of 256 values, see
+    kquants.c). ``out``: a float32 [M, >=n] view whose rows are contiguous (e.g. a column slice
+    of a wider output) to write into."""
+    if qtype in KQ_IDS:
+        return _kq_matmul(qtype, blocks, n, x, out)
     m, k = x.shape
     y = torch.empty((m, n), dtype=torch.float32) if out is None else out
     if y.stride(-1) != 1 or y.shape[0] != m or y.shape[1] != n:
@@ -72,9 +107,41 @@ def matmul_q8(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
     return y
 
 
+def _check_kq_blocks(qtype: int, blocks: torch.Tensor, n: int, k: int) -> None:
+    """The kernels read ``n`` rows of ``k // 256`` blocks: refuse any other buffer."""
+    if not blocks.is_contiguous() or blocks.numel() != n * (k // 256) * _KQ_BLOCK_BYTES[qtype]:
+        raise ValueError(f"gguf kernel: {blocks.numel()} bytes of blocks for a [{n}, {k}] weight "
+                         f"of type {qtype} (K must be a multiple of 256)")
+
+
+def _kq_matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
+               out: torch.Tensor | None) -> torch.Tensor:
+    m, k = x.shape
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        raise ValueError("gguf kernel: x must be contiguous float32")
+    _check_kq_blocks(qtype, blocks, n, k)
+    y = torch.empty((m, n), dtype=torch.float32) if out is None else out
+    if y.shape != (m, n) or y.dtype != torch.float32 or (n > 1 and y.stride(1) != 1):
+        raise ValueError(f"gguf kernel: out must be float32 [{m}, {n}] with contiguous rows")
+    ldy = y.stride(0) if m > 1 else n
+    rc = library().engine_gguf_kq_matmul_ld(qtype, blocks.data_ptr(), n, k, x.data_ptr(), m,
+                                            y.data_ptr(), ldy)
+    if rc != 0:
+        raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k}; K must be a "
+                         "multiple of 256)")
+    return y
+
+
 def dequantize(qtype: int, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """float32 [n, k] values of the packed weight, bit-identical to the gguf package's."""
     out = torch.empty((n, k), dtype=torch.float32)
+    if qtype in KQ_IDS:
+        _check_kq_blocks(qtype, blocks, n, k)
+        rc = library().engine_gguf_kq_dequantize(qtype, blocks.data_ptr(), n, k, out.data_ptr())
+        if rc != 0:
+            raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k}; K must be a "
+                             "multiple of 256)")
+        return out
     if library().engine_gguf_dequantize(qtype, blocks.data_ptr(), n, k, out.data_ptr()) != 0:
         raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k})")
     return out

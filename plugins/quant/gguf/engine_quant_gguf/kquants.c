@@ -1,0 +1,452 @@
+/* Matrix products straight from GGML K-quant weights (x86-64, AVX2; AVX-VNNI / AVX512-VNNI when
+ * the compiler targets them).
+ *
+ * W [N, K] is stored as GGML rows of 256-value super-blocks (K a multiple of 256). Layouts, as
+ * ggml and the gguf package's quants.py read them (d, dmin: fp16):
+ *   Q2_K  84 B: scales[16] (4-bit scale | 4-bit min << 4), qs[64] (2 bits), d, dmin
+ *               value = d * sc * q - dmin * m                       (16-value sub-blocks)
+ *   Q3_K 110 B: hmask[32], qs[64] (low 2 bits), scales[12] (16 x 6 bits), d
+ *               value = d * (sc - 32) * (q_low - (hbit ? 0 : 4))   (16-value sub-blocks)
+ *   Q4_K 144 B: d, dmin, scales[12] (8 x 6-bit scale, 8 x 6-bit min), qs[128] (4 bits)
+ *               value = d * sc * q - dmin * m                       (32-value sub-blocks)
+ *   Q5_K 176 B: d, dmin, scales[12], qh[32] (fifth bit), qs[128]     (as Q4_K, q has 5 bits)
+ *   Q6_K 210 B: ql[128] (low 4 bits), qh[64] (high 2 bits), scales[16] (int8), d
+ *               value = d * sc * (q - 32)                           (16-value sub-blocks)
+ *
+ * Every super-block unpacks to eight vectors of 32 unsigned codes in value order (vector g holds
+ * values 32g..32g+31) and a vector of 16-bit scales. Activations are quantized the way llama.cpp
+ * does (Q8_K): per row and super-block a float scale, 256 int8 values and the sums of each 16,
+ * which give the K-quant minimums (and the offsets of Q3_K / Q6_K) as one small integer product.
+ * The per-super-block dot products are integer (exact), then scaled and accumulated in float32
+ * vector lanes (a fixed order per output: its super-blocks in turn, then the lanes).
+ *
+ * Threads split the rows of W only (never the reduction) and each activation row is quantized on
+ * its own, so an output row never depends on the other rows of the batch.
+ *
+ * The library is built with -std=c11 (no floating-point contraction), which the dequantizer
+ * relies on to round exactly like the gguf package (a product, then a difference).
+ */
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14 }; /* GGML type ids */
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define KQ_PATH 2
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#define DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
+#elif defined(__AVXVNNI__)
+#define KQ_PATH 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#define DPWSSD(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
+#else
+#define KQ_PATH 0
+#endif
+
+#define KQ_ROW_TILE 8 /* weight rows per task */
+#define KQ_MAX_MB 4   /* activation rows per register-blocked pass */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* One activation super-block, Q8_K style: x ~= d * qs. */
+typedef struct {
+    int8_t qs[256];
+    int16_t bsums[16];   /* sums of each 16 values, even groups first: 0, 2, .., 14, 1, 3, .. 15 */
+    int16_t bsums32[16]; /* sums of each 32 values (8), then zeros */
+    float d;
+    float pad[7];
+} q8k;
+
+/* One unpacked weight super-block. */
+typedef struct {
+    __m256i q[8]; /* unsigned codes; vector g = values 32g .. 32g+31 */
+    __m256i sc;   /* int16 scales: lane position g is the scale of vector g's lane (below) */
+    __m256i mn;   /* int16 weights of the activation group sums (minimums / offsets) */
+    float d, dmin;
+} kblock;
+/* Scales: for 32-value sub-blocks (Q4_K, Q5_K) both 128-bit lanes hold sc0..sc7; for 16-value
+ * sub-blocks (Q2_K, Q3_K, Q6_K) a vector's lanes are two sub-blocks (2g and 2g+1), so the low
+ * lane holds the even sub-blocks' scales and the high lane the odd ones' (matching bsums). */
+
+static ALWAYS_INLINE int kq_block_bytes(int t) {
+    return t == Q2_K ? 84 : t == Q3_K ? 110 : t == Q4_K ? 144 : t == Q5_K ? 176 : 210;
+}
+
+static ALWAYS_INLINE float kq_f16(const uint8_t *p) {
+    return _cvtsh_ss((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+/* Q4_K / Q5_K: the 12 bytes of 6-bit scales and minimums -> sc0..sc7, m0..m7 (16 bytes). */
+static ALWAYS_INLINE void kq_scale_min_k4(const uint8_t *s, uint32_t u[4]) {
+    memcpy(u, s, 12);
+    const uint32_t m03 = u[1] & 0x3f3f3f3fu;
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = m03;
+    u[0] &= 0x3f3f3f3fu;
+}
+
+/* Q3_K: the 12 bytes of 6-bit scales -> 16 bytes of (scale + 32). */
+static ALWAYS_INLINE void kq_scales_q3(const uint8_t *s, uint32_t a[4]) {
+    memcpy(a, s, 12);
+    const uint32_t t = a[2];
+    a[2] = ((a[0] >> 4) & 0x0f0f0f0fu) | (((t >> 4) & 0x03030303u) << 4);
+    a[3] = ((a[1] >> 4) & 0x0f0f0f0fu) | (((t >> 6) & 0x03030303u) << 4);
+    a[0] = (a[0] & 0x0f0f0f0fu) | ((t & 0x03030303u) << 4);
+    a[1] = (a[1] & 0x0f0f0f0fu) | (((t >> 2) & 0x03030303u) << 4);
+}
+
+/* 16 int8 scales in sub-block order -> int16 [even sub-blocks | odd sub-blocks]. */
+static ALWAYS_INLINE __m256i kq_even_odd(__m128i s8, int is_signed) {
+    const __m128i eo = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m128i v = _mm_shuffle_epi8(s8, eo);
+    return is_signed ? _mm256_cvtepi8_epi16(v) : _mm256_cvtepu8_epi16(v);
+}
+
+/* Bit `from` of each byte of v (only that bit may be set) moved to bit `to`. */
+#define KQ_MOVE_BIT(v, from, to)                                                              \
+    ((from) < (to) ? _mm256_slli_epi16(v, (to) - (from))                                      \
+                   : (from) > (to) ? _mm256_srli_epi16(v, (from) - (to)) : (v))
+
+static ALWAYS_INLINE void kq_unpack(int T, const uint8_t *b, kblock *kb) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
+    if (T == Q4_K || T == Q5_K) {
+        kb->d = kq_f16(b);
+        kb->dmin = kq_f16(b + 2);
+        uint32_t u[4];
+        kq_scale_min_k4(b + 4, u);
+        const __m128i sm = _mm_loadu_si128((const __m128i *)u);
+        kb->sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+        kb->mn = _mm256_zextsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)));
+        const uint8_t *qs = b + (T == Q4_K ? 16 : 48);
+        for (int h = 0; h < 4; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+            kb->q[2 * h] = _mm256_and_si256(v, m4);
+            kb->q[2 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+        if (T == Q5_K) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+#define KQ_Q5_HIGH(g)                                                                         \
+    kb->q[g] = _mm256_or_si256(                                                               \
+        kb->q[g], KQ_MOVE_BIT(_mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << (g)))), g, 4))
+            KQ_Q5_HIGH(0); KQ_Q5_HIGH(1); KQ_Q5_HIGH(2); KQ_Q5_HIGH(3);
+            KQ_Q5_HIGH(4); KQ_Q5_HIGH(5); KQ_Q5_HIGH(6); KQ_Q5_HIGH(7);
+#undef KQ_Q5_HIGH
+        }
+    } else if (T == Q6_K) {
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        kb->d = kq_f16(b + 208);
+        kb->dmin = 0.0f;
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)(b + 192));
+        kb->sc = kq_even_odd(s8, 1);
+        kb->mn = _mm256_slli_epi16(kb->sc, 5); /* q - 32: offset 32 * sc per group sum */
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+            kb->q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            kb->q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            kb->q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                               _mm256_and_si256(qh, m30));
+            kb->q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+        }
+    } else if (T == Q3_K) {
+        kb->d = kq_f16(b + 108);
+        kb->dmin = 0.0f;
+        uint32_t a[4];
+        kq_scales_q3(b + 96, a);
+        const __m128i s8 = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)a), _mm_set1_epi8(32));
+        kb->sc = kq_even_odd(s8, 1);
+        kb->mn = _mm256_slli_epi16(kb->sc, 2); /* codes are q + 4: offset 4 * sc */
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)b);
+#define KQ_Q3(g, v)                                                                           \
+    kb->q[g] = _mm256_or_si256(                                                               \
+        _mm256_and_si256(_mm256_srli_epi16(v, 2 * ((g) & 3)), m3),                            \
+        KQ_MOVE_BIT(_mm256_and_si256(hm, _mm256_set1_epi8((char)(1 << (g)))), g, 2))
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + 32));
+        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(b + 64));
+        KQ_Q3(0, v0); KQ_Q3(1, v0); KQ_Q3(2, v0); KQ_Q3(3, v0);
+        KQ_Q3(4, v1); KQ_Q3(5, v1); KQ_Q3(6, v1); KQ_Q3(7, v1);
+#undef KQ_Q3
+    } else { /* Q2_K */
+        kb->d = kq_f16(b + 80);
+        kb->dmin = kq_f16(b + 82);
+        const __m128i s = _mm_loadu_si128((const __m128i *)b);
+        const __m128i lo = _mm_set1_epi8(0x0F);
+        kb->sc = kq_even_odd(_mm_and_si128(s, lo), 0);
+        kb->mn = kq_even_odd(_mm_and_si128(_mm_srli_epi16(s, 4), lo), 0);
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * h));
+            kb->q[4 * h + 0] = _mm256_and_si256(v, m3);
+            kb->q[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 2), m3);
+            kb->q[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m3);
+            kb->q[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), m3);
+        }
+    }
+}
+
+/* sum over the super-block of scale(sub-block) * code * activation, as 8 int32 partial sums. */
+static ALWAYS_INLINE __m256i kq_idot(const kblock *kb, const int8_t *a) {
+    __m256i isum = _mm256_setzero_si256();
+#if KQ_PATH
+    /* two vectors' 4-byte dot products packed to int16 (|.| <= 4 * 63 * 127), then one
+     * 16-bit multiply-add with their scales */
+    for (int p = 0; p < 4; p++) {
+        const char c0 = (char)(4 * p), c1 = (char)(4 * p + 1), c2 = (char)(4 * p + 2),
+                   c3 = (char)(4 * p + 3);
+        const __m256i ctrl = _mm256_setr_epi8(c0, c1, c0, c1, c0, c1, c0, c1, c2, c3, c2, c3, c2,
+                                              c3, c2, c3, c0, c1, c0, c1, c0, c1, c0, c1, c2, c3,
+                                              c2, c3, c2, c3, c2, c3);
+        const __m256i s0 = DPBUSD(_mm256_setzero_si256(), kb->q[2 * p],
+                                  _mm256_loadu_si256((const __m256i *)(a + 64 * p)));
+        const __m256i s1 = DPBUSD(_mm256_setzero_si256(), kb->q[2 * p + 1],
+                                  _mm256_loadu_si256((const __m256i *)(a + 64 * p + 32)));
+        isum = DPWSSD(isum, _mm256_packs_epi32(s0, s1), _mm256_shuffle_epi8(kb->sc, ctrl));
+    }
+#else
+    for (int g = 0; g < 8; g++) {
+        const __m256i ctrl = _mm256_set1_epi16((short)((2 * g) | ((2 * g + 1) << 8)));
+        const __m256i p = _mm256_maddubs_epi16(kb->q[g],
+                                               _mm256_loadu_si256((const __m256i *)(a + 32 * g)));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_shuffle_epi8(kb->sc, ctrl)));
+    }
+#endif
+    return isum;
+}
+
+/* The super-block's contribution to one output. Its integer sums are reduced to one integer
+ * each before any rounding, so the result does not depend on how the dot-product path spreads
+ * them over vector lanes (the AVX2 and VNNI builds agree bit for bit). */
+/* acc + the super-block's contribution to one output (8 float partial sums). */
+static ALWAYS_INLINE __m256 kq_block_dot(int T, const kblock *kb, const q8k *a, __m256 acc) {
+    __m256i isum = kq_idot(kb, a->qs);
+    if (T == Q3_K || T == Q6_K) { /* signed levels: subtract offset * scale * group sum */
+        isum = _mm256_sub_epi32(
+            isum, _mm256_madd_epi16(kb->mn, _mm256_loadu_si256((const __m256i *)a->bsums)));
+        return _mm256_fmadd_ps(_mm256_set1_ps(kb->d * a->d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    const __m256i msum = _mm256_madd_epi16( /* the minimums: dmin * m * group sum */
+        kb->mn, _mm256_loadu_si256((const __m256i *)(T == Q2_K ? a->bsums : a->bsums32)));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(kb->d * a->d), _mm256_cvtepi32_ps(isum), acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(-(kb->dmin * a->d)), _mm256_cvtepi32_ps(msum), acc);
+}
+
+static ALWAYS_INLINE float kq_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Rows [n0, n1) of W against MB activation rows (quantized, nb super-blocks each). MB is a
+ * constant at every call site, so the accumulators live in registers. */
+static ALWAYS_INLINE void kq_rows(int T, int MB, const uint8_t *w, int64_t nb, int64_t n0,
+                                  int64_t n1, const q8k *xq, float *y, int64_t ldy) {
+    const int64_t bb = kq_block_bytes(T);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = w + n * nb * bb;
+        __m256 acc[KQ_MAX_MB];
+        for (int m = 0; m < MB; m++) acc[m] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            kblock kb;
+            kq_unpack(T, row + b * bb, &kb);
+            for (int m = 0; m < MB; m++) acc[m] = kq_block_dot(T, &kb, xq + m * nb + b, acc[m]);
+        }
+        for (int m = 0; m < MB; m++) y[m * ldy + n] = kq_hsum(acc[m]);
+    }
+}
+
+#define KQ_DISPATCH_MB(T)                                                                     \
+    switch (mb) {                                                                             \
+    case 1: kq_rows(T, 1, w, nb, n0, n1, xq, y, ldy); break;                                  \
+    case 2: kq_rows(T, 2, w, nb, n0, n1, xq, y, ldy); break;                                  \
+    case 3: kq_rows(T, 3, w, nb, n0, n1, xq, y, ldy); break;                                  \
+    default: kq_rows(T, 4, w, nb, n0, n1, xq, y, ldy); break;                                 \
+    }
+
+static void kq_tile(int qtype, int mb, const uint8_t *w, int64_t nb, int64_t n0, int64_t n1,
+                    const q8k *xq, float *y, int64_t ldy) {
+    switch (qtype) {
+    case Q2_K: KQ_DISPATCH_MB(Q2_K) break;
+    case Q3_K: KQ_DISPATCH_MB(Q3_K) break;
+    case Q4_K: KQ_DISPATCH_MB(Q4_K) break;
+    case Q5_K: KQ_DISPATCH_MB(Q5_K) break;
+    default: KQ_DISPATCH_MB(Q6_K) break;
+    }
+}
+
+/* One activation super-block (256 floats) -> Q8_K: d = max|x| / 127, qs = round(x / d). */
+static void kq_quantize_block(const float *x, q8k *o) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    for (int i = 0; i < 32; i++) {
+        const __m256 v = _mm256_loadu_ps(x + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float am = _mm_cvtss_f32(m);
+    memset(o->bsums32, 0, sizeof o->bsums32);
+    if (!(am > 0.0f) || !(am <= FLT_MAX) || _mm256_movemask_ps(nan)) {
+        /* all zero: d = 0; a NaN or an infinity: d = NaN, so the products are NaN too */
+        memset(o->qs, 0, sizeof o->qs);
+        memset(o->bsums, 0, sizeof o->bsums);
+        o->d = am == 0.0f && !_mm256_movemask_ps(nan) ? 0.0f : NAN;
+        return;
+    }
+    o->d = am / 127.0f;
+    const __m256 id = _mm256_set1_ps(127.0f / am);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256i quads[8];
+    for (int i = 0; i < 8; i++) {
+        const float *xi = x + 32 * i;
+        const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xi), id));
+        const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xi + 8), id));
+        const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xi + 16), id));
+        const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xi + 24), id));
+        __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        q = _mm256_permutevar8x32_epi32(q, perm);
+        _mm256_storeu_si256((__m256i *)(o->qs + 32 * i), q);
+        /* sums of each 4 values: int32 0..3 cover values 0..15, 4..7 values 16..31 */
+        quads[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
+    }
+    /* -> [groups 0, 2, 4, 6 | 1, 3, 5, 7] and [8, 10, 12, 14 | 9, 11, 13, 15] */
+    const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(quads[0], quads[1]),
+                                         _mm256_hadd_epi32(quads[2], quads[3]));
+    const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(quads[4], quads[5]),
+                                         _mm256_hadd_epi32(quads[6], quads[7]));
+    const __m256i eo = _mm256_packs_epi32(g0, g1); /* even groups | odd groups (int16) */
+    _mm256_storeu_si256((__m256i *)o->bsums, eo);
+    _mm_storeu_si128((__m128i *)o->bsums32,
+                     _mm_add_epi16(_mm256_castsi256_si128(eo), _mm256_extracti128_si256(eo, 1)));
+}
+
+static int kq_known(int qtype) { return qtype >= Q2_K && qtype <= Q6_K; }
+
+/* Which integer dot-product path was compiled: 2 AVX512-VNNI, 1 AVX-VNNI, 0 AVX2. */
+int engine_gguf_kq_path(void) { return KQ_PATH; }
+
+/* y [m, n] (row stride ldy) = x [m, k] @ W[n, k]^T. Returns 0; -1 for an unknown type, K not a
+ * multiple of 256 or a bad size; -2 when scratch memory cannot be had. */
+int engine_gguf_kq_matmul_ld(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
+                             int64_t m, float *y, int64_t ldy) {
+    if (!kq_known(qtype) || k <= 0 || k % 256 != 0 || n < 0 || m < 0 || ldy < n) return -1;
+    if (m == 0 || n == 0) return 0;
+    const int64_t nb = k / 256;
+    const size_t bytes = (sizeof(q8k) * (size_t)(m * nb) + 63) & ~(size_t)63;
+    q8k *xq = (q8k *)aligned_alloc(64, bytes);
+    if (!xq) return -2;
+#pragma omp parallel for schedule(static) if (m * nb >= 64)
+    for (int64_t i = 0; i < m * nb; i++) kq_quantize_block(x + i * 256, xq + i);
+    const int64_t tiles = (n + KQ_ROW_TILE - 1) / KQ_ROW_TILE;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t n0 = t * KQ_ROW_TILE, n1 = n0 + KQ_ROW_TILE < n ? n0 + KQ_ROW_TILE : n;
+        for (int64_t r = 0; r < m; r += KQ_MAX_MB) {
+            const int mb = (int)(m - r < KQ_MAX_MB ? m - r : KQ_MAX_MB);
+            kq_tile(qtype, mb, w, nb, n0, n1, xq + r * nb, y + r * ldy, ldy);
+        }
+    }
+    free(xq);
+    return 0;
+}
+
+int engine_gguf_kq_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
+                          int64_t m, float *y) {
+    return engine_gguf_kq_matmul_ld(qtype, w, n, k, x, m, y, n);
+}
+
+/* Scales (and minimums) of one super-block in sub-block order, as floats the way the gguf
+ * package computes them: dl = d * sc, ml = dmin * m (float32 products). Returns the number of
+ * sub-blocks (16 or 8). */
+static int kq_float_scales(int T, const uint8_t *b, float dl[16], float ml[16]) {
+    if (T == Q4_K || T == Q5_K) {
+        const float d = kq_f16(b), dmin = kq_f16(b + 2);
+        uint32_t u[4];
+        kq_scale_min_k4(b + 4, u);
+        const uint8_t *s = (const uint8_t *)u;
+        for (int j = 0; j < 8; j++) {
+            dl[j] = d * (float)s[j];
+            ml[j] = dmin * (float)s[8 + j];
+        }
+        return 8;
+    }
+    if (T == Q6_K) {
+        const float d = kq_f16(b + 208);
+        for (int j = 0; j < 16; j++) {
+            dl[j] = d * (float)(int8_t)b[192 + j];
+            ml[j] = 0.0f;
+        }
+    } else if (T == Q3_K) {
+        const float d = kq_f16(b + 108);
+        uint32_t a[4];
+        kq_scales_q3(b + 96, a);
+        const uint8_t *s = (const uint8_t *)a;
+        for (int j = 0; j < 16; j++) {
+            dl[j] = d * (float)((int)s[j] - 32);
+            ml[j] = 0.0f;
+        }
+    } else {
+        const float d = kq_f16(b + 80), dmin = kq_f16(b + 82);
+        for (int j = 0; j < 16; j++) {
+            dl[j] = d * (float)(b[j] & 0x0F);
+            ml[j] = dmin * (float)(b[j] >> 4);
+        }
+    }
+    return 16;
+}
+
+static ALWAYS_INLINE void kq_dequantize_row(int T, const uint8_t *row, int64_t nb, float *out) {
+    const int64_t bb = kq_block_bytes(T);
+    /* codes -> signed levels: Q3_K codes are q + 4, Q6_K codes q + 32 */
+    const __m256i off = _mm256_set1_epi32(T == Q3_K ? 4 : T == Q6_K ? 32 : 0);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bb;
+        kblock kb;
+        kq_unpack(T, blk, &kb);
+        float dl[16], ml[16];
+        const int subs = kq_float_scales(T, blk, dl, ml);
+        float *o = out + b * 256;
+        for (int g = 0; g < 8; g++) {
+            const __m128i lo = _mm256_castsi256_si128(kb.q[g]);
+            const __m128i hi = _mm256_extracti128_si256(kb.q[g], 1);
+            const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+            for (int t = 0; t < 4; t++) {
+                const int sub = subs == 8 ? g : 2 * g + (t >> 1);
+                const __m256 q = _mm256_cvtepi32_ps(
+                    _mm256_sub_epi32(_mm256_cvtepu8_epi32(parts[t]), off));
+                __m256 v = _mm256_mul_ps(_mm256_set1_ps(dl[sub]), q);
+                if (T == Q2_K || T == Q4_K || T == Q5_K)
+                    v = _mm256_sub_ps(v, _mm256_set1_ps(ml[sub]));
+                _mm256_storeu_ps(o + 32 * g + 8 * t, v);
+            }
+        }
+    }
+}
+
+/* out [n, k] = the float32 values of W, as the gguf package's dequantizers compute them.
+ * Returns 0, or -1 as engine_gguf_kq_matmul. */
+int engine_gguf_kq_dequantize(int qtype, const uint8_t *w, int64_t n, int64_t k, float *out) {
+    if (!kq_known(qtype) || k <= 0 || k % 256 != 0 || n < 0) return -1;
+    const int64_t nb = k / 256, rb = nb * kq_block_bytes(qtype);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+        switch (qtype) {
+        case Q2_K: kq_dequantize_row(Q2_K, w + r * rb, nb, out + r * k); break;
+        case Q3_K: kq_dequantize_row(Q3_K, w + r * rb, nb, out + r * k); break;
+        case Q4_K: kq_dequantize_row(Q4_K, w + r * rb, nb, out + r * k); break;
+        case Q5_K: kq_dequantize_row(Q5_K, w + r * rb, nb, out + r * k); break;
+        default: kq_dequantize_row(Q6_K, w + r * rb, nb, out + r * k); break;
+        }
+    }
+    return 0;
+}
