@@ -295,8 +295,11 @@ HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 512, 2, 4, 2, 512
 def tiny_kquant_gguf(tmp_path_factory) -> str:
     """A 2-layer llama GGUF in Q4_K_M's mix: Q4_K q/k/o/gate/up/embeddings, Q6_K v/down/output
     (plus one Q5_0 layer, a type still dequantized at load); float32 norms."""
+    return write_tiny_kquant(str(tmp_path_factory.mktemp("kq") / "tiny-kq.gguf"), "Q5_0")
+
+
+def write_tiny_kquant(path: str, second_o_proj: str) -> str:
     rng = np.random.default_rng(2024)
-    path = str(tmp_path_factory.mktemp("kq") / "tiny-kq.gguf")
     writer = gguf.GGUFWriter(path, "llama")
     for key, value in (("block_count", LAYERS), ("embedding_length", HIDDEN),
                        ("feed_forward_length", FFN), ("attention.head_count", HEADS),
@@ -328,7 +331,8 @@ def tiny_kquant_gguf(tmp_path_factory) -> str:
         quant(f"blk.{i}.attn_q.weight", "Q4_K", HIDDEN, HIDDEN, 0.2)
         quant(f"blk.{i}.attn_k.weight", "Q4_K", KV_HEADS * head_dim, HIDDEN, 0.2)
         quant(f"blk.{i}.attn_v.weight", "Q6_K", KV_HEADS * head_dim, HIDDEN, 0.2)
-        quant(f"blk.{i}.attn_output.weight", "Q5_0" if i == 1 else "Q4_K", HIDDEN, HIDDEN, 0.2)
+        quant(f"blk.{i}.attn_output.weight", second_o_proj if i == 1 else "Q4_K", HIDDEN, HIDDEN,
+              0.2)
         norm(f"blk.{i}.ffn_norm.weight", HIDDEN)
         quant(f"blk.{i}.ffn_gate.weight", "Q4_K", FFN, HIDDEN, 0.2)
         quant(f"blk.{i}.ffn_up.weight", "Q4_K", FFN, HIDDEN, 0.2)
@@ -388,3 +392,25 @@ def test_tiny_k_quant_model_matches_its_dequantized_self(tiny_kquant_gguf, caplo
     for got, want in zip(logits, want_logits):
         assert (got - want).abs().max() <= 0.05 * want.abs().max()
         assert (got - want).pow(2).mean().sqrt() <= 0.04 * want.pow(2).mean().sqrt()
+
+
+def test_decode_plan_runs_mixed_type_layers_bit_identically(tmp_path):
+    """Every layer packed (Q4_K with Q6_K v inside the fused qkv): the CPU decode plan serves
+    decode steps, each fused layer of mixed types as one parts kernel, and its logits equal the
+    per-operation path's bit for bit."""
+    from engine.runtime import fused_cpu
+    from engine.runtime.model_runner import ModelRunner
+
+    if not fused_cpu.available():
+        pytest.skip("needs the CPU fused kernels")
+    path = write_tiny_kquant(str(tmp_path / "all-packed.gguf"), "Q4_K")
+    runner = ModelRunner(ServerConfig(model_path=path, skip_tokenizer_init=True, device="cpu",
+                                      max_total_tokens=512, attention_backend="torch_native",
+                                      max_running_requests=4))
+    model = runner.model
+    prompts = [[1, 17, 300, 42, 9, 77, 5], [1] + list(range(100, 111))]
+    _, with_plan = greedy(runner, prompts, 5)
+    assert any(model._plans.values())
+    model._decode_plan = lambda *a: None
+    _, without = greedy(runner, prompts, 5)
+    assert all(torch.equal(a, b) for a, b in zip(with_plan, without))

@@ -158,10 +158,21 @@ class GGUFMethod(QuantMethod):
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
     def native_kernel(self, layer: Linear) -> tuple[int, int, int] | None:
-        if not self.int8 or layer.gguf_blocks is None:
+        if not self.int8 or (layer.gguf_blocks is None and not layer.gguf_parts):
             return None
-        return (ctypes.cast(self._q8, ctypes.c_void_p).value, layer.gguf_qtype,
-                layer.gguf_blocks.data_ptr())
+        if layer.gguf_blocks is not None:
+            return self._address(layer.gguf_qtype), layer.gguf_qtype, layer.gguf_blocks.data_ptr()
+        table = torch.tensor([[offset, size, self._address(qtype), qtype, data.data_ptr()]
+                              for offset, size, qtype, data in layer.gguf_parts],
+                             dtype=torch.int64)
+        layer.gguf_part_table = table  # kept alive with the layer
+        fn = kernels.library().engine_gguf_matmul_parts
+        return ctypes.cast(fn, ctypes.c_void_p).value, len(layer.gguf_parts), table.data_ptr()
+
+    def _address(self, qtype: int) -> int:
+        """The address of the int8 kernel for blocks of ``qtype`` (one signature for all)."""
+        fn = self._kq if qtype in kernels.KQ_IDS else self._q8
+        return ctypes.cast(fn, ctypes.c_void_p).value
 
     @functools.cached_property
     def _q8(self):

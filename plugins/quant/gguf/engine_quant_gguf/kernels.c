@@ -400,3 +400,22 @@ int engine_gguf_matmul_q8(int qtype, const uint8_t *w, int64_t n, int64_t k, con
     free(xq);
     return 0;
 }
+
+/* A fused layer whose shards came in different packed types, as one matmul of the common
+ * signature: ``nparts`` (in place of a type) parts described by ``table`` (in place of the
+ * weight): per part, int64 {column offset, columns, kernel address, type, weight address}; each
+ * part's kernel writes its columns of y. */
+typedef int (*part_fn)(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
+                       int64_t m, float *y, int64_t ldy);
+
+int engine_gguf_matmul_parts(int nparts, const uint8_t *table, int64_t n, int64_t k,
+                             const float *x, int64_t m, float *y, int64_t ldy) {
+    const int64_t *t = (const int64_t *)table;
+    (void)n;
+    for (int i = 0; i < nparts; i++, t += 5) {
+        const int rc = ((part_fn)(intptr_t)t[2])((int)t[3], (const uint8_t *)(intptr_t)t[4],
+                                                 t[1], k, x, m, y + t[0], ldy);
+        if (rc) return rc;
+    }
+    return 0;
+}
