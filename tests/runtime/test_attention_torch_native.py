@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from engine.assembly import Assembly
 from engine.config import ServerConfig
 from engine.plugins.registry import Registry
@@ -20,13 +22,18 @@ def test_torch_native_conforms():
 
 
 def test_kit_catches_a_backend_that_ignores_causality():
-    from engine_attention_torch_native.impl import TorchNativeBackend
+    from engine_attention_torch_native.impl import PoolTokens, TorchNativeBackend
 
     class NotCausal(TorchNativeBackend):
         def prepare(self, batch):
             super().prepare(batch)
             md = batch.attn_metadata
             if md is None:  # CPU decode reads the pool directly: no mask to break
+                return
+            if isinstance(md, PoolTokens):  # every new token sees its request's last key
+                seq = torch.repeat_interleave(batch.seq_lens,
+                                              torch.tensor(batch.extend_lens_cpu))
+                md.lens = seq
                 return
             md.is_causal = False
             if md.mask is not None and not batch.is_decode:

@@ -8,12 +8,15 @@ new tokens' K/V into the pool at ``batch.out_cache_loc`` and return the attentio
 ``0..j``. A backend never hands work to another backend; ``supports_cuda_graph`` says whether its
 decode path may be captured, ``batch_invariant`` whether a token's output is independent of the
 rest of the batch (``--enable-deterministic-inference``; :func:`attend_per_token` is such a
-path). :func:`decode_from_pool` is the core's CPU decode kernel over a float32 pool. :mod:`engine.testing.attention` is the conformance suite.
+path). :func:`attend_from_pool` / :func:`decode_from_pool` are the core's CPU kernel over a
+float32 pool (each token alone: batch- and prefill/decode-invariant). :mod:`engine.testing.attention` is the conformance suite.
 """
 
 from engine.runtime.attention import (AttentionBackend, AttentionLayerSpec, KVPool,
-                                      attend_per_token, decode_from_pool)
+                                      attend_from_pool, attend_per_token, decode_from_pool,
+                                      pool_attention_applies)
 from engine.runtime.batch import Batch, ForwardMode
 
 __all__ = ["AttentionBackend", "AttentionLayerSpec", "Batch", "ForwardMode", "KVPool",
-           "attend_per_token", "decode_from_pool"]
+           "attend_from_pool", "attend_per_token", "decode_from_pool",
+           "pool_attention_applies"]

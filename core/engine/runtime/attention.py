@@ -171,20 +171,37 @@ def attend_per_token(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
     return out
 
 
-def decode_from_pool(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
-                     batch: Batch) -> torch.Tensor | None:
-    """Decode attention read straight from a float32 CPU pool by the core's C kernel
-    (:func:`engine.runtime.fused_cpu.decode_attention`: no gather, no padding; each (request,
-    query head) pair computed alone, in a fixed order): q [B, Hq, D] -> [B, Hq, D]. ``None``
-    where it does not apply (another device or pool dtype, kernels unavailable): the caller's
-    own path serves."""
-    if q.device.type != "cpu" or pool.dtype != torch.float32 or q.dtype != torch.float32:
-        return None
+def pool_attention_applies(pool: KVPool) -> bool:
+    """Whether :func:`attend_from_pool` serves this pool: float32 on the CPU, kernels built."""
+    if pool.device.type != "cpu" or pool.dtype != torch.float32:
+        return False
     from engine.runtime import fused_cpu
 
-    if not fused_cpu.available():
+    return fused_cpu.available()
+
+
+def attend_from_pool(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
+                     req_to_token: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor,
+                     max_len: int) -> torch.Tensor:
+    """Attention read straight from a float32 CPU pool by the core's C kernel
+    (:func:`engine.runtime.fused_cpu.decode_attention`): query token ``t`` of ``q`` [T, Hq, D]
+    attends to the first ``lens[t]`` slots of ``req_to_token[rows[t]]`` (no gather, no
+    padding). Each (token, query head) pair is computed alone, in one fixed order, so a token's
+    output depends on nothing but its query and its keys: the same whether it is decoded or
+    prefilled, alone or in any batch. Decode: one token per request, ``lens`` = the sequence
+    lengths; extend: ``lens[t]`` = position + 1 (causal). See :func:`pool_attention_applies`."""
+    from engine.runtime import fused_cpu
+
+    return fused_cpu.decode_attention(q, pool.k[layer.layer_id], pool.v[layer.layer_id],
+                                      req_to_token, rows, lens, max_len, layer.scaling)
+
+
+def decode_from_pool(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
+                     batch: Batch) -> torch.Tensor | None:
+    """Decode attention through :func:`attend_from_pool` (q [B, Hq, D] -> [B, Hq, D]), or
+    ``None`` where it does not apply (see :func:`pool_attention_applies`)."""
+    if not pool_attention_applies(pool) or q.dtype != torch.float32:
         return None
     max_len = max(batch.seq_lens_cpu) if batch.seq_lens_cpu else int(batch.seq_lens.max())
-    return fused_cpu.decode_attention(q, pool.k[layer.layer_id], pool.v[layer.layer_id],
-                                      batch.req_to_token, batch.req_pool_indices,
-                                      batch.seq_lens, max_len, layer.scaling)
+    return attend_from_pool(pool, q, layer, batch.req_to_token, batch.req_pool_indices,
+                            batch.seq_lens, max_len)

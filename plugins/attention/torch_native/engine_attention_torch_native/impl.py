@@ -8,8 +8,10 @@ KV head, extend repeats KV heads). Correct for ragged batches, cached prefixes, 
 page size (slots are read one by one). Speculative tree verify: the new tokens' part of the mask
 is ``batch.tree_mask`` instead of causal.
 
-On the CPU with a float32 pool, decode batches skip the gather: the core's C kernel
-(:func:`engine.api.attention.decode_from_pool`) reads each request's slots from the pool.
+On the CPU with a float32 pool, decode and extend batches (trees excepted) skip the gather and
+the padding: the core's C kernel (:func:`engine.api.attention.attend_from_pool`) reads each
+token's keys from the pool, one token at a time, so a token's output is the same whether it is
+decoded or prefilled and whatever else is in the batch.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import torch.nn.functional as F
 
 from engine.api import hookimpl
 from engine.api.attention import AttentionBackend, AttentionLayerSpec, KVPool
-from engine.api.attention import Batch, attend_per_token, decode_from_pool
+from engine.api.attention import Batch, attend_from_pool, attend_per_token, decode_from_pool
+from engine.api.attention import pool_attention_applies
 
 
 @dataclass
@@ -32,6 +35,13 @@ class Metadata:
     is_causal: bool  #: a single request without prefix: SDPA's own causal mask
     token_index: torch.Tensor | None  #: [T] rows of the padded [B*Q] queries, None if B*Q == T
     num_queries: int  #: Q, new tokens of the longest request
+
+
+@dataclass
+class PoolTokens:
+    rows: torch.Tensor  #: [T] req_to_token row of each new token
+    lens: torch.Tensor  #: [T] keys each token sees (its position + 1)
+    max_len: int
 
 
 class TorchNativeBackend(AttentionBackend):
@@ -47,16 +57,24 @@ class TorchNativeBackend(AttentionBackend):
         # the per-token path attends causally: speculative trees need the batched path's mask
         self.supports_tree_verify = not batch_invariant
 
-    def _pool_decode(self, batch: Batch) -> bool:
-        return (batch.is_decode and self.pool.device.type == "cpu"
-                and self.pool.dtype == torch.float32 and batch.tree_mask is None)
+    def _from_pool(self, batch: Batch) -> bool:
+        return batch.tree_mask is None and pool_attention_applies(self.pool)
 
     def decodes_from_pool(self, batch: Batch) -> bool:
-        return not self.batch_invariant and self._pool_decode(batch)
+        return not self.batch_invariant and batch.is_decode and self._from_pool(batch)
 
     def prepare(self, batch: Batch) -> None:
-        if self.batch_invariant or self._pool_decode(batch):
-            batch.attn_metadata = None
+        batch.attn_metadata = None
+        if self.batch_invariant:
+            return
+        if self._from_pool(batch):
+            if not batch.is_decode:  # each new token: its request's row, keys up to itself
+                ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
+                rows = torch.repeat_interleave(batch.req_pool_indices,
+                                               torch.tensor(ext, dtype=torch.int64))
+                batch.attn_metadata = PoolTokens(rows, batch.positions + 1,
+                                                 max(batch.seq_lens_cpu or
+                                                     batch.seq_lens.tolist()))
             return
         self.prepare_padded(batch)
 
@@ -117,7 +135,10 @@ class TorchNativeBackend(AttentionBackend):
                        batch: Batch) -> torch.Tensor:
         if self.batch_invariant:
             return attend_per_token(self.pool, q, layer, batch)
-        md: Metadata = batch.attn_metadata
+        md = batch.attn_metadata
+        if isinstance(md, PoolTokens):
+            return attend_from_pool(self.pool, q.float(), layer, batch.req_to_token, md.rows,
+                                    md.lens, md.max_len).to(q.dtype)
         bsz, q_len = md.kv_index.shape[0], md.num_queries
         heads, dim = q.shape[1], q.shape[2]
         if md.token_index is None:
