@@ -8,7 +8,9 @@ quiet, then again while ``python -c 'while True: pass'`` runs, and prints the tw
 
 Settings (``--settings`` picks some): ``default`` (what ``engine serve`` sets, see
 engine.cli.omp), ``libgomp`` (libgomp's own defaults: nothing set), ``passive``
-(OMP_WAIT_POLICY=PASSIVE), ``spin<N>`` (GOMP_SPINCOUNT=N), ``threads1`` (one thread).
+(OMP_WAIT_POLICY=PASSIVE), ``spin<N>`` (GOMP_SPINCOUNT=N), ``threads1`` (one thread),
+``adaptive[-<setting>]`` (engine.runtime.cpu_threads.CpuThreads sizing the team to the free
+cores before every forward, over another setting's environment).
 
     python benchmarks/contention_cpu.py [--rounds 3] [--steps 64] [--settings a,b,...]
 """
@@ -40,6 +42,10 @@ def setting_env(name: str) -> dict[str, str]:
         env["GOMP_SPINCOUNT"] = name[4:]
     elif name == "threads1":
         env["OMP_NUM_THREADS"] = "1"
+    elif name.startswith("adaptive"):  # adaptive[-<another setting>]
+        env.update({k: v for k, v in setting_env(name.partition("-")[2] or "libgomp").items()
+                    if k in OMP_KEYS})
+        env["ENGINE_BENCH_SETTING"] = name
     elif name != "libgomp":
         raise SystemExit(f"unknown setting {name}")
     return env
@@ -54,17 +60,26 @@ def child(steps: int) -> None:
 
     runner = ModelRunner(ServerConfig(device="cpu", dtype="float32", max_total_tokens=4096,
                                       attention_backend="torch_native"))
+    forward = runner.forward
+    if os.environ["ENGINE_BENCH_SETTING"].startswith("adaptive"):
+        from engine.runtime.cpu_threads import CpuThreads
+
+        sizer = CpuThreads()
+
+        def forward(batch):
+            sizer.update()
+            return runner.forward(batch)
     prompt = runner.tokenizer.encode("The history of the city begins with a small "
                                      "settlement on the river, " * 4)[:32]
 
     def decode() -> float:
         builder = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
         row = builder.new_request()
-        tokens = runner.forward(builder.extend([(row, prompt)])).argmax(-1).tolist()
+        tokens = forward(builder.extend([(row, prompt)])).argmax(-1).tolist()
         times = []
         for _ in range(steps):
             t0 = time.perf_counter()
-            tokens = runner.forward(builder.decode([(row, tokens[0])])).argmax(-1).tolist()
+            tokens = forward(builder.decode([(row, tokens[0])])).argmax(-1).tolist()
             times.append(time.perf_counter() - t0)
         builder.free(row)
         runner.req_to_token.zero_()
@@ -72,15 +87,17 @@ def child(steps: int) -> None:
 
     decode()  # warm-up
     quiet = decode()
+    threads_q = torch.get_num_threads()
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
         contended = decode()
+        threads_c = torch.get_num_threads()
     finally:
         busy.kill()
         busy.wait()
     print(json.dumps({"quiet": quiet, "contended": contended,
-                      "threads": torch.get_num_threads()}))
+                      "threads": threads_q, "threads_contended": threads_c}))
 
 
 def main() -> None:
@@ -108,13 +125,15 @@ def main() -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
           f"1-min load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end; "
           f"{args.rounds} rounds x {args.steps} steps, medians")
-    print("| setting | threads | quiet ms/token | with a busy process ms/token | slowdown |")
+    print("| setting | threads quiet / contended | quiet ms/token | with a busy process ms/token "
+          "| slowdown |")
     print("|---|---|---|---|---|")
     for n in names:
         q = statistics.median(x["quiet"] for x in res[n])
         c = statistics.median(x["contended"] for x in res[n])
         s = statistics.median(x["contended"] / x["quiet"] for x in res[n])
-        print(f"| {n} | {res[n][0]['threads']} | {q:.1f} | {c:.1f} | {s:.2f}x |")
+        t = f"{res[n][0]['threads']} / {res[n][0]['threads_contended']}"
+        print(f"| {n} | {t} | {q:.1f} | {c:.1f} | {s:.2f}x |")
 
 
 if __name__ == "__main__":
