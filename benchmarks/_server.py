@@ -124,3 +124,27 @@ class ProcTree:
     @property
     def cpu_s(self) -> float:
         return sum(self.cpu.values())
+
+
+def new_session(nice: int = 0) -> None:
+    """For ``preexec_fn``: put the child in a new session, thus its own scheduler autogroup (as
+    a program started from another terminal: with autogroups the kernel shares the CPU between
+    sessions first), with niceness ``nice`` for that autogroup and the process (negative:
+    root)."""
+    os.setsid()
+    if nice:
+        prioritize(nice)
+
+
+def prioritize(nice: int) -> None:
+    """Niceness ``nice`` for this process and its autogroup (with autogroups a process's own
+    nice value only ranks it within its session); a no-op where not permitted."""
+    try:
+        with open("/proc/self/autogroup", "w") as fh:
+            fh.write(str(nice))
+    except OSError:
+        pass
+    try:
+        os.nice(nice)
+    except OSError:
+        pass

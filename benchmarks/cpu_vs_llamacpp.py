@@ -19,8 +19,12 @@ llama.cpp is ``llama-cpp-python[server]`` (``python -m llama_cpp.server``, 2 thr
 context length) installed into its own venv ``<cache>/llamacpp-venv`` (the engine cache:
 ``$ENGINE_CACHE_DIR`` or ``~/.cache/engine``) from a wheel in ``<cache>/wheels/``, built there
 once when none is found (``pip wheel --no-deps llama-cpp-python`` with
-``CMAKE_ARGS=-DGGML_NATIVE=ON``, about 10 minutes). That server runs one request at a time (no
-continuous batching): concurrent streams queue behind each other.
+``CMAKE_ARGS=-DGGML_NATIVE=ON``, about 10 minutes). It is started with ``--logits_all False``
+(its default keeps every prompt position's logits, which serving does not need) and
+``--interrupt_requests False`` (its default cancels the streaming request when another
+arrives). That server runs one request at a time (no continuous batching): concurrent streams
+queue behind each other, which is what the concurrent rows measure. The wheel ships no
+``llama-server`` executable (the C++ server with continuous batching), so it is not measured.
 
 Machine load: the 1-minute load average before the start and during the run, and the CPU time
 of other processes (``/proc/stat`` busy time minus the CPU time of this script, its servers and
@@ -29,10 +33,16 @@ the load average at the start exceeded ``--max-load`` or other processes used mo
 core on average: the raw numbers are printed either way.
 
 ``--contention``: the batch-1 decode measured again, in the same round, with a competing busy
-process (``python -c 'while True: pass'``) running, for both servers, and the slowdown.
+process (``python -c 'while True: pass'``, in a session of its own like a program started from
+another terminal) running, for both servers, and the slowdown.
+
+``--nice -15`` (root), on a machine shared with other work: this script, its servers and its
+busy process run at that niceness (their autogroups too), ahead of the other work: closer to
+a quiet machine. The load figures then still count the other work, and ratios stay withheld
+when it was there; the numbers are better, not clean.
 
     python benchmarks/cpu_vs_llamacpp.py [--rounds 3] [--quick] [--contention]
-        [--ours-args "..."] [--llama-args "..."]
+        [--nice N] [--ours-args "..."] [--llama-args "..."]
 """
 
 from __future__ import annotations
@@ -52,7 +62,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from _server import ProcTree, cpu_seconds, free_port, stop, wait_ready  # this folder
+from _server import (ProcTree, cpu_seconds, free_port, new_session, prioritize, stop,  # here
+                     wait_ready)
 
 THREADS = 2
 DECODE_PROMPT = "The history of the city begins with a small settlement on the river, where"
@@ -164,8 +175,10 @@ class Load:
                 "wall": wall}
 
 
-def busy_process(load: Load) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+def busy_process(load: Load, nice: int) -> subprocess.Popen:
+    """``python -c 'while True: pass'`` in a session of its own (another terminal's program)."""
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                         preexec_fn=lambda: new_session(nice))
     load.track(p.pid)
     return p
 
@@ -279,7 +292,7 @@ def measure(server: Server, args, load: Load, ctx: int | None, round_no: int,
         decode_ms(client, server, 8)  # warm-up
         res["decode"] = decode_ms(client, server, args.max_tokens)
         if args.contention:
-            busy = busy_process(load)
+            busy = busy_process(load, args.nice)
             try:
                 time.sleep(0.5)
                 res["decode_contended"] = decode_ms(client, server, args.max_tokens)
@@ -316,12 +329,21 @@ def main() -> int:
     ap.add_argument("--max-load", type=float, default=1.0,
                     help="withhold ratios when the 1-minute load average at the start exceeds "
                          "this (default 1.0, for 2 cores)")
+    ap.add_argument("--nice", type=int, default=0,
+                    help="on a shared machine: run this script, its servers and its busy process "
+                         "at this niceness, autogroups included (negative: root)")
     ap.add_argument("--ours-args", default="", help="extra flags for engine serve (one string)")
     ap.add_argument("--llama-args", default="", help="extra flags for llama_cpp.server")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.max_tokens, args.streams = 1, 32, "1,8"
     args.streams = [int(n) for n in args.streams.split(",")]
+    if args.nice:
+        try:
+            os.setsid()  # an autogroup of our own, then its priority
+        except OSError:
+            pass
+        prioritize(args.nice)
 
     from engine.models.config import default_model_path
 
@@ -336,6 +358,7 @@ def main() -> int:
     llama = Server("llama.cpp", lambda port, ctx: [
         py, "-m", "llama_cpp.server", "--model", gguf, "--n_threads", str(THREADS),
         "--n_threads_batch", str(THREADS), "--n_ctx", str(ctx), "--port", str(port),
+        "--logits_all", "False", "--interrupt_requests", "False",
         *shlex.split(args.llama_args)], "/v1/models",
         {"logit_bias": eos, "repeat_penalty": 1.0, "top_k": 1})
     prompts = long_prompts(args.prompt_tokens, 1 + 3 * args.rounds)

@@ -1,52 +1,11 @@
-"""CPU serving under contention: the OpenMP environment ``engine serve`` sets before torch loads
-(kept when the user set their own), and the OpenMP team that follows the free cores."""
+"""CPU serving under contention: the OpenMP team of the forward follows the cores other
+processes leave free (engine.runtime.cpu_threads), and stays fixed where the user asked."""
 
 from __future__ import annotations
 
 import types
 
-import pytest
-
-from engine.cli import omp
 from engine.runtime import cpu_threads
-
-
-def test_omp_default_is_set_when_unset():
-    env: dict[str, str] = {"PATH": "/bin"}
-    added = omp.apply_omp_defaults(env)
-    assert added == omp.DEFAULTS and env == {"PATH": "/bin", **omp.DEFAULTS}
-
-
-@pytest.mark.parametrize("user", [{"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "infinite"},
-                                  {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "5"}])
-def test_a_users_own_wait_setting_is_kept(user):
-    env = dict(user)
-    assert omp.apply_omp_defaults(env) == {} and env == user
-
-
-def test_engine_serve_sets_it_before_the_server_loads(monkeypatch):
-    """``engine serve`` applies the defaults before it imports the server (and torch)."""
-    import os
-
-    from engine.cli.main import main
-
-    env = {k: v for k, v in os.environ.items() if k not in omp.WAIT_VARIABLES}
-    monkeypatch.setattr(os, "environ", env)  # a copy: nothing leaks into this process
-    seen = {}
-
-    def fake_run(argv):
-        seen.update({v: os.environ.get(v) for v in omp.WAIT_VARIABLES})
-        return 0
-
-    monkeypatch.setitem(__import__("sys").modules, "engine.cli.serve",
-                        types.SimpleNamespace(run=fake_run))
-    assert main(["serve"]) == 0
-    assert seen == {v: omp.DEFAULTS.get(v) for v in omp.WAIT_VARIABLES}
-    env.pop("GOMP_SPINCOUNT")
-    env["OMP_WAIT_POLICY"] = "ACTIVE"
-    assert main(["serve"]) == 0 and seen == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None}
-    env["GOMP_SPINCOUNT"] = "123"
-    assert main(["serve"]) == 0 and seen["GOMP_SPINCOUNT"] == "123"
 
 
 class FakeTorch:

@@ -35,9 +35,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if command == "serve":
-            from engine.cli.omp import apply_omp_defaults
-
-            apply_omp_defaults()  # before anything loads torch (and its OpenMP runtime)
             from engine.cli.serve import run
 
             return run(rest)
