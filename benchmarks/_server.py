@@ -145,6 +145,6 @@ def prioritize(nice: int) -> None:
     except OSError:
         pass
     try:
-        os.nice(nice)
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError:
         pass

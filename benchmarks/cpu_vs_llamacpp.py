@@ -34,7 +34,8 @@ core on average: the raw numbers are printed either way.
 
 ``--contention``: the batch-1 decode measured again, in the same round, with a competing busy
 process (``python -c 'while True: pass'``, in a session of its own like a program started from
-another terminal) running, for both servers, and the slowdown.
+another terminal) running, for both servers, and the slowdown (``--contention-tokens`` tokens,
+16: a server that waits for a preempted thread at every barrier takes seconds per token).
 
 ``--nice -15`` (root), on a machine shared with other work: this script, its servers and its
 busy process run at that niceness (their autogroups too), ahead of the other work: closer to
@@ -295,7 +296,7 @@ def measure(server: Server, args, load: Load, ctx: int | None, round_no: int,
             busy = busy_process(load, args.nice)
             try:
                 time.sleep(0.5)
-                res["decode_contended"] = decode_ms(client, server, args.max_tokens)
+                res["decode_contended"] = decode_ms(client, server, args.contention_tokens)
             finally:
                 busy.kill()
                 busy.wait()
@@ -326,6 +327,9 @@ def main() -> int:
     ap.add_argument("--streams", default="1,4,8,16", help="concurrent stream counts")
     ap.add_argument("--contention", action="store_true",
                     help="also batch-1 decode with a competing busy process, and the slowdown")
+    ap.add_argument("--contention-tokens", type=int, default=16,
+                    help="tokens of the contended decode request (a slowed server can take "
+                         "seconds per token)")
     ap.add_argument("--max-load", type=float, default=1.0,
                     help="withhold ratios when the 1-minute load average at the start exceeds "
                          "this (default 1.0, for 2 cores)")
