@@ -165,7 +165,7 @@ def main() -> None:
     print("| path | top-1 agreement with float32 % | mean KL(float32 ‖ path) nats |")
     print("|---|---|---|")
     for name, top1, kl in rows:
-        print(f"| {name} | {top1:.1f} | {kl:.5f} |")
+        print(f"| {name} | {top1:.1f} | {kl:.3g} |")
 
 
 if __name__ == "__main__":

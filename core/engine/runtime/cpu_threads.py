@@ -4,8 +4,11 @@ Every parallel region of a forward (torch's kernels and the C kernels of the ``g
 one OpenMP runtime) splits its work statically over the team and ends at a barrier. When
 another process keeps one of our cores busy, the team's thread on that core runs only when the
 kernel scheduler gives it a slice, and every region waits for it: a forward has hundreds of
-regions, and batch-1 decode on 2 cores went from 27 to 383 ms/token with one busy process on
-the other core. A team no larger than the free cores never waits for a preempted member.
+regions, and batch-1 decode on 2 cores went from ~10 ms to over a second per token with one
+busy process on the other core (docs/benchmarks/cpu-vs-llamacpp.md, "Contention"). A team no
+larger than the free cores never waits for a preempted member: with the sizer the same
+measurement gave ~1.5x, and the quiet speed stayed as it was (libgomp's own wait policy is
+left alone: a short spin or a passive wait also bounds the slowdown, but costs quiet speed).
 
 :class:`CpuThreads` measures, every ``period_s`` of stepping, the CPU time the machine's
 cores (those this process may run on) spent busy minus the CPU time of this process, i.e. what
