@@ -62,7 +62,6 @@ def setting_env(name: str) -> dict[str, str]:
 
 def child(steps: int) -> None:
     import torch
-
     from engine.config import ServerConfig
     from engine.runtime.model_runner import ModelRunner
     from engine.testing.batches import BatchBuilder

@@ -78,7 +78,6 @@ def our_logits(argv: list[str], ids: list[int], mode: str, chunk: int) -> np.nda
     import dataclasses
 
     import torch
-
     from engine.cli.args import parse_config
     from engine.plugins.registry import Registry
     from engine.runtime.model_runner import ModelRunner

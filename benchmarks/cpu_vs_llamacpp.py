@@ -62,9 +62,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-
-from _server import (ProcTree, cpu_seconds, free_port, new_session, prioritize, stop,  # here
-                     wait_ready)
+from _server import (  # here
+    ProcTree,
+    cpu_seconds,
+    free_port,
+    new_session,
+    prioritize,
+    stop,
+    wait_ready,
+)
 
 THREADS = 2
 DECODE_PROMPT = "The history of the city begins with a small settlement on the river, where"
@@ -245,9 +251,8 @@ def concurrent_tps(client, server: Server, n: int, max_tokens: int, round_no: in
 
 def long_prompts(n_tokens: int, count: int) -> list[str]:
     """``count`` different texts of exactly ``n_tokens`` tokens (our tokenizer: the GGUF's)."""
-    from transformers import AutoTokenizer
-
     from engine.models.config import default_model_path
+    from transformers import AutoTokenizer
 
     path = default_model_path()
     tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
@@ -420,9 +425,10 @@ def report(args, results, ld, gguf, ctx, binary) -> None:
 
     pt = (results["ours"][0].get("prompt_tokens"), results["llama.cpp"][0].get("prompt_tokens"))
     print()
+    shipped = (f"a llama-server binary is in the venv ({binary}), not measured" if binary
+               else "no llama-server binary in the wheel")
     print(f"model {os.path.basename(gguf)}, {THREADS} threads, llama.cpp n_ctx {ctx} "
-          f"(python -m llama_cpp.server, one request at a time"
-          f"{'; llama-server in the wheel: ' + binary if binary else '; no llama-server binary in the wheel'}), "
+          f"(python -m llama_cpp.server, one request at a time; {shipped}), "
           f"{args.rounds} round(s), {args.max_tokens} tokens/request, medians")
     print(f"prompt tokens of the TTFT prompt as each server counted them: ours {pt[0]}, "
           f"llama.cpp {pt[1]}")
