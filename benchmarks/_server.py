@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -16,15 +18,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(proc: subprocess.Popen, url: str, log_path: str, poll_s: float = 0.5) -> bool:
-    """Poll ``url``/health until it answers 200 (True); False, with the end of the server's
+def wait_ready(proc: subprocess.Popen, url: str, log_path: str, poll_s: float = 0.5,
+               path: str = "/health") -> bool:
+    """Poll ``url`` + ``path`` until it answers 200 (True); False, with the end of the server's
     log printed to stderr, when the server exits first."""
     while True:
         if proc.poll() is not None:
             print(open(log_path).read()[-3000:], file=sys.stderr)
             return False
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
+            if httpx.get(url + path, timeout=1).status_code == 200:
                 return True
         except httpx.HTTPError:
             pass
@@ -39,3 +42,109 @@ def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (from /proc/<pid>/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as fh:
+                    kids = [int(k) for k in fh.read().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _hwm_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ProcTree:
+    """Samples a process and its descendants every ``period`` s in a thread: the peak resident
+    set (the sum over the processes of each one's VmHWM, /proc/<pid>/status) and CPU seconds
+    used (each process's last reading). ``close()`` stops it; read ``peak_rss_mib`` and
+    ``cpu_s`` then (or any time)."""
+
+    def __init__(self, pid: int, period: float = 0.2):
+        self.pid, self.period = pid, period
+        self.hwm: dict[int, int] = {}
+        self.cpu: dict[int, float] = {}
+        self._stop = threading.Event()
+        self.sample()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        for p in [self.pid, *_children(self.pid)]:
+            self.hwm[p] = max(self.hwm.get(p, 0), _hwm_kib(p))
+            c = cpu_seconds(p)
+            if c:
+                self.cpu[p] = max(self.cpu.get(p, 0.0), c)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.sample()
+
+    def close(self) -> None:
+        """Last sample, then stop (call before the process is stopped)."""
+        self.sample()
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak_rss_mib(self) -> float:
+        return sum(self.hwm.values()) / 1024
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self.cpu.values())
+
+
+def new_session(nice: int = 0) -> None:
+    """For ``preexec_fn``: put the child in a new session, thus its own scheduler autogroup (as
+    a program started from another terminal: with autogroups the kernel shares the CPU between
+    sessions first), with niceness ``nice`` for that autogroup and the process (negative:
+    root)."""
+    os.setsid()
+    if nice:
+        prioritize(nice)
+
+
+def prioritize(nice: int) -> None:
+    """Niceness ``nice`` for this process and its autogroup (with autogroups a process's own
+    nice value only ranks it within its session); a no-op where not permitted."""
+    try:
+        with open("/proc/self/autogroup", "w") as fh:
+            fh.write(str(nice))
+    except OSError:
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError:
+        pass

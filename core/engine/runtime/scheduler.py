@@ -68,6 +68,7 @@ from typing import Any, Callable
 import torch
 
 from engine.config import ServerConfig
+from engine.runtime import cpu_threads
 from engine.runtime.allocator import PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode
 from engine.runtime.grammar import GrammarDeadEnd, MaskPrefetcher
@@ -204,6 +205,10 @@ class Scheduler:
             chunk = DEFAULT_CHUNKED_PREFILL.get(self.device.type, 2048)
         self.chunk_size = chunk if chunk > 0 else None  #: None: whole prompts
         self.max_prefill_tokens = max(config.max_prefill_tokens, 1)
+        #: on CPU, sizes the forward's OpenMP team to the free cores (None: fixed; also with
+        #: --enable-deterministic-inference, whose runs must not depend on the machine's load)
+        self.cpu_threads = None if config.enable_deterministic_inference else \
+            cpu_threads.for_device(self.device)
         self.max_queued = config.max_queued_requests
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -311,6 +316,8 @@ class Scheduler:
         self._drain_inbox(block=False)
         self.timer.mark("inbox")
         want_prefill = self.chunked is not None or bool(self.waiting)
+        if self.cpu_threads is not None and (want_prefill or self.running):
+            self.cpu_threads.update()
         plan: list[tuple[Req, int, list[int]]] = []
         if want_prefill and self.running:
             self._ensure_decode_room()  # first: what it retracts re-enters the queue
