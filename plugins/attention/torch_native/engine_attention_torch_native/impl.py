@@ -8,10 +8,11 @@ KV head, extend repeats KV heads). Correct for ragged batches, cached prefixes, 
 page size (slots are read one by one). Speculative tree verify: the new tokens' part of the mask
 is ``batch.tree_mask`` instead of causal.
 
-On the CPU with a float32 pool, decode and extend batches (trees excepted) skip the gather and
-the padding: the core's C kernel (:func:`engine.api.attention.attend_from_pool`) reads each
-token's keys from the pool, one token at a time, so a token's output is the same whether it is
-decoded or prefilled and whatever else is in the batch.
+On the CPU with a float32 pool, every batch skips the gather and the padding: the core's C
+kernel (:func:`engine.api.attention.attend_from_pool`) reads each token's keys from the pool,
+one token at a time, so a token's output is the same whether it is decoded, prefilled or
+verified as a draft, and whatever else is in the batch (a tree's token reads its own slot list:
+the prefix, then its ancestors and itself).
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ class Metadata:
 
 @dataclass
 class PoolTokens:
-    rows: torch.Tensor  #: [T] req_to_token row of each new token
+    rows: torch.Tensor  #: [T] row of each new token in ``table``
     lens: torch.Tensor  #: [T] keys each token sees (its position + 1)
     max_len: int
+    table: torch.Tensor | None = None  #: slot lists (None: ``batch.req_to_token``)
 
 
 class TorchNativeBackend(AttentionBackend):
@@ -58,7 +60,7 @@ class TorchNativeBackend(AttentionBackend):
         self.supports_tree_verify = not batch_invariant
 
     def _from_pool(self, batch: Batch) -> bool:
-        return batch.tree_mask is None and pool_attention_applies(self.pool)
+        return pool_attention_applies(self.pool)
 
     def decodes_from_pool(self, batch: Batch) -> bool:
         return not self.batch_invariant and batch.is_decode and self._from_pool(batch)
@@ -68,7 +70,9 @@ class TorchNativeBackend(AttentionBackend):
         if self.batch_invariant:
             return
         if self._from_pool(batch):
-            if not batch.is_decode:  # each new token: its request's row, keys up to itself
+            if batch.tree_mask is not None:
+                batch.attn_metadata = self._tree_tokens(batch)
+            elif not batch.is_decode:  # each new token: its request's row, keys up to itself
                 ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
                 rows = torch.repeat_interleave(batch.req_pool_indices,
                                                torch.tensor(ext, dtype=torch.int64))
@@ -77,6 +81,29 @@ class TorchNativeBackend(AttentionBackend):
                                                      batch.seq_lens.tolist()))
             return
         self.prepare_padded(batch)
+
+    @staticmethod
+    def _tree_tokens(batch: Batch) -> "PoolTokens":
+        """Tree verify from the pool: each new token's own slot list, the cached prefix then
+        its ancestors and itself in index order (so a path's keys come in the order a later
+        decode of it reads them, and the sums are the same)."""
+        seq = batch.seq_lens_cpu or batch.seq_lens.tolist()
+        ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
+        bsz, ctx, q_len = len(seq), max(seq), batch.tree_mask.shape[1]
+        kv_index = batch.req_to_token.index_select(0, batch.req_pool_indices)[:, :ctx]
+        keys = torch.arange(ctx)
+        rel = keys[None, :] - batch.prefix_lens[:, None]  # [B, L]: new-token index of a key
+        seen = batch.tree_mask.gather(
+            2, rel.clamp(0, q_len - 1)[:, None, :].expand(bsz, q_len, ctx))
+        visible = ((rel < 0)[:, None, :] | (seen & (rel < q_len)[:, None, :])) \
+            & (keys[None, :] < batch.seq_lens[:, None])[:, None, :]  # [B, Q, L]
+        order = torch.argsort((~visible).to(torch.int8), dim=-1, stable=True)
+        table = kv_index[:, None, :].expand(bsz, q_len, ctx).gather(2, order)
+        lens = visible.sum(-1)  # [B, Q]
+        token = torch.cat([torch.arange(e) + i * q_len for i, e in enumerate(ext)])
+        table = table.reshape(bsz * q_len, ctx)[token].contiguous()
+        return PoolTokens(torch.arange(len(token)), lens.reshape(-1)[token].contiguous(), ctx,
+                          table)
 
     def prepare_padded(self, batch: Batch) -> None:
         """The padded slot table and mask of the SDPA paths."""
@@ -137,8 +164,9 @@ class TorchNativeBackend(AttentionBackend):
             return attend_per_token(self.pool, q, layer, batch)
         md = batch.attn_metadata
         if isinstance(md, PoolTokens):
-            return attend_from_pool(self.pool, q.float(), layer, batch.req_to_token, md.rows,
-                                    md.lens, md.max_len).to(q.dtype)
+            table = batch.req_to_token if md.table is None else md.table
+            return attend_from_pool(self.pool, q.float(), layer, table, md.rows, md.lens,
+                                    md.max_len).to(q.dtype)
         bsz, q_len = md.kv_index.shape[0], md.num_queries
         heads, dim = q.shape[1], q.shape[2]
         if md.token_index is None:
