@@ -28,8 +28,11 @@ log = logging.getLogger("engine.runtime")
 
 _DTYPES = {"half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float": torch.float32, "float32": torch.float32}
-CPU_KV_BUDGET_BYTES = 2 * 2**30  #: default KV budget on CPU ...
-CPU_KV_MAX_TOKENS = 64 * 2**10  #: ... and at most this many tokens
+CPU_KV_BUDGET_BYTES = 2 * 2**30  #: the CPU budget --mem-fraction-static is a fraction of
+CPU_KV_MAX_TOKENS = 64 * 2**10  #: ... of at most this many tokens
+#: default KV capacity on CPU: the context asked for (--context-length), else the model's
+#: context up to this many tokens
+CPU_DEFAULT_CONTEXT = 8192
 GPU_MEM_FRACTION = 0.85  #: default --mem-fraction-static on GPU (weights + KV of total memory)
 DEFAULT_MAX_RUNNING = {"cpu": 64, "cuda": 256}
 
@@ -155,19 +158,27 @@ class ModelRunner:
         return 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem
 
     def _kv_tokens(self) -> int:
+        """KV pool capacity in tokens: ``--max-total-tokens``; else on a GPU the free memory
+        ``--mem-fraction-static`` leaves; on CPU with ``--mem-fraction-static``, that fraction of
+        a 2 GiB budget (at most 64Ki tokens); on CPU by default, room for one request of the
+        full context: ``--context-length`` when given, else the model's context capped at
+        :data:`CPU_DEFAULT_CONTEXT` (requests share it, like llama.cpp's ``n_ctx``). The CPU
+        sizes depend on the flags and the model only, never on the machine's RAM."""
         cfg, per_token = self.config, self._kv_bytes_per_token()
         if cfg.max_total_tokens is not None:
             if cfg.max_total_tokens < 1:
                 raise ConfigError("--max-total-tokens must be positive")
             return cfg.max_total_tokens
+        if self.device.type == "cpu" and cfg.mem_fraction_static is None:
+            if cfg.context_length is not None:
+                return max(self.max_context_len, self.page_size * 2)
+            return max(min(self.max_context_len, CPU_DEFAULT_CONTEXT), self.page_size * 2)
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             frac = cfg.mem_fraction_static or GPU_MEM_FRACTION
             budget = free - total * (1.0 - frac)
-        elif cfg.mem_fraction_static is not None:
-            budget = cfg.mem_fraction_static * CPU_KV_BUDGET_BYTES
         else:
-            budget = CPU_KV_BUDGET_BYTES
+            budget = cfg.mem_fraction_static * CPU_KV_BUDGET_BYTES
         tokens = int(budget // per_token)
         if self.device.type == "cpu":
             tokens = min(tokens, CPU_KV_MAX_TOKENS)
