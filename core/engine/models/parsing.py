@@ -124,6 +124,7 @@ class GGUFFile:
         start = -(-pos // align) * align
         self.data_offset = start
         self.tensors: list[GGUFTensor] = []
+        flat = self.map.view(np.ndarray)  # plain views of the map (np.memmap slices are slow)
         for name, dims, kind, offset in infos:
             qtype = gguf.GGMLQuantizationType(kind)
             block, type_size = gguf.GGML_QUANT_SIZES[qtype]
@@ -131,7 +132,7 @@ class GGUFFile:
             for d in dims:
                 count *= d
             nbytes = count // block * type_size
-            raw = self.map[start + offset:start + offset + nbytes]
+            raw = flat[start + offset:start + offset + nbytes]
             rows = tuple(reversed(dims))
             if qtype.name in _GGUF_ARRAYS:  # as gguf-py types them; everything else is bytes
                 data = raw.view(_GGUF_ARRAYS[qtype.name]).reshape(rows)

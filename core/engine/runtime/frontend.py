@@ -113,8 +113,9 @@ class Runtime:
         if assembly is not None:
             template = self.tokenizer.chat_template if self.tokenizer is not None else None
             self.parsers = assembly.parser_factories(template)
-            backend = assembly.grammar_backend(self.tokenizer, self.vocab_size) \
-                if self.tokenizer is not None else None
+            with self.runner.phase("grammar backend"):
+                backend = assembly.grammar_backend(self.tokenizer, self.vocab_size) \
+                    if self.tokenizer is not None else None
             if backend is not None:
                 self.grammars = Grammars(backend)
             # cross-cutting hooks of the selected plugins (engine.plugins.hookspecs)

@@ -11,9 +11,11 @@ each :class:`Batch`; :meth:`ModelRunner.forward` owns everything from the batch 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-from typing import Any
+import time
+from typing import Any, Iterator
 
 import torch
 
@@ -85,25 +87,32 @@ class ModelRunner:
         from engine.models.loader import load_model
 
         self.config = config
+        #: seconds of each start-up phase, in order (logged by the server when ready)
+        self.startup_seconds: dict[str, float] = {}
         assembly = assembly if assembly is not None else Assembly(config)
         self.device = pick_device(config.device, config.base_gpu_id)
-        self.model_config = assembly.model_config()
+        with self.phase("model config"):
+            self.model_config = assembly.model_config()
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config)
-        self.tokenizer: Tokenizer | None = (
-            None if config.skip_tokenizer_init
-            else Tokenizer.load(self.model_config, config.tokenizer_path,
-                                mode=config.tokenizer_mode, chat_template=config.chat_template))
+        with self.phase("tokenizer"):
+            self.tokenizer: Tokenizer | None = (
+                None if config.skip_tokenizer_init
+                else Tokenizer.load(self.model_config, config.tokenizer_path,
+                                    mode=config.tokenizer_mode,
+                                    chat_template=config.chat_template))
         self.max_context_len = config.context_length or self.model_config.context_len
         if config.page_size < 1:
             raise ConfigError(f"--page-size {config.page_size}: must be at least 1")
         self.page_size = config.page_size
         self._experts = assembly.experts(self.model_config, self.device)
-        self.model = load_model(self.model_config, config, self.device, self.dtype,
-                                architectures=assembly.architectures(),
-                                quant_method=assembly.quant_method(self.model_config,
-                                                                   self.device),
-                                experts=self._experts)
-        self.pool = self._make_pool()
+        with self.phase("quantization method"):
+            quant_method = assembly.quant_method(self.model_config, self.device)
+        with self.phase("weights"):
+            self.model = load_model(self.model_config, config, self.device, self.dtype,
+                                    architectures=assembly.architectures(),
+                                    quant_method=quant_method, experts=self._experts)
+        with self.phase("kv pool"):
+            self.pool = self._make_pool()
         self._kv_scales(self.pool)
         self.max_total_num_tokens = self.pool.num_slots - self.page_size
         self.max_running_requests = (config.max_running_requests
@@ -129,6 +138,16 @@ class ModelRunner:
         self.decode_graphs = self._make_decode_graphs()
 
     # ------------------------------------------------------------------ set-up
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the seconds the block takes to :attr:`startup_seconds` under ``name``."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.startup_seconds[name] = (self.startup_seconds.get(name, 0.0)
+                                          + time.monotonic() - t0)
 
     def _kv_dtype(self) -> torch.dtype:
         """``--kv-cache-dtype`` on this device (a format this build cannot store: ConfigError)."""
