@@ -14,7 +14,8 @@ the rounds.
   the rest (interpreter, imports, argument parsing, plugin discovery);
 * peak RSS: ``VmHWM`` of the server process when it is ready (the largest resident set so far).
 
-    python benchmarks/startup_cpu.py [--rounds 3] [-- extra serve flags, e.g. --context-length 2048]
+    python benchmarks/startup_cpu.py [--rounds 3] [--launcher script.py] [-- extra serve flags,
+        e.g. --context-length 2048]
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from _server import free_port, stop  # this folder, on the path when run as a sc
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
 
 
-def start_once(cache: str, flags: list[str]) -> dict[str, float]:
+def start_once(cache: str, flags: list[str], launcher: str | None = None) -> dict[str, float]:
     """One start: {"ready": s, "peak_rss_mib": MiB, phase: s...}."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -44,7 +45,8 @@ def start_once(cache: str, flags: list[str]) -> dict[str, float]:
     env = {**os.environ, "ENGINE_CACHE_DIR": cache}
     with open(log_path, "w") as log:
         t0 = time.monotonic()
-        proc = subprocess.Popen([ENGINE, "serve", "--port", str(port), *flags], stdout=log,
+        cmd = [ENGINE] if launcher is None else [sys.executable, launcher]
+        proc = subprocess.Popen([*cmd, "serve", "--port", str(port), *flags], stdout=log,
                                 stderr=subprocess.STDOUT, env=env)
         try:
             while True:
@@ -77,14 +79,16 @@ def start_once(cache: str, flags: list[str]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--launcher", help="a Python script run instead of the engine console "
+                    "script (it must take the same arguments), e.g. to measure a variant")
     args, flags = ap.parse_known_args()
     flags = [f for f in flags if f != "--"]
     runs: dict[str, list[dict[str, float]]] = {"cold": [], "warm": []}
     for _ in range(args.rounds):
         cache = tempfile.mkdtemp(prefix="engine-startup-")
         try:
-            runs["cold"].append(start_once(cache, flags))
-            runs["warm"].append(start_once(cache, flags))
+            runs["cold"].append(start_once(cache, flags, args.launcher))
+            runs["warm"].append(start_once(cache, flags, args.launcher))
         finally:
             shutil.rmtree(cache, ignore_errors=True)
     keys = [k for k in runs["warm"][0] if k not in ("ready", "peak_rss_mib")]

@@ -5,8 +5,8 @@ Formats: ``safetensors`` (memory-mapped), ``pt`` (``torch.load(mmap=True, weight
 map: a quantization method that reads them keeps them packed, so does the token embedding
 (:class:`~engine.runtime.linear.Embedding`) unless a tied head reads its dense table, every
 other parameter gets them dequantized to float32 by the ``gguf`` package: Q4_0, Q4_1, Q8_0,
-K-quants...; F16/F32 tensors arrive dense), ``dummy`` (random, seeded by ``--random-seed``). Checkpoint tensors are
-yielded under HF names; GGUF and Mistral-native names are mapped, and their Q/K rows (stored in
+K-quants...; F16/F32 tensors arrive dense), ``dummy`` (random, seeded by ``--random-seed``).
+Checkpoint tensors are yielded under HF names; GGUF and Mistral-native names are mapped, and their Q/K rows (stored in
 the interleaved-rotary order) are permuted back to the rotate-half order the model uses.
 """
 

@@ -82,9 +82,9 @@ class Embedding(nn.Module):
     """Token embeddings ``[vocab, hidden]``: ``forward(ids)`` -> ``[..., hidden]``.
 
     The ``weight`` is dense unless it arrives as a :class:`PackedWeight` (a quantized GGUF
-    table) on the CPU while ``keep_packed`` is set: then the blocks are kept as they came (a view of the
-    memory-mapped file) and each forward dequantizes only the rows it looks up, which gives the
-    same values as the dense table. The model clears ``keep_packed`` when something reads the
+    table) on the CPU while ``keep_packed`` is set: then the blocks are kept as they came (a
+    view of the memory-mapped file) and each forward dequantizes only the rows it looks up,
+    which gives the same values as the dense table. The model clears ``keep_packed`` when something reads the
     dense table itself (a tied output head without its own quantization method).
     """
 
