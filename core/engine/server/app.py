@@ -33,7 +33,7 @@ import engine
 from engine.config import ServerConfig
 from engine.assembly import Assembly
 from engine.models.completion_templates import load_completion_template
-from engine.runtime.frontend import RequestError, Runtime, start_runtime
+from engine.runtime.frontend import RequestError, Runtime, start_runtime, startup_phase
 from engine.runtime.logit_processors import choose as choose_processor
 from engine.runtime.sampling import InvalidParam, SamplingParams
 from engine.runtime.watchdog import watch_forwards
@@ -517,7 +517,7 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
                               config.soft_watchdog_timeout)
     try:
         if not config.skip_server_warmup:
-            with runtime.runner.phase("warm-up"):
+            with startup_phase(runtime.runner, "warm-up"):
                 _warm_up(runtime)
         t_http = time.monotonic()
         name = _model_name(config, runtime)
