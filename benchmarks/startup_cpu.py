@@ -51,8 +51,8 @@ def start_once(cache: str, flags: list[str], launcher: str | None = None) -> dic
         try:
             while True:
                 if proc.poll() is not None:
-                    sys.exit(f"the server exited ({proc.returncode}):\n"
-                             + open(log_path).read()[-3000:])
+                    with open(log_path) as fh:
+                        sys.exit(f"the server exited ({proc.returncode}):\n" + fh.read()[-3000:])
                 try:
                     if httpx.get(url + "/health", timeout=1).status_code == 200:
                         break
@@ -64,7 +64,8 @@ def start_once(cache: str, flags: list[str], launcher: str | None = None) -> dic
                 hwm = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM"))
         finally:
             stop(proc)
-    text = open(log_path).read()
+    with open(log_path) as fh:
+        text = fh.read()
     out = {"ready": ready, "peak_rss_mib": hwm / 1024}
     inside = re.search(r"\(([\d.]+) s to ready", text)
     phases = re.search(r"start-up phases \(s\): (.*)", text)

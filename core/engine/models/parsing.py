@@ -46,7 +46,7 @@ class GGUFTensor:
     of its bytes in the file's copy-on-write memory map (float tensors typed and shaped like
     gguf-py's, quantized ones uint8 ``[rows..., row_bytes]``)."""
 
-    __slots__ = ("name", "shape", "tensor_type", "data")
+    __slots__ = ("data", "name", "shape", "tensor_type")
 
     def __init__(self, name: str, shape: Any, tensor_type: Any, data: Any) -> None:
         self.name, self.shape, self.tensor_type, self.data = name, shape, tensor_type, data

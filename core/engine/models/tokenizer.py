@@ -64,7 +64,7 @@ class Tokenizer:
             if cached is not None and os.path.isfile(os.path.join(cached, "tokenizer.json")):
                 try:
                     hf = PreTrainedTokenizerFast.from_pretrained(cached, local_files_only=True)
-                except Exception as exc:  # a damaged entry: build again (and replace it)
+                except Exception as exc:  # noqa: BLE001 - a damaged entry: build it again
                     log.warning("ignoring the cached tokenizer %s (%s: %s)", cached,
                                 type(exc).__name__, exc)
             if hf is None:
