@@ -159,10 +159,12 @@ class ServerConfig:
         "backend with a batch-invariant path (torch_native).", type=None)
     # memory and scheduling
     mem_fraction_static: float | None = _opt(
-        None, "Fraction of free device memory for weights + KV cache (GPU); of the CPU budget.",
-        type=float)
+        None, "Fraction of free device memory for weights + KV cache (GPU); on CPU, of a "
+        "2 GiB KV budget (at most 64Ki tokens).", type=float)
     max_total_tokens: int | None = _opt(None, "KV cache capacity in tokens (overrides "
-                                        "--mem-fraction-static).", type=parse_size)
+                                        "--mem-fraction-static). Default on CPU: one full "
+                                        "context (--context-length, else the model's context "
+                                        "up to 8192 tokens).", type=parse_size)
     page_size: int = _opt(1, "Tokens per KV cache page.", type=int)
     chunked_prefill_size: int | None = _opt(None, "Longest prefill chunk in tokens "
                                             "(default 2048 on CPU, 8192 on GPU; -1 disables).",

@@ -28,7 +28,8 @@ from engine.models.moe import ExpertWeights, SparseMoeBlock
 from engine.runtime.attention import AttentionBackend, AttentionLayerSpec
 from engine.runtime import fused
 from engine.runtime.batch import Batch
-from engine.runtime.linear import Linear, PackedWeight, QuantMethod, UnquantizedMethod, rowwise
+from engine.runtime.linear import (Embedding, Linear, PackedWeight, QuantMethod,
+                                   UnquantizedMethod, rowwise)
 
 #: builds the quantization method of one linear layer from its qualified name (None: dense)
 QuantFactory = Callable[[str], "QuantMethod | None"]
@@ -264,8 +265,7 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantFactory,
                  experts: "ExpertParts | None" = None) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, experts)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
@@ -322,6 +322,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings and head_method is None else Linear(
             cfg.hidden_size, cfg.vocab_size, dtype=dtype, quant_method=head_method)
         self._plans: dict[int, Any] = {}  # KV pool id -> CPU decode plan (False: none fits)
+        # a packed (quantized GGUF) embedding table stays packed unless the head reads it dense
+        self.model.embed_tokens.keep_packed = self.lm_head is not None
         self.fused_rope = all(layer.self_attn.fusable for layer in self.model.layers) and \
             cfg.head_dim % 2 == 0 and (cfg.head_dim // 2) & (cfg.head_dim // 2 - 1) == 0
 

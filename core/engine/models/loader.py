@@ -1,10 +1,12 @@
 """Build the model of a :class:`ModelConfig` and fill its weights.
 
 Formats: ``safetensors`` (memory-mapped), ``pt`` (``torch.load(mmap=True, weights_only=True)``),
-``gguf`` (quantized tensors arrive as :class:`PackedWeight` blocks: a quantization method that
-reads them keeps them packed, every other parameter gets them dequantized to float32 by the
-``gguf`` package: Q4_0, Q4_1, Q8_0, K-quants...; F16/F32 tensors arrive dense), ``dummy`` (random, seeded by ``--random-seed``). Checkpoint tensors are
-yielded under HF names; GGUF and Mistral-native names are mapped, and their Q/K rows (stored in
+``gguf`` (memory-mapped; quantized tensors arrive as :class:`PackedWeight` blocks, views of the
+map: a quantization method that reads them keeps them packed, so does the token embedding
+(:class:`~engine.runtime.linear.Embedding`) unless a tied head reads its dense table, every
+other parameter gets them dequantized to float32 by the ``gguf`` package: Q4_0, Q4_1, Q8_0,
+K-quants...; F16/F32 tensors arrive dense), ``dummy`` (random, seeded by ``--random-seed``).
+Checkpoint tensors are yielded under HF names; GGUF and Mistral-native names are mapped, and their Q/K rows (stored in
 the interleaved-rotary order) are permuted back to the rotate-half order the model uses.
 """
 
@@ -70,9 +72,12 @@ def _fix_qk(hf_name: str, t: Any, cfg: ModelConfig) -> Any:
              else cfg.num_key_value_heads if ".self_attn.k_proj." in hf_name else None)
     if heads is None:
         return t
+    # one gather of whole rows (a strided 4-d copy of uint8 blocks is ~100x slower)
+    rows = t.shape[0]
+    order = unpermute_rows(torch.arange(rows), heads)
     if isinstance(t, PackedWeight):  # rows of blocks permute like rows of values
-        return t.map_rows(lambda rows: unpermute_rows(rows, heads))
-    return unpermute_rows(t, heads)
+        return t.map_rows(lambda data: data.index_select(0, order))
+    return t.index_select(0, order)
 
 
 #: GGUF types that arrive as dense tensors (everything else is block-quantized)
@@ -80,13 +85,19 @@ _GGUF_DENSE = ("F32", "F16", "BF16", "F64")
 
 
 def _gguf_tensor(t: Any) -> "torch.Tensor | PackedWeight":
+    """One GGUF tensor without copying its bytes where the layout allows: packed blocks and
+    float32 tensors are views of the file's copy-on-write map (:class:`GGUFFile`); other
+    float types are converted."""
     import gguf
 
     shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+    data = t.data if t.data.flags.writeable else t.data.copy()  # gguf.GGUFReader: read-only
     if t.tensor_type.name not in _GGUF_DENSE and len(shape) == 2:
-        data = torch.from_numpy(t.data.reshape(shape[0], -1).copy())
-        return PackedWeight(data, t.tensor_type.name, (shape[0], shape[1]))
-    array = gguf.dequantize(t.data, t.tensor_type).reshape(shape)
+        return PackedWeight(torch.from_numpy(data.reshape(shape[0], -1)), t.tensor_type.name,
+                            (shape[0], shape[1]))
+    if t.tensor_type.name == "F32":
+        return torch.from_numpy(data.reshape(shape))
+    array = gguf.dequantize(data, t.tensor_type).reshape(shape)
     return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 

@@ -20,12 +20,143 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 
 
+#: GGUF metadata value types -> struct format of one scalar (8: string, 9: array)
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
+                 11: "q", 12: "d"}
+#: GGML tensor types read as typed arrays (the others, BF16 included, as bytes, like gguf-py)
+_GGUF_ARRAYS = {"F32": "float32", "F16": "float16", "F64": "float64", "I8": "int8",
+                "I16": "int16", "I32": "int32", "I64": "int64"}
+
+
+class GGUFField:
+    """One metadata key's value (``contents()``: an int, float, bool, str or list of them)."""
+
+    __slots__ = ("name", "value")
+
+    def __init__(self, name: str, value: Any) -> None:
+        self.name, self.value = name, value
+
+    def contents(self) -> Any:
+        return self.value
+
+
+class GGUFTensor:
+    """One tensor of a GGUF file: ``name``, ``shape`` (GGUF order: fastest-varying first, as
+    gguf-py gives it), ``tensor_type`` (``gguf.GGMLQuantizationType``) and ``data``: a numpy view
+    of its bytes in the file's copy-on-write memory map (float tensors typed and shaped like
+    gguf-py's, quantized ones uint8 ``[rows..., row_bytes]``)."""
+
+    __slots__ = ("data", "name", "shape", "tensor_type")
+
+    def __init__(self, name: str, shape: Any, tensor_type: Any, data: Any) -> None:
+        self.name, self.shape, self.tensor_type, self.data = name, shape, tensor_type, data
+
+
+class GGUFFile:
+    """The metadata (``fields``) and tensors of a GGUF file (v2/v3, little-endian).
+
+    The header is parsed with :mod:`struct` straight from the mapped bytes, strings of big
+    vocabularies included (tens of milliseconds where ``gguf.GGUFReader`` takes seconds), and
+    tensor data are views of one ``np.memmap`` in copy-on-write mode: nothing is read until
+    used, pages are shared with the page cache, and the views are writable (so ``torch``
+    accepts them without a copy) while writes stay private to the process.
+    """
+
+    def __init__(self, path: str) -> None:
+        import struct
+
+        import gguf
+        import numpy as np
+
+        self.path = path
+        self.map = np.memmap(path, mode="c")
+        buf = memoryview(self.map)  # type: ignore[arg-type]
+        unpack = struct.unpack_from
+        if bytes(buf[:4]) != b"GGUF":
+            raise ValueError("no GGUF magic")
+        version, n_tensors, n_kv = unpack("<IQQ", buf, 4)
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version} (this reader reads 2 and 3)")
+        pos = 24
+
+        def string() -> str:
+            nonlocal pos
+            (n,) = unpack("<Q", buf, pos)
+            pos += 8 + n
+            return str(buf[pos - n:pos], "utf-8", "replace")
+
+        def value(kind: int) -> Any:
+            nonlocal pos
+            if kind == 8:
+                return string()
+            if kind == 9:
+                elem, count = unpack("<IQ", buf, pos)
+                pos += 12
+                if elem == 8:
+                    return [string() for _ in range(count)]
+                if elem == 9:
+                    return [value(9) for _ in range(count)]
+                fmt = _GGUF_SCALARS[elem]
+                items = list(unpack(f"<{count}{fmt}", buf, pos))
+                pos += struct.calcsize(f"<{count}{fmt}")
+                return items
+            fmt = "<" + _GGUF_SCALARS[kind]
+            (item,) = unpack(fmt, buf, pos)
+            pos += struct.calcsize(fmt)
+            return item
+
+        self.fields: dict[str, GGUFField] = {}
+        for _ in range(n_kv):
+            key = string()
+            (kind,) = unpack("<I", buf, pos)
+            pos += 4
+            self.fields[key] = GGUFField(key, value(kind))
+        infos = []
+        for _ in range(n_tensors):
+            name = string()
+            (n_dims,) = unpack("<I", buf, pos)
+            dims = unpack(f"<{n_dims}Q", buf, pos + 4)
+            kind, offset = unpack("<IQ", buf, pos + 4 + 8 * n_dims)
+            pos += 4 + 8 * n_dims + 12
+            infos.append((name, dims, kind, offset))
+        align = int(self.fields["general.alignment"].value) \
+            if "general.alignment" in self.fields else 32
+        start = -(-pos // align) * align
+        self.data_offset = start
+        self.tensors: list[GGUFTensor] = []
+        flat = self.map.view(np.ndarray)  # plain views of the map (np.memmap slices are slow)
+        for name, dims, kind, offset in infos:
+            qtype = gguf.GGMLQuantizationType(kind)
+            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            count = 1
+            for d in dims:
+                count *= d
+            nbytes = count // block * type_size
+            raw = flat[start + offset:start + offset + nbytes]
+            rows = tuple(reversed(dims))
+            if qtype.name in _GGUF_ARRAYS:  # as gguf-py types them; everything else is bytes
+                data = raw.view(_GGUF_ARRAYS[qtype.name]).reshape(rows)
+            else:
+                data = raw.reshape(*rows[:-1], rows[-1] // block * type_size)
+            self.tensors.append(GGUFTensor(name, np.array(dims, dtype=np.uint64), qtype, data))
+
+
 @functools.lru_cache(maxsize=2)
 def open_gguf(path: str) -> Any:
-    """A parsed ``gguf.GGUFReader`` (cached: parsing the metadata of a big vocabulary takes
-    seconds, and the config parser, the loader and the tokenizer all read it)."""
+    """A parsed GGUF file (:class:`GGUFFile`; cached: the config parser, the loader and the
+    tokenizer all read it). Files this reader does not parse (GGUF v1, big-endian) fall back to
+    ``gguf.GGUFReader``, which reads them all, slowly."""
+    import struct
+
     import gguf
 
+    try:
+        return GGUFFile(path)
+    except (ValueError, KeyError, IndexError, struct.error):
+        pass
+    except OSError as exc:
+        raise ConfigError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") \
+            from None
     try:
         return gguf.GGUFReader(path)
     except Exception as exc:

@@ -4,11 +4,14 @@ metadata) and the incremental detokenizer used when streaming.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Sequence
 
 from engine.errors import ConfigError
 from engine.models.config import ModelConfig
+
+log = logging.getLogger("engine.models")
 
 
 class Tokenizer:
@@ -51,9 +54,23 @@ class Tokenizer:
             kwargs["use_fast"] = False
         # For a GGUF the fast-tokenizer class is built straight from the metadata; AutoTokenizer
         # would first parse the whole file again to pick the class (seconds for a big vocab).
+        # The built tokenizer is cached (see gguf_tokenizer_cache), so a second start loads it
+        # from its tokenizer.json.
         loader = PreTrainedTokenizerFast if "gguf_file" in kwargs else AutoTokenizer
+        cached = (gguf_tokenizer_cache(os.path.join(path, kwargs["gguf_file"]))
+                  if "gguf_file" in kwargs else None)
         try:
-            hf = loader.from_pretrained(path, **kwargs)
+            hf = None
+            if cached is not None and os.path.isfile(os.path.join(cached, "tokenizer.json")):
+                try:
+                    hf = PreTrainedTokenizerFast.from_pretrained(cached, local_files_only=True)
+                except Exception as exc:  # noqa: BLE001 - a damaged entry: build it again
+                    log.warning("ignoring the cached tokenizer %s (%s: %s)", cached,
+                                type(exc).__name__, exc)
+            if hf is None:
+                hf = loader.from_pretrained(path, **kwargs)
+                if cached is not None:
+                    _save_cached(hf, cached)
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ConfigError(f"cannot load the tokenizer from {path}: "
@@ -100,6 +117,50 @@ class Tokenizer:
         if not tokenize:
             return text
         return self.encode(text, add_special_tokens=False)
+
+
+def gguf_tokenizer_cache(gguf_path: str) -> str | None:
+    """Where the fast tokenizer built from ``gguf_path``'s metadata is cached: a folder under
+    the engine cache directory (``tokenizers/``) named by a hash of the file's absolute path,
+    size and modification time and of the transformers and tokenizers versions that built it.
+    None when the file cannot be stat'ed."""
+    import hashlib
+
+    import tokenizers
+    import transformers
+
+    from engine.plugins import cache_dir
+
+    try:
+        st = os.stat(gguf_path)
+    except OSError:
+        return None
+    key = "\0".join((os.path.abspath(gguf_path), str(st.st_size), str(st.st_mtime_ns),
+                     transformers.__version__, tokenizers.__version__))
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    return os.path.join(cache_dir(), "tokenizers", f"{os.path.basename(gguf_path)}-{digest}")
+
+
+def _save_cached(hf: Any, folder: str) -> None:
+    """Save ``hf`` to ``folder`` atomically (written aside, then renamed); a cache that cannot
+    be written is skipped with a log line."""
+    import shutil
+    import tempfile
+
+    try:
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(folder))
+        try:
+            hf.save_pretrained(tmp)
+            if os.path.isdir(folder):  # a damaged entry
+                shutil.rmtree(folder, ignore_errors=True)
+            os.rename(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    except OSError as exc:
+        if not os.path.isdir(folder):  # else another process saved it first
+            log.info("the tokenizer is not cached (%s: %s)", type(exc).__name__, exc)
 
 
 def read_chat_template(value: str) -> str:

@@ -30,6 +30,22 @@ class AttentionLayerSpec:
     scaling: float
 
 
+def _cpu_zeros(count: int, shape: tuple[int, ...], dtype: torch.dtype
+               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``count`` zero tensors of ``shape`` (split in two halves) in one anonymous memory map:
+    the kernel hands out zeroed pages on first touch, so creating the pool costs no time and
+    the process's resident memory grows only with the slots actually written."""
+    import math
+    import mmap
+
+    elem = torch.empty((), dtype=dtype).element_size()
+    each = math.prod(shape) * elem
+    buf = mmap.mmap(-1, max(count * each, 1))
+    flat = torch.frombuffer(buf, dtype=torch.uint8)  # holds a reference to buf
+    tensors = [flat[i * each:(i + 1) * each].view(dtype).view(shape) for i in range(count)]
+    return tensors[:count // 2], tensors[count // 2:]
+
+
 class KVPool:
     """K and V buffers of every layer, indexed by token slot: ``k[layer]`` is [slots, Hkv, D].
 
@@ -44,8 +60,11 @@ class KVPool:
         self.page_size, self.dtype, self.device = page_size, dtype, device
         self.num_slots = num_slots
         shape = (num_slots, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        if torch.device(device).type == "cpu":
+            self.k, self.v = _cpu_zeros(2 * num_layers, shape, dtype)
+        else:
+            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         #: fp8 storage (``--kv-cache-dtype fp8_e4m3/fp8_e5m2``): values are stored divided by
         #: the layer's per-tensor scale and multiplied back on read (:meth:`gather`)
         self.is_fp8 = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)

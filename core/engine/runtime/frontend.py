@@ -5,6 +5,7 @@ scheduler requests (``n`` sequences each).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -63,6 +64,13 @@ class RequestError(ValueError):
         self.param, self.status, self.code, self.type = param, status, code, type
 
 
+def startup_phase(runner: Any, name: str) -> Any:
+    """``runner.phase(name)`` (timed into its start-up phases), or nothing for a runner that
+    does not time phases."""
+    phase = getattr(runner, "phase", None)
+    return phase(name) if phase is not None else contextlib.nullcontext()
+
+
 class Runtime:
     """Model runner + scheduler. Thread-safe entry points: :meth:`make_reqs`,
     :meth:`claim_rid`/:meth:`release_rid` and the scheduler's ``submit``/``abort``."""
@@ -113,8 +121,9 @@ class Runtime:
         if assembly is not None:
             template = self.tokenizer.chat_template if self.tokenizer is not None else None
             self.parsers = assembly.parser_factories(template)
-            backend = assembly.grammar_backend(self.tokenizer, self.vocab_size) \
-                if self.tokenizer is not None else None
+            with startup_phase(self.runner, "grammar backend"):
+                backend = assembly.grammar_backend(self.tokenizer, self.vocab_size) \
+                    if self.tokenizer is not None else None
             if backend is not None:
                 self.grammars = Grammars(backend)
             # cross-cutting hooks of the selected plugins (engine.plugins.hookspecs)

@@ -45,9 +45,88 @@ class PackedWeight:
                               "dequantize it") from None
         return torch.from_numpy(array.reshape(self.shape))
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 ``[len(ids), cols]``: rows ``ids`` alone, dequantized (bit for bit the same
+        values as those rows of :meth:`dequantize`)."""
+        return dequantize_rows(self.qtype, self.data.index_select(0, ids.reshape(-1)),
+                               self.shape[1])
+
     def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "PackedWeight":
         """The same weight with its rows rearranged by ``fn`` (which sees ``data``)."""
         return PackedWeight(fn(self.data).contiguous(), self.qtype, self.shape)
+
+
+def _q8_0_rows(blocks: torch.Tensor, cols: int) -> torch.Tensor:
+    """GGUF Q8_0 (per 32 values: a float16 scale, then 32 int8): ``q * d`` in float32, the
+    gguf package's arithmetic."""
+    b = blocks.reshape(blocks.shape[0], cols // 32, 34)
+    d = b[..., :2].view(torch.float16).float()
+    return (b[..., 2:].view(torch.int8).float() * d).reshape(blocks.shape[0], cols)
+
+
+#: GGUF types whose rows :func:`dequantize_rows` decodes with torch ops (others: the gguf
+#: package, on the selected rows only)
+_ROW_DEQUANTIZERS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {"Q8_0": _q8_0_rows}
+
+
+def dequantize_rows(qtype: str, blocks: torch.Tensor, cols: int) -> torch.Tensor:
+    """float32 ``[rows, cols]`` of ``blocks`` (uint8 ``[rows, row_bytes]`` of GGUF type
+    ``qtype``)."""
+    fn = _ROW_DEQUANTIZERS.get(qtype)
+    if fn is not None:
+        return fn(blocks, cols)
+    return PackedWeight(blocks.contiguous(), qtype, (blocks.shape[0], cols)).dequantize()
+
+
+class Embedding(nn.Module):
+    """Token embeddings ``[vocab, hidden]``: ``forward(ids)`` -> ``[..., hidden]``.
+
+    The ``weight`` is dense unless it arrives as a :class:`PackedWeight` (a quantized GGUF
+    table) on the CPU while ``keep_packed`` is set: then the blocks are kept as they came (a
+    view of the memory-mapped file) and each forward dequantizes only the rows it looks up,
+    which gives the same values as the dense table. The model clears ``keep_packed`` when something reads the
+    dense table itself (a tied output head without its own quantization method).
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.keep_packed = True
+        self.packed: PackedWeight | None = None
+        weight = nn.Parameter(torch.empty((num_embeddings, embedding_dim), dtype=dtype),
+                              requires_grad=False)
+        weight.weight_loader = self._load
+        self.weight = weight
+        self._dtype = dtype
+
+    def _load(self, param: nn.Parameter, tensor: Any, offset: int, size: int | None) -> None:
+        from engine.errors import ConfigError
+
+        expected = (self.num_embeddings, self.embedding_dim)
+        if isinstance(tensor, PackedWeight) and self.keep_packed and param.device.type == "cpu":
+            if tuple(tensor.shape) != expected:
+                raise ConfigError(f"shape {tuple(tensor.shape)}, expected {expected}")
+            self.packed = tensor
+            # the dense table is never allocated: an empty stand-in keeps the parameter's name
+            param.data = torch.empty((0, self.embedding_dim), dtype=param.dtype,
+                                     device=param.device)
+            return
+        if isinstance(tensor, PackedWeight):
+            tensor = tensor.dequantize()
+        if tuple(tensor.shape) != expected:
+            raise ConfigError(f"shape {tuple(tensor.shape)}, expected {expected}")
+        param.data.copy_(tensor)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        packed = self.packed
+        if packed is None:
+            return F.embedding(ids, self.weight)
+        rows = packed.rows(ids.to(packed.data.device)).to(device=ids.device, dtype=self._dtype)
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        kind = f"packed {self.packed.qtype}" if self.packed is not None else "dense"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {kind}"
 
 
 class QuantMethod(ABC):

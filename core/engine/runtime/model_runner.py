@@ -11,9 +11,11 @@ each :class:`Batch`; :meth:`ModelRunner.forward` owns everything from the batch 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-from typing import Any
+import time
+from typing import Any, Iterator
 
 import torch
 
@@ -28,8 +30,11 @@ log = logging.getLogger("engine.runtime")
 
 _DTYPES = {"half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float": torch.float32, "float32": torch.float32}
-CPU_KV_BUDGET_BYTES = 2 * 2**30  #: default KV budget on CPU ...
-CPU_KV_MAX_TOKENS = 64 * 2**10  #: ... and at most this many tokens
+CPU_KV_BUDGET_BYTES = 2 * 2**30  #: the CPU budget --mem-fraction-static is a fraction of
+CPU_KV_MAX_TOKENS = 64 * 2**10  #: ... of at most this many tokens
+#: default KV capacity on CPU: the context asked for (--context-length), else the model's
+#: context up to this many tokens
+CPU_DEFAULT_CONTEXT = 8192
 GPU_MEM_FRACTION = 0.85  #: default --mem-fraction-static on GPU (weights + KV of total memory)
 DEFAULT_MAX_RUNNING = {"cpu": 64, "cuda": 256}
 
@@ -82,25 +87,32 @@ class ModelRunner:
         from engine.models.loader import load_model
 
         self.config = config
+        #: seconds of each start-up phase, in order (logged by the server when ready)
+        self.startup_seconds: dict[str, float] = {}
         assembly = assembly if assembly is not None else Assembly(config)
         self.device = pick_device(config.device, config.base_gpu_id)
-        self.model_config = assembly.model_config()
+        with self.phase("model config"):
+            self.model_config = assembly.model_config()
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config)
-        self.tokenizer: Tokenizer | None = (
-            None if config.skip_tokenizer_init
-            else Tokenizer.load(self.model_config, config.tokenizer_path,
-                                mode=config.tokenizer_mode, chat_template=config.chat_template))
+        with self.phase("tokenizer"):
+            self.tokenizer: Tokenizer | None = (
+                None if config.skip_tokenizer_init
+                else Tokenizer.load(self.model_config, config.tokenizer_path,
+                                    mode=config.tokenizer_mode,
+                                    chat_template=config.chat_template))
         self.max_context_len = config.context_length or self.model_config.context_len
         if config.page_size < 1:
             raise ConfigError(f"--page-size {config.page_size}: must be at least 1")
         self.page_size = config.page_size
         self._experts = assembly.experts(self.model_config, self.device)
-        self.model = load_model(self.model_config, config, self.device, self.dtype,
-                                architectures=assembly.architectures(),
-                                quant_method=assembly.quant_method(self.model_config,
-                                                                   self.device),
-                                experts=self._experts)
-        self.pool = self._make_pool()
+        with self.phase("quantization method"):
+            quant_method = assembly.quant_method(self.model_config, self.device)
+        with self.phase("weights"):
+            self.model = load_model(self.model_config, config, self.device, self.dtype,
+                                    architectures=assembly.architectures(),
+                                    quant_method=quant_method, experts=self._experts)
+        with self.phase("kv pool"):
+            self.pool = self._make_pool()
         self._kv_scales(self.pool)
         self.max_total_num_tokens = self.pool.num_slots - self.page_size
         self.max_running_requests = (config.max_running_requests
@@ -126,6 +138,16 @@ class ModelRunner:
         self.decode_graphs = self._make_decode_graphs()
 
     # ------------------------------------------------------------------ set-up
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the seconds the block takes to :attr:`startup_seconds` under ``name``."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.startup_seconds[name] = (self.startup_seconds.get(name, 0.0)
+                                          + time.monotonic() - t0)
 
     def _kv_dtype(self) -> torch.dtype:
         """``--kv-cache-dtype`` on this device (a format this build cannot store: ConfigError)."""
@@ -155,19 +177,27 @@ class ModelRunner:
         return 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem
 
     def _kv_tokens(self) -> int:
+        """KV pool capacity in tokens: ``--max-total-tokens``; else on a GPU the free memory
+        ``--mem-fraction-static`` leaves; on CPU with ``--mem-fraction-static``, that fraction of
+        a 2 GiB budget (at most 64Ki tokens); on CPU by default, room for one request of the
+        full context: ``--context-length`` when given, else the model's context capped at
+        :data:`CPU_DEFAULT_CONTEXT` (requests share it, like llama.cpp's ``n_ctx``). The CPU
+        sizes depend on the flags and the model only, never on the machine's RAM."""
         cfg, per_token = self.config, self._kv_bytes_per_token()
         if cfg.max_total_tokens is not None:
             if cfg.max_total_tokens < 1:
                 raise ConfigError("--max-total-tokens must be positive")
             return cfg.max_total_tokens
+        if self.device.type == "cpu" and cfg.mem_fraction_static is None:
+            if cfg.context_length is not None:
+                return max(self.max_context_len, self.page_size * 2)
+            return max(min(self.max_context_len, CPU_DEFAULT_CONTEXT), self.page_size * 2)
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             frac = cfg.mem_fraction_static or GPU_MEM_FRACTION
             budget = free - total * (1.0 - frac)
-        elif cfg.mem_fraction_static is not None:
-            budget = cfg.mem_fraction_static * CPU_KV_BUDGET_BYTES
         else:
-            budget = CPU_KV_BUDGET_BYTES
+            budget = cfg.mem_fraction_static * CPU_KV_BUDGET_BYTES
         tokens = int(budget // per_token)
         if self.device.type == "cpu":
             tokens = min(tokens, CPU_KV_MAX_TOKENS)

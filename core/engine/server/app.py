@@ -33,7 +33,7 @@ import engine
 from engine.config import ServerConfig
 from engine.assembly import Assembly
 from engine.models.completion_templates import load_completion_template
-from engine.runtime.frontend import RequestError, Runtime, start_runtime
+from engine.runtime.frontend import RequestError, Runtime, start_runtime, startup_phase
 from engine.runtime.logit_processors import choose as choose_processor
 from engine.runtime.sampling import InvalidParam, SamplingParams
 from engine.runtime.watchdog import watch_forwards
@@ -517,7 +517,9 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
                               config.soft_watchdog_timeout)
     try:
         if not config.skip_server_warmup:
-            _warm_up(runtime)
+            with startup_phase(runtime.runner, "warm-up"):
+                _warm_up(runtime)
+        t_http = time.monotonic()
         name = _model_name(config, runtime)
         state = ServerState(config=config, runtime=runtime,
                             metrics=Metrics(runtime.scheduler.stats, name), model_name=name,
@@ -534,9 +536,13 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
             async def startup(self, sockets: Any = None) -> None:
                 await super().startup(sockets)
                 if self.started:
+                    now = time.monotonic()
+                    phases = dict(getattr(runtime.runner, "startup_seconds", {}))
+                    phases["http server"] = now - t_http
                     log.info("ready: serving %s at %s (%.1f s to ready; model loaded in "
-                             "%.1f s)", state.model_name, url, time.monotonic() - t0,
-                             runtime.load_seconds)
+                             "%.1f s)", state.model_name, url, now - t0, runtime.load_seconds)
+                    log.info("start-up phases (s): %s", ", ".join(
+                        f"{name} {sec:.3f}" for name, sec in phases.items()))
 
             def handle_exit(self, sig: int, frame: Any) -> None:
                 """A signal handler: only flags (the drain starts at the next tick); a second

@@ -5,8 +5,8 @@ import json
 from typing import Any
 
 import llguidance
+import torch
 import llguidance.hf
-import llguidance.torch
 
 from engine.api import hookimpl
 from engine.api.grammar import (GrammarBackend, GrammarMatcher, GrammarSpec, InvalidGrammar,
@@ -18,7 +18,12 @@ class LLGuidanceMatcher(GrammarMatcher):
         self.m = matcher
 
     def fill_bitmask(self, bitmask, index):
-        llguidance.torch.fill_next_token_bitmask(self.m, bitmask, index)
+        # what llguidance.torch.fill_next_token_bitmask does; that module is not imported, as
+        # importing it runs torch.compile (seconds of start-up for torch._dynamo)
+        row = bitmask[index]
+        if bitmask.dtype != torch.int32 or not bitmask.is_cpu or not row.is_contiguous():
+            raise ValueError("llguidance: the bitmask must be a contiguous int32 CPU tensor")
+        self.m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
 
     def accept(self, token):
         return self.m.consume_token(token)
