@@ -86,7 +86,9 @@ class GGUFMethod(QuantMethod):
         if whole and packed and all(isinstance(s, PackedWeight) for s in shards.values()) \
                 and packed <= set(kernels.PACKED):
             if len(packed) == 1:
-                layer.gguf_blocks = torch.cat([shards[o].data for o in sorted(shards)])
+                datas = [shards[o].data for o in sorted(shards)]
+                # one shard: the file's own bytes (a view of the mapped file), no copy
+                layer.gguf_blocks = datas[0].contiguous() if len(datas) == 1 else torch.cat(datas)
                 layer.gguf_qtype = kernels.PACKED[packed.pop()]
             else:  # fused shards of different types: one kernel call per run of a type
                 parts: list[tuple[int, int, int, torch.Tensor]] = []
