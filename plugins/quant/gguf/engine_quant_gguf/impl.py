@@ -56,7 +56,19 @@ class GGUFMethod(QuantMethod):
         self.max_rows = max_rows if not batch_invariant else 2**62
         self.batch_invariant = batch_invariant
         self.int8 = activations == "int8"
+        self._head: GGUFMethod | None = None
         self._dequantized_types: set[str] = set()  # types already reported as dequantized
+
+    def for_layer(self, name: str) -> "GGUFMethod":
+        """The logits head keeps float32 activations whatever ``--gguf-activations`` says: one
+        product of a step, ~3 % of its time, and where 8-bit rounding showed most (measured on
+        the default model, teacher-forced against float32: top-1 agreement 97.2 % -> 97.9 %,
+        KL 0.0031 -> 0.0024 nats; llama.cpp's: 96.2 %, 0.0028)."""
+        if name != "lm_head" or not self.int8:
+            return self
+        if self._head is None:
+            self._head = GGUFMethod(2**62, self.batch_invariant, activations="float32")
+        return self._head
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:
