@@ -2,8 +2,9 @@
 
 Both sides: the default model (SmolLM2-135M-Instruct Q4_1 GGUF), greedy, float32 activations.
 Ours: torch_native attention, extend then decode batches built as the scheduler would; once with
-the default ``gguf`` quantization plugin (the file's blocks read directly) and once with
-``--quantization unquant`` (weights dequantized to float32, like transformers).
+the default ``gguf`` quantization plugin (the file's blocks read directly, 8-bit activations,
+the CPU decode plan) and once with ``--quantization unquant`` (weights dequantized to float32,
+like transformers).
 transformers: fp32, SDPA attention, its KV cache, one forward per step.
 Prints batch-1 decode ms/token and batch-8 ms/step (median of the timed steps).
 
@@ -54,7 +55,8 @@ def transformers_side(prompt: list[int], batch: int, steps: int, model) -> float
     return statistics.median(times[2:]) * 1000
 
 
-#: llama.cpp on this machine class (Q4_1, 2 threads), from the project's issue: ms/step
+#: llama.cpp on this machine class (Q4_1, 2 threads), measured earlier: ms/step (see
+#: benchmarks/cpu_vs_llamacpp.py for a side-by-side run)
 LLAMA_CPP = {1: "8-9.5", 8: "38-45"}
 
 
@@ -99,7 +101,7 @@ def main() -> None:
           f"ours {loads['gguf']:.1f}s (unquant {loads['unquant']:.1f}s), "
           f"transformers {load_hf:.1f}s")
     print("| batch | ours (gguf blocks) ms/step | ours (unquant, fp32) | transformers fp32 "
-          "| llama.cpp Q4_1 (issue) | ours tok/s | transformers tok/s | speed-up vs transformers |")
+          "| llama.cpp Q4_1 (earlier) | ours tok/s | transformers tok/s | speed-up vs transformers |")
     print("|---|---|---|---|---|---|---|---|")
     for batch, a, d, b in rows:
         print(f"| {batch} | {a:.1f} | {d:.1f} | {b:.1f} | {LLAMA_CPP[batch]} "
