@@ -28,6 +28,7 @@ from engine.runtime.linear import Linear, PackedWeight
 gguf = pytest.importorskip("gguf")
 kernels = pytest.importorskip("engine_quant_gguf.kernels")
 from engine_quant_gguf.impl import GGUFMethod, engine_create_quant_method  # noqa: E402
+from test_gguf import fused_layer as gguf_fused_layer  # noqa: E402
 
 TYPES = sorted(kernels.KQTYPES)
 #: byte offsets of the fp16 super-block scale (and minimum scale) in each type's block
@@ -220,17 +221,7 @@ def test_other_instruction_paths_agree(name, flags, path):
 
 def fused_layer(shards: list[PackedWeight], max_rows: int = 8, bias: bool = False,
                 activations: str = "int8") -> Linear:
-    out = sum(s.shape[0] for s in shards)
-    layer = Linear(shards[0].shape[1], out, bias=bias,
-                   quant_method=GGUFMethod(max_rows, activations=activations))
-    offset = 0
-    for s in shards:
-        layer.weight.weight_loader(layer.weight, s, offset, s.shape[0])
-        offset += s.shape[0]
-    if bias:
-        layer.bias.data.normal_()
-    layer.process_weights_after_loading()
-    return layer
+    return gguf_fused_layer(shards, max_rows, bias, activations)
 
 
 @pytest.mark.parametrize("activations", ["int8", "float32"])

@@ -120,27 +120,31 @@ static inline __attribute__((always_inline)) void rows(int qtype, int MB, const 
     }
 }
 
-#define DISPATCH_MB(QT)                                                                      \
+/* FN(QT, MB, ...) for the register-block size mb and the type qtype, both constants at each
+ * call site (so the accumulators live in registers and the type's branches fold away). */
+#define DISPATCH_MB(FN, QT, ...)                                                             \
     switch (mb) {                                                                            \
-    case 1: rows(QT, 1, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
-    case 2: rows(QT, 2, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
-    case 3: rows(QT, 3, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
-    case 4: rows(QT, 4, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
-    case 5: rows(QT, 5, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
-    case 6: rows(QT, 6, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
-    case 7: rows(QT, 7, w, nb, n0, n1, x, k, xsum, y, ldy); break;                           \
-    default: rows(QT, 8, w, nb, n0, n1, x, k, xsum, y, ldy); break;                          \
+    case 1: FN(QT, 1, __VA_ARGS__); break;                                                   \
+    case 2: FN(QT, 2, __VA_ARGS__); break;                                                   \
+    case 3: FN(QT, 3, __VA_ARGS__); break;                                                   \
+    case 4: FN(QT, 4, __VA_ARGS__); break;                                                   \
+    case 5: FN(QT, 5, __VA_ARGS__); break;                                                   \
+    case 6: FN(QT, 6, __VA_ARGS__); break;                                                   \
+    case 7: FN(QT, 7, __VA_ARGS__); break;                                                   \
+    default: FN(QT, 8, __VA_ARGS__); break;                                                  \
+    }
+#define DISPATCH(FN, ...)                                                                    \
+    if (qtype == Q4_1) {                                                                     \
+        DISPATCH_MB(FN, Q4_1, __VA_ARGS__)                                                   \
+    } else if (qtype == Q4_0) {                                                              \
+        DISPATCH_MB(FN, Q4_0, __VA_ARGS__)                                                   \
+    } else {                                                                                 \
+        DISPATCH_MB(FN, Q8_0, __VA_ARGS__)                                                   \
     }
 
 static void tile(int qtype, int mb, const uint8_t *w, int64_t nb, int64_t n0, int64_t n1,
                  const float *x, int64_t k, const float *xsum, float *y, int64_t ldy) {
-    if (qtype == Q4_1) {
-        DISPATCH_MB(Q4_1)
-    } else if (qtype == Q4_0) {
-        DISPATCH_MB(Q4_0)
-    } else {
-        DISPATCH_MB(Q8_0)
-    }
+    DISPATCH(rows, w, nb, n0, n1, x, k, xsum, y, ldy)
 }
 
 /* y [m, n] = x [m, k] @ W[n, k]^T. Returns 0, or -1 for an unknown type / K not a multiple of
@@ -350,28 +354,10 @@ static inline __attribute__((always_inline)) void rows_q8(int qtype, int MB, con
     }
 }
 
-#define DISPATCH_MB_Q8(QT)                                                                   \
-    switch (mb) {                                                                            \
-    case 1: rows_q8(QT, 1, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
-    case 2: rows_q8(QT, 2, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
-    case 3: rows_q8(QT, 3, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
-    case 4: rows_q8(QT, 4, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
-    case 5: rows_q8(QT, 5, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
-    case 6: rows_q8(QT, 6, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
-    case 7: rows_q8(QT, 7, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                     \
-    default: rows_q8(QT, 8, w, nb, n0, n1, xq, xd, xs, k, y, ldy); break;                    \
-    }
-
 static void tile_q8(int qtype, int mb, const uint8_t *w, int64_t nb, int64_t n0, int64_t n1,
                     const int8_t *xq, const float *xd, const float *xs, int64_t k, float *y,
                     int64_t ldy) {
-    if (qtype == Q4_1) {
-        DISPATCH_MB_Q8(Q4_1)
-    } else if (qtype == Q4_0) {
-        DISPATCH_MB_Q8(Q4_0)
-    } else {
-        DISPATCH_MB_Q8(Q8_0)
-    }
+    DISPATCH(rows_q8, w, nb, n0, n1, xq, xd, xs, k, y, ldy)
 }
 
 /* y [m, n] = x [m, k] @ W[n, k]^T through 8-bit activations (see above); y rows are ldy apart.
