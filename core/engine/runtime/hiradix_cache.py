@@ -152,38 +152,19 @@ class HiRadixCache(RadixCache):
 
     # ------------------------------------------------------------------ backup and eviction
 
-    def insert(self, tokens: list[int], slots: torch.Tensor, priority: int = 0) -> int:
-        """:meth:`RadixCache.insert`, except that a matched node only a lower tier holds takes
-        the caller's device slots for its tokens (so the device copies stay a top part of the
-        tree): the count returned stops before the first such node, and the caller keeps (the
-        tree now owns) every slot from there on."""
-        assert len(tokens) == len(slots) and len(tokens) % self.page_size == 0
-        node, at, adopted = self.root, 0, None
-        now = next(self._clock)
-        while at < len(tokens):
-            child = node.children.get(self._child_key(tokens, at))
-            if child is None:
-                new = TreeNode(list(tokens[at:]), slots[at:].clone(), node, at)
-                new.last_access, new.priority = now, priority
-                node.children[self._child_key(tokens, at)] = new
-                self.evictable_size += len(new.key)
-                self._inserted(new)
-                return at if adopted is None else adopted
-            n = self._match_len(child.key, tokens, at)
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = now
-            child.priority = max(child.priority, priority)
-            if child.value is None:
-                adopted = at if adopted is None else adopted
-                child.value = slots[at:at + n].clone()
-                child.from_storage = False
-                if child.lock_ref == 0:
-                    self.evictable_size += n
-                else:
-                    self.protected_size += n
-            node, at = child, at + n
-        return at if adopted is None else adopted
+    def _matched(self, node: TreeNode, slots: torch.Tensor) -> bool:
+        """A matched node only a lower tier holds takes the caller's device slots for its
+        tokens, so the device copies stay a top part of the tree (see
+        :meth:`RadixCache.insert`)."""
+        if node.value is not None:
+            return False
+        node.value = slots.clone()
+        node.from_storage = False
+        if node.lock_ref == 0:
+            self.evictable_size += len(slots)
+        else:
+            self.protected_size += len(slots)
+        return True
 
     def _inserted(self, node: TreeNode) -> None:
         if self.write_policy == "write_through":

@@ -197,11 +197,14 @@ class RadixCache:
         return upper
 
     def insert(self, tokens: list[int], slots: torch.Tensor, priority: int = 0) -> int:
-        """Store ``tokens`` -> ``slots``; return how many leading tokens were already cached."""
+        """Store ``tokens`` -> ``slots``; return how many leading tokens were already cached.
+
+        A matched node may take the caller's slots for its tokens (:meth:`_matched`); the count
+        then stops before the first such node, and the tree owns every slot from there on."""
         assert len(tokens) == len(slots) and len(tokens) % self.page_size == 0
         if self.disabled:
             return len(tokens)
-        node, at = self.root, 0
+        node, at, adopted = self.root, 0, None
         now = next(self._clock)
         while at < len(tokens):
             child = node.children.get(self._child_key(tokens, at))
@@ -211,17 +214,25 @@ class RadixCache:
                 node.children[self._child_key(tokens, at)] = new
                 self.evictable_size += len(new.key)
                 self._inserted(new)
-                return at
+                return at if adopted is None else adopted
             n = self._match_len(child.key, tokens, at)
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = now
             child.priority = max(child.priority, priority)
+            if self._matched(child, slots[at:at + n]) and adopted is None:
+                adopted = at
             node, at = child, at + n
-        return at
+        return at if adopted is None else adopted
 
     def _inserted(self, node: TreeNode) -> None:
         """A new node holds device slots (the hierarchical cache backs it up here)."""
+
+    def _matched(self, node: TreeNode, slots: torch.Tensor) -> bool:
+        """``insert`` matched ``node`` whole, with the caller's ``slots`` for its tokens; True
+        when the node took them (a node only a lower tier holds, in the hierarchical cache).
+        Here: never."""
+        return False
 
     def inc_lock(self, node: TreeNode) -> None:
         """Protect ``node`` and its ancestors from eviction."""
