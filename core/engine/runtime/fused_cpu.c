@@ -153,50 +153,53 @@ void engine_cpu_decode_attention(const float *q, const float *kp, const float *v
                                  int64_t batch, int64_t hq, int64_t hk, int64_t d, float scale,
                                  int64_t max_len) {
     const int64_t group = hq / hk, items = batch * hq;
-    float *scores_all = (float *)malloc(sizeof(float) * (size_t)(max_len > 0 ? max_len : 1) *
-                                        (size_t)items);
-    if (!scores_all) return;
-#pragma omp parallel for schedule(static) if (items > 1 && batch * max_len >= 256)
-    for (int64_t it = 0; it < items; it++) {
-        const int64_t b = it / hq, h = it % hq, kh = h / group, len = seq_lens[b];
-        const int64_t *slots = req_to_token + req_idx[b] * rt_stride;
-        const float *qv = q + (b * hq + h) * d;
-        float *sc = scores_all + it * max_len, *o = out + (b * hq + h) * d;
-        float mx = -INFINITY;
-        for (int64_t l = 0; l < len; l++) {
-            const float s = dot(qv, kp + (slots[l] * hk + kh) * d, d) * scale;
-            sc[l] = s;
-            mx = s > mx ? s : mx;
+    /* one scores buffer per thread (not per work item: an extend batch has T * hq items) */
+#pragma omp parallel if (items > 1 && batch * max_len >= 256)
+    {
+        float *sc = (float *)malloc(sizeof(float) * (size_t)(max_len > 0 ? max_len : 1));
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < items; it++) {
+            if (!sc) continue;
+            const int64_t b = it / hq, h = it % hq, kh = h / group, len = seq_lens[b];
+            const int64_t *slots = req_to_token + req_idx[b] * rt_stride;
+            const float *qv = q + (b * hq + h) * d;
+            float *o = out + (b * hq + h) * d;
+            float mx = -INFINITY;
+            for (int64_t l = 0; l < len; l++) {
+                const float s = dot(qv, kp + (slots[l] * hk + kh) * d, d) * scale;
+                sc[l] = s;
+                mx = s > mx ? s : mx;
+            }
+            float sum = 0.0f;
+            int64_t l = 0;
+            const __m256 m8 = _mm256_set1_ps(mx);
+            __m256 s8 = _mm256_setzero_ps();
+            for (; l + 8 <= len; l += 8) {
+                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + l), m8));
+                _mm256_storeu_ps(sc + l, e);
+                s8 = _mm256_add_ps(s8, e);
+            }
+            sum = hsum8(s8);
+            for (; l < len; l++) {
+                sc[l] = expf(sc[l] - mx);
+                sum += sc[l];
+            }
+            memset(o, 0, sizeof(float) * (size_t)d);
+            for (l = 0; l < len; l++) {
+                const float p = sc[l];
+                const float *vv = vp + (slots[l] * hk + kh) * d;
+                int64_t i = 0;
+                const __m256 p8 = _mm256_set1_ps(p);
+                for (; i + 8 <= d; i += 8)
+                    _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p8, _mm256_loadu_ps(vv + i),
+                                                            _mm256_loadu_ps(o + i)));
+                for (; i < d; i++) o[i] += p * vv[i];
+            }
+            const float inv = 1.0f / sum;
+            for (int64_t i = 0; i < d; i++) o[i] *= inv;
         }
-        float sum = 0.0f;
-        int64_t l = 0;
-        const __m256 m8 = _mm256_set1_ps(mx);
-        __m256 s8 = _mm256_setzero_ps();
-        for (; l + 8 <= len; l += 8) {
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + l), m8));
-            _mm256_storeu_ps(sc + l, e);
-            s8 = _mm256_add_ps(s8, e);
-        }
-        sum = hsum8(s8);
-        for (; l < len; l++) {
-            sc[l] = expf(sc[l] - mx);
-            sum += sc[l];
-        }
-        memset(o, 0, sizeof(float) * (size_t)d);
-        for (l = 0; l < len; l++) {
-            const float p = sc[l];
-            const float *vv = vp + (slots[l] * hk + kh) * d;
-            int64_t i = 0;
-            const __m256 p8 = _mm256_set1_ps(p);
-            for (; i + 8 <= d; i += 8)
-                _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p8, _mm256_loadu_ps(vv + i),
-                                                        _mm256_loadu_ps(o + i)));
-            for (; i < d; i++) o[i] += p * vv[i];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t i = 0; i < d; i++) o[i] *= inv;
+        free(sc);
     }
-    free(scores_all);
 }
 
 /* ------------------------------------------------------------------------------------------ */
