@@ -216,11 +216,9 @@ def attend_from_pool(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
 
 
 def decode_from_pool(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
-                     batch: Batch) -> torch.Tensor | None:
-    """Decode attention through :func:`attend_from_pool` (q [B, Hq, D] -> [B, Hq, D]), or
-    ``None`` where it does not apply (see :func:`pool_attention_applies`)."""
-    if not pool_attention_applies(pool) or q.dtype != torch.float32:
-        return None
+                     batch: Batch) -> torch.Tensor:
+    """Decode attention through :func:`attend_from_pool` (one query per request: q [B, Hq, D]
+    -> [B, Hq, D], in q's dtype), for a pool :func:`pool_attention_applies` to."""
     max_len = max(batch.seq_lens_cpu) if batch.seq_lens_cpu else int(batch.seq_lens.max())
-    return attend_from_pool(pool, q, layer, batch.req_to_token, batch.req_pool_indices,
-                            batch.seq_lens, max_len)
+    return attend_from_pool(pool, q.float(), layer, batch.req_to_token, batch.req_pool_indices,
+                            batch.seq_lens, max_len).to(q.dtype)

@@ -159,7 +159,7 @@ class DecodePlan:
             rows.append(row + [k_pool.data_ptr(), v_pool.data_ptr()])
         self.plan = torch.tensor(rows, dtype=torch.int64)
         assert self.plan.shape[1] == PLAN_FIELDS
-        self.keep = (layers, cos_cache, sin_cache)  # the addresses stay valid while we live
+        self._layers = layers  # the tensors whose addresses the plan holds stay alive with it
         self.dims = (len(layers), hidden, num_q_heads, num_kv_heads, head_dim, intermediate)
         self.eps, self.scale = eps, head_dim ** -0.5
         self.cos, self.sin = cos_cache, sin_cache

@@ -185,12 +185,8 @@ class TorchNativeBackend(AttentionBackend):
         if self.batch_invariant:
             return attend_per_token(self.pool, q, layer, batch)
         md: Metadata | None = batch.attn_metadata
-        if md is None:
-            out = decode_from_pool(self.pool, q, layer, batch)
-            if out is not None:
-                return out
-            self.prepare_padded(batch)
-            md = batch.attn_metadata
+        if md is None:  # prepare chose the pool kernel
+            return decode_from_pool(self.pool, q, layer, batch)
         k, v = self._gather(layer, md, q.dtype)
         bsz = q.shape[0]
         grouped = q.view(bsz, layer.num_kv_heads, -1, layer.head_dim)
