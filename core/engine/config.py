@@ -140,7 +140,8 @@ class ServerConfig:
                       "checkpoint's 16-bit type on GPU).",
                       choices=("auto", "half", "float16", "bfloat16", "float", "float32"))
     kv_cache_dtype: str = _opt(
-        "auto", "KV cache storage: auto (the model dtype), bf16/bfloat16, fp8_e4m3/fp8_e5m2 (stored "
+        "auto", "KV cache storage: auto (the model dtype, unless the quantization method asks "
+        "for another: a GGUF with int8 activations on CPU stores float16), bf16/bfloat16, fp8_e4m3/fp8_e5m2 (stored "
         "divided by the checkpoint's per-layer k/v scales, else 1.0, and dequantized on read by "
         "backends that support it); mxfp8 and nvfp4 need SM100 GPUs, fp4_mx_block16 is not "
         "implemented in this build.",

@@ -22,12 +22,15 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def runner() -> ModelRunner:
-    """The default model as `engine serve` loads it on CPU (gguf, int8 activations)."""
-    return ModelRunner(ServerConfig(device="cpu", max_total_tokens=2048,
-                                    attention_backend="torch_native", max_running_requests=4,
-                                    page_size=4))
+@pytest.fixture(scope="module", params=["auto", "bf16"])
+def runner(request) -> ModelRunner:
+    """The default model as `engine serve` loads it on CPU (gguf, int8 activations, so its KV
+    cache is float16), and with a bfloat16 cache."""
+    r = ModelRunner(ServerConfig(device="cpu", max_total_tokens=2048,
+                                 kv_cache_dtype=request.param, attention_backend="torch_native",
+                                 max_running_requests=4, page_size=4))
+    assert r.pool.dtype == {"auto": torch.float16, "bf16": torch.bfloat16}[request.param]
+    return r
 
 
 def decode(runner: ModelRunner, prompts: list[list[int]], steps: int,

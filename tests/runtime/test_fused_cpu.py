@@ -72,10 +72,14 @@ def test_silu_and_mul(rows):
     assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("hq,hk", [(9, 3), (4, 4), (8, 1)])
-def test_decode_attention_reads_scattered_pages(hq, hk):
-    d, slots, page = 64, 400, 4
-    k_pool, v_pool = torch.randn(slots, hk, d), torch.randn(slots, hk, d)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hq,hk,d", [(9, 3, 64), (4, 4, 20), (8, 1, 64)])
+def test_decode_attention_reads_scattered_pages(hq, hk, d, dtype):
+    """Against a float64 reference over the values the pool holds (16-bit pools are widened
+    as they are read: only float32 summation order differs); head sizes with and without a
+    vector tail."""
+    slots, page = 400, 4
+    k_pool, v_pool = torch.randn(slots, hk, d).to(dtype), torch.randn(slots, hk, d).to(dtype)
     lens = [1, 7, 33, 130]  # ragged, crossing page boundaries
     req_to_token = torch.zeros(6, 160, dtype=torch.int64)
     pages = torch.randperm(slots // page - 1) + 1  # page 0 holds the padding slot

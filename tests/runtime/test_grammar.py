@@ -194,6 +194,39 @@ def test_compiled_grammars_are_cached_by_spec_with_an_lru_bound() -> None:
     grammars.shutdown()
 
 
+def test_a_backend_factory_runs_once_on_first_use_and_its_failure_is_reported() -> None:
+    import asyncio
+    import threading
+
+    from engine.runtime.grammar import GrammarUnavailable
+
+    calls = []
+
+    def factory():
+        calls.append(threading.current_thread().name)
+        return Counting()
+
+    grammars = Grammars(factory=factory, name="--grammar-backend counting")
+    assert calls == []  # nothing built at start-up
+    matchers = asyncio.run(grammars.matchers(GrammarSpec("regex", "a"), 2))
+    assert len(matchers) == 2 and len(calls) == 1
+    assert calls[0].startswith("engine-grammar")  # built in the compile pool, off the loop
+    assert asyncio.run(grammars.loaded()) is grammars.backend and len(calls) == 1
+    grammars.shutdown()
+
+    def broken():
+        calls.append("broken")
+        raise RuntimeError("no vocabulary")
+
+    failing = Grammars(factory=broken, name="--grammar-backend counting")
+    for _ in range(2):
+        with pytest.raises(GrammarUnavailable, match="counting failed to start: "
+                                                     "RuntimeError: no vocabulary"):
+            asyncio.run(failing.matchers(GrammarSpec("regex", "a"), 1))
+    assert calls.count("broken") == 1  # not retried on every request
+    failing.shutdown()
+
+
 # ---------------------------------------------------------------------- with the model
 
 SCHEMA = {"type": "object", "properties": {

@@ -162,3 +162,45 @@ def test_cpu_kv_pool_is_zeroed_and_writable():
     k, v = pool.gather(1, loc, torch.float32)
     assert torch.equal(k, torch.ones(2, 3, 8)) and torch.equal(v, torch.full((2, 3, 8), 2.0))
     assert torch.count_nonzero(pool.k[0]) == 0 and torch.count_nonzero(pool.v[1]) == 2 * 3 * 8
+
+
+def test_a_cpu_start_loads_neither_triton_nor_transformers_and_keeps_copied_pages_out(tmp_path):
+    """The default model's start on CPU (tokenizer cache warm): Triton and transformers are
+    never imported, the grammar backend is not built until a constrained request needs it,
+    the KV cache is float16 (int8 activations), and file pages read into fused copies are not
+    resident (release_pages)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from engine.config import ServerConfig\n"
+        "from engine.runtime.frontend import Runtime\n"
+        "rt = Runtime(ServerConfig(device='cpu'))\n"
+        "path = rt.model_config.model_path\n"
+        "rss, cur = 0, None\n"
+        "for line in open('/proc/self/smaps'):\n"
+        "    first = line.split()\n"
+        "    if '-' in first[0] and len(first[0]) > 8 and ':' not in first[0]:\n"
+        "        cur = first[5] if len(first) > 5 else ''\n"
+        "    elif first[0] == 'Rss:' and cur and cur.endswith('.gguf'):\n"
+        "        rss += int(first[1]) * 1024\n"
+        "import os\n"
+        "gguf = [f for f in [path] if f.endswith('.gguf')] or [os.path.join(path, "
+        "rt.model_config.gguf_file)]\n"
+        "print(json.dumps({'triton': 'triton' in sys.modules,\n"
+        "                  'transformers': 'transformers' in sys.modules,\n"
+        "                  'grammar_built': rt.grammars is not None and "
+        "rt.grammars._backend is not None,\n"
+        "                  'kv': str(rt.runner.pool.dtype), 'rss': rss,\n"
+        "                  'size': os.path.getsize(gguf[0])}))\n"
+        "rt.shutdown()\n")
+    env = {**os.environ, "ENGINE_CACHE_DIR": str(tmp_path)}
+    for _ in range(2):  # the first start builds the tokenizer cache (with transformers)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=env, check=True, timeout=600)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not got["triton"] and not got["transformers"] and not got["grammar_built"]
+    assert got["kv"] == "torch.float16"
+    assert got["rss"] < 0.5 * got["size"], got

@@ -15,6 +15,7 @@ tensor whose loader places fused shards by output rows and checks shapes),
 errors), :func:`is_excluded` (a checkpoint's ignore lists against a possibly fused layer).
 """
 
+from engine.models.parsing import release_pages
 from engine.runtime import quant_formats as formats
 from engine.runtime.linear import Linear, PackedWeight, QuantMethod, UnquantizedMethod, rowwise
 from engine.runtime.quant_readers import (awq_method, compressed_tensors_scheme, fp8_method,
@@ -33,4 +34,4 @@ __all__ = ["AWQMethod", "BnB4bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeight
            "quark_scheme", "DequantizedMethod", "Fp8Method", "Int8Method", "LayerMethod", "Linear",
            "PackedWeight", "QuantMethod", "UnquantizedMethod", "add_param", "check_group",
            "checkpoint_names", "claim", "config_value", "formats", "is_excluded",
-           "packed_extent", "rowwise", "unsupported"]
+           "packed_extent", "release_pages", "rowwise", "unsupported"]

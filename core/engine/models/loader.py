@@ -23,7 +23,7 @@ import torch
 from engine.config import ServerConfig
 from engine.errors import ConfigError
 from engine.models.config import ModelConfig
-from engine.models.parsing import open_gguf
+from engine.models.parsing import open_gguf, release_pages
 from engine.models.registry import ArchitectureRegistry
 from engine.runtime.linear import PackedWeight, QuantMethod
 
@@ -76,7 +76,9 @@ def _fix_qk(hf_name: str, t: Any, cfg: ModelConfig) -> Any:
     rows = t.shape[0]
     order = unpermute_rows(torch.arange(rows), heads)
     if isinstance(t, PackedWeight):  # rows of blocks permute like rows of values
-        return t.map_rows(lambda data: data.index_select(0, order))
+        out = t.map_rows(lambda data: data.index_select(0, order))
+        release_pages(t.data)  # the file's bytes were read into the copy
+        return out
     return t.index_select(0, order)
 
 

@@ -7,6 +7,8 @@ import functools
 import glob
 import json
 import os
+import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from engine.errors import ConfigError
@@ -40,6 +42,40 @@ class GGUFField:
         return self.value
 
 
+class _Strings(Sequence):
+    """A GGUF array of strings, decoded on first access to its items (a 50k-token vocabulary is
+    ~0.05 s of decoding that a start with a cached tokenizer never needs); its length is known
+    without decoding."""
+
+    def __init__(self, buf: memoryview, start: int, count: int) -> None:
+        self._buf, self._start, self._count = buf, start, count
+        self._items: list[str] | None = None
+
+    def _decoded(self) -> list[str]:
+        if self._items is None:
+            import struct
+
+            items, pos, buf = [], self._start, self._buf
+            for _ in range(self._count):
+                (n,) = struct.unpack_from("<Q", buf, pos)
+                items.append(str(buf[pos + 8:pos + 8 + n], "utf-8", "replace"))
+                pos += 8 + n
+            self._items = items
+        return self._items
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._decoded()[index]
+
+    def __iter__(self):
+        return iter(self._decoded())
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+
 class GGUFTensor:
     """One tensor of a GGUF file: ``name``, ``shape`` (GGUF order: fastest-varying first, as
     gguf-py gives it), ``tensor_type`` (``gguf.GGMLQuantizationType``) and ``data``: a numpy view
@@ -50,6 +86,41 @@ class GGUFTensor:
 
     def __init__(self, name: str, shape: Any, tensor_type: Any, data: Any) -> None:
         self.name, self.shape, self.tensor_type, self.data = name, shape, tensor_type, data
+
+
+#: the GGUF files mapped now (:func:`release_pages` only touches their ranges)
+_OPEN_MAPS: "weakref.WeakSet[GGUFFile]" = weakref.WeakSet()
+
+
+def release_pages(t: Any) -> None:
+    """Drop this process's resident pages of ``t``, a tensor (or array) of a mapped GGUF file's
+    bytes that has been read into a copy and will not be read again: the pages stay in the OS
+    page cache (another read maps them back), but no longer count in the process's memory.
+    Whole pages inside ``t``'s bytes only; anything not inside a live :class:`GGUFFile` map
+    (a copy, an array of another origin) is left alone. Never call it on bytes that were
+    written: the map is copy-on-write, and a written page would revert to the file's bytes."""
+    import ctypes
+    import mmap as _mmap
+
+    try:
+        start, size = int(t.data_ptr()), int(t.numel() * t.element_size())
+        if not t.is_contiguous():
+            return
+    except AttributeError:  # a numpy array
+        start, size = int(t.ctypes.data), int(t.nbytes)
+        if not t.flags.c_contiguous:
+            return
+    for f in list(_OPEN_MAPS):
+        base = int(f.map.ctypes.data)
+        if base <= start and start + size <= base + f.map.nbytes:
+            break
+    else:
+        return
+    page = _mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, (start + size) // page * page
+    if hi > lo:
+        ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo),
+                                                  _mmap.MADV_DONTNEED)
 
 
 class GGUFFile:
@@ -70,6 +141,7 @@ class GGUFFile:
 
         self.path = path
         self.map = np.memmap(path, mode="c")
+        _OPEN_MAPS.add(self)
         buf = memoryview(self.map)  # type: ignore[arg-type]
         unpack = struct.unpack_from
         if bytes(buf[:4]) != b"GGUF":
@@ -93,7 +165,13 @@ class GGUFFile:
                 elem, count = unpack("<IQ", buf, pos)
                 pos += 12
                 if elem == 8:
-                    return [string() for _ in range(count)]
+                    if count < 256:
+                        return [string() for _ in range(count)]
+                    start = pos  # a vocabulary or merges: decoded only if read
+                    for _ in range(count):
+                        (n,) = unpack("<Q", buf, pos)
+                        pos += 8 + n
+                    return _Strings(buf, start, count)
                 if elem == 9:
                     return [value(9) for _ in range(count)]
                 fmt = _GGUF_SCALARS[elem]

@@ -157,8 +157,11 @@ def engine_create_grammar_backend(tokenizer: Any, vocab_size: int, config: Any,
                                   options: Any) -> Any:
     """Build the grammar backend of constrained decoding (called once, at start-up).
 
-    :param tokenizer: the served model's tokenizer: ``tokenizer.hf`` is its transformers
-        tokenizer, ``tokenizer.eos_token_ids`` the ids that end a generation
+    :param tokenizer: the served model's tokenizer (:class:`engine.models.tokenizer.Tokenizer`):
+        ``tokenizer.backend`` its ``tokenizers`` (Rust) tokenizer (None for a Python-only one),
+        ``tokenizer.hf`` its transformers tokenizer (loaded on first access: a backend that can
+        work from ``backend`` starts faster), ``tokenizer.special_tokens()`` its special tokens
+        by text, ``tokenizer.eos_token_ids`` the ids that end a generation
     :param vocab_size: the width of the model's logits (may exceed the tokenizer's length)
     :param config: the frozen :class:`engine.config.ServerConfig` (read-only core settings)
     :return: an :class:`engine.api.grammar.GrammarBackend`: ``compile(spec)`` (thread-safe,

@@ -191,8 +191,10 @@ def attend_per_token(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
 
 
 def pool_attention_applies(pool: KVPool) -> bool:
-    """Whether :func:`attend_from_pool` serves this pool: float32 on the CPU, kernels built."""
-    if pool.device.type != "cpu" or pool.dtype != torch.float32:
+    """Whether :func:`attend_from_pool` serves this pool: float32, float16 or bfloat16 on the
+    CPU, kernels built."""
+    if pool.device.type != "cpu" or pool.dtype not in (torch.float32, torch.float16,
+                                                       torch.bfloat16):
         return False
     from engine.runtime import fused_cpu
 
@@ -202,7 +204,8 @@ def pool_attention_applies(pool: KVPool) -> bool:
 def attend_from_pool(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
                      req_to_token: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor,
                      max_len: int) -> torch.Tensor:
-    """Attention read straight from a float32 CPU pool by the core's C kernel
+    """Attention read straight from a CPU pool (float32, or 16-bit values widened as they are
+    read) by the core's C kernel
     (:func:`engine.runtime.fused_cpu.decode_attention`): query token ``t`` of ``q`` [T, Hq, D]
     attends to the first ``lens[t]`` slots of ``req_to_token[rows[t]]`` (no gather, no
     padding). Each (token, query head) pair is computed alone, in one fixed order, so a token's

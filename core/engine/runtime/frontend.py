@@ -121,11 +121,12 @@ class Runtime:
         if assembly is not None:
             template = self.tokenizer.chat_template if self.tokenizer is not None else None
             self.parsers = assembly.parser_factories(template)
-            with startup_phase(self.runner, "grammar backend"):
-                backend = assembly.grammar_backend(self.tokenizer, self.vocab_size) \
-                    if self.tokenizer is not None else None
-            if backend is not None:
-                self.grammars = Grammars(backend)
+            # the backend is built on first use (by the first constrained request)
+            if self.tokenizer is not None and assembly.has_grammar_backend():
+                tokenizer, vocab = self.tokenizer, self.vocab_size
+                self.grammars = Grammars(
+                    factory=lambda: assembly.grammar_backend(tokenizer, vocab),
+                    name=f"--grammar-backend {assembly.grammar_backend_name()}")
             # cross-cutting hooks of the selected plugins (engine.plugins.hookspecs)
             self.observers = assembly.observers()
             self.scheduler.after_forward = self.observers.after_forward

@@ -142,16 +142,75 @@ void engine_cpu_silu_and_mul(const float *x, int64_t sx, float *out, int64_t so,
     }
 }
 
+/* K/V storage types of the pool: float32, IEEE half, bfloat16 (16-bit values converted to
+ * float32 as they are read; products and sums stay float32). */
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
+
+static inline __m256 kv_load8(const void *p, int64_t i, const int t) {
+    if (t == KV_F32) return _mm256_loadu_ps((const float *)p + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (t == KV_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline float kv_load1(const void *p, int64_t i, const int t) {
+    if (t == KV_F32) return ((const float *)p)[i];
+    const uint16_t h = ((const uint16_t *)p)[i];
+    if (t == KV_F16) return _cvtsh_ss(h);
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float kv_dot(const float *a, const void *b, int64_t n, const int t) {
+    if (t == KV_F32) return dot(a, (const float *)b, n);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), kv_load8(b, i, t), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), kv_load8(b, i + 8, t), acc1);
+    }
+    float s = hsum8(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) s += a[i] * kv_load1(b, i, t);
+    return s;
+}
+
+/* n float32 values into the pool at element offset off, rounded to nearest even as torch's
+ * conversions round (so the plan's pool equals the per-operation path's). */
+static inline void kv_store(void *pool, int64_t off, const float *x, int64_t n, const int t) {
+    if (t == KV_F32) {
+        memcpy((float *)pool + off, x, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *dst = (uint16_t *)pool + off;
+    int64_t i = 0;
+    if (t == KV_F16) {
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(dst + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        for (; i < n; i++) dst[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+        return;
+    }
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u) dst[i] = 0x7fc0; /* NaN */
+        else dst[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+}
+
 /* Decode attention straight from the paged pool: for each request b and query head h, the
  * softmax(scale q.k) weighted sum of V over the request's seq_lens[b] slots, read through
- * req_to_token[req_pool_indices[b]] (no gather). q/out [B, hq, d]; k/v pools [slots, hk, d];
- * query head h reads KV head h / (hq / hk). Work items are (request, query head) pairs split
- * across threads when there are several. */
-void engine_cpu_decode_attention(const float *q, const float *kp, const float *vp,
-                                 const int64_t *req_to_token, int64_t rt_stride,
-                                 const int64_t *req_idx, const int64_t *seq_lens, float *out,
-                                 int64_t batch, int64_t hq, int64_t hk, int64_t d, float scale,
-                                 int64_t max_len) {
+ * req_to_token[req_pool_indices[b]] (no gather). q/out [B, hq, d] float32; k/v pools
+ * [slots, hk, d] of storage type kv_type; query head h reads KV head h / (hq / hk). Work items
+ * are (request, query head) pairs split across threads when there are several. */
+static inline __attribute__((always_inline)) void decode_attention_t(
+        const float *q, const void *kp, const void *vp, const int64_t *req_to_token,
+        int64_t rt_stride, const int64_t *req_idx, const int64_t *seq_lens, float *out,
+        int64_t batch, int64_t hq, int64_t hk, int64_t d, float scale, int64_t max_len,
+        const int t) {
     const int64_t group = hq / hk, items = batch * hq;
     /* one scores buffer per thread (not per work item: an extend batch has T * hq items) */
 #pragma omp parallel if (items > 1 && batch * max_len >= 256)
@@ -166,7 +225,10 @@ void engine_cpu_decode_attention(const float *q, const float *kp, const float *v
             float *o = out + (b * hq + h) * d;
             float mx = -INFINITY;
             for (int64_t l = 0; l < len; l++) {
-                const float s = dot(qv, kp + (slots[l] * hk + kh) * d, d) * scale;
+                const int64_t at = (slots[l] * hk + kh) * d;
+                const float s = (t == KV_F32 ? dot(qv, (const float *)kp + at, d)
+                                             : kv_dot(qv, (const uint16_t *)kp + at, d, t)) *
+                                scale;
                 sc[l] = s;
                 mx = s > mx ? s : mx;
             }
@@ -187,19 +249,37 @@ void engine_cpu_decode_attention(const float *q, const float *kp, const float *v
             memset(o, 0, sizeof(float) * (size_t)d);
             for (l = 0; l < len; l++) {
                 const float p = sc[l];
-                const float *vv = vp + (slots[l] * hk + kh) * d;
+                const int64_t at = (slots[l] * hk + kh) * d;
+                const void *vv = t == KV_F32 ? (const void *)((const float *)vp + at)
+                                             : (const void *)((const uint16_t *)vp + at);
                 int64_t i = 0;
                 const __m256 p8 = _mm256_set1_ps(p);
                 for (; i + 8 <= d; i += 8)
-                    _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p8, _mm256_loadu_ps(vv + i),
+                    _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p8, kv_load8(vv, i, t),
                                                             _mm256_loadu_ps(o + i)));
-                for (; i < d; i++) o[i] += p * vv[i];
+                for (; i < d; i++) o[i] += p * kv_load1(vv, i, t);
             }
             const float inv = 1.0f / sum;
             for (int64_t i = 0; i < d; i++) o[i] *= inv;
         }
         free(sc);
     }
+}
+
+void engine_cpu_decode_attention(const float *q, const void *kp, const void *vp,
+                                 const int64_t *req_to_token, int64_t rt_stride,
+                                 const int64_t *req_idx, const int64_t *seq_lens, float *out,
+                                 int64_t batch, int64_t hq, int64_t hk, int64_t d, float scale,
+                                 int64_t max_len, int64_t kv_type) {
+    if (kv_type == KV_F16)
+        decode_attention_t(q, kp, vp, req_to_token, rt_stride, req_idx, seq_lens, out, batch,
+                           hq, hk, d, scale, max_len, KV_F16);
+    else if (kv_type == KV_BF16)
+        decode_attention_t(q, kp, vp, req_to_token, rt_stride, req_idx, seq_lens, out, batch,
+                           hq, hk, d, scale, max_len, KV_BF16);
+    else
+        decode_attention_t(q, kp, vp, req_to_token, rt_stride, req_idx, seq_lens, out, batch,
+                           hq, hk, d, scale, max_len, KV_F32);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -209,7 +289,7 @@ void engine_cpu_decode_attention(const float *q, const float *kp, const float *v
  *
  * plan: PLAN_FIELDS int64 per layer (pointers as integers): the two norm weights, the q/k norm
  * weights (0: none), then for qkv, o, gate_up and down a matmul (function, type, weight), then
- * the layer's K and V pools [slots, hk, d]. A matmul function computes y [m, n] (rows ldy apart)
+ * the layer's K and V pools [slots, hk, d] (storage type kv_type). A matmul function computes y [m, n] (rows ldy apart)
  * = x [m, k] @ W^T from its packed weight (the quantization method's kernel). */
 typedef int (*matmul_fn)(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
                          int64_t m, float *y, int64_t ldy);
@@ -233,7 +313,7 @@ int engine_cpu_decode_layers(const int64_t *plan, int64_t layers, int64_t batch,
                              const int64_t *pos, const int64_t *out_loc,
                              const int64_t *req_to_token, int64_t rt_stride,
                              const int64_t *req_idx, const int64_t *seq_lens, int64_t max_len,
-                             float *h) {
+                             int64_t kv_type, float *h) {
     const int64_t qkv_n = (hq + 2 * hk) * d, B = batch;
     const size_t floats = (size_t)(B * (3 * hidden + qkv_n + 2 * hq * d + 3 * inter));
     float *buf = (float *)malloc(sizeof(float) * floats);
@@ -244,7 +324,7 @@ int engine_cpu_decode_layers(const int64_t *plan, int64_t layers, int64_t batch,
     int rc = 0;
     for (int64_t l = 0; l < layers && rc == 0; l++) {
         const int64_t *p = plan + l * PLAN_FIELDS;
-        float *kp = PTR(float *, p[P_KPOOL]), *vp = PTR(float *, p[P_VPOOL]);
+        void *kp = PTR(void *, p[P_KPOOL]), *vp = PTR(void *, p[P_VPOOL]);
         /* input norm: the first layer's residual is the embedding itself */
         if (l == 0) {
             memcpy(res, h, sizeof(float) * (size_t)(B * hidden));
@@ -260,13 +340,12 @@ int engine_cpu_decode_layers(const int64_t *plan, int64_t layers, int64_t batch,
                                 eps);
         for (int64_t b = 0; b < B; b++) { /* K and V into the pool; q gathered contiguous */
             const float *row = qkv + b * qkv_n;
-            memcpy(kp + out_loc[b] * hk * d, row + hq * d, sizeof(float) * (size_t)(hk * d));
-            memcpy(vp + out_loc[b] * hk * d, row + (hq + hk) * d,
-                   sizeof(float) * (size_t)(hk * d));
+            kv_store(kp, out_loc[b] * hk * d, row + hq * d, hk * d, (int)kv_type);
+            kv_store(vp, out_loc[b] * hk * d, row + (hq + hk) * d, hk * d, (int)kv_type);
             memcpy(q + b * hq * d, row, sizeof(float) * (size_t)(hq * d));
         }
         engine_cpu_decode_attention(q, kp, vp, req_to_token, rt_stride, req_idx, seq_lens, att,
-                                    B, hq, hk, d, scale, max_len);
+                                    B, hq, hk, d, scale, max_len, kv_type);
         if ((rc = call_mm(p + P_O, hidden, hq * d, att, B, x))) break;
         engine_cpu_add_rms_norm(x, hidden, res, hidden, res, PTR(const float *, p[P_POST_NORM]),
                                 normed, B, hidden, eps);

@@ -39,12 +39,12 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_qk_norm_rope.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F]
     lib.engine_cpu_silu_and_mul.argtypes = [_P, _I, _P, _I, _I, _I]
     lib.engine_cpu_decode_attention.argtypes = [_P, _P, _P, _P, _I, _P, _P, _P, _I, _I, _I,
-                                                _I, _F, _I]
+                                                _I, _F, _I, _I]
     for fn in (lib.engine_cpu_add_rms_norm, lib.engine_cpu_qk_norm_rope,
                lib.engine_cpu_silu_and_mul, lib.engine_cpu_decode_attention):
         fn.restype = None
     lib.engine_cpu_decode_layers.argtypes = [_P, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P,
-                                             _P, _P, _I, _P, _P, _I, _P]
+                                             _P, _P, _I, _P, _P, _I, _I, _P]
     lib.engine_cpu_decode_layers.restype = ctypes.c_int
     return lib
 
@@ -114,12 +114,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+#: the pool storage types the kernels read (and the plan writes), by the C code's numbering
+KV_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                      req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
                      seq_lens: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
-    """One query token per request: ``q`` [B, Hq, D] attends to the ``seq_lens[b]`` slots
-    ``req_to_token[req_pool_indices[b]]`` of the float32 pools [slots, Hkv, D] (GQA: query head
-    h reads KV head h // (Hq / Hkv)). ``max_len``: the largest of ``seq_lens``."""
+    """One query token per request: float32 ``q`` [B, Hq, D] attends to the ``seq_lens[b]``
+    slots ``req_to_token[req_pool_indices[b]]`` of the pools [slots, Hkv, D] (float32, float16
+    or bfloat16: :data:`KV_TYPES`; GQA: query head h reads KV head h // (Hq / Hkv)).
+    ``max_len``: the largest of ``seq_lens``."""
     q = q.contiguous()
     b, hq, d = q.shape
     out = torch.empty_like(q)
@@ -128,7 +133,7 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     _library().engine_cpu_decode_attention(
         q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), req_to_token.data_ptr(),
         req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(), out.data_ptr(), b, hq,
-        k_pool.shape[1], d, scale, max_len)
+        k_pool.shape[1], d, scale, max_len, KV_TYPES[k_pool.dtype])
     return out
 
 
@@ -160,6 +165,7 @@ class DecodePlan:
         self.plan = torch.tensor(rows, dtype=torch.int64)
         assert self.plan.shape[1] == PLAN_FIELDS
         self._layers = layers  # the tensors whose addresses the plan holds stay alive with it
+        self.kv_type = KV_TYPES[layers[0][5].dtype] if layers else 0
         self.dims = (len(layers), hidden, num_q_heads, num_kv_heads, head_dim, intermediate)
         self.eps, self.scale = eps, head_dim ** -0.5
         self.cos, self.sin = cos_cache, sin_cache
@@ -177,7 +183,7 @@ class DecodePlan:
             self.plan.data_ptr(), n, h.shape[0], hidden, hq, hk, d, inter, self.eps, self.scale,
             self.cos.data_ptr(), self.sin.data_ptr(), pos.data_ptr(), loc.data_ptr(),
             req_to_token.data_ptr(), req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(),
-            max_len, h.data_ptr())
+            max_len, self.kv_type, h.data_ptr())
         if rc != 0:
             raise RuntimeError(f"CPU decode plan: a kernel failed ({rc})")
         return h

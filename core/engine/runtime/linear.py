@@ -137,6 +137,11 @@ class QuantMethod(ABC):
     split-K that depends on the shape). Under ``--enable-deterministic-inference`` a layer whose
     method does not say so multiplies its rows one at a time."""
 
+    #: the KV cache storage ``--kv-cache-dtype auto`` picks for a model served by this method
+    #: (None: the model's dtype). A method whose arithmetic is already approximate may ask for
+    #: 16-bit storage on the CPU, where the float32 model dtype would double the cache.
+    kv_cache_dtype: torch.dtype | None = None
+
     batch_invariant: bool = False
 
     def for_layer(self, name: str) -> "QuantMethod | None":

@@ -107,6 +107,9 @@ class ModelRunner:
         self._experts = assembly.experts(self.model_config, self.device)
         with self.phase("quantization method"):
             quant_method = assembly.quant_method(self.model_config, self.device)
+        #: what ``--kv-cache-dtype auto`` stores: the quantization method's choice, else the
+        #: model's dtype
+        self.auto_kv_dtype = getattr(quant_method, "kv_cache_dtype", None) or self.dtype
         with self.phase("weights"):
             self.model = load_model(self.model_config, config, self.device, self.dtype,
                                     architectures=assembly.architectures(),
@@ -158,7 +161,7 @@ class ModelRunner:
         if name == "fp4_mx_block16":
             raise ConfigError("--kv-cache-dtype fp4_mx_block16: not implemented in this build "
                               "(fp8_e4m3 and fp8_e5m2 are)")
-        return {"auto": self.dtype, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+        return {"auto": getattr(self, "auto_kv_dtype", self.dtype), "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
                 "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[name]
 
     def _kv_scales(self, pool: KVPool) -> None:

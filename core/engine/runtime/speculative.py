@@ -522,7 +522,7 @@ def check_same_vocab(target: Any, draft: Any, path: str) -> None:
                  "checked against the target's", path)
         return
     if tt is not None:
-        a, b = tt.hf.get_vocab(), dt.hf.get_vocab()
+        a, b = tt.get_vocab(), dt.get_vocab()
         if a != b:
             diff = len(set(a.items()) ^ set(b.items()))
             raise ConfigError(f"--speculative-draft-model-path {path}: its tokenizer differs from "

@@ -15,6 +15,7 @@ SIGTERM or SIGINT drains the server (:meth:`~engine.server.state.Drain.run`) bef
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import ipaddress
 import logging
@@ -543,6 +544,9 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
                              "%.1f s)", state.model_name, url, now - t0, runtime.load_seconds)
                     log.info("start-up phases (s): %s", ", ".join(
                         f"{name} {sec:.3f}" for name, sec in phases.items()))
+                    if not gc.isenabled():  # off for the start-up (engine.cli.serve)
+                        gc.freeze()  # what start-up made lives as long as the server
+                        gc.enable()
 
             def handle_exit(self, sig: int, frame: Any) -> None:
                 """A signal handler: only flags (the drain starts at the next tick); a second

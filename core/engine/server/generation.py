@@ -27,6 +27,7 @@ from starlette.requests import Request
 from engine.api.grammar import GrammarSpec, InvalidGrammar
 from engine.config import ServerConfig
 from engine.runtime.frontend import RequestError
+from engine.runtime.grammar import GrammarUnavailable
 from engine.runtime.request import ChannelSink, Req, ReqOutput
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.scheduler import QueueFull
@@ -148,6 +149,9 @@ async def grammar_matchers(state: ServerState,
             out.append(await grammars.matchers(spec, sp.n))
         except InvalidGrammar as exc:
             raise RequestError(str(exc), param=param, code="invalid_grammar") from None
+        except GrammarUnavailable as exc:
+            raise RequestError(f"constrained decoding is unavailable: {exc}", param=param,
+                               status=503, type="server_error") from None
     return out
 
 

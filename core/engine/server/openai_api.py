@@ -24,6 +24,7 @@ from engine.api.grammar import GrammarSpec
 from engine.assembly import ParserFactories
 from engine.parsers.api import MessageStream, call_constraint, parse_message
 from engine.runtime.frontend import RequestError
+from engine.runtime.grammar import GrammarUnavailable
 from engine.runtime.logit_processors import choose as choose_processor
 from engine.server.generation import (ClientGone, Generation, SeqState, grammar_matchers,
                                       internal_failure, usage)
@@ -319,7 +320,13 @@ class OpenAIServing:
         parser gives no constraint, the grammar backend compiles none, or the reasoning parser
         cannot say where its section ends."""
         grammars, parsers = self.state.runtime.grammars, self.state.parsers
-        if grammars is None or "tool_calls" not in grammars.backend.kinds or parsers.tool is None:
+        if grammars is None or parsers.tool is None:
+            return None
+        try:
+            kinds = grammars.backend.kinds  # built already: chat() awaited loaded()
+        except GrammarUnavailable:
+            return None
+        if "tool_calls" not in kinds:
             return None
         reasoning = None
         if parsers.reasoning is not None:
@@ -357,6 +364,11 @@ class OpenAIServing:
         sp = to_sampling_params(data, names=names, defaults=self.state.runtime.sampling_defaults)
         found = constraint(body.model_dump(include=set(CONSTRAINT_FIELDS)), body.response_format)
         if forced is not None:
+            if self.state.runtime.grammars is not None:
+                try:  # the backend is built on first use: off the event loop
+                    await self.state.runtime.grammars.loaded()
+                except GrammarUnavailable:
+                    pass  # no constraint: the forced call is checked after generation
             calls = self._call_constraint(body, forced)
             if calls is not None and found is not None:
                 raise RequestError(f"a request takes at most one constraint; this one has "

@@ -1,12 +1,12 @@
 """llguidance: a compiled grammar is a validated matcher; each sequence gets a deep copy."""
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 import llguidance
 import torch
-import llguidance.hf
 
 from engine.api import hookimpl
 from engine.api.grammar import (GrammarBackend, GrammarMatcher, GrammarSpec, InvalidGrammar,
@@ -41,14 +41,21 @@ class LLGuidanceBackend(GrammarBackend):
 
     def __init__(self, tokenizer: Any, vocab_size: int, json_options: dict[str, Any]) -> None:
         eos = list(tokenizer.eos_token_ids)
+        # the Rust tokenizer's JSON, without padding or truncation (what llguidance.hf does,
+        # without importing transformers)
+        backend = getattr(tokenizer, "backend", None) or tokenizer.hf.backend_tokenizer
+        backend = copy.copy(backend)
+        backend.no_padding()
+        backend.no_truncation()
+        text = backend.to_str()
         try:
-            self.tokenizer = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=vocab_size,
-                                                          eos_token=eos)
+            self.tokenizer = llguidance.LLTokenizer(text, n_vocab=vocab_size, eos_token=eos)
         except TypeError:  # llguidance before list support: one end-of-sequence id
-            self.tokenizer = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=vocab_size,
-                                                          eos_token=eos[0] if eos else None)
+            self.tokenizer = llguidance.LLTokenizer(text, n_vocab=vocab_size,
+                                                    eos_token=eos[0] if eos else None)
         self.json_options = json_options
-        self.special = _special_tokens(tokenizer.hf)
+        self.special = (_by_length(tokenizer.special_tokens())
+                        if hasattr(tokenizer, "special_tokens") else _special_tokens(tokenizer.hf))
 
     def _grammar(self, spec: GrammarSpec) -> str:
         if spec.kind == "regex":
@@ -194,7 +201,11 @@ def _special_tokens(hf: Any) -> dict[str, int]:
         tid = hf.convert_tokens_to_ids(text)
         if isinstance(tid, int) and tid >= 0:
             out[text] = tid
-    return dict(sorted(out.items(), key=lambda kv: -len(kv[0])))
+    return _by_length(out)
+
+
+def _by_length(tokens: dict[str, int]) -> dict[str, int]:
+    return dict(sorted(tokens.items(), key=lambda kv: -len(kv[0])))
 
 
 @hookimpl

@@ -8,6 +8,10 @@ and sums, the exact products of the dequantized weights up to summation order, f
 K-quant layers (Q2_K..Q6_K) always quantize activations to 8 bits per 256 values (kquants.c;
 there is no float32 K-quant kernel). Types the kernels do not read (Q5_0, Q5_1, IQ*...) are
 dequantized at load.
+
+With int8 activations, ``--kv-cache-dtype auto`` stores the KV cache in float16 (as llama.cpp
+does: half the float32 cache's memory; the attention kernels widen it as they read); with
+float32 activations it stays float32.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from torch import nn
 
 from engine.api import ConfigError, PluginError
 from engine.api import hookimpl
-from engine.api.quant import Linear, PackedWeight, QuantMethod, rowwise
+from engine.api.quant import Linear, PackedWeight, QuantMethod, release_pages, rowwise
 
 from engine_quant_gguf import kernels
 
@@ -56,6 +60,9 @@ class GGUFMethod(QuantMethod):
         self.max_rows = max_rows if not batch_invariant else 2**62
         self.batch_invariant = batch_invariant
         self.int8 = activations == "int8"
+        # int8 activations are llama.cpp's arithmetic; so is its 16-bit KV cache (half the
+        # float32 cache's memory); float32 activations keep the float32 cache (the exact path)
+        self.kv_cache_dtype = torch.float16 if self.int8 else None
         self._head: GGUFMethod | None = None
         self._dequantized_types: set[str] = set()  # types already reported as dequantized
 
@@ -101,6 +108,9 @@ class GGUFMethod(QuantMethod):
                 datas = [shards[o].data for o in sorted(shards)]
                 # one shard: the file's own bytes (a view of the mapped file), no copy
                 layer.gguf_blocks = datas[0].contiguous() if len(datas) == 1 else torch.cat(datas)
+                if len(datas) > 1:  # the shards' file pages were read into the copy
+                    for data in datas:
+                        release_pages(data)
                 layer.gguf_qtype = kernels.PACKED[packed.pop()]
             else:  # fused shards of different types: one kernel call per run of a type
                 parts: list[tuple[int, int, int, torch.Tensor]] = []

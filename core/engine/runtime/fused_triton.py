@@ -1,0 +1,169 @@
+"""The Triton kernels behind :mod:`engine.runtime.fused`, imported only when a GPU tensor (or the
+Triton interpreter) needs them: a CPU server never loads Triton (~0.1 s and ~70 MiB)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr):
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _add_rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, stride_x, stride_r,
+                  stride_o, stride_ro, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < n
+    dt = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(res_ptr + row * stride_r + offs, mask=ok, other=0.0).to(tl.float32)
+        x = _round(x + r, dt)
+        tl.store(res_out_ptr + row * stride_ro + offs, x.to(dt), mask=ok)
+    var = tl.sum(x * x, axis=0) / n
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    y = _round(x * rstd, dt) * w
+    tl.store(out_ptr + row * stride_o + offs, y.to(dt), mask=ok)
+
+
+@triton.jit
+def _qk_norm_rope(src_ptr, q_out_ptr, k_out_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr,
+                  stride_src, stride_cache, hq, eps, HALF: tl.constexpr,
+                  NORM: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    dt = q_out_ptr.dtype.element_ty
+    offs = tl.arange(0, HALF)
+    base = src_ptr + t * stride_src + h * (2 * HALF)  # q heads, then k heads, in the row
+    x1 = tl.load(base + offs).to(tl.float32)
+    x2 = tl.load(base + HALF + offs).to(tl.float32)
+    is_q = h < hq
+    if NORM:
+        var = (tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF)
+        rstd = 1.0 / tl.sqrt(var + eps)
+        if is_q:
+            w1 = tl.load(qw_ptr + offs).to(tl.float32)
+            w2 = tl.load(qw_ptr + HALF + offs).to(tl.float32)
+        else:
+            w1 = tl.load(kw_ptr + offs).to(tl.float32)
+            w2 = tl.load(kw_ptr + HALF + offs).to(tl.float32)
+        x1 = _round(_round(x1 * rstd, dt) * w1, dt)
+        x2 = _round(_round(x2 * rstd, dt) * w2, dt)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    c1 = _round(tl.load(cos_ptr + pos * stride_cache + offs), dt)
+    c2 = _round(tl.load(cos_ptr + pos * stride_cache + HALF + offs), dt)
+    s1 = _round(tl.load(sin_ptr + pos * stride_cache + offs), dt)  # -sin (sin_signed)
+    s2 = _round(tl.load(sin_ptr + pos * stride_cache + HALF + offs), dt)
+    y1 = _round(_round(x1 * c1, dt) + _round(x2 * s1, dt), dt)
+    y2 = _round(_round(x2 * c2, dt) + _round(x1 * s2, dt), dt)
+    if is_q:
+        dst = q_out_ptr + (t * hq + h) * (2 * HALF)
+    else:
+        dst = k_out_ptr + (t * (tl.num_programs(1) - hq) + (h - hq)) * (2 * HALF)
+    tl.store(dst + offs, y1.to(dt))
+    tl.store(dst + HALF + offs, y2.to(dt))
+
+
+@triton.jit
+def _silu_and_mul(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < inter
+    dt = out_ptr.dtype.element_ty
+    g = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + row * stride_x + inter + offs, mask=ok, other=0.0).to(tl.float32)
+    act = _round(g * tl.sigmoid(g), dt)  # silu(gate) is rounded before the product
+    tl.store(out_ptr + row * stride_o + offs, (act * u).to(dt), mask=ok)
+
+
+@triton.jit
+def _route_topk(logits_ptr, w_ptr, ids_ptr, E, stride_l, K: tl.constexpr,
+                RENORM: tl.constexpr, BLOCK_E: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    ok = offs < E
+    x = tl.load(logits_ptr + t * stride_l + offs, mask=ok, other=-float("inf"))
+    x = x.to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = p / tl.sum(p, axis=0)
+    left = tl.where(ok, p, -1.0)
+    total = 0.0
+    for i in tl.static_range(K):  # k passes of argmax (ties: the lower id, as topk)
+        best = tl.max(left, axis=0)
+        idx = tl.min(tl.where(left == best, offs, BLOCK_E), axis=0)
+        tl.store(w_ptr + t * K + i, best)
+        tl.store(ids_ptr + t * K + i, idx.to(tl.int32))
+        total += best
+        left = tl.where(offs == idx, -1.0, left)
+    if RENORM:
+        for i in tl.static_range(K):
+            w = tl.load(w_ptr + t * K + i)
+            tl.store(w_ptr + t * K + i, w / total)
+
+
+def route_topk(logits: torch.Tensor, top_k: int,
+               renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over each row of router ``logits`` [T, E] in float32, its top-k (descending) and,
+    with ``renormalize``, the k weights divided by their sum: (weights float32 [T, k], ids int32
+    [T, k]) in one kernel."""
+    t, e = logits.shape
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=logits.device)
+    if t:
+        _route_topk[(t,)](logits, weights, ids, e, logits.stride(0), K=top_k,
+                          RENORM=renormalize, BLOCK_E=triton.next_power_of_2(e),
+                          num_warps=1 if e <= 256 else 4)
+    return weights, ids
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) * weight, x + residual) for rows of ``x`` [T, N]; without a
+    residual, (rms_norm(x) * weight, x)."""
+    t, n = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else x
+    res = residual if residual is not None else x
+    _add_rms_norm[(t,)](x, res, weight, out, res_out, n, x.stride(0), res.stride(0),
+                        out.stride(0), res_out.stride(0), eps, HAS_RES=residual is not None,
+                        BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8)
+    return out, res_out
+
+
+def qk_norm_rope(qk: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D] and k [T, Hkv, D] from the q and k columns at the start of each row of
+    ``qk`` (the fused qkv projection), each head RMS-normalised with its weight (when given) and
+    rotated by RoPE at ``positions`` (caches as :class:`engine.models.llama.Rotary` keeps them:
+    float32 [max_pos, D], ``sin`` with its first half negated)."""
+    t = qk.shape[0]
+    q = torch.empty(t, num_q_heads, head_dim, dtype=qk.dtype, device=qk.device)
+    k = torch.empty(t, num_kv_heads, head_dim, dtype=qk.dtype, device=qk.device)
+    if t == 0:
+        return q, k
+    norm = q_weight is not None
+    _qk_norm_rope[(t, num_q_heads + num_kv_heads)](
+        qk, q, k, q_weight if norm else qk, k_weight if norm else qk, cos_cache, sin_cache,
+        positions, qk.stride(0), cos_cache.stride(0), num_q_heads, eps, HALF=head_dim // 2,
+        NORM=norm, num_warps=1 if head_dim <= 128 else 2)
+    return q, k
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[:, :I]) * x[:, I:]`` for ``x`` [T, 2I]."""
+    t, two_i = x.shape
+    inter = two_i // 2
+    out = torch.empty(t, inter, dtype=x.dtype, device=x.device)
+    block = min(1024, triton.next_power_of_2(inter))
+    if t:
+        _silu_and_mul[(t, triton.cdiv(inter, block))](x, out, inter, x.stride(0), out.stride(0),
+                                                      BLOCK=block)
+    return out
