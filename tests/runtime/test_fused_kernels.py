@@ -35,3 +35,60 @@ def test_float32_and_cpu_tensors_keep_the_torch_ops(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert not fused.enabled(torch.zeros(2, 2))
     assert not fused.enabled(torch.zeros(2, 2, dtype=torch.bfloat16))
+
+
+MODEL_CHECK = r"""
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from engine.config import ServerConfig
+from engine.runtime import fused_triton
+from engine.runtime.model_runner import ModelRunner
+from engine.testing.batches import BatchBuilder
+
+calls = []
+real = fused_triton.qk_norm_rope_store
+fused_triton.qk_norm_rope_store = lambda *a: calls.append(1) or real(*a)
+runner = ModelRunner(ServerConfig(model_path=sys.argv[1], load_format="dummy", dtype="float16",
+                                  skip_tokenizer_init=True, device="cpu", random_seed=0,
+                                  attention_backend="torch_native", max_total_tokens=256,
+                                  max_running_requests=4, page_size=4, context_length=64))
+
+def run():
+    bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
+    prompts = [[5, 9, 17, 3, 11, 2, 8], [7, 1, 30]]
+    rows = [bb.new_request() for _ in prompts]
+    logits = [runner.forward(bb.extend(list(zip(rows, prompts))))]
+    toks = logits[-1].argmax(-1).tolist()
+    for _ in range(4):
+        logits.append(runner.forward(bb.decode(list(zip(rows, toks)))))
+        toks = logits[-1].argmax(-1).tolist()
+    return torch.cat(logits).float()
+
+fused_logits = run()
+stores = len(calls)
+os.environ["ENGINE_DISABLE_FUSED"] = "1"
+plain = run()
+print(json.dumps({"stores": stores, "after": len(calls),
+                  "diff": (fused_logits - plain).abs().max().item(),
+                  "same": torch.equal(fused_logits.argmax(-1), plain.argmax(-1))}))
+"""
+
+
+def test_a_half_precision_model_stores_kv_in_the_rope_kernel_and_matches_the_torch_ops(tmp_path):
+    """The fused path of a float16 Llama (under the interpreter): q/k norm + RoPE writes K and V
+    straight into the pool, and the logits equal those of the torch ops with the pool write."""
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 48,
+              "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "torch_dtype": "float16", "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-c", MODEL_CHECK, str(tmp_path)],
+                          capture_output=True, text=True, timeout=900,
+                          env={k: v for k, v in os.environ.items()
+                               if k != "ENGINE_DISABLE_FUSED"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["stores"] == 2 * 5 and got["after"] == got["stores"]  # 2 layers x 5 forwards
+    assert got["same"] and got["diff"] < 2e-2, got

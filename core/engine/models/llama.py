@@ -165,6 +165,16 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         if rope.cos is None:  # the fused path (see LlamaForCausalLM.forward)
             qn, kn = self.q_norm, self.k_norm
+            store = getattr(rope.ops, "qk_norm_rope_store", None)
+            if store is not None and attn.pool.takes_direct_writes(qkv.dtype, qkv.device):
+                # K/V go into the pool in the same kernel (no separate cache write)
+                lid = self.spec.layer_id
+                q = store(qkv, self.hq, self.hkv, self.d, rope.positions, rope.rotary.cos_cache,
+                          rope.rotary.sin_cache, qn.weight if qn is not None else None,
+                          kn.weight if kn is not None else None, qn.eps if qn is not None else 0.0,
+                          attn.pool.k[lid], attn.pool.v[lid], batch.out_cache_loc)
+                out = attn.attend(q, self.spec, batch)
+                return self.o_proj(out.reshape(t, self.q_size))
             q, k = rope.ops.qk_norm_rope(qkv, self.hq, self.hkv, self.d, rope.positions,
                                       rope.rotary.cos_cache, rope.rotary.sin_cache,
                                       qn.weight if qn is not None else None,

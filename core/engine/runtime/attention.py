@@ -85,6 +85,12 @@ class KVPool:
                 buf, x = buf.view(torch.uint8), x.view(torch.uint8)
             buf.index_copy_(0, loc, x)
 
+    def takes_direct_writes(self, dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether a kernel may store K/V of ``dtype`` on ``device`` straight into ``k[layer]``
+        / ``v[layer]`` rows instead of :meth:`write`: same dtype and device, no fp8 scaling."""
+        return not self.is_fp8 and self.dtype == dtype and \
+            torch.device(self.device) == torch.device(device)
+
     def gather(self, layer: int, slots: torch.Tensor, dtype: torch.dtype
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of ``slots`` [..] as ``dtype`` [.., Hkv, D], dequantized from fp8 storage."""
@@ -145,6 +151,12 @@ class AttentionBackend(ABC):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layer: AttentionLayerSpec, batch: Batch) -> torch.Tensor:
         self.pool.write(layer.layer_id, batch.out_cache_loc, k, v)
+        return self.attend(q, layer, batch)
+
+    def attend(self, q: torch.Tensor, layer: AttentionLayerSpec, batch: Batch) -> torch.Tensor:
+        """Attention of ``q`` once this forward's K/V are in the pool at
+        ``batch.out_cache_loc``: written by :meth:`forward`, or by a model kernel that stores
+        them itself where :meth:`KVPool.takes_direct_writes` allows it."""
         if batch.is_decode:
             return self.forward_decode(q, layer, batch)
         return self.forward_extend(q, layer, batch)

@@ -33,39 +33,51 @@ def _add_rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, stride_x, stri
 
 
 @triton.jit
-def _qk_norm_rope(src_ptr, q_out_ptr, k_out_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr,
-                  stride_src, stride_cache, hq, eps, HALF: tl.constexpr,
-                  NORM: tl.constexpr):
+def _qk_norm_rope(src_ptr, q_out_ptr, k_out_ptr, v_out_ptr, loc_ptr, qw_ptr, kw_ptr, cos_ptr,
+                  sin_ptr, pos_ptr, stride_src, stride_cache, hq, hkv, eps, HALF: tl.constexpr,
+                  NORM: tl.constexpr, STORE: tl.constexpr):
+    """Program (t, h): head h of token t's qkv row: q heads, then k heads, then (STORE only) v
+    heads. q/k are normed (NORM) and rotated; with STORE, k and v go straight into the KV
+    pool's rows ``loc[t]`` ([slots, hkv, D] each), else k into k_out [T, hkv, D]."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     dt = q_out_ptr.dtype.element_ty
     offs = tl.arange(0, HALF)
-    base = src_ptr + t * stride_src + h * (2 * HALF)  # q heads, then k heads, in the row
+    base = src_ptr + t * stride_src + h * (2 * HALF)  # q heads, then k, then v, in the row
     x1 = tl.load(base + offs).to(tl.float32)
     x2 = tl.load(base + HALF + offs).to(tl.float32)
     is_q = h < hq
-    if NORM:
-        var = (tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF)
-        rstd = 1.0 / tl.sqrt(var + eps)
-        if is_q:
-            w1 = tl.load(qw_ptr + offs).to(tl.float32)
-            w2 = tl.load(qw_ptr + HALF + offs).to(tl.float32)
-        else:
-            w1 = tl.load(kw_ptr + offs).to(tl.float32)
-            w2 = tl.load(kw_ptr + HALF + offs).to(tl.float32)
-        x1 = _round(_round(x1 * rstd, dt) * w1, dt)
-        x2 = _round(_round(x2 * rstd, dt) * w2, dt)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    c1 = _round(tl.load(cos_ptr + pos * stride_cache + offs), dt)
-    c2 = _round(tl.load(cos_ptr + pos * stride_cache + HALF + offs), dt)
-    s1 = _round(tl.load(sin_ptr + pos * stride_cache + offs), dt)  # -sin (sin_signed)
-    s2 = _round(tl.load(sin_ptr + pos * stride_cache + HALF + offs), dt)
-    y1 = _round(_round(x1 * c1, dt) + _round(x2 * s1, dt), dt)
-    y2 = _round(_round(x2 * c2, dt) + _round(x1 * s2, dt), dt)
+    y1 = x1
+    y2 = x2
+    if h < hq + hkv:  # q or k: (norm and) rotate; v is stored as it is
+        if NORM:
+            var = (tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF)
+            rstd = 1.0 / tl.sqrt(var + eps)
+            if is_q:
+                w1 = tl.load(qw_ptr + offs).to(tl.float32)
+                w2 = tl.load(qw_ptr + HALF + offs).to(tl.float32)
+            else:
+                w1 = tl.load(kw_ptr + offs).to(tl.float32)
+                w2 = tl.load(kw_ptr + HALF + offs).to(tl.float32)
+            x1 = _round(_round(x1 * rstd, dt) * w1, dt)
+            x2 = _round(_round(x2 * rstd, dt) * w2, dt)
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+        c1 = _round(tl.load(cos_ptr + pos * stride_cache + offs), dt)
+        c2 = _round(tl.load(cos_ptr + pos * stride_cache + HALF + offs), dt)
+        s1 = _round(tl.load(sin_ptr + pos * stride_cache + offs), dt)  # -sin (sin_signed)
+        s2 = _round(tl.load(sin_ptr + pos * stride_cache + HALF + offs), dt)
+        y1 = _round(_round(x1 * c1, dt) + _round(x2 * s1, dt), dt)
+        y2 = _round(_round(x2 * c2, dt) + _round(x1 * s2, dt), dt)
     if is_q:
         dst = q_out_ptr + (t * hq + h) * (2 * HALF)
+    elif STORE:
+        row = tl.load(loc_ptr + t).to(tl.int64)
+        if h < hq + hkv:
+            dst = k_out_ptr + (row * hkv + (h - hq)) * (2 * HALF)
+        else:
+            dst = v_out_ptr + (row * hkv + (h - hq - hkv)) * (2 * HALF)
     else:
-        dst = k_out_ptr + (t * (tl.num_programs(1) - hq) + (h - hq)) * (2 * HALF)
+        dst = k_out_ptr + (t * hkv + (h - hq)) * (2 * HALF)
     tl.store(dst + offs, y1.to(dt))
     tl.store(dst + HALF + offs, y2.to(dt))
 
@@ -151,10 +163,31 @@ def qk_norm_rope(qk: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim
         return q, k
     norm = q_weight is not None
     _qk_norm_rope[(t, num_q_heads + num_kv_heads)](
-        qk, q, k, q_weight if norm else qk, k_weight if norm else qk, cos_cache, sin_cache,
-        positions, qk.stride(0), cos_cache.stride(0), num_q_heads, eps, HALF=head_dim // 2,
-        NORM=norm, num_warps=1 if head_dim <= 128 else 2)
+        qk, q, k, k, positions, q_weight if norm else qk, k_weight if norm else qk, cos_cache,
+        sin_cache, positions, qk.stride(0), cos_cache.stride(0), num_q_heads, num_kv_heads, eps,
+        HALF=head_dim // 2, NORM=norm, STORE=False, num_warps=1 if head_dim <= 128 else 2)
     return q, k
+
+
+def qk_norm_rope_store(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                       positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+                       q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                       k_pool: torch.Tensor, v_pool: torch.Tensor,
+                       out_loc: torch.Tensor) -> torch.Tensor:
+    """:func:`qk_norm_rope` that also writes the KV cache: k (normed, rotated) and v of token t
+    go straight into rows ``out_loc[t]`` of ``k_pool``/``v_pool`` ([slots, Hkv, D], ``qkv``'s
+    dtype), as the attention backend's pool write would, in the same kernel. Returns q."""
+    t = qkv.shape[0]
+    q = torch.empty(t, num_q_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if t == 0:
+        return q
+    norm = q_weight is not None
+    _qk_norm_rope[(t, num_q_heads + 2 * num_kv_heads)](
+        qkv, q, k_pool, v_pool, out_loc, q_weight if norm else qkv,
+        k_weight if norm else qkv, cos_cache, sin_cache, positions, qkv.stride(0),
+        cos_cache.stride(0), num_q_heads, num_kv_heads, eps, HALF=head_dim // 2, NORM=norm,
+        STORE=True, num_warps=1 if head_dim <= 128 else 2)
+    return q
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
