@@ -20,6 +20,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import sys
 import time
 from typing import Any, AsyncIterator
 
@@ -499,6 +500,36 @@ class HeadDeadline:
             transport.close()
 
 
+#: how long a thread may hold the GIL while another waits for it (Python's default: 5 ms)
+SWITCH_INTERVAL_ENV = "ENGINE_GIL_SWITCH_US"
+DEFAULT_SWITCH_US = 500
+
+
+def _set_switch_interval(device: str) -> None:
+    """The scheduler thread and the event loop share the GIL. When a GPU step's wait ends (the
+    scheduler blocks in the sync for the sampled tokens with the GIL released), the scheduler
+    asks for the GIL back and gets it only when the event loop's thread is forced to drop it:
+    after the switch interval, 5 ms by default, while a step of a 64-request batch takes ~10 ms
+    on the GPU. On a GPU 0.5 ms bounds that wait; on the CPU, where the forward itself keeps
+    every core busy, Python's default stays (measured: no gain). ``ENGINE_GIL_SWITCH_US`` sets
+    another value."""
+    raw = os.environ.get(SWITCH_INTERVAL_ENV, "").strip()
+    if not raw and device == "cpu":
+        return
+    try:
+        us = int(raw) if raw else DEFAULT_SWITCH_US
+    except ValueError:
+        log.warning("%s=%r is not a number of microseconds; using %d", SWITCH_INTERVAL_ENV,
+                    raw, DEFAULT_SWITCH_US)
+        us = DEFAULT_SWITCH_US
+    sys.setswitchinterval(max(us, 10) / 1e6)
+
+
+def torch_device_type(runtime: Runtime) -> str:
+    device = getattr(getattr(runtime, "runner", None), "device", None)
+    return getattr(device, "type", "cpu")
+
+
 def run_server(config: ServerConfig, assembly: Assembly) -> int:
     """Load the model, start the scheduler thread, warm up, serve until a signal.
 
@@ -514,6 +545,7 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
     if config.completion_template is not None:
         completion_template = load_completion_template(config.completion_template)
     runtime = start_runtime(config, assembly)
+    _set_switch_interval(torch_device_type(runtime))
     watchdog = watch_forwards(runtime.runner, config.watchdog_timeout,
                               config.soft_watchdog_timeout)
     try:
