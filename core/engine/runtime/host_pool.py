@@ -128,8 +128,6 @@ class Transfer:
         self.dev, self.host, self.io = device_pool, host, io_backend
         self.cuda = device_pool.device.type == "cuda"
         self.stream = torch.cuda.Stream(device_pool.device) if self.cuda else None
-        self._stages: dict[int, torch.Tensor] = {}
-        self._in_flight: dict[int, Any] = {}  # side -> CUDA event of the last load from it
 
     @contextlib.contextmanager
     def _on_copy_stream(self, *, to_host: bool) -> Iterator[None]:
@@ -168,47 +166,13 @@ class Transfer:
                         else:
                             dslice.copy_(hslice, non_blocking=self.cuda)
             return
-        # every layer at once: one gather on each side and one transfer per direction (the
-        # per-layer index kernels on the device are cheap; per-layer host copies, syncs and
-        # pinned allocations were not)
         d_idx = dev_slots.to(self.dev.device, non_blocking=self.cuda)
-        layers = h.num_layers
-        if to_host:
-            for side, dev in ((0, self.dev.k), (1, self.dev.v)):
-                gathered = torch.stack([dev[layer].index_select(0, d_idx)
-                                        for layer in range(layers)])  # [L, n, H, D]
-                if self.cuda:
-                    stage = self._staging(side, gathered.shape)
-                    stage.copy_(gathered, non_blocking=True)
-                    torch.cuda.current_stream(self.dev.device).synchronize()
-                    gathered = stage
-                (h.k if side == 0 else h.v).index_copy_(1, host_slots, gathered)
-            return
-        for side, dev in ((0, self.dev.k), (1, self.dev.v)):
-            src = (h.k if side == 0 else h.v).index_select(1, host_slots)  # [L, n, H, D]
-            if self.cuda:
-                stage = self._staging(side, src.shape)
-                stage.copy_(src)
-                src = stage.to(self.dev.device, non_blocking=True)
-                done = torch.cuda.Event()
-                done.record()  # on the copy stream: the staging buffer is free again after it
-                self._in_flight[side] = done
-            for layer in range(layers):
-                dev[layer].index_copy_(0, d_idx, src[layer])
-
-    def _staging(self, side: int, shape: torch.Size) -> torch.Tensor:
-        """A host buffer of ``shape`` for side ``side`` (K or V), pinned on CUDA, kept and
-        regrown as needed (no pinned allocation per copy). On CUDA, a copy through it must be
-        finished before it is reused: loads run on the one copy stream, in order."""
-        pending = self._in_flight.pop(side, None)
-        if pending is not None:  # the last load from this buffer may still be reading it
-            pending.synchronize()
-        buf = self._stages.get(side)
-        numel = 1
-        for dim in shape:
-            numel *= int(dim)
-        if buf is None or buf.numel() < numel:
-            buf = torch.empty(max(numel, 2 * (buf.numel() if buf is not None else 0)),
-                              dtype=self.host.dtype, pin_memory=self.cuda)
-            self._stages[side] = buf
-        return buf[:numel].view(shape)
+        for layer in range(h.num_layers):
+            for dev, hk in ((self.dev.k[layer], h.k[layer]), (self.dev.v[layer], h.v[layer])):
+                if to_host:
+                    hk.index_copy_(0, host_slots, dev.index_select(0, d_idx).to("cpu"))
+                else:
+                    src = hk.index_select(0, host_slots)
+                    if self.cuda:
+                        src = src.pin_memory().to(self.dev.device, non_blocking=True)
+                    dev.index_copy_(0, d_idx, src)
