@@ -83,6 +83,9 @@ def dense_checkpoint(dst: str) -> list[list[int]]:
         elif ".gate_up_proj." in name:
             for part, t in zip(("gate_proj", "up_proj"), p.chunk(2)):
                 state[name.replace("gate_up_proj", part)] = t.clone()
+        elif name == "model.embed_tokens.weight" and p.numel() == 0:
+            # the table is served packed (rows dequantized on lookup): write it dense
+            state[name] = runner.model.model.embed_tokens.packed.dequantize().clone()
         elif not name.startswith("lm_head"):
             state[name] = p.clone()
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
