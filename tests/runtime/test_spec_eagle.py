@@ -223,3 +223,38 @@ def test_eagle_without_a_head_or_with_the_wrong_layout_is_refused(files):
     with pytest.raises(ConfigError, match="an EAGLE-3 head; use --speculative-algorithm EAGLE3"):
         scheduler(files["target"], speculative_algorithm="eagle",
                   speculative_draft_model_path=files["eagle3"])
+
+
+def test_eagle2_rerank_keeps_the_best_cumulative_scores_closed_under_ancestors():
+    from engine_spec_eagle.impl import rerank
+
+    # root children a (-0.1), b (-1.0); a's children c (-0.3), d (-2.5); b's child e (-1.2);
+    # c's child f (-0.35): cumulative scores along each path
+    tokens = [10, 11, 12, 13, 14, 15]
+    parents = [-1, -1, 0, 0, 1, 2]
+    scores = [-0.1, -1.0, -0.3, -2.5, -1.2, -0.35]
+    depths = [1, 1, 2, 2, 2, 3]
+    d = rerank(tokens, parents, scores, depths, 4)
+    # best four: a, c, f, b; in depth order with parents first
+    assert d.token_ids == [10, 11, 12, 15] and d.parents == [-1, -1, 0, 2]
+    d = rerank(tokens, parents, scores, depths, 2)
+    assert d.token_ids == [10, 12] and d.parents == [-1, 0]
+    # a tie between a parent and its child (a child's log-probability of 0) keeps the parent
+    d = rerank([1, 2], [-1, 0], [-0.5, -0.5], [1, 2], 1)
+    assert d.token_ids == [1] and d.parents == [-1]
+    assert rerank(tokens, parents, scores, depths, 0).token_ids == []
+
+
+def test_an_eagle2_tree_from_a_head_that_copies_the_target_is_lossless_and_accepted(files,
+                                                                                  reference):
+    """With top-2 and a width beyond a chain the head grows an EAGLE-2 tree; the head copies
+    the target, so its best candidate at depth 1 (the highest score of all) is the target's own
+    next token: every verify accepts at least one draft, and the output is the greedy one."""
+    sched = scheduler(files["bigram"], speculative_algorithm="eagle",
+                      speculative_draft_model_path=files["copy"], speculative_num_steps=3,
+                      speculative_eagle_topk=2, speculative_num_draft_tokens=6)
+    assert sched.spec.proposer.drafts_trees
+    ids, last = generate(sched)
+    assert ids == reference[1]
+    for out in last:
+        assert out.spec_accepted_tokens >= out.spec_verify_ct - 1

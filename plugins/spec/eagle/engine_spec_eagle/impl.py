@@ -97,6 +97,8 @@ class EagleProposer(Proposer):
         pos = torch.arange(start, kv, device=self.device)
         hidden = self.head(self.target.embed(ids), feats, pos, seq.caches)
         seq.fed = kv
+        if self.drafts_trees:
+            return self._tree(seq, hidden, kv)
         chain: list[int] = []
         sibs: list[list[int]] = []
         for step in range(self.num_steps):
@@ -109,6 +111,88 @@ class EagleProposer(Proposer):
                 hidden = self.head(self.target.embed(tok), hidden[-1:], p, seq.caches)
         return Draft.chain_with_siblings(chain, sibs).truncated(self.num_draft_tokens - 1,
                                                                  len(chain))
+
+
+    def _top(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row of ``hidden`` [F, H]: the ``topk`` best next tokens' log-probabilities and
+        target ids ([F, k] each)."""
+        logits, d2t = self._logits(hidden)
+        if self.hot is not None:
+            masked = torch.full_like(logits, float("-inf"))
+            masked[:, self.hot] = logits[:, self.hot]
+            logits = masked
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        best = logp.topk(min(self.topk, logp.shape[-1]), dim=-1)
+        ids = best.indices
+        if d2t is not None and d2t.numel():
+            ids = ids + d2t[ids]
+        return best.values, ids
+
+    def _tree(self, seq: _Seq, hidden: torch.Tensor, kv: int) -> Draft:
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        depths: list[int] = []
+
+        def add(tok: int, parent: int, score: float, depth: int) -> int:
+            tokens.append(tok)
+            parents.append(parent)
+            scores.append(score)
+            depths.append(depth)
+            return len(tokens) - 1
+
+        logp, ids = self._top(hidden[-1:])
+        src = hidden[-1:]
+        # (node, the head output that predicted it: the node's input feature when expanded)
+        frontier = [(add(int(t), -1, float(v), 1), src[0])
+                    for v, t in zip(logp[0].tolist(), ids[0].tolist())]
+        base = seq.caches[0][0].shape[0]  # the verified prefix in the head's cache
+        entry: dict[int, int] = {}  # expanded node -> its row in the head's cache
+        for step in range(1, self.num_steps):
+            nodes = [n for n, _ in frontier]
+            f = len(nodes)
+            before = seq.caches[0][0].shape[0]
+            mask = torch.zeros(f, before + f, dtype=torch.bool, device=self.device)
+            mask[:, :base] = True
+            for i, n in enumerate(nodes):
+                a = parents[n]
+                while a >= 0:
+                    mask[i, entry[a]] = True
+                    a = parents[a]
+                entry[n] = before + i
+                mask[i, before + i] = True
+            toks = torch.tensor([tokens[n] for n in nodes], device=self.device)
+            feats = torch.stack([h for _, h in frontier])
+            pos = torch.full((f,), kv + step - 1, device=self.device)
+            out = self.head(self.target.embed(toks), feats, pos, seq.caches, mask)
+            logp, ids = self._top(out)
+            cands = []
+            for i, n in enumerate(nodes):
+                for v, t in zip(logp[i].tolist(), ids[i].tolist()):
+                    cands.append((add(int(t), n, scores[n] + float(v), step + 1), out[i]))
+            cands.sort(key=lambda c: (-scores[c[0]], c[0]))
+            frontier = cands[:self.topk]
+        return rerank(tokens, parents, scores, depths, self.num_draft_tokens - 1)
+
+
+def rerank(tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float],
+           depths: Sequence[int], n: int) -> Draft:
+    """EAGLE-2's selection: the ``n`` candidates of highest cumulative log-probability (ties:
+    the shallower, then the earlier), as a draft tree in depth order (parents first). A
+    candidate whose parent was not selected is dropped (scores only fall along a path, so this
+    happens only through rounding)."""
+    best = sorted(range(len(tokens)), key=lambda i: (-scores[i], depths[i], i))[:max(0, n)]
+    index: dict[int, int] = {}
+    out_tokens: list[int] = []
+    out_parents: list[int] = []
+    for i in sorted(best, key=lambda i: (depths[i], i)):
+        p = parents[i]
+        if p >= 0 and p not in index:
+            continue
+        index[i] = len(out_tokens)
+        out_tokens.append(tokens[i])
+        out_parents.append(index[p] if p >= 0 else -1)
+    return Draft(out_tokens, out_parents)
 
 
 def build(config: Any, context: SpecContext, want: str) -> EagleProposer:

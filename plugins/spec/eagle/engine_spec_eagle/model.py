@@ -96,8 +96,10 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor,
-               cache: list[torch.Tensor]) -> torch.Tensor:
-        """x [T, qkv_in] of new tokens after ``cache`` ([k, v] of [S, Hkv, D]); causal."""
+               cache: list[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, qkv_in] of new tokens after ``cache`` ([k, v] of [S, Hkv, D]); causal, or what
+        ``mask`` [T, S + T] allows (draft tree nodes: the verified cache and their own
+        ancestors)."""
         c, t = self.cfg, x.shape[0]
         q = _rope(self.q_proj(x).view(t, c.num_heads, c.head_dim), positions, c.rope_theta)
         k = _rope(self.k_proj(x).view(t, c.num_kv_heads, c.head_dim), positions, c.rope_theta)
@@ -109,8 +111,9 @@ class Layer(nn.Module):
         ratio = c.num_heads // c.num_kv_heads
         keys = keys.repeat_interleave(ratio, dim=1).transpose(0, 1)  # [Hq, S, D]
         vals = vals.repeat_interleave(ratio, dim=1).transpose(0, 1)
-        allowed = (torch.arange(s, device=x.device)[None, :]
-                   <= torch.arange(s - t, s, device=x.device)[:, None])
+        allowed = mask if mask is not None else (
+            torch.arange(s, device=x.device)[None, :]
+            <= torch.arange(s - t, s, device=x.device)[:, None])
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, vals, attn_mask=allowed,
                                              scale=c.head_dim ** -0.5)
         return self.o_proj(out.transpose(0, 1).reshape(t, -1))
@@ -140,10 +143,12 @@ class DraftHead(nn.Module):
                                                 dtype=torch.long))
 
     def forward(self, embeds: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor,
-                caches: list[list[torch.Tensor]]) -> torch.Tensor:
+                caches: list[list[torch.Tensor]],
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """One sequence's new positions: embeddings of their tokens and the features paired
         with them ([T, fc_in] target features, or [T, H] the head's own outputs); returns the
-        head's hidden outputs [T, H] (fed back as the next step's features)."""
+        head's hidden outputs [T, H] (fed back as the next step's features). ``mask``: see
+        :meth:`Layer.attend` (default causal)."""
         cfg = self.cfg
         if cfg.kind == "mtp":
             if feats.shape[-1] == cfg.fc_in // 2:
@@ -161,7 +166,7 @@ class DraftHead(nn.Module):
             else:
                 residual = h if i == 0 else h
                 x = layer.input_layernorm(h) if layer.input_layernorm is not None else h
-            a = layer.attend(x, positions, caches[i])
+            a = layer.attend(x, positions, caches[i], mask)
             residual = a + residual
             h = layer.mlp(layer.post_attention_layernorm(residual)) + residual
         return h
