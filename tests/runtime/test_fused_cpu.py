@@ -101,3 +101,20 @@ def test_decode_attention_reads_scattered_pages(hq, hk, d, dtype):
         p = torch.softmax(torch.einsum("hd,nhd->hn", q[b].double(), k) * scale, -1)
         want = torch.einsum("hn,nhd->hd", p, v)
         assert torch.allclose(got[b].double(), want, atol=1e-5, rtol=1e-5), b
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("group,static", [(None, False), (64, False), (48, False), (None, True)])
+def test_fp8_fake_quant_is_bit_identical_to_the_torch_ops(dtype, group, static):
+    """Per token, per group of columns (a ragged last group) or one static scale; values from
+    1e-6 to 1e3 (subnormal and saturating fp8 codes), zeros of both signs."""
+    from engine.runtime import quant_formats as qf
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(9, 200, generator=g) * torch.logspace(-6, 3, 200)[torch.randperm(200,
+                                                                               generator=g)]
+    x[0, :4] = torch.tensor([0.0, -0.0, 1e-30, 1e4])
+    scale = torch.tensor([[0.02]]) if static else None
+    want = qf.fake_quant_fp8(x, dtype, scale=scale, group=group)
+    got = fused_cpu.fake_quant_fp8(x, dtype, scale=scale, group=group)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))

@@ -358,3 +358,49 @@ int engine_cpu_decode_layers(const int64_t *plan, int64_t layers, int64_t batch,
     free(buf);
     return rc;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* fp8 activation fake quantization (what an fp8 W8A8 kernel hands its matmul, in float32):
+ * per row (or per group of `group` columns when group > 0), scale = max(amax, 1e-12) / fmax
+ * (dynamic; or the one static scale when static_scale > 0), v = x / scale clamped to
+ * [-fmax, fmax], rounded to the fp8 format's grid (round to nearest even; `mbits` mantissa
+ * bits, smallest normal 2^emin, subnormals below it), out = v * scale. The same float32
+ * operations in the same order as the torch ops it replaces, so the result is bit-identical. */
+static inline float fp8_round(float v, int mbits, int emin) {
+    const float a = fabsf(v);
+    if (a == 0.0f) return v;
+    int e;
+    frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1): the binade's exponent is e - 1 */
+    int q = e - 1 - mbits;
+    if (e - 1 < emin) q = emin - mbits; /* subnormal spacing */
+    const float quantum = ldexpf(1.0f, q);
+    return rintf(v / quantum) * quantum;
+}
+
+void engine_cpu_fake_quant_fp8(const float *x, float *out, int64_t rows, int64_t cols,
+                               int64_t group, float static_scale, float fmax, int64_t mbits,
+                               int64_t emin) {
+    const int64_t g = group > 0 ? group : cols;
+#pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *o = out + r * cols;
+        for (int64_t c0 = 0; c0 < cols; c0 += g) {
+            const int64_t c1 = c0 + g < cols ? c0 + g : cols;
+            float scale = static_scale;
+            if (!(static_scale > 0.0f)) {
+                float amax = 0.0f;
+                for (int64_t c = c0; c < c1; c++) {
+                    const float a = fabsf(xr[c]);
+                    amax = a > amax ? a : amax;
+                }
+                scale = (amax > 1e-12f ? amax : 1e-12f) / fmax;
+            }
+            for (int64_t c = c0; c < c1; c++) {
+                float v = xr[c] / scale;
+                v = v < -fmax ? -fmax : (v > fmax ? fmax : v);
+                o[c] = fp8_round(v, (int)mbits, (int)emin) * scale;
+            }
+        }
+    }
+}

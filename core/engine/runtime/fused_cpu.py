@@ -46,6 +46,8 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_decode_layers.argtypes = [_P, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P,
                                              _P, _P, _I, _P, _P, _I, _I, _P]
     lib.engine_cpu_decode_layers.restype = ctypes.c_int
+    lib.engine_cpu_fake_quant_fp8.argtypes = [_P, _P, _I, _I, _I, _F, _F, _I, _I]
+    lib.engine_cpu_fake_quant_fp8.restype = None
     return lib
 
 
@@ -134,6 +136,32 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
         q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), req_to_token.data_ptr(),
         req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(), out.data_ptr(), b, hq,
         k_pool.shape[1], d, scale, max_len, KV_TYPES[k_pool.dtype])
+    return out
+
+
+#: fp8 formats: (largest finite value, mantissa bits, exponent of the smallest normal)
+_FP8 = {torch.float8_e4m3fn: (448.0, 3, -6), torch.float8_e5m2: (57344.0, 2, -14)}
+
+
+def fake_quant_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None,
+                   group: int | None = None) -> torch.Tensor | None:
+    """:func:`engine.runtime.quant_formats.fake_quant_fp8` for a contiguous float32 CPU
+    ``x`` [M, K] in one call (bit-identical); None where it does not apply (another format,
+    layout, or no kernels)."""
+    if dtype not in _FP8 or x.dtype != torch.float32 or x.dim() != 2 or \
+            not x.is_contiguous() or x.device.type != "cpu" or not available():
+        return None
+    static = 0.0
+    if scale is not None:
+        if scale.numel() != 1:
+            return None
+        static = float(scale.reshape(()).item())
+        if not static > 0.0:
+            return None
+    fmax, mbits, emin = _FP8[dtype]
+    out = torch.empty_like(x)
+    _library().engine_cpu_fake_quant_fp8(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
+                                         group or 0, static, fmax, mbits, emin)
     return out
 
 
