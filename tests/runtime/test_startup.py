@@ -104,11 +104,11 @@ def test_embedding_stays_dense_for_a_tied_head_without_a_method():
 
 
 def test_cached_tokenizer_encodes_like_the_one_built_from_gguf(tmp_path, monkeypatch):
-    from engine.models.tokenizer import Tokenizer, gguf_tokenizer_cache
+    from engine.models.tokenizer import Tokenizer, tokenizer_cache
 
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path))
     cfg = read_gguf(default_model_path())
-    folder = gguf_tokenizer_cache(default_model_path())
+    folder = tokenizer_cache(default_model_path())
     assert folder is not None and folder.startswith(str(tmp_path))
     built = Tokenizer.load(cfg)
     assert os.path.isfile(os.path.join(folder, "tokenizer.json"))

@@ -276,10 +276,6 @@ def tokenizer_cache(source: str) -> str | None:
     return os.path.join(cache_dir(), "tokenizers", f"{os.path.basename(source)}-{digest}")
 
 
-#: the former name (a GGUF's cache folder)
-gguf_tokenizer_cache = tokenizer_cache
-
-
 def _save_cached(hf: Any, info: dict[str, Any], folder: str) -> None:
     """Save ``hf`` and ``info`` to ``folder`` atomically (written aside, then renamed); a cache
     that cannot be written is skipped with a log line."""

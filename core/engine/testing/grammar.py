@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import random
 import re
-from types import SimpleNamespace
 from typing import Any, Callable
 
 from engine.api.grammar import KINDS, GrammarBackend, GrammarSpec, InvalidGrammar
@@ -83,8 +82,8 @@ INVALID = {
 
 
 def tiny_tokenizer() -> Any:
-    """A byte-level BPE tokenizer (256 bytes, :data:`WORDS`, ``</s>``) shaped like the
-    hook's ``tokenizer`` argument: ``.hf`` and ``.eos_token_ids``."""
+    """A byte-level BPE tokenizer (256 bytes, :data:`WORDS`, ``</s>``) as the hook's
+    ``tokenizer`` argument is: an :class:`engine.models.tokenizer.Tokenizer`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -103,8 +102,10 @@ def tiny_tokenizer() -> Any:
     model = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     model.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     model.decoder = decoders.ByteLevel()
+    from engine.models.tokenizer import Tokenizer as EngineTokenizer
+
     hf = PreTrainedTokenizerFast(tokenizer_object=model, eos_token="</s>")
-    return SimpleNamespace(hf=hf, eos_token_ids=(hf.eos_token_id,))
+    return EngineTokenizer.from_hf(hf)
 
 
 def _bytes_to_unicode() -> list[str]:

@@ -43,8 +43,10 @@ class LLGuidanceBackend(GrammarBackend):
         eos = list(tokenizer.eos_token_ids)
         # the Rust tokenizer's JSON, without padding or truncation (what llguidance.hf does,
         # without importing transformers)
-        backend = getattr(tokenizer, "backend", None) or tokenizer.hf.backend_tokenizer
-        backend = copy.copy(backend)
+        if tokenizer.backend is None:
+            raise ValueError("llguidance needs a fast (Rust) tokenizer; this one is a Python "
+                             "tokenizer (--tokenizer-mode slow)")
+        backend = copy.copy(tokenizer.backend)
         backend.no_padding()
         backend.no_truncation()
         text = backend.to_str()
@@ -54,8 +56,8 @@ class LLGuidanceBackend(GrammarBackend):
             self.tokenizer = llguidance.LLTokenizer(text, n_vocab=vocab_size,
                                                     eos_token=eos[0] if eos else None)
         self.json_options = json_options
-        self.special = (_by_length(tokenizer.special_tokens())
-                        if hasattr(tokenizer, "special_tokens") else _special_tokens(tokenizer.hf))
+        self.special = dict(sorted(tokenizer.special_tokens().items(),
+                                   key=lambda kv: -len(kv[0])))  # longest first
 
     def _grammar(self, spec: GrammarSpec) -> str:
         if spec.kind == "regex":
@@ -192,20 +194,6 @@ class _Lark:
 
     def grammar(self, start: str) -> str:
         return "\n".join([f"start: {start}", *self.rules, FREE_TEXT])
-
-
-def _special_tokens(hf: Any) -> dict[str, int]:
-    """The tokenizer's special tokens by text (longest first)."""
-    out = {}
-    for text in getattr(hf, "all_special_tokens", ()) or ():
-        tid = hf.convert_tokens_to_ids(text)
-        if isinstance(tid, int) and tid >= 0:
-            out[text] = tid
-    return _by_length(out)
-
-
-def _by_length(tokens: dict[str, int]) -> dict[str, int]:
-    return dict(sorted(tokens.items(), key=lambda kv: -len(kv[0])))
 
 
 @hookimpl
