@@ -314,11 +314,8 @@ class Assembly:
         return ParserFactories(reasoning=made.get("reasoning_parser"),
                                tool=made.get("tool_call_parser"))
 
-    def has_grammar_backend(self) -> bool:
-        """Whether a grammar backend is chosen (:meth:`grammar_backend` builds it)."""
-        return self.choose("grammar_backend") is not None
-
     def grammar_backend_name(self) -> str | None:
+        """The chosen grammar backend (:meth:`grammar_backend` builds it), or None."""
         record = self.choose("grammar_backend")
         return record.name if record is not None else None
 

@@ -122,11 +122,12 @@ class Runtime:
             template = self.tokenizer.chat_template if self.tokenizer is not None else None
             self.parsers = assembly.parser_factories(template)
             # the backend is built on first use (by the first constrained request)
-            if self.tokenizer is not None and assembly.has_grammar_backend():
+            grammar = assembly.grammar_backend_name() if self.tokenizer is not None else None
+            if grammar is not None:
                 tokenizer, vocab = self.tokenizer, self.vocab_size
                 self.grammars = Grammars(
                     factory=lambda: assembly.grammar_backend(tokenizer, vocab),
-                    name=f"--grammar-backend {assembly.grammar_backend_name()}")
+                    name=f"--grammar-backend {grammar}")
             # cross-cutting hooks of the selected plugins (engine.plugins.hookspecs)
             self.observers = assembly.observers()
             self.scheduler.after_forward = self.observers.after_forward

@@ -161,7 +161,8 @@ class ModelRunner:
         if name == "fp4_mx_block16":
             raise ConfigError("--kv-cache-dtype fp4_mx_block16: not implemented in this build "
                               "(fp8_e4m3 and fp8_e5m2 are)")
-        return {"auto": getattr(self, "auto_kv_dtype", self.dtype), "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+        auto = getattr(self, "auto_kv_dtype", self.dtype)  # (a runner made without __init__)
+        return {"auto": auto, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
                 "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[name]
 
     def _kv_scales(self, pool: KVPool) -> None:

@@ -505,7 +505,7 @@ SWITCH_INTERVAL_ENV = "ENGINE_GIL_SWITCH_US"
 DEFAULT_SWITCH_US = 500
 
 
-def _set_switch_interval(device: str) -> None:
+def _set_switch_interval(runtime: Any) -> None:
     """The scheduler thread and the event loop share the GIL. When a GPU step's wait ends (the
     scheduler blocks in the sync for the sampled tokens with the GIL released), the scheduler
     asks for the GIL back and gets it only when the event loop's thread is forced to drop it:
@@ -514,7 +514,8 @@ def _set_switch_interval(device: str) -> None:
     every core busy, Python's default stays (measured: no gain). ``ENGINE_GIL_SWITCH_US`` sets
     another value."""
     raw = os.environ.get(SWITCH_INTERVAL_ENV, "").strip()
-    if not raw and device == "cpu":
+    device = getattr(getattr(runtime, "runner", None), "device", None)
+    if not raw and getattr(device, "type", "cpu") == "cpu":
         return
     try:
         us = int(raw) if raw else DEFAULT_SWITCH_US
@@ -523,11 +524,6 @@ def _set_switch_interval(device: str) -> None:
                     raw, DEFAULT_SWITCH_US)
         us = DEFAULT_SWITCH_US
     sys.setswitchinterval(max(us, 10) / 1e6)
-
-
-def torch_device_type(runtime: Runtime) -> str:
-    device = getattr(getattr(runtime, "runner", None), "device", None)
-    return getattr(device, "type", "cpu")
 
 
 def run_server(config: ServerConfig, assembly: Assembly) -> int:
@@ -545,7 +541,7 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
     if config.completion_template is not None:
         completion_template = load_completion_template(config.completion_template)
     runtime = start_runtime(config, assembly)
-    _set_switch_interval(torch_device_type(runtime))
+    _set_switch_interval(runtime)
     watchdog = watch_forwards(runtime.runner, config.watchdog_timeout,
                               config.soft_watchdog_timeout)
     try:
