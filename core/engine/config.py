@@ -229,6 +229,9 @@ class ServerConfig:
         None, "Storage backend settings: a JSON object, or @FILE (JSON, YAML or TOML). The core "
         "reads prefetch_threshold, prefetch_timeout_base/_per_ki_token/_max; the rest goes to "
         "the backend.", type=parse_extra_config)
+    disable_overlap_schedule: bool = _opt(
+        False, "On a GPU, do not prepare the next step while the current forward runs (the "
+        "overlap scheduler reads each step's tokens back one step later).", type=None)
     disable_cuda_graph: bool = _opt(False, "Run decode eagerly on GPU.", type=None,
                                     aliases=("--disable-decode-cuda-graph",))
     cuda_graph_max_bs_decode: int | None = _opt(

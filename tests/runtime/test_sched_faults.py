@@ -31,6 +31,14 @@ OTHERS = [(PROMPTS[1], {}), (PROMPTS[2], {"frequency_penalty": 0.5, "presence_pe
 _ids = itertools.count()
 
 
+@pytest.fixture(autouse=True, params=["sync", "overlap"])
+def schedule_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each fault with tokens read back at once, and with the overlap scheduler (forced on
+    CPU): a request whose token is still in flight when it fails must fail just the same."""
+    monkeypatch.setenv("ENGINE_OVERLAP_SCHEDULE", "1" if request.param == "overlap" else "0")
+    return request.param
+
+
 class Run:
     """One offline engine over the shared runner, stepped by hand; outputs per request."""
 

@@ -279,6 +279,11 @@ class ModelRunner:
             return graphs.run(batch)
         return self._forward(batch)
 
+    def synchronize(self, event: Any) -> None:
+        """Wait for a CUDA ``event`` recorded behind a forward's work (the overlap scheduler
+        reads its tokens back this way; the watchdog times it like a forward)."""
+        event.synchronize()
+
     def _forward(self, batch: Batch, prepare: bool = True) -> torch.Tensor:
         backend = (self.decode_backend if batch.is_decode else self.verify_backend
                    if batch.mode is ForwardMode.VERIFY else self.prefill_backend)

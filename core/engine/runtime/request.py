@@ -131,6 +131,11 @@ class Req:
     #: its next-token mask being computed ahead (:class:`engine.runtime.grammar.PendingMask`)
     grammar_mask: Any = None
     output_ids: list[int] = field(default_factory=list)
+    #: trailing entries of ``output_ids`` sampled by a step still on the device (the overlap
+    #: scheduler's placeholders, -1 until read back); the newest is row ``future_row`` of
+    #: that step's tokens
+    unresolved: int = 0
+    future_row: int = 0
     # KV state
     row: int | None = None
     kv_len: int = 0
@@ -157,6 +162,11 @@ class Req:
     @property
     def seq_len(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def known_len(self) -> int:
+        """Tokens whose ids are known on the host (``seq_len`` less the unresolved ones)."""
+        return self.seq_len - self.unresolved
 
     @property
     def finished(self) -> bool:

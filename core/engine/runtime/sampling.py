@@ -228,11 +228,67 @@ class SampleOutput:
     errors: dict[int, Exception] = field(default_factory=dict)
 
 
+@dataclass
+class Drawn:
+    """The tokens of one sampling call, still where the logits were (on a GPU: not yet read).
+
+    ``to_host()`` starts copying them to pinned host memory behind the sampling kernels and
+    records :attr:`event`; ``result()`` then waits for that copy only, not for whatever the
+    device was given after it (the overlap scheduler launches the next forward in between).
+    :attr:`token_ids` stays on the device, where the next step's batch reads it.
+    """
+
+    token_ids: torch.Tensor  #: [B] int64
+    logprobs: torch.Tensor | None = None  #: [B] float32, when any row asked for logprobs
+    top: tuple[torch.Tensor, torch.Tensor] | None = None  #: values, ids [B, k]
+    top_n: list[int] = field(default_factory=list)  #: each row's own ``top_logprobs``
+    errors: dict[int, Exception] = field(default_factory=dict)
+    event: Any = None  #: the CUDA event after the host copy (set by ``to_host``)
+    _host: list[torch.Tensor] | None = None
+
+    def _tensors(self) -> list[torch.Tensor]:
+        out = [self.token_ids]
+        if self.logprobs is not None:
+            out.append(self.logprobs)
+        if self.top is not None:
+            out += list(self.top)
+        return out
+
+    def to_host(self) -> "Drawn":
+        """On a GPU, start the copy to host and record :attr:`event`; elsewhere nothing."""
+        if self.token_ids.device.type != "cuda":
+            return self
+        self._host = [t.to("cpu", non_blocking=True) for t in self._tensors()]
+        self.event = torch.cuda.Event()
+        self.event.record()
+        return self
+
+    def result(self) -> SampleOutput:
+        """The tokens as Python values (waits for the device when ``to_host`` was not called
+        or its copy has not landed)."""
+        if self.event is not None:
+            self.event.synchronize()
+        host = self._host or self._tensors()
+        out = SampleOutput(token_ids=host[0].tolist(), errors=self.errors)
+        if self.logprobs is not None:
+            out.logprobs = host[1].tolist()
+            out.top_logprobs = [[] for _ in out.token_ids]
+            if self.top is not None:
+                vals_l, idx_l = host[2].tolist(), host[3].tolist()
+                for i, n in enumerate(self.top_n):
+                    out.top_logprobs[i] = [(t, v) for t, v in zip(idx_l[i][:n], vals_l[i][:n])
+                                           if v != -math.inf]
+        return out
+
+
 class Sampler:
     """Batched sampler over ``[B, V]`` float32 logits (see the module docstring for the order).
 
     ``batch_invariant`` (``--enable-deterministic-inference``): each row is sampled alone, so
-    its softmax, log-probabilities and draw never depend on the other rows."""
+    its softmax, log-probabilities and draw never depend on the other rows.
+
+    :meth:`draw` queues the work and returns a :class:`Drawn` without waiting for a GPU;
+    calling the sampler draws and reads the result at once."""
 
     def __init__(self, batch_invariant: bool = False) -> None:
         self.batch_invariant = batch_invariant
@@ -240,81 +296,85 @@ class Sampler:
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleOutput:
         if self.batch_invariant and len(rows) > 1:
-            return _merge([self._sample(logits[i:i + 1].clone(), [row])
+            return _merge([self._sample(logits[i:i + 1].clone(), [row]).result()
                            for i, row in enumerate(rows)])
+        return self._sample(logits, rows).result()
+
+    @torch.inference_mode()
+    def draw(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> Drawn:
+        """Sample without reading the tokens back (not with ``batch_invariant``)."""
+        assert not (self.batch_invariant and len(rows) > 1), "batch-invariant draws are per row"
         return self._sample(logits, rows)
 
-    def _sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleOutput:
+    def _sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> Drawn:
         """Sample one token per row. ``logits`` may be modified in place.
 
         Runs in inference mode: the model runner's logits are inference tensors, which may
         only be updated in place (penalties, ``min_new_tokens`` masks) inside it. A row whose
         penalties, mask or draw raises is recorded in ``errors``; what the batch as a whole
-        computes (softmax, truncation, log-probabilities) raises to the caller.
+        computes (softmax, truncation, log-probabilities) raises to the caller. Nothing here
+        waits for a GPU: a row whose probabilities are not finite or sum to zero is replaced
+        on the device by a one-hot row at its logits' argmax.
         """
         assert logits.dim() == 2 and logits.shape[0] == len(rows), "one logits row per request"
         logits = logits.float()
-        vocab = logits.shape[1]
-        out = SampleOutput(token_ids=[0] * len(rows))
+        vocab, dev = logits.shape[1], logits.device
+        errors: dict[int, Exception] = {}
         for i, row in enumerate(rows):
             sp = row.sampling_params
             if sp.has_penalties or sp.min_new_tokens:
                 try:
                     _prepare_row(logits[i], row, vocab)
                 except Exception as exc:  # noqa: BLE001 - this row fails, the batch goes on
-                    out.errors[i] = exc
+                    errors[i] = exc
         chosen = [i for i, r in enumerate(rows) if getattr(r, "logit_processor", None)
-                  is not None and i not in out.errors]
+                  is not None and i not in errors]
         if chosen:
             from engine.runtime import logit_processors
 
-            logit_processors.apply(logits, rows, chosen, out.errors)
+            logit_processors.apply(logits, rows, chosen, errors)
         constrained = [i for i, r in enumerate(rows) if r.grammar is not None
-                       and i not in out.errors]
+                       and i not in errors]
         if constrained:
-            _constrain(logits, rows, constrained, out.errors)
+            _constrain(logits, rows, constrained, errors)
 
         want_lp = [r.sampling_params.logprobs or r.sampling_params.top_logprobs > 0 for r in rows]
         logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
 
         greedy = [r.sampling_params.is_greedy for r in rows]
-        if all(greedy):
-            out.token_ids = _argmax(logits)
-        else:
-            sample_idx = [i for i, g in enumerate(greedy) if not g]
-            probs = _truncated_probs(logits[sample_idx], [rows[i].sampling_params
-                                                          for i in sample_idx])
-            # a NaN or infinite probability makes its row's sum NaN or infinite
-            bad = [j for j, total in enumerate(probs.sum(dim=-1).tolist())
-                   if not (math.isfinite(total) and total > 0)]
-            fallback = dict(zip(bad, _argmax(logits[[sample_idx[j] for j in bad]]))) \
-                if bad else {}
-            greedy_ids = _argmax(logits) if any(greedy) else []
+        sample_idx = [i for i, g in enumerate(greedy) if not g]
+        drawn = None
+        if sample_idx:
+            sub = logits[_index(sample_idx, dev)] if len(sample_idx) < len(rows) else logits
+            probs = _truncated_probs(sub, [rows[i].sampling_params for i in sample_idx])
+            fallback = _argmax(sub)
+            total = probs.sum(dim=-1)
+            bad = ~(total.isfinite() & (total > 0))  # a NaN or inf probability spoils the sum
+            probs.masked_fill_(bad[:, None], 0.0)
+            probs.scatter_add_(1, fallback[:, None], bad[:, None].to(probs.dtype))
+            draws = []
             for j, i in enumerate(sample_idx):
-                if j in fallback:
-                    out.token_ids[i] = fallback[j]
-                    continue
                 try:
-                    tok = torch.multinomial(probs[j], 1, generator=rows[i].generator)
-                    out.token_ids[i] = int(tok)
+                    draws.append(torch.multinomial(probs[j], 1, generator=rows[i].generator))
                 except Exception as exc:  # noqa: BLE001 - this row fails, the batch goes on
-                    out.errors[i] = exc
-            for i, g in enumerate(greedy):
-                if g:
-                    out.token_ids[i] = greedy_ids[i]
+                    errors[i] = exc
+                    draws.append(fallback[j:j + 1])
+            drawn = torch.cat(draws)
+        if drawn is not None and len(sample_idx) == len(rows):
+            ids = drawn
+        else:
+            ids = _argmax(logits)
+            if drawn is not None:
+                ids[_index(sample_idx, dev)] = drawn
 
+        out = Drawn(token_ids=ids, errors=errors)
         if logprobs is not None:
-            ids = torch.tensor(out.token_ids, dtype=torch.long, device=logits.device)
-            out.logprobs = logprobs.gather(1, ids[:, None]).squeeze(1).tolist()
-            k = max(r.sampling_params.top_logprobs for r in rows)
-            out.top_logprobs = [[] for _ in rows]
+            out.logprobs = logprobs.gather(1, ids[:, None]).squeeze(1)
+            out.top_n = [r.sampling_params.top_logprobs for r in rows]
+            k = max(out.top_n)
             if k > 0:
                 vals, idx = logprobs.topk(k, dim=-1)
-                vals_l, idx_l = vals.tolist(), idx.tolist()
-                for i, row in enumerate(rows):
-                    n = row.sampling_params.top_logprobs
-                    out.top_logprobs[i] = [(t, v) for t, v in zip(idx_l[i][:n], vals_l[i][:n])
-                                           if v != -math.inf]
+                out.top = (vals, idx)
         return out
 
 
@@ -329,25 +389,27 @@ def _merge(outs: list[SampleOutput]) -> SampleOutput:
     return merged
 
 
-def _argmax(logits: torch.Tensor) -> list[int]:
-    """Index of each row's first maximum, as Python ints (one device sync); a NaN logit never
-    wins (a row with no other value gives 0).
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Index of each row's first maximum, int64 on the logits' device, without waiting for a
+    GPU; a NaN logit never wins (a row with no other value gives 0).
 
     On CPU through NumPy, whose row argmax over a vocabulary is several times faster than
     torch's; both return the first maximal index, or that of the first NaN, which is then
-    masked.
+    masked. On a GPU the NaNs become ``-inf`` in place first.
     """
     if logits.device.type == "cpu":
         arr = logits.numpy()
         ids = arr.argmax(axis=-1)
         if np.isnan(arr[np.arange(len(ids)), ids]).any():
             ids = np.where(np.isnan(arr), -np.inf, arr).argmax(axis=-1)
-        return ids.tolist()
-    values, ids = logits.max(dim=-1)
-    out = torch.where(values.isnan(), -1, ids).tolist()  # one device sync
-    if -1 in out:
-        out = logits.nan_to_num(nan=float("-inf")).argmax(dim=-1).tolist()
-    return out
+        return torch.from_numpy(ids.astype(np.int64, copy=False))
+    torch.nan_to_num_(logits, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    return logits.argmax(dim=-1)
+
+
+def _index(rows: list[int], device: torch.device) -> torch.Tensor:
+    """Row indices as an int64 tensor on ``device``, copied without waiting for the device."""
+    return torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True)
 
 
 def _constrain(logits: torch.Tensor, rows: Sequence[SamplingRow], idx: list[int],
@@ -416,15 +478,18 @@ def _truncated_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> 
     probabilities (and hence its seeded draws) do not depend on the other rows.
     """
     dev = logits.device
-    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=dev)
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype).to(
+        dev, non_blocking=True)
     logits = logits / temps[:, None]
     vocab = logits.shape[1]
     probs = torch.softmax(logits, dim=-1)
     trunc = [i for i, p in enumerate(params)
              if 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0]
-    if trunc:
-        sub = [params[i] for i in trunc]
-        probs[trunc] = _truncate(logits[trunc], sub)
+    if len(trunc) == len(params):
+        probs = _truncate(logits, params)
+    elif trunc:
+        rows = _index(trunc, dev)
+        probs[rows] = _truncate(logits[rows], [params[i] for i in trunc])
     return probs
 
 
@@ -433,13 +498,15 @@ def _truncate(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.T
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=dev)[None, :]
-    ks = torch.tensor(top_k, device=dev)[:, None]
+    ks = torch.tensor(top_k).to(dev, non_blocking=True)[:, None]
     sorted_logits.masked_fill_(ranks >= ks, float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1)
-    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype, device=dev)[:, None]
+    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype).to(
+        dev, non_blocking=True)[:, None]
     # drop a token when the tokens before it already reach top_p (the best one always stays)
     drop = (probs.cumsum(dim=-1) - probs) >= top_p
-    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype, device=dev)[:, None]
+    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype).to(
+        dev, non_blocking=True)[:, None]
     drop |= probs < min_p * probs[:, :1]
     drop[:, 0] = False
     probs = probs.masked_fill(drop, 0.0)

@@ -20,6 +20,15 @@ sink. Requests join and leave between steps.
   running requests (``--retraction-policy``; by default the most recently admitted; their KV goes back to the cache and they are re-queued
   to continue later from prompt + output so far). A lone request that cannot grow ends with
   ``length``. Nothing here raises on memory pressure.
+* **Overlap** (on a GPU, unless ``--disable-overlap-schedule``): a step's tokens are drawn on
+  the device and read back only after the next step has been launched, so the host builds
+  step N+1, and finishes and emits step N, while the GPU runs step N+1. A request whose last
+  token is still on the device has a placeholder in ``output_ids`` (``Req.unresolved``); the
+  next batch takes that token from the device (:meth:`_batch`). A request that turns out to
+  have finished at step N wasted its row in step N+1 (whose token is dropped); one that must
+  finish (``max_new_tokens``, the context) is not scheduled again. A step with a request
+  whose sampling reads its generated tokens (penalties, a grammar, a logit processor) reads
+  its tokens back at once, and retraction and aborts first read back the step in flight.
 * **Constrained requests**: after a step's tokens are appended (each accepted by its
   request's grammar matcher), :class:`~engine.runtime.grammar.MaskPrefetcher` computes their
   next masks in a worker thread while this thread emits, schedules and runs the next forward;
@@ -74,7 +83,7 @@ from engine.runtime.batch import Batch, ForwardMode
 from engine.runtime.grammar import GrammarDeadEnd, MaskPrefetcher
 from engine.runtime.kv_cache import build_cache
 from engine.runtime.request import Req, ReqOutput, Sink, emit
-from engine.runtime.sampling import SampleOutput, Sampler
+from engine.runtime.sampling import Drawn, SampleOutput, Sampler
 from engine.runtime.schedule_policy import order, retraction_victim
 
 log = logging.getLogger("engine.scheduler")
@@ -153,6 +162,16 @@ def _step_timer(show_time_cost: bool) -> StepTimer | _NoTimer:
     return StepTimer(SHOW_TIME_COST_EVERY) if show_time_cost else _NoTimer()
 
 
+@dataclass
+class InFlight:
+    """A step whose sampled tokens are still on the device (the overlap scheduler's)."""
+
+    reqs: list[Req]  #: the sampled requests, in row order
+    drawn: Drawn
+    batch: Batch
+    vocab: int
+
+
 class QueueFull(RuntimeError):
     """More waiting requests than ``--max-queued-requests`` allows (HTTP 503)."""
 
@@ -226,6 +245,20 @@ class Scheduler:
         self.num_retractions = 0
         self.num_steps = 0
         self.timer = _step_timer(config.show_time_cost)
+        #: overlap the host's work with the forward (see the module docstring); on a GPU unless
+        #: disabled. ``ENGINE_OVERLAP_SCHEDULE=1`` forces it on CPU too (where the forward is
+        #: synchronous and nothing is gained: tests), ``0`` turns it off.
+        force = os.environ.get("ENGINE_OVERLAP_SCHEDULE", "")
+        self.overlap = ((force == "1" or (force != "0" and self.device.type == "cuda"
+                                          and not config.disable_overlap_schedule))
+                        and speculative is None and not config.is_embedding
+                        and not config.enable_deterministic_inference)
+        self._inflight: InFlight | None = None
+        #: the host's copy of ``req_to_token`` (None: the table is on the host), so releasing a
+        #: request never waits for the device
+        self._slots_host: torch.Tensor | None = None
+        if self.overlap and self.device.type != "cpu":
+            self._slots_host = torch.empty(runner.req_to_token.shape, dtype=torch.long)
         self._rng = random.Random(config.random_seed)  #: the ``random`` schedule policy's
 
     # ------------------------------------------------------------------ thread-safe API
@@ -313,6 +346,14 @@ class Scheduler:
             return True
 
     def _step(self) -> bool:
+        before = self._inflight
+        busy = self._schedule_step()
+        if self._inflight is not None and self._inflight is before:
+            self._resolve()  # no step was launched behind it
+            return True
+        return busy
+
+    def _schedule_step(self) -> bool:
         self._drain_inbox(block=False)
         self.timer.mark("inbox")
         want_prefill = self.chunked is not None or bool(self.waiting)
@@ -359,6 +400,7 @@ class Scheduler:
                 self.waiting.append(arg)
                 self._prefetch(arg)
             elif kind == "abort":
+                self._resolve()
                 self._abort(arg)
             elif kind == "flush":
                 self.cache.flush()
@@ -469,7 +511,10 @@ class Scheduler:
             req.cached_tiers = hit.tiers()
         req.row = self.rows.alloc()
         if len(cached):
-            self.runner.req_to_token[req.row, :len(cached)] = cached.to(self.device)
+            self.runner.req_to_token[req.row, :len(cached)] = cached.to(self.device,
+                                                                        non_blocking=True)
+            if self._slots_host is not None:
+                self._slots_host[req.row, :len(cached)] = cached
         slots = self._take_slots(req, n)
         assert slots is not None, "room was made"
         return req, n, slots
@@ -525,11 +570,9 @@ class Scheduler:
             req.kv_len += n
         self._counted = True
         if sampled:
-            tokens = self._process(sampled, logits)
+            self._process(sampled, logits, batch)
             already = set(map(id, running or ()))
             self.running.extend(r for r in sampled if not r.finished and id(r) not in already)
-            if self.after_forward is not None:
-                self.after_forward(batch, tokens)
 
     def _run_mixed(self) -> tuple[str, int]:
         """The running requests' next tokens and a small prefill in one forward (a plain decode
@@ -554,6 +597,9 @@ class Scheduler:
         whose slot cannot be taken fails alone."""
         decode: list[tuple[Req, int, list[int]]] = []
         for req in list(self.running):
+            if req.unresolved and (len(req.output_ids) >= req.max_new_tokens
+                                   or req.seq_len >= self.max_context_len):
+                continue  # its token on the device is its last: it ends when read back
             try:
                 slots = self._take_slots(req, 1)
                 assert slots is not None, "room was ensured"
@@ -581,16 +627,18 @@ class Scheduler:
         for req in reqs:
             req.kv_len += 1
         self._counted = True
-        tokens = self._process(reqs, logits)
-        if self.after_forward is not None:
-            self.after_forward(batch, tokens)
+        self._process(reqs, logits, batch)
 
     def _ensure_decode_room(self) -> None:
-        """Free pages for one more token per running request: evict, then retract."""
+        """Free pages for one more token per running request: evict, then (after reading back
+        the step in flight, which may end some) retract."""
         while self.running:
             need = sum(self.allocator.pages_needed(r.kv_len, 1) for r in self.running)
             if self._make_room(need * self.page_size):
                 return
+            if self._inflight is not None:
+                self._resolve()
+                continue
             if len(self.running) == 1 and self.chunked is None:
                 req = self.running[0]
                 log.warning("request %s ended: the KV cache holds no more of it", req.rid)
@@ -624,13 +672,34 @@ class Scheduler:
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
         rows = [r.row for r in reqs]
         row_idx = [row for row, e in zip(rows, extend_lens) for _ in range(e)]
-        # every small index vector in one tensor (one host-to-device copy), split into views
+        # a request whose last token is still on the device: its placeholder (the last of its
+        # new tokens) is filled there from the step in flight
+        dst: list[int] = []
+        src: list[int] = []
+        if self._inflight is not None:
+            end = 0
+            for req, e in zip(reqs, extend_lens):
+                end += e
+                if req.unresolved:
+                    assert input_ids[end - 1] < 0, "only a request's newest token is unresolved"
+                    dst.append(end - 1)
+                    src.append(req.future_row)
+        # every small index vector in one tensor (one host-to-device copy that does not wait
+        # for the device), split into views
         n_tok, n_req = len(input_ids), len(reqs)
-        flat = torch.tensor(input_ids + positions + locs + row_idx + rows + seq_lens + prefix_lens
-                            + extend_lens + logits_idx, dtype=torch.long, device=self.device)
-        ids_t, pos_t, loc_t, row_idx_t, rows_t, seq_t, prefix_t, extend_t, logits_t = flat.split(
-            [n_tok] * 4 + [n_req] * 4 + [len(logits_idx)])
+        sizes = [n_tok] * 4 + [n_req] * 4 + [len(logits_idx)] + [len(dst)] * 2
+        host = torch.tensor(input_ids + positions + locs + row_idx + rows + seq_lens + prefix_lens
+                            + extend_lens + logits_idx + dst + src, dtype=torch.long)
+        flat = host.to(self.device, non_blocking=True)
+        ids_t, pos_t, loc_t, row_idx_t, rows_t, seq_t, prefix_t, extend_t, logits_t, dst_t, \
+            src_t = flat.split(sizes)
+        if dst:
+            assert self._inflight is not None
+            ids_t[dst_t] = self._inflight.drawn.token_ids[src_t]
         self.runner.req_to_token[row_idx_t, pos_t] = loc_t
+        if self._slots_host is not None:
+            h = host.split(sizes)
+            self._slots_host[h[3], h[1]] = h[2]
         return Batch(
             mode=mode, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
             req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=prefix_t, extend_lens=extend_t,
@@ -642,21 +711,67 @@ class Scheduler:
 
     # ------------------------------------------------------------------ results
 
-    def _process(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
-        """Sample, append, finish and emit; returns the sampled token ids in ``reqs`` order.
-
-        A request whose sampling row, finishing or delivery raises fails alone. With
-        ``--is-embedding`` ``logits`` are the prompts' embeddings: each request ends with its
-        own (:meth:`_finish_embeddings`)."""
+    def _process(self, reqs: list[Req], logits: torch.Tensor, batch: Batch) -> None:
+        """Sample each request's next token; append, finish and emit it now, or - overlapping,
+        when no request's sampling reads its generated tokens - after the next step has been
+        launched (:meth:`_resolve`). A request whose sampling row, finishing or delivery
+        raises fails alone. With ``--is-embedding`` ``logits`` are the prompts' embeddings:
+        each request ends with its own (:meth:`_finish_embeddings`)."""
         if self.config.is_embedding:
             self._finish_embeddings(reqs, logits)
-            return []
+            if self.after_forward is not None:
+                self.after_forward(batch, [])
+            return
+        if self.overlap and all(map(_deferrable, reqs)):
+            drawn = self.sampler.draw(logits, reqs).to_host()
+            self.timer.mark("sample")
+            for i, req in enumerate(reqs):
+                if i in drawn.errors:  # its draw raised: it ends now, its row is dropped
+                    self._fail(req, _failure("while sampling", drawn.errors[i]))
+                    continue
+                req.output_ids.append(-1)
+                req.unresolved += 1
+                req.future_row = i
+            previous, self._inflight = self._inflight, InFlight(reqs, drawn, batch,
+                                                                logits.shape[1])
+            if previous is not None:
+                self._resolve(previous)
+            return
+        self._resolve()
         out = self.sampler(logits, reqs)
         self.timer.mark("sample")
+        self._finish_step(reqs, out, batch, logits.shape[1])
+
+    def _resolve(self, step: InFlight | None = None) -> None:
+        """Read back ``step`` (by default the step in flight, if any) and finish and emit its
+        tokens. When that read fails, its requests fail with it."""
+        if step is None:
+            step, self._inflight = self._inflight, None
+            if step is None:
+                return
+        try:
+            if step.drawn.event is not None:
+                self.runner.synchronize(step.drawn.event)
+            out = step.drawn.result()
+        except Exception as exc:
+            for req in step.reqs:
+                if not req.finished:
+                    self._fail(req, _failure("while reading its token back", exc))
+            raise
+        self.timer.mark("read back")
+        self._finish_step(step.reqs, out, step.batch, step.vocab)
+
+    def _finish_step(self, reqs: list[Req], out: SampleOutput, batch: Batch,
+                     vocab: int) -> None:
+        """Append each request's token of ``out``, check whether it finished, emit, release;
+        a request that ended while its token was on the device gets nothing."""
         now = time.monotonic()
         items: list[tuple[Sink, ReqOutput]] = []
+        senders: list[Req] = []
         done: list[Req] = []
         for i, req in enumerate(reqs):
+            if req.finished:
+                continue
             if out.errors and i in out.errors:
                 exc = out.errors[i]
                 delta = self._error_output(req, str(exc) if isinstance(exc, GrammarDeadEnd)
@@ -667,13 +782,15 @@ class Scheduler:
                 except Exception as exc:  # noqa: BLE001 - this request fails alone
                     delta = self._error_output(req, _failure("while finishing its token", exc))
             items.append((req.sink, delta))
+            senders.append(req)
             if req.finished:
                 done.append(req)
         self.timer.mark("finish")
         # the next masks of the constrained requests go on during the emit and the next forward
-        self.masks.prefetch(reqs, logits.shape[1])
-        self._deliver(reqs, items, done)
-        return list(out.token_ids)
+        self.masks.prefetch(senders, vocab)
+        self._deliver(senders, items, done)
+        if self.after_forward is not None:
+            self.after_forward(batch, list(out.token_ids))
 
     def _deliver(self, reqs: list[Req], items: list[tuple[Sink, ReqOutput]],
                  done: list[Req]) -> None:
@@ -714,7 +831,11 @@ class Scheduler:
             self._fill_counts(req, delta)
             return delta
         tok = out.token_ids[i]
-        req.output_ids.append(tok)
+        if req.unresolved:  # the oldest placeholder is this token's
+            req.output_ids[len(req.output_ids) - req.unresolved] = tok
+            req.unresolved -= 1
+        else:
+            req.output_ids.append(tok)
         if req.grammar is not None and not req.grammar.accept(tok):
             raise RuntimeError(f"the grammar matcher refused token {tok}, which its mask allowed")
         if req.first_token_time is None:
@@ -739,7 +860,7 @@ class Scheduler:
 
     def _check_finish(self, req: Req, tok: int) -> None:
         sp = req.sampling_params
-        n_out = len(req.output_ids)
+        n_out = len(req.output_ids) - req.unresolved
         if tok in req.stop_ids and n_out >= sp.min_new_tokens:
             self._finish(req, {"type": "stop", "matched": tok})
             return
@@ -750,7 +871,7 @@ class Scheduler:
         if req.grammar is not None and req.grammar.is_terminated():
             self._finish(req, {"type": "stop"})
             return
-        if n_out >= req.max_new_tokens or req.seq_len >= self.max_context_len:
+        if n_out >= req.max_new_tokens or req.known_len >= self.max_context_len:
             self._finish(req, {"type": "length"})
 
     def _match_stop(self, req: Req, old_len: int) -> bool:
@@ -792,7 +913,7 @@ class Scheduler:
         delta.finished = req.finished
         delta.finish_reason = req.finish_reason
         delta.prompt_tokens = len(req.origin_input_ids)
-        delta.completion_tokens = len(req.output_ids)
+        delta.completion_tokens = len(req.output_ids) - req.unresolved
         delta.cached_tokens = req.cached_tokens
         delta.cached_tokens_details = req.cached_tiers
         delta.spec_verify_ct, delta.spec_accepted_tokens = (req.spec_verify_ct,
@@ -805,8 +926,10 @@ class Scheduler:
         if req.row is not None:
             p = self.page_size
             kv = req.kv_len
-            slots = self.runner.req_to_token[req.row, :kv].to("cpu")
-            aligned = kv - kv % p
+            slots = (self._slots_host[req.row, :kv] if self._slots_host is not None
+                     else self.runner.req_to_token[req.row, :kv].to("cpu"))
+            known = min(kv, req.known_len)  # an unresolved token's id is not known yet
+            aligned = known - known % p
             if aligned > req.prefix_len:
                 present = self.cache.insert(req.fill_ids[:aligned], slots[:aligned],
                                             req.priority)
@@ -821,6 +944,9 @@ class Scheduler:
             self.cache.dec_lock(req.prefix_node)
         req.row, req.prefix_node, req.prefix_len, req.kv_len = None, None, 0, 0
         req.last_slot = None
+        if req.unresolved:  # tokens of steps in flight that it will never get
+            del req.output_ids[-req.unresolved:]
+            req.unresolved = 0
         if self.spec is not None:
             self.spec.release(req)
 
@@ -919,9 +1045,17 @@ class Scheduler:
             if self.spec is not None:
                 self.spec.release(req)
         self.running, self.chunked, self._plan = [], None, []
+        self._inflight = None
         self.allocator.reset()
         self.cache.reset()
         self.rows = ReqToTokenRows(self.max_running)
+
+
+def _deferrable(req: Req) -> bool:
+    """Whether ``req``'s next token can be drawn before its last one is read back: its
+    sampling reads none of its generated tokens (no penalties, grammar or logit processor)."""
+    return (req.grammar is None and req.logit_processor is None
+            and not req.sampling_params.has_penalties)
 
 
 def _failure(where: str, exc: BaseException) -> str:

@@ -89,7 +89,10 @@ def _exit() -> None:
 
 
 def watch_forwards(runner: Any, timeout: float, soft_timeout: float | None) -> Watchdog:
-    """Time every ``runner.forward`` call (the scheduler's one entry into the model)."""
+    """Time every ``runner.forward`` call (the scheduler's one entry into the model) and every
+    ``runner.synchronize`` (its wait for a forward it did not wait for at launch)."""
     watchdog = Watchdog(timeout, soft_timeout)
     runner.forward = watchdog.wrap(runner.forward)
+    if hasattr(runner, "synchronize"):
+        runner.synchronize = watchdog.wrap(runner.synchronize)
     return watchdog
