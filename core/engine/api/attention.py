@@ -15,8 +15,8 @@ float32 pool (each token alone: batch- and prefill/decode-invariant). :mod:`engi
 from engine.runtime.attention import (AttentionBackend, AttentionLayerSpec, KVPool,
                                       attend_from_pool, attend_per_token, decode_from_pool,
                                       pool_attention_applies)
-from engine.runtime.batch import Batch, ForwardMode
+from engine.runtime.batch import Batch, ForwardMode, to_device
 
 __all__ = ["AttentionBackend", "AttentionLayerSpec", "Batch", "ForwardMode", "KVPool",
            "attend_from_pool", "attend_per_token", "decode_from_pool",
-           "pool_attention_applies"]
+           "pool_attention_applies", "to_device"]

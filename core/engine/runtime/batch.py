@@ -74,3 +74,14 @@ class Batch:
     @property
     def is_decode(self) -> bool:
         return self.mode is ForwardMode.DECODE
+
+
+def to_device(values: list[int] | list[float] | torch.Tensor, device: torch.device,
+              dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """Host values as a tensor on ``device``, copied without waiting for the work already
+    queued there (through pinned memory on a GPU: a copy from pageable memory may wait for
+    the stream). On CPU the tensor itself."""
+    t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from engine.api.grammar import allocate_token_bitmask, apply_token_bitmask_inplace
+from engine.runtime.batch import to_device
 from engine.runtime.grammar import GrammarDeadEnd
 
 GREEDY_TEMPERATURE = 1e-5  #: a lower temperature means greedy
@@ -409,7 +410,7 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
 
 def _index(rows: list[int], device: torch.device) -> torch.Tensor:
     """Row indices as an int64 tensor on ``device``, copied without waiting for the device."""
-    return torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True)
+    return to_device(rows, device)
 
 
 def _constrain(logits: torch.Tensor, rows: Sequence[SamplingRow], idx: list[int],
@@ -478,8 +479,7 @@ def _truncated_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> 
     probabilities (and hence its seeded draws) do not depend on the other rows.
     """
     dev = logits.device
-    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype).to(
-        dev, non_blocking=True)
+    temps = to_device([p.temperature for p in params], dev, logits.dtype)
     logits = logits / temps[:, None]
     vocab = logits.shape[1]
     probs = torch.softmax(logits, dim=-1)
@@ -498,15 +498,13 @@ def _truncate(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.T
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=dev)[None, :]
-    ks = torch.tensor(top_k).to(dev, non_blocking=True)[:, None]
+    ks = to_device(top_k, dev)[:, None]
     sorted_logits.masked_fill_(ranks >= ks, float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1)
-    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype).to(
-        dev, non_blocking=True)[:, None]
+    top_p = to_device([p.top_p for p in params], dev, probs.dtype)[:, None]
     # drop a token when the tokens before it already reach top_p (the best one always stays)
     drop = (probs.cumsum(dim=-1) - probs) >= top_p
-    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype).to(
-        dev, non_blocking=True)[:, None]
+    min_p = to_device([p.min_p for p in params], dev, probs.dtype)[:, None]
     drop |= probs < min_p * probs[:, :1]
     drop[:, 0] = False
     probs = probs.masked_fill(drop, 0.0)

@@ -79,7 +79,7 @@ import torch
 from engine.config import ServerConfig
 from engine.runtime import cpu_threads
 from engine.runtime.allocator import PageAllocator, ReqToTokenRows
-from engine.runtime.batch import Batch, ForwardMode
+from engine.runtime.batch import Batch, ForwardMode, to_device
 from engine.runtime.grammar import GrammarDeadEnd, MaskPrefetcher
 from engine.runtime.kv_cache import build_cache
 from engine.runtime.request import Req, ReqOutput, Sink, emit
@@ -511,8 +511,7 @@ class Scheduler:
             req.cached_tiers = hit.tiers()
         req.row = self.rows.alloc()
         if len(cached):
-            self.runner.req_to_token[req.row, :len(cached)] = cached.to(self.device,
-                                                                        non_blocking=True)
+            self.runner.req_to_token[req.row, :len(cached)] = to_device(cached, self.device)
             if self._slots_host is not None:
                 self._slots_host[req.row, :len(cached)] = cached
         slots = self._take_slots(req, n)
@@ -690,7 +689,7 @@ class Scheduler:
         sizes = [n_tok] * 4 + [n_req] * 4 + [len(logits_idx)] + [len(dst)] * 2
         host = torch.tensor(input_ids + positions + locs + row_idx + rows + seq_lens + prefix_lens
                             + extend_lens + logits_idx + dst + src, dtype=torch.long)
-        flat = host.to(self.device, non_blocking=True)
+        flat = to_device(host, self.device)
         ids_t, pos_t, loc_t, row_idx_t, rows_t, seq_t, prefix_t, extend_t, logits_t, dst_t, \
             src_t = flat.split(sizes)
         if dst:

@@ -22,7 +22,7 @@ import torch
 from engine.api import ConfigError, PluginError
 from engine.api import hookimpl
 from engine.api.attention import AttentionBackend, AttentionLayerSpec, KVPool
-from engine.api.attention import Batch
+from engine.api.attention import Batch, to_device
 
 LOG2E = 1.4426950408889634
 
@@ -129,9 +129,8 @@ class TritonBackend(AttentionBackend):
             acc += e
         dev = batch.seq_lens.device
         batch.attn_metadata = ExtendMetadata(
-            torch.tensor(tile_req, dtype=torch.int32).to(dev, non_blocking=True),
-            torch.tensor(tile_start, dtype=torch.int32).to(dev, non_blocking=True),
-            torch.tensor(qo_start, dtype=torch.int64).to(dev, non_blocking=True), bm,
+            to_device(tile_req, dev, torch.int32), to_device(tile_start, dev, torch.int32),
+            to_device(qo_start, dev), bm,
             batch.tree_mask.to(torch.uint8).contiguous() if batch.tree_mask is not None else None)
 
     # ------------------------------------------------------------------ kernels
