@@ -8,7 +8,7 @@ export PYTHONPATH=/tmp/site:$PWD/core
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
   --target /tmp/site2 plugins/attention/{torch_native,triton,flashinfer,flex_attention} \
   plugins/parsers/model-config-{hf,auto,mistral} plugins/quant/{gguf,unquant} \
-  plugins/moe/{torch,triton,a2a-none} || return 1
+  plugins/moe/{torch,triton,a2a-none} plugins/grammar/{llguidance,none} || return 1
 export PYTHONPATH=/tmp/site:/tmp/site2:$PWD/core
 # The server's own dependencies (fastapi, uvicorn, pydantic, llguidance...), carried as wheels in
 # .whl-server/ when a run starts `engine serve` there. Fetch them here with:

@@ -20,6 +20,7 @@ Layout of a forward over ``B`` requests with ``T`` new tokens in total:
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -79,9 +80,45 @@ class Batch:
 def to_device(values: list[int] | list[float] | torch.Tensor, device: torch.device,
               dtype: torch.dtype = torch.long) -> torch.Tensor:
     """Host values as a tensor on ``device``, copied without waiting for the work already
-    queued there (through pinned memory on a GPU: a copy from pageable memory may wait for
-    the stream). On CPU the tensor itself."""
+    queued there (on a GPU through a pinned staging buffer: a copy from pageable memory may
+    wait for the stream). On CPU the tensor itself."""
     t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     if device.type == "cpu":
         return t
-    return t.pin_memory().to(device, non_blocking=True)
+    staging = getattr(_staging, "ring", None)
+    if staging is None:
+        staging = _staging.ring = PinnedStaging()
+    return staging.to_device(t, device)
+
+
+_staging = threading.local()  #: one staging ring per thread that copies
+
+
+class PinnedStaging:
+    """Pinned host buffers used in turn for host-to-device copies: a buffer is written again
+    only after the copy out of it has completed (its event), so a copy never waits for the
+    device and no pinned memory is allocated per copy once the buffers have grown."""
+
+    SLOTS = 8
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor | None] = [None] * self.SLOTS
+        self.events: list[Any] = [None] * self.SLOTS
+        self.next = 0
+
+    def to_device(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        k, self.next = self.next, (self.next + 1) % self.SLOTS
+        if self.events[k] is not None:
+            self.events[k].synchronize()  # copied long ago, normally
+        nbytes = t.numel() * t.element_size()
+        buf = self.buffers[k]
+        if buf is None or buf.numel() < nbytes:
+            buf = self.buffers[k] = torch.empty(max(4096, 1 << (nbytes - 1).bit_length()),
+                                                dtype=torch.uint8, pin_memory=True)
+        staged = buf[:nbytes].view(t.dtype).view(t.shape)
+        staged.copy_(t)
+        out = staged.to(device, non_blocking=True)
+        if self.events[k] is None:
+            self.events[k] = torch.cuda.Event()
+        self.events[k].record()
+        return out

@@ -684,20 +684,27 @@ class Scheduler:
                     dst.append(end - 1)
                     src.append(req.future_row)
         # every small index vector in one tensor (one host-to-device copy that does not wait
-        # for the device), split into views
-        n_tok, n_req = len(input_ids), len(reqs)
-        sizes = [n_tok] * 4 + [n_req] * 4 + [len(logits_idx)] + [len(dst)] * 2
-        host = torch.tensor(input_ids + positions + locs + row_idx + rows + seq_lens + prefix_lens
-                            + extend_lens + logits_idx + dst + src, dtype=torch.long)
+        # for the device), split into views; each starts 16-byte aligned (Triton specialises a
+        # kernel on its pointers' alignment: a parity-dependent offset would compile new
+        # variants while serving)
+        parts = [input_ids, positions, locs, row_idx, rows, seq_lens, prefix_lens, extend_lens,
+                 logits_idx, dst, src]
+        values: list[int] = []
+        for part in parts:
+            values += part
+            if len(part) % 2:
+                values.append(0)
+        host = torch.tensor(values, dtype=torch.long)
         flat = to_device(host, self.device)
+        padded = [len(part) + len(part) % 2 for part in parts]
         ids_t, pos_t, loc_t, row_idx_t, rows_t, seq_t, prefix_t, extend_t, logits_t, dst_t, \
-            src_t = flat.split(sizes)
+            src_t = (view[:len(part)] for view, part in zip(flat.split(padded), parts))
         if dst:
             assert self._inflight is not None
             ids_t[dst_t] = self._inflight.drawn.token_ids[src_t]
         self.runner.req_to_token[row_idx_t, pos_t] = loc_t
         if self._slots_host is not None:
-            h = host.split(sizes)
+            h = [view[:len(part)] for view, part in zip(host.split(padded), parts)]
             self._slots_host[h[3], h[1]] = h[2]
         return Batch(
             mode=mode, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
