@@ -16,6 +16,7 @@ plugin = Plugin(
     ),
     notes=("tokenizers with a byte-level decoder (GPT-2 style) or SentencePiece byte "
            "fallback (Llama style)",
-           "outlines-core 0.2.14 does not enforce minimum/maximum on integers "
-           "(engine plugins check reports it)"),
+           "numeric bounds (minimum/maximum, exclusive too), which outlines-core ignores, "
+           "are enforced by this plugin; a number near a non-integer bound is written as an "
+           "integer, and exponents are not produced"),
 )

@@ -10,6 +10,7 @@ import outlines_core
 
 from engine.api import PluginError, hookimpl
 from engine.api.grammar import GrammarBackend, GrammarMatcher, GrammarSpec, InvalidGrammar
+from engine_grammar_outlines.ranges import bounded_regex
 
 MAX_ROLLBACK = 32  #: tokens a matcher can undo
 
@@ -58,14 +59,16 @@ class OutlinesBackend(GrammarBackend):
         if spec.kind == "regex":
             re.compile(spec.text)
             return spec.text
-        schema = spec.text if spec.kind == "json_schema" else '{"type": "object"}'
-        return outlines_core.json_schema.build_regex_from_schema(schema, self.whitespace)
+        if spec.kind == "json_object":
+            return outlines_core.json_schema.build_regex_from_schema('{"type": "object"}',
+                                                                     self.whitespace)
+        return bounded_regex(spec.text, self.whitespace)
 
     def compile(self, spec):
         self.check_kind(spec)
         try:
             return outlines_core.Index(self._regex(spec), self.vocabulary)
-        except (ValueError, TypeError, re.error) as exc:
+        except (ValueError, TypeError, re.error) as exc:  # json.JSONDecodeError is a ValueError
             raise InvalidGrammar(f"invalid {spec.kind}: {exc}") from None
 
     def matcher(self, compiled):

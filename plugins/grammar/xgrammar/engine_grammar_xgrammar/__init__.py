@@ -8,8 +8,9 @@ plugin = Plugin(
     description="xgrammar: JSON schemas, any JSON object, regexes and EBNF (GBNF) grammars",
     requires=Requires(packages=("xgrammar>=0.1.20",)),
     priority=20,
-    notes=("xgrammar 0.2.9: strings with maxLength/minLength admit raw control characters "
-           "(U+0000-U+001F), which JSON forbids (engine plugins check reports it)",),
+    notes=("xgrammar 0.2.9 lets length-bounded strings hold raw control characters, which "
+           "JSON forbids: this plugin gives such strings a pattern over characters that need "
+           "no escape (no quote, backslash or control character in them)",),
     options=(
         Option("--constrained-json-max-whitespace-cnt", type="int", default=None,
                help="Most consecutive whitespace characters between JSON tokens "

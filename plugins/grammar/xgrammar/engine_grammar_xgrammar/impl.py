@@ -41,7 +41,8 @@ class XGrammarBackend(GrammarBackend):
 
     def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         if spec.kind in ("json_schema", "json_object"):
-            schema = spec.text if spec.kind == "json_schema" else '{"type": "object"}'
+            schema = (_bounded_strings(spec.text) if spec.kind == "json_schema"
+                      else '{"type": "object"}')
             return self.compiler.compile_json_schema(schema,
                                                      max_whitespace_cnt=self.max_whitespace)
         if spec.kind == "regex":
@@ -78,3 +79,33 @@ def _structural_tag(tag: Any) -> str:
 @hookimpl
 def engine_create_grammar_backend(tokenizer, vocab_size, options):
     return XGrammarBackend(tokenizer, vocab_size, options.constrained_json_max_whitespace_cnt)
+
+
+def _bounded_strings(schema_text: str) -> str:
+    """The schema with each length-bounded string (``maxLength``/``minLength``, no pattern,
+    format, enum or const) given the equivalent pattern over characters that need no escape:
+    xgrammar's length-bounded strings admit raw control characters, which JSON forbids. (Such
+    a string then holds no quote, backslash or control character: a subset of its values.)"""
+    schema = json.loads(schema_text)
+    changed = False
+
+    def walk(node: Any) -> Any:
+        nonlocal changed
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: (v if k in ("enum", "const", "default", "examples") else walk(v))
+               for k, v in node.items()}
+        if out.get("type") == "string" and ("maxLength" in out or "minLength" in out) \
+                and not {"pattern", "format", "enum", "const"} & out.keys():
+            lo, hi = out.get("minLength", 0), out.get("maxLength")
+            if isinstance(lo, int) and (hi is None or isinstance(hi, int)):
+                out["pattern"] = '^[^"\\\\\\x00-\\x1f]{%d,%s}$' % (lo, "" if hi is None else hi)
+                out.pop("minLength", None)  # in the pattern (xgrammar ignores them beside one)
+                out.pop("maxLength", None)
+                changed = True
+        return out
+
+    rewritten = walk(schema)
+    return json.dumps(rewritten) if changed else schema_text
