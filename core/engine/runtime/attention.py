@@ -148,6 +148,12 @@ class AttentionBackend(ABC):
         ``req_to_token``...), never on Python values of one step."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
+    def prepare_replay(self, batch: Batch, size: int) -> None:
+        """Host work before the graph captured for ``size`` requests replays ``batch`` (at
+        most ``size`` requests; the rest are padding: row 0, one token, K/V into the reserved
+        slot 0). For a backend whose kernels read a plan the host writes into fixed device
+        buffers (FlashInfer's ``plan``, run outside the graph); the default does nothing."""
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layer: AttentionLayerSpec, batch: Batch) -> torch.Tensor:
         self.pool.write(layer.layer_id, batch.out_cache_loc, k, v)

@@ -4,8 +4,9 @@ A decode step launches a few hundred small kernels; on a GPU the host cannot iss
 as the device runs them, so each step is captured once per bucket and replayed. The runner copies
 a step's inputs into static buffers (padded to the bucket: padded requests read one token of row
 0 and write their K/V into the reserved padding slot 0), replays, and returns the first rows of
-the static logits. Only decode batches of backends that declare ``supports_cuda_graph`` use it;
-everything else runs eagerly.
+the static logits. A backend that keeps a host-written plan refreshes it before each replay
+(``prepare_replay``). Only decode batches of backends that declare ``supports_cuda_graph`` use
+it; everything else runs eagerly.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class DecodeGraphs:
         self.ones = torch.ones(n, dtype=torch.int64, device=dev)
         self.rows = torch.arange(n, dtype=torch.int64, device=dev)
         self.req_to_token = req_to_token
+        self.backend = backend
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool = torch.cuda.graph_pool_handle()
@@ -100,6 +102,7 @@ class DecodeGraphs:
             self.out_cache_loc[bs:size].zero_()
             self.req_pool_indices[bs:size].zero_()
             self.seq_lens[bs:size].fill_(1)
+        self.backend.prepare_replay(batch, size)
         self.graphs[size].replay()
         # a copy: graphs share one memory pool, so the next replay may reuse this buffer
         return self.logits[size][:bs].clone()

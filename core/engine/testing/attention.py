@@ -4,7 +4,9 @@
 backend conforms). ``make_backend(pool=..., model_config=..., config=...)`` builds the backend
 (the family hook's keyword arguments). Each case runs, over 2 layers, a single-request prefill,
 a ragged prefill (lengths 1 .. many pages, one ending exactly on a page boundary), prefix +
-extend chunks mixed with a new request, then decode steps, then speculative verify batches
+extend chunks mixed with a new request, then decode steps (on CUDA, for a backend that declares
+``supports_cuda_graph``, also replayed from CUDA graphs captured for larger, padded batch sizes,
+across page boundaries), then speculative verify batches
 (``VERIFY`` mode: a chain for every backend; a draft tree with its ``tree_mask`` for a backend
 that declares ``supports_tree_verify``), checking:
 
@@ -87,7 +89,6 @@ class _Case:
 
     def step(self, batch: Batch, rows: list[int]) -> list[str]:
         errors: list[str] = []
-        spec0 = self.specs[0]
         tree_mask = batch.tree_mask  # as built (a backend must not change what is asked)
         self.backend.prepare(batch)
         tokens = batch.num_tokens
@@ -96,33 +97,45 @@ class _Case:
             k = self.rand(tokens, spec.num_kv_heads, spec.head_dim)
             v = self.rand(tokens, spec.num_kv_heads, spec.head_dim)
             out = self.backend.forward(q, k, v, spec, batch)
-            where = f"layer {spec.layer_id} {batch.mode.value}"
-            if tuple(out.shape) != (tokens, spec0.num_q_heads, spec0.head_dim):
-                return [f"{where}: output shape {tuple(out.shape)}, expected "
-                        f"{(tokens, spec0.num_q_heads, spec0.head_dim)}"]
-            if not torch.isfinite(out).all():
-                errors.append(f"{where}: non-finite output (read an unwritten slot or left "
-                              "elements unwritten)")
-            loc = batch.out_cache_loc
-            if not (torch.equal(self.pool.k[spec.layer_id][loc], k.to(self.pool.dtype))
-                    and torch.equal(self.pool.v[spec.layer_id][loc], v.to(self.pool.dtype))):
-                errors.append(f"{where}: new K/V not stored at out_cache_loc")
-            start = 0
-            for i, row in enumerate(rows):
-                n, pre = batch.extend_lens_cpu[i], batch.prefix_lens_cpu[i]
-                ks, vs = self.kv.setdefault(row, [([], []) for _ in self.specs])[spec.layer_id]
-                ks.append(k[start:start + n])
-                vs.append(v[start:start + n])
-                tree = tree_mask[i, :n, :n] if tree_mask is not None else None
-                want = reference(q[start:start + n], torch.cat(ks), torch.cat(vs), pre,
-                                 spec.scaling, tree)
-                got = out[start:start + n].float()
-                atol, rtol = self.tol
-                if not torch.allclose(got, want, atol=atol, rtol=rtol):
-                    err = (got - want).abs().max().item()
-                    errors.append(f"{where}: request {i} (prefix {pre}, new {n}) differs from "
-                                  f"the reference by {err:.3g}")
-                start += n
+            found = self.check_layer(spec, batch, rows, q, k, v, out, tree_mask)
+            errors += found
+            if found and found[0].endswith("(shape)"):
+                return errors
+        return errors
+
+    def check_layer(self, spec: AttentionLayerSpec, batch: Batch, rows: list[int],
+                    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                    tree_mask: torch.Tensor | None) -> list[str]:
+        """One layer's output and stored K/V against the reference (and record its K/V)."""
+        errors: list[str] = []
+        spec0, tokens = self.specs[0], batch.num_tokens
+        where = f"layer {spec.layer_id} {batch.mode.value}"
+        if tuple(out.shape) != (tokens, spec0.num_q_heads, spec0.head_dim):
+            return [f"{where}: output shape {tuple(out.shape)}, expected "
+                    f"{(tokens, spec0.num_q_heads, spec0.head_dim)} (shape)"]
+        if not torch.isfinite(out).all():
+            errors.append(f"{where}: non-finite output (read an unwritten slot or left "
+                          "elements unwritten)")
+        loc = batch.out_cache_loc
+        if not (torch.equal(self.pool.k[spec.layer_id][loc], k.to(self.pool.dtype))
+                and torch.equal(self.pool.v[spec.layer_id][loc], v.to(self.pool.dtype))):
+            errors.append(f"{where}: new K/V not stored at out_cache_loc")
+        start = 0
+        for i, row in enumerate(rows):
+            n, pre = batch.extend_lens_cpu[i], batch.prefix_lens_cpu[i]
+            ks, vs = self.kv.setdefault(row, [([], []) for _ in self.specs])[spec.layer_id]
+            ks.append(k[start:start + n])
+            vs.append(v[start:start + n])
+            tree = tree_mask[i, :n, :n] if tree_mask is not None else None
+            want = reference(q[start:start + n], torch.cat(ks), torch.cat(vs), pre,
+                             spec.scaling, tree)
+            got = out[start:start + n].float()
+            atol, rtol = self.tol
+            if not torch.allclose(got, want, atol=atol, rtol=rtol):
+                err = (got - want).abs().max().item()
+                errors.append(f"{where}: request {i} (prefix {pre}, new {n}) differs from "
+                              f"the reference by {err:.3g}")
+            start += n
         return errors
 
     def run(self) -> list[str]:
@@ -143,12 +156,56 @@ class _Case:
         b.free(rows[0])
         live = live[1:]
         errors += self.step(b.decode([(r, 7) for r in live]), live)
+        if self.device.type == "cuda" and getattr(self.backend, "supports_cuda_graph", False):
+            errors += self.graph_decode(live)
         # speculative verify: a chain (plain causal), then a tree where the backend has it
         errors += self.step(self.verify(live[:3], [[8, 9, 10], [8], [8, 9]], None), live[:3])
         if getattr(self.backend, "supports_tree_verify", False):
             trees = [[-1, -1, 0, 1, 2], [-1], [-1, 0, -1]]
             toks = [[9] * (1 + len(t)) for t in trees]
             errors += self.step(self.verify(live[:3], toks, trees), live[:3])
+        return errors
+
+    def graph_decode(self, rows: list[int]) -> list[str]:
+        """Decode steps replayed from CUDA graphs captured (as the model runner captures them)
+        for batch sizes above the live one, so padded rows ride along; each replay is checked
+        like an eager step (outputs against the reference, K/V stored). The sequences grow
+        across page boundaries between replays."""
+        from engine.runtime.cuda_graph import DecodeGraphs
+
+        n_max = len(rows) + 3
+        bufs = [(torch.zeros(n_max, s.num_q_heads, s.head_dim, dtype=self.dtype,
+                             device=self.device),
+                 torch.zeros(n_max, s.num_kv_heads, s.head_dim, dtype=self.dtype,
+                             device=self.device),
+                 torch.zeros(n_max, s.num_kv_heads, s.head_dim, dtype=self.dtype,
+                             device=self.device)) for s in self.specs]
+
+        def forward(batch: Batch) -> torch.Tensor:
+            n = batch.batch_size
+            return torch.stack([self.backend.forward(q[:n], k[:n], v[:n], s, batch).float()
+                                for s, (q, k, v) in zip(self.specs, bufs)], 1)
+
+        errors: list[str] = []
+        graphs = DecodeGraphs(forward, self.backend, self.builder.req_to_token, n_max,
+                              sizes=[len(rows) + 1, n_max])
+        steps = 2 * self.pool.page_size + 1 if self.pool.page_size > 1 else 3
+        for step in range(steps):
+            live = rows if step % 2 == 0 else rows[:-1]  # two padded sizes in turn
+            batch = self.builder.decode([(r, 8) for r in live])
+            n = len(live)
+            qkv = []
+            for q, k, v in bufs:
+                q[:n] = self.rand(n, q.shape[1], q.shape[2])
+                k[:n] = self.rand(n, k.shape[1], k.shape[2])
+                v[:n] = self.rand(n, v.shape[1], v.shape[2])
+                qkv.append((q[:n].clone(), k[:n].clone(), v[:n].clone()))
+            out = graphs.run(batch)
+            for spec, (q, k, v) in zip(self.specs, qkv):
+                errors += [f"CUDA graph replay {step}: {e}" for e in self.check_layer(
+                    spec, batch, live, q, k, v, out[:, spec.layer_id].to(self.dtype), None)]
+            if errors:
+                return errors
         return errors
 
     def verify(self, rows: list[int], tokens: list[list[int]],
@@ -179,14 +236,18 @@ class _Case:
 
 
 def check(name: str, make_backend: Callable[..., Any],
-          device: torch.device | str | None = None) -> list[str]:
-    """Run every case; the failures as ``"<name> page_size=.. gqa=.. head_dim=..: ..."``."""
+          device: torch.device | str | None = None, *,
+          page_sizes: tuple[int, ...] | None = None, gqa_ratios: tuple[int, ...] = GQA_RATIOS,
+          head_dims: tuple[int, ...] = HEAD_DIMS) -> list[str]:
+    """Run every case (or those of the given page sizes, GQA ratios and head dims); the
+    failures as ``"<name> page_size=.. gqa=.. head_dim=..: ..."``."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     failures: list[str] = []
-    extra = GPU_EXTRA_PAGE_SIZES if dev.type == "cuda" else ()
-    page_sizes = PAGE_SIZES + tuple(p for p in extra if p not in PAGE_SIZES)
-    combos = itertools.product(page_sizes, GQA_RATIOS, HEAD_DIMS)
+    if page_sizes is None:
+        extra = GPU_EXTRA_PAGE_SIZES if dev.type == "cuda" else ()
+        page_sizes = PAGE_SIZES + tuple(p for p in extra if p not in PAGE_SIZES)
+    combos = itertools.product(page_sizes, gqa_ratios, head_dims)
     for seed, (ps, ratio, dim) in enumerate(combos):
         label = f"{name} page_size={ps} gqa={ratio} head_dim={dim} {str(dtype)[6:]}"
         try:

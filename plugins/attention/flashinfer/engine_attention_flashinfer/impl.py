@@ -11,11 +11,15 @@ the CPU copies of the lengths:
 * ``kv_last_page_len`` [B] (host): tokens in each request's last page (1..page_size);
 * extend only: ``qo_indptr`` [B+1] (host): running count of new tokens,
 
-and plans the one wrapper the batch needs: ``BatchPrefillWithPagedKVCacheWrapper`` (causal, or a
+and plans the one wrapper the batch needs (``batch.attn_metadata`` is that wrapper):
+``BatchPrefillWithPagedKVCacheWrapper`` (causal, or a
 speculative tree's ``custom_mask``;
 FlashInfer aligns the queries to the end of each request's keys, i.e. new token ``j`` sees
 positions ``<= prefix_len + j``) or ``BatchDecodeWithPagedKVCacheWrapper`` (tensor-core decode).
-Every layer then only calls ``run``. Heads, head dim and scale are planned from the model config;
+Every layer then only calls ``run``. Decode forwards can be captured in CUDA graphs: one
+decode wrapper per captured batch size over fixed buffers (``use_cuda_graph``), planned before
+each replay with the real page table padded to the size (``prepare_replay``), ``run`` captured.
+Heads, head dim and scale are planned from the model config;
 a layer that differs is refused rather than silently run with another plan.
 Written against flashinfer-python 0.5.3: ``plan`` takes the page table and shapes positionally
 and the rest by keyword; ``run(q, (k_cache, v_cache))``.
@@ -90,10 +94,27 @@ def tree_custom_mask(batch: Batch) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def padded_table(batch: Batch, page_size: int, size: int) -> PageTable:
+    """:func:`page_table` of a decode batch padded to ``size`` requests: each padding request
+    holds one token, in the reserved page 0 (where the captured graph writes its K/V)."""
+    table = page_table(batch, page_size)
+    pad = size - batch.batch_size
+    if pad <= 0:
+        return table
+    used = int(table.kv_indptr[-1])
+    indptr = torch.cat([table.kv_indptr,
+                        torch.arange(used + 1, used + pad + 1, dtype=torch.int32)])
+    last = torch.cat([table.kv_last_page_len, torch.ones(pad, dtype=torch.int32)])
+    indices = torch.cat([table.kv_indices, table.kv_indices.new_zeros(pad)])
+    return PageTable(indptr, indices, last, None)
+
+
 class FlashInferBackend(AttentionBackend):
     """See the module docstring."""
 
     supports_tree_verify = True  #: through ``plan(custom_mask=...)``
+    #: decode ``run`` is captured; its plan (into fixed buffers) runs before each replay
+    supports_cuda_graph = True
 
     def __init__(self, pool: KVPool, shape: PlanShape) -> None:
         super().__init__(pool)
@@ -109,6 +130,14 @@ class FlashInferBackend(AttentionBackend):
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev), "NHD",
             use_tensor_cores=True)
+        #: CUDA graphs: one decode wrapper per captured batch size, over fixed buffers (the
+        #: page indices and the float workspace shared: graphs replay one at a time)
+        self._graph_wrappers: dict[int, Any] = {}
+        self._graph_workspace: torch.Tensor | None = None
+        self._graph_indices: torch.Tensor | None = None
+        #: recorded after each plan: a plan's host-to-device copies read pinned host buffers
+        #: that the next plan of the same wrapper rewrites
+        self._planned: dict[int, torch.cuda.Event] = {}
 
     def _paged(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         ps, p = self.pool.page_size, self.pool
@@ -121,18 +150,64 @@ class FlashInferBackend(AttentionBackend):
         table = page_table(batch, ps)
         q_dtype = q_dtype or self.pool.dtype
         if batch.is_decode:
-            self._decode.plan(
-                table.kv_indptr, table.kv_indices, table.kv_last_page_len, s.num_q_heads,
-                s.num_kv_heads, s.head_dim, ps, sm_scale=s.scaling, q_data_type=q_dtype,
-                kv_data_type=self.pool.dtype)
-        else:
-            mask = tree_custom_mask(batch) if batch.tree_mask is not None else None
-            self._prefill.plan(
-                table.qo_indptr, table.kv_indptr, table.kv_indices, table.kv_last_page_len,
-                s.num_q_heads, s.num_kv_heads, s.head_dim, ps, causal=mask is None,
-                custom_mask=mask, sm_scale=s.scaling, q_data_type=q_dtype,
-                kv_data_type=self.pool.dtype)
-        batch.attn_metadata = table
+            self._plan_decode(self._decode, table, q_dtype)
+            batch.attn_metadata = self._decode
+            return
+        mask = tree_custom_mask(batch) if batch.tree_mask is not None else None
+        self._settled(self._prefill)
+        self._prefill.plan(
+            table.qo_indptr, table.kv_indptr, table.kv_indices, table.kv_last_page_len,
+            s.num_q_heads, s.num_kv_heads, s.head_dim, ps, causal=mask is None,
+            custom_mask=mask, sm_scale=s.scaling, q_data_type=q_dtype,
+            kv_data_type=self.pool.dtype)
+        self._planned_now(self._prefill)
+        batch.attn_metadata = self._prefill
+
+    def _settled(self, wrapper: Any) -> None:
+        """Wait until the host-to-device copies of ``wrapper``'s previous plan have run (they
+        read its pinned buffers; with the overlap scheduler the host plans a step ahead)."""
+        event = self._planned.get(id(wrapper))
+        if event is not None:
+            event.synchronize()
+
+    def _planned_now(self, wrapper: Any) -> None:
+        event = self._planned.setdefault(id(wrapper), torch.cuda.Event())
+        event.record()
+
+    def _plan_decode(self, wrapper: Any, table: PageTable, q_dtype: torch.dtype) -> None:
+        s = self.shape
+        self._settled(wrapper)
+        wrapper.plan(table.kv_indptr, table.kv_indices, table.kv_last_page_len, s.num_q_heads,
+                     s.num_kv_heads, s.head_dim, self.pool.page_size, sm_scale=s.scaling,
+                     q_data_type=q_dtype, kv_data_type=self.pool.dtype)
+        self._planned_now(wrapper)
+
+    def prepare_graph(self, batch: Batch) -> None:
+        """A decode wrapper for this batch size over fixed buffers, planned for the capture
+        (the static batch: one token per request); each replay plans it again first."""
+        import flashinfer
+
+        size, dev = batch.batch_size, self.pool.device
+        if self._graph_workspace is None:
+            self._graph_workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+        pages_per_request = -(-batch.req_to_token.shape[1] // self.pool.page_size)
+        need = size * pages_per_request
+        if self._graph_indices is None or self._graph_indices.numel() < need:
+            if self._graph_wrappers:
+                raise PluginError("flashinfer: capture the largest CUDA-graph batch first")
+            self._graph_indices = torch.zeros(need, dtype=torch.int32, device=dev)
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self._graph_workspace, "NHD", use_cuda_graph=True, use_tensor_cores=True,
+            paged_kv_indptr_buffer=torch.zeros(size + 1, dtype=torch.int32, device=dev),
+            paged_kv_indices_buffer=self._graph_indices,
+            paged_kv_last_page_len_buffer=torch.zeros(size, dtype=torch.int32, device=dev))
+        self._graph_wrappers[size] = wrapper
+        self._plan_decode(wrapper, page_table(batch, self.pool.page_size), self.pool.dtype)
+        batch.attn_metadata = wrapper
+
+    def prepare_replay(self, batch: Batch, size: int) -> None:
+        self._plan_decode(self._graph_wrappers[size],
+                          padded_table(batch, self.pool.page_size, size), self.pool.dtype)
 
     def _check(self, layer: AttentionLayerSpec) -> None:
         got = PlanShape(layer.num_q_heads, layer.num_kv_heads, layer.head_dim, layer.scaling)
@@ -150,8 +225,11 @@ class FlashInferBackend(AttentionBackend):
 
     def forward_decode(self, q: torch.Tensor, layer: AttentionLayerSpec,
                        batch: Batch) -> torch.Tensor:
+        """With the wrapper the batch was planned on: the eager one, or (captured and
+        replayed) the graph wrapper of its size."""
         self._check(layer)
-        return self._decode.run(q.contiguous(), self._paged(layer.layer_id))
+        wrapper = batch.attn_metadata if batch.attn_metadata is not None else self._decode
+        return wrapper.run(q.contiguous(), self._paged(layer.layer_id))
 
 
 @hookimpl
