@@ -154,9 +154,13 @@ class FlashInferBackend(AttentionBackend):
             batch.attn_metadata = self._decode
             return
         mask = tree_custom_mask(batch) if batch.tree_mask is not None else None
+        qo, kv_indptr, last = table.qo_indptr, table.kv_indptr, table.kv_last_page_len
+        if mask is not None:  # FlashInfer packs a custom mask on the device, by device offsets
+            dev = self.pool.device
+            qo, kv_indptr, last = qo.to(dev), kv_indptr.to(dev), last.to(dev)
         self._settled(self._prefill)
         self._prefill.plan(
-            table.qo_indptr, table.kv_indptr, table.kv_indices, table.kv_last_page_len,
+            qo, kv_indptr, table.kv_indices, last,
             s.num_q_heads, s.num_kv_heads, s.head_dim, ps, causal=mask is None,
             custom_mask=mask, sm_scale=s.scaling, q_data_type=q_dtype,
             kv_data_type=self.pool.dtype)

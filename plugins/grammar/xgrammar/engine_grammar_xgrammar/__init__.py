@@ -14,6 +14,7 @@ plugin = Plugin(
     options=(
         Option("--constrained-json-max-whitespace-cnt", type="int", default=None,
                help="Most consecutive whitespace characters between JSON tokens "
-                    "(default: unbounded)."),
+                    "(default: unbounded; small models may write whitespace until max_tokens "
+                    "without a bound such as 2)."),
     ),
 )
