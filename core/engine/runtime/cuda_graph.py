@@ -12,6 +12,7 @@ it; everything else runs eagerly.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable, Sequence
 
 import torch
@@ -58,9 +59,14 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool = torch.cuda.graph_pool_handle()
-        for size in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
-            self._capture(size, forward, backend)
-        log.info("captured decode CUDA graphs for batch sizes %s", self.buckets)
+        t0 = time.monotonic()
+        for k, size in enumerate(reversed(self.buckets)):  # largest first: smaller graphs
+            self._capture(size, forward, backend)             # reuse its memory
+            if k == 0 or (k + 1) % 4 == 0:
+                log.info("captured decode CUDA graph %d/%d (batch %d), %.1f s", k + 1,
+                         len(self.buckets), size, time.monotonic() - t0)
+        log.info("captured decode CUDA graphs for batch sizes %s in %.1f s", self.buckets,
+                 time.monotonic() - t0)
 
     def _static_batch(self, size: int) -> Batch:
         return Batch(

@@ -609,20 +609,27 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
 
 
 def _warm_up(runtime: Runtime) -> None:
-    """One short greedy generation through the scheduler thread (first-call costs paid here)."""
+    """Short greedy generations through the scheduler thread (first-call costs paid here).
+
+    On a GPU one prompt of each kind of token count Triton specialises a kernel on (1, a
+    multiple of 16, any other) runs too, one after another: a JIT kernel compiled for each
+    variant before /health turns ready is not compiled under the first requests' load."""
     import threading
 
-    done = threading.Event()
+    lengths = [4] if runtime.runner.device.type != "cuda" else [4, 1, 16, 17]
+    for n, length in enumerate(lengths):
+        done = threading.Event()
 
-    def sink(out: Any) -> None:
-        if out.finished:
-            done.set()
+        def sink(out: Any, done: threading.Event = done) -> None:
+            if out.finished:
+                done.set()
 
-    ids = (runtime.tokenizer.encode("Hello") if runtime.tokenizer is not None
-           else [min(1, runtime.vocab_size - 1)] * 4)  # --skip-tokenizer-init: any ids
-    reqs = runtime.make_reqs("warmup", ids, SamplingParams(max_new_tokens=2, temperature=0.0),
-                             sink)
-    runtime.scheduler.submit(reqs)
-    if not done.wait(timeout=300):
-        log.warning("warm-up request did not finish within 300 s")
-
+        # any ids, a different first one each (a cached prefix would shorten the prefill)
+        ids = (runtime.tokenizer.encode("Hello") if runtime.tokenizer is not None and n == 0
+               else [(n * 131 + k) % runtime.vocab_size for k in range(length)])
+        reqs = runtime.make_reqs(f"warmup-{n}", ids,
+                                 SamplingParams(max_new_tokens=2, temperature=0.0), sink)
+        runtime.scheduler.submit(reqs)
+        if not done.wait(timeout=300):
+            log.warning("warm-up request did not finish within 300 s")
+            return
