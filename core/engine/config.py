@@ -229,6 +229,11 @@ class ServerConfig:
         None, "Storage backend settings: a JSON object, or @FILE (JSON, YAML or TOML). The core "
         "reads prefetch_threshold, prefetch_timeout_base/_per_ki_token/_max; the rest goes to "
         "the backend.", type=parse_extra_config)
+    enable_mixed_chunk: bool = _opt(
+        False, "Let a prefill chunk of any size share its forward with the running requests' "
+        "decode tokens (by default only prefills of at most 128 new tokens do, and larger ones "
+        "alternate with decode steps); not with a prefill attention backend that pads every "
+        "request of an extend batch to the longest (torch_native).", type=None)
     disable_overlap_schedule: bool = _opt(
         False, "On a GPU, do not prepare the next step while the current forward runs (the "
         "overlap scheduler reads each step's tokens back one step later).", type=None)

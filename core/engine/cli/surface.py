@@ -74,8 +74,6 @@ ACCEPTED: dict[str, Accept] = {
         _ONE_DEVICE + "; there is no all-reduce"),
     "--disable-aiter-allreduce-fusion-in-prefill": Accept(_ONE_DEVICE + "; there is no all-reduce"),
     "--disable-aiter-allreduce-fusion-in-decode": Accept(_ONE_DEVICE + "; there is no all-reduce"),
-    "--enable-mixed-chunk": Accept("small prefills always share a forward with the decode batch "
-                                   "(mixed steps)"),
     "--sleep-on-idle": Accept("the scheduler always sleeps on its inbox when idle"),
     "--speculative-use-rejection-sampling": Accept(
         "drafts are deterministic proposals, for which the sampled verify already is the "

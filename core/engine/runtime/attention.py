@@ -127,6 +127,9 @@ class AttentionBackend(ABC):
     #: True when extend forwards honour ``batch.tree_mask`` (speculative tree verify); a
     #: backend without it can verify chains only (plain causal extend)
     supports_tree_verify: bool = False
+    #: True when an extend batch costs every request the longest request's length (padded
+    #: rows): the scheduler then never mixes a large prefill with one-token decode rows
+    pads_extend: bool = False
 
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool

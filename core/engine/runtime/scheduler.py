@@ -10,7 +10,9 @@ sink. Requests join and leave between steps.
   than what is left is cut into chunks across steps. When decode requests are running, a
   prefill of at most ``MIXED_PREFILL_TOKENS`` new tokens runs in the same forward as their next
   tokens (a *mixed* step: requests arriving one by one cost no decode step); a larger one
-  alternates with decode steps, so a long prompt never stalls the running streams.
+  alternates with decode steps, so a long prompt never stalls the running streams. With
+  ``--enable-mixed-chunk`` every prefill chunk mixes, unless the prefill attention backend
+  pads extend rows (``AttentionBackend.pads_extend``).
 * **Decode**: one token for every running request; with speculative decoding
   (``speculative``: a :class:`engine.runtime.speculative.SpecDecoder`), a verify step of
   each request's drafts instead whenever any request has one (several tokens per request).
@@ -260,6 +262,10 @@ class Scheduler:
         if self.overlap and self.device.type != "cpu":
             self._slots_host = torch.empty(runner.req_to_token.shape, dtype=torch.long)
         self._rng = random.Random(config.random_seed)  #: the ``random`` schedule policy's
+        #: ``--enable-mixed-chunk``: every prefill chunk shares its forward with decode rows
+        prefill_backend = getattr(runner, "prefill_backend", None)
+        self._mix_any = config.enable_mixed_chunk and not getattr(prefill_backend,
+                                                                 "pads_extend", False)
 
     # ------------------------------------------------------------------ thread-safe API
 
@@ -362,7 +368,7 @@ class Scheduler:
         plan: list[tuple[Req, int, list[int]]] = []
         if want_prefill and self.running:
             self._ensure_decode_room()  # first: what it retracts re-enters the queue
-        if want_prefill and self.running and self._prefill_is_small():
+        if want_prefill and self.running and (self._mix_any or self._prefill_is_small()):
             kind, size = self._run_mixed()
         elif want_prefill and not (self.running and self._last_was_prefill) and \
                 (plan := self._schedule_prefill()):
