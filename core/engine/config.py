@@ -204,8 +204,14 @@ class ServerConfig:
     enable_hierarchical_cache: bool = _opt(
         False, "Keep prefixes evicted from the device KV pool in a host pool, and behind it in "
         "--hicache-storage-backend.", type=None)
-    hicache_ratio: float = _opt(2.0, "Host KV pool size as a multiple of the device pool.",
-                                type=float)
+    hicache_ratio: float | None = _opt(
+        None, "Host KV pool size as a multiple of the device pool (default 2.0; 1.2 with "
+        "--hicache-host-memory-mode buffer_only).", type=float)
+    hicache_host_memory_mode: str = _opt(
+        "cache", "cache: the host pool is a persistent tier between the device and storage; "
+        "buffer_only: it only stages pages between the device and the storage backend (needs "
+        "--hicache-storage-backend): a page written to storage, or loaded to the device, "
+        "leaves it.", choices=("cache", "buffer_only"))
     hicache_size: float = _opt(0.0, "Host KV pool size in GB (overrides --hicache-ratio; 0: "
                                "use the ratio).", type=float)
     hicache_write_policy: str = _opt(

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from engine.errors import ConfigError
 import torch
 from engine.api.hicache import DirectoryStorage, HiCacheStorage
 from engine.config import ServerConfig
@@ -389,3 +390,29 @@ def test_a_request_that_recomputed_a_host_only_prefix_gives_the_tree_its_device_
 def _device_run_ok(cache: HiRadixCache) -> bool:
     return all(n.value is None or n.parent is cache.root or n.parent.value is not None
                for n in _nodes(cache))
+
+
+def test_buffer_only_stages_pages_for_storage_and_keeps_none(tmp_path) -> None:
+    """``--hicache-host-memory-mode buffer_only``: every page written to storage or loaded to
+    the device leaves the host pool; a prefix evicted from the device comes back from storage
+    (not from a host copy), with the same output."""
+    s = sched(slots=40, store=DirectoryStorage(str(tmp_path)),
+              hicache_host_memory_mode="buffer_only", hicache_ratio=None)
+    assert s.cache.buffer_only and s.cache.host.capacity_tokens == int(
+        s.allocator.capacity_tokens * 1.2) // PS * PS
+    generate(s, A)
+    assert s.cache.host.free_tokens == s.cache.host.capacity_tokens  # nothing kept on the host
+    for p in (B, C):
+        generate(s, p)
+    assert s.cache.host.free_tokens == s.cache.host.capacity_tokens
+    out = generate(s, A)
+    assert out.cached_tokens_details == {"device": 0, "host": 0, "storage": 28}
+    assert s.cache.host.free_tokens == s.cache.host.capacity_tokens  # loaded, then let go
+    out = generate(s, A)  # now on the device
+    assert out.cached_tokens_details["device"] == 28
+    s.stop()
+
+
+def test_buffer_only_needs_a_storage_backend() -> None:
+    with pytest.raises(ConfigError, match="needs --hicache-storage-backend"):
+        sched(hicache_host_memory_mode="buffer_only")

@@ -16,6 +16,10 @@ match is a run of device nodes followed by a run of host-only nodes.
   its copy leaves the tree.
 * **Admission** (:meth:`HiRadixCache.admit`) loads the host-only run of the match back into
   device pages (the copy stream on CUDA) and reports how many tokens each tier supplied.
+* **buffer_only** (``--hicache-host-memory-mode``): the host pool only stages pages for the
+  storage tier. A page leaves it once its storage write is queued (the write holds its own
+  copy) or once it has been loaded to the device; a node then lives on the device, or only in
+  storage (out of the tree, found again by its key).
 * **Prefetch**: when a request arrives, the pages of its prompt beyond what the tree holds are
   looked up in storage by key and read on the I/O thread; once read they enter the tree as
   host-only nodes (``from_storage``) and admission loads them like any host hit. How long
@@ -46,8 +50,9 @@ class HiRadixCache(RadixCache):
                  write_policy: str = "write_through", policy: Any = None,
                  storage: StorageTier | None = None, identity: str = "",
                  prefetch_policy: str = "best_effort",
-                 prefetch: dict[str, float] | None = None) -> None:
+                 prefetch: dict[str, float] | None = None, buffer_only: bool = False) -> None:
         self.allocator, self.host, self.transfer = allocator, host, transfer
+        self.buffer_only = buffer_only
         self.write_policy, self.storage, self.identity = write_policy, storage, identity
         self.prefetch_policy = prefetch_policy
         self.prefetch_cfg = dict(CORE_KEYS, **(prefetch or {}))
@@ -142,6 +147,11 @@ class HiRadixCache(RadixCache):
             assert node.host_value is not None
             self.transfer.to_device(node.host_value, dev)
             node.value = dev
+            if self.buffer_only:  # staged: the pages are in storage (they came from there)
+                self.transfer.settle()
+                self.host.free(node.host_value)
+                node.host_value = None
+                node.stored = True
             if node.lock_ref == 0:
                 self.evictable_size += need
             else:
@@ -174,7 +184,8 @@ class HiRadixCache(RadixCache):
         """Copy each node's device pages to the host (evicting host copies for room) and queue
         them for storage; a node that finds no host room stays device-only."""
         for node in nodes:
-            if node.host_value is not None or node.value is None:
+            if node.host_value is not None or node.value is None or (
+                    self.buffer_only and node.stored):  # (its pages are in storage already)
                 continue
             need = len(node.key)
             node.pinned += 1
@@ -198,6 +209,10 @@ class HiRadixCache(RadixCache):
         blobs = [self.codec.encode(k, self.host.page_payload(int(node.host_value[i * ps])))
                  for i, k in enumerate(keys)]
         self.storage.write(keys, blobs)
+        node.stored = True
+        if self.buffer_only:  # the write holds its own copy: the staging pages go back
+            self.host.free(node.host_value)
+            node.host_value = None
 
     def _hashes(self, node: TreeNode) -> list[str]:
         if node.hashes is None:
@@ -356,7 +371,7 @@ class HiRadixCache(RadixCache):
             self.host.write_payload(int(slots[i * ps]), f.payloads[first + i])
         parent = path[-1] if path else self.root
         node = TreeNode(list(f.tokens[held:end]), None, parent, held)
-        node.host_value, node.from_storage = slots, True
+        node.host_value, node.from_storage, node.stored = slots, True, True
         node.hashes = f.keys[first:first + need // ps]
         node.last_access = next(self._clock)
         parent.children[self._child_key(node.key, 0)] = node

@@ -152,6 +152,11 @@ class Transfer:
         with self._on_copy_stream(to_host=False):
             self._copy(dev_slots, host_slots, to_host=False)
 
+    def settle(self) -> None:
+        """Wait for the copies queued so far (before host slots they read are reused)."""
+        if self.stream is not None:
+            self.stream.synchronize()
+
     def _copy(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *, to_host: bool) -> None:
         h, ps = self.host, self.host.page_size
         if self.io == "direct" or h.page_first:

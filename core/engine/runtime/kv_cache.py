@@ -45,11 +45,18 @@ def build_cache(config: Any, runner: Any, allocator: Any, policy: Any = None,
     for value in (config.hicache_mem_layout, config.hicache_io_backend):
         if value in UNSUPPORTED:
             raise ConfigError(UNSUPPORTED[value])
+    buffer_only = config.hicache_host_memory_mode == "buffer_only"
+    if buffer_only and config.hicache_storage_backend is None:
+        raise ConfigError("--hicache-host-memory-mode buffer_only stages pages for a storage "
+                          "backend: it needs --hicache-storage-backend")
     pool = runner.pool
+    ratio = config.hicache_ratio
+    if ratio is None:
+        ratio = 1.2 if buffer_only else 2.0
     if config.hicache_size and config.hicache_size > 0:
         tokens = int(config.hicache_size * 1e9 // pool.bytes_per_token)
-    elif config.hicache_ratio > 0:
-        tokens = int(allocator.capacity_tokens * config.hicache_ratio)
+    elif ratio > 0:
+        tokens = int(allocator.capacity_tokens * ratio)
     else:
         raise ConfigError("--hicache-ratio must be positive (or set --hicache-size)")
     want = tokens * pool.bytes_per_token
@@ -75,19 +82,23 @@ def build_cache(config: Any, runner: Any, allocator: Any, policy: Any = None,
             page_first=host.page_first))
         if store is not None:
             storage = StorageTier(store, codec, name=config.hicache_storage_backend)
+    if buffer_only and storage is None:
+        raise ConfigError(f"--hicache-host-memory-mode buffer_only: the storage backend "
+                          f"{config.hicache_storage_backend} built no store")
     if storage is not None and pool.page_size < 16:
         log.warning("--page-size %d: every %d tokens are one storage page (one key, one store "
                     "entry); a larger page size (64) makes the storage tier far cheaper",
                     pool.page_size, pool.page_size)
-    log.info("hierarchical cache: host pool %d tokens (%.1f MiB, %s), write policy %s, "
+    log.info("hierarchical cache: host pool %d tokens (%.1f MiB, %s, %s), write policy %s, "
              "storage %s", host.capacity_tokens, host.capacity_tokens * pool.bytes_per_token
-             / 2**20, config.hicache_mem_layout, config.hicache_write_policy,
-             config.hicache_storage_backend or "none")
+             / 2**20, config.hicache_mem_layout, config.hicache_host_memory_mode,
+             config.hicache_write_policy, config.hicache_storage_backend or "none")
     return HiRadixCache(pool.page_size, allocator.free_slots, allocator=allocator, host=host,
                         transfer=Transfer(pool, host, config.hicache_io_backend),
                         write_policy=config.hicache_write_policy, policy=policy,
                         storage=storage, identity=ident,
-                        prefetch_policy=config.hicache_storage_prefetch_policy, prefetch=core)
+                        prefetch_policy=config.hicache_storage_prefetch_policy, prefetch=core,
+                        buffer_only=buffer_only)
 
 
 def _available_host_bytes() -> int | None:

@@ -63,6 +63,7 @@ class TreeNode:
         "pinned",
         "priority",
         "start",
+        "stored",
         "value",
     )
 
@@ -80,6 +81,7 @@ class TreeNode:
         self.host_value: torch.Tensor | None = None  #: host slots (hierarchical cache)
         self.hashes: list[str] | None = None  #: page keys, computed when first needed
         self.from_storage = False  #: fetched from storage and not yet served
+        self.stored = False  #: its pages are in (or queued for) the storage tier
         self.pinned = 0  #: host copy in use by a transfer (not host-evictable)
 
     def view(self) -> NodeView:
