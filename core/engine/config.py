@@ -231,6 +231,13 @@ class ServerConfig:
         "best_effort (not at all), wait_complete (until fetched, at most prefetch_timeout_max), "
         "timeout (a budget growing with the prompt).",
         choices=("best_effort", "wait_complete", "timeout"))
+    hicache_storage_prefetch_retry_poll_interval: int = _opt(
+        0, "Scheduling passes a queued request whose storage read found none of its pages "
+        "waits before that read is issued again (a backup, by another server sharing the "
+        "store, may still be committing); 0: no retries.", type=int)
+    hicache_storage_prefetch_retry_max_attempts: int = _opt(
+        3, "Storage reads a queued request may issue again; past them it is admitted with what "
+        "the faster tiers hold (0: none).", type=int)
     hicache_storage_backend_extra_config: str | None = _opt(
         None, "Storage backend settings: a JSON object, or @FILE (JSON, YAML or TOML). The core "
         "reads prefetch_threshold, prefetch_timeout_base/_per_ki_token/_max; the rest goes to "

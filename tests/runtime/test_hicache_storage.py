@@ -198,3 +198,31 @@ class Torn(DirectoryStorage):
 def test_the_kit_catches_a_store_that_can_leave_a_torn_page(tmp_path) -> None:
     fails = conformance(lambda sc: Torn(str(tmp_path)), interrupt_points=8)
     assert any("torn page" in f for f in fails)
+
+
+class Committing(DirectoryStorage):
+    """A shared store whose pages written by another server become visible only after
+    ``hide`` existence checks (their backup still committing)."""
+
+    def __init__(self, path: str, hide: int) -> None:
+        super().__init__(path)
+        self.hide, self.checks = hide, 0
+
+    def batch_exists(self, keys):
+        self.checks += 1
+        return 0 if self.checks <= self.hide else super().batch_exists(keys)
+
+
+@pytest.mark.parametrize("interval,attempts,found", [(0, 3, 0), (2, 3, 28), (1, 1, 0)])
+def test_a_storage_read_that_found_nothing_is_issued_again(tmp_path, interval, attempts,
+                                                          found) -> None:
+    writer = sched(store=DirectoryStorage(str(tmp_path)))
+    generate(writer, A)
+    writer.stop()  # its pages are in the shared store
+    store = Committing(str(tmp_path), hide=2)
+    s = sched(store=store, hicache_storage_prefetch_retry_poll_interval=interval,
+              hicache_storage_prefetch_retry_max_attempts=attempts)
+    out = generate(s, A)  # the first check and (with one attempt) the only retry see nothing
+    assert out.cached_tokens_details == {"device": 0, "host": 0, "storage": found}
+    assert store.checks == 1 + (attempts if interval and not found else (2 if found else 0))
+    s.stop()

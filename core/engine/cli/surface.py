@@ -146,8 +146,7 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--disable-chunked-prefix-cache", "--enable-return-indexer-topk",
         "--enable-linker-mla-dedup", "--enable-lean-attention"),
     "this hierarchical-cache option is not built (the host pool is sized by --hicache-ratio or "
-    "--hicache-size; storage reads are checked once, when a request arrives)": (
-        "--hicache-host-memory-fraction", "--hicache-storage-prefetch-retry-*"),
+    "--hicache-size)": ("--hicache-host-memory-fraction",),
     "other external KV caches are not integrated (the hierarchical cache and its storage "
     "family serve this)": (
         "--enable-unified-cache-external-linker",

@@ -145,6 +145,8 @@ class Req:
     cached_tokens: int = 0
     cached_tiers: dict[str, int] | None = None  #: cached tokens per tier (device, host, storage)
     prefetch: Any = None  #: the storage read started when it arrived (hierarchical cache)
+    storage_retries: int = 0  #: storage reads issued again while it waited (see the scheduler)
+    storage_wait: int = 0  #: scheduling passes since its last storage read was looked at
     # text state
     text: str = ""
     sent_len: int = 0

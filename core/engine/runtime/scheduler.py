@@ -16,6 +16,11 @@ sink. Requests join and leave between steps.
 * **Decode**: one token for every running request; with speculative decoding
   (``speculative``: a :class:`engine.runtime.speculative.SpecDecoder`), a verify step of
   each request's drafts instead whenever any request has one (several tokens per request).
+* **Storage reads issued again** (``--hicache-storage-prefetch-retry-poll-interval`` N > 0):
+  a queued request whose storage read found none of its pages stays queued for N prefill
+  scheduling passes, then reads again (another server's backup may have landed meanwhile),
+  at most ``--hicache-storage-prefetch-retry-max-attempts`` times; a read issued again gets N
+  passes to complete before the request is admitted with what the faster tiers hold.
 * **Memory**: pages come from the allocator; when short, unlocked radix-cache leaves are
   evicted (``--radix-eviction-policy``; with the hierarchical cache they move to the host
   tier first, :mod:`engine.runtime.hiradix_cache`); when still short, a new request waits in the queue, and a decode step retracts
@@ -99,6 +104,7 @@ SHOW_TIME_COST_EVERY = 100  #: steps per summary of ``--show-time-cost``
 #: decode tokens (their rows are padded to the longest extend by some attention backends, so
 #: this stays small)
 MIXED_PREFILL_TOKENS = 128
+RETRY_PASS_S = 0.001  #: pause of a pass in which only storage reads were waited for
 
 
 class StepTimer:
@@ -262,6 +268,9 @@ class Scheduler:
         if self.overlap and self.device.type != "cpu":
             self._slots_host = torch.empty(runner.req_to_token.shape, dtype=torch.long)
         self._rng = random.Random(config.random_seed)  #: the ``random`` schedule policy's
+        self.retry_interval = config.hicache_storage_prefetch_retry_poll_interval
+        self.retry_max = config.hicache_storage_prefetch_retry_max_attempts
+        self._deferred = False  #: a request was left queued for a storage read this pass
         #: ``--enable-mixed-chunk``: every prefill chunk shares its forward with decode rows
         prefill_backend = getattr(runner, "prefill_backend", None)
         self._mix_any = config.enable_mixed_chunk and not getattr(prefill_backend,
@@ -377,6 +386,10 @@ class Scheduler:
         elif self.running:
             kind, size = "decode", len(self.running)
             self._run_decode()
+        elif self._deferred:  # only requests waiting for storage reads: pace the passes
+            self._deferred = False
+            time.sleep(RETRY_PASS_S)
+            return True
         else:
             self._last_was_prefill = False
             return False
@@ -453,6 +466,9 @@ class Scheduler:
                 break
             if self.rows.num_free == 0:
                 break
+            if req.prefetch is not None and self._read_storage_again(req):
+                self._deferred = True
+                continue
             try:
                 item = self._admit(req, budget)
             except Exception as exc:  # noqa: BLE001 - this request fails alone
@@ -474,6 +490,25 @@ class Scheduler:
             with self._queued_lock:
                 self._queued -= sum(1 for r in taken if r.num_retractions == 0)
         return plan
+
+    def _read_storage_again(self, req: Req) -> bool:
+        """Whether ``req`` stays queued this pass for a storage read (see the module
+        docstring): its read found nothing and may be issued again, or was issued again and
+        has not completed yet."""
+        f = req.prefetch
+        if self.retry_interval <= 0:
+            return False
+        req.storage_wait += 1
+        if not f.done.is_set():  # the first read is waited for as the prefetch policy says
+            return req.storage_retries > 0 and req.storage_wait <= self.retry_interval
+        if f.payloads or req.storage_retries >= self.retry_max:
+            return False
+        if req.storage_wait < self.retry_interval:
+            return True
+        req.storage_wait = 0
+        req.storage_retries += 1
+        self._prefetch(req)  # None when the faster tiers now hold the pages
+        return req.prefetch is not None
 
     def _extend_amount(self, req: Req, budget: int) -> int:
         remaining = req.seq_len - req.kv_len
