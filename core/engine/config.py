@@ -207,6 +207,10 @@ class ServerConfig:
     hicache_ratio: float | None = _opt(
         None, "Host KV pool size as a multiple of the device pool (default 2.0; 1.2 with "
         "--hicache-host-memory-mode buffer_only).", type=float)
+    hicache_host_memory_fraction: float | None = _opt(
+        None, "With neither --hicache-ratio nor --hicache-size: the fraction of the host's "
+        "available memory (also bounded by cgroup limits, less a 10 GiB reserve) the host pool "
+        "may use; the default ratio shrinks until the pool fits.", type=float)
     hicache_host_memory_mode: str = _opt(
         "cache", "cache: the host pool is a persistent tier between the device and storage; "
         "buffer_only: it only stages pages between the device and the storage backend (needs "

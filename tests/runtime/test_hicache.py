@@ -416,3 +416,19 @@ def test_buffer_only_stages_pages_for_storage_and_keeps_none(tmp_path) -> None:
 def test_buffer_only_needs_a_storage_backend() -> None:
     with pytest.raises(ConfigError, match="needs --hicache-storage-backend"):
         sched(hicache_host_memory_mode="buffer_only")
+
+
+def test_host_memory_fraction_shrinks_the_default_host_pool(monkeypatch) -> None:
+    from engine.runtime import kv_cache
+
+    full = sched(hicache_ratio=None)  # no fraction: the default ratio, 2.0
+    per_token = full.runner.pool.bytes_per_token
+    monkeypatch.setattr(kv_cache, "_host_memory_limit",
+                        lambda: kv_cache.HOST_RESERVE_BYTES + 100 * per_token)
+    s = sched(hicache_ratio=None, hicache_host_memory_fraction=0.5)
+    assert s.cache.host.capacity_tokens == 48  # 50 tokens fit, in whole pages of 4
+    assert full.cache.host.capacity_tokens == 2 * full.allocator.capacity_tokens
+    explicit = sched(hicache_ratio=2.0, hicache_host_memory_fraction=0.5)  # a ratio wins
+    assert explicit.cache.host.capacity_tokens == full.cache.host.capacity_tokens
+    with pytest.raises(ConfigError, match="holds no KV page"):
+        sched(hicache_ratio=None, hicache_host_memory_fraction=0.01)

@@ -145,8 +145,6 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--qsa-indexer-dtype", "--enable-dsa-fused-indexer", "--flashinfer-mla-disable-ragged",
         "--disable-chunked-prefix-cache", "--enable-return-indexer-topk",
         "--enable-linker-mla-dedup", "--enable-lean-attention"),
-    "this hierarchical-cache option is not built (the host pool is sized by --hicache-ratio or "
-    "--hicache-size)": ("--hicache-host-memory-fraction",),
     "other external KV caches are not integrated (the hierarchical cache and its storage "
     "family serve this)": (
         "--enable-unified-cache-external-linker",

@@ -59,6 +59,23 @@ def build_cache(config: Any, runner: Any, allocator: Any, policy: Any = None,
         tokens = int(allocator.capacity_tokens * ratio)
     else:
         raise ConfigError("--hicache-ratio must be positive (or set --hicache-size)")
+    fraction = config.hicache_host_memory_fraction
+    if fraction is not None:
+        if not 0 < fraction <= 1:
+            raise ConfigError(f"--hicache-host-memory-fraction {fraction}: must be in (0, 1]")
+        limit = _host_memory_limit()
+        if config.hicache_ratio is None and not config.hicache_size and limit is not None:
+            budget = fraction * max(0, limit - HOST_RESERVE_BYTES)
+            fits = int(budget // pool.bytes_per_token)
+            if fits < tokens:
+                log.info("--hicache-host-memory-fraction %g: host pool of %d tokens instead of "
+                         "%d (%.1f GiB of %.1f GiB usable)", fraction, fits, tokens,
+                         budget / 2**30, limit / 2**30)
+                tokens = fits
+            if tokens < pool.page_size:
+                raise ConfigError(f"--hicache-host-memory-fraction {fraction}: "
+                                  f"{budget / 2**20:.0f} MiB of host memory holds no KV page; "
+                                  "raise it or set --hicache-size")
     want = tokens * pool.bytes_per_token
     available = _available_host_bytes()
     if available is not None and want > 0.9 * available:
@@ -99,6 +116,28 @@ def build_cache(config: Any, runner: Any, allocator: Any, policy: Any = None,
                         storage=storage, identity=ident,
                         prefetch_policy=config.hicache_storage_prefetch_policy, prefetch=core,
                         buffer_only=buffer_only)
+
+
+HOST_RESERVE_BYTES = 10 * 2**30  #: host memory --hicache-host-memory-fraction never counts
+
+#: cgroup limits (v2, then v1) on the memory this process may use
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.high",
+                  "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def _host_memory_limit() -> int | None:
+    """The host memory the pools may come from: ``MemAvailable``, bounded by the cgroup's
+    limits where they are set."""
+    values = [v for v in [_available_host_bytes()] if v is not None]
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path, encoding="ascii") as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # "max" / a huge number: no limit
+            values.append(int(text))
+    return min(values) if values else None
 
 
 def _available_host_bytes() -> int | None:
