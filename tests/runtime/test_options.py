@@ -183,6 +183,24 @@ def test_watchdog_trips_on_a_stuck_forward_and_dumps_every_stack(capfd):
     dog.stop()
 
 
+def test_the_watchdog_times_the_overlap_schedulers_wait_too():
+    """The overlap scheduler waits for a forward outside ``forward`` (``synchronize``): a
+    device stuck there must trip the watchdog as a stuck forward does."""
+    from types import SimpleNamespace
+
+    from engine.runtime.watchdog import watch_forwards
+
+    stuck = threading.Event()
+    runner = SimpleNamespace(forward=lambda batch: None, synchronize=lambda e: time.sleep(0.6))
+    dog = watch_forwards(runner, 0.2, None)
+    dog.on_stuck = stuck.set
+    runner.synchronize(None)
+    assert stuck.is_set() and dog.tripped
+    dog.stop()
+    bare = SimpleNamespace(forward=lambda batch: None)  # a runner without it still works
+    watch_forwards(bare, 5.0, None).stop()
+
+
 def test_chat_template_from_a_file_or_inline(tmp_path):
     from engine.models.tokenizer import read_chat_template
 
