@@ -118,3 +118,25 @@ def test_fp8_fake_quant_is_bit_identical_to_the_torch_ops(dtype, group, static):
     want = qf.fake_quant_fp8(x, dtype, scale=scale, group=group)
     got = fused_cpu.fake_quant_fp8(x, dtype, scale=scale, group=group)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("n,k", [(7, 33), (576, 576), (1536, 576), (300, 1000)])
+@pytest.mark.parametrize("rows", [1, 2, 6])
+def test_gemv_streams_the_weights_and_each_row_is_alone(n, k, rows):
+    """The few-row dense product against float64, with a bias and a strided input (a view of
+    a wider tensor); a row's result is bit-identical alone and in the batch; beyond
+    GEMV_ROWS rows, or for other dtypes, it does not apply."""
+    w, b = torch.randn(n, k), torch.randn(n)
+    wide = torch.randn(rows, k + 5)
+    x = wide[:, 2:2 + k]  # row stride k + 5
+    assert fused_cpu.gemv_applies(x, w)
+    got = fused_cpu.gemv(x, w, b)
+    want = x.double() @ w.double().T + b.double()
+    assert got.shape == (rows, n) and got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-5)
+    for i in range(rows):
+        assert torch.equal(fused_cpu.gemv(x[i:i + 1].clone(), w, b), got[i:i + 1])
+    assert torch.equal(fused_cpu.gemv(x[None], w, None)[0], fused_cpu.gemv(x, w, None))
+    assert not fused_cpu.gemv_applies(torch.randn(fused_cpu.GEMV_ROWS + 1, k), w)
+    assert not fused_cpu.gemv_applies(x.double(), w.double())
+    assert not fused_cpu.gemv_applies(x, w.T)  # not contiguous

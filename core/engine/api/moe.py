@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from engine.models.moe import ExpertWeights, route, torch_reference
+from engine.runtime.linear import dense_linear
 
-__all__ = ["ExpertWeights", "LocalAllToAll", "MoEAllToAll", "MoERunner", "route",
-           "torch_reference"]
+__all__ = ["ExpertWeights", "LocalAllToAll", "MoEAllToAll", "MoERunner", "dense_linear",
+           "route", "torch_reference"]
 
 
 class MoERunner(ABC):

@@ -17,7 +17,8 @@ errors), :func:`is_excluded` (a checkpoint's ignore lists against a possibly fus
 
 from engine.models.parsing import release_pages
 from engine.runtime import quant_formats as formats
-from engine.runtime.linear import Linear, PackedWeight, QuantMethod, UnquantizedMethod, rowwise
+from engine.runtime.linear import (Linear, PackedWeight, QuantMethod, UnquantizedMethod,
+                                   dense_linear, rowwise)
 from engine.runtime.quant_readers import (awq_method, compressed_tensors_scheme, fp8_method,
                                           gptq_exclusions, gptq_method, modelopt_scheme,
                                           quark_scheme)
@@ -33,5 +34,5 @@ __all__ = ["AWQMethod", "BnB4bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeight
            "excluding", "fp8_method", "gptq_exclusions", "gptq_method", "mlx_dense_embeddings", "modelopt_scheme",
            "quark_scheme", "DequantizedMethod", "Fp8Method", "Int8Method", "LayerMethod", "Linear",
            "PackedWeight", "QuantMethod", "UnquantizedMethod", "add_param", "check_group",
-           "checkpoint_names", "claim", "config_value", "formats", "is_excluded",
+           "checkpoint_names", "claim", "config_value", "dense_linear", "formats", "is_excluded",
            "packed_extent", "release_pages", "rowwise", "unsupported"]

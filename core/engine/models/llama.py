@@ -29,7 +29,7 @@ from engine.runtime.attention import AttentionBackend, AttentionLayerSpec
 from engine.runtime import fused
 from engine.runtime.batch import Batch
 from engine.runtime.linear import (Embedding, Linear, PackedWeight, QuantMethod,
-                                   UnquantizedMethod, rowwise)
+                                   UnquantizedMethod, dense_linear, rowwise)
 
 #: builds the quantization method of one linear layer from its qualified name (None: dense)
 QuantFactory = Callable[[str], "QuantMethod | None"]
@@ -418,8 +418,8 @@ class LlamaForCausalLM(nn.Module):
             return self.lm_head(hidden)
         weight = self.model.embed_tokens.weight
         if self.row_by_row:
-            return rowwise(lambda row: F.linear(row, weight), hidden)
-        return F.linear(hidden, weight)
+            return rowwise(lambda row: dense_linear(row, weight), hidden)
+        return dense_linear(hidden, weight)
 
     # ------------------------------------------------------------------ weights
 

@@ -32,6 +32,23 @@ static inline float dot(const float *a, const float *b, int64_t n) {
 }
 
 #define PAR_ROWS 16 /* rows from which a call splits its rows across threads */
+#define PAR_GEMV_FLOATS (1 << 16) /* weights from which a product splits its outputs */
+
+/* out[i, r] = x[i, :] . w[r, :] (+ bias[r]) for the m rows of x [m, k] (row stride sx) and
+ * the n rows of w [n, k] (contiguous); out row stride so. Each weight row is read once for
+ * all m rows of x (which stay in cache): the product streams the weights at memory speed,
+ * where a general matrix product of a few rows does not. The outputs are split across
+ * threads for a large w; each output is one dot product, so a row's result never depends on
+ * the other rows. */
+void engine_cpu_gemv_f32(const float *w, int64_t n, int64_t k, const float *x, int64_t sx,
+                         int64_t m, const float *bias, float *out, int64_t so) {
+#pragma omp parallel for schedule(static) if (n * k >= PAR_GEMV_FLOATS)
+    for (int64_t r = 0; r < n; r++) {
+        const float *wr = w + r * k;
+        const float b = bias ? bias[r] : 0.0f;
+        for (int64_t i = 0; i < m; i++) out[i * so + r] = dot(wr, x + i * sx, k) + b;
+    }
+}
 
 /* out = rms_norm(x + res) * w and res_out = x + res (res may be NULL: then out = rms_norm(x) *
  * w and res_out is not written). All [rows, n]; x and res with the given row strides (floats),

@@ -48,6 +48,8 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_decode_layers.restype = ctypes.c_int
     lib.engine_cpu_fake_quant_fp8.argtypes = [_P, _P, _I, _I, _I, _F, _F, _I, _I]
     lib.engine_cpu_fake_quant_fp8.restype = None
+    lib.engine_cpu_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _I, _P, _P, _I]
+    lib.engine_cpu_gemv_f32.restype = None
     return lib
 
 
@@ -141,6 +143,43 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
 
 #: fp8 formats: (largest finite value, mantissa bits, exponent of the smallest normal)
 _FP8 = {torch.float8_e4m3fn: (448.0, 3, -6), torch.float8_e5m2: (57344.0, 2, -14)}
+
+
+#: products of at most this many rows stream the weights (:func:`gemv`); beyond it the dot
+#: products (one per output and row) cost more than a general matrix product ...
+GEMV_ROWS = 6
+#: ... except for a weight of at least this many floats (a vocabulary head), which reading
+#: once stays cheaper up to :data:`GEMV_ROWS_LARGE` rows
+GEMV_LARGE = 1 << 24
+GEMV_ROWS_LARGE = 12
+
+
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`gemv` serves ``x @ weight.T``: float32 CPU tensors, a contiguous 2-D
+    weight, at most :data:`GEMV_ROWS` rows of ``x`` (:data:`GEMV_ROWS_LARGE` for a large
+    weight)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 \
+            or weight.dim() != 2 or x.shape[-1] != weight.shape[1] or x.numel() == 0:
+        return False
+    most = GEMV_ROWS_LARGE if weight.numel() >= GEMV_LARGE else GEMV_ROWS
+    return x.numel() <= most * x.shape[-1] and weight.is_contiguous() and available()
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a few rows (:func:`gemv_applies`), reading each weight
+    row once for all of them. Each output is one dot product (its own order of additions:
+    equal to torch's within float32 rounding, not bit for bit)."""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    n, k = weight.shape
+    out = torch.empty(flat.shape[0], n, dtype=torch.float32)
+    if bias is not None:
+        bias = bias.to(torch.float32).contiguous()
+    _library().engine_cpu_gemv_f32(weight.data_ptr(), n, k, flat.data_ptr(), flat.stride(0),
+                                   flat.shape[0], bias.data_ptr() if bias is not None else None,
+                                   out.data_ptr(), n)
+    return out.reshape(*x.shape[:-1], n)
 
 
 def fake_quant_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None,

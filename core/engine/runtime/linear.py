@@ -182,7 +182,9 @@ class QuantMethod(ABC):
 
 
 class UnquantizedMethod(QuantMethod):
-    """A dense ``weight`` [out, in] in the model dtype; ``F.linear``."""
+    """A dense ``weight`` [out, in] in the model dtype; ``F.linear``, or on CPU in float32 for
+    a few rows the core's weight-streaming product (:func:`engine.runtime.fused_cpu.gemv`),
+    which reads the weights at memory speed where a general matrix product does not."""
 
     def create_weights(self, layer: "Linear", in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:
@@ -191,7 +193,19 @@ class UnquantizedMethod(QuantMethod):
 
     def apply(self, layer: "Linear", x: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        return dense_linear(x, layer.weight, bias)
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``; on CPU in float32 for at most ``fused_cpu.GEMV_ROWS`` rows, the
+    weight-streaming product."""
+    if x.device.type == "cpu":
+        from engine.runtime import fused_cpu
+
+        if fused_cpu.gemv_applies(x, weight):
+            return fused_cpu.gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 class Linear(nn.Module):

@@ -23,7 +23,7 @@ from torch import nn
 
 from engine.errors import ConfigError
 from engine.runtime import quant_formats as qf
-from engine.runtime.linear import Linear, QuantMethod, UnquantizedMethod
+from engine.runtime.linear import Linear, QuantMethod, UnquantizedMethod, dense_linear
 
 #: fused projections and the checkpoint modules they are made of
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -142,7 +142,8 @@ class DequantizedMethod(LayerMethod):
     """A weight-only format kept as a dense dequantized copy: ``create_weights`` registers the
     checkpoint's tensors (:func:`add_param`), :meth:`dequantize` turns them into float32
     [out, in]; after loading they are replaced by ``weight`` in the model dtype and the product
-    is ``F.linear`` (exact against the float reference, and as fast as the dense model)."""
+    is the dense model's (:func:`~engine.runtime.linear.dense_linear`: exact against the float
+    reference, and as fast as the dense model)."""
 
     def dequantize(self, layer: Linear) -> torch.Tensor:
         raise NotImplementedError
@@ -155,7 +156,7 @@ class DequantizedMethod(LayerMethod):
         layer.weight = nn.Parameter(w.to(dtype), requires_grad=False)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        return dense_linear(x, layer.weight, bias)
 
 
 # ---------------------------------------------------------------- fp8
@@ -264,7 +265,7 @@ class Fp8Method(LayerMethod):
             if fq is None:
                 fq = qf.fake_quant_fp8(x2, self.fp8, scale=layer.act_scale, group=self.act_group)
             x2 = fq.to(x.dtype)
-        return F.linear(x2, layer.weight, bias).reshape(*shape[:-1], -1)
+        return dense_linear(x2, layer.weight, bias).reshape(*shape[:-1], -1)
 
 
 # ---------------------------------------------------------------- int8 W8A8

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.api import hookimpl
-from engine.api.moe import ExpertWeights, MoERunner
+from engine.api.moe import ExpertWeights, MoERunner, dense_linear
 
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
@@ -62,9 +62,10 @@ class TorchRunner(MoERunner):
             y = torch.empty_like(x)
             start = 0
             for e, n in enumerate(counts.tolist()):
-                if n:
-                    gu = x[start:start + n] @ experts.w13[e].t()
-                    y[start:start + n] = (F.silu(gu[:, :inter]) * gu[:, inter:]) @ experts.w2[e].t()
+                if n:  # (a few rows on CPU: the weight-streaming product)
+                    gu = dense_linear(x[start:start + n], experts.w13[e])
+                    y[start:start + n] = dense_linear(F.silu(gu[:, :inter]) * gu[:, inter:],
+                                                      experts.w2[e])
                     start += n
         # back to (token, slot) order, then a weighted sum over the slots (a scatter-add with
         # repeated indices is serialised on the CPU: far slower than this)

@@ -27,7 +27,8 @@ from torch import nn
 
 from engine.api import ConfigError, PluginError
 from engine.api import hookimpl
-from engine.api.quant import Linear, PackedWeight, QuantMethod, release_pages, rowwise
+from engine.api.quant import (Linear, PackedWeight, QuantMethod, dense_linear, release_pages,
+                              rowwise)
 
 from engine_quant_gguf import kernels
 
@@ -153,8 +154,8 @@ class GGUFMethod(QuantMethod):
         blocks, parts = layer.gguf_blocks, layer.gguf_parts
         if blocks is None and not parts:
             if self.batch_invariant:
-                return rowwise(lambda row: F.linear(row, layer.weight, bias), x)
-            return F.linear(x, layer.weight, bias)
+                return rowwise(lambda row: dense_linear(row, layer.weight, bias), x)
+            return dense_linear(x, layer.weight, bias)
         n = layer.out_features
         if self.int8 and x.dim() == 2 and x.dtype is torch.float32 and x.is_contiguous() \
                 and x.shape[0] > 0:  # the decode hot path: straight to the kernels
