@@ -140,3 +140,16 @@ def test_gemv_streams_the_weights_and_each_row_is_alone(n, k, rows):
     assert not fused_cpu.gemv_applies(torch.randn(fused_cpu.GEMV_ROWS + 1, k), w)
     assert not fused_cpu.gemv_applies(x.double(), w.double())
     assert not fused_cpu.gemv_applies(x, w.T)  # not contiguous
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("group", [None, 64])
+def test_fp8_linear_is_the_fake_quant_then_the_gemv(static, group):
+    w, b = torch.randn(300, 256), torch.randn(300)
+    x = torch.randn(3, 256) * 4
+    scale = torch.tensor([[0.05]]) if static else None
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        got = fused_cpu.fp8_linear(x, w, b, dtype, scale, group)
+        fq = fused_cpu.fake_quant_fp8(x, dtype, scale=scale, group=group)
+        assert torch.equal(got, fused_cpu.gemv(fq, w, b))
+    assert fused_cpu.fp8_linear(torch.randn(40, 256), w, b, torch.float8_e4m3fn) is None

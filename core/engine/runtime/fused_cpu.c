@@ -421,3 +421,16 @@ void engine_cpu_fake_quant_fp8(const float *x, float *out, int64_t rows, int64_t
         }
     }
 }
+
+/* out = (fake-quantized x) @ w^T (+ bias): engine_cpu_fake_quant_fp8 of the m contiguous rows
+ * of x, then engine_cpu_gemv_f32, in one call (an fp8 format's activation path for a few
+ * rows; bit-identical to the two calls). */
+void engine_cpu_fq_gemv_f32(const float *w, int64_t n, int64_t k, const float *x, int64_t m,
+                            const float *bias, float *out, int64_t group, float static_scale,
+                            float fmax, int64_t mbits, int64_t emin) {
+    float stack[4096];
+    float *xq = m * k <= 4096 ? stack : (float *)malloc((size_t)(m * k) * sizeof(float));
+    engine_cpu_fake_quant_fp8(x, xq, m, k, group, static_scale, fmax, mbits, emin);
+    engine_cpu_gemv_f32(w, n, k, xq, k, m, bias, out, n);
+    if (xq != stack) free(xq);
+}

@@ -50,6 +50,8 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_fake_quant_fp8.restype = None
     lib.engine_cpu_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _I, _P, _P, _I]
     lib.engine_cpu_gemv_f32.restype = None
+    lib.engine_cpu_fq_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _P, _P, _I, _F, _F, _I, _I]
+    lib.engine_cpu_fq_gemv_f32.restype = None
     return lib
 
 
@@ -201,6 +203,33 @@ def fake_quant_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | No
     out = torch.empty_like(x)
     _library().engine_cpu_fake_quant_fp8(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
                                          group or 0, static, fmax, mbits, emin)
+    return out
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               dtype: torch.dtype, scale: torch.Tensor | None = None,
+               group: int | None = None) -> torch.Tensor | None:
+    """``gemv(fake_quant_fp8(x, dtype, scale, group), weight, bias)`` in one call for a
+    contiguous float32 ``x`` [M, K] of a few rows (bit-identical to the two); None where either
+    does not apply."""
+    if dtype not in _FP8 or x.dim() != 2 or not x.is_contiguous() or \
+            not gemv_applies(x, weight):
+        return None
+    static = 0.0
+    if scale is not None:
+        if scale.numel() != 1:
+            return None
+        static = float(scale.reshape(()).item())
+        if not static > 0.0:
+            return None
+    fmax, mbits, emin = _FP8[dtype]
+    n, k = weight.shape
+    out = torch.empty(x.shape[0], n, dtype=torch.float32)
+    if bias is not None:
+        bias = bias.to(torch.float32).contiguous()
+    _library().engine_cpu_fq_gemv_f32(weight.data_ptr(), n, k, x.data_ptr(), x.shape[0],
+                                      bias.data_ptr() if bias is not None else None,
+                                      out.data_ptr(), group or 0, static, fmax, mbits, emin)
     return out
 
 

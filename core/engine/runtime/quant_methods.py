@@ -260,7 +260,12 @@ class Fp8Method(LayerMethod):
             if x2.device.type == "cpu" and x2.dtype is torch.float32:
                 from engine.runtime import fused_cpu  # one C call, bit-identical to the ops
 
-                fq = fused_cpu.fake_quant_fp8(x2.contiguous(), self.fp8, scale=layer.act_scale,
+                x2 = x2.contiguous()
+                y = fused_cpu.fp8_linear(x2, layer.weight, bias, self.fp8, layer.act_scale,
+                                         self.act_group)  # a few rows: quantize and product
+                if y is not None:
+                    return y.reshape(*shape[:-1], -1)
+                fq = fused_cpu.fake_quant_fp8(x2, self.fp8, scale=layer.act_scale,
                                               group=self.act_group)
             if fq is None:
                 fq = qf.fake_quant_fp8(x2, self.fp8, scale=layer.act_scale, group=self.act_group)
