@@ -19,6 +19,14 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* the scalar tail of a dot product, from i on (one function: every caller sums alike) */
+static inline __attribute__((always_inline)) float dot_tail(float s, const float *a,
+                                                            const float *b, int64_t i,
+                                                            int64_t n) {
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
 static inline float dot(const float *a, const float *b, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
@@ -26,13 +34,38 @@ static inline float dot(const float *a, const float *b, int64_t n) {
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
     }
-    float s = hsum8(_mm256_add_ps(acc0, acc1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
+    return dot_tail(hsum8(_mm256_add_ps(acc0, acc1)), a, b, i, n);
+}
+
+/* dot(w + r * k, x, k) for the four rows r = 0..3 of w at once, in the same order of additions
+ * as dot: each x vector is loaded once for the four rows. */
+static inline void dot4(const float *w, int64_t k, const float *x, float *o) {
+    const float *w1 = w + k, *w2 = w1 + k, *w3 = w2 + k;
+    __m256 a0 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(),
+           b1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(),
+           a3 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        const __m256 xa = _mm256_loadu_ps(x + i), xb = _mm256_loadu_ps(x + i + 8);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), xa, a0);
+        b0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), xb, b0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i), xa, a1);
+        b1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i + 8), xb, b1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i), xa, a2);
+        b2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i + 8), xb, b2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i), xa, a3);
+        b3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i + 8), xb, b3);
+    }
+    o[0] = dot_tail(hsum8(_mm256_add_ps(a0, b0)), w, x, i, k);
+    o[1] = dot_tail(hsum8(_mm256_add_ps(a1, b1)), w1, x, i, k);
+    o[2] = dot_tail(hsum8(_mm256_add_ps(a2, b2)), w2, x, i, k);
+    o[3] = dot_tail(hsum8(_mm256_add_ps(a3, b3)), w3, x, i, k);
 }
 
 #define PAR_ROWS 16 /* rows from which a call splits its rows across threads */
 #define PAR_GEMV_FLOATS (1 << 16) /* weights from which a product splits its outputs */
+#define GEMV_BLOCK_ROWS 4          /* rows of x from which ... */
+#define GEMV_BLOCK_FLOATS (1 << 24) /* ... a weight smaller than this goes four rows at a time */
 
 /* out[i, r] = x[i, :] . w[r, :] (+ bias[r]) for the m rows of x [m, k] (row stride sx) and
  * the n rows of w [n, k] (contiguous); out row stride so. Each weight row is read once for
@@ -42,6 +75,24 @@ static inline float dot(const float *a, const float *b, int64_t n) {
  * the other rows. */
 void engine_cpu_gemv_f32(const float *w, int64_t n, int64_t k, const float *x, int64_t sx,
                          int64_t m, const float *bias, float *out, int64_t so) {
+    if (m >= GEMV_BLOCK_ROWS && n * k < GEMV_BLOCK_FLOATS) {
+        /* several rows of a weight that is not huge: four weight rows at a time, so each x
+         * vector is loaded once for four of them (the dot products stay the same) */
+        const int64_t nb = n / 4;
+#pragma omp parallel for schedule(static) if (n * k >= PAR_GEMV_FLOATS)
+        for (int64_t q = 0; q < nb; q++) {
+            float o[4];
+            for (int64_t i = 0; i < m; i++) {
+                dot4(w + 4 * q * k, k, x + i * sx, o);
+                for (int j = 0; j < 4; j++)
+                    out[i * so + 4 * q + j] = o[j] + (bias ? bias[4 * q + j] : 0.0f);
+            }
+        }
+        for (int64_t r = 4 * nb; r < n; r++)
+            for (int64_t i = 0; i < m; i++)
+                out[i * so + r] = dot(w + r * k, x + i * sx, k) + (bias ? bias[r] : 0.0f);
+        return;
+    }
 #pragma omp parallel for schedule(static) if (n * k >= PAR_GEMV_FLOATS)
     for (int64_t r = 0; r < n; r++) {
         const float *wr = w + r * k;
@@ -394,10 +445,31 @@ static inline float fp8_round(float v, int mbits, int emin) {
     return rintf(v / quantum) * quantum;
 }
 
+/* fp8_round of 8 values (|v| <= fmax, so a normal float or zero): the quantum is 2^q with
+ * q = max(exponent(v), emin) - mbits, read from the exponent bits; dividing by a power of two
+ * and multiplying back are exact, and the rounding is to nearest even, as rintf */
+static inline __m256 fp8_round8(__m256 v, int mbits, int emin) {
+    const __m256i bits = _mm256_castps_si256(v);
+    __m256i e = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 23),
+                                                  _mm256_set1_epi32(0xff)),
+                                 _mm256_set1_epi32(127));
+    e = _mm256_max_epi32(e, _mm256_set1_epi32(emin));
+    const __m256i q = _mm256_sub_epi32(e, _mm256_set1_epi32(mbits));
+    const __m256 quantum = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(q, _mm256_set1_epi32(127)), 23));
+    const __m256 inverse = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127), q), 23));
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(v, inverse),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm256_mul_ps(r, quantum);
+}
+
 void engine_cpu_fake_quant_fp8(const float *x, float *out, int64_t rows, int64_t cols,
                                int64_t group, float static_scale, float fmax, int64_t mbits,
                                int64_t emin) {
     const int64_t g = group > 0 ? group : cols;
+    const __m256 hi = _mm256_set1_ps(fmax), lo = _mm256_set1_ps(-fmax);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
 #pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * cols;
@@ -406,14 +478,27 @@ void engine_cpu_fake_quant_fp8(const float *x, float *out, int64_t rows, int64_t
             const int64_t c1 = c0 + g < cols ? c0 + g : cols;
             float scale = static_scale;
             if (!(static_scale > 0.0f)) {
-                float amax = 0.0f;
-                for (int64_t c = c0; c < c1; c++) {
+                __m256 m8 = _mm256_setzero_ps();
+                int64_t c = c0;
+                for (; c + 8 <= c1; c += 8)  /* a NaN is skipped, as below */
+                    m8 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xr + c), absmask), m8);
+                float lanes[8], amax = 0.0f;
+                _mm256_storeu_ps(lanes, m8);
+                for (int j = 0; j < 8; j++) amax = lanes[j] > amax ? lanes[j] : amax;
+                for (; c < c1; c++) {
                     const float a = fabsf(xr[c]);
                     amax = a > amax ? a : amax;
                 }
                 scale = (amax > 1e-12f ? amax : 1e-12f) / fmax;
             }
-            for (int64_t c = c0; c < c1; c++) {
+            const __m256 s8 = _mm256_set1_ps(scale);
+            int64_t c = c0;
+            for (; c + 8 <= c1; c += 8) {  /* (min/max keep a NaN: it is their second operand) */
+                __m256 v = _mm256_div_ps(_mm256_loadu_ps(xr + c), s8);
+                v = _mm256_max_ps(lo, _mm256_min_ps(hi, v));
+                _mm256_storeu_ps(o + c, _mm256_mul_ps(fp8_round8(v, (int)mbits, (int)emin), s8));
+            }
+            for (; c < c1; c++) {
                 float v = xr[c] / scale;
                 v = v < -fmax ? -fmax : (v > fmax ? fmax : v);
                 o[c] = fp8_round(v, (int)mbits, (int)emin) * scale;

@@ -148,23 +148,19 @@ _FP8 = {torch.float8_e4m3fn: (448.0, 3, -6), torch.float8_e5m2: (57344.0, 2, -14
 
 
 #: products of at most this many rows stream the weights (:func:`gemv`); beyond it the dot
-#: products (one per output and row) cost more than a general matrix product ...
-GEMV_ROWS = 6
-#: ... except for a weight of at least this many floats (a vocabulary head), which reading
-#: once stays cheaper up to :data:`GEMV_ROWS_LARGE` rows
-GEMV_LARGE = 1 << 24
-GEMV_ROWS_LARGE = 12
+#: products (one per output and row) cost more than a general matrix product
+GEMV_ROWS = 12
+#: weights of fewer floats (a router) cost less through torch than the call into C
+GEMV_MIN_FLOATS = 1 << 17
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`gemv` serves ``x @ weight.T``: float32 CPU tensors, a contiguous 2-D
-    weight, at most :data:`GEMV_ROWS` rows of ``x`` (:data:`GEMV_ROWS_LARGE` for a large
-    weight)."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 \
-            or weight.dim() != 2 or x.shape[-1] != weight.shape[1] or x.numel() == 0:
-        return False
-    most = GEMV_ROWS_LARGE if weight.numel() >= GEMV_LARGE else GEMV_ROWS
-    return x.numel() <= most * x.shape[-1] and weight.is_contiguous() and available()
+    weight of at least :data:`GEMV_MIN_FLOATS`, at most :data:`GEMV_ROWS` rows of ``x``."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and weight.dim() == 2
+            and x.shape[-1] == weight.shape[1] and 0 < x.numel() <= GEMV_ROWS * x.shape[-1]
+            and weight.numel() >= GEMV_MIN_FLOATS and weight.is_contiguous() and available())
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
