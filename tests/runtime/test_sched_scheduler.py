@@ -282,23 +282,6 @@ def test_a_small_prefill_shares_the_forward_of_the_running_requests() -> None:
     assert all(b.is_decode for b in sched.runner.batches[3:]), "no separate prefill step"
 
 
-def test_enable_mixed_chunk_mixes_a_large_prefill_with_the_decode_rows() -> None:
-    outs: dict[str, list[ReqOutput]] = {}
-    sched = make_sched(chunked_prefill_size=150, enable_mixed_chunk=True)
-    first = make_req([1, 2, 3], outs, max_new=8)
-    sched.submit([first])
-    sched.step()
-    long = [(3 * j) % VOCAB + 1 for j in range(200)]  # above MIXED_PREFILL_TOKENS
-    res = run(sched, [make_req(long, outs, max_new=4)], outs)
-    (toks, _, _), = res.values()
-    assert toks == expected(long, 4)
-    assert [t for o in outs[first.rid] for t in o.token_ids] == expected([1, 2, 3], 8)
-    kinds = ["d" if b.is_decode else "e" + str(sum(b.extend_lens_cpu))
-             for b in sched.runner.batches]
-    # each chunk rides with the running request's next token: no decode step alone between
-    assert kinds[:4] == ["e3", "e151", "e51", "d"]
-
-
 def test_enable_mixed_chunk_is_off_for_a_backend_that_pads_extend_rows() -> None:
     class Padding:
         pads_extend = True
@@ -310,9 +293,15 @@ def test_enable_mixed_chunk_is_off_for_a_backend_that_pads_extend_rows() -> None
     assert make_sched(enable_mixed_chunk=True)._mix_any
 
 
-def test_a_large_prefill_alternates_with_decode_steps() -> None:
+@pytest.mark.parametrize("mixed,kinds", [
+    # the chunk of 150 runs alone between decode steps; the last 50 mix with a decode
+    (False, ["e3", "d", "e150", "e51", "d"]),
+    # --enable-mixed-chunk: each chunk rides with the running request's next token
+    (True, ["e3", "e151", "e51", "d"]),
+])
+def test_a_large_prefill_alternates_with_decode_steps_or_mixes(mixed, kinds) -> None:
     outs: dict[str, list[ReqOutput]] = {}
-    sched = make_sched(chunked_prefill_size=150)
+    sched = make_sched(chunked_prefill_size=150, enable_mixed_chunk=mixed)
     first = make_req([1, 2, 3], outs, max_new=8)
     sched.submit([first])
     sched.step()
@@ -320,10 +309,10 @@ def test_a_large_prefill_alternates_with_decode_steps() -> None:
     res = run(sched, [make_req(long, outs, max_new=4)], outs)
     (toks, _, _), = res.values()
     assert toks == expected(long, 4)
-    kinds = ["d" if b.is_decode else "e" + str(sum(b.extend_lens_cpu))
-             for b in sched.runner.batches]
-    # the chunk of 150 runs alone between decode steps; the last 50 mix with a decode
-    assert kinds[:5] == ["e3", "d", "e150", "e51", "d"]
+    assert [t for o in outs[first.rid] for t in o.token_ids] == expected([1, 2, 3], 8)
+    got = ["d" if b.is_decode else "e" + str(sum(b.extend_lens_cpu))
+           for b in sched.runner.batches]
+    assert got[:len(kinds)] == kinds
 
 
 class RecordingChannel:

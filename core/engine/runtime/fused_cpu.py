@@ -180,6 +180,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     return out.reshape(*x.shape[:-1], n)
 
 
+def _static_scale(scale: torch.Tensor | None) -> float | None:
+    """The kernels' static activation scale: 0.0 for dynamic (``scale`` None), the one
+    positive value of ``scale``, or None where the kernels do not apply."""
+    if scale is None:
+        return 0.0
+    if scale.numel() != 1:
+        return None
+    static = float(scale.reshape(()).item())
+    return static if static > 0.0 else None
+
+
 def fake_quant_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None,
                    group: int | None = None) -> torch.Tensor | None:
     """:func:`engine.runtime.quant_formats.fake_quant_fp8` for a contiguous float32 CPU
@@ -188,13 +199,9 @@ def fake_quant_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | No
     if dtype not in _FP8 or x.dtype != torch.float32 or x.dim() != 2 or \
             not x.is_contiguous() or x.device.type != "cpu" or not available():
         return None
-    static = 0.0
-    if scale is not None:
-        if scale.numel() != 1:
-            return None
-        static = float(scale.reshape(()).item())
-        if not static > 0.0:
-            return None
+    static = _static_scale(scale)
+    if static is None:
+        return None
     fmax, mbits, emin = _FP8[dtype]
     out = torch.empty_like(x)
     _library().engine_cpu_fake_quant_fp8(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
@@ -211,13 +218,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     if dtype not in _FP8 or x.dim() != 2 or not x.is_contiguous() or \
             not gemv_applies(x, weight):
         return None
-    static = 0.0
-    if scale is not None:
-        if scale.numel() != 1:
-            return None
-        static = float(scale.reshape(()).item())
-        if not static > 0.0:
-            return None
+    static = _static_scale(scale)
+    if static is None:
+        return None
     fmax, mbits, emin = _FP8[dtype]
     n, k = weight.shape
     out = torch.empty(x.shape[0], n, dtype=torch.float32)
