@@ -424,7 +424,7 @@ def test_host_memory_fraction_shrinks_the_default_host_pool(monkeypatch) -> None
     full = sched(hicache_ratio=None)  # no fraction: the default ratio, 2.0
     per_token = full.runner.pool.bytes_per_token
     monkeypatch.setattr(kv_cache, "_host_memory_limit",
-                        lambda: kv_cache.HOST_RESERVE_BYTES + 100 * per_token)
+                        lambda available: kv_cache.HOST_RESERVE_BYTES + 100 * per_token)
     s = sched(hicache_ratio=None, hicache_host_memory_fraction=0.5)
     assert s.cache.host.capacity_tokens == 48  # 50 tokens fit, in whole pages of 4
     assert full.cache.host.capacity_tokens == 2 * full.allocator.capacity_tokens

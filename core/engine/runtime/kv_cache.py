@@ -59,11 +59,12 @@ def build_cache(config: Any, runner: Any, allocator: Any, policy: Any = None,
         tokens = int(allocator.capacity_tokens * ratio)
     else:
         raise ConfigError("--hicache-ratio must be positive (or set --hicache-size)")
+    available = _available_host_bytes()
     fraction = config.hicache_host_memory_fraction
     if fraction is not None:
         if not 0 < fraction <= 1:
             raise ConfigError(f"--hicache-host-memory-fraction {fraction}: must be in (0, 1]")
-        limit = _host_memory_limit()
+        limit = _host_memory_limit(available)
         if config.hicache_ratio is None and not config.hicache_size and limit is not None:
             budget = fraction * max(0, limit - HOST_RESERVE_BYTES)
             fits = int(budget // pool.bytes_per_token)
@@ -77,7 +78,6 @@ def build_cache(config: Any, runner: Any, allocator: Any, policy: Any = None,
                                   f"{budget / 2**20:.0f} MiB of host memory holds no KV page; "
                                   "raise it or set --hicache-size")
     want = tokens * pool.bytes_per_token
-    available = _available_host_bytes()
     if available is not None and want > 0.9 * available:
         raise ConfigError(f"a host KV pool of {tokens} tokens needs {want / 2**30:.1f} GiB and "
                           f"{available / 2**30:.1f} GiB of host memory is available; lower "
@@ -125,10 +125,10 @@ _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.high",
                   "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
-def _host_memory_limit() -> int | None:
-    """The host memory the pools may come from: ``MemAvailable``, bounded by the cgroup's
-    limits where they are set."""
-    values = [v for v in [_available_host_bytes()] if v is not None]
+def _host_memory_limit(available: int | None) -> int | None:
+    """The host memory the pools may come from: ``available`` (``MemAvailable``), bounded by
+    the cgroup's limits where they are set."""
+    values = [available] if available is not None else []
     for path in _CGROUP_LIMITS:
         try:
             with open(path, encoding="ascii") as fh:

@@ -346,7 +346,7 @@ class Sampler:
         sample_idx = [i for i, g in enumerate(greedy) if not g]
         drawn = None
         if sample_idx:
-            sub = logits[_index(sample_idx, dev)] if len(sample_idx) < len(rows) else logits
+            sub = logits[to_device(sample_idx, dev)] if len(sample_idx) < len(rows) else logits
             probs = _truncated_probs(sub, [rows[i].sampling_params for i in sample_idx])
             fallback = _argmax(sub)
             total = probs.sum(dim=-1)
@@ -366,7 +366,7 @@ class Sampler:
         else:
             ids = _argmax(logits)
             if drawn is not None:
-                ids[_index(sample_idx, dev)] = drawn
+                ids[to_device(sample_idx, dev)] = drawn
 
         out = Drawn(token_ids=ids, errors=errors)
         if logprobs is not None:
@@ -406,11 +406,6 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(ids.astype(np.int64, copy=False))
     torch.nan_to_num_(logits, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
     return logits.argmax(dim=-1)
-
-
-def _index(rows: list[int], device: torch.device) -> torch.Tensor:
-    """Row indices as an int64 tensor on ``device``, copied without waiting for the device."""
-    return to_device(rows, device)
 
 
 def _constrain(logits: torch.Tensor, rows: Sequence[SamplingRow], idx: list[int],
@@ -488,7 +483,7 @@ def _truncated_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> 
     if len(trunc) == len(params):
         probs = _truncate(logits, params)
     elif trunc:
-        rows = _index(trunc, dev)
+        rows = to_device(trunc, dev)
         probs[rows] = _truncate(logits[rows], [params[i] for i in trunc])
     return probs
 
