@@ -312,7 +312,9 @@ def triton_sweep(backend: Any, batch: Any, fn: Callable[[], Any],
 TRITON_EXTEND_SWEEP = [dict(extend_block_m=m, extend_block_n=n, extend_warps=w, extend_stages=st)
                        for m, n, w, st in ((128, 64, 8, 2), (128, 64, 4, 2), (128, 128, 8, 2),
                                            (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3),
-                                           (64, 128, 4, 2), (256, 64, 8, 2))]
+                                           (64, 128, 4, 2), (256, 64, 8, 2), (128, 32, 4, 4),
+                                           (128, 64, 4, 3), (128, 128, 8, 3), (256, 32, 8, 3),
+                                           (64, 32, 4, 3))]
 
 
 def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]]) -> None:

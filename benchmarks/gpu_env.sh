@@ -21,3 +21,14 @@ if compgen -G ".whl-server/*.whl" > /dev/null; then
   export PYTHONPATH=$PYTHONPATH:/tmp/site-server
 fi
 export CUDA_HOME=/usr/local/cuda FLASHINFER_CUDA_ARCH_LIST=9.0a PYTHONUNBUFFERED=1
+# The other grammar backends (xgrammar 0.2.9, outlines-core 0.2.14, and the apache-tvm-ffi
+# 0.1.15 xgrammar needs), carried in .whl-grammar/ for the grammar benchmark. xgrammar's
+# tvm-ffi is newer than the one flashinfer 0.5.3 was built against, so they go into their own
+# directory: put it first on PYTHONPATH only for a run that needs them (`$ENGINE_GRAMMAR_PATH`).
+if compgen -G ".whl-grammar/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
+    --target /tmp/site-grammar .whl-grammar/*.whl || return 1
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade \
+    --target /tmp/site-grammar plugins/grammar/{xgrammar,outlines} || return 1
+  export ENGINE_GRAMMAR_PATH=/tmp/site-grammar
+fi

@@ -10,7 +10,12 @@ Run from the repository root after ``./dev setup``::
 (b) decode step time at batch 1 and 8: the median wall time of a scheduler decode step with
     every request unconstrained, and with every request constrained by the schema (ignore_eos,
     the same prompts), the masks computed inline (after the forward) and overlapped with it
-    (the default), in alternating rounds; the difference is what the grammar costs a step.
+    (the default), in alternating rounds; the difference is what the grammar costs a step;
+(c) compile time of a large JSON schema (``large_schema``: 40 tools' worth of nested objects,
+    enums, bounded arrays, anyOf, patterns and numeric ranges) for each backend of
+    ``--compile-backends``: the cold compile (a fresh variant of the schema each round, so no
+    library cache helps), the first mask of a new matcher, and a hit in the engine's compiled
+    grammar cache; median and max over rounds, in milliseconds.
 """
 
 from __future__ import annotations
@@ -34,6 +39,84 @@ SCHEMA = {"type": "object", "properties": {
     "required": ["name", "age", "tags", "address"]}
 ROUNDS = 3
 PROMPT = "Describe a person as JSON with name, age, tags and address:"
+
+
+def large_schema(variant: int = 0, tools: int = 40) -> dict:
+    """A large schema: ``{"calls": [anyOf of ``tools`` tool-call objects]}``, each tool with
+    nested objects, enums, bounded strings and arrays, numeric ranges and a pattern; property
+    names carry ``variant`` so each variant compiles from scratch."""
+    calls = []
+    for t in range(tools):
+        args = {
+            f"query_{variant}": {"type": "string", "maxLength": 64},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 100 + t},
+            "unit": {"enum": ["celsius", "fahrenheit", "kelvin", f"u{t}"]},
+            "ratio": {"type": "number", "minimum": 0, "maximum": 1},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 16},
+                     "minItems": 0, "maxItems": 5},
+            "when": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+            "filter": {"type": "object", "properties": {
+                "field": {"type": "string"},
+                "op": {"enum": ["eq", "ne", "lt", "gt"]},
+                "value": {"anyOf": [{"type": "string"}, {"type": "integer"},
+                                    {"type": "boolean"}, {"type": "null"}]}},
+                "required": ["field", "op", "value"]},
+        }
+        calls.append({"type": "object", "properties": {
+            "name": {"const": f"tool_{t}"},
+            "arguments": {"type": "object", "properties": args,
+                          "required": [f"query_{variant}", "limit", "filter"]}},
+            "required": ["name", "arguments"]})
+    return {"type": "object", "properties": {
+        "calls": {"type": "array", "items": {"anyOf": calls}, "minItems": 1, "maxItems": 4}},
+        "required": ["calls"]}
+
+
+def compile_times(engine, names: list[str], tools: int, rounds: int = 5, budget: float = 30.0):
+    """Yields (backend, build s, cold compile s, first mask s, cache hit s) per backend, the
+    last three over ``rounds`` rounds (fewer once the cold compiles passed ``budget`` seconds);
+    a backend that is not installed or cannot compile the schema yields (backend, why)."""
+    import dataclasses
+
+    from engine.api.grammar import GrammarSpec, allocate_token_bitmask
+    from engine.assembly import Assembly
+    from engine.runtime.grammar import Grammars
+
+    rt = engine.runtime
+    for name in names:
+        try:
+            cfg = dataclasses.replace(rt.config, grammar_backend=name)
+            t0 = time.perf_counter()
+            backend = Assembly(cfg).grammar_backend(rt.tokenizer, rt.vocab_size)
+            build = time.perf_counter() - t0
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            yield name, f"unavailable: {type(exc).__name__}: {exc}"
+            continue
+        grammars = Grammars(backend)
+        cold, first, hit = [], [], []
+        try:
+            for r in range(rounds):
+                if sum(cold) > budget:
+                    break
+                spec = GrammarSpec("json_schema",
+                                   json.dumps(large_schema(variant=r + 1, tools=tools)))
+                t0 = time.perf_counter()
+                compiled = grammars.compiled(spec)
+                t1 = time.perf_counter()
+                m = backend.matcher(compiled)
+                m.fill_bitmask(allocate_token_bitmask(1, rt.vocab_size), 0)
+                t2 = time.perf_counter()
+                grammars.compiled(spec)
+                t3 = time.perf_counter()
+                cold.append(t1 - t0)
+                first.append(t2 - t1)
+                hit.append(t3 - t2)
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            yield name, f"failed: {type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        finally:
+            grammars.shutdown()
+        yield name, build, cold, first, hit
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -103,6 +186,10 @@ def main() -> int:
                     help="default: the default model; on a GPU machine, a directory with the "
                          "default model's config and tokenizer and --load-format dummy")
     ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--compile-backends", default="llguidance,xgrammar,outlines",
+                    help="backends of part (c), comma-separated")
+    ap.add_argument("--tools", type=int, default=40, help="part (c)'s schema: tools in it")
+    ap.add_argument("--parts", default="abc", help="which parts to run (a, b, c)")
     args = ap.parse_args()
 
     from engine import Engine
@@ -113,11 +200,37 @@ def main() -> int:
     print(f"device {args.device}, model {engine.runtime.model_config.model_path}")
     backend = engine.runtime.grammars.backend
     vocab = engine.runtime.vocab_size
-    fill, apply = mask_times(backend, vocab)
     print(f"backend {args.backend}, vocabulary {vocab}, torch threads {torch.get_num_threads()}")
+    if "c" in args.parts:
+        size = len(json.dumps(large_schema(tools=args.tools)))
+        print(f"(c) compile of a JSON schema of {args.tools} tools ({size} characters), "
+              "median / max over the rounds (ms):")
+        print("| backend | backend build | rounds | cold compile | first mask | cache hit |")
+        print("|---|---|---|---|---|---|")
+        for row in compile_times(engine, args.compile_backends.split(","), args.tools):
+            if len(row) == 2:
+                print(f"| {row[0]} | {row[1]} | | | | |", flush=True)
+                continue
+            name, build, *series = row
+            cells = [f"{statistics.median(s) * 1e3:.1f} / {max(s) * 1e3:.1f}" for s in series]
+            print(f"| {name} | {build * 1e3:.0f} | {len(series[0])} | " + " | ".join(cells)
+                  + " |", flush=True)
+    if "a" in args.parts:
+        report_masks(backend, vocab)
+    if "b" in args.parts:
+        report_steps(engine, backend, args.steps)
+    return 0
+
+
+def report_masks(backend, vocab: int) -> None:
+    fill, apply = mask_times(backend, vocab)
     print(f"(a) mask per token over {len(fill)} tokens (us): fill p50 "
           f"{percentile(fill, .5) * 1e6:.0f} p99 {percentile(fill, .99) * 1e6:.0f}; apply p50 "
           f"{percentile(apply, .5) * 1e6:.0f} p99 {percentile(apply, .99) * 1e6:.0f}")
+    sys.stdout.flush()
+
+
+def report_steps(engine, backend, steps: int) -> None:
     print(f"(b) decode step (ms), median over {ROUNDS} alternating rounds:")
     for batch in (1, 8):
         decode_steps(engine, backend, batch, 8, constrained=True)  # warm-up
@@ -126,14 +239,13 @@ def main() -> int:
         times: dict[str, list[float]] = {m: [] for m in modes}
         for _ in range(ROUNDS):
             for mode, (constrained, overlap) in modes.items():
-                times[mode] += decode_steps(engine, backend, batch, args.steps, constrained,
+                times[mode] += decode_steps(engine, backend, batch, steps, constrained,
                                             overlap)
         med = {m: statistics.median(t) * 1e3 for m, t in times.items()}
         print(f"    batch {batch}: unconstrained {med['unconstrained']:.1f}, constrained "
               f"inline {med['inline']:.1f} ({med['inline'] - med['unconstrained']:+.1f}), "
               f"overlapped {med['overlapped']:.1f} "
               f"({med['overlapped'] - med['unconstrained']:+.1f})")
-    return 0
 
 
 if __name__ == "__main__":

@@ -91,6 +91,24 @@ def to_device(values: list[int] | list[float] | torch.Tensor, device: torch.devi
     return staging.to_device(t, device)
 
 
+def pack_to_device(parts: list[list[int]], device: torch.device
+                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Several small integer vectors in one host-to-device copy (:func:`to_device`), split into
+    views on ``device`` (and the same views of the host tensor). Each view starts 16-byte
+    aligned: Triton specialises a kernel on its pointers' alignment, and an offset whose parity
+    follows the batch's sizes would compile new variants while serving."""
+    values: list[int] = []
+    for part in parts:
+        values += part
+        if len(part) % 2:
+            values.append(0)
+    host = torch.tensor(values, dtype=torch.long)
+    flat = to_device(host, device)
+    padded = [len(part) + len(part) % 2 for part in parts]
+    return ([view[:len(part)] for view, part in zip(flat.split(padded), parts)],
+            [view[:len(part)] for view, part in zip(host.split(padded), parts)])
+
+
 _staging = threading.local()  #: one staging ring per thread that copies
 
 

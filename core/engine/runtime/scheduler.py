@@ -86,7 +86,7 @@ import torch
 from engine.config import ServerConfig
 from engine.runtime import cpu_threads
 from engine.runtime.allocator import PageAllocator, ReqToTokenRows
-from engine.runtime.batch import Batch, ForwardMode, to_device
+from engine.runtime.batch import Batch, ForwardMode, pack_to_device, to_device
 from engine.runtime.grammar import GrammarDeadEnd, MaskPrefetcher
 from engine.runtime.kv_cache import build_cache
 from engine.runtime.request import Req, ReqOutput, Sink, emit
@@ -724,29 +724,17 @@ class Scheduler:
                     assert input_ids[end - 1] < 0, "only a request's newest token is unresolved"
                     dst.append(end - 1)
                     src.append(req.future_row)
-        # every small index vector in one tensor (one host-to-device copy that does not wait
-        # for the device), split into views; each starts 16-byte aligned (Triton specialises a
-        # kernel on its pointers' alignment: a parity-dependent offset would compile new
-        # variants while serving)
-        parts = [input_ids, positions, locs, row_idx, rows, seq_lens, prefix_lens, extend_lens,
-                 logits_idx, dst, src]
-        values: list[int] = []
-        for part in parts:
-            values += part
-            if len(part) % 2:
-                values.append(0)
-        host = torch.tensor(values, dtype=torch.long)
-        flat = to_device(host, self.device)
-        padded = [len(part) + len(part) % 2 for part in parts]
-        ids_t, pos_t, loc_t, row_idx_t, rows_t, seq_t, prefix_t, extend_t, logits_t, dst_t, \
-            src_t = (view[:len(part)] for view, part in zip(flat.split(padded), parts))
+        # every small index vector in one host-to-device copy that does not wait for the device
+        (ids_t, pos_t, loc_t, row_idx_t, rows_t, seq_t, prefix_t, extend_t, logits_t, dst_t,
+         src_t), host = pack_to_device([input_ids, positions, locs, row_idx, rows, seq_lens,
+                                        prefix_lens, extend_lens, logits_idx, dst, src],
+                                       self.device)
         if dst:
             assert self._inflight is not None
             ids_t[dst_t] = self._inflight.drawn.token_ids[src_t]
         self.runner.req_to_token[row_idx_t, pos_t] = loc_t
         if self._slots_host is not None:
-            h = [view[:len(part)] for view, part in zip(host.split(padded), parts)]
-            self._slots_host[h[3], h[1]] = h[2]
+            self._slots_host[host[3], host[1]] = host[2]
         return Batch(
             mode=mode, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
             req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=prefix_t, extend_lens=extend_t,

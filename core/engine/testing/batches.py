@@ -2,7 +2,9 @@
 
 It plays the scheduler's part in the smallest way: whole pages per request (page 0 reserved),
 handed out in a shuffled order when ``shuffle`` is set so that a request's pages are not
-contiguous, ``req_to_token`` rows written before each :class:`Batch` is built.
+contiguous, the new tokens' ``req_to_token`` entries written before each :class:`Batch` is built
+(as the scheduler does: the batch's vectors in one host-to-device copy, one scatter into the
+table; benchmarks that drive the model runner through it time what serving costs).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import random
 
 import torch
 
-from engine.runtime.batch import Batch, ForwardMode
+from engine.runtime.batch import Batch, ForwardMode, pack_to_device
 
 
 class BatchBuilder:
@@ -50,7 +52,6 @@ class BatchBuilder:
             else:
                 slots.append(slots[-1] + 1)
             new.append(slots[-1])
-        self.req_to_token[row, :len(slots)] = torch.tensor(slots, dtype=torch.int64)
         return new
 
     def extend(self, items: list[tuple[int, list[int]]], *, all_logits: bool = False) -> Batch:
@@ -64,10 +65,11 @@ class BatchBuilder:
     def _build(self, mode: ForwardMode, items: list[tuple[int, list[int]]],
                all_logits: bool) -> Batch:
         ids, pos, locs = [], [], []
-        rows, prefix, ext = [], [], []
+        rows, prefix, ext, row_idx = [], [], [], []
         for row, tokens in items:
             start = self.lengths[row]
             locs += self._grow(row, len(tokens))
+            row_idx += [row] * len(tokens)
             ids += tokens
             pos += range(start, start + len(tokens))
             rows.append(row)
@@ -75,14 +77,13 @@ class BatchBuilder:
             ext.append(len(tokens))
             self.lengths[row] = start + len(tokens)
         seq = [p + e for p, e in zip(prefix, ext)]
-        ends = torch.tensor(ext).cumsum(0) - 1
-        logits = torch.arange(len(ids)) if all_logits else ends
-
-        def t(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=self.device)
-
-        return Batch(mode=mode, input_ids=t(ids), positions=t(pos), out_cache_loc=t(locs),
-                     req_pool_indices=t(rows), seq_lens=t(seq), prefix_lens=t(prefix),
-                     extend_lens=t(ext), req_to_token=self.req_to_token, seq_lens_cpu=seq,
-                     prefix_lens_cpu=prefix, extend_lens_cpu=ext,
-                     logits_indices=logits.to(self.device))
+        logits = list(range(len(ids))) if all_logits else \
+            (torch.tensor(ext).cumsum(0) - 1).tolist()
+        (ids_t, pos_t, loc_t, row_idx_t, rows_t, seq_t, prefix_t, ext_t, logits_t), _ = \
+            pack_to_device([ids, pos, locs, row_idx, rows, seq, prefix, ext, logits],
+                           self.device)
+        self.req_to_token[row_idx_t, pos_t] = loc_t
+        return Batch(mode=mode, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
+                     req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=prefix_t,
+                     extend_lens=ext_t, req_to_token=self.req_to_token, seq_lens_cpu=seq,
+                     prefix_lens_cpu=prefix, extend_lens_cpu=ext, logits_indices=logits_t)

@@ -125,8 +125,13 @@ class FlashInferBackend(AttentionBackend):
                               f"whole number of {pool.page_size}-token pages")
         self.shape = shape
         dev = pool.device
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev), "NHD")
+        self._prefill_workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._prefill_workspace,
+                                                                       "NHD")
+        #: speculative tree verify: a wrapper of its own on FlashInfer's FA2 kernels (a
+        #: wrapper keeps the kernel family its first plan chose, and the SM90 one has no
+        #: custom mask); made on first use, over the prefill workspace (one runs at a time)
+        self._tree: Any = None
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev), "NHD",
             use_tensor_cores=True)
@@ -155,17 +160,24 @@ class FlashInferBackend(AttentionBackend):
             return
         mask = tree_custom_mask(batch) if batch.tree_mask is not None else None
         qo, kv_indptr, last = table.qo_indptr, table.kv_indptr, table.kv_last_page_len
+        wrapper = self._prefill
         if mask is not None:  # FlashInfer packs a custom mask on the device, by device offsets
             dev = self.pool.device
             qo, kv_indptr, last = qo.to(dev), kv_indptr.to(dev), last.to(dev)
-        self._settled(self._prefill)
-        self._prefill.plan(
+            if self._tree is None:
+                import flashinfer
+
+                self._tree = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                    self._prefill_workspace, "NHD", backend="fa2")
+            wrapper = self._tree
+        self._settled(wrapper)
+        wrapper.plan(
             qo, kv_indptr, table.kv_indices, last,
             s.num_q_heads, s.num_kv_heads, s.head_dim, ps, causal=mask is None,
             custom_mask=mask, sm_scale=s.scaling, q_data_type=q_dtype,
             kv_data_type=self.pool.dtype)
-        self._planned_now(self._prefill)
-        batch.attn_metadata = self._prefill
+        self._planned_now(wrapper)
+        batch.attn_metadata = wrapper
 
     def _settled(self, wrapper: Any) -> None:
         """Wait until the host-to-device copies of ``wrapper``'s previous plan have run (they
@@ -225,7 +237,8 @@ class FlashInferBackend(AttentionBackend):
     def forward_extend(self, q: torch.Tensor, layer: AttentionLayerSpec,
                        batch: Batch) -> torch.Tensor:
         self._check(layer)
-        return self._prefill.run(q.contiguous(), self._paged(layer.layer_id))
+        wrapper = batch.attn_metadata if batch.attn_metadata is not None else self._prefill
+        return wrapper.run(q.contiguous(), self._paged(layer.layer_id))
 
     def forward_decode(self, q: torch.Tensor, layer: AttentionLayerSpec,
                        batch: Batch) -> torch.Tensor:

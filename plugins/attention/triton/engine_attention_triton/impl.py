@@ -5,8 +5,10 @@ lengths (no device sync): for decode the number of KV splits, for extend the til
 table and each request's first row in ``q``. Every layer then launches the kernels on the pool's
 buffers directly; K/V are never gathered into a contiguous copy.
 
-Options (the hook's ``options``): ``triton_attention_num_kv_splits`` (splits per
-request, capped at one per key tile), ``triton_attention_split_tile_size`` (fixed tokens per split
+Options (the hook's ``options``): ``triton_attention_num_kv_splits`` (the most splits per
+request, capped at one per key tile, and on a GPU at what keeps about four programs per
+multiprocessor busy: at batch 128 x 8 KV heads there are programs enough without splitting,
+and splits would only add partial outputs and a merge), ``triton_attention_split_tile_size`` (fixed tokens per split
 instead: the split layout depends only on a request's own length), and
 ``triton_attention_reduce_in_fp32`` (float32 partial outputs; they are float32 anyway when q is).
 """
@@ -84,6 +86,9 @@ class TritonBackend(AttentionBackend):
         self.num_kv_splits, self.split_tile_size = num_kv_splits, split_tile_size
         self.reduce_in_fp32 = reduce_in_fp32
         self.group = group
+        #: on a GPU, splits beyond ~4 programs per multiprocessor only add merge work
+        self._programs = (4 * torch.cuda.get_device_properties(pool.device).multi_processor_count
+                          if pool.device.type == "cuda" else None)
         self.configure(kernel_config or (INTERPRETER_CONFIG if interpreting()
                                          else KernelConfig()))
 
@@ -102,10 +107,17 @@ class TritonBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ metadata
 
+    def _max_splits(self, batch_size: int) -> int:
+        """``num_kv_splits``, capped (on a GPU) where the batch alone fills the machine."""
+        if self._programs is None:
+            return max(1, self.num_kv_splits)
+        need = -(-self._programs // (batch_size * self.pool.num_kv_heads))
+        return max(1, min(self.num_kv_splits, need))
+
     def prepare_graph(self, batch: Batch) -> None:
-        """Always ``num_kv_splits`` equal chunks of each request's own length (the kernels
-        skip empty chunks), so one capture serves every context length."""
-        batch.attn_metadata = DecodeMetadata(max(1, self.num_kv_splits), 0)
+        """Always the batch size's most splits, as equal chunks of each request's own length
+        (the kernels skip empty chunks), so one capture serves every context length."""
+        batch.attn_metadata = DecodeMetadata(self._max_splits(batch.batch_size), 0)
 
     def prepare(self, batch: Batch) -> None:
         seq = batch.seq_lens_cpu or batch.seq_lens.tolist()
@@ -116,17 +128,20 @@ class TritonBackend(AttentionBackend):
                                                      self.split_tile_size)
             else:
                 tiles = -(-longest // self.cfg.decode_block_n)
-                batch.attn_metadata = DecodeMetadata(max(1, min(self.num_kv_splits, tiles)), 0)
+                batch.attn_metadata = DecodeMetadata(
+                    max(1, min(self._max_splits(batch.batch_size), tiles)), 0)
             return
         ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
+        prefix = batch.prefix_lens_cpu or batch.prefix_lens.tolist()
         bm = self.tile_tokens
-        tile_req, tile_start, qo_start, acc = [], [], [], 0
-        for i, e in enumerate(ext):
-            starts = range(0, e, bm)
-            tile_req += [i] * len(starts)
-            tile_start += starts
+        tiles, qo_start, acc = [], [], 0
+        for i, (p, e) in enumerate(zip(prefix, ext)):
+            tiles += [(p + m0, i, m0) for m0 in range(0, e, bm)]
             qo_start.append(acc)
             acc += e
+        tiles.sort(key=lambda tile: -tile[0])  # the most keys first
+        tile_req = [i for _, i, _ in tiles]
+        tile_start = [m0 for _, _, m0 in tiles]
         dev = batch.seq_lens.device
         batch.attn_metadata = ExtendMetadata(
             to_device(tile_req, dev, torch.int32), to_device(tile_start, dev, torch.int32),
@@ -188,7 +203,7 @@ class TritonBackend(AttentionBackend):
                              f"backend was built for {self.group}")
         tree = md.tree if md.tree is not None else md.tile_req  # a placeholder when unused
         tb, tq = (md.tree.stride(0), md.tree.stride(1)) if md.tree is not None else (0, 0)
-        self.kernels._extend_kernel[(md.tile_req.shape[0], layer.num_kv_heads)](
+        self.kernels._extend_kernel[(layer.num_kv_heads, md.tile_req.shape[0])](
             q, k_buf, v_buf, out, r2t, batch.req_pool_indices, batch.prefix_lens,
             batch.extend_lens, md.qo_start, md.tile_req, md.tile_start, tree,
             q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),

@@ -14,13 +14,15 @@ Decode (two kernels):
   non-empty chunks in order with a running log-sum-exp (so a request's result never depends on
   how many splits the longest request of the batch needed) and writes the final rows.
 
-Extend, ``_extend_kernel``, grid ``(tiles, Hkv)``, also GQA-aware: the ``BLOCK_M`` query rows of a
+Extend, ``_extend_kernel``, grid ``(Hkv, tiles)``, also GQA-aware: the ``BLOCK_M`` query rows of a
 program are ``TILE_TOKENS = BLOCK_M // G`` new tokens ``m0..`` of one request times the ``G`` query
 heads of KV head ``g`` (row ``r``: token ``m0 + r // G``, head ``g*G + r % G``), so each K/V tile
 is loaded once for the whole group. The tile -> request table is built on the host from the CPU
-copies of the lengths. Phase 1 walks keys ``0 .. prefix + m0`` (the cached prefix pages, then the
-new tokens before the tile), which every row sees, masked only at the bound; phase 2 the tile's
-own diagonal block ``prefix + m0 .. prefix + m0 + TILE_TOKENS`` with the causal mask. A
+copies of the lengths, the tiles with the most keys first (the programs of a long causal
+prefill differ in cost by its length; the heaviest start first, the light ones fill the tail).
+Phase 1 walks the whole key tiles of ``0 .. prefix + m0`` (the cached prefix pages, then the
+new tokens before the tile), which every row sees, with no mask at all; phase 2 the rest up to
+the tile's own diagonal block ``.. prefix + m0 + TILE_TOKENS`` with the causal mask. A
 speculative tree (``HAS_TREE``): phase 1 covers the prefix only and phase 2 every new token up to
 the tile's end, masked by the tree (``tree_ptr`` [B, Q, Q] uint8: ancestors and self; a token's
 ancestors come before it, so none lies past the tile). Online
@@ -38,21 +40,36 @@ import triton.language as tl
 
 @triton.jit
 def _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, allowed, k_ptr, v_ptr, g, stride_ks,
-          stride_kh, stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC: tl.constexpr):
+          stride_kh, stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC: tl.constexpr,
+          MASKED: tl.constexpr = True, EVEN_D: tl.constexpr = False):
     """One online-softmax step over the keys at positions ``pos`` (``n_mask``: in range;
     ``allowed``: which (query row, key) scores count): K/V rows of KV head ``g`` gathered through
-    ``req_to_token``, scores, running max ``m_i``, sum ``l_i`` and output ``acc`` updated."""
-    slot = tl.load(r2t_row + pos, mask=n_mask, other=0)
-    kv_mask = n_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_ptr + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :],
-                mask=kv_mask, other=0.0)
-    qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale
-    qk = tl.where(allowed, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    p = tl.exp2(qk - m_new[:, None])
+    ``req_to_token``, scores, running max ``m_i``, sum ``l_i`` and output ``acc`` updated.
+    ``MASKED=False``: every key is in range and allowed (no masks, no selects); ``EVEN_D``: the
+    head dimension fills ``offs_d``. ``scale`` (> 0) is applied to the scores in the exponent's
+    multiply-add."""
+    if MASKED:
+        slot = tl.load(r2t_row + pos, mask=n_mask, other=0)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+    else:
+        slot = tl.load(r2t_row + pos)
+        kv_mask = d_mask[None, :]
+    k_off = slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :]
+    v_off = slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :]
+    if EVEN_D and not MASKED:
+        k = tl.load(k_ptr + k_off)
+    else:
+        k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0)
+    qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC)
+    if MASKED:
+        qk = tl.where(allowed, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)
+    p = tl.exp2(qk * scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
-    v = tl.load(v_ptr + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :],
-                mask=kv_mask, other=0.0)
+    if EVEN_D and not MASKED:
+        v = tl.load(v_ptr + v_off)
+    else:
+        v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
     l_i = l_i * alpha + tl.sum(p, 1)
     return m_new, l_i, acc
@@ -168,8 +185,8 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    g = tl.program_id(1)
+    g = tl.program_id(0)
+    t = tl.program_id(1)
     i = tl.load(tile_req_ptr + t)
     m0 = tl.load(tile_start_ptr + t)
     row = tl.load(req_pool_ptr + i)
@@ -194,18 +211,28 @@ def _extend_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # phase 1: the cached prefix pages, then new tokens before the tile: seen by every row
-    # (a speculative tree: the prefix only; every new token goes through the tree mask)
+    # phase 1: the cached prefix pages, then new tokens before the tile: seen by every row,
+    # whole key tiles without masks (a speculative tree: the prefix only; every new token goes
+    # through the tree mask)
     if HAS_TREE:
         lo = prefix
     else:
         lo = prefix + m0
-    for n0 in range(0, lo, BLOCK_N):
-        pos = n0 + offs_n
-        n_mask = pos < lo
-        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, n_mask[None, :], k_ptr,
+    full = lo - lo % BLOCK_N
+    for n0 in range(0, full, BLOCK_N):
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0 + offs_n, offs_n, offs_n, k_ptr,
                               v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
-                              d_mask, scale, DOT_PREC)
+                              d_mask, scale, DOT_PREC, MASKED=False,
+                              EVEN_D=BLOCK_D == HEAD_DIM)
+    if HAS_TREE:
+        if full < lo:  # the prefix's last partial tile
+            pos = full + offs_n
+            n_mask = pos < lo
+            m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, n_mask[None, :],
+                                  k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh,
+                                  offs_d, d_mask, scale, DOT_PREC)
+    else:  # the partial tile before the tile's own tokens joins phase 2 (all its keys pass)
+        lo = full
     # phase 2: the tile's diagonal block of new tokens, causally (a tree: by its mask)
     hi = prefix + tl.minimum(m0 + TILE_TOKENS, ext)
     for n0 in range(lo, hi, BLOCK_N):
