@@ -2,7 +2,9 @@
 
 One plain server computes the reference (each prompt alone, greedy), then stops; then an NGRAM
 server and a STANDALONE server (the default model drafting for itself) must give the same ids,
-streamed and not, alone and 16 at once; STANDALONE accepts every draft token. Bad speculative
+streamed and not, alone and 16 at once; STANDALONE accepts every draft token. Under a JSON
+schema, NGRAM's accepted drafts advance the grammar like decoded tokens: the constrained
+outputs equal the plain server's and validate. Bad speculative
 set-ups end ``engine serve`` at start-up with exit status 2 and the reason.
 """
 
@@ -15,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
 from conftest import running, start_server
@@ -40,7 +43,7 @@ def prompts() -> list[str]:
 
 def generate(client: httpx.Client, text: str, **extra: Any) -> dict[str, Any]:
     body = {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": MAX_TOKENS},
-            **extra}
+            **extra}  # (extra's sampling_params replace the default ones)
     r = client.post("/generate", json=body)
     assert r.status_code == 200, r.text
     return r.json()
@@ -59,15 +62,46 @@ def stream(client: httpx.Client, text: str) -> dict[str, Any]:
     return json.loads(events[-2])
 
 
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 20},
+    "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    "langs": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 4}},
+    "required": ["name", "age", "langs"], "additionalProperties": False}
+RECORDS = [{"name": "Ada", "age": 36, "langs": ["en", "fr"]},
+           {"name": "Linus", "age": 54, "langs": ["fi", "sv", "en"]},
+           {"name": "Grace", "age": 85, "langs": ["en"]}]
+
+
+def constrained(client: httpx.Client, record: dict[str, Any]) -> dict[str, Any]:
+    """Greedy, under SCHEMA, asked to repeat a record (its tokens are in the prompt: n-gram
+    drafts match)."""
+    text = f"Repeat the following JSON exactly.\n\n{json.dumps(record)}\n\nRepeated JSON:\n"
+    return generate(client, text, sampling_params={
+        "temperature": 0, "max_new_tokens": 64, "json_schema": json.dumps(SCHEMA)})
+
+
 def one_by_one(server) -> list[list[int]]:
     with server.client(timeout=600) as c:
         return [generate(c, p)["output_ids"] for p in prompts()]
 
 
 @pytest.fixture(scope="module")
-def reference() -> list[list[int]]:
+def references() -> tuple[list[list[int]], list[list[int]]]:
+    """The plain server's ids: the prompts, then the constrained records."""
     with running(start_server("plain", "--max-running-requests", "16")) as s:
-        return one_by_one(s["plain"])
+        with s["plain"].client(timeout=600) as c:
+            json_ids = [constrained(c, r)["output_ids"] for r in RECORDS]
+        return one_by_one(s["plain"]), json_ids
+
+
+@pytest.fixture(scope="module")
+def reference(references) -> list[list[int]]:
+    return references[0]
+
+
+@pytest.fixture(scope="module")
+def constrained_reference(references) -> list[list[int]]:
+    return references[1]
 
 
 def check_lossless(server, reference: list[list[int]]) -> list[dict[str, Any]]:
@@ -91,13 +125,22 @@ def check_lossless(server, reference: list[list[int]]) -> list[dict[str, Any]]:
     return alone
 
 
-def test_ngram_is_lossless_and_accepts_drafts_on_grounded_prompts(reference):
+def test_ngram_is_lossless_and_accepts_drafts_on_grounded_prompts(
+        reference, constrained_reference):
     with running(start_server("ngram", "--max-running-requests", "16",
                               "--speculative-algorithm", "NGRAM")) as s:
         alone = check_lossless(s["ngram"], reference)
+        with s["ngram"].client(timeout=600) as c:
+            json_outs = [constrained(c, r) for r in RECORDS]
     grounded = alone[:4]
     accepted = sum(r["meta_info"]["spec_accepted_tokens"] for r in grounded)
     assert accepted >= len(grounded) * MAX_TOKENS // 3
+    # under a grammar: the same ids as without drafts, valid, and drafts were accepted
+    assert [r["output_ids"] for r in json_outs] == constrained_reference
+    for r in json_outs:
+        assert r["meta_info"]["finish_reason"]["type"] == "stop", r["meta_info"]
+        jsonschema.validate(json.loads(r["text"]), SCHEMA)
+    assert sum(r["meta_info"]["spec_accepted_tokens"] for r in json_outs) > 0
 
 
 def test_standalone_drafting_for_itself_accepts_every_draft(reference):
