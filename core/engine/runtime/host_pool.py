@@ -18,8 +18,10 @@ nothing the compute stream is doing and the compute stream waits for the load be
 kernel (``wait_stream``), so loads overlap the forwards already queued; a backup to host first
 waits for the compute stream (the K/V it copies must be written), then the host side waits for
 the copy before anyone reads the pages. ``--hicache-io-backend kernel`` gathers/scatters each
-layer with one index kernel; ``direct`` copies page by page (``cudaMemcpyAsync`` on pinned
-memory). On CPU both are plain tensor copies.
+layer with one index kernel on the device and one on the host, through a reused pinned staging
+buffer (the host gather of a layer overlaps the transfer of the one before); ``direct`` copies
+runs of pages that follow each other on both sides (``cudaMemcpyAsync`` on pinned memory, one
+per run, layer and side). On CPU both are plain tensor copies.
 """
 
 from __future__ import annotations
@@ -128,6 +130,10 @@ class Transfer:
         self.dev, self.host, self.io = device_pool, host, io_backend
         self.cuda = device_pool.device.type == "cuda"
         self.stream = torch.cuda.Stream(device_pool.device) if self.cuda else None
+        #: pinned staging of the gathered copies (CUDA, layer-first) and the event after the
+        #: copies that last read or wrote it
+        self._stage: torch.Tensor | None = None
+        self._stage_event: Any = None
 
     @contextlib.contextmanager
     def _on_copy_stream(self, *, to_host: bool) -> Iterator[None]:
@@ -158,26 +164,76 @@ class Transfer:
             self.stream.synchronize()
 
     def _copy(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *, to_host: bool) -> None:
-        h, ps = self.host, self.host.page_size
+        h = self.host
         if self.io == "direct" or h.page_first:
-            for d0, h0 in zip(dev_slots[::ps].tolist(), host_slots[::ps].tolist()):
-                for layer in range(h.num_layers):
-                    for kind, dev in ((0, self.dev.k[layer]), (1, self.dev.v[layer])):
-                        dslice = dev[d0:d0 + ps]
-                        hslice = (h.data[h0 // ps, kind, layer] if h.page_first
-                                  else (h.k if kind == 0 else h.v)[layer, h0:h0 + ps])
-                        if to_host:
-                            hslice.copy_(dslice, non_blocking=self.cuda)
-                        else:
-                            dslice.copy_(hslice, non_blocking=self.cuda)
-            return
-        d_idx = dev_slots.to(self.dev.device, non_blocking=self.cuda)
-        for layer in range(h.num_layers):
-            for dev, hk in ((self.dev.k[layer], h.k[layer]), (self.dev.v[layer], h.v[layer])):
-                if to_host:
-                    hk.index_copy_(0, host_slots, dev.index_select(0, d_idx).to("cpu"))
-                else:
-                    src = hk.index_select(0, host_slots)
-                    if self.cuda:
-                        src = src.pin_memory().to(self.dev.device, non_blocking=True)
-                    dev.index_copy_(0, d_idx, src)
+            self._copy_runs(dev_slots, host_slots, to_host=to_host)
+        elif not self.cuda:
+            for layer in range(h.num_layers):
+                for dev, hk in ((self.dev.k[layer], h.k[layer]), (self.dev.v[layer], h.v[layer])):
+                    if to_host:
+                        hk.index_copy_(0, host_slots, dev.index_select(0, dev_slots))
+                    else:
+                        dev.index_copy_(0, dev_slots, hk.index_select(0, host_slots))
+        else:
+            self._copy_gathered(dev_slots, host_slots, to_host=to_host)
+
+    def _copy_runs(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *,
+                   to_host: bool) -> None:
+        """Page by page, each run of pages that follow each other on both sides in one copy
+        per layer and side (``cudaMemcpyAsync`` from pinned memory on CUDA)."""
+        h, ps = self.host, self.host.page_size
+        runs: list[list[int]] = []  # [device start, host start, pages]
+        for d0, h0 in zip(dev_slots[::ps].tolist(), host_slots[::ps].tolist()):
+            if runs and not h.page_first and runs[-1][0] + runs[-1][2] * ps == d0 \
+                    and runs[-1][1] + runs[-1][2] * ps == h0:
+                runs[-1][2] += 1
+            else:
+                runs.append([d0, h0, 1])
+        for d0, h0, n in runs:
+            for layer in range(h.num_layers):
+                for kind, dev in ((0, self.dev.k[layer]), (1, self.dev.v[layer])):
+                    dslice = dev[d0:d0 + n * ps]
+                    hslice = (h.data[h0 // ps, kind, layer] if h.page_first
+                              else (h.k if kind == 0 else h.v)[layer, h0:h0 + n * ps])
+                    if to_host:
+                        hslice.copy_(dslice, non_blocking=self.cuda)
+                    else:
+                        dslice.copy_(hslice, non_blocking=self.cuda)
+
+    def _staging(self, n: int) -> torch.Tensor:
+        """A pinned ``[2, layers, n, heads, dim]`` buffer, reused (grown on demand); the caller
+        holds the copy stream, and the previous user's copies have been waited for."""
+        h = self.host
+        shape = (2, h.num_layers, n, *h.k.shape[2:])
+        need = 2 * h.num_layers * n * h.k[0, 0].numel()
+        if self._stage is None or self._stage.numel() < need:
+            self._stage = torch.empty(need, dtype=h.dtype, pin_memory=True)
+        if self._stage_event is not None:
+            self._stage_event.synchronize()
+        return self._stage[:need].view(shape)
+
+    def _copy_gathered(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *,
+                       to_host: bool) -> None:
+        """CUDA, layer-first pool: per layer and side, one gather on the device and one on the
+        host, through a reused pinned staging buffer (one copy of the bytes on the CPU; the
+        host gather of a layer overlaps the transfer of the one before)."""
+        h = self.host
+        d_idx = dev_slots.to(self.dev.device, non_blocking=True)
+        stage = self._staging(dev_slots.numel())
+        pairs = [(kind, layer, (self.dev.k if kind == 0 else self.dev.v)[layer],
+                  (h.k if kind == 0 else h.v)[layer])
+                 for layer in range(h.num_layers) for kind in (0, 1)]
+        if to_host:
+            for kind, layer, dev, _ in pairs:
+                stage[kind, layer].copy_(dev.index_select(0, d_idx), non_blocking=True)
+            self.stream.synchronize()
+            for kind, layer, _, hk in pairs:
+                hk.index_copy_(0, host_slots, stage[kind, layer])
+        else:
+            for kind, layer, dev, hk in pairs:
+                torch.index_select(hk, 0, host_slots, out=stage[kind, layer])
+                dev.index_copy_(0, d_idx, stage[kind, layer].to(self.dev.device,
+                                                                non_blocking=True))
+        if self._stage_event is None:
+            self._stage_event = torch.cuda.Event()
+        self._stage_event.record()
