@@ -128,4 +128,22 @@ for dtype in dtypes:
         if not torch.allclose(w, rw, rtol=1e-4, atol=1e-6):
             failures.append(f"route_topk weights {dtype} {t}x{e} top-{k}: "
                             f"{(w - rw).abs().max():.2e}")
+
+# the KV row copy between pools (the host tier's kernel I/O): every layer's K and V in one launch
+
+from engine.runtime.fused_triton import copy_rows  # noqa: E402
+
+for dtype, heads, dim in ((torch.bfloat16, 2, 64), (torch.float32, 1, 4), (torch.float16, 3, 6)):
+    src = [torch.randn(40, heads, dim, generator=g).to(device, dtype) for _ in range(6)]
+    dst = [torch.zeros(50, heads, dim, dtype=dtype, device=device) for _ in range(6)]
+    table = lambda ts: torch.tensor([t.data_ptr() for t in ts], device=device)  # noqa: E731
+    s_idx = torch.randperm(40, generator=g)[:17]
+    d_idx = torch.randperm(50, generator=g)[:17]
+    row = heads * dim * src[0].element_size()
+    copy_rows(table(src), table(dst), s_idx.to(device), d_idx.to(device), row)
+    untouched = torch.ones(50, dtype=torch.bool)
+    untouched[d_idx] = False
+    if not all(torch.equal(d[d_idx.to(device)], s[s_idx.to(device)]) and
+               not d[untouched.to(device)].any() for s, d in zip(src, dst)):
+        failures.append(f"copy_rows {dtype} {heads}x{dim}")
 print(json.dumps(failures))

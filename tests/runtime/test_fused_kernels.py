@@ -1,6 +1,7 @@
-"""The fused decoder kernels (residual add + RMSNorm, per-head q/k norm + RoPE, SiLU-and-mul)
-equal the torch ops they replace in half precision: under the Triton interpreter here, on the
-GPU where there is one."""
+"""The fused decoder kernels (residual add + RMSNorm, per-head q/k norm + RoPE, SiLU-and-mul,
+the router's top-k) equal the torch ops they replace in half precision, and the KV row copy
+moves exactly the rows asked: under the Triton interpreter here, on the GPU where there is
+one."""
 
 import json
 import os

@@ -197,7 +197,8 @@ class HiRadixCache(RadixCache):
                 node.pinned -= 1
             if slots is None:
                 continue
-            self.transfer.to_host(node.value, slots)
+            # the CPU reads the pages only to store them
+            self.transfer.to_host(node.value, slots, wait=self.storage is not None)
             node.host_value = slots
             self._store(node)
 
@@ -367,6 +368,7 @@ class HiRadixCache(RadixCache):
             log.info("no host room for %d tokens read from storage", need)
             return
         first = (held - f.start) // ps
+        self.transfer.settle()  # no copy still reads the freed pages these slots came from
         for i in range(need // ps):
             self.host.write_payload(int(slots[i * ps]), f.payloads[first + i])
         parent = path[-1] if path else self.root

@@ -17,9 +17,11 @@ On CUDA the pool is pinned and copies run on a dedicated copy stream: a load fro
 nothing the compute stream is doing and the compute stream waits for the load before its next
 kernel (``wait_stream``), so loads overlap the forwards already queued; a backup to host first
 waits for the compute stream (the K/V it copies must be written), then the host side waits for
-the copy before anyone reads the pages. ``--hicache-io-backend kernel`` gathers/scatters each
-layer with one index kernel on the device and one on the host, through a reused pinned staging
-buffer (the host gather of a layer overlaps the transfer of the one before); ``direct`` copies
+the copy before the CPU reads the pages (a backup no CPU reads is not waited for).
+``--hicache-io-backend kernel`` moves the rows of every layer's K and V in one Triton kernel
+that reads or writes the pinned host pool in place (the GPU addresses pinned memory directly;
+no copy on the host); where that cannot serve (host memory not pinned), it gathers each layer
+on the device and on the host through a reused pinned staging buffer; ``direct`` copies
 runs of pages that follow each other on both sides (``cudaMemcpyAsync`` on pinned memory, one
 per run, layer and side). On CPU both are plain tensor copies.
 """
@@ -134,9 +136,10 @@ class Transfer:
         #: copies that last read or wrote it
         self._stage: torch.Tensor | None = None
         self._stage_event: Any = None
+        self._addr: Any = None  #: see _tables
 
     @contextlib.contextmanager
-    def _on_copy_stream(self, *, to_host: bool) -> Iterator[None]:
+    def _on_copy_stream(self, *, wait: bool) -> Iterator[None]:
         if self.stream is None:
             yield
             return
@@ -144,22 +147,27 @@ class Transfer:
         self.stream.wait_stream(compute)  # the K/V to copy, and the slots to fill, are settled
         with torch.cuda.stream(self.stream):
             yield
-        compute.wait_stream(self.stream)  # later kernels see the loaded pages
-        if to_host:
-            self.stream.synchronize()  # host memory is read by the CPU right after
+        # later kernels see the loaded pages, and do not overwrite device pages being backed up
+        compute.wait_stream(self.stream)
+        if wait:
+            self.stream.synchronize()
 
-    def to_host(self, dev_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
-        """Copy the pages at device ``dev_slots`` into host ``host_slots`` (equal lengths)."""
-        with self._on_copy_stream(to_host=True):
+    def to_host(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *,
+                wait: bool = True) -> None:
+        """Copy the pages at device ``dev_slots`` into host ``host_slots`` (equal lengths);
+        ``wait``: return once the pages are in host memory (the CPU reads them next), else
+        they are once :meth:`settle` returns (device work queued later, loads from the host
+        included, comes after the copy anyway)."""
+        with self._on_copy_stream(wait=wait):
             self._copy(dev_slots, host_slots, to_host=True)
 
     def to_device(self, host_slots: torch.Tensor, dev_slots: torch.Tensor) -> None:
         """Copy the pages at host ``host_slots`` into device ``dev_slots``."""
-        with self._on_copy_stream(to_host=False):
+        with self._on_copy_stream(wait=False):
             self._copy(dev_slots, host_slots, to_host=False)
 
     def settle(self) -> None:
-        """Wait for the copies queued so far (before host slots they read are reused)."""
+        """Wait for the copies queued so far (before the CPU reads or writes host pages)."""
         if self.stream is not None:
             self.stream.synchronize()
 
@@ -174,8 +182,42 @@ class Transfer:
                         hk.index_copy_(0, host_slots, dev.index_select(0, dev_slots))
                     else:
                         dev.index_copy_(0, dev_slots, hk.index_select(0, host_slots))
+        elif self._tables() is not None:
+            self._copy_in_place(dev_slots, host_slots, to_host=to_host)
         else:
             self._copy_gathered(dev_slots, host_slots, to_host=to_host)
+
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The device's and the pinned host pool's per-layer K and V base addresses (device
+        tensors), for the copy kernel; None where it cannot serve (host memory not pinned, rows
+        not whole 32-bit words)."""
+        if self._addr is None:
+            h, d = self.host, self.dev
+            row_bytes = h.k[0, 0].numel() * h.k.element_size()
+            if not h.k.is_pinned() or row_bytes % 4:
+                self._addr = False
+            else:
+                self._addr = tuple(torch.tensor([t.data_ptr() for t in (*ks, *vs)],
+                                                dtype=torch.long, device=d.device)
+                                   for ks, vs in ((d.k, d.v), (list(h.k), list(h.v))))
+        return self._addr or None
+
+    def _copy_in_place(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *,
+                       to_host: bool) -> None:
+        """CUDA, layer-first pinned pool: one kernel moves every layer's K and V rows, reading
+        or writing the pinned host pool in place (no host-side copy at all)."""
+        from engine.runtime.batch import to_device
+        from engine.runtime.fused_triton import copy_rows
+
+        dev_addr, host_addr = self._tables()
+        dev = self.dev.device
+        d_idx = to_device(dev_slots, dev) if dev_slots.device.type == "cpu" else dev_slots
+        h_idx = to_device(host_slots, dev)
+        row_bytes = self.host.k[0, 0].numel() * self.host.k.element_size()
+        if to_host:
+            copy_rows(dev_addr, host_addr, d_idx, h_idx, row_bytes)
+        else:
+            copy_rows(host_addr, dev_addr, h_idx, d_idx, row_bytes)
 
     def _copy_runs(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *,
                    to_host: bool) -> None:
