@@ -87,7 +87,7 @@ def test_detected_and_named_method_agree(dense, tmp_path, choice):
 
 
 ACT = ["ct_w8a8_int8", "ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block", "fp8_block",
-       "fp8_tensor", "modelopt_fp8", "quark_fp8"]
+       "fp8_tensor", "modelopt_fp8", "quark_fp8", "mxfp8", "modelopt_mxfp8"]
 
 
 def _fake_fp8(x, scale):
@@ -109,6 +109,10 @@ def _reference_linear(scheme: str, x: torch.Tensor, w: torch.Tensor, tensors: di
         xg = F.pad(x, (0, (-x.shape[1]) % g)).reshape(x.shape[0], -1, g)
         s = xg.abs().amax(-1, keepdim=True) / 448
         xq = _fake_fp8(xg, s).reshape(x.shape[0], -1)[:, :x.shape[1]]
+    elif scheme in ("mxfp8", "modelopt_mxfp8"):  # power-of-two scales per token and 32
+        xg = x.reshape(x.shape[0], -1, 32)
+        s = torch.pow(2.0, torch.ceil(torch.log2(xg.abs().amax(-1, keepdim=True) / 448)))
+        xq = _fake_fp8(xg, s).reshape(x.shape)
     else:  # static per-tensor
         xq = _fake_fp8(x, tensors[base + ".input_scale"].float())
     return (xq.double() @ w.double().T).float()
@@ -174,12 +178,26 @@ def test_int8_layers_are_batch_invariant(dense, tmp_path):
 def test_online_fp8_and_w8a8_fp8_run_on_a_dense_checkpoint(dense):
     path, _ = dense
     base, _ = logits(path)
-    for choice in ("fp8", "w8a8_fp8"):
+    for choice in ("fp8", "w8a8_fp8", "mxfp8"):
         got, runner = logits(path, choice)
         assert runner.model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float32
         p, q = F.log_softmax(base, -1), F.log_softmax(got, -1)
         kl = (p.exp() * (p - q)).sum(-1).mean()
         assert kl < 0.05, kl
+
+
+def test_mx_scales_are_the_power_of_two_just_above_the_block_maximum():
+    amax = torch.tensor([448.0, 449.0, 224.0, 1.0, 0.0])
+    e = qf.mx_exponents(amax, 448.0)
+    assert e.tolist() == [127, 128, 126, 119, 0]  # 1 -> 2^-8 (448 * 2^-9 < 1 <= 448 * 2^-8)
+    assert torch.isnan(qf.e8m0_to_float(torch.tensor([255], dtype=torch.uint8))).all()
+    x = torch.randn(3, 64) * torch.logspace(-3, 3, 64)  # blocks of very different ranges
+    q, e = qf.quantize_mxfp8(x)
+    got = qf.dequant_mxfp8(q, e)
+    assert q.dtype == torch.float8_e4m3fn and e.shape == (3, 2)
+    block_max = x.abs().reshape(3, 2, 32).amax(-1).repeat_interleave(32, 1)
+    assert q.float().abs().amax() <= 448  # rounded-up scales: nothing saturates
+    assert torch.all((got - x).abs() <= block_max / 16)  # within e4m3's step at the block's top
 
 
 def test_pack_unpack_roundtrip_and_awq_order():

@@ -16,7 +16,8 @@ CHOICES = ("awq fp8 mxfp8 gptq gptq_marlin awq_marlin bitsandbytes gguf modelopt
            "modelopt_fp4 nvfp4_online modelopt_mixed petit_nvfp4 w8a8_int8 w8a8_fp8 moe_wna16 "
            "w4afp8 mxfp4 auto-round auto-round-int8 compressed-tensors modelslim mxfp_w4a8 quark "
            "quark_int4fp8_moe quark_mxfp4 mlx_q4 mlx_q8 unquant humming").split()
-EMULATED = {"gptq_marlin", "awq_marlin", "modelopt_fp4", "petit_nvfp4", "modelopt_mixed"}
+EMULATED = {"gptq_marlin", "awq_marlin", "modelopt_fp4", "petit_nvfp4", "modelopt_mixed",
+            "mxfp8"}
 #: choice -> kit schemes it must read
 READS = {"gptq": {"gptq"}, "gptq_marlin": {"gptq"}, "awq": {"awq"}, "awq_marlin": {"awq"},
          "auto-round": {"auto_round"}, "moe_wna16": {"gptq", "awq"},
@@ -24,7 +25,9 @@ READS = {"gptq": {"gptq"}, "gptq_marlin": {"gptq"}, "awq": {"awq"}, "awq_marlin"
                                 "ct_fp8_static", "ct_fp8_block"},
          "w8a8_int8": {"ct_w8a8_int8"}, "auto-round-int8": {"ct_w8a8_int8"},
          "w8a8_fp8": {"ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block"},
-         "fp8": {"fp8_block", "fp8_tensor"}, "modelopt": {"modelopt_fp8", "modelopt_nvfp4"},
+         "fp8": {"fp8_block", "fp8_tensor"},
+         "modelopt": {"modelopt_fp8", "modelopt_nvfp4", "modelopt_mxfp8"},
+         "mxfp8": {"mxfp8", "modelopt_mxfp8"},
          "modelopt_fp8": {"modelopt_fp8"}, "modelopt_fp4": {"modelopt_nvfp4"},
          "petit_nvfp4": {"modelopt_nvfp4"}, "quark": {"quark_fp8"}, "mlx_q4": {"mlx4"},
          "mlx_q8": {"mlx8"}, "bitsandbytes": {"bnb_nf4"}}
@@ -41,6 +44,7 @@ def test_all_31_choices_are_listed_with_a_status(registry):
     for name in CHOICES:
         rec = records[name]
         emulated = any(n.startswith("emulated") for n in rec.manifest.notes)
+        assert rec.emulated == emulated and ("(emulated)" in rec.status_line()) == emulated
         if name in READS or name in ("gguf", "unquant", "modelopt_mixed"):
             assert rec.available, (name, rec.reason)
         else:

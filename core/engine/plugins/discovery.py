@@ -51,8 +51,17 @@ class PluginRecord:
     def qualified(self) -> str:
         return f"{self.family}.{self.name}"
 
+    @property
+    def emulated(self) -> bool:
+        """Available, but computing a format the hardware lacks by emulation (the manifest
+        says so with a note that starts ``emulated:``)."""
+        notes = self.manifest.notes if self.manifest else ()
+        return self.available and any(n.startswith("emulated:") for n in notes)
+
     def status_line(self) -> str:
-        return self.status if self.available else f"{self.status}: {self.reason}"
+        if not self.available:
+            return f"{self.status}: {self.reason}"
+        return f"{self.status} (emulated)" if self.emulated else self.status
 
     def to_json(self) -> dict[str, Any]:
         m = self.manifest

@@ -15,6 +15,8 @@ Layouts (all integer codes LSB-first inside little-endian int32 words):
   ``weight_scale`` [N, K/g]; ``weight_zero_point`` [N/p, K/g] packed along N.
 - MLX affine: ``weight`` uint32 [N, K*b/32] packed along K; ``scales``/``biases`` [N, K/g];
   ``W = q * scale + bias``.
+- MXFP8 (OCP MX): ``weight`` e4m3 [N, K]; ``weight_scale`` uint8 [N, K/32], UE8M0 exponents
+  (``2^(e - 127)``, 255 is NaN); activations quantized the same way per token and 32 columns.
 """
 
 from __future__ import annotations
@@ -191,6 +193,49 @@ def fake_quant_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | No
     if scale is None:
         scale = fp8_scale_per_token(x, dtype)
     return quantize_fp8(x, scale, dtype).to(torch.float32) * scale
+
+
+#: elements of one MX block
+MX_BLOCK = 32
+
+
+def e8m0_to_float(e: torch.Tensor) -> torch.Tensor:
+    """UE8M0 exponents (uint8) -> float32 scales ``2^(e - 127)`` (255: NaN)."""
+    x = torch.ldexp(torch.ones(e.shape, dtype=torch.float32, device=e.device),
+                    e.to(torch.int32) - 127)
+    return torch.where(e == 255, torch.full_like(x, float("nan")), x)
+
+
+def mx_exponents(amax: torch.Tensor, elem_max: float) -> torch.Tensor:
+    """UE8M0 exponents (uint8) of the smallest power-of-two scales with ``amax / scale <=
+    elem_max``: ``2^ceil(log2(amax / elem_max))`` (scales rounded up, so no element saturates),
+    exactly (``frexp``); an all-zero block gets the smallest scale."""
+    m, p = torch.frexp(amax.to(torch.float32) / elem_max)  # r = m * 2^p, m in [0.5, 1)
+    e = torch.where(m == 0.5, p - 1, p)  # r a power of two: its own exponent
+    e = torch.where(amax > 0, e, torch.full_like(e, -127))
+    return (e.clamp(-127, 127) + 127).to(torch.uint8)
+
+
+def quantize_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [M, K] (K a multiple of 32) -> (e4m3 [M, K], UE8M0 exponents uint8 [M, K/32])."""
+    m, k = x.shape
+    xg = x.to(torch.float32).reshape(m, k // MX_BLOCK, MX_BLOCK)
+    e = mx_exponents(xg.abs().amax(-1), FP8_MAX[torch.float8_e4m3fn])
+    scale = e8m0_to_float(e)[..., None]
+    q = (xg / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q.reshape(m, k), e
+
+
+def dequant_mxfp8(q: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """e4m3 [N, K] and UE8M0 exponents [N, K/32] -> float32 [N, K]."""
+    return q.to(torch.float32) * e8m0_to_float(e).repeat_interleave(MX_BLOCK, 1)
+
+
+def fake_quant_mxfp8(x: torch.Tensor) -> torch.Tensor:
+    """The float32 values a dynamic MXFP8 activation quantizer hands the matmul (per token and
+    32 columns; power-of-two scales, so quantizing and scaling back are exact but for the e4m3
+    rounding)."""
+    return dequant_mxfp8(*quantize_mxfp8(x))
 
 
 def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -273,6 +273,42 @@ class Fp8Method(LayerMethod):
         return dense_linear(x2, layer.weight, bias).reshape(*shape[:-1], -1)
 
 
+class MXFP8Method(LayerMethod):
+    """MXFP8 (OCP MX): e4m3 weights with a UE8M0 (power-of-two) scale per 1x32 block, and
+    activations quantized dynamically the same way per token and 32 columns. Emulated on every
+    device here (MX tensor cores start at SM100): the weight is dequantized once at load, each
+    activation quantized and dequantized, then a dense product, which is exact against the
+    format's dequantize-then-float reference. ``online``: a dense checkpoint's weights are
+    quantized at load."""
+
+    def __init__(self, *, online: bool = False) -> None:
+        self.online = online
+
+    def create_weights(self, layer: Linear, in_features: int, out_features: int,
+                       dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        check_group(self.prefix, in_features, qf.MX_BLOCK)
+        if self.online:
+            UnquantizedMethod().create_weights(layer, in_features, out_features, dtype)
+            return
+        add_param(layer, "weight", (out_features, in_features), torch.float8_e4m3fn)
+        add_param(layer, "weight_scale", (out_features, in_features // qf.MX_BLOCK), torch.uint8)
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        if self.online:
+            w = qf.dequant_mxfp8(*qf.quantize_mxfp8(layer.weight.data))
+        else:
+            w = qf.dequant_mxfp8(layer.weight.data, layer.weight_scale.data)
+        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
+            delattr(layer, name)
+        layer.weight = nn.Parameter(w.to(layer.quant_dtype), requires_grad=False)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        shape = x.shape
+        x2 = qf.fake_quant_mxfp8(x.reshape(-1, shape[-1])).to(x.dtype)
+        return dense_linear(x2, layer.weight, bias).reshape(*shape[:-1], -1)
+
+
 # ---------------------------------------------------------------- int8 W8A8
 
 

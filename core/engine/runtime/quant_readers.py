@@ -8,8 +8,8 @@ from typing import Any, Callable
 
 import torch
 
-from engine.runtime.quant_methods import (Fp8Method, Int8Method, LayerMethod, _matches,
-                                          checkpoint_names, config_value, is_excluded,
+from engine.runtime.quant_methods import (Fp8Method, Int8Method, LayerMethod, MXFP8Method,
+                                          _matches, checkpoint_names, config_value, is_excluded,
                                           unsupported)
 from engine.runtime.quant_schemes import (AWQMethod, GPTQMethod, IntWeightOnlyMethod,
                                           NVFP4WeightMethod, PackQuantizedMethod, excluding)
@@ -187,13 +187,14 @@ def quark_scheme(cfg: dict) -> Callable[[str], LayerMethod | None]:
 
 
 def modelopt_scheme(cfg: dict, algos: tuple[str, ...]) -> Callable[[str], LayerMethod | None]:
-    """ModelOpt ``quant_algo`` ``FP8`` (per-tensor weights, static per-tensor activations) or
-    ``NVFP4``/``W4A16_NVFP4`` (weights only: :class:`NVFP4WeightMethod`)."""
+    """ModelOpt ``quant_algo`` ``FP8`` (per-tensor weights, static per-tensor activations),
+    ``MXFP8`` (:class:`MXFP8Method`) or ``NVFP4``/``W4A16_NVFP4`` (weights only:
+    :class:`NVFP4WeightMethod`)."""
     algo = str(cfg.get("quant_algo", "")).upper()
     if algo not in algos:
         raise unsupported("quant_algo", algo, f"this choice serves {', '.join(algos)}")
     method: LayerMethod = (Fp8Method(weight_scheme="tensor", act="static") if algo == "FP8"
-                           else NVFP4WeightMethod())
+                           else MXFP8Method() if algo == "MXFP8" else NVFP4WeightMethod())
     return excluding(config_value(cfg, "exclude_modules", "ignore", default=[]), method)
 
 

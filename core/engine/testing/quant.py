@@ -29,7 +29,7 @@ CHOICE = {"gptq": "gptq", "awq": "awq", "auto_round": "auto-round",
           "ct_fp8_block": "compressed-tensors", "ct_w8a16": "compressed-tensors",
           "fp8_block": "fp8", "fp8_tensor": "fp8", "modelopt_fp8": "modelopt_fp8",
           "modelopt_nvfp4": "modelopt_fp4", "quark_fp8": "quark", "bnb_nf4": "bitsandbytes",
-          "mlx4": "mlx_q4", "mlx8": "mlx_q8"}
+          "mlx4": "mlx_q4", "mlx8": "mlx_q8", "mxfp8": "mxfp8", "modelopt_mxfp8": "modelopt"}
 
 
 def _groups(w: torch.Tensor, g: int) -> torch.Tensor:
@@ -138,6 +138,13 @@ def quantize_state(state: dict[str, torch.Tensor], scheme: str, *, bits: int = 4
             out[name] = q
             out[base + (".weight_scale_inv" if scheme == "fp8_block" else ".weight_scale")] = s
             r = q.float() * full
+        elif scheme in ("mxfp8", "modelopt_mxfp8"):
+            # UE8M0 scale per 1x32: the power of two just above amax / 448 (no saturation)
+            e = torch.ceil(torch.log2(_groups(w, 32).abs().amax(-1).clamp(min=1e-30) / 448))
+            scale = torch.pow(2.0, e).repeat_interleave(32, 1)
+            q = _fp8(w, scale)
+            out[name], out[base + ".weight_scale"] = q, (e + 127).to(torch.uint8)
+            r = q.float() * scale
         elif scheme == "modelopt_nvfp4":
             s2 = (w.abs().amax() / (448 * 6)).clamp(min=1e-8)
             bs = (_groups(w, 16).abs().amax(-1) / 6 / s2).to(torch.float8_e4m3fn)
@@ -229,6 +236,9 @@ def _config(scheme: str, bits: int, group: int, sym: bool, desc_act: bool,
                          "exclude_modules": ["lm_head"]},
         "modelopt_nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
                            "exclude_modules": ["lm_head"]},
+        "modelopt_mxfp8": {"quant_method": "modelopt", "quant_algo": "MXFP8", "group_size": 32,
+                           "exclude_modules": ["lm_head"]},
+        "mxfp8": {"quant_method": "mxfp8", "ignored_layers": ["lm_head"]},
         "quark_fp8": {"quant_method": "quark", "exclude": ["lm_head"], "global_quant_config": {
             "weight": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
             "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
@@ -316,13 +326,15 @@ def tiny_llama(dst: str, *, layers: int = 2, vocab: int = 512, seed: int = 0,
 
 #: schemes whose activations are quantized (their reference tolerance is the activation grid's)
 ACTIVATION_QUANTIZED = ("ct_w8a8_int8", "ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block",
-                        "fp8_block", "fp8_tensor", "modelopt_fp8", "quark_fp8")
+                        "fp8_block", "fp8_tensor", "modelopt_fp8", "quark_fp8", "mxfp8",
+                        "modelopt_mxfp8")
 KIT_SCHEMES = {"gptq": {"desc_act": True, "group": 32}, "awq": {"sym": False, "group": 32},
                "auto_round": {}, "ct_wna16": {"sym": False, "group": 32}, "ct_w8a16": {},
                "ct_w8a8_int8": {}, "ct_fp8_dynamic": {}, "ct_fp8_static": {},
                "ct_fp8_block": {"block": (64, 64)}, "fp8_block": {"block": (64, 64)},
                "fp8_tensor": {}, "modelopt_fp8": {}, "modelopt_nvfp4": {}, "quark_fp8": {},
-               "mlx4": {"group": 32}, "mlx8": {"group": 32}, "bnb_nf4": {}}
+               "mlx4": {"group": 32}, "mlx8": {"group": 32}, "bnb_nf4": {}, "mxfp8": {},
+               "modelopt_mxfp8": {}}
 
 
 def normalized_config(scheme: str, qcfg: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """``--quantization modelopt_mixed``: ``quant_algo: MIXED_PRECISION`` with ``quantized_layers``
-(layer -> FP8 / NVFP4 / W4A16_NVFP4); layers not listed stay dense."""
+(layer -> FP8 / MXFP8 / NVFP4 / W4A16_NVFP4); layers not listed stay dense."""
 
 from typing import Any
 
@@ -25,6 +25,7 @@ def engine_create_quant_method(quant_config: Any) -> QuantMethod:
                               "a fused layer must use one quant_algo")
         algo = algos.pop()
         if algo not in schemes:
-            schemes[algo] = modelopt_scheme({"quant_algo": algo}, ("FP8", "NVFP4", "W4A16_NVFP4"))
+            schemes[algo] = modelopt_scheme({"quant_algo": algo},
+                                            ("FP8", "MXFP8", "NVFP4", "W4A16_NVFP4"))
         return schemes[algo](name)
     return PerLayer(scheme)
