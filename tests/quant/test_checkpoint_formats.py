@@ -87,7 +87,7 @@ def test_detected_and_named_method_agree(dense, tmp_path, choice):
 
 
 ACT = ["ct_w8a8_int8", "ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block", "fp8_block",
-       "fp8_tensor", "modelopt_fp8", "quark_fp8", "mxfp8", "modelopt_mxfp8"]
+       "fp8_tensor", "modelopt_fp8", "quark_fp8", "mxfp8", "modelopt_mxfp8", "quark_mxfp4"]
 
 
 def _fake_fp8(x, scale):
@@ -113,6 +113,13 @@ def _reference_linear(scheme: str, x: torch.Tensor, w: torch.Tensor, tensors: di
         xg = x.reshape(x.shape[0], -1, 32)
         s = torch.pow(2.0, torch.ceil(torch.log2(xg.abs().amax(-1, keepdim=True) / 448)))
         xq = _fake_fp8(xg, s).reshape(x.shape)
+    elif scheme == "quark_mxfp4":  # OCP scales per token and 32, nearest E2M1, ties to even
+        xg = x.reshape(x.shape[0], -1, 32)
+        s = torch.pow(2.0, torch.floor(torch.log2(xg.abs().amax(-1, keepdim=True))) - 2)
+        vals = torch.tensor(qf.E2M1_VALUES[:8])
+        a = (xg / s).abs().clamp(max=6.0)
+        idx = ((a[..., None] - vals).abs() + 1e-7 * (torch.arange(8) % 2)).argmin(-1)
+        xq = (vals[idx] * torch.sign(xg) * s).reshape(x.shape)
     else:  # static per-tensor
         xq = _fake_fp8(x, tensors[base + ".input_scale"].float())
     return (xq.double() @ w.double().T).float()
@@ -178,7 +185,7 @@ def test_int8_layers_are_batch_invariant(dense, tmp_path):
 def test_online_fp8_and_w8a8_fp8_run_on_a_dense_checkpoint(dense):
     path, _ = dense
     base, _ = logits(path)
-    for choice in ("fp8", "w8a8_fp8", "mxfp8"):
+    for choice in ("fp8", "w8a8_fp8", "mxfp8", "quark_mxfp4"):
         got, runner = logits(path, choice)
         assert runner.model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float32
         p, q = F.log_softmax(base, -1), F.log_softmax(got, -1)
@@ -198,6 +205,11 @@ def test_mx_scales_are_the_power_of_two_just_above_the_block_maximum():
     block_max = x.abs().reshape(3, 2, 32).amax(-1).repeat_interleave(32, 1)
     assert q.float().abs().amax() <= 448  # rounded-up scales: nothing saturates
     assert torch.all((got - x).abs() <= block_max / 16)  # within e4m3's step at the block's top
+    # E2M1 (MXFP4): midpoints go to the even code, beyond 6 saturates, -0 is +0
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, -0.25, -0.75, 0.3])
+    assert qf.e2m1_codes(mids).tolist() == [0, 2, 2, 4, 4, 6, 6, 7, 0, 10, 1]
+    q4, e4 = qf.quantize_mxfp4(torch.full((1, 32), 3.0))  # amax 3: scale 2^(1-2), 3/0.5 = 6
+    assert e4.tolist() == [[126]] and torch.equal(qf.dequant_mxfp4(q4, e4), torch.full((1, 32), 3.0))
 
 
 def test_pack_unpack_roundtrip_and_awq_order():

@@ -17,7 +17,7 @@ CHOICES = ("awq fp8 mxfp8 gptq gptq_marlin awq_marlin bitsandbytes gguf modelopt
            "w4afp8 mxfp4 auto-round auto-round-int8 compressed-tensors modelslim mxfp_w4a8 quark "
            "quark_int4fp8_moe quark_mxfp4 mlx_q4 mlx_q8 unquant humming").split()
 EMULATED = {"gptq_marlin", "awq_marlin", "modelopt_fp4", "petit_nvfp4", "modelopt_mixed",
-            "mxfp8"}
+            "mxfp8", "quark_mxfp4"}
 #: choice -> kit schemes it must read
 READS = {"gptq": {"gptq"}, "gptq_marlin": {"gptq"}, "awq": {"awq"}, "awq_marlin": {"awq"},
          "auto-round": {"auto_round"}, "moe_wna16": {"gptq", "awq"},
@@ -29,7 +29,8 @@ READS = {"gptq": {"gptq"}, "gptq_marlin": {"gptq"}, "awq": {"awq"}, "awq_marlin"
          "modelopt": {"modelopt_fp8", "modelopt_nvfp4", "modelopt_mxfp8"},
          "mxfp8": {"mxfp8", "modelopt_mxfp8"},
          "modelopt_fp8": {"modelopt_fp8"}, "modelopt_fp4": {"modelopt_nvfp4"},
-         "petit_nvfp4": {"modelopt_nvfp4"}, "quark": {"quark_fp8"}, "mlx_q4": {"mlx4"},
+         "petit_nvfp4": {"modelopt_nvfp4"}, "quark": {"quark_fp8", "quark_mxfp4"},
+         "quark_mxfp4": {"quark_mxfp4"}, "mlx_q4": {"mlx4"},
          "mlx_q8": {"mlx8"}, "bitsandbytes": {"bnb_nf4"}}
 
 

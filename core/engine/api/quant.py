@@ -10,9 +10,9 @@ multiplies row by row under ``--enable-deterministic-inference``; :func:`rowwise
 The shared machinery of the checkpoint formats: ``formats`` (bit packing, dequantizers and
 activation quantizers: :mod:`engine.runtime.quant_formats`), :func:`add_param` (a checkpoint
 tensor whose loader places fused shards by output rows and checks shapes),
-:class:`DequantizedMethod` (weight-only formats), :class:`Fp8Method`, :class:`MXFP8Method`,
-:class:`Int8Method`, :func:`claim` (does a choice read this checkpoint: conflicts and missing configs as one-line
-errors), :func:`is_excluded` (a checkpoint's ignore lists against a possibly fused layer).
+:class:`DequantizedMethod` (weight-only formats), :class:`Fp8Method`, the MX formats
+(:class:`MXFP8Method`, :class:`MXFP4Method`), :class:`Int8Method`, :func:`claim` (does a
+choice read this checkpoint: conflicts and missing configs as one-line errors), :func:`is_excluded` (a checkpoint's ignore lists against a possibly fused layer).
 """
 
 from engine.models.parsing import release_pages
@@ -26,7 +26,7 @@ from engine.runtime.quant_schemes import (AWQMethod, BnB4bitMethod, GPTQMethod, 
                                           NVFP4WeightMethod, PackQuantizedMethod, PerLayer,
                                           bnb_rewrite, excluding, mlx_dense_embeddings)
 from engine.runtime.quant_methods import (DequantizedMethod, Fp8Method, Int8Method, LayerMethod,
-                                          MXFP8Method,
+                                          MXFP4Method, MXFP8Method, MXMethod,
                                           add_param, check_group, checkpoint_names, claim,
                                           config_value, is_excluded, packed_extent, unsupported)
 
@@ -34,7 +34,7 @@ __all__ = ["AWQMethod", "BnB4bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeight
            "PackQuantizedMethod", "PerLayer", "awq_method", "compressed_tensors_scheme",
            "excluding", "fp8_method", "gptq_exclusions", "gptq_method", "mlx_dense_embeddings", "modelopt_scheme",
            "quark_scheme", "DequantizedMethod", "Fp8Method", "Int8Method", "LayerMethod", "Linear",
-           "MXFP8Method",
+           "MXFP4Method", "MXFP8Method", "MXMethod",
            "PackedWeight", "QuantMethod", "UnquantizedMethod", "add_param", "check_group",
            "checkpoint_names", "claim", "config_value", "dense_linear", "formats", "is_excluded",
            "packed_extent", "release_pages", "rowwise", "unsupported"]

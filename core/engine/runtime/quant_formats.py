@@ -17,6 +17,8 @@ Layouts (all integer codes LSB-first inside little-endian int32 words):
   ``W = q * scale + bias``.
 - MXFP8 (OCP MX): ``weight`` e4m3 [N, K]; ``weight_scale`` uint8 [N, K/32], UE8M0 exponents
   (``2^(e - 127)``, 255 is NaN); activations quantized the same way per token and 32 columns.
+- MXFP4 (OCP MX, Quark's export): ``weight`` uint8 [N, K/2], two E2M1 codes per byte (low nibble
+  first); ``weight_scale`` uint8 [N, K/32], UE8M0.
 """
 
 from __future__ import annotations
@@ -236,6 +238,41 @@ def fake_quant_mxfp8(x: torch.Tensor) -> torch.Tensor:
     32 columns; power-of-two scales, so quantizing and scaling back are exact but for the e4m3
     rounding)."""
     return dequant_mxfp8(*quantize_mxfp8(x))
+
+
+def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """float32 values (already scaled) -> E2M1 codes (int64, bit 3 the sign): the nearest
+    representable value, ties to the even code, saturating at 6."""
+    a = x.abs()
+    # the thresholds between neighbouring values; at a midpoint the even code wins
+    code = ((a > 0.25).long() + (a >= 0.75).long() + (a > 1.25).long() + (a >= 1.75).long()
+            + (a > 2.5).long() + (a >= 3.5).long() + (a > 5.0).long())
+    return code | ((x < 0) & (code > 0)).long() << 3
+
+
+def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [M, K] (K a multiple of 32) -> (packed E2M1 uint8 [M, K/2], UE8M0 exponents
+    [M, K/32]). The OCP MX scale: ``2^(floor(log2 amax) - 2)`` (E2M1's largest exponent is 2),
+    so a block's largest element lands in [4, 8) and saturates to 6 above it."""
+    m, k = x.shape
+    xg = x.to(torch.float32).reshape(m, k // MX_BLOCK, MX_BLOCK)
+    amax = xg.abs().amax(-1)
+    _, p = torch.frexp(amax)  # amax = f * 2^p, f in [0.5, 1): floor(log2 amax) = p - 1
+    e = torch.where(amax > 0, p - 1 - 2, torch.full_like(p, -127)).clamp(-127, 127)
+    e = (e + 127).to(torch.uint8)
+    codes = e2m1_codes(xg / e8m0_to_float(e)[..., None]).reshape(m, k)
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8), e
+
+
+def dequant_mxfp4(packed: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """Packed E2M1 uint8 [N, K/2] and UE8M0 exponents [N, K/32] -> float32 [N, K]."""
+    return dequant_e2m1(packed) * e8m0_to_float(e).repeat_interleave(MX_BLOCK, 1)
+
+
+def fake_quant_mxfp4(x: torch.Tensor) -> torch.Tensor:
+    """The float32 values a dynamic MXFP4 activation quantizer hands the matmul (per token and
+    32 columns)."""
+    return dequant_mxfp4(*quantize_mxfp4(x))
 
 
 def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

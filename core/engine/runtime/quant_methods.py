@@ -273,16 +273,26 @@ class Fp8Method(LayerMethod):
         return dense_linear(x2, layer.weight, bias).reshape(*shape[:-1], -1)
 
 
-class MXFP8Method(LayerMethod):
-    """MXFP8 (OCP MX): e4m3 weights with a UE8M0 (power-of-two) scale per 1x32 block, and
-    activations quantized dynamically the same way per token and 32 columns. Emulated on every
-    device here (MX tensor cores start at SM100): the weight is dequantized once at load, each
-    activation quantized and dequantized, then a dense product, which is exact against the
-    format's dequantize-then-float reference. ``online``: a dense checkpoint's weights are
-    quantized at load."""
+class MXMethod(LayerMethod):
+    """The OCP MX formats: ``weight`` codes with a UE8M0 (power-of-two) ``weight_scale`` per
+    1x32 block, activations quantized dynamically the same way per token and 32 columns (or
+    not at all: ``act=False``). Emulated on every device here (MX tensor cores start at SM100):
+    the weight is dequantized once at load, each activation quantized and dequantized, then a
+    dense product, which is exact against the format's dequantize-then-float reference.
+    ``online``: a dense checkpoint's weights are quantized at load. Subclasses give the
+    element format."""
 
-    def __init__(self, *, online: bool = False) -> None:
-        self.online = online
+    #: (weight dtype, codes per stored element) of the checkpoint tensor
+    storage: tuple[torch.dtype, int] = (torch.uint8, 1)
+
+    def __init__(self, *, online: bool = False, act: bool = True) -> None:
+        self.online, self.act = online, act
+
+    def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def dequantize_codes(self, q: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:
@@ -291,22 +301,51 @@ class MXFP8Method(LayerMethod):
         if self.online:
             UnquantizedMethod().create_weights(layer, in_features, out_features, dtype)
             return
-        add_param(layer, "weight", (out_features, in_features), torch.float8_e4m3fn)
+        kind, per = self.storage
+        add_param(layer, "weight", (out_features, in_features // per), kind)
         add_param(layer, "weight_scale", (out_features, in_features // qf.MX_BLOCK), torch.uint8)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         if self.online:
-            w = qf.dequant_mxfp8(*qf.quantize_mxfp8(layer.weight.data))
+            w = self.dequantize_codes(*self.quantize(layer.weight.data))
         else:
-            w = qf.dequant_mxfp8(layer.weight.data, layer.weight_scale.data)
+            w = self.dequantize_codes(layer.weight.data, layer.weight_scale.data)
         for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
             delattr(layer, name)
         layer.weight = nn.Parameter(w.to(layer.quant_dtype), requires_grad=False)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
-        x2 = qf.fake_quant_mxfp8(x.reshape(-1, shape[-1])).to(x.dtype)
+        x2 = x.reshape(-1, shape[-1])
+        if self.act:
+            x2 = self.dequantize_codes(*self.quantize(x2)).to(x.dtype)
         return dense_linear(x2, layer.weight, bias).reshape(*shape[:-1], -1)
+
+
+class MXFP8Method(MXMethod):
+    """MXFP8: e4m3 elements; scales rounded up (``2^ceil(log2(amax / 448))``), so nothing
+    saturates."""
+
+    storage = (torch.float8_e4m3fn, 1)
+
+    def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return qf.quantize_mxfp8(w)
+
+    def dequantize_codes(self, q: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        return qf.dequant_mxfp8(q, e)
+
+
+class MXFP4Method(MXMethod):
+    """MXFP4: E2M1 elements, two per byte; the OCP scale ``2^(floor(log2 amax) - 2)``,
+    elements rounded to nearest (ties to even) and saturated at 6."""
+
+    storage = (torch.uint8, 2)
+
+    def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return qf.quantize_mxfp4(w)
+
+    def dequantize_codes(self, q: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        return qf.dequant_mxfp4(q, e)
 
 
 # ---------------------------------------------------------------- int8 W8A8

@@ -8,8 +8,8 @@ from typing import Any, Callable
 
 import torch
 
-from engine.runtime.quant_methods import (Fp8Method, Int8Method, LayerMethod, MXFP8Method,
-                                          _matches, checkpoint_names, config_value, is_excluded,
+from engine.runtime.quant_methods import (Fp8Method, Int8Method, LayerMethod, MXFP4Method,
+                                          MXFP8Method, _matches, checkpoint_names, config_value, is_excluded,
                                           unsupported)
 from engine.runtime.quant_schemes import (AWQMethod, GPTQMethod, IntWeightOnlyMethod,
                                           NVFP4WeightMethod, PackQuantizedMethod, excluding)
@@ -163,14 +163,39 @@ def compressed_tensors_scheme(cfg: dict) -> Callable[[str], LayerMethod | None]:
     return scheme
 
 
+MXFP4_DTYPES = ("fp4", "mxfp4", "fp4_e2m1")
+
+
+def _quark_mxfp4(w: dict, a: dict | None) -> LayerMethod:
+    """Quark MXFP4: E2M1 weights per group of 32 with e8m0 scales; activations dynamic MXFP4
+    (W4A4) or none (W4A16)."""
+    field = "global_quant_config.weight"
+    if w.get("qscheme", "per_group") != "per_group" or int(w.get("group_size", 32)) != 32:
+        raise unsupported(f"{field}.qscheme", (w.get("qscheme"), w.get("group_size")),
+                          "MXFP4 per_group with group_size 32")
+    if str(w.get("scale_format", "e8m0")).lower() != "e8m0":
+        raise unsupported(f"{field}.scale_format", w.get("scale_format"), "MXFP4 e8m0 scales")
+    if a is not None:
+        if str(a.get("dtype", "")).lower() not in MXFP4_DTYPES:
+            raise unsupported("global_quant_config.input_tensors.dtype", a.get("dtype"),
+                              "MXFP4 activations (W4A8 MXFP4-FP8 is a MoE scheme)")
+        if not a.get("is_dynamic", True):
+            raise unsupported("global_quant_config.input_tensors.is_dynamic", False,
+                              "dynamic MXFP4 activations")
+    return MXFP4Method(act=a is not None)
+
+
 def quark_scheme(cfg: dict) -> Callable[[str], LayerMethod | None]:
-    """Quark's ``global_quant_config`` with fp8 weights (per tensor or channel) and static or
-    dynamic fp8 activations; ``exclude`` layers stay dense."""
+    """Quark's ``global_quant_config``: fp8 weights (per tensor or channel) with static or
+    dynamic fp8 activations, or MXFP4 weights with dynamic MXFP4 activations (or none);
+    ``exclude`` layers stay dense."""
     g = cfg.get("global_quant_config") or {}
     w, a = g.get("weight") or {}, g.get("input_tensors")
-    dtype = _fp8_dtype(w.get("dtype"))
     if cfg.get("layer_quant_config"):
         raise unsupported("layer_quant_config", "...", "one global scheme is served")
+    if str(w.get("dtype", "")).lower() in MXFP4_DTYPES:
+        return excluding(cfg.get("exclude"), _quark_mxfp4(w, a))
+    dtype = _fp8_dtype(w.get("dtype"))
     qscheme = w.get("qscheme", "per_tensor")
     if qscheme not in ("per_tensor", "per_channel"):
         raise unsupported("global_quant_config.weight.qscheme", qscheme,

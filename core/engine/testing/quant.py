@@ -29,7 +29,8 @@ CHOICE = {"gptq": "gptq", "awq": "awq", "auto_round": "auto-round",
           "ct_fp8_block": "compressed-tensors", "ct_w8a16": "compressed-tensors",
           "fp8_block": "fp8", "fp8_tensor": "fp8", "modelopt_fp8": "modelopt_fp8",
           "modelopt_nvfp4": "modelopt_fp4", "quark_fp8": "quark", "bnb_nf4": "bitsandbytes",
-          "mlx4": "mlx_q4", "mlx8": "mlx_q8", "mxfp8": "mxfp8", "modelopt_mxfp8": "modelopt"}
+          "mlx4": "mlx_q4", "mlx8": "mlx_q8", "mxfp8": "mxfp8", "modelopt_mxfp8": "modelopt",
+          "quark_mxfp4": "quark"}
 
 
 def _groups(w: torch.Tensor, g: int) -> torch.Tensor:
@@ -145,6 +146,18 @@ def quantize_state(state: dict[str, torch.Tensor], scheme: str, *, bits: int = 4
             q = _fp8(w, scale)
             out[name], out[base + ".weight_scale"] = q, (e + 127).to(torch.uint8)
             r = q.float() * scale
+        elif scheme == "quark_mxfp4":
+            # OCP MX: scale 2^(floor(log2 amax) - 2); nearest E2M1, ties to the even code
+            g = _groups(w, 32)
+            e = torch.floor(torch.log2(g.abs().amax(-1).clamp(min=1e-30))) - 2
+            scale = torch.pow(2.0, e)
+            vals = torch.tensor(qf.E2M1_VALUES[:8])
+            a = (g / scale[..., None]).abs().clamp(max=6.0)
+            idx = ((a[..., None] - vals).abs() + 1e-7 * (torch.arange(8) % 2)).argmin(-1)
+            codes = (idx | (((g < 0) & (idx > 0)).long() << 3)).reshape(n, k)
+            out[name] = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+            out[base + ".weight_scale"] = (e + 127).to(torch.uint8)
+            r = torch.tensor(qf.E2M1_VALUES)[codes] * scale.repeat_interleave(32, 1)
         elif scheme == "modelopt_nvfp4":
             s2 = (w.abs().amax() / (448 * 6)).clamp(min=1e-8)
             bs = (_groups(w, 16).abs().amax(-1) / 6 / s2).to(torch.float8_e4m3fn)
@@ -239,6 +252,12 @@ def _config(scheme: str, bits: int, group: int, sym: bool, desc_act: bool,
         "modelopt_mxfp8": {"quant_method": "modelopt", "quant_algo": "MXFP8", "group_size": 32,
                            "exclude_modules": ["lm_head"]},
         "mxfp8": {"quant_method": "mxfp8", "ignored_layers": ["lm_head"]},
+        "quark_mxfp4": {"quant_method": "quark", "exclude": ["lm_head"], "global_quant_config": {
+            "weight": {"dtype": "fp4", "qscheme": "per_group", "group_size": 32,
+                       "scale_format": "e8m0", "is_dynamic": False},
+            "input_tensors": {"dtype": "fp4", "qscheme": "per_group", "group_size": 32,
+                              "scale_format": "e8m0", "is_dynamic": True},
+            "output_tensors": None}},
         "quark_fp8": {"quant_method": "quark", "exclude": ["lm_head"], "global_quant_config": {
             "weight": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
             "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
@@ -327,14 +346,14 @@ def tiny_llama(dst: str, *, layers: int = 2, vocab: int = 512, seed: int = 0,
 #: schemes whose activations are quantized (their reference tolerance is the activation grid's)
 ACTIVATION_QUANTIZED = ("ct_w8a8_int8", "ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block",
                         "fp8_block", "fp8_tensor", "modelopt_fp8", "quark_fp8", "mxfp8",
-                        "modelopt_mxfp8")
+                        "modelopt_mxfp8", "quark_mxfp4")
 KIT_SCHEMES = {"gptq": {"desc_act": True, "group": 32}, "awq": {"sym": False, "group": 32},
                "auto_round": {}, "ct_wna16": {"sym": False, "group": 32}, "ct_w8a16": {},
                "ct_w8a8_int8": {}, "ct_fp8_dynamic": {}, "ct_fp8_static": {},
                "ct_fp8_block": {"block": (64, 64)}, "fp8_block": {"block": (64, 64)},
                "fp8_tensor": {}, "modelopt_fp8": {}, "modelopt_nvfp4": {}, "quark_fp8": {},
                "mlx4": {"group": 32}, "mlx8": {"group": 32}, "bnb_nf4": {}, "mxfp8": {},
-               "modelopt_mxfp8": {}}
+               "modelopt_mxfp8": {}, "quark_mxfp4": {}}
 
 
 def normalized_config(scheme: str, qcfg: dict[str, Any]) -> dict[str, Any]:

@@ -6,9 +6,9 @@ plugin = Plugin(
     name='quark',
     family="quantization",
     implementation="engine_quant_quark.impl",
-    description='AMD Quark fp8 checkpoints: per-tensor or per-channel fp8 weights, static or dynamic fp8 activations',
+    description='AMD Quark checkpoints: fp8 (per-tensor or per-channel weights, static or dynamic fp8 activations) and MXFP4 (W4A4 or W4A16, emulated)',
     notes=(
-        'fp8 only: Quark MXFP4 / W4A8 schemes are refused with the field (they need gfx950)',
+        'MXFP4 (W4A4, W4A16): emulated, dequantized weights and MXFP4 fake-quantized activations (the native kernels need gfx950); W4A8 MXFP4-FP8 is MoE-only and refused with the field',
         'CPU: emulated arithmetic, exact; CUDA: torch._scaled_mm',
     ),
 )

@@ -1,4 +1,5 @@
-"""``--quantization quark``: Quark ``global_quant_config`` fp8 schemes; ``exclude`` layers dense."""
+"""``--quantization quark``: Quark ``global_quant_config`` fp8 and MXFP4 schemes; ``exclude`` layers
+dense."""
 
 from typing import Any
 
