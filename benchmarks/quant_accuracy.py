@@ -2,7 +2,10 @@
 dequantized to float32), against float32: teacher-forced top-1 agreement and KL(fp32 || q)
 over a held-out text. Writes the markdown table to stdout.
 
-    python benchmarks/quant_accuracy.py [scheme ...]
+    python benchmarks/quant_accuracy.py [scheme ...] [online:CHOICE ...]
+
+``online:CHOICE`` serves the dense checkpoint with ``--quantization CHOICE`` (a method that
+quantizes at load: fp8, mxfp8, quark_mxfp4, mxfp_w4a8...).
 """
 
 from __future__ import annotations
@@ -108,10 +111,12 @@ def dense_checkpoint(dst: str) -> list[list[int]]:
     return [ids[i * SEQ:(i + 1) * SEQ] for i in range(N_SEQ)]
 
 
-def all_logits(path: str, seqs: list[list[int]]) -> torch.Tensor:
+def all_logits(path: str, seqs: list[list[int]], quantization: str | None = None
+               ) -> torch.Tensor:
     runner = ModelRunner(ServerConfig(model_path=path, device="cpu", dtype="float32",
                                       skip_tokenizer_init=True, attention_backend="torch_native",
-                                      max_total_tokens=2048, max_running_requests=4))
+                                      max_total_tokens=2048, max_running_requests=4,
+                                      quantization=quantization))
     out = []
     for ids in seqs:  # every position's logits from one extend
         builder = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
@@ -130,12 +135,18 @@ def main() -> None:
         base = F.log_softmax(all_logits(dense, seqs), -1)
         print("| format (choice) | top-1 agreement % | KL(fp32 ‖ q) nats |\n|---|---|---|")
         for name in names:
-            qdir = os.path.join(tmp, name)
-            tq.write_checkpoint(dense, qdir, name, input_amax=INPUT_AMAX, **SCHEMES[name])
-            lp = F.log_softmax(all_logits(qdir, seqs), -1)
+            if name.startswith("online:"):
+                choice = name.partition(":")[2]
+                lp = F.log_softmax(all_logits(dense, seqs, choice), -1)
+                label = f"{choice}, online"
+            else:
+                qdir = os.path.join(tmp, name)
+                tq.write_checkpoint(dense, qdir, name, input_amax=INPUT_AMAX, **SCHEMES[name])
+                lp = F.log_softmax(all_logits(qdir, seqs), -1)
+                label = f"{name} ({tq.CHOICE[name]})"
             top1 = (lp.argmax(-1) == base.argmax(-1)).float().mean().item() * 100
             kl = (base.exp() * (base - lp)).sum(-1).mean().item()
-            print(f"| {name} ({tq.CHOICE[name]}) | {top1:.1f} | {kl:.4f} |", flush=True)
+            print(f"| {label} | {top1:.1f} | {kl:.4f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -185,7 +185,7 @@ def test_int8_layers_are_batch_invariant(dense, tmp_path):
 def test_online_fp8_and_w8a8_fp8_run_on_a_dense_checkpoint(dense):
     path, _ = dense
     base, _ = logits(path)
-    for choice in ("fp8", "w8a8_fp8", "mxfp8", "quark_mxfp4"):
+    for choice in ("fp8", "w8a8_fp8", "mxfp8", "quark_mxfp4", "mxfp_w4a8"):
         got, runner = logits(path, choice)
         assert runner.model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float32
         p, q = F.log_softmax(base, -1), F.log_softmax(got, -1)
@@ -212,6 +212,29 @@ def test_mx_scales_are_the_power_of_two_just_above_the_block_maximum():
     assert e4.tolist() == [[126]] and torch.equal(qf.dequant_mxfp4(q4, e4), torch.full((1, 32), 3.0))
 
 
+def test_quark_mxfp4_without_input_tensors_is_weight_only_and_w4a8_mixes_formats():
+    from engine.api.quant import MXFP4Method, PerLayer, quark_scheme
+
+    parts = {"q_proj": 576, "k_proj": 192, "v_proj": 192}
+    gen = torch.Generator().manual_seed(0)
+    dense = {f"model.layers.0.self_attn.{p}.weight": torch.randn(n, 576, generator=gen) * 0.04
+             for p, n in parts.items()}
+    tensors, qcfg, ref = tq.quantize_state(dense, "quark_mxfp4")
+    qcfg = {**qcfg, "global_quant_config": {**qcfg["global_quant_config"],
+                                            "input_tensors": None}}
+    name = "model.layers.0.self_attn.qkv_proj"
+    layer = tq.load_fused_layer(PerLayer(quark_scheme(qcfg)).for_layer(name), tensors,
+                                "model.layers.0.self_attn", parts, 576)
+    x = torch.randn(5, 576, generator=gen)
+    w = torch.cat([ref[k] for k in dense])
+    assert layer.quant_method.act is None
+    assert torch.allclose(layer(x), x @ w.T, atol=1e-5, rtol=0)
+    # MXFP4 weights with MXFP8 activations (mxfp_w4a8): the activation format is the method's
+    w4a8 = tq.load_fused_layer(MXFP4Method(act="mxfp8").bind(name), tensors,
+                               "model.layers.0.self_attn", parts, 576)
+    assert torch.allclose(w4a8(x), qf.fake_quant_mxfp8(x) @ w.T, atol=1e-5, rtol=0)
+
+
 def test_pack_unpack_roundtrip_and_awq_order():
     codes = torch.randint(0, 16, (6, 16), dtype=torch.int32)
     for dim in (0, 1):
@@ -232,6 +255,14 @@ def test_conflicting_choice_names_both(dense, tmp_path):
     tq.write_checkpoint(path, str(tmp_path / "q"), "fp8_block", block=(64, 64))
     with pytest.raises(ConfigError, match=r"--quantization awq conflicts .* 'fp8'"):
         logits(str(tmp_path / "q"), "awq")
+
+
+def test_an_online_only_choice_on_a_quantized_checkpoint_is_a_conflict(dense, tmp_path):
+    path, _ = dense
+    tq.write_checkpoint(path, str(tmp_path / "q"), "gptq")
+    with pytest.raises(ConfigError, match="mxfp_w4a8 conflicts with the checkpoint, which is "
+                       "quantized with 'gptq'; mxfp_w4a8 only quantizes a dense checkpoint"):
+        logits(str(tmp_path / "q"), "mxfp_w4a8")
 
 
 def test_gptq_on_a_dense_checkpoint_says_no_config(dense):

@@ -275,8 +275,8 @@ class Fp8Method(LayerMethod):
 
 class MXMethod(LayerMethod):
     """The OCP MX formats: ``weight`` codes with a UE8M0 (power-of-two) ``weight_scale`` per
-    1x32 block, activations quantized dynamically the same way per token and 32 columns (or
-    not at all: ``act=False``). Emulated on every device here (MX tensor cores start at SM100):
+    1x32 block, activations quantized dynamically per token and 32 columns (``act``: the
+    weights' format by default, ``"mxfp8"``/``"mxfp4"``, or ``None``: not at all). Emulated on every device here (MX tensor cores start at SM100):
     the weight is dequantized once at load, each activation quantized and dequantized, then a
     dense product, which is exact against the format's dequantize-then-float reference.
     ``online``: a dense checkpoint's weights are quantized at load. Subclasses give the
@@ -285,8 +285,14 @@ class MXMethod(LayerMethod):
     #: (weight dtype, codes per stored element) of the checkpoint tensor
     storage: tuple[torch.dtype, int] = (torch.uint8, 1)
 
-    def __init__(self, *, online: bool = False, act: bool = True) -> None:
-        self.online, self.act = online, act
+    #: the activation format when none is given: the weights' own
+    default_act: str | None = None
+
+    def __init__(self, *, online: bool = False, act: str | None = "") -> None:
+        self.online = online
+        self.act = self.default_act if act == "" else act
+        if self.act not in (None, "mxfp8", "mxfp4"):
+            raise ValueError(f"MX activations are mxfp8, mxfp4 or None, not {self.act!r}")
 
     def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
@@ -317,8 +323,10 @@ class MXMethod(LayerMethod):
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if self.act:
-            x2 = self.dequantize_codes(*self.quantize(x2)).to(x.dtype)
+        if self.act == "mxfp8":
+            x2 = qf.fake_quant_mxfp8(x2).to(x.dtype)
+        elif self.act == "mxfp4":
+            x2 = qf.fake_quant_mxfp4(x2).to(x.dtype)
         return dense_linear(x2, layer.weight, bias).reshape(*shape[:-1], -1)
 
 
@@ -327,6 +335,7 @@ class MXFP8Method(MXMethod):
     saturates."""
 
     storage = (torch.float8_e4m3fn, 1)
+    default_act = "mxfp8"
 
     def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return qf.quantize_mxfp8(w)
@@ -340,6 +349,7 @@ class MXFP4Method(MXMethod):
     elements rounded to nearest (ties to even) and saturated at 6."""
 
     storage = (torch.uint8, 2)
+    default_act = "mxfp4"
 
     def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return qf.quantize_mxfp4(w)
@@ -423,9 +433,11 @@ def claim(choice: str, quant_config: dict | None, accepts: Sequence[str], *,
                           f"hf_quant_config.json); {choice} reads {want} checkpoints")
     method = str(quant_config.get("quant_method", "")).lower()
     if method not in accepts:
+        reads = (f"reads {' or '.join(accepts)} checkpoints"
+                 f"{' or quantizes a dense one' if online else ''}" if accepts
+                 else "only quantizes a dense checkpoint")
         raise ConfigError(f"--quantization {choice} conflicts with the checkpoint, which is "
-                          f"quantized with {method!r}; {choice} reads {' or '.join(accepts)} "
-                          f"checkpoints{' or quantizes a dense one' if online else ''}")
+                          f"quantized with {method!r}; {choice} {reads}")
     return quant_config
 
 

@@ -182,7 +182,7 @@ def _quark_mxfp4(w: dict, a: dict | None) -> LayerMethod:
         if not a.get("is_dynamic", True):
             raise unsupported("global_quant_config.input_tensors.is_dynamic", False,
                               "dynamic MXFP4 activations")
-    return MXFP4Method(act=a is not None)
+    return MXFP4Method(act="mxfp4" if a is not None else None)
 
 
 def quark_scheme(cfg: dict) -> Callable[[str], LayerMethod | None]:
