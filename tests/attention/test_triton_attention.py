@@ -56,6 +56,18 @@ def _cpu_pool() -> KVPool:
                   dtype=torch.float32, device=torch.device("cpu"))
 
 
+def test_decode_splits_stop_where_the_batch_alone_fills_the_gpu():
+    from engine_attention_triton.impl import TritonBackend
+
+    pool = KVPool(num_layers=1, num_kv_heads=8, head_dim=64, num_slots=64, page_size=1,
+                  dtype=torch.float32, device=torch.device("cpu"))
+    backend = TritonBackend(pool, 4)
+    assert backend._max_splits(128) == 8  # no GPU: the option alone
+    backend._programs = 4 * 132  # an H200: about four programs per multiprocessor
+    # programs = batch x 8 KV heads x splits; splits stop once that reaches 528
+    assert [backend._max_splits(n) for n in (1, 16, 32, 64, 128, 256)] == [8, 5, 3, 2, 1, 1]
+
+
 def test_hook_refuses_a_cpu_pool_without_the_interpreter(monkeypatch):
     from engine_attention_triton.impl import engine_create_attention_backend
 
