@@ -269,12 +269,6 @@ def dequant_mxfp4(packed: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return dequant_e2m1(packed) * e8m0_to_float(e).repeat_interleave(MX_BLOCK, 1)
 
 
-def fake_quant_mxfp4(x: torch.Tensor) -> torch.Tensor:
-    """The float32 values a dynamic MXFP4 activation quantizer hands the matmul (per token and
-    32 columns)."""
-    return dequant_mxfp4(*quantize_mxfp4(x))
-
-
 def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric dynamic per-token int8: (int8 [M, K], float32 scales [M, 1]),
     ``x ~ q * scale`` with round-half-to-even."""

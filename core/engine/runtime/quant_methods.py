@@ -273,32 +273,29 @@ class Fp8Method(LayerMethod):
         return dense_linear(x2, layer.weight, bias).reshape(*shape[:-1], -1)
 
 
+#: MX element format -> (checkpoint weight dtype, codes per stored element, quantizer,
+#: dequantizer): the quantizer maps float32 [M, K] to (codes, UE8M0 exponents [M, K/32])
+MX_FORMATS = {"mxfp8": (torch.float8_e4m3fn, 1, qf.quantize_mxfp8, qf.dequant_mxfp8),
+              "mxfp4": (torch.uint8, 2, qf.quantize_mxfp4, qf.dequant_mxfp4)}
+
+
 class MXMethod(LayerMethod):
-    """The OCP MX formats: ``weight`` codes with a UE8M0 (power-of-two) ``weight_scale`` per
-    1x32 block, activations quantized dynamically per token and 32 columns (``act``: the
-    weights' format by default, ``"mxfp8"``/``"mxfp4"``, or ``None``: not at all). Emulated on every device here (MX tensor cores start at SM100):
-    the weight is dequantized once at load, each activation quantized and dequantized, then a
-    dense product, which is exact against the format's dequantize-then-float reference.
-    ``online``: a dense checkpoint's weights are quantized at load. Subclasses give the
-    element format."""
+    """The OCP MX formats: ``weight`` codes of the element format ``fmt`` with a UE8M0
+    (power-of-two) ``weight_scale`` per 1x32 block; activations quantized dynamically per token
+    and 32 columns (``act``: the weights' format by default, ``"mxfp8"``/``"mxfp4"``, or
+    ``None``: not at all). Emulated on every device here (MX tensor cores start at SM100): the
+    weight is dequantized once at load, each activation quantized and dequantized, then a dense
+    product, which is exact against the format's dequantize-then-float reference. ``online``: a
+    dense checkpoint's weights are quantized at load."""
 
-    #: (weight dtype, codes per stored element) of the checkpoint tensor
-    storage: tuple[torch.dtype, int] = (torch.uint8, 1)
-
-    #: the activation format when none is given: the weights' own
-    default_act: str | None = None
+    fmt = "mxfp8"
 
     def __init__(self, *, online: bool = False, act: str | None = "") -> None:
         self.online = online
-        self.act = self.default_act if act == "" else act
-        if self.act not in (None, "mxfp8", "mxfp4"):
-            raise ValueError(f"MX activations are mxfp8, mxfp4 or None, not {self.act!r}")
-
-    def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
-
-    def dequantize_codes(self, q: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        self.act = self.fmt if act == "" else act
+        if self.act is not None and self.act not in MX_FORMATS:
+            raise ValueError(f"MX activations are {', '.join(MX_FORMATS)} or None, not "
+                             f"{self.act!r}")
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:
@@ -307,15 +304,14 @@ class MXMethod(LayerMethod):
         if self.online:
             UnquantizedMethod().create_weights(layer, in_features, out_features, dtype)
             return
-        kind, per = self.storage
+        kind, per, _, _ = MX_FORMATS[self.fmt]
         add_param(layer, "weight", (out_features, in_features // per), kind)
         add_param(layer, "weight_scale", (out_features, in_features // qf.MX_BLOCK), torch.uint8)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        if self.online:
-            w = self.dequantize_codes(*self.quantize(layer.weight.data))
-        else:
-            w = self.dequantize_codes(layer.weight.data, layer.weight_scale.data)
+        _, _, quantize, dequantize = MX_FORMATS[self.fmt]
+        w = (dequantize(*quantize(layer.weight.data)) if self.online
+             else dequantize(layer.weight.data, layer.weight_scale.data))
         for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
             delattr(layer, name)
         layer.weight = nn.Parameter(w.to(layer.quant_dtype), requires_grad=False)
@@ -323,10 +319,9 @@ class MXMethod(LayerMethod):
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if self.act == "mxfp8":
-            x2 = qf.fake_quant_mxfp8(x2).to(x.dtype)
-        elif self.act == "mxfp4":
-            x2 = qf.fake_quant_mxfp4(x2).to(x.dtype)
+        if self.act is not None:
+            _, _, quantize, dequantize = MX_FORMATS[self.act]
+            x2 = dequantize(*quantize(x2)).to(x.dtype)
         return dense_linear(x2, layer.weight, bias).reshape(*shape[:-1], -1)
 
 
@@ -334,28 +329,14 @@ class MXFP8Method(MXMethod):
     """MXFP8: e4m3 elements; scales rounded up (``2^ceil(log2(amax / 448))``), so nothing
     saturates."""
 
-    storage = (torch.float8_e4m3fn, 1)
-    default_act = "mxfp8"
-
-    def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return qf.quantize_mxfp8(w)
-
-    def dequantize_codes(self, q: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        return qf.dequant_mxfp8(q, e)
+    fmt = "mxfp8"
 
 
 class MXFP4Method(MXMethod):
     """MXFP4: E2M1 elements, two per byte; the OCP scale ``2^(floor(log2 amax) - 2)``,
     elements rounded to nearest (ties to even) and saturated at 6."""
 
-    storage = (torch.uint8, 2)
-    default_act = "mxfp4"
-
-    def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return qf.quantize_mxfp4(w)
-
-    def dequantize_codes(self, q: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        return qf.dequant_mxfp4(q, e)
+    fmt = "mxfp4"
 
 
 # ---------------------------------------------------------------- int8 W8A8
