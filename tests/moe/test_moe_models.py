@@ -153,6 +153,48 @@ def test_published_configs_parse_to_their_routing(name, fields):
     assert all(cfg.is_sparse_layer(i) for i in range(cfg.num_hidden_layers))
 
 
+@pytest.mark.parametrize("scheme,kw", [("gptq", {"group": 32}), ("awq", {"group": 32}),
+                                       ("modelopt_nvfp4", {})])
+def test_weight_only_quantized_experts_load_dequantized(tmp_path, scheme, kw):
+    """A GPTQ / AWQ / NVFP4 checkpoint of a MoE model (every linear, each expert's too): the
+    experts are dequantized at load, so the logits equal the dense model's with the format's
+    dequantized weights."""
+    from safetensors.torch import load_file, save_file
+
+    from engine.testing import quant as tq
+
+    src = checkpoint("Qwen3MoeForCausalLM")
+    ref = tq.write_checkpoint(src, str(tmp_path / "q"), scheme, **kw)
+    assert any(".experts.3.down_proj." in k for k in ref)
+    dense = tmp_path / "ref"
+    dense.mkdir()
+    shutil.copy(os.path.join(src, "config.json"), dense / "config.json")
+    state = load_file(os.path.join(src, "model.safetensors"))
+    save_file({**state, **ref}, str(dense / "model.safetensors"))
+    a, b = runner_for(str(tmp_path / "q")), runner_for(str(dense))
+    assert a.model.quant_method is not None
+    assert torch.allclose(a.model.model.layers[1].mlp.experts.w2,
+                          b.model.model.layers[1].mlp.experts.w2, atol=1e-6, rtol=0)
+    ids = PROMPTS[0]
+    assert greedy(a, [ids], 4)[0] == greedy(b, [ids], 4)[0]
+
+
+def test_a_quantized_expert_missing_a_tensor_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from engine.testing import quant as tq
+
+    tq.write_checkpoint(checkpoint("Qwen3MoeForCausalLM"), str(tmp_path / "q"), "gptq",
+                        group=32)
+    path = str(tmp_path / "q" / "model.safetensors")
+    state = load_file(path)
+    del state["model.layers.0.mlp.experts.5.up_proj.scales"]
+    save_file(state, path)
+    with pytest.raises(ConfigError, match=r"lacks scales of model\.layers\.0\.mlp\.experts\.5"
+                       r"\.up_proj"):
+        runner_for(str(tmp_path / "q"))
+
+
 def test_quantized_experts_are_refused_at_load():
     from engine.api.moe import LocalAllToAll
     from engine.models.loader import load_model
@@ -169,6 +211,7 @@ def test_quantized_experts_are_refused_at_load():
             return x @ layer.weight.t()
 
     cfg = read_hf_dir(checkpoint("Qwen3MoeForCausalLM"))
+    # a method that computes with more than a dense weight (here: its own product) is refused
     with pytest.raises(ConfigError, match=r"routed experts of a quantized checkpoint \(Int8\)"):
         load_model(cfg, ServerConfig(load_format="dummy"), torch.device("cpu"), torch.float32,
                    quant_method=Int8(), experts=(TorchRunner(), LocalAllToAll()))

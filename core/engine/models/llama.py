@@ -238,15 +238,19 @@ def sparse_block(cfg: ModelConfig, layer_id: int, dtype: torch.dtype, quant: Qua
         raise ConfigError(f"{cfg.architecture} has routed experts: build it with a MoE runner "
                           "and all-to-all (engine serve does)")
     method = quant(prefix + ".experts")
-    if method is not None and not isinstance(method, UnquantizedMethod):
+    quantized = method is not None and not isinstance(method, UnquantizedMethod)
+    if quantized and not method.dense_after_loading:
         raise ConfigError(f"{cfg.architecture}: routed experts of a quantized checkpoint "
-                          f"({type(method).__name__}) are not served yet; the experts need "
-                          "dense weights")
+                          f"({type(method).__name__}) are not served yet; experts are served "
+                          "for weight-only formats, dequantized at load")
     shared = (MLP(cfg, dtype, quant, prefix + ".shared_expert",
                   width=cfg.shared_expert_intermediate_size)
               if cfg.shared_expert_intermediate_size > 0 else None)
-    return SparseMoeBlock(cfg, layer_id, dtype, runner=experts[0], a2a=experts[1],
-                          shared=shared, prefix=prefix)
+    block = SparseMoeBlock(cfg, layer_id, dtype, runner=experts[0], a2a=experts[1],
+                           shared=shared, prefix=prefix)
+    if quantized:  # each expert's projections load through the format, then go in dense
+        block.experts.quant = quant
+    return block
 
 
 class DecoderLayer(nn.Module):
@@ -294,7 +298,7 @@ _STACKED = {"gate_up_proj": "w13", "down_proj": "w2"}
 #: ModelOpt ``k_proj.k_scale``, Quark ``k_proj.output_scale``, legacy ``kv_scale``)
 _KV_SCALE = re.compile(r"\.(?:self_attn\.(?:k|v)_scale|(?:k|v)_proj\.(?:k_scale|v_scale|output_scale)"
                        r"|kv_scale)$")
-_EXPERT_NAME = re.compile(r"^(.*\.mlp)\.experts\.(?:(\d+)\.(\w+)\.weight|(\w+))$")
+_EXPERT_NAME = re.compile(r"^(.*\.mlp)\.experts\.(?:(\d+)\.(\w+)\.(\w+)|(\w+))$")
 
 #: (runner, all-to-all) of the sparse layers (:mod:`engine.api.moe`)
 ExpertParts = tuple[Any, Any]
@@ -431,11 +435,15 @@ class LlamaForCausalLM(nn.Module):
         also receives :class:`PackedWeight` blocks as they are); otherwise fused shards are row
         slices of the dense weight (a fused :class:`Linear`'s ``shards``), and packed blocks are
         dequantized first. Routed experts arrive per expert (``mlp.experts.3.gate_proj``,
-        Mixtral's ``block_sparse_moe.experts.3.w1``) or stacked (``mlp.experts.gate_up_proj``).
+        Mixtral's ``block_sparse_moe.experts.3.w1``) or stacked (``mlp.experts.gate_up_proj``);
+        a weight-only format's per-expert tensors (``experts.3.gate_proj.qweight``...) go
+        through the format and are dequantized into the stacked experts.
         """
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
         self.kv_scales: dict[str, float] = {}
+        #: quantized expert projections still missing tensors (see _load_quantized_expert)
+        self._pending_experts: dict[str, Linear] = {}
         needed = {name: self._pieces(modules, name) for name in params}
         loaded: dict[str, set[int]] = {name: set() for name in params}
         for name, tensor in self._with_head_copy(weights):
@@ -481,6 +489,12 @@ class LlamaForCausalLM(nn.Module):
                                       f"{tuple(tensor.shape)}, expected {tuple(dst.shape)}")
                 dst.copy_(tensor)
             loaded[target].add(shard)
+        if self._pending_experts:
+            key, layer = next(iter(self._pending_experts.items()))
+            lacking = [n for n, _ in layer.named_parameters() if n not in layer.loaded]
+            raise ConfigError(f"checkpoint lacks {', '.join(lacking)} of {key} (and "
+                              f"{len(self._pending_experts) - 1} other quantized expert "
+                              "projections are incomplete)")
         missing = sorted(n for n, k in needed.items()
                          if len(loaded[n]) < k and not getattr(params[n], "optional", False))
         if missing:
@@ -504,20 +518,67 @@ class LlamaForCausalLM(nn.Module):
         if not isinstance(experts, ExpertWeights):
             raise ConfigError(f"checkpoint tensor {name!r}: layer {match.group(1)} of "
                               f"{self.config.architecture} has no routed experts in this config")
-        if isinstance(tensor, PackedWeight):
-            tensor = tensor.dequantize()
         if match.group(2) is not None:
             kind = _EXPERT.get(match.group(3))
             if kind is None:
                 raise ConfigError(f"checkpoint tensor {name!r}: unknown expert projection")
             param, shard = kind
+            if getattr(experts, "quant", None) is not None:
+                return f"{owner}.{param}", self._load_quantized_expert(
+                    experts, name, int(match.group(2)), match.group(3), match.group(4), tensor)
+            if match.group(4) != "weight":
+                raise ConfigError(f"checkpoint tensor {name!r}: a quantized expert tensor, but "
+                                  "the checkpoint's method leaves this layer's experts dense")
+            if isinstance(tensor, PackedWeight):
+                tensor = tensor.dequantize()
             pieces = experts.load(param, tensor, int(match.group(2)), shard)
         else:
-            param = _STACKED.get(match.group(4))
+            if isinstance(tensor, PackedWeight):
+                tensor = tensor.dequantize()
+            param = _STACKED.get(match.group(5))
             if param is None:
                 raise ConfigError(f"checkpoint tensor {name!r}: unknown stacked expert tensor")
             pieces = experts.load(param, tensor, None, 0)
         return f"{owner}.{param}", pieces
+
+    def _load_quantized_expert(self, experts: ExpertWeights, name: str, expert: int,
+                               proj: str, leaf: str, tensor: Any) -> list[int]:
+        """One tensor of a quantized expert projection: it loads into a :class:`Linear` of the
+        format (``experts.quant`` of the projection's name); once that layer has all its
+        tensors it is dequantized and the dense matrix goes into the stacked experts. Returns
+        the pieces filled (none until the projection is complete)."""
+        param, shard = _EXPERT[proj]
+        key = f"{experts.name}.{expert}.{proj}"
+        pending = self._pending_experts
+        layer = pending.get(key)
+        if layer is None:
+            h, inter = experts.hidden_size, experts.intermediate_size
+            n_in, n_out = (h, inter) if param == "w13" else (inter, h)
+            layer = Linear(n_in, n_out, dtype=experts.w13.dtype, quant_method=experts.quant(key))
+            layer.loaded = set()
+            pending[key] = layer
+        p = dict(layer.named_parameters()).get(leaf)
+        if p is None:
+            raise ConfigError(f"checkpoint tensor {name!r} matches no tensor of the "
+                              f"{type(layer.quant_method).__name__} format")
+        loader = getattr(p, "weight_loader", None)
+        try:
+            if loader is not None:
+                loader(p, tensor, 0, None)
+            else:
+                if tuple(p.shape) != tuple(tensor.shape):
+                    raise ConfigError(f"has shape {tuple(tensor.shape)}, expected "
+                                      f"{tuple(p.shape)}")
+                p.data.copy_(tensor)
+        except ConfigError as exc:
+            raise ConfigError(f"checkpoint tensor {name!r}: {exc}") from None
+        layer.loaded.add(leaf)
+        if any(n not in layer.loaded and not getattr(q, "optional", False)
+               for n, q in layer.named_parameters()):
+            return []
+        del pending[key]
+        layer.process_weights_after_loading()
+        return experts.load(param, layer.weight.data, expert, shard)
 
     def _with_head_copy(self, weights: Iterable[tuple[str, object]]
                         ) -> Iterable[tuple[str, object]]:

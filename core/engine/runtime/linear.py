@@ -135,7 +135,14 @@ class QuantMethod(ABC):
     ``batch_invariant``: row ``i`` of :meth:`apply`'s output depends on ``x[i]`` alone, bit for
     bit, whatever the other rows and their number (a fixed reduction order per output, no
     split-K that depends on the shape). Under ``--enable-deterministic-inference`` a layer whose
-    method does not say so multiplies its rows one at a time."""
+    method does not say so multiplies its rows one at a time.
+
+    ``dense_after_loading``: after :meth:`process_weights_after_loading` the layer holds a dense
+    ``weight`` in the model dtype and :meth:`apply` is the dense product of it (weight-only
+    formats dequantized at load); such a method also serves routed experts, which take that
+    dense weight."""
+
+    dense_after_loading: bool = False
 
     #: the KV cache storage ``--kv-cache-dtype auto`` picks for a model served by this method
     #: (None: the model's dtype). A method whose arithmetic is already approximate may ask for

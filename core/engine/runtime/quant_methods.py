@@ -145,6 +145,8 @@ class DequantizedMethod(LayerMethod):
     is the dense model's (:func:`~engine.runtime.linear.dense_linear`: exact against the float
     reference, and as fast as the dense model)."""
 
+    dense_after_loading = True
+
     def dequantize(self, layer: Linear) -> torch.Tensor:
         raise NotImplementedError
 

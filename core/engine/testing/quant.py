@@ -20,7 +20,9 @@ import torch
 
 from engine.runtime import quant_formats as qf
 
-LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight$")
+#: the linear layers a writer quantizes: attention, dense MLPs and routed experts (per expert)
+LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.(?:experts\.\d+\.)?"
+                    r"(q|k|v|o|gate|up|down)_proj\.weight$")
 
 #: scheme -> the ``--quantization`` choice that reads it
 CHOICE = {"gptq": "gptq", "awq": "awq", "auto_round": "auto-round",

@@ -6,8 +6,10 @@ plugin = Plugin(
     name='moe_wna16',
     family="quantization",
     implementation="engine_quant_moe_wna16.impl",
-    description='GPTQ/AWQ checkpoints of MoE models: the dense linears as gptq/awq; routed experts refused',
+    description='GPTQ/AWQ checkpoints of MoE models: the dense linears as gptq/awq, the routed experts dequantized at load',
     notes=(
-        'MoE-only method: routed experts are served now but not quantized, so a checkpoint with quantized experts is refused; dense linears run as gptq/awq',
+        "routed experts: each expert's GPTQ/AWQ tensors are dequantized at load into the "
+        "stacked expert weights the MoE runner reads (exact against the format's dequantized "
+        "values; no int4 expert kernel in this build)",
     ),
 )

@@ -1,5 +1,5 @@
-"""``--quantization moe_wna16``: a GPTQ or AWQ checkpoint's dense linears; quantized routed
-experts are refused by the model (this build serves routed experts unquantized only)."""
+"""``--quantization moe_wna16``: a GPTQ or AWQ checkpoint of a MoE model; the model dequantizes
+each routed expert's tensors at load (the method is a weight-only one)."""
 
 from typing import Any
 
