@@ -87,11 +87,27 @@ def test_detected_and_named_method_agree(dense, tmp_path, choice):
 
 
 ACT = ["ct_w8a8_int8", "ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block", "fp8_block",
-       "fp8_tensor", "modelopt_fp8", "quark_fp8", "mxfp8", "modelopt_mxfp8", "quark_mxfp4"]
+       "fp8_tensor", "modelopt_fp8", "quark_fp8", "mxfp8", "modelopt_mxfp8", "quark_mxfp4",
+       "bnb_int8"]
 
 
 def _fake_fp8(x, scale):
     return (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale
+
+
+def _llm_int8_activations(x: torch.Tensor, threshold: float = 6.0) -> torch.Tensor:
+    """The activation values LLM.int8 multiplies: per row, the float16 values of the columns
+    without an outlier rounded to 127 levels of the row's absmax (outliers left out of it);
+    the columns with an outlier (in any row) as they are."""
+    a16 = x.half()
+    big = a16.abs() >= threshold
+    cols = big.any(0)
+    kept = torch.where(big, torch.zeros_like(a16), a16)
+    rs = kept.abs().amax(1, keepdim=True).float()
+    q = torch.round(kept.float() * (127.0 / rs))
+    if x.shape[0] > 1:
+        q[:, cols] = 0
+    return torch.where(cols, x, q * rs / 127)
 
 
 def _reference_linear(scheme: str, x: torch.Tensor, w: torch.Tensor, tensors: dict,
@@ -113,6 +129,8 @@ def _reference_linear(scheme: str, x: torch.Tensor, w: torch.Tensor, tensors: di
         xg = x.reshape(x.shape[0], -1, 32)
         s = torch.pow(2.0, torch.ceil(torch.log2(xg.abs().amax(-1, keepdim=True) / 448)))
         xq = _fake_fp8(xg, s).reshape(x.shape)
+    elif scheme == "bnb_int8":  # LLM.int8: int8 rows, outlier columns in full precision
+        xq = _llm_int8_activations(x)
     elif scheme == "quark_mxfp4":  # OCP scales per token and 32, nearest E2M1, ties to even
         xg = x.reshape(x.shape[0], -1, 32)
         s = torch.pow(2.0, torch.floor(torch.log2(xg.abs().amax(-1, keepdim=True))) - 2)
@@ -170,6 +188,44 @@ def test_activation_quantized_layers_equal_their_reference(scheme):
     # float32 against float64 sums of the same quantized operands
     tol = 1e-5 * (x.abs() @ torch.cat([ref[k] for k in sorted(ref)]).abs().T).max()
     assert (got - want).abs().max() <= max(tol, 2e-5), (got - want).abs().max()
+
+
+def test_llm_int8_takes_outlier_columns_out_and_equals_bitsandbytes():
+    from engine.api.quant import PerLayer
+
+    parts = {"q_proj": 576, "k_proj": 192, "v_proj": 192}
+    gen = torch.Generator().manual_seed(3)
+    dense = {f"model.layers.0.self_attn.{p}.weight": torch.randn(n, 576, generator=gen) * 0.04
+             for p, n in parts.items()}
+    tensors, qcfg, ref = tq.quantize_state(dense, "bnb_int8")
+    from engine_quant_bitsandbytes.impl import engine_create_quant_method
+
+    method = engine_create_quant_method(quant_config=qcfg)
+    assert isinstance(method, PerLayer)
+    layer = tq.load_fused_layer(method.for_layer("model.layers.0.self_attn.qkv_proj"), tensors,
+                                "model.layers.0.self_attn", parts, 576)
+    x = torch.randn(6, 576, generator=gen)
+    x[:, 7] *= 10  # outlier columns: one everywhere, one in a single row
+    x[2, 100] = -7.5
+    w = torch.cat([ref[k] for k in dense])
+    tol = 1e-5 * (x.abs() @ w.abs().T).max()  # float32 sums against float64 ones
+    got = layer(x)
+    want = (_llm_int8_activations(x).double() @ w.double().T).float()
+    assert (got - want).abs().max() <= tol, (got - want).abs().max()
+    one = layer(x[2:3])  # a single row: its own outlier columns, its own statistics
+    want = (_llm_int8_activations(x[2:3]).double() @ w.double().T).float()
+    assert (one - want).abs().max() <= tol
+    try:  # the library's own operators, where it is installed (not a dependency)
+        import bitsandbytes as bnb
+    except Exception:  # noqa: BLE001 - absent, or no backend for this machine
+        return
+    cb = torch.cat([tensors[f"model.layers.0.self_attn.{p}.weight"] for p in parts])
+    scb = torch.cat([tensors[f"model.layers.0.self_attn.{p}.SCB"] for p in parts])
+    state = bnb.MatmulLtState()
+    state.CB, state.SCB, state.threshold, state.has_fp16_weights = cb, scb, 6.0, False
+    state.is_training = False  # inference: MatMul8bitLt (int8 rows, outlier columns)
+    lib = bnb.matmul(x, cb, state=state, threshold=6.0)
+    assert torch.equal(got, lib.to(got.dtype)), (got - lib).abs().max()
 
 
 def test_int8_layers_are_batch_invariant(dense, tmp_path):

@@ -31,7 +31,7 @@ READS = {"gptq": {"gptq"}, "gptq_marlin": {"gptq"}, "awq": {"awq"}, "awq_marlin"
          "modelopt_fp8": {"modelopt_fp8"}, "modelopt_fp4": {"modelopt_nvfp4"},
          "petit_nvfp4": {"modelopt_nvfp4"}, "quark": {"quark_fp8", "quark_mxfp4"},
          "quark_mxfp4": {"quark_mxfp4"}, "mlx_q4": {"mlx4"},
-         "mlx_q8": {"mlx8"}, "bitsandbytes": {"bnb_nf4"}}
+         "mlx_q8": {"mlx8"}, "bitsandbytes": {"bnb_nf4", "bnb_int8"}}
 
 
 @pytest.fixture(scope="module")

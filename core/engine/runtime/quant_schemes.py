@@ -231,6 +231,64 @@ class BnB4bitMethod(DequantizedMethod):
         return torch.cat(out)
 
 
+class BnB8bitMethod(LayerMethod):
+    """bitsandbytes LLM.int8: ``weight`` int8 [N, K] with ``SCB`` [N] (each row's absmax, so
+    ``W = weight * SCB / 127``), the activations quantized per row to int8 at each call with
+    the columns holding an outlier (``|x| >= threshold`` in float16) taken out and multiplied
+    in full precision against the dequantized weight columns, as bitsandbytes' reference
+    operators compute it (the same float16 cast, statistics, rounding, integer product and
+    scale order). ``threshold`` 0: every column in int8. The outlier columns depend on the
+    whole batch, as they do in the library."""
+
+    def __init__(self, threshold: float = 6.0) -> None:
+        self.threshold = float(threshold)
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        add_param(layer, "weight", (n, k), torch.int8)
+        add_param(layer, "SCB", (n,), torch.float32)
+        fmt = add_param(layer, "weight_format", (len(_shards(layer)),), torch.uint8,
+                        extent=lambda _: 1)
+        _optional(fmt)  # 0: row-major, the only layout bitsandbytes still writes
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        if int(layer.weight_format.data.max()) != 0:
+            raise ConfigError(f"{self.prefix}: weight_format "
+                              f"{int(layer.weight_format.data.max())} (only 0, row-major, is "
+                              "read)")
+        q, scb = layer.weight.data, layer.SCB.data.to(torch.float32)
+        layer.w_q, layer.w_t, layer.scb = q, q.t().contiguous(), scb
+        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
+            delattr(layer, name)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        shape = x.shape
+        a = x.reshape(-1, shape[-1])
+        a16 = a.to(torch.float16)
+        cols = None
+        if self.threshold > 0:
+            outliers = a16.abs() >= self.threshold
+            if outliers.any():
+                cols = outliers.any(0).nonzero().view(-1)
+                a16 = a16.masked_fill(outliers, 0)
+        rows = a16.abs().amax(1).float()
+        rows = torch.where(rows > 0, rows, torch.ones_like(rows))  # an all-zero row stays 0
+        ca = torch.round(a16 * (127.0 / rows.unsqueeze(-1))).to(torch.int8)
+        if cols is not None and a.shape[0] > 1:
+            ca[:, cols] = 0
+        m = ca.shape[0]
+        if ca.is_cuda and m <= 16:  # cuBLAS int8 GEMMs want more than 16 rows
+            ca = torch.nn.functional.pad(ca, (0, 0, 0, 17 - m))
+        acc = torch._int_mm(ca, layer.w_t)[:m]
+        y = acc * (rows.unsqueeze(-1) * layer.scb.unsqueeze(0)) * 6.200124e-05  # 1 / 127^2
+        if bias is not None:
+            y += bias
+        if cols is not None:
+            sub_w = layer.w_q[:, cols] * layer.scb.view(-1, 1) * 7.874015718698502e-3  # / 127
+            y = y.addmm(a[:, cols].to(y.dtype), sub_w.t())
+        return y.to(x.dtype).reshape(*shape[:-1], -1)
+
+
 def bnb_rewrite(quant_type: str, blocksize: int = 64
                 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """bitsandbytes names (``q_proj.weight.absmax``...) to parameter names

@@ -32,6 +32,7 @@ CHOICE = {"gptq": "gptq", "awq": "awq", "auto_round": "auto-round",
           "fp8_block": "fp8", "fp8_tensor": "fp8", "modelopt_fp8": "modelopt_fp8",
           "modelopt_nvfp4": "modelopt_fp4", "quark_fp8": "quark", "bnb_nf4": "bitsandbytes",
           "mlx4": "mlx_q4", "mlx8": "mlx_q8", "mxfp8": "mxfp8", "modelopt_mxfp8": "modelopt",
+          "bnb_int8": "bitsandbytes",
           "quark_mxfp4": "quark"}
 
 
@@ -148,6 +149,13 @@ def quantize_state(state: dict[str, torch.Tensor], scheme: str, *, bits: int = 4
             q = _fp8(w, scale)
             out[name], out[base + ".weight_scale"] = q, (e + 127).to(torch.uint8)
             r = q.float() * scale
+        elif scheme == "bnb_int8":
+            # LLM.int8's row-wise absmax (SCB) and int8 codes, as Int8Params quantizes
+            scb = w.abs().amax(1)
+            q = torch.round(w * (127.0 / scb.unsqueeze(-1))).to(torch.int8)
+            out[name], out[base + ".SCB"] = q, scb
+            out[base + ".weight_format"] = torch.tensor(0, dtype=torch.uint8)
+            r = q.float() * scb.view(-1, 1) / 127
         elif scheme == "quark_mxfp4":
             # OCP MX: scale 2^(floor(log2 amax) - 2); nearest E2M1, ties to the even code
             g = _groups(w, 32)
@@ -264,6 +272,9 @@ def _config(scheme: str, bits: int, group: int, sym: bool, desc_act: bool,
             "weight": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
             "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
             "output_tensors": None}},
+        "bnb_int8": {"quant_method": "bitsandbytes", "load_in_8bit": True,
+                     "llm_int8_threshold": 6.0, "llm_int8_skip_modules": ["lm_head"],
+                     "llm_int8_has_fp16_weight": False},
         "bnb_nf4": {"quant_method": "bitsandbytes", "load_in_4bit": True,
                     "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
                     "bnb_4bit_quant_storage": "uint8", "llm_int8_skip_modules": ["lm_head"]},
@@ -348,14 +359,14 @@ def tiny_llama(dst: str, *, layers: int = 2, vocab: int = 512, seed: int = 0,
 #: schemes whose activations are quantized (their reference tolerance is the activation grid's)
 ACTIVATION_QUANTIZED = ("ct_w8a8_int8", "ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block",
                         "fp8_block", "fp8_tensor", "modelopt_fp8", "quark_fp8", "mxfp8",
-                        "modelopt_mxfp8", "quark_mxfp4")
+                        "modelopt_mxfp8", "quark_mxfp4", "bnb_int8")
 KIT_SCHEMES = {"gptq": {"desc_act": True, "group": 32}, "awq": {"sym": False, "group": 32},
                "auto_round": {}, "ct_wna16": {"sym": False, "group": 32}, "ct_w8a16": {},
                "ct_w8a8_int8": {}, "ct_fp8_dynamic": {}, "ct_fp8_static": {},
                "ct_fp8_block": {"block": (64, 64)}, "fp8_block": {"block": (64, 64)},
                "fp8_tensor": {}, "modelopt_fp8": {}, "modelopt_nvfp4": {}, "quark_fp8": {},
                "mlx4": {"group": 32}, "mlx8": {"group": 32}, "bnb_nf4": {}, "mxfp8": {},
-               "modelopt_mxfp8": {}, "quark_mxfp4": {}}
+               "modelopt_mxfp8": {}, "quark_mxfp4": {}, "bnb_int8": {}}
 
 
 def normalized_config(scheme: str, qcfg: dict[str, Any]) -> dict[str, Any]:
