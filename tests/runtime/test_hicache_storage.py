@@ -202,13 +202,15 @@ def test_the_kit_catches_a_store_that_can_leave_a_torn_page(tmp_path) -> None:
 
 class Committing(DirectoryStorage):
     """A shared store whose pages written by another server become visible only after
-    ``hide`` existence checks (their backup still committing)."""
+    ``hide`` existence checks (their backup still committing). Each check takes a while, so
+    the scheduler looks at the waiting request before its read has answered."""
 
     def __init__(self, path: str, hide: int) -> None:
         super().__init__(path)
         self.hide, self.checks = hide, 0
 
     def batch_exists(self, keys):
+        time.sleep(0.05)
         self.checks += 1
         return 0 if self.checks <= self.hide else super().batch_exists(keys)
 

@@ -19,8 +19,10 @@ sink. Requests join and leave between steps.
 * **Storage reads issued again** (``--hicache-storage-prefetch-retry-poll-interval`` N > 0):
   a queued request whose storage read found none of its pages stays queued for N prefill
   scheduling passes, then reads again (another server's backup may have landed meanwhile),
-  at most ``--hicache-storage-prefetch-retry-max-attempts`` times; a read issued again gets N
-  passes to complete before the request is admitted with what the faster tiers hold.
+  at most ``--hicache-storage-prefetch-retry-max-attempts`` times. Under the
+  ``wait_complete`` prefetch policy the request stays queued until each read answers (the N
+  passes count from the answer); under the others a read issued again gets N passes to
+  complete before the request is admitted with what the faster tiers hold.
 * **Memory**: pages come from the allocator; when short, unlocked radix-cache leaves are
   evicted (``--radix-eviction-policy``; with the hierarchical cache they move to the host
   tier first, :mod:`engine.runtime.hiradix_cache`); when still short, a new request waits in the queue, and a decode step retracts
@@ -499,7 +501,14 @@ class Scheduler:
         if self.retry_interval <= 0:
             return False
         req.storage_wait += 1
-        if not f.done.is_set():  # the first read is waited for as the prefetch policy says
+        if not f.done.is_set():
+            if self.config.hicache_storage_prefetch_policy == "wait_complete":
+                # a policy that waits for the read waits here, a pass at a time (the others
+                # are admitted past it), so that a read that found nothing can be issued
+                # again; the interval counts from its answer
+                req.storage_wait = 0
+                return True
+            # the others decide at admission; a read issued again gets the interval
             return req.storage_retries > 0 and req.storage_wait <= self.retry_interval
         if f.payloads or req.storage_retries >= self.retry_max:
             return False
