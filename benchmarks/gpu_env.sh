@@ -25,6 +25,11 @@ export CUDA_HOME=/usr/local/cuda FLASHINFER_CUDA_ARCH_LIST=9.0a PYTHONUNBUFFERED
 # 0.1.15 xgrammar needs), carried in .whl-grammar/ for the grammar benchmark. xgrammar's
 # tvm-ffi is newer than the one flashinfer 0.5.3 was built against, so they go into their own
 # directory: put it first on PYTHONPATH only for a run that needs them (`$ENGINE_GRAMMAR_PATH`).
+# Fetch them here with:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux_2_24_x86_64 --platform manylinux_2_28_x86_64 -d .whl-grammar \
+#     xgrammar==0.2.9 outlines-core==0.2.14 apache-tvm-ffi==0.1.15.post2
 if compgen -G ".whl-grammar/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
     --target /tmp/site-grammar .whl-grammar/*.whl || return 1
