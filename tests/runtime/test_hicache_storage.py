@@ -24,7 +24,7 @@ import pytest
 from engine.api import Options
 from engine.api.hicache import DirectoryStorage, StorageConfig
 from engine.testing.hicache import run as conformance
-from test_hicache import A, B, C, generate, sched
+from test_hicache import A, B, C, Hanging, generate, sched
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -227,4 +227,18 @@ def test_a_storage_read_that_found_nothing_is_issued_again(tmp_path, interval, a
     out = generate(s, A)  # the first check and (with one attempt) the only retry see nothing
     assert out.cached_tokens_details == {"device": 0, "host": 0, "storage": found}
     assert store.checks == 1 + (attempts if interval and not found else (2 if found else 0))
+    s.stop()
+
+
+def test_a_read_that_never_answers_is_waited_for_only_the_policys_budget(tmp_path) -> None:
+    writer = sched(store=DirectoryStorage(str(tmp_path)))
+    generate(writer, A)
+    writer.stop()
+    store = Hanging(str(tmp_path))  # answers once released: never, during the request
+    s = sched(store=store, hicache_storage_prefetch_retry_poll_interval=1,
+              hicache_storage_backend_extra_config='{"prefetch_threshold": 4, '
+              '"prefetch_timeout_max": 0.05}')
+    out = generate(s, A)  # kept queued while the policy waits, then admitted: recomputed
+    assert out.cached_tokens_details["storage"] == 0
+    store.release.set()
     s.stop()

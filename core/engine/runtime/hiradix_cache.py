@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -327,17 +328,36 @@ class HiRadixCache(RadixCache):
         self._fetches.append(fetch)
         return fetch
 
-    def _wait(self, fetch: Fetch) -> None:
+    def _budget(self, fetch: Fetch) -> float:
+        """Seconds admission waits for ``fetch``'s answer (``--hicache-storage-prefetch-policy``:
+        none for best_effort), counted from the first wait."""
         cfg, policy = self.prefetch_cfg, self.prefetch_policy
-        if policy == "best_effort" or fetch.done.is_set():
-            return
+        if policy == "best_effort":
+            return 0.0
         budget = float(cfg["prefetch_timeout_max"])
         if policy == "timeout":
             budget = min(budget, float(cfg["prefetch_timeout_base"]) + float(
                 cfg["prefetch_timeout_per_ki_token"]) * len(fetch.tokens) / 1024)
-        if not fetch.done.wait(budget):
+        return budget
+
+    def _waited(self, fetch: Fetch) -> float:
+        if fetch.wait_from is None:
+            fetch.wait_from = time.monotonic()
+        return time.monotonic() - fetch.wait_from
+
+    def awaits(self, fetch: Fetch) -> bool:
+        """Whether admission would still wait for ``fetch``'s answer now (not done, and the
+        policy's budget not spent): a caller may keep the request queued meanwhile instead."""
+        return not fetch.done.is_set() and self._waited(fetch) < self._budget(fetch)
+
+    def _wait(self, fetch: Fetch) -> None:
+        budget = self._budget(fetch)
+        if budget <= 0 or fetch.done.is_set():
+            return
+        if not fetch.done.wait(max(0.0, budget - self._waited(fetch))):
             log.warning("storage read of %d pages not done after %.1f s (%s); admitting with "
-                        "what the faster tiers hold", len(fetch.keys), budget, policy)
+                        "what the faster tiers hold", len(fetch.keys), budget,
+                        self.prefetch_policy)
 
     def poll(self) -> None:
         """Put the pages of finished storage reads into the tree as host-only nodes."""

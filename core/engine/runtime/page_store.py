@@ -101,6 +101,8 @@ class Fetch:
     payloads: list[Any] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.monotonic)
+    #: when something first waited for the answer (the prefetch policy's budget counts from it)
+    wait_from: float | None = None
 
 
 @dataclass

@@ -19,10 +19,11 @@ sink. Requests join and leave between steps.
 * **Storage reads issued again** (``--hicache-storage-prefetch-retry-poll-interval`` N > 0):
   a queued request whose storage read found none of its pages stays queued for N prefill
   scheduling passes, then reads again (another server's backup may have landed meanwhile),
-  at most ``--hicache-storage-prefetch-retry-max-attempts`` times. Under the
-  ``wait_complete`` prefetch policy the request stays queued until each read answers (the N
-  passes count from the answer); under the others a read issued again gets N passes to
-  complete before the request is admitted with what the faster tiers hold.
+  at most ``--hicache-storage-prefetch-retry-max-attempts`` times. While the prefetch
+  policy would wait for a read (``wait_complete``, ``timeout``: within its budget) the request
+  stays queued until the read answers (the N passes count from the answer); under
+  ``best_effort`` a read issued again gets N passes to complete before the request is admitted
+  with what the faster tiers hold.
 * **Memory**: pages come from the allocator; when short, unlocked radix-cache leaves are
   evicted (``--radix-eviction-policy``; with the hierarchical cache they move to the host
   tier first, :mod:`engine.runtime.hiradix_cache`); when still short, a new request waits in the queue, and a decode step retracts
@@ -502,13 +503,14 @@ class Scheduler:
             return False
         req.storage_wait += 1
         if not f.done.is_set():
-            if self.config.hicache_storage_prefetch_policy == "wait_complete":
-                # a policy that waits for the read waits here, a pass at a time (the others
+            if self.cache.awaits(f):
+                # the prefetch policy waits for the answer: here, a pass at a time (the others
                 # are admitted past it), so that a read that found nothing can be issued
-                # again; the interval counts from its answer
+                # again; the interval counts from the answer
                 req.storage_wait = 0
                 return True
-            # the others decide at admission; a read issued again gets the interval
+            # best_effort, or the policy's budget is spent: a read issued again gets the
+            # interval, then admission goes on with what the faster tiers hold
             return req.storage_retries > 0 and req.storage_wait <= self.retry_interval
         if f.payloads or req.storage_retries >= self.retry_max:
             return False
