@@ -193,10 +193,8 @@ def test_activation_quantized_layers_equal_their_reference(scheme):
 def test_llm_int8_takes_outlier_columns_out_and_equals_bitsandbytes():
     from engine.api.quant import PerLayer
 
-    parts = {"q_proj": 576, "k_proj": 192, "v_proj": 192}
-    gen = torch.Generator().manual_seed(3)
-    dense = {f"model.layers.0.self_attn.{p}.weight": torch.randn(n, 576, generator=gen) * 0.04
-             for p, n in parts.items()}
+    parts, gen = tq.QKV_PARTS, torch.Generator().manual_seed(3)
+    dense = tq.qkv_weights(gen)
     tensors, qcfg, ref = tq.quantize_state(dense, "bnb_int8")
     from engine_quant_bitsandbytes.impl import engine_create_quant_method
 
@@ -271,10 +269,8 @@ def test_mx_scales_are_the_power_of_two_just_above_the_block_maximum():
 def test_quark_mxfp4_without_input_tensors_is_weight_only_and_w4a8_mixes_formats():
     from engine.api.quant import MXFP4Method, PerLayer, quark_scheme
 
-    parts = {"q_proj": 576, "k_proj": 192, "v_proj": 192}
-    gen = torch.Generator().manual_seed(0)
-    dense = {f"model.layers.0.self_attn.{p}.weight": torch.randn(n, 576, generator=gen) * 0.04
-             for p, n in parts.items()}
+    parts, gen = tq.QKV_PARTS, torch.Generator().manual_seed(0)
+    dense = tq.qkv_weights(gen)
     tensors, qcfg, ref = tq.quantize_state(dense, "quark_mxfp4")
     qcfg = {**qcfg, "global_quant_config": {**qcfg["global_quant_config"],
                                             "input_tensors": None}}
@@ -288,7 +284,7 @@ def test_quark_mxfp4_without_input_tensors_is_weight_only_and_w4a8_mixes_formats
     # MXFP4 weights with MXFP8 activations (mxfp_w4a8): the activation format is the method's
     w4a8 = tq.load_fused_layer(MXFP4Method(act="mxfp8").bind(name), tensors,
                                "model.layers.0.self_attn", parts, 576)
-    assert torch.allclose(w4a8(x), qf.fake_quant_mxfp8(x) @ w.T, atol=1e-5, rtol=0)
+    assert torch.allclose(w4a8(x), qf.dequant_mxfp8(*qf.quantize_mxfp8(x)) @ w.T, atol=1e-5, rtol=0)
 
 
 def test_pack_unpack_roundtrip_and_awq_order():

@@ -19,7 +19,7 @@ from engine.models.parsing import release_pages
 from engine.runtime import quant_formats as formats
 from engine.runtime.linear import (Linear, PackedWeight, QuantMethod, UnquantizedMethod,
                                    dense_linear, rowwise)
-from engine.runtime.quant_readers import (awq_method, compressed_tensors_scheme, fp8_method,
+from engine.runtime.quant_readers import (MXFP4_DTYPES, awq_method, compressed_tensors_scheme, fp8_method,
                                           gptq_exclusions, gptq_method, modelopt_scheme,
                                           quark_scheme)
 from engine.runtime.quant_schemes import (AWQMethod, BnB4bitMethod, BnB8bitMethod, GPTQMethod, IntWeightOnlyMethod, MLXMethod,
@@ -30,7 +30,7 @@ from engine.runtime.quant_methods import (DequantizedMethod, Fp8Method, Int8Meth
                                           add_param, check_group, checkpoint_names, claim,
                                           config_value, is_excluded, packed_extent, unsupported)
 
-__all__ = ["AWQMethod", "BnB4bitMethod", "BnB8bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeightOnlyMethod", "MLXMethod", "NVFP4WeightMethod",
+__all__ = ["MXFP4_DTYPES", "AWQMethod", "BnB4bitMethod", "BnB8bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeightOnlyMethod", "MLXMethod", "NVFP4WeightMethod",
            "PackQuantizedMethod", "PerLayer", "awq_method", "compressed_tensors_scheme",
            "excluding", "fp8_method", "gptq_exclusions", "gptq_method", "mlx_dense_embeddings", "modelopt_scheme",
            "quark_scheme", "DequantizedMethod", "Fp8Method", "Int8Method", "LayerMethod", "Linear",

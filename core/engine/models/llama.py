@@ -316,6 +316,27 @@ class RopeInputs:
     ops: Any = None  #: the fused-kernel module (see :func:`fused.for_tensor`) when cos is None
 
 
+def _copy_into(param: nn.Parameter, name: str, tensor: Any, offset: int = 0,
+               size: int | None = None) -> None:
+    """Checkpoint tensor ``name`` into ``param`` (rows ``offset:offset+size`` of it for a fused
+    shard): through the parameter's ``weight_loader`` when it has one (quantized layouts),
+    else a checked copy (packed blocks dequantized first)."""
+    loader = getattr(param, "weight_loader", None)
+    if loader is not None:
+        try:
+            loader(param, tensor, offset, size)
+        except ConfigError as exc:
+            raise ConfigError(f"checkpoint tensor {name!r}: {exc}") from None
+        return
+    if isinstance(tensor, PackedWeight):
+        tensor = tensor.dequantize()
+    dst = param.data if size is None else param.data.narrow(0, offset, size)
+    if tuple(dst.shape) != tuple(tensor.shape):
+        raise ConfigError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                          f"expected {tuple(dst.shape)}")
+    dst.copy_(tensor)
+
+
 class LlamaForCausalLM(nn.Module):
     """``forward(input_ids, positions, batch, attn, logits_indices)`` -> final hidden states of
     the selected tokens; :meth:`compute_logits` projects them onto the vocabulary (one row at a
@@ -474,20 +495,7 @@ class LlamaForCausalLM(nn.Module):
             if param is None:
                 raise ConfigError(f"checkpoint tensor {name!r} matches no parameter of "
                                   f"{self.config.architecture}")
-            loader = getattr(param, "weight_loader", None)
-            if loader is not None:
-                try:
-                    loader(param, tensor, offset, size)
-                except ConfigError as exc:
-                    raise ConfigError(f"checkpoint tensor {name!r}: {exc}") from None
-            else:
-                if isinstance(tensor, PackedWeight):
-                    tensor = tensor.dequantize()
-                dst = param.data if size is None else param.data.narrow(0, offset, size)
-                if tuple(dst.shape) != tuple(tensor.shape):
-                    raise ConfigError(f"checkpoint tensor {name!r} has shape "
-                                      f"{tuple(tensor.shape)}, expected {tuple(dst.shape)}")
-                dst.copy_(tensor)
+            _copy_into(param, name, tensor, offset, size)
             loaded[target].add(shard)
         if self._pending_experts:
             key, layer = next(iter(self._pending_experts.items()))
@@ -561,17 +569,7 @@ class LlamaForCausalLM(nn.Module):
         if p is None:
             raise ConfigError(f"checkpoint tensor {name!r} matches no tensor of the "
                               f"{type(layer.quant_method).__name__} format")
-        loader = getattr(p, "weight_loader", None)
-        try:
-            if loader is not None:
-                loader(p, tensor, 0, None)
-            else:
-                if tuple(p.shape) != tuple(tensor.shape):
-                    raise ConfigError(f"has shape {tuple(tensor.shape)}, expected "
-                                      f"{tuple(p.shape)}")
-                p.data.copy_(tensor)
-        except ConfigError as exc:
-            raise ConfigError(f"checkpoint tensor {name!r}: {exc}") from None
+        _copy_into(p, name, tensor)
         layer.loaded.add(leaf)
         if any(n not in layer.loaded and not getattr(q, "optional", False)
                for n, q in layer.named_parameters()):

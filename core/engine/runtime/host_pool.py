@@ -20,10 +20,10 @@ waits for the compute stream (the K/V it copies must be written), then the host 
 the copy before the CPU reads the pages (a backup no CPU reads is not waited for).
 ``--hicache-io-backend kernel`` moves the rows of every layer's K and V in one Triton kernel
 that reads or writes the pinned host pool in place (the GPU addresses pinned memory directly;
-no copy on the host); where that cannot serve (host memory not pinned), it gathers each layer
-on the device and on the host through a reused pinned staging buffer; ``direct`` copies
-runs of pages that follow each other on both sides (``cudaMemcpyAsync`` on pinned memory, one
-per run, layer and side). On CPU both are plain tensor copies.
+no copy on the host); ``direct``, and ``kernel`` where the kernel cannot serve (a page-first
+layout, host memory not pinned), copy runs of pages that follow each other on both sides
+(``cudaMemcpyAsync`` on pinned memory, one per run, layer and side). On CPU the layer-first
+``kernel`` path is one index copy per layer and side.
 """
 
 from __future__ import annotations
@@ -132,10 +132,6 @@ class Transfer:
         self.dev, self.host, self.io = device_pool, host, io_backend
         self.cuda = device_pool.device.type == "cuda"
         self.stream = torch.cuda.Stream(device_pool.device) if self.cuda else None
-        #: pinned staging of the gathered copies (CUDA, layer-first) and the event after the
-        #: copies that last read or wrote it
-        self._stage: torch.Tensor | None = None
-        self._stage_event: Any = None
         self._addr: Any = None  #: see _tables
 
     @contextlib.contextmanager
@@ -173,33 +169,32 @@ class Transfer:
 
     def _copy(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *, to_host: bool) -> None:
         h = self.host
-        if self.io == "direct" or h.page_first:
-            self._copy_runs(dev_slots, host_slots, to_host=to_host)
-        elif not self.cuda:
+        if not self.cuda and not h.page_first and self.io != "direct":
             for layer in range(h.num_layers):
                 for dev, hk in ((self.dev.k[layer], h.k[layer]), (self.dev.v[layer], h.v[layer])):
                     if to_host:
                         hk.index_copy_(0, host_slots, dev.index_select(0, dev_slots))
                     else:
                         dev.index_copy_(0, dev_slots, hk.index_select(0, host_slots))
-        elif self._tables() is not None:
+        elif self.io == "kernel" and self._tables() is not None:
             self._copy_in_place(dev_slots, host_slots, to_host=to_host)
         else:
-            self._copy_gathered(dev_slots, host_slots, to_host=to_host)
+            self._copy_runs(dev_slots, host_slots, to_host=to_host)
 
-    def _tables(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
         """The device's and the pinned host pool's per-layer K and V base addresses (device
-        tensors), for the copy kernel; None where it cannot serve (host memory not pinned, rows
-        not whole 32-bit words)."""
+        tensors) and the bytes of a row, for the copy kernel; None where it cannot serve (a
+        page-first layout, host memory not pinned, rows not whole 32-bit words: those copy
+        runs of pages)."""
         if self._addr is None:
             h, d = self.host, self.dev
-            row_bytes = h.k[0, 0].numel() * h.k.element_size()
-            if not h.k.is_pinned() or row_bytes % 4:
+            row_bytes = 0 if h.page_first else h.k[0, 0].numel() * h.k.element_size()
+            if h.page_first or not h.k.is_pinned() or row_bytes % 4:
                 self._addr = False
             else:
-                self._addr = tuple(torch.tensor([t.data_ptr() for t in (*ks, *vs)],
-                                                dtype=torch.long, device=d.device)
-                                   for ks, vs in ((d.k, d.v), (list(h.k), list(h.v))))
+                self._addr = (*(torch.tensor([t.data_ptr() for t in (*ks, *vs)],
+                                             dtype=torch.long, device=d.device)
+                                for ks, vs in ((d.k, d.v), (list(h.k), list(h.v)))), row_bytes)
         return self._addr or None
 
     def _copy_in_place(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *,
@@ -209,11 +204,10 @@ class Transfer:
         from engine.runtime.batch import to_device
         from engine.runtime.fused_triton import copy_rows
 
-        dev_addr, host_addr = self._tables()
+        dev_addr, host_addr, row_bytes = self._tables()
         dev = self.dev.device
         d_idx = to_device(dev_slots, dev) if dev_slots.device.type == "cpu" else dev_slots
         h_idx = to_device(host_slots, dev)
-        row_bytes = self.host.k[0, 0].numel() * self.host.k.element_size()
         if to_host:
             copy_rows(dev_addr, host_addr, d_idx, h_idx, row_bytes)
         else:
@@ -241,41 +235,3 @@ class Transfer:
                         hslice.copy_(dslice, non_blocking=self.cuda)
                     else:
                         dslice.copy_(hslice, non_blocking=self.cuda)
-
-    def _staging(self, n: int) -> torch.Tensor:
-        """A pinned ``[2, layers, n, heads, dim]`` buffer, reused (grown on demand); the caller
-        holds the copy stream, and the previous user's copies have been waited for."""
-        h = self.host
-        shape = (2, h.num_layers, n, *h.k.shape[2:])
-        need = 2 * h.num_layers * n * h.k[0, 0].numel()
-        if self._stage is None or self._stage.numel() < need:
-            self._stage = torch.empty(need, dtype=h.dtype, pin_memory=True)
-        if self._stage_event is not None:
-            self._stage_event.synchronize()
-        return self._stage[:need].view(shape)
-
-    def _copy_gathered(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *,
-                       to_host: bool) -> None:
-        """CUDA, layer-first pool: per layer and side, one gather on the device and one on the
-        host, through a reused pinned staging buffer (one copy of the bytes on the CPU; the
-        host gather of a layer overlaps the transfer of the one before)."""
-        h = self.host
-        d_idx = dev_slots.to(self.dev.device, non_blocking=True)
-        stage = self._staging(dev_slots.numel())
-        pairs = [(kind, layer, (self.dev.k if kind == 0 else self.dev.v)[layer],
-                  (h.k if kind == 0 else h.v)[layer])
-                 for layer in range(h.num_layers) for kind in (0, 1)]
-        if to_host:
-            for kind, layer, dev, _ in pairs:
-                stage[kind, layer].copy_(dev.index_select(0, d_idx), non_blocking=True)
-            self.stream.synchronize()
-            for kind, layer, _, hk in pairs:
-                hk.index_copy_(0, host_slots, stage[kind, layer])
-        else:
-            for kind, layer, dev, hk in pairs:
-                torch.index_select(hk, 0, host_slots, out=stage[kind, layer])
-                dev.index_copy_(0, d_idx, stage[kind, layer].to(self.dev.device,
-                                                                non_blocking=True))
-        if self._stage_event is None:
-            self._stage_event = torch.cuda.Event()
-        self._stage_event.record()

@@ -233,13 +233,6 @@ def dequant_mxfp8(q: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return q.to(torch.float32) * e8m0_to_float(e).repeat_interleave(MX_BLOCK, 1)
 
 
-def fake_quant_mxfp8(x: torch.Tensor) -> torch.Tensor:
-    """The float32 values a dynamic MXFP8 activation quantizer hands the matmul (per token and
-    32 columns; power-of-two scales, so quantizing and scaling back are exact but for the e4m3
-    rounding)."""
-    return dequant_mxfp8(*quantize_mxfp8(x))
-
-
 def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     """float32 values (already scaled) -> E2M1 codes (int64, bit 3 the sign): the nearest
     representable value, ties to the even code, saturating at 6."""

@@ -9,8 +9,8 @@ from typing import Any, Callable
 import torch
 
 from engine.runtime.quant_methods import (Fp8Method, Int8Method, LayerMethod, MXFP4Method,
-                                          MXFP8Method, _matches, checkpoint_names, config_value, is_excluded,
-                                          unsupported)
+                                          MXFP8Method, _matches, checkpoint_names, config_value,
+                                          is_excluded, unsupported)
 from engine.runtime.quant_schemes import (AWQMethod, GPTQMethod, IntWeightOnlyMethod,
                                           NVFP4WeightMethod, PackQuantizedMethod, excluding)
 
@@ -163,6 +163,7 @@ def compressed_tensors_scheme(cfg: dict) -> Callable[[str], LayerMethod | None]:
     return scheme
 
 
+#: how Quark spells an MXFP4 (E2M1) ``dtype``
 MXFP4_DTYPES = ("fp4", "mxfp4", "fp4_e2m1")
 
 

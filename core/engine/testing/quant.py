@@ -398,6 +398,16 @@ def load_fused_layer(method: Any, tensors: dict[str, torch.Tensor], prefix: str,
     return layer
 
 
+#: the fused q/k/v layer the kit and the layer tests load: SmolLM2's output widths
+QKV_PARTS = {"q_proj": 576, "k_proj": 192, "v_proj": 192}
+
+
+def qkv_weights(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random dense q/k/v weights of layer 0 (576 inputs, scale 0.04), checkpoint names."""
+    return {f"model.layers.0.self_attn.{p}.weight": torch.randn(n, 576, generator=gen) * 0.04
+            for p, n in QKV_PARTS.items()}
+
+
 def check(name: str, build: Any) -> list[str]:
     """The quantization kit: every checkpoint kind the writers produce that the plugin accepts
     (its hook raises ConfigError for the others) loads into a fused q/k/v layer at SmolLM2's
@@ -412,10 +422,9 @@ def check(name: str, build: Any) -> list[str]:
     from engine.errors import ConfigError, PluginError
 
     failures: list[str] = []
-    parts = {"q_proj": 576, "k_proj": 192, "v_proj": 192}
+    parts = QKV_PARTS
     gen = torch.Generator().manual_seed(0)
-    dense = {f"model.layers.0.self_attn.{p}.weight": torch.randn(n, 576, generator=gen) * 0.04
-             for p, n in parts.items()}
+    dense = qkv_weights(gen)
     x = torch.randn(7, 576, generator=gen)
     for scheme, kw in KIT_SCHEMES.items():
         tensors, qcfg, ref = quantize_state(dense, scheme, **kw)

@@ -8,8 +8,8 @@ buffers directly; K/V are never gathered into a contiguous copy.
 Options (the hook's ``options``): ``triton_attention_num_kv_splits`` (the most splits per
 request, capped at one per key tile, and on a GPU at what keeps about four programs per
 multiprocessor busy: at batch 128 x 8 KV heads there are programs enough without splitting,
-and splits would only add partial outputs and a merge), ``triton_attention_split_tile_size`` (fixed tokens per split
-instead: the split layout depends only on a request's own length), and
+and splits would only add partial outputs and a merge), ``triton_attention_split_tile_size``
+(fixed tokens per split instead: the split layout depends only on a request's own length), and
 ``triton_attention_reduce_in_fp32`` (float32 partial outputs; they are float32 anyway when q is).
 """
 
