@@ -10,6 +10,9 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile
   plugins/parsers/model-config-{hf,auto,mistral} plugins/quant/{gguf,unquant} \
   plugins/moe/{torch,triton,a2a-none} plugins/grammar/{llguidance,none} || return 1
 export PYTHONPATH=/tmp/site:/tmp/site2:$PWD/core
+# the quantization plugins, importable (benchmarks/quant_gpu.py loads each choice's method)
+for d in plugins/quant/*/; do PYTHONPATH=$PYTHONPATH:$PWD/$d; done
+export PYTHONPATH
 # The server's own dependencies (fastapi, uvicorn, pydantic, llguidance...), carried as wheels in
 # .whl-server/ when a run starts `engine serve` there. Fetch them here with:
 #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \

@@ -1,17 +1,27 @@
 """Decode-step cost of the linear layers of Llama-3-8B (32 layers: qkv 4096->6144, o, gate_up
-4096->28672, down 14336->4096) under each quantization format, against bf16, at batch 1 and 32.
+4096->28672, down 14336->4096) under each quantization format, against bf16, at several batch
+sizes, on a GPU.
 
 Dummy weights are quantized by the checkpoint writers of :mod:`engine.testing.quant`, loaded
-through each choice's plugin and timed with CUDA events (one layer per shape, times 32). Skips
-without CUDA. Attention is not included: this isolates what the choice changes.
+through each choice's plugin (packed on the GPU: :mod:`engine.runtime.quant_triton`). Each
+format's four layers are copied ``--copies`` times (distinct memory, more than the 60 MB L2
+holds), the copies' products are captured in one CUDA graph (as a decode step runs them) and
+replayed; the step is the replay's time per copy times 32. Attention, norms and the head are
+not included: this isolates what the choice changes. The roofline column is the step's weight
+bytes over 4.3 TB/s.
 
-    python benchmarks/quant_gpu.py [scheme ...]     (schemes: engine.testing.quant.CHOICE)
+    python benchmarks/quant_gpu.py [--schemes a,b] [--batches 1,32] [--sweep]
+
+``--sweep`` also times the kernels' launch configurations at batch 1 (and the fp8 row
+threshold) and prints the best of each.
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import importlib
-import sys
+import itertools
 
 import torch
 
@@ -23,66 +33,170 @@ SHAPES = {"self_attn.qkv_proj": (4096, (4096, 1024, 1024)), "self_attn.o_proj": 
 PARTS = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"), "self_attn.o_proj": ("o_proj",),
          "mlp.gate_up_proj": ("gate_proj", "up_proj"), "mlp.down_proj": ("down_proj",)}
 LAYERS = 32
+BANDWIDTH = 4.3e12
+DEVICE = "cuda"
+SCHEMES = {"gptq": {"group": 128}, "gptq_act_order": {"group": 128, "desc_act": True},
+           "awq": {"group": 128, "sym": False}, "ct_wna16": {"group": 128}, "mlx4": {"group": 64},
+           "ct_w8a16": {}, "fp8_tensor": {}, "ct_fp8_dynamic": {}, "fp8_block": {},
+           "modelopt_fp8": {}, "ct_w8a8_int8": {}, "ct_fp8_static": {}}
+
+
+def layer_bytes(layer: torch.nn.Module) -> int:
+    """Bytes a product reads: the layer's tensors (parameters, buffers and packed codes)."""
+    seen, total = set(), 0
+
+    def add(t):
+        nonlocal total
+        if isinstance(t, torch.Tensor) and t.device.type == DEVICE and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+
+    for t in itertools.chain(layer.parameters(), layer.buffers()):
+        add(t)
+    for v in vars(layer).values():
+        add(v)
+        for t in getattr(v, "__dict__", {}).values():
+            add(t)
+        for part in getattr(v, "parts", []):
+            for t in vars(part).values():
+                add(t)
+    return total
 
 
 def build(scheme: str | None, key: str) -> Linear:
     k, shards = SHAPES[key]
     prefix = "model.layers.0." + key.split(".")[0]
-    dense = {f"{prefix}.{p}.weight": torch.randn(n, k) * k ** -0.5
+    gen = torch.Generator().manual_seed(0)
+    dense = {f"{prefix}.{p}.weight": torch.randn(n, k, generator=gen) * k ** -0.5
              for p, n in zip(PARTS[key], shards)}
     if scheme is None:
         layer = Linear(k, sum(shards), dtype=torch.bfloat16, shards=shards)
         layer.weight.data.copy_(torch.cat(list(dense.values())))
-        return layer.cuda()
-    tensors, qcfg, _ = tq.quantize_state(dense, scheme, group=128)
-    impl = importlib.import_module(f"engine_quant_{tq.CHOICE[scheme].replace('-', '_')}.impl")
-    method = impl.engine_create_quant_method(quant_config={"quant_method": "", **qcfg})
-    layer = Linear(k, sum(shards), dtype=torch.bfloat16, shards=shards,
-                   quant_method=method.for_layer("model.layers.0." + key))
-    layer = layer.cuda()
-    params, start = dict(layer.named_parameters()), 0
-    for p, n in zip(PARTS[key], shards):
-        base = f"{prefix}.{p}"
-        for name, t in tensors.items():
-            if name.startswith(base + "."):
-                leaf = name[len(base) + 1:]
-                params[leaf].weight_loader(params[leaf], t.cuda(), start, n)
-        start += n
-    layer.process_weights_after_loading()
-    return layer
+        return layer.to(DEVICE)
+    written = "gptq" if scheme == "gptq_act_order" else scheme
+    tensors, qcfg, _ = tq.quantize_state(dense, written, **SCHEMES[scheme])
+    impl = importlib.import_module(
+        f"engine_quant_{tq.CHOICE[written].replace('-', '_')}.impl")
+    method = impl.engine_create_quant_method(
+        quant_config={"quant_method": "", **tq.normalized_config(written, qcfg)})
+    tensors = dict(method.checkpoint_weights(iter(tensors.items())))
+    parts = dict(zip(PARTS[key], shards))
+    with torch.device(DEVICE):
+        return tq.load_fused_layer(method.for_layer("model.layers.0." + key),
+                                   {n: t.to(DEVICE) for n, t in tensors.items()}, prefix, parts,
+                                   k, torch.bfloat16)
 
 
-def step_ms(layers: dict[str, Linear], batch: int, iters: int = 50) -> float:
+def step_ms(layers: dict[str, Linear], batch: int, copies: int, iters: int = 20) -> float:
+    sets = [layers] + [{k: copy.deepcopy(v) for k, v in layers.items()}
+                       for _ in range(copies - 1)]
     xs = {key: torch.randn(batch, SHAPES[key][0], dtype=torch.bfloat16, device="cuda")
           for key in layers}
-    for _ in range(5):
-        for key, layer in layers.items():
-            layer(xs[key])
+
+    def run():
+        for s in sets:
+            for key, layer in s.items():
+                layer(xs[key])
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):
-        for key, layer in layers.items():
-            layer(xs[key])
+        graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters * LAYERS
+    del graph, sets
+    return start.elapsed_time(end) / iters / copies * LAYERS
+
+
+def _sweep_one(scheme: str, table: dict, key: int, grid: list, copies: int
+               ) -> tuple[float, tuple]:
+    """The fastest configuration of ``grid`` for ``table[key]`` at batch 1 (restored after)."""
+    layers = {k: build(scheme, k) for k in SHAPES}
+    saved, results = table[key], []
+    for cfg in grid:
+        table[key] = cfg
+        try:
+            results.append((step_ms(layers, 1, copies, iters=10), cfg))
+        except Exception as e:  # noqa: BLE001 - a configuration that does not compile
+            results.append((float("inf"), cfg))
+            print(f"  {scheme} {cfg}: {type(e).__name__}", flush=True)
+    table[key] = saved
+    results.sort()
+    print(f"sweep {scheme} batch 1, rows block {key}: best "
+          + ", ".join(f"{c} {t:.3f} ms" for t, c in results[:4])
+          + f"; default {saved}; worst {results[-1][1]} {results[-1][0]:.3f}", flush=True)
+    del layers
+    torch.cuda.empty_cache()
+    return results[0]
+
+
+def sweep(copies: int) -> None:
+    """Launch configurations at batch 1 for an fp8 and a block-fp8 format with ``tl.dot`` (one
+    row padded to 16), against the elementwise path's best (``--fma``); the faster is installed
+    for the table."""
+    from engine.runtime import quant_triton as qt
+
+    prod = itertools.product
+    for scheme, table, flag, grid, fma_cfg in (
+            ("ct_fp8_dynamic", qt.W8_CONFIGS, "FMA_ROWS",
+             list(prod((16, 32, 64, 128), (128, 256), (4,), (3, 4))), (16, 512, 4, 2)),
+            ("fp8_block", qt.W8_BLOCK_CONFIGS, "BLOCK_FMA_ROWS",
+             list(prod((16, 32, 64, 128), (128,), (4,), (3, 4))), (16, 128, 2, 4))):
+        setattr(qt, flag, 4)
+        table[1] = fma_cfg
+        fma = _sweep_one(scheme, table, 1, [fma_cfg], copies)
+        setattr(qt, flag, 0)
+        dot = _sweep_one(scheme, table, 16, grid, copies)
+        table[16] = dot[1]
+        setattr(qt, flag, 0 if dot[0] < fma[0] else 4)
+    print(f"installed: w8 {qt.W8_CONFIGS[1]} / {qt.W8_CONFIGS[16]} FMA_ROWS {qt.FMA_ROWS}, "
+          f"block {qt.W8_BLOCK_CONFIGS[1]} / {qt.W8_BLOCK_CONFIGS[16]} BLOCK_FMA_ROWS "
+          f"{qt.BLOCK_FMA_ROWS}", flush=True)
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--schemes", default=",".join(SCHEMES))
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--copies", type=int, default=6)
+    ap.add_argument("--sweep", action="store_true")
+    args = ap.parse_args()
     if not torch.cuda.is_available():
         print("skipped: needs a CUDA GPU")
         return
-    schemes = sys.argv[1:] or ["ct_fp8_dynamic", "fp8_tensor", "fp8_block", "ct_w8a8_int8",
-                               "gptq", "awq", "ct_wna16", "modelopt_fp8"]
-    base = {b: step_ms({k: build(None, k) for k in SHAPES}, b) for b in (1, 32)}
-    print("| format (choice) | batch 1 ms/step | batch 32 ms/step | vs bf16 (1 / 32) |")
-    print("|---|---|---|---|")
-    print(f"| bf16 | {base[1]:.3f} | {base[32]:.3f} | 1.00 / 1.00 |")
-    for s in schemes:
+    batches = [int(b) for b in args.batches.split(",")]
+    if args.sweep:
+        sweep(args.copies)
+    dense = {k: build(None, k) for k in SHAPES}
+    base = {b: step_ms(dense, b, args.copies) for b in batches}
+    base_bytes = sum(layer_bytes(v) for v in dense.values()) * LAYERS
+    del dense
+    head = " | ".join(f"batch {b} ms" for b in batches)
+    print(f"| format (choice) | weight GB/step | roofline ms | {head} | vs bf16 "
+          f"({' / '.join(map(str, batches))}) |")
+    print("|---|---|---|" + "---|" * len(batches) + "---|")
+    print(f"| bf16 | {base_bytes / 1e9:.2f} | {base_bytes / BANDWIDTH * 1e3:.3f} | "
+          + " | ".join(f"{base[b]:.3f}" for b in batches) + " | "
+          + " / ".join("1.00" for _ in batches) + " |", flush=True)
+    for s in args.schemes.split(","):
         layers = {k: build(s, k) for k in SHAPES}
-        ms = {b: step_ms(layers, b) for b in (1, 32)}
-        print(f"| {s} ({tq.CHOICE[s]}) | {ms[1]:.3f} | {ms[32]:.3f} | "
-              f"{ms[1] / base[1]:.2f} / {ms[32] / base[32]:.2f} |", flush=True)
+        nbytes = sum(layer_bytes(v) for v in layers.values()) * LAYERS
+        ms = {b: step_ms(layers, b, args.copies) for b in batches}
+        choice = tq.CHOICE["gptq" if s == "gptq_act_order" else s]
+        print(f"| {s} ({choice}) | {nbytes / 1e9:.2f} | {nbytes / BANDWIDTH * 1e3:.3f} | "
+              + " | ".join(f"{ms[b]:.3f}" for b in batches) + " | "
+              + " / ".join(f"{ms[b] / base[b]:.2f}" for b in batches) + " |", flush=True)
         del layers
         torch.cuda.empty_cache()
 

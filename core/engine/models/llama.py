@@ -575,8 +575,7 @@ class LlamaForCausalLM(nn.Module):
                for n, q in layer.named_parameters()):
             return []
         del pending[key]
-        layer.process_weights_after_loading()
-        return experts.load(param, layer.weight.data, expert, shard)
+        return experts.load(param, layer.quant_method.dense_weight(layer), expert, shard)
 
     def _with_head_copy(self, weights: Iterable[tuple[str, object]]
                         ) -> Iterable[tuple[str, object]]:

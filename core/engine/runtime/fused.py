@@ -22,7 +22,7 @@ import os
 import torch
 
 #: whether Triton is installed (found without importing it: a CPU server never loads it)
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def for_tensor(x: torch.Tensor):
@@ -53,7 +53,7 @@ def _cpu_ops():
 def enabled(x: torch.Tensor) -> bool:
     """Whether the fused kernels serve ``x``: a CUDA tensor in half precision (or any tensor under
     the Triton interpreter, for tests), unless ``ENGINE_DISABLE_FUSED=1``."""
-    if not _HAS_TRITON or x.dtype not in (torch.bfloat16, torch.float16):
+    if not HAS_TRITON or x.dtype not in (torch.bfloat16, torch.float16):
         return False
     if os.environ.get("ENGINE_DISABLE_FUSED") == "1":
         return False

@@ -137,10 +137,9 @@ class QuantMethod(ABC):
     split-K that depends on the shape). Under ``--enable-deterministic-inference`` a layer whose
     method does not say so multiplies its rows one at a time.
 
-    ``dense_after_loading``: after :meth:`process_weights_after_loading` the layer holds a dense
-    ``weight`` in the model dtype and :meth:`apply` is the dense product of it (weight-only
-    formats dequantized at load); such a method also serves routed experts, which take that
-    dense weight."""
+    ``dense_after_loading``: a weight-only format whose loaded tensors give a dense weight in the
+    model dtype (``dense_weight(layer)``, called instead of :meth:`process_weights_after_loading`);
+    such a method also serves routed experts, which take that dense weight."""
 
     dense_after_loading: bool = False
 

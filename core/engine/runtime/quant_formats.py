@@ -61,7 +61,7 @@ def pack_int32(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     if c.shape[-1] % per:
         raise ValueError(f"{c.shape[-1]} codes do not fill whole words of {per}")
     c = c.reshape(*c.shape[:-1], c.shape[-1] // per, per)
-    shifts = torch.arange(per, dtype=torch.int64) * bits
+    shifts = torch.arange(per, dtype=torch.int64, device=c.device) * bits
     words = ((c & ((1 << bits) - 1)) << shifts).sum(-1)
     words = torch.where(words >= 2 ** 31, words - 2 ** 32, words)
     return words.to(torch.int32).movedim(-1, dim).contiguous()
@@ -71,14 +71,14 @@ def awq_unpack(packed: torch.Tensor) -> torch.Tensor:
     """AWQ int32 [R, N/8] -> int32 codes [R, N] in column order."""
     codes = unpack_int32(packed, 4, 1)
     r, n = codes.shape
-    inverse = torch.tensor([AWQ_ORDER.index(i) for i in range(8)])
+    inverse = torch.tensor([AWQ_ORDER.index(i) for i in range(8)], device=codes.device)
     return codes.reshape(r, n // 8, 8)[:, :, inverse].reshape(r, n)
 
 
 def awq_pack(codes: torch.Tensor) -> torch.Tensor:
     """int codes [R, N] -> AWQ int32 [R, N/8]."""
     r, n = codes.shape
-    order = torch.tensor(AWQ_ORDER)
+    order = torch.tensor(AWQ_ORDER, device=codes.device)
     return pack_int32(codes.reshape(r, n // 8, 8)[:, :, order].reshape(r, n), 4, 1)
 
 
@@ -110,7 +110,7 @@ def dequant_pack_quantized(weight_packed: torch.Tensor, weight_scale: torch.Tens
     q = unpack_int32(weight_packed, bits, 1) - (1 << (bits - 1))  # [N, K]
     k = q.shape[1]
     groups = (g_idx.long() if g_idx is not None
-              else torch.arange(k) // group_size)
+              else torch.arange(k, device=q.device) // group_size)
     s = weight_scale.to(torch.float32)[:, groups]
     if zero_point is None:
         return q.to(torch.float32) * s

@@ -1,13 +1,14 @@
 """The layer methods quantization plugins assemble: checkpoint parameters that load fused shards
-by output rows, weight-only formats served by dequantize-then-matmul, fp8 (W8A16, W8A8 with
-dynamic per-token / per-group or static activations, online) and int8 W8A8.
+by output rows, weight-only formats, fp8 (W8A16, W8A8 with dynamic per-token / per-group or
+static activations, online) and int8 W8A8.
 
 CPU paths are exact against the format's dequantize-then-float reference: weight-only and fp8
 layers multiply a dense copy of the dequantized weight (as fast as the dense model; fp8
 activations are quantized and dequantized the way the format's kernels see them), int8 W8A8
-multiplies integers (``torch._int_mm``, exact) and scales the int32 sums. On CUDA, fp8
-per-tensor/per-channel layers use ``torch._scaled_mm`` (row-wise scales), block fp8 with whole
-128x128 blocks its block-scaled form, int8 ``torch._int_mm``; the other formats dequantize.
+multiplies integers (``torch._int_mm``, exact) and scales the int32 sums. On a GPU the weights
+stay packed (:func:`packed_kernels`): weight-only formats with an affine form, fp8 and int8 are
+multiplied by the Triton kernels of :mod:`engine.runtime.quant_triton`, which read the packed
+bytes (fp8 layers with row-wise scales go to ``torch._scaled_mm`` above ``KERNEL_ROWS`` rows).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from torch import nn
 from engine.errors import ConfigError
 from engine.runtime import quant_formats as qf
 from engine.runtime.linear import Linear, QuantMethod, UnquantizedMethod, dense_linear
+
+#: row counts up to which fp8 layers with a cuBLAS path (row-wise scales) use the Triton product
+KERNEL_ROWS = 32
 
 #: fused projections and the checkpoint modules they are made of
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -138,26 +142,126 @@ class LayerMethod(QuantMethod):
 # ---------------------------------------------------------------- weight-only, dequantized
 
 
+def packed_kernels(layer: Linear) -> bool:
+    """Whether ``layer`` keeps its quantized weight packed and multiplies it with the Triton
+    kernels of :mod:`engine.runtime.quant_triton`: a half-precision model on a GPU (or under
+    the Triton interpreter, for tests), unless ``ENGINE_DISABLE_QUANT_KERNELS=1``."""
+    import os
+
+    from engine.runtime import fused
+
+    if os.environ.get("ENGINE_DISABLE_QUANT_KERNELS") == "1" or not fused.HAS_TRITON:
+        return False
+    if getattr(layer, "quant_dtype", None) not in (torch.bfloat16, torch.float16):
+        return False
+    device = next((p.device for p in layer.parameters()), torch.device("cpu"))
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def PACKED_WEIGHT_ONLY() -> bool:  # noqa: N802 - reads like the setting it is
+    """Whether weight-only formats keep their codes packed on a GPU
+    (``ENGINE_PACKED_WEIGHT_ONLY=1``): a quarter of the memory, but on an H200 the packed
+    product is still slower than the dense copy's (docs/benchmarks/quantization.md), so the
+    dense copy is the default."""
+    import os
+
+    return os.environ.get("ENGINE_PACKED_WEIGHT_ONLY") == "1"
+
+
+class AffineWeight:
+    """A weight-only integer weight in the canonical form of
+    :func:`engine.runtime.quant_triton.affine_mm`: ``W[n, k] = codes[n, k] * scale[n, k // group]
+    + bias[n, k // group]`` with unsigned ``bits``-bit codes, columns taken in the order
+    ``perm`` (act-order checkpoints: groups made contiguous) when given. Packed for the kernel
+    (scales stored [groups, N])."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, bits: int,
+                 group: int, perm: torch.Tensor | None = None) -> None:
+        from engine.runtime import quant_triton
+
+        self.sub = quant_triton.affine_sub(group)
+        self.q = quant_triton.pack_affine(codes, bits, self.sub)
+        self.scale = scale.to(torch.float32).t().contiguous()
+        self.bias = bias.to(torch.float32).t().contiguous()
+        self.bits, self.group = bits, group
+        self.perm = perm.to(torch.int32).contiguous() if perm is not None else None
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        from engine.runtime import quant_triton
+
+        shape = x.shape
+        y = quant_triton.affine_mm(x.reshape(-1, shape[-1]), self.q, self.scale, self.bias,
+                                   self.bits, self.group, self.sub, perm=self.perm, bias=bias)
+        return y.reshape(*shape[:-1], -1)
+
+
+class AffineShards:
+    """Fused shards whose columns are permuted differently (act-order shards quantized
+    apart): one :class:`AffineWeight` each, their outputs side by side."""
+
+    def __init__(self, parts: list[AffineWeight]) -> None:
+        self.parts = parts
+        self.widths = [p.q.shape[0] for p in parts]
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        biases = bias.split(self.widths) if bias is not None else [None] * len(self.parts)
+        return torch.cat([p.matmul(x, b) for p, b in zip(self.parts, biases)], -1)
+
+
+def act_order(g_idx: torch.Tensor, group: int) -> tuple[bool, torch.Tensor | None]:
+    """(servable, permutation) for a per-column group index: ``(True, None)`` when the groups
+    are the plain ``k // group``; ``(True, perm)`` when sorting the columns by group makes every
+    group ``group`` contiguous columns (GPTQ's act-order); ``(False, None)`` otherwise."""
+    k = g_idx.numel()
+    g = g_idx.long().reshape(-1)
+    plain = torch.arange(k, device=g.device) // group
+    if torch.equal(g, plain):
+        return True, None
+    perm = torch.sort(g, stable=True).indices
+    return bool(torch.equal(g[perm], plain)), perm
+
+
 class DequantizedMethod(LayerMethod):
-    """A weight-only format kept as a dense dequantized copy: ``create_weights`` registers the
-    checkpoint's tensors (:func:`add_param`), :meth:`dequantize` turns them into float32
-    [out, in]; after loading they are replaced by ``weight`` in the model dtype and the product
-    is the dense model's (:func:`~engine.runtime.linear.dense_linear`: exact against the float
-    reference, and as fast as the dense model)."""
+    """A weight-only format: ``create_weights`` registers the checkpoint's tensors
+    (:func:`add_param`), :meth:`dequantize` turns them into float32 [out, in].
+
+    On the CPU (and for formats with no :meth:`affine` form) the tensors are replaced after
+    loading by a dense ``weight`` in the model dtype and the product is the dense model's
+    (:func:`~engine.runtime.linear.dense_linear`: exact against the float reference, and as fast
+    as the dense model). On a GPU (:func:`packed_kernels`) a format with an :meth:`affine`
+    form keeps its codes packed and multiplies them in a Triton kernel that dequantizes as it
+    reads, so a decode step reads the packed bytes only."""
 
     dense_after_loading = True
 
     def dequantize(self, layer: Linear) -> torch.Tensor:
         raise NotImplementedError
 
+    def affine(self, layer: Linear) -> AffineWeight | AffineShards | None:
+        """The weight as an :class:`AffineWeight` (``None``: this format or this layer's
+        configuration has none; it is served dense)."""
+        return None
+
+    def dense_weight(self, layer: Linear) -> torch.Tensor:
+        """The loaded weight, dequantized, in the model dtype (routed experts take this)."""
+        return self.dequantize(layer).to(layer.quant_dtype)
+
     def process_weights_after_loading(self, layer: Linear) -> None:
-        dtype = layer.quant_dtype
-        w = self.dequantize(layer)
+        from engine.runtime import quant_triton
+
+        group = getattr(layer, "group", None)
+        packed = (self.affine(layer) if packed_kernels(layer) and group and PACKED_WEIGHT_ONLY()
+                  and quant_triton.affine_sub(group) else None)
+        w = self.dense_weight(layer) if packed is None else None
         for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
             delattr(layer, name)
-        layer.weight = nn.Parameter(w.to(dtype), requires_grad=False)
+        layer.packed = packed
+        if w is not None:
+            layer.weight = nn.Parameter(w, requires_grad=False)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if layer.packed is not None:
+            return layer.packed.matmul(x, bias)
         return dense_linear(x, layer.weight, bias)
 
 
@@ -236,10 +340,14 @@ class Fp8Method(LayerMethod):
             add_param(layer, self.scale_name, tuple(scale.shape), torch.float32).data.copy_(scale)
         layer.act_scale = (layer.input_scale.data.max().reshape(1, 1).float()
                            if self.act == "static" else None)
+        layer.kernel = packed_kernels(layer) and self._kernel_serves(layer)
         layer.cuda_rowwise = (layer.weight.is_cuda and self.act is not None
-                             and self.weight_scheme != "block")
-        if layer.cuda_rowwise:
-            layer.w_scale = self._channel_scales(layer).reshape(1, -1).contiguous()
+                              and self.weight_scheme != "block" and self.act_group is None)
+        if layer.kernel or layer.cuda_rowwise:
+            layer.w_scale = (getattr(layer, self.scale_name).data.to(torch.float32).contiguous()
+                             if self.weight_scheme == "block"
+                             else self._channel_scales(layer).reshape(-1).contiguous())
+            layer.w_q = layer.weight.data
             layer.w_t = layer.weight.data.t()
             return
         w = self._dequantize(layer)
@@ -247,14 +355,36 @@ class Fp8Method(LayerMethod):
             delattr(layer, name)
         layer.weight = nn.Parameter(w.to(dtype), requires_grad=False)
 
+    def _kernel_serves(self, layer: Linear) -> bool:
+        """Whether :func:`~engine.runtime.quant_triton.w8_mm` computes this layer: block scales
+        must not straddle fused shards, and activations grouped per block (or not at all)."""
+        if self.weight_scheme != "block":
+            return self.act_group is None
+        bn, bk = self.block
+        shards = getattr(layer, "shards", None) or (layer.out_features,)
+        return all(n % bn == 0 for n in shards) and self.act_group in (None, bk)
+
+    def _kernel_apply(self, layer: Linear, x2: torch.Tensor,
+                      bias: torch.Tensor | None) -> torch.Tensor:
+        from engine.runtime import quant_triton as qt
+
+        block = self.block if self.weight_scheme == "block" else None
+        act = (None if self.act is None else "group" if self.act_group is not None
+               else "static" if layer.act_scale is not None else "token")
+        static = layer.act_scale.reshape(1) if layer.act_scale is not None else None
+        return qt.w8_mm(x2, layer.w_q, layer.w_scale, act=act, x_scale=static, block=block,
+                        bias=bias)
+
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        if layer.kernel and (x2.shape[0] <= KERNEL_ROWS or not layer.cuda_rowwise):
+            return self._kernel_apply(layer, x2, bias).reshape(*shape[:-1], -1)
         if layer.cuda_rowwise:
             scale = (layer.act_scale.expand(x2.shape[0], 1).contiguous()
                      if layer.act_scale is not None else qf.fp8_scale_per_token(x2, self.fp8))
             y = torch._scaled_mm(qf.quantize_fp8(x2, scale, self.fp8), layer.w_t,
-                                 scale_a=scale, scale_b=layer.w_scale, bias=bias,
+                                 scale_a=scale, scale_b=layer.w_scale.reshape(1, -1), bias=bias,
                                  out_dtype=x.dtype)
             return y.reshape(*shape[:-1], -1)
         if self.act is not None:
@@ -374,7 +504,11 @@ class Int8Method(LayerMethod):
             q = torch.round(w / scale).clamp(-128, 127).to(torch.int8)
         else:
             q, scale = layer.weight.data, layer.weight_scale.data.to(torch.float32)
-        layer.w_t = q.t().contiguous()  # [K, N] for torch._int_mm
+        layer.kernel = packed_kernels(layer)
+        if layer.kernel:  # [N, K], the Triton product at every row count
+            layer.w_q = q.contiguous()
+        else:
+            layer.w_t = q.t().contiguous()  # [K, N] for torch._int_mm
         layer.w_scale = scale.reshape(1, -1).contiguous()
         layer.act_scale = (layer.input_scale.data.max().reshape(1, 1).float()
                            if self.act == "static" else None)
@@ -384,6 +518,16 @@ class Int8Method(LayerMethod):
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        if layer.kernel:
+            from engine.runtime import quant_triton as qt
+
+            static = layer.act_scale.reshape(1) if layer.act_scale is not None else None
+            y = qt.w8_mm(x2, layer.w_q, layer.w_scale.reshape(-1),
+                         act="token" if static is None else "static", x_scale=static,
+                         out_dtype=torch.float32).to(x.dtype)
+            if bias is not None:
+                y = y + bias
+            return y.reshape(*shape[:-1], -1)
         if layer.act_scale is None:
             xq, sx = qf.quantize_int8_per_token(x2)
         else:

@@ -16,14 +16,43 @@ import torch
 from engine.errors import ConfigError
 from engine.runtime import quant_formats as qf
 from engine.runtime.linear import Linear, QuantMethod
-from engine.runtime.quant_methods import (DequantizedMethod, LayerMethod, add_param, check_group,
-                                          is_excluded, packed_extent)
+from engine.runtime.quant_methods import (AffineShards, AffineWeight, DequantizedMethod,
+                                          LayerMethod, act_order, add_param, check_group, is_excluded,
+                                          packed_extent)
 
 
 def _shards(layer: Linear) -> list[tuple[int, int]]:
     """(start, size) of each fused shard along the output features."""
     sizes = getattr(layer, "shards", None) or (layer.out_features,)
     return [(sum(sizes[:i]), s) for i, s in enumerate(sizes)]
+
+
+#: code widths the packed GPU product reads (whole codes to a 32-bit word)
+_PACKED_BITS = (2, 4, 8)
+
+
+def _affine_by_order(layer: Linear, g_idxs: list[torch.Tensor], codes: torch.Tensor,
+                     scale: torch.Tensor, bias: torch.Tensor, bits: int
+                     ) -> AffineWeight | AffineShards | None:
+    """The affine weight of [N, K] ``codes`` with per-group ``scale``/``bias`` [N, K/g] whose
+    shards each have a group index of the columns (act order): one permutation when the shards
+    agree (as GPTQ's q/k/v, quantized from the same inputs, do), else one weight per shard;
+    ``None`` when a group is not ``group`` columns."""
+    orders = [act_order(g, layer.group) for g in g_idxs]
+    if not all(ok for ok, _ in orders):
+        return None
+    perms = [p for _, p in orders]
+    same = all(torch.equal(g, g_idxs[0]) for g in g_idxs[1:])
+    if same or len(perms) == 1:
+        perm = perms[0]
+        return AffineWeight(codes if perm is None else codes[:, perm], scale, bias, bits,
+                            layer.group, perm)
+    parts = []
+    for (start, size), perm in zip(_shards(layer), perms):
+        rows = slice(start, start + size)
+        c = codes[rows] if perm is None else codes[rows][:, perm]
+        parts.append(AffineWeight(c, scale[rows], bias[rows], bits, layer.group, perm))
+    return AffineShards(parts)
 
 
 def _optional(param: torch.nn.Parameter) -> None:
@@ -65,6 +94,14 @@ class GPTQMethod(DequantizedMethod):
                                        self.bits, self.zero_offset))
         return torch.cat(out)
 
+    def affine(self, layer: Linear) -> AffineWeight | AffineShards | None:
+        if self.bits not in _PACKED_BITS:
+            return None
+        q = qf.unpack_int32(layer.qweight.data, self.bits, 0).t()  # [N, K]
+        z = (qf.unpack_int32(layer.qzeros.data, self.bits, 1) + self.zero_offset).t()
+        s = layer.scales.data.to(torch.float32).t()  # [N, K/g]
+        return _affine_by_order(layer, list(layer.g_idx.data), q, s, -(z * s), self.bits)
+
 
 class AWQMethod(DequantizedMethod):
     """AWQ GEMM layout: 4-bit, ``qweight``/``qzeros`` packed along N in AWQ order."""
@@ -85,6 +122,12 @@ class AWQMethod(DequantizedMethod):
     def dequantize(self, layer: Linear) -> torch.Tensor:
         return qf.dequant_awq(layer.qweight.data, layer.qzeros.data, layer.scales.data,
                               layer.group)
+
+    def affine(self, layer: Linear) -> AffineWeight | None:
+        q = qf.awq_unpack(layer.qweight.data).t()  # [N, K]
+        z = qf.awq_unpack(layer.qzeros.data).t()
+        s = layer.scales.data.to(torch.float32).t()
+        return AffineWeight(q, s, -(z * s), 4, layer.group)
 
 
 class PackQuantizedMethod(DequantizedMethod):
@@ -127,6 +170,24 @@ class PackQuantizedMethod(DequantizedMethod):
                                                  layer.group, zp, g_idx))
         return torch.cat(out)
 
+    def affine(self, layer: Linear) -> AffineWeight | AffineShards | None:
+        """Stored codes are ``q + 2^(bits-1)``: ``W = stored * s - (2^(bits-1) + zero) * s``."""
+        if self.bits not in _PACKED_BITS:
+            return None
+        k = layer.in_features
+        for i, (_, size) in enumerate(_shards(layer)):
+            if tuple(int(v) for v in layer.weight_shape.data[i]) != (size, k):
+                return None  # dequantize() names the disagreement
+        q = qf.unpack_int32(layer.weight_packed.data, self.bits, 1)  # [N, K] stored codes
+        s = layer.weight_scale.data.to(torch.float32)
+        offset = float(1 << (self.bits - 1))
+        z = (qf.unpack_int32(layer.weight_zero_point.data, self.bits, 0) - (1 << (self.bits - 1))
+             if not self.symmetric else torch.zeros_like(s))
+        b = -((z + offset) * s)
+        if not self.has_g_idx:
+            return AffineWeight(q, s, b, self.bits, layer.group)
+        return _affine_by_order(layer, list(layer.weight_g_idx.data), q, s, b, self.bits)
+
 
 class IntWeightOnlyMethod(DequantizedMethod):
     """Symmetric int8 (or int4 held in int8) weights [N, K] with per-channel or per-group
@@ -145,6 +206,11 @@ class IntWeightOnlyMethod(DequantizedMethod):
     def dequantize(self, layer: Linear) -> torch.Tensor:
         s = layer.weight_scale.data.repeat_interleave(layer.group, 1)
         return layer.weight.data.to(torch.float32) * s
+
+    def affine(self, layer: Linear) -> AffineWeight | None:
+        s = layer.weight_scale.data.to(torch.float32)
+        return AffineWeight(layer.weight.data.to(torch.int32) + 128, s, -128.0 * s, 8,
+                            layer.group)
 
 
 class MLXMethod(DequantizedMethod):
@@ -165,6 +231,12 @@ class MLXMethod(DequantizedMethod):
         return qf.dequant_mlx(layer.weight.data, layer.scales.data, layer.biases.data,
                               self.bits, layer.group)
 
+    def affine(self, layer: Linear) -> AffineWeight | None:
+        if self.bits not in _PACKED_BITS:
+            return None
+        return AffineWeight(qf.unpack_int32(layer.weight.data, self.bits, 1),
+                            layer.scales.data, layer.biases.data, self.bits, layer.group)
+
 
 class NVFP4WeightMethod(DequantizedMethod):
     """ModelOpt NVFP4 weights (e2m1 pairs, e4m3 scale per 16, fp32 ``weight_scale_2`` per
@@ -182,7 +254,7 @@ class NVFP4WeightMethod(DequantizedMethod):
     def dequantize(self, layer: Linear) -> torch.Tensor:
         w = qf.dequant_e2m1(layer.weight.data)
         w = w * layer.weight_scale.data.to(torch.float32).repeat_interleave(16, 1)
-        sizes = torch.tensor([s for _, s in _shards(layer)])
+        sizes = torch.tensor([s for _, s in _shards(layer)], device=w.device)
         return w * torch.repeat_interleave(layer.weight_scale_2.data, sizes).reshape(-1, 1)
 
 

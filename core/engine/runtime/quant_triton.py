@@ -1,0 +1,434 @@
+"""Triton products of quantized weights that stay packed on the GPU.
+
+A decode step reads every weight once, so a 4-bit weight is a quarter of the bf16 bytes and an
+fp8 or int8 weight half, but only if the product reads the packed codes itself. Two kernels:
+
+- :func:`affine_mm`: weight-only integer formats (GPTQ, AWQ, compressed-tensors pack-quantized
+  and int weight-only, MLX, auto-round) in one canonical form, ``W[n, k] = q[n, k] * scale[g, n]
+  + bias[g, n]`` (``g = k // group``) with unsigned 2-, 4- or 8-bit codes ``q``, packed by
+  :func:`pack_affine` so that one int32 word holds the codes of ``k = t*PACK + j*SUB + i`` for
+  ``j`` in ``0..32/bits-1``: a tile of ``SUB`` words unpacks, one shift per ``j``, into
+  ``32/bits`` slices of ``SUB`` consecutive columns, each inside one group. An optional
+  permutation of K serves act-order checkpoints (their groups made contiguous). The
+  dequantized weight is rounded to the activation dtype before the product, as the dense copy
+  would be.
+- :func:`w8_mm`: fp8 and int8 weights ``[N, K]`` with per-output-row scales or block scales
+  ``[N/bn, K/bk]``; activations unquantized (W8A16), quantized per row (dynamic: the row's
+  absolute maximum; or a static scale), or per row and block of ``bk`` columns (block fp8).
+  Activation codes are computed as the torch quantizers compute them (correctly rounded
+  division, round to nearest even, saturation), so int8 products are bit-exact against
+  ``torch._int_mm`` and fp8 pairs multiply exactly in float32.
+
+Both are one program per ``BLOCK_N`` outputs and ``BLOCK_M`` rows. For a few rows (decode) the
+products accumulate elementwise over the whole K loop and are summed once at the end; from 16
+rows ``tl.dot``. fp8 rounding is float32 arithmetic (round to nearest even on the format's
+grid), so the Triton interpreter computes the same codes as the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+#: largest row count served by elementwise accumulation (more rows: ``tl.dot``), for weights
+#: with per-row scales and for block-scaled ones
+FMA_ROWS = 0
+BLOCK_FMA_ROWS = 0
+
+#: code dtype -> (kernel FP8 flag, mantissa bits, smallest normal exponent, largest value)
+_KINDS = {torch.int8: (0, 0, 0, 127.0), torch.float8_e4m3fn: (1, 3, -6, 448.0),
+          torch.float8_e5m2: (2, 2, -14, 57344.0)}
+
+
+def _kind(dtype: torch.dtype) -> tuple[int, int, int, float]:
+    try:
+        return _KINDS[dtype]
+    except KeyError:
+        raise ValueError(f"codes of {dtype} are not served (int8, float8_e4m3fn, "
+                         "float8_e5m2)") from None
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """fp8 tensors as their uint8 bit patterns (the kernels bitcast them back)."""
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
+
+
+@triton.jit
+def _rne(v):
+    """Round to the nearest integer, ties to even (|v| < 2^22)."""
+    return (v + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _round_fp8(v, MANT: tl.constexpr, EMIN: tl.constexpr):
+    """``v`` (float32, within the format's range) rounded to the fp8 grid (nearest, ties to
+    even; subnormals below 2^EMIN), still float32: exactly what a cast to the fp8 type gives."""
+    bits = v.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, EMIN)
+    quantum = ((e - MANT + 127) << 23).to(tl.float32, bitcast=True)
+    inverse = ((127 - e + MANT) << 23).to(tl.float32, bitcast=True)
+    return _rne(v * inverse) * quantum
+
+
+@triton.jit
+def _as_fp8(v, FP8: tl.constexpr):
+    """uint8 bit patterns as the fp8 type ``FP8`` names (1: e4m3, 2: e5m2; 0: ``v`` itself).
+    fp8 tensors travel as uint8, so masked loads can fill zeros."""
+    if FP8 == 1:
+        return v.to(tl.float8e4nv, bitcast=True)
+    elif FP8 == 2:
+        return v.to(tl.float8e5, bitcast=True)
+    else:
+        return v
+
+
+@triton.jit
+def _quantize(x, s, r, FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr,
+              EMIN: tl.constexpr):
+    """float32 ``x`` / ``s`` as codes, still float32 (int8: rounded and clamped to
+    [-128, 127]; fp8: saturated and rounded to the grid). ``r`` is ``1 / s`` correctly rounded;
+    the quotient is ``x * r`` corrected by one fused multiply-add of its exact remainder, which
+    is the correctly rounded ``x / s`` (Markstein), as torch's division gives."""
+    q = x * r
+    v = tl.fma(tl.fma(-q, s, x), r, q)
+    if FP8 == 0:
+        return tl.minimum(tl.maximum(_rne(v), -128.0), 127.0)
+    else:
+        return _round_fp8(tl.minimum(tl.maximum(v, -QMAX), QMAX), MANT, EMIN)
+
+
+@triton.jit
+def _codes(q, FP8: tl.constexpr):
+    """float32 codes in the operand type of a product with the weight codes."""
+    if FP8 == 0:
+        return q.to(tl.int8)
+    elif FP8 == 1:
+        return q.to(tl.float8e4nv)
+    else:
+        return q.to(tl.float8e5)
+
+
+@triton.jit
+def _affine_mm(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, M, N, K,
+               stride_xm, stride_qn, stride_ym,
+               BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
+               HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, TILES: tl.constexpr):
+    """Per slice of SUB columns (one group): the codes, exact in the activation dtype, go
+    through ``tl.dot``; the group's scale multiplies that sum and its bias the sum of x."""
+    PER: tl.constexpr = 32 // BITS
+    PACK: tl.constexpr = PER * SUB
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_i = tl.arange(0, SUB)
+    n_ok = offs_n < N
+    m_ok = offs_m < M
+    q_rows = q_ptr + offs_n.to(tl.int64)[:, None] * stride_qn
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t0 in range(0, tl.cdiv(K, PACK), TILES):
+        for u in tl.static_range(TILES):
+            t = t0 + u
+            words = tl.load(q_rows + (t * SUB + offs_i)[None, :], mask=n_ok[:, None], other=0)
+            for j in tl.static_range(PER):
+                k0 = t * PACK + j * SUB
+                g = (k0 // GROUP) * N
+                s_ok = n_ok & (offs_n * 0 + k0 < K)  # the padding past K: zero weights
+                s = tl.load(s_ptr + g + offs_n, mask=s_ok, other=0.0)
+                b = tl.load(b_ptr + g + offs_n, mask=s_ok, other=0.0)
+                c = ((words >> (j * BITS)) & ((1 << BITS) - 1)).to(x_ptr.dtype.element_ty)
+                offs_k = k0 + offs_i
+                if HAS_PERM:
+                    src = tl.load(perm_ptr + offs_k, mask=offs_k < K, other=0)
+                else:
+                    src = offs_k
+                x = tl.load(x_rows + src[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :],
+                            other=0.0)
+                part = tl.dot(x, tl.trans(c))
+                xsum = tl.sum(x.to(tl.float32), axis=1)
+                acc += part * s[None, :] + xsum[:, None] * b[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :],
+             acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _quant_rows(x_ptr, xq_ptr, xs_ptr, static_ptr, K, stride_xm, stride_qm,
+                STATIC: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
+                MANT: tl.constexpr, EMIN: tl.constexpr, BLOCK: tl.constexpr):
+    """One row's scale (dynamic: its absolute maximum over QMAX; or the static one) and
+    codes."""
+    row = tl.program_id(0).to(tl.int64)
+    if STATIC:
+        s = tl.load(static_ptr)
+    else:
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK):
+            offs = k0 + tl.arange(0, BLOCK)
+            v = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0)
+            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
+        s = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-12), QMAX)
+    r = tl.math.div_rn(1.0, s)
+    for k0 in range(0, K, BLOCK):
+        offs = k0 + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+        q = _codes(_quantize(v, s, r, FP8, QMAX, MANT, EMIN), FP8)
+        if FP8 != 0:
+            q = q.to(tl.uint8, bitcast=True)
+        tl.store(xq_ptr + row * stride_qm + offs, q, mask=offs < K)
+    tl.store(xs_ptr + row, s)
+
+
+@triton.jit
+def _wsb(ws_rows, k0, BLOCK_K: tl.constexpr, n_ok):
+    """The weight block scales of the tile at ``k0``, one per output."""
+    return tl.load(ws_rows + k0 // BLOCK_K, mask=n_ok, other=0.0)
+
+
+@triton.jit
+def _w8_mm(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, M, N, K,
+           stride_xm, stride_wn, stride_wsn, stride_ym,
+           ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
+           MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+           AMAX_BLOCK: tl.constexpr, FMA: tl.constexpr, ROW1: tl.constexpr):
+    """ACT 0: ``x`` unquantized (W8A16); 1: quantized per row here, the scale from the row's
+    absolute maximum; 2: quantized per row and BLOCK_K columns here (fp8); 3: quantized with
+    the static scale ``xs[0]``; 4: ``x`` holds codes with per-row scales ``xs``
+    (:func:`_quant_rows`). W_BLOCK_N 0: one weight scale per output row (applied at the end);
+    else block scales ``ws[n // W_BLOCK_N, k // BLOCK_K]``. FMA: elementwise products
+    accumulated over the whole loop and summed once (a few rows); else ``tl.dot``. ROW1: one row
+    in a ``tl.dot`` block: only it is quantized, the padding rows are zeros."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_ok = offs_n < N
+    m_ok = offs_m < M
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    INT: tl.constexpr = FP8 == 0 and ACT != 0
+    PER_ROW: tl.constexpr = ACT == 1 or ACT == 3 or ACT == 4
+    if W_BLOCK_N > 0:
+        ws_rows = ws_ptr + (offs_n // W_BLOCK_N).to(tl.int64) * stride_wsn
+    if ACT == 1 and ROW1:  # one row (padded for tl.dot): its scale from a first pass
+        amax1 = tl.zeros((AMAX_BLOCK,), dtype=tl.float32)
+        for a0 in range(0, K, AMAX_BLOCK):
+            offs_a = a0 + tl.arange(0, AMAX_BLOCK)
+            v = tl.load(x_ptr + offs_a, mask=offs_a < K, other=0.0)
+            amax1 = tl.maximum(amax1, tl.abs(v.to(tl.float32)))
+        xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.math.div_rn(
+            tl.maximum(tl.max(amax1, axis=0), 1e-12), QMAX)
+    elif ACT == 1:  # the rows' scales: a first pass over x (a few rows: it stays in cache)
+        amax = tl.zeros((BLOCK_M, AMAX_BLOCK), dtype=tl.float32)
+        for a0 in range(0, K, AMAX_BLOCK):
+            offs_a = a0 + tl.arange(0, AMAX_BLOCK)
+            v = tl.load(x_rows + offs_a[None, :], mask=m_ok[:, None] & (offs_a < K)[None, :],
+                        other=0.0)
+            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
+        xs = tl.math.div_rn(tl.maximum(tl.max(amax, axis=1), 1e-12), QMAX)
+    elif ACT == 3:
+        xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.load(xs_ptr)
+    elif ACT == 4:
+        xs = tl.load(xs_ptr + offs_m, mask=m_ok, other=1.0)
+    if ACT == 1 or ACT == 3:
+        xr = tl.math.div_rn(tl.zeros((BLOCK_M,), dtype=tl.float32) + 1.0, xs)
+    if FMA:
+        if INT:
+            acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.int32)
+        else:
+            acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    elif INT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        w = _as_fp8(tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                            other=0), FP8)
+        if ROW1 and ACT != 0 and ACT != 4:  # one row, quantized once, padded with zeros
+            x = tl.load(x_ptr + offs_k, mask=k_ok, other=0)[None, :]
+        else:
+            x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0)
+        # the tile's operands (a: activations or their codes, float32 codes on the FMA path)
+        # and its scale (None: one per row and output, applied at the end)
+        if ACT == 0:
+            a = x
+        elif ACT == 2:
+            xf = x.to(tl.float32)
+            sg = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-12), QMAX)
+            rg = tl.math.div_rn(tl.zeros_like(sg) + 1.0, sg)
+            a = _quantize(xf, sg[:, None], rg[:, None], FP8, QMAX, MANT, EMIN)
+            if ROW1:
+                sg = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.sum(sg, axis=0)
+        elif ACT == 4:
+            a = _as_fp8(x, FP8)
+        elif ROW1:
+            a = _quantize(x.to(tl.float32), tl.sum(xs, axis=0) / BLOCK_M,
+                          tl.sum(xr, axis=0) / BLOCK_M, FP8, QMAX, MANT, EMIN)
+        else:
+            a = _quantize(x.to(tl.float32), xs[:, None], xr[:, None], FP8, QMAX, MANT, EMIN)
+        if ROW1 and ACT != 0 and ACT != 4:
+            a = tl.where((offs_m == 0)[:, None], a, 0.0)
+        TILE_SCALE: tl.constexpr = ACT == 2 or W_BLOCK_N > 0
+        if TILE_SCALE:
+            if ACT == 2 and W_BLOCK_N > 0:
+                scale = sg[:, None] * _wsb(ws_rows, k0, BLOCK_K, n_ok)[None, :]
+            elif ACT == 2:
+                scale = sg[:, None] + tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            else:
+                scale = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) \
+                    + _wsb(ws_rows, k0, BLOCK_K, n_ok)[None, :]
+        if FMA:
+            if INT:
+                prod = a.to(tl.int32)[:, None, :] * w.to(tl.int32)[None, :, :]
+            else:
+                prod = a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+            if TILE_SCALE:
+                acc3 += prod * scale[:, :, None]
+            else:
+                acc3 += prod
+        else:
+            if ACT == 0:
+                part = tl.dot(a, tl.trans(w.to(x_ptr.dtype.element_ty)))
+            else:
+                if ACT != 4:
+                    a = _codes(a, FP8)
+                if INT:
+                    part = tl.dot(a, tl.trans(w), out_dtype=tl.int32)
+                else:
+                    part = tl.dot(a, tl.trans(w))
+            if TILE_SCALE:
+                acc += part * scale
+            else:
+                acc += part
+    if FMA:
+        acc = tl.sum(acc3, axis=2)
+    y = acc.to(tl.float32)
+    if PER_ROW:
+        y = y * xs[:, None]
+    if W_BLOCK_N == 0:
+        y = y * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :],
+             y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+# ---------------------------------------------------------------- launch configurations
+
+
+def _rows_block(m: int, fma_rows: int = 0) -> int:
+    if m <= fma_rows:
+        return triton.next_power_of_2(m)
+    return 16 if m <= 16 else 32 if m <= 32 else 64
+
+
+#: (BLOCK_N, TILES, warps, stages) per row block (a tile is 32/bits slices of SUB columns),
+#: chosen on an H200 by ``benchmarks/quant_gpu.py --sweep``
+AFFINE_CONFIGS = {16: (16, 1, 4, 3), 32: (64, 1, 4, 3), 64: (128, 1, 4, 3)}
+#: (BLOCK_N, BLOCK_K, warps, stages) per row block
+W8_CONFIGS = {1: (16, 512, 4, 2), 2: (16, 256, 4, 3), 4: (16, 128, 4, 3),
+              16: (32, 256, 4, 4), 32: (64, 128, 4, 3), 64: (128, 128, 8, 3)}
+#: the same for block-scaled weights (BLOCK_K is the scale block's)
+W8_BLOCK_CONFIGS = {1: (16, 128, 2, 4), 2: (8, 128, 2, 4), 4: (16, 128, 4, 3),
+                    16: (32, 128, 4, 4), 32: (64, 128, 4, 3), 64: (128, 128, 8, 3)}
+
+
+def affine_sub(group: int) -> int | None:
+    """Columns per slice for ``group`` (32, or the group when smaller); ``None`` when the group
+    size cannot be sliced (not a power of two below 32, nor a multiple of 32)."""
+    if group % 32 == 0:
+        return 32
+    return group if group in (16,) else None
+
+
+def pack_affine(codes: torch.Tensor, bits: int, sub: int) -> torch.Tensor:
+    """int codes [N, K] -> int32 words [N, ceil(K / PACK) * sub] in the layout of
+    :func:`affine_mm` (PACK = 32 / bits * sub; K padded with zero codes)."""
+    per = 32 // bits
+    n, k = codes.shape
+    pack = per * sub
+    pad = (-k) % pack
+    c = torch.nn.functional.pad(codes.to(torch.int64), (0, pad)).reshape(n, -1, per, sub)
+    shifts = (torch.arange(per, device=c.device, dtype=torch.int64) * bits).reshape(1, 1, per, 1)
+    words = ((c & ((1 << bits) - 1)) << shifts).sum(2)  # [N, tiles, sub]
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words)
+    return words.reshape(n, -1).to(torch.int32).contiguous()
+
+
+def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torch.Tensor,
+              bits: int, group: int, sub: int, perm: torch.Tensor | None = None,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` [M, K] @ W^T with W in the canonical affine form (see the module docstring):
+    ``q`` from :func:`pack_affine`, ``scale``/``bias_`` float32 [K / group, N]."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, k = x.shape
+    n = q.shape[0]
+    bm = _rows_block(m)
+    bn, tiles, warps, stages = AFFINE_CONFIGS[bm]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
+    tiles = min(tiles, triton.cdiv(k, 32 // bits * sub))
+    if triton.cdiv(k, 32 // bits * sub) % tiles:
+        tiles = 1
+    _affine_mm[grid](x, q, scale, bias_, perm if perm is not None else q,
+                     bias if bias is not None else y, y, m, n, k, x.stride(0), q.stride(0),
+                     y.stride(0), BITS=bits, GROUP=group, SUB=sub, HAS_PERM=perm is not None,
+                     HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, TILES=tiles,
+                     num_warps=warps, num_stages=stages)
+    return y
+
+
+def quant_rows(x: torch.Tensor, dtype: torch.dtype, static: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes [M, K] of ``dtype`` (int8 or an fp8 type), float32 scales [M]) of ``x``, each
+    row quantized by its absolute maximum, or by ``static`` (one scale)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, k = x.shape
+    fp8, mant, emin, qmax = _kind(dtype)
+    xq = torch.empty((m, k), dtype=dtype, device=x.device)
+    xs = torch.empty((m,), dtype=torch.float32, device=x.device)
+    _quant_rows[(m,)](x, _bits(xq), xs, static if static is not None else xs, k, x.stride(0),
+                      xq.stride(0), STATIC=static is not None, FP8=fp8, QMAX=qmax,
+                      MANT=mant, EMIN=emin, BLOCK=min(1024, triton.next_power_of_2(k)),
+                      num_warps=4)
+    return xq, xs
+
+
+def w8_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
+          x_scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
+          out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None
+          ) -> torch.Tensor:
+    """``x`` [M, K] @ W^T for fp8/int8 ``w`` [N, K]. ``act``: ``None`` (W8A16), ``"token"``
+    (quantized per row to ``w``'s type, dynamic), ``"static"`` (``x_scale``: one scale),
+    ``"group"`` (fp8 per row and block of ``block[1]`` columns). ``w_scale``: [N] per output
+    row, or with ``block`` = (bn, bk) the block scales [ceil(N/bn), ceil(K/bk)]. From 16 rows
+    dynamic per-row codes are made by :func:`quant_rows` first."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, k = x.shape
+    n = w.shape[0]
+    fp8, mant, emin, qmax = _kind(w.dtype)
+    fma_rows = FMA_ROWS if block is None else BLOCK_FMA_ROWS
+    bm = _rows_block(m, fma_rows)
+    bn, bk, warps, stages = (W8_CONFIGS if block is None else W8_BLOCK_CONFIGS)[bm]
+    if block is not None:
+        bk = block[1]
+    elif act == "group":
+        raise ValueError("activations quantized per group need block weight scales")
+    code = {None: 0, "token": 1, "group": 2, "static": 3}[act]
+    y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    if code in (1, 3) and m > 1 and bm > fma_rows:  # rows for tl.dot: their codes first
+        x, x_scale = quant_rows(x, w.dtype, static=x_scale if code == 3 else None)
+        code = 4
+    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
+    _w8_mm[grid](_bits(x), x_scale if x_scale is not None else w_scale, _bits(w), w_scale,
+                 bias if bias is not None else y, y, m, n, k, x.stride(0), w.stride(0),
+                 w_scale.stride(0), y.stride(0), ACT=code, W_BLOCK_N=block[0] if block else 0,
+                 FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin, HAS_BIAS=bias is not None,
+                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                 AMAX_BLOCK=min(max(4096 // bm, 512), triton.next_power_of_2(k)),
+                 FMA=bm <= fma_rows, ROW1=m == 1 and bm > 1, num_warps=warps,
+                 num_stages=stages)
+    return y
