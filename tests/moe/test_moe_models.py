@@ -212,9 +212,120 @@ def test_quantized_experts_are_refused_at_load():
 
     cfg = read_hf_dir(checkpoint("Qwen3MoeForCausalLM"))
     # a method that computes with more than a dense weight (here: its own product) is refused
-    with pytest.raises(ConfigError, match=r"routed experts of a quantized checkpoint \(Int8\)"):
+    with pytest.raises(ConfigError, match=r"routed experts quantized by Int8 are not served"):
         load_model(cfg, ServerConfig(load_format="dummy"), torch.device("cpu"), torch.float32,
                    quant_method=Int8(), experts=(TorchRunner(), LocalAllToAll()))
+
+
+def _fp8_channel(w):
+    from engine.runtime import quant_formats as qf
+
+    s = w.abs().amax(1, keepdim=True).clamp(min=1e-12) / 448.0
+    return qf.quantize_fp8(w, s, torch.float8_e4m3fn).float() * s
+
+
+def _fp8_rows(x):
+    from engine.runtime import quant_formats as qf
+
+    return qf.fake_quant_fp8(x, torch.float8_e4m3fn)
+
+
+def _mx(fmt):
+    from engine.runtime import quant_formats as qf
+
+    quantize, dequantize = {"mxfp8": (qf.quantize_mxfp8, qf.dequant_mxfp8),
+                            "mxfp4": (qf.quantize_mxfp4, qf.dequant_mxfp4)}[fmt]
+    return lambda t: dequantize(*quantize(t))
+
+
+def _nvfp4(per_row):
+    from engine.runtime import quant_formats as qf
+
+    return lambda t: qf.fake_quant_nvfp4(t, per_row=per_row)
+
+
+def _int4_channel(w):
+    s = (w.abs().amax(1, keepdim=True) / 7).clamp(min=1e-12)
+    return torch.round(w / s).clamp(-8, 7) * s
+
+
+#: online choice -> (an expert projection's kept weight values, the rounding of its input rows),
+#: written out here from each format's definition
+ONLINE_EXPERTS = {"fp8": (_fp8_channel, _fp8_rows), "w8a8_fp8": (_fp8_channel, _fp8_rows),
+                  "mxfp8": (_mx("mxfp8"), _mx("mxfp8")),
+                  "mxfp_w4a8": (_mx("mxfp4"), _mx("mxfp8")),
+                  "quark_int4fp8_moe": (_int4_channel, _fp8_rows),
+                  "nvfp4_online": (_nvfp4(False), _nvfp4(True))}
+
+
+@pytest.mark.parametrize("choice", sorted(ONLINE_EXPERTS))
+def test_online_quantized_experts_keep_the_formats_values(choice):
+    """A dense MoE checkpoint served with an online choice: each expert projection holds the
+    values the format keeps (gate and up quantized as separate tensors), the torch runner
+    rounds the rows each expert multiplies as the format's activations are rounded, and the
+    model decodes."""
+    from engine.models.moe import route, torch_reference
+
+    quantized = runner_for(checkpoint("Qwen3MoeForCausalLM"), quantization=choice)
+    dense = runner_for(checkpoint("Qwen3MoeForCausalLM"))
+    weights, rows = ONLINE_EXPERTS[choice]
+    block, ref = quantized.model.model.layers[1].mlp, dense.model.model.layers[1].mlp
+    inter = ref.experts.intermediate_size
+    for e in range(ref.experts.num_experts):
+        w13 = ref.experts.w13[e]
+        assert torch.equal(block.experts.w13[e],
+                           torch.cat([weights(w13[:inter]), weights(w13[inter:])])), e
+        assert torch.equal(block.experts.w2[e], weights(ref.experts.w2[e])), e
+    h = torch.randn(6, 64, generator=torch.Generator().manual_seed(1))
+    topk_w, ids = route(block.gate(h), block.top_k, block.renormalize)
+    got = block.runner.apply(block.experts, h, ids, topk_w)
+    want = torch_reference(block.experts.w13, block.experts.w2, h, ids, topk_w, act=rows)
+    plain = torch_reference(block.experts.w13, block.experts.w2, h, ids, topk_w)
+    assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
+    assert not torch.allclose(got, plain, atol=1e-5, rtol=0)  # the rounding is there
+    ids_out, _ = greedy(quantized, [PROMPTS[0]], 4)
+    assert len(ids_out[0]) == 4
+
+
+@pytest.mark.parametrize("scheme,kw", [("ct_fp8_dynamic", {}), ("fp8_block", {"block": (32, 32)}),
+                                       ("ct_w8a8_int8", {}), ("mxfp8", {})])
+def test_activation_quantized_expert_checkpoints_load(tmp_path, scheme, kw):
+    """fp8 (per channel, per block), int8 W8A8 and MXFP8 checkpoints of a MoE model: each
+    expert holds the format's dequantized weights and its activations are rounded."""
+    from engine.testing import quant as tq
+
+    ref = tq.write_checkpoint(checkpoint("Qwen3MoeForCausalLM"), str(tmp_path / "q"), scheme,
+                              **kw)
+    runner = runner_for(str(tmp_path / "q"))
+    experts = runner.model.model.layers[1].mlp.experts
+    for e in (0, 3):
+        want = ref[f"model.layers.1.mlp.experts.{e}.down_proj.weight"]
+        assert torch.allclose(experts.w2[e], want, atol=1e-6, rtol=0), e
+    assert experts.act_quant is not None
+    ids_out, _ = greedy(runner, [PROMPTS[0]], 4)
+    assert len(ids_out[0]) == 4
+
+
+def test_a_runner_that_cannot_round_activations_refuses_them(monkeypatch):
+    from engine.models.moe import ExpertWeights
+    from engine_moe_torch.impl import TorchRunner
+    from engine_moe_triton.impl import TritonRunner
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    experts = ExpertWeights(4, 64, 32, torch.float32)
+    assert TritonRunner(None).supports(experts) is None
+    experts.act_quant = _fp8_rows
+    assert "the torch runner serves them" in TritonRunner(None).supports(experts)
+    assert TorchRunner().supports(experts) is None
+
+
+def test_experts_with_static_activation_scales_are_refused(tmp_path):
+    from engine.testing import quant as tq
+
+    tq.write_checkpoint(checkpoint("Qwen3MoeForCausalLM"), str(tmp_path / "q"), "fp8_tensor")
+    with pytest.raises(ConfigError, match=r"routed experts quantized by Fp8Method are not "
+                       r"served yet"):
+        runner_for(str(tmp_path / "q"))
 
 
 def test_an_all_to_all_that_needs_several_ranks_is_refused_with_its_reason():

@@ -11,7 +11,8 @@ The shared machinery of the checkpoint formats: ``formats`` (bit packing, dequan
 activation quantizers: :mod:`engine.runtime.quant_formats`), :func:`add_param` (a checkpoint
 tensor whose loader places fused shards by output rows and checks shapes),
 :class:`DequantizedMethod` (weight-only formats), :class:`Fp8Method`, the MX formats
-(:class:`MXFP8Method`, :class:`MXFP4Method`), :class:`Int8Method`, :func:`claim` (does a
+(:class:`MXFP8Method`, :class:`MXFP4Method`), :class:`Int8Method`, :class:`OnlineExperts` (formats that quantize routed experts only,
+emulated; :data:`EXPERTS` matches their layer names), :func:`claim` (does a
 choice read this checkpoint: conflicts and missing configs as one-line errors), :func:`is_excluded` (a checkpoint's ignore lists against a possibly fused layer).
 """
 
@@ -25,12 +26,13 @@ from engine.runtime.quant_readers import (MXFP4_DTYPES, awq_method, compressed_t
 from engine.runtime.quant_schemes import (AWQMethod, BnB4bitMethod, BnB8bitMethod, GPTQMethod, IntWeightOnlyMethod, MLXMethod,
                                           NVFP4WeightMethod, PackQuantizedMethod, PerLayer,
                                           bnb_rewrite, excluding, mlx_dense_embeddings)
-from engine.runtime.quant_methods import (DequantizedMethod, Fp8Method, Int8Method, LayerMethod,
-                                          MXFP4Method, MXFP8Method, MXMethod,
+from engine.runtime.quant_methods import (EXPERTS, DequantizedMethod, Fp8Method, Int8Method,
+                                          LayerMethod, MXFP4Method, MXFP8Method, MXMethod,
+                                          OnlineExperts,
                                           add_param, check_group, checkpoint_names, claim,
                                           config_value, is_excluded, packed_extent, unsupported)
 
-__all__ = ["MXFP4_DTYPES", "AWQMethod", "BnB4bitMethod", "BnB8bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeightOnlyMethod", "MLXMethod", "NVFP4WeightMethod",
+__all__ = ["EXPERTS", "OnlineExperts", "MXFP4_DTYPES", "AWQMethod", "BnB4bitMethod", "BnB8bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeightOnlyMethod", "MLXMethod", "NVFP4WeightMethod",
            "PackQuantizedMethod", "PerLayer", "awq_method", "compressed_tensors_scheme",
            "excluding", "fp8_method", "gptq_exclusions", "gptq_method", "mlx_dense_embeddings", "modelopt_scheme",
            "quark_scheme", "DequantizedMethod", "Fp8Method", "Int8Method", "LayerMethod", "Linear",

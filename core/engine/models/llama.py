@@ -239,15 +239,17 @@ def sparse_block(cfg: ModelConfig, layer_id: int, dtype: torch.dtype, quant: Qua
                           "and all-to-all (engine serve does)")
     method = quant(prefix + ".experts")
     quantized = method is not None and not isinstance(method, UnquantizedMethod)
-    if quantized and not method.dense_after_loading:
-        raise ConfigError(f"{cfg.architecture}: routed experts of a quantized checkpoint "
-                          f"({type(method).__name__}) are not served yet; experts are served "
-                          "for weight-only formats, dequantized at load")
+    if quantized and not method.serves_experts:
+        raise ConfigError(f"{cfg.architecture}: routed experts quantized by "
+                          f"{type(method).__name__} are not served yet (experts are served for "
+                          "weight-only formats, and for fp8, int8 and MX formats with dynamic "
+                          "activations)")
     shared = (MLP(cfg, dtype, quant, prefix + ".shared_expert",
                   width=cfg.shared_expert_intermediate_size)
               if cfg.shared_expert_intermediate_size > 0 else None)
     block = SparseMoeBlock(cfg, layer_id, dtype, runner=experts[0], a2a=experts[1],
-                           shared=shared, prefix=prefix)
+                           shared=shared, prefix=prefix,
+                           act_quant=method.expert_activation() if quantized else None)
     if quantized:  # each expert's projections load through the format, then go in dense
         block.experts.quant = quant
     return block
@@ -575,7 +577,7 @@ class LlamaForCausalLM(nn.Module):
                for n, q in layer.named_parameters()):
             return []
         del pending[key]
-        return experts.load(param, layer.quant_method.dense_weight(layer), expert, shard)
+        return experts.load(param, layer.quant_method.expert_weight(layer), expert, shard)
 
     def _with_head_copy(self, weights: Iterable[tuple[str, object]]
                         ) -> Iterable[tuple[str, object]]:

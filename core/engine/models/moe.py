@@ -8,7 +8,7 @@ a shared expert scaled by ``sigmoid(shared_expert_gate(x))``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -37,10 +37,14 @@ def route(router_logits: torch.Tensor, top_k: int,
 
 
 def torch_reference(w13: torch.Tensor, w2: torch.Tensor, hidden: torch.Tensor,
-                    topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-    """The definition, in float32: ``sum_k w_k * w2[e_k] @ (silu(g) * u)`` with
-    ``[g; u] = w13[e_k] @ x``; ids of -1 contribute nothing. Returns [T, H] in float32."""
-    x = hidden.float()
+                    topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                    act: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """The definition, in float32: ``sum_k w_k * w2[e_k] @ act(silu(g) * u)`` with
+    ``[g; u] = w13[e_k] @ act(x)`` (``act``: an activation-quantized format's rounding of the
+    rows, :attr:`ExpertWeights.act_quant`; none by default); ids of -1 contribute nothing.
+    Returns [T, H] in float32."""
+    act = act or (lambda rows: rows)
+    x = act(hidden.float())
     out = torch.zeros_like(x)
     inter = w13.shape[1] // 2
     flat_ids = topk_ids.reshape(-1).long()
@@ -51,15 +55,21 @@ def torch_reference(w13: torch.Tensor, w2: torch.Tensor, hidden: torch.Tensor,
             continue
         sel = (flat_ids == e).nonzero().squeeze(1)
         gu = x[token[sel]] @ w13[e].float().t()
-        act = F.silu(gu[:, :inter]) * gu[:, inter:]
-        out.index_add_(0, token[sel], (act @ w2[e].float().t()) * flat_w[sel, None])
+        mid = act(F.silu(gu[:, :inter]) * gu[:, inter:])
+        out.index_add_(0, token[sel], (mid @ w2[e].float().t()) * flat_w[sel, None])
     return out
 
 
 class ExpertWeights(nn.Module):
     """The routed experts of one layer, stacked: ``w13`` [E, 2I, H] (gate rows, then up rows)
     and ``w2`` [E, H, I] in the model dtype. ``first_expert``: the model-wide id of row 0 (expert
-    parallelism loads a slice). Runners may keep repacked copies as extra attributes."""
+    parallelism loads a slice). Runners may keep repacked copies as extra attributes.
+
+    ``act_quant``: an activation-quantized format's rounding of the rows each expert multiplies
+    (``x`` before ``w13``, ``silu(g) * u`` before ``w2``), per row; ``None``: none. A runner
+    applies it or refuses the layer in ``supports``."""
+
+    act_quant: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
                  dtype: torch.dtype, *, first_expert: int = 0, model_num_experts: int = 0,
@@ -119,7 +129,8 @@ class SparseMoeBlock(nn.Module):
 
     def __init__(self, cfg: "ModelConfig", layer_id: int, dtype: torch.dtype, *,
                  runner: "MoERunner", a2a: "MoEAllToAll", shared: nn.Module | None,
-                 prefix: str) -> None:
+                 prefix: str,
+                 act_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         super().__init__()
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         if not 0 < self.top_k <= cfg.num_experts:
@@ -130,6 +141,7 @@ class SparseMoeBlock(nn.Module):
         self.experts = ExpertWeights(len(local), cfg.hidden_size, cfg.moe_intermediate_size,
                                      dtype, first_expert=local.start,
                                      model_num_experts=cfg.num_experts, name=prefix + ".experts")
+        self.experts.act_quant = act_quant
         self.shared_expert = shared
         self.shared_expert_gate = None
         if shared is not None and cfg.shared_expert_gate:

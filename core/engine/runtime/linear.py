@@ -137,11 +137,23 @@ class QuantMethod(ABC):
     split-K that depends on the shape). Under ``--enable-deterministic-inference`` a layer whose
     method does not say so multiplies its rows one at a time.
 
-    ``dense_after_loading``: a weight-only format whose loaded tensors give a dense weight in the
-    model dtype (``dense_weight(layer)``, called instead of :meth:`process_weights_after_loading`);
-    such a method also serves routed experts, which take that dense weight."""
+    ``serves_experts``: the routed experts of a MoE model quantized by this method can be served:
+    each expert projection loads into a :class:`Linear` of this method, :meth:`expert_weight`
+    gives its weight as the format computes with it (dense, in the model dtype: the runners read
+    stacked dense experts) and :meth:`expert_activation` what the format does to the rows an
+    expert multiplies (activation-quantized formats: a quantize-dequantize; emulated)."""
 
-    dense_after_loading: bool = False
+    serves_experts: bool = False
+
+    def expert_weight(self, layer: "Linear") -> torch.Tensor:
+        """A routed expert's projection loaded into ``layer`` (never processed): its weight as
+        the format computes with it, dense, in the model dtype."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve routed experts")
+
+    def expert_activation(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What the format does to the rows an expert multiplies, per row (the gate/up inputs
+        and the down inputs alike), or ``None`` (nothing)."""
+        return None
 
     #: the KV cache storage ``--kv-cache-dtype auto`` picks for a model served by this method
     #: (None: the model's dtype). A method whose arithmetic is already approximate may ask for

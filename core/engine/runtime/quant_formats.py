@@ -262,6 +262,35 @@ def dequant_mxfp4(packed: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return dequant_e2m1(packed) * e8m0_to_float(e).repeat_interleave(MX_BLOCK, 1)
 
 
+#: elements of one NVFP4 block (one e4m3 scale each)
+NVFP4_BLOCK = 16
+
+
+def fake_quant_nvfp4(x: torch.Tensor, per_row: bool) -> torch.Tensor:
+    """The float32 values NVFP4 keeps of ``x`` [M, K] (K a multiple of 16): a global scale
+    ``amax / (448 * 6)`` (per row when ``per_row``, as activations are quantized per token;
+    else one for the tensor, as a weight), an e4m3 scale per block of 16 (the block's absolute
+    maximum over 6, in units of the global scale), and E2M1 elements (nearest, ties to even,
+    saturating at 6)."""
+    xf = x.to(torch.float32)
+    m, k = xf.shape
+    amax = xf.abs().amax(-1, keepdim=True) if per_row else xf.abs().amax().reshape(1, 1)
+    gs = (amax / (448.0 * 6.0)).clamp(min=1e-12)
+    g = xf.reshape(m, k // NVFP4_BLOCK, NVFP4_BLOCK)
+    bs = (g.abs().amax(-1) / 6.0 / gs).to(torch.float8_e4m3fn).to(torch.float32) * gs
+    safe = torch.where(bs > 0, bs, torch.ones_like(bs))
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=xf.device)
+    return (table[e2m1_codes(g / safe[..., None])] * bs[..., None]).reshape(m, k)
+
+
+def int4_channel_values(w: torch.Tensor) -> torch.Tensor:
+    """The values a symmetric per-output-channel int4 quantization keeps of ``w`` [N, K]:
+    ``q * s`` with ``s = amax / 7`` and ``q`` rounded to nearest even in [-8, 7]."""
+    wf = w.to(torch.float32)
+    s = (wf.abs().amax(-1, keepdim=True) / 7.0).clamp(min=1e-12)
+    return torch.round(wf / s).clamp(-8, 7) * s
+
+
 def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric dynamic per-token int8: (int8 [M, K], float32 scales [M, 1]),
     ``x ~ q * scale`` with round-half-to-even."""

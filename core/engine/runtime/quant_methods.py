@@ -232,7 +232,7 @@ class DequantizedMethod(LayerMethod):
     form keeps its codes packed and multiplies them in a Triton kernel that dequantizes as it
     reads, so a decode step reads the packed bytes only."""
 
-    dense_after_loading = True
+    serves_experts = True
 
     def dequantize(self, layer: Linear) -> torch.Tensor:
         raise NotImplementedError
@@ -243,8 +243,11 @@ class DequantizedMethod(LayerMethod):
         return None
 
     def dense_weight(self, layer: Linear) -> torch.Tensor:
-        """The loaded weight, dequantized, in the model dtype (routed experts take this)."""
+        """The loaded weight, dequantized, in the model dtype."""
         return self.dequantize(layer).to(layer.quant_dtype)
+
+    def expert_weight(self, layer: Linear) -> torch.Tensor:
+        return self.dense_weight(layer)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         from engine.runtime import quant_triton
@@ -329,15 +332,34 @@ class Fp8Method(LayerMethod):
             row, srow = row + n, srow + nb
         return torch.cat(out)
 
+    @property
+    def serves_experts(self) -> bool:  # static activation scales of experts are not read
+        return self.act != "static"
+
+    def _quantize_online(self, layer: Linear) -> None:
+        """A dense checkpoint's weight, quantized per output channel into the fp8 parameters."""
+        w = layer.weight.data.to(torch.float32)
+        scale = w.abs().amax(1, keepdim=True).clamp(min=1e-12) / qf.FP8_MAX[self.fp8]
+        del layer.weight
+        add_param(layer, "weight", tuple(w.shape), self.fp8).data.copy_(
+            qf.quantize_fp8(w, scale, self.fp8))
+        add_param(layer, self.scale_name, tuple(scale.shape), torch.float32).data.copy_(scale)
+
+    def expert_weight(self, layer: Linear) -> torch.Tensor:
+        if self.online:
+            self._quantize_online(layer)
+        return self._dequantize(layer).to(layer.quant_dtype)
+
+    def expert_activation(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        if self.act is None:
+            return None
+        fp8, group = self.fp8, self.act_group
+        return lambda x: qf.fake_quant_fp8(x, fp8, group=group).to(x.dtype)
+
     def process_weights_after_loading(self, layer: Linear) -> None:
         dtype = layer.quant_dtype
         if self.online:
-            w = layer.weight.data.to(torch.float32)
-            scale = w.abs().amax(1, keepdim=True).clamp(min=1e-12) / qf.FP8_MAX[self.fp8]
-            del layer.weight
-            add_param(layer, "weight", tuple(w.shape), self.fp8).data.copy_(
-                qf.quantize_fp8(w, scale, self.fp8))
-            add_param(layer, self.scale_name, tuple(scale.shape), torch.float32).data.copy_(scale)
+            self._quantize_online(layer)
         layer.act_scale = (layer.input_scale.data.max().reshape(1, 1).float()
                            if self.act == "static" else None)
         layer.kernel = packed_kernels(layer) and self._kernel_serves(layer)
@@ -440,13 +462,25 @@ class MXMethod(LayerMethod):
         add_param(layer, "weight", (out_features, in_features // per), kind)
         add_param(layer, "weight_scale", (out_features, in_features // qf.MX_BLOCK), torch.uint8)
 
-    def process_weights_after_loading(self, layer: Linear) -> None:
+    serves_experts = True
+
+    def expert_weight(self, layer: Linear) -> torch.Tensor:
         _, _, quantize, dequantize = MX_FORMATS[self.fmt]
         w = (dequantize(*quantize(layer.weight.data)) if self.online
              else dequantize(layer.weight.data, layer.weight_scale.data))
+        return w.to(layer.quant_dtype)
+
+    def expert_activation(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        if self.act is None:
+            return None
+        _, _, quantize, dequantize = MX_FORMATS[self.act]
+        return lambda x: dequantize(*quantize(x)).to(x.dtype)
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        w = self.expert_weight(layer)
         for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
             delattr(layer, name)
-        layer.weight = nn.Parameter(w.to(layer.quant_dtype), requires_grad=False)
+        layer.weight = nn.Parameter(w, requires_grad=False)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
@@ -497,13 +531,31 @@ class Int8Method(LayerMethod):
             n_shards = len(getattr(layer, "shards", None) or (1,))
             add_param(layer, "input_scale", (n_shards,), torch.float32, extent=lambda n: 1)
 
-    def process_weights_after_loading(self, layer: Linear) -> None:
+    @property
+    def serves_experts(self) -> bool:  # static activation scales of experts are not read
+        return self.act != "static"
+
+    def _codes(self, layer: Linear) -> tuple[torch.Tensor, torch.Tensor]:
+        """(int8 weight [N, K], float32 scales [N, 1]): the checkpoint's, or a dense
+        checkpoint's quantized per output channel."""
         if self.online:
             w = layer.weight.data.to(torch.float32)
             scale = w.abs().amax(1, keepdim=True).clamp(min=1e-12) / 127.0
-            q = torch.round(w / scale).clamp(-128, 127).to(torch.int8)
-        else:
-            q, scale = layer.weight.data, layer.weight_scale.data.to(torch.float32)
+            return torch.round(w / scale).clamp(-128, 127).to(torch.int8), scale
+        return layer.weight.data, layer.weight_scale.data.to(torch.float32)
+
+    def expert_weight(self, layer: Linear) -> torch.Tensor:
+        q, scale = self._codes(layer)
+        return (q.to(torch.float32) * scale.reshape(-1, 1)).to(layer.quant_dtype)
+
+    def expert_activation(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        def act(x: torch.Tensor) -> torch.Tensor:
+            q, s = qf.quantize_int8_per_token(x)
+            return (q.to(torch.float32) * s).to(x.dtype)
+        return act
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        q, scale = self._codes(layer)
         layer.kernel = packed_kernels(layer)
         if layer.kernel:  # [N, K], the Triton product at every row count
             layer.w_q = q.contiguous()
@@ -540,6 +592,41 @@ class Int8Method(LayerMethod):
         if bias is not None:
             y = y + bias
         return y.reshape(*shape[:-1], -1)
+
+
+# ---------------------------------------------------------------- formats of experts only
+
+
+#: the checkpoint names of routed experts' layers (``...mlp.experts`` and its projections)
+EXPERTS = re.compile(r"\.experts(\.|$)")
+
+
+class OnlineExperts(LayerMethod):
+    """Routed experts of a dense checkpoint quantized at load by a format that quantizes
+    experts only: ``weights`` maps an expert projection's float32 weight [N, K] to the values
+    the format keeps, ``activation`` is its rounding of the rows an expert multiplies (or
+    ``None``). Emulated: the runner multiplies the kept values densely. Dense layers never get
+    this method (a plugin hands it out for :data:`EXPERTS` names only)."""
+
+    serves_experts = True
+
+    def __init__(self, weights: Callable[[torch.Tensor], torch.Tensor],
+                 activation: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+        self.weights, self.activation = weights, activation
+
+    def create_weights(self, layer: Linear, in_features: int, out_features: int,
+                       dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        UnquantizedMethod().create_weights(layer, in_features, out_features, dtype)
+
+    def expert_weight(self, layer: Linear) -> torch.Tensor:
+        return self.weights(layer.weight.data.to(torch.float32)).to(layer.quant_dtype)
+
+    def expert_activation(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        return self.activation
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise TypeError(f"{self.prefix}: {type(self).__name__} quantizes routed experts only")
 
 
 # ---------------------------------------------------------------- checkpoint claims

@@ -1,5 +1,7 @@
 """``--moe-runner-backend torch``: sort the (token, expert) pairs by expert, run the gate/up and
-down projections as grouped GEMMs over the sorted rows, weight and scatter-add back.
+down projections as grouped GEMMs over the sorted rows, weight and scatter-add back. An
+activation-quantized format's rounding (``experts.act_quant``) is applied to the rows before
+each projection.
 
 ``torch.nn.functional.grouped_mm`` serves the GEMMs where this torch has it for the device and
 dtype (CPU float32/bfloat16; CUDA bfloat16 on SM90+ with 16-byte aligned widths); otherwise one
@@ -44,7 +46,10 @@ class TorchRunner(MoERunner):
         n_valid = int(valid.sum())
         order = order[:n_valid]
         token = order // k
+        act = experts.act_quant  # an activation-quantized format's rounding of the rows
         x = hidden.index_select(0, token)
+        if act is not None:
+            x = act(x)
         counts = torch.bincount(flat[order], minlength=experts.num_experts)
         inter = experts.intermediate_size
         if getattr(experts, "grouped", None) is None:
@@ -56,7 +61,8 @@ class TorchRunner(MoERunner):
         if grouped:
             offs = counts.cumsum(0).to(torch.int32)
             gu = _grouped_mm(x, experts.w13.transpose(1, 2), offs=offs)
-            y = _grouped_mm(F.silu(gu[:, :inter]) * gu[:, inter:], experts.w2.transpose(1, 2),
+            mid = F.silu(gu[:, :inter]) * gu[:, inter:]
+            y = _grouped_mm(mid if act is None else act(mid), experts.w2.transpose(1, 2),
                             offs=offs)
         else:
             y = torch.empty_like(x)
@@ -64,7 +70,8 @@ class TorchRunner(MoERunner):
             for e, n in enumerate(counts.tolist()):
                 if n:  # (a few rows on CPU: the weight-streaming product)
                     gu = dense_linear(x[start:start + n], experts.w13[e])
-                    y[start:start + n] = dense_linear(F.silu(gu[:, :inter]) * gu[:, inter:],
+                    mid = F.silu(gu[:, :inter]) * gu[:, inter:]
+                    y[start:start + n] = dense_linear(mid if act is None else act(mid),
                                                       experts.w2[e])
                     start += n
         # back to (token, slot) order, then a weighted sum over the slots (a scatter-add with

@@ -82,6 +82,9 @@ class TritonRunner(MoERunner):
             return f"expert weights in {experts.w13.dtype} (serves float32, bfloat16, float16)"
         if experts.w13.device.type == "cpu" and not interpreting():
             return "a CPU device needs TRITON_INTERPRET=1"
+        if experts.act_quant is not None:
+            return ("the experts' activations are quantized (an emulated format); the torch "
+                    "runner serves them")
         return None
 
     def config_for(self, experts: ExpertWeights, tokens: int) -> dict[str, int]:
