@@ -279,7 +279,7 @@ def test_online_quantized_experts_keep_the_formats_values(choice):
     h = torch.randn(6, 64, generator=torch.Generator().manual_seed(1))
     topk_w, ids = route(block.gate(h), block.top_k, block.renormalize)
     got = block.runner.apply(block.experts, h, ids, topk_w)
-    want = torch_reference(block.experts.w13, block.experts.w2, h, ids, topk_w, act=rows)
+    want = torch_reference(block.experts.w13, block.experts.w2, h, ids, topk_w, act=(rows, rows))
     plain = torch_reference(block.experts.w13, block.experts.w2, h, ids, topk_w)
     assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
     assert not torch.allclose(got, plain, atol=1e-5, rtol=0)  # the rounding is there
@@ -306,6 +306,47 @@ def test_activation_quantized_expert_checkpoints_load(tmp_path, scheme, kw):
     assert len(ids_out[0]) == 4
 
 
+def test_w4afp8_checkpoint_int4_experts_with_static_fp8_activations(tmp_path):
+    """A w4afp8 checkpoint of a MoE model: each expert holds its int4 codes times their group
+    scales, the rows each layer's experts multiply are rounded to fp8 with the largest of that
+    layer's input scales (one for the gate/up inputs, one for the down inputs), and the other
+    linear layers are block fp8."""
+    from safetensors.torch import load_file
+
+    from engine.models.moe import route, torch_reference
+    from engine.runtime import quant_formats as qf
+    from engine.runtime.quant_methods import Fp8Method
+    from engine.testing import quant as tq
+
+    ref = tq.write_checkpoint(checkpoint("Qwen3MoeForCausalLM"), str(tmp_path / "q"), "w4afp8",
+                              group=32, block=(32, 32))
+    state = load_file(str(tmp_path / "q" / "model.safetensors"))
+    runner = runner_for(str(tmp_path / "q"))
+    block = runner.model.model.layers[1].mlp
+    for e in (0, 5):
+        want = ref[f"model.layers.1.mlp.experts.{e}.down_proj.weight"]
+        assert torch.allclose(block.experts.w2[e], want, atol=1e-6, rtol=0), e
+    assert isinstance(runner.model.model.layers[0].self_attn.qkv_proj.quant_method, Fp8Method)
+
+    def largest(projs):
+        return max(float(state[f"model.layers.1.mlp.experts.{e}.{p}.input_scale"])
+                   for e in range(block.experts.num_experts) for p in projs)
+
+    def static(scale):
+        s = torch.tensor(scale)
+        return lambda x: qf.fake_quant_fp8(x, torch.float8_e4m3fn, scale=s)
+
+    h = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
+    topk_w, ids = route(block.gate(h), block.top_k, block.renormalize)
+    got = block.runner.apply(block.experts, h, ids, topk_w)
+    want = torch_reference(block.experts.w13, block.experts.w2, h, ids, topk_w,
+                           act=(static(largest(("gate_proj", "up_proj"))),
+                                static(largest(("down_proj",)))))
+    assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
+    ids_out, _ = greedy(runner, [PROMPTS[0]], 4)
+    assert len(ids_out[0]) == 4
+
+
 def test_a_runner_that_cannot_round_activations_refuses_them(monkeypatch):
     from engine.models.moe import ExpertWeights
     from engine_moe_torch.impl import TorchRunner
@@ -314,7 +355,7 @@ def test_a_runner_that_cannot_round_activations_refuses_them(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     experts = ExpertWeights(4, 64, 32, torch.float32)
     assert TritonRunner(None).supports(experts) is None
-    experts.act_quant = _fp8_rows
+    experts.act_quant = (_fp8_rows, _fp8_rows)
     assert "the torch runner serves them" in TritonRunner(None).supports(experts)
     assert TorchRunner().supports(experts) is None
 

@@ -25,6 +25,7 @@ from engine.runtime.quant_readers import (MXFP4_DTYPES, awq_method, compressed_t
                                           quark_scheme)
 from engine.runtime.quant_schemes import (AWQMethod, BnB4bitMethod, BnB8bitMethod, GPTQMethod, IntWeightOnlyMethod, MLXMethod,
                                           NVFP4WeightMethod, PackQuantizedMethod, PerLayer,
+                                          W4AFp8ExpertMethod,
                                           bnb_rewrite, excluding, mlx_dense_embeddings)
 from engine.runtime.quant_methods import (EXPERTS, DequantizedMethod, Fp8Method, Int8Method,
                                           LayerMethod, MXFP4Method, MXFP8Method, MXMethod,
@@ -32,7 +33,7 @@ from engine.runtime.quant_methods import (EXPERTS, DequantizedMethod, Fp8Method,
                                           add_param, check_group, checkpoint_names, claim,
                                           config_value, is_excluded, packed_extent, unsupported)
 
-__all__ = ["EXPERTS", "OnlineExperts", "MXFP4_DTYPES", "AWQMethod", "BnB4bitMethod", "BnB8bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeightOnlyMethod", "MLXMethod", "NVFP4WeightMethod",
+__all__ = ["W4AFp8ExpertMethod", "EXPERTS", "OnlineExperts", "MXFP4_DTYPES", "AWQMethod", "BnB4bitMethod", "BnB8bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeightOnlyMethod", "MLXMethod", "NVFP4WeightMethod",
            "PackQuantizedMethod", "PerLayer", "awq_method", "compressed_tensors_scheme",
            "excluding", "fp8_method", "gptq_exclusions", "gptq_method", "mlx_dense_embeddings", "modelopt_scheme",
            "quark_scheme", "DequantizedMethod", "Fp8Method", "Int8Method", "LayerMethod", "Linear",

@@ -8,13 +8,14 @@ a shared expert scaled by ``sigmoid(shared_expert_gate(x))``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ConfigError
+from engine.runtime.linear import ActQuant
 
 if TYPE_CHECKING:
     from engine.api.moe import MoEAllToAll, MoERunner
@@ -38,13 +39,12 @@ def route(router_logits: torch.Tensor, top_k: int,
 
 def torch_reference(w13: torch.Tensor, w2: torch.Tensor, hidden: torch.Tensor,
                     topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                    act: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """The definition, in float32: ``sum_k w_k * w2[e_k] @ act(silu(g) * u)`` with
-    ``[g; u] = w13[e_k] @ act(x)`` (``act``: an activation-quantized format's rounding of the
-    rows, :attr:`ExpertWeights.act_quant`; none by default); ids of -1 contribute nothing.
-    Returns [T, H] in float32."""
-    act = act or (lambda rows: rows)
-    x = act(hidden.float())
+                    act: ActQuant | None = None) -> torch.Tensor:
+    """The definition, in float32: ``sum_k w_k * w2[e_k] @ act[1](silu(g) * u)`` with
+    ``[g; u] = w13[e_k] @ act[0](x)`` (``act``: :attr:`ExpertWeights.act_quant`; none by
+    default); ids of -1 contribute nothing. Returns [T, H] in float32."""
+    act_in, act_mid = act or (lambda rows: rows, lambda rows: rows)
+    x = act_in(hidden.float())
     out = torch.zeros_like(x)
     inter = w13.shape[1] // 2
     flat_ids = topk_ids.reshape(-1).long()
@@ -55,7 +55,7 @@ def torch_reference(w13: torch.Tensor, w2: torch.Tensor, hidden: torch.Tensor,
             continue
         sel = (flat_ids == e).nonzero().squeeze(1)
         gu = x[token[sel]] @ w13[e].float().t()
-        mid = act(F.silu(gu[:, :inter]) * gu[:, inter:])
+        mid = act_mid(F.silu(gu[:, :inter]) * gu[:, inter:])
         out.index_add_(0, token[sel], (mid @ w2[e].float().t()) * flat_w[sel, None])
     return out
 
@@ -66,10 +66,10 @@ class ExpertWeights(nn.Module):
     parallelism loads a slice). Runners may keep repacked copies as extra attributes.
 
     ``act_quant``: an activation-quantized format's rounding of the rows each expert multiplies
-    (``x`` before ``w13``, ``silu(g) * u`` before ``w2``), per row; ``None``: none. A runner
-    applies it or refuses the layer in ``supports``."""
+    (:data:`~engine.runtime.linear.ActQuant`: ``x`` before ``w13``, ``silu(g) * u`` before ``w2``); ``None``: none. A
+    runner applies it or refuses the layer in ``supports``."""
 
-    act_quant: Callable[[torch.Tensor], torch.Tensor] | None = None
+    act_quant: ActQuant | None = None
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
                  dtype: torch.dtype, *, first_expert: int = 0, model_num_experts: int = 0,
@@ -130,7 +130,7 @@ class SparseMoeBlock(nn.Module):
     def __init__(self, cfg: "ModelConfig", layer_id: int, dtype: torch.dtype, *,
                  runner: "MoERunner", a2a: "MoEAllToAll", shared: nn.Module | None,
                  prefix: str,
-                 act_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 act_quant: ActQuant | None = None) -> None:
         super().__init__()
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         if not 0 < self.top_k <= cfg.num_experts:

@@ -17,6 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
+#: an activation-quantized format's rounding of the rows a routed expert multiplies, per row:
+#: (the rows its gate/up projection multiplies, the rows its down projection multiplies)
+ActQuant = tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+
+
 @dataclass(frozen=True)
 class PackedWeight:
     """A checkpoint tensor still in its file's block-quantized layout.
@@ -150,9 +155,9 @@ class QuantMethod(ABC):
         the format computes with it, dense, in the model dtype."""
         raise NotImplementedError(f"{type(self).__name__} does not serve routed experts")
 
-    def expert_activation(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """What the format does to the rows an expert multiplies, per row (the gate/up inputs
-        and the down inputs alike), or ``None`` (nothing)."""
+    def expert_activation(self) -> ActQuant | None:
+        """What the format does to the rows an expert multiplies (:data:`ActQuant`), or ``None``
+        (nothing)."""
         return None
 
     #: the KV cache storage ``--kv-cache-dtype auto`` picks for a model served by this method

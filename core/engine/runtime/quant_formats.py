@@ -283,6 +283,22 @@ def fake_quant_nvfp4(x: torch.Tensor, per_row: bool) -> torch.Tensor:
     return (table[e2m1_codes(g / safe[..., None])] * bs[..., None]).reshape(m, k)
 
 
+def pack_int4_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """Signed int4 codes [N, K] (in [-8, 7]) -> int8 [N, K/2], two per byte, the even column in
+    the low nibble (two's complement nibbles)."""
+    c = codes.to(torch.int32) & 0xF
+    byte = c[:, 0::2] | (c[:, 1::2] << 4)
+    return torch.where(byte >= 128, byte - 256, byte).to(torch.int8)
+
+
+def unpack_int4_pairs(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_int4_pairs`: int32 codes [N, K] in [-8, 7]."""
+    b = packed.to(torch.int32) & 0xFF
+    lo, hi = b & 0xF, b >> 4
+    c = torch.stack([lo, hi], -1).reshape(packed.shape[0], -1)
+    return torch.where(c >= 8, c - 16, c)
+
+
 def int4_channel_values(w: torch.Tensor) -> torch.Tensor:
     """The values a symmetric per-output-channel int4 quantization keeps of ``w`` [N, K]:
     ``q * s`` with ``s = amax / 7`` and ``q`` rounded to nearest even in [-8, 7]."""

@@ -24,7 +24,7 @@ from torch import nn
 
 from engine.errors import ConfigError
 from engine.runtime import quant_formats as qf
-from engine.runtime.linear import Linear, QuantMethod, UnquantizedMethod, dense_linear
+from engine.runtime.linear import ActQuant, Linear, QuantMethod, UnquantizedMethod, dense_linear
 
 #: row counts up to which fp8 layers with a cuBLAS path (row-wise scales) use the Triton product
 KERNEL_ROWS = 32
@@ -350,11 +350,14 @@ class Fp8Method(LayerMethod):
             self._quantize_online(layer)
         return self._dequantize(layer).to(layer.quant_dtype)
 
-    def expert_activation(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    def expert_activation(self) -> ActQuant | None:
         if self.act is None:
             return None
         fp8, group = self.fp8, self.act_group
-        return lambda x: qf.fake_quant_fp8(x, fp8, group=group).to(x.dtype)
+
+        def rows(x: torch.Tensor) -> torch.Tensor:
+            return qf.fake_quant_fp8(x, fp8, group=group).to(x.dtype)
+        return rows, rows
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         dtype = layer.quant_dtype
@@ -470,11 +473,14 @@ class MXMethod(LayerMethod):
              else dequantize(layer.weight.data, layer.weight_scale.data))
         return w.to(layer.quant_dtype)
 
-    def expert_activation(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    def expert_activation(self) -> ActQuant | None:
         if self.act is None:
             return None
         _, _, quantize, dequantize = MX_FORMATS[self.act]
-        return lambda x: dequantize(*quantize(x)).to(x.dtype)
+
+        def rows(x: torch.Tensor) -> torch.Tensor:
+            return dequantize(*quantize(x)).to(x.dtype)
+        return rows, rows
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         w = self.expert_weight(layer)
@@ -548,11 +554,11 @@ class Int8Method(LayerMethod):
         q, scale = self._codes(layer)
         return (q.to(torch.float32) * scale.reshape(-1, 1)).to(layer.quant_dtype)
 
-    def expert_activation(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        def act(x: torch.Tensor) -> torch.Tensor:
+    def expert_activation(self) -> ActQuant | None:
+        def rows(x: torch.Tensor) -> torch.Tensor:
             q, s = qf.quantize_int8_per_token(x)
             return (q.to(torch.float32) * s).to(x.dtype)
-        return act
+        return rows, rows
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         q, scale = self._codes(layer)
@@ -604,8 +610,8 @@ EXPERTS = re.compile(r"\.experts(\.|$)")
 class OnlineExperts(LayerMethod):
     """Routed experts of a dense checkpoint quantized at load by a format that quantizes
     experts only: ``weights`` maps an expert projection's float32 weight [N, K] to the values
-    the format keeps, ``activation`` is its rounding of the rows an expert multiplies (or
-    ``None``). Emulated: the runner multiplies the kept values densely. Dense layers never get
+    the format keeps, ``activation`` is its rounding of the rows an expert multiplies (both
+    projections' inputs; or ``None``). Emulated: the runner multiplies the kept values densely. Dense layers never get
     this method (a plugin hands it out for :data:`EXPERTS` names only)."""
 
     serves_experts = True
@@ -622,8 +628,8 @@ class OnlineExperts(LayerMethod):
     def expert_weight(self, layer: Linear) -> torch.Tensor:
         return self.weights(layer.weight.data.to(torch.float32)).to(layer.quant_dtype)
 
-    def expert_activation(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        return self.activation
+    def expert_activation(self) -> ActQuant | None:
+        return None if self.activation is None else (self.activation, self.activation)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise TypeError(f"{self.prefix}: {type(self).__name__} quantizes routed experts only")

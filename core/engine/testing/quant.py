@@ -32,7 +32,7 @@ CHOICE = {"gptq": "gptq", "awq": "awq", "auto_round": "auto-round",
           "fp8_block": "fp8", "fp8_tensor": "fp8", "modelopt_fp8": "modelopt_fp8",
           "modelopt_nvfp4": "modelopt_fp4", "quark_fp8": "quark", "bnb_nf4": "bitsandbytes",
           "mlx4": "mlx_q4", "mlx8": "mlx_q8", "mxfp8": "mxfp8", "modelopt_mxfp8": "modelopt",
-          "bnb_int8": "bitsandbytes",
+          "bnb_int8": "bitsandbytes", "w4afp8": "w4afp8",
           "quark_mxfp4": "quark"}
 
 
@@ -132,7 +132,19 @@ def quantize_state(state: dict[str, torch.Tensor], scheme: str, *, bits: int = 4
                 value = (input_amax[base] / 448 if input_amax is not None
                          else 0.02 + 0.01 * torch.rand((), generator=gen).item())
                 out[base + ".input_scale"] = torch.tensor(value, dtype=torch.float32)
-        elif scheme in ("fp8_block", "ct_fp8_block"):
+        elif scheme == "w4afp8" and ".experts." in name:
+            # signed int4 per group along K (scale amax / 7), two per byte; a static fp8 input
+            # scale per projection
+            g = _groups(w, group)
+            s = (g.abs().amax(-1) / 7).clamp(min=1e-8)
+            q = torch.round(g / s[..., None]).clamp(-8, 7).reshape(n, k)
+            out[name] = qf.pack_int4_pairs(q)
+            out[base + ".weight_scale_inv"] = s
+            value = (input_amax[base] / 448 if input_amax is not None
+                     else 0.02 + 0.01 * torch.rand((), generator=gen).item())
+            out[base + ".input_scale"] = torch.tensor(value, dtype=torch.float32)
+            r = q * s.repeat_interleave(group, 1)
+        elif scheme in ("fp8_block", "ct_fp8_block", "w4afp8"):
             bn, bk = block
             pad = torch.nn.functional.pad(w, (0, (-k) % bk, 0, (-n) % bn))
             blocks = pad.reshape(pad.shape[0] // bn, bn, pad.shape[1] // bk, bk)
@@ -140,7 +152,7 @@ def quantize_state(state: dict[str, torch.Tensor], scheme: str, *, bits: int = 4
             full = qf.expand_blocks(s, n, k, block)
             q = _fp8(w, full)
             out[name] = q
-            out[base + (".weight_scale_inv" if scheme == "fp8_block" else ".weight_scale")] = s
+            out[base + (".weight_scale" if scheme == "ct_fp8_block" else ".weight_scale_inv")] = s
             r = q.float() * full
         elif scheme in ("mxfp8", "modelopt_mxfp8"):
             # UE8M0 scale per 1x32: the power of two just above amax / 448 (no saturation)
@@ -255,6 +267,8 @@ def _config(scheme: str, bits: int, group: int, sym: bool, desc_act: bool,
         "fp8_block": {"quant_method": "fp8", "activation_scheme": "dynamic",
                       "weight_block_size": list(block)},
         "fp8_tensor": {"quant_method": "fp8", "activation_scheme": "static"},
+        "w4afp8": {"quant_method": "w4afp8", "group_size": group,
+                   "weight_block_size": list(block)},
         "modelopt_fp8": {"quant_method": "modelopt", "quant_algo": "FP8",
                          "exclude_modules": ["lm_head"]},
         "modelopt_nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,

@@ -49,7 +49,7 @@ class TorchRunner(MoERunner):
         act = experts.act_quant  # an activation-quantized format's rounding of the rows
         x = hidden.index_select(0, token)
         if act is not None:
-            x = act(x)
+            x = act[0](x)
         counts = torch.bincount(flat[order], minlength=experts.num_experts)
         inter = experts.intermediate_size
         if getattr(experts, "grouped", None) is None:
@@ -62,7 +62,7 @@ class TorchRunner(MoERunner):
             offs = counts.cumsum(0).to(torch.int32)
             gu = _grouped_mm(x, experts.w13.transpose(1, 2), offs=offs)
             mid = F.silu(gu[:, :inter]) * gu[:, inter:]
-            y = _grouped_mm(mid if act is None else act(mid), experts.w2.transpose(1, 2),
+            y = _grouped_mm(mid if act is None else act[1](mid), experts.w2.transpose(1, 2),
                             offs=offs)
         else:
             y = torch.empty_like(x)
@@ -71,7 +71,7 @@ class TorchRunner(MoERunner):
                 if n:  # (a few rows on CPU: the weight-streaming product)
                     gu = dense_linear(x[start:start + n], experts.w13[e])
                     mid = F.silu(gu[:, :inter]) * gu[:, inter:]
-                    y[start:start + n] = dense_linear(mid if act is None else act(mid),
+                    y[start:start + n] = dense_linear(mid if act is None else act[1](mid),
                                                       experts.w2[e])
                     start += n
         # back to (token, slot) order, then a weighted sum over the slots (a scatter-add with
