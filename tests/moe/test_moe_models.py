@@ -360,13 +360,33 @@ def test_a_runner_that_cannot_round_activations_refuses_them(monkeypatch):
     assert TorchRunner().supports(experts) is None
 
 
-def test_experts_with_static_activation_scales_are_refused(tmp_path):
+@pytest.mark.parametrize("scheme", ["fp8_tensor", "ct_fp8_static"])
+def test_static_fp8_expert_checkpoints_share_the_layers_largest_input_scale(tmp_path, scheme):
+    """Experts with static activation scales: each layer's gate/up inputs are rounded with the
+    largest of its experts' gate/up ``input_scale``, its down inputs with the largest down
+    one, as MoE kernels reduce them."""
+    from safetensors.torch import load_file
+
+    from engine.models.moe import route, torch_reference
+    from engine.runtime import quant_formats as qf
     from engine.testing import quant as tq
 
-    tq.write_checkpoint(checkpoint("Qwen3MoeForCausalLM"), str(tmp_path / "q"), "fp8_tensor")
-    with pytest.raises(ConfigError, match=r"routed experts quantized by Fp8Method are not "
-                       r"served yet"):
-        runner_for(str(tmp_path / "q"))
+    tq.write_checkpoint(checkpoint("Qwen3MoeForCausalLM"), str(tmp_path / "q"), scheme)
+    state = load_file(str(tmp_path / "q" / "model.safetensors"))
+    runner = runner_for(str(tmp_path / "q"))
+    block = runner.model.model.layers[0].mlp
+
+    def rounding(projs):
+        s = max(float(state[f"model.layers.0.mlp.experts.{e}.{p}.input_scale"].max())
+                for e in range(block.experts.num_experts) for p in projs)
+        return lambda x: qf.fake_quant_fp8(x, torch.float8_e4m3fn, scale=torch.tensor(s))
+
+    h = torch.randn(5, 64, generator=torch.Generator().manual_seed(3))
+    topk_w, ids = route(block.gate(h), block.top_k, block.renormalize)
+    got = block.runner.apply(block.experts, h, ids, topk_w)
+    want = torch_reference(block.experts.w13, block.experts.w2, h, ids, topk_w,
+                           act=(rounding(("gate_proj", "up_proj")), rounding(("down_proj",))))
+    assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
 
 
 def test_an_all_to_all_that_needs_several_ranks_is_refused_with_its_reason():

@@ -242,8 +242,7 @@ def sparse_block(cfg: ModelConfig, layer_id: int, dtype: torch.dtype, quant: Qua
     if quantized and not method.serves_experts:
         raise ConfigError(f"{cfg.architecture}: routed experts quantized by "
                           f"{type(method).__name__} are not served yet (experts are served for "
-                          "weight-only formats, and for fp8, int8 and MX formats with dynamic "
-                          "activations)")
+                          "weight-only, fp8, int8 W8A8, MX and experts-only formats)")
     shared = (MLP(cfg, dtype, quant, prefix + ".shared_expert",
                   width=cfg.shared_expert_intermediate_size)
               if cfg.shared_expert_intermediate_size > 0 else None)

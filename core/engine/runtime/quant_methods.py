@@ -128,6 +128,38 @@ def check_group(prefix: str, in_features: int, group_size: int, field: str = "gr
     return g
 
 
+class ExpertInputScales:
+    """Static input scales of routed experts, reduced as MoE kernels reduce them: per layer,
+    the largest of its experts' gate/up projections' scales and the largest of their down
+    projections'. :meth:`record` is called as each expert projection loads; the roundings
+    :meth:`act_quant` returns read the maxima when they run (after loading)."""
+
+    def __init__(self) -> None:
+        self.maxima: dict[tuple[str, bool], float] = {}
+
+    @staticmethod
+    def _key(name: str, down: bool) -> tuple[str, bool]:
+        return name.partition(".experts")[0], down
+
+    def record(self, projection: str, scale: torch.Tensor) -> None:
+        """``scale`` of the expert projection ``projection`` (``...experts.3.down_proj``)."""
+        key = self._key(projection, projection.endswith(("down_proj", ".w2")))
+        self.maxima[key] = max(self.maxima.get(key, 0.0), float(scale.max()))
+
+    def act_quant(self, experts: str,
+                  rounding: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> ActQuant:
+        """The (gate/up rows, down rows) roundings of the layer of ``experts`` (a name under
+        it): ``rounding(x, scale)`` with that input's largest scale."""
+        def rows(down: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+            key = self._key(experts, down)
+
+            def act(x: torch.Tensor) -> torch.Tensor:
+                scale = torch.tensor([[self.maxima[key]]], dtype=torch.float32, device=x.device)
+                return rounding(x, scale).to(x.dtype)
+            return act
+        return rows(False), rows(True)
+
+
 class LayerMethod(QuantMethod):
     """A method bound to one layer name (``prefix``) by :meth:`bind`, for error messages."""
 
@@ -287,6 +319,7 @@ class Fp8Method(LayerMethod):
         self.weight_scheme, self.act, self.block, self.act_group = weight_scheme, act, block, \
             act_group
         self.scale_name, self.fp8, self.online = scale_name, dtype, online
+        self.expert_scales = ExpertInputScales()
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:
@@ -332,9 +365,7 @@ class Fp8Method(LayerMethod):
             row, srow = row + n, srow + nb
         return torch.cat(out)
 
-    @property
-    def serves_experts(self) -> bool:  # static activation scales of experts are not read
-        return self.act != "static"
+    serves_experts = True
 
     def _quantize_online(self, layer: Linear) -> None:
         """A dense checkpoint's weight, quantized per output channel into the fp8 parameters."""
@@ -348,12 +379,17 @@ class Fp8Method(LayerMethod):
     def expert_weight(self, layer: Linear) -> torch.Tensor:
         if self.online:
             self._quantize_online(layer)
+        if self.act == "static":
+            self.expert_scales.record(self.prefix, layer.input_scale.data)
         return self._dequantize(layer).to(layer.quant_dtype)
 
     def expert_activation(self) -> ActQuant | None:
         if self.act is None:
             return None
         fp8, group = self.fp8, self.act_group
+        if self.act == "static":
+            return self.expert_scales.act_quant(
+                self.prefix, lambda x, s: qf.fake_quant_fp8(x, fp8, scale=s))
 
         def rows(x: torch.Tensor) -> torch.Tensor:
             return qf.fake_quant_fp8(x, fp8, group=group).to(x.dtype)
@@ -524,6 +560,7 @@ class Int8Method(LayerMethod):
 
     def __init__(self, *, act: str = "dynamic", online: bool = False) -> None:
         self.act, self.online = act, online
+        self.expert_scales = ExpertInputScales()
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:
@@ -537,9 +574,7 @@ class Int8Method(LayerMethod):
             n_shards = len(getattr(layer, "shards", None) or (1,))
             add_param(layer, "input_scale", (n_shards,), torch.float32, extent=lambda n: 1)
 
-    @property
-    def serves_experts(self) -> bool:  # static activation scales of experts are not read
-        return self.act != "static"
+    serves_experts = True
 
     def _codes(self, layer: Linear) -> tuple[torch.Tensor, torch.Tensor]:
         """(int8 weight [N, K], float32 scales [N, 1]): the checkpoint's, or a dense
@@ -552,9 +587,15 @@ class Int8Method(LayerMethod):
 
     def expert_weight(self, layer: Linear) -> torch.Tensor:
         q, scale = self._codes(layer)
+        if self.act == "static":
+            self.expert_scales.record(self.prefix, layer.input_scale.data)
         return (q.to(torch.float32) * scale.reshape(-1, 1)).to(layer.quant_dtype)
 
     def expert_activation(self) -> ActQuant | None:
+        if self.act == "static":
+            return self.expert_scales.act_quant(
+                self.prefix, lambda x, s: qf.quantize_int8_static(x, s).to(torch.float32) * s)
+
         def rows(x: torch.Tensor) -> torch.Tensor:
             q, s = qf.quantize_int8_per_token(x)
             return (q.to(torch.float32) * s).to(x.dtype)

@@ -17,7 +17,7 @@ from engine.errors import ConfigError
 from engine.runtime import quant_formats as qf
 from engine.runtime.linear import ActQuant, Linear, QuantMethod
 from engine.runtime.quant_methods import (AffineShards, AffineWeight, DequantizedMethod,
-                                          LayerMethod, act_order, add_param, check_group, is_excluded,
+                                          ExpertInputScales, LayerMethod, act_order, add_param, check_group, is_excluded,
                                           packed_extent)
 
 
@@ -308,15 +308,14 @@ class W4AFp8ExpertMethod(LayerMethod):
     signed int4 codes per byte, the even column in the low nibble), ``weight_scale_inv`` float32
     [N, K/group] (``W = q * scale`` per group along K) and ``input_scale``, the static fp8
     scale of the rows it multiplies. As the format's kernels do, each layer's experts share one
-    scale per input: the largest ``input_scale`` of its gate/up projections, and of its down
-    projections (shared through ``maxima``, keyed by the layer). Emulated: the rows are
+    scale per input (:class:`ExpertInputScales`). Emulated: the rows are
     rounded to fp8 e4m3 with that scale and multiplied by the dequantized weight."""
 
     serves_experts = True
 
     def __init__(self, group: int = 128) -> None:
         self.group = group
-        self.maxima: dict[tuple[str, int], float] = {}
+        self.scales = ExpertInputScales()
 
     def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
         layer.quant_dtype = dtype
@@ -327,27 +326,15 @@ class W4AFp8ExpertMethod(LayerMethod):
         add_param(layer, "weight_scale_inv", (n, k // self.group), torch.float32)
         add_param(layer, "input_scale", (1,), torch.float32, extent=lambda _: 1)
 
-    def _key(self, name: str, down: bool) -> tuple[str, int]:
-        return name.partition(".experts")[0], int(down)
-
     def expert_weight(self, layer: Linear) -> torch.Tensor:
-        down = self.prefix.endswith(("down_proj", ".w2"))
-        key = self._key(self.prefix, down)
-        self.maxima[key] = max(self.maxima.get(key, 0.0), float(layer.input_scale.data.max()))
+        self.scales.record(self.prefix, layer.input_scale.data)
         q = qf.unpack_int4_pairs(layer.weight.data).to(torch.float32)
         s = layer.weight_scale_inv.data.to(torch.float32).repeat_interleave(self.group, 1)
         return (q * s).to(layer.quant_dtype)
 
     def expert_activation(self) -> ActQuant:
-        maxima, key_in, key_mid = self.maxima, self._key(self.prefix, False), \
-            self._key(self.prefix, True)
-
-        def rounding(key: tuple[str, int]):
-            def rows(x: torch.Tensor) -> torch.Tensor:  # the scale is read once all loaded
-                scale = torch.tensor(maxima[key], dtype=torch.float32, device=x.device)
-                return qf.fake_quant_fp8(x, torch.float8_e4m3fn, scale=scale).to(x.dtype)
-            return rows
-        return rounding(key_in), rounding(key_mid)
+        return self.scales.act_quant(
+            self.prefix, lambda x, s: qf.fake_quant_fp8(x, torch.float8_e4m3fn, scale=s))
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise TypeError(f"{self.prefix}: int4 weights with fp8 activations are served for "
