@@ -255,7 +255,7 @@ ONLINE_EXPERTS = {"fp8": (_fp8_channel, _fp8_rows), "w8a8_fp8": (_fp8_channel, _
                   "mxfp8": (_mx("mxfp8"), _mx("mxfp8")),
                   "mxfp_w4a8": (_mx("mxfp4"), _mx("mxfp8")),
                   "quark_int4fp8_moe": (_int4_channel, _fp8_rows),
-                  "nvfp4_online": (_nvfp4(False), _nvfp4(True))}
+                  "nvfp4_online": (_nvfp4(False), _nvfp4(True)), "mxfp4": (_mx("mxfp4"), None)}
 
 
 @pytest.mark.parametrize("choice", sorted(ONLINE_EXPERTS))
@@ -279,10 +279,13 @@ def test_online_quantized_experts_keep_the_formats_values(choice):
     h = torch.randn(6, 64, generator=torch.Generator().manual_seed(1))
     topk_w, ids = route(block.gate(h), block.top_k, block.renormalize)
     got = block.runner.apply(block.experts, h, ids, topk_w)
-    want = torch_reference(block.experts.w13, block.experts.w2, h, ids, topk_w, act=(rows, rows))
+    want = torch_reference(block.experts.w13, block.experts.w2, h, ids, topk_w,
+                           act=(rows, rows) if rows else None)
     plain = torch_reference(block.experts.w13, block.experts.w2, h, ids, topk_w)
     assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
-    assert not torch.allclose(got, plain, atol=1e-5, rtol=0)  # the rounding is there
+    assert (block.experts.act_quant is None) == (rows is None)
+    if rows is not None:
+        assert not torch.allclose(got, plain, atol=1e-5, rtol=0)  # the rounding is there
     ids_out, _ = greedy(quantized, [PROMPTS[0]], 4)
     assert len(ids_out[0]) == 4
 
@@ -345,6 +348,14 @@ def test_w4afp8_checkpoint_int4_experts_with_static_fp8_activations(tmp_path):
     assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
     ids_out, _ = greedy(runner, [PROMPTS[0]], 4)
     assert len(ids_out[0]) == 4
+
+
+def test_a_gpt_oss_mxfp4_checkpoint_is_refused_with_the_reason():
+    from engine_quant_mxfp4.impl import engine_create_quant_method
+
+    with pytest.raises(ConfigError, match=r"gpt-oss architecture, which this build does not "
+                       r"serve"):
+        engine_create_quant_method(quant_config={"quant_method": "mxfp4"})
 
 
 def test_a_runner_that_cannot_round_activations_refuses_them(monkeypatch):

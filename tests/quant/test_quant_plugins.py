@@ -17,7 +17,7 @@ CHOICES = ("awq fp8 mxfp8 gptq gptq_marlin awq_marlin bitsandbytes gguf modelopt
            "w4afp8 mxfp4 auto-round auto-round-int8 compressed-tensors modelslim mxfp_w4a8 quark "
            "quark_int4fp8_moe quark_mxfp4 mlx_q4 mlx_q8 unquant humming").split()
 EMULATED = {"gptq_marlin", "awq_marlin", "modelopt_fp4", "petit_nvfp4", "modelopt_mixed",
-            "mxfp8", "quark_mxfp4", "mxfp_w4a8", "quark_int4fp8_moe", "nvfp4_online", "w4afp8"}
+            "mxfp8", "quark_mxfp4", "mxfp_w4a8", "quark_int4fp8_moe", "nvfp4_online", "w4afp8", "mxfp4"}
 #: choice -> kit schemes it must read
 READS = {"gptq": {"gptq"}, "gptq_marlin": {"gptq"}, "awq": {"awq"}, "awq_marlin": {"awq"},
          "auto-round": {"auto_round"}, "moe_wna16": {"gptq", "awq"},
@@ -47,7 +47,8 @@ def test_all_31_choices_are_listed_with_a_status(registry):
         emulated = any(n.startswith("emulated") for n in rec.manifest.notes)
         assert rec.emulated == emulated and ("(emulated)" in rec.status_line()) == emulated
         if name in READS or name in ("gguf", "unquant", "modelopt_mixed", "mxfp_w4a8",
-                                     "quark_int4fp8_moe", "nvfp4_online", "w4afp8"):
+                                     "quark_int4fp8_moe", "nvfp4_online", "w4afp8",
+                                     "mxfp4"):
             assert rec.available, (name, rec.reason)
         else:
             assert not rec.available and len(rec.reason) > 30, (name, rec.reason)
