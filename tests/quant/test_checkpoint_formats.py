@@ -388,3 +388,71 @@ def test_bnb_dequantization_equals_the_bitsandbytes_library():
                      if nested else None)
             ours = dequant_bnb4(q, d["quant_map"], d["absmax"], (192, 576), 64, extra)
             assert torch.equal(ours, bnb.dequantize_4bit(q, st).float())
+
+
+@pytest.mark.parametrize("scheme", ["modelslim_w8a8", "modelslim_w8a8_dynamic", "modelslim_w4a4"])
+def test_modelslim_layers_equal_their_integer_arithmetic(scheme):
+    """msModelSlim's types against their arithmetic written out in float64: static W8A8 is
+    ``((clamp(round(x / s + o)) - o) * s) @ (q * weight_scale)^T`` per fused shard (what
+    ``(x_q @ q^T + quant_bias) * deq_scale`` computes); the dynamic types quantize each row
+    symmetrically to their width."""
+    from engine_quant_modelslim.impl import engine_create_quant_method
+
+    gen = torch.Generator().manual_seed(1)
+    sizes = {"q_proj": 192, "k_proj": 64, "v_proj": 64}
+    state = {f"model.layers.0.self_attn.{p}.weight": torch.randn(n, 576, generator=gen) * 0.05
+             for p, n in sizes.items()}
+    tensors, qcfg, ref = tq.quantize_state(state, scheme)
+    method = engine_create_quant_method(quant_config=qcfg)
+    layer = tq.load_fused_layer(method.for_layer("model.layers.0.self_attn.qkv_proj"), tensors,
+                                "model.layers.0.self_attn", sizes, 576)
+    x = torch.randn(6, 576, generator=gen)
+    got, outs = layer(x), []
+    bits = 4 if scheme == "modelslim_w4a4" else 8
+    for p in sizes:
+        base = f"model.layers.0.self_attn.{p}"
+        # the codes as float32 computes them, their values in float64
+        if scheme == "modelslim_w8a8":
+            s, o = float(tensors[base + ".input_scale"]), float(tensors[base + ".input_offset"])
+            xq = ((x / s + o).round().clamp(-128, 127).double() - o) * s
+        else:
+            top = 2 ** (bits - 1) - 1
+            sx = x.abs().amax(1, keepdim=True) / top
+            xq = (x / sx).round().clamp(-top - 1, top).double() * sx.double()
+        outs.append(xq @ ref[base + ".weight"].double().T)
+    want = torch.cat(outs, 1)
+    assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max(), \
+        (got.double() - want).abs().max()
+    assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(6)]), got)
+
+
+def test_a_modelslim_checkpoint_is_detected_and_its_int64_deq_scale_read(dense, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path, _ = dense
+    tq.write_checkpoint(path, str(tmp_path / "q"), "modelslim_w8a8")
+    assert os.path.isfile(tmp_path / "q" / "quant_model_description.json")
+    base, _ = logits(path)
+    got, runner = logits(str(tmp_path / "q"))
+    assert runner.model.quant_method is not None
+    p, q = F.log_softmax(base, -1), F.log_softmax(got, -1)
+    assert (p.exp() * (p - q)).sum(-1).mean() < 0.05
+    # float16 models store deq_scale as int64 words holding the float32 bits
+    file = str(tmp_path / "q" / "model.safetensors")
+    state = load_file(file)
+    for k in [k for k in state if k.endswith(".deq_scale")]:
+        state[k] = state[k].view(torch.int32).to(torch.int64)
+    save_file(state, file)
+    again, _ = logits(str(tmp_path / "q"))
+    assert torch.equal(again, got)
+
+
+def test_modelslim_types_it_does_not_serve_are_named(dense, tmp_path):
+    path, _ = dense
+    tq.write_checkpoint(path, str(tmp_path / "q"), "modelslim_w8a8_dynamic")
+    desc_file = tmp_path / "q" / "quant_model_description.json"
+    desc = json.loads(desc_file.read_text())
+    desc["model.layers.0.mlp.down_proj.weight"] = "W4A8_MXFP"
+    desc_file.write_text(json.dumps(desc))
+    with pytest.raises(ConfigError, match=r"down_proj\.weight = 'W4A8_MXFP': served types"):
+        logits(str(tmp_path / "q"))

@@ -17,7 +17,7 @@ CHOICES = ("awq fp8 mxfp8 gptq gptq_marlin awq_marlin bitsandbytes gguf modelopt
            "w4afp8 mxfp4 auto-round auto-round-int8 compressed-tensors modelslim mxfp_w4a8 quark "
            "quark_int4fp8_moe quark_mxfp4 mlx_q4 mlx_q8 unquant humming").split()
 EMULATED = {"gptq_marlin", "awq_marlin", "modelopt_fp4", "petit_nvfp4", "modelopt_mixed",
-            "mxfp8", "quark_mxfp4", "mxfp_w4a8", "quark_int4fp8_moe", "nvfp4_online", "w4afp8", "mxfp4"}
+            "mxfp8", "quark_mxfp4", "mxfp_w4a8", "quark_int4fp8_moe", "nvfp4_online", "w4afp8", "mxfp4", "modelslim"}
 #: choice -> kit schemes it must read
 READS = {"gptq": {"gptq"}, "gptq_marlin": {"gptq"}, "awq": {"awq"}, "awq_marlin": {"awq"},
          "auto-round": {"auto_round"}, "moe_wna16": {"gptq", "awq"},
@@ -31,7 +31,8 @@ READS = {"gptq": {"gptq"}, "gptq_marlin": {"gptq"}, "awq": {"awq"}, "awq_marlin"
          "modelopt_fp8": {"modelopt_fp8"}, "modelopt_fp4": {"modelopt_nvfp4"},
          "petit_nvfp4": {"modelopt_nvfp4"}, "quark": {"quark_fp8", "quark_mxfp4"},
          "quark_mxfp4": {"quark_mxfp4"}, "mlx_q4": {"mlx4"},
-         "mlx_q8": {"mlx8"}, "bitsandbytes": {"bnb_nf4", "bnb_int8"}}
+         "mlx_q8": {"mlx8"}, "bitsandbytes": {"bnb_nf4", "bnb_int8"},
+         "modelslim": {"modelslim_w8a8", "modelslim_w8a8_dynamic", "modelslim_w4a4"}}
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +72,12 @@ def test_conformance_kit_passes_on_the_kinds_each_choice_reads(registry, choice)
 
 
 def _scheme_of(qcfg):
+    """The kit scheme a config was written for (a description of tensors aside)."""
+    def bare(cfg):
+        return {k: v for k, v in cfg.items() if k != "description"}
     for scheme, kw in tq.KIT_SCHEMES.items():
         _, cfg, _ = tq.quantize_state({}, scheme, **kw)
-        if tq.normalized_config(scheme, cfg) == qcfg:
+        if bare(tq.normalized_config(scheme, cfg)) == bare(qcfg):
             return scheme
     return None
 

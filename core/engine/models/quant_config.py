@@ -5,7 +5,8 @@ Read in order: ``config.json``'s ``quantization_config``; ``quantize_config.json
 ``quant_config.json`` beside the weights (AutoGPTQ/AutoAWQ: ``quant_method`` inferred when the
 file omits it); ModelOpt's ``hf_quant_config.json`` (its ``quantization`` block, method
 ``modelopt``); mlx-community's ``quantization`` block in ``config.json`` (``mlx_q4`` /
-``mlx_q8``). A file that cannot be read, or an mlx bit width no choice serves, is a
+``mlx_q8``); Ascend msModelSlim's ``quant_model_description.json`` (``modelslim``: each
+tensor's type). A file that cannot be read, or an mlx bit width no choice serves, is a
 :class:`ConfigError` naming the file and field.
 """
 
@@ -56,6 +57,10 @@ def read_quant_config(model_path: str, declared: Any = None) -> dict[str, Any] |
             data["quant_method"] = str(data["quant_method"]).lower()
             data["config_file"] = fname
             return data
+    data = _read(os.path.join(model_path, "quant_model_description.json"))
+    if data is not None:  # Ascend msModelSlim: each tensor's quantization type
+        return {"quant_method": "modelslim", "model_quant_type": data.get("model_quant_type"),
+                "description": data, "config_file": "quant_model_description.json"}
     data = _read(os.path.join(model_path, "hf_quant_config.json"))
     if data is not None:
         block = data.get("quantization")

@@ -341,6 +341,103 @@ class W4AFp8ExpertMethod(LayerMethod):
                         "routed experts only")
 
 
+def _int_product(xq: torch.Tensor, wq_t: torch.Tensor) -> torch.Tensor:
+    """int8 [M, K] @ int8 [K, N] -> exact int32 sums (cuBLAS wants more than 16 rows)."""
+    m = xq.shape[0]
+    if xq.is_cuda and m <= 16:
+        xq = torch.nn.functional.pad(xq, (0, 0, 0, 17 - m))
+    return torch._int_mm(xq, wq_t)[:m]
+
+
+class ModelSlimW8A8Method(LayerMethod):
+    """msModelSlim ``W8A8`` (static): ``weight`` int8 [N, K]; per shard a static asymmetric
+    activation quantization (``input_scale``, ``input_offset``: ``x_q = clamp(round(x / s +
+    o), -128, 127)``); ``quant_bias`` int32 [N] (``-o`` times the row sums of the codes, plus
+    the bias in output units) and ``deq_scale`` [N] (``input_scale * weight_scale``), so
+    ``y = (x_q @ W^T + quant_bias) * deq_scale``: the integer arithmetic of the NPU kernel,
+    exact here (``torch._int_mm``). ``weight_scale``/``weight_offset`` are read and unused.
+    Each fused shard quantizes the input with its own scale and offset."""
+
+    batch_invariant = True
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        s = len(_shards(layer))
+        add_param(layer, "weight", (n, k), torch.int8)
+        add_param(layer, "quant_bias", (n,), torch.int32)
+        add_param(layer, "deq_scale", (n,), torch.float32)
+        add_param(layer, "input_scale", (s,), torch.float32, extent=lambda _: 1)
+        add_param(layer, "input_offset", (s,), torch.float32, extent=lambda _: 1)
+        for name in ("weight_scale", "weight_offset"):
+            _optional(add_param(layer, name, (n, 1), torch.float32))
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        layer.w_t = layer.weight.data.t().contiguous()
+        layer.qbias = layer.quant_bias.data.to(torch.int32)
+        layer.deq = layer.deq_scale.data.to(torch.float32)
+        layer.act = [(float(layer.input_scale.data[i]), float(layer.input_offset.data[i]))
+                     for i in range(len(_shards(layer)))]
+        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
+            delattr(layer, name)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(torch.float32)
+        out = []
+        for (start, size), (scale, offset) in zip(_shards(layer), layer.act):
+            xq = torch.round(x2 / scale + offset).clamp(-128, 127).to(torch.int8)
+            cols = slice(start, start + size)
+            acc = _int_product(xq, layer.w_t[:, cols]) + layer.qbias[cols]
+            out.append(acc.to(torch.float32) * layer.deq[cols])
+        y = torch.cat(out, -1).to(x.dtype)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*shape[:-1], -1)
+
+
+class ModelSlimDynamicMethod(LayerMethod):
+    """msModelSlim ``W8A8_DYNAMIC`` (``bits`` 8) and ``W4A4_DYNAMIC`` (4: int4 codes in an int8
+    container): ``weight`` [N, K] with per-channel ``weight_scale`` and ``weight_offset``
+    (``W = (q - offset) * scale``); activations quantized per token, symmetric, dynamic, to the
+    same width (scale: the row's absolute maximum over 127 or 7); the integer product is exact
+    (``torch._int_mm``)."""
+
+    batch_invariant = True
+
+    def __init__(self, bits: int) -> None:
+        self.bits = bits
+
+    def create_weights(self, layer: Linear, k: int, n: int, dtype: torch.dtype) -> None:
+        layer.quant_dtype = dtype
+        add_param(layer, "weight", (n, k), torch.int8)
+        add_param(layer, "weight_scale", (n, 1), torch.float32)
+        _optional(add_param(layer, "weight_offset", (n, 1), torch.float32))
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        off = layer.weight_offset.data.to(torch.float32)
+        if not torch.equal(off, torch.round(off)):
+            raise ConfigError(f"{self.prefix}: weight_offset holds non-integer values")
+        q = layer.weight.data.to(torch.int32) - off.to(torch.int32)
+        lo, hi = -(1 << (self.bits - 1)), (1 << (self.bits - 1)) - 1
+        if self.bits < 8 and (q.min() < lo or q.max() > hi):
+            raise ConfigError(f"{self.prefix}: weight codes outside the int{self.bits} range")
+        layer.w_t = q.clamp(-128, 127).to(torch.int8).t().contiguous()
+        layer.w_scale = layer.weight_scale.data.to(torch.float32).reshape(1, -1)
+        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
+            delattr(layer, name)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        shape = x.shape
+        xf = x.reshape(-1, shape[-1]).to(torch.float32)
+        qmax = (1 << (self.bits - 1)) - 1
+        sx = (xf.abs().amax(-1, keepdim=True) / qmax).clamp(min=1e-12)
+        xq = torch.round(xf / sx).clamp(-qmax - 1, qmax).to(torch.int8)
+        y = (_int_product(xq, layer.w_t).to(torch.float32) * sx * layer.w_scale).to(x.dtype)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*shape[:-1], -1)
+
+
 class BnB8bitMethod(LayerMethod):
     """bitsandbytes LLM.int8: ``weight`` int8 [N, K] with ``SCB`` [N] (each row's absmax, so
     ``W = weight * SCB / 127``), the activations quantized per row to int8 at each call with

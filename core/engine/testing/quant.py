@@ -24,6 +24,10 @@ from engine.runtime import quant_formats as qf
 LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.(?:experts\.\d+\.)?"
                     r"(q|k|v|o|gate|up|down)_proj\.weight$")
 
+#: msModelSlim scheme -> the type its description file gives the quantized tensors
+MODELSLIM_TYPES = {"modelslim_w8a8": "W8A8", "modelslim_w8a8_dynamic": "W8A8_DYNAMIC",
+                   "modelslim_w4a4": "W4A4_DYNAMIC"}
+
 #: scheme -> the ``--quantization`` choice that reads it
 CHOICE = {"gptq": "gptq", "awq": "awq", "auto_round": "auto-round",
           "ct_wna16": "compressed-tensors", "ct_w8a8_int8": "w8a8_int8",
@@ -32,7 +36,8 @@ CHOICE = {"gptq": "gptq", "awq": "awq", "auto_round": "auto-round",
           "fp8_block": "fp8", "fp8_tensor": "fp8", "modelopt_fp8": "modelopt_fp8",
           "modelopt_nvfp4": "modelopt_fp4", "quark_fp8": "quark", "bnb_nf4": "bitsandbytes",
           "mlx4": "mlx_q4", "mlx8": "mlx_q8", "mxfp8": "mxfp8", "modelopt_mxfp8": "modelopt",
-          "bnb_int8": "bitsandbytes", "w4afp8": "w4afp8",
+          "bnb_int8": "bitsandbytes", "w4afp8": "w4afp8", "modelslim_w8a8": "modelslim",
+          "modelslim_w8a8_dynamic": "modelslim", "modelslim_w4a4": "modelslim",
           "quark_mxfp4": "quark"}
 
 
@@ -144,6 +149,31 @@ def quantize_state(state: dict[str, torch.Tensor], scheme: str, *, bits: int = 4
                      else 0.02 + 0.01 * torch.rand((), generator=gen).item())
             out[base + ".input_scale"] = torch.tensor(value, dtype=torch.float32)
             r = q * s.repeat_interleave(group, 1)
+        elif scheme == "modelslim_w8a8":
+            # per-channel symmetric int8 weights; a static asymmetric activation scale and
+            # offset per layer; the kernel's quant_bias and deq_scale
+            ws = (w.abs().amax(1) / 127).clamp(min=1e-8)
+            q = torch.round(w / ws[:, None]).clamp(-128, 127)
+            amax = input_amax[base] if input_amax is not None else 4.0
+            s_in = torch.tensor(2 * amax / 255, dtype=torch.float32)
+            offset = float(torch.randint(-3, 4, (), generator=gen))
+            out[name] = q.to(torch.int8)
+            out[base + ".weight_scale"], out[base + ".weight_offset"] = ws[:, None], \
+                torch.zeros(n, 1)
+            out[base + ".input_scale"] = s_in.reshape(1)
+            out[base + ".input_offset"] = torch.tensor([offset])
+            out[base + ".deq_scale"] = (s_in * ws).to(torch.float32)
+            out[base + ".quant_bias"] = (-offset * q.sum(1)).to(torch.int32)
+            r = q * ws[:, None]
+        elif scheme in ("modelslim_w8a8_dynamic", "modelslim_w4a4"):
+            b = 8 if scheme == "modelslim_w8a8_dynamic" else 4
+            top = (1 << (b - 1)) - 1
+            ws = (w.abs().amax(1) / top).clamp(min=1e-8)
+            q = torch.round(w / ws[:, None]).clamp(-top - 1, top)
+            out[name] = q.to(torch.int8)
+            out[base + ".weight_scale"], out[base + ".weight_offset"] = ws[:, None], \
+                torch.zeros(n, 1)
+            r = q * ws[:, None]
         elif scheme in ("fp8_block", "ct_fp8_block", "w4afp8"):
             bn, bk = block
             pad = torch.nn.functional.pad(w, (0, (-k) % bk, 0, (-n) % bn))
@@ -231,7 +261,13 @@ def quantize_state(state: dict[str, torch.Tensor], scheme: str, *, bits: int = 4
         else:
             raise ValueError(f"unknown scheme {scheme!r}")
         ref[name] = r.float()
-    return out, _config(scheme, bits, group, sym, desc_act, block), ref
+    qcfg = _config(scheme, bits, group, sym, desc_act, block)
+    if scheme.startswith("modelslim"):  # each tensor's type, as quant_model_description.json
+        kind = MODELSLIM_TYPES[scheme]
+        qcfg["description"] = {k: kind if k[:k.rfind(".")] + ".weight" in ref else "FLOAT"
+                               for k in out}
+        qcfg["model_quant_type"] = kind
+    return out, qcfg, ref
 
 
 def _config(scheme: str, bits: int, group: int, sym: bool, desc_act: bool,
@@ -267,6 +303,9 @@ def _config(scheme: str, bits: int, group: int, sym: bool, desc_act: bool,
         "fp8_block": {"quant_method": "fp8", "activation_scheme": "dynamic",
                       "weight_block_size": list(block)},
         "fp8_tensor": {"quant_method": "fp8", "activation_scheme": "static"},
+        "modelslim_w8a8": {"quant_method": "modelslim"},
+        "modelslim_w8a8_dynamic": {"quant_method": "modelslim"},
+        "modelslim_w4a4": {"quant_method": "modelslim"},
         "w4afp8": {"quant_method": "w4afp8", "group_size": group,
                    "weight_block_size": list(block)},
         "modelopt_fp8": {"quant_method": "modelopt", "quant_algo": "FP8",
@@ -320,6 +359,9 @@ def write_checkpoint(src: str, dst: str, scheme: str,
         config = json.load(fh)
     if scheme.startswith("mlx"):
         config["quantization"] = qcfg
+    elif scheme.startswith("modelslim"):
+        with open(os.path.join(dst, "quant_model_description.json"), "w") as fh:
+            json.dump({"model_quant_type": qcfg["model_quant_type"], **qcfg["description"]}, fh)
     elif scheme.startswith("modelopt"):
         with open(os.path.join(dst, "hf_quant_config.json"), "w") as fh:
             json.dump({"producer": {"name": "modelopt"},
@@ -373,14 +415,16 @@ def tiny_llama(dst: str, *, layers: int = 2, vocab: int = 512, seed: int = 0,
 #: schemes whose activations are quantized (their reference tolerance is the activation grid's)
 ACTIVATION_QUANTIZED = ("ct_w8a8_int8", "ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block",
                         "fp8_block", "fp8_tensor", "modelopt_fp8", "quark_fp8", "mxfp8",
-                        "modelopt_mxfp8", "quark_mxfp4", "bnb_int8")
+                        "modelopt_mxfp8", "quark_mxfp4", "bnb_int8", "modelslim_w8a8",
+                        "modelslim_w8a8_dynamic", "modelslim_w4a4")
 KIT_SCHEMES = {"gptq": {"desc_act": True, "group": 32}, "awq": {"sym": False, "group": 32},
                "auto_round": {}, "ct_wna16": {"sym": False, "group": 32}, "ct_w8a16": {},
                "ct_w8a8_int8": {}, "ct_fp8_dynamic": {}, "ct_fp8_static": {},
                "ct_fp8_block": {"block": (64, 64)}, "fp8_block": {"block": (64, 64)},
                "fp8_tensor": {}, "modelopt_fp8": {}, "modelopt_nvfp4": {}, "quark_fp8": {},
                "mlx4": {"group": 32}, "mlx8": {"group": 32}, "bnb_nf4": {}, "mxfp8": {},
-               "modelopt_mxfp8": {}, "quark_mxfp4": {}, "bnb_int8": {}}
+               "modelopt_mxfp8": {}, "quark_mxfp4": {}, "bnb_int8": {}, "modelslim_w8a8": {},
+               "modelslim_w8a8_dynamic": {}, "modelslim_w4a4": {}}
 
 
 def normalized_config(scheme: str, qcfg: dict[str, Any]) -> dict[str, Any]:
