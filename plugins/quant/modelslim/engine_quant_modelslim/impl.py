@@ -5,10 +5,10 @@ from typing import Any, Iterator
 
 import torch
 
-from engine.api import hookimpl
+from engine.api import ConfigError, hookimpl
 from engine.api.quant import (ModelSlimDynamicMethod, ModelSlimW8A8Method, PerLayer,
                               QuantMethod, checkpoint_names, claim)
-from engine.errors import ConfigError
+
 
 #: description type -> the layer method computing it
 TYPES = {"W8A8": ModelSlimW8A8Method(), "W8A8_DYNAMIC": ModelSlimDynamicMethod(8),

@@ -5,9 +5,8 @@ from typing import Any
 
 import torch
 
-from engine.api import hookimpl
+from engine.api import ConfigError, hookimpl
 from engine.api.quant import EXPERTS, OnlineExperts, PerLayer, QuantMethod, claim, formats
-from engine.errors import ConfigError
 
 
 def _weights(w: torch.Tensor) -> torch.Tensor:
