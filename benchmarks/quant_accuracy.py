@@ -27,7 +27,8 @@ SCHEMES = {"ct_w8a16": {}, "ct_w8a8_int8": {}, "ct_fp8_dynamic": {},
            "fp8_block": {"block": (64, 64)}, "modelopt_fp8": {}, "quark_fp8": {},
            "gptq": {"group": 64}, "awq": {"group": 64, "sym": False}, "ct_wna16": {"group": 64},
            "mlx4": {"group": 64}, "mlx8": {"group": 64}, "modelopt_nvfp4": {}, "bnb_nf4": {},
-           "mxfp8": {}, "quark_mxfp4": {}, "bnb_int8": {}}
+           "mxfp8": {}, "quark_mxfp4": {}, "bnb_int8": {}, "modelslim_w8a8": {},
+           "modelslim_w8a8_dynamic": {}, "modelslim_w4a4": {}}
 SEQ, N_SEQ = 512, 4
 
 
