@@ -36,22 +36,33 @@ def run_kit(pages: str, ratios: str, dims: str) -> list[str]:
 class Rig:
     """A one-layer pool, a batch builder, and a reference over what was written."""
 
-    def __init__(self, page: int, ratio: int, dim: int, seed: int) -> None:
+    def __init__(self, page: int, ratio: int, dim: int, seed: int,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.gen = torch.Generator().manual_seed(seed)
         hkv = 2
         self.spec = AttentionLayerSpec(0, hkv * ratio, hkv, dim, dim ** -0.5)
         slots = max(64 * page, 256)
         self.pool = KVPool(num_layers=1, num_kv_heads=hkv, head_dim=dim, num_slots=slots,
-                           page_size=page, dtype=torch.float32, device=torch.device("cpu"))
+                           page_size=page, dtype=dtype, device=torch.device("cpu"))
         for buf in self.pool.k + self.pool.v:
-            buf.fill_(float("nan"))
-            buf[:page] = 1e4
+            if self.pool.is_fp8:  # 448 in e4m3, NaN in e5m2: a read of slot 0 would show
+                buf.view(torch.uint8).fill_(0x7E)
+            else:
+                buf.fill_(float("nan"))
+                buf[:page] = 1e4
         self.builder = BatchBuilder(torch.zeros((8, 512), dtype=torch.int64), slots, page,
                                     shuffle=True, seed=seed)
         self.kv: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 
     def rand(self, *shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=self.gen)
+
+    def stored(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        """What the pool gives back for ``x``: itself, or its fp8 rounding times the scale."""
+        if not self.pool.is_fp8:
+            return x
+        top = torch.finfo(self.pool.dtype).max
+        return (x / scale).clamp(-top, top).to(self.pool.dtype).float() * scale
 
     def step(self, backend: TritonBackend, batch, rows: list[int], q=None, kv=None):
         """Run one forward; return (output, reference, q, (k, v))."""
@@ -65,8 +76,8 @@ class Rig:
         for i, row in enumerate(rows):
             n = batch.extend_lens_cpu[i]
             ks, vs = self.kv.setdefault(row, ([], []))
-            ks.append(k[start:start + n])
-            vs.append(v[start:start + n])
+            ks.append(self.stored(k[start:start + n], self.pool.k_scale[0]))
+            vs.append(self.stored(v[start:start + n], self.pool.v_scale[0]))
             want.append(kit.reference(q[start:start + n], torch.cat(ks), torch.cat(vs),
                                       batch.prefix_lens_cpu[i], s.scaling))
             start += n
@@ -138,6 +149,23 @@ def own_checks() -> list[str]:
     batch = rig.builder.extend([(rows[0], [1] * 23), (rows[1], [1] * 1)])
     out, want, _, _ = rig.step(backend, batch, rows)
     failures += close("tiled extend over a 41-token prefix", out, want)
+
+    # an fp8 pool with per-layer scales: extend over a prefix, then split decode
+    for fmt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        rig = Rig(page=16, ratio=2, dim=64, seed=4, dtype=fmt)
+        rig.pool.k_scale[0], rig.pool.v_scale[0] = 0.02, 0.5
+        backend = TritonBackend(rig.pool, 2, num_kv_splits=3, kernel_config=KernelConfig(
+            extend_block_m=16, extend_block_n=16, decode_block_n=16))
+        rows = [rig.builder.new_request() for _ in range(2)]
+        batch = rig.builder.extend([(rows[0], [1] * 37), (rows[1], [1] * 5)])
+        out, want, _, _ = rig.step(backend, batch, rows)
+        failures += close(f"fp8 ({fmt}) extend", out, want)
+        batch = rig.builder.extend([(rows[0], [1] * 9), (rows[1], [1] * 20)])
+        out, want, _, _ = rig.step(backend, batch, rows)
+        failures += close(f"fp8 ({fmt}) extend over a prefix", out, want)
+        batch = rig.builder.decode([(r, 2) for r in rows])
+        out, want, _, _ = rig.step(backend, batch, rows)
+        failures += close(f"fp8 ({fmt}) split decode", out, want)
     return failures
 
 

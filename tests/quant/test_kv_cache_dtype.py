@@ -1,5 +1,5 @@
-"""``--kv-cache-dtype``: fp8 storage with per-layer scales, dequantized on read by torch_native;
-formats this build cannot store are refused with the reason."""
+"""``--kv-cache-dtype``: fp8 storage with per-layer scales, dequantized on read by torch_native
+and in the triton kernels; formats this build cannot store are refused with the reason."""
 
 from __future__ import annotations
 
@@ -18,13 +18,17 @@ from engine.testing import quant as tq
 IDS = [[5, 17, 300, 41, 8, 99, 250, 7, 3, 11, 12, 13]]
 
 
-def run(path, kv, backend="torch_native"):
+def run(path, kv, backend="torch_native", swap=None):
+    """Logits of a prefill and a decode step; ``swap(runner)`` may replace the runner's
+    attention backends first (a backend the CLI does not offer on a CPU)."""
     from engine.runtime.model_runner import ModelRunner
     from engine.testing.batches import BatchBuilder
 
     runner = ModelRunner(ServerConfig(model_path=path, device="cpu", dtype="float32",
                                       skip_tokenizer_init=True, max_total_tokens=128,
                                       attention_backend=backend, kv_cache_dtype=kv))
+    if swap is not None:
+        swap(runner)
     b = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
     row = b.new_request()
     first = runner.forward(b.extend([(row, IDS[0])], all_logits=True))
@@ -70,3 +74,38 @@ def test_checkpoint_kv_scales_are_used(model, tmp_path):
 def test_unsupported_kv_dtypes_are_refused(model, kv, pattern):
     with pytest.raises(ConfigError, match=pattern):
         run(model, kv)
+
+
+TRITON_FP8 = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, sys.argv[2])
+import torch
+from engine_attention_triton.impl import TritonBackend
+from test_kv_cache_dtype import run
+
+def triton(runner):
+    cfg = runner.model_config
+    backend = TritonBackend(runner.pool, cfg.num_attention_heads // cfg.num_key_value_heads)
+    runner.prefill_backend = runner.decode_backend = backend
+
+for kv in ("fp8_e4m3", "fp8_e5m2"):
+    got, runner = run(sys.argv[1], kv, swap=triton)
+    want, _ = run(sys.argv[1], kv)
+    assert runner.pool.is_fp8 and type(runner.decode_backend).__name__ == "TritonBackend"
+    err = (got - want).abs().max().item()
+    assert err < 1e-3, (kv, err)
+print("ok")
+"""
+
+
+def test_triton_reads_the_fp8_cache_as_torch_native_does(model):
+    """The triton backend widens the fp8 pool in its kernels and applies the layer scales:
+    its logits equal torch_native's, which dequantizes through ``KVPool.gather`` (under the
+    Triton interpreter here)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", TRITON_FP8, model, os.path.dirname(__file__)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]

@@ -121,8 +121,9 @@ class AttentionBackend(ABC):
     #: (``--enable-deterministic-inference`` refuses a backend without it);
     #: :func:`attend_per_token` is such a path, for any backend that keeps the pool's layout
     batch_invariant: bool = False
-    #: True when the backend reads K/V through :meth:`KVPool.gather` (fp8 storage dequantized
-    #: on read); ``--kv-cache-dtype fp8_*`` refuses a backend without it
+    #: True when the backend reads an fp8 pool (through :meth:`KVPool.gather`, or in its own
+    #: kernels with the pool's per-layer ``k_scale``/``v_scale``); ``--kv-cache-dtype fp8_*``
+    #: refuses a backend without it
     supports_fp8_kv_cache: bool = False
     #: True when extend forwards honour ``batch.tree_mask`` (speculative tree verify); a
     #: backend without it can verify chains only (plain causal extend)

@@ -128,9 +128,9 @@ class ModelRunner:
                               ("decode", self.decode_backend)):
             if self.pool.is_fp8 and not backend.supports_fp8_kv_cache:
                 raise ConfigError(f"--kv-cache-dtype {config.kv_cache_dtype}: the {kind} "
-                                  f"attention backend ({type(backend).__name__}) reads the KV "
-                                  "cache directly and does not dequantize fp8; use "
-                                  "torch_native or flex_attention")
+                                  f"attention backend ({type(backend).__name__}) does not read "
+                                  "an fp8 KV cache here; torch_native, flex_attention and "
+                                  "triton (SM89+) do")
         #: the backend of speculative verify forwards (--speculative-attention-mode)
         self.verify_backend = (self.decode_backend if config.speculative_attention_mode == "decode"
                                else self.prefill_backend)

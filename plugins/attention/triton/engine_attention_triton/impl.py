@@ -75,6 +75,7 @@ class TritonBackend(AttentionBackend):
     (or a speculative tree's mask over them)."""
 
     supports_tree_verify = True
+    supports_fp8_kv_cache = True  # the kernels widen fp8 K/V and apply the layer's scales
 
     def __init__(self, pool: KVPool, group: int, *, num_kv_splits: int = 8,
                  split_tile_size: int | None = None,
@@ -89,6 +90,9 @@ class TritonBackend(AttentionBackend):
         #: on a GPU, splits beyond ~4 programs per multiprocessor only add merge work
         self._programs = (4 * torch.cuda.get_device_properties(pool.device).multi_processor_count
                           if pool.device.type == "cuda" else None)
+        #: Triton's fp8 types need SM89+ on a GPU
+        self.supports_fp8_kv_cache = (pool.device.type != "cuda" or
+                                      torch.cuda.get_device_capability(pool.device) >= (8, 9))
         self.configure(kernel_config or (INTERPRETER_CONFIG if interpreting()
                                          else KernelConfig()))
 
@@ -150,6 +154,17 @@ class TritonBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ kernels
 
+    def _kv(self, layer: AttentionLayerSpec) -> tuple[torch.Tensor, torch.Tensor, int, float,
+                                                       float]:
+        """The layer's K/V buffers for the kernels, the fp8 kind (0: none, 1: e4m3, 2: e5m2;
+        the buffers then as their bit patterns) and the layer's K and V scales."""
+        pool, i = self.pool, layer.layer_id
+        if not pool.is_fp8:
+            return pool.k[i], pool.v[i], 0, 1.0, 1.0
+        kind = 1 if pool.dtype == torch.float8_e4m3fn else 2
+        return (pool.k[i].view(torch.uint8), pool.v[i].view(torch.uint8), kind,
+                float(pool.k_scale[i]), float(pool.v_scale[i]))
+
     def _check(self, q: torch.Tensor, layer: AttentionLayerSpec, batch: Batch) -> torch.Tensor:
         if batch.req_to_token.stride(1) != 1:
             raise ValueError("req_to_token must have unit stride along tokens")
@@ -159,7 +174,7 @@ class TritonBackend(AttentionBackend):
                        batch: Batch) -> torch.Tensor:
         md: DecodeMetadata = batch.attn_metadata
         q = self._check(q, layer, batch)
-        k_buf, v_buf = self.pool.k[layer.layer_id], self.pool.v[layer.layer_id]
+        k_buf, v_buf, fp8, k_scale, v_scale = self._kv(layer)
         bsz, hq, dim = q.shape
         hkv, group = layer.num_kv_heads, layer.num_q_heads // layer.num_kv_heads
         splits = md.num_splits
@@ -176,10 +191,11 @@ class TritonBackend(AttentionBackend):
             v_buf.stride(1), r2t.stride(0),
             part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-            layer.scaling * LOG2E, md.split_tile,
+            layer.scaling * LOG2E * k_scale, md.split_tile, v_scale,
             GROUP=group, HEAD_DIM=dim, NUM_SPLITS=splits, BLOCK_H=max(16, _pow2(group)),
             BLOCK_D=_pow2(dim), BLOCK_N=cfg.decode_block_n, FIXED_TILE=md.split_tile > 0,
-            DOT_PREC=prec, num_warps=cfg.decode_warps, num_stages=cfg.decode_stages)
+            DOT_PREC=prec, KV_FP8=fp8, num_warps=cfg.decode_warps,
+            num_stages=cfg.decode_stages)
         if splits > 1:
             self.kernels._decode_merge_kernel[(bsz, hkv)](
                 part_out, part_lse, out, batch.seq_lens, part_out.stride(0),
@@ -193,7 +209,7 @@ class TritonBackend(AttentionBackend):
                        batch: Batch) -> torch.Tensor:
         md: ExtendMetadata = batch.attn_metadata
         q = self._check(q, layer, batch)
-        k_buf, v_buf = self.pool.k[layer.layer_id], self.pool.v[layer.layer_id]
+        k_buf, v_buf, fp8, k_scale, v_scale = self._kv(layer)
         dim = q.shape[2]
         out = torch.empty_like(q)
         cfg, r2t = self.cfg, batch.req_to_token
@@ -208,11 +224,11 @@ class TritonBackend(AttentionBackend):
             batch.extend_lens, md.qo_start, md.tile_req, md.tile_start, tree,
             q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
             v_buf.stride(1), out.stride(0), out.stride(1), r2t.stride(0), tb, tq,
-            layer.scaling * LOG2E,
+            layer.scaling * LOG2E * k_scale, v_scale,
             GROUP=group, HEAD_DIM=dim, TILE_TOKENS=md.tile_tokens, BLOCK_M=self.block_rows,
             BLOCK_N=cfg.extend_block_n, BLOCK_D=_pow2(dim),
             DOT_PREC="ieee" if q.dtype == torch.float32 else None, HAS_TREE=md.tree is not None,
-            num_warps=cfg.extend_warps, num_stages=cfg.extend_stages)
+            KV_FP8=fp8, num_warps=cfg.extend_warps, num_stages=cfg.extend_stages)
         return out
 
 

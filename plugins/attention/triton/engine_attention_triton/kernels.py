@@ -29,6 +29,8 @@ ancestors come before it, so none lies past the tile). Online
 softmax in float32 (base 2), the output in q's dtype.
 
 Every load past a length is masked (never issued), so only slots the batch owns are read.
+An fp8 pool (``KV_FP8``) is read as its bit patterns and widened to q's dtype; its per-layer K
+scale is folded into the softmax scale and its V scale multiplies the output.
 Softmax runs in base 2: callers pass ``scale * log2(e)``, and the decode log-sum-exp is in base 2.
 """
 
@@ -39,15 +41,28 @@ import triton.language as tl
 
 
 @triton.jit
+def _widen(x, KV_FP8: tl.constexpr):
+    """K/V as loaded: fp8 bit patterns (uint8) as their fp8 type, else unchanged."""
+    if KV_FP8 == 1:
+        return x.to(tl.float8e4nv, bitcast=True)
+    elif KV_FP8 == 2:
+        return x.to(tl.float8e5, bitcast=True)
+    else:
+        return x
+
+
+@triton.jit
 def _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, allowed, k_ptr, v_ptr, g, stride_ks,
           stride_kh, stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC: tl.constexpr,
-          MASKED: tl.constexpr = True, EVEN_D: tl.constexpr = False):
+          MASKED: tl.constexpr = True, EVEN_D: tl.constexpr = False, KV_FP8: tl.constexpr = 0):
     """One online-softmax step over the keys at positions ``pos`` (``n_mask``: in range;
     ``allowed``: which (query row, key) scores count): K/V rows of KV head ``g`` gathered through
     ``req_to_token``, scores, running max ``m_i``, sum ``l_i`` and output ``acc`` updated.
     ``MASKED=False``: every key is in range and allowed (no masks, no selects); ``EVEN_D``: the
     head dimension fills ``offs_d``. ``scale`` (> 0) is applied to the scores in the exponent's
-    multiply-add."""
+    multiply-add. ``KV_FP8`` (1: e4m3, 2: e5m2): the pool holds fp8 bit patterns (uint8), read
+    as fp8 and widened to q's dtype (exact); the caller folds the K scale into ``scale`` and
+    multiplies the output by the V scale."""
     if MASKED:
         slot = tl.load(r2t_row + pos, mask=n_mask, other=0)
         kv_mask = n_mask[:, None] & d_mask[None, :]
@@ -60,6 +75,7 @@ def _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, allowed, k_ptr, v_ptr, g, stri
         k = tl.load(k_ptr + k_off)
     else:
         k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0)
+    k = _widen(k, KV_FP8)
     qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC)
     if MASKED:
         qk = tl.where(allowed, qk, float("-inf"))
@@ -70,6 +86,7 @@ def _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, allowed, k_ptr, v_ptr, g, stri
         v = tl.load(v_ptr + v_off)
     else:
         v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0)
+    v = _widen(v, KV_FP8)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
     l_i = l_i * alpha + tl.sum(p, 1)
     return m_new, l_i, acc
@@ -81,10 +98,10 @@ def _decode_split_kernel(
     part_out_ptr, part_lse_ptr, out_ptr,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_r2t,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
-    scale, split_len_fixed,
+    scale, split_len_fixed, v_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    FIXED_TILE: tl.constexpr, DOT_PREC: tl.constexpr,
+    FIXED_TILE: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr = 0,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -118,7 +135,9 @@ def _decode_split_kernel(
         n_mask = pos < end
         m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, n_mask[None, :], k_ptr,
                               v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
-                              d_mask, scale, DOT_PREC)
+                              d_mask, scale, DOT_PREC, KV_FP8=KV_FP8)
+    if KV_FP8 != 0:
+        acc = acc * v_scale
 
     if NUM_SPLITS == 1:  # the whole context in one chunk: final rows, no merge
         out = acc / l_i[:, None]
@@ -180,10 +199,10 @@ def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, req_to_token_ptr, req_pool_ptr, prefix_lens_ptr,
     extend_lens_ptr, qo_start_ptr, tile_req_ptr, tile_start_ptr, tree_ptr,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
-    stride_r2t, stride_tb, stride_tq, scale,
+    stride_r2t, stride_tb, stride_tq, scale, v_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_TOKENS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr,
+    DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr, KV_FP8: tl.constexpr = 0,
 ):
     g = tl.program_id(0)
     t = tl.program_id(1)
@@ -223,14 +242,14 @@ def _extend_kernel(
         m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0 + offs_n, offs_n, offs_n, k_ptr,
                               v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
                               d_mask, scale, DOT_PREC, MASKED=False,
-                              EVEN_D=BLOCK_D == HEAD_DIM)
+                              EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8)
     if HAS_TREE:
         if full < lo:  # the prefix's last partial tile
             pos = full + offs_n
             n_mask = pos < lo
             m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, n_mask[None, :],
                                   k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh,
-                                  offs_d, d_mask, scale, DOT_PREC)
+                                  offs_d, d_mask, scale, DOT_PREC, KV_FP8=KV_FP8)
     else:  # the partial tile before the tile's own tokens joins phase 2 (all its keys pass)
         lo = full
     # phase 2: the tile's diagonal block of new tokens, causally (a tree: by its mask)
@@ -247,7 +266,9 @@ def _extend_kernel(
             causal = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
         m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, causal, k_ptr,
                               v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
-                              d_mask, scale, DOT_PREC)
+                              d_mask, scale, DOT_PREC, KV_FP8=KV_FP8)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if KV_FP8 != 0:
+        out = out * v_scale
     tl.store(out_ptr + (qo + tok)[:, None] * stride_ot + head[:, None] * stride_oh
              + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=rd_mask)
