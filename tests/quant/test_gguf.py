@@ -203,8 +203,8 @@ CONFIG = ServerConfig()
 
 def test_hook_refuses_with_reasons():
     opts = {"gguf_kernel_max_rows": 64, "gguf_activations": "int8"}
-    with pytest.raises(PluginError, match="run on the CPU; this model is on cuda"):
-        engine_create_quant_method(_Cfg(), None, torch.device("cuda"), opts, CONFIG)
+    with pytest.raises(PluginError, match="on the CPU .* and on CUDA GPUs .* this model is on mps"):
+        engine_create_quant_method(_Cfg(), None, torch.device("mps"), opts, CONFIG)
     other = type("C", (), {"weights_format": "safetensors"})()
     with pytest.raises(PluginError, match="needs a .gguf checkpoint"):
         engine_create_quant_method(other, None, torch.device("cpu"), opts, CONFIG)
@@ -216,16 +216,21 @@ def test_hook_refuses_with_reasons():
 @needs_default_model
 def test_detected_gguf_loads_dense_where_the_method_cannot_run(caplog):
     from engine.assembly import Assembly
+    from engine_quant_gguf.impl import GGUFDequantized
 
     registry = Registry()
     mc = Assembly(ServerConfig(), registry).model_config()
     assert mc.quantization_config["quant_method"] == "gguf"
     with caplog.at_level(logging.INFO, logger="engine.assembly"):
-        assert Assembly(ServerConfig(), registry).quant_method(mc, torch.device("cuda")) is None
-    assert "dequantized" in caplog.text and "this model is on cuda" in caplog.text
+        assert Assembly(ServerConfig(), registry).quant_method(mc, torch.device("mps")) is None
+    assert "dequantized" in caplog.text and "this model is on mps" in caplog.text
     asked = Assembly(ServerConfig(quantization="gguf"), registry)
-    with pytest.raises(ConfigError, match="this model is on cuda"):  # asked for: refused
-        asked.quant_method(mc, torch.device("cuda"))
+    with pytest.raises(ConfigError, match="this model is on mps"):  # asked for: refused
+        asked.quant_method(mc, torch.device("mps"))
+    # on a CUDA GPU the blocks are dequantized at load, detected or asked for
+    for cfg in (ServerConfig(), ServerConfig(quantization="gguf")):
+        assert isinstance(Assembly(cfg, registry).quant_method(mc, torch.device("cuda")),
+                          GGUFDequantized)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ plugin = Plugin(
     description="GGUF Q4_0/Q4_1/Q8_0 and K-quant (Q2_K/Q3_K/Q4_K/Q5_K/Q6_K) weights kept packed; "
                 "AVX2/VNNI matmuls read the blocks directly (int8 activations, or exact float32 "
                 "ones for Q4_0/Q4_1/Q8_0)",
-    requires=Requires(packages=("gguf",), devices=("cpu",),
+    requires=Requires(packages=("gguf",), devices=("cpu", "cuda"),
                       cpu_features=("avx2", "fma", "f16c"), executables=("cc",)),
     options=(
         Option("--gguf-activations", choices=("int8", "float32"), default="int8",
@@ -23,5 +23,7 @@ plugin = Plugin(
                     "copy made for the call."),
     ),
     notes=("selected by default for a .gguf checkpoint served on CPU",
+           "on a CUDA GPU every block type is dequantized at load to the model dtype (no packed "
+           "GPU kernel in this build)",
            "the kernels compile with the system C compiler on first use (cached)"),
 )

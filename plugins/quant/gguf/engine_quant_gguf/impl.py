@@ -27,7 +27,8 @@ from torch import nn
 
 from engine.api import ConfigError, PluginError
 from engine.api import hookimpl
-from engine.api.quant import (Linear, PackedWeight, QuantMethod, dense_linear, release_pages,
+from engine.api.quant import (Linear, PackedWeight, QuantMethod, UnquantizedMethod,
+                              dense_linear, release_pages,
                               rowwise)
 
 from engine_quant_gguf import kernels
@@ -208,15 +209,25 @@ class GGUFMethod(QuantMethod):
         return kernels.library().engine_gguf_kq_matmul_ld
 
 
+class GGUFDequantized(UnquantizedMethod):
+    """A GGUF checkpoint on a GPU: every block type is dequantized at load (the gguf package's
+    arithmetic, the same values as the CPU kernels' float32 path) into a dense weight in the
+    model dtype; the product is the dense one."""
+
+
 @hookimpl
 def engine_create_quant_method(model_config: Any, quant_config: Any, device: torch.device,
                                options: Any, config: Any) -> QuantMethod:
-    if device.type != "cpu":
-        raise PluginError(f"--quantization gguf: its kernels run on the CPU; this model is on "
-                          f"{device.type}")
     if model_config.weights_format != "gguf":
         raise PluginError("--quantization gguf: needs a .gguf checkpoint (this one is "
                           f"{model_config.weights_format})")
+    if device.type == "cuda":
+        log.info("gguf on %s: the blocks are dequantized at load (the packed kernels are the "
+                 "CPU's)", device)
+        return GGUFDequantized()
+    if device.type != "cpu":
+        raise PluginError(f"--quantization gguf: served on the CPU (packed kernels) and on CUDA "
+                          f"GPUs (dequantized at load); this model is on {device.type}")
     types = set((quant_config or {}).get("weight_types", kernels.PACKED))
     if not types & set(kernels.PACKED):
         raise PluginError(f"--quantization gguf: kernels read {', '.join(kernels.PACKED)}; this "
