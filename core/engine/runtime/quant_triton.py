@@ -49,6 +49,11 @@ def _kind(dtype: torch.dtype) -> tuple[int, int, int, float]:
                          "float8_e5m2)") from None
 
 
+def fp8_kind(dtype: torch.dtype) -> int:
+    """The kernels' fp8 flag of a torch dtype: 1 e4m3, 2 e5m2, 0 anything else."""
+    return {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(dtype, 0)
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """fp8 tensors as their uint8 bit patterns (the kernels bitcast them back)."""
     return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
@@ -72,7 +77,7 @@ def _round_fp8(v, MANT: tl.constexpr, EMIN: tl.constexpr):
 
 
 @triton.jit
-def _as_fp8(v, FP8: tl.constexpr):
+def fp8_from_bits(v, FP8: tl.constexpr):
     """uint8 bit patterns as the fp8 type ``FP8`` names (1: e4m3, 2: e5m2; 0: ``v`` itself).
     fp8 tensors travel as uint8, so masked loads can fill zeros."""
     if FP8 == 1:
@@ -245,7 +250,7 @@ def _w8_mm(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, M, N, K,
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
-        w = _as_fp8(tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
+        w = fp8_from_bits(tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
                             other=0), FP8)
         if ROW1 and ACT != 0 and ACT != 4:  # one row, quantized once, padded with zeros
             x = tl.load(x_ptr + offs_k, mask=k_ok, other=0)[None, :]
@@ -263,7 +268,7 @@ def _w8_mm(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, M, N, K,
             if ROW1:
                 sg = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.sum(sg, axis=0)
         elif ACT == 4:
-            a = _as_fp8(x, FP8)
+            a = fp8_from_bits(x, FP8)
         elif ROW1:
             a = _quantize(x.to(tl.float32), tl.sum(xs, axis=0) / BLOCK_M,
                           tl.sum(xr, axis=0) / BLOCK_M, FP8, QMAX, MANT, EMIN)

@@ -161,8 +161,9 @@ class TritonBackend(AttentionBackend):
         pool, i = self.pool, layer.layer_id
         if not pool.is_fp8:
             return pool.k[i], pool.v[i], 0, 1.0, 1.0
-        kind = 1 if pool.dtype == torch.float8_e4m3fn else 2
-        return (pool.k[i].view(torch.uint8), pool.v[i].view(torch.uint8), kind,
+        from engine.api.triton import fp8_kind
+
+        return (pool.k[i].view(torch.uint8), pool.v[i].view(torch.uint8), fp8_kind(pool.dtype),
                 float(pool.k_scale[i]), float(pool.v_scale[i]))
 
     def _check(self, q: torch.Tensor, layer: AttentionLayerSpec, batch: Batch) -> torch.Tensor:

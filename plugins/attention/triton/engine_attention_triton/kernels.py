@@ -39,16 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _widen(x, KV_FP8: tl.constexpr):
-    """K/V as loaded: fp8 bit patterns (uint8) as their fp8 type, else unchanged."""
-    if KV_FP8 == 1:
-        return x.to(tl.float8e4nv, bitcast=True)
-    elif KV_FP8 == 2:
-        return x.to(tl.float8e5, bitcast=True)
-    else:
-        return x
+from engine.api.triton import fp8_from_bits
 
 
 @triton.jit
@@ -75,7 +66,7 @@ def _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, allowed, k_ptr, v_ptr, g, stri
         k = tl.load(k_ptr + k_off)
     else:
         k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0)
-    k = _widen(k, KV_FP8)
+    k = fp8_from_bits(k, KV_FP8)
     qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC)
     if MASKED:
         qk = tl.where(allowed, qk, float("-inf"))
@@ -86,7 +77,7 @@ def _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, allowed, k_ptr, v_ptr, g, stri
         v = tl.load(v_ptr + v_off)
     else:
         v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0)
-    v = _widen(v, KV_FP8)
+    v = fp8_from_bits(v, KV_FP8)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
     l_i = l_i * alpha + tl.sum(p, 1)
     return m_new, l_i, acc
