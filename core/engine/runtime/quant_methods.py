@@ -190,7 +190,7 @@ def packed_kernels(layer: Linear) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def PACKED_WEIGHT_ONLY() -> bool:  # noqa: N802 - reads like the setting it is
+def packed_weight_only() -> bool:
     """Whether weight-only formats keep their codes packed on a GPU
     (``ENGINE_PACKED_WEIGHT_ONLY=1``): a quarter of the memory, but on an H200 the packed
     product is still slower than the dense copy's (docs/benchmarks/quantization.md), so the
@@ -285,7 +285,7 @@ class DequantizedMethod(LayerMethod):
         from engine.runtime import quant_triton
 
         group = getattr(layer, "group", None)
-        packed = (self.affine(layer) if packed_kernels(layer) and group and PACKED_WEIGHT_ONLY()
+        packed = (self.affine(layer) if packed_kernels(layer) and group and packed_weight_only()
                   and quant_triton.affine_sub(group) else None)
         w = self.dense_weight(layer) if packed is None else None
         for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
