@@ -282,11 +282,11 @@ class DequantizedMethod(LayerMethod):
         return self.dense_weight(layer)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        from engine.runtime import quant_triton
+        packed, group = None, getattr(layer, "group", None)
+        if group and packed_weight_only() and packed_kernels(layer):
+            from engine.runtime import quant_triton  # (Triton only where its kernels run)
 
-        group = getattr(layer, "group", None)
-        packed = (self.affine(layer) if packed_kernels(layer) and group and packed_weight_only()
-                  and quant_triton.affine_sub(group) else None)
+            packed = self.affine(layer) if quant_triton.affine_sub(group) else None
         w = self.dense_weight(layer) if packed is None else None
         for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
             delattr(layer, name)
