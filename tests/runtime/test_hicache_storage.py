@@ -168,6 +168,32 @@ def test_a_prompt_evicted_past_the_host_tier_comes_back_from_the_store(backend) 
     s.stop()
 
 
+def test_mooncake_reads_into_the_callers_buffer(mooncake_master) -> None:
+    """Targets that are slices of one buffer (what the core hands) are registered and read into
+    directly; a missing key in the middle is None; separate buffers take the copying path."""
+    master, meta = mooncake_master.split("|")
+    store = plugin_store("mooncake", {"master_server_address": master, "metadata_server": meta,
+                                      "global_segment_size": 64 * 2**20,
+                                      "local_buffer_size": 16 * 2**20,
+                                      "zero_copy_min_page_bytes": 0})(
+        StorageConfig(page_bytes=4096, identity="ab" * 32))
+    try:
+        pages = [os.urandom(4096) for _ in range(4)]
+        keys = [f"{i:064x}" for i in range(4)]
+        assert store.batch_set(keys, pages)
+        arena = memoryview(bytearray(5 * 4096))
+        targets = [arena[i * 4096:(i + 1) * 4096] for i in range(5)]
+        got = store.batch_get(keys[:2] + ["e" * 64] + keys[2:], targets)
+        assert got[2] is None and store.zero_copy_pages == 4
+        for i, page in zip((0, 1, 3, 4), pages):
+            assert got[i] is targets[i] and bytes(got[i]) == page
+        apart = store.batch_get(keys[:2], [memoryview(bytearray(4096)) for _ in range(2)])
+        assert [bytes(g) for g in apart] == pages[:2] and store.zero_copy_pages == 4
+    finally:
+        store.clear()
+        store.close()
+
+
 def test_dynamic_refuses_a_class_it_cannot_load() -> None:
     from engine.api import PluginError
 

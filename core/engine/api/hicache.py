@@ -84,7 +84,8 @@ class HiCacheStorage(ABC):
 
     def batch_get(self, keys: Sequence[str], targets: Sequence[Any] | None = None) -> list:
         """:meth:`get` for each key, ``None`` for the missing ones (a partial batch); a backend
-        may do it in one round trip."""
+        may do it in one round trip. The core's ``targets`` are consecutive slices of one
+        buffer (a store that registers memory with its transport can register it once)."""
         return [self.get(k, t) for k, t in zip(keys, targets or [None] * len(keys))]
 
     def batch_set(self, keys: Sequence[str], values: Sequence[Any]) -> bool:

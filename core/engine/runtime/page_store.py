@@ -198,7 +198,9 @@ class StorageTier:
         self.stats.misses += len(f.keys) - n
         for at in range(0, n, BATCH_PAGES):
             keys = f.keys[at:min(n, at + BATCH_PAGES)]
-            targets = [memoryview(bytearray(self.codec.page_bytes)) for _ in keys]
+            size = self.codec.page_bytes  # one buffer for the batch: a store may register it
+            arena = memoryview(bytearray(size * len(keys)))
+            targets = [arena[i * size:(i + 1) * size] for i in range(len(keys))]
             got = self.store.batch_get(keys, targets)
             for key, target, blob in zip(keys, targets, got or []):
                 payload = self.codec.decode(key, blob)
