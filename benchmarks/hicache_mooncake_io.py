@@ -1,7 +1,7 @@
 """Reading pages back from a Mooncake store: the copying path (``get_batch``: the client returns
 new bytes objects) against the zero-copy one (the core's targets, slices of one buffer,
 registered and read into with ``batch_get_into``), through the mooncake plugin, on a local
-master over loopback TCP (tools/hicache/mooncake_master.sh). Prints a table; needs the Mooncake
+master over loopback TCP (``engine.testing.hicache.mooncake_master``). Prints a table; needs the Mooncake
 client (tools/hicache/setup_backends.sh mooncake).
 
     python benchmarks/hicache_mooncake_io.py [--pages 64] [--rounds 5]
@@ -11,20 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:
@@ -33,26 +21,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     from engine.api.hicache import StorageConfig
+    from engine.testing.hicache import mooncake_master
     from engine_cache_mooncake.impl import engine_create_hicache_storage
 
-    rpc, http = _port(), _port()
-    master = subprocess.Popen([str(REPO / "tools/hicache/mooncake_master.sh"), str(rpc),
-                               str(http)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env=dict(os.environ, ENGINE_VENV=str(Path(sys.executable).parents[1])))
-    try:
-        for _ in range(300):
-            try:
-                socket.create_connection(("127.0.0.1", rpc), 1).close()
-                socket.create_connection(("127.0.0.1", http), 1).close()
-                break
-            except OSError:
-                time.sleep(0.2)
+    with mooncake_master() as (master, meta):
         print("| page KiB | pages | copying get_batch ms | zero-copy ms | speed-up |")
         print("|---|---|---|---|---|")
         for kib in (64, 256, 1024):
             size = kib * 1024
-            extra = {"master_server_address": f"127.0.0.1:{rpc}",
-                     "metadata_server": f"http://127.0.0.1:{http}/metadata",
+            extra = {"master_server_address": master, "metadata_server": meta,
                      "global_segment_size": 2 * args.pages * size + 64 * 2**20,
                      "local_buffer_size": args.pages * size + 16 * 2**20,
                      "zero_copy_min_page_bytes": 0}  # both paths at every size
@@ -77,9 +54,6 @@ def main() -> None:
                   flush=True)
             store.clear()
             store.close()
-    finally:
-        master.terminate()
-        master.wait(20)
 
 
 if __name__ == "__main__":

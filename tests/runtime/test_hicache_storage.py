@@ -12,12 +12,8 @@ import importlib
 import inspect
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,8 +21,6 @@ from engine.api import Options
 from engine.api.hicache import DirectoryStorage, StorageConfig
 from engine.testing.hicache import run as conformance
 from test_hicache import A, B, C, Hanging, generate, sched
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def plugin_store(name: str, extra: dict[str, Any]) -> Callable[[StorageConfig], Any]:
@@ -45,37 +39,16 @@ def plugin_store(name: str, extra: dict[str, Any]) -> Callable[[StorageConfig], 
     return make
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mooncake_master() -> Iterator[str]:
     try:
         importlib.import_module("mooncake.store")
     except ImportError as exc:
         pytest.skip(f"Mooncake client not usable ({exc}); run tools/hicache/setup_backends.sh")
-    rpc, http = _free_port(), _free_port()
-    proc = subprocess.Popen([str(REPO / "tools/hicache/mooncake_master.sh"), str(rpc),
-                             str(http)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, ENGINE_VENV=str(Path(sys.executable).parents[1])))
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail("mooncake_master exited at start")
-            try:
-                socket.create_connection(("127.0.0.1", rpc), 1).close()
-                socket.create_connection(("127.0.0.1", http), 1).close()
-                break
-            except OSError:
-                time.sleep(0.2)
-        yield f"127.0.0.1:{rpc}|http://127.0.0.1:{http}/metadata"
-    finally:
-        proc.terminate()
-        proc.wait(20)
+    from engine.testing.hicache import mooncake_master as start
+
+    with start() as (master, meta):
+        yield f"{master}|{meta}"
 
 
 def _nixl() -> None:

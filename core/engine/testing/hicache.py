@@ -17,15 +17,17 @@ Every store must pass, with pages of the length the core uses:
 ``check(name, product)`` builds the store through the plugin's hook with its options and the
 extra config given to ``engine plugins check NAME --extra-config JSON`` (a Mooncake master's
 address, the mock 3FS client...); :func:`run` takes any store factory.
+:func:`mooncake_master` starts a local Mooncake master for tests and benchmarks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.api.hicache import PAGE_HEADER_BYTES, StorageConfig
@@ -229,3 +231,43 @@ def check(name: str, product: Any) -> list[str]:
         config.hicache_storage_backend_extra_config).items() if k not in CORE_KEYS}
     return run(lambda sc: product(config=config,
                                   storage_config=dataclasses.replace(sc, extra=extra)))
+
+
+@contextlib.contextmanager
+def mooncake_master(timeout: float = 60.0) -> Iterator[tuple[str, str]]:
+    """A local ``mooncake_master`` (the client package's binary beside this Python, as
+    tools/hicache/mooncake_master.sh starts it) on two free loopback ports, with its HTTP
+    metadata server: yields (master address, metadata server URL); stopped on exit."""
+    import socket
+    import subprocess
+    import time
+    from pathlib import Path
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    rpc, http = free_port(), free_port()
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mooncake_master"), f"--rpc_port={rpc}",
+         "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+         f"--http_metadata_server_port={http}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError("mooncake_master exited at start")
+            try:
+                for port in (rpc, http):
+                    socket.create_connection(("127.0.0.1", port), 1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"mooncake_master did not listen in {timeout:.0f} s")
+                time.sleep(0.2)
+        yield f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
+    finally:
+        proc.terminate()
+        proc.wait(20)
