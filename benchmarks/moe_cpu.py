@@ -40,6 +40,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--quantization", nargs="*", default=[],
+                    help="online choices also timed against ours dense, in the same rounds "
+                         "(fp8, nvfp4_online, quark_int4fp8_moe, mxfp4...)")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -47,9 +50,14 @@ def main() -> None:
     from engine.runtime.model_runner import ModelRunner
 
     path = make_checkpoint(args.layers, args.hidden)
-    runner = ModelRunner(ServerConfig(model_path=path, device="cpu", dtype="float32",
-                                      skip_tokenizer_init=True, attention_backend="torch_native",
-                                      max_total_tokens=4096, max_running_requests=8))
+    def build(quantization=None):
+        return ModelRunner(ServerConfig(model_path=path, device="cpu", dtype="float32",
+                                        skip_tokenizer_init=True,
+                                        attention_backend="torch_native", max_total_tokens=4096,
+                                        max_running_requests=8, quantization=quantization))
+
+    runner = build()
+    quantized = {q: build(q) for q in args.quantization}
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompt = torch.randint(0, 50000, (64,), generator=torch.Generator().manual_seed(1)).tolist()
 
@@ -67,14 +75,19 @@ def main() -> None:
     print(f"greedy tokens equal to transformers: {tok == want}")
 
     load = os.getloadavg()[0]
-    rows = []
+    rows, qrows = [], []
     for batch in (1, 8):
         a, b = [], []
+        qs: dict[str, list[float]] = {q: [] for q in quantized}
         for _ in range(args.rounds):  # interleaved A, B, A, B...
             a.append(ours(prompt, batch, args.steps, runner))
             b.append(transformers_side(prompt, batch, args.steps, hf))
+            for q, r in quantized.items():
+                qs[q].append(ours(prompt, batch, args.steps, r))
         ma, mb = statistics.median(a), statistics.median(b)
         rows.append((batch, ma, mb, batch * 1000 / ma, batch * 1000 / mb, mb / ma))
+        qrows += [(q, batch, statistics.median(t), statistics.median(t) / ma)
+                  for q, t in qs.items()]
     print(f"\nOLMoE-shaped ({args.layers} layers, hidden {args.hidden}, 64 experts top-8), "
           f"float32, {torch.get_num_threads()} threads, load {load:.2f} -> "
           f"{os.getloadavg()[0]:.2f}")
@@ -82,6 +95,10 @@ def main() -> None:
           "speed-up |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]:.1f} | {r[2]:.1f} | {r[3]:.0f} | {r[4]:.0f} | {r[5]:.2f}x |")
+    if qrows:
+        print("\n| --quantization | batch | ms/step | vs ours dense |\n|---|---|---|---|")
+        for q, batch, ms, ratio in qrows:
+            print(f"| {q} | {batch} | {ms:.1f} | {ratio:.2f}x |")
 
 
 if __name__ == "__main__":

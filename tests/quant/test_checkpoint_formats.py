@@ -456,3 +456,13 @@ def test_modelslim_types_it_does_not_serve_are_named(dense, tmp_path):
     desc_file.write_text(json.dumps(desc))
     with pytest.raises(ConfigError, match=r"down_proj\.weight = 'W4A8_MXFP': served types"):
         logits(str(tmp_path / "q"))
+
+
+def test_e2m1_values_on_the_grid_equal_the_code_table():
+    """NVFP4's fast rounding (steps of 0.5 / 1 / 2, ties to even, saturating at 6) gives the
+    code table's value of ``e2m1_codes`` everywhere, the midpoints included."""
+    x = torch.cat([torch.randn(100000, generator=torch.Generator().manual_seed(0)) * 3,
+                   torch.arange(-700, 701) / 100.0,
+                   torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -2.5, 6.0, 7.0])])
+    table = torch.tensor(qf.E2M1_VALUES)
+    assert torch.equal(qf.e2m1_values(x), table[qf.e2m1_codes(x)])

@@ -128,6 +128,19 @@ def check_group(prefix: str, in_features: int, group_size: int, field: str = "gr
     return g
 
 
+def fake_quant_fp8_rows(x: torch.Tensor, fp8: torch.dtype, scale: torch.Tensor | None = None,
+                        group: int | None = None) -> torch.Tensor:
+    """:func:`~engine.runtime.quant_formats.fake_quant_fp8` in ``x``'s dtype; float32 rows on
+    the CPU in one C call (bit-identical to the torch ops)."""
+    if x.device.type == "cpu" and x.dtype is torch.float32:
+        from engine.runtime import fused_cpu
+
+        fq = fused_cpu.fake_quant_fp8(x.contiguous(), fp8, scale=scale, group=group)
+        if fq is not None:
+            return fq
+    return qf.fake_quant_fp8(x, fp8, scale=scale, group=group).to(x.dtype)
+
+
 class ExpertInputScales:
     """Static input scales of routed experts, reduced as MoE kernels reduce them: per layer,
     the largest of its experts' gate/up projections' scales and the largest of their down
@@ -389,10 +402,10 @@ class Fp8Method(LayerMethod):
         fp8, group = self.fp8, self.act_group
         if self.act == "static":
             return self.expert_scales.act_quant(
-                self.prefix, lambda x, s: qf.fake_quant_fp8(x, fp8, scale=s))
+                self.prefix, lambda x, s: fake_quant_fp8_rows(x, fp8, scale=s))
 
         def rows(x: torch.Tensor) -> torch.Tensor:
-            return qf.fake_quant_fp8(x, fp8, group=group).to(x.dtype)
+            return fake_quant_fp8_rows(x, fp8, group=group)
         return rows, rows
 
     def process_weights_after_loading(self, layer: Linear) -> None:
@@ -449,7 +462,6 @@ class Fp8Method(LayerMethod):
                                  out_dtype=x.dtype)
             return y.reshape(*shape[:-1], -1)
         if self.act is not None:
-            fq = None
             if x2.device.type == "cpu" and x2.dtype is torch.float32:
                 from engine.runtime import fused_cpu  # one C call, bit-identical to the ops
 
@@ -458,11 +470,7 @@ class Fp8Method(LayerMethod):
                                          self.act_group)  # a few rows: quantize and product
                 if y is not None:
                     return y.reshape(*shape[:-1], -1)
-                fq = fused_cpu.fake_quant_fp8(x2, self.fp8, scale=layer.act_scale,
-                                              group=self.act_group)
-            if fq is None:
-                fq = qf.fake_quant_fp8(x2, self.fp8, scale=layer.act_scale, group=self.act_group)
-            x2 = fq.to(x.dtype)
+            x2 = fake_quant_fp8_rows(x2, self.fp8, scale=layer.act_scale, group=self.act_group)
         return dense_linear(x2, layer.weight, bias).reshape(*shape[:-1], -1)
 
 

@@ -17,7 +17,8 @@ from engine.errors import ConfigError
 from engine.runtime import quant_formats as qf
 from engine.runtime.linear import ActQuant, Linear, QuantMethod
 from engine.runtime.quant_methods import (AffineShards, AffineWeight, DequantizedMethod,
-                                          ExpertInputScales, LayerMethod, act_order, add_param, check_group, is_excluded,
+                                          ExpertInputScales, LayerMethod, act_order,
+                                          fake_quant_fp8_rows, add_param, check_group, is_excluded,
                                           packed_extent)
 
 
@@ -334,7 +335,7 @@ class W4AFp8ExpertMethod(LayerMethod):
 
     def expert_activation(self) -> ActQuant:
         return self.scales.act_quant(
-            self.prefix, lambda x, s: qf.fake_quant_fp8(x, torch.float8_e4m3fn, scale=s))
+            self.prefix, lambda x, s: fake_quant_fp8_rows(x, torch.float8_e4m3fn, scale=s))
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise TypeError(f"{self.prefix}: int4 weights with fp8 activations are served for "

@@ -64,16 +64,27 @@ class TorchRunner(MoERunner):
             mid = F.silu(gu[:, :inter]) * gu[:, inter:]
             y = _grouped_mm(mid if act is None else act[1](mid), experts.w2.transpose(1, 2),
                             offs=offs)
-        else:
+        elif act is None:
             y = torch.empty_like(x)
             start = 0
             for e, n in enumerate(counts.tolist()):
                 if n:  # (a few rows on CPU: the weight-streaming product)
                     gu = dense_linear(x[start:start + n], experts.w13[e])
-                    mid = F.silu(gu[:, :inter]) * gu[:, inter:]
-                    y[start:start + n] = dense_linear(mid if act is None else act[1](mid),
+                    y[start:start + n] = dense_linear(F.silu(gu[:, :inter]) * gu[:, inter:],
                                                       experts.w2[e])
                     start += n
+        else:  # every expert's gate/up first, so the down inputs are rounded in one call
+            runs = [(e, n) for e, n in enumerate(counts.tolist()) if n]
+            mid = torch.empty((x.shape[0], inter), dtype=x.dtype, device=x.device)
+            start = 0
+            for e, n in runs:
+                gu = dense_linear(x[start:start + n], experts.w13[e])
+                mid[start:start + n] = F.silu(gu[:, :inter]) * gu[:, inter:]
+                start += n
+            mid, y, start = act[1](mid), torch.empty_like(x), 0
+            for e, n in runs:
+                y[start:start + n] = dense_linear(mid[start:start + n], experts.w2[e])
+                start += n
         # back to (token, slot) order, then a weighted sum over the slots (a scatter-add with
         # repeated indices is serialised on the CPU: far slower than this)
         pairs = torch.zeros(t * k, hidden.shape[1], dtype=torch.float32, device=hidden.device)

@@ -8,11 +8,11 @@ import torch
 
 from engine.api import hookimpl
 from engine.api.quant import (EXPERTS, Fp8Method, OnlineExperts, PerLayer, QuantMethod, claim,
-                              formats)
+                              fake_quant_fp8_rows, formats)
 
 
 def _fp8_rows(x: torch.Tensor) -> torch.Tensor:
-    return formats.fake_quant_fp8(x, torch.float8_e4m3fn).to(x.dtype)
+    return fake_quant_fp8_rows(x, torch.float8_e4m3fn)
 
 
 @hookimpl
