@@ -18,13 +18,13 @@ from engine.testing import quant as tq
 IDS = [[5, 17, 300, 41, 8, 99, 250, 7, 3, 11, 12, 13]]
 
 
-def run(path, kv, backend="torch_native", swap=None):
+def run(path, kv, backend="torch_native", swap=None, device="cpu"):
     """Logits of a prefill and a decode step; ``swap(runner)`` may replace the runner's
     attention backends first (a backend the CLI does not offer on a CPU)."""
     from engine.runtime.model_runner import ModelRunner
     from engine.testing.batches import BatchBuilder
 
-    runner = ModelRunner(ServerConfig(model_path=path, device="cpu", dtype="float32",
+    runner = ModelRunner(ServerConfig(model_path=path, device=device, dtype="float32",
                                       skip_tokenizer_init=True, max_total_tokens=128,
                                       attention_backend=backend, kv_cache_dtype=kv))
     if swap is not None:
@@ -109,3 +109,16 @@ def test_triton_reads_the_fp8_cache_as_torch_native_does(model):
     proc = subprocess.run([sys.executable, "-c", TRITON_FP8, model, os.path.dirname(__file__)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
+def test_triton_reads_the_fp8_cache_on_the_gpu(model, kv):
+    """On a GPU (SM89+) the triton backend is offered with an fp8 cache, and its logits equal
+    torch_native's over the same stored values."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("Triton's fp8 types need SM89+")
+    got, runner = run(model, kv, backend="triton", device="cuda")
+    want, _ = run(model, kv, device="cuda")
+    assert type(runner.decode_backend).__name__ == "TritonBackend" and runner.pool.is_fp8
+    assert (got - want).abs().max().item() < 1e-3
