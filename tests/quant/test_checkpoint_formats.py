@@ -466,3 +466,18 @@ def test_e2m1_values_on_the_grid_equal_the_code_table():
                    torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -2.5, 6.0, 7.0])])
     table = torch.tensor(qf.E2M1_VALUES)
     assert torch.equal(qf.e2m1_values(x), table[qf.e2m1_codes(x)])
+
+
+def test_nvfp4_row_rounding_in_c_equals_the_torch_ops():
+    """The C rounding of NVFP4 activations (a global scale per row) gives the torch ops' values
+    bit for bit: rows of different magnitudes, an all-zero block, values under the smallest
+    e4m3 block scale."""
+    from engine.runtime import fused_cpu
+
+    if not fused_cpu.available():
+        pytest.skip("no C kernels here")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(9, 256, generator=gen) * torch.logspace(-4, 3, 9).reshape(-1, 1)
+    x[1, 16:32] = 0
+    x[2, 40] = 1e4  # one outlier: most blocks of that row fall below e4m3's normal range
+    assert torch.equal(fused_cpu.fake_quant_nvfp4_rows(x), qf.fake_quant_nvfp4(x, per_row=True))

@@ -31,10 +31,11 @@ from engine.runtime.quant_schemes import (AWQMethod, BnB4bitMethod, BnB8bitMetho
 from engine.runtime.quant_methods import (EXPERTS, DequantizedMethod, Fp8Method, Int8Method,
                                           LayerMethod, MXFP4Method, MXFP8Method, MXMethod,
                                           OnlineExperts, fake_quant_fp8_rows,
+                                          fake_quant_nvfp4_rows,
                                           add_param, check_group, checkpoint_names, claim,
                                           config_value, is_excluded, packed_extent, unsupported)
 
-__all__ = ["fake_quant_fp8_rows", "ModelSlimDynamicMethod", "ModelSlimW8A8Method", "W4AFp8ExpertMethod", "EXPERTS", "OnlineExperts", "MXFP4_DTYPES", "AWQMethod", "BnB4bitMethod", "BnB8bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeightOnlyMethod", "MLXMethod", "NVFP4WeightMethod",
+__all__ = ["fake_quant_fp8_rows", "fake_quant_nvfp4_rows", "ModelSlimDynamicMethod", "ModelSlimW8A8Method", "W4AFp8ExpertMethod", "EXPERTS", "OnlineExperts", "MXFP4_DTYPES", "AWQMethod", "BnB4bitMethod", "BnB8bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeightOnlyMethod", "MLXMethod", "NVFP4WeightMethod",
            "PackQuantizedMethod", "PerLayer", "awq_method", "compressed_tensors_scheme",
            "excluding", "fp8_method", "gptq_exclusions", "gptq_method", "mlx_dense_embeddings", "modelopt_scheme",
            "quark_scheme", "DequantizedMethod", "Fp8Method", "Int8Method", "LayerMethod", "Linear",

@@ -507,6 +507,45 @@ void engine_cpu_fake_quant_fp8(const float *x, float *out, int64_t rows, int64_t
     }
 }
 
+/* NVFP4 fake quantization of rows (activations: a global scale per row): gs = max(amax / 2688,
+ * 1e-12) (2688 = 448 * 6), per block of 16 an e4m3 scale bs = fp8(block amax / 6 / gs) * gs, and
+ * each element the nearest E2M1 value of x / bs (steps of 0.5 below 2, 1 below 4, 2 up to the
+ * saturation at 6; ties to even) times bs. The float32 operations and their order are
+ * engine.runtime.quant_formats.fake_quant_nvfp4's, so the result is bit-identical. */
+static inline float e2m1_round(float a) {
+    const float v = a < 2.0f ? rintf(a * 2.0f) * 0.5f
+                  : (a < 4.0f ? rintf(a) : rintf(a * 0.5f) * 2.0f);
+    return v > 6.0f ? 6.0f : v;
+}
+
+void engine_cpu_fake_quant_nvfp4_rows(const float *x, float *out, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *o = out + r * cols;
+        float amax = 0.0f;
+        for (int64_t c = 0; c < cols; c++) {
+            const float a = fabsf(xr[c]);
+            amax = a > amax ? a : amax;
+        }
+        float gs = amax / 2688.0f;
+        gs = gs > 1e-12f ? gs : 1e-12f;
+        for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+            float bmax = 0.0f;
+            for (int64_t c = c0; c < c0 + 16; c++) {
+                const float a = fabsf(xr[c]);
+                bmax = a > bmax ? a : bmax;
+            }
+            const float bs = fp8_round(bmax / 6.0f / gs, 3, -6) * gs;
+            const float safe = bs > 0.0f ? bs : 1.0f;
+            for (int64_t c = c0; c < c0 + 16; c++) {
+                const float v = xr[c] / safe;
+                o[c] = copysignf(e2m1_round(fabsf(v)), v) * bs;
+            }
+        }
+    }
+}
+
 /* out = (fake-quantized x) @ w^T (+ bias): engine_cpu_fake_quant_fp8 of the m contiguous rows
  * of x, then engine_cpu_gemv_f32, in one call (an fp8 format's activation path for a few
  * rows; bit-identical to the two calls). */

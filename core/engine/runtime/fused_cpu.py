@@ -48,6 +48,8 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_decode_layers.restype = ctypes.c_int
     lib.engine_cpu_fake_quant_fp8.argtypes = [_P, _P, _I, _I, _I, _F, _F, _I, _I]
     lib.engine_cpu_fake_quant_fp8.restype = None
+    lib.engine_cpu_fake_quant_nvfp4_rows.argtypes = [_P, _P, _I, _I]
+    lib.engine_cpu_fake_quant_nvfp4_rows.restype = None
     lib.engine_cpu_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _I, _P, _P, _I]
     lib.engine_cpu_gemv_f32.restype = None
     lib.engine_cpu_fq_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _P, _P, _I, _F, _F, _I, _I]
@@ -206,6 +208,19 @@ def fake_quant_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | No
     out = torch.empty_like(x)
     _library().engine_cpu_fake_quant_fp8(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
                                          group or 0, static, fmax, mbits, emin)
+    return out
+
+
+def fake_quant_nvfp4_rows(x: torch.Tensor) -> torch.Tensor | None:
+    """:func:`engine.runtime.quant_formats.fake_quant_nvfp4` with a global scale per row, for a
+    contiguous float32 CPU ``x`` [M, K] (K a multiple of 16), in one call (bit-identical); None
+    where it does not apply."""
+    if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() or \
+            x.device.type != "cpu" or x.shape[1] % 16 or not available():
+        return None
+    out = torch.empty_like(x)
+    _library().engine_cpu_fake_quant_nvfp4_rows(x.data_ptr(), out.data_ptr(), x.shape[0],
+                                                x.shape[1])
     return out
 
 

@@ -141,6 +141,19 @@ def fake_quant_fp8_rows(x: torch.Tensor, fp8: torch.dtype, scale: torch.Tensor |
     return qf.fake_quant_fp8(x, fp8, scale=scale, group=group).to(x.dtype)
 
 
+def fake_quant_nvfp4_rows(x: torch.Tensor) -> torch.Tensor:
+    """NVFP4 activations (a global scale per row: :func:`~engine.runtime.quant_formats.
+    fake_quant_nvfp4`) in ``x``'s dtype; float32 rows on the CPU in one C call
+    (bit-identical)."""
+    if x.device.type == "cpu" and x.dtype is torch.float32:
+        from engine.runtime import fused_cpu
+
+        fq = fused_cpu.fake_quant_nvfp4_rows(x.contiguous())
+        if fq is not None:
+            return fq
+    return qf.fake_quant_nvfp4(x, per_row=True).to(x.dtype)
+
+
 class ExpertInputScales:
     """Static input scales of routed experts, reduced as MoE kernels reduce them: per layer,
     the largest of its experts' gate/up projections' scales and the largest of their down

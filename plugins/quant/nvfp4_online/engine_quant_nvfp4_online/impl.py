@@ -6,19 +6,16 @@ from typing import Any
 import torch
 
 from engine.api import hookimpl
-from engine.api.quant import EXPERTS, OnlineExperts, PerLayer, QuantMethod, claim, formats
+from engine.api.quant import (EXPERTS, OnlineExperts, PerLayer, QuantMethod, claim,
+                              fake_quant_nvfp4_rows, formats)
 
 
 def _weights(w: torch.Tensor) -> torch.Tensor:
     return formats.fake_quant_nvfp4(w, per_row=False)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    return formats.fake_quant_nvfp4(x, per_row=True).to(x.dtype)
-
-
 @hookimpl
 def engine_create_quant_method(quant_config: Any) -> QuantMethod:
     claim("nvfp4_online", quant_config, (), online=True)  # a quantized checkpoint: a conflict
-    experts = OnlineExperts(_weights, _rows)
+    experts = OnlineExperts(_weights, fake_quant_nvfp4_rows)
     return PerLayer(lambda name: experts if EXPERTS.search(name) else None)
