@@ -358,19 +358,6 @@ def test_a_gpt_oss_mxfp4_checkpoint_is_refused_with_the_reason():
         engine_create_quant_method(quant_config={"quant_method": "mxfp4"})
 
 
-def test_a_runner_that_cannot_round_activations_refuses_them(monkeypatch):
-    from engine.models.moe import ExpertWeights
-    from engine_moe_torch.impl import TorchRunner
-    from engine_moe_triton.impl import TritonRunner
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    experts = ExpertWeights(4, 64, 32, torch.float32)
-    assert TritonRunner(None).supports(experts) is None
-    experts.act_quant = (_fp8_rows, _fp8_rows)
-    assert "the torch runner serves them" in TritonRunner(None).supports(experts)
-    assert TorchRunner().supports(experts) is None
-
-
 @pytest.mark.parametrize("scheme", ["fp8_tensor", "ct_fp8_static"])
 def test_static_fp8_expert_checkpoints_share_the_layers_largest_input_scale(tmp_path, scheme):
     """Experts with static activation scales: each layer's gate/up inputs are rounded with the

@@ -82,9 +82,6 @@ class TritonRunner(MoERunner):
             return f"expert weights in {experts.w13.dtype} (serves float32, bfloat16, float16)"
         if experts.w13.device.type == "cpu" and not interpreting():
             return "a CPU device needs TRITON_INTERPRET=1"
-        if experts.act_quant is not None:
-            return ("the experts' activations are quantized (an emulated format); the torch "
-                    "runner serves them")
         return None
 
     def config_for(self, experts: ExpertWeights, tokens: int) -> dict[str, int]:
@@ -105,7 +102,8 @@ class TritonRunner(MoERunner):
 
         t, k = topk_ids.shape
         inter, h = experts.intermediate_size, experts.hidden_size
-        if t * k <= self.gemv_max_pairs:
+        act_quant = experts.act_quant  # a format's rounding of the rows (torch ops between GEMMs)
+        if t * k <= self.gemv_max_pairs and act_quant is None:
             x = hidden.to(experts.w13.dtype)
             gate_up = torch.empty(t * k, 2 * inter, dtype=x.dtype, device=x.device)
             down = torch.empty(t * k, h, dtype=x.dtype, device=x.device)
@@ -118,12 +116,16 @@ class TritonRunner(MoERunner):
             topk_ids, block["BLOCK_SIZE_M"], experts.num_experts)
         pairs = t * k
         x = hidden.to(experts.w13.dtype)
+        if act_quant is not None:
+            x = act_quant[0](x)
         gate_up = torch.empty(pairs, 2 * inter, dtype=x.dtype, device=x.device)
         weights = topk_weights.reshape(-1).float().contiguous()
         grouped_gemm(x, experts.w13, gate_up, weights, sorted_ids, block_expert, num_padded,
                      top_k=k, mul_weight=False, block=block)
         act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
         silu_and_mul(gate_up, act)
+        if act_quant is not None:
+            act = act_quant[1](act)
         down = torch.zeros(pairs, h, dtype=x.dtype, device=x.device)  # -1 ids stay zero
         grouped_gemm(act, experts.w2, down, weights, sorted_ids, block_expert, num_padded,
                      top_k=1, mul_weight=True, block=block)
