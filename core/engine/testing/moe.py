@@ -3,7 +3,9 @@
 A runner must compute :func:`engine.api.moe.torch_reference` on random weights and random
 routing: top-k 1, 2 and 8; renormalised weights or not; an extra always-chosen expert (a shared
 expert fused as expert E, weight 1); experts that receive no token; one token; thousands of
-tokens; -1 ids (experts of another rank); float32 and bfloat16 where the runner serves them.
+tokens; -1 ids (experts of another rank); an activation-quantized format's rounding of the
+rows (``ExpertWeights.act_quant``: fp8 per token, before both projections); float32 and
+bfloat16 where the runner serves them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ class Case:
     fused_shared: bool = False  #: expert E-1 chosen by every token with weight 1
     foreign: bool = False  #: some ids are -1 (experts another rank serves)
     concentrated: bool = False  #: every token routed among 2 experts (the rest get none)
+    act_quant: bool = False  #: the rows each expert multiplies rounded to fp8 per token
+
+
+def _fp8_rows(x: torch.Tensor) -> torch.Tensor:
+    from engine.runtime.quant_formats import fake_quant_fp8
+
+    return fake_quant_fp8(x, torch.float8_e4m3fn).to(x.dtype)
 
 
 def cases(small: bool = False) -> list[Case]:
@@ -39,6 +48,7 @@ def cases(small: bool = False) -> list[Case]:
         Case("a shared expert fused as an extra expert", 5, 9, 3, fused_shared=True),
         Case("ids of another rank's experts (-1)", 6, 8, 2, foreign=True),
         Case("widths off the block grid", 5, 6, 2, hidden=40, inter=24),
+        Case("activations rounded to fp8 per token", 6, 8, 2, act_quant=True),
     ]
     if not small:
         base.append(Case("thousands of tokens", 2048, 16, 4, hidden=64, inter=64))
@@ -82,6 +92,8 @@ def run_case(runner: Any, case: Case, dtype: torch.dtype, device: torch.device) 
     experts = ExpertWeights(case.experts, case.hidden, case.inter, dtype).to(device)
     experts.w13.data.copy_(w13)
     experts.w2.data.copy_(w2)
+    act = (_fp8_rows, _fp8_rows) if case.act_quant else None
+    experts.act_quant = act
     if runner.supports(experts) is not None:
         return None  # the runner declines this dtype/device: start-up would refuse it
     runner.process_weights_after_loading(experts)
@@ -89,7 +101,7 @@ def run_case(runner: Any, case: Case, dtype: torch.dtype, device: torch.device) 
     if out.shape != x.shape or out.dtype != x.dtype:
         return f"{case.name} ({dtype}): output {tuple(out.shape)} {out.dtype}, " \
                f"expected {tuple(x.shape)} {x.dtype}"
-    ref = torch_reference(w13, w2, x, ids, weights)
+    ref = torch_reference(w13, w2, x, ids, weights, act=act)
     err = ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
     if not err <= tolerance(dtype):
         return f"{case.name} ({dtype}): max error {err:.2e} relative to the largest output"
