@@ -50,14 +50,17 @@ def _cpu_ops():
     return fused_cpu if fused_cpu.available() else None
 
 
+def triton_serves(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether Triton kernels run for ``dtype`` tensors on ``device``: half precision on a CUDA
+    device, or any device under the Triton interpreter (tests)."""
+    return HAS_TRITON and dtype in (torch.bfloat16, torch.float16) and \
+        (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+
+
 def enabled(x: torch.Tensor) -> bool:
-    """Whether the fused kernels serve ``x``: a CUDA tensor in half precision (or any tensor under
-    the Triton interpreter, for tests), unless ``ENGINE_DISABLE_FUSED=1``."""
-    if not HAS_TRITON or x.dtype not in (torch.bfloat16, torch.float16):
-        return False
-    if os.environ.get("ENGINE_DISABLE_FUSED") == "1":
-        return False
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    """Whether the fused kernels serve ``x`` (:func:`triton_serves`), unless
+    ``ENGINE_DISABLE_FUSED=1``."""
+    return os.environ.get("ENGINE_DISABLE_FUSED") != "1" and triton_serves(x.device, x.dtype)
 
 
 

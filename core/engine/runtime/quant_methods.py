@@ -186,6 +186,22 @@ class ExpertInputScales:
         return rows(False), rows(True)
 
 
+def drop_checkpoint_params(layer: Linear) -> None:
+    """Remove the checkpoint tensors a method registered on ``layer`` (the bias stays), once
+    it has kept what its product reads."""
+    for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
+        delattr(layer, name)
+
+
+def int_product(xq: torch.Tensor, wq_t: torch.Tensor) -> torch.Tensor:
+    """int8 [M, K] @ int8 [K, N] -> exact int32 sums (``torch._int_mm``; cuBLAS's int8 GEMMs
+    want more than 16 rows, so a CUDA decode batch is padded to 17)."""
+    m = xq.shape[0]
+    if xq.is_cuda and m <= 16:
+        xq = F.pad(xq, (0, 0, 0, 17 - m))
+    return torch._int_mm(xq, wq_t)[:m]
+
+
 class LayerMethod(QuantMethod):
     """A method bound to one layer name (``prefix``) by :meth:`bind`, for error messages."""
 
@@ -208,12 +224,10 @@ def packed_kernels(layer: Linear) -> bool:
 
     from engine.runtime import fused
 
-    if os.environ.get("ENGINE_DISABLE_QUANT_KERNELS") == "1" or not fused.HAS_TRITON:
-        return False
-    if getattr(layer, "quant_dtype", None) not in (torch.bfloat16, torch.float16):
+    if os.environ.get("ENGINE_DISABLE_QUANT_KERNELS") == "1":
         return False
     device = next((p.device for p in layer.parameters()), torch.device("cpu"))
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return fused.triton_serves(device, getattr(layer, "quant_dtype", None))
 
 
 def packed_weight_only() -> bool:
@@ -314,8 +328,7 @@ class DequantizedMethod(LayerMethod):
 
             packed = self.affine(layer) if quant_triton.affine_sub(group) else None
         w = self.dense_weight(layer) if packed is None else None
-        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
-            delattr(layer, name)
+        drop_checkpoint_params(layer)
         layer.packed = packed
         if w is not None:
             layer.weight = nn.Parameter(w, requires_grad=False)
@@ -438,8 +451,7 @@ class Fp8Method(LayerMethod):
             layer.w_t = layer.weight.data.t()
             return
         w = self._dequantize(layer)
-        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
-            delattr(layer, name)
+        drop_checkpoint_params(layer)
         layer.weight = nn.Parameter(w.to(dtype), requires_grad=False)
 
     def _kernel_serves(self, layer: Linear) -> bool:
@@ -530,27 +542,24 @@ class MXMethod(LayerMethod):
              else dequantize(layer.weight.data, layer.weight_scale.data))
         return w.to(layer.quant_dtype)
 
-    def expert_activation(self) -> ActQuant | None:
-        if self.act is None:
-            return None
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``'s rows quantized to the activations' MX format and back, in ``x``'s dtype."""
         _, _, quantize, dequantize = MX_FORMATS[self.act]
+        return dequantize(*quantize(x)).to(x.dtype)
 
-        def rows(x: torch.Tensor) -> torch.Tensor:
-            return dequantize(*quantize(x)).to(x.dtype)
-        return rows, rows
+    def expert_activation(self) -> ActQuant | None:
+        return None if self.act is None else (self._rows, self._rows)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         w = self.expert_weight(layer)
-        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
-            delattr(layer, name)
+        drop_checkpoint_params(layer)
         layer.weight = nn.Parameter(w, requires_grad=False)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if self.act is not None:
-            _, _, quantize, dequantize = MX_FORMATS[self.act]
-            x2 = dequantize(*quantize(x2)).to(x.dtype)
+            x2 = self._rows(x2)
         return dense_linear(x2, layer.weight, bias).reshape(*shape[:-1], -1)
 
 
@@ -632,8 +641,7 @@ class Int8Method(LayerMethod):
         layer.w_scale = scale.reshape(1, -1).contiguous()
         layer.act_scale = (layer.input_scale.data.max().reshape(1, 1).float()
                            if self.act == "static" else None)
-        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
-            delattr(layer, name)
+        drop_checkpoint_params(layer)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
@@ -652,10 +660,7 @@ class Int8Method(LayerMethod):
             xq, sx = qf.quantize_int8_per_token(x2)
         else:
             xq, sx = qf.quantize_int8_static(x2, layer.act_scale), layer.act_scale
-        m = xq.shape[0]
-        if xq.is_cuda and m <= 16:  # cuBLAS int8 GEMMs want more than 16 rows
-            xq = F.pad(xq, (0, 0, 0, 17 - m))
-        acc = torch._int_mm(xq, layer.w_t)[:m]
+        acc = int_product(xq, layer.w_t)
         y = (acc.to(torch.float32) * sx * layer.w_scale).to(x.dtype)
         if bias is not None:
             y = y + bias

@@ -18,7 +18,8 @@ from engine.runtime import quant_formats as qf
 from engine.runtime.linear import ActQuant, Linear, QuantMethod
 from engine.runtime.quant_methods import (AffineShards, AffineWeight, DequantizedMethod,
                                           ExpertInputScales, LayerMethod, act_order,
-                                          fake_quant_fp8_rows, add_param, check_group, is_excluded,
+                                          add_param, check_group, drop_checkpoint_params,
+                                          fake_quant_fp8_rows, int_product, is_excluded,
                                           packed_extent)
 
 
@@ -342,14 +343,6 @@ class W4AFp8ExpertMethod(LayerMethod):
                         "routed experts only")
 
 
-def _int_product(xq: torch.Tensor, wq_t: torch.Tensor) -> torch.Tensor:
-    """int8 [M, K] @ int8 [K, N] -> exact int32 sums (cuBLAS wants more than 16 rows)."""
-    m = xq.shape[0]
-    if xq.is_cuda and m <= 16:
-        xq = torch.nn.functional.pad(xq, (0, 0, 0, 17 - m))
-    return torch._int_mm(xq, wq_t)[:m]
-
-
 class ModelSlimW8A8Method(LayerMethod):
     """msModelSlim ``W8A8`` (static): ``weight`` int8 [N, K]; per shard a static asymmetric
     activation quantization (``input_scale``, ``input_offset``: ``x_q = clamp(round(x / s +
@@ -378,8 +371,7 @@ class ModelSlimW8A8Method(LayerMethod):
         layer.deq = layer.deq_scale.data.to(torch.float32)
         layer.act = [(float(layer.input_scale.data[i]), float(layer.input_offset.data[i]))
                      for i in range(len(_shards(layer)))]
-        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
-            delattr(layer, name)
+        drop_checkpoint_params(layer)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
@@ -388,7 +380,7 @@ class ModelSlimW8A8Method(LayerMethod):
         for (start, size), (scale, offset) in zip(_shards(layer), layer.act):
             xq = torch.round(x2 / scale + offset).clamp(-128, 127).to(torch.int8)
             cols = slice(start, start + size)
-            acc = _int_product(xq, layer.w_t[:, cols]) + layer.qbias[cols]
+            acc = int_product(xq, layer.w_t[:, cols]) + layer.qbias[cols]
             out.append(acc.to(torch.float32) * layer.deq[cols])
         y = torch.cat(out, -1).to(x.dtype)
         if bias is not None:
@@ -424,8 +416,7 @@ class ModelSlimDynamicMethod(LayerMethod):
             raise ConfigError(f"{self.prefix}: weight codes outside the int{self.bits} range")
         layer.w_t = q.clamp(-128, 127).to(torch.int8).t().contiguous()
         layer.w_scale = layer.weight_scale.data.to(torch.float32).reshape(1, -1)
-        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
-            delattr(layer, name)
+        drop_checkpoint_params(layer)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
@@ -433,7 +424,7 @@ class ModelSlimDynamicMethod(LayerMethod):
         qmax = (1 << (self.bits - 1)) - 1
         sx = (xf.abs().amax(-1, keepdim=True) / qmax).clamp(min=1e-12)
         xq = torch.round(xf / sx).clamp(-qmax - 1, qmax).to(torch.int8)
-        y = (_int_product(xq, layer.w_t).to(torch.float32) * sx * layer.w_scale).to(x.dtype)
+        y = (int_product(xq, layer.w_t).to(torch.float32) * sx * layer.w_scale).to(x.dtype)
         if bias is not None:
             y = y + bias
         return y.reshape(*shape[:-1], -1)
@@ -466,8 +457,7 @@ class BnB8bitMethod(LayerMethod):
                               "read)")
         q, scb = layer.weight.data, layer.SCB.data.to(torch.float32)
         layer.w_q, layer.w_t, layer.scb = q, q.t().contiguous(), scb
-        for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
-            delattr(layer, name)
+        drop_checkpoint_params(layer)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
@@ -484,10 +474,7 @@ class BnB8bitMethod(LayerMethod):
         ca = torch.round(a16 * (127.0 / rows.unsqueeze(-1))).to(torch.int8)
         if cols is not None and a.shape[0] > 1:
             ca[:, cols] = 0
-        m = ca.shape[0]
-        if ca.is_cuda and m <= 16:  # cuBLAS int8 GEMMs want more than 16 rows
-            ca = torch.nn.functional.pad(ca, (0, 0, 0, 17 - m))
-        acc = torch._int_mm(ca, layer.w_t)[:m]
+        acc = int_product(ca, layer.w_t)
         y = acc * (rows.unsqueeze(-1) * layer.scb.unsqueeze(0)) * 6.200124e-05  # 1 / 127^2
         if bias is not None:
             y += bias

@@ -32,9 +32,9 @@ class Case:
 
 
 def _fp8_rows(x: torch.Tensor) -> torch.Tensor:
-    from engine.runtime.quant_formats import fake_quant_fp8
+    from engine.runtime.quant_methods import fake_quant_fp8_rows
 
-    return fake_quant_fp8(x, torch.float8_e4m3fn).to(x.dtype)
+    return fake_quant_fp8_rows(x, torch.float8_e4m3fn)
 
 
 def cases(small: bool = False) -> list[Case]:

@@ -64,16 +64,8 @@ class TorchRunner(MoERunner):
             mid = F.silu(gu[:, :inter]) * gu[:, inter:]
             y = _grouped_mm(mid if act is None else act[1](mid), experts.w2.transpose(1, 2),
                             offs=offs)
-        elif act is None:
-            y = torch.empty_like(x)
-            start = 0
-            for e, n in enumerate(counts.tolist()):
-                if n:  # (a few rows on CPU: the weight-streaming product)
-                    gu = dense_linear(x[start:start + n], experts.w13[e])
-                    y[start:start + n] = dense_linear(F.silu(gu[:, :inter]) * gu[:, inter:],
-                                                      experts.w2[e])
-                    start += n
-        else:  # every expert's gate/up first, so the down inputs are rounded in one call
+        else:  # (a few rows on CPU: the weight-streaming product); every expert's gate/up
+            # first, so a format's rounding of the down inputs is one call
             runs = [(e, n) for e, n in enumerate(counts.tolist()) if n]
             mid = torch.empty((x.shape[0], inter), dtype=x.dtype, device=x.device)
             start = 0
@@ -81,7 +73,7 @@ class TorchRunner(MoERunner):
                 gu = dense_linear(x[start:start + n], experts.w13[e])
                 mid[start:start + n] = F.silu(gu[:, :inter]) * gu[:, inter:]
                 start += n
-            mid, y, start = act[1](mid), torch.empty_like(x), 0
+            mid, y, start = mid if act is None else act[1](mid), torch.empty_like(x), 0
             for e, n in runs:
                 y[start:start + n] = dense_linear(mid[start:start + n], experts.w2[e])
                 start += n
