@@ -3,7 +3,7 @@ attention backend (same greedy tokens, logits close), then decode ms/step at sev
 next to Hugging Face transformers in the same run. Prints tables; writes JSON to $OUT if set.
 
     python3 benchmarks/e2e_gpu.py [--backends torch_native,triton,flashinfer] [--batches 1,32,128]
-                                  [--hf eager,compile] [--steps 32]
+                                  [--hf eager,compile] [--steps 32] [--quantization fp8]
 
 The model config is tests/data/llama3-8b-dummy/config.json (hidden 4096, 32 layers, 32 q / 8 kv
 heads, intermediate 14336, vocab 128256, rope theta 500000); weights are random bf16 drawn on
@@ -32,10 +32,13 @@ PROMPT_LENS = (17, 64, 100, 128)
 GEN_STEPS = 16
 
 
-def make_runner(spec: str, max_running: int) -> ModelRunner:
-    """``spec`` is a backend name, optionally ``:eager`` to turn CUDA graphs off."""
+def make_runner(spec: str, max_running: int, quantization: str | None = None) -> ModelRunner:
+    """``spec`` is a backend name, optionally ``:eager`` to turn CUDA graphs off;
+    ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16 weights at load
+    (e.g. ``fp8``)."""
     backend, _, mode = spec.partition(":")
     cfg = ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype="bfloat16",
+                       quantization=quantization,
                        skip_tokenizer_init=True, attention_backend=backend, page_size=16,
                        disable_cuda_graph=(mode == "eager"),
                        max_total_tokens=160_000, max_running_requests=max_running,
@@ -198,6 +201,8 @@ def main() -> None:
     ap.add_argument("--hf", default="eager,compile")
     ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers")
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--quantization", default=None,
+                    help="a --quantization choice applied to the dummy weights at load")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="only the transformers compile loop, tiny Llama on the CPU")
     args = ap.parse_args()
@@ -210,7 +215,7 @@ def main() -> None:
     for backend in backends:
         try:
             t0 = time.perf_counter()
-            runner = make_runner(backend, max(batches + [len(PROMPT_LENS)]))
+            runner = make_runner(backend, max(batches + [len(PROMPT_LENS)]), args.quantization)
             print(f"{backend}: decode CUDA graphs "
                   f"{'on' if runner.decode_graphs is not None else 'off'}", flush=True)
             startup = time.perf_counter() - t0

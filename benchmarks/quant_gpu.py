@@ -10,10 +10,10 @@ replayed; the step is the replay's time per copy times 32. Attention, norms and 
 not included: this isolates what the choice changes. The roofline column is the step's weight
 bytes over 4.3 TB/s.
 
-    python benchmarks/quant_gpu.py [--schemes a,b] [--batches 1,32] [--sweep]
+    python benchmarks/quant_gpu.py [--schemes a,b] [--batches 1,32]
 
-``--sweep`` also times the kernels' launch configurations at batch 1 (and the fp8 row
-threshold) and prints the best of each.
+(The launch configurations of the few-row kernels come from ``benchmarks/gemv_gpu.py
+--search``.)
 """
 
 from __future__ import annotations
@@ -119,65 +119,16 @@ def step_ms(layers: dict[str, Linear], batch: int, copies: int, iters: int = 20)
     return start.elapsed_time(end) / iters / copies * LAYERS
 
 
-def _sweep_one(scheme: str, table: dict, key: int, grid: list, copies: int
-               ) -> tuple[float, tuple]:
-    """The fastest configuration of ``grid`` for ``table[key]`` at batch 1 (restored after)."""
-    layers = {k: build(scheme, k) for k in SHAPES}
-    saved, results = table[key], []
-    for cfg in grid:
-        table[key] = cfg
-        try:
-            results.append((step_ms(layers, 1, copies, iters=10), cfg))
-        except Exception as e:  # noqa: BLE001 - a configuration that does not compile
-            results.append((float("inf"), cfg))
-            print(f"  {scheme} {cfg}: {type(e).__name__}", flush=True)
-    table[key] = saved
-    results.sort()
-    print(f"sweep {scheme} batch 1, rows block {key}: best "
-          + ", ".join(f"{c} {t:.3f} ms" for t, c in results[:4])
-          + f"; default {saved}; worst {results[-1][1]} {results[-1][0]:.3f}", flush=True)
-    del layers
-    torch.cuda.empty_cache()
-    return results[0]
-
-
-def sweep(copies: int) -> None:
-    """Launch configurations at batch 1 for an fp8 and a block-fp8 format with ``tl.dot`` (one
-    row padded to 16), against the elementwise path's best (``--fma``); the faster is installed
-    for the table."""
-    from engine.runtime import quant_triton as qt
-
-    prod = itertools.product
-    for scheme, table, flag, grid, fma_cfg in (
-            ("ct_fp8_dynamic", qt.W8_CONFIGS, "FMA_ROWS",
-             list(prod((16, 32, 64, 128), (128, 256), (4,), (3, 4))), (16, 512, 4, 2)),
-            ("fp8_block", qt.W8_BLOCK_CONFIGS, "BLOCK_FMA_ROWS",
-             list(prod((16, 32, 64, 128), (128,), (4,), (3, 4))), (16, 128, 2, 4))):
-        setattr(qt, flag, 4)
-        table[1] = fma_cfg
-        fma = _sweep_one(scheme, table, 1, [fma_cfg], copies)
-        setattr(qt, flag, 0)
-        dot = _sweep_one(scheme, table, 16, grid, copies)
-        table[16] = dot[1]
-        setattr(qt, flag, 0 if dot[0] < fma[0] else 4)
-    print(f"installed: w8 {qt.W8_CONFIGS[1]} / {qt.W8_CONFIGS[16]} FMA_ROWS {qt.FMA_ROWS}, "
-          f"block {qt.W8_BLOCK_CONFIGS[1]} / {qt.W8_BLOCK_CONFIGS[16]} BLOCK_FMA_ROWS "
-          f"{qt.BLOCK_FMA_ROWS}", flush=True)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--copies", type=int, default=6)
-    ap.add_argument("--sweep", action="store_true")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("skipped: needs a CUDA GPU")
         return
     batches = [int(b) for b in args.batches.split(",")]
-    if args.sweep:
-        sweep(args.copies)
     dense = {k: build(None, k) for k in SHAPES}
     base = {b: step_ms(dense, b, args.copies) for b in batches}
     base_bytes = sum(layer_bytes(v) for v in dense.values()) * LAYERS

@@ -22,7 +22,7 @@ ROWS = (1, 3, 5, 20) if device == "cpu" else (1, 2, 3, 4, 7, 16, 33, 200)
 def half(m, dot=False):
     """The activation dtype: bfloat16, but float16 for the interpreter's ``tl.dot`` (it
     multiplies bfloat16 operands as their raw bits; the affine product always uses it)."""
-    return torch.float16 if device == "cpu" and (dot or m > qt.FMA_ROWS) else torch.bfloat16
+    return torch.float16 if device == "cpu" else torch.bfloat16
 
 
 def rand(*shape):
@@ -70,7 +70,7 @@ def int8_case(m, n=48, k=256, static=False):
         ref_q, ref_s = qf.quantize_int8_static(x, st), st.expand(m)
     else:
         ref_q, ref_s = qf.quantize_int8_per_token(x)
-        if m > qt.FMA_ROWS:
+        if m > 1:
             xq, xs = qt.quant_rows(x.to(device), torch.int8)
             if not torch.equal(xq.cpu(), ref_q) or not torch.equal(xs.cpu(), ref_s.reshape(-1)):
                 failures.append(f"int8 codes m={m}: differ from the torch quantizer")
@@ -96,7 +96,7 @@ def fp8_case(m, n=48, k=256, act="token", block=None, fp8=torch.float8_e4m3fn):
     if act == "token":
         ref_s = qf.fp8_scale_per_token(x, fp8)
         ref_q = qf.quantize_fp8(x, ref_s, fp8)
-        if m > qt.FMA_ROWS:
+        if m > 1:
             xq, xs = qt.quant_rows(dev(x), fp8)
             if not torch.equal(xq.cpu().view(torch.uint8), ref_q.view(torch.uint8)):
                 failures.append(f"fp8 codes m={m}: differ from the torch quantizer")
@@ -128,17 +128,40 @@ int8_case(3, static=True)
 fp8_case(2, fp8=torch.float8_e5m2)
 fp8_case(20, fp8=torch.float8_e5m2)
 fp8_case(3, act="token", block=(128, 128), n=256, k=256)
-fma_rows = qt.FMA_ROWS, qt.BLOCK_FMA_ROWS
-qt.FMA_ROWS = qt.BLOCK_FMA_ROWS = 4 - fma_rows[0]  # the other way for a few rows
+int8_case(20, static=True)
+small = dict(qt.W8_SMALL)
+for key, (path, _) in small.items():  # a few rows the other way, K in 3 slices
+    qt.W8_SMALL[key] = ("dot" if path == "gemv" else "gemv", (16, 64, 3, 4, 2))
 int8_case(3)
 fp8_case(2)
-int8_case(20, static=True)
 int8_case(1)
 int8_case(1, static=True)
 fp8_case(1)
 fp8_case(1, act="group", block=(128, 128), n=200, k=320)
 fp8_case(1, act="none", block=(128, 128), n=200, k=256)
-qt.FMA_ROWS, qt.BLOCK_FMA_ROWS = fma_rows
+qt.W8_SMALL.update(small)
+for key, (path, _) in small.items():  # and the chosen way, K in 3 slices
+    qt.W8_SMALL[key] = (path, (16, 64, 3, 4, 2))
+int8_case(1)
+fp8_case(4)
+fp8_case(1, act="group", block=(128, 128), n=200, k=320)
+qt.W8_SMALL.update(small)
+
+from engine.runtime import gemv_triton as gt  # noqa: E402
+
+for m, split in ((1, 1), (3, 3), (4, 2)):  # the matrix-vector kernel directly, a few rows
+    x = rand(m, 200).to(torch.bfloat16)
+    w, bias = (rand(40, 200) * 0.1).to(torch.bfloat16), rand(40).to(torch.bfloat16)
+    y = gt.gemv(x.to(device), w.to(device), bias=bias.to(device), config=(8, 64, split, 4, 2))
+    close(f"gemv float m={m} split={split}", y, x.double() @ w.double().t() + bias.double())
+    wq = (rand(40, 200) * 40).clamp(-440, 440).to(torch.float8_e4m3fn)
+    ws = rand(40).abs() * 0.01 + 1e-3
+    y = gt.gemv(x.to(device), wq.to(device), ws.to(device), act="token",
+                config=(8, 64, split, 4, 2))
+    ref_s = qf.fp8_scale_per_token(x, torch.float8_e4m3fn)
+    want = (qf.quantize_fp8(x, ref_s, torch.float8_e4m3fn).double() * ref_s.double()) \
+        @ (wq.double() * ws.double().reshape(-1, 1)).t()
+    close(f"gemv fp8 token m={m} split={split}", y, want)
 
 
 # ---------------------------------------------------------------- layers of each format

@@ -222,12 +222,19 @@ class UnquantizedMethod(QuantMethod):
 def dense_linear(x: torch.Tensor, weight: torch.Tensor,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``; on CPU in float32 for at most ``fused_cpu.GEMV_ROWS`` rows, the
-    weight-streaming product."""
+    weight-streaming product; on a GPU in half precision for at most
+    ``gemv_triton.DENSE_ROWS`` rows, the Triton matrix-vector kernel."""
     if x.device.type == "cpu":
         from engine.runtime import fused_cpu
 
         if fused_cpu.gemv_applies(x, weight):
             return fused_cpu.gemv(x, weight, bias)
+    elif x.is_cuda and weight.dtype in (torch.bfloat16, torch.float16):
+        from engine.runtime import gemv_triton
+
+        if x.numel() <= gemv_triton.DENSE_ROWS * x.shape[-1] and x.dtype == weight.dtype:
+            y = gemv_triton.gemv(x.reshape(-1, x.shape[-1]), weight, bias=bias)
+            return y.reshape(*x.shape[:-1], -1)
     return F.linear(x, weight, bias)
 
 

@@ -411,9 +411,10 @@ class Fp8Method(LayerMethod):
         w = layer.weight.data.to(torch.float32)
         scale = w.abs().amax(1, keepdim=True).clamp(min=1e-12) / qf.FP8_MAX[self.fp8]
         del layer.weight
-        add_param(layer, "weight", tuple(w.shape), self.fp8).data.copy_(
-            qf.quantize_fp8(w, scale, self.fp8))
-        add_param(layer, self.scale_name, tuple(scale.shape), torch.float32).data.copy_(scale)
+        # the parameters where the weight is (a GPU's: add_param makes them on the CPU)
+        add_param(layer, "weight", tuple(w.shape), self.fp8).data = qf.quantize_fp8(
+            w, scale, self.fp8)
+        add_param(layer, self.scale_name, tuple(scale.shape), torch.float32).data = scale
 
     def expert_weight(self, layer: Linear) -> torch.Tensor:
         if self.online:
@@ -650,11 +651,13 @@ class Int8Method(LayerMethod):
             from engine.runtime import quant_triton as qt
 
             static = layer.act_scale.reshape(1) if layer.act_scale is not None else None
+            # rounded to x's dtype in the kernel on a GPU (the interpreter truncates instead)
+            direct = bias is None and x2.is_cuda
             y = qt.w8_mm(x2, layer.w_q, layer.w_scale.reshape(-1),
                          act="token" if static is None else "static", x_scale=static,
-                         out_dtype=torch.float32).to(x.dtype)
-            if bias is not None:
-                y = y + bias
+                         out_dtype=x.dtype if direct else torch.float32)
+            if not direct:
+                y = y.to(x.dtype) if bias is None else y.to(x.dtype) + bias
             return y.reshape(*shape[:-1], -1)
         if layer.act_scale is None:
             xq, sx = qf.quantize_int8_per_token(x2)

@@ -19,10 +19,15 @@ fp8 or int8 weight half, but only if the product reads the packed codes itself. 
   division, round to nearest even, saturation), so int8 products are bit-exact against
   ``torch._int_mm`` and fp8 pairs multiply exactly in float32.
 
-Both are one program per ``BLOCK_N`` outputs and ``BLOCK_M`` rows. For a few rows (decode) the
-products accumulate elementwise over the whole K loop and are summed once at the end; from 16
-rows ``tl.dot``. fp8 rounding is float32 arithmetic (round to nearest even on the format's
-grid), so the Triton interpreter computes the same codes as the GPU.
+Up to :data:`GEMV_ROWS` rows (decode at small batch) :func:`affine_mm` hands over to the
+matrix-vector kernel of :mod:`engine.runtime.gemv_triton`, and :func:`w8_mm` to it or to its
+own ``tl.dot`` kernel with the rows padded to 16 (whichever :data:`W8_SMALL` names; fp8 codes
+multiply on the tensor cores without conversion). Otherwise both are one program per
+``BLOCK_N`` outputs and ``BLOCK_M`` rows, products through ``tl.dot``. With ``split_k > 1``
+(one block of rows) each of that many programs per output block takes a slice of K, and
+:func:`_finish` adds the slices up in the same launch (an atomic counter per output block: the
+last slice to arrive sums the partials). fp8 rounding is float32 arithmetic (round to nearest
+even on the format's grid), so the Triton interpreter computes the same codes as the GPU.
 """
 
 from __future__ import annotations
@@ -31,10 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-#: largest row count served by elementwise accumulation (more rows: ``tl.dot``), for weights
-#: with per-row scales and for block-scaled ones
-FMA_ROWS = 0
-BLOCK_FMA_ROWS = 0
+#: largest row count handed to the matrix-vector kernels of :mod:`engine.runtime.gemv_triton`
+#: (0: none)
+GEMV_ROWS = 4
 
 #: code dtype -> (kernel FP8 flag, mantissa bits, smallest normal exponent, largest value)
 _KINDS = {torch.int8: (0, 0, 0, 127.0), torch.float8_e4m3fn: (1, 3, -6, 448.0),
@@ -112,6 +116,53 @@ def _codes(q, FP8: tl.constexpr):
         return q.to(tl.float8e4nv)
     else:
         return q.to(tl.float8e5)
+
+
+@triton.jit
+def _slice(K, pid_k, split_k, STEP: tl.constexpr, SPLIT: tl.constexpr):
+    """[lo, hi) of K for slice ``pid_k`` of ``split_k`` (whole steps of STEP); all of K when
+    not SPLIT (a loop from 0 to K, which the software pipeliner handles best)."""
+    if SPLIT:
+        steps = tl.cdiv(tl.cdiv(K, STEP), split_k)
+        lo = pid_k * steps * STEP
+        hi = tl.minimum(K, lo + steps * STEP)
+    else:
+        lo = 0
+        hi = K
+    return lo, hi
+
+
+@triton.jit
+def _finish(acc, row_s, col_s, pid_n, pid_k, offs_m, offs_n, m_ok, n_ok, bias_ptr, y_ptr,
+            part_ptr, cnt_ptr, N, stride_ym, split_k, HAS_BIAS: tl.constexpr,
+            BLOCK_M: tl.constexpr, SPLIT: tl.constexpr):
+    """Write ``acc`` [BLOCK_M, BLOCK_N] (sums of slice ``pid_k``: float32, or int32 for int8
+    codes) times ``row_s`` [BLOCK_M, 1] and ``col_s`` [1, BLOCK_N], plus the bias: directly with
+    one slice (SPLIT false); else the raw sums go to the workspace (int32 as their bits, so the
+    total is exact), and the last of the ``split_k`` slices of the block adds them up."""
+    out = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+    mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT:
+        rows = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(rows + pid_k * BLOCK_M * N, acc.to(tl.float32, bitcast=True), mask=mask)
+        tl.debug_barrier()  # every thread's partials issued before the release below
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == split_k - 1:
+            total = tl.zeros_like(acc)
+            for s in range(split_k):
+                part = tl.load(rows + s * BLOCK_M * N, mask=mask, other=0.0,
+                               cache_modifier=".cg")
+                total += part.to(acc.dtype, bitcast=True)
+            y = total.to(tl.float32) * row_s * col_s
+            if HAS_BIAS:
+                y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(out, y.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+    else:
+        y = acc.to(tl.float32) * row_s * col_s
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -193,20 +244,22 @@ def _wsb(ws_rows, k0, BLOCK_K: tl.constexpr, n_ok):
 
 
 @triton.jit
-def _w8_mm(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, M, N, K,
-           stride_xm, stride_wn, stride_wsn, stride_ym,
+def _w8_mm(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
+           stride_xm, stride_wn, stride_wsn, stride_ym, split_k,
            ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
            MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-           AMAX_BLOCK: tl.constexpr, FMA: tl.constexpr, ROW1: tl.constexpr):
+           AMAX_BLOCK: tl.constexpr, ROW1: tl.constexpr, SPLIT: tl.constexpr):
     """ACT 0: ``x`` unquantized (W8A16); 1: quantized per row here, the scale from the row's
     absolute maximum; 2: quantized per row and BLOCK_K columns here (fp8); 3: quantized with
     the static scale ``xs[0]``; 4: ``x`` holds codes with per-row scales ``xs``
     (:func:`_quant_rows`). W_BLOCK_N 0: one weight scale per output row (applied at the end);
-    else block scales ``ws[n // W_BLOCK_N, k // BLOCK_K]``. FMA: elementwise products
-    accumulated over the whole loop and summed once (a few rows); else ``tl.dot``. ROW1: one row
-    in a ``tl.dot`` block: only it is quantized, the padding rows are zeros."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    else block scales ``ws[n // W_BLOCK_N, k // BLOCK_K]``. ROW1: one row in a ``tl.dot``
+    block: only it is quantized, the padding rows are zeros. SPLIT: one of ``split_k`` slices of
+    K (one block of rows only), summed by :func:`_finish`."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok = offs_n < N
     m_ok = offs_m < M
@@ -238,16 +291,12 @@ def _w8_mm(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, M, N, K,
         xs = tl.load(xs_ptr + offs_m, mask=m_ok, other=1.0)
     if ACT == 1 or ACT == 3:
         xr = tl.math.div_rn(tl.zeros((BLOCK_M,), dtype=tl.float32) + 1.0, xs)
-    if FMA:
-        if INT:
-            acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.int32)
-        else:
-            acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-    elif INT:
+    if INT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K, SPLIT)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
         w = fp8_from_bits(tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
@@ -256,7 +305,7 @@ def _w8_mm(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, M, N, K,
             x = tl.load(x_ptr + offs_k, mask=k_ok, other=0)[None, :]
         else:
             x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0)
-        # the tile's operands (a: activations or their codes, float32 codes on the FMA path)
+        # the tile's operands (a: activations or their codes)
         # and its scale (None: one per row and output, applied at the end)
         if ACT == 0:
             a = x
@@ -285,60 +334,89 @@ def _w8_mm(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, M, N, K,
             else:
                 scale = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) \
                     + _wsb(ws_rows, k0, BLOCK_K, n_ok)[None, :]
-        if FMA:
-            if INT:
-                prod = a.to(tl.int32)[:, None, :] * w.to(tl.int32)[None, :, :]
-            else:
-                prod = a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-            if TILE_SCALE:
-                acc3 += prod * scale[:, :, None]
-            else:
-                acc3 += prod
+        if ACT == 0:
+            part = tl.dot(a, tl.trans(w.to(x_ptr.dtype.element_ty)))
         else:
-            if ACT == 0:
-                part = tl.dot(a, tl.trans(w.to(x_ptr.dtype.element_ty)))
+            if ACT != 4:
+                a = _codes(a, FP8)
+            if INT:
+                part = tl.dot(a, tl.trans(w), out_dtype=tl.int32)
             else:
-                if ACT != 4:
-                    a = _codes(a, FP8)
-                if INT:
-                    part = tl.dot(a, tl.trans(w), out_dtype=tl.int32)
-                else:
-                    part = tl.dot(a, tl.trans(w))
-            if TILE_SCALE:
-                acc += part * scale
-            else:
-                acc += part
-    if FMA:
-        acc = tl.sum(acc3, axis=2)
-    y = acc.to(tl.float32)
+                part = tl.dot(a, tl.trans(w))
+        if TILE_SCALE:
+            acc += part * scale
+        else:
+            acc += part
     if PER_ROW:
-        y = y * xs[:, None]
+        row_s = xs[:, None]
+    else:
+        row_s = tl.full((BLOCK_M, 1), 1.0, tl.float32)
     if W_BLOCK_N == 0:
-        y = y * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :],
-             y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        col_s = tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    else:
+        col_s = tl.full((1, BLOCK_N), 1.0, tl.float32)
+    _finish(acc, row_s, col_s, pid_n, pid_k, offs_m, offs_n, m_ok, n_ok, bias_ptr, y_ptr,
+            part_ptr, cnt_ptr, N, stride_ym, split_k, HAS_BIAS, BLOCK_M, SPLIT)
 
 
 # ---------------------------------------------------------------- launch configurations
 
+#: float32 partial sums per device: split_k * rows * outputs must fit
+WORKSPACE_FLOATS = 1 << 22
+COUNTERS = 1 << 16
 
-def _rows_block(m: int, fma_rows: int = 0) -> int:
-    if m <= fma_rows:
-        return triton.next_power_of_2(m)
+_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    ws = _workspaces.get(device)
+    if ws is None:
+        ws = (torch.empty(WORKSPACE_FLOATS, dtype=torch.float32, device=device),
+              torch.zeros(COUNTERS, dtype=torch.int32, device=device))
+        _workspaces[device] = ws
+    return ws
+
+
+def _split(split: int, n: int, bn: int, rows: int) -> int:
+    """``split`` when the workspace and counters hold it, else 1."""
+    if split > 1 and (split * rows * n > WORKSPACE_FLOATS or triton.cdiv(n, bn) > COUNTERS):
+        return 1
+    return split
+
+
+
+def _rows_block(m: int) -> int:
     return 16 if m <= 16 else 32 if m <= 32 else 64
 
 
 #: (BLOCK_N, TILES, warps, stages) per row block (a tile is 32/bits slices of SUB columns),
 #: chosen on an H200 by ``benchmarks/quant_gpu.py --sweep``
 AFFINE_CONFIGS = {16: (16, 1, 4, 3), 32: (64, 1, 4, 3), 64: (128, 1, 4, 3)}
-#: (BLOCK_N, BLOCK_K, warps, stages) per row block
-W8_CONFIGS = {1: (16, 512, 4, 2), 2: (16, 256, 4, 3), 4: (16, 128, 4, 3),
-              16: (32, 256, 4, 4), 32: (64, 128, 4, 3), 64: (128, 128, 8, 3)}
+#: (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) of the ``tl.dot`` kernel per row block (split
+#: only when one block holds every row)
+W8_CONFIGS = {16: (32, 256, 1, 4, 4), 32: (64, 128, 1, 4, 3), 64: (128, 128, 1, 8, 3)}
 #: the same for block-scaled weights (BLOCK_K is the scale block's)
-W8_BLOCK_CONFIGS = {1: (16, 128, 2, 4), 2: (8, 128, 2, 4), 4: (16, 128, 4, 3),
-                    16: (32, 128, 4, 4), 32: (64, 128, 4, 3), 64: (128, 128, 8, 3)}
+W8_BLOCK_CONFIGS = {16: (32, 128, 1, 4, 4), 32: (64, 128, 1, 4, 3), 64: (128, 128, 1, 8, 3)}
+#: up to GEMV_ROWS rows: (kernel, launch) by (activations: "a16" unquantized, "a8" per row,
+#: "block" block fp8; :func:`shape_class`). "gemv": :func:`engine.runtime.gemv_triton.gemv`
+#: (elementwise; one row only: from two rows the ``tl.dot`` kernel with its 16-row launch is
+#: faster); "dot": the ``tl.dot`` kernel, the rows padded to 16. Chosen on an H200 by
+#: ``benchmarks/gemv_gpu.py --search`` (docs/benchmarks/quantization.md).
+W8_SMALL = {("a16", "square"): ("gemv", (8, 1024, 1, 4, 3)),
+            ("a16", "wide"): ("gemv", (8, 1024, 1, 4, 3)),
+            ("a16", "deep"): ("gemv", (8, 1024, 1, 4, 3)),
+            ("a8", "square"): ("gemv", (8, 1024, 1, 4, 3)),
+            ("a8", "wide"): ("dot", (32, 256, 1, 4, 4)),
+            ("a8", "deep"): ("gemv", (8, 1024, 1, 4, 3)),
+            ("block", "square"): ("dot", (64, 128, 8, 2, 3)),
+            ("block", "wide"): ("dot", (64, 128, 8, 2, 3)),
+            ("block", "deep"): ("dot", (16, 128, 8, 2, 3))}
+
+
+def shape_class(n: int, k: int) -> str:
+    """A weight [n, k]'s class for launch tables: "deep" (k > n: down projections), "wide"
+    (n >= 4k: fused gate/up), else "square" (q/k/v, o)."""
+    return "deep" if k > n else "wide" if n >= 4 * k else "square"
 
 
 def affine_sub(group: int) -> int | None:
@@ -370,6 +448,10 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
     ``q`` from :func:`pack_affine`, ``scale``/``bias_`` float32 [K / group, N]."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
+    if m <= GEMV_ROWS:
+        from engine.runtime.gemv_triton import gemv_affine
+
+        return gemv_affine(x, q, scale, bias_, bits, group, sub, perm=perm, bias=bias)
     n = q.shape[0]
     bm = _rows_block(m)
     bn, tiles, warps, stages = AFFINE_CONFIGS[bm]
@@ -404,36 +486,50 @@ def quant_rows(x: torch.Tensor, dtype: torch.dtype, static: torch.Tensor | None 
 
 def w8_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
           x_scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
-          out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None
-          ) -> torch.Tensor:
+          out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None,
+          path: str | None = None, config: tuple | None = None) -> torch.Tensor:
     """``x`` [M, K] @ W^T for fp8/int8 ``w`` [N, K]. ``act``: ``None`` (W8A16), ``"token"``
     (quantized per row to ``w``'s type, dynamic), ``"static"`` (``x_scale``: one scale),
     ``"group"`` (fp8 per row and block of ``block[1]`` columns). ``w_scale``: [N] per output
-    row, or with ``block`` = (bn, bk) the block scales [ceil(N/bn), ceil(K/bk)]. From 16 rows
-    dynamic per-row codes are made by :func:`quant_rows` first."""
+    row, or with ``block`` = (bn, bk) the block scales [ceil(N/bn), ceil(K/bk)]. Up to
+    :data:`GEMV_ROWS` rows the kernel and launch come from :data:`W8_SMALL` (``path``:
+    ``"gemv"`` or ``"dot"``, and ``config`` override them); from 2 rows in ``tl.dot`` dynamic
+    per-row codes are made by :func:`quant_rows` first."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     n = w.shape[0]
+    if act == "group" and block is None:
+        raise ValueError("activations quantized per group need block weight scales")
     fp8, mant, emin, qmax = _kind(w.dtype)
-    fma_rows = FMA_ROWS if block is None else BLOCK_FMA_ROWS
-    bm = _rows_block(m, fma_rows)
-    bn, bk, warps, stages = (W8_CONFIGS if block is None else W8_BLOCK_CONFIGS)[bm]
+    if m <= GEMV_ROWS:
+        kind = "block" if block is not None else "a16" if act is None else "a8"
+        small_path, small_cfg = W8_SMALL[(kind, shape_class(n, k))]
+        if small_path == "gemv" and m > 1 and path is None:
+            small_path, small_cfg = "dot", None  # elementwise is slower from two rows
+        path, config = path or small_path, config or small_cfg
+        if path == "gemv":
+            from engine.runtime.gemv_triton import gemv
+
+            return gemv(x, w, w_scale, act=act, x_scale=x_scale, block=block,
+                        out_dtype=out_dtype, bias=bias, config=config)
+    bm = _rows_block(m)
+    bn, bk, split, warps, stages = config or (W8_CONFIGS if block is None
+                                              else W8_BLOCK_CONFIGS)[bm]
     if block is not None:
         bk = block[1]
-    elif act == "group":
-        raise ValueError("activations quantized per group need block weight scales")
+    split = _split(split, n, bn, bm) if m <= bm else 1
     code = {None: 0, "token": 1, "group": 2, "static": 3}[act]
     y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
-    if code in (1, 3) and m > 1 and bm > fma_rows:  # rows for tl.dot: their codes first
+    if code in (1, 3) and m > 1:  # rows for tl.dot: their codes first
         x, x_scale = quant_rows(x, w.dtype, static=x_scale if code == 3 else None)
         code = 4
-    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
+    part, cnt = _workspace(x.device)
+    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), split)
     _w8_mm[grid](_bits(x), x_scale if x_scale is not None else w_scale, _bits(w), w_scale,
-                 bias if bias is not None else y, y, m, n, k, x.stride(0), w.stride(0),
-                 w_scale.stride(0), y.stride(0), ACT=code, W_BLOCK_N=block[0] if block else 0,
-                 FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin, HAS_BIAS=bias is not None,
-                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                 bias if bias is not None else y, y, part, cnt, m, n, k, x.stride(0),
+                 w.stride(0), w_scale.stride(0), y.stride(0), split, ACT=code,
+                 W_BLOCK_N=block[0] if block else 0, FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin,
+                 HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                  AMAX_BLOCK=min(max(4096 // bm, 512), triton.next_power_of_2(k)),
-                 FMA=bm <= fma_rows, ROW1=m == 1 and bm > 1, num_warps=warps,
-                 num_stages=stages)
+                 ROW1=m == 1, SPLIT=split > 1, num_warps=warps, num_stages=stages)
     return y
