@@ -20,11 +20,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
+import sys
 
 import torch
 
 from engine.runtime import gemv_triton as gt
 from engine.runtime import quant_triton as qt
+
+sys.path.insert(0, os.path.dirname(__file__))
+from quant_gpu import replay_ms  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336)}
@@ -96,24 +101,7 @@ def time_us(fn, sets: list[dict], x: torch.Tensor, iters: int = 20) -> float:
         for t in sets:
             fn(x, t)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters / len(sets)
+    return replay_ms(run, iters) * 1e3 / len(sets)
 
 
 def check(fmt: str, sets: list[dict], x: torch.Tensor, impl: str, config) -> float:

@@ -141,9 +141,10 @@ def sweep_gemv(tokens_list: list[int]) -> list[list]:
     """Time the matrix-vector path per launch configuration (CUDA graph replay)."""
     ex, router = layer()
     rows = []
-    configs = [dict(block_n=bn, block_k=bk, warps=w, down_block_n=dbn, down_block_k=dbk)
+    configs = [dict(block_n=bn, block_k=bk, warps=w, down_block_n=dbn, down_block_k=dbk,
+                    acc2d=acc2d)
                for bn in (16, 32, 64) for bk in (128, 256, 512) for w in (4, 8)
-               for dbn, dbk in ((None, None), (64, 128), (32, 256))]
+               for dbn, dbk in ((None, None), (64, 128), (32, 256)) for acc2d in (False, True)]
     for m in tokens_list:
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
         w, ids = route(x @ router.t(), K, True)

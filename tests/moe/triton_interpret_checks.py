@@ -23,16 +23,19 @@ from engine_moe_triton.impl import TritonRunner  # noqa: E402
 
 from _tiny import checkpoint  # noqa: E402
 
-def triton_runner(gemv_max_pairs: int) -> TritonRunner:
+def triton_runner(gemv_max_pairs: int, acc2d: bool = False) -> TritonRunner:
     runner = TritonRunner(None)
     runner.gemv_max_pairs = gemv_max_pairs  # 0: always the sorted grouped-GEMM path
+    runner.gemv["acc2d"] = acc2d
     return runner
 
 
 failures = []
-for pairs in (0, 64):  # the grouped-GEMM path, then the matrix-vector path of small batches
-    failures += [f"gemv_max_pairs={pairs}: {f}" for f in runner_failures(
-        triton_runner(pairs), torch.device("cpu"), small=True, dtypes=(torch.float32,))]
+# the grouped-GEMM path, then the matrix-vector path of small batches (both accumulations)
+for pairs, acc2d in ((0, False), (64, False), (64, True)):
+    failures += [f"gemv_max_pairs={pairs} acc2d={acc2d}: {f}" for f in runner_failures(
+        triton_runner(pairs, acc2d), torch.device("cpu"), small=True,
+        dtypes=(torch.float32,))]
 cfg = read_hf_dir(checkpoint("Qwen3MoeForCausalLM"))
 outs = []
 for runner in (TorchRunner(), triton_runner(0), triton_runner(64)):

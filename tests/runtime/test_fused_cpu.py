@@ -155,3 +155,29 @@ def test_fp8_linear_is_the_fake_quant_then_the_gemv(static, group):
         fq = fused_cpu.fake_quant_fp8(x, dtype, scale=scale, group=group)
         assert torch.equal(got, fused_cpu.gemv(fq, w, b))
     assert fused_cpu.fp8_linear(torch.randn(40, 256), w, b, torch.float8_e4m3fn) is None
+
+
+@pytest.mark.parametrize("counts", [[2, 0, 3, 1, 0, 0, 5, 1], [0, 0, 0, 1, 0, 0, 0, 0],
+                                    [1] * 8])
+def test_moe_experts_in_one_call(counts):
+    """Rows sorted by expert: each run goes through its expert's gate/up, SiLU-and-mul and down,
+    against float64; experts without rows are never read (NaN weights there change nothing);
+    a row's result does not depend on the other rows of its run."""
+    e, h, inter = len(counts), 72, 40
+    w13, w2 = torch.randn(e, 2 * inter, h) * 0.2, torch.randn(e, h, inter) * 0.2
+    c = torch.tensor(counts)
+    w13[c == 0] = float("nan")
+    w2[c == 0] = float("nan")
+    x = torch.randn(int(c.sum()), h)
+    got = fused_cpu.moe_experts(x, c, w13, w2)
+    want, start = [], 0
+    for i, n in enumerate(counts):
+        gu = x[start:start + n].double() @ w13[i].double().T
+        want.append((torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]) @ w2[i].double().T)
+        start += n
+    assert torch.allclose(got.double(), torch.cat(want), atol=1e-4, rtol=1e-4)
+    first = int(torch.nonzero(c)[0])
+    alone = torch.zeros_like(c)
+    alone[first] = 1
+    assert torch.equal(fused_cpu.moe_experts(x[:1], alone, w13, w2), got[:1])
+    assert fused_cpu.moe_experts(x.double(), c, w13.double(), w2.double()) is None

@@ -20,10 +20,11 @@ from typing import Any
 import torch
 
 from engine.models.moe import ExpertWeights, route, torch_reference
+from engine.runtime.fused_cpu import moe_experts as cpu_expert_products
 from engine.runtime.linear import dense_linear
 
-__all__ = ["ExpertWeights", "LocalAllToAll", "MoEAllToAll", "MoERunner", "dense_linear",
-           "route", "torch_reference"]
+__all__ = ["ExpertWeights", "LocalAllToAll", "MoEAllToAll", "MoERunner", "cpu_expert_products",
+           "dense_linear", "route", "torch_reference"]
 
 
 class MoERunner(ABC):

@@ -37,6 +37,23 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return dot_tail(hsum8(_mm256_add_ps(acc0, acc1)), a, b, i, n);
 }
 
+/* dot(w, x0, k) and dot(w, x1, k) at once, each in dot's order of additions: w is loaded once
+ * for both rows, and four accumulator chains run side by side. */
+static inline void dot2(const float *w, const float *x0, const float *x1, int64_t k, float *o) {
+    __m256 a0 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(),
+           b1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        const __m256 wa = _mm256_loadu_ps(w + i), wb = _mm256_loadu_ps(w + i + 8);
+        a0 = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x0 + i), a0);
+        b0 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x0 + i + 8), b0);
+        a1 = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x1 + i), a1);
+        b1 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x1 + i + 8), b1);
+    }
+    o[0] = dot_tail(hsum8(_mm256_add_ps(a0, b0)), w, x0, i, k);
+    o[1] = dot_tail(hsum8(_mm256_add_ps(a1, b1)), w, x1, i, k);
+}
+
 /* dot(w + r * k, x, k) for the four rows r = 0..3 of w at once, in the same order of additions
  * as dot: each x vector is loaded once for the four rows. */
 static inline void dot4(const float *w, int64_t k, const float *x, float *o) {
@@ -60,6 +77,50 @@ static inline void dot4(const float *w, int64_t k, const float *x, float *o) {
     o[1] = dot_tail(hsum8(_mm256_add_ps(a1, b1)), w1, x, i, k);
     o[2] = dot_tail(hsum8(_mm256_add_ps(a2, b2)), w2, x, i, k);
     o[3] = dot_tail(hsum8(_mm256_add_ps(a3, b3)), w3, x, i, k);
+}
+
+/* dot(w, x + j * sx, k) for j = 0..3 at once, each in dot's order of additions: w is loaded once
+ * for the four rows, and eight accumulator chains run side by side. */
+static inline void dotx4(const float *w, const float *x, int64_t sx, int64_t k, float *o) {
+    const float *x1 = x + sx, *x2 = x1 + sx, *x3 = x2 + sx;
+    __m256 a0 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(),
+           b1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(),
+           a3 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        const __m256 wa = _mm256_loadu_ps(w + i), wb = _mm256_loadu_ps(w + i + 8);
+        a0 = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x + i), a0);
+        b0 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x + i + 8), b0);
+        a1 = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x1 + i), a1);
+        b1 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x1 + i + 8), b1);
+        a2 = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x2 + i), a2);
+        b2 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x2 + i + 8), b2);
+        a3 = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x3 + i), a3);
+        b3 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x3 + i + 8), b3);
+    }
+    o[0] = dot_tail(hsum8(_mm256_add_ps(a0, b0)), w, x, i, k);
+    o[1] = dot_tail(hsum8(_mm256_add_ps(a1, b1)), w, x1, i, k);
+    o[2] = dot_tail(hsum8(_mm256_add_ps(a2, b2)), w, x2, i, k);
+    o[3] = dot_tail(hsum8(_mm256_add_ps(a3, b3)), w, x3, i, k);
+}
+
+/* out[i * so] = dot(w, x + i * sx, k) for the rows i in [i0, i0 + n) of x, four or two rows at
+ * a time (dotx4, dot2: each row summed as dot sums it) */
+static inline void dots(const float *w, const float *x, int64_t sx, int64_t k, int64_t i0,
+                        int64_t n, float *out, int64_t so) {
+    int64_t i = i0;
+    for (; i + 4 <= i0 + n; i += 4) {
+        float o[4];
+        dotx4(w, x + i * sx, sx, k, o);
+        for (int j = 0; j < 4; j++) out[(i + j) * so] = o[j];
+    }
+    for (; i + 2 <= i0 + n; i += 2) {
+        float o[2];
+        dot2(w, x + i * sx, x + (i + 1) * sx, k, o);
+        out[i * so] = o[0];
+        out[(i + 1) * so] = o[1];
+    }
+    if (i < i0 + n) out[i * so] = dot(w, x + i * sx, k);
 }
 
 #define PAR_ROWS 16 /* rows from which a call splits its rows across threads */
@@ -95,9 +156,9 @@ void engine_cpu_gemv_f32(const float *w, int64_t n, int64_t k, const float *x, i
     }
 #pragma omp parallel for schedule(static) if (n * k >= PAR_GEMV_FLOATS)
     for (int64_t r = 0; r < n; r++) {
-        const float *wr = w + r * k;
-        const float b = bias ? bias[r] : 0.0f;
-        for (int64_t i = 0; i < m; i++) out[i * so + r] = dot(wr, x + i * sx, k) + b;
+        dots(w + r * k, x, sx, k, 0, m, out + r, so);
+        if (bias)
+            for (int64_t i = 0; i < m; i++) out[i * so + r] += bias[r];
     }
 }
 
@@ -207,6 +268,47 @@ void engine_cpu_silu_and_mul(const float *x, int64_t sx, float *out, int64_t so,
             _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
         }
         for (; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* The routed experts of a MoE layer for rows sorted by expert, in one call: run r is rows
+ * [start[r], start[r] + count[r]) of x [*, hidden], all routed to expert eid[r]. For each run,
+ * gu = rows @ w13[e]^T ([2 * inter] outputs: gate then up), mid = silu(gate) * up, then
+ * y rows = mid @ w2[e]^T ([hidden] outputs). Only the experts that received rows are read,
+ * each weight row once for all of its run's rows; the work items (a run and a chunk of its
+ * output rows) are spread over the threads, so a step's few rows per expert still keep every
+ * core streaming weights. The runs cover rows 0.. in order; gu [*, 2 * inter] and
+ * mid [*, inter] are scratch. */
+#define MOE_CHUNK 16
+
+void engine_cpu_moe_f32(const float *x, int64_t hidden, int64_t inter, const int64_t *eid,
+                        const int64_t *start, const int64_t *count, int64_t runs,
+                        const float *w13, const float *w2, float *gu, float *mid, float *y) {
+    const int64_t n1 = 2 * inter, c1 = (n1 + MOE_CHUNK - 1) / MOE_CHUNK;
+    const int64_t c2 = (hidden + MOE_CHUNK - 1) / MOE_CHUNK;
+    int64_t rows = 0;
+    for (int64_t r = 0; r < runs; r++) rows += count[r];
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < runs * c1; it++) {
+            const int64_t r = it / c1, o0 = (it % c1) * MOE_CHUNK;
+            const int64_t o1 = o0 + MOE_CHUNK < n1 ? o0 + MOE_CHUNK : n1;
+            const float *w = w13 + eid[r] * n1 * hidden;
+            for (int64_t o = o0; o < o1; o++)
+                dots(w + o * hidden, x, hidden, hidden, start[r], count[r], gu + o, n1);
+        }
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < rows; i++)
+            engine_cpu_silu_and_mul(gu + i * n1, n1, mid + i * inter, inter, 1, inter);
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < runs * c2; it++) {
+            const int64_t r = it / c2, o0 = (it % c2) * MOE_CHUNK;
+            const int64_t o1 = o0 + MOE_CHUNK < hidden ? o0 + MOE_CHUNK : hidden;
+            const float *w = w2 + eid[r] * hidden * inter;
+            for (int64_t o = o0; o < o1; o++)
+                dots(w + o * inter, mid, inter, inter, start[r], count[r], y + o, hidden);
+        }
     }
 }
 

@@ -54,6 +54,8 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_gemv_f32.restype = None
     lib.engine_cpu_fq_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _P, _P, _I, _F, _F, _I, _I]
     lib.engine_cpu_fq_gemv_f32.restype = None
+    lib.engine_cpu_moe_f32.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P]
+    lib.engine_cpu_moe_f32.restype = None
     return lib
 
 
@@ -180,6 +182,33 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
                                    flat.shape[0], bias.data_ptr() if bias is not None else None,
                                    out.data_ptr(), n)
     return out.reshape(*x.shape[:-1], n)
+
+
+def moe_experts(x: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor,
+                w2: torch.Tensor) -> torch.Tensor | None:
+    """The routed experts' products for rows sorted by expert, in one call: ``x`` [P, hidden]
+    float32, ``counts`` [E] rows per expert (in order), ``w13`` [E, 2 * inter, hidden] (gate
+    then up), ``w2`` [E, hidden, inter]; returns ``silu(gate) * up @ w2[e]^T`` per row
+    [P, hidden]. Only experts with rows are read, each weight row once for all of its rows.
+    Each output is one dot product (equal to torch's within float32 rounding). None where it
+    does not apply (not float32 CPU contiguous tensors, or no kernels)."""
+    if not (enabled(x) and w13.dtype == torch.float32 and w2.dtype == torch.float32
+            and w13.device.type == "cpu" and w13.is_contiguous() and w2.is_contiguous()):
+        return None
+    x = x.contiguous()
+    hidden, inter = x.shape[1], w2.shape[2]
+    counts = counts.to(torch.int64)
+    eid = torch.nonzero(counts).reshape(-1)
+    n = counts[eid].contiguous()
+    start = (torch.cumsum(n, 0) - n).contiguous()
+    rows = x.shape[0]
+    gu = torch.empty(rows, 2 * inter, dtype=torch.float32)
+    mid = torch.empty(rows, inter, dtype=torch.float32)
+    y = torch.empty(rows, hidden, dtype=torch.float32)
+    _library().engine_cpu_moe_f32(x.data_ptr(), hidden, inter, eid.data_ptr(), start.data_ptr(),
+                                  n.data_ptr(), eid.numel(), w13.data_ptr(), w2.data_ptr(),
+                                  gu.data_ptr(), mid.data_ptr(), y.data_ptr())
+    return y
 
 
 def _static_scale(scale: torch.Tensor | None) -> float | None:

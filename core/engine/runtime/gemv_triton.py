@@ -31,8 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.runtime.quant_triton import (_bits, _finish, _kind, _quantize, _slice, _split,
-                                         _workspace, fp8_from_bits, shape_class)
+from engine.runtime.quant_triton import (_bits, _finish, _kind, _quantize, _row_scales,
+                                         _slice, _split, _workspace, fp8_from_bits,
+                                         shape_class)
 
 #: largest row count these kernels serve (more rows: ``tl.dot`` kernels or cuBLAS)
 MAX_ROWS = 4
@@ -64,13 +65,7 @@ def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N
     if W_BLOCK_N > 0:
         ws_rows = ws_ptr + (offs_n // W_BLOCK_N).to(tl.int64) * stride_wsn
     if ACT == 1:  # the rows' scales from their absolute maxima (x stays in cache)
-        amax = tl.zeros((BLOCK_M, AMAX_BLOCK), dtype=tl.float32)
-        for a0 in range(0, K, AMAX_BLOCK):
-            offs_a = a0 + tl.arange(0, AMAX_BLOCK)
-            v = tl.load(x_rows + offs_a[None, :], mask=m_ok[:, None] & (offs_a < K)[None, :],
-                        other=0.0)
-            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
-        xs = tl.math.div_rn(tl.maximum(tl.max(amax, axis=1), 1e-12), QMAX)
+        xs = _row_scales(x_rows, m_ok, K, QMAX, BLOCK_M, AMAX_BLOCK)
     elif ACT == 3:
         xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.load(xs_ptr)
     if ACT == 1 or ACT == 3:

@@ -119,6 +119,20 @@ def _codes(q, FP8: tl.constexpr):
 
 
 @triton.jit
+def _row_scales(x_rows, m_ok, K, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
+                AMAX_BLOCK: tl.constexpr):
+    """Dynamic per-row scales: each row's absolute maximum over QMAX (at least 1e-12), correctly
+    rounded, as the torch quantizers compute them."""
+    amax = tl.zeros((BLOCK_M, AMAX_BLOCK), dtype=tl.float32)
+    for a0 in range(0, K, AMAX_BLOCK):
+        offs_a = a0 + tl.arange(0, AMAX_BLOCK)
+        v = tl.load(x_rows + offs_a[None, :], mask=m_ok[:, None] & (offs_a < K)[None, :],
+                    other=0.0)
+        amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
+    return tl.math.div_rn(tl.maximum(tl.max(amax, axis=1), 1e-12), QMAX)
+
+
+@triton.jit
 def _slice(K, pid_k, split_k, STEP: tl.constexpr, SPLIT: tl.constexpr):
     """[lo, hi) of K for slice ``pid_k`` of ``split_k`` (whole steps of STEP); all of K when
     not SPLIT (a loop from 0 to K, which the software pipeliner handles best)."""
@@ -278,13 +292,7 @@ def _w8_mm(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, 
         xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.math.div_rn(
             tl.maximum(tl.max(amax1, axis=0), 1e-12), QMAX)
     elif ACT == 1:  # the rows' scales: a first pass over x (a few rows: it stays in cache)
-        amax = tl.zeros((BLOCK_M, AMAX_BLOCK), dtype=tl.float32)
-        for a0 in range(0, K, AMAX_BLOCK):
-            offs_a = a0 + tl.arange(0, AMAX_BLOCK)
-            v = tl.load(x_rows + offs_a[None, :], mask=m_ok[:, None] & (offs_a < K)[None, :],
-                        other=0.0)
-            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
-        xs = tl.math.div_rn(tl.maximum(tl.max(amax, axis=1), 1e-12), QMAX)
+        xs = _row_scales(x_rows, m_ok, K, QMAX, BLOCK_M, AMAX_BLOCK)
     elif ACT == 3:
         xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.load(xs_ptr)
     elif ACT == 4:

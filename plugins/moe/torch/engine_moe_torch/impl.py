@@ -3,9 +3,11 @@ down projections as grouped GEMMs over the sorted rows, weight and scatter-add b
 activation-quantized format's rounding (``experts.act_quant``) is applied to the rows before
 each projection.
 
-``torch.nn.functional.grouped_mm`` serves the GEMMs where this torch has it for the device and
-dtype (CPU float32/bfloat16; CUDA bfloat16 on SM90+ with 16-byte aligned widths); otherwise one
-matmul per expert that received tokens.
+On the CPU in float32 (no activation format) the core's one-call expert product serves them
+(``cpu_expert_products``: only the experts that received rows are read, each weight row once for
+all of its rows). Otherwise ``torch.nn.functional.grouped_mm`` serves the GEMMs where this
+torch has it for the device and dtype (CPU float32/bfloat16; CUDA bfloat16 on SM90+ with
+16-byte aligned widths), or one matmul per expert that received tokens.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.api import hookimpl
-from engine.api.moe import ExpertWeights, MoERunner, dense_linear
+from engine.api.moe import ExpertWeights, MoERunner, cpu_expert_products, dense_linear
 
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
@@ -58,14 +60,17 @@ class TorchRunner(MoERunner):
         # received tokens is faster when fewer pairs than experts are routed
         grouped = experts.grouped and n_valid and (hidden.device.type != "cpu"
                                                    or n_valid >= experts.num_experts)
-        if grouped:
+        # float32 on the CPU without an activation format: every expert in one C call
+        y = (cpu_expert_products(x, counts, experts.w13, experts.w2)
+             if act is None and n_valid and hidden.device.type == "cpu" else None)
+        if y is None and grouped:
             offs = counts.cumsum(0).to(torch.int32)
             gu = _grouped_mm(x, experts.w13.transpose(1, 2), offs=offs)
             mid = F.silu(gu[:, :inter]) * gu[:, inter:]
             y = _grouped_mm(mid if act is None else act[1](mid), experts.w2.transpose(1, 2),
                             offs=offs)
-        else:  # (a few rows on CPU: the weight-streaming product); every expert's gate/up
-            # first, so a format's rounding of the down inputs is one call
+        elif y is None:  # (a few rows on CPU: the weight-streaming product); every expert's
+            # gate/up first, so a format's rounding of the down inputs is one call
             runs = [(e, n) for e, n in enumerate(counts.tolist()) if n]
             mid = torch.empty((x.shape[0], inter), dtype=x.dtype, device=x.device)
             start = 0

@@ -43,7 +43,9 @@ def default_config(tokens: int, num_experts: int, dtype: torch.dtype) -> dict[st
 
 
 #: matrix-vector launch parameters (gate/up and down projections)
-GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8)  # best of the H200 sweep at 1 token
+#: (acc2d, summing each output once after its K loop, is in the sweep but not yet measured on
+#: an H200)
+GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8, acc2d=False)  # best of the H200 sweep
 
 
 def table_name(num_experts: int, width: int, device: str, dtype: torch.dtype) -> str:
@@ -109,7 +111,8 @@ class TritonRunner(MoERunner):
             down = torch.empty(t * k, h, dtype=x.dtype, device=x.device)
             pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                      topk_weights.float().contiguous(), gate_up, down,
-                     **({"block_n": 16, "block_k": 16} if interpreting() else self.gemv))
+                     **({"acc2d": self.gemv.get("acc2d", False), "block_n": 16,
+                         "block_k": 16} if interpreting() else self.gemv))
             return down.view(t, k, h).sum(dim=1).to(hidden.dtype)  # float32 accumulation
         block = self.config_for(experts, t)
         sorted_ids, block_expert, num_padded = align_by_expert(

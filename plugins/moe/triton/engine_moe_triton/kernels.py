@@ -147,7 +147,10 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> None:
 
 @triton.jit
 def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, stride_wn,
-                  stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  ACC2D: tl.constexpr):
+    """ACC2D: products accumulate elementwise over the K loop and are summed once at the end
+    (else each tile's products are summed as they come)."""
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -155,6 +158,7 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
     if expert < 0:
         return
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     x_row = x_ptr + (pair // TOP_K) * stride_x
     w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
     for k0 in range(0, K, BLOCK_K):
@@ -162,15 +166,21 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
         k_ok = offs_k < K
         x = tl.load(x_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        if ACC2D:
+            acc2 += w.to(tl.float32) * x[None, :]
+        else:
+            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    if ACC2D:
+        acc = tl.sum(acc2, axis=1)
     tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
 def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_gu, stride_we,
-                    stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    ACC2D: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
-    from the gate/up row of the pair."""
+    from the gate/up row of the pair. ACC2D as in ``_pair_gemv_up``."""
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -180,6 +190,7 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_g
                  tl.zeros((BLOCK_N,), dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=n_ok)
         return
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     gu_row = gu_ptr + pair * stride_gu
     w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
     for k0 in range(0, I, BLOCK_K):
@@ -189,7 +200,12 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_g
         u = tl.load(gu_row + I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32) * act[None, :], axis=1)
+        if ACC2D:
+            acc2 += w.to(tl.float32) * act[None, :]
+        else:
+            acc += tl.sum(w.to(tl.float32) * act[None, :], axis=1)
+    if ACC2D:
+        acc = tl.sum(acc2, axis=1)
     acc = acc * tl.load(weights_ptr + pair)
     tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
@@ -197,9 +213,10 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_g
 def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
              topk_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, *,
              block_n: int = 32, block_k: int = 128, warps: int = 4,
-             down_block_n: int | None = None, down_block_k: int | None = None) -> None:
+             down_block_n: int | None = None, down_block_k: int | None = None,
+             acc2d: bool = False) -> None:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
-    ``-1`` ids)."""
+    ``-1`` ids). ``acc2d``: sum each output's products once at the end of its K loop."""
     t, k = topk_ids.shape
     pairs = t * k
     _, n13, h = w13.shape
@@ -207,9 +224,10 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     ids = topk_ids.reshape(-1)
     _pair_gemv_up[(pairs, triton.cdiv(n13, block_n))](
         x, w13, gate_up, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1),
-        gate_up.stride(0), TOP_K=k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+        gate_up.stride(0), TOP_K=k, BLOCK_N=block_n, BLOCK_K=block_k, ACC2D=acc2d,
+        num_warps=warps)
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
     _pair_gemv_down[(pairs, triton.cdiv(h, dbn))](
         gate_up, w2, down, ids, topk_weights.reshape(-1), h, inter, gate_up.stride(0),
         w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=dbn,
-        BLOCK_K=min(dbk, triton.next_power_of_2(inter)), num_warps=warps)
+        BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d, num_warps=warps)
