@@ -173,5 +173,6 @@ def test_info_health_and_metrics_routes(main_server) -> None:
     for name in ("engine_requests_total", "engine_generation_tokens_total",
                  "engine_num_queue_requests", "engine_num_running_requests",
                  "engine_time_to_first_token_seconds_bucket",
-                 "engine_inter_token_latency_seconds_bucket", "engine_kv_cache_usage"):
+                 "engine_inter_token_latency_seconds_bucket", "engine_kv_cache_usage",
+                 "engine_kernel_builds_after_ready"):
         assert name in metrics, name

@@ -542,6 +542,10 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
         completion_template = load_completion_template(config.completion_template)
     runtime = start_runtime(config, assembly)
     _set_switch_interval(runtime)
+    if runtime.runner.device.type == "cuda":  # Triton builds from the warm-up on are counted
+        from engine.runtime.kernel_builds import BUILDS
+
+        BUILDS.install()
     watchdog = watch_forwards(runtime.runner, config.watchdog_timeout,
                               config.soft_watchdog_timeout)
     try:
@@ -572,6 +576,11 @@ def run_server(config: ServerConfig, assembly: Assembly) -> int:
                              "%.1f s)", state.model_name, url, now - t0, runtime.load_seconds)
                     log.info("start-up phases (s): %s", ", ".join(
                         f"{name} {sec:.3f}" for name, sec in phases.items()))
+                    from engine.runtime.kernel_builds import BUILDS
+
+                    if BUILDS.installed:
+                        log.info("Triton kernel variants built in the warm-up: %d (a build "
+                                 "after ready is logged as a warning)", BUILDS.mark_ready())
                     if not gc.isenabled():  # off for the start-up (engine.cli.serve)
                         gc.freeze()  # what start-up made lives as long as the server
                         gc.enable()

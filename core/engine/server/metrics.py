@@ -81,6 +81,17 @@ class Metrics:
         for name, (doc, read) in gauges.items():
             g = Gauge(name, doc, labels, registry=r)
             g.labels(model_name).set_function(lambda read=read: float(read(stats())))
+        from engine.runtime.kernel_builds import BUILDS
+
+        for name, doc, read in (
+                ("engine_kernel_builds", "Triton kernel variants built (compiled or loaded "
+                 "from the disk cache) since the warm-up began (GPU).",
+                 lambda: BUILDS.total),
+                ("engine_kernel_builds_after_ready", "Triton kernel variants built after the "
+                 "server turned ready: shapes the warm-up did not cover (GPU).",
+                 lambda: BUILDS.after_ready)):
+            Gauge(name, doc, labels, registry=r).labels(model_name).set_function(
+                lambda read=read: float(read()))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
