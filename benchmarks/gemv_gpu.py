@@ -11,7 +11,8 @@ layers x 32 (the linear layers of one decode step).
     python benchmarks/gemv_gpu.py [--formats bf16,fp8,...] [--rows 1] [--search]
 
 ``--search`` walks the launch configurations (block, split, warps, stages) coordinate by
-coordinate from the module's defaults, for each kernel, and prints the best per (format, shape
+coordinate from the best of the module's default and a few known-good launches, for each
+kernel, and prints the best per (format, shape
 class: :func:`engine.runtime.quant_triton.shape_class`).
 """
 
@@ -145,6 +146,12 @@ def search(fmt: str, impl: str, shapes: list[str], layers: dict, x: dict, cls: s
                 cache[c] = math.inf
         return cache[c]
 
+    if fmt != "int4":  # start from the best of a few known-good launches
+        seeds = [tuple(cfg)] + ([(8, 1024, 1, 4, 3), (16, 512, 2, 4, 3)] if impl == "gemv" else
+                                [(32, 256, 1, 4, 4), (16, 512, 1, 4, 2), (64, 128, 8, 2, 3)])
+        if fmt == "fp8_block":
+            seeds = [c[:1] + (128,) + c[2:] for c in seeds]
+        cfg = list(min(seeds, key=cost))
     for i, values in axes:
         cfg[i] = min(values, key=lambda v: cost(tuple(cfg[:i] + [v] + cfg[i + 1:])))
     best = tuple(cfg)
