@@ -31,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.runtime.quant_triton import (_bits, _finish, _kind, _quantize, _row_scales,
-                                         _slice, _split, _workspace, fp8_from_bits,
-                                         shape_class)
+from engine.runtime.quant_triton import (_bits, _finish, _group_affine, _kind, _quantize,
+                                         _row_scales, _slice, _split, _workspace,
+                                         fp8_from_bits, shape_class)
 
 #: largest row count these kernels serve (more rows: ``tl.dot`` kernels or cuBLAS)
 MAX_ROWS = 4
@@ -144,10 +144,7 @@ def _gemv_affine(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
         words = tl.load(q_rows + (t * SUB + offs_i)[None, :], mask=n_ok[:, None], other=0)
         for j in tl.static_range(PER):
             k0 = t * PACK + j * SUB
-            g = (k0 // GROUP) * N
-            s_ok = n_ok & (offs_n * 0 + k0 < K)  # the padding past K: zero weights
-            s = tl.load(s_ptr + g + offs_n, mask=s_ok, other=0.0)
-            b = tl.load(b_ptr + g + offs_n, mask=s_ok, other=0.0)
+            s, b = _group_affine(s_ptr, b_ptr, k0, N, K, offs_n, n_ok, GROUP)
             bits = ((words >> (j * BITS)) & ((1 << BITS) - 1)) | 0x4B000000
             c = bits.to(tl.float32, bitcast=True) - 8388608.0
             wv = c * s[:, None] + b[:, None]

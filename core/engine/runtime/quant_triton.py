@@ -180,6 +180,16 @@ def _finish(acc, row_s, col_s, pid_n, pid_k, offs_m, offs_n, m_ok, n_ok, bias_pt
 
 
 @triton.jit
+def _group_affine(s_ptr, b_ptr, k0, N, K, offs_n, n_ok, GROUP: tl.constexpr):
+    """The scales and biases [BLOCK_N] of the group holding column ``k0`` (zeros past K: the
+    padding's weights are zero)."""
+    g = (k0 // GROUP) * N
+    s_ok = n_ok & (offs_n * 0 + k0 < K)
+    return (tl.load(s_ptr + g + offs_n, mask=s_ok, other=0.0),
+            tl.load(b_ptr + g + offs_n, mask=s_ok, other=0.0))
+
+
+@triton.jit
 def _affine_mm(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, M, N, K,
                stride_xm, stride_qn, stride_ym,
                BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
@@ -203,10 +213,7 @@ def _affine_mm(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, M, N, K,
             words = tl.load(q_rows + (t * SUB + offs_i)[None, :], mask=n_ok[:, None], other=0)
             for j in tl.static_range(PER):
                 k0 = t * PACK + j * SUB
-                g = (k0 // GROUP) * N
-                s_ok = n_ok & (offs_n * 0 + k0 < K)  # the padding past K: zero weights
-                s = tl.load(s_ptr + g + offs_n, mask=s_ok, other=0.0)
-                b = tl.load(b_ptr + g + offs_n, mask=s_ok, other=0.0)
+                s, b = _group_affine(s_ptr, b_ptr, k0, N, K, offs_n, n_ok, GROUP)
                 c = ((words >> (j * BITS)) & ((1 << BITS) - 1)).to(x_ptr.dtype.element_ty)
                 offs_k = k0 + offs_i
                 if HAS_PERM:
