@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from engine.runtime.quant_triton import (_bits, _finish, _group_affine, _kind, _quantize,
-                                         _row_scales, _slice, _split, _workspace,
+                                         _row_scales, _slice, _split, _workspace, _x_slice,
                                          fp8_from_bits, shape_class)
 
 #: largest row count these kernels serve (more rows: ``tl.dot`` kernels or cuBLAS)
@@ -150,13 +150,7 @@ def _gemv_affine(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
             wv = c * s[:, None] + b[:, None]
             if ROUND:
                 wv = wv.to(x_ptr.dtype.element_ty).to(tl.float32)
-            offs_k = k0 + offs_i
-            if HAS_PERM:
-                src = tl.load(perm_ptr + offs_k, mask=offs_k < K, other=0)
-            else:
-                src = offs_k
-            x = tl.load(x_rows + src[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :],
-                        other=0.0).to(tl.float32)
+            x = _x_slice(x_rows, perm_ptr, k0 + offs_i, m_ok, K, HAS_PERM).to(tl.float32)
             acc += x[:, None, :] * wv[None, :, :]
     one = tl.full((1, 1), 1.0, tl.float32)
     _finish(tl.sum(acc, axis=2), one, one, pid_n, pid_k, offs_m, offs_n, m_ok, n_ok, bias_ptr,

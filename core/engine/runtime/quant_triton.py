@@ -190,6 +190,18 @@ def _group_affine(s_ptr, b_ptr, k0, N, K, offs_n, n_ok, GROUP: tl.constexpr):
 
 
 @triton.jit
+def _x_slice(x_rows, perm_ptr, offs_k, m_ok, K, HAS_PERM: tl.constexpr):
+    """x's columns ``offs_k`` (through the act-order permutation when HAS_PERM; zeros past
+    K)."""
+    if HAS_PERM:
+        src = tl.load(perm_ptr + offs_k, mask=offs_k < K, other=0)
+    else:
+        src = offs_k
+    return tl.load(x_rows + src[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :],
+                   other=0.0)
+
+
+@triton.jit
 def _affine_mm(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, M, N, K,
                stride_xm, stride_qn, stride_ym,
                BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
@@ -215,13 +227,7 @@ def _affine_mm(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, M, N, K,
                 k0 = t * PACK + j * SUB
                 s, b = _group_affine(s_ptr, b_ptr, k0, N, K, offs_n, n_ok, GROUP)
                 c = ((words >> (j * BITS)) & ((1 << BITS) - 1)).to(x_ptr.dtype.element_ty)
-                offs_k = k0 + offs_i
-                if HAS_PERM:
-                    src = tl.load(perm_ptr + offs_k, mask=offs_k < K, other=0)
-                else:
-                    src = offs_k
-                x = tl.load(x_rows + src[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :],
-                            other=0.0)
+                x = _x_slice(x_rows, perm_ptr, k0 + offs_i, m_ok, K, HAS_PERM)
                 part = tl.dot(x, tl.trans(c))
                 xsum = tl.sum(x.to(tl.float32), axis=1)
                 acc += part * s[None, :] + xsum[:, None] * b[None, :]
