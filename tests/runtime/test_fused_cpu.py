@@ -181,3 +181,26 @@ def test_moe_experts_in_one_call(counts):
     alone[first] = 1
     assert torch.equal(fused_cpu.moe_experts(x[:1], alone, w13, w2), got[:1])
     assert fused_cpu.moe_experts(x.double(), c, w13.double(), w2.double()) is None
+
+
+def test_moe_experts_round_the_down_inputs_between_two_calls():
+    """An activation format's rounding of the down projection's inputs runs between the two
+    halves: the result is the down projection of the rounded intermediate."""
+    counts = torch.tensor([2, 0, 1, 3])
+    e, h, inter = 4, 64, 32
+    w13, w2 = torch.randn(e, 2 * inter, h) * 0.2, torch.randn(e, h, inter) * 0.2
+    x = torch.randn(int(counts.sum()), h)
+    seen = []
+
+    def round_mid(mid):
+        seen.append(mid.clone())
+        return torch.round(mid * 4) / 4
+    got = fused_cpu.moe_experts(x, counts, w13, w2, round_mid)
+    want, start = [], 0
+    for i, n in enumerate(counts.tolist()):
+        gu = x[start:start + n].double() @ w13[i].double().T
+        mid = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+        assert torch.allclose(seen[0][start:start + n].double(), mid, atol=1e-4)
+        want.append(torch.round(seen[0][start:start + n] * 4).double() / 4 @ w2[i].double().T)
+        start += n
+    assert torch.allclose(got.double(), torch.cat(want), atol=1e-4, rtol=1e-4)

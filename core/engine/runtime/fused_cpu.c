@@ -277,13 +277,15 @@ void engine_cpu_silu_and_mul(const float *x, int64_t sx, float *out, int64_t so,
  * y rows = mid @ w2[e]^T ([hidden] outputs). Only the experts that received rows are read,
  * each weight row once for all of its run's rows; the work items (a run and a chunk of its
  * output rows) are spread over the threads, so a step's few rows per expert still keep every
- * core streaming weights. The runs cover rows 0.. in order; gu [*, 2 * inter] and
- * mid [*, inter] are scratch. */
+ * core streaming weights. The runs cover rows 0.. in order; gu [*, 2 * inter] is scratch.
+ * phases: 1 gate/up into mid [*, inter], 2 down from mid, 3 both in one parallel region (a
+ * caller that rounds mid in between makes two calls). */
 #define MOE_CHUNK 16
 
 void engine_cpu_moe_f32(const float *x, int64_t hidden, int64_t inter, const int64_t *eid,
                         const int64_t *start, const int64_t *count, int64_t runs,
-                        const float *w13, const float *w2, float *gu, float *mid, float *y) {
+                        const float *w13, const float *w2, float *gu, float *mid, float *y,
+                        int phases) {
     const int64_t n1 = 2 * inter, c1 = (n1 + MOE_CHUNK - 1) / MOE_CHUNK;
     const int64_t c2 = (hidden + MOE_CHUNK - 1) / MOE_CHUNK;
     int64_t rows = 0;
@@ -291,7 +293,7 @@ void engine_cpu_moe_f32(const float *x, int64_t hidden, int64_t inter, const int
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
-        for (int64_t it = 0; it < runs * c1; it++) {
+        for (int64_t it = 0; it < (phases & 1 ? runs * c1 : 0); it++) {
             const int64_t r = it / c1, o0 = (it % c1) * MOE_CHUNK;
             const int64_t o1 = o0 + MOE_CHUNK < n1 ? o0 + MOE_CHUNK : n1;
             const float *w = w13 + eid[r] * n1 * hidden;
@@ -299,10 +301,10 @@ void engine_cpu_moe_f32(const float *x, int64_t hidden, int64_t inter, const int
                 dots(w + o * hidden, x, hidden, hidden, start[r], count[r], gu + o, n1);
         }
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < rows; i++)
+        for (int64_t i = 0; i < (phases & 1 ? rows : 0); i++)
             engine_cpu_silu_and_mul(gu + i * n1, n1, mid + i * inter, inter, 1, inter);
 #pragma omp for schedule(static)
-        for (int64_t it = 0; it < runs * c2; it++) {
+        for (int64_t it = 0; it < (phases & 2 ? runs * c2 : 0); it++) {
             const int64_t r = it / c2, o0 = (it % c2) * MOE_CHUNK;
             const int64_t o1 = o0 + MOE_CHUNK < hidden ? o0 + MOE_CHUNK : hidden;
             const float *w = w2 + eid[r] * hidden * inter;

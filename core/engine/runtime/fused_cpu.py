@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from typing import Callable
 
 import torch
 
@@ -54,7 +55,8 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_gemv_f32.restype = None
     lib.engine_cpu_fq_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _P, _P, _I, _F, _F, _I, _I]
     lib.engine_cpu_fq_gemv_f32.restype = None
-    lib.engine_cpu_moe_f32.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P]
+    lib.engine_cpu_moe_f32.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P,
+                                       ctypes.c_int]
     lib.engine_cpu_moe_f32.restype = None
     return lib
 
@@ -184,14 +186,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     return out.reshape(*x.shape[:-1], n)
 
 
-def moe_experts(x: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor,
-                w2: torch.Tensor) -> torch.Tensor | None:
+def moe_experts(x: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                round_mid: Callable[[torch.Tensor], torch.Tensor] | None = None
+                ) -> torch.Tensor | None:
     """The routed experts' products for rows sorted by expert, in one call: ``x`` [P, hidden]
     float32, ``counts`` [E] rows per expert (in order), ``w13`` [E, 2 * inter, hidden] (gate
     then up), ``w2`` [E, hidden, inter]; returns ``silu(gate) * up @ w2[e]^T`` per row
     [P, hidden]. Only experts with rows are read, each weight row once for all of its rows.
-    Each output is one dot product (equal to torch's within float32 rounding). None where it
-    does not apply (not float32 CPU contiguous tensors, or no kernels)."""
+    ``round_mid`` (an activation format's rounding of the down projection's inputs) splits it
+    into two calls with the rounding between. Each output is one dot product (equal to
+    torch's within float32 rounding). None where it does not apply (not float32 CPU contiguous
+    tensors, or no kernels)."""
     if not (enabled(x) and w13.dtype == torch.float32 and w2.dtype == torch.float32
             and w13.device.type == "cpu" and w13.is_contiguous() and w2.is_contiguous()):
         return None
@@ -205,9 +210,17 @@ def moe_experts(x: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor,
     gu = torch.empty(rows, 2 * inter, dtype=torch.float32)
     mid = torch.empty(rows, inter, dtype=torch.float32)
     y = torch.empty(rows, hidden, dtype=torch.float32)
-    _library().engine_cpu_moe_f32(x.data_ptr(), hidden, inter, eid.data_ptr(), start.data_ptr(),
-                                  n.data_ptr(), eid.numel(), w13.data_ptr(), w2.data_ptr(),
-                                  gu.data_ptr(), mid.data_ptr(), y.data_ptr())
+
+    def call(mid: torch.Tensor, phases: int) -> None:
+        _library().engine_cpu_moe_f32(x.data_ptr(), hidden, inter, eid.data_ptr(),
+                                      start.data_ptr(), n.data_ptr(), eid.numel(),
+                                      w13.data_ptr(), w2.data_ptr(), gu.data_ptr(),
+                                      mid.data_ptr(), y.data_ptr(), phases)
+    if round_mid is None:
+        call(mid, 3)
+    else:
+        call(mid, 1)
+        call(round_mid(mid).to(torch.float32).contiguous(), 2)
     return y
 
 

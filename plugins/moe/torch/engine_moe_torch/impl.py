@@ -3,7 +3,7 @@ down projections as grouped GEMMs over the sorted rows, weight and scatter-add b
 activation-quantized format's rounding (``experts.act_quant``) is applied to the rows before
 each projection.
 
-On the CPU in float32 (no activation format) the core's one-call expert product serves them
+On the CPU in float32 the core's one-call expert product serves them
 (``cpu_expert_products``: only the experts that received rows are read, each weight row once for
 all of its rows). Otherwise ``torch.nn.functional.grouped_mm`` serves the GEMMs where this
 torch has it for the device and dtype (CPU float32/bfloat16; CUDA bfloat16 on SM90+ with
@@ -60,9 +60,10 @@ class TorchRunner(MoERunner):
         # received tokens is faster when fewer pairs than experts are routed
         grouped = experts.grouped and n_valid and (hidden.device.type != "cpu"
                                                    or n_valid >= experts.num_experts)
-        # float32 on the CPU without an activation format: every expert in one C call
-        y = (cpu_expert_products(x, counts, experts.w13, experts.w2)
-             if act is None and n_valid and hidden.device.type == "cpu" else None)
+        # float32 on the CPU: every expert in one C call (two around a format's rounding)
+        y = (cpu_expert_products(x, counts, experts.w13, experts.w2,
+                                 None if act is None else act[1])
+             if n_valid and hidden.device.type == "cpu" else None)
         if y is None and grouped:
             offs = counts.cumsum(0).to(torch.int32)
             gu = _grouped_mm(x, experts.w13.transpose(1, 2), offs=offs)
