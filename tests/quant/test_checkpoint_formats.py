@@ -481,3 +481,16 @@ def test_nvfp4_row_rounding_in_c_equals_the_torch_ops():
     x[1, 16:32] = 0
     x[2, 40] = 1e4  # one outlier: most blocks of that row fall below e4m3's normal range
     assert torch.equal(fused_cpu.fake_quant_nvfp4_rows(x), qf.fake_quant_nvfp4(x, per_row=True))
+
+
+def test_online_fp8_keeps_the_parameters_on_the_weights_device():
+    """Online quantization after loading makes its fp8 weight and scales where the dense weight
+    was (a GPU's, in serving; the meta device here), whatever torch's default device is."""
+    from engine.runtime.linear import Linear
+    from engine.runtime.quant_methods import Fp8Method
+
+    with torch.device("meta"):
+        layer = Linear(64, 32, dtype=torch.float32, quant_method=Fp8Method(online=True))
+    layer.process_weights_after_loading()
+    assert {p.device.type for p in layer.parameters()} == {"meta"}
+    assert layer.weight.shape == (32, 64)  # (off a GPU it is kept dequantized)

@@ -68,16 +68,19 @@ def is_excluded(name: str, patterns: Sequence[str]) -> bool:
 
 
 def add_param(layer: Linear, name: str, shape: Sequence[int], dtype: torch.dtype,
-              dim: int | None = 0, extent: Callable[[int], int] | None = None) -> nn.Parameter:
+              dim: int | None = 0, extent: Callable[[int], int] | None = None,
+              device: torch.device | None = None) -> nn.Parameter:
     """Register a checkpoint tensor of ``layer`` whose ``weight_loader`` places each fused shard.
 
     ``dim``: the tensor's output-feature dimension (``None``: one tensor shared by every shard,
     such as a ``g_idx``); ``extent(n)``: how long a shard of ``n`` output features is along
     ``dim`` (packed codes: ``n // 8``; a per-tensor scale: ``1``). Shapes and dtype kinds are
     checked; a mismatch is a :class:`ConfigError` the loader prefixes with the tensor's name.
+    ``device``: where the tensor lives (default: torch's current default device).
     """
     ext = extent or (lambda n: n)
-    param = nn.Parameter(torch.zeros(tuple(shape), dtype=dtype), requires_grad=False)
+    param = nn.Parameter(torch.zeros(tuple(shape), dtype=dtype, device=device),
+                         requires_grad=False)
 
     def load(param: nn.Parameter, tensor: torch.Tensor, offset: int, size: int | None) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -411,10 +414,10 @@ class Fp8Method(LayerMethod):
         w = layer.weight.data.to(torch.float32)
         scale = w.abs().amax(1, keepdim=True).clamp(min=1e-12) / qf.FP8_MAX[self.fp8]
         del layer.weight
-        # the parameters where the weight is (a GPU's: add_param makes them on the CPU)
-        add_param(layer, "weight", tuple(w.shape), self.fp8).data = qf.quantize_fp8(
-            w, scale, self.fp8)
-        add_param(layer, self.scale_name, tuple(scale.shape), torch.float32).data = scale
+        add_param(layer, "weight", tuple(w.shape), self.fp8, device=w.device).data.copy_(
+            qf.quantize_fp8(w, scale, self.fp8))
+        add_param(layer, self.scale_name, tuple(scale.shape), torch.float32,
+                  device=w.device).data.copy_(scale)
 
     def expert_weight(self, layer: Linear) -> torch.Tensor:
         if self.online:
