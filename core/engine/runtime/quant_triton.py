@@ -411,7 +411,8 @@ def _rows_block(m: int) -> int:
 
 
 #: (BLOCK_N, TILES, warps, stages) per row block (a tile is 32/bits slices of SUB columns),
-#: chosen on an H200 by ``benchmarks/quant_gpu.py --sweep``
+#: chosen on an H200 by a sweep of an earlier ``benchmarks/quant_gpu.py`` (from 5 rows; up
+#: to 4 rows :func:`engine.runtime.gemv_triton.gemv_affine` serves)
 AFFINE_CONFIGS = {16: (16, 1, 4, 3), 32: (64, 1, 4, 3), 64: (128, 1, 4, 3)}
 #: (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) of the ``tl.dot`` kernel per row block (split
 #: only when one block holds every row)
