@@ -41,6 +41,8 @@ MAX_ROWS = 4
 #: (``ENGINE_GEMV_DENSE_ROWS``; 0 by default: on an H200 one row is on par with cuBLAS, four
 #: rows half its speed)
 DENSE_ROWS = min(MAX_ROWS, int(os.environ.get("ENGINE_GEMV_DENSE_ROWS", "0")))
+
+
 @triton.jit
 def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
           stride_xm, stride_wn, stride_wsn, stride_ym, split_k,
@@ -238,6 +240,5 @@ def gemv_affine(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
         x, q, scale, bias_, perm if perm is not None else q, bias if bias is not None else y, y,
         part, cnt, m, n, k, x.stride(0), q.stride(0), y.stride(0), split, BITS=bits, GROUP=group,
         SUB=sub, HAS_PERM=perm is not None, HAS_BIAS=bias is not None, ROUND=round_weights,
-        BLOCK_M=bm, BLOCK_N=bn, SPLIT=split > 1, num_warps=warps,
-        num_stages=stages)
+        BLOCK_M=bm, BLOCK_N=bn, SPLIT=split > 1, num_warps=warps, num_stages=stages)
     return y
