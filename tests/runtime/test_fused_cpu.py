@@ -204,3 +204,26 @@ def test_moe_experts_round_the_down_inputs_between_two_calls():
         want.append(torch.round(seen[0][start:start + n] * 4).double() / 4 @ w2[i].double().T)
         start += n
     assert torch.allclose(got.double(), torch.cat(want), atol=1e-4, rtol=1e-4)
+
+
+def test_moe_routed_is_the_weighted_sum_of_the_chosen_experts():
+    """From the router's choice: every (token, slot) pair through its expert, weighted, the
+    slots added; an id outside the rank's experts (-1) adds nothing; a token's output does not
+    depend on the other tokens."""
+    e, h, inter, t, k = 16, 64, 40, 5, 4
+    w13, w2 = torch.randn(e, 2 * inter, h) * 0.2, torch.randn(e, h, inter) * 0.2
+    x = torch.randn(t, h)
+    ids = torch.stack([torch.randperm(e)[:k] for _ in range(t)])
+    ids[1, 2] = -1
+    w = torch.rand(t, k)
+    got = fused_cpu.moe_routed(x, ids, w, w13, w2)
+    want = torch.zeros(t, h, dtype=torch.float64)
+    for i in range(t):
+        for j in range(k):
+            if ids[i, j] < 0:
+                continue
+            gu = x[i].double() @ w13[ids[i, j]].double().T
+            mid = torch.nn.functional.silu(gu[:inter]) * gu[inter:]
+            want[i] += w[i, j].double() * (mid @ w2[ids[i, j]].double().T)
+    assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(fused_cpu.moe_routed(x[3:4], ids[3:4], w[3:4], w13, w2), got[3:4])

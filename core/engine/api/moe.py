@@ -21,10 +21,11 @@ import torch
 
 from engine.models.moe import ExpertWeights, route, torch_reference
 from engine.runtime.fused_cpu import moe_experts as cpu_expert_products
+from engine.runtime.fused_cpu import moe_routed as cpu_routed_experts
 from engine.runtime.linear import dense_linear
 
 __all__ = ["ExpertWeights", "LocalAllToAll", "MoEAllToAll", "MoERunner", "cpu_expert_products",
-           "dense_linear", "route", "torch_reference"]
+           "cpu_routed_experts", "dense_linear", "route", "torch_reference"]
 
 
 class MoERunner(ABC):

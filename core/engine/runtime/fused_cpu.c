@@ -314,6 +314,58 @@ void engine_cpu_moe_f32(const float *x, int64_t hidden, int64_t inter, const int
     }
 }
 
+/* A whole routed-experts layer from the router's choice: topk_ids / topk_w [t, k] (ids < 0:
+ * not an expert of this rank, skipped). The (token, slot) pairs are sorted by expert (stable
+ * counting sort), their rows gathered, engine_cpu_moe_f32 runs every expert, and
+ * out[t] = sum over slots, in slot order, of w[t, j] * y[pair]. Scratch: xs [t*k, hidden],
+ * gu [t*k, 2 * inter], mid [t*k, inter], y [t*k, hidden]; ints [4 * e + 2 * t * k]. */
+void engine_cpu_moe_routed_f32(const float *x, int64_t t, int64_t k, int64_t hidden,
+                               int64_t inter, int64_t e, const int64_t *ids, const float *tw,
+                               const float *w13, const float *w2, float *xs, float *gu,
+                               float *mid, float *y, int64_t *ints, float *out) {
+    int64_t *cnt = ints, *eid = ints + e, *start = ints + 2 * e, *count = ints + 3 * e;
+    int64_t *pos = ints + 4 * e, *src = pos + t * k;
+    for (int64_t i = 0; i < e; i++) cnt[i] = 0;
+    for (int64_t p = 0; p < t * k; p++)
+        if (ids[p] >= 0 && ids[p] < e) cnt[ids[p]]++;
+    int64_t runs = 0, rows = 0;
+    for (int64_t i = 0; i < e; i++) {
+        if (cnt[i]) {
+            eid[runs] = i;
+            start[runs] = rows;
+            runs++;
+        }
+        const int64_t c = cnt[i];
+        cnt[i] = rows; /* now the next free row of expert i */
+        rows += c;
+    }
+    for (int64_t p = 0; p < t * k; p++) {
+        pos[p] = -1;
+        if (ids[p] >= 0 && ids[p] < e) {
+            pos[p] = cnt[ids[p]]++;
+            src[pos[p]] = p / k;
+        }
+    }
+    for (int64_t r = 0; r < runs; r++)
+        count[r] = (r + 1 < runs ? start[r + 1] : rows) - start[r];
+#pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
+    for (int64_t i = 0; i < rows; i++)
+        memcpy(xs + i * hidden, x + src[i] * hidden, (size_t)hidden * sizeof(float));
+    engine_cpu_moe_f32(xs, hidden, inter, eid, start, count, runs, w13, w2, gu, mid, y, 3);
+#pragma omp parallel for schedule(static) if (t >= PAR_ROWS)
+    for (int64_t i = 0; i < t; i++) {
+        float *o = out + i * hidden;
+        for (int64_t c = 0; c < hidden; c++) o[c] = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            const int64_t q = pos[i * k + j];
+            if (q < 0) continue;
+            const float wj = tw[i * k + j];
+            const float *yr = y + q * hidden;
+            for (int64_t c = 0; c < hidden; c++) o[c] += wj * yr[c];
+        }
+    }
+}
+
 /* K/V storage types of the pool: float32, IEEE half, bfloat16 (16-bit values converted to
  * float32 as they are read; products and sums stay float32). */
 enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };

@@ -58,6 +58,9 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_moe_f32.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P,
                                        ctypes.c_int]
     lib.engine_cpu_moe_f32.restype = None
+    lib.engine_cpu_moe_routed_f32.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P,
+                                              _P, _P, _P, _P]
+    lib.engine_cpu_moe_routed_f32.restype = None
     return lib
 
 
@@ -222,6 +225,37 @@ def moe_experts(x: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor, w2: to
         call(mid, 1)
         call(round_mid(mid).to(torch.float32).contiguous(), 2)
     return y
+
+
+def moe_routed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+               w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor | None:
+    """A routed-experts layer from the router's choice in one call: ``x`` [T, hidden] float32,
+    ``topk_ids`` [T, k] (ids outside ``0..E-1``: not this rank's, they add nothing),
+    ``topk_weights`` [T, k]; returns ``sum_j w[t, j] * expert_{ids[t, j]}(x[t])`` [T, hidden]
+    (float32, the slots added in order). The pairs are sorted by expert in C and
+    :func:`moe_experts`'s product runs them; no torch op runs in between. None where it does not
+    apply (as :func:`moe_experts`)."""
+    if not (enabled(x) and w13.dtype == torch.float32 and w2.dtype == torch.float32
+            and w13.device.type == "cpu" and w13.is_contiguous() and w2.is_contiguous()):
+        return None
+    x = x.contiguous()
+    t, k = topk_ids.shape
+    e, _, hidden = w13.shape
+    inter = w2.shape[2]
+    ids = topk_ids.to(torch.int64).contiguous()
+    tw = topk_weights.to(torch.float32).contiguous()
+    pairs = t * k
+    xs = torch.empty(pairs, hidden, dtype=torch.float32)
+    gu = torch.empty(pairs, 2 * inter, dtype=torch.float32)
+    mid = torch.empty(pairs, inter, dtype=torch.float32)
+    y = torch.empty(pairs, hidden, dtype=torch.float32)
+    ints = torch.empty(4 * e + 2 * pairs, dtype=torch.int64)
+    out = torch.empty(t, hidden, dtype=torch.float32)
+    _library().engine_cpu_moe_routed_f32(
+        x.data_ptr(), t, k, hidden, inter, e, ids.data_ptr(), tw.data_ptr(), w13.data_ptr(),
+        w2.data_ptr(), xs.data_ptr(), gu.data_ptr(), mid.data_ptr(), y.data_ptr(),
+        ints.data_ptr(), out.data_ptr())
+    return out
 
 
 def _static_scale(scale: torch.Tensor | None) -> float | None:

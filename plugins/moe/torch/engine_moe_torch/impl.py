@@ -3,9 +3,11 @@ down projections as grouped GEMMs over the sorted rows, weight and scatter-add b
 activation-quantized format's rounding (``experts.act_quant``) is applied to the rows before
 each projection.
 
-On the CPU in float32 the core's one-call expert product serves them
-(``cpu_expert_products``: only the experts that received rows are read, each weight row once for
-all of its rows). Otherwise ``torch.nn.functional.grouped_mm`` serves the GEMMs where this
+On the CPU in float32 the core's C kernels serve them. Without an activation format the whole
+layer is one call from the router's choice (``cpu_routed_experts``: sort, gather, experts,
+weighted sum); with one, the sorted rows go through ``cpu_expert_products`` around the
+format's roundings. Both read only the experts that received rows, each weight row once for
+all of its rows. Otherwise ``torch.nn.functional.grouped_mm`` serves the GEMMs where this
 torch has it for the device and dtype (CPU float32/bfloat16; CUDA bfloat16 on SM90+ with
 16-byte aligned widths), or one matmul per expert that received tokens.
 """
@@ -18,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.api import hookimpl
-from engine.api.moe import ExpertWeights, MoERunner, cpu_expert_products, dense_linear
+from engine.api.moe import (ExpertWeights, MoERunner, cpu_expert_products, cpu_routed_experts,
+                            dense_linear)
 
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
@@ -41,6 +44,11 @@ class TorchRunner(MoERunner):
 
     def apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
               topk_weights: torch.Tensor) -> torch.Tensor:
+        act = experts.act_quant  # an activation-quantized format's rounding of the rows
+        if act is None and hidden.device.type == "cpu":  # float32: the whole layer in C
+            out = cpu_routed_experts(hidden, topk_ids, topk_weights, experts.w13, experts.w2)
+            if out is not None:
+                return out.to(hidden.dtype)
         t, k = topk_ids.shape
         flat = topk_ids.reshape(-1).long()
         valid = flat >= 0
@@ -48,7 +56,6 @@ class TorchRunner(MoERunner):
         n_valid = int(valid.sum())
         order = order[:n_valid]
         token = order // k
-        act = experts.act_quant  # an activation-quantized format's rounding of the rows
         x = hidden.index_select(0, token)
         if act is not None:
             x = act[0](x)
