@@ -63,8 +63,9 @@ def nbytes(t: dict) -> int:
     return sum(v.numel() * v.element_size() for v in t.values())
 
 
-#: the launches of the kernels before these (the ``tl.dot`` kernel, one row padded to 16)
-OLD = {"a16": (16, 512, 1, 4, 2), "a8": (16, 512, 1, 4, 2), "block": (16, 128, 1, 2, 4)}
+#: the launches the kernels before these used for one row (the ``tl.dot`` kernel, the row
+#: padded to 16: the 16-row entries of the launch tables then)
+OLD = {"a16": (32, 256, 1, 4, 4), "a8": (32, 256, 1, 4, 4), "block": (32, 128, 1, 4, 4)}
 
 
 def w8_kind(fmt: str) -> str:
