@@ -330,12 +330,12 @@ void engine_cpu_moe_routed_f32(const float *x, int64_t t, int64_t k, int64_t hid
         if (ids[p] >= 0 && ids[p] < e) cnt[ids[p]]++;
     int64_t runs = 0, rows = 0;
     for (int64_t i = 0; i < e; i++) {
-        if (cnt[i]) {
+        const int64_t c = cnt[i];
+        if (c) {
             eid[runs] = i;
             start[runs] = rows;
-            runs++;
+            count[runs++] = c;
         }
-        const int64_t c = cnt[i];
         cnt[i] = rows; /* now the next free row of expert i */
         rows += c;
     }
@@ -346,8 +346,6 @@ void engine_cpu_moe_routed_f32(const float *x, int64_t t, int64_t k, int64_t hid
             src[pos[p]] = p / k;
         }
     }
-    for (int64_t r = 0; r < runs; r++)
-        count[r] = (r + 1 < runs ? start[r + 1] : rows) - start[r];
 #pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
     for (int64_t i = 0; i < rows; i++)
         memcpy(xs + i * hidden, x + src[i] * hidden, (size_t)hidden * sizeof(float));

@@ -189,6 +189,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     return out.reshape(*x.shape[:-1], n)
 
 
+def _experts_apply(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether the expert kernels serve these: float32 CPU tensors, contiguous weights."""
+    return (enabled(x) and w13.dtype == torch.float32 and w2.dtype == torch.float32
+            and w13.device.type == "cpu" and w13.is_contiguous() and w2.is_contiguous())
+
+
 def moe_experts(x: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                 round_mid: Callable[[torch.Tensor], torch.Tensor] | None = None
                 ) -> torch.Tensor | None:
@@ -200,8 +206,7 @@ def moe_experts(x: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor, w2: to
     into two calls with the rounding between. Each output is one dot product (equal to
     torch's within float32 rounding). None where it does not apply (not float32 CPU contiguous
     tensors, or no kernels)."""
-    if not (enabled(x) and w13.dtype == torch.float32 and w2.dtype == torch.float32
-            and w13.device.type == "cpu" and w13.is_contiguous() and w2.is_contiguous()):
+    if not _experts_apply(x, w13, w2):
         return None
     x = x.contiguous()
     hidden, inter = x.shape[1], w2.shape[2]
@@ -235,8 +240,7 @@ def moe_routed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     (float32, the slots added in order). The pairs are sorted by expert in C and
     :func:`moe_experts`'s product runs them; no torch op runs in between. None where it does not
     apply (as :func:`moe_experts`)."""
-    if not (enabled(x) and w13.dtype == torch.float32 and w2.dtype == torch.float32
-            and w13.device.type == "cpu" and w13.is_contiguous() and w2.is_contiguous()):
+    if not _experts_apply(x, w13, w2):
         return None
     x = x.contiguous()
     t, k = topk_ids.shape

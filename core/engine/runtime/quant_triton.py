@@ -405,7 +405,6 @@ def _split(split: int, n: int, bn: int, rows: int) -> int:
     return split
 
 
-
 def _rows_block(m: int) -> int:
     return 16 if m <= 16 else 32 if m <= 32 else 64
 

@@ -67,10 +67,10 @@ class TorchRunner(MoERunner):
         # received tokens is faster when fewer pairs than experts are routed
         grouped = experts.grouped and n_valid and (hidden.device.type != "cpu"
                                                    or n_valid >= experts.num_experts)
-        # float32 on the CPU: every expert in one C call (two around a format's rounding)
-        y = (cpu_expert_products(x, counts, experts.w13, experts.w2,
-                                 None if act is None else act[1])
-             if n_valid and hidden.device.type == "cpu" else None)
+        # float32 on the CPU with an activation format (without one the whole layer went to
+        # C above): every expert in two C calls around the format's rounding
+        y = (cpu_expert_products(x, counts, experts.w13, experts.w2, act[1])
+             if act is not None and n_valid and hidden.device.type == "cpu" else None)
         if y is None and grouped:
             offs = counts.cumsum(0).to(torch.int32)
             gu = _grouped_mm(x, experts.w13.transpose(1, 2), offs=offs)
