@@ -258,3 +258,25 @@ def test_an_eagle2_tree_from_a_head_that_copies_the_target_is_lossless_and_accep
     assert ids == reference[1]
     for out in last:
         assert out.spec_accepted_tokens >= out.spec_verify_ct - 1
+
+
+@pytest.mark.parametrize("topk", [1, 3])
+def test_verify_rows_padded_for_a_captured_graph_give_the_same_output(files, reference, topk):
+    """Verify rows padded to the width, as the verify step pads them when a captured graph
+    will replay the forward (padding nodes write the reserved slot 0 and are seen by no real
+    node), leave the greedy output as it is on the real model (torch_native, CPU)."""
+    steps, width = (3, 4) if topk == 1 else (3, 3 * topk + 1)
+    sched = scheduler(files["target"], speculative_algorithm="eagle",
+                      speculative_draft_model_path=files["eagle"], speculative_num_steps=steps,
+                      speculative_eagle_topk=topk, speculative_num_draft_tokens=width)
+    sched.runner.verify_graph_width = lambda batch_size: width
+    seen = []
+    forward = sched.runner.forward
+    sched.runner.forward = lambda b: seen.append((b.mode.value, b.extend_lens_cpu)) or \
+        forward(b)
+    ids, _ = generate(sched)
+    assert ids == reference[0]
+    verify = [ext for mode, ext in seen if mode == "verify"]
+    assert verify and all(set(ext) == {width} for ext in verify)
+    sched.cache.flush()
+    assert sched.allocator.free_tokens == sched.allocator.capacity_tokens

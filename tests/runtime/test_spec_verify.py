@@ -71,30 +71,44 @@ class StandIn:
             row[next_token(seq)] = 10.0
         return row
 
+    def verify_graph_width(self, batch_size: int) -> int:
+        """As a runner with verify graphs of width ``pad`` (0: none): rows come padded."""
+        return self.pad
+
+    pad = 0
+
     def forward(self, batch: Batch) -> torch.Tensor:
-        assert (batch.out_cache_loc > 0).all(), "slot 0 is reserved"
+        real = torch.zeros(batch.num_tokens, dtype=torch.bool)
+        real[batch.logits_indices if batch.mode is ForwardMode.VERIFY else slice(None)] = True
+        assert (batch.out_cache_loc[real] > 0).all(), "slot 0 is reserved"
+        assert (batch.out_cache_loc[~real] == 0).all(), "padding nodes write slot 0"
         if batch.mode is ForwardMode.VERIFY:
             self.verify_batches.append(batch)
+            if self.pad and set(batch.extend_lens_cpu) != {self.pad}:  # only near the end
+                assert max(batch.prefix_lens_cpu) + self.pad > self.req_to_token.shape[1]
         self.pool.store[batch.out_cache_loc] = batch.input_ids
         out = []
         starts = torch.cumsum(batch.extend_lens, 0) - batch.extend_lens
         for i in range(batch.batch_size):
             row, pre, n = (int(batch.req_pool_indices[i]), batch.prefix_lens_cpu[i],
                            batch.extend_lens_cpu[i])
-            slots = self.req_to_token[row, :pre + n]
+            first = int(starts[i])
+            n_real = int(real[first:first + n].sum())
+            assert real[first:first + n_real].all(), "padding follows the real nodes"
+            slots = self.req_to_token[row, :pre + n_real]
             prefix = self.pool.store[slots[:pre]].tolist()
-            new = batch.input_ids[int(starts[i]):int(starts[i]) + n].tolist()
-            assert self.pool.store[slots[pre:]].tolist() == new, "new tokens at their slots"
+            new = batch.input_ids[first:first + n].tolist()
+            assert self.pool.store[slots[pre:]].tolist() == new[:n_real], \
+                "new tokens at their slots"
             for j in range(n):
                 if batch.tree_mask is not None:
                     seen = [new[k] for k in range(n) if batch.tree_mask[i, j, k]]
+                    if j < n_real:
+                        assert not batch.tree_mask[i, j, n_real:].any(), "a real node sees padding"
                 else:
                     seen = new[:j + 1]
                 out.append(self.logits_for(prefix + seen))
-        logits = torch.stack(out)
-        if batch.mode is ForwardMode.VERIFY:
-            return logits
-        return logits[batch.logits_indices]
+        return torch.stack(out)[batch.logits_indices]
 
 
 class Oracle(Proposer):
@@ -140,8 +154,9 @@ class Detok:
 
 
 def make_sched(proposer: Proposer, num_slots: int = 512, page_size: int = 1, rows: int = 16,
-               soft: bool = False, **cfg: Any) -> Scheduler:
+               soft: bool = False, pad: int = 0, **cfg: Any) -> Scheduler:
     runner = StandIn(num_slots, page_size, rows, soft=soft)
+    runner.pad = pad
     return Scheduler(ServerConfig(page_size=page_size, **cfg), runner,
                      speculative=SpecDecoder(proposer, runner))
 
@@ -188,9 +203,11 @@ def assert_no_leak(sched: Scheduler) -> None:
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("good,tree", [(0, False), (2, False), (5, False), (2, True),
                                         (5, True)])
-def test_greedy_output_is_the_targets_whatever_the_drafts(page_size, good, tree):
+@pytest.mark.parametrize("pad", [0, 5], ids=["ragged", "padded"])
+def test_greedy_output_is_the_targets_whatever_the_drafts(page_size, good, tree, pad):
+    """``padded``: rows padded to the width, as for a captured verify forward."""
     proposer = Oracle(width=5, good=good, tree=tree)
-    sched = make_sched(proposer, page_size=page_size)
+    sched = make_sched(proposer, page_size=page_size, pad=pad)
     outs: dict[str, list[ReqOutput]] = {}
     reqs = [make_req(p, outs, max_new=13) for p in prompts(6)]
     got = run(sched, reqs, outs)
@@ -200,8 +217,10 @@ def test_greedy_output_is_the_targets_whatever_the_drafts(page_size, good, tree)
     per_step = min(good, 2 if tree else 4)
     assert proposer.verified and max(proposer.verified) == per_step
     assert sched.spec.stats.accepted_tokens == sum(proposer.verified)
-    if tree:
+    if tree or pad:
         assert any(b.tree_mask is not None for b in sched.runner.verify_batches)
+    if pad:
+        assert all(set(b.extend_lens_cpu) == {pad} for b in sched.runner.verify_batches)
     assert_no_leak(sched)
     assert {id(r) for r in proposer.released} >= {id(r) for r in reqs}
 
@@ -262,9 +281,11 @@ def test_drafts_stop_at_max_new_tokens_and_stop_tokens():
     assert_no_leak(sched)
 
 
-def test_overflowing_the_context_while_drafting_ends_with_length():
+@pytest.mark.parametrize("pad", [0, 8], ids=["ragged", "padded"])
+def test_overflowing_the_context_while_drafting_ends_with_length(pad):
     proposer = Oracle(width=8, good=7)
     runner = StandIn(512, 1, ctx=24)
+    runner.pad = pad
     sched = Scheduler(ServerConfig(), runner, speculative=SpecDecoder(proposer, runner))
     outs: dict[str, list[ReqOutput]] = {}
     req = make_req(list(range(1, 11)), outs, max_new=100)
@@ -274,8 +295,9 @@ def test_overflowing_the_context_while_drafting_ends_with_length():
     assert_no_leak(sched)
 
 
-def test_memory_pressure_drops_drafts_and_retracts_without_leaks():
-    sched = make_sched(Oracle(width=6, good=5), num_slots=96, page_size=4, rows=8)
+@pytest.mark.parametrize("pad", [0, 6], ids=["ragged", "padded"])
+def test_memory_pressure_drops_drafts_and_retracts_without_leaks(pad):
+    sched = make_sched(Oracle(width=6, good=5), num_slots=96, page_size=4, rows=8, pad=pad)
     outs: dict[str, list[ReqOutput]] = {}
     ps = prompts(6)
     reqs = [make_req(p, outs, max_new=14) for p in ps]

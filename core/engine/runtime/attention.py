@@ -128,6 +128,9 @@ class AttentionBackend(ABC):
     #: True when extend forwards honour ``batch.tree_mask`` (speculative tree verify); a
     #: backend without it can verify chains only (plain causal extend)
     supports_tree_verify: bool = False
+    #: True when speculative verify forwards of a fixed shape can be captured in a CUDA graph
+    #: (see :meth:`prepare_verify_graph`); needs ``supports_tree_verify``
+    supports_verify_graph: bool = False
     #: True when an extend batch costs every request the longest request's length (padded
     #: rows): the scheduler then never mixes a large prefill with one-token decode rows
     pads_extend: bool = False
@@ -151,6 +154,15 @@ class AttentionBackend(ABC):
         tensors the runner refreshes in place (``seq_lens``, ``req_pool_indices``,
         ``req_to_token``...), never on Python values of one step."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def prepare_verify_graph(self, batch: Batch) -> None:
+        """Metadata for a VERIFY batch that is captured once and replayed for every later
+        verify batch of its size: every request has the same number of new tokens
+        (``extend_lens_cpu``), ``tree_mask`` is always given, and the replays refresh in place
+        ``prefix_lens``, ``seq_lens``, ``req_pool_indices``, ``tree_mask`` and
+        ``req_to_token``. The metadata may depend only on the shapes and on those tensors (read
+        on the device), and no host work runs before a replay."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture verify forwards")
 
     def prepare_replay(self, batch: Batch, size: int) -> None:
         """Host work before the graph captured for ``size`` requests replays ``batch`` (at

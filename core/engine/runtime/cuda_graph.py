@@ -6,7 +6,12 @@ a step's inputs into static buffers (padded to the bucket: padded requests read 
 0 and write their K/V into the reserved padding slot 0), replays, and returns the first rows of
 the static logits. A backend that keeps a host-written plan refreshes it before each replay
 (``prepare_replay``). Only decode batches of backends that declare ``supports_cuda_graph`` use
-it; everything else runs eagerly.
+it.
+
+Speculative verify forwards (:class:`VerifyGraphs`) are captured the same way for backends that
+declare ``supports_verify_graph``: a bucket of requests times the verify width, every row padded
+to that width by the verify step (padding nodes write the reserved slot 0 and no real node sees
+them), the tree mask always given. Everything else runs eagerly.
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ from engine.runtime.batch import Batch, ForwardMode
 log = logging.getLogger("engine.runtime")
 
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+
+
+#: verify graphs are captured for batch buckets up to this many tokens (bucket x width): past
+#: it a verify forward is long enough for its launches not to matter
+VERIFY_GRAPH_TOKENS = 1024
 
 
 def graph_buckets(max_batch: int, sizes: Sequence[int] | None = None) -> list[int]:
@@ -112,3 +122,94 @@ class DecodeGraphs:
         self.graphs[size].replay()
         # a copy: graphs share one memory pool, so the next replay may reuse this buffer
         return self.logits[size][:bs].clone()
+
+
+class VerifyGraphs:
+    """Captured speculative verify forwards: ``size`` requests of ``width`` tokens each, for the
+    decode buckets up to ``max_batch`` and :data:`VERIFY_GRAPH_TOKENS` tokens. A batch comes
+    padded by the verify step (every row ``width`` tokens, ``tree_mask`` [B, width, width]);
+    the result is the logits of its ``logits_indices`` (the real nodes)."""
+
+    def __init__(self, forward: Callable[[Batch], torch.Tensor], backend: AttentionBackend,
+                 req_to_token: torch.Tensor, max_batch: int, width: int,
+                 sizes: Sequence[int] | None = None, pool: object = None) -> None:
+        self.width = w = width
+        self.buckets = [b for b in graph_buckets(max_batch, sizes)
+                        if b * w <= VERIFY_GRAPH_TOKENS] or [1]
+        self.max_batch = n = self.buckets[-1]
+        dev = req_to_token.device
+        self.input_ids = torch.zeros(n * w, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n * w, dtype=torch.int64, device=dev)
+        self.out_cache_loc = torch.zeros(n * w, dtype=torch.int64, device=dev)
+        self.req_pool_indices = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.prefix_lens = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.full((n,), w, dtype=torch.int64, device=dev)
+        self.extend_lens = torch.full((n,), w, dtype=torch.int64, device=dev)
+        self.tree_mask = torch.eye(w, dtype=torch.bool, device=dev).repeat(n, 1, 1)
+        self.rows = torch.arange(n * w, dtype=torch.int64, device=dev)
+        self.req_to_token = req_to_token
+        self.backend = backend
+        self.graphs: dict[int, object] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        t0 = time.monotonic()
+        for size in reversed(self.buckets):
+            self.graphs[size], self.logits[size] = self._capture(self._static_batch(size),
+                                                                 forward)
+        log.info("captured verify CUDA graphs (width %d) for batch sizes %s in %.1f s", w,
+                 self.buckets, time.monotonic() - t0)
+
+    def _static_batch(self, size: int) -> Batch:
+        t, w = size * self.width, self.width
+        return Batch(
+            mode=ForwardMode.VERIFY, input_ids=self.input_ids[:t], positions=self.positions[:t],
+            out_cache_loc=self.out_cache_loc[:t], req_pool_indices=self.req_pool_indices[:size],
+            seq_lens=self.seq_lens[:size], prefix_lens=self.prefix_lens[:size],
+            extend_lens=self.extend_lens[:size], req_to_token=self.req_to_token,
+            seq_lens_cpu=[w] * size, prefix_lens_cpu=[0] * size, extend_lens_cpu=[w] * size,
+            logits_indices=self.rows[:t], tree_mask=self.tree_mask[:size])
+
+    def _capture(self, batch: Batch, forward: Callable[[Batch], torch.Tensor]
+                 ) -> tuple[object, torch.Tensor]:
+        """The graph of ``forward(batch)`` and its output buffer."""
+        self.backend.prepare_verify_graph(batch)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                forward(batch)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = forward(batch)
+        return graph, logits
+
+    def size_for(self, batch: Batch) -> int:
+        """The bucket that replays ``batch``, or 0 (not padded to the width, or too large)."""
+        bs = batch.batch_size
+        if (bs > self.max_batch or batch.tree_mask is None
+                or batch.num_tokens != bs * self.width):
+            return 0
+        return next(b for b in self.buckets if b >= bs)
+
+    def run(self, batch: Batch, size: int) -> torch.Tensor:
+        """Replay the graph of ``size`` (:meth:`size_for`) over ``batch``; float32 logits of
+        ``batch.logits_indices``."""
+        bs, t = batch.batch_size, batch.num_tokens
+        self.input_ids[:t].copy_(batch.input_ids)
+        self.positions[:t].copy_(batch.positions)
+        self.out_cache_loc[:t].copy_(batch.out_cache_loc)
+        self.req_pool_indices[:bs].copy_(batch.req_pool_indices)
+        self.prefix_lens[:bs].copy_(batch.prefix_lens)
+        self.seq_lens[:bs].copy_(batch.seq_lens)
+        self.tree_mask[:bs].copy_(batch.tree_mask)
+        if size > bs:  # padding requests: row 0 from position 0, K/V into the reserved slot 0
+            end = size * self.width
+            self.input_ids[t:end].zero_()
+            self.positions[t:end].zero_()
+            self.out_cache_loc[t:end].zero_()
+            self.req_pool_indices[bs:size].zero_()
+            self.prefix_lens[bs:size].zero_()
+            self.seq_lens[bs:size].fill_(self.width)
+        self.graphs[size].replay()  # type: ignore[attr-defined]
+        return self.logits[size].index_select(0, batch.logits_indices)

@@ -139,6 +139,8 @@ class ModelRunner:
         if config.enable_deterministic_inference:
             self._make_batch_invariant()
         self.decode_graphs = self._make_decode_graphs()
+        #: captured speculative verify forwards (:meth:`capture_verify_graphs`), or None
+        self.verify_graphs: Any = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -244,15 +246,21 @@ class ModelRunner:
         self.model.row_by_row = True
         log.info("deterministic inference: batch-invariant attention, matmuls and sampling")
 
-    def _make_decode_graphs(self) -> Any:
-        """CUDA graphs for decode steps, when on CUDA, not disabled, and the decode backend
-        supports them (it says so itself); otherwise decode runs eagerly."""
+    def _graphs_allowed(self, kind: str) -> bool:
+        """CUDA graphs may be captured: on CUDA, not disabled, and an MoE runner (if any) that
+        can be captured."""
         if (self.device.type != "cuda" or self.config.disable_cuda_graph
-                or self.config.is_embedding or self.config.enable_deterministic_inference
-                or not self.decode_backend.supports_cuda_graph):
-            return None
+                or self.config.is_embedding or self.config.enable_deterministic_inference):
+            return False
         if self._experts is not None and not self._experts[0].supports_cuda_graph:
-            log.info("decode runs without CUDA graphs: the MoE runner cannot be captured")
+            log.info("%s runs without CUDA graphs: the MoE runner cannot be captured", kind)
+            return False
+        return True
+
+    def _make_decode_graphs(self) -> Any:
+        """CUDA graphs for decode steps, when allowed and the decode backend supports them (it
+        says so itself); otherwise decode runs eagerly."""
+        if not (self.decode_backend.supports_cuda_graph and self._graphs_allowed("decode")):
             return None
         from engine.runtime.cuda_graph import DecodeGraphs
 
@@ -261,6 +269,39 @@ class ModelRunner:
                             self.max_running_requests)
             return DecodeGraphs(lambda b: self._forward(b, prepare=False), self.decode_backend,
                                 self.req_to_token, max_batch, self.config.cuda_graph_bs_decode)
+
+    def capture_verify_graphs(self, width: int) -> None:
+        """CUDA graphs for speculative verify forwards of ``width`` tokens per request (called
+        by the verify step once the proposer's width is known; again when the model's outputs
+        change, e.g. a feature sink), when allowed and the verify backend supports them;
+        otherwise verify runs eagerly. Shares the decode graphs' memory pool. Graphs of this
+        width already captured are kept."""
+        if self.verify_graphs is not None and self.verify_graphs.width == width:
+            return
+        self.verify_graphs = None
+        backend = self.verify_backend
+        if not (backend.supports_verify_graph and backend.supports_tree_verify
+                and width > 1 and self._graphs_allowed("verify")):
+            log.info("speculative verify runs eagerly (no CUDA graphs%s)",
+                     "" if self.device.type != "cuda" else
+                     f": {type(backend).__name__} does not capture verify forwards"
+                     if not backend.supports_verify_graph else "")
+            return
+        from engine.runtime.cuda_graph import VerifyGraphs
+
+        with torch.inference_mode():
+            max_batch = min(self.config.cuda_graph_max_bs_decode or self.max_running_requests,
+                            self.max_running_requests)
+            pool = self.decode_graphs.pool if self.decode_graphs is not None else None
+            self.verify_graphs = VerifyGraphs(lambda b: self._forward(b, prepare=False), backend,
+                                              self.req_to_token, max_batch, width,
+                                              self.config.cuda_graph_bs_decode, pool=pool)
+
+    def verify_graph_width(self, batch_size: int) -> int:
+        """The width a verify batch of ``batch_size`` requests is padded to for a captured
+        graph to replay it; 0 when none would (it then runs eagerly, unpadded)."""
+        graphs = self.verify_graphs
+        return graphs.width if graphs is not None and batch_size <= graphs.max_batch else 0
 
     # ------------------------------------------------------------------ hot path
 
@@ -272,11 +313,16 @@ class ModelRunner:
 
         Writes the new tokens' K/V into the pool at ``batch.out_cache_loc``. When
         ``batch.logits_indices`` is None, the last token of every request is used. Decode
-        batches replay a captured CUDA graph when one fits.
+        batches, and verify batches padded to the verify graphs' width, replay a captured CUDA
+        graph when one fits.
         """
         graphs = self.decode_graphs
         if graphs is not None and batch.is_decode and batch.batch_size <= graphs.max_batch:
             return graphs.run(batch)
+        if batch.mode is ForwardMode.VERIFY and self.verify_graphs is not None:
+            size = self.verify_graphs.size_for(batch)
+            if size:
+                return self.verify_graphs.run(batch, size)
         return self._forward(batch)
 
     def synchronize(self, event: Any) -> None:

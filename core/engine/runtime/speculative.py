@@ -103,6 +103,9 @@ class SpecDecoder:
         self.runner = runner
         self.width = max(1, int(proposer.num_draft_tokens))
         self.stats = SpecStats()
+        capture = getattr(runner, "capture_verify_graphs", None)
+        if capture is not None:  # CUDA graphs for verify forwards of this width, if any
+            capture(self.width)
 
     def describe(self) -> str:
         return self.proposer.describe()
@@ -157,37 +160,61 @@ class SpecDecoder:
         self._finish_step(sched, decode, drafts, logits, batch)
         return True
 
+    def _pad_width(self, sched: Any, decode: list[tuple[Any, int, list[int]]]) -> int:
+        """The width every request's row is padded to for a captured verify forward (the
+        runner's :meth:`verify_graph_width` for this batch size), or 0: no graph serves this
+        batch, rows stay as long as their drafts. A padded row must fit the context."""
+        width = getattr(self.runner, "verify_graph_width", None)
+        pad = width(len(decode)) if width is not None else 0
+        if pad and max(req.kv_len for req, _, _ in decode) + pad > sched.max_context_len:
+            return 0
+        return pad or 0
+
     def _batch(self, sched: Any, decode: list[tuple[Any, int, list[int]]],
                drafts: list[Draft]) -> Batch:
+        """The VERIFY batch. Padded (:meth:`_pad_width`): every request's row is ``pad``
+        tokens, its draft then padding nodes (the root's token at the root's position, K/V into
+        the reserved slot 0, seen by no real node), and the tree mask is always given; only the
+        real nodes' rows are in ``logits_indices``."""
+        pad = self._pad_width(sched, decode)
         input_ids: list[int] = []
         positions: list[int] = []
         locs: list[int] = []
         rows_idx: list[int] = []
         key_pos: list[int] = []
+        real: list[int] = []
         prefix, extend = [], []
-        tree = any(not d.is_chain for d in drafts)
+        tree = pad > 0 or any(not d.is_chain for d in drafts)
         for (req, _, slots), draft in zip(decode, drafts):
             start = req.kv_len
             n = 1 + len(draft)
-            input_ids.append(req.output_ids[-1] if req.output_ids else req.origin_input_ids[-1])
+            root = req.output_ids[-1] if req.output_ids else req.origin_input_ids[-1]
+            real.extend(range(len(input_ids), len(input_ids) + n))
+            input_ids.append(root)
             input_ids.extend(draft.token_ids)
             positions.append(start)
             positions.extend(start + d for d in draft.depths())
             locs.extend(slots[:n])
             rows_idx.extend([req.row] * n)
             key_pos.extend(range(start, start + n))
+            if pad > n:  # padding nodes
+                input_ids.extend([root] * (pad - n))
+                positions.extend([start] * (pad - n))
+                locs.extend([0] * (pad - n))
             prefix.append(start)
-            extend.append(n)
+            extend.append(max(n, pad))
         reqs = [req for req, _, _ in decode]
         seq = [p + e for p, e in zip(prefix, extend)]
         dev = sched.device
-        n_tok, n_req = len(input_ids), len(reqs)
-        flat = torch.tensor(input_ids + positions + locs + rows_idx + key_pos
+        n_tok, n_req, n_real = len(input_ids), len(reqs), len(real)
+        flat = torch.tensor(input_ids + positions + locs + rows_idx + key_pos + real
                             + [r.row for r in reqs] + seq + prefix + extend,
                             dtype=torch.long, device=dev)
-        ids_t, pos_t, loc_t, rowi_t, key_t, rows_t, seq_t, pre_t, ext_t = flat.split(
-            [n_tok] * 5 + [n_req] * 4)
-        self.runner.req_to_token[rowi_t, key_t] = loc_t
+        ids_t, pos_t, loc_t, rowi_t, key_t, real_t, rows_t, seq_t, pre_t, ext_t = flat.split(
+            [n_tok] * 3 + [n_real] * 3 + [n_req] * 4)
+        # the real nodes' slots (padding nodes see only themselves: their keys are never read
+        # by a real node, so their table entries stay as they are)
+        self.runner.req_to_token[rowi_t, key_t] = loc_t[real_t] if pad else loc_t
         tree_mask = None
         if tree:
             width = max(extend)
@@ -196,7 +223,7 @@ class SpecDecoder:
             mode=ForwardMode.VERIFY, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
             req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=pre_t, extend_lens=ext_t,
             req_to_token=self.runner.req_to_token, seq_lens_cpu=seq, prefix_lens_cpu=prefix,
-            extend_lens_cpu=extend, logits_indices=torch.arange(n_tok, device=dev),
+            extend_lens_cpu=extend, logits_indices=real_t,
             sampling=[r.sampling_params for r in reqs], tree_mask=tree_mask)
 
     def _walk(self, sched: Any, reqs: list[Any], drafts: list[Draft], offsets: list[int],
@@ -449,7 +476,7 @@ class TargetView(TargetModel):
     def capture(self, layers: Sequence[int] = ()) -> int:
         """From now on every target forward keeps each token's features: the final normed
         hidden state (``layers`` empty), or the inputs of ``layers`` concatenated. Returns
-        the feature width. Decode CUDA graphs are re-captured by the runner when needed."""
+        the feature width. Decode and verify CUDA graphs are re-captured when needed."""
         bad = [i for i in layers if not 0 <= i < self.num_layers]
         if bad:
             raise ConfigError(f"target layers {bad} to capture: the target has "
@@ -459,6 +486,10 @@ class TargetView(TargetModel):
                                                self.dtype, self.device)
         if getattr(self._runner, "decode_graphs", None) is not None:
             self._runner.decode_graphs = self._runner._make_decode_graphs()
+        verify = getattr(self._runner, "verify_graphs", None)
+        if verify is not None:  # captured without the sink: capture again
+            self._runner.verify_graphs = None
+            self._runner.capture_verify_graphs(verify.width)
         return width
 
     def features(self, request: Any, start: int, end: int) -> torch.Tensor:

@@ -8,7 +8,8 @@ extend chunks mixed with a new request, then decode steps (on CUDA, for a backen
 ``supports_cuda_graph``, also replayed from CUDA graphs captured for larger, padded batch sizes,
 across page boundaries), then speculative verify batches
 (``VERIFY`` mode: a chain for every backend; a draft tree with its ``tree_mask`` for a backend
-that declares ``supports_tree_verify``), checking:
+that declares ``supports_tree_verify``; on CUDA, for one that declares
+``supports_verify_graph``, trees replayed from captured verify graphs), checking:
 
 * outputs (shape [T, Hq, D], all finite) against plain masked-softmax attention computed here;
 * every new token's K/V stored at its ``out_cache_loc`` slot, in the right layer;
@@ -164,6 +165,65 @@ class _Case:
             trees = [[-1, -1, 0, 1, 2], [-1], [-1, 0, -1]]
             toks = [[9] * (1 + len(t)) for t in trees]
             errors += self.step(self.verify(live[:3], toks, trees), live[:3])
+            if self.device.type == "cuda" and getattr(self.backend, "supports_verify_graph",
+                                                      False):
+                errors += self.graph_verify(live[:3])
+        return errors
+
+    def _graph_buffers(self, n: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Static q, k, v of ``n`` tokens per layer (a captured forward reads them)."""
+        return [tuple(torch.zeros(n, h, s.head_dim, dtype=self.dtype, device=self.device)
+                      for h in (s.num_q_heads, s.num_kv_heads, s.num_kv_heads))
+                for s in self.specs]  # type: ignore[misc]
+
+    def _replay_checked(self, run: Callable[[Batch], torch.Tensor], batch: Batch,
+                        rows: list[int], bufs: list[tuple[torch.Tensor, ...]],
+                        label: str) -> list[str]:
+        """Fill the static q/k/v with random values, replay, check each layer as a step."""
+        n = batch.num_tokens
+        qkv = []
+        for q, k, v in bufs:
+            for buf in (q, k, v):
+                buf[:n] = self.rand(n, buf.shape[1], buf.shape[2])
+            qkv.append((q[:n].clone(), k[:n].clone(), v[:n].clone()))
+        tree_mask = batch.tree_mask
+        out = run(batch)
+        errors: list[str] = []
+        for spec, (q, k, v) in zip(self.specs, qkv):
+            errors += [f"{label}: {e}" for e in self.check_layer(
+                spec, batch, rows, q, k, v, out[:, spec.layer_id].to(self.dtype), tree_mask)]
+        return errors
+
+    def graph_verify(self, rows: list[int]) -> list[str]:
+        """Tree verify forwards replayed from CUDA graphs captured as the model runner
+        captures them (every request 4 new tokens; batch sizes above the live one, so padded
+        requests ride along), checked like eager steps while the sequences grow across page
+        boundaries and the trees change between replays."""
+        from engine.runtime.cuda_graph import VerifyGraphs
+
+        width, n_max = 4, len(rows) + 2
+        bufs = self._graph_buffers(n_max * width)
+
+        def forward(batch: Batch) -> torch.Tensor:
+            t = batch.num_tokens
+            return torch.stack([self.backend.forward(q[:t], k[:t], v[:t], s, batch).float()
+                                for s, (q, k, v) in zip(self.specs, bufs)], 1)
+
+        graphs = VerifyGraphs(forward, self.backend, self.builder.req_to_token, n_max, width,
+                              sizes=[len(rows) + 1, n_max])
+        shapes = [[-1, 0, 0], [-1, -1, 1], [-1, 0, 1], [-1, -1, -1]]
+        errors: list[str] = []
+        for step in range(max(3, 2 * self.pool.page_size // width + 1)):
+            live = rows if step % 2 == 0 else rows[:-1]
+            trees = [shapes[(step + i) % len(shapes)] for i in range(len(live))]
+            batch = self.verify(live, [[9] * width for _ in live], trees)
+            size = graphs.size_for(batch)
+            if not size:
+                return [f"verify graph: no captured size serves {len(live)} requests"]
+            errors += self._replay_checked(lambda b: graphs.run(b, size), batch, live, bufs,
+                                           f"verify CUDA graph replay {step}")
+            if errors:
+                return errors
         return errors
 
     def graph_decode(self, rows: list[int]) -> list[str]:
@@ -174,12 +234,7 @@ class _Case:
         from engine.runtime.cuda_graph import DecodeGraphs
 
         n_max = len(rows) + 3
-        bufs = [(torch.zeros(n_max, s.num_q_heads, s.head_dim, dtype=self.dtype,
-                             device=self.device),
-                 torch.zeros(n_max, s.num_kv_heads, s.head_dim, dtype=self.dtype,
-                             device=self.device),
-                 torch.zeros(n_max, s.num_kv_heads, s.head_dim, dtype=self.dtype,
-                             device=self.device)) for s in self.specs]
+        bufs = self._graph_buffers(n_max)
 
         def forward(batch: Batch) -> torch.Tensor:
             n = batch.batch_size
@@ -193,17 +248,8 @@ class _Case:
         for step in range(steps):
             live = rows if step % 2 == 0 else rows[:-1]  # two padded sizes in turn
             batch = self.builder.decode([(r, 8) for r in live])
-            n = len(live)
-            qkv = []
-            for q, k, v in bufs:
-                q[:n] = self.rand(n, q.shape[1], q.shape[2])
-                k[:n] = self.rand(n, k.shape[1], k.shape[2])
-                v[:n] = self.rand(n, v.shape[1], v.shape[2])
-                qkv.append((q[:n].clone(), k[:n].clone(), v[:n].clone()))
-            out = graphs.run(batch)
-            for spec, (q, k, v) in zip(self.specs, qkv):
-                errors += [f"CUDA graph replay {step}: {e}" for e in self.check_layer(
-                    spec, batch, live, q, k, v, out[:, spec.layer_id].to(self.dtype), None)]
+            errors += self._replay_checked(graphs.run, batch, live, bufs,
+                                           f"CUDA graph replay {step}")
             if errors:
                 return errors
         return errors

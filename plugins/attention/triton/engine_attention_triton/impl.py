@@ -75,6 +75,7 @@ class TritonBackend(AttentionBackend):
     (or a speculative tree's mask over them)."""
 
     supports_tree_verify = True
+    supports_verify_graph = True  # the extend kernel reads every length on the device
     supports_fp8_kv_cache = True  # the kernels widen fp8 K/V and apply the layer's scales
 
     def __init__(self, pool: KVPool, group: int, *, num_kv_splits: int = 8,
@@ -123,6 +124,12 @@ class TritonBackend(AttentionBackend):
         (the kernels skip empty chunks), so one capture serves every context length."""
         batch.attn_metadata = DecodeMetadata(self._max_splits(batch.batch_size), 0)
 
+    def prepare_verify_graph(self, batch: Batch) -> None:
+        """Every request has the same new tokens, so the tile table depends on the batch's
+        shape only; the kernel reads the prefix lengths and the tree mask (the batch's own
+        buffer, read in place) on the device."""
+        self.prepare(batch)
+
     def prepare(self, batch: Batch) -> None:
         seq = batch.seq_lens_cpu or batch.seq_lens.tolist()
         if batch.is_decode:
@@ -150,7 +157,7 @@ class TritonBackend(AttentionBackend):
         batch.attn_metadata = ExtendMetadata(
             to_device(tile_req, dev, torch.int32), to_device(tile_start, dev, torch.int32),
             to_device(qo_start, dev), bm,
-            batch.tree_mask.to(torch.uint8).contiguous() if batch.tree_mask is not None else None)
+            _mask_bytes(batch.tree_mask) if batch.tree_mask is not None else None)
 
     # ------------------------------------------------------------------ kernels
 
@@ -231,6 +238,14 @@ class TritonBackend(AttentionBackend):
             DOT_PREC="ieee" if q.dtype == torch.float32 else None, HAS_TREE=md.tree is not None,
             KV_FP8=fp8, num_warps=cfg.extend_warps, num_stages=cfg.extend_stages)
         return out
+
+
+def _mask_bytes(mask: torch.Tensor) -> torch.Tensor:
+    """The tree mask as uint8 for the kernel: a view of a contiguous bool mask (so a captured
+    forward reads the buffer its replays refresh), else a copy."""
+    if mask.dtype == torch.bool and mask.is_contiguous():
+        return mask.view(torch.uint8)
+    return mask.to(torch.uint8).contiguous()
 
 
 def backend_kwargs(opts: Mapping[str, Any]) -> dict[str, Any]:

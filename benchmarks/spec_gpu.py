@@ -1,0 +1,260 @@
+"""Speculative decoding on a GPU: what a verify forward costs next to a decode step, and NGRAM
+against plain decoding, same run. Prints tables; writes JSON to $OUT if set.
+
+    python3 benchmarks/spec_gpu.py [--batches 1,16] [--widths 2,4,8,12,16]
+        [--prompt-len 512] [--max-new 128] [--skip cost,e2e]
+
+Model: the dummy Llama-3-8B shape (tests/data/llama3-8b-dummy), random bf16 weights, the
+triton attention backend, page size 16, CUDA graphs on.
+
+* **cost** (ModelRunner direct): per batch size, a decode step (its captured graph) and a
+  verify forward of ``width`` tokens per request (a chain with its mask: captured verify graph,
+  and eager), each the mean of repeated forwards of one prepared batch, after a prompt of
+  ``--prompt-len`` tokens.
+* **e2e** (the scheduler, greedy, ``ignore_eos``): ``plain`` decoding, ``ngram`` (the NGRAM
+  plugin with its defaults) and ``oracle`` (drafts the plain run's own continuation, every
+  draft token right: the most a verify of that width gives) on two workloads: ``repeat``
+  (a random text of ``--prompt-len / 2`` tokens given twice) and ``random`` (no repetition).
+  Random weights do not copy their prompt, so NGRAM's acceptance here is whatever the model's
+  own output repeats; the oracle row is the speed a right draft buys. Decode rate per request
+  is ``(tokens - 1) / (last token time - first token time)``; the batch's rate is the sum over
+  its requests of ``tokens - 1`` over the span from the first first-token to the last token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from engine.api.speculative import Draft, Proposer
+from engine.config import ServerConfig
+from engine.runtime.batch import ForwardMode
+from engine.runtime.model_runner import ModelRunner
+from engine.testing.batches import BatchBuilder
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = str(ROOT / "tests" / "data" / "llama3-8b-dummy")
+
+
+def config(args: argparse.Namespace, max_running: int) -> ServerConfig:
+    overrides = json.loads(args.model_override) if args.model_override else None
+    return ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype=args.dtype,
+                        device=args.device, skip_tokenizer_init=True,
+                        attention_backend=args.attention_backend, page_size=16,
+                        max_total_tokens=120_000, max_running_requests=max_running,
+                        context_length=4096, random_seed=0,
+                        json_model_override_args=json.dumps(overrides) if overrides else None)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn: Any, reps: int = 20) -> float:
+    """Mean ms of ``fn()`` over ``reps`` calls (after 3 warm-up calls), the device drained
+    before and after."""
+    for _ in range(3):
+        fn()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    _sync()
+    return (time.perf_counter() - t0) * 1e3 / reps
+
+
+def verify_batch(bb: BatchBuilder, rows: list[int], width: int) -> Any:
+    """A chain verify of ``width`` tokens per request, with its (causal) mask."""
+    batch = bb.extend([(r, [11] * width) for r in rows], all_logits=True)
+    batch.mode = ForwardMode.VERIFY
+    batch.tree_mask = torch.ones(width, width, dtype=torch.bool,
+                                 device=batch.input_ids.device).tril().repeat(len(rows), 1, 1)
+    return batch
+
+
+def cost(runner: ModelRunner, batches: list[int], widths: list[int], prompt_len: int
+         ) -> list[dict[str, Any]]:
+    vocab = runner.model_config.vocab_size
+    gen = torch.Generator().manual_seed(7)
+    out = []
+    for bs in batches:
+        bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
+        rows = [bb.new_request() for _ in range(bs)]
+        for r in rows:
+            runner.forward(bb.extend([(r, torch.randint(0, vocab, (prompt_len,),
+                                                        generator=gen).tolist())]))
+        decode = bb.decode([(r, 5) for r in rows])
+        dec_ms = timed(lambda: runner.forward(decode))
+        out.append({"batch": bs, "width": 1, "graph_ms": dec_ms, "eager_ms": None,
+                    "vs_decode": 1.0})
+        for w in widths:
+            runner.capture_verify_graphs(w)
+            batch = verify_batch(bb, rows, w)
+            graphs = runner.verify_graphs
+            replayed = graphs is not None and graphs.size_for(batch) > 0
+            g_ms = timed(lambda: runner.forward(batch)) if replayed else None
+            e_ms = timed(lambda: runner._forward(batch))
+            best = g_ms if g_ms is not None else e_ms
+            out.append({"batch": bs, "width": w, "graph_ms": g_ms, "eager_ms": e_ms,
+                        "vs_decode": best / dec_ms})
+        for r in rows:
+            bb.free(r)
+    runner.verify_graphs = None
+    return out
+
+
+class Oracle(Proposer):
+    """Drafts the next ``width - 1`` tokens of a known continuation."""
+
+    drafts_trees = False
+
+    def __init__(self, truth: dict[tuple[int, ...], list[int]], width: int) -> None:
+        self.truth, self.num_draft_tokens = truth, width
+
+    def propose(self, requests: Sequence[Any]) -> list[Draft]:
+        out = []
+        for req in requests:
+            full = self.truth.get(tuple(req.origin_input_ids), [])
+            done = len(req.output_ids)
+            out.append(Draft.chain(full[done:done + self.num_draft_tokens - 1]))
+        return out
+
+    def on_verified(self, request: Any, accepted: int) -> None:
+        pass
+
+    def release(self, request: Any) -> None:
+        pass
+
+
+class _Detok:
+    def add(self, t: int) -> str:
+        return ""
+
+    def finish(self) -> str:
+        return ""
+
+
+def generate(sched: Any, prompts: list[list[int]], max_new: int) -> dict[str, Any]:
+    from engine.runtime.request import Req
+    from engine.runtime.sampling import SamplingParams
+
+    times: dict[int, list[tuple[float, int]]] = {k: [] for k in range(len(prompts))}
+    tokens: dict[int, list[int]] = {k: [] for k in range(len(prompts))}
+    reqs = []
+    for k, p in enumerate(prompts):
+        def sink(o: Any, k: int = k) -> None:
+            tokens[k].extend(o.token_ids)
+            times[k].append((time.perf_counter(), len(tokens[k])))
+        params = SamplingParams(temperature=0.0, max_new_tokens=max_new,
+                                ignore_eos=True).validate()
+        reqs.append(Req(rid=f"r{k}", origin_input_ids=p, sampling_params=params, sink=sink,
+                        detokenizer=_Detok(), max_new_tokens=max_new, stop_ids=frozenset()))
+    sched.submit(reqs)
+    while sched.step():
+        pass
+    _sync()
+    sched.flush_cache()
+    first = [t[0][0] for t in times.values()]
+    last = [t[-1][0] for t in times.values()]
+    rates = [(len(tokens[k]) - times[k][0][1]) / (last[k] - first[k]) for k in times]
+    made = sum(len(tokens[k]) - times[k][0][1] for k in times)
+    return {"tokens": {tuple(p): tokens[k] for k, p in enumerate(prompts)},
+            "rate": made / (max(last) - min(first)), "per_request": statistics.median(rates)}
+
+
+def e2e(runner: ModelRunner, batches: list[int], prompt_len: int, max_new: int
+        ) -> list[dict[str, Any]]:
+    from engine.assembly import Assembly
+    from engine.runtime.scheduler import Scheduler
+    from engine.runtime.speculative import SpecDecoder
+
+    vocab = runner.model_config.vocab_size
+    gen = torch.Generator().manual_seed(11)
+    rows = []
+    ngram_cfg = runner.config.replace(speculative_algorithm="NGRAM")
+    ngram = Assembly(ngram_cfg).speculative(runner)
+    width = ngram.width
+    for bs in batches:
+        half = [torch.randint(0, vocab, (prompt_len // 2,), generator=gen).tolist()
+                for _ in range(bs)]
+        work = {"repeat": [h + h for h in half],
+                "random": [torch.randint(0, vocab, (prompt_len,), generator=gen).tolist()
+                           for _ in range(bs)]}
+        for name, prompts in work.items():
+            plain = generate(Scheduler(runner.config, runner), prompts, max_new)
+            rows.append({"batch": bs, "workload": name, "engine": "plain",
+                         "tok_s": plain["rate"], "req_tok_s": plain["per_request"],
+                         "speedup": 1.0, "accept": None, "same": 1.0})
+            engines = {"ngram": ngram,
+                       "oracle": SpecDecoder(Oracle(plain["tokens"], width), runner)}
+            for eng, spec in engines.items():
+                spec.stats.__init__()
+                res = generate(Scheduler(ngram_cfg, runner, speculative=spec), prompts,
+                               max_new)
+                st = spec.stats
+                same = sum(res["tokens"][k] == v for k, v in plain["tokens"].items())
+                rows.append({"batch": bs, "workload": name, "engine": eng,
+                             "tok_s": res["rate"], "req_tok_s": res["per_request"],
+                             "speedup": res["rate"] / plain["rate"],
+                             "accept": st.accepted_tokens / max(1, st.verified_requests),
+                             "tokens_per_verify": st.accept_length,
+                             "same": same / len(prompts)})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--widths", default="2,4,8,12,16")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--skip", default="")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--attention-backend", default="triton")
+    ap.add_argument("--model-override", default="",
+                    help="JSON over the model config (a smaller model for a smoke run)")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    skip = set(args.skip.split(","))
+    t0 = time.monotonic()
+    runner = ModelRunner(config(args, max(batches)))
+    where = torch.cuda.get_device_name() if runner.device.type == "cuda" else "cpu"
+    print(f"loaded in {time.monotonic() - t0:.1f} s; {where}", flush=True)
+    result: dict[str, Any] = {}
+    if "cost" not in skip:
+        rows = cost(runner, batches, [int(w) for w in args.widths.split(",")], args.prompt_len)
+        result["cost"] = rows
+        print("\n| batch | tokens per request | graph ms | eager ms | vs decode step |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            g = f"{r['graph_ms']:.2f}" if r["graph_ms"] is not None else "-"
+            e = f"{r['eager_ms']:.2f}" if r["eager_ms"] is not None else "-"
+            label = "1 (decode)" if r["width"] == 1 else str(r["width"])
+            print(f"| {r['batch']} | {label} | {g} | {e} | {r['vs_decode']:.2f}x |", flush=True)
+    if "e2e" not in skip:
+        rows = e2e(runner, batches, args.prompt_len, args.max_new)
+        result["e2e"] = rows
+        print("\n| batch | workload | engine | batch tok/s | request tok/s (median) | speed-up "
+              "| accepted / verify | tokens / verify | same output |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            acc = f"{r['accept']:.2f}" if r["accept"] is not None else ""
+            tpv = f"{r['tokens_per_verify']:.2f}" if r.get("tokens_per_verify") else ""
+            print(f"| {r['batch']} | {r['workload']} | {r['engine']} | {r['tok_s']:.0f} | "
+                  f"{r['req_tok_s']:.0f} | {r['speedup']:.2f}x | {acc} | {tpv} | "
+                  f"{r['same']:.0%} |", flush=True)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "spec_gpu.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Speculative verify on a GPU (skipped without CUDA): a small Llama with dummy float32 weights
+behind the triton backend. Verify forwards replay captured CUDA graphs (rows padded to the
+verify width, batch sizes padded to a bucket); the greedy tokens must equal plain decoding's and
+the eager verify's, for chains and trees with accepted and rejected nodes, requests joining
+while others verify, and the KV memory must come back whole."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import pytest
+import torch
+
+from engine.api.speculative import Draft, Proposer
+from engine.config import ServerConfig
+from engine.runtime.model_runner import ModelRunner
+from engine.runtime.request import Req, ReqOutput
+from engine.runtime.sampling import SamplingParams
+from engine.runtime.scheduler import Scheduler
+from engine.runtime.speculative import SpecDecoder
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+          "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512,
+          "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+          "tie_word_embeddings": False, "torch_dtype": "float32", "bos_token_id": 1,
+          "eos_token_id": 2}
+WIDTH = 6
+
+
+class Known(Proposer):
+    """Drafts from the known greedy continuation: ``good`` right tokens then a wrong one, with
+    a wrong sibling under the root when ``tree``; every third step nothing."""
+
+    def __init__(self, truth: dict[tuple[int, ...], list[int]], good: int, tree: bool) -> None:
+        self.truth, self.good, self.drafts_trees = truth, good, tree
+        self.num_draft_tokens = WIDTH
+        self.calls = 0
+
+    def propose(self, requests: Sequence[Any]) -> list[Draft]:
+        self.calls += 1
+        out = []
+        for req in requests:
+            full = self.truth[tuple(req.origin_input_ids)]
+            done = len(req.output_ids)
+            nxt = full[done:done + self.good] + [(full[done + self.good] + 1) % 512
+                                                 if done + self.good < len(full) else 7]
+            if self.calls % 3 == 0:
+                out.append(Draft())
+                continue
+            draft = Draft.chain(nxt[:WIDTH - 2])
+            if self.drafts_trees:
+                draft = Draft([(nxt[0] + 3) % 512] + draft.token_ids,
+                              [-1] + [p + 1 if p >= 0 else -1 for p in draft.parents])
+            out.append(draft)
+        return out
+
+    def on_verified(self, request: Any, accepted: int) -> None:
+        pass
+
+    def release(self, request: Any) -> None:
+        pass
+
+
+class Detok:
+    def add(self, t: int) -> str:
+        return ""
+
+    def finish(self) -> str:
+        return ""
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("tiny-llama")
+    (path / "config.json").write_text(json.dumps(CONFIG))
+    return str(path)
+
+
+def make_runner(path: str, graphs: bool) -> ModelRunner:
+    torch.manual_seed(0)  # the same dummy weights for every runner
+    return ModelRunner(ServerConfig(model_path=path, load_format="dummy", device="cuda",
+                                    dtype="float32", skip_tokenizer_init=True,
+                                    attention_backend="triton", page_size=16,
+                                    context_length=512, max_running_requests=16,
+                                    disable_cuda_graph=not graphs))
+
+
+def generate(sched: Scheduler, prompts: list[list[int]], max_new: int) -> dict[tuple, list]:
+    outs: dict[str, list[ReqOutput]] = {}
+    reqs = []
+    for k, p in enumerate(prompts):
+        rid = f"r{k}"
+        outs[rid] = []
+        params = SamplingParams(temperature=0.0, max_new_tokens=max_new,
+                                ignore_eos=True).validate()
+        reqs.append(Req(rid=rid, origin_input_ids=p, sampling_params=params,
+                        sink=outs[rid].append, detokenizer=Detok(), max_new_tokens=max_new,
+                        stop_ids=frozenset()))
+    sched.submit(reqs[: len(reqs) // 2])
+    for step in range(2000):
+        if step == 3:
+            sched.submit(reqs[len(reqs) // 2:])  # joining while the others verify
+        if not sched.step() and step > 3:
+            break
+    sched.flush_cache()
+    assert sched.allocator.free_tokens == sched.allocator.capacity_tokens
+    result = {}
+    for req in reqs:
+        assert outs[req.rid][-1].finished
+        result[tuple(req.origin_input_ids)] = [t for c in outs[req.rid] for t in c.token_ids]
+    return result
+
+
+@pytest.mark.parametrize("good,tree", [(2, False), (4, False), (1, True)])
+def test_verify_graphs_give_plain_greedy_tokens(path, good, tree) -> None:
+    prompts = [[(7 * i + 3 * j) % 500 + 3 for j in range(20 + 9 * i)] for i in range(5)]
+    graphs = make_runner(path, graphs=True)
+    plain = generate(Scheduler(graphs.config, graphs), prompts, 24)
+    for runner in (graphs, make_runner(path, graphs=False)):
+        proposer = Known(plain, good, tree)
+        spec = SpecDecoder(proposer, runner)
+        replays = []
+        if runner.verify_graphs is not None:
+            run = runner.verify_graphs.run
+            runner.verify_graphs.run = lambda b, s: replays.append(s) or run(b, s)
+        got = generate(Scheduler(runner.config, runner, speculative=spec), prompts, 24)
+        assert got == plain
+        assert spec.stats.accepted_tokens > 0 and spec.stats.draft_tokens > \
+            spec.stats.accepted_tokens
+        if runner is graphs:
+            assert runner.verify_graphs is not None and replays
+            assert set(replays) <= set(runner.verify_graphs.buckets)
+        else:
+            assert runner.verify_graphs is None
