@@ -87,6 +87,7 @@ def make_runner(path: str, graphs: bool) -> ModelRunner:
                                     dtype="float32", skip_tokenizer_init=True,
                                     attention_backend="triton", page_size=16,
                                     context_length=512, max_running_requests=16,
+                                    max_total_tokens=8192,
                                     disable_cuda_graph=not graphs))
 
 
