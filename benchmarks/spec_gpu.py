@@ -2,7 +2,7 @@
 against plain decoding, same run. Prints tables; writes JSON to $OUT if set.
 
     python3 benchmarks/spec_gpu.py [--batches 1,16] [--widths 2,4,8,12,16]
-        [--prompt-len 512] [--max-new 128] [--skip cost,e2e]
+        [--prompt-len 512] [--max-new 128] [--skip cost,e2e,profile]
 
 Model: the dummy Llama-3-8B shape (tests/data/llama3-8b-dummy), random bf16 weights, the
 triton attention backend, page size 16, CUDA graphs on.
@@ -11,14 +11,24 @@ triton attention backend, page size 16, CUDA graphs on.
   verify forward of ``width`` tokens per request (a chain with its mask: captured verify graph,
   and eager), each the mean of repeated forwards of one prepared batch, after a prompt of
   ``--prompt-len`` tokens.
+* **profile**: the kernels of one batch-1 decode replay and one 4-token verify replay.
 * **e2e** (the scheduler, greedy, ``ignore_eos``): ``plain`` decoding, ``ngram`` (the NGRAM
   plugin with its defaults) and ``oracle`` (drafts the plain run's own continuation, every
   draft token right: the most a verify of that width gives) on two workloads: ``repeat``
-  (a random text of ``--prompt-len / 2`` tokens given twice) and ``random`` (no repetition).
-  Random weights do not copy their prompt, so NGRAM's acceptance here is whatever the model's
-  own output repeats; the oracle row is the speed a right draft buys. Decode rate per request
-  is ``(tokens - 1) / (last token time - first token time)``; the batch's rate is the sum over
-  its requests of ``tokens - 1`` over the span from the first first-token to the last token.
+  (a text of ``--prompt-len / 2`` tokens given twice: the model continues repeating it) and
+  ``random`` (random tokens; nothing repeats). Decode rate per request is ``(tokens - 1) /
+  (last token time - first token time)``; the batch's rate is the sum over its requests of
+  ``tokens - 1`` over the span from the first first-token to the last token. Then the
+  scheduler's mean wall ms per step by phase (its step timer).
+
+Random weights neither copy their prompt nor decode the same in two kernels (bf16 rounding
+differences after 32 random layers flip near-tied argmaxes), so e2e first turns the dummy model
+into a *cycle model*: every layer's ``o_proj`` and ``down_proj`` are zeroed (a step still reads
+every weight and does every product: the same cost), so a token's final hidden state is its
+normed embedding; and for ``--prompt-len / 2``-token cycles of random tokens, one per request,
+the head row of each cycle token's successor is set to that state, scaled to win by a margin of
+8. The greedy output of a prompt that holds a cycle is that cycle, repeated: a model that
+repeats its input, with a wide argmax margin (outputs with and without speculation are equal).
 """
 
 from __future__ import annotations
@@ -98,8 +108,7 @@ def cost(runner: ModelRunner, batches: list[int], widths: list[int], prompt_len:
         for w in widths:
             runner.capture_verify_graphs(w)
             batch = verify_batch(bb, rows, w)
-            graphs = runner.verify_graphs
-            replayed = graphs is not None and graphs.size_for(batch) > 0
+            replayed = any(g.size_for(batch) for g in runner.verify_graphs)
             g_ms = timed(lambda: runner.forward(batch)) if replayed else None
             e_ms = timed(lambda: runner._forward(batch))
             best = g_ms if g_ms is not None else e_ms
@@ -107,7 +116,37 @@ def cost(runner: ModelRunner, batches: list[int], widths: list[int], prompt_len:
                         "vs_decode": best / dec_ms})
         for r in rows:
             bb.free(r)
-    runner.verify_graphs = None
+    runner.verify_graphs = []
+    return out
+
+
+def make_cycles(runner: ModelRunner, count: int, length: int, gen: torch.Generator
+                ) -> list[list[int]]:
+    """Turn the model into the cycle model (module docstring); returns the cycles."""
+    m = runner.model
+    for layer in m.model.layers:
+        layer.self_attn.o_proj.weight.data.zero_()
+        layer.mlp.down_proj.weight.data.zero_()
+    vocab = runner.model_config.vocab_size
+    ids = torch.randperm(vocab, generator=gen)[:count * length].view(count, length)
+    with torch.inference_mode():
+        flat = ids.flatten().to(runner.device)
+        x = m.model.norm(m.model.embed_tokens(flat)).float()  # [count * length, hidden]
+        head = m.lm_head.weight
+        top = torch.cat([(xs @ head.float().T).max(-1).values for xs in x.split(256)])
+        succ = ids.roll(-1, dims=1).flatten().to(runner.device)
+        head.data[succ] = (x * ((top + 8.0) / (x * x).sum(-1))[:, None]).to(head.dtype)
+    return ids.tolist()
+
+
+def phases(sched: Any) -> dict[str, float]:
+    """Mean wall ms per step by phase of the scheduler's step timer (cleared)."""
+    timer = sched.timer
+    steps = max(1, getattr(timer, "_steps", 0))
+    out = {k: w / steps * 1e3 for k, (w, _) in getattr(timer, "_phases", {}).items()}
+    if hasattr(timer, "_phases"):
+        timer._phases, timer._modes, timer._steps = {}, {}, 0
+    out["steps"] = steps
     return out
 
 
@@ -158,16 +197,20 @@ def generate(sched: Any, prompts: list[list[int]], max_new: int) -> dict[str, An
         reqs.append(Req(rid=f"r{k}", origin_input_ids=p, sampling_params=params, sink=sink,
                         detokenizer=_Detok(), max_new_tokens=max_new, stop_ids=frozenset()))
     sched.submit(reqs)
+    phases(sched)
     while sched.step():
         pass
     _sync()
+    steps = phases(sched)
     sched.flush_cache()
+    sched.step()
     first = [t[0][0] for t in times.values()]
     last = [t[-1][0] for t in times.values()]
     rates = [(len(tokens[k]) - times[k][0][1]) / (last[k] - first[k]) for k in times]
     made = sum(len(tokens[k]) - times[k][0][1] for k in times)
     return {"tokens": {tuple(p): tokens[k] for k, p in enumerate(prompts)},
-            "rate": made / (max(last) - min(first)), "per_request": statistics.median(rates)}
+            "rate": made / (max(last) - min(first)), "per_request": statistics.median(rates),
+            "phases": steps}
 
 
 def e2e(runner: ModelRunner, batches: list[int], prompt_len: int, max_new: int
@@ -178,21 +221,23 @@ def e2e(runner: ModelRunner, batches: list[int], prompt_len: int, max_new: int
 
     vocab = runner.model_config.vocab_size
     gen = torch.Generator().manual_seed(11)
+    cycles = make_cycles(runner, max(batches), prompt_len // 2, gen)
     rows = []
     ngram_cfg = runner.config.replace(speculative_algorithm="NGRAM")
     ngram = Assembly(ngram_cfg).speculative(runner)
     width = ngram.width
     for bs in batches:
-        half = [torch.randint(0, vocab, (prompt_len // 2,), generator=gen).tolist()
-                for _ in range(bs)]
-        work = {"repeat": [h + h for h in half],
+        work = {"repeat": [c[k:] + c[:k] + c[k:] + c[:k]
+                           for k, c in zip(torch.randint(0, len(cycles[0]), (bs,),
+                                                         generator=gen).tolist(), cycles)],
                 "random": [torch.randint(0, vocab, (prompt_len,), generator=gen).tolist()
                            for _ in range(bs)]}
         for name, prompts in work.items():
             plain = generate(Scheduler(runner.config, runner), prompts, max_new)
             rows.append({"batch": bs, "workload": name, "engine": "plain",
                          "tok_s": plain["rate"], "req_tok_s": plain["per_request"],
-                         "speedup": 1.0, "accept": None, "same": 1.0})
+                         "speedup": 1.0, "accept": None, "same": 1.0,
+                         "phases": plain["phases"]})
             engines = {"ngram": ngram,
                        "oracle": SpecDecoder(Oracle(plain["tokens"], width), runner)}
             for eng, spec in engines.items():
@@ -206,8 +251,37 @@ def e2e(runner: ModelRunner, batches: list[int], prompt_len: int, max_new: int
                              "speedup": res["rate"] / plain["rate"],
                              "accept": st.accepted_tokens / max(1, st.verified_requests),
                              "tokens_per_verify": st.accept_length,
-                             "same": same / len(prompts)})
+                             "same": same / len(prompts), "phases": res["phases"]})
     return rows
+
+
+def profile(runner: ModelRunner, prompt_len: int, width: int = 4) -> None:
+    """Kernel time per replay of a batch-1 decode step and a verify of ``width`` tokens."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
+    row = bb.new_request()
+    runner.forward(bb.extend([(row, [3] * prompt_len)]))
+    runner.capture_verify_graphs(width)
+    batches = {"decode": bb.decode([(row, 5)]), f"verify {width}": verify_batch(bb, [row], width)}
+    for name, batch in batches.items():
+        timed(lambda: runner.forward(batch), reps=3)
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                runner.forward(batch)
+            _sync()
+        kernels: dict[str, list[float]] = {}
+        for ev in prof.events():
+            if ev.device_type.name == "CUDA":
+                k = kernels.setdefault(ev.name[:70], [0.0, 0])
+                k[0] += ev.device_time / 10
+                k[1] += 1 / 10
+        total = sum(v[0] for v in kernels.values())
+        print(f"\n{name}: {total / 1e3:.2f} ms of kernels per replay")
+        print("| kernel | calls | us per replay |\n|---|---|---|")
+        for k, (us, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:14]:
+            print(f"| {k} | {n:.0f} | {us:.0f} |")
+    bb.free(row)
 
 
 def main() -> None:
@@ -252,6 +326,15 @@ def main() -> None:
             print(f"| {r['batch']} | {r['workload']} | {r['engine']} | {r['tok_s']:.0f} | "
                   f"{r['req_tok_s']:.0f} | {r['speedup']:.2f}x | {acc} | {tpv} | "
                   f"{r['same']:.0%} |", flush=True)
+        names = sorted({k for r in rows for k in r["phases"] if k != "steps"})
+        print("\n| batch | workload | engine | steps | " + " | ".join(names) + " |")
+        print("|---|---|---|---|" + "---|" * len(names))
+        for r in rows:
+            ph = r["phases"]
+            print(f"| {r['batch']} | {r['workload']} | {r['engine']} | {ph['steps']} | "
+                  + " | ".join(f"{ph.get(k, 0.0):.2f}" for k in names) + " |", flush=True)
+    if "profile" not in skip:
+        profile(runner, args.prompt_len)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "spec_gpu.json").write_text(json.dumps(result, indent=1))
 

@@ -269,7 +269,7 @@ def test_verify_rows_padded_for_a_captured_graph_give_the_same_output(files, ref
     sched = scheduler(files["target"], speculative_algorithm="eagle",
                       speculative_draft_model_path=files["eagle"], speculative_num_steps=steps,
                       speculative_eagle_topk=topk, speculative_num_draft_tokens=width)
-    sched.runner.verify_graph_width = lambda batch_size: width
+    sched.runner.verify_graph_width = lambda batch_size, longest: width
     seen = []
     forward = sched.runner.forward
     sched.runner.forward = lambda b: seen.append((b.mode.value, b.extend_lens_cpu)) or \

@@ -33,6 +33,9 @@ BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 #: verify graphs are captured for batch buckets up to this many tokens (bucket x width): past
 #: it a verify forward is long enough for its launches not to matter
 VERIFY_GRAPH_TOKENS = 1024
+#: verify widths captured besides the proposer's own (those below it): a verify step is padded
+#: to the smallest captured width that holds its longest row, not always to the full width
+VERIFY_WIDTHS = (2, 4, 8)
 
 
 def graph_buckets(max_batch: int, sizes: Sequence[int] | None = None) -> list[int]:
@@ -127,12 +130,16 @@ class DecodeGraphs:
 class VerifyGraphs:
     """Captured speculative verify forwards: ``size`` requests of ``width`` tokens each, for the
     decode buckets up to ``max_batch`` and :data:`VERIFY_GRAPH_TOKENS` tokens. A batch comes
-    padded by the verify step (every row ``width`` tokens, ``tree_mask`` [B, width, width]);
-    the result is the logits of its ``logits_indices`` (the real nodes)."""
+    padded by the verify step (every row ``width`` tokens, ``tree_mask`` [B, width, width]).
+    The graph runs ``forward`` (e.g. the model up to its final hidden states, every row); the
+    result is ``head`` (e.g. the logits) of the rows of ``logits_indices`` (the real nodes),
+    computed after the replay, so padding rows cost no head and no output buffer."""
 
     def __init__(self, forward: Callable[[Batch], torch.Tensor], backend: AttentionBackend,
                  req_to_token: torch.Tensor, max_batch: int, width: int,
-                 sizes: Sequence[int] | None = None, pool: object = None) -> None:
+                 sizes: Sequence[int] | None = None, pool: object = None,
+                 head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.head = head
         self.width = w = width
         self.buckets = [b for b in graph_buckets(max_batch, sizes)
                         if b * w <= VERIFY_GRAPH_TOKENS] or [1]
@@ -151,11 +158,13 @@ class VerifyGraphs:
         self.backend = backend
         self.graphs: dict[int, object] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        #: the captured batches: their ``attn_metadata`` may hold device tensors the graphs read
+        self.batches: dict[int, Batch] = {}
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         t0 = time.monotonic()
         for size in reversed(self.buckets):
-            self.graphs[size], self.logits[size] = self._capture(self._static_batch(size),
-                                                                 forward)
+            self.batches[size] = self._static_batch(size)
+            self.graphs[size], self.logits[size] = self._capture(self.batches[size], forward)
         log.info("captured verify CUDA graphs (width %d) for batch sizes %s in %.1f s", w,
                  self.buckets, time.monotonic() - t0)
 
@@ -212,4 +221,5 @@ class VerifyGraphs:
             self.prefix_lens[bs:size].zero_()
             self.seq_lens[bs:size].fill_(self.width)
         self.graphs[size].replay()  # type: ignore[attr-defined]
-        return self.logits[size].index_select(0, batch.logits_indices)
+        out = self.logits[size].index_select(0, batch.logits_indices)
+        return self.head(out) if self.head is not None else out

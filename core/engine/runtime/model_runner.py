@@ -139,8 +139,9 @@ class ModelRunner:
         if config.enable_deterministic_inference:
             self._make_batch_invariant()
         self.decode_graphs = self._make_decode_graphs()
-        #: captured speculative verify forwards (:meth:`capture_verify_graphs`), or None
-        self.verify_graphs: Any = None
+        #: captured speculative verify forwards, one per width, narrowest first
+        #: (:meth:`capture_verify_graphs`)
+        self.verify_graphs: list[Any] = []
 
     # ------------------------------------------------------------------ set-up
 
@@ -271,14 +272,16 @@ class ModelRunner:
                                 self.req_to_token, max_batch, self.config.cuda_graph_bs_decode)
 
     def capture_verify_graphs(self, width: int) -> None:
-        """CUDA graphs for speculative verify forwards of ``width`` tokens per request (called
-        by the verify step once the proposer's width is known; again when the model's outputs
-        change, e.g. a feature sink), when allowed and the verify backend supports them;
-        otherwise verify runs eagerly. Shares the decode graphs' memory pool. Graphs of this
-        width already captured are kept."""
-        if self.verify_graphs is not None and self.verify_graphs.width == width:
+        """CUDA graphs for speculative verify forwards of up to ``width`` tokens per request
+        (called by the verify step once the proposer's width is known; again when the model's
+        outputs change, e.g. a feature sink), when allowed and the verify backend supports
+        them; otherwise verify runs eagerly. One set per width: ``width`` and the
+        :data:`~engine.runtime.cuda_graph.VERIFY_WIDTHS` below it. The graphs end at the final
+        hidden states; the head runs on the real rows after a replay. They share the decode
+        graphs' memory pool. Graphs already captured for this width are kept."""
+        if self.verify_graphs and self.verify_graphs[-1].width == width:
             return
-        self.verify_graphs = None
+        self.verify_graphs = []
         backend = self.verify_backend
         if not (backend.supports_verify_graph and backend.supports_tree_verify
                 and width > 1 and self._graphs_allowed("verify")):
@@ -287,21 +290,28 @@ class ModelRunner:
                      f": {type(backend).__name__} does not capture verify forwards"
                      if not backend.supports_verify_graph else "")
             return
-        from engine.runtime.cuda_graph import VerifyGraphs
+        from engine.runtime.cuda_graph import VERIFY_WIDTHS, VerifyGraphs
 
         with torch.inference_mode():
             max_batch = min(self.config.cuda_graph_max_bs_decode or self.max_running_requests,
                             self.max_running_requests)
             pool = self.decode_graphs.pool if self.decode_graphs is not None else None
-            self.verify_graphs = VerifyGraphs(lambda b: self._forward(b, prepare=False), backend,
-                                              self.req_to_token, max_batch, width,
-                                              self.config.cuda_graph_bs_decode, pool=pool)
+            for w in sorted({w for w in VERIFY_WIDTHS if w < width} | {width}):
+                graphs = VerifyGraphs(lambda b: self._hidden(b, prepare=False), backend,
+                                      self.req_to_token, max_batch, w,
+                                      self.config.cuda_graph_bs_decode, pool=pool,
+                                      head=self._logits)
+                pool = graphs.pool
+                self.verify_graphs.append(graphs)
 
-    def verify_graph_width(self, batch_size: int) -> int:
-        """The width a verify batch of ``batch_size`` requests is padded to for a captured
-        graph to replay it; 0 when none would (it then runs eagerly, unpadded)."""
-        graphs = self.verify_graphs
-        return graphs.width if graphs is not None and batch_size <= graphs.max_batch else 0
+    def verify_graph_width(self, batch_size: int, longest: int) -> int:
+        """The width a verify batch of ``batch_size`` requests whose longest row has
+        ``longest`` tokens is padded to for a captured graph to replay it (the narrowest that
+        holds it); 0 when none would (it then runs eagerly, unpadded)."""
+        for graphs in self.verify_graphs:
+            if graphs.width >= longest and batch_size <= graphs.max_batch:
+                return graphs.width
+        return 0
 
     # ------------------------------------------------------------------ hot path
 
@@ -319,10 +329,11 @@ class ModelRunner:
         graphs = self.decode_graphs
         if graphs is not None and batch.is_decode and batch.batch_size <= graphs.max_batch:
             return graphs.run(batch)
-        if batch.mode is ForwardMode.VERIFY and self.verify_graphs is not None:
-            size = self.verify_graphs.size_for(batch)
-            if size:
-                return self.verify_graphs.run(batch, size)
+        if batch.mode is ForwardMode.VERIFY:
+            for verify in self.verify_graphs:
+                size = verify.size_for(batch)
+                if size:
+                    return verify.run(batch, size)
         return self._forward(batch)
 
     def synchronize(self, event: Any) -> None:
@@ -331,6 +342,10 @@ class ModelRunner:
         event.synchronize()
 
     def _forward(self, batch: Batch, prepare: bool = True) -> torch.Tensor:
+        return self._logits(self._hidden(batch, prepare))
+
+    def _hidden(self, batch: Batch, prepare: bool = True) -> torch.Tensor:
+        """The final hidden states of the rows of ``batch.logits_indices``."""
         backend = (self.decode_backend if batch.is_decode else self.verify_backend
                    if batch.mode is ForwardMode.VERIFY else self.prefill_backend)
         if prepare:
@@ -338,7 +353,9 @@ class ModelRunner:
         idx = batch.logits_indices
         if idx is None:
             idx = torch.cumsum(batch.extend_lens, 0) - 1
-        hidden = self.model(batch.input_ids, batch.positions, batch, backend, idx)
+        return self.model(batch.input_ids, batch.positions, batch, backend, idx)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.config.is_embedding:  # last-token pooling of the final norm's output
             return torch.nn.functional.normalize(hidden.float(), p=2.0, dim=-1)
         return self.model.compute_logits(hidden).float()

@@ -160,12 +160,13 @@ class SpecDecoder:
         self._finish_step(sched, decode, drafts, logits, batch)
         return True
 
-    def _pad_width(self, sched: Any, decode: list[tuple[Any, int, list[int]]]) -> int:
+    def _pad_width(self, sched: Any, decode: list[tuple[Any, int, list[int]]],
+                   drafts: list[Draft]) -> int:
         """The width every request's row is padded to for a captured verify forward (the
-        runner's :meth:`verify_graph_width` for this batch size), or 0: no graph serves this
-        batch, rows stay as long as their drafts. A padded row must fit the context."""
+        runner's ``verify_graph_width`` for this batch), or 0: no graph serves this batch,
+        rows stay as long as their drafts. A padded row must fit the context."""
         width = getattr(self.runner, "verify_graph_width", None)
-        pad = width(len(decode)) if width is not None else 0
+        pad = width(len(decode), 1 + max(map(len, drafts))) if width is not None else 0
         if pad and max(req.kv_len for req, _, _ in decode) + pad > sched.max_context_len:
             return 0
         return pad or 0
@@ -176,7 +177,7 @@ class SpecDecoder:
         tokens, its draft then padding nodes (the root's token at the root's position, K/V into
         the reserved slot 0, seen by no real node), and the tree mask is always given; only the
         real nodes' rows are in ``logits_indices``."""
-        pad = self._pad_width(sched, decode)
+        pad = self._pad_width(sched, decode, drafts)
         input_ids: list[int] = []
         positions: list[int] = []
         locs: list[int] = []
@@ -487,9 +488,9 @@ class TargetView(TargetModel):
         if getattr(self._runner, "decode_graphs", None) is not None:
             self._runner.decode_graphs = self._runner._make_decode_graphs()
         verify = getattr(self._runner, "verify_graphs", None)
-        if verify is not None:  # captured without the sink: capture again
-            self._runner.verify_graphs = None
-            self._runner.capture_verify_graphs(verify.width)
+        if verify:  # captured without the sink: capture again
+            self._runner.verify_graphs = []
+            self._runner.capture_verify_graphs(verify[-1].width)
         return width
 
     def features(self, request: Any, start: int, end: int) -> torch.Tensor:
