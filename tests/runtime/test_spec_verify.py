@@ -397,3 +397,21 @@ def test_ancestor_mask_of_a_tree():
     assert m[2].tolist() == [True, False, True, False, False]
     assert m[3].tolist() == [True, True, False, True, False]
     assert m[4].tolist() == [True, False, False, False, True]  # padding sees the root
+
+
+def test_a_greedy_tree_is_drawn_in_one_sampler_call_per_verify():
+    """Greedy rows with nothing that looks at earlier tokens: every node's token comes from one
+    sampler call, whatever the depth reached; a penalised row walks depth by depth."""
+    for penalty, per_verify in ((1.0, 1), (1.3, None)):
+        sched = make_sched(Oracle(width=5, good=3, tree=True))
+        calls: list[int] = []
+        inner = sched.sampler
+        sched.sampler = lambda rows, reqs: calls.append(len(reqs)) or inner(rows, reqs)
+        outs: dict[str, list[ReqOutput]] = {}
+        req = make_req([3, 4, 5], outs, max_new=13, repetition_penalty=penalty)
+        run(sched, [req], outs)
+        verifies = sched.spec.stats.verify_forwards
+        if per_verify:  # the prefill's call, then one per verify
+            assert len(calls) == 1 + verifies and min(calls[1:]) > 1
+        else:  # one call per depth reached, one row each
+            assert len(calls) > 1 + verifies and set(calls) == {1}

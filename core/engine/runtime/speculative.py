@@ -229,8 +229,15 @@ class SpecDecoder:
 
     def _walk(self, sched: Any, reqs: list[Any], drafts: list[Draft], offsets: list[int],
               logits: torch.Tensor) -> tuple[list[list[int]], list[ReqOutput | None]]:
-        """Sample the trees depth by depth; returns each request's accepted path (node
-        numbers: ``i + 1`` for draft node ``i``) and its merged output delta."""
+        """Sample the trees; returns each request's accepted path (node numbers: ``i + 1`` for
+        draft node ``i``) and its merged output delta.
+
+        A request whose next token depends on its logits alone (greedy; no penalties,
+        ``min_new_tokens``, logit processor or grammar) has every node's token drawn in one
+        sampler call for the whole batch, then its tree is walked on the host. The others are
+        walked depth by depth, one sampler call per depth for all of them, each draw made only
+        at a node the walk reached (so a seeded request draws exactly as without
+        speculation)."""
         children: list[dict[int, dict[int, int]]] = []
         for d in drafts:
             kids: dict[int, dict[int, int]] = {}
@@ -240,55 +247,79 @@ class SpecDecoder:
         node = [0] * len(reqs)
         path: list[list[int]] = [[] for _ in reqs]
         deltas: list[ReqOutput | None] = [None] * len(reqs)
-        active = list(range(len(reqs)))
         now = time.monotonic()
+
+        def take(i: int, out: Any, j: int) -> bool:
+            """Row ``j`` of ``out`` is request ``i``'s next token: emit it; True when the
+            walk goes on below the child that carries it."""
+            req = reqs[i]
+            if out.errors and j in out.errors:
+                delta = sched._error_output(req, _sample_failure(out.errors[j]))
+            else:
+                try:
+                    delta = sched._next_output(req, out, j, now)
+                except Exception as exc:  # noqa: BLE001 - this request fails alone
+                    delta = sched._error_output(
+                        req, f"internal error while finishing its token: "
+                        f"{type(exc).__name__}: {exc}")
+            deltas[i] = _merge(deltas[i], delta)
+            if req.finished:
+                return False
+            child = children[i].get(node[i], {}).get(out.token_ids[j])
+            if child is None:
+                return False
+            node[i] = child
+            path[i].append(child)
+            return True
+
+        free = [i for i, req in enumerate(reqs) if _context_free(req)]
+        if free:
+            rows = [offsets[i] + k for i in free for k in range(1 + len(drafts[i]))]
+            out = sched.sampler(logits[rows] if len(rows) < logits.shape[0] else logits,
+                                [reqs[i] for i in free for _ in range(1 + len(drafts[i]))])
+            sched.timer.mark("sample")
+            at = 0
+            for i in free:
+                while take(i, out, at + node[i]):
+                    pass
+                at += 1 + len(drafts[i])
+        taken = set(free)
+        active = [i for i in range(len(reqs)) if i not in taken]
         while active:
             rows = logits[[offsets[i] + node[i] for i in active]]
             out = sched.sampler(rows, [reqs[i] for i in active])
             sched.timer.mark("sample")
-            still: list[int] = []
-            for j, i in enumerate(active):
-                req = reqs[i]
-                if out.errors and j in out.errors:
-                    delta = sched._error_output(req, _sample_failure(out.errors[j]))
-                else:
-                    try:
-                        delta = sched._next_output(req, out, j, now)
-                    except Exception as exc:  # noqa: BLE001 - this request fails alone
-                        delta = sched._error_output(
-                            req, f"internal error while finishing its token: "
-                            f"{type(exc).__name__}: {exc}")
-                deltas[i] = _merge(deltas[i], delta)
-                if req.finished:
-                    continue
-                child = children[i].get(node[i], {}).get(out.token_ids[j])
-                if child is not None:
-                    node[i] = child
-                    path[i].append(child)
-                    still.append(i)
-            active = still
+            active = [i for j, i in enumerate(active) if take(i, out, j)]
         return path, deltas
 
-    def _commit(self, sched: Any, req: Any, slots: list[int], path: list[int]) -> None:
-        """Keep the KV of the last token and the accepted nodes at the slots of their
-        positions, free the rest; ``kv_len`` moves past them."""
-        pool = self.runner.pool
-        src = [slots[n] for d, n in enumerate(path, 1) if n != d]
+    def _commit(self, sched: Any, reqs: list[Any], slots: list[list[int]],
+                paths: list[list[int]]) -> None:
+        """Keep the KV of each request's last token and accepted nodes at the slots of their
+        positions (one gather and one scatter per buffer for the whole batch), free the rest;
+        ``kv_len`` moves past them."""
+        src: list[int] = []
+        dst: list[int] = []
+        for sl, path in zip(slots, paths):
+            for d, n in enumerate(path, 1):
+                if n != d:
+                    src.append(sl[n])
+                    dst.append(sl[d])
         if src:
-            dst = torch.tensor([slots[d] for d, n in enumerate(path, 1) if n != d],
-                               device=pool.device)
-            src_t = torch.tensor(src, device=pool.device)
+            pool = self.runner.pool
+            moves = torch.tensor(src + dst, device=pool.device)
+            src_t, dst_t = moves[:len(src)], moves[len(src):]
             sink = getattr(getattr(self.runner, "model", None), "feature_sink", None)
             buffers = [*pool.k, *pool.v] + ([sink.buf] if sink is not None else [])
             for buf in buffers:
-                buf.index_copy_(0, dst, buf.index_select(0, src_t))
-        keep = 1 + len(path)
-        new_len = req.kv_len + keep
-        room = -new_len % sched.page_size  # the rest of the last kept page stays
-        if len(slots) > keep + room:
-            sched.allocator.free_slots(slots[keep + room:])
-        req.kv_len = new_len
-        req.last_slot = slots[keep - 1]
+                buf.index_copy_(0, dst_t, buf.index_select(0, src_t))
+        for req, sl, path in zip(reqs, slots, paths):
+            keep = 1 + len(path)
+            new_len = req.kv_len + keep
+            room = -new_len % sched.page_size  # the rest of the last kept page stays
+            if len(sl) > keep + room:
+                sched.allocator.free_slots(sl[keep + room:])
+            req.kv_len = new_len
+            req.last_slot = sl[keep - 1]
 
     def _finish_step(self, sched: Any, decode: list[tuple[Any, int, list[int]]],
                      drafts: list[Draft], logits: torch.Tensor, batch: Batch) -> None:
@@ -298,8 +329,7 @@ class SpecDecoder:
             offsets.append(at)
             at += 1 + len(d)
         path, deltas = self._walk(sched, reqs, drafts, offsets, logits)
-        for (req, _, slots), p in zip(decode, path):
-            self._commit(sched, req, slots, p)
+        self._commit(sched, reqs, [slots for _, _, slots in decode], path)
         sched._counted = True
         accepted = sum(len(p) for p in path)
         emitted = 0
@@ -328,6 +358,15 @@ class SpecDecoder:
             self.proposer.release(req)
         except Exception:  # noqa: BLE001
             log.exception("the proposer failed to release a request")
+
+
+def _context_free(req: Any) -> bool:
+    """Whether the request's next token depends on its logits alone (greedy, nothing that
+    looks at the tokens before it), so every node of its tree may be drawn at once."""
+    sp = req.sampling_params
+    return (sp.is_greedy and not sp.has_penalties and not sp.min_new_tokens
+            and getattr(req, "grammar", None) is None
+            and getattr(req, "logit_processor", None) is None)
 
 
 def _merge(old: ReqOutput | None, new: ReqOutput) -> ReqOutput:
