@@ -60,6 +60,7 @@ class ExtendMetadata:
     qo_start: torch.Tensor  #: [B] int64, first row of each request in q / the output
     tile_tokens: int
     tree: torch.Tensor | None = None  #: speculative tree verify: [B, Q, Q] uint8
+    num_splits: int = 1  #: programs sharing each tile's prefix keys (then a merge)
 
 
 def interpreting() -> bool:
@@ -154,10 +155,21 @@ class TritonBackend(AttentionBackend):
         tile_req = [i for _, i, _ in tiles]
         tile_start = [m0 for _, _, m0 in tiles]
         dev = batch.seq_lens.device
+        # requests of one tile each (a verify, short chunks) split their prefix keys when the
+        # tiles alone leave the machine idle
+        splits = self._extend_splits(len(tiles)) if max(ext) <= bm else 1
         batch.attn_metadata = ExtendMetadata(
             to_device(tile_req, dev, torch.int32), to_device(tile_start, dev, torch.int32),
             to_device(qo_start, dev), bm,
-            _mask_bytes(batch.tree_mask) if batch.tree_mask is not None else None)
+            _mask_bytes(batch.tree_mask) if batch.tree_mask is not None else None, splits)
+
+    def _extend_splits(self, tiles: int) -> int:
+        """Programs per extend tile's prefix keys: up to ``num_kv_splits``, as many as keep
+        about four programs per multiprocessor busy (2 under the interpreter, to cover it)."""
+        if self._programs is None:
+            return min(2, self.num_kv_splits)
+        need = -(-self._programs // (tiles * self.pool.num_kv_heads))
+        return max(1, min(self.num_kv_splits, need))
 
     # ------------------------------------------------------------------ kernels
 
@@ -227,16 +239,29 @@ class TritonBackend(AttentionBackend):
                              f"backend was built for {self.group}")
         tree = md.tree if md.tree is not None else md.tile_req  # a placeholder when unused
         tb, tq = (md.tree.stride(0), md.tree.stride(1)) if md.tree is not None else (0, 0)
-        self.kernels._extend_kernel[(layer.num_kv_heads, md.tile_req.shape[0])](
+        splits = md.num_splits
+        part_dtype = torch.float32 if self.reduce_in_fp32 else q.dtype
+        shape = (q.shape[0], q.shape[1], splits) if splits > 1 else (0, 0, 1)
+        part_out = torch.empty((*shape, dim), dtype=part_dtype, device=q.device)
+        part_lse = torch.empty(shape, dtype=torch.float32, device=q.device)
+        self.kernels._extend_kernel[(layer.num_kv_heads, md.tile_req.shape[0], splits)](
             q, k_buf, v_buf, out, r2t, batch.req_pool_indices, batch.prefix_lens,
-            batch.extend_lens, md.qo_start, md.tile_req, md.tile_start, tree,
-            q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
-            v_buf.stride(1), out.stride(0), out.stride(1), r2t.stride(0), tb, tq,
-            layer.scaling * LOG2E * k_scale, v_scale,
+            batch.extend_lens, md.qo_start, md.tile_req, md.tile_start, tree, part_out,
+            part_lse, q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
+            v_buf.stride(0), v_buf.stride(1), out.stride(0), out.stride(1), r2t.stride(0), tb,
+            tq, part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0),
+            part_lse.stride(1), layer.scaling * LOG2E * k_scale, v_scale,
             GROUP=group, HEAD_DIM=dim, TILE_TOKENS=md.tile_tokens, BLOCK_M=self.block_rows,
             BLOCK_N=cfg.extend_block_n, BLOCK_D=_pow2(dim),
             DOT_PREC="ieee" if q.dtype == torch.float32 else None, HAS_TREE=md.tree is not None,
-            KV_FP8=fp8, num_warps=cfg.extend_warps, num_stages=cfg.extend_stages)
+            KV_FP8=fp8, NUM_SPLITS=splits, num_warps=cfg.extend_warps,
+            num_stages=cfg.extend_stages)
+        if splits > 1:
+            self.kernels._extend_merge_kernel[(q.shape[0], layer.num_kv_heads)](
+                part_out, part_lse, out, part_out.stride(0), part_out.stride(1),
+                part_out.stride(2), part_lse.stride(0), part_lse.stride(1), out.stride(0),
+                out.stride(1), GROUP=group, HEAD_DIM=dim, NUM_SPLITS=splits,
+                BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim), num_warps=4)
         return out
 
 

@@ -26,7 +26,10 @@ the tile's own diagonal block ``.. prefix + m0 + TILE_TOKENS`` with the causal m
 speculative tree (``HAS_TREE``): phase 1 covers the prefix only and phase 2 every new token up to
 the tile's end, masked by the tree (``tree_ptr`` [B, Q, Q] uint8: ancestors and self; a token's
 ancestors come before it, so none lies past the tile). Online
-softmax in float32 (base 2), the output in q's dtype.
+softmax in float32 (base 2), the output in q's dtype. When a batch has too few tiles to fill the
+GPU (a speculative verify, a short chunk), ``NUM_SPLITS`` programs share phase 1's whole key
+tiles, the last of them also doing the rest; each stores a partial output and its log-sum-exp
+and ``_extend_merge_kernel``, grid ``(T, Hkv)``, folds them in split order.
 
 Every load past a length is masked (never issued), so only slots the batch owns are read.
 An fp8 pool (``KV_FP8``) is read as its bit patterns and widened to q's dtype; its per-layer K
@@ -189,14 +192,18 @@ def _decode_merge_kernel(
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, req_to_token_ptr, req_pool_ptr, prefix_lens_ptr,
     extend_lens_ptr, qo_start_ptr, tile_req_ptr, tile_start_ptr, tree_ptr,
+    part_out_ptr, part_lse_ptr,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
-    stride_r2t, stride_tb, stride_tq, scale, v_scale,
+    stride_r2t, stride_tb, stride_tq, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
+    scale, v_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_TOKENS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr, KV_FP8: tl.constexpr = 0,
+    NUM_SPLITS: tl.constexpr = 1,
 ):
     g = tl.program_id(0)
     t = tl.program_id(1)
+    s = tl.program_id(2)  # the split of phase 1's key tiles (the last split also does phase 2)
     i = tl.load(tile_req_ptr + t)
     m0 = tl.load(tile_start_ptr + t)
     row = tl.load(req_pool_ptr + i)
@@ -229,37 +236,88 @@ def _extend_kernel(
     else:
         lo = prefix + m0
     full = lo - lo % BLOCK_N
-    for n0 in range(0, full, BLOCK_N):
+    # split s walks its share of the whole tiles (NUM_SPLITS == 1: all of them)
+    per = (full // BLOCK_N + NUM_SPLITS - 1) // NUM_SPLITS * BLOCK_N
+    start = s * per
+    stop = tl.minimum(full, start + per)
+    for n0 in range(start, stop, BLOCK_N):
         m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0 + offs_n, offs_n, offs_n, k_ptr,
                               v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
                               d_mask, scale, DOT_PREC, MASKED=False,
                               EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8)
-    if HAS_TREE:
-        if full < lo:  # the prefix's last partial tile
-            pos = full + offs_n
-            n_mask = pos < lo
-            m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, n_mask[None, :],
-                                  k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh,
-                                  offs_d, d_mask, scale, DOT_PREC, KV_FP8=KV_FP8)
-    else:  # the partial tile before the tile's own tokens joins phase 2 (all its keys pass)
-        lo = full
-    # phase 2: the tile's diagonal block of new tokens, causally (a tree: by its mask)
-    hi = prefix + tl.minimum(m0 + TILE_TOKENS, ext)
-    for n0 in range(lo, hi, BLOCK_N):
-        pos = n0 + offs_n
-        n_mask = pos < hi
+    if s == NUM_SPLITS - 1:
         if HAS_TREE:
-            seen = tl.load(tree_ptr + i * stride_tb + tok[:, None] * stride_tq
-                           + (pos - prefix)[None, :], mask=r_mask[:, None] & n_mask[None, :],
-                           other=0)
-            causal = n_mask[None, :] & (seen != 0)
-        else:
-            causal = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
-        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, causal, k_ptr,
-                              v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
-                              d_mask, scale, DOT_PREC, KV_FP8=KV_FP8)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            if full < lo:  # the prefix's last partial tile
+                pos = full + offs_n
+                n_mask = pos < lo
+                m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, n_mask[None, :],
+                                      k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs,
+                                      stride_vh, offs_d, d_mask, scale, DOT_PREC,
+                                      KV_FP8=KV_FP8)
+        else:  # the partial tile before the tile's own tokens joins phase 2 (all keys pass)
+            lo = full
+        # phase 2: the tile's diagonal block of new tokens, causally (a tree: by its mask)
+        hi = prefix + tl.minimum(m0 + TILE_TOKENS, ext)
+        for n0 in range(lo, hi, BLOCK_N):
+            pos = n0 + offs_n
+            n_mask = pos < hi
+            if HAS_TREE:
+                seen = tl.load(tree_ptr + i * stride_tb + tok[:, None] * stride_tq
+                               + (pos - prefix)[None, :],
+                               mask=r_mask[:, None] & n_mask[None, :], other=0)
+                causal = n_mask[None, :] & (seen != 0)
+            else:
+                causal = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+            m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, causal, k_ptr,
+                                  v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
+                                  d_mask, scale, DOT_PREC, KV_FP8=KV_FP8)
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / safe_l[:, None]
     if KV_FP8 != 0:
         out = out * v_scale
-    tl.store(out_ptr + (qo + tok)[:, None] * stride_ot + head[:, None] * stride_oh
-             + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=rd_mask)
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + (qo + tok)[:, None] * stride_ot + head[:, None] * stride_oh
+                 + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=rd_mask)
+    else:  # a partial output and its log-sum-exp (-inf: no key), merged by the next kernel
+        lse = tl.where(l_i > 0, m_i + tl.log2(safe_l), float("-inf"))
+        tl.store(part_out_ptr + (qo + tok)[:, None] * stride_pt + head[:, None] * stride_ph
+                 + s * stride_ps + offs_d[None, :], out.to(part_out_ptr.dtype.element_ty),
+                 mask=rd_mask)
+        tl.store(part_lse_ptr + (qo + tok) * stride_lt + head * stride_lh + s, lse,
+                 mask=r_mask)
+
+
+@triton.jit
+def _extend_merge_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr,
+    stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Fold a new token's split partial outputs, in split order (splits with no key skipped),
+    into its final rows for the query heads of KV head ``g``; grid ``(T, Hkv)``."""
+    tok = tl.program_id(0)
+    g = tl.program_id(1)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = g * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    gd_mask = g_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for s in range(0, NUM_SPLITS):
+        lse = tl.load(part_lse_ptr + tok * stride_lt + heads * stride_lh + s, mask=g_mask,
+                      other=float("-inf"))
+        part = tl.load(part_out_ptr + tok * stride_pt + heads[:, None] * stride_ph
+                       + s * stride_ps + offs_d[None, :], mask=gd_mask, other=0.0)
+        m_new = tl.maximum(m, lse)
+        live = m_new > float("-inf")
+        alpha = tl.where(live, tl.exp2(m - m_new), 1.0)
+        w = tl.where(live, tl.exp2(lse - m_new), 0.0)
+        acc = acc * alpha[:, None] + part.to(tl.float32) * w[:, None]
+        total = total * alpha + w
+        m = m_new
+    tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             (acc / tl.where(total > 0, total, 1.0)[:, None]).to(out_ptr.dtype.element_ty),
+             mask=gd_mask)
