@@ -142,6 +142,6 @@ def test_verify_graphs_give_plain_greedy_tokens(path, good, tree) -> None:
         if runner is graphs:
             widths = [v.width for v in runner.verify_graphs]
             assert widths == [2, 4, WIDTH] and replays
-            assert len({w for w, _ in replays}) > 1  # narrower rows use narrower graphs
+            assert min(w for w, _ in replays) < WIDTH  # narrower rows use narrower graphs
         else:
             assert runner.verify_graphs == []

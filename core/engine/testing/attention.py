@@ -66,8 +66,9 @@ class _Case:
         hq = NUM_KV_HEADS * ratio
         self.specs = [AttentionLayerSpec(i, hq, NUM_KV_HEADS, head_dim, head_dim ** -0.5)
                       for i in range(NUM_LAYERS)]
-        pages = 64 if page_size == 1 else 40
-        width = max(256, 8 * page_size + 32)  # the longest request: 6 pages + a few tokens
+        pages = 64 if page_size == 1 else 48
+        # the longest request: 6 pages + a few tokens, then the graph verify steps
+        width = max(256, 8 * page_size + 128)
         num_slots = pages * page_size if page_size > 1 else 512
         self.pool = KVPool(num_layers=NUM_LAYERS, num_kv_heads=NUM_KV_HEADS, head_dim=head_dim,
                            num_slots=num_slots, page_size=page_size, dtype=dtype, device=device)
@@ -213,7 +214,7 @@ class _Case:
                               sizes=[len(rows) + 1, n_max])
         shapes = [[-1, 0, 0], [-1, -1, 1], [-1, 0, 1], [-1, -1, -1]]
         errors: list[str] = []
-        for step in range(max(3, 2 * self.pool.page_size // width + 1)):
+        for step in range(max(3, self.pool.page_size // width + 2)):  # past a page boundary
             live = rows if step % 2 == 0 else rows[:-1]
             trees = [shapes[(step + i) % len(shapes)] for i in range(len(live))]
             batch = self.verify(live, [[9] * width for _ in live], trees)
