@@ -145,3 +145,26 @@ def test_verify_graphs_give_plain_greedy_tokens(path, good, tree) -> None:
             assert min(w for w, _ in replays) < WIDTH  # narrower rows use narrower graphs
         else:
             assert runner.verify_graphs == []
+
+
+def test_standalone_drafts_replay_the_draft_models_decode_graphs(path) -> None:
+    """STANDALONE with the target's own weights as the draft: the draft model's one-token
+    steps replay its decode CUDA graphs, the target verifies from its verify graphs, nearly
+    every draft token is accepted and the output is plain greedy decoding's."""
+    from engine.assembly import Assembly
+
+    prompts = [[(5 * i + 11 * j) % 500 + 3 for j in range(30 + 7 * i)] for i in range(4)]
+    target = make_runner(path, graphs=True)
+    plain = generate(Scheduler(target.config, target), prompts, 20)
+    cfg = target.config.replace(speculative_algorithm="STANDALONE",
+                                speculative_draft_model_path=path, speculative_num_steps=3,
+                                speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    spec = Assembly(cfg).speculative(target)
+    draft = spec.proposer.draft.runner
+    assert draft.decode_graphs is not None and target.verify_graphs
+    replays = []
+    run = draft.decode_graphs.run
+    draft.decode_graphs.run = lambda b: replays.append(b.batch_size) or run(b)
+    got = generate(Scheduler(cfg, target, speculative=spec), prompts, 20)
+    assert got == plain and replays
+    assert spec.stats.accepted_tokens >= 0.9 * spec.stats.draft_tokens

@@ -1,5 +1,6 @@
-"""The NGRAM proposer: its own matcher, the shared trie (capacity, recency, frequency) and the
-draft trees it builds; every installed speculative plugin through the conformance kit."""
+"""The NGRAM proposer: the shared index of every request's text (own and others' matches,
+capacity, recency, frequency) and the draft trees it builds; every installed speculative
+plugin through the conformance kit."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from engine.api.speculative import Draft, SpecContext
 from engine.plugins.registry import Registry
 from engine.testing.contract import run_checks
 from engine.testing.speculative import FakeRequest, check, draft_failures
-from engine_spec_ngram.impl import NgramProposer, NgramTrie, OwnMatcher
+from engine_spec_ngram.impl import NgramProposer, RequestText, SharedIndex
 
 DEFAULTS = {"speculative_ngram_min_bfs_breadth": 1, "speculative_ngram_max_bfs_breadth": 10,
             "speculative_ngram_match_type": "BFS", "speculative_ngram_max_trie_depth": 18,
@@ -31,12 +32,14 @@ def confident(monkeypatch):
     monkeypatch.setattr(impl, "START_PACE", 100.0)
 
 
-def test_own_matcher_prefers_the_longest_then_the_most_recent_match():
-    m = OwnMatcher()
-    m.extend([1, 2, 3, 9, 7, 2, 3, 8, 5, 2, 3])
-    found = m.matches(1, 4)
-    assert found[0] == (2, 6) and found[1] == (2, 2)  # "2 3" twice: the later one first
-    assert m.matches(3, 4) == []
+def test_matches_prefer_the_longest_then_the_most_recent():
+    index = SharedIndex(capacity=100)
+    text = RequestText()
+    index.extend(text, [1, 2, 3, 9, 7, 2, 3, 8, 5, 2, 3])
+    found = sorted(index.matches(text, 1, 4), key=lambda m: (-m[0], -text.stamps[m[2]]))
+    assert [(n, pos) for n, _, pos in found] == [(2, 6), (2, 2)]  # "2 3" twice: later first
+    assert index.matches(text, 3, 4) == []
+    assert text.stamps == list(range(1, 12))
 
 
 def test_a_repeated_text_drafts_its_continuation_as_one_chain(confident):
@@ -74,13 +77,24 @@ def test_the_shared_trie_drafts_from_other_requests(confident):
     assert d.token_ids[:4] == [43, 44, 45, 46]
 
 
-def test_trie_capacity_evicts_the_least_recently_used():
-    trie = NgramTrie(max_depth=3, capacity=30)
-    cur: list = []
-    for tok in list(range(50)):
-        cur = trie.advance(cur, tok)
-    assert trie.size <= 30
-    assert trie.find([49]) is not None and trie.find([1]) is None
+def test_released_text_stays_for_the_others_within_the_capacity(confident):
+    p = proposer(width=6, speculative_ngram_capacity=30)
+    a = FakeRequest("a", list(range(40, 60)))
+    p.propose([a])
+    p.release(a)  # 20 tokens kept
+    assert p.propose([FakeRequest("b", [9, 40, 41, 42])])[0].token_ids[:3] == [43, 44, 45]
+    c = FakeRequest("c", list(range(200, 220)))
+    p.propose([c])
+    p.release(c)  # 40 tokens released: a's go
+    assert p.propose([FakeRequest("d", [9, 40, 41, 42])]) == [Draft()]
+    assert p.index.kept == 20 and len(p.index.released) == 1
+    for k in range(4):  # many evictions: the map drops what it no longer points into
+        e = FakeRequest(f"e{k}", list(range(300 + 40 * k, 330 + 40 * k)))
+        p.propose([e])
+        p.release(e)
+    live = sum(len(t.tokens) for t in p._state.values())
+    assert p.index.entries == sum(map(len, p.index.where.values()))
+    assert p.index.entries <= 2 * (p.index.kept + live)
 
 
 def test_no_match_no_draft_and_release_forgets():

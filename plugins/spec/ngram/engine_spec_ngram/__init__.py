@@ -7,7 +7,7 @@ plugin = Plugin(
     family="speculative",
     implementation="engine_spec_ngram.impl",
     description="Drafts a token tree from n-gram matches in the request's own prompt and output "
-                "and in a trie shared by all requests; no draft model",
+                "and in every other request's; no draft model",
     requires=Requires(devices=("cpu", "cuda")),
     options=(
         Option("--speculative-ngram-min-bfs-breadth", "int", 1,
@@ -18,9 +18,10 @@ plugin = Plugin(
                "Which continuations come first: BFS (the most recent) or PROB (the most "
                "frequent).", choices=("BFS", "PROB")),
         Option("--speculative-ngram-max-trie-depth", "int", 18,
-               "Longest n-gram kept in the trie: the branch length."),
+               "Longest branch: the most tokens drafted after one match."),
         Option("--speculative-ngram-capacity", "int", 10_000_000,
-               "Most nodes of the shared trie (least recently used ones go first)."),
+               "Most tokens of finished requests kept for matching (the least recently "
+               "finished go first)."),
         Option("--speculative-ngram-min-match-window-size", "int", 1,
                "Shortest suffix of the request that must match to draft."),
         Option("--speculative-ngram-max-match-window-size", "int", 12,

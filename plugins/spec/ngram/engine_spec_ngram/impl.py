@@ -1,17 +1,18 @@
-"""NGRAM drafting: the request's own matcher, a shared capacity-bounded trie, a BFS tree.
+"""NGRAM drafting: the request's own text and every other request's, indexed by token; a
+tree of the continuations of the best matches.
 
-* :class:`OwnMatcher` indexes one request's tokens by value; a match is an earlier position
-  whose preceding tokens equal the request's last ``w`` tokens (``w`` from the longest window
-  down to the shortest); its continuation is what followed there.
-* :class:`NgramTrie` holds every n-gram (up to ``max_depth`` tokens) of every request, with a
-  count and a recency stamp per node; ``capacity`` bounds its nodes (least recently used
-  subtrees are dropped when it overflows).
-* the tree is cut per request to about twice its recent accepted length plus one, and a
+* :class:`SharedIndex` maps each token to its occurrences in the text (prompt and output) of
+  every request, live or released (``capacity`` bounds the released text kept). A match is an
+  occurrence of the request's last token whose preceding tokens equal the request's last ones
+  too, ``min_w`` to ``max_w`` in all; its continuation is what followed there, up to
+  ``max_depth`` tokens. Adding a token is one list append, so a long prompt costs next to
+  nothing to take in.
+* the draft is cut per request to about twice its recent accepted length plus one, and a
   request whose drafts keep failing drafts only every few steps (see ``EMA_WEIGHT``).
-* the draft merges them into one tree: the own matches first (the best one as a
-  chain as deep as the budget allows after reserving one node per other branch), then the trie
-  below the longest matched suffix, level by level with a breadth that shrinks as the match
-  grows, children ordered by recency (``BFS``) or count (``PROB``).
+* the tree: one branch per distinct next token, at most a breadth that shrinks as the longest
+  match grows; branches ordered by match length, then the longest continuation, then recency
+  (``BFS``), or by how often the next token follows (``PROB``); the first branch is drafted
+  as deep as the budget allows after reserving a node for every other one.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Sequence
 from engine.api import ConfigError, hookimpl
 from engine.api.speculative import Draft, Proposer, SpecContext
 
-MAX_CANDIDATES = 64  #: earlier positions of the last token examined by the own matcher
+MAX_CANDIDATES = 64  #: latest occurrences of the last token examined per draft
 #: per request, the draft is cut to about twice its recent accepted length (an exponential
 #: average with weight ``EMA_WEIGHT`` on the last verify, starting at ``START_PACE``) plus one;
 #: below ``IDLE_BELOW`` accepted tokens per verify it drafts only every ``PROBE_EVERY``-th
@@ -30,109 +31,78 @@ MAX_CANDIDATES = 64  #: earlier positions of the last token examined by the own 
 EMA_WEIGHT, START_PACE, IDLE_BELOW, PROBE_EVERY = 0.5, 1.0, 0.5, 6
 
 
-class _Node:
-    __slots__ = ("children", "count", "stamp")
-
-    def __init__(self) -> None:
-        self.children: dict[int, _Node] = {}
-        self.count = 0
-        self.stamp = 0
-
-
-class NgramTrie:
-    """n-grams of up to ``max_depth`` tokens; at most about ``capacity`` nodes."""
-
-    def __init__(self, max_depth: int, capacity: int) -> None:
-        self.max_depth, self.capacity = max_depth, capacity
-        self.root = _Node()
-        self.size = 0
-        self.clock = 0
-
-    def cursors(self) -> list[_Node]:
-        return []
-
-    def advance(self, cursors: list[_Node], token: int) -> list[_Node]:
-        """Insert ``token`` after each suffix the ``cursors`` stand for (and as a 1-gram);
-        returns the cursors after it (suffixes of up to ``max_depth - 1`` tokens)."""
-        self.clock += 1
-        out: list[_Node] = []
-        for node in [self.root, *cursors]:
-            child = node.children.get(token)
-            if child is None:
-                child = node.children[token] = _Node()
-                self.size += 1
-            child.count += 1
-            child.stamp = self.clock
-            out.append(child)
-        if len(out) >= self.max_depth:
-            out.pop()  # the longest one reached the depth limit
-        if self.size > self.capacity:
-            self._evict()
-        return out
-
-    def _evict(self) -> None:
-        """Drop the least recently used subtrees until a quarter of the capacity is free."""
-        target = self.capacity * 3 // 4
-        stamps = sorted(c.stamp for c in self.root.children.values())
-        for cut in stamps:
-            if self.size <= target:
-                break
-            for tok, child in list(self.root.children.items()):
-                if child.stamp <= cut:
-                    self.size -= _subtree_size(child)
-                    del self.root.children[tok]
-        if self.size > target:  # one huge recent subtree: start over
-            self.root, self.size = _Node(), 0
-
-    def find(self, suffix: Sequence[int]) -> _Node | None:
-        node = self.root
-        for tok in suffix:
-            node = node.children.get(tok)
-            if node is None:
-                return None
-        return node
-
-
-def _subtree_size(node: _Node) -> int:
-    n, stack = 0, [node]
-    while stack:
-        cur = stack.pop()
-        n += 1
-        stack.extend(cur.children.values())
-    return n
-
-
-class OwnMatcher:
-    """One request's tokens, indexed by value."""
+class RequestText:
+    """One request's tokens (prompt, then output) and when each came in."""
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
-        self.where: dict[int, list[int]] = {}
+        self.stamps: list[int] = []  #: the shared index's clock when each token came in
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        for tok in tokens:
-            self.where.setdefault(tok, []).append(len(self.tokens))
-            self.tokens.append(tok)
-
-    def matches(self, min_w: int, max_w: int) -> list[tuple[int, int]]:
-        """``(match length, position)`` of earlier occurrences of the last token whose
-        preceding tokens match too (at least ``min_w`` in all), best first: longest, then
-        most recent."""
+    def match_length(self, pos: int, suffix: list[int], max_w: int) -> int:
+        """How many tokens up to ``pos`` equal the end of ``suffix`` (at most ``max_w``)."""
         toks = self.tokens
-        last = len(toks) - 1
-        if last < 1:
+        n, last = 0, len(suffix) - 1
+        while n < max_w and pos - n >= 0 and n <= last and toks[pos - n] == suffix[last - n]:
+            n += 1
+        return n
+
+
+class SharedIndex:
+    """The text of every request, live or released, with a map from each token to its
+    occurrences in all of them (most recent last): a request matches its own text and the
+    others' alike. Adding a token costs one list append, whatever the branch length.
+    ``capacity`` bounds the tokens of released requests kept (the least recently released go
+    first; a live request's text always stays)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.where: dict[int, list[tuple[RequestText, int]]] = {}
+        self.clock = 0
+        self.released: dict[RequestText, None] = {}  #: released texts, oldest first
+        self.kept = 0  #: tokens of the released texts
+        self.entries = 0  #: occurrences in ``where``
+        self._dead = 0  #: occurrences of evicted texts still in ``where``
+
+    def extend(self, text: RequestText, tokens: Sequence[int]) -> None:
+        where, start = self.where, len(text.tokens)
+        for pos, tok in enumerate(tokens, start):
+            self.clock += 1
+            text.tokens.append(tok)
+            text.stamps.append(self.clock)
+            where.setdefault(tok, []).append((text, pos))
+        self.entries += len(tokens)
+
+    def release(self, text: RequestText) -> None:
+        self.released[text] = None
+        self.kept += len(text.tokens)
+        while self.kept > self.capacity and self.released:
+            old = next(iter(self.released))
+            del self.released[old]
+            self.kept -= len(old.tokens)
+            self._dead += len(old.tokens)
+            old.tokens, old.stamps = [], []  # its occurrences now point past its end
+        if 2 * self._dead > self.entries:  # drop them once they are half of the map
+            self.where = {tok: kept for tok, occ in self.where.items()
+                          if (kept := [(t, p) for t, p in occ if p < len(t.tokens)])}
+            self.entries -= self._dead
+            self._dead = 0
+
+    def matches(self, own: RequestText, min_w: int, max_w: int
+                ) -> list[tuple[int, RequestText, int]]:
+        """``(match length, text, position)`` of the latest occurrences (at most
+        :data:`MAX_CANDIDATES`) of ``own``'s last token, in any text, that something
+        follows and whose ``min_w``.. ``max_w`` tokens up to there equal ``own``'s last."""
+        toks = own.tokens
+        if not toks:
             return []
+        last = len(toks) - 1
         found = []
-        positions = self.where.get(toks[last], [])
-        for pos in reversed(positions[-MAX_CANDIDATES - 1:]):
-            if pos >= last:
+        for text, pos in reversed(self.where.get(toks[last], [])[-MAX_CANDIDATES - 1:]):
+            if pos + 1 >= len(text.tokens) or (text is own and pos >= last):
                 continue
-            n = 1
-            while n < max_w and pos - n >= 0 and toks[pos - n] == toks[last - n]:
-                n += 1
+            n = text.match_length(pos, toks, max_w)
             if n >= min_w:
-                found.append((n, pos))
-        found.sort(key=lambda m: (-m[0], -m[1]))
+                found.append((n, text, pos))
         return found
 
 
@@ -194,8 +164,8 @@ class NgramProposer(Proposer):
                               "--speculative-ngram-capacity at least 1")
         self.num_draft_tokens = context.num_draft_tokens or 12
         self.drafts_trees = self.max_breadth > 1 and self.num_draft_tokens > 2
-        self.trie = NgramTrie(self.max_depth, capacity)
-        self._state: dict[Any, tuple[OwnMatcher, list[Any]]] = {}
+        self.index = SharedIndex(capacity)
+        self._state: dict[Any, RequestText] = {}
         #: per request: [accepted tokens per verify (average), steps since the last draft,
         #: nodes of the last draft]
         self._pace: dict[Any, list[float]] = {}
@@ -204,27 +174,27 @@ class NgramProposer(Proposer):
         shape = f"trees of breadth {self.min_breadth}..{self.max_breadth}" \
             if self.drafts_trees else "chains"
         return (f"n-gram drafts of up to {self.num_draft_tokens - 1} tokens ({shape}, "
-                f"{self.match_type}, windows {self.min_w}..{self.max_w}, trie depth "
-                f"{self.max_depth})")
+                f"{self.match_type}, windows {self.min_w}..{self.max_w}, branches of up to "
+                f"{self.max_depth} tokens)")
 
     # ------------------------------------------------------------------ state
 
-    def _sync(self, req: Any) -> OwnMatcher:
-        state = self._state.get(req)
-        if state is None:
-            state = self._state[req] = (OwnMatcher(), [])
-        own, cursors = state
-        n = len(own.tokens)
+    def _sync(self, req: Any) -> RequestText:
+        text = self._state.get(req)
+        if text is None:
+            text = self._state[req] = RequestText()
+        n = len(text.tokens)
         prompt = req.origin_input_ids
         new = (prompt[n:] + req.output_ids) if n < len(prompt) else \
             req.output_ids[n - len(prompt):]
-        own.extend(new)
-        for tok in new:
-            cursors[:] = self.trie.advance(cursors, tok)
-        return own
+        if new:
+            self.index.extend(text, new)
+        return text
 
     def release(self, request: Any) -> None:
-        self._state.pop(request, None)
+        text = self._state.pop(request, None)
+        if text is not None:  # its text stays for the others, within the capacity
+            self.index.release(text)
         self._pace.pop(request, None)
 
     def on_verified(self, request: Any, accepted: int) -> None:
@@ -259,65 +229,36 @@ class NgramProposer(Proposer):
         budget = self._budget(req)
         if budget <= 0:
             return Draft()
-        tree = _Tree(budget)
-        toks = own.tokens
-        depth = self.max_depth
-        matches = own.matches(self.min_w, self.max_w)
-        if matches:
-            branches: list[int] = []
-            seen: set[int] = set()
-            counts: dict[int, int] = {}
-            for _, pos in matches:
-                counts[toks[pos + 1]] = counts.get(toks[pos + 1], 0) + 1
-            breadth = self._breadth(matches[0][0]) if self.drafts_trees else 1
-            last = len(toks) - 1
-            if self.match_type == "BFS":  # longest match, then the most continuation, recent
-                ordered = sorted(matches, key=lambda m: (-m[0], -min(last - m[1], budget),
-                                                         -m[1]))
-            else:
-                ordered = sorted(matches, key=lambda m: (-counts[toks[m[1] + 1]], -m[0], -m[1]))
-            for _, pos in ordered:
-                if toks[pos + 1] not in seen:
-                    seen.add(toks[pos + 1])
-                    branches.append(pos)
+        matches = self.index.matches(own, self.min_w, self.max_w)
+        if not matches:
+            return Draft()
+        counts: dict[int, int] = {}
+        for _, text, pos in matches:
+            nxt = text.tokens[pos + 1]
+            counts[nxt] = counts.get(nxt, 0) + 1
+        if self.match_type == "BFS":  # longest match, then the most continuation, recent
+            matches.sort(key=lambda m: (-m[0], -min(len(m[1].tokens) - 1 - m[2], budget),
+                                        -m[1].stamps[m[2]]))
+        else:  # the most frequent next token, then the longest match, recent
+            matches.sort(key=lambda m: (-counts[m[1].tokens[m[2] + 1]], -m[0],
+                                        -m[1].stamps[m[2]]))
+        breadth = self._breadth(max(m[0] for m in matches)) if self.drafts_trees else 1
+        branches: list[tuple[RequestText, int]] = []
+        seen: set[int] = set()
+        for _, text, pos in matches:
+            if text.tokens[pos + 1] not in seen:
+                seen.add(text.tokens[pos + 1])
+                branches.append((text, pos))
                 if len(branches) >= breadth:
                     break
-            first = branches[0]
-            tree.add_path(toks[first + 1:first + 1 + depth], budget - (len(branches) - 1))
-            for pos in branches[1:]:
-                tree.add_path(toks[pos + 1:pos + 1 + depth], max(1, (budget - len(tree.tokens))
-                                                                 // len(branches)))
-        if not tree.full:
-            self._from_trie(tree, toks)
-        if not tree.tokens:
-            return Draft()
+        tree = _Tree(budget)
+        depth = self.max_depth
+        for k, (text, pos) in enumerate(branches):  # the first as deep as the rest allow
+            share = budget - (len(branches) - 1) if k == 0 else \
+                max(1, (budget - len(tree.tokens)) // len(branches))
+            tree.add_path(text.tokens[pos + 1:pos + 1 + depth], share)
         self._pace[req][2] = len(tree.tokens)
         return Draft(tree.tokens, tree.parents)
-
-    def _from_trie(self, tree: _Tree, toks: list[int]) -> None:
-        """Fill the tree from the trie below the longest suffix it holds (BFS by level)."""
-        longest = min(self.max_w, self.max_depth - 1, len(toks))
-        for w in range(longest, self.min_w - 1, -1):
-            node = self.trie.find(toks[len(toks) - w:])
-            if node is not None and node.children:
-                break
-        else:
-            return
-        breadth = self._breadth(w) if self.drafts_trees else 1
-        key = (lambda n: n[1].stamp) if self.match_type == "BFS" else (lambda n: n[1].count)
-        frontier = [(node, 0)]
-        for _ in range(self.max_depth - w):
-            options = [(kid_tok, kid, at) for trie_node, at in frontier
-                       for kid_tok, kid in trie_node.children.items()]
-            if not options:
-                return
-            options.sort(key=lambda o: key((o[0], o[1])), reverse=True)
-            frontier = []
-            for tok, kid, at in options[:breadth]:
-                made = tree.child(at, tok)
-                if made is None:
-                    return
-                frontier.append((kid, made))
 
 
 @hookimpl
