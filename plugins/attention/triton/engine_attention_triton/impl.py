@@ -61,6 +61,7 @@ class ExtendMetadata:
     tile_tokens: int
     tree: torch.Tensor | None = None  #: speculative tree verify: [B, Q, Q] uint8
     num_splits: int = 1  #: programs sharing each tile's prefix keys (then a merge)
+    block_rows: int = 0  #: query rows per program (tile tokens x the group's heads, padded)
 
 
 def interpreting() -> bool:
@@ -145,7 +146,10 @@ class TritonBackend(AttentionBackend):
             return
         ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
         prefix = batch.prefix_lens_cpu or batch.prefix_lens.tolist()
-        bm = self.tile_tokens
+        rows = self.block_rows
+        if max(ext) * self.group < rows:  # a few new tokens each (a verify): a smaller tile
+            rows = max(16, _pow2(max(ext) * self.group))
+        bm = rows // self.group
         tiles, qo_start, acc = [], [], 0
         for i, (p, e) in enumerate(zip(prefix, ext)):
             tiles += [(p + m0, i, m0) for m0 in range(0, e, bm)]
@@ -161,7 +165,8 @@ class TritonBackend(AttentionBackend):
         batch.attn_metadata = ExtendMetadata(
             to_device(tile_req, dev, torch.int32), to_device(tile_start, dev, torch.int32),
             to_device(qo_start, dev), bm,
-            _mask_bytes(batch.tree_mask) if batch.tree_mask is not None else None, splits)
+            _mask_bytes(batch.tree_mask) if batch.tree_mask is not None else None, splits,
+            rows)
 
     def _extend_splits(self, tiles: int) -> int:
         """Programs per extend tile's prefix keys: up to ``num_kv_splits``, as many as keep
@@ -251,7 +256,7 @@ class TritonBackend(AttentionBackend):
             v_buf.stride(0), v_buf.stride(1), out.stride(0), out.stride(1), r2t.stride(0), tb,
             tq, part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0),
             part_lse.stride(1), layer.scaling * LOG2E * k_scale, v_scale,
-            GROUP=group, HEAD_DIM=dim, TILE_TOKENS=md.tile_tokens, BLOCK_M=self.block_rows,
+            GROUP=group, HEAD_DIM=dim, TILE_TOKENS=md.tile_tokens, BLOCK_M=md.block_rows,
             BLOCK_N=cfg.extend_block_n, BLOCK_D=_pow2(dim),
             DOT_PREC="ieee" if q.dtype == torch.float32 else None, HAS_TREE=md.tree is not None,
             KV_FP8=fp8, NUM_SPLITS=splits, num_warps=cfg.extend_warps,
