@@ -34,6 +34,7 @@ import logging
 import time
 from typing import Any, Hashable, Sequence
 
+import numpy as np
 import torch
 
 from engine.api.speculative import Draft, DraftModel, Proposer, TargetModel
@@ -82,17 +83,22 @@ class SpecStats:
 
 def ancestor_mask(draft: Draft, width: int) -> torch.Tensor:
     """[width, width] bool: row ``j`` (0 = the root, ``i + 1`` = node ``i``) sees its
-    ancestors and itself; rows and columns past the draft are padding (self only)."""
-    mask = torch.zeros((width, width), dtype=torch.bool)
-    mask[:, 0] = True
-    idx = torch.arange(width)
-    mask[idx, idx] = True
-    rows: list[list[int]] = [[0]]
-    for i, p in enumerate(draft.parents):
-        anc = rows[p + 1] + [i + 1]
-        rows.append(anc)
-        mask[i + 1, anc] = True
-    return mask
+    ancestors and itself; rows and columns past the draft are padding (the root and self)."""
+    return ancestor_masks([draft], width)[0]
+
+
+def ancestor_masks(drafts: Sequence[Draft], width: int) -> torch.Tensor:
+    """:func:`ancestor_mask` of every draft, [len(drafts), width, width] bool, built in one
+    array (a node's row is its parent's row plus itself)."""
+    out = np.zeros((len(drafts), width, width), dtype=bool)
+    diag = np.arange(width)
+    out[:, diag, diag] = True
+    out[:, :, 0] = True
+    for rows, draft in zip(out, drafts):
+        for i, p in enumerate(draft.parents):
+            if p >= 0:
+                rows[i + 1] |= rows[p + 1]
+    return torch.from_numpy(out)
 
 
 class SpecDecoder:
@@ -219,7 +225,7 @@ class SpecDecoder:
         tree_mask = None
         if tree:
             width = max(extend)
-            tree_mask = torch.stack([ancestor_mask(d, width) for d in drafts]).to(dev)
+            tree_mask = ancestor_masks(drafts, width).to(dev)
         return Batch(
             mode=ForwardMode.VERIFY, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
             req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=pre_t, extend_lens=ext_t,
