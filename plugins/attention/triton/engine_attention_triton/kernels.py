@@ -170,22 +170,34 @@ def _decode_merge_kernel(
     heads = g * GROUP + offs_g
     g_mask = offs_g < GROUP
     gd_mask = g_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    # in split order: the result depends on this request alone
+    out = _fold_splits(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph
+                       + offs_d[None, :], part_lse_ptr + b * stride_lb + heads * stride_lh,
+                       stride_ps, used, gd_mask, g_mask, BLOCK_G, BLOCK_D)
+    tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+
+
+@triton.jit
+def _fold_splits(part_ptrs, lse_ptrs, stride_ps, count, gd_mask, g_mask,
+                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The first ``count`` split partial outputs ([G, D] at ``part_ptrs + s * stride_ps``,
+    log-sum-exps at ``lse_ptrs + s``) folded in split order with a running log-sum-exp; a
+    split with no key (``-inf``) adds nothing, wherever it is."""
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for s in range(0, used):  # in split order: the result depends on this request alone
-        lse = tl.load(part_lse_ptr + b * stride_lb + heads * stride_lh + s, mask=g_mask,
-                      other=0.0)
-        part = tl.load(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph
-                       + s * stride_ps + offs_d[None, :], mask=gd_mask, other=0.0)
+    for s in range(0, count):
+        lse = tl.load(lse_ptrs + s, mask=g_mask, other=float("-inf"))
+        part = tl.load(part_ptrs + s * stride_ps, mask=gd_mask, other=0.0)
         m_new = tl.maximum(m, lse)
-        alpha = tl.exp2(m - m_new)
-        w = tl.exp2(lse - m_new)
+        live = m_new > float("-inf")
+        alpha = tl.where(live, tl.exp2(m - m_new), 1.0)
+        w = tl.where(live, tl.exp2(lse - m_new), 0.0)
         acc = acc * alpha[:, None] + part.to(tl.float32) * w[:, None]
         total = total * alpha + w
         m = m_new
-    tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-             (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
+    return acc / tl.where(total > 0, total, 1.0)[:, None]
 
 
 @triton.jit
@@ -303,21 +315,8 @@ def _extend_merge_kernel(
     heads = g * GROUP + offs_g
     g_mask = offs_g < GROUP
     gd_mask = g_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for s in range(0, NUM_SPLITS):
-        lse = tl.load(part_lse_ptr + tok * stride_lt + heads * stride_lh + s, mask=g_mask,
-                      other=float("-inf"))
-        part = tl.load(part_out_ptr + tok * stride_pt + heads[:, None] * stride_ph
-                       + s * stride_ps + offs_d[None, :], mask=gd_mask, other=0.0)
-        m_new = tl.maximum(m, lse)
-        live = m_new > float("-inf")
-        alpha = tl.where(live, tl.exp2(m - m_new), 1.0)
-        w = tl.where(live, tl.exp2(lse - m_new), 0.0)
-        acc = acc * alpha[:, None] + part.to(tl.float32) * w[:, None]
-        total = total * alpha + w
-        m = m_new
+    out = _fold_splits(part_out_ptr + tok * stride_pt + heads[:, None] * stride_ph
+                       + offs_d[None, :], part_lse_ptr + tok * stride_lt + heads * stride_lh,
+                       stride_ps, NUM_SPLITS, gd_mask, g_mask, BLOCK_G, BLOCK_D)
     tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-             (acc / tl.where(total > 0, total, 1.0)[:, None]).to(out_ptr.dtype.element_ty),
-             mask=gd_mask)
+             out.to(out_ptr.dtype.element_ty), mask=gd_mask)
