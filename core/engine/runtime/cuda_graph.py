@@ -157,14 +157,14 @@ class VerifyGraphs:
         self.req_to_token = req_to_token
         self.backend = backend
         self.graphs: dict[int, object] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, torch.Tensor] = {}  #: what each graph's forward returned
         #: the captured batches: their ``attn_metadata`` may hold device tensors the graphs read
         self.batches: dict[int, Batch] = {}
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         t0 = time.monotonic()
         for size in reversed(self.buckets):
             self.batches[size] = self._static_batch(size)
-            self.graphs[size], self.logits[size] = self._capture(self.batches[size], forward)
+            self.graphs[size], self.outputs[size] = self._capture(self.batches[size], forward)
         log.info("captured verify CUDA graphs (width %d) for batch sizes %s in %.1f s", w,
                  self.buckets, time.monotonic() - t0)
 
@@ -221,5 +221,5 @@ class VerifyGraphs:
             self.prefix_lens[bs:size].zero_()
             self.seq_lens[bs:size].fill_(self.width)
         self.graphs[size].replay()  # type: ignore[attr-defined]
-        out = self.logits[size].index_select(0, batch.logits_indices)
+        out = self.outputs[size].index_select(0, batch.logits_indices)
         return self.head(out) if self.head is not None else out

@@ -219,8 +219,8 @@ class SpecDecoder:
                             dtype=torch.long, device=dev)
         ids_t, pos_t, loc_t, rowi_t, key_t, real_t, rows_t, seq_t, pre_t, ext_t = flat.split(
             [n_tok] * 3 + [n_real] * 3 + [n_req] * 4)
-        # the real nodes' slots (padding nodes see only themselves: their keys are never read
-        # by a real node, so their table entries stay as they are)
+        # the real nodes' slots (a padding node sees the root and its own key, whatever slot
+        # the table holds there; no real node sees it, so its entry stays as it is)
         self.runner.req_to_token[rowi_t, key_t] = loc_t[real_t] if pad else loc_t
         tree_mask = None
         if tree:
