@@ -285,10 +285,14 @@ class ModelRunner:
         backend = self.verify_backend
         if not (backend.supports_verify_graph and backend.supports_tree_verify
                 and width > 1 and self._graphs_allowed("verify")):
-            log.info("speculative verify runs eagerly (no CUDA graphs%s)",
-                     "" if self.device.type != "cuda" else
-                     f": {type(backend).__name__} does not capture verify forwards"
-                     if not backend.supports_verify_graph else "")
+            if self.device.type == "cuda" and not backend.supports_verify_graph:
+                log.warning("speculative verify runs eagerly: the %s attention backend "
+                            "(%s) does not capture verify forwards in CUDA graphs, and an "
+                            "eager forward's kernel launches can cost several decode steps; "
+                            "--attention-backend triton captures them",
+                            self.config.speculative_attention_mode, type(backend).__name__)
+            else:
+                log.info("speculative verify runs eagerly (no CUDA graphs)")
             return
         from engine.runtime.cuda_graph import VERIFY_WIDTHS, VerifyGraphs
 
