@@ -7,6 +7,8 @@ while others verify, and the KV memory must come back whole."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import Any, Sequence
 
 import pytest
@@ -23,12 +25,10 @@ from engine.runtime.speculative import SpecDecoder
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-          "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512,
-          "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-          "tie_word_embeddings": False, "torch_dtype": "float32", "bos_token_id": 1,
-          "eos_token_id": 2}
+sys.path.insert(0, os.path.dirname(__file__))
+
+from test_sched_overlap_cuda import CONFIG  # noqa: E402  (the same small Llama)
+
 WIDTH = 6
 
 
