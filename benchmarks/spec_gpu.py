@@ -285,6 +285,7 @@ def profile(runner: ModelRunner, prompt_len: int, width: int = 4) -> None:
 
 
 def main() -> None:
+    os.environ.setdefault("ENGINE_STEP_TIMING", str(10**9))  # the schedulers' step phases
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--widths", default="2,4,8,12,16")
