@@ -6,7 +6,9 @@ new tokens' K/V into the pool at ``batch.out_cache_loc`` and return the attentio
 (``q`` [T, Hq, D], ``k``/``v`` [T, Hkv, D], output [T, Hq, D]). New token ``j`` of request ``i``
 (position ``prefix_lens[i] + j``) attends to every cached token of that request and to new tokens
 ``0..j``. A backend never hands work to another backend; ``supports_cuda_graph`` says whether its
-decode path may be captured, ``batch_invariant`` whether a token's output is independent of the
+decode path may be captured, ``supports_tree_verify`` whether it honours a speculative tree's
+``batch.tree_mask``, ``supports_verify_graph`` whether its verify forwards may be captured
+(``prepare_verify_graph``: rows of one width, metadata from the shape), ``batch_invariant`` whether a token's output is independent of the
 rest of the batch (``--enable-deterministic-inference``; :func:`attend_per_token` is such a
 path). :func:`attend_from_pool` / :func:`decode_from_pool` are the core's CPU kernel over a
 float32 pool (each token alone: batch- and prefill/decode-invariant). :mod:`engine.testing.attention` is the conformance suite.
