@@ -415,3 +415,20 @@ def test_a_greedy_tree_is_drawn_in_one_sampler_call_per_verify():
             assert len(calls) == 1 + verifies and min(calls[1:]) > 1
         else:  # one call per depth reached, one row each
             assert len(calls) > 1 + verifies and set(calls) == {1}
+
+
+def test_a_verify_batch_is_padded_to_the_narrowest_captured_width_that_holds_it():
+    from types import SimpleNamespace
+
+    from engine.runtime.model_runner import ModelRunner
+
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.verify_graphs = [SimpleNamespace(width=2, max_batch=64),
+                            SimpleNamespace(width=4, max_batch=64),
+                            SimpleNamespace(width=12, max_batch=16)]
+    assert runner.verify_graph_width(8, 1) == 2 and runner.verify_graph_width(8, 3) == 4
+    assert runner.verify_graph_width(8, 5) == 12
+    assert runner.verify_graph_width(32, 5) == 0  # no 12-wide graph for 32 requests
+    assert runner.verify_graph_width(1, 13) == 0  # wider than every graph
+    runner.verify_graphs = []
+    assert runner.verify_graph_width(1, 2) == 0
