@@ -145,8 +145,9 @@ class TargetModel(ABC):
     @abstractmethod
     def capture(self, layers: Sequence[int] = ()) -> int:
         """Keep, from now on, each target token's features: its final normed hidden state
-        (``layers`` empty) or the inputs of the given layers concatenated (EAGLE3). Call once,
-        at construction; returns the feature width."""
+        (``layers`` empty) or the inputs of the given layers concatenated in layer order
+        (EAGLE3; index ``num_layers`` is the final normed state, as the last of transformers'
+        ``hidden_states``). Call once, at construction; returns the feature width."""
 
     @abstractmethod
     def features(self, request: Any, start: int, end: int) -> Any:

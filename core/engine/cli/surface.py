@@ -93,6 +93,7 @@ PLUGIN_OPTIONS: dict[str, str] = {
     "--speculative-ngram-match-type": "speculative.ngram",
     "--speculative-ngram-max-trie-depth": "speculative.ngram",
     "--speculative-ngram-capacity": "speculative.ngram",
+    "--speculative-dflash-block-size": "speculative.dflash",
 }
 
 #: what each remaining option needs: reason -> flags (a trailing ``*`` matches a prefix)
@@ -116,7 +117,7 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--sm-group-num", "--numa-node"),
     "this speculative decoding option is not built (drafts come from --speculative-algorithm "
     "with one draft model in the target's process; see docs/architecture.md)": (
-        "--speculative-dflash-*", "--speculative-dspark-*", "--speculative-draft-attention-backend",
+        "--speculative-dspark-*", "--speculative-draft-attention-backend",
         "--speculative-dsa-topk-backend", "--speculative-draft-kv-cache-dtype",
         "--speculative-draft-window-size", "--speculative-draft-sink-size",
         "--speculative-moe-*", "--speculative-enable-w4a4-mxfp4-megamoe",

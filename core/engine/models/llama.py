@@ -388,6 +388,9 @@ class LlamaForCausalLM(nn.Module):
             h, residual = layer(h, residual, rope, batch, attn)
         h = h + residual
         if sink is not None:  # speculative drafts read every token's features
+            # past the last layer: the final normed state (the last of transformers'
+            # hidden_states, which feature-trained drafts were trained on)
+            aux.extend([m.norm(h)] * sink.layers.count(len(m.layers)))
             sink.write(batch, torch.cat(aux, -1) if sink.layers else m.norm(h))
         return m.norm(h.index_select(0, logits_indices))
 
@@ -436,7 +439,8 @@ class LlamaForCausalLM(nn.Module):
 
     #: when set (speculative drafts that read the target's hidden states), every forward
     #: writes each new token's features at its KV slot: ``sink.layers`` empty: the final
-    #: normed hidden state; else the inputs of those layers, concatenated
+    #: normed hidden state; else the inputs of those layers (the number of layers: the final
+    #: normed state), concatenated in layer order
     feature_sink: Any = None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -521,9 +521,11 @@ class TargetView(TargetModel):
 
     def capture(self, layers: Sequence[int] = ()) -> int:
         """From now on every target forward keeps each token's features: the final normed
-        hidden state (``layers`` empty), or the inputs of ``layers`` concatenated. Returns
-        the feature width. Decode and verify CUDA graphs are re-captured when needed."""
-        bad = [i for i in layers if not 0 <= i < self.num_layers]
+        hidden state (``layers`` empty), or the inputs of ``layers`` concatenated (index
+        ``num_layers``: the final normed state, as transformers' last hidden state). Returns
+        the feature
+        width. Decode and verify CUDA graphs are re-captured when needed."""
+        bad = [i for i in layers if not 0 <= i <= self.num_layers]
         if bad:
             raise ConfigError(f"target layers {bad} to capture: the target has "
                               f"{self.num_layers} layers")

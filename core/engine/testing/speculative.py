@@ -107,7 +107,10 @@ def draft_head_dir() -> str:
     path = tempfile.mkdtemp(prefix="engine-spec-kit-")
     cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": HIDDEN, "intermediate_size": 32,
            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-           "head_dim": 8, "vocab_size": VOCAB, "max_position_embeddings": 512}
+           "head_dim": 8, "vocab_size": VOCAB, "max_position_embeddings": 512,
+           # what a block-draft head (DFLASH) reads besides: the stand-in target's two layers
+           "block_size": 4, "dflash_config": {"target_layer_ids": [0, 1],
+                                              "mask_token_id": VOCAB - 1}}
     with open(f"{path}/config.json", "w") as f:
         json.dump(cfg, f)
     return path

@@ -1,14 +1,18 @@
-"""dflash (speculative): manifest only; this build has no implementation."""
+"""DFLASH speculative decoding (manifest only; the implementation loads on selection)."""
 
-from engine.api import Plugin, Requires
+from engine.api import Option, Plugin, Requires
 
 plugin = Plugin(
     name="dflash",
     family="speculative",
-    implementation=None,
-    description="DFLASH speculative decoding: a block-diffusion draft proposes a whole block per forward",
-    requires=Requires(devices=("cpu", "cuda")),
-    not_implemented=(
-        "needs a DFlash block-diffusion draft: its architecture (a few bidirectional layers over a block of mask tokens, with target-layer features injected as extra keys and values) and checkpoint layout are not built here; the core would verify its block as a chain (--speculative-eagle-topk 1) with per-slot target features as EAGLE3 uses, but no draft forward exists to produce the block"
+    implementation="engine_spec_dflash.impl",
+    description="DFlash block-diffusion draft (a few non-causal layers over a block of mask "
+                "tokens, the target's layer features injected as keys and values): one draft "
+                "forward proposes a whole block, verified as a chain",
+    requires=Requires(packages=("safetensors",), devices=("cpu", "cuda")),
+    options=(
+        Option("--speculative-dflash-block-size", "int", None,
+               "Tokens per verify: the last token and block size - 1 drafts (default: "
+               "--speculative-num-draft-tokens, else the checkpoint's block_size)."),
     ),
 )
