@@ -22,6 +22,10 @@ What a plugin builds on (given to its hook as ``context``, a :class:`SpecContext
 
 A proposer states its own constraints: :attr:`Proposer.drafts_trees` (a tree needs an attention
 backend with ``supports_tree_verify``; the core refuses the combination at start-up otherwise).
+
+For draft heads written in plain PyTorch (EAGLE family, DFlash): :func:`rope` and
+:class:`HeadCache` (a request's contiguous per-layer K/V cache and how many verified tokens the
+head has read).
 """
 
 from __future__ import annotations
@@ -30,7 +34,40 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
-__all__ = ["Draft", "DraftModel", "Proposer", "SpecContext", "TargetModel"]
+__all__ = ["Draft", "DraftModel", "HeadCache", "Proposer", "SpecContext", "TargetModel",
+           "rope"]
+
+
+def rope(x: Any, positions: Any, theta: float) -> Any:
+    """Rotate-half RoPE over the last dimension of ``x`` [T, heads, D] at ``positions`` [T]
+    (computed in float32, returned in ``x``'s dtype)."""
+    import torch
+
+    dim = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    ang = positions.float()[:, None] * inv[None, :]
+    cos, sin = ang.cos()[:, None, :].repeat(1, 1, 2), ang.sin()[:, None, :].repeat(1, 1, 2)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+
+
+class HeadCache:
+    """A draft head's cache for one request: ``caches[layer] = [k, v]`` ([S, Hkv, D], contiguous,
+    grown by concatenation) and ``fed``, the verified tokens the head has read."""
+
+    __slots__ = ("caches", "fed")
+
+    def __init__(self, layers: int, device: Any, dtype: Any) -> None:
+        import torch
+
+        empty = torch.empty(0, device=device, dtype=dtype)
+        self.caches = [[empty, empty] for _ in range(layers)]
+        self.fed = 0
+
+    def cut(self, n: int) -> None:
+        """Keep the first ``n`` positions of every layer."""
+        for c in self.caches:
+            c[0], c[1] = c[0][:n], c[1][:n]
 
 
 @dataclass

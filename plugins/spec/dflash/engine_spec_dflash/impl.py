@@ -14,20 +14,11 @@ from typing import Any, Sequence
 import torch
 
 from engine.api import ConfigError, hookimpl
-from engine.api.speculative import Draft, Proposer, SpecContext
+from engine.api.speculative import Draft, HeadCache, Proposer, SpecContext
 
 from engine_spec_dflash.model import DFlashHead, load_head
 
 log = logging.getLogger("engine.speculative")
-
-
-class _Seq:
-    __slots__ = ("caches", "fed")
-
-    def __init__(self, layers: int, device: torch.device, dtype: torch.dtype) -> None:
-        empty = torch.empty(0, device=device, dtype=dtype)
-        self.caches = [[empty, empty] for _ in range(layers)]
-        self.fed = 0
 
 
 class DFlashProposer(Proposer):
@@ -47,7 +38,7 @@ class DFlashProposer(Proposer):
         perm = [order.index(k) for k in range(len(ids))]  # checkpoint order from layer order
         self._perm = None if perm == list(range(len(ids))) else torch.cat(
             [torch.arange(p * h, (p + 1) * h) for p in perm]).to(self.device)
-        self._seqs: dict[Any, _Seq] = {}
+        self._seqs: dict[Any, HeadCache] = {}
 
     def describe(self) -> str:
         c = self.head.cfg
@@ -67,7 +58,7 @@ class DFlashProposer(Proposer):
             return Draft()
         seq = self._seqs.get(req)
         if seq is None or seq.fed > kv:
-            seq = self._seqs[req] = _Seq(len(self.head.layers), self.device, self.dtype)
+            seq = self._seqs[req] = HeadCache(len(self.head.layers), self.device, self.dtype)
         c, width = self.head.cfg, self.num_draft_tokens
         feats = self.target.features(req, seq.fed, kv)
         if self._perm is not None:

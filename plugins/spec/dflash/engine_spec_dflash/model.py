@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.api import ConfigError
+from engine.api.speculative import rope
 
 
 @dataclass
@@ -58,16 +59,6 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (x.float() * torch.rsqrt(var + eps)).to(x.dtype) * weight
 
 
-def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE; x [T, heads, D]."""
-    dim = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
-    ang = positions.float()[:, None] * inv[None, :]
-    cos, sin = ang.cos()[:, None, :].repeat(1, 1, 2), ang.sin()[:, None, :].repeat(1, 1, 2)
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
-
-
 class Layer(nn.Module):
     def __init__(self, c: DFlashConfig) -> None:
         super().__init__()
@@ -87,7 +78,7 @@ class Layer(nn.Module):
     def _kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c, t = self.c, x.shape[0]
         k = _rms(self.k_proj(x).view(t, c.num_kv_heads, c.head_dim), self.k_norm, c.rms_norm_eps)
-        return _rope(k, positions, c.rope_theta), self.v_proj(x).view(t, c.num_kv_heads,
+        return rope(k, positions, c.rope_theta), self.v_proj(x).view(t, c.num_kv_heads,
                                                                         c.head_dim)
 
     def forward(self, x: torch.Tensor, ctx: torch.Tensor, ctx_pos: torch.Tensor,
@@ -101,7 +92,7 @@ class Layer(nn.Module):
         cache[1] = torch.cat([cache[1], v_ctx]) if cache[1].numel() else v_ctx
         k_blk, v_blk = self._kv(h, pos)
         q = _rms(self.q_proj(h).view(t, c.num_heads, c.head_dim), self.q_norm, c.rms_norm_eps)
-        q = _rope(q, pos, c.rope_theta)
+        q = rope(q, pos, c.rope_theta)
         ratio = c.num_heads // c.num_kv_heads
         keys = torch.cat([cache[0], k_blk]).repeat_interleave(ratio, dim=1).transpose(0, 1)
         vals = torch.cat([cache[1], v_blk]).repeat_interleave(ratio, dim=1).transpose(0, 1)

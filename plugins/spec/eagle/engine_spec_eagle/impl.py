@@ -15,24 +15,11 @@ from typing import Any, Sequence
 import torch
 
 from engine.api import ConfigError, hookimpl
-from engine.api.speculative import Draft, Proposer, SpecContext
+from engine.api.speculative import Draft, HeadCache, Proposer, SpecContext
 
 from engine_spec_eagle.model import DraftHead, load_head
 
 DEFAULTS = (3, 1, 4)  #: (steps, topk, width) when none is set
-
-
-class _Seq:
-    __slots__ = ("caches", "fed")
-
-    def __init__(self, layers: int, device: torch.device, dtype: torch.dtype) -> None:
-        empty = torch.empty(0, device=device, dtype=dtype)
-        self.caches = [[empty, empty] for _ in range(layers)]
-        self.fed = 0
-
-    def cut(self, n: int) -> None:
-        for c in self.caches:
-            c[0], c[1] = c[0][:n], c[1][:n]
 
 
 class EagleProposer(Proposer):
@@ -45,7 +32,7 @@ class EagleProposer(Proposer):
         self.drafts_trees = topk > 1 and width > steps + 1
         self.hot = token_map
         self.device, self.dtype = self.target.device, self.target.dtype
-        self._seqs: dict[Any, _Seq] = {}
+        self._seqs: dict[Any, HeadCache] = {}
 
     def describe(self) -> str:
         c = self.head.cfg
@@ -82,7 +69,7 @@ class EagleProposer(Proposer):
     def _propose(self, req: Any) -> Draft:
         seq = self._seqs.get(req)
         if seq is None:
-            seq = self._seqs[req] = _Seq(len(self.head.layers), self.device, self.dtype)
+            seq = self._seqs[req] = HeadCache(len(self.head.layers), self.device, self.dtype)
         kv = req.kv_len
         if kv < 1:
             return Draft()
@@ -128,7 +115,7 @@ class EagleProposer(Proposer):
             ids = ids + d2t[ids]
         return best.values, ids
 
-    def _tree(self, seq: _Seq, hidden: torch.Tensor, kv: int) -> Draft:
+    def _tree(self, seq: HeadCache, hidden: torch.Tensor, kv: int) -> Draft:
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = []

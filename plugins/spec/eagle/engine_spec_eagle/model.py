@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.api import ConfigError
+from engine.api.speculative import rope
 
 
 @dataclass
@@ -67,17 +68,6 @@ class RMSNorm(nn.Module):
         return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
 
 
-def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE over the last dimension; x [T, H, D]."""
-    dim = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
-    ang = positions.float()[:, None] * inv[None, :]
-    cos, sin = ang.cos()[:, None, :].repeat(1, 1, 2), ang.sin()[:, None, :].repeat(1, 1, 2)
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rot = torch.cat([-x2, x1], dim=-1)
-    return (x.float() * cos + rot * sin).to(x.dtype)
-
-
 class Layer(nn.Module):
     def __init__(self, cfg: HeadConfig, qkv_in: int, input_norm: bool, hidden_norm: bool
                  ) -> None:
@@ -101,8 +91,8 @@ class Layer(nn.Module):
         ``mask`` [T, S + T] allows (draft tree nodes: the verified cache and their own
         ancestors)."""
         c, t = self.cfg, x.shape[0]
-        q = _rope(self.q_proj(x).view(t, c.num_heads, c.head_dim), positions, c.rope_theta)
-        k = _rope(self.k_proj(x).view(t, c.num_kv_heads, c.head_dim), positions, c.rope_theta)
+        q = rope(self.q_proj(x).view(t, c.num_heads, c.head_dim), positions, c.rope_theta)
+        k = rope(self.k_proj(x).view(t, c.num_kv_heads, c.head_dim), positions, c.rope_theta)
         v = self.v_proj(x).view(t, c.num_kv_heads, c.head_dim)
         cache[0] = torch.cat([cache[0], k]) if cache[0].numel() else k
         cache[1] = torch.cat([cache[1], v]) if cache[1].numel() else v
