@@ -2,7 +2,8 @@
 
 One plain server computes the reference (each prompt alone, greedy), then stops; then an NGRAM
 server and a STANDALONE server (the default model drafting for itself) must give the same ids,
-streamed and not, alone and 16 at once; STANDALONE accepts every draft token. Under a JSON
+streamed and not, alone and 16 at once; STANDALONE accepts every draft token. A DFLASH server
+with a random DFlash draft gives the same ids too. Under a JSON
 schema, NGRAM's accepted drafts advance the grammar like decoded tokens: the constrained
 outputs equal the plain server's and validate. Bad speculative
 set-ups end ``engine serve`` at start-up with exit status 2 and the reason.
@@ -157,6 +158,29 @@ def test_standalone_drafting_for_itself_accepts_every_draft(reference):
         assert meta["spec_accepted_tokens"] + meta["spec_verify_ct"] == verified, meta
         if r["meta_info"]["finish_reason"]["type"] == "length":
             assert meta["spec_verify_ct"] == -(-verified // 4), meta
+
+
+def test_dflash_with_a_random_draft_is_lossless(reference, tmp_path):
+    """A DFlash draft with random weights (plumbing only: its drafts are almost never right)
+    over the default model's layer features: the same ids, alone and 16 at once."""
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 576,
+           "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "head_dim": 64, "rms_norm_eps": 1e-5,
+           "rope_theta": 100000.0, "block_size": 4,
+           "dflash_config": {"target_layer_ids": [1, 15, 29], "mask_token_id": 0}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with running(start_server("dflash", "--max-running-requests", "16",
+                              "--speculative-algorithm", "DFLASH",
+                              "--speculative-draft-model-path", str(tmp_path),
+                              "--speculative-draft-load-format", "dummy")) as s:
+        ps = prompts()
+        with s["dflash"].client(timeout=600) as c:
+            alone = [generate(c, p) for p in ps[:6]]
+            with ThreadPoolExecutor(16) as pool:
+                together = list(pool.map(lambda p: generate(c, p), ps))
+    assert [r["output_ids"] for r in alone] == reference[:6]
+    assert [r["output_ids"] for r in together] == reference
+    assert all(r["meta_info"]["spec_verify_ct"] >= 1 for r in alone)
 
 
 # ---------------------------------------------------------------------- bad set-ups
