@@ -9,6 +9,6 @@ plugin = Plugin(
     description="DSPARK speculative decoding: a semi-autoregressive draft with confidence-scheduled ragged verify",
     requires=Requires(devices=("cpu", "cuda")),
     not_implemented=(
-        "needs a DSpark draft checkpoint (parallel backbone + sequential head + confidence head) and a profiled steps-per-second table for ragged verify; neither the draft architecture nor per-request verify lengths from confidence are built here (the core verifies whatever chain a proposer drafts)"
+        "needs the DSpark draft architecture (a DFlash-style parallel backbone plus a light sequential head drafting a semi-autoregressive block) and its checkpoint layout, which are not built here; its compact ragged verify also needs a trained confidence head and a profiled steps-per-second table (the static mode would verify its block as a chain, as DFLASH does)"
     ),
 )
