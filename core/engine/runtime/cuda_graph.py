@@ -50,6 +50,22 @@ def graph_buckets(max_batch: int, sizes: Sequence[int] | None = None) -> list[in
     return buckets
 
 
+def capture_graph(forward: Callable[[Batch], torch.Tensor], batch: Batch, pool: object
+                  ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """The CUDA graph of ``forward(batch)`` in memory ``pool``, and its output buffer. Two
+    runs on a side stream first compile the kernels and settle the allocations."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            forward(batch)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = forward(batch)
+    return graph, out
+
+
 class DecodeGraphs:
     """Captured decode forwards for batch sizes up to ``max_batch`` (:func:`graph_buckets`)."""
 
@@ -71,6 +87,8 @@ class DecodeGraphs:
         self.backend = backend
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        #: the captured batches: their ``attn_metadata`` may hold device tensors the graphs read
+        self.batches: dict[int, Batch] = {}
         self.pool = torch.cuda.graph_pool_handle()
         t0 = time.monotonic()
         for k, size in enumerate(reversed(self.buckets)):  # largest first: smaller graphs
@@ -93,18 +111,9 @@ class DecodeGraphs:
 
     def _capture(self, size: int, forward: Callable[[Batch], torch.Tensor],
                  backend: AttentionBackend) -> None:
-        batch = self._static_batch(size)
+        batch = self.batches[size] = self._static_batch(size)
         backend.prepare_graph(batch)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # compile kernels and settle allocations outside the capture
-                forward(batch)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self.logits[size] = forward(batch)
-        self.graphs[size] = graph
+        self.graphs[size], self.logits[size] = capture_graph(forward, batch, self.pool)
 
     def run(self, batch: Batch) -> torch.Tensor:
         """Replay the smallest bucket that holds ``batch``; float32 logits [B, vocab]."""
@@ -156,15 +165,16 @@ class VerifyGraphs:
         self.rows = torch.arange(n * w, dtype=torch.int64, device=dev)
         self.req_to_token = req_to_token
         self.backend = backend
-        self.graphs: dict[int, object] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  #: what each graph's forward returned
         #: the captured batches: their ``attn_metadata`` may hold device tensors the graphs read
         self.batches: dict[int, Batch] = {}
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         t0 = time.monotonic()
         for size in reversed(self.buckets):
-            self.batches[size] = self._static_batch(size)
-            self.graphs[size], self.outputs[size] = self._capture(self.batches[size], forward)
+            batch = self.batches[size] = self._static_batch(size)
+            backend.prepare_verify_graph(batch)
+            self.graphs[size], self.outputs[size] = capture_graph(forward, batch, self.pool)
         log.info("captured verify CUDA graphs (width %d) for batch sizes %s in %.1f s", w,
                  self.buckets, time.monotonic() - t0)
 
@@ -177,21 +187,6 @@ class VerifyGraphs:
             extend_lens=self.extend_lens[:size], req_to_token=self.req_to_token,
             seq_lens_cpu=[w] * size, prefix_lens_cpu=[0] * size, extend_lens_cpu=[w] * size,
             logits_indices=self.rows[:t], tree_mask=self.tree_mask[:size])
-
-    def _capture(self, batch: Batch, forward: Callable[[Batch], torch.Tensor]
-                 ) -> tuple[object, torch.Tensor]:
-        """The graph of ``forward(batch)`` and its output buffer."""
-        self.backend.prepare_verify_graph(batch)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                forward(batch)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = forward(batch)
-        return graph, logits
 
     def size_for(self, batch: Batch) -> int:
         """The bucket that replays ``batch``, or 0 (not padded to the width, or too large)."""
@@ -220,6 +215,6 @@ class VerifyGraphs:
             self.req_pool_indices[bs:size].zero_()
             self.prefix_lens[bs:size].zero_()
             self.seq_lens[bs:size].fill_(self.width)
-        self.graphs[size].replay()  # type: ignore[attr-defined]
+        self.graphs[size].replay()
         out = self.outputs[size].index_select(0, batch.logits_indices)
         return self.head(out) if self.head is not None else out

@@ -114,11 +114,13 @@ class TritonBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ metadata
 
-    def _max_splits(self, batch_size: int) -> int:
-        """``num_kv_splits``, capped (on a GPU) where the batch alone fills the machine."""
+    def _max_splits(self, units: int, interpreted: int | None = None) -> int:
+        """``num_kv_splits``, capped (on a GPU) where ``units`` programs per KV head (decode:
+        the requests; extend: the tiles) alone keep about four programs per multiprocessor
+        busy; without a GPU ``interpreted`` when given (fewer splits, faster to interpret)."""
         if self._programs is None:
-            return max(1, self.num_kv_splits)
-        need = -(-self._programs // (batch_size * self.pool.num_kv_heads))
+            return max(1, min(self.num_kv_splits, interpreted or self.num_kv_splits))
+        need = -(-self._programs // (units * self.pool.num_kv_heads))
         return max(1, min(self.num_kv_splits, need))
 
     def prepare_graph(self, batch: Batch) -> None:
@@ -161,20 +163,12 @@ class TritonBackend(AttentionBackend):
         dev = batch.seq_lens.device
         # requests of one tile each (a verify, short chunks) split their prefix keys when the
         # tiles alone leave the machine idle
-        splits = self._extend_splits(len(tiles)) if max(ext) <= bm else 1
+        splits = self._max_splits(len(tiles), interpreted=2) if max(ext) <= bm else 1
         batch.attn_metadata = ExtendMetadata(
             to_device(tile_req, dev, torch.int32), to_device(tile_start, dev, torch.int32),
             to_device(qo_start, dev), bm,
             _mask_bytes(batch.tree_mask) if batch.tree_mask is not None else None, splits,
             rows)
-
-    def _extend_splits(self, tiles: int) -> int:
-        """Programs per extend tile's prefix keys: up to ``num_kv_splits``, as many as keep
-        about four programs per multiprocessor busy (2 under the interpreter, to cover it)."""
-        if self._programs is None:
-            return min(2, self.num_kv_splits)
-        need = -(-self._programs // (tiles * self.pool.num_kv_heads))
-        return max(1, min(self.num_kv_splits, need))
 
     # ------------------------------------------------------------------ kernels
 

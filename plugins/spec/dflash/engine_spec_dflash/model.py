@@ -132,7 +132,7 @@ def _refuse(path: str, what: str) -> ConfigError:
     return ConfigError(f"--speculative-draft-model-path {path}: {what}")
 
 
-def read_config(path: str, target: Any) -> tuple[DFlashConfig, dict]:
+def read_config(path: str, target: Any) -> DFlashConfig:
     """The head's config from ``path``/config.json, checked against the target."""
     cfg_file = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_file):
@@ -168,7 +168,7 @@ def read_config(path: str, target: Any) -> tuple[DFlashConfig, dict]:
     if not 0 <= int(mask) < target.vocab_size:
         raise _refuse(path, f"mask_token_id {mask} is outside the target's vocabulary "
                       f"({target.vocab_size})")
-    cfg = DFlashConfig(
+    return DFlashConfig(
         hidden_size=h, intermediate_size=int(raw["intermediate_size"]),
         num_layers=int(raw["num_hidden_layers"]), num_heads=heads,
         num_kv_heads=int(raw.get("num_key_value_heads", heads)),
@@ -178,7 +178,6 @@ def read_config(path: str, target: Any) -> tuple[DFlashConfig, dict]:
         rope_theta=float(raw.get("rope_theta", 1_000_000.0)),
         attention_bias=bool(raw.get("attention_bias", False)),
         input_embedding_scale=float(_value(raw, "input_embedding_scale", 1.0)))
-    return cfg, raw
 
 
 def load_head(path: str | None, target: Any, *, dummy: bool = False,
@@ -187,7 +186,7 @@ def load_head(path: str | None, target: Any, *, dummy: bool = False,
     ConfigError with the reason when the checkpoint does not fit."""
     if not path:
         raise ConfigError("DFLASH needs a DFlash draft: set --speculative-draft-model-path")
-    cfg, _ = read_config(path, target)
+    cfg = read_config(path, target)
     head = DFlashHead(cfg)
     params = dict(head.named_parameters())
     if dummy:
