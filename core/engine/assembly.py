@@ -285,10 +285,11 @@ class Assembly:
                             ("--speculative-num-draft-tokens", cfg.speculative_num_draft_tokens)):
             if value is not None and value < 1:
                 raise ConfigError(f"{flag} {value}: must be at least 1")
+        target = TargetView(runner)
         context = SpecContext(
             num_steps=cfg.speculative_num_steps, eagle_topk=cfg.speculative_eagle_topk,
             num_draft_tokens=cfg.speculative_num_draft_tokens, device=runner.device,
-            target=TargetView(runner),
+            target=target,
             draft_loader=lambda: load_draft_runner(cfg, runner, self.registry))
         proposer = self.build(record, model_config=runner.model_config, config=cfg,
                               context=context)
@@ -302,7 +303,7 @@ class Assembly:
                 "with tree verify (torch_native)")
         log.info("speculative: %s (%s %s): %s", record.name, record.distribution,
                  record.version, proposer.describe())
-        return SpecDecoder(proposer, runner)
+        return SpecDecoder(proposer, runner, target)
 
     def parser_factories(self, chat_template: str | None) -> ParserFactories:
         """The reasoning and tool-call parser factories (``None`` where the flag is unset)."""

@@ -3,7 +3,7 @@
 One plain server computes the reference (each prompt alone, greedy), then stops; then an NGRAM
 server and a STANDALONE server (the default model drafting for itself) must give the same ids,
 streamed and not, alone and 16 at once; STANDALONE accepts every draft token. A DFLASH server
-with a random DFlash draft gives the same ids too. Under a JSON
+with a random DFlash draft, and a UNO server with a random LoRA adapter, give the same ids too. Under a JSON
 schema, NGRAM's accepted drafts advance the grammar like decoded tokens: the constrained
 outputs equal the plain server's and validate. Bad speculative
 set-ups end ``engine serve`` at start-up with exit status 2 and the reason.
@@ -181,6 +181,32 @@ def test_dflash_with_a_random_draft_is_lossless(reference, tmp_path):
     assert [r["output_ids"] for r in alone] == reference[:6]
     assert [r["output_ids"] for r in together] == reference
     assert all(r["meta_info"]["spec_verify_ct"] >= 1 for r in alone)
+
+
+def test_uno_with_a_random_adapter_is_lossless(reference, tmp_path):
+    """UNO over the default model with a random PEFT adapter read from disk (plumbing: the
+    noise rows' drafts are almost never right, the first row's always is): the same ids, alone
+    and 16 at once, and at least one token accepted per verify that was not cut short."""
+    from engine.testing.lora import write_adapter
+
+    cfg = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+           "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64}
+    lora = write_adapter(str(tmp_path / "uno"), cfg, rank=4, scale=0.05)
+    with running(start_server("uno", "--max-running-requests", "16",
+                              "--speculative-algorithm", "UNO", "--uno-lora-path", lora,
+                              "--speculative-num-draft-tokens", "4")) as s:
+        ps = prompts()
+        with s["uno"].client(timeout=600) as c:
+            alone = [generate(c, p) for p in ps[:4]]
+            streamed = [stream(c, p) for p in ps[4:6]]
+            with ThreadPoolExecutor(16) as pool:
+                together = list(pool.map(lambda p: generate(c, p), ps))
+    assert [r["output_ids"] for r in alone] == reference[:4]
+    assert [r["output_ids"] for r in streamed] == reference[4:6]
+    assert [r["output_ids"] for r in together] == reference
+    for r in alone:
+        meta = r["meta_info"]
+        assert meta["spec_accepted_tokens"] >= meta["spec_verify_ct"] - 1, meta
 
 
 # ---------------------------------------------------------------------- bad set-ups

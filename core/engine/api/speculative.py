@@ -18,7 +18,9 @@ What a plugin builds on (given to its hook as ``context``, a :class:`SpecContext
 * ``context.load_draft_model()``: the draft model of ``--speculative-draft-model-path`` (same
   tokenizer as the target, checked), a :class:`DraftModel` with its own KV pool;
 * ``context.target``: the target's embedding and head and its captured hidden states, for
-  drafts that read them (:class:`TargetModel`), or ``None`` when the core cannot give them.
+  drafts that read them (:class:`TargetModel`), or ``None`` when the core cannot give them;
+  also the target itself over a block of tokens after each request, with a LoRA adapter on
+  chosen rows (:meth:`TargetModel.run_block`: drafts from the target, UNO).
 
 A proposer states its own constraints: :attr:`Proposer.drafts_trees` (a tree needs an attention
 backend with ``supports_tree_verify``; the core refuses the combination at start-up otherwise).
@@ -191,6 +193,25 @@ class TargetModel(ABC):
         """Features ``[end - start, width]`` of the request's tokens ``start .. end - 1``; they
         must be in the target's KV (``end <= request.kv_len``). Tokens of a cached prefix
         have theirs too (features live with the KV slots)."""
+
+
+    def adapter(self, path: str | None, *, rank: int = 8, seed: int = 0) -> Any:
+        """A LoRA adapter over the target's linear layers, for :meth:`run_block`: the PEFT
+        checkpoint at ``path``, or random weights of ``rank`` when ``path`` is None (for
+        ``--speculative-draft-load-format dummy``). ConfigError when it cannot be applied."""
+        raise NotImplementedError(f"{type(self).__name__} has no adapters")
+
+    def run_block(self, requests: Sequence[Any], blocks: Sequence[Sequence[int]], *,
+                  adapter: Any = None, plain_rows: int = 0) -> list[Any]:
+        """Run the target itself over ``blocks[i]`` placed right after request ``i``'s KV
+        (positions ``kv_len ..``, causal, seeing the request's context) and return each
+        block's float32 logits ``[len(block), vocab]`` (``None`` for a request whose block
+        does not fit its context or the KV pool this step). Nothing is kept: the blocks' K/V
+        go into the slots this step's verify forward writes again. With ``adapter`` (from
+        :meth:`adapter`), its deltas are added on every row of a block but the first
+        ``plain_rows`` (those run as the target alone). Served while a verify step drafts
+        (inside :meth:`Proposer.propose`); one forward for all blocks."""
+        raise NotImplementedError(f"{type(self).__name__} does not run blocks")
 
 
 @dataclass

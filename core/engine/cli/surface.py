@@ -94,6 +94,7 @@ PLUGIN_OPTIONS: dict[str, str] = {
     "--speculative-ngram-max-trie-depth": "speculative.ngram",
     "--speculative-ngram-capacity": "speculative.ngram",
     "--speculative-dflash-block-size": "speculative.dflash",
+    "--uno-lora-path": "speculative.uno",
 }
 
 #: what each remaining option needs: reason -> flags (a trailing ``*`` matches a prefix)
@@ -124,7 +125,7 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--speculative-skip-dp-mlp-sync", "--speculative-adaptive*",
         "--speculative-ngram-external-*", "--speculative-domino-*",
         "--speculative-use-block-verification", "--spec-trace-dir", "--decoupled-spec-*",
-        "--enable-multi-layer-eagle", "--uno-lora-path"),
+        "--enable-multi-layer-eagle"),
     "expert parallelism across ranks, EPLB, DeepEP and shared-expert fusion: this build runs every "
     "routed expert in one process (--moe-runner-backend, --moe-a2a-backend none)": (
         "--enable-w4a4-mxfp4-megamoe", "--deepep-*", "--flashinfer-mxfp4-moe-precision",

@@ -104,9 +104,12 @@ def ancestor_masks(drafts: Sequence[Draft], width: int) -> torch.Tensor:
 class SpecDecoder:
     """The verify step over a scheduler's running requests (see the module docstring)."""
 
-    def __init__(self, proposer: Proposer, runner: Any) -> None:
+    def __init__(self, proposer: Proposer, runner: Any, target: "TargetView | None" = None
+                 ) -> None:
         self.proposer = proposer
         self.runner = runner
+        #: the view the proposer was given (its ``run_block`` is served during drafting)
+        self.target = target
         self.width = max(1, int(proposer.num_draft_tokens))
         self.stats = SpecStats()
         capture = getattr(runner, "capture_verify_graphs", None)
@@ -118,8 +121,15 @@ class SpecDecoder:
 
     # ------------------------------------------------------------------ drafting
 
-    def _drafts(self, sched: Any, reqs: list[Any]) -> list[Draft]:
-        drafts = self.proposer.propose(reqs)
+    def _drafts(self, sched: Any, decode: list[tuple[Any, int, list[int]]]) -> list[Draft]:
+        reqs = [req for req, _, _ in decode]
+        if self.target is not None:
+            self.target.step = (self, sched, {id(req): slots for req, _, slots in decode})
+        try:
+            drafts = self.proposer.propose(reqs)
+        finally:
+            if self.target is not None:
+                self.target.step = None
         if len(drafts) != len(reqs):
             raise RuntimeError(f"the proposer drafted {len(drafts)} drafts for {len(reqs)} "
                                "requests")
@@ -133,30 +143,101 @@ class SpecDecoder:
             out.append(draft.truncated(self.width - 1, room))
         return out
 
-    def _take_draft_slots(self, sched: Any, req: Any, slots: list[int], n: int) -> int:
-        """Extend ``slots`` (the one slot of ``req``'s last token) by ``n`` draft slots when
-        pages are free (evicting cache); returns how many were taken (``n`` or 0)."""
+    def _take_draft_slots(self, sched: Any, req: Any, slots: list[int], n: int) -> bool:
+        """Make ``slots`` (``req``'s slots from its last token on: that one, and any a block
+        run this step took) hold ``1 + n`` when pages are free (evicting cache); False when
+        they are not."""
         alloc = sched.allocator
-        if not sched._make_room(alloc.pages_needed(req.kv_len + 1, n) * alloc.page_size):
-            return 0
-        more, _ = alloc.slots_for(req.last_slot, req.kv_len + 1, n)
-        slots.extend(more)
-        req.last_slot = more[-1]
-        return n
+        more = 1 + n - len(slots)
+        if more <= 0:
+            return True
+        at = req.kv_len + len(slots)
+        if not sched._make_room(alloc.pages_needed(at, more) * alloc.page_size):
+            return False
+        new, _ = alloc.slots_for(req.last_slot, at, more)
+        slots.extend(new)
+        req.last_slot = new[-1]
+        return True
+
+    def _give_back(self, sched: Any, decode: list[tuple[Any, int, list[int]]]) -> None:
+        """Free the slots past each request's last token (taken by a block run) before the
+        step falls back to a plain decode."""
+        for req, _, slots in decode:
+            if len(slots) > 1:
+                room = -(req.kv_len + 1) % sched.page_size  # the rest of its page stays
+                if len(slots) > 1 + room:
+                    sched.allocator.free_slots(slots[1 + room:])
+                del slots[1:]
+                req.last_slot = slots[0]
+
+    def run_block(self, sched: Any, step_slots: dict[int, list[int]], requests: Sequence[Any],
+                  blocks: Sequence[Sequence[int]], adapter: Any, plain_rows: int
+                  ) -> list[torch.Tensor | None]:
+        """:meth:`TargetModel.run_block` during drafting: one eager forward of the blocks
+        (a causal chain after each request's KV), into the slots this step's verify takes."""
+        out: list[torch.Tensor | None] = [None] * len(requests)
+        items = []
+        for k, (req, block) in enumerate(zip(requests, blocks)):
+            slots = step_slots.get(id(req))
+            n = len(block)
+            if slots is None or n == 0 or req.kv_len + n > sched.max_context_len:
+                continue
+            if not self._take_draft_slots(sched, req, slots, n - 1):
+                continue
+            items.append((k, req, list(block), slots[:n]))
+        if not items:
+            return out
+        input_ids: list[int] = []
+        positions: list[int] = []
+        locs: list[int] = []
+        rows_idx: list[int] = []
+        plain: list[bool] = []
+        prefix, extend = [], []
+        for _, req, block, sl in items:
+            n, start = len(block), req.kv_len
+            input_ids.extend(block)
+            positions.extend(range(start, start + n))
+            locs.extend(sl)
+            rows_idx.extend([req.row] * n)
+            plain.extend(j < plain_rows for j in range(n))
+            prefix.append(start)
+            extend.append(n)
+        reqs = [req for _, req, _, _ in items]
+        seq = [p + e for p, e in zip(prefix, extend)]
+        n_tok, n_req = len(input_ids), len(reqs)
+        flat = torch.tensor(input_ids + positions + locs + rows_idx + [r.row for r in reqs]
+                            + seq + prefix + extend + list(range(n_tok)), dtype=torch.long,
+                            device=sched.device)
+        ids_t, pos_t, loc_t, rowi_t, rows_t, seq_t, pre_t, ext_t, all_t = flat.split(
+            [n_tok] * 4 + [n_req] * 4 + [n_tok])
+        self.runner.req_to_token[rowi_t, pos_t] = loc_t
+        batch = Batch(
+            mode=ForwardMode.VERIFY, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
+            req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=pre_t, extend_lens=ext_t,
+            req_to_token=self.runner.req_to_token, seq_lens_cpu=seq, prefix_lens_cpu=prefix,
+            extend_lens_cpu=extend, logits_indices=all_t,
+            sampling=[r.sampling_params for r in reqs])
+        if adapter is not None:
+            rows = ~torch.tensor(plain, dtype=torch.bool, device=sched.device)
+            with adapter.applied(rows):
+                logits = self.runner._forward(batch)
+        else:
+            logits = self.runner._forward(batch)
+        for (k, _, _, _), part in zip(items, logits.split(extend)):
+            out[k] = part
+        return out
 
     # ------------------------------------------------------------------ the step
 
     def verify(self, sched: Any, decode: list[tuple[Any, int, list[int]]]) -> bool:
         """Run the verify step over ``decode`` (each request with the slot of its last token,
         already in the scheduler's plan); False when nobody drafted (the caller decodes)."""
-        reqs = [req for req, _, _ in decode]
-        drafts = self._drafts(sched, reqs)
-        if not any(drafts):
-            return False
+        drafts = self._drafts(sched, decode)
         for k, (req, _, slots) in enumerate(decode):
             if drafts[k] and not self._take_draft_slots(sched, req, slots, len(drafts[k])):
                 drafts[k] = Draft()
         if not any(drafts):
+            self._give_back(sched, decode)
             return False
         sched.timer.mark("draft")
         batch = self._batch(sched, decode, drafts)
@@ -512,6 +593,8 @@ class TargetView(TargetModel):
         self.num_layers = mc.num_hidden_layers
         self.dtype, self.device = runner.dtype, runner.device
         self.rms_norm_eps = mc.rms_norm_eps
+        #: while a verify step drafts: (its SpecDecoder, the scheduler, request id -> slots)
+        self.step: tuple[Any, Any, dict[int, list[int]]] | None = None
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self._model.model.embed_tokens(token_ids)
@@ -539,6 +622,24 @@ class TargetView(TargetModel):
             self._runner.verify_graphs = []
             self._runner.capture_verify_graphs(verify[-1].width)
         return width
+
+    def adapter(self, path: str | None, *, rank: int = 8, seed: int = 0) -> Any:
+        from engine.runtime.lora import LoraAdapter
+
+        if path is None:
+            return LoraAdapter.random(self._model, rank=rank, seed=seed, device=self.device,
+                                      dtype=self.dtype)
+        return LoraAdapter.load(path, self._model, device=self.device, dtype=self.dtype)
+
+    @torch.inference_mode()
+    def run_block(self, requests: Sequence[Any], blocks: Sequence[Sequence[int]], *,
+                  adapter: Any = None, plain_rows: int = 0) -> list[Any]:
+        if self.step is None:
+            raise RuntimeError("run_block is served while a verify step drafts (in propose)")
+        if len(blocks) != len(requests):
+            raise ValueError(f"{len(blocks)} blocks for {len(requests)} requests")
+        spec, sched, slots = self.step
+        return spec.run_block(sched, slots, requests, blocks, adapter, plain_rows)
 
     def features(self, request: Any, start: int, end: int) -> torch.Tensor:
         """Features of the request's tokens ``start .. end - 1`` (all in the target's KV)."""

@@ -8,7 +8,9 @@ appending tokens between rounds as the verify step would
 
 (a draft-model proposer gets ``--speculative-draft-model-path`` of a tiny random model:
 ``--speculative-draft-load-format dummy``, and a two-layer stand-in target whose features are
-its token embeddings) It checks:
+its token embeddings; a proposer that refuses a draft model, drafting with the target alone
+(UNO), is built again with the width only and random draft weights, and its target's
+``run_block`` is the stand-in's). It checks:
 
 * the product is a :class:`~engine.api.speculative.Proposer` with a verify width of at least 2;
 * one :class:`~engine.api.speculative.Draft` per request, of at most width - 1 nodes, whose
@@ -29,6 +31,7 @@ import torch
 
 from engine.api.speculative import Draft, DraftModel, Proposer, SpecContext, TargetModel
 from engine.config import ServerConfig
+from engine.errors import ConfigError
 from engine.models.config import ModelConfig
 
 VOCAB = 64
@@ -86,6 +89,35 @@ class StandInTarget(TargetModel):
             raise ValueError(f"features of {start}..{end} with {request.kv_len} in the KV")
         ids = torch.tensor((request.origin_input_ids + request.output_ids)[start:end])
         return self.table[ids].repeat(1, self.width // HIDDEN)
+
+
+    def adapter(self, path: str | None, *, rank: int = 8, seed: int = 0) -> Any:
+        if path is not None:
+            raise ValueError("the stand-in target has random adapters only")
+        gen = torch.Generator().manual_seed(seed)
+        return _StandInAdapter(torch.randn(HIDDEN, HIDDEN, generator=gen) * 0.5, rank)
+
+    def run_block(self, requests: Sequence[Any], blocks: Sequence[Sequence[int]], *,
+                  adapter: Any = None, plain_rows: int = 0) -> list[Any]:
+        if len(blocks) != len(requests):
+            raise ValueError(f"{len(blocks)} blocks for {len(requests)} requests")
+        out = []
+        for req, block in zip(requests, blocks):
+            if req.kv_len < 0 or not block:
+                out.append(None)
+                continue
+            h = self.table[torch.tensor(list(block))]
+            if adapter is not None:
+                h = torch.cat([h[:plain_rows], h[plain_rows:] @ adapter.mix])
+            out.append(self.logits(h))
+        return out
+
+
+@dataclass
+class _StandInAdapter:
+    mix: torch.Tensor
+    rank: int
+    path: str = "(random)"
 
 
 @dataclass(eq=False)
@@ -150,7 +182,18 @@ def check(name: str, build: Callable[..., Any]) -> list[str]:
                           draft_loader=StandInDraftModel)
     config = ServerConfig(speculative_draft_model_path=draft_head_dir(),
                           speculative_draft_load_format="dummy")
-    proposer = build(model_config=model_config(), config=config, context=context)
+    try:
+        proposer = build(model_config=model_config(), config=config, context=context)
+    except ConfigError as first:
+        # a proposer that drafts with the target alone (UNO) refuses a draft model and
+        # tree settings: build it again with the width only, random draft weights
+        context = SpecContext(num_draft_tokens=6, device=torch.device("cpu"),
+                              target=StandInTarget(), draft_loader=StandInDraftModel)
+        config = ServerConfig(speculative_draft_load_format="dummy")
+        try:
+            proposer = build(model_config=model_config(), config=config, context=context)
+        except ConfigError as second:
+            return [f"refused with a draft model ({first}) and without one ({second})"]
     if not isinstance(proposer, Proposer):
         return [f"the hook returned {type(proposer).__name__}, not a Proposer"]
     if proposer.num_draft_tokens < 2:

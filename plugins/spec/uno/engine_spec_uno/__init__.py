@@ -1,14 +1,18 @@
-"""uno (speculative): manifest only; this build has no implementation."""
+"""UNO speculative decoding (manifest only; the implementation loads on selection)."""
 
-from engine.api import Plugin, Requires
+from engine.api import Option, Plugin, Requires
 
 plugin = Plugin(
     name="uno",
     family="speculative",
-    implementation=None,
-    description="UNO speculative decoding: the target itself with a draft-only LoRA adapter drafts from mask tokens",
-    requires=Requires(devices=("cpu", "cuda")),
-    not_implemented=(
-        "needs LoRA adapters on the target (not built in this engine: --enable-lora and --uno-lora-path are refused) to run the draft pass, and the adapter's mask-token id; its draft is a second forward of the target with the adapter applied"
+    implementation="engine_spec_uno.impl",
+    description="UNO: the target itself, with a draft-only LoRA adapter on the rows after "
+                "the last token, drafts a block in one forward from random noise tokens; "
+                "verified as a chain",
+    requires=Requires(packages=("safetensors",), devices=("cpu", "cuda")),
+    options=(
+        Option("--uno-lora-path", type="str", default=None,
+               help="Path to the UNO draft LoRA checkpoint (a PEFT adapter of the target: "
+                    "adapter_config.json and adapter_model.safetensors)."),
     ),
 )
