@@ -3,7 +3,8 @@
 One plain server computes the reference (each prompt alone, greedy), then stops; then an NGRAM
 server and a STANDALONE server (the default model drafting for itself) must give the same ids,
 streamed and not, alone and 16 at once; STANDALONE accepts every draft token. A DFLASH server
-with a random DFlash draft, and a UNO server with a random LoRA adapter, give the same ids too. Under a JSON
+with a random DFlash draft, a DSPARK server with a random DSpark draft and a UNO server with a
+random LoRA adapter give the same ids too. Under a JSON
 schema, NGRAM's accepted drafts advance the grammar like decoded tokens: the constrained
 outputs equal the plain server's and validate. Bad speculative
 set-ups end ``engine serve`` at start-up with exit status 2 and the reason.
@@ -179,6 +180,32 @@ def test_dflash_with_a_random_draft_is_lossless(reference, tmp_path):
             with ThreadPoolExecutor(16) as pool:
                 together = list(pool.map(lambda p: generate(c, p), ps))
     assert [r["output_ids"] for r in alone] == reference[:6]
+    assert [r["output_ids"] for r in together] == reference
+    assert all(r["meta_info"]["spec_verify_ct"] >= 1 for r in alone)
+
+
+def test_dspark_with_a_random_draft_is_lossless(reference, tmp_path):
+    """A DSpark draft with random weights (a DFlash backbone and a gated Markov head) over the
+    default model's layer features: the same ids, alone, streamed and 16 at once."""
+    cfg = {"architectures": ["DSparkDraftModel"], "model_type": "qwen3", "hidden_size": 576,
+           "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "head_dim": 64, "rms_norm_eps": 1e-5,
+           "rope_theta": 100000.0, "block_size": 3, "vocab_size": 49152,
+           "dflash_config": {"target_layer_ids": [1, 15, 29], "mask_token_id": 0,
+                             "markov_rank": 16, "markov_head_type": "gated"}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with running(start_server("dspark", "--max-running-requests", "16",
+                              "--speculative-algorithm", "DSPARK",
+                              "--speculative-draft-model-path", str(tmp_path),
+                              "--speculative-draft-load-format", "dummy")) as s:
+        ps = prompts()
+        with s["dspark"].client(timeout=600) as c:
+            alone = [generate(c, p) for p in ps[:4]]
+            streamed = [stream(c, p) for p in ps[4:6]]
+            with ThreadPoolExecutor(16) as pool:
+                together = list(pool.map(lambda p: generate(c, p), ps))
+    assert [r["output_ids"] for r in alone] == reference[:4]
+    assert [r["output_ids"] for r in streamed] == reference[4:6]
     assert [r["output_ids"] for r in together] == reference
     assert all(r["meta_info"]["spec_verify_ct"] >= 1 for r in alone)
 

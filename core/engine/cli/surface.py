@@ -95,6 +95,7 @@ PLUGIN_OPTIONS: dict[str, str] = {
     "--speculative-ngram-capacity": "speculative.ngram",
     "--speculative-dflash-block-size": "speculative.dflash",
     "--uno-lora-path": "speculative.uno",
+    "--speculative-dspark-block-size": "speculative.dspark",
 }
 
 #: what each remaining option needs: reason -> flags (a trailing ``*`` matches a prefix)
@@ -118,7 +119,7 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--sm-group-num", "--numa-node"),
     "this speculative decoding option is not built (drafts come from --speculative-algorithm "
     "with one draft model in the target's process; see docs/architecture.md)": (
-        "--speculative-dspark-*", "--speculative-draft-attention-backend",
+        "--speculative-draft-attention-backend",
         "--speculative-dsa-topk-backend", "--speculative-draft-kv-cache-dtype",
         "--speculative-draft-window-size", "--speculative-draft-sink-size",
         "--speculative-moe-*", "--speculative-enable-w4a4-mxfp4-megamoe",
@@ -126,6 +127,10 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--speculative-ngram-external-*", "--speculative-domino-*",
         "--speculative-use-block-verification", "--spec-trace-dir", "--decoupled-spec-*",
         "--enable-multi-layer-eagle"),
+    "DSPARK's ragged verify (compact, cap-accept) is not built: it schedules verify lengths from "
+    "a trained confidence head; this build verifies the whole block (static mode)": (
+        "--speculative-dspark-sps-table-path", "--speculative-dspark-confidence-sts-path",
+        "--speculative-dspark-align-verify-tokens-to-graph-tier"),
     "expert parallelism across ranks, EPLB, DeepEP and shared-expert fusion: this build runs every "
     "routed expert in one process (--moe-runner-backend, --moe-a2a-backend none)": (
         "--enable-w4a4-mxfp4-megamoe", "--deepep-*", "--flashinfer-mxfp4-moe-precision",

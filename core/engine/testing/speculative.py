@@ -141,8 +141,10 @@ def draft_head_dir() -> str:
            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
            "head_dim": 8, "vocab_size": VOCAB, "max_position_embeddings": 512,
            # what a block-draft head (DFLASH) reads besides: the stand-in target's two layers
+           # (and a DSpark draft's Markov head)
            "block_size": 4, "dflash_config": {"target_layer_ids": [0, 1],
-                                              "mask_token_id": VOCAB - 1}}
+                                              "mask_token_id": VOCAB - 1, "markov_rank": 4,
+                                              "markov_head_type": "gated"}}
     with open(f"{path}/config.json", "w") as f:
         json.dump(cfg, f)
     return path

@@ -71,8 +71,12 @@ class DFlashProposer(Proposer):
         hidden = self.head(emb, feats, torch.arange(seq.fed, kv, device=self.device),
                            torch.arange(kv, kv + width, device=self.device), seq.caches)
         seq.fed = kv
-        drafts = self.target.logits(hidden[1:]).argmax(-1).tolist()
-        return Draft.chain(drafts)
+        return Draft.chain(self.draft_tokens(hidden[1:], last))
+
+    def draft_tokens(self, hidden: torch.Tensor, last: int) -> list[int]:
+        """The drafts from the block's rows after the last token: the target's head, greedy
+        (a variant may correct each row's logits by the tokens drafted before it)."""
+        return self.target.logits(hidden).argmax(-1).tolist()
 
 
 def build(config: Any, context: SpecContext, options: Any) -> DFlashProposer:

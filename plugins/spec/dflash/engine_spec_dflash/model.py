@@ -26,7 +26,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,6 +52,8 @@ class DFlashConfig:
     rope_theta: float = 1_000_000.0
     attention_bias: bool = False
     input_embedding_scale: float = 1.0
+    #: the whole config.json (variants read their own fields from it)
+    raw: dict = field(default_factory=dict, repr=False)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -132,13 +134,22 @@ def _refuse(path: str, what: str) -> ConfigError:
     return ConfigError(f"--speculative-draft-model-path {path}: {what}")
 
 
-def read_config(path: str, target: Any) -> DFlashConfig:
-    """The head's config from ``path``/config.json, checked against the target."""
+def read_raw(path: str) -> dict:
+    """``path``/config.json as a dict (ConfigError when there is none)."""
     cfg_file = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_file):
         raise _refuse(path, "no config.json")
     with open(cfg_file) as f:
-        raw = json.load(f)
+        return json.load(f)
+
+
+def read_config(path: str, target: Any) -> DFlashConfig:
+    """The head's config from ``path``/config.json, checked against the target."""
+    return config_from_raw(read_raw(path), path, target)
+
+
+def config_from_raw(raw: dict, path: str, target: Any) -> DFlashConfig:
+    """The head's config from a config.json dict, checked against the target."""
     ids = _value(raw, "target_layer_ids")
     mask = _value(raw, "mask_token_id")
     if not ids:
@@ -177,17 +188,19 @@ def read_config(path: str, target: Any) -> DFlashConfig:
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         rope_theta=float(raw.get("rope_theta", 1_000_000.0)),
         attention_bias=bool(raw.get("attention_bias", False)),
-        input_embedding_scale=float(_value(raw, "input_embedding_scale", 1.0)))
+        input_embedding_scale=float(_value(raw, "input_embedding_scale", 1.0)), raw=raw)
 
 
-def load_head(path: str | None, target: Any, *, dummy: bool = False,
-              seed: int = 0) -> DFlashHead:
+def load_head(path: str | None, target: Any, *, dummy: bool = False, seed: int = 0,
+              head: nn.Module | None = None, skip: tuple[str, ...] = ()) -> DFlashHead:
     """The DFlash head of ``path`` for ``target`` (``dummy``: random weights from the config);
-    ConfigError with the reason when the checkpoint does not fit."""
+    ConfigError with the reason when the checkpoint does not fit. A variant passes its own
+    ``head`` (a :class:`DFlashHead` with more modules, whose tensors the checkpoint must hold
+    too) and the tensor prefixes it does not use (``skip``)."""
     if not path:
         raise ConfigError("DFLASH needs a DFlash draft: set --speculative-draft-model-path")
-    cfg = read_config(path, target)
-    head = DFlashHead(cfg)
+    if head is None:
+        head = DFlashHead(read_config(path, target))
     params = dict(head.named_parameters())
     if dummy:
         gen = torch.Generator().manual_seed(seed)
@@ -205,11 +218,12 @@ def load_head(path: str | None, target: Any, *, dummy: bool = False,
         for name, tensor in load_file(f).items():
             key = name[len("model."):] if name.startswith("model.") else name
             key = key.replace("self_attn.", "").replace("mlp.", "")
-            key = key[:-len(".weight")] if key.endswith("norm.weight") else key
+            if key not in params and key.endswith(".weight") and key[:-7] in params:
+                key = key[:-7]  # the norms are bare parameters here
             if key.startswith("candidate_selector") or "_conv." in key:
                 raise _refuse(path, "a DFlash2 checkpoint (dynamic convolutions and a "
                               "candidate selector) is not built here; DFlash checkpoints are")
-            if key.endswith("rotary_emb.inv_freq"):
+            if key.endswith("rotary_emb.inv_freq") or (skip and key.startswith(skip)):
                 continue
             if key not in params:
                 raise _refuse(path, f"unexpected tensor {name} for a DFlash head")

@@ -1,14 +1,19 @@
-"""dspark (speculative): manifest only; this build has no implementation."""
+"""DSPARK speculative decoding (manifest only; the implementation loads on selection)."""
 
-from engine.api import Plugin, Requires
+from engine.api import Option, Plugin, Requires
 
 plugin = Plugin(
     name="dspark",
     family="speculative",
-    implementation=None,
-    description="DSPARK speculative decoding: a semi-autoregressive draft with confidence-scheduled ragged verify",
-    requires=Requires(devices=("cpu", "cuda")),
-    not_implemented=(
-        "needs the DSpark draft architecture (a DFlash-style parallel backbone plus a light sequential head drafting a semi-autoregressive block) and its checkpoint layout, which are not built here; its compact ragged verify also needs a trained confidence head and a profiled steps-per-second table (the static mode would verify its block as a chain, as DFLASH does)"
+    implementation="engine_spec_dspark.impl",
+    description="DSpark semi-autoregressive draft: a DFlash backbone drafts a block in one "
+                "forward, a light Markov head corrects each position's logits by the token "
+                "drafted before it; static verify of the whole block as a chain",
+    requires=Requires(packages=("safetensors",), devices=("cpu", "cuda")),
+    options=(
+        Option("--speculative-dspark-block-size", "int", None,
+               "Draft block size gamma (the number of proposed draft tokens); the verify "
+               "window is gamma + 1 (default: --speculative-num-draft-tokens - 1, else the "
+               "checkpoint's block_size)."),
     ),
 )
