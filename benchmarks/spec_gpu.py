@@ -2,7 +2,7 @@
 against plain decoding, same run. Prints tables; writes JSON to $OUT if set.
 
     python3 benchmarks/spec_gpu.py [--batches 1,16] [--widths 2,4,8,12,16]
-        [--prompt-len 512] [--max-new 128] [--skip cost,e2e,profile]
+        [--prompt-len 512] [--max-new 128] [--skip cost,e2e,profile,draft]
 
 Model: the dummy Llama-3-8B shape (tests/data/llama3-8b-dummy), random bf16 weights, the
 triton attention backend, page size 16, CUDA graphs on.
@@ -20,6 +20,9 @@ triton attention backend, page size 16, CUDA graphs on.
   (last token time - first token time)``; the batch's rate is the sum over its requests of
   ``tokens - 1`` over the span from the first first-token to the last token. Then the
   scheduler's mean wall ms per step by phase (its step timer).
+* **draft** (run last: it makes the target capture features): EAGLE3 draft time per verify
+  step with a random head of the model's shape, 3 steps, top-1: every request at once with
+  the steps replaying captured graphs, the same without graphs, and each request alone.
 
 Random weights neither copy their prompt nor decode the same in two kernels (bf16 rounding
 differences after 32 random layers flip near-tied argmaxes), so e2e first turns the dummy model
@@ -257,6 +260,77 @@ def e2e(runner: ModelRunner, batches: list[int], prompt_len: int, max_new: int
     return rows
 
 
+def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new: int = 24
+               ) -> list[dict[str, Any]]:
+    """EAGLE3 draft time per verify step with a random head of the model's shape (3 steps,
+    top-1): every request at once, steps replaying captured graphs; the same without graphs;
+    and each request alone, eagerly (the tree path). All three draft from the same state each
+    step (the row cache's verified lengths are put back between them)."""
+    import tempfile
+
+    from engine.assembly import Assembly
+    from engine.runtime.scheduler import Scheduler
+
+    mc = runner.model_config
+    head = tempfile.mkdtemp(prefix="eagle3-head-")
+    Path(head, "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": mc.hidden_size,
+        "intermediate_size": mc.intermediate_size, "num_hidden_layers": 1,
+        "num_attention_heads": mc.num_attention_heads,
+        "num_key_value_heads": mc.num_key_value_heads, "head_dim": mc.head_dim,
+        "vocab_size": mc.vocab_size, "draft_vocab_size": min(32000, mc.vocab_size),
+        "rms_norm_eps": 1e-5}))
+    cfg = runner.config.replace(speculative_algorithm="EAGLE3", speculative_draft_model_path=head,
+                                speculative_draft_load_format="dummy", speculative_num_steps=3,
+                                speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    spec = Assembly(cfg).speculative(runner)
+    p = spec.proposer
+    graphs = p.graphs
+    real = p.propose
+    gen = torch.Generator().manual_seed(5)
+    out = []
+    for bs in batches:
+        times: dict[str, list[float]] = {"graphs": [], "batched": [], "alone": []}
+
+        def both(reqs: Sequence[Any]) -> list[Draft]:
+            fed = dict(p.rows.fed)
+            _sync()
+            t0 = time.perf_counter()
+            drafts = real(reqs)
+            _sync()
+            t1 = time.perf_counter()
+            for r in p.rows.fed:  # as before the first (a new request's row: nothing yet)
+                p.rows.fed[r] = fed.get(r, 0)
+            p.graphs = None
+            real(reqs)
+            _sync()
+            t2 = time.perf_counter()
+            p.graphs = graphs
+            for r in reqs:
+                p._propose(r)
+            _sync()
+            t3 = time.perf_counter()
+            times["graphs"].append(t1 - t0)
+            times["batched"].append(t2 - t1)
+            times["alone"].append(t3 - t2)
+            return drafts
+
+        p.propose = both
+        prompts = [torch.randint(0, mc.vocab_size, (prompt_len,), generator=gen).tolist()
+                   for _ in range(bs)]
+        generate(Scheduler(cfg, runner, speculative=spec), prompts, max_new)
+        p.propose = real
+        row = {"batch": bs, "steps": len(times["graphs"])}
+        for k, v in times.items():
+            row[k] = statistics.median(v[2:] or v) * 1e3
+        out.append(row)
+    runner.model.feature_sink = None
+    runner.verify_graphs = []
+    if runner.decode_graphs is not None:
+        runner.decode_graphs = runner._make_decode_graphs()
+    return out
+
+
 def profile(runner: ModelRunner, prompt_len: int, width: int = 4) -> None:
     """Kernel time per replay of a batch-1 decode step and a verify of ``width`` tokens."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
@@ -341,6 +415,15 @@ def main() -> None:
                   + " | ".join(f"{ph.get(k, 0.0):.2f}" for k in names) + " |", flush=True)
     if "profile" not in skip:
         profile(runner, args.prompt_len)
+    if "draft" not in skip:
+        rows = draft_cost(runner, batches, args.prompt_len)
+        result["draft"] = rows
+        print("\n| batch | EAGLE3 draft ms per verify step: batched, graphs | batched, eager "
+              "| per request, eager |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['batch']} | {r['graphs']:.2f} | {r['batched']:.2f} | "
+                  f"{r['alone']:.2f} |", flush=True)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "spec_gpu.json").write_text(json.dumps(result, indent=1))
 

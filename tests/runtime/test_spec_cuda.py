@@ -207,3 +207,39 @@ def test_drafts_from_the_target_run_on_the_gpu_and_are_lossless(path, tmp_path, 
     stats = spec.stats
     if algo == "UNO":
         assert stats.accepted_tokens >= stats.verified_requests - len(prompts)
+
+
+@pytest.mark.parametrize("algo,topk", [("EAGLE", 1), ("EAGLE3", 2), ("NEXTN", 1),
+                                       ("EAGLE", 3)])
+def test_eagle_heads_draft_in_captured_graphs_and_are_lossless(path, tmp_path, algo,
+                                                               topk) -> None:
+    """Random EAGLE-family heads on CUDA: chains (with sibling leaves at top-k 2) draft every
+    request at once, each step after the first replaying a captured graph; trees (top-k 3,
+    width 7) draft per request. Plain greedy output either way, KV memory back whole."""
+    from engine.assembly import Assembly
+
+    prompts = [[(11 * i + 7 * j) % 500 + 3 for j in range(20 + 9 * i)] for i in range(5)]
+    target = make_runner(path, graphs=True)
+    plain = generate(Scheduler(target.config, target), prompts, 20)
+    head = tmp_path / "head"
+    head.mkdir()
+    arch = {"EAGLE": "LlamaForCausalLMEagle", "EAGLE3": "LlamaForCausalLMEagle3",
+            "NEXTN": "DeepseekV3ForCausalLMNextN"}[algo]
+    (head / "config.json").write_text(json.dumps(
+        {"architectures": [arch], "hidden_size": 256, "intermediate_size": 512,
+         "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 64, "vocab_size": 512, "draft_vocab_size": 512, "rms_norm_eps": 1e-5,
+         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 1]}}))
+    width = 4 if topk < 3 else 7
+    cfg = target.config.replace(speculative_algorithm=algo, speculative_draft_model_path=str(head),
+                                speculative_draft_load_format="dummy", speculative_num_steps=3,
+                                speculative_eagle_topk=topk, speculative_num_draft_tokens=width)
+    spec = Assembly(cfg).speculative(target)
+    proposer = spec.proposer
+    got = generate(Scheduler(cfg, target, speculative=spec), prompts, 20)
+    assert got == plain
+    if proposer.drafts_trees:
+        assert proposer.graphs is None
+    else:
+        assert proposer.graphs is not None and proposer.graphs.replays > 0
+        assert len(proposer.graphs.graphs) >= 2  # batch buckets as requests come and go

@@ -280,3 +280,59 @@ def test_verify_rows_padded_for_a_captured_graph_give_the_same_output(files, ref
     assert verify and all(set(ext) == {width} for ext in verify)
     sched.cache.flush()
     assert sched.allocator.free_tokens == sched.allocator.capacity_tokens
+
+
+@pytest.mark.parametrize("algo,head,topk", [("EAGLE", "eagle", 1), ("EAGLE3", "eagle3", 2),
+                                            ("NEXTN", "mtp", 1)])
+def test_batched_chain_drafting_drafts_what_each_request_alone_drafts(files, reference, algo,
+                                                                      head, topk):
+    """Chains draft every request in one batched forward per step over the row cache; each
+    step's drafts equal those of the per-request head on its own contiguous cache (after
+    verifies, prefix hits and requests leaving)."""
+    sched = scheduler(files["target"], speculative_algorithm=algo,
+                      speculative_draft_model_path=files[head], speculative_num_steps=3,
+                      speculative_eagle_topk=topk, speculative_num_draft_tokens=4)
+    proposer = sched.spec.proposer
+    assert proposer.rows is not None and not proposer.drafts_trees
+    batched = proposer.propose
+    compared = []
+
+    def both(requests):
+        got = batched(requests)
+        alone = [proposer._propose(req) for req in requests]
+        assert [(d.token_ids, d.parents) for d in got] == \
+            [(d.token_ids, d.parents) for d in alone]
+        compared.append(len(requests))
+        return got
+
+    proposer.propose = both
+    ids, _ = generate(sched)
+    assert ids == reference[0]
+    again, _ = generate(sched, PROMPTS[:2])
+    assert again == reference[0][:2]
+    assert len(compared) > 5 and max(compared) == len(PROMPTS)
+
+
+def test_the_row_cache_grows_with_requests_and_lengths_keeping_what_it_holds(files,
+                                                                              monkeypatch):
+    """One row of 16 positions to start with: more requests and longer sequences reallocate it
+    (contents kept, the version moves on) and the output stays plain greedy decoding's."""
+    import engine_spec_eagle.impl as impl
+    from engine_spec_eagle.model import RowCache
+
+    monkeypatch.setattr(impl, "MIN_SPAN", 16)
+    long_prompts = [p * 6 for p in PROMPTS]  # up to 78 tokens: spans of 16 .. 128
+    plain = generate(scheduler(files["target"]), long_prompts)[0]
+    sched = scheduler(files["target"], speculative_algorithm="EAGLE",
+                      speculative_draft_model_path=files["eagle"])
+    proposer = sched.spec.proposer
+    proposer.rows = RowCache(proposer.head.cfg, proposer.device, proposer.dtype, rows=1, cap=16)
+    ids, _ = generate(sched, long_prompts)
+    assert ids == plain
+    assert proposer.rows.rows >= len(PROMPTS) and proposer.rows.cap >= 64
+    assert proposer.rows.version >= 4
+    cache = RowCache(proposer.head.cfg, proposer.device, proposer.dtype, rows=2, cap=4)
+    cache.k[0][1, 3] = 7.0
+    cache.grow(5, 9)
+    assert (cache.rows, cache.cap) == (8, 16) and cache.k[0][1, 3].eq(7.0).all()
+    assert cache.k[0].shape[0] == 9  # the scratch row last

@@ -1,11 +1,17 @@
 """EAGLE / EAGLE3 / NEXTN proposers: a draft head on the target's features (see ``model``).
 
-Per request the head keeps a contiguous K/V cache of the positions it has run with the
-target's true features (``fed``); each step it first catches up over the positions the target
-verified since (pairs of token ``t[k+1]`` and feature ``f[k]``), which also yields its first
-draft token, then runs ``num_steps - 1`` more steps on its own outputs. Its speculative
-positions are cut off at the next step. With top-k > 1 every drafted position also offers its
-next ``topk - 1`` candidates as sibling leaves (a tree; needs tree verify).
+Per request the head keeps the K/V of the positions it has run with the target's true features
+(``fed``); each step it first catches up over the positions the target verified since (pairs of
+token ``t[k+1]`` and feature ``f[k]``), which also yields its first draft token, then runs
+``num_steps - 1`` more steps on its own outputs. Its speculative positions are cut off at the
+next step. With top-k > 1 every drafted position also offers its next ``topk - 1`` candidates
+as sibling leaves.
+
+Chains (with or without sibling leaves) draft every request at once: one forward catches all
+of them up (rows padded to the longest), then each further step is one forward of one token per
+request over the :class:`~engine_spec_eagle.model.RowCache`, which on CUDA replays a graph
+captured per (batch bucket, key span) (:class:`StepGraphs`). EAGLE-2 trees (top-k > 1 and a
+verify width beyond the chain) grow per request, eagerly.
 """
 
 from __future__ import annotations
@@ -17,14 +23,73 @@ import torch
 from engine.api import ConfigError, hookimpl
 from engine.api.speculative import Draft, HeadCache, Proposer, SpecContext
 
-from engine_spec_eagle.model import DraftHead, load_head
+from engine_spec_eagle.model import DraftHead, RowCache, Rows, load_head
 
 DEFAULTS = (3, 1, 4)  #: (steps, topk, width) when none is set
+#: batch sizes a draft step's graph is captured for (a batch takes the smallest that holds it)
+GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+MIN_SPAN = 256  #: the smallest key span a step attends over (spans are powers of two)
+
+
+class StepGraphs:
+    """CUDA graphs of a proposer's one-token draft step, per (batch bucket, key span), captured
+    on first use; all dropped when the row cache is reallocated."""
+
+    def __init__(self, proposer: "EagleProposer") -> None:
+        self.proposer = proposer
+        self.graphs: dict[tuple[int, int], tuple[Any, dict, tuple]] = {}
+        self.version = -1
+        self.pool: Any = None
+        self.replays = 0
+
+    def run(self, tok: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor,
+            rows: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        p = self.proposer
+        n = tok.shape[0]
+        bucket = next((b for b in GRAPH_BUCKETS if b >= n), None)
+        if bucket is None:
+            return p._step(tok, feat, pos, rows, span)
+        if self.version != p.rows.version:
+            self.graphs.clear()
+            self.version = p.rows.version
+        entry = self.graphs.get((bucket, span))
+        if entry is None:
+            entry = self.graphs[(bucket, span)] = self._capture(bucket, span)
+        graph, static, out = entry
+        static["tok"][:n] = tok
+        static["feat"][:n] = feat
+        static["pos"][:n] = pos
+        static["rows"][:n] = rows
+        static["rows"][n:] = p.rows.scratch
+        static["pos"][n:] = 0
+        graph.replay()
+        self.replays += 1
+        return tuple(o[:n] for o in out)
+
+    def _capture(self, bucket: int, span: int) -> tuple[Any, dict, tuple]:
+        p = self.proposer
+        dev = p.device
+        static = {"tok": torch.zeros(bucket, dtype=torch.long, device=dev),
+                  "feat": torch.zeros(bucket, 1, p.head.cfg.hidden_size, dtype=p.dtype,
+                                      device=dev),
+                  "pos": torch.zeros(bucket, 1, dtype=torch.long, device=dev),
+                  "rows": torch.full((bucket,), p.rows.scratch, dtype=torch.long, device=dev)}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up (kernels compiled, scratch row only)
+            p._step(static["tok"], static["feat"], static["pos"], static["rows"], span)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = p._step(static["tok"], static["feat"], static["pos"], static["rows"], span)
+        self.pool = graph.pool()
+        return graph, static, out
 
 
 class EagleProposer(Proposer):
     def __init__(self, head: DraftHead, context: SpecContext, steps: int, topk: int,
-                 width: int, token_map: torch.Tensor | None = None) -> None:
+                 width: int, token_map: torch.Tensor | None = None,
+                 graphs: bool = False) -> None:
         self.head = head
         self.target = context.target
         self.num_steps, self.topk = steps, topk
@@ -33,6 +98,9 @@ class EagleProposer(Proposer):
         self.hot = token_map
         self.device, self.dtype = self.target.device, self.target.dtype
         self._seqs: dict[Any, HeadCache] = {}
+        #: chains: every request's head K/V, and the draft step's graphs (CUDA)
+        self.rows = None if self.drafts_trees else RowCache(head.cfg, self.device, self.dtype)
+        self.graphs = StepGraphs(self) if graphs and self.rows is not None else None
 
     def describe(self) -> str:
         c = self.head.cfg
@@ -42,6 +110,8 @@ class EagleProposer(Proposer):
 
     def release(self, request: Any) -> None:
         self._seqs.pop(request, None)
+        if self.rows is not None:
+            self.rows.release(request)
 
     def _logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits over the head's vocabulary and the map to target ids (None: identity)."""
@@ -64,7 +134,84 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[Any]) -> list[Draft]:
+        if self.rows is not None:
+            return self._propose_rows(requests)
         return [self._propose(req) for req in requests]
+
+    # ------------------------------------------------------------------ chains, batched
+
+    def _rows_view(self, rows: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor | None,
+                   span: int) -> Rows:
+        """Token ``[b, j]`` at position ``pos[b, j]`` of row ``rows[b]`` (the scratch row when
+        not ``valid``) sees that row's positions up to its own."""
+        scratch = self.rows.scratch
+        write = rows[:, None].expand_as(pos)
+        if valid is not None:
+            write = torch.where(valid, write, torch.full_like(write, scratch))
+        mask = torch.arange(span, device=pos.device)[None, None, :] <= pos[:, :, None]
+        return Rows(self.rows, rows, write.reshape(-1), pos.reshape(-1), mask, span)
+
+    def _step(self, tok: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor,
+              rows: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One draft token per request ([B] tokens, [B, 1, H] features, [B, 1] positions):
+        the head's outputs [B, 1, H] and each row's top-k log-probabilities and ids [B, k]
+        (shapes fixed by B and ``span``: what a graph captures)."""
+        hidden = self.head(self.target.embed(tok)[:, None], feat, pos,
+                           self._rows_view(rows, pos, None, span))
+        logp, ids = self._top(hidden[:, 0])
+        return hidden, logp, ids
+
+    def _propose_rows(self, requests: Sequence[Any]) -> list[Draft]:
+        out = [Draft() for _ in requests]
+        live = [i for i, req in enumerate(requests) if req.kv_len >= 1]
+        if not live:
+            return out
+        cache = self.rows
+        reqs = [requests[i] for i in live]
+        rows = [cache.row(req) for req in reqs]
+        kvs = [req.kv_len for req in reqs]
+        starts = [min(cache.fed[r], kv - 1) for r, kv in zip(rows, kvs)]
+        counts = [kv - s for kv, s in zip(kvs, starts)]
+        span = MIN_SPAN
+        while span < max(kvs) + self.num_steps:
+            span *= 2
+        cache.grow(cache.rows, span)
+        b, t = len(reqs), max(counts)
+        ids = torch.zeros(b, t, dtype=torch.long)
+        pos = torch.zeros(b, t, dtype=torch.long)
+        valid = torch.zeros(b, t, dtype=torch.bool)
+        feats = []
+        for k, (req, s, n) in enumerate(zip(reqs, starts, counts)):
+            tokens = req.origin_input_ids + req.output_ids
+            ids[k, :n] = torch.tensor(tokens[s + 1:s + 1 + n])
+            pos[k, :n] = torch.arange(s, s + n)
+            valid[k, :n] = True
+            f = self.target.features(req, s, s + n)
+            feats.append(torch.nn.functional.pad(f, (0, 0, 0, t - n)))
+        dev = self.device
+        ids, pos, valid = ids.to(dev), pos.to(dev), valid.to(dev)
+        rows_t = torch.tensor(rows, dtype=torch.long, device=dev)
+        hidden = self.head(self.target.embed(ids), torch.stack(feats), pos,
+                           self._rows_view(rows_t, pos, valid, span))
+        for r, kv in zip(rows, kvs):
+            cache.fed[r] = kv
+        last = torch.tensor(counts, device=dev) - 1
+        hidden = hidden[torch.arange(b, device=dev), last][:, None]  # [B, 1, H]
+        _, top = self._top(hidden[:, 0])
+        picks = [top]
+        step_pos = torch.tensor(kvs, dtype=torch.long, device=dev)[:, None]
+        for step in range(1, self.num_steps):
+            args = (top[:, 0], hidden, step_pos + (step - 1), rows_t, span)
+            hidden, _, top = (self.graphs.run(*args) if self.graphs is not None
+                              else self._step(*args))
+            picks.append(top)
+        chosen = torch.stack(picks, 1).tolist()  # [B, steps, k]
+        for i, per in zip(live, chosen):
+            chain = [row[0] for row in per]
+            sibs = [row[1:] for row in per]
+            out[i] = Draft.chain_with_siblings(chain, sibs).truncated(
+                self.num_draft_tokens - 1, len(chain))
+        return out
 
     def _propose(self, req: Any) -> Draft:
         seq = self._seqs.get(req)
@@ -209,7 +356,8 @@ def build(config: Any, context: SpecContext, want: str) -> EagleProposer:
         except Exception as exc:  # noqa: BLE001 - a start-up error with the reason
             raise ConfigError(f"--speculative-token-map {config.speculative_token_map}: "
                               f"{type(exc).__name__}: {exc}") from None
-    return EagleProposer(head, context, steps, topk, width, token_map)
+    graphs = target.device.type == "cuda" and not config.disable_cuda_graph
+    return EagleProposer(head, context, steps, topk, width, token_map, graphs=graphs)
 
 
 @hookimpl

@@ -14,8 +14,10 @@ Three layouts share one module (:class:`DraftHead`), selected by the checkpoint:
 * ``mtp`` (NEXTN, a DeepSeek-style MTP module exported alone): ``eh_proj(cat(enorm(embed(t)),
   hnorm(f)))`` (no bias), one full decoder layer, ``shared_head.norm``, the target's head.
 
-Attention keeps, per sequence, a contiguous K/V cache per layer (the draft's own KV pool); a
-sequence is cut back to its verified length each step. Positions use RoPE like the target.
+Attention keeps the head's own K/V, cut back to the verified length each step, either per
+sequence (a contiguous cache per layer: tree drafting) or for every running sequence at once
+(:class:`RowCache`: a dense row per request, batched forwards of fixed shapes that a CUDA graph
+can replay: chain drafting). Positions use RoPE like the target.
 """
 
 from __future__ import annotations
@@ -86,10 +88,13 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor,
-               cache: list[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
+               cache: "list[torch.Tensor] | Rows", mask: torch.Tensor | None = None
+               ) -> torch.Tensor:
         """x [T, qkv_in] of new tokens after ``cache`` ([k, v] of [S, Hkv, D]); causal, or what
         ``mask`` [T, S + T] allows (draft tree nodes: the verified cache and their own
-        ancestors)."""
+        ancestors). With :class:`Rows`, x is [B, T, qkv_in]: see there."""
+        if isinstance(cache, Rows):
+            return self._attend_rows(x, positions, cache)
         c, t = self.cfg, x.shape[0]
         q = rope(self.q_proj(x).view(t, c.num_heads, c.head_dim), positions, c.rope_theta)
         k = rope(self.k_proj(x).view(t, c.num_kv_heads, c.head_dim), positions, c.rope_theta)
@@ -108,8 +113,108 @@ class Layer(nn.Module):
                                              scale=c.head_dim ** -0.5)
         return self.o_proj(out.transpose(0, 1).reshape(t, -1))
 
+    def _attend_rows(self, x: torch.Tensor, positions: torch.Tensor, rows: "Rows"
+                     ) -> torch.Tensor:
+        c = self.cfg
+        b, t = x.shape[:2]
+        flat = positions.reshape(-1)
+        q = rope(self.q_proj(x).view(b * t, c.num_heads, c.head_dim), flat, c.rope_theta)
+        k = rope(self.k_proj(x).view(b * t, c.num_kv_heads, c.head_dim), flat, c.rope_theta)
+        v = self.v_proj(x).view(b * t, c.num_kv_heads, c.head_dim)
+        kb, vb = rows.cache.k[rows.layer], rows.cache.v[rows.layer]
+        kb.index_put_((rows.write_rows, rows.write_pos), k)
+        vb.index_put_((rows.write_rows, rows.write_pos), v)
+        keys = kb[rows.rows, :rows.span]  # [B, span, Hkv, D]
+        vals = vb[rows.rows, :rows.span]
+        ratio = c.num_heads // c.num_kv_heads
+        keys = keys.repeat_interleave(ratio, dim=2).transpose(1, 2)  # [B, Hq, span, D]
+        vals = vals.repeat_interleave(ratio, dim=2).transpose(1, 2)
+        q = q.view(b, t, c.num_heads, c.head_dim).transpose(1, 2)  # [B, Hq, T, D]
+        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=rows.mask[:, None],
+                                             scale=c.head_dim ** -0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class RowCache:
+    """The head's K/V of every running request: per layer ``k``, ``v`` [rows + 1, cap, Hkv, D],
+    request row ``r`` holding position ``p`` at ``[r, p]``; the last row takes the writes of
+    padding tokens. Rows and ``cap`` grow (doubling, contents kept) as requests and sequences
+    do: ``version`` counts the reallocations (graphs captured on the old buffers must be
+    captured again)."""
+
+    def __init__(self, cfg: HeadConfig, device: Any, dtype: torch.dtype, rows: int = 8,
+                 cap: int = 256) -> None:
+        self.cfg, self.device, self.dtype = cfg, device, dtype
+        self.rows, self.cap, self.version = 0, 0, 0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.free: list[int] = []
+        self.owner: dict[Any, int] = {}
+        self.fed: dict[int, int] = {}  #: row -> verified positions it holds
+        self.grow(rows, cap)
+
+    @property
+    def scratch(self) -> int:
+        return self.rows
+
+    def grow(self, rows: int, cap: int) -> None:
+        """At least ``rows`` request rows and ``cap`` positions per row."""
+        new_rows, new_cap = max(self.rows, 1), max(self.cap, 1)
+        while new_rows < rows:
+            new_rows *= 2
+        while new_cap < cap:
+            new_cap *= 2
+        if (new_rows, new_cap) == (self.rows, self.cap):
+            return
+        c = self.cfg
+        shape = (new_rows + 1, new_cap, c.num_kv_heads, c.head_dim)
+        for buf in (self.k, self.v):
+            for i in range(c.num_layers):
+                fresh = torch.zeros(shape, device=self.device, dtype=self.dtype)
+                if i < len(buf):
+                    fresh[:self.rows, :self.cap] = buf[i][:self.rows]
+                    buf[i] = fresh
+                else:
+                    buf.append(fresh)
+        self.free = list(range(new_rows - 1, self.rows - 1, -1)) + self.free
+        self.rows, self.cap = new_rows, new_cap
+        self.version += 1
+
+    def row(self, key: Any) -> int:
+        """The row of ``key`` (taken when it has none; the rows grow when every one is)."""
+        r = self.owner.get(key)
+        if r is None:
+            if not self.free:
+                self.grow(self.rows * 2, self.cap)
+            r = self.owner[key] = self.free.pop()
+            self.fed[r] = 0
+        return r
+
+    def release(self, key: Any) -> None:
+        r = self.owner.pop(key, None)
+        if r is not None:
+            self.fed.pop(r, None)
+            self.free.append(r)
+
+
+class Rows:
+    """A batched forward over :class:`RowCache` (for :meth:`Layer.attend` and
+    :meth:`DraftHead.forward`): token ``[b, j]`` of the input is written at
+    ``[write_rows, write_pos]`` (flattened over the batch; padding goes to the scratch row) and
+    attends to ``[rows[b], :span]`` where ``mask`` [B, T, span] allows."""
+
+    def __init__(self, cache: RowCache, rows: torch.Tensor, write_rows: torch.Tensor,
+                 write_pos: torch.Tensor, mask: torch.Tensor, span: int) -> None:
+        self.cache, self.rows, self.span = cache, rows, span
+        self.write_rows, self.write_pos, self.mask = write_rows, write_pos, mask
+        self.layer = 0
+
+    def at(self, layer: int) -> "Rows":
+        self.layer = layer
+        return self
 
 
 class DraftHead(nn.Module):
@@ -156,7 +261,8 @@ class DraftHead(nn.Module):
             else:
                 residual = h if i == 0 else h
                 x = layer.input_layernorm(h) if layer.input_layernorm is not None else h
-            a = layer.attend(x, positions, caches[i], mask)
+            cache = caches.at(i) if isinstance(caches, Rows) else caches[i]
+            a = layer.attend(x, positions, cache, mask)
             residual = a + residual
             h = layer.mlp(layer.post_attention_layernorm(residual)) + residual
         return h
