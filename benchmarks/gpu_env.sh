@@ -9,7 +9,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile
   --target /tmp/site2 plugins/attention/{torch_native,triton,flashinfer,flex_attention} \
   plugins/parsers/model-config-{hf,auto,mistral} plugins/quant/{gguf,unquant,fp8} \
   plugins/moe/{torch,triton,a2a-none} plugins/grammar/{llguidance,none} \
-  plugins/spec/{ngram,standalone,eagle,dflash,dspark,uno} || return 1
+  plugins/spec/{ngram,standalone,eagle,eagle3,nextn,dflash,dspark,uno} || return 1
 export PYTHONPATH=/tmp/site:/tmp/site2:$PWD/core
 # the quantization plugins, importable (benchmarks/quant_gpu.py loads each choice's method)
 for d in plugins/quant/*/; do PYTHONPATH=$PYTHONPATH:$PWD/$d; done
