@@ -32,56 +32,62 @@ MIN_SPAN = 256  #: the smallest key span a step attends over (spans are powers o
 
 
 class StepGraphs:
-    """CUDA graphs of a proposer's one-token draft step, per (batch bucket, key span), captured
-    on first use; all dropped when the row cache is reallocated."""
+    """CUDA graphs of a proposer's batched head forward (:meth:`EagleProposer._forward`), per
+    (batch bucket, tokens per request, feature width, key span), captured on first use; all
+    dropped when the row cache is reallocated."""
 
     def __init__(self, proposer: "EagleProposer") -> None:
         self.proposer = proposer
-        self.graphs: dict[tuple[int, int], tuple[Any, dict, tuple]] = {}
+        self.graphs: dict[tuple[int, ...], tuple[Any, dict, tuple]] = {}
         self.version = -1
         self.pool: Any = None
         self.replays = 0
 
-    def run(self, tok: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor,
-            rows: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def run(self, ids: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor,
+            valid: torch.Tensor, rows: torch.Tensor, last: torch.Tensor, span: int
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         p = self.proposer
-        n = tok.shape[0]
+        n, t = ids.shape
         bucket = next((b for b in GRAPH_BUCKETS if b >= n), None)
         if bucket is None:
-            return p._step(tok, feat, pos, rows, span)
+            return p._forward(ids, feats, pos, valid, rows, last, span)
         if self.version != p.rows.version:
             self.graphs.clear()
             self.version = p.rows.version
-        entry = self.graphs.get((bucket, span))
+        key = (bucket, t, feats.shape[-1], span)
+        entry = self.graphs.get(key)
         if entry is None:
-            entry = self.graphs[(bucket, span)] = self._capture(bucket, span)
+            entry = self.graphs[key] = self._capture(key)
         graph, static, out = entry
-        static["tok"][:n] = tok
-        static["feat"][:n] = feat
-        static["pos"][:n] = pos
-        static["rows"][:n] = rows
+        for name, value in (("ids", ids), ("feats", feats), ("pos", pos), ("valid", valid),
+                            ("rows", rows), ("last", last)):
+            static[name][:n] = value
         static["rows"][n:] = p.rows.scratch
-        static["pos"][n:] = 0
+        static["valid"][n:] = False
         graph.replay()
         self.replays += 1
         return tuple(o[:n] for o in out)
 
-    def _capture(self, bucket: int, span: int) -> tuple[Any, dict, tuple]:
+    def _capture(self, key: tuple[int, ...]) -> tuple[Any, dict, tuple]:
         p = self.proposer
+        bucket, t, width, span = key
         dev = p.device
-        static = {"tok": torch.zeros(bucket, dtype=torch.long, device=dev),
-                  "feat": torch.zeros(bucket, 1, p.head.cfg.hidden_size, dtype=p.dtype,
-                                      device=dev),
-                  "pos": torch.zeros(bucket, 1, dtype=torch.long, device=dev),
-                  "rows": torch.full((bucket,), p.rows.scratch, dtype=torch.long, device=dev)}
+        static = {"ids": torch.zeros(bucket, t, dtype=torch.long, device=dev),
+                  "feats": torch.zeros(bucket, t, width, dtype=p.dtype, device=dev),
+                  "pos": torch.zeros(bucket, t, dtype=torch.long, device=dev),
+                  "valid": torch.zeros(bucket, t, dtype=torch.bool, device=dev),
+                  "rows": torch.full((bucket,), p.rows.scratch, dtype=torch.long, device=dev),
+                  "last": torch.zeros(bucket, dtype=torch.long, device=dev)}
+        args = (static["ids"], static["feats"], static["pos"], static["valid"],
+                static["rows"], static["last"], span)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up (kernels compiled, scratch row only)
-            p._step(static["tok"], static["feat"], static["pos"], static["rows"], span)
+        with torch.cuda.stream(side):  # warm-up (kernels compiled; writes the scratch row)
+            p._forward(*args)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = p._step(static["tok"], static["feat"], static["pos"], static["rows"], span)
+            out = p._forward(*args)
         self.pool = graph.pool()
         return graph, static, out
 
@@ -151,15 +157,21 @@ class EagleProposer(Proposer):
         mask = torch.arange(span, device=pos.device)[None, None, :] <= pos[:, :, None]
         return Rows(self.rows, rows, write.reshape(-1), pos.reshape(-1), mask, span)
 
-    def _step(self, tok: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor,
-              rows: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One draft token per request ([B] tokens, [B, 1, H] features, [B, 1] positions):
-        the head's outputs [B, 1, H] and each row's top-k log-probabilities and ids [B, k]
-        (shapes fixed by B and ``span``: what a graph captures)."""
-        hidden = self.head(self.target.embed(tok)[:, None], feat, pos,
-                           self._rows_view(rows, pos, None, span))
-        logp, ids = self._top(hidden[:, 0])
-        return hidden, logp, ids
+    def _forward(self, ids: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor,
+                 valid: torch.Tensor | None, rows: torch.Tensor, last: torch.Tensor,
+                 span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every request's new tokens at once ([B, T] ids and positions, [B, T, F] features,
+        ``valid`` [B, T] or None: all): the head's output at each request's token ``last[b]``
+        [B, 1, H] and its top-k log-probabilities and ids [B, k]. Shapes are fixed by B, T, F
+        and ``span``: what a graph captures."""
+        hidden = self.head(self.target.embed(ids), feats, pos,
+                           self._rows_view(rows, pos, valid, span))
+        hidden = hidden[torch.arange(ids.shape[0], device=ids.device), last][:, None]
+        logp, top = self._top(hidden[:, 0])
+        return hidden, logp, top
+
+    def _run(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.graphs.run(*args) if self.graphs is not None else self._forward(*args)
 
     def _propose_rows(self, requests: Sequence[Any]) -> list[Draft]:
         out = [Draft() for _ in requests]
@@ -176,7 +188,12 @@ class EagleProposer(Proposer):
         while span < max(kvs) + self.num_steps:
             span *= 2
         cache.grow(cache.rows, span)
-        b, t = len(reqs), max(counts)
+        b = len(reqs)
+        # the catch-up: as wide as a verify when no request has more (a graph's shape; the
+        # first after a prefill has the whole prompt: eager)
+        t = max(counts)
+        if t <= self.num_draft_tokens:
+            t = self.num_draft_tokens
         ids = torch.zeros(b, t, dtype=torch.long)
         pos = torch.zeros(b, t, dtype=torch.long)
         valid = torch.zeros(b, t, dtype=torch.bool)
@@ -188,23 +205,23 @@ class EagleProposer(Proposer):
             valid[k, :n] = True
             f = self.target.features(req, s, s + n)
             feats.append(torch.nn.functional.pad(f, (0, 0, 0, t - n)))
-        dev = self.device
-        ids, pos, valid = ids.to(dev), pos.to(dev), valid.to(dev)
-        rows_t = torch.tensor(rows, dtype=torch.long, device=dev)
-        hidden = self.head(self.target.embed(ids), torch.stack(feats), pos,
-                           self._rows_view(rows_t, pos, valid, span))
+        small = torch.tensor([rows, [c - 1 for c in counts], kvs, [0] * b, [1] * b])
+        flat = torch.cat([ids.flatten(), pos.flatten(), valid.flatten().long(),
+                          small.flatten()]).to(self.device)  # one copy to the device
+        ids, pos, valid, small = flat.split([b * t] * 3 + [5 * b])
+        ids, pos, valid = ids.view(b, t), pos.view(b, t), valid.view(b, t).bool()
+        rows_t, last, step_pos, zero, ones = small.view(5, b)
+        catch = (ids, torch.stack(feats), pos, valid, rows_t, last, span)
+        hidden, _, top = (self._run(*catch) if t == self.num_draft_tokens
+                          else self._forward(*catch))
         for r, kv in zip(rows, kvs):
             cache.fed[r] = kv
-        last = torch.tensor(counts, device=dev) - 1
-        hidden = hidden[torch.arange(b, device=dev), last][:, None]  # [B, 1, H]
-        _, top = self._top(hidden[:, 0])
-        picks = [top]
-        step_pos = torch.tensor(kvs, dtype=torch.long, device=dev)[:, None]
+        picks = [top.clone()]  # (a graph's outputs are overwritten by its next replay)
+        step_pos, ones = step_pos[:, None], ones[:, None].bool()
         for step in range(1, self.num_steps):
-            args = (top[:, 0], hidden, step_pos + (step - 1), rows_t, span)
-            hidden, _, top = (self.graphs.run(*args) if self.graphs is not None
-                              else self._step(*args))
-            picks.append(top)
+            hidden, _, top = self._run(top[:, :1], hidden, step_pos + (step - 1), ones,
+                                       rows_t, zero, span)
+            picks.append(top.clone())
         chosen = torch.stack(picks, 1).tolist()  # [B, steps, k]
         for i, per in zip(live, chosen):
             chain = [row[0] for row in per]
