@@ -22,7 +22,8 @@ triton attention backend, page size 16, CUDA graphs on.
   scheduler's mean wall ms per step by phase (its step timer).
 * **draft** (run last: it makes the target capture features): EAGLE3 draft time per verify
   step with a random head of the model's shape, 3 steps, top-1: every request at once with
-  the steps replaying captured graphs, the same without graphs, and each request alone.
+  the steps replaying captured graphs, the same without graphs, and each request alone; then
+  UNO's draft forward (a block of 4, a random adapter) from its captured graph and eagerly.
 
 Random weights neither copy their prompt nor decode the same in two kernels (bf16 rounding
 differences after 32 random layers flip near-tied argmaxes), so e2e first turns the dummy model
@@ -322,7 +323,8 @@ def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new
                    for _ in range(bs)]
         generate(Scheduler(cfg, runner, speculative=spec), prompts, max_new)
         p.propose = real
-        row = {"batch": bs, "steps": len(times["graphs"]), "same": sum(same) / len(same)}
+        row = {"batch": bs, "algo": "EAGLE3", "steps": len(times["graphs"]),
+               "same": sum(same) / len(same)}
         for k, v in times.items():
             row[k] = statistics.median(v[2:] or v) * 1e3
         out.append(row)
@@ -330,6 +332,44 @@ def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new
     runner.verify_graphs = []
     if runner.decode_graphs is not None:
         runner.decode_graphs = runner._make_decode_graphs()
+    # UNO: one forward of the target drafts a block of 4 (a random rank-8 adapter on the
+    # noise rows), replaying its captured block graph, then eagerly, from the same state
+    cfg = runner.config.replace(speculative_algorithm="UNO", speculative_num_draft_tokens=4,
+                                speculative_draft_load_format="dummy")
+    spec = Assembly(cfg).speculative(runner)
+    p = spec.proposer
+    real = p.propose
+    for bs in batches:
+        times = {"graphs": [], "batched": []}
+
+        def uno(reqs: Sequence[Any]) -> list[Draft]:
+            state = p._gen.get_state()
+            _sync()
+            t0 = time.perf_counter()
+            drafts = real(reqs)
+            _sync()
+            t1 = time.perf_counter()
+            p._gen.set_state(state)
+            saved = dict(runner._block_graphs)
+            runner._block_graphs.update({k: (None, a) for k, (_, a) in saved.items()})
+            real(reqs)
+            _sync()
+            t2 = time.perf_counter()
+            runner._block_graphs.update(saved)
+            times["graphs"].append(t1 - t0)
+            times["batched"].append(t2 - t1)
+            return drafts
+
+        p.propose = uno
+        prompts = [torch.randint(0, mc.vocab_size, (prompt_len,), generator=gen).tolist()
+                   for _ in range(bs)]
+        generate(Scheduler(cfg, runner, speculative=spec), prompts, max_new)
+        p.propose = real
+        out.append({"batch": bs, "algo": "UNO", "steps": len(times["graphs"]),
+                    "graphs": statistics.median(times["graphs"][2:] or times["graphs"]) * 1e3,
+                    "batched": statistics.median(times["batched"][2:] or times["batched"]) * 1e3,
+                    "alone": float("nan"), "same": float("nan")})
+    runner.verify_graphs = []
     return out
 
 
@@ -420,11 +460,11 @@ def main() -> None:
     if "draft" not in skip:
         rows = draft_cost(runner, batches, args.prompt_len)
         result["draft"] = rows
-        print("\n| batch | EAGLE3 draft ms per verify step: batched, graphs | batched, eager "
-              "| per request, eager | graphs draft as eager |")
-        print("|---|---|---|---|---|")
+        print("\n| algorithm | batch | draft ms per verify step: batched, graphs | "
+              "batched, eager | per request, eager | graphs draft as eager |")
+        print("|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['batch']} | {r['graphs']:.2f} | {r['batched']:.2f} | "
+            print(f"| {r['algo']} | {r['batch']} | {r['graphs']:.2f} | {r['batched']:.2f} | "
                   f"{r['alone']:.2f} | {r['same']:.0%} |", flush=True)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "spec_gpu.json").write_text(json.dumps(result, indent=1))

@@ -202,11 +202,30 @@ def test_drafts_from_the_target_run_on_the_gpu_and_are_lossless(path, tmp_path, 
             replays.append(s)
             return run(b, s)
         verify.run = counted
+    proposer, same = spec.proposer, []
+    if algo == "UNO":  # the draft block replays its own graphs: the same drafts as eagerly
+        real = proposer.propose
+
+        def both(requests):
+            state = proposer._gen.get_state()  # the same noise tokens for both
+            got = real(requests)
+            proposer._gen.set_state(state)
+            saved = dict(target._block_graphs)
+            target._block_graphs.update({k: (None, a) for k, (_, a) in saved.items()})
+            eager = real(requests)
+            target._block_graphs.update(saved)
+            for d, e in zip(got, eager):
+                same.extend(x == y for x, y in zip(d.token_ids, e.token_ids))
+            return got
+
+        proposer.propose = both
     got = generate(Scheduler(cfg, target, speculative=spec), prompts, 20)
     assert got == plain and replays
     stats = spec.stats
     if algo == "UNO":
         assert stats.accepted_tokens >= stats.verified_requests - len(prompts)
+        assert [g for g, _ in target._block_graphs.values()] != [None]
+        assert len(same) > 50 and sum(same) >= 0.95 * len(same)
 
 
 @pytest.mark.parametrize("algo,topk", [("EAGLE", 1), ("EAGLE3", 2), ("NEXTN", 1),

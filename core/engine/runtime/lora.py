@@ -152,11 +152,13 @@ class LoraAdapter:
         return cls(layers, 1.0, rank, "(random)")
 
     @contextlib.contextmanager
-    def applied(self, rows: torch.Tensor | None = None) -> Iterator[None]:
+    def applied(self, rows: torch.Tensor | None = None,
+                index: torch.Tensor | None = None) -> Iterator[None]:
         """Inside the block, every adapted layer adds its delta to the rows of its input that
-        ``rows`` (bool [tokens] of the forward) selects; all rows when ``None``."""
+        ``rows`` (bool [tokens] of the forward) selects, or whose numbers ``index`` lists (no
+        host sync: what a CUDA graph can capture); all rows when both are ``None``."""
         handles = []
-        idx = None if rows is None else rows.nonzero().squeeze(1)
+        idx = index if rows is None else rows.nonzero().squeeze(1)
 
         def hook(a: torch.Tensor, b: torch.Tensor):
             def add(_module: nn.Module, inputs: tuple[torch.Tensor, ...],

@@ -142,6 +142,8 @@ class ModelRunner:
         #: captured speculative verify forwards, one per width, narrowest first
         #: (:meth:`capture_verify_graphs`)
         self.verify_graphs: list[Any] = []
+        #: graphs of speculative draft blocks (:meth:`block_graphs`): key -> (graphs, adapter)
+        self._block_graphs: dict[tuple[int, int, int], tuple[Any, Any]] = {}
 
     # ------------------------------------------------------------------ set-up
 
@@ -307,6 +309,39 @@ class ModelRunner:
                                       head=self._logits)
                 pool = graphs.pool
                 self.verify_graphs.append(graphs)
+
+    def block_graphs(self, width: int, adapter: Any = None, plain_rows: int = 0) -> Any:
+        """Verify-shaped CUDA graphs for blocks of ``width`` tokens per request run by the
+        speculative ``TargetModel.run_block`` (a causal chain after each request's KV), with
+        ``adapter``'s deltas on every row of a block but the first ``plain_rows``; captured on
+        first use (sharing the decode graphs' pool), ``None`` where graphs are not allowed or
+        the verify backend cannot capture them."""
+        key = (width, id(adapter), plain_rows)
+        if key in self._block_graphs:
+            return self._block_graphs[key][0]
+        backend = self.verify_backend
+        graphs = None
+        if (backend.supports_verify_graph and backend.supports_tree_verify and width > 1
+                and self._graphs_allowed("speculative draft block")):
+            from engine.runtime.cuda_graph import VerifyGraphs
+
+            def forward(batch: Batch) -> torch.Tensor:
+                if adapter is None:
+                    return self._hidden(batch, prepare=False)
+                n = batch.input_ids.shape[0]
+                idx = torch.arange(n, device=self.device).view(-1, width)[:, plain_rows:]
+                with adapter.applied(index=idx.reshape(-1)):
+                    return self._hidden(batch, prepare=False)
+
+            with torch.inference_mode():
+                max_batch = min(self.config.cuda_graph_max_bs_decode
+                                or self.max_running_requests, self.max_running_requests)
+                pool = self.decode_graphs.pool if self.decode_graphs is not None else None
+                graphs = VerifyGraphs(forward, backend, self.req_to_token, max_batch, width,
+                                      self.config.cuda_graph_bs_decode, pool=pool,
+                                      head=self._logits)
+        self._block_graphs[key] = (graphs, adapter)  # (the graphs read the adapter's weights)
+        return graphs
 
     def verify_graph_width(self, batch_size: int, longest: int) -> int:
         """The width a verify batch of ``batch_size`` requests whose longest row has

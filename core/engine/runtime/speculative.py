@@ -211,13 +211,23 @@ class SpecDecoder:
         ids_t, pos_t, loc_t, rowi_t, rows_t, seq_t, pre_t, ext_t, all_t = flat.split(
             [n_tok] * 4 + [n_req] * 4 + [n_tok])
         self.runner.req_to_token[rowi_t, pos_t] = loc_t
+        width = extend[0] if len(set(extend)) == 1 else 0
+        make = getattr(self.runner, "block_graphs", None)
+        graphs = make(width, adapter, plain_rows) if make is not None and width else None
+        tree_mask = None
+        if graphs is not None:  # a captured verify shape: the causal chain as a tree mask
+            tree_mask = torch.ones(width, width, dtype=torch.bool, device=sched.device).tril()
+            tree_mask = tree_mask.expand(n_req, width, width)
         batch = Batch(
             mode=ForwardMode.VERIFY, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
             req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=pre_t, extend_lens=ext_t,
             req_to_token=self.runner.req_to_token, seq_lens_cpu=seq, prefix_lens_cpu=prefix,
             extend_lens_cpu=extend, logits_indices=all_t,
-            sampling=[r.sampling_params for r in reqs])
-        if adapter is not None:
+            sampling=[r.sampling_params for r in reqs], tree_mask=tree_mask)
+        size = graphs.size_for(batch) if graphs is not None else 0
+        if size:
+            logits = graphs.run(batch, size)
+        elif adapter is not None:
             rows = ~torch.tensor(plain, dtype=torch.bool, device=sched.device)
             with adapter.applied(rows):
                 logits = self.runner._forward(batch)
