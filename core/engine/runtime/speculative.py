@@ -173,8 +173,9 @@ class SpecDecoder:
     def run_block(self, sched: Any, step_slots: dict[int, list[int]], requests: Sequence[Any],
                   blocks: Sequence[Sequence[int]], adapter: Any, plain_rows: int
                   ) -> list[torch.Tensor | None]:
-        """:meth:`TargetModel.run_block` during drafting: one eager forward of the blocks
-        (a causal chain after each request's KV), into the slots this step's verify takes."""
+        """:meth:`TargetModel.run_block` during drafting: one forward of the blocks (a causal
+        chain after each request's KV), into the slots this step's verify takes; blocks of one
+        length replay the runner's :meth:`block_graphs` where it has them."""
         out: list[torch.Tensor | None] = [None] * len(requests)
         items = []
         for k, (req, block) in enumerate(zip(requests, blocks)):
@@ -217,7 +218,7 @@ class SpecDecoder:
         tree_mask = None
         if graphs is not None:  # a captured verify shape: the causal chain as a tree mask
             tree_mask = torch.ones(width, width, dtype=torch.bool, device=sched.device).tril()
-            tree_mask = tree_mask.expand(n_req, width, width)
+            tree_mask = tree_mask.expand(n_req, width, width).contiguous()
         batch = Batch(
             mode=ForwardMode.VERIFY, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
             req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=pre_t, extend_lens=ext_t,
