@@ -2,9 +2,9 @@
 
 One plain server computes the reference (each prompt alone, greedy), then stops; then an NGRAM
 server and a STANDALONE server (the default model drafting for itself) must give the same ids,
-streamed and not, alone and 16 at once; STANDALONE accepts every draft token. A DFLASH server
-with a random DFlash draft, a DSPARK server with a random DSpark draft and a UNO server with a
-random LoRA adapter give the same ids too. Under a JSON
+streamed and not, alone and 16 at once; STANDALONE accepts every draft token. Servers with
+random drafts of every other algorithm (EAGLE, EAGLE3, NEXTN heads; DFlash and DSpark drafts; a
+UNO LoRA adapter) give the same ids too, streamed and not, alone and 16 at once. Under a JSON
 schema, NGRAM's accepted drafts advance the grammar like decoded tokens: the constrained
 outputs equal the plain server's and validate. Bad speculative
 set-ups end ``engine serve`` at start-up with exit status 2 and the reason.
@@ -127,6 +127,23 @@ def check_lossless(server, reference: list[list[int]]) -> list[dict[str, Any]]:
     return alone
 
 
+def check_plumbing(server, reference: list[list[int]]) -> list[dict[str, Any]]:
+    """Random drafts (almost never right): the plain server's ids, four alone, two streamed,
+    sixteen at once (every other one streamed); every request alone was verified."""
+    ps = prompts()
+    with server.client(timeout=600) as c:
+        alone = [generate(c, p) for p in ps[:4]]
+        streamed = [stream(c, p) for p in ps[4:6]]
+        with ThreadPoolExecutor(16) as pool:
+            together = list(pool.map(
+                lambda i: stream(c, ps[i]) if i % 2 else generate(c, ps[i]), range(16)))
+    assert [r["output_ids"] for r in alone] == reference[:4]
+    assert [r["output_ids"] for r in streamed] == reference[4:6]
+    assert [r["output_ids"] for r in together] == reference
+    assert all(r["meta_info"]["spec_verify_ct"] >= 1 for r in alone)
+    return alone
+
+
 def test_ngram_is_lossless_and_accepts_drafts_on_grounded_prompts(
         reference, constrained_reference):
     with running(start_server("ngram", "--max-running-requests", "16",
@@ -161,36 +178,47 @@ def test_standalone_drafting_for_itself_accepts_every_draft(reference):
             assert meta["spec_verify_ct"] == -(-verified // 4), meta
 
 
+SMOL = {"hidden_size": 576, "intermediate_size": 256, "num_hidden_layers": 1,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+        "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "vocab_size": 49152}
+
+
+@pytest.mark.parametrize("algo,arch,extra", [
+    ("EAGLE", "LlamaForCausalLMEagle", ()),
+    ("EAGLE3", "LlamaForCausalLMEagle3", ("--speculative-eagle-topk", "2",
+                                          "--speculative-num-steps", "2",
+                                          "--speculative-num-draft-tokens", "5")),
+    ("NEXTN", "DeepseekV3ForCausalLMNextN", ())])
+def test_eagle_family_heads_with_random_weights_are_lossless(reference, tmp_path, algo, arch,
+                                                             extra):
+    """Random EAGLE (a batched chain), EAGLE3 (an EAGLE-2 tree over a draft vocabulary of
+    4,096) and NEXTN heads of the default model's width over its features."""
+    cfg = {"architectures": [arch], **SMOL, "draft_vocab_size": 4096}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with running(start_server(algo.lower(), "--max-running-requests", "16",
+                              "--speculative-algorithm", algo,
+                              "--speculative-draft-model-path", str(tmp_path),
+                              "--speculative-draft-load-format", "dummy", *extra)) as s:
+        check_plumbing(s[algo.lower()], reference)
+
+
 def test_dflash_with_a_random_draft_is_lossless(reference, tmp_path):
     """A DFlash draft with random weights (plumbing only: its drafts are almost never right)
-    over the default model's layer features: the same ids, alone and 16 at once."""
-    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 576,
-           "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 9,
-           "num_key_value_heads": 3, "head_dim": 64, "rms_norm_eps": 1e-5,
-           "rope_theta": 100000.0, "block_size": 4,
+    over the default model's layer features."""
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", **SMOL, "block_size": 4,
            "dflash_config": {"target_layer_ids": [1, 15, 29], "mask_token_id": 0}}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with running(start_server("dflash", "--max-running-requests", "16",
                               "--speculative-algorithm", "DFLASH",
                               "--speculative-draft-model-path", str(tmp_path),
                               "--speculative-draft-load-format", "dummy")) as s:
-        ps = prompts()
-        with s["dflash"].client(timeout=600) as c:
-            alone = [generate(c, p) for p in ps[:6]]
-            with ThreadPoolExecutor(16) as pool:
-                together = list(pool.map(lambda p: generate(c, p), ps))
-    assert [r["output_ids"] for r in alone] == reference[:6]
-    assert [r["output_ids"] for r in together] == reference
-    assert all(r["meta_info"]["spec_verify_ct"] >= 1 for r in alone)
+        check_plumbing(s["dflash"], reference)
 
 
 def test_dspark_with_a_random_draft_is_lossless(reference, tmp_path):
     """A DSpark draft with random weights (a DFlash backbone and a gated Markov head) over the
-    default model's layer features: the same ids, alone, streamed and 16 at once."""
-    cfg = {"architectures": ["DSparkDraftModel"], "model_type": "qwen3", "hidden_size": 576,
-           "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 9,
-           "num_key_value_heads": 3, "head_dim": 64, "rms_norm_eps": 1e-5,
-           "rope_theta": 100000.0, "block_size": 3, "vocab_size": 49152,
+    default model's layer features."""
+    cfg = {"architectures": ["DSparkDraftModel"], "model_type": "qwen3", **SMOL, "block_size": 3,
            "dflash_config": {"target_layer_ids": [1, 15, 29], "mask_token_id": 0,
                              "markov_rank": 16, "markov_head_type": "gated"}}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -198,22 +226,13 @@ def test_dspark_with_a_random_draft_is_lossless(reference, tmp_path):
                               "--speculative-algorithm", "DSPARK",
                               "--speculative-draft-model-path", str(tmp_path),
                               "--speculative-draft-load-format", "dummy")) as s:
-        ps = prompts()
-        with s["dspark"].client(timeout=600) as c:
-            alone = [generate(c, p) for p in ps[:4]]
-            streamed = [stream(c, p) for p in ps[4:6]]
-            with ThreadPoolExecutor(16) as pool:
-                together = list(pool.map(lambda p: generate(c, p), ps))
-    assert [r["output_ids"] for r in alone] == reference[:4]
-    assert [r["output_ids"] for r in streamed] == reference[4:6]
-    assert [r["output_ids"] for r in together] == reference
-    assert all(r["meta_info"]["spec_verify_ct"] >= 1 for r in alone)
+        check_plumbing(s["dspark"], reference)
 
 
 def test_uno_with_a_random_adapter_is_lossless(reference, tmp_path):
     """UNO over the default model with a random PEFT adapter read from disk (plumbing: the
-    noise rows' drafts are almost never right, the first row's always is): the same ids, alone
-    and 16 at once, and at least one token accepted per verify that was not cut short."""
+    noise rows' drafts are almost never right, the first row's always is): at least one token
+    accepted per verify that was not cut short."""
     from engine.testing.lora import write_adapter
 
     cfg = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
@@ -222,15 +241,7 @@ def test_uno_with_a_random_adapter_is_lossless(reference, tmp_path):
     with running(start_server("uno", "--max-running-requests", "16",
                               "--speculative-algorithm", "UNO", "--uno-lora-path", lora,
                               "--speculative-num-draft-tokens", "4")) as s:
-        ps = prompts()
-        with s["uno"].client(timeout=600) as c:
-            alone = [generate(c, p) for p in ps[:4]]
-            streamed = [stream(c, p) for p in ps[4:6]]
-            with ThreadPoolExecutor(16) as pool:
-                together = list(pool.map(lambda p: generate(c, p), ps))
-    assert [r["output_ids"] for r in alone] == reference[:4]
-    assert [r["output_ids"] for r in streamed] == reference[4:6]
-    assert [r["output_ids"] for r in together] == reference
+        alone = check_plumbing(s["uno"], reference)
     for r in alone:
         meta = r["meta_info"]
         assert meta["spec_accepted_tokens"] >= meta["spec_verify_ct"] - 1, meta
