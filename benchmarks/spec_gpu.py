@@ -261,6 +261,23 @@ def e2e(runner: ModelRunner, batches: list[int], prompt_len: int, max_new: int
     return rows
 
 
+def _drafting(runner: ModelRunner, cfg: ServerConfig, spec: Any, propose: Any, prompts: list,
+              max_new: int) -> None:
+    """A greedy run of ``prompts`` whose proposer drafts through ``propose`` (a wrapper)."""
+    from engine.runtime.scheduler import Scheduler
+
+    p = spec.proposer
+    real, p.propose = p.propose, propose
+    try:
+        generate(Scheduler(cfg, runner, speculative=spec), prompts, max_new)
+    finally:
+        p.propose = real
+
+
+def _median_ms(times: list[float]) -> float:
+    return statistics.median(times[2:] or times) * 1e3  # (the first steps capture graphs)
+
+
 def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new: int = 24
                ) -> list[dict[str, Any]]:
     """EAGLE3 draft time per verify step with a random head of the model's shape (3 steps,
@@ -270,7 +287,6 @@ def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new
     import tempfile
 
     from engine.assembly import Assembly
-    from engine.runtime.scheduler import Scheduler
 
     mc = runner.model_config
     head = tempfile.mkdtemp(prefix="eagle3-head-")
@@ -318,16 +334,12 @@ def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new
             times["alone"].append(t3 - t2)
             return drafts
 
-        p.propose = both
         prompts = [torch.randint(0, mc.vocab_size, (prompt_len,), generator=gen).tolist()
                    for _ in range(bs)]
-        generate(Scheduler(cfg, runner, speculative=spec), prompts, max_new)
-        p.propose = real
-        row = {"batch": bs, "algo": "EAGLE3", "steps": len(times["graphs"]),
-               "same": sum(same) / len(same)}
-        for k, v in times.items():
-            row[k] = statistics.median(v[2:] or v) * 1e3
-        out.append(row)
+        _drafting(runner, cfg, spec, both, prompts, max_new)
+        out.append({"batch": bs, "algo": "EAGLE3", "steps": len(times["graphs"]),
+                    "same": sum(same) / len(same),
+                    **{k: _median_ms(v) for k, v in times.items()}})
     runner.model.feature_sink = None
     runner.verify_graphs = []
     if runner.decode_graphs is not None:
@@ -360,14 +372,11 @@ def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new
             times["batched"].append(t2 - t1)
             return drafts
 
-        p.propose = uno
         prompts = [torch.randint(0, mc.vocab_size, (prompt_len,), generator=gen).tolist()
                    for _ in range(bs)]
-        generate(Scheduler(cfg, runner, speculative=spec), prompts, max_new)
-        p.propose = real
+        _drafting(runner, cfg, spec, uno, prompts, max_new)
         out.append({"batch": bs, "algo": "UNO", "steps": len(times["graphs"]),
-                    "graphs": statistics.median(times["graphs"][2:] or times["graphs"]) * 1e3,
-                    "batched": statistics.median(times["batched"][2:] or times["batched"]) * 1e3,
+                    "graphs": _median_ms(times["graphs"]), "batched": _median_ms(times["batched"]),
                     "alone": float("nan"), "same": float("nan")})
     runner.verify_graphs = []
     return out
