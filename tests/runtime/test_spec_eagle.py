@@ -318,7 +318,7 @@ def test_the_row_cache_grows_with_requests_and_lengths_keeping_what_it_holds(fil
     """One row of 16 positions to start with: more requests and longer sequences reallocate it
     (contents kept, the version moves on) and the output stays plain greedy decoding's."""
     import engine_spec_eagle.impl as impl
-    from engine_spec_eagle.model import RowCache
+    from engine.api.speculative import RowCache
 
     monkeypatch.setattr(impl, "MIN_SPAN", 16)
     long_prompts = [p * 6 for p in PROMPTS]  # up to 78 tokens: spans of 16 .. 128
@@ -326,12 +326,14 @@ def test_the_row_cache_grows_with_requests_and_lengths_keeping_what_it_holds(fil
     sched = scheduler(files["target"], speculative_algorithm="EAGLE",
                       speculative_draft_model_path=files["eagle"])
     proposer = sched.spec.proposer
-    proposer.rows = RowCache(proposer.head.cfg, proposer.device, proposer.dtype, rows=1, cap=16)
+    c = proposer.head.cfg
+    proposer.rows = RowCache(c.num_layers, c.num_kv_heads, c.head_dim, proposer.device,
+                             proposer.dtype, rows=1, cap=16)
     ids, _ = generate(sched, long_prompts)
     assert ids == plain
     assert proposer.rows.rows >= len(PROMPTS) and proposer.rows.cap >= 64
     assert proposer.rows.version >= 4
-    cache = RowCache(proposer.head.cfg, proposer.device, proposer.dtype, rows=2, cap=4)
+    cache = RowCache(1, 2, 16, proposer.device, proposer.dtype, rows=2, cap=4)
     cache.k[0][1, 3] = 7.0
     cache.grow(5, 9)
     assert (cache.rows, cache.cap) == (8, 16) and cache.k[0][1, 3].eq(7.0).all()

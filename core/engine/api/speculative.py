@@ -25,9 +25,11 @@ What a plugin builds on (given to its hook as ``context``, a :class:`SpecContext
 A proposer states its own constraints: :attr:`Proposer.drafts_trees` (a tree needs an attention
 backend with ``supports_tree_verify``; the core refuses the combination at start-up otherwise).
 
-For draft heads written in plain PyTorch (EAGLE family, DFlash): :func:`rope` and
+For draft heads written in plain PyTorch (EAGLE family, DFlash): :func:`rope`,
 :class:`HeadCache` (a request's contiguous per-layer K/V cache and how many verified tokens the
-head has read).
+head has read), :class:`RowCache` (every request's K/V as rows of one dense buffer, for
+batched forwards of fixed shapes) and :class:`BatchGraphs` (CUDA graphs of such forwards,
+captured per batch bucket on first use).
 """
 
 from __future__ import annotations
@@ -36,8 +38,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
-__all__ = ["Draft", "DraftModel", "HeadCache", "Proposer", "SpecContext", "TargetModel",
-           "rope"]
+__all__ = ["BatchGraphs", "Draft", "DraftModel", "HeadCache", "Proposer", "RowCache",
+           "SpecContext", "TargetModel", "rope"]
+
+#: batch sizes :class:`BatchGraphs` captures (a batch takes the smallest that holds it)
+GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 def rope(x: Any, positions: Any, theta: float) -> Any:
@@ -70,6 +75,123 @@ class HeadCache:
         """Keep the first ``n`` positions of every layer."""
         for c in self.caches:
             c[0], c[1] = c[0][:n], c[1][:n]
+
+
+class RowCache:
+    """A draft head's K/V for every running request at once: per layer ``k``, ``v``
+    [rows + 1, cap, kv_heads, head_dim], request row ``r`` holding position ``p`` at
+    ``[r, p]``; the last row (:attr:`scratch`) takes the writes of padding tokens. Rows and
+    ``cap`` grow (doubling, contents kept) as requests and sequences do; ``version`` counts the
+    reallocations (graphs captured on the old buffers must be captured again). ``fed[row]``:
+    the verified positions the row holds."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, device: Any, dtype: Any,
+                 rows: int = 8, cap: int = 256) -> None:
+        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self.device, self.dtype = device, dtype
+        self.rows, self.cap, self.version = 0, 0, 0
+        self.k: list[Any] = []
+        self.v: list[Any] = []
+        self.free: list[int] = []
+        self.owner: dict[Any, int] = {}
+        self.fed: dict[int, int] = {}
+        self.grow(rows, cap)
+
+    @property
+    def scratch(self) -> int:
+        return self.rows
+
+    def grow(self, rows: int, cap: int) -> None:
+        """At least ``rows`` request rows and ``cap`` positions per row."""
+        import torch
+
+        new_rows, new_cap = max(self.rows, 1), max(self.cap, 1)
+        while new_rows < rows:
+            new_rows *= 2
+        while new_cap < cap:
+            new_cap *= 2
+        if (new_rows, new_cap) == (self.rows, self.cap):
+            return
+        shape = (new_rows + 1, new_cap, self.kv_heads, self.head_dim)
+        for buf in (self.k, self.v):
+            for i in range(self.layers):
+                fresh = torch.zeros(shape, device=self.device, dtype=self.dtype)
+                if i < len(buf):
+                    fresh[:self.rows, :self.cap] = buf[i][:self.rows]
+                    buf[i] = fresh
+                else:
+                    buf.append(fresh)
+        self.free = list(range(new_rows - 1, self.rows - 1, -1)) + self.free
+        self.rows, self.cap = new_rows, new_cap
+        self.version += 1
+
+    def row(self, key: Hashable) -> int:
+        """The row of ``key`` (taken when it has none; the rows grow when every one is)."""
+        r = self.owner.get(key)
+        if r is None:
+            if not self.free:
+                self.grow(self.rows * 2, self.cap)
+            r = self.owner[key] = self.free.pop()
+            self.fed[r] = 0
+        return r
+
+    def release(self, key: Hashable) -> None:
+        r = self.owner.pop(key, None)
+        if r is not None:
+            self.fed.pop(r, None)
+            self.free.append(r)
+
+
+class BatchGraphs:
+    """CUDA graphs of ``fn(*tensors, *extra)``, a function of tensors whose first dimension is
+    the batch that returns a tuple of such tensors: captured on first use per batch bucket
+    (:data:`GRAPH_BUCKETS`), the tensors' other dimensions and dtypes, and ``extra``. A run
+    copies the tensors into the graph's inputs, fills the padding rows with ``pad`` (one value
+    per tensor), replays, and returns the outputs' real rows: views that the graph's next
+    replay overwrites. Batches beyond the last bucket run ``fn`` eagerly."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.graphs: dict[tuple, tuple[Any, list[Any], tuple]] = {}
+        self.pool: Any = None
+        self.replays = 0
+
+    def clear(self) -> None:
+        self.graphs.clear()
+
+    def run(self, tensors: Sequence[Any], pad: Sequence[Any], extra: tuple = ()) -> tuple:
+        n = tensors[0].shape[0]
+        bucket = next((b for b in GRAPH_BUCKETS if b >= n), None)
+        if bucket is None:
+            return self.fn(*tensors, *extra)
+        key = (bucket, extra, tuple((tuple(t.shape[1:]), t.dtype) for t in tensors))
+        entry = self.graphs.get(key)
+        if entry is None:
+            entry = self.graphs[key] = self._capture(bucket, tensors, pad, extra)
+        graph, static, out = entry
+        for buf, t, fill in zip(static, tensors, pad):
+            buf[:n] = t
+            buf[n:] = fill
+        graph.replay()
+        self.replays += 1
+        return tuple(o[:n] for o in out)
+
+    def _capture(self, bucket: int, tensors: Sequence[Any], pad: Sequence[Any],
+                 extra: tuple) -> tuple[Any, list[Any], tuple]:
+        import torch
+
+        static = [torch.full((bucket, *t.shape[1:]), fill, dtype=t.dtype, device=t.device)
+                  for t, fill in zip(tensors, pad)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: kernels compiled before the capture
+            self.fn(*static, *extra)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self.fn(*static, *extra)
+        self.pool = graph.pool()
+        return graph, static, out
 
 
 @dataclass

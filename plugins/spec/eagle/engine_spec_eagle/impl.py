@@ -9,8 +9,9 @@ as sibling leaves.
 
 Chains (with or without sibling leaves) draft every request at once: one forward catches all
 of them up (rows padded to the longest), then each further step is one forward of one token per
-request over the :class:`~engine_spec_eagle.model.RowCache`, which on CUDA replays a graph
-captured per (batch bucket, key span) (:class:`StepGraphs`). EAGLE-2 trees (top-k > 1 and a
+request over a :class:`~engine.api.speculative.RowCache`; on CUDA those forwards replay graphs
+captured per (batch bucket, shape, key span) on first use
+(:class:`~engine.api.speculative.BatchGraphs`). EAGLE-2 trees (top-k > 1 and a
 verify width beyond the chain) grow per request, eagerly.
 """
 
@@ -21,75 +22,12 @@ from typing import Any, Sequence
 import torch
 
 from engine.api import ConfigError, hookimpl
-from engine.api.speculative import Draft, HeadCache, Proposer, SpecContext
+from engine.api.speculative import BatchGraphs, Draft, HeadCache, Proposer, RowCache, SpecContext
 
-from engine_spec_eagle.model import DraftHead, RowCache, Rows, load_head
+from engine_spec_eagle.model import DraftHead, Rows, load_head
 
 DEFAULTS = (3, 1, 4)  #: (steps, topk, width) when none is set
-#: batch sizes a draft step's graph is captured for (a batch takes the smallest that holds it)
-GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_SPAN = 256  #: the smallest key span a step attends over (spans are powers of two)
-
-
-class StepGraphs:
-    """CUDA graphs of a proposer's batched head forward (:meth:`EagleProposer._forward`), per
-    (batch bucket, tokens per request, feature width, key span), captured on first use; all
-    dropped when the row cache is reallocated."""
-
-    def __init__(self, proposer: "EagleProposer") -> None:
-        self.proposer = proposer
-        self.graphs: dict[tuple[int, ...], tuple[Any, dict, tuple]] = {}
-        self.version = -1
-        self.pool: Any = None
-        self.replays = 0
-
-    def run(self, ids: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor,
-            valid: torch.Tensor, rows: torch.Tensor, last: torch.Tensor, span: int
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        p = self.proposer
-        n, t = ids.shape
-        bucket = next((b for b in GRAPH_BUCKETS if b >= n), None)
-        if bucket is None:
-            return p._forward(ids, feats, pos, valid, rows, last, span)
-        if self.version != p.rows.version:
-            self.graphs.clear()
-            self.version = p.rows.version
-        key = (bucket, t, feats.shape[-1], span)
-        entry = self.graphs.get(key)
-        if entry is None:
-            entry = self.graphs[key] = self._capture(key)
-        graph, static, out = entry
-        for name, value in (("ids", ids), ("feats", feats), ("pos", pos), ("valid", valid),
-                            ("rows", rows), ("last", last)):
-            static[name][:n] = value
-        static["rows"][n:] = p.rows.scratch
-        static["valid"][n:] = False
-        graph.replay()
-        self.replays += 1
-        return tuple(o[:n] for o in out)
-
-    def _capture(self, key: tuple[int, ...]) -> tuple[Any, dict, tuple]:
-        p = self.proposer
-        bucket, t, width, span = key
-        dev = p.device
-        static = {"ids": torch.zeros(bucket, t, dtype=torch.long, device=dev),
-                  "feats": torch.zeros(bucket, t, width, dtype=p.dtype, device=dev),
-                  "pos": torch.zeros(bucket, t, dtype=torch.long, device=dev),
-                  "valid": torch.zeros(bucket, t, dtype=torch.bool, device=dev),
-                  "rows": torch.full((bucket,), p.rows.scratch, dtype=torch.long, device=dev),
-                  "last": torch.zeros(bucket, dtype=torch.long, device=dev)}
-        args = (static["ids"], static["feats"], static["pos"], static["valid"],
-                static["rows"], static["last"], span)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up (kernels compiled; writes the scratch row)
-            p._forward(*args)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = p._forward(*args)
-        self.pool = graph.pool()
-        return graph, static, out
 
 
 class EagleProposer(Proposer):
@@ -105,8 +43,11 @@ class EagleProposer(Proposer):
         self.device, self.dtype = self.target.device, self.target.dtype
         self._seqs: dict[Any, HeadCache] = {}
         #: chains: every request's head K/V, and the draft step's graphs (CUDA)
-        self.rows = None if self.drafts_trees else RowCache(head.cfg, self.device, self.dtype)
-        self.graphs = StepGraphs(self) if graphs and self.rows is not None else None
+        c = head.cfg
+        self.rows = None if self.drafts_trees else RowCache(
+            c.num_layers, c.num_kv_heads, c.head_dim, self.device, self.dtype)
+        self.graphs = BatchGraphs(self._forward) if graphs and self.rows is not None else None
+        self._version = -1  #: the row cache's version the graphs were captured on
 
     def describe(self) -> str:
         c = self.head.cfg
@@ -171,7 +112,14 @@ class EagleProposer(Proposer):
         return hidden, logp, top
 
     def _run(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.graphs.run(*args) if self.graphs is not None else self._forward(*args)
+        """:meth:`_forward`, from a captured graph where there are graphs."""
+        if self.graphs is None:
+            return self._forward(*args)
+        if self._version != self.rows.version:  # captured on buffers since reallocated
+            self.graphs.clear()
+            self._version = self.rows.version
+        *tensors, span = args
+        return self.graphs.run(tensors, (0, 0, 0, False, self.rows.scratch, 0), (span,))
 
     def _propose_rows(self, requests: Sequence[Any]) -> list[Draft]:
         out = [Draft() for _ in requests]

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.api import ConfigError
-from engine.api.speculative import rope
+from engine.api.speculative import RowCache, rope
 
 
 @dataclass
@@ -136,68 +136,6 @@ class Layer(nn.Module):
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class RowCache:
-    """The head's K/V of every running request: per layer ``k``, ``v`` [rows + 1, cap, Hkv, D],
-    request row ``r`` holding position ``p`` at ``[r, p]``; the last row takes the writes of
-    padding tokens. Rows and ``cap`` grow (doubling, contents kept) as requests and sequences
-    do: ``version`` counts the reallocations (graphs captured on the old buffers must be
-    captured again)."""
-
-    def __init__(self, cfg: HeadConfig, device: Any, dtype: torch.dtype, rows: int = 8,
-                 cap: int = 256) -> None:
-        self.cfg, self.device, self.dtype = cfg, device, dtype
-        self.rows, self.cap, self.version = 0, 0, 0
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        self.free: list[int] = []
-        self.owner: dict[Any, int] = {}
-        self.fed: dict[int, int] = {}  #: row -> verified positions it holds
-        self.grow(rows, cap)
-
-    @property
-    def scratch(self) -> int:
-        return self.rows
-
-    def grow(self, rows: int, cap: int) -> None:
-        """At least ``rows`` request rows and ``cap`` positions per row."""
-        new_rows, new_cap = max(self.rows, 1), max(self.cap, 1)
-        while new_rows < rows:
-            new_rows *= 2
-        while new_cap < cap:
-            new_cap *= 2
-        if (new_rows, new_cap) == (self.rows, self.cap):
-            return
-        c = self.cfg
-        shape = (new_rows + 1, new_cap, c.num_kv_heads, c.head_dim)
-        for buf in (self.k, self.v):
-            for i in range(c.num_layers):
-                fresh = torch.zeros(shape, device=self.device, dtype=self.dtype)
-                if i < len(buf):
-                    fresh[:self.rows, :self.cap] = buf[i][:self.rows]
-                    buf[i] = fresh
-                else:
-                    buf.append(fresh)
-        self.free = list(range(new_rows - 1, self.rows - 1, -1)) + self.free
-        self.rows, self.cap = new_rows, new_cap
-        self.version += 1
-
-    def row(self, key: Any) -> int:
-        """The row of ``key`` (taken when it has none; the rows grow when every one is)."""
-        r = self.owner.get(key)
-        if r is None:
-            if not self.free:
-                self.grow(self.rows * 2, self.cap)
-            r = self.owner[key] = self.free.pop()
-            self.fed[r] = 0
-        return r
-
-    def release(self, key: Any) -> None:
-        r = self.owner.pop(key, None)
-        if r is not None:
-            self.fed.pop(r, None)
-            self.free.append(r)
 
 
 class Rows:
