@@ -23,7 +23,8 @@ triton attention backend, page size 16, CUDA graphs on.
 * **draft** (run last: it makes the target capture features): EAGLE3 draft time per verify
   step with a random head of the model's shape, 3 steps, top-1: every request at once with
   the steps replaying captured graphs, the same without graphs, and each request alone; then
-  UNO's draft forward (a block of 4, a random adapter) from its captured graph and eagerly.
+  a random DFLASH draft's blocks of 8 and UNO's draft forward (a block of 4, a random
+  adapter), each from its captured graphs and eagerly.
 
 Random weights neither copy their prompt nor decode the same in two kernels (bf16 rounding
 differences after 32 random layers flip near-tied argmaxes), so e2e first turns the dummy model
@@ -340,6 +341,52 @@ def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new
         out.append({"batch": bs, "algo": "EAGLE3", "steps": len(times["graphs"]),
                     "same": sum(same) / len(same),
                     **{k: _median_ms(v) for k, v in times.items()}})
+    # DFLASH: a random one-layer DFlash draft, blocks of 8, from its graphs and eagerly
+    draft = tempfile.mkdtemp(prefix="dflash-draft-")
+    n = mc.num_hidden_layers
+    Path(draft, "config.json").write_text(json.dumps({
+        "architectures": ["DFlashDraftModel"], "hidden_size": mc.hidden_size,
+        "intermediate_size": mc.intermediate_size, "num_hidden_layers": 1,
+        "num_attention_heads": mc.num_attention_heads,
+        "num_key_value_heads": mc.num_key_value_heads, "head_dim": mc.head_dim,
+        "rms_norm_eps": 1e-5, "block_size": 8,
+        "dflash_config": {"target_layer_ids": sorted({min(1, n - 1), n // 2, max(n - 2, 0)}),
+                          "mask_token_id": 0}}))
+    cfg = runner.config.replace(speculative_algorithm="DFLASH",
+                                speculative_draft_model_path=draft,
+                                speculative_draft_load_format="dummy")
+    spec = Assembly(cfg).speculative(runner)
+    p = spec.proposer
+    real, graphs = p.propose, p.graphs
+    for bs in batches:
+        times = {"graphs": [], "batched": []}
+        same = []
+
+        def dflash(reqs: Sequence[Any]) -> list[Draft]:
+            fed = dict(p.rows.fed)
+            _sync()
+            t0 = time.perf_counter()
+            drafts = real(reqs)
+            _sync()
+            t1 = time.perf_counter()
+            for r in p.rows.fed:
+                p.rows.fed[r] = fed.get(r, 0)
+            p.graphs = None
+            eager = real(reqs)
+            _sync()
+            t2 = time.perf_counter()
+            p.graphs = graphs
+            same.append([d.token_ids for d in drafts] == [d.token_ids for d in eager])
+            times["graphs"].append(t1 - t0)
+            times["batched"].append(t2 - t1)
+            return drafts
+
+        prompts = [torch.randint(0, mc.vocab_size, (prompt_len,), generator=gen).tolist()
+                   for _ in range(bs)]
+        _drafting(runner, cfg, spec, dflash, prompts, max_new)
+        out.append({"batch": bs, "algo": "DFLASH", "steps": len(times["graphs"]),
+                    "graphs": _median_ms(times["graphs"]), "batched": _median_ms(times["batched"]),
+                    "alone": float("nan"), "same": sum(same) / len(same)})
     runner.model.feature_sink = None
     runner.verify_graphs = []
     if runner.decode_graphs is not None:

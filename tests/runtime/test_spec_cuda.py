@@ -170,12 +170,36 @@ def test_standalone_drafts_replay_the_draft_models_decode_graphs(path) -> None:
     assert spec.stats.accepted_tokens >= 0.9 * spec.stats.draft_tokens
 
 
+def compare_graph_drafts(proposer) -> list[int]:
+    """Make ``proposer`` (a head over a row cache with graphs) draft every step twice from
+    the same state: from its graphs, then eagerly; the drafts must be the same. Returns the
+    list the batch sizes compared go into."""
+    real, graphs, compared = proposer.propose, proposer.graphs, []
+
+    def both(requests):
+        fed = dict(proposer.rows.fed)
+        got = real(requests)
+        for r in proposer.rows.fed:  # as before (a new request's row: nothing yet)
+            proposer.rows.fed[r] = fed.get(r, 0)
+        proposer.graphs = None
+        eager = real(requests)
+        proposer.graphs = graphs
+        assert [(d.token_ids, d.parents) for d in got] == \
+            [(d.token_ids, d.parents) for d in eager]
+        compared.append(len(requests))
+        return got
+
+    proposer.propose = both
+    return compared
+
+
 @pytest.mark.parametrize("algo", ["UNO", "DSPARK", "DFLASH"])
 def test_drafts_from_the_target_run_on_the_gpu_and_are_lossless(path, tmp_path, algo) -> None:
-    """UNO (the target with a random LoRA adapter drafts in one eager forward, into the slots
-    its verify then rewrites), DSPARK and DFLASH (random block drafts over the target's
-    features) on CUDA: plain greedy output, verify graphs replayed, KV memory back whole; UNO's
-    adapter-free first row is accepted in every verify that was not cut short."""
+    """UNO (the target with a random LoRA adapter drafts in one forward, into the slots its
+    verify then rewrites), DSPARK and DFLASH (random block drafts over the target's features)
+    on CUDA: plain greedy output, verify graphs replayed, KV memory back whole; the drafts
+    from graphs (UNO's draft block, the heads' blocks) equal the same forwards run eagerly;
+    UNO's adapter-free first row is accepted in every verify that was not cut short."""
     from engine.assembly import Assembly
 
     prompts = [[(3 * i + 13 * j) % 500 + 3 for j in range(25 + 6 * i)] for i in range(4)]
@@ -219,8 +243,12 @@ def test_drafts_from_the_target_run_on_the_gpu_and_are_lossless(path, tmp_path, 
             return got
 
         proposer.propose = both
+    else:  # the heads' blocks replay their own graphs: the same drafts as eagerly
+        compared = compare_graph_drafts(proposer)
     got = generate(Scheduler(cfg, target, speculative=spec), prompts, 20)
     assert got == plain and replays
+    if algo != "UNO":
+        assert compared and proposer.graphs.replays > 0
     stats = spec.stats
     if algo == "UNO":
         assert stats.accepted_tokens >= stats.verified_requests - len(prompts)
@@ -257,22 +285,7 @@ def test_eagle_heads_draft_in_captured_graphs_and_are_lossless(path, tmp_path, a
     proposer = spec.proposer
     compared = []
     if not proposer.drafts_trees:  # the graphs draft what the same forwards draft eagerly
-        real, graphs = proposer.propose, proposer.graphs
-
-        def both(requests):
-            fed = dict(proposer.rows.fed)
-            got = real(requests)
-            for r in proposer.rows.fed:
-                proposer.rows.fed[r] = fed.get(r, 0)
-            proposer.graphs = None
-            eager = real(requests)
-            proposer.graphs = graphs
-            assert [(d.token_ids, d.parents) for d in got] == \
-                [(d.token_ids, d.parents) for d in eager]
-            compared.append(len(requests))
-            return got
-
-        proposer.propose = both
+        compared = compare_graph_drafts(proposer)
     got = generate(Scheduler(cfg, target, speculative=spec), prompts, 20)
     assert got == plain
     if proposer.drafts_trees:

@@ -120,3 +120,44 @@ def test_drafts_that_do_not_fit_are_refused(files):
     with pytest.raises(ConfigError, match="missing tensors layers.2"):
         scheduler(files["target"], speculative_algorithm="DFLASH",
                   speculative_draft_model_path=broken)
+
+
+def test_batched_blocks_draft_what_each_request_alone_drafts(files, reference):
+    """Every request's block runs in one forward over the row cache (new context padded to
+    the block's width); its drafts equal those of the head run on one request at a time with
+    a contiguous cache (the reference forward), through verifies and prefix hits."""
+    from engine.api.speculative import HeadCache
+
+    sched = scheduler(files["target"], speculative_algorithm="DFLASH",
+                      speculative_draft_model_path=files["shuffled"])
+    proposer = sched.spec.proposer
+    head, target, width = proposer.head, proposer.target, proposer.num_draft_tokens
+    batched = proposer.propose
+    seqs: dict = {}
+    compared = []
+
+    def both(requests):
+        got = batched(requests)
+        for req, draft in zip(requests, got):
+            kv = req.kv_len
+            seq = seqs.get(req)
+            if seq is None or seq.fed > kv:
+                seq = seqs[req] = HeadCache(len(head.layers), torch.device("cpu"), torch.float32)
+            feats = target.features(req, seq.fed, kv)
+            if proposer._perm is not None:
+                feats = feats.index_select(1, proposer._perm)
+            last = req.output_ids[-1] if req.output_ids else req.origin_input_ids[-1]
+            block = torch.tensor([last] + [head.cfg.mask_token_id] * (width - 1))
+            hidden = head(target.embed(block), feats, torch.arange(seq.fed, kv),
+                          torch.arange(kv, kv + width), seq.caches)
+            seq.fed = kv
+            assert draft.token_ids == target.logits(hidden[1:]).argmax(-1).tolist()
+            compared.append(req)
+        return got
+
+    proposer.propose = both
+    ids, _ = generate(sched)
+    assert ids == reference
+    again, _ = generate(sched, PROMPTS[:2])  # prefix hits: new rows start from the cache
+    assert again == reference[:2]
+    assert len(compared) > 10

@@ -127,10 +127,10 @@ def test_the_markov_head_drafts_from_the_token_just_drafted():
         head.markov_w1.weight.copy_(torch.eye(10))
         succ = torch.tensor([(t + 3) % 10 for t in range(10)])  # t -> t + 3
         head.markov_w2.weight.copy_(torch.nn.functional.one_hot(succ, 10).float().T)
-    base = torch.zeros(4, 10)
-    assert head.greedy(base, 2, torch.zeros(4, 4)) == [5, 8, 1, 4]
-    base[1, 0] = 5.0  # row 1's own logits win there; row 2 then follows from 0
-    assert head.greedy(base, 2, torch.zeros(4, 4)) == [5, 0, 3, 6]
+    base = torch.zeros(2, 4, 10)
+    base[1, 1, 0] = 5.0  # request 1: row 1's own logits win there; row 2 follows from 0
+    got = head.greedy(base, torch.tensor([2, 2]), torch.zeros(2, 4, 4))
+    assert got.tolist() == [[5, 8, 1, 4], [5, 0, 3, 6]]
 
 
 def test_the_block_size_option_and_refusals(files):

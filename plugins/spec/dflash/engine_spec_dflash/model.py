@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.api import ConfigError
-from engine.api.speculative import rope
+from engine.api.speculative import RowCache, rope
 
 
 @dataclass
@@ -105,6 +105,40 @@ class Layer(nn.Module):
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
+    def forward_rows(self, x: torch.Tensor, ctx: torch.Tensor, ctx_pos: torch.Tensor,
+                     ctx_rows: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
+                     cache: RowCache, layer: int, span: int) -> torch.Tensor:
+        """Every request's block at once: ``x`` [B, W, H] at ``pos`` [B, W]; the new context
+        ``ctx`` [B, C, H] at ``ctx_pos`` goes into row ``ctx_rows`` [B, C] of ``cache`` (the
+        scratch row for padding), the block's keys into its request's row ``rows`` [B] at its
+        positions; the block then attends to its row up to its last position."""
+        c = self.c
+        b, w = x.shape[:2]
+        kb, vb = cache.k[layer], cache.v[layer]
+        k_ctx, v_ctx = self._kv(ctx.reshape(-1, ctx.shape[-1]), ctx_pos.reshape(-1))
+        kb.index_put_((ctx_rows.reshape(-1), ctx_pos.reshape(-1)), k_ctx)
+        vb.index_put_((ctx_rows.reshape(-1), ctx_pos.reshape(-1)), v_ctx)
+        h = _rms(x, self.input_layernorm, c.rms_norm_eps)
+        flat = pos.reshape(-1)
+        k_blk, v_blk = self._kv(h.reshape(b * w, -1), flat)
+        block_rows = rows[:, None].expand(b, w).reshape(-1)
+        kb.index_put_((block_rows, flat), k_blk)
+        vb.index_put_((block_rows, flat), v_blk)
+        q = _rms(self.q_proj(h).view(b * w, c.num_heads, c.head_dim), self.q_norm,
+                 c.rms_norm_eps)
+        q = rope(q, flat, c.rope_theta).view(b, w, c.num_heads, c.head_dim).transpose(1, 2)
+        ratio = c.num_heads // c.num_kv_heads
+        keys = kb[rows, :span].repeat_interleave(ratio, dim=2).transpose(1, 2)
+        vals = vb[rows, :span].repeat_interleave(ratio, dim=2).transpose(1, 2)
+        end = pos[:, -1:] + 1  # the block sees its whole row up to its last position
+        mask = torch.arange(span, device=x.device)[None, :] < end  # [B, span]
+        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask[:, None, None],
+                                             scale=c.head_dim ** -0.5)
+        x = x + self.o_proj(out.transpose(1, 2).reshape(b, w, -1))
+        h = _rms(x, self.post_attention_layernorm, c.rms_norm_eps)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
 class DFlashHead(nn.Module):
     def __init__(self, c: DFlashConfig) -> None:
         super().__init__()
@@ -114,10 +148,24 @@ class DFlashHead(nn.Module):
         self.hidden_norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
         self.norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
 
+    def forward_rows(self, block: torch.Tensor, feats: torch.Tensor, ctx_pos: torch.Tensor,
+                     ctx_rows: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
+                     cache: RowCache, span: int) -> torch.Tensor:
+        """Every request's block at once (:meth:`Layer.forward_rows`): final hidden states
+        [B, W, H]; ``feats`` [B, C, F] the target's features of each request's newly verified
+        tokens (padding rows written to the scratch row)."""
+        eps = self.cfg.rms_norm_eps
+        ctx = _rms(self.fc(feats), self.hidden_norm, eps)
+        x = block
+        for i, layer in enumerate(self.layers):
+            x = layer.forward_rows(x, ctx, ctx_pos, ctx_rows, pos, rows, cache, i, span)
+        return _rms(x, self.norm, eps)
+
     def forward(self, block: torch.Tensor, feats: torch.Tensor, ctx_pos: torch.Tensor,
                 pos: torch.Tensor, caches: list[list[torch.Tensor]]) -> torch.Tensor:
-        """The block's final hidden states [T, H] (see the module docstring); ``feats`` [C, F]
-        are the target's features of the newly verified tokens, at ``ctx_pos``."""
+        """One request's block: final hidden states [T, H] (see the module docstring);
+        ``feats`` [C, F] are the target's features of the newly verified tokens, at ``ctx_pos``
+        (the reference the batched :meth:`forward_rows` is tested against)."""
         eps = self.cfg.rms_norm_eps
         ctx = _rms(self.fc(feats), self.hidden_norm, eps)
         x = block

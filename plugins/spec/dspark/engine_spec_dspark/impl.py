@@ -26,8 +26,10 @@ class DSparkProposer(DFlashProposer):
                 f"{c.target_layer_ids}, {m.kind} Markov head of rank {m.rank}), "
                 f"{self.num_draft_tokens - 1} drafts per block, static verify")
 
-    def draft_tokens(self, hidden: torch.Tensor, last: int) -> list[int]:
-        return self.head.markov_head.greedy(self.target.logits(hidden), last, hidden)
+    def draft_tokens(self, hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        b, g, h = hidden.shape
+        base = self.target.logits(hidden.reshape(-1, h)).view(b, g, -1)
+        return self.head.markov_head.greedy(base, last, hidden)
 
 
 def build(config: Any, context: SpecContext, options: Any) -> DSparkProposer:
@@ -70,7 +72,8 @@ def build(config: Any, context: SpecContext, options: Any) -> DSparkProposer:
     if kind == "carh" and gamma > cfg.block_size:
         raise ConfigError(f"DSPARK block size {gamma}: a carh Markov head has depth "
                           f"embeddings for {cfg.block_size} positions only")
-    return DSparkProposer(head, context, gamma + 1)
+    graphs = target.device.type == "cuda" and not config.disable_cuda_graph
+    return DSparkProposer(head, context, gamma + 1, graphs=graphs)
 
 
 @hookimpl

@@ -65,18 +65,20 @@ class MarkovHead(nn.Module):
         u = F.silu(self.fusion_norm(emb + self.hidden_proj(h) + depth))
         return self.markov_w2(torch.sigmoid(self.gate_proj(u)) * u), state
 
-    def greedy(self, base: torch.Tensor, last: int, hidden: torch.Tensor) -> list[int]:
-        """Draft tokens, left to right: ``base`` [gamma, V] float32 base logits, ``hidden``
-        [gamma, H] the rows' hidden states, ``last`` the token before row 0."""
+    def greedy(self, base: torch.Tensor, last: torch.Tensor, hidden: torch.Tensor
+               ) -> torch.Tensor:
+        """Draft tokens [B, gamma], left to right: ``base`` [B, gamma, V] float32 base logits,
+        ``hidden`` [B, gamma, H] the rows' hidden states, ``last`` [B] the token before row
+        0."""
         dtype = self.markov_w1.weight.dtype
-        prev = torch.tensor([last], device=base.device)
-        state = torch.zeros(1, self.rank, device=base.device, dtype=dtype)
+        prev = last
+        state = torch.zeros(base.shape[0], self.rank, device=base.device, dtype=dtype)
         out = []
-        for j in range(base.shape[0]):
-            bias, state = self._bias(prev, hidden[j:j + 1].to(dtype), j, state)
-            prev = (base[j:j + 1] + bias.float()).argmax(-1)
+        for j in range(base.shape[1]):
+            bias, state = self._bias(prev, hidden[:, j].to(dtype), j, state)
+            prev = (base[:, j] + bias.float()).argmax(-1)
             out.append(prev)
-        return torch.cat(out).tolist()
+        return torch.stack(out, 1)
 
 
 class DSparkHead(DFlashHead):
