@@ -281,10 +281,11 @@ def _median_ms(times: list[float]) -> float:
 
 def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new: int = 24
                ) -> list[dict[str, Any]]:
-    """EAGLE3 draft time per verify step with a random head of the model's shape (3 steps,
-    top-1): every request at once, steps replaying captured graphs; the same without graphs;
-    and each request alone, eagerly (the tree path). All three draft from the same state each
-    step (the row cache's verified lengths are put back between them)."""
+    """Draft time per verify step with random drafts of the model's shape. EAGLE3 (3 steps,
+    top-1, and an EAGLE-2 tree of 4 steps, top-4, 16 nodes): every request at once replaying
+    captured graphs; the same without graphs; each request alone, eagerly (the reference
+    path). All three draft from the same state each step (the row cache's verified lengths
+    are put back between them). Then DFLASH and UNO (below)."""
     import tempfile
 
     from engine.assembly import Assembly
@@ -298,49 +299,52 @@ def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new
         "num_key_value_heads": mc.num_key_value_heads, "head_dim": mc.head_dim,
         "vocab_size": mc.vocab_size, "draft_vocab_size": min(32000, mc.vocab_size),
         "rms_norm_eps": 1e-5}))
-    cfg = runner.config.replace(speculative_algorithm="EAGLE3", speculative_draft_model_path=head,
-                                speculative_draft_load_format="dummy", speculative_num_steps=3,
-                                speculative_eagle_topk=1, speculative_num_draft_tokens=4)
-    spec = Assembly(cfg).speculative(runner)
-    p = spec.proposer
-    graphs = p.graphs
-    real = p.propose
     gen = torch.Generator().manual_seed(5)
     out = []
-    for bs in batches:
-        times: dict[str, list[float]] = {"graphs": [], "batched": [], "alone": []}
-        same: list[bool] = []
+    for label, (steps, topk, width) in (("EAGLE3", (3, 1, 4)),
+                                        ("EAGLE3 tree", (4, 4, 16))):
+        cfg = runner.config.replace(
+            speculative_algorithm="EAGLE3", speculative_draft_model_path=head,
+            speculative_draft_load_format="dummy", speculative_num_steps=steps,
+            speculative_eagle_topk=topk, speculative_num_draft_tokens=width)
+        spec = Assembly(cfg).speculative(runner)
+        p = spec.proposer
+        graphs = (p.graphs, p.tree_graphs)
+        real = p.propose
+        for bs in batches:
+            times: dict[str, list[float]] = {"graphs": [], "batched": [], "alone": []}
+            same: list[bool] = []
 
-        def both(reqs: Sequence[Any]) -> list[Draft]:
-            fed = dict(p.rows.fed)
-            _sync()
-            t0 = time.perf_counter()
-            drafts = real(reqs)
-            _sync()
-            t1 = time.perf_counter()
-            for r in p.rows.fed:  # as before the first (a new request's row: nothing yet)
-                p.rows.fed[r] = fed.get(r, 0)
-            p.graphs = None
-            eager = real(reqs)
-            _sync()
-            t2 = time.perf_counter()
-            same.append([d.token_ids for d in drafts] == [d.token_ids for d in eager])
-            p.graphs = graphs
-            for r in reqs:
-                p._propose(r)
-            _sync()
-            t3 = time.perf_counter()
-            times["graphs"].append(t1 - t0)
-            times["batched"].append(t2 - t1)
-            times["alone"].append(t3 - t2)
-            return drafts
+            def both(reqs: Sequence[Any]) -> list[Draft]:
+                fed = dict(p.rows.fed)
+                _sync()
+                t0 = time.perf_counter()
+                drafts = real(reqs)
+                _sync()
+                t1 = time.perf_counter()
+                for r in p.rows.fed:  # as before the first (a new request's row: empty)
+                    p.rows.fed[r] = fed.get(r, 0)
+                p.graphs = p.tree_graphs = None
+                eager = real(reqs)
+                _sync()
+                t2 = time.perf_counter()
+                same.append([d.token_ids for d in drafts] == [d.token_ids for d in eager])
+                p.graphs, p.tree_graphs = graphs
+                for r in reqs:
+                    p._propose(r)
+                _sync()
+                t3 = time.perf_counter()
+                times["graphs"].append(t1 - t0)
+                times["batched"].append(t2 - t1)
+                times["alone"].append(t3 - t2)
+                return drafts
 
-        prompts = [torch.randint(0, mc.vocab_size, (prompt_len,), generator=gen).tolist()
-                   for _ in range(bs)]
-        _drafting(runner, cfg, spec, both, prompts, max_new)
-        out.append({"batch": bs, "algo": "EAGLE3", "steps": len(times["graphs"]),
-                    "same": sum(same) / len(same),
-                    **{k: _median_ms(v) for k, v in times.items()}})
+            prompts = [torch.randint(0, mc.vocab_size, (prompt_len,), generator=gen).tolist()
+                       for _ in range(bs)]
+            _drafting(runner, cfg, spec, both, prompts, max_new)
+            out.append({"batch": bs, "algo": label, "steps": len(times["graphs"]),
+                        "same": sum(same) / len(same),
+                        **{k: _median_ms(v) for k, v in times.items()}})
     # DFLASH: a random one-layer DFlash draft, blocks of 8, from its graphs and eagerly
     draft = tempfile.mkdtemp(prefix="dflash-draft-")
     n = mc.num_hidden_layers

@@ -174,16 +174,17 @@ def compare_graph_drafts(proposer) -> list[int]:
     """Make ``proposer`` (a head over a row cache with graphs) draft every step twice from
     the same state: from its graphs, then eagerly; the drafts must be the same. Returns the
     list the batch sizes compared go into."""
-    real, graphs, compared = proposer.propose, proposer.graphs, []
+    real, compared = proposer.propose, []
+    graphs = (proposer.graphs, getattr(proposer, "tree_graphs", None))
 
     def both(requests):
         fed = dict(proposer.rows.fed)
         got = real(requests)
         for r in proposer.rows.fed:  # as before (a new request's row: nothing yet)
             proposer.rows.fed[r] = fed.get(r, 0)
-        proposer.graphs = None
+        proposer.graphs = proposer.tree_graphs = None
         eager = real(requests)
-        proposer.graphs = graphs
+        proposer.graphs, proposer.tree_graphs = graphs
         assert [(d.token_ids, d.parents) for d in got] == \
             [(d.token_ids, d.parents) for d in eager]
         compared.append(len(requests))
@@ -260,9 +261,10 @@ def test_drafts_from_the_target_run_on_the_gpu_and_are_lossless(path, tmp_path, 
                                        ("EAGLE", 3)])
 def test_eagle_heads_draft_in_captured_graphs_and_are_lossless(path, tmp_path, algo,
                                                                topk) -> None:
-    """Random EAGLE-family heads on CUDA: chains (with sibling leaves at top-k 2) draft every
-    request at once, each step after the first replaying a captured graph; trees (top-k 3,
-    width 7) draft per request. Plain greedy output either way, KV memory back whole."""
+    """Random EAGLE-family heads on CUDA: chains (with sibling leaves at top-k 2) and EAGLE-2
+    trees (top-k 3, width 7) draft every request at once, replaying captured graphs (the
+    catch-up, then each step or frontier expansion); the graphs draft what the same forwards
+    draft eagerly. Plain greedy output, KV memory back whole."""
     from engine.assembly import Assembly
 
     prompts = [[(11 * i + 7 * j) % 500 + 3 for j in range(20 + 9 * i)] for i in range(5)]
@@ -283,13 +285,11 @@ def test_eagle_heads_draft_in_captured_graphs_and_are_lossless(path, tmp_path, a
                                 speculative_eagle_topk=topk, speculative_num_draft_tokens=width)
     spec = Assembly(cfg).speculative(target)
     proposer = spec.proposer
-    compared = []
-    if not proposer.drafts_trees:  # the graphs draft what the same forwards draft eagerly
-        compared = compare_graph_drafts(proposer)
+    compared = compare_graph_drafts(proposer)  # graphs draft what the forwards draft eagerly
     got = generate(Scheduler(cfg, target, speculative=spec), prompts, 20)
     assert got == plain
-    if proposer.drafts_trees:
-        assert proposer.graphs is None
+    assert compared and proposer.graphs.replays > 0
+    if proposer.drafts_trees:  # the frontier's expansions replay graphs of their own
+        assert proposer.tree_graphs.replays > 0
     else:
-        assert compared and proposer.graphs.replays > 0
         assert len(proposer.graphs.graphs) >= 3  # catch-up and steps, per batch bucket

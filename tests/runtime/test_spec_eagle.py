@@ -282,18 +282,20 @@ def test_verify_rows_padded_for_a_captured_graph_give_the_same_output(files, ref
     assert sched.allocator.free_tokens == sched.allocator.capacity_tokens
 
 
-@pytest.mark.parametrize("algo,head,topk", [("EAGLE", "eagle", 1), ("EAGLE3", "eagle3", 2),
-                                            ("NEXTN", "mtp", 1)])
-def test_batched_chain_drafting_drafts_what_each_request_alone_drafts(files, reference, algo,
-                                                                      head, topk):
-    """Chains draft every request in one batched forward per step over the row cache; each
-    step's drafts equal those of the per-request head on its own contiguous cache (after
-    verifies, prefix hits and requests leaving)."""
+@pytest.mark.parametrize("algo,head,topk,width", [
+    ("EAGLE", "eagle", 1, 4), ("EAGLE3", "eagle3", 2, 4), ("NEXTN", "mtp", 1, 4),
+    ("EAGLE", "eagle", 3, 8), ("EAGLE3", "eagle3", 2, 6)])
+def test_batched_drafting_drafts_what_each_request_alone_drafts(files, reference, algo, head,
+                                                                 topk, width):
+    """Every request drafts in one batched forward per step over the row cache (chains, and
+    EAGLE-2 trees whose frontier expands for all requests at once); the drafts equal those of
+    the per-request head on its own contiguous cache (after verifies, prefix hits and requests
+    leaving)."""
     sched = scheduler(files["target"], speculative_algorithm=algo,
                       speculative_draft_model_path=files[head], speculative_num_steps=3,
-                      speculative_eagle_topk=topk, speculative_num_draft_tokens=4)
+                      speculative_eagle_topk=topk, speculative_num_draft_tokens=width)
     proposer = sched.spec.proposer
-    assert proposer.rows is not None and not proposer.drafts_trees
+    assert proposer.drafts_trees == (width > 4)
     batched = proposer.propose
     compared = []
 

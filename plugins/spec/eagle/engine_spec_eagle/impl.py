@@ -44,9 +44,10 @@ class EagleProposer(Proposer):
         self._seqs: dict[Any, HeadCache] = {}
         #: chains: every request's head K/V, and the draft step's graphs (CUDA)
         c = head.cfg
-        self.rows = None if self.drafts_trees else RowCache(
-            c.num_layers, c.num_kv_heads, c.head_dim, self.device, self.dtype)
-        self.graphs = BatchGraphs(self._forward) if graphs and self.rows is not None else None
+        self.rows = RowCache(c.num_layers, c.num_kv_heads, c.head_dim, self.device, self.dtype)
+        self.graphs = BatchGraphs(self._forward) if graphs else None
+        #: trees: the expansion of a frontier of top-k nodes per request, in graphs too
+        self.tree_graphs = BatchGraphs(self._expand) if graphs and self.drafts_trees else None
         self._version = -1  #: the row cache's version the graphs were captured on
 
     def describe(self) -> str:
@@ -81,9 +82,7 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[Any]) -> list[Draft]:
-        if self.rows is not None:
-            return self._propose_rows(requests)
-        return [self._propose(req) for req in requests]
+        return self._propose_rows(requests)
 
     # ------------------------------------------------------------------ chains, batched
 
@@ -115,11 +114,34 @@ class EagleProposer(Proposer):
         """:meth:`_forward`, from a captured graph where there are graphs."""
         if self.graphs is None:
             return self._forward(*args)
-        if self._version != self.rows.version:  # captured on buffers since reallocated
-            self.graphs.clear()
-            self._version = self.rows.version
+        self._check_version()
         *tensors, span = args
         return self.graphs.run(tensors, (0, 0, 0, False, self.rows.scratch, 0), (span,))
+
+    def _check_version(self) -> None:
+        if self._version != self.rows.version:  # captured on buffers since reallocated
+            for g in (self.graphs, self.tree_graphs):
+                if g is not None:
+                    g.clear()
+            self._version = self.rows.version
+
+    def _expand(self, tok: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor,
+                store: torch.Tensor, anc: torch.Tensor, rows: torch.Tensor,
+                base: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One tree step for every request: its K frontier nodes ([B, K] tokens, [B, K, H]
+        the head outputs that predicted them, [B, K] RoPE positions) are written at row
+        positions ``store`` [B, K] and each sees the request's verified positions (below
+        ``base`` [B]) and the positions ``anc`` [B, K, S] (its expanded ancestors and itself);
+        returns their outputs [B, K, H] and top-k log-probabilities and ids [B, K, k]."""
+        b, k = tok.shape
+        mask = torch.arange(span, device=tok.device)[None, None, :] < base[:, None, None]
+        mask = mask.expand(b, k, span).clone()
+        mask.scatter_(2, anc, True)
+        view = Rows(self.rows, rows, rows[:, None].expand(b, k).reshape(-1), store.reshape(-1),
+                    mask, span)
+        hidden = self.head(self.target.embed(tok), feat, pos, view)
+        logp, ids = self._top(hidden.reshape(b * k, -1))
+        return hidden, logp.view(b, k, -1), ids.view(b, k, -1)
 
     def _propose_rows(self, requests: Sequence[Any]) -> list[Draft]:
         out = [Draft() for _ in requests]
@@ -133,7 +155,8 @@ class EagleProposer(Proposer):
         starts = [min(cache.fed[r], kv - 1) for r, kv in zip(rows, kvs)]
         counts = [kv - s for kv, s in zip(kvs, starts)]
         span = MIN_SPAN
-        while span < max(kvs) + self.num_steps:
+        extra = self.num_steps * self.topk if self.drafts_trees else self.num_steps
+        while span < max(kvs) + extra:
             span *= 2
         cache.grow(cache.rows, span)
         b = len(reqs)
@@ -160,10 +183,16 @@ class EagleProposer(Proposer):
         ids, pos, valid = ids.view(b, t), pos.view(b, t), valid.view(b, t).bool()
         rows_t, last, step_pos, zero, ones = small.view(5, b)
         catch = (ids, torch.stack(feats), pos, valid, rows_t, last, span)
-        hidden, _, top = (self._run(*catch) if t == self.num_draft_tokens
-                          else self._forward(*catch))
+        hidden, logp, top = (self._run(*catch) if t == self.num_draft_tokens
+                             else self._forward(*catch))
         for r, kv in zip(rows, kvs):
             cache.fed[r] = kv
+        if self.drafts_trees:
+            trees = self._trees(hidden.clone(), logp.clone(), top.clone(), rows_t, step_pos,
+                                span)
+            for i, tree in zip(live, trees):
+                out[i] = tree
+            return out
         picks = [top.clone()]  # (a graph's outputs are overwritten by its next replay)
         step_pos, ones = step_pos[:, None], ones[:, None].bool()
         for step in range(1, self.num_steps):
@@ -177,6 +206,54 @@ class EagleProposer(Proposer):
             out[i] = Draft.chain_with_siblings(chain, sibs).truncated(
                 self.num_draft_tokens - 1, len(chain))
         return out
+
+    def _trees(self, hidden: torch.Tensor, logp: torch.Tensor, top: torch.Tensor,
+               rows: torch.Tensor, kv: torch.Tensor, span: int) -> list[Draft]:
+        """EAGLE-2 trees for every request at once, from the catch-up's output ``hidden``
+        [B, 1, H] and its top-k at the root (``kv`` [B]: the verified lengths); the frontier (the K best nodes by cumulative
+        log-probability) is expanded ``num_steps - 1`` times, its nodes stored at the row
+        positions after the verified ones (step s at ``kv + (s - 1) K ..``), each seeing its
+        stored ancestors. The candidates are numbered as :meth:`_tree` numbers them; scores are
+        float64 sums, as there. One read-back at the end, then :func:`rerank` per request."""
+        b, k = top.shape
+        steps = self.num_steps
+        dev = top.device
+        tokens, parents = [top], [torch.full((b, k), -1, dtype=torch.long, device=dev)]
+        score = logp.double()
+        scores = [score]
+        depths = [torch.ones(b, k, dtype=torch.long, device=dev)]
+        frontier = torch.arange(k, device=dev).expand(b, k)  # node numbers
+        feat = hidden.expand(b, k, hidden.shape[-1])
+        anc = torch.empty(b, k, max(1, steps - 1), dtype=torch.long, device=dev)
+        count = k
+        for step in range(1, steps):
+            store = kv[:, None] + (step - 1) * k + torch.arange(k, device=dev)[None, :]
+            anc[:, :, step - 1:] = store[:, :, None]  # itself (and the unused tail)
+            pos = (kv[:, None] + (step - 1)).expand(b, k)
+            args = (tokens_at(tokens, frontier, k), feat, pos, store, anc, rows, kv)
+            if self.tree_graphs is not None:
+                self._check_version()
+                out, lp, ids = self.tree_graphs.run(
+                    args, (0, 0, 0, 0, 0, self.rows.scratch, 0), (span,))
+            else:
+                out, lp, ids = self._expand(*args, span)
+            cand = (score[:, :, None] + lp.double()).reshape(b, k * k)
+            tokens.append(ids.reshape(b, k * k))
+            parents.append(frontier[:, :, None].expand(b, k, k).reshape(b, k * k))
+            scores.append(cand)
+            depths.append(torch.full((b, k * k), step + 1, dtype=torch.long, device=dev))
+            best = cand.topk(k, dim=1).indices  # [B, K] into this step's K * K
+            src = best // k
+            frontier = count + best
+            count += k * k
+            score = cand.gather(1, best)
+            feat = out.gather(1, src[:, :, None].expand(b, k, out.shape[-1])).clone()
+            anc = anc.gather(1, src[:, :, None].expand_as(anc)).clone()
+        flat = [torch.cat(x, 1) for x in (tokens, parents, depths)]
+        toks, pars, deps = (x.tolist() for x in flat)
+        scs = torch.cat(scores, 1).tolist()
+        return [rerank(t, p, sc, d, self.num_draft_tokens - 1)
+                for t, p, sc, d in zip(toks, pars, scs, deps)]
 
     def _propose(self, req: Any) -> Draft:
         seq = self._seqs.get(req)
@@ -272,6 +349,12 @@ class EagleProposer(Proposer):
             cands.sort(key=lambda c: (-scores[c[0]], c[0]))
             frontier = cands[:self.topk]
         return rerank(tokens, parents, scores, depths, self.num_draft_tokens - 1)
+
+
+def tokens_at(tokens: list[torch.Tensor], nodes: torch.Tensor, k: int) -> torch.Tensor:
+    """The tokens [B, K] of node numbers ``nodes`` [B, K], from the per-step candidate
+    tensors ``tokens`` (K nodes at depth 1, then K * K per step)."""
+    return torch.cat(tokens, 1).gather(1, nodes)
 
 
 def rerank(tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float],
