@@ -7,12 +7,13 @@ token ``t[k+1]`` and feature ``f[k]``), which also yields its first draft token,
 next step. With top-k > 1 every drafted position also offers its next ``topk - 1`` candidates
 as sibling leaves.
 
-Chains (with or without sibling leaves) draft every request at once: one forward catches all
-of them up (rows padded to the longest), then each further step is one forward of one token per
-request over a :class:`~engine.api.speculative.RowCache`; on CUDA those forwards replay graphs
-captured per (batch bucket, shape, key span) on first use
-(:class:`~engine.api.speculative.BatchGraphs`). EAGLE-2 trees (top-k > 1 and a
-verify width beyond the chain) grow per request, eagerly.
+Every request drafts at once: one forward catches all of them up (rows padded to the longest),
+then each further step is one forward for all of them over a
+:class:`~engine.api.speculative.RowCache`: one token per request for chains (with or without
+sibling leaves), the K frontier nodes per request for EAGLE-2 trees (top-k > 1 and a verify
+width beyond the chain). On CUDA those forwards replay graphs captured per (batch bucket,
+shape, key span) on first use (:class:`~engine.api.speculative.BatchGraphs`). The per-request
+path (:meth:`EagleProposer._propose`) is the reference the tests compare with.
 """
 
 from __future__ import annotations
