@@ -239,7 +239,7 @@ class EagleProposer(Proposer):
             else:
                 out, lp, ids = self._expand(*args, span)
             cand = (score[:, :, None] + lp.double()).reshape(b, k * k)
-            tokens.append(ids.reshape(b, k * k))
+            tokens.append(ids.reshape(b, k * k).clone())  # (a graph's output: copy it)
             parents.append(frontier[:, :, None].expand(b, k, k).reshape(b, k * k))
             scores.append(cand)
             depths.append(torch.full((b, k * k), step + 1, dtype=torch.long, device=dev))
