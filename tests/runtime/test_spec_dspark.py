@@ -53,7 +53,8 @@ def dspark_draft(root: str, name: str, kind: str, layer_ids: list[int], gamma: i
                   m + "depth_embedding.weight": _rand(gen, gamma, RANK),
                   m + "fusion_norm.weight": torch.ones(RANK),
                   m + "fusion_norm.bias": torch.zeros(RANK),
-                  m + "gate_proj.weight": _rand(gen, 1, RANK), m + "gate_proj.bias": torch.zeros(1)})
+                  m + "gate_proj.weight": _rand(gen, 1, RANK),
+                  m + "gate_proj.bias": torch.zeros(1)})
     t.update(markov or {})
     import json
 

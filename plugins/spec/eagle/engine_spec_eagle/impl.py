@@ -42,8 +42,8 @@ class EagleProposer(Proposer):
         self.drafts_trees = topk > 1 and width > steps + 1
         self.hot = token_map
         self.device, self.dtype = self.target.device, self.target.dtype
-        self._seqs: dict[Any, HeadCache] = {}
-        #: chains: every request's head K/V, and the draft step's graphs (CUDA)
+        self._seqs: dict[Any, HeadCache] = {}  #: the per-request reference path's caches
+        #: every request's head K/V, and the graphs of the batched forwards (CUDA)
         c = head.cfg
         self.rows = RowCache(c.num_layers, c.num_kv_heads, c.head_dim, self.device, self.dtype)
         self.graphs = BatchGraphs(self._forward) if graphs else None
@@ -59,8 +59,7 @@ class EagleProposer(Proposer):
 
     def release(self, request: Any) -> None:
         self._seqs.pop(request, None)
-        if self.rows is not None:
-            self.rows.release(request)
+        self.rows.release(request)
 
     def _logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits over the head's vocabulary and the map to target ids (None: identity)."""
@@ -85,7 +84,7 @@ class EagleProposer(Proposer):
     def propose(self, requests: Sequence[Any]) -> list[Draft]:
         return self._propose_rows(requests)
 
-    # ------------------------------------------------------------------ chains, batched
+    # ------------------------------------------------------------------ batched drafting
 
     def _rows_view(self, rows: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor | None,
                    span: int) -> Rows:
@@ -211,8 +210,9 @@ class EagleProposer(Proposer):
     def _trees(self, hidden: torch.Tensor, logp: torch.Tensor, top: torch.Tensor,
                rows: torch.Tensor, kv: torch.Tensor, span: int) -> list[Draft]:
         """EAGLE-2 trees for every request at once, from the catch-up's output ``hidden``
-        [B, 1, H] and its top-k at the root (``kv`` [B]: the verified lengths); the frontier (the K best nodes by cumulative
-        log-probability) is expanded ``num_steps - 1`` times, its nodes stored at the row
+        [B, 1, H] and its top-k at the root (``kv`` [B]: the verified lengths); the frontier
+        (the K best nodes by cumulative log-probability) is expanded ``num_steps - 1`` times,
+        its nodes stored at the row
         positions after the verified ones (step s at ``kv + (s - 1) K ..``), each seeing its
         stored ancestors. The candidates are numbered as :meth:`_tree` numbers them; scores are
         float64 sums, as there. One read-back at the end, then :func:`rerank` per request."""
