@@ -212,10 +212,10 @@ class EagleProposer(Proposer):
         """EAGLE-2 trees for every request at once, from the catch-up's output ``hidden``
         [B, 1, H] and its top-k at the root (``kv`` [B]: the verified lengths); the frontier
         (the K best nodes by cumulative log-probability) is expanded ``num_steps - 1`` times,
-        its nodes stored at the row
-        positions after the verified ones (step s at ``kv + (s - 1) K ..``), each seeing its
-        stored ancestors. The candidates are numbered as :meth:`_tree` numbers them; scores are
-        float64 sums, as there. One read-back at the end, then :func:`rerank` per request."""
+        its nodes stored at the row positions after the verified ones (step s at
+        ``kv + (s - 1) K ..``), each seeing its stored ancestors. The candidates are numbered
+        as :meth:`_tree` numbers them; scores are float64 sums, as there. One read-back at the
+        end, then :func:`rerank` per request."""
         b, k = top.shape
         steps = self.num_steps
         dev = top.device
