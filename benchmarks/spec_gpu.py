@@ -39,6 +39,7 @@ repeats its input, with a wide argmax margin (outputs with and without speculati
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -279,27 +280,95 @@ def _median_ms(times: list[float]) -> float:
     return statistics.median(times[2:] or times) * 1e3  # (the first steps capture graphs)
 
 
+@contextlib.contextmanager
+def _no_graphs(*owners: tuple[Any, str]) -> Any:
+    """Within the block, the attributes named (``(object, name)``) hold ``None``."""
+    saved = [(o, n, getattr(o, n, None)) for o, n in owners]
+    for o, n, _ in saved:
+        setattr(o, n, None)
+    try:
+        yield
+    finally:
+        for o, n, v in saved:
+            setattr(o, n, v)
+
+
+def _compare(runner: ModelRunner, cfg: ServerConfig, spec: Any, label: str,
+             batches: list[int], prompts: Any, max_new: int, save: Any, load: Any, eager: Any,
+             alone: Any = None) -> list[dict[str, Any]]:
+    """Per batch size, a greedy run in which every verify step drafts from the graphs, then,
+    from the same state (``load(save())``), with them off (``eager()``, a context), then (if
+    given) ``alone(requests)``; the medians, and the share of steps whose drafts agreed."""
+    real = spec.proposer.propose
+    rows = []
+    for bs in batches:
+        times: dict[str, list[float]] = {"graphs": [], "batched": [], "alone": []}
+        same: list[bool] = []
+
+        def timed(reqs: Sequence[Any]) -> list[Draft]:
+            state = save()
+            _sync()
+            t0 = time.perf_counter()
+            drafts = real(reqs)
+            _sync()
+            t1 = time.perf_counter()
+            load(state)
+            with eager():
+                again = real(reqs)
+            _sync()
+            t2 = time.perf_counter()
+            same.append([d.token_ids for d in drafts] == [d.token_ids for d in again])
+            times["graphs"].append(t1 - t0)
+            times["batched"].append(t2 - t1)
+            if alone is not None:
+                alone(reqs)
+                _sync()
+                times["alone"].append(time.perf_counter() - t2)
+            return drafts
+
+        _drafting(runner, cfg, spec, timed, prompts(bs), max_new)
+        rows.append({"batch": bs, "algo": label, "steps": len(times["graphs"]),
+                     "same": sum(same) / len(same),
+                     **{k: _median_ms(v) if v else float("nan") for k, v in times.items()}})
+    return rows
+
+
+def _row_state(p: Any) -> tuple[Any, Any]:
+    """save/load of a proposer's row cache: its verified lengths (a row new in the first
+    draft holds nothing yet)."""
+    def load(fed: dict[int, int]) -> None:
+        for r in p.rows.fed:
+            p.rows.fed[r] = fed.get(r, 0)
+    return (lambda: dict(p.rows.fed)), load
+
+
 def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new: int = 24
                ) -> list[dict[str, Any]]:
     """Draft time per verify step with random drafts of the model's shape. EAGLE3 (3 steps,
     top-1, and an EAGLE-2 tree of 4 steps, top-4, 16 nodes): every request at once replaying
     captured graphs; the same without graphs; each request alone, eagerly (the reference
-    path). All three draft from the same state each step (the row cache's verified lengths
-    are put back between them). Then DFLASH and UNO (below)."""
+    path). Then a one-layer DFLASH draft (blocks of 8) and UNO (a block of 4, a random rank-8
+    adapter on the noise rows: a forward of the target), from their graphs and eagerly. Each
+    step drafts every way from the same state."""
     import tempfile
 
     from engine.assembly import Assembly
 
     mc = runner.model_config
+    gen = torch.Generator().manual_seed(5)
+
+    def prompts(bs: int) -> list[list[int]]:
+        return [torch.randint(0, mc.vocab_size, (prompt_len,), generator=gen).tolist()
+                for _ in range(bs)]
+
+    shape = {"hidden_size": mc.hidden_size, "intermediate_size": mc.intermediate_size,
+             "num_hidden_layers": 1, "num_attention_heads": mc.num_attention_heads,
+             "num_key_value_heads": mc.num_key_value_heads, "head_dim": mc.head_dim,
+             "rms_norm_eps": 1e-5}
     head = tempfile.mkdtemp(prefix="eagle3-head-")
     Path(head, "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": mc.hidden_size,
-        "intermediate_size": mc.intermediate_size, "num_hidden_layers": 1,
-        "num_attention_heads": mc.num_attention_heads,
-        "num_key_value_heads": mc.num_key_value_heads, "head_dim": mc.head_dim,
-        "vocab_size": mc.vocab_size, "draft_vocab_size": min(32000, mc.vocab_size),
-        "rms_norm_eps": 1e-5}))
-    gen = torch.Generator().manual_seed(5)
+        "architectures": ["LlamaForCausalLMEagle3"], **shape, "vocab_size": mc.vocab_size,
+        "draft_vocab_size": min(32000, mc.vocab_size)}))
     out = []
     for label, (steps, topk, width) in (("EAGLE3", (3, 1, 4)),
                                         ("EAGLE3 tree", (4, 4, 16))):
@@ -309,51 +378,13 @@ def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new
             speculative_eagle_topk=topk, speculative_num_draft_tokens=width)
         spec = Assembly(cfg).speculative(runner)
         p = spec.proposer
-        graphs = (p.graphs, p.tree_graphs)
-        real = p.propose
-        for bs in batches:
-            times: dict[str, list[float]] = {"graphs": [], "batched": [], "alone": []}
-            same: list[bool] = []
-
-            def both(reqs: Sequence[Any]) -> list[Draft]:
-                fed = dict(p.rows.fed)
-                _sync()
-                t0 = time.perf_counter()
-                drafts = real(reqs)
-                _sync()
-                t1 = time.perf_counter()
-                for r in p.rows.fed:  # as before the first (a new request's row: empty)
-                    p.rows.fed[r] = fed.get(r, 0)
-                p.graphs = p.tree_graphs = None
-                eager = real(reqs)
-                _sync()
-                t2 = time.perf_counter()
-                same.append([d.token_ids for d in drafts] == [d.token_ids for d in eager])
-                p.graphs, p.tree_graphs = graphs
-                for r in reqs:
-                    p._propose(r)
-                _sync()
-                t3 = time.perf_counter()
-                times["graphs"].append(t1 - t0)
-                times["batched"].append(t2 - t1)
-                times["alone"].append(t3 - t2)
-                return drafts
-
-            prompts = [torch.randint(0, mc.vocab_size, (prompt_len,), generator=gen).tolist()
-                       for _ in range(bs)]
-            _drafting(runner, cfg, spec, both, prompts, max_new)
-            out.append({"batch": bs, "algo": label, "steps": len(times["graphs"]),
-                        "same": sum(same) / len(same),
-                        **{k: _median_ms(v) for k, v in times.items()}})
-    # DFLASH: a random one-layer DFlash draft, blocks of 8, from its graphs and eagerly
+        out += _compare(runner, cfg, spec, label, batches, prompts, max_new, *_row_state(p),
+                        lambda p=p: _no_graphs((p, "graphs"), (p, "tree_graphs")),
+                        alone=lambda reqs, p=p: [p._propose(r) for r in reqs])
     draft = tempfile.mkdtemp(prefix="dflash-draft-")
     n = mc.num_hidden_layers
     Path(draft, "config.json").write_text(json.dumps({
-        "architectures": ["DFlashDraftModel"], "hidden_size": mc.hidden_size,
-        "intermediate_size": mc.intermediate_size, "num_hidden_layers": 1,
-        "num_attention_heads": mc.num_attention_heads,
-        "num_key_value_heads": mc.num_key_value_heads, "head_dim": mc.head_dim,
-        "rms_norm_eps": 1e-5, "block_size": 8,
+        "architectures": ["DFlashDraftModel"], **shape, "block_size": 8,
         "dflash_config": {"target_layer_ids": sorted({min(1, n - 1), n // 2, max(n - 2, 0)}),
                           "mask_token_id": 0}}))
     cfg = runner.config.replace(speculative_algorithm="DFLASH",
@@ -361,74 +392,28 @@ def draft_cost(runner: ModelRunner, batches: list[int], prompt_len: int, max_new
                                 speculative_draft_load_format="dummy")
     spec = Assembly(cfg).speculative(runner)
     p = spec.proposer
-    real, graphs = p.propose, p.graphs
-    for bs in batches:
-        times = {"graphs": [], "batched": []}
-        same = []
-
-        def dflash(reqs: Sequence[Any]) -> list[Draft]:
-            fed = dict(p.rows.fed)
-            _sync()
-            t0 = time.perf_counter()
-            drafts = real(reqs)
-            _sync()
-            t1 = time.perf_counter()
-            for r in p.rows.fed:
-                p.rows.fed[r] = fed.get(r, 0)
-            p.graphs = None
-            eager = real(reqs)
-            _sync()
-            t2 = time.perf_counter()
-            p.graphs = graphs
-            same.append([d.token_ids for d in drafts] == [d.token_ids for d in eager])
-            times["graphs"].append(t1 - t0)
-            times["batched"].append(t2 - t1)
-            return drafts
-
-        prompts = [torch.randint(0, mc.vocab_size, (prompt_len,), generator=gen).tolist()
-                   for _ in range(bs)]
-        _drafting(runner, cfg, spec, dflash, prompts, max_new)
-        out.append({"batch": bs, "algo": "DFLASH", "steps": len(times["graphs"]),
-                    "graphs": _median_ms(times["graphs"]), "batched": _median_ms(times["batched"]),
-                    "alone": float("nan"), "same": sum(same) / len(same)})
+    out += _compare(runner, cfg, spec, "DFLASH", batches, prompts, max_new, *_row_state(p),
+                    lambda: _no_graphs((p, "graphs")))
     runner.model.feature_sink = None
     runner.verify_graphs = []
     if runner.decode_graphs is not None:
         runner.decode_graphs = runner._make_decode_graphs()
-    # UNO: one forward of the target drafts a block of 4 (a random rank-8 adapter on the
-    # noise rows), replaying its captured block graph, then eagerly, from the same state
     cfg = runner.config.replace(speculative_algorithm="UNO", speculative_num_draft_tokens=4,
                                 speculative_draft_load_format="dummy")
     spec = Assembly(cfg).speculative(runner)
     p = spec.proposer
-    real = p.propose
-    for bs in batches:
-        times = {"graphs": [], "batched": []}
 
-        def uno(reqs: Sequence[Any]) -> list[Draft]:
-            state = p._gen.get_state()
-            _sync()
-            t0 = time.perf_counter()
-            drafts = real(reqs)
-            _sync()
-            t1 = time.perf_counter()
-            p._gen.set_state(state)
-            saved = dict(runner._block_graphs)
-            runner._block_graphs.update({k: (None, a) for k, (_, a) in saved.items()})
-            real(reqs)
-            _sync()
-            t2 = time.perf_counter()
+    @contextlib.contextmanager
+    def no_block_graphs() -> Any:
+        saved = dict(runner._block_graphs)
+        runner._block_graphs.update({k: (None, a) for k, (_, a) in saved.items()})
+        try:
+            yield
+        finally:
             runner._block_graphs.update(saved)
-            times["graphs"].append(t1 - t0)
-            times["batched"].append(t2 - t1)
-            return drafts
 
-        prompts = [torch.randint(0, mc.vocab_size, (prompt_len,), generator=gen).tolist()
-                   for _ in range(bs)]
-        _drafting(runner, cfg, spec, uno, prompts, max_new)
-        out.append({"batch": bs, "algo": "UNO", "steps": len(times["graphs"]),
-                    "graphs": _median_ms(times["graphs"]), "batched": _median_ms(times["batched"]),
-                    "alone": float("nan"), "same": float("nan")})
+    out += _compare(runner, cfg, spec, "UNO", batches, prompts, max_new, p._gen.get_state,
+                    p._gen.set_state, no_block_graphs)
     runner.verify_graphs = []
     return out
 
