@@ -323,6 +323,11 @@ class TargetModel(ABC):
         ``--speculative-draft-load-format dummy``). ConfigError when it cannot be applied."""
         raise NotImplementedError(f"{type(self).__name__} has no adapters")
 
+    def prepare_block(self, width: int, *, adapter: Any = None, plain_rows: int = 0) -> None:
+        """Get ready for :meth:`run_block` calls with blocks of ``width`` tokens (and this
+        adapter and ``plain_rows``): on a GPU their CUDA graphs are captured now, at start-up,
+        not at the first draft. Default: nothing."""
+
     def run_block(self, requests: Sequence[Any], blocks: Sequence[Sequence[int]], *,
                   adapter: Any = None, plain_rows: int = 0) -> list[Any]:
         """Run the target itself over ``blocks[i]`` placed right after request ``i``'s KV

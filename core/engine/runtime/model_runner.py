@@ -314,8 +314,9 @@ class ModelRunner:
         """Verify-shaped CUDA graphs for blocks of ``width`` tokens per request run by the
         speculative ``TargetModel.run_block`` (a causal chain after each request's KV), with
         ``adapter``'s deltas on every row of a block but the first ``plain_rows``; captured on
-        first use (sharing the decode graphs' pool), ``None`` where graphs are not allowed or
-        the verify backend cannot capture them."""
+        the first call (``TargetModel.prepare_block`` makes that start-up; sharing the decode
+        graphs' pool), ``None`` where graphs are not allowed or the verify backend cannot
+        capture them."""
         key = (width, id(adapter), plain_rows)
         if key in self._block_graphs:
             return self._block_graphs[key][0]

@@ -642,6 +642,11 @@ class TargetView(TargetModel):
                                       dtype=self.dtype)
         return LoraAdapter.load(path, self._model, device=self.device, dtype=self.dtype)
 
+    def prepare_block(self, width: int, *, adapter: Any = None, plain_rows: int = 0) -> None:
+        make = getattr(self._runner, "block_graphs", None)
+        if make is not None and width > 0:
+            make(width, adapter, plain_rows)
+
     @torch.inference_mode()
     def run_block(self, requests: Sequence[Any], blocks: Sequence[Sequence[int]], *,
                   adapter: Any = None, plain_rows: int = 0) -> list[Any]:

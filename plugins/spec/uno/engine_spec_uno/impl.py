@@ -31,6 +31,7 @@ class UnoProposer(Proposer):
         self.forward_width = forward_width
         self.num_draft_tokens = forward_width + 1
         self._gen = torch.Generator().manual_seed(seed)
+        target.prepare_block(forward_width, adapter=adapter, plain_rows=1)  # graphs: now
 
     def describe(self) -> str:
         return (f"UNO: the target with LoRA adapter {self.adapter.path} (rank "
