@@ -340,3 +340,15 @@ def test_the_row_cache_grows_with_requests_and_lengths_keeping_what_it_holds(fil
     cache.grow(5, 9)
     assert (cache.rows, cache.cap) == (8, 16) and cache.k[0][1, 3].eq(7.0).all()
     assert cache.k[0].shape[0] == 9  # the scratch row last
+
+
+def test_token_slices_span_the_prompt_and_the_output():
+    from types import SimpleNamespace
+
+    from engine_spec_eagle.impl import token_slice
+
+    req = SimpleNamespace(origin_input_ids=[1, 2, 3, 4], output_ids=[5, 6, 7])
+    whole = req.origin_input_ids + req.output_ids
+    for a in range(len(whole) + 1):
+        for b in range(a, len(whole) + 1):
+            assert token_slice(req, a, b) == whole[a:b]

@@ -170,8 +170,7 @@ class EagleProposer(Proposer):
         valid = torch.zeros(b, t, dtype=torch.bool)
         feats = []
         for k, (req, s, n) in enumerate(zip(reqs, starts, counts)):
-            tokens = req.origin_input_ids + req.output_ids
-            ids[k, :n] = torch.tensor(tokens[s + 1:s + 1 + n])
+            ids[k, :n] = torch.tensor(token_slice(req, s + 1, s + 1 + n))
             pos[k, :n] = torch.arange(s, s + n)
             valid[k, :n] = True
             f = self.target.features(req, s, s + n)
@@ -350,6 +349,18 @@ class EagleProposer(Proposer):
             cands.sort(key=lambda c: (-scores[c[0]], c[0]))
             frontier = cands[:self.topk]
         return rerank(tokens, parents, scores, depths, self.num_draft_tokens - 1)
+
+
+def token_slice(req: Any, start: int, end: int) -> list[int]:
+    """Tokens ``start .. end - 1`` of the request's prompt and output, without joining the
+    two lists (a long prompt would be copied every step)."""
+    prompt, out = req.origin_input_ids, req.output_ids
+    n = len(prompt)
+    if end <= n:
+        return prompt[start:end]
+    if start >= n:
+        return out[start - n:end - n]
+    return prompt[start:] + out[:end - n]
 
 
 def tokens_at(tokens: list[torch.Tensor], nodes: torch.Tensor, k: int) -> torch.Tensor:
