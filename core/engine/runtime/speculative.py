@@ -159,16 +159,23 @@ class SpecDecoder:
         req.last_slot = new[-1]
         return True
 
+    @staticmethod
+    def _keep_slots(sched: Any, req: Any, slots: list[int], keep: int) -> None:
+        """Keep the first ``keep`` of ``slots`` (``req``'s slots from its last token on) and
+        free the others, but for the rest of the last kept page; ``last_slot`` moves to the
+        last kept one."""
+        room = -(req.kv_len + keep) % sched.page_size  # the rest of the last kept page stays
+        if len(slots) > keep + room:
+            sched.allocator.free_slots(slots[keep + room:])
+        req.last_slot = slots[keep - 1]
+
     def _give_back(self, sched: Any, decode: list[tuple[Any, int, list[int]]]) -> None:
         """Free the slots past each request's last token (taken by a block run) before the
         step falls back to a plain decode."""
         for req, _, slots in decode:
             if len(slots) > 1:
-                room = -(req.kv_len + 1) % sched.page_size  # the rest of its page stays
-                if len(slots) > 1 + room:
-                    sched.allocator.free_slots(slots[1 + room:])
+                self._keep_slots(sched, req, slots, 1)
                 del slots[1:]
-                req.last_slot = slots[0]
 
     def run_block(self, sched: Any, step_slots: dict[int, list[int]], requests: Sequence[Any],
                   blocks: Sequence[Sequence[int]], adapter: Any, plain_rows: int
@@ -411,13 +418,8 @@ class SpecDecoder:
             for buf in buffers:
                 buf.index_copy_(0, dst_t, buf.index_select(0, src_t))
         for req, sl, path in zip(reqs, slots, paths):
-            keep = 1 + len(path)
-            new_len = req.kv_len + keep
-            room = -new_len % sched.page_size  # the rest of the last kept page stays
-            if len(sl) > keep + room:
-                sched.allocator.free_slots(sl[keep + room:])
-            req.kv_len = new_len
-            req.last_slot = sl[keep - 1]
+            self._keep_slots(sched, req, sl, 1 + len(path))
+            req.kv_len += 1 + len(path)
 
     def _finish_step(self, sched: Any, decode: list[tuple[Any, int, list[int]]],
                      drafts: list[Draft], logits: torch.Tensor, batch: Batch) -> None:
@@ -617,8 +619,7 @@ class TargetView(TargetModel):
         """From now on every target forward keeps each token's features: the final normed
         hidden state (``layers`` empty), or the inputs of ``layers`` concatenated (index
         ``num_layers``: the final normed state, as transformers' last hidden state). Returns
-        the feature
-        width. Decode and verify CUDA graphs are re-captured when needed."""
+        the feature width. Decode and verify CUDA graphs are re-captured when needed."""
         bad = [i for i in layers if not 0 <= i <= self.num_layers]
         if bad:
             raise ConfigError(f"target layers {bad} to capture: the target has "
