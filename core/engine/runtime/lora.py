@@ -12,7 +12,7 @@ their ``B`` placed block-diagonally ([out, shards * r]); a shard the adapter lea
 zero blocks.
 
 :meth:`LoraAdapter.applied` adds the deltas, for the duration of a ``with`` block, to the rows
-of every forward that a boolean row mask selects (forward hooks on the adapted layers: the
+of every forward that a row index lists (forward hooks on the adapted layers: the
 model's code is unchanged, and forwards outside the block run without them).
 """
 
@@ -152,13 +152,12 @@ class LoraAdapter:
         return cls(layers, 1.0, rank, "(random)")
 
     @contextlib.contextmanager
-    def applied(self, rows: torch.Tensor | None = None,
-                index: torch.Tensor | None = None) -> Iterator[None]:
-        """Inside the block, every adapted layer adds its delta to the rows of its input that
-        ``rows`` (bool [tokens] of the forward) selects, or whose numbers ``index`` lists (no
-        host sync: what a CUDA graph can capture); all rows when both are ``None``."""
+    def applied(self, index: torch.Tensor | None = None) -> Iterator[None]:
+        """Inside the block, every adapted layer adds its delta to the rows of its input whose
+        numbers ``index`` lists (a long tensor on the forward's device: no host sync, so a
+        CUDA graph can capture it); to every row when ``None``."""
         handles = []
-        idx = index if rows is None else rows.nonzero().squeeze(1)
+        idx = index
 
         def hook(a: torch.Tensor, b: torch.Tensor):
             def add(_module: nn.Module, inputs: tuple[torch.Tensor, ...],

@@ -285,8 +285,7 @@ class ModelRunner:
             return
         self.verify_graphs = []
         backend = self.verify_backend
-        if not (backend.supports_verify_graph and backend.supports_tree_verify
-                and width > 1 and self._graphs_allowed("verify")):
+        if not self._verify_graphs_allowed(width, "verify"):
             if self.device.type == "cuda" and not backend.supports_verify_graph:
                 log.warning("speculative verify runs eagerly: the %s attention backend "
                             "(%s) does not capture verify forwards in CUDA graphs, and an "
@@ -296,19 +295,34 @@ class ModelRunner:
             else:
                 log.info("speculative verify runs eagerly (no CUDA graphs)")
             return
-        from engine.runtime.cuda_graph import VERIFY_WIDTHS, VerifyGraphs
+        from engine.runtime.cuda_graph import VERIFY_WIDTHS
 
+        pool = None
+        for w in sorted({w for w in VERIFY_WIDTHS if w < width} | {width}):
+            graphs = self._verify_shaped_graphs(lambda b: self._hidden(b, prepare=False), w,
+                                                pool)
+            pool = graphs.pool
+            self.verify_graphs.append(graphs)
+
+    def _verify_graphs_allowed(self, width: int, kind: str) -> bool:
+        backend = self.verify_backend
+        return (backend.supports_verify_graph and backend.supports_tree_verify and width > 1
+                and self._graphs_allowed(kind))
+
+    def _verify_shaped_graphs(self, forward: Any, width: int, pool: Any = None) -> Any:
+        """:class:`~engine.runtime.cuda_graph.VerifyGraphs` of ``forward`` (up to the final
+        hidden states; the head runs after a replay) for ``width`` tokens per request, in
+        ``pool`` (default: the decode graphs')."""
+        from engine.runtime.cuda_graph import VerifyGraphs
+
+        if pool is None and self.decode_graphs is not None:
+            pool = self.decode_graphs.pool
         with torch.inference_mode():
             max_batch = min(self.config.cuda_graph_max_bs_decode or self.max_running_requests,
                             self.max_running_requests)
-            pool = self.decode_graphs.pool if self.decode_graphs is not None else None
-            for w in sorted({w for w in VERIFY_WIDTHS if w < width} | {width}):
-                graphs = VerifyGraphs(lambda b: self._hidden(b, prepare=False), backend,
-                                      self.req_to_token, max_batch, w,
-                                      self.config.cuda_graph_bs_decode, pool=pool,
-                                      head=self._logits)
-                pool = graphs.pool
-                self.verify_graphs.append(graphs)
+            return VerifyGraphs(forward, self.verify_backend, self.req_to_token, max_batch,
+                                width, self.config.cuda_graph_bs_decode, pool=pool,
+                                head=self._logits)
 
     def block_graphs(self, width: int, adapter: Any = None, plain_rows: int = 0) -> Any:
         """Verify-shaped CUDA graphs for blocks of ``width`` tokens per request run by the
@@ -320,27 +334,17 @@ class ModelRunner:
         key = (width, id(adapter), plain_rows)
         if key in self._block_graphs:
             return self._block_graphs[key][0]
-        backend = self.verify_backend
         graphs = None
-        if (backend.supports_verify_graph and backend.supports_tree_verify and width > 1
-                and self._graphs_allowed("speculative draft block")):
-            from engine.runtime.cuda_graph import VerifyGraphs
-
+        if self._verify_graphs_allowed(width, "speculative draft block"):
             def forward(batch: Batch) -> torch.Tensor:
                 if adapter is None:
                     return self._hidden(batch, prepare=False)
                 n = batch.input_ids.shape[0]
                 idx = torch.arange(n, device=self.device).view(-1, width)[:, plain_rows:]
-                with adapter.applied(index=idx.reshape(-1)):
+                with adapter.applied(idx.reshape(-1)):
                     return self._hidden(batch, prepare=False)
 
-            with torch.inference_mode():
-                max_batch = min(self.config.cuda_graph_max_bs_decode
-                                or self.max_running_requests, self.max_running_requests)
-                pool = self.decode_graphs.pool if self.decode_graphs is not None else None
-                graphs = VerifyGraphs(forward, backend, self.req_to_token, max_batch, width,
-                                      self.config.cuda_graph_bs_decode, pool=pool,
-                                      head=self._logits)
+            graphs = self._verify_shaped_graphs(forward, width)
         self._block_graphs[key] = (graphs, adapter)  # (the graphs read the adapter's weights)
         return graphs
 

@@ -199,7 +199,7 @@ class SpecDecoder:
         positions: list[int] = []
         locs: list[int] = []
         rows_idx: list[int] = []
-        plain: list[bool] = []
+        adapted: list[int] = []  #: the rows the adapter applies to
         prefix, extend = [], []
         for _, req, block, sl in items:
             n, start = len(block), req.kv_len
@@ -207,7 +207,7 @@ class SpecDecoder:
             positions.extend(range(start, start + n))
             locs.extend(sl)
             rows_idx.extend([req.row] * n)
-            plain.extend(j < plain_rows for j in range(n))
+            adapted.extend(range(len(input_ids) - n + plain_rows, len(input_ids)))
             prefix.append(start)
             extend.append(n)
         reqs = [req for _, req, _, _ in items]
@@ -236,8 +236,7 @@ class SpecDecoder:
         if size:
             logits = graphs.run(batch, size)
         elif adapter is not None:
-            rows = ~torch.tensor(plain, dtype=torch.bool, device=sched.device)
-            with adapter.applied(rows):
+            with adapter.applied(torch.tensor(adapted, dtype=torch.long, device=sched.device)):
                 logits = self.runner._forward(batch)
         else:
             logits = self.runner._forward(batch)
