@@ -125,6 +125,16 @@ class RowCache:
         self.rows, self.cap = new_rows, new_cap
         self.version += 1
 
+    def span(self, need: int, least: int = 256) -> int:
+        """The key span a batched forward attends over to reach position ``need - 1``: the
+        smallest power of two from ``least`` that holds it (fewer distinct shapes, so fewer
+        graphs); ``cap`` grows to hold it."""
+        span = least
+        while span < need:
+            span *= 2
+        self.grow(self.rows, span)
+        return span
+
     def row(self, key: Hashable) -> int:
         """The row of ``key`` (taken when it has none; the rows grow when every one is)."""
         r = self.owner.get(key)
@@ -148,22 +158,25 @@ class BatchGraphs:
     (:data:`GRAPH_BUCKETS`), the tensors' other dimensions and dtypes, and ``extra``. A run
     copies the tensors into the graph's inputs, fills the padding rows with ``pad`` (one value
     per tensor), replays, and returns the outputs' real rows: views that the graph's next
-    replay overwrites. Batches beyond the last bucket run ``fn`` eagerly."""
+    replay overwrites. Batches beyond the last bucket run ``fn`` eagerly. With ``cache`` (a
+    :class:`RowCache` that ``fn`` reads and writes), the graphs are dropped when it is
+    reallocated (they were captured on its old buffers)."""
 
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
+    def __init__(self, fn: Any, cache: RowCache | None = None) -> None:
+        self.fn, self.cache = fn, cache
         self.graphs: dict[tuple, tuple[Any, list[Any], tuple]] = {}
         self.pool: Any = None
         self.replays = 0
-
-    def clear(self) -> None:
-        self.graphs.clear()
+        self._version = cache.version if cache is not None else 0
 
     def run(self, tensors: Sequence[Any], pad: Sequence[Any], extra: tuple = ()) -> tuple:
         n = tensors[0].shape[0]
         bucket = next((b for b in GRAPH_BUCKETS if b >= n), None)
         if bucket is None:
             return self.fn(*tensors, *extra)
+        if self.cache is not None and self.cache.version != self._version:
+            self.graphs.clear()
+            self._version = self.cache.version
         key = (bucket, extra, tuple((tuple(t.shape[1:]), t.dtype) for t in tensors))
         entry = self.graphs.get(key)
         if entry is None:
@@ -180,16 +193,11 @@ class BatchGraphs:
                  extra: tuple) -> tuple[Any, list[Any], tuple]:
         import torch
 
+        from engine.runtime.cuda_graph import capture_graph
+
         static = [torch.full((bucket, *t.shape[1:]), fill, dtype=t.dtype, device=t.device)
                   for t, fill in zip(tensors, pad)]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: kernels compiled before the capture
-            self.fn(*static, *extra)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = self.fn(*static, *extra)
+        graph, out = capture_graph(lambda: self.fn(*static, *extra), self.pool)
         self.pool = graph.pool()
         return graph, static, out
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -50,19 +50,19 @@ def graph_buckets(max_batch: int, sizes: Sequence[int] | None = None) -> list[in
     return buckets
 
 
-def capture_graph(forward: Callable[[Batch], torch.Tensor], batch: Batch, pool: object
-                  ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """The CUDA graph of ``forward(batch)`` in memory ``pool``, and its output buffer. Two
-    runs on a side stream first compile the kernels and settle the allocations."""
+def capture_graph(run: Callable[[], Any], pool: object) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """The CUDA graph of ``run()`` in memory ``pool`` (``None``: a pool of its own, the
+    graph's ``pool()``), and what it returned (its output buffers). Two runs on a side stream
+    first compile the kernels and settle the allocations."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):
-            forward(batch)
+            run()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
-        out = forward(batch)
+        out = run()
     return graph, out
 
 
@@ -113,7 +113,8 @@ class DecodeGraphs:
                  backend: AttentionBackend) -> None:
         batch = self.batches[size] = self._static_batch(size)
         backend.prepare_graph(batch)
-        self.graphs[size], self.logits[size] = capture_graph(forward, batch, self.pool)
+        self.graphs[size], self.logits[size] = capture_graph(lambda: forward(batch),
+                                                             self.pool)
 
     def run(self, batch: Batch) -> torch.Tensor:
         """Replay the smallest bucket that holds ``batch``; float32 logits [B, vocab]."""
@@ -174,7 +175,8 @@ class VerifyGraphs:
         for size in reversed(self.buckets):
             batch = self.batches[size] = self._static_batch(size)
             backend.prepare_verify_graph(batch)
-            self.graphs[size], self.outputs[size] = capture_graph(forward, batch, self.pool)
+            self.graphs[size], self.outputs[size] = capture_graph(lambda: forward(batch),
+                                                                  self.pool)
         log.info("captured verify CUDA graphs (width %d) for batch sizes %s in %.1f s", w,
                  self.buckets, time.monotonic() - t0)
 

@@ -44,8 +44,7 @@ class DFlashProposer(Proposer):
             [torch.arange(p * h, (p + 1) * h) for p in perm]).to(self.device)
         c = head.cfg
         self.rows = RowCache(c.num_layers, c.num_kv_heads, c.head_dim, self.device, self.dtype)
-        self.graphs = BatchGraphs(self._forward) if graphs else None
-        self._version = -1  #: the row cache's version the graphs were captured on
+        self.graphs = BatchGraphs(self._forward, self.rows) if graphs else None
         self._mask_id = c.mask_token_id
 
     def describe(self) -> str:
@@ -94,10 +93,7 @@ class DFlashProposer(Proposer):
                 cache.fed[r] = 0
         starts = [cache.fed[r] for r in rows]
         counts = [kv - s for kv, s in zip(kvs, starts)]
-        span = 256
-        while span < max(kvs) + width:
-            span *= 2
-        cache.grow(cache.rows, span)
+        span = cache.span(max(kvs) + width)
         b, c = len(reqs), max(max(counts), width)  # the new context, at least a block wide
         feats, ctx_pos, ctx_rows = [], torch.zeros(b, c, dtype=torch.long), []
         ids = torch.full((b, width), self._mask_id, dtype=torch.long)
@@ -114,9 +110,6 @@ class DFlashProposer(Proposer):
         args = (ids.view(b, width), torch.stack(feats), ctx_pos.view(b, c), ctx_rows.view(b, c),
                 pos.view(b, width), rows_t)
         if self.graphs is not None and c == width:
-            if self._version != cache.version:  # captured on buffers since reallocated
-                self.graphs.clear()
-                self._version = cache.version
             (tokens,) = self.graphs.run(args, (0, 0, 0, cache.scratch, 0, cache.scratch),
                                         (span,))
         else:

@@ -46,10 +46,10 @@ class EagleProposer(Proposer):
         #: every request's head K/V, and the graphs of the batched forwards (CUDA)
         c = head.cfg
         self.rows = RowCache(c.num_layers, c.num_kv_heads, c.head_dim, self.device, self.dtype)
-        self.graphs = BatchGraphs(self._forward) if graphs else None
+        self.graphs = BatchGraphs(self._forward, self.rows) if graphs else None
         #: trees: the expansion of a frontier of top-k nodes per request, in graphs too
-        self.tree_graphs = BatchGraphs(self._expand) if graphs and self.drafts_trees else None
-        self._version = -1  #: the row cache's version the graphs were captured on
+        self.tree_graphs = (BatchGraphs(self._expand, self.rows)
+                            if graphs and self.drafts_trees else None)
 
     def describe(self) -> str:
         c = self.head.cfg
@@ -114,16 +114,8 @@ class EagleProposer(Proposer):
         """:meth:`_forward`, from a captured graph where there are graphs."""
         if self.graphs is None:
             return self._forward(*args)
-        self._check_version()
         *tensors, span = args
         return self.graphs.run(tensors, (0, 0, 0, False, self.rows.scratch, 0), (span,))
-
-    def _check_version(self) -> None:
-        if self._version != self.rows.version:  # captured on buffers since reallocated
-            for g in (self.graphs, self.tree_graphs):
-                if g is not None:
-                    g.clear()
-            self._version = self.rows.version
 
     def _expand(self, tok: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor,
                 store: torch.Tensor, anc: torch.Tensor, rows: torch.Tensor,
@@ -154,11 +146,8 @@ class EagleProposer(Proposer):
         kvs = [req.kv_len for req in reqs]
         starts = [min(cache.fed[r], kv - 1) for r, kv in zip(rows, kvs)]
         counts = [kv - s for kv, s in zip(kvs, starts)]
-        span = MIN_SPAN
         extra = self.num_steps * self.topk if self.drafts_trees else self.num_steps
-        while span < max(kvs) + extra:
-            span *= 2
-        cache.grow(cache.rows, span)
+        span = cache.span(max(kvs) + extra, MIN_SPAN)
         b = len(reqs)
         # the catch-up: as wide as a verify when no request has more (a graph's shape; the
         # first after a prefill has the whole prompt: eager)
@@ -232,7 +221,6 @@ class EagleProposer(Proposer):
             pos = (kv[:, None] + (step - 1)).expand(b, k)
             args = (tokens_at(tokens, frontier, k), feat, pos, store, anc, rows, kv)
             if self.tree_graphs is not None:
-                self._check_version()
                 out, lp, ids = self.tree_graphs.run(
                     args, (0, 0, 0, 0, 0, self.rows.scratch, 0), (span,))
             else:
