@@ -101,6 +101,39 @@ def ancestor_masks(drafts: Sequence[Draft], width: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+def blocks_batch(mode: ForwardMode, req_to_token: torch.Tensor,
+                 blocks: Sequence[tuple[int, int, Sequence[int], Sequence[int]]], *,
+                 every_row: bool, **extra: Any) -> Batch:
+    """A batch of token blocks ``(row, start, tokens, slots)``: ``tokens`` at positions
+    ``start ..`` of request row ``row``, their K/V into ``slots`` (entered in
+    ``req_to_token``), each attending causally to its row before it; the logits of each
+    block's last token, or of every token (``every_row``). ``extra``: more Batch fields."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    locs: list[int] = []
+    rows_idx: list[int] = []
+    prefix = [start for _, start, _, _ in blocks]
+    extend = [len(tokens) for _, _, tokens, _ in blocks]
+    for (row, start, tokens, slots), n in zip(blocks, extend):
+        input_ids.extend(tokens)
+        positions.extend(range(start, start + n))
+        locs.extend(slots[:n])
+        rows_idx.extend([row] * n)
+    rows = [row for row, _, _, _ in blocks]
+    seq = [p + e for p, e in zip(prefix, extend)]
+    n_tok, n_req = len(input_ids), len(rows)
+    picked = list(range(n_tok)) if every_row else (np.cumsum(extend) - 1).tolist()
+    flat = torch.tensor(input_ids + positions + locs + rows_idx + rows + seq + prefix + extend
+                        + picked, dtype=torch.long, device=req_to_token.device)
+    ids_t, pos_t, loc_t, rowi_t, rows_t, seq_t, pre_t, ext_t, pick_t = flat.split(
+        [n_tok] * 4 + [n_req] * 4 + [len(picked)])
+    req_to_token[rowi_t, pos_t] = loc_t
+    return Batch(mode=mode, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
+                 req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=pre_t, extend_lens=ext_t,
+                 req_to_token=req_to_token, seq_lens_cpu=seq, prefix_lens_cpu=prefix,
+                 extend_lens_cpu=extend, logits_indices=pick_t, **extra)
+
+
 class SpecDecoder:
     """The verify step over a scheduler's running requests (see the module docstring)."""
 
@@ -195,47 +228,25 @@ class SpecDecoder:
             items.append((k, req, list(block), slots[:n]))
         if not items:
             return out
-        input_ids: list[int] = []
-        positions: list[int] = []
-        locs: list[int] = []
-        rows_idx: list[int] = []
-        adapted: list[int] = []  #: the rows the adapter applies to
-        prefix, extend = [], []
-        for _, req, block, sl in items:
-            n, start = len(block), req.kv_len
-            input_ids.extend(block)
-            positions.extend(range(start, start + n))
-            locs.extend(sl)
-            rows_idx.extend([req.row] * n)
-            adapted.extend(range(len(input_ids) - n + plain_rows, len(input_ids)))
-            prefix.append(start)
-            extend.append(n)
         reqs = [req for _, req, _, _ in items]
-        seq = [p + e for p, e in zip(prefix, extend)]
-        n_tok, n_req = len(input_ids), len(reqs)
-        flat = torch.tensor(input_ids + positions + locs + rows_idx + [r.row for r in reqs]
-                            + seq + prefix + extend + list(range(n_tok)), dtype=torch.long,
-                            device=sched.device)
-        ids_t, pos_t, loc_t, rowi_t, rows_t, seq_t, pre_t, ext_t, all_t = flat.split(
-            [n_tok] * 4 + [n_req] * 4 + [n_tok])
-        self.runner.req_to_token[rowi_t, pos_t] = loc_t
+        extend = [len(block) for _, _, block, _ in items]
         width = extend[0] if len(set(extend)) == 1 else 0
         make = getattr(self.runner, "block_graphs", None)
         graphs = make(width, adapter, plain_rows) if make is not None and width else None
         tree_mask = None
         if graphs is not None:  # a captured verify shape: the causal chain as a tree mask
             tree_mask = torch.ones(width, width, dtype=torch.bool, device=sched.device).tril()
-            tree_mask = tree_mask.expand(n_req, width, width).contiguous()
-        batch = Batch(
-            mode=ForwardMode.VERIFY, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
-            req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=pre_t, extend_lens=ext_t,
-            req_to_token=self.runner.req_to_token, seq_lens_cpu=seq, prefix_lens_cpu=prefix,
-            extend_lens_cpu=extend, logits_indices=all_t,
+            tree_mask = tree_mask.expand(len(reqs), width, width).contiguous()
+        batch = blocks_batch(
+            ForwardMode.VERIFY, self.runner.req_to_token,
+            [(req.row, req.kv_len, block, sl) for _, req, block, sl in items], every_row=True,
             sampling=[r.sampling_params for r in reqs], tree_mask=tree_mask)
         size = graphs.size_for(batch) if graphs is not None else 0
         if size:
             logits = graphs.run(batch, size)
         elif adapter is not None:
+            ends = np.cumsum(extend)  # the adapter's rows: all but each block's first ones
+            adapted = [j for end, n in zip(ends, extend) for j in range(end - n + plain_rows, end)]
             with adapter.applied(torch.tensor(adapted, dtype=torch.long, device=sched.device)):
                 logits = self.runner._forward(batch)
         else:
@@ -527,11 +538,7 @@ class DraftRunner(DraftModel):
     @torch.inference_mode()
     def extend(self, items: Sequence[tuple[Hashable, int, Sequence[int]]]) -> torch.Tensor:
         keep = {id(k) for k, _, _ in items}
-        input_ids: list[int] = []
-        positions: list[int] = []
-        locs: list[int] = []
-        rows_idx: list[int] = []
-        rows, prefix, extend = [], [], []
+        blocks = []
         for key, start, tokens in items:
             seq = self._seqs.get(key)
             if seq is None:
@@ -550,27 +557,10 @@ class DraftRunner(DraftModel):
                 self._room(keep, len(tokens))
             new, _ = self.allocator.slots_for(None, 0, len(tokens))
             slots.extend(new)
-            input_ids.extend(tokens)
-            positions.extend(range(start, start + len(tokens)))
-            locs.extend(new)
-            rows_idx.extend([row] * len(tokens))
-            rows.append(row)
-            prefix.append(start)
-            extend.append(len(tokens))
-        seq_lens = [p + e for p, e in zip(prefix, extend)]
-        n_tok, n_req = len(input_ids), len(rows)
-        last = list(torch.tensor(extend).cumsum(0).sub(1).tolist())
-        flat = torch.tensor(input_ids + positions + locs + rows_idx + rows + seq_lens + prefix
-                            + extend + last, dtype=torch.long, device=self.device)
-        ids_t, pos_t, loc_t, rowi_t, rows_t, seq_t, pre_t, ext_t, last_t = flat.split(
-            [n_tok] * 4 + [n_req] * 5)
-        self.runner.req_to_token[rowi_t, pos_t] = loc_t
-        mode = ForwardMode.DECODE if n_tok == n_req else ForwardMode.EXTEND
-        batch = Batch(mode=mode, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t,
-                      req_pool_indices=rows_t, seq_lens=seq_t, prefix_lens=pre_t,
-                      extend_lens=ext_t, req_to_token=self.runner.req_to_token,
-                      seq_lens_cpu=seq_lens, prefix_lens_cpu=prefix, extend_lens_cpu=extend,
-                      logits_indices=last_t)
+            blocks.append((row, start, tokens, new))
+        one_each = all(len(tokens) == 1 for _, _, tokens in items)
+        mode = ForwardMode.DECODE if one_each else ForwardMode.EXTEND
+        batch = blocks_batch(mode, self.runner.req_to_token, blocks, every_row=False)
         return self.runner.forward(batch)
 
     def _evict_row(self, keep: set[int]) -> None:
