@@ -140,10 +140,13 @@ for dtype, heads, dim in ((torch.bfloat16, 2, 64), (torch.float32, 1, 4), (torch
     s_idx = torch.randperm(40, generator=g)[:17]
     d_idx = torch.randperm(50, generator=g)[:17]
     row = heads * dim * src[0].element_size()
-    copy_rows(table(src), table(dst), s_idx.to(device), d_idx.to(device), row)
-    untouched = torch.ones(50, dtype=torch.bool)
-    untouched[d_idx] = False
-    if not all(torch.equal(d[d_idx.to(device)], s[s_idx.to(device)]) and
-               not d[untouched.to(device)].any() for s, d in zip(src, dst)):
-        failures.append(f"copy_rows {dtype} {heads}x{dim}")
+    for programs in (None, 2):  # one program per few rows; two looping over all of them
+        for d in dst:
+            d.zero_()
+        copy_rows(table(src), table(dst), s_idx.to(device), d_idx.to(device), row, programs)
+        untouched = torch.ones(50, dtype=torch.bool)
+        untouched[d_idx] = False
+        if not all(torch.equal(d[d_idx.to(device)], s[s_idx.to(device)]) and
+                   not d[untouched.to(device)].any() for s, d in zip(src, dst)):
+            failures.append(f"copy_rows {dtype} {heads}x{dim} programs={programs}")
 print(json.dumps(failures))

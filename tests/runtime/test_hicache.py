@@ -52,7 +52,10 @@ class KVStandIn:
         if not batch.is_decode:
             self.prefill_tokens += int(batch.extend_lens.sum())
         ids = batch.input_ids.float()[:, None, None].expand(-1, 1, 2)
+        loads = self.pool.take_loads()  # as the decoder does: each layer after its loads
         for layer in range(self.pool.num_layers):
+            if loads is not None:
+                loads.wait(layer)
             self.pool.write(layer, batch.out_cache_loc, ids + layer, -ids)
         ends = torch.cumsum(batch.extend_lens, 0) - 1
         logits = torch.zeros(len(batch.logits_indices), VOCAB)
@@ -284,8 +287,13 @@ def test_host_pool_layouts_round_trip_and_share_one_payload(layout, io) -> None:
                        torch.stack([dev.v[layer][12:16] for layer in range(3)])])
     assert payload == ref.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
     back = torch.arange(20, 28)
+    old = [dev.k[layer][20:28].clone() for layer in range(3)]
     t.to_device(dst, back)
+    loads = dev.take_loads()
     for layer in range(3):
+        # a layer's load is waited for just before the layer: on a CPU it runs only then
+        assert torch.equal(dev.k[layer][20:28], old[layer])
+        loads.wait(layer)
         assert torch.equal(dev.k[layer][20:28], dev.k[layer][8:16])
         assert torch.equal(dev.v[layer][20:28], dev.v[layer][8:16])
     host.write_payload(int(dst[0]), payload)  # payloads move between pages and layouts

@@ -37,7 +37,9 @@ def test_pages_round_trip_through_pinned_host_memory_on_the_copy_stream(layout, 
             dev.v[layer][src] = 0
         dst = torch.arange(40 * PS, 48 * PS)
         t.to_device(slots, dst)
-        for layer in range(4):  # read on the compute stream, which waited for the copy
+        loads = dev.take_loads()
+        for layer in range(4):  # read on the compute stream once it waited for the layer's copy
+            loads.wait(layer)
             assert torch.equal(dev.k[layer][dst], want_k[layer])
             assert torch.equal(dev.v[layer][dst], want_v[layer])
         payload = host.page_payload(int(slots[0]))
@@ -45,3 +47,45 @@ def test_pages_round_trip_through_pinned_host_memory_on_the_copy_stream(layout, 
                            torch.stack([w[:PS] for w in want_v])]).cpu()
         assert bytes(payload) == ref.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
         host.free(slots)
+
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+          "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512,
+          "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+          "tie_word_embeddings": False, "torch_dtype": "float32", "bos_token_id": 1,
+          "eos_token_id": 2}
+
+
+def test_host_hits_loaded_layer_by_layer_give_the_computed_outputs(tmp_path) -> None:
+    """A tiny Llama behind triton: prompts evicted from a device pool of two come back from the
+    host tier, loaded layer by layer beside the forward that reads them, with the tokens and
+    log-probabilities they had when computed."""
+    import json
+
+    from engine import Engine
+    from engine.config import ServerConfig
+    from engine.runtime.model_runner import ModelRunner
+
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    torch.manual_seed(0)
+    runner = ModelRunner(ServerConfig(model_path=str(tmp_path), load_format="dummy",
+                                      device="cuda", dtype="float32", skip_tokenizer_init=True,
+                                      attention_backend="triton", page_size=PS,
+                                      context_length=512, max_total_tokens=400,
+                                      max_running_requests=4))
+    prompts = [[(11 * i + 5 * j) % 500 + 3 for j in range(150)] for i in range(4)]
+    params = {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True,
+              "logprobs": True}
+    engine = Engine(runner=runner, skip_tokenizer_init=True, enable_hierarchical_cache=True,
+                    hicache_ratio=4.0, page_size=PS)
+    first = [engine.generate([p], params)[0] for p in prompts]
+    again = [engine.generate([p], params)[0] for p in prompts]  # each evicted meanwhile
+    for a, b in zip(first, again):
+        assert b["meta_info"]["cached_tokens"] >= 144
+        assert a["output_ids"] == b["output_ids"]
+        la = torch.tensor(a["meta_info"]["output_token_logprobs"])
+        lb = torch.tensor(b["meta_info"]["output_token_logprobs"])
+        assert torch.allclose(la, lb, atol=1e-4)
+    tiers = engine.runtime.scheduler.cache
+    assert tiers.transfer.dev.loads is None  # every load was waited for

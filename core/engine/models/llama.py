@@ -366,9 +366,24 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Batch,
                 attn: AttentionBackend, logits_indices: torch.Tensor) -> torch.Tensor:
         m = self.model
+        pool = getattr(attn, "pool", None)
+        loads = pool.take_loads() if pool is not None else None
+        try:
+            return self._layers(input_ids, positions, batch, attn, logits_indices, loads)
+        finally:
+            if loads is not None:  # (what an error left unwaited: later work comes after it)
+                loads.wait_all()
+
+    def _layers(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Batch,
+                attn: AttentionBackend, logits_indices: torch.Tensor, loads: Any) -> torch.Tensor:
+        """The forward; ``loads``: copies into the KV pool still in flight (the pool's
+        :attr:`~engine.runtime.attention.KVPool.loads`), waited for layer by layer."""
+        m = self.model
         h = m.embed_tokens(input_ids)
         plan = self._decode_plan(batch, attn, h)
         if plan is not None:  # the whole decode forward in one C call (CPU)
+            if loads is not None:
+                loads.wait_all()
             seq = batch.seq_lens_cpu
             h = plan.run(h, positions, batch.out_cache_loc, batch.req_to_token,
                          batch.req_pool_indices, batch.seq_lens,
@@ -383,6 +398,8 @@ class LlamaForCausalLM(nn.Module):
         sink = self.feature_sink
         aux: list[torch.Tensor] = []
         for i, layer in enumerate(m.layers):
+            if loads is not None:
+                loads.wait(i)
             if sink is not None and i in sink.layers:
                 aux.extend([h if residual is None else h + residual] * sink.layers.count(i))
             h, residual = layer(h, residual, rope, batch, attn)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +71,22 @@ class KVPool:
         self.is_fp8 = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         self.k_scale = [1.0] * num_layers
         self.v_scale = [1.0] * num_layers
+        #: copies into the pool still in flight, per layer (the hierarchical cache's loads from
+        #: the host tier: :class:`engine.runtime.host_pool.LayerLoads`), or None. Device work
+        #: that reads or writes the pool is ordered after them: a decoder's layer loop takes
+        #: them (:meth:`take_loads`) and waits for each layer's before running that layer, so a
+        #: load overlaps the layers before it; anything else calls :meth:`settle_loads` first.
+        self.loads: Any = None
+
+    def take_loads(self) -> Any:
+        """The pending loads (see :attr:`loads`), now the caller's to wait for; None if none."""
+        loads, self.loads = self.loads, None
+        return loads
+
+    def settle_loads(self) -> None:
+        """Order the device work queued from now on after every pending load."""
+        if self.loads is not None:
+            self.take_loads().wait_all()
 
     def _store(self, x: torch.Tensor, scale: float) -> torch.Tensor:
         if not self.is_fp8:

@@ -203,30 +203,41 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _copy_rows(src_table, dst_table, src_idx, dst_idx, words, BLOCK: tl.constexpr):
-    """Program (r, j): row ``src_idx[r]`` of tensor ``j`` of ``src_table`` (a table of base
-    addresses) to row ``dst_idx[r]`` of tensor ``j`` of ``dst_table``; rows of ``words`` 32-bit
+def _copy_rows(src_table, dst_table, src_idx, dst_idx, n, words, step,
+               ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (p, j): rows ``src_idx[r]`` of tensor ``j`` of ``src_table`` (a table of base
+    addresses) to rows ``dst_idx[r]`` of tensor ``j`` of ``dst_table``, for the blocks of
+    ``ROWS`` rows ``r`` starting at ``p * ROWS``, every ``step`` rows; rows of ``words`` 32-bit
     words. Either side may be pinned host memory, which the GPU reads and writes in place."""
-    r = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(0)
     j = tl.program_id(1)
     src = tl.load(src_table + j).to(tl.pointer_type(tl.int32))
     dst = tl.load(dst_table + j).to(tl.pointer_type(tl.int32))
-    s = tl.load(src_idx + r)
-    d = tl.load(dst_idx + r)
-    for w0 in range(0, words, BLOCK):
-        offs = w0 + tl.arange(0, BLOCK)
-        ok = offs < words
-        tl.store(dst + d * words + offs, tl.load(src + s * words + offs, mask=ok), mask=ok)
+    for r0 in range(p * ROWS, n, step):
+        rows = r0 + tl.arange(0, ROWS)
+        r_ok = rows < n
+        s = tl.load(src_idx + rows, mask=r_ok, other=0).to(tl.int64)[:, None] * words
+        d = tl.load(dst_idx + rows, mask=r_ok, other=0).to(tl.int64)[:, None] * words
+        for w0 in range(0, words, BLOCK):
+            offs = w0 + tl.arange(0, BLOCK)[None, :]
+            ok = r_ok[:, None] & (offs < words)
+            tl.store(dst + d + offs, tl.load(src + s + offs, mask=ok), mask=ok)
 
 
 def copy_rows(src_table: torch.Tensor, dst_table: torch.Tensor, src_idx: torch.Tensor,
-              dst_idx: torch.Tensor, row_bytes: int) -> None:
+              dst_idx: torch.Tensor, row_bytes: int, programs: int | None = None) -> None:
     """For each tensor ``j`` of the two tables (int64 base addresses, on the device) copy rows
     ``src_idx`` of source ``j`` to rows ``dst_idx`` of destination ``j`` (``row_bytes`` a
-    multiple of 4); one launch for every tensor, e.g. each layer's K and V of a KV pool."""
+    multiple of 4); one launch for every tensor, e.g. each layer's K and V of a KV pool.
+    ``programs``: at most that many programs per tensor, each looping over its share of the
+    rows (a copy that runs beside a forward leaves it the rest of the multiprocessors); None:
+    one program per few rows."""
     if row_bytes % 4:
         raise ValueError(f"rows of {row_bytes} bytes are not whole 32-bit words")
     n, words = src_idx.numel(), row_bytes // 4
     if n:
-        _copy_rows[(n, src_table.numel())](src_table, dst_table, src_idx, dst_idx, words,
-                                           BLOCK=min(1024, triton.next_power_of_2(words)))
+        block = min(1024, triton.next_power_of_2(words))
+        rows = max(1, min(8, 2048 // block))  # ~8 KB in flight per program and pass
+        p = triton.cdiv(n, rows) if programs is None else min(programs, triton.cdiv(n, rows))
+        _copy_rows[(p, src_table.numel())](src_table, dst_table, src_idx, dst_idx, n, words,
+                                           p * rows, ROWS=rows, BLOCK=block)

@@ -14,8 +14,10 @@ match is a run of device nodes followed by a run of host-only nodes.
   otherwise the node (and any host-only nodes below it) is dropped.
 * **Host eviction** frees host copies, the policy's lowest score first; a host-only node losing
   its copy leaves the tree.
-* **Admission** (:meth:`HiRadixCache.admit`) loads the host-only run of the match back into
-  device pages (the copy stream on CUDA) and reports how many tokens each tier supplied.
+* **Admission** (:meth:`HiRadixCache.admit`) makes device room for the host-only run of the
+  match, then queues its load back into device pages layer by layer (the copy stream on CUDA;
+  the next forward waits for each layer's copy just before that layer) and reports how many
+  tokens each tier supplied.
 * **buffer_only** (``--hicache-host-memory-mode``): the host pool only stages pages for the
   storage tier. A page leaves it once its storage write is queued (the write holds its own
   copy) or once it has been loaded to the device; a node then lives on the device, or only in
@@ -112,6 +114,7 @@ class HiRadixCache(RadixCache):
                         device=sum(len(n.key) for n in dev))
         last = dev[-1] if dev else self.root
         self.inc_lock(last)
+        self._room_for(path[len(dev):])
         for node in path[len(dev):]:
             if not self._load(node):
                 break
@@ -132,6 +135,22 @@ class HiRadixCache(RadixCache):
         if self.write_policy == "write_through_selective":
             self._backup([n for n in loaded if n.host_value is None and n.hit_count >= 2])
         return hit
+
+    def _room_for(self, nodes: list[TreeNode]) -> None:
+        """Evict for the device pages of all of ``nodes`` at once, before any is loaded: the
+        backups an eviction queues then come before the loads on the copy stream, and the
+        compute stream, which waits for a backup, need not wait for those loads (see
+        :class:`engine.runtime.host_pool.Transfer`)."""
+        need = sum(len(n.key) for n in nodes) - self.allocator.free_tokens
+        if need <= 0:
+            return
+        for n in nodes:  # (a backup's room on the host must not come from these)
+            n.pinned += 1
+        try:
+            self.evict(need)
+        finally:
+            for n in nodes:
+                n.pinned -= 1
 
     def _load(self, node: TreeNode) -> bool:
         """Give ``node`` device slots and copy its host pages there; False when no room."""

@@ -13,11 +13,14 @@ A page's *payload* (what the storage tier keeps) is the same in both layouts: K 
 ``[layers, page_size, heads, head_dim]`` in the model dtype, so pages written under one layout
 are read under the other.
 
-On CUDA the pool is pinned and copies run on a dedicated copy stream: a load from host waits for
-nothing the compute stream is doing and the compute stream waits for the load before its next
-kernel (``wait_stream``), so loads overlap the forwards already queued; a backup to host first
-waits for the compute stream (the K/V it copies must be written), then the host side waits for
-the copy before the CPU reads the pages (a backup no CPU reads is not waited for).
+On CUDA the pool is pinned and copies run on a dedicated copy stream. A load from host waits
+for the work already queued on the compute stream (the pages it fills must be free), then copies
+layer by layer, an event behind each layer's copy; the next forward waits for layer ``i``'s
+event just before it runs layer ``i`` (:class:`LayerLoads`, kept on the device pool), so the
+copy of the later layers overlaps the compute of the earlier ones. A backup to host first waits
+for the compute stream (the K/V it copies must be written) and the compute stream waits for it
+before its next kernel (which may reuse the pages); the host side waits for the copy before the
+CPU reads the pages (a backup no CPU reads is not waited for).
 ``--hicache-io-backend kernel`` moves the rows of every layer's K and V in one Triton kernel
 that reads or writes the pinned host pool in place (the GPU addresses pinned memory directly;
 no copy on the host); ``direct``, and ``kernel`` where the kernel cannot serve (a page-first
@@ -28,8 +31,8 @@ layout, host memory not pinned), copy runs of pages that follow each other on bo
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -124,9 +127,40 @@ def _slots(pages: list[int], page_size: int) -> torch.Tensor:
     return (p[:, None] * page_size + torch.arange(page_size)).reshape(-1)
 
 
+class LayerLoads:
+    """Copies into a device pool that the compute stream has not been ordered after yet, per
+    layer (the pool's :attr:`engine.runtime.attention.KVPool.loads`). Each entry orders what
+    the compute stream runs next after one queued copy of that layer: on CUDA a wait for the
+    event recorded behind it on the copy stream; on a CPU the copy itself, deferred until the
+    layer is waited for, so a reader that does not wait sees the old pages there as it could
+    on a GPU (the tests rely on it)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.pending: list[list[Callable[[], None]]] = [[] for _ in range(num_layers)]
+
+    def add(self, layer: int, order: Callable[[], None]) -> None:
+        self.pending[layer].append(order)
+
+    def wait(self, layer: int) -> None:
+        """Order the compute stream's next work after ``layer``'s copies."""
+        orders, self.pending[layer] = self.pending[layer], []
+        for order in orders:
+            order()
+
+    def wait_all(self) -> None:
+        for layer in range(len(self.pending)):
+            self.wait(layer)
+
+
 class Transfer:
     """Copies whole pages between the device pool and the host pool (see the module docstring
-    for the streams)."""
+    for the streams). Loads to the device go layer by layer: each layer's copy is queued
+    behind the previous one and recorded in the device pool's :class:`LayerLoads`, which the
+    next forward waits for layer by layer, so a load overlaps the layers that run before."""
+
+    #: programs per K or V tensor of a layer-by-layer load's copy kernel: the copy runs beside
+    #: the forward and leaves it the other multiprocessors
+    LOAD_PROGRAMS = 16
 
     def __init__(self, device_pool: Any, host: HostKVPool, io_backend: str = "kernel") -> None:
         self.dev, self.host, self.io = device_pool, host, io_backend
@@ -134,89 +168,73 @@ class Transfer:
         self.stream = torch.cuda.Stream(device_pool.device) if self.cuda else None
         self._addr: Any = None  #: see _tables
 
-    @contextlib.contextmanager
-    def _on_copy_stream(self, *, wait: bool) -> Iterator[None]:
-        if self.stream is None:
-            yield
-            return
-        compute = torch.cuda.current_stream(self.dev.device)
-        self.stream.wait_stream(compute)  # the K/V to copy, and the slots to fill, are settled
-        with torch.cuda.stream(self.stream):
-            yield
-        # later kernels see the loaded pages, and do not overwrite device pages being backed up
-        compute.wait_stream(self.stream)
-        if wait:
-            self.stream.synchronize()
-
     def to_host(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *,
                 wait: bool = True) -> None:
         """Copy the pages at device ``dev_slots`` into host ``host_slots`` (equal lengths);
         ``wait``: return once the pages are in host memory (the CPU reads them next), else
         they are once :meth:`settle` returns (device work queued later, loads from the host
-        included, comes after the copy anyway)."""
-        with self._on_copy_stream(wait=wait):
+        included, comes after the copy anyway). Queued behind every load (one copy stream), so
+        the compute stream, which waits for the copy before it reuses the pages, waits for
+        those loads too."""
+        if self.stream is None:
+            self._run_loads()  # the loads queued earlier come first, as on one copy stream
             self._copy(dev_slots, host_slots, to_host=True)
+            return
+        compute = torch.cuda.current_stream(self.dev.device)
+        self.stream.wait_stream(compute)  # the K/V to copy are written
+        with torch.cuda.stream(self.stream):
+            self._copy(dev_slots, host_slots, to_host=True)
+        compute.wait_stream(self.stream)  # later kernels do not overwrite the pages first
+        if wait:
+            self.stream.synchronize()
 
     def to_device(self, host_slots: torch.Tensor, dev_slots: torch.Tensor) -> None:
-        """Copy the pages at host ``host_slots`` into device ``dev_slots``."""
-        with self._on_copy_stream(wait=False):
-            self._copy(dev_slots, host_slots, to_host=False)
+        """Queue the copy of the pages at host ``host_slots`` into device ``dev_slots``, one
+        layer after the other, each recorded in the device pool's pending loads."""
+        loads = self.dev.loads
+        if loads is None:
+            loads = self.dev.loads = LayerLoads(self.host.num_layers)
+        if self.stream is None:
+            prepared = self._prepare(dev_slots, host_slots)
+            for layer in range(self.host.num_layers):
+                loads.add(layer, functools.partial(self._copy, dev_slots, host_slots,
+                                                   to_host=False, layers=range(layer, layer + 1),
+                                                   prepared=prepared))
+            return
+        dev = self.dev.device
+        self.stream.wait_stream(torch.cuda.current_stream(dev))  # the slots are free to fill
+        with torch.cuda.stream(self.stream):
+            prepared = self._prepare(dev_slots, host_slots)
+            for layer in range(self.host.num_layers):
+                self._copy(dev_slots, host_slots, to_host=False, layers=range(layer, layer + 1),
+                           prepared=prepared)
+                done = torch.cuda.Event()
+                done.record(self.stream)
+                loads.add(layer, lambda e=done: torch.cuda.current_stream(dev).wait_event(e))
 
     def settle(self) -> None:
         """Wait for the copies queued so far (before the CPU reads or writes host pages)."""
         if self.stream is not None:
             self.stream.synchronize()
-
-    def _copy(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *, to_host: bool) -> None:
-        h = self.host
-        if not self.cuda and not h.page_first and self.io != "direct":
-            for layer in range(h.num_layers):
-                for dev, hk in ((self.dev.k[layer], h.k[layer]), (self.dev.v[layer], h.v[layer])):
-                    if to_host:
-                        hk.index_copy_(0, host_slots, dev.index_select(0, dev_slots))
-                    else:
-                        dev.index_copy_(0, dev_slots, hk.index_select(0, host_slots))
-        elif self.io == "kernel" and self._tables() is not None:
-            self._copy_in_place(dev_slots, host_slots, to_host=to_host)
         else:
-            self._copy_runs(dev_slots, host_slots, to_host=to_host)
+            self._run_loads()
 
-    def _tables(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
-        """The device's and the pinned host pool's per-layer K and V base addresses (device
-        tensors) and the bytes of a row, for the copy kernel; None where it cannot serve (a
-        page-first layout, host memory not pinned, rows not whole 32-bit words: those copy
-        runs of pages)."""
-        if self._addr is None:
-            h, d = self.host, self.dev
-            row_bytes = 0 if h.page_first else h.k[0, 0].numel() * h.k.element_size()
-            if h.page_first or not h.k.is_pinned() or row_bytes % 4:
-                self._addr = False
-            else:
-                self._addr = (*(torch.tensor([t.data_ptr() for t in (*ks, *vs)],
-                                             dtype=torch.long, device=d.device)
-                                for ks, vs in ((d.k, d.v), (list(h.k), list(h.v)))), row_bytes)
-        return self._addr or None
+    def _run_loads(self) -> None:
+        """CPU: run the deferred loads now (the pool's forward finds nothing left to wait for)."""
+        if self.dev.loads is not None:
+            self.dev.settle_loads()
 
-    def _copy_in_place(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *,
-                       to_host: bool) -> None:
-        """CUDA, layer-first pinned pool: one kernel moves every layer's K and V rows, reading
-        or writing the pinned host pool in place (no host-side copy at all)."""
-        from engine.runtime.batch import to_device
-        from engine.runtime.fused_triton import copy_rows
+    def _prepare(self, dev_slots: torch.Tensor, host_slots: torch.Tensor) -> Any:
+        """What every layer's copy of these slots shares: the copy kernel's index vectors on
+        the device, or the runs of pages for run copies (None: CPU index copies)."""
+        if not self.cuda and not self.host.page_first and self.io != "direct":
+            return None
+        if self.io == "kernel" and self._tables() is not None:
+            from engine.runtime.batch import to_device
 
-        dev_addr, host_addr, row_bytes = self._tables()
-        dev = self.dev.device
-        d_idx = to_device(dev_slots, dev) if dev_slots.device.type == "cpu" else dev_slots
-        h_idx = to_device(host_slots, dev)
-        if to_host:
-            copy_rows(dev_addr, host_addr, d_idx, h_idx, row_bytes)
-        else:
-            copy_rows(host_addr, dev_addr, h_idx, d_idx, row_bytes)
-
-    def _copy_runs(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *,
-                   to_host: bool) -> None:
-        """Page by page, each run of pages that follow each other on both sides in one copy
-        per layer and side (``cudaMemcpyAsync`` from pinned memory on CUDA)."""
+            dev = self.dev.device
+            return (to_device(dev_slots, dev) if dev_slots.device.type == "cpu" else dev_slots,
+                    to_device(host_slots, dev))
         h, ps = self.host, self.host.page_size
         runs: list[list[int]] = []  # [device start, host start, pages]
         for d0, h0 in zip(dev_slots[::ps].tolist(), host_slots[::ps].tolist()):
@@ -225,8 +243,66 @@ class Transfer:
                 runs[-1][2] += 1
             else:
                 runs.append([d0, h0, 1])
-        for d0, h0, n in runs:
-            for layer in range(h.num_layers):
+        return runs
+
+    def _copy(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *, to_host: bool,
+              layers: range | None = None, prepared: Any = None) -> None:
+        h = self.host
+        layers = layers if layers is not None else range(h.num_layers)
+        if prepared is None:
+            prepared = self._prepare(dev_slots, host_slots)
+        if prepared is None:  # CPU, layer-first: index copies
+            for layer in layers:
+                for dev, hk in ((self.dev.k[layer], h.k[layer]), (self.dev.v[layer], h.v[layer])):
+                    if to_host:
+                        hk.index_copy_(0, host_slots, dev.index_select(0, dev_slots))
+                    else:
+                        dev.index_copy_(0, dev_slots, hk.index_select(0, host_slots))
+        elif isinstance(prepared, tuple):
+            self._copy_in_place(prepared, layers, to_host=to_host)
+        else:
+            self._copy_runs(prepared, layers, to_host=to_host)
+
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """The device's and the pinned host pool's K and V base addresses (device tensors
+        ``[layers, 2]``: a layer's K and V) and the bytes of a row, for the copy kernel; None
+        where it cannot serve (a page-first layout, host memory not pinned, rows not whole
+        32-bit words: those copy runs of pages)."""
+        if self._addr is None:
+            h, d = self.host, self.dev
+            row_bytes = 0 if h.page_first else h.k[0, 0].numel() * h.k.element_size()
+            if h.page_first or not h.k.is_pinned() or row_bytes % 4:
+                self._addr = False
+            else:
+                self._addr = (*(torch.tensor([[k.data_ptr(), v.data_ptr()] for k, v in zip(ks, vs)],
+                                             dtype=torch.long, device=d.device)
+                                for ks, vs in ((d.k, d.v), (list(h.k), list(h.v)))), row_bytes)
+        return self._addr or None
+
+    def _copy_in_place(self, idx: tuple[torch.Tensor, torch.Tensor], layers: range, *,
+                       to_host: bool) -> None:
+        """CUDA, layer-first pinned pool: one kernel moves the K and V rows of ``layers``,
+        reading or writing the pinned host pool in place (no host-side copy at all); a single
+        layer (a load beside a forward) with few programs."""
+        from engine.runtime.fused_triton import copy_rows
+
+        dev_addr, host_addr, row_bytes = self._tables()
+        dev_addr = dev_addr[layers.start:layers.stop].reshape(-1)
+        host_addr = host_addr[layers.start:layers.stop].reshape(-1)
+        d_idx, h_idx = idx
+        programs = self.LOAD_PROGRAMS if len(layers) == 1 else None
+        if to_host:
+            copy_rows(dev_addr, host_addr, d_idx, h_idx, row_bytes, programs)
+        else:
+            copy_rows(host_addr, dev_addr, h_idx, d_idx, row_bytes, programs)
+
+    def _copy_runs(self, runs: list[list[int]], layers: range, *, to_host: bool) -> None:
+        """Each run of pages that follow each other on both sides (``[device start, host
+        start, pages]``) in one copy per layer and side (``cudaMemcpyAsync`` from pinned
+        memory on CUDA)."""
+        h, ps = self.host, self.host.page_size
+        for layer in layers:
+            for d0, h0, n in runs:
                 for kind, dev in ((0, self.dev.k[layer]), (1, self.dev.v[layer])):
                     dslice = dev[d0:d0 + n * ps]
                     hslice = (h.data[h0 // ps, kind, layer] if h.page_first

@@ -372,11 +372,13 @@ class ModelRunner:
         """
         graphs = self.decode_graphs
         if graphs is not None and batch.is_decode and batch.batch_size <= graphs.max_batch:
+            self.pool.settle_loads()  # (a replay cannot wait layer by layer)
             return graphs.run(batch)
         if batch.mode is ForwardMode.VERIFY:
             for verify in self.verify_graphs:
                 size = verify.size_for(batch)
                 if size:
+                    self.pool.settle_loads()
                     return verify.run(batch, size)
         return self._forward(batch)
 

@@ -243,6 +243,7 @@ class SpecDecoder:
             sampling=[r.sampling_params for r in reqs], tree_mask=tree_mask)
         size = graphs.size_for(batch) if graphs is not None else 0
         if size:
+            self.runner.pool.settle_loads()  # (a replay cannot wait layer by layer)
             logits = graphs.run(batch, size)
         elif adapter is not None:
             ends = np.cumsum(extend)  # the adapter's rows: all but each block's first ones
