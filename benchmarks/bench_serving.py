@@ -148,6 +148,22 @@ def level(url: str, requests: list[tuple[list[int], int]], concurrency: int,
     }
 
 
+def kernel_builds(url: str) -> dict[str, float]:
+    """The server's Triton kernel builds, all and after ready, from ``/metrics`` (empty where
+    it does not say): a build after ready is a stall some request waited for."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        name = name.split("{")[0]
+        if name in ("engine_kernel_builds", "engine_kernel_builds_after_ready"):
+            out[name] = float(value)
+    return out
+
+
 def draw(rng: random.Random, n: int, args, vocab: int) -> list[tuple[list[int], int]]:
     out = []
     for _ in range(n):
@@ -213,6 +229,7 @@ def main() -> int:
             print(f"concurrency {c}: {r['completed']}/{r['requests']} in {r['wall_s']:.1f} s, "
                   f"{r['output_tok_s']:.0f} out tok/s" + (f", errors {r['errors']}"
                                                           if r["errors"] else ""), flush=True)
+        builds = kernel_builds(url)
     finally:
         if proc is not None:
             stop(proc)
@@ -222,7 +239,8 @@ def main() -> int:
     label = args.label or " ".join(serve_flags) or url
     print(f"\n{label}: random ids (vocab {vocab}), input {args.input_len} / output "
           f"{args.output_len} tokens, range ratio {args.range_ratio}, request rate unlimited"
-          + (f"; start -> ready {startup:.1f} s" if startup is not None else ""))
+          + (f"; start -> ready {startup:.1f} s" if startup is not None else "")
+          + "".join(f"; {k} {v:g}" for k, v in builds.items()))
     print("| concurrency | requests | output tok/s | input tok/s | TTFT p50 ms | TTFT p99 ms | "
           "TTFT p50 after the burst | inter-token p50 ms | inter-token p99 ms | TPOT mean ms |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -236,7 +254,7 @@ def main() -> int:
         name = "bench_serving" + ("-" + "".join(ch if ch.isalnum() else "_" for ch in label)[:60]
                                   if label else "")
         with open(os.path.join(out_dir, name + ".json"), "w") as fh:
-            json.dump({"label": label, "startup_s": startup, "vocab": vocab,
+            json.dump({"label": label, "startup_s": startup, "vocab": vocab, **builds,
                        "args": vars(args), "rows": rows}, fh, indent=1)
     return 0 if all(r["completed"] == r["requests"] for r in rows) else 1
 
