@@ -158,9 +158,11 @@ class Transfer:
     behind the previous one and recorded in the device pool's :class:`LayerLoads`, which the
     next forward waits for layer by layer, so a load overlaps the layers that run before."""
 
-    #: programs per K or V tensor of a layer-by-layer load's copy kernel: the copy runs beside
-    #: the forward and leaves it the other multiprocessors
-    LOAD_PROGRAMS = 16
+    #: programs per K or V tensor of a layer's load (None: one per few rows). Reading pinned
+    #: host memory in place is latency-bound: on an H200 (8B model, ~2k-token hits) capping the
+    #: programs to leave the forward more multiprocessors made hits slower (TTFT p50 36 ms at
+    #: 64, 39 at 16, 29 uncapped), so the copy takes the whole grid.
+    LOAD_PROGRAMS: int | None = None
 
     def __init__(self, device_pool: Any, host: HostKVPool, io_backend: str = "kernel") -> None:
         self.dev, self.host, self.io = device_pool, host, io_backend
