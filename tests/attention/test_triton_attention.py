@@ -3,8 +3,11 @@
 refusal without CUDA or the interpreter, options, and the full kit on CUDA when present (page 64: benchmarks/attention_gpu.py).
 
 The interpreter is slow: by default the kit runs on a covering subset of its cases (page sizes
-1 and 16, GQA 1, 3 and 4, head dims 64 and 128), two child processes in parallel;
-``ENGINE_TRITON_FULL_KIT=1`` runs all twelve cases (about a minute on 2 cores).
+1 and 16, GQA 1, 3 and 4, head dims 64 and 128; page 16 with 16-key extend tiles, so whole tiles
+come from one page through tensor descriptors), two child processes at a time;
+``ENGINE_TRITON_FULL_KIT=1`` runs all twelve cases with the plugin's launch parameters, and
+page 64 too, under 64-key tiles (descriptors) and under the interpreter's 128-key tiles (two
+pages a tile) (a few minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -41,13 +44,20 @@ def test_kit_and_own_checks_under_the_interpreter():
     pytest.importorskip("triton")
     if torch.cuda.is_available():
         pytest.skip("the interpreter run is the CPU check; test_kit_on_cuda runs the kernels")
+    # page 16 under 16-key tiles: whole tiles inside one page, through tensor descriptors
+    paged = ("kit", "16", "3", "64", "64,16,1")
     if os.environ.get("ENGINE_TRITON_FULL_KIT"):
-        jobs = [("kit", "1", "1,3,4", "64,128"), ("kit", "16", "1,3,4", "64,128"), ("own",)]
+        jobs = [("kit", "1", "1,3,4", "64,128"), ("kit", "16", "1,3,4", "64,128"), paged,
+                ("kit", "64", "4", "128", "128,64,1"), ("kit", "64", "3", "64"), ("own",)]
     else:
-        jobs = [("kit", "1", "1,4", "128"), ("kit", "16", "3", "64"), ("own",)]
-    first = [_spawn(*j) for j in jobs[:2]]
-    failures = _result(first[0])
-    failures += _result(first[1]) + _result(_spawn(*jobs[2]))
+        jobs = [("kit", "1", "1,4", "128"), paged, ("own",)]
+    running = [_spawn(*j) for j in jobs[:2]]  # two at a time
+    failures = []
+    for job in jobs[2:]:
+        failures += _result(running.pop(0))
+        running.append(_spawn(*job))
+    for proc in running:
+        failures += _result(proc)
     assert failures == [], "\n".join(failures[:20])
 
 

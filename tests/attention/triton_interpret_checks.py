@@ -1,9 +1,11 @@
 """Checks of the triton attention plugin under Triton's interpreter, run as a child process.
 
-``python triton_interpret_checks.py kit PAGE_SIZES GQA_RATIOS HEAD_DIMS`` runs the conformance
-kit restricted to those comma-separated values; ``python triton_interpret_checks.py own`` runs
-the checks the kit does not make (several decode splits and their merge, empty splits, fixed
-split tiles and batch invariance, float32 partials, extend over many prefix and query tiles).
+``python triton_interpret_checks.py kit PAGE_SIZES GQA_RATIOS HEAD_DIMS [BLOCK_M,BLOCK_N,TMA]``
+runs the conformance kit restricted to those comma-separated values (with those extend launch
+parameters); ``python triton_interpret_checks.py own`` runs the checks the kit does not make
+(several decode splits and their merge, empty splits, fixed split tiles and batch invariance,
+float32 partials, extend over many prefix and query tiles, whole key tiles read through the
+pages at page sizes above, below and not dividing the key tile, fp8 through descriptors).
 Prints one JSON list of failures. ``TRITON_INTERPRET=1`` is set here, before triton is imported,
 because the interpreter is chosen when the kernels are defined.
 """
@@ -26,11 +28,21 @@ from engine.testing.batches import BatchBuilder  # noqa: E402
 from engine_attention_triton.impl import KernelConfig, TritonBackend  # noqa: E402
 
 
-def run_kit(pages: str, ratios: str, dims: str) -> list[str]:
+def run_kit(pages: str, ratios: str, dims: str, tiles: str = "") -> list[str]:
+    """The kit on those cases; ``tiles`` ``"BLOCK_M,BLOCK_N,TMA"``: the backend built with those
+    extend launch parameters instead of the plugin's (e.g. key tiles inside one page)."""
     kit.PAGE_SIZES = tuple(int(x) for x in pages.split(","))
     kit.GQA_RATIOS = tuple(int(x) for x in ratios.split(","))
     kit.HEAD_DIMS = tuple(int(x) for x in dims.split(","))
-    return kit.check("triton", kit.plugin_backend("triton"), device="cpu")
+    make = kit.plugin_backend("triton")
+    if tiles:
+        bm, bn, tma = (int(x) for x in tiles.split(","))
+        cfg = KernelConfig(extend_block_m=bm, extend_block_n=bn, extend_tma=bool(tma))
+
+        def make(pool, model_config, config):  # noqa: ARG001 - the hook's keywords
+            group = model_config.num_attention_heads // model_config.num_key_value_heads
+            return TritonBackend(pool, group, kernel_config=cfg)
+    return kit.check("triton", make, device="cpu")
 
 
 class Rig:
@@ -166,10 +178,41 @@ def own_checks() -> list[str]:
         batch = rig.builder.decode([(r, 2) for r in rows])
         out, want, _, _ = rig.step(backend, batch, rows)
         failures += close(f"fp8 ({fmt}) split decode", out, want)
+    return failures + paged_tile_checks()
+
+
+def paged_tile_checks() -> list[str]:
+    """Extend's whole key tiles read through the pages (``_page_slots``, one table entry per
+    page or per tile): a page holding several tiles (64 over 16 and 32 keys, through pointers
+    and through tensor descriptors), tiles of several pages (16 and 4 under 32 and 16 keys), and
+    the per-key fallback (24 and 16: neither divides the other); ragged requests over several
+    pages, then prefixes not a multiple of the page, then one tile per request (split prefix
+    keys), with GQA, head dims 64 and 128, and an fp8 pool through descriptors."""
+    failures: list[str] = []
+    cases = [(64, 16, False, 3, 64, torch.float32), (64, 32, True, 2, 128, torch.float32),
+             (16, 32, False, 4, 64, torch.float32), (4, 16, False, 2, 64, torch.float32),
+             (24, 16, False, 1, 64, torch.float32),
+             (64, 32, True, 2, 64, torch.float8_e4m3fn)]
+    for seed, (page, bn, tma, ratio, dim, dtype) in enumerate(cases):
+        name = f"paged tiles page={page} BLOCK_N={bn} tma={tma} gqa={ratio} dim={dim} {dtype}"
+        rig = Rig(page=page, ratio=ratio, dim=dim, seed=10 + seed, dtype=dtype)
+        if rig.pool.is_fp8:
+            rig.pool.k_scale[0], rig.pool.v_scale[0] = 0.02, 0.5
+        backend = TritonBackend(rig.pool, ratio, kernel_config=KernelConfig(
+            extend_block_m=32 if ratio <= 2 else 64, extend_block_n=bn, extend_tma=tma))
+        rows = [rig.builder.new_request() for _ in range(3)]
+        steps = ((150, 7, 70), (41, 60, 1), (3, 5, 2)) if page > 4 else (  # a 256-slot pool
+            (90, 7, 40), (30, 45, 1), (3, 5, 2))
+        for step, lengths in enumerate(steps):
+            batch = rig.builder.extend([(r, [1] * n) for r, n in zip(rows, lengths)])
+            out, want, _, _ = rig.step(backend, batch, rows)
+            if step == 2 and batch.attn_metadata.num_splits < 2:
+                failures.append(f"{name}: one tile per request was not split")
+            failures += close(f"{name} step {step}", out, want)
     return failures
 
 
 if __name__ == "__main__":
     mode = sys.argv[1]
-    result = run_kit(*sys.argv[2:5]) if mode == "kit" else own_checks()
+    result = run_kit(*sys.argv[2:6]) if mode == "kit" else own_checks()
     print(json.dumps(result))

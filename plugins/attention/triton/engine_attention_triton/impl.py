@@ -3,7 +3,9 @@
 ``prepare`` builds, once per forward, the small per-batch tables from the CPU copies of the
 lengths (no device sync): for decode the number of KV splits, for extend the tile -> request
 table and each request's first row in ``q``. Every layer then launches the kernels on the pool's
-buffers directly; K/V are never gathered into a contiguous copy.
+buffers directly; K/V are never gathered into a contiguous copy. The extend kernel is given the
+pool's page size (its whole key tiles read slots per page, not per key) and, with
+``KernelConfig.extend_tma`` where a page holds whole key tiles, tensor descriptors of K and V.
 
 Options (the hook's ``options``): ``triton_attention_num_kv_splits`` (the most splits per
 request, capped at one per key tile, and on a GPU at what keeps about four programs per
@@ -41,6 +43,9 @@ class KernelConfig:
     extend_block_n: int = 32
     extend_warps: int = 4
     extend_stages: int = 3
+    #: whole key tiles inside one page (page size a multiple of ``extend_block_n``) load K/V
+    #: through tensor descriptors (TMA on Hopper) instead of pointers
+    extend_tma: bool = False
 
 
 #: under the interpreter every program and every loop step costs milliseconds: big tiles
@@ -237,6 +242,8 @@ class TritonBackend(AttentionBackend):
             raise ValueError(f"layer {layer.layer_id}: {group} query heads per KV head, the "
                              f"backend was built for {self.group}")
         tree = md.tree if md.tree is not None else md.tile_req  # a placeholder when unused
+        page = self.pool.page_size
+        tma = self._descriptors(k_buf, v_buf, dim, page)  # or None: pointers (placeholders)
         tb, tq = (md.tree.stride(0), md.tree.stride(1)) if md.tree is not None else (0, 0)
         splits = md.num_splits
         part_dtype = torch.float32 if self.reduce_in_fp32 else q.dtype
@@ -246,15 +253,15 @@ class TritonBackend(AttentionBackend):
         self.kernels._extend_kernel[(layer.num_kv_heads, md.tile_req.shape[0], splits)](
             q, k_buf, v_buf, out, r2t, batch.req_pool_indices, batch.prefix_lens,
             batch.extend_lens, md.qo_start, md.tile_req, md.tile_start, tree, part_out,
-            part_lse, q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
-            v_buf.stride(0), v_buf.stride(1), out.stride(0), out.stride(1), r2t.stride(0), tb,
-            tq, part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0),
-            part_lse.stride(1), layer.scaling * LOG2E * k_scale, v_scale,
+            part_lse, *(tma or (k_buf, v_buf)), q.stride(0), q.stride(1), k_buf.stride(0),
+            k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), out.stride(0), out.stride(1),
+            r2t.stride(0), tb, tq, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1), layer.scaling * LOG2E * k_scale, v_scale,
             GROUP=group, HEAD_DIM=dim, TILE_TOKENS=md.tile_tokens, BLOCK_M=md.block_rows,
             BLOCK_N=cfg.extend_block_n, BLOCK_D=_pow2(dim),
             DOT_PREC="ieee" if q.dtype == torch.float32 else None, HAS_TREE=md.tree is not None,
-            KV_FP8=fp8, NUM_SPLITS=splits, num_warps=cfg.extend_warps,
-            num_stages=cfg.extend_stages)
+            KV_FP8=fp8, NUM_SPLITS=splits, PAGE=page, TMA=tma is not None,
+            num_warps=cfg.extend_warps, num_stages=cfg.extend_stages)
         if splits > 1:
             self.kernels._extend_merge_kernel[(q.shape[0], layer.num_kv_heads)](
                 part_out, part_lse, out, part_out.stride(0), part_out.stride(1),
@@ -262,6 +269,26 @@ class TritonBackend(AttentionBackend):
                 out.stride(1), GROUP=group, HEAD_DIM=dim, NUM_SPLITS=splits,
                 BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim), num_warps=4)
         return out
+
+    def _descriptors(self, k_buf: torch.Tensor, v_buf: torch.Tensor, dim: int,
+                     page: int) -> tuple[Any, Any] | None:
+        """Tensor descriptors of the [slots, Hkv * D] views of K and V with [BLOCK_N, D]
+        blocks for the extend kernel's whole tiles, or None: not asked for
+        (``extend_tma``), or a tile not inside one page, or a layout TMA cannot take (a head
+        dimension not a power of two, rows not 16-byte aligned)."""
+        bn = self.cfg.extend_block_n
+        if not self.cfg.extend_tma or page % bn or dim != _pow2(dim):
+            return None
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        descs = []
+        for buf in (k_buf, v_buf):
+            if (buf.stride(2) != 1 or buf.stride(1) != dim or buf.data_ptr() % 16
+                    or buf.stride(0) * buf.element_size() % 16):
+                return None
+            rows = buf.as_strided((buf.shape[0], buf.shape[1] * dim), (buf.stride(0), 1))
+            descs.append(TensorDescriptor.from_tensor(rows, [bn, dim]))
+        return descs[0], descs[1]
 
 
 def _mask_bytes(mask: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,16 @@ GPU (a speculative verify, a short chunk), ``NUM_SPLITS`` programs share phase 1
 tiles, the last of them also doing the rest; each stores a partial output and its log-sum-exp
 and ``_extend_merge_kernel``, grid ``(T, Hkv)``, folds them in split order.
 
+Phase 1's whole tiles read K/V through the pool's pages (``PAGE``, its page size): position
+``p`` of a request is at slot ``req_to_token[p - p % PAGE] + p % PAGE`` (whole, aligned pages),
+and a tile starts at a multiple of ``BLOCK_N`` keys. A page holding whole tiles (``PAGE`` a
+multiple of ``BLOCK_N``): one table entry gives the tile's first slot and its K (and V) rows are
+one [BLOCK_N, D] block of the [slots, Hkv * D] view, read from a scalar base with offsets that
+stay the same from tile to tile, or with ``TMA`` through tensor descriptors (TMA on Hopper; the
+host passes them only for a power-of-two head dimension). Tiles of several pages
+(``BLOCK_N`` a multiple of ``PAGE``): one entry per page, expanded. Otherwise (``PAGE`` 1, or
+neither divides the other), and for every masked tile (phase 2, decode), one entry per key.
+
 Every load past a length is masked (never issued), so only slots the batch owns are read.
 An fp8 pool (``KV_FP8``) is read as its bit patterns and widened to q's dtype; its per-layer K
 scale is folded into the softmax scale and its V scale multiplies the output.
@@ -46,29 +56,48 @@ from engine.api.triton import fp8_from_bits
 
 
 @triton.jit
-def _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, allowed, k_ptr, v_ptr, g, stride_ks,
+def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, g, stride_ks,
           stride_kh, stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC: tl.constexpr,
-          MASKED: tl.constexpr = True, EVEN_D: tl.constexpr = False, KV_FP8: tl.constexpr = 0):
-    """One online-softmax step over the keys at positions ``pos`` (``n_mask``: in range;
-    ``allowed``: which (query row, key) scores count): K/V rows of KV head ``g`` gathered through
-    ``req_to_token``, scores, running max ``m_i``, sum ``l_i`` and output ``acc`` updated.
-    ``MASKED=False``: every key is in range and allowed (no masks, no selects); ``EVEN_D``: the
-    head dimension fills ``offs_d``. ``scale`` (> 0) is applied to the scores in the exponent's
-    multiply-add. ``KV_FP8`` (1: e4m3, 2: e5m2): the pool holds fp8 bit patterns (uint8), read
-    as fp8 and widened to q's dtype (exact); the caller folds the K scale into ``scale`` and
-    multiplies the output by the V scale."""
+          MASKED: tl.constexpr = True, EVEN_D: tl.constexpr = False, KV_FP8: tl.constexpr = 0,
+          PAGE: tl.constexpr = 1, k_desc=None, v_desc=None, TMA: tl.constexpr = False):
+    """One online-softmax step over the keys at positions ``n0 + offs_n`` (``n_mask``: in
+    range; ``allowed``: which (query row, key) scores count): K/V rows of KV head ``g`` read
+    through ``req_to_token``, scores, running max ``m_i``, sum ``l_i`` and output ``acc``
+    updated. ``MASKED=False``: a whole tile (``n0`` a multiple of its ``BLOCK_N`` keys, every key
+    in range and allowed: no masks, no selects), whose slots come from the pool's pages
+    (``_page_slots``; ``TMA``: K and V then come through the tensor descriptors ``k_desc`` /
+    ``v_desc`` where the tile lies in one page). ``EVEN_D``: the head dimension fills
+    ``offs_d``. ``scale`` (> 0) is applied to the scores in the exponent's multiply-add.
+    ``KV_FP8`` (1: e4m3, 2: e5m2): the pool holds fp8 bit patterns (uint8), read as fp8 and
+    widened to q's dtype (exact); the caller folds the K scale into ``scale`` and multiplies the
+    output by the V scale."""
+    BLOCK_N: tl.constexpr = offs_n.shape[0]
+    ONE_PAGE: tl.constexpr = (not MASKED) and PAGE // BLOCK_N * BLOCK_N == PAGE  # divides
+    if ONE_PAGE:  # consecutive slots from the tile's first (one table entry): a scalar base
+        slot0 = tl.load(r2t_row + n0)  # and offsets that do not change from tile to tile
+        k_rows = k_ptr + slot0 * stride_ks
+        v_rows = v_ptr + slot0 * stride_vs
+        k_off = offs_n[:, None] * stride_ks + g * stride_kh + offs_d[None, :]
+        v_off = offs_n[:, None] * stride_vs + g * stride_vh + offs_d[None, :]
+    else:
+        if MASKED:
+            slot = tl.load(r2t_row + n0 + offs_n, mask=n_mask, other=0)
+        else:
+            slot = _page_slots(r2t_row, n0, offs_n, PAGE)
+        k_rows, v_rows = k_ptr, v_ptr
+        k_off = slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :]
+        v_off = slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :]
     if MASKED:
-        slot = tl.load(r2t_row + pos, mask=n_mask, other=0)
         kv_mask = n_mask[:, None] & d_mask[None, :]
     else:
-        slot = tl.load(r2t_row + pos)
         kv_mask = d_mask[None, :]
-    k_off = slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :]
-    v_off = slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :]
-    if EVEN_D and not MASKED:
-        k = tl.load(k_ptr + k_off)
+    DESC: tl.constexpr = TMA and ONE_PAGE and EVEN_D
+    if DESC:  # a [BLOCK_N, D] block of the [slots, Hkv * D] view
+        k = k_desc.load([slot0.to(tl.int32), g * offs_d.shape[0]])
+    elif EVEN_D and not MASKED:
+        k = tl.load(k_rows + k_off)
     else:
-        k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0)
+        k = tl.load(k_rows + k_off, mask=kv_mask, other=0.0)
     k = fp8_from_bits(k, KV_FP8)
     qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC)
     if MASKED:
@@ -76,14 +105,30 @@ def _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, allowed, k_ptr, v_ptr, g, stri
     m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)
     p = tl.exp2(qk * scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
-    if EVEN_D and not MASKED:
-        v = tl.load(v_ptr + v_off)
+    if DESC:
+        v = v_desc.load([slot0.to(tl.int32), g * offs_d.shape[0]])
+    elif EVEN_D and not MASKED:
+        v = tl.load(v_rows + v_off)
     else:
-        v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_rows + v_off, mask=kv_mask, other=0.0)
     v = fp8_from_bits(v, KV_FP8)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
     l_i = l_i * alpha + tl.sum(p, 1)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _page_slots(r2t_row, n0, offs_n, PAGE: tl.constexpr):
+    """Slots of the whole key tile ``n0 + offs_n`` (``n0`` a multiple of the tile's keys): a
+    page is ``PAGE`` consecutive slots, so a tile of whole pages needs one table entry per page,
+    expanded; any other layout (``PAGE`` 1, or not dividing the tile) one entry per key."""
+    BLOCK_N: tl.constexpr = offs_n.shape[0]
+    if PAGE > 1 and BLOCK_N % PAGE == 0:
+        base = tl.load(r2t_row + n0 + tl.arange(0, BLOCK_N // PAGE) * PAGE)
+        slot = tl.reshape(base[:, None] + tl.arange(0, PAGE)[None, :], [BLOCK_N])
+    else:
+        slot = tl.load(r2t_row + n0 + offs_n)
+    return slot
 
 
 @triton.jit
@@ -127,9 +172,9 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < end
-        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, n_mask[None, :], k_ptr,
-                              v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
-                              d_mask, scale, DOT_PREC, KV_FP8=KV_FP8)
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, n_mask[None, :],
+                              k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh,
+                              offs_d, d_mask, scale, DOT_PREC, KV_FP8=KV_FP8)
     if KV_FP8 != 0:
         acc = acc * v_scale
 
@@ -204,14 +249,14 @@ def _fold_splits(part_ptrs, lse_ptrs, stride_ps, count, gd_mask, g_mask,
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, req_to_token_ptr, req_pool_ptr, prefix_lens_ptr,
     extend_lens_ptr, qo_start_ptr, tile_req_ptr, tile_start_ptr, tree_ptr,
-    part_out_ptr, part_lse_ptr,
+    part_out_ptr, part_lse_ptr, k_desc, v_desc,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
     stride_r2t, stride_tb, stride_tq, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
     scale, v_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_TOKENS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr, KV_FP8: tl.constexpr = 0,
-    NUM_SPLITS: tl.constexpr = 1,
+    NUM_SPLITS: tl.constexpr = 1, PAGE: tl.constexpr = 1, TMA: tl.constexpr = False,
 ):
     g = tl.program_id(0)
     t = tl.program_id(1)
@@ -219,8 +264,8 @@ def _extend_kernel(
     i = tl.load(tile_req_ptr + t)
     m0 = tl.load(tile_start_ptr + t)
     row = tl.load(req_pool_ptr + i)
-    prefix = tl.load(prefix_lens_ptr + i)
-    ext = tl.load(extend_lens_ptr + i)
+    prefix = tl.load(prefix_lens_ptr + i).to(tl.int32)  # positions in 32 bits: cheaper masks
+    ext = tl.load(extend_lens_ptr + i).to(tl.int32)
     qo = tl.load(qo_start_ptr + i)
     r2t_row = req_to_token_ptr + row * stride_r2t
 
@@ -253,18 +298,18 @@ def _extend_kernel(
     start = s * per
     stop = tl.minimum(full, start + per)
     for n0 in range(start, stop, BLOCK_N):
-        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0 + offs_n, offs_n, offs_n, k_ptr,
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, offs_n, offs_n, k_ptr,
                               v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
                               d_mask, scale, DOT_PREC, MASKED=False,
-                              EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8)
+                              EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8, PAGE=PAGE,
+                              k_desc=k_desc, v_desc=v_desc, TMA=TMA)
     if s == NUM_SPLITS - 1:
         if HAS_TREE:
             if full < lo:  # the prefix's last partial tile
-                pos = full + offs_n
-                n_mask = pos < lo
-                m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, n_mask[None, :],
-                                      k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs,
-                                      stride_vh, offs_d, d_mask, scale, DOT_PREC,
+                n_mask = full + offs_n < lo
+                m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, full, offs_n, n_mask,
+                                      n_mask[None, :], k_ptr, v_ptr, g, stride_ks, stride_kh,
+                                      stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC,
                                       KV_FP8=KV_FP8)
         else:  # the partial tile before the tile's own tokens joins phase 2 (all keys pass)
             lo = full
@@ -280,9 +325,9 @@ def _extend_kernel(
                 causal = n_mask[None, :] & (seen != 0)
             else:
                 causal = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
-            m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pos, n_mask, causal, k_ptr,
-                                  v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
-                                  d_mask, scale, DOT_PREC, KV_FP8=KV_FP8)
+            m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, causal,
+                                  k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh,
+                                  offs_d, d_mask, scale, DOT_PREC, KV_FP8=KV_FP8)
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
     if KV_FP8 != 0:
