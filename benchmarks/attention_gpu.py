@@ -18,7 +18,10 @@ Sections (each survives the failure of another; errors are printed and recorded)
     the timing as once per batch) and torch_native;
 (c) extend/prefill 8 x 1024 causal, no prefix: TFLOP/s (causal FLOPs, 4 * H * D * L(L+1)/2 per
     request) for triton (shipped, then best of a sweep), flashinfer and torch SDPA on contiguous
-    tensors.
+    tensors, at each page size of ``--page-sizes`` (default 16; ``16,64``: also 64-token
+    pages, where a page holds whole key tiles and the sweep adds its TMA configurations).
+    Every swept configuration is logged (and kept in the JSON's ``sweeps``); one whose output
+    differs from the reference is marked and never chosen as the best.
 
 Prints a table at the end; with ``OUT`` set, writes ``$OUT/attention_gpu.json``.
 ``--cpu-smoke`` runs every section with tiny shapes on the CPU (triton under TRITON_INTERPRET=1)
@@ -54,7 +57,8 @@ class Shapes:
 GPU = Shapes("cuda", "bfloat16", 32, 8, 128, 16, ((32, 4096), (128, 2048)), (8, 1024))
 SMOKE = Shapes("cpu", "float32", 4, 2, 64, 16, ((2, 48),), (2, 40))
 
-RESULTS: dict[str, Any] = {"conformance": {}, "decode": [], "prefill": [], "errors": []}
+RESULTS: dict[str, Any] = {"conformance": {}, "decode": [], "prefill": [], "sweeps": [],
+                           "errors": []}
 
 
 def log(msg: str) -> None:
@@ -276,48 +280,87 @@ def decode_section(s: Shapes, makers: dict[str, Callable[..., Any]]) -> None:
                     ref = out
                 record(name, bench(fn, s.device), out)
                 if name == "triton":
-                    triton_sweep(backend, batch, fn, record)
+                    triton_sweep(backend, batch, fn, record, ref=ref,
+                                 label=f"decode {bsz}x{ctx}")
 
             guarded(f"decode {bsz}x{ctx} {name}", run_one)
         del pool, batch
 
 
-def triton_sweep(backend: Any, batch: Any, fn: Callable[[], Any],
-                 record: Callable[..., None]) -> None:
+def triton_sweep(backend: Any, batch: Any, fn: Callable[[], Any], record: Callable[..., None],
+                 sweep: list[dict[str, Any]] | None = None, splits_options: tuple = (None,),
+                 ref: Any = None, label: str = "sweep") -> None:
+    """Time ``fn`` under each launch configuration of ``sweep`` (the decode sweep by default;
+    fields of ``KernelConfig`` over the shipped ones) and each split count of
+    ``splits_options`` (None: the backend's own; the decode default tries 16 too), log each,
+    keep them in ``RESULTS["sweeps"]``, and record the fastest one whose output matches
+    ``ref`` (the kit's tolerances; a config that does not compile or launch is skipped)."""
+    import torch
+
+    from engine.testing.attention import TOLERANCES
     from engine_attention_triton.impl import KernelConfig
 
+    if sweep is None:
+        sweep = TRITON_DECODE_SWEEP
+        splits_options = tuple(sorted({backend.num_kv_splits, 16}))
     shipped, shipped_splits, best = backend.cfg, backend.num_kv_splits, None
-    splits_options = sorted({shipped_splits, 16})
-    for params in TRITON_DECODE_SWEEP:
+    for params in sweep:
         for splits in splits_options:
             backend.configure(KernelConfig(**{**shipped.__dict__, **params}))
-            backend.num_kv_splits = splits
+            backend.num_kv_splits = shipped_splits if splits is None else splits
+            tag = " ".join(f"{k.split('_', 1)[1]}={v}" for k, v in params.items()) + (
+                "" if splits is None else f" splits={splits}")
             try:
                 backend.prepare(batch)
                 out = fn()
                 t = bench(fn, "cuda" if out.is_cuda else "cpu")
             except Exception as exc:  # a config that does not compile (shared memory...)
-                log(f"    sweep {params} splits={splits}: {type(exc).__name__}")
+                log(f"    {label} {tag}: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
-            if best is None or t < best[0]:
-                best = (t, params, splits, out)
+            atol, rtol = TOLERANCES.get(out.dtype, (2e-2, 2e-2))
+            ok = ref is None or torch.allclose(out.float(), ref.float(), atol=atol, rtol=rtol)
+            RESULTS["sweeps"].append({"sweep": label, "config": tag, "ms": t * 1e3, "ok": ok})
+            log(f"    {label} {tag}: {t * 1e3:.3f} ms{'' if ok else '  WRONG OUTPUT'}")
+            if ok and (best is None or t < best[0]):
+                best = (t, tag, out)
     backend.configure(shipped)
     backend.num_kv_splits = shipped_splits
     if best:
-        record("triton (best of sweep)", best[0], best[3], f"{best[1]} splits={best[2]}")
+        record("triton (best of sweep)", best[0], best[2], best[1])
 
 
 # ---------------------------------------------------------------------------- (c) prefill
 
-TRITON_EXTEND_SWEEP = [dict(extend_block_m=m, extend_block_n=n, extend_warps=w, extend_stages=st)
-                       for m, n, w, st in ((128, 64, 8, 2), (128, 64, 4, 2), (128, 128, 8, 2),
-                                           (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3),
-                                           (64, 128, 4, 2), (256, 64, 8, 2), (128, 32, 4, 4),
-                                           (128, 64, 4, 3), (128, 128, 8, 3), (256, 32, 8, 3),
-                                           (64, 32, 4, 3))]
+def _extend(m: int, n: int, w: int, st: int, tma: bool = False) -> dict[str, Any]:
+    return dict(extend_block_m=m, extend_block_n=n, extend_warps=w, extend_stages=st,
+                extend_tma=tma)
 
 
-def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]]) -> None:
+#: prefill launch configurations (BLOCK_M query rows: BLOCK_M // G tokens x the group's heads;
+#: BLOCK_N keys; warps; stages): 18 with pointer loads, then 6 with TMA descriptors, which run
+#: only where a page holds whole key tiles (page size a multiple of BLOCK_N: 64, not 16). From
+#: an offline sm_90 compile (triton 3.9): 128 x 64/128 on 4 warps spill registers and 4 stages
+#: build the same kernel as 3, so neither is swept
+TRITON_EXTEND_SWEEP = [_extend(*c) for c in (
+    (128, 32, 4, 3), (128, 32, 4, 2), (128, 32, 8, 3), (128, 32, 8, 2), (128, 64, 8, 2),
+    (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 32, 4, 3), (64, 32, 4, 2),
+    (64, 32, 8, 3), (64, 32, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 2),
+    (64, 64, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3),
+    (128, 32, 4, 3, True), (128, 32, 8, 3, True), (128, 64, 8, 2, True), (128, 64, 8, 3, True),
+    (64, 64, 4, 3, True), (64, 64, 8, 3, True))]
+
+
+def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]],
+                    page_sizes: tuple[int, ...] = ()) -> None:
+    """The prefill measurements once per page size (``page_sizes``, or the shapes' own)."""
+    import dataclasses
+
+    for page in page_sizes or (s.page,):
+        guarded(f"prefill page {page}",
+                lambda page=page: prefill_page(dataclasses.replace(s, page=page), makers))
+
+
+def prefill_page(s: Shapes, makers: dict[str, Callable[..., Any]]) -> None:
     import torch
     import torch.nn.functional as F
 
@@ -328,13 +371,15 @@ def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]]) -> None:
     flops = 4 * bsz * s.q_heads * s.head_dim * length * (length + 1) / 2
     pool, batch, spec, q = paged_setup(s, bsz, length, dtype, length)
     ref = None
+    shape = f"{bsz}x{length} p{s.page}"
 
     def record(name: str, seconds: float, out: Any, note: str = "") -> None:
         err = reference_close(out, ref) if ref is not None else 0.0
-        row = {"shape": f"{bsz}x{length} causal", "backend": name, "ms": seconds * 1e3,
-               "TFLOP/s": flops / seconds / 1e12, "max_err_vs_sdpa": err, "note": note}
+        row = {"shape": f"{shape} causal", "page": s.page, "backend": name,
+               "ms": seconds * 1e3, "TFLOP/s": flops / seconds / 1e12, "max_err_vs_sdpa": err,
+               "note": note}
         RESULTS["prefill"].append(row)
-        log(f"[prefill {bsz}x{length}] {name:<24} {row['ms']:8.3f} ms "
+        log(f"[prefill {shape}] {name:<24} {row['ms']:8.3f} ms "
             f"{row['TFLOP/s']:7.1f} TFLOP/s  err {err:.2e} {note}")
 
     def sdpa() -> None:
@@ -350,7 +395,7 @@ def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]]) -> None:
         ref = out.transpose(1, 2).reshape(bsz * length, s.q_heads, s.head_dim)
         record("torch SDPA (contiguous)", bench(fn, s.device), ref)
 
-    guarded("prefill sdpa", sdpa)
+    guarded(f"prefill {shape} sdpa", sdpa)
     cfg = ServerConfig(page_size=s.page, device=s.device)
     mc = model_config(s)
     for name in ("triton", "flashinfer"):
@@ -363,25 +408,14 @@ def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]]) -> None:
             fn = lambda: backend.forward_extend(q, spec, batch)  # noqa: E731
             out = fn()
             record(name, bench(fn, s.device), out)
-            if name == "triton":
-                from engine_attention_triton.impl import KernelConfig
+            if name == "triton":  # TMA configurations only where a page holds whole tiles
+                sweep = [p for p in TRITON_EXTEND_SWEEP
+                         if not p.get("extend_tma") or s.page % p["extend_block_n"] == 0]
+                triton_sweep(backend, batch, fn, record, sweep, ref=ref,
+                             label=f"prefill {shape}")
 
-                shipped, best = backend.cfg, None
-                for params in TRITON_EXTEND_SWEEP:
-                    backend.configure(KernelConfig(**{**shipped.__dict__, **params}))
-                    try:
-                        backend.prepare(batch)
-                        out = fn()
-                        t = bench(fn, s.device)
-                    except Exception as exc:
-                        log(f"    sweep {params}: {type(exc).__name__}")
-                        continue
-                    if best is None or t < best[0]:
-                        best = (t, params, out)
-                if best:
-                    record("triton (best of sweep)", best[0], best[2], str(best[1]))
-
-        guarded(f"prefill {name}", run_one)
+        guarded(f"prefill {shape} {name}", run_one)
+    del pool, batch
 
 
 # ---------------------------------------------------------------------------- main
@@ -396,9 +430,9 @@ def table() -> str:
         lines.append(f"  {r['shape']:<10} {r['backend']:<24} {r['ms']:9.3f} {r['GB/s']:9.1f} "
                      f"{r['%peak']:6.1f}  {r['note']}")
     lines += ["", "== extend/prefill (causal) ==",
-              f"  {'shape':<18} {'backend':<24} {'ms':>9} {'TFLOP/s':>8}  note"]
+              f"  {'shape':<22} {'backend':<24} {'ms':>9} {'TFLOP/s':>8}  note"]
     for r in RESULTS["prefill"]:
-        lines.append(f"  {r['shape']:<18} {r['backend']:<24} {r['ms']:9.3f} "
+        lines.append(f"  {r['shape']:<22} {r['backend']:<24} {r['ms']:9.3f} "
                      f"{r['TFLOP/s']:8.1f}  {r['note']}")
     if RESULTS["errors"]:
         lines += ["", "== errors =="] + [f"  {e}" for e in RESULTS["errors"]]
@@ -414,6 +448,9 @@ def main() -> int:
     ap.add_argument("--no-sweep", action="store_true", help="only the shipped triton parameters")
     ap.add_argument("--backends", default="torch_native,triton,flex_attention,flashinfer",
                     help="comma-separated subset of backends")
+    ap.add_argument("--page-sizes", default="",
+                    help="comma-separated KV page sizes of the prefill section (default: the "
+                         "shapes' own, 16), e.g. 16,64")
     args = ap.parse_args()
     global TRITON_DECODE_SWEEP, TRITON_EXTEND_SWEEP
     if args.no_sweep:
@@ -421,7 +458,7 @@ def main() -> int:
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
         TRITON_DECODE_SWEEP = TRITON_DECODE_SWEEP[:1]
-        TRITON_EXTEND_SWEEP = TRITON_EXTEND_SWEEP[:1]
+        TRITON_EXTEND_SWEEP = TRITON_EXTEND_SWEEP[:1] + TRITON_EXTEND_SWEEP[-1:]  # + a TMA one
     s = SMOKE if args.cpu_smoke else GPU
     import torch
 
@@ -437,7 +474,9 @@ def main() -> int:
             RESULTS["env"][mod] = f"unavailable ({type(exc).__name__})"
     log(json.dumps(RESULTS["env"]))
     makers = {k: v for k, v in hooks().items() if k in args.backends.split(",")}
-    sections = {"conformance": conformance, "decode": decode_section, "prefill": prefill_section}
+    pages = tuple(int(p) for p in args.page_sizes.split(",") if p)
+    sections = {"conformance": conformance, "decode": decode_section,
+                "prefill": lambda s, makers: prefill_section(s, makers, pages)}
     for name in args.sections.split(","):
         guarded(name, lambda name=name: sections[name](s, makers))
     log(table())
