@@ -164,6 +164,49 @@ for m, split in ((1, 1), (3, 3), (4, 2)):  # the matrix-vector kernel directly, 
     close(f"gemv fp8 token m={m} split={split}", y, want)
 
 
+def gemv_affine_case(bits, group, m, config, n=40, k=320, perm=False, bias=True,
+                     round_weights=False):
+    """:func:`gt.gemv_affine` at one launch (AFFINE_CONFIGS' fields) against the float64
+    product of its float32 weights (rounded to x's dtype with ``round_weights``)."""
+    groups = -(-k // group)
+    codes = torch.randint(0, 1 << bits, (n, k), generator=gen)
+    scale = rand(groups, n).abs() * 0.02 + 0.001
+    bias_ = rand(groups, n) * 0.05
+    w = codes.float() * scale.t().repeat_interleave(group, 1)[:, :k] \
+        + bias_.t().repeat_interleave(group, 1)[:, :k]
+    x = rand(m, k).to(torch.bfloat16)
+    p = torch.randperm(k, generator=gen) if perm else None
+    sub = qt.affine_sub(group)
+    b = rand(n).to(torch.bfloat16) if bias else None
+    dev = lambda t: t.to(device) if t is not None else None  # noqa: E731
+    y = gt.gemv_affine(dev(x), dev(qt.pack_affine(codes, bits, sub)), dev(scale), dev(bias_),
+                       bits, group, sub, perm=dev(p.to(torch.int32) if perm else None),
+                       bias=dev(b), round_weights=round_weights, config=config)
+    w = w.to(x.dtype) if round_weights else w
+    want = (x.double()[:, p] if perm else x.double()) @ w.double().t()
+    close(f"gemv affine bits={bits} group={group} m={m} n={n} k={k} perm={perm} "
+          f"config={config} round={round_weights}", y, want + (b.double() if bias else 0))
+
+
+# launches: (BLOCK_N, SPLIT_K, warps, stages, TILES, FACTOR_ROWS, SUBNORMAL); TILES 0: the
+# per-weight kernel
+AFFINE_LAUNCHES = [(16, 1, 4, 1, 1, 4, 1),  # factored, subnormal codes, one slice of K
+                   (16, 3, 8, 2, 4, 0, 1),  # each weight's affine, K in 3 slices, prefetch
+                   (32, 2, 4, 2, 2, 4, 0),  # factored, codes 2^bits + q
+                   (16, 2, 4, 2, 2, 0, 0),  # each weight's affine, codes 2^bits + q
+                   (16, 2, 4, 2, 0, 0, 0)]  # the per-weight kernel
+AFFINE_SHAPES = [  # (bits, group, n, k): groups in a tile, across tiles, K = group, padding
+    (4, 128, 40, 320), (4, 64, 64, 512), (4, 32, 40, 288), (4, 16, 40, 96), (4, 256, 64, 1024),
+    (4, 1024, 40, 1024), (4, 512, 40, 2048), (2, 32, 40, 640), (2, 128, 64, 1024),
+    (8, 128, 40, 320), (8, 64, 64, 512), (8, 256, 40, 512), (4, 576, 40, 576)]
+for i, (bits, group, n, k) in enumerate(AFFINE_SHAPES):
+    for j, config in enumerate(AFFINE_LAUNCHES):
+        gemv_affine_case(bits, group, 1 + (i + j) % 4, config, n=n, k=k, perm=(i + j) % 3 == 0,
+                         bias=(i + j) % 2 == 0)
+gemv_affine_case(4, 128, 3, None, round_weights=True)
+gemv_affine_case(4, 64, 1, None, perm=True, round_weights=True)
+
+
 # ---------------------------------------------------------------- layers of each format
 
 def build_method(scheme, qcfg):

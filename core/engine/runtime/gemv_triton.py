@@ -21,6 +21,11 @@ the bias and writes the result, and resets the counter: still one launch, so a s
 (o_proj, down_proj at 4096 outputs) gets enough programs to fill the GPU. The workspace and
 counters belong to the device and are allocated on the first call (before any graph capture);
 calls on one stream never overlap, so one workspace serves them all.
+
+Packed 4-bit codes are eight weights per 4 bytes, so the affine kernel is bound by its
+arithmetic per weight, not its loads: one or two integer operations make each code a float (by
+its bit pattern), one FMA per row takes the product, and a group's scale and bias load once and
+come in at the group's end (:func:`_gemv_affine`).
 """
 
 from __future__ import annotations
@@ -120,15 +125,16 @@ def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N
 
 
 @triton.jit
-def _gemv_affine(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
-                 M, N, K, stride_xm, stride_qn, stride_ym, split_k,
-                 BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
-                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
-    """Per tile of SUB words (32/BITS slices of SUB columns, each inside one group): the codes
-    become floats exactly (or'ed into the mantissa of 2^23, which is then subtracted), times
-    the group's scale plus its bias (rounded to x's dtype when ROUND, as the dense copy is),
-    times x."""
+def _gemv_affine_ref(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+                     M, N, K, stride_xm, stride_qn, stride_ym, split_k,
+                     BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
+                     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    """Each weight dequantized on its own (the kernel before :func:`_gemv_affine`, kept for
+    ``round_weights``, which cannot be factored, and for comparison). Per tile of SUB words
+    (32/BITS slices of SUB columns, each inside one group): the codes become floats exactly
+    (or'ed into the mantissa of 2^23, which is then subtracted), times the group's scale plus
+    its bias (rounded to x's dtype when ROUND, as the dense copy is), times x."""
     PER: tl.constexpr = 32 // BITS
     PACK: tl.constexpr = PER * SUB
     pid_n = tl.program_id(0)
@@ -159,6 +165,208 @@ def _gemv_affine(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
             y_ptr, part_ptr, cnt_ptr, N, stride_ym, split_k, HAS_BIAS, BLOCK_M, SPLIT)
 
 
+#: the subnormal code floats' products and sums are kept in units of 2^-UNIT (normal numbers)
+UNIT = tl.constexpr(64)
+
+
+@triton.jit
+def _code_values(words, J: tl.constexpr, BITS: tl.constexpr, SUBNORMAL: tl.constexpr):
+    """The codes q of slice J of ``words`` as floats, exactly.
+
+    - not SUBNORMAL: 2^BITS + q. One shift (left or right, by J) moves each code to the top
+      BITS bits of the mantissa, one and-or (a LOP3) keeps it and sets the exponent of 2^BITS.
+    - SUBNORMAL: q 2^(P - 149) (exponent field 0), P the code's lowest bit after at most one
+      shift: a code inside the mantissa (bits below 23) is only masked (one LOP3), one across
+      or above bit 23 is shifted to the top of the mantissa and masked, the highest only
+      shifted (logically). Products with such a float are exact and normal once the other
+      factor is scaled by 2^(149 - P - UNIT) (:func:`_to_unit`; x below 2^43 in magnitude);
+      the FMA pipe takes subnormal operands at full speed. No offset to take back, so no
+      cancellation either.
+    """
+    MASK: tl.constexpr = (1 << BITS) - 1
+    TOP: tl.constexpr = 23 - BITS
+    if not SUBNORMAL:
+        if TOP >= J * BITS:
+            moved = words << (TOP - J * BITS)
+        else:
+            moved = words >> (J * BITS - TOP)
+        bits = (moved & (MASK << TOP)) | ((127 + BITS) << 23)
+    elif J * BITS <= TOP:
+        bits = words & (MASK << (J * BITS))
+    elif J == 32 // BITS - 1:
+        bits = (words.to(tl.uint32, bitcast=True) >> (32 - BITS)).to(tl.int32, bitcast=True)
+    else:
+        bits = (words >> (J * BITS - TOP)) & (MASK << TOP)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _to_unit(v, J: tl.constexpr, BITS: tl.constexpr, SUBNORMAL: tl.constexpr):
+    """``v`` times the power of two that makes its products with slice J's subnormal code
+    floats ``q 2^(P - 149)`` come out as ``q v 2^-UNIT`` (``v`` itself for the other form)."""
+    if SUBNORMAL:
+        P: tl.constexpr = J * BITS if J * BITS <= 23 - BITS else (
+            0 if J == 32 // BITS - 1 else 23 - BITS)
+        return v * 2.0 ** (149 - P - UNIT)
+    return v
+
+
+@triton.jit
+def _tile_affine(s_ptr, b_ptr, k0, N, K, n4, n_ok4, GROUP: tl.constexpr, BITS: tl.constexpr,
+                 SUBNORMAL: tl.constexpr, EVEN: tl.constexpr):
+    """The scales ``s`` and the offsets ``c`` [1, BLOCK_N, TILES, 1] of the groups holding the
+    columns ``k0`` [1, 1, TILES, 1] (one per tile): ``q s + b = (2^BITS + q) s + c`` with ``c =
+    b - 2^BITS s``; subnormal codes: ``c = b 2^-UNIT`` (the products' unit). EVEN: no masks
+    (every output and column in bounds)."""
+    if EVEN:
+        at = (k0 // GROUP) * N + n4
+        s = tl.load(s_ptr + at)
+        b = tl.load(b_ptr + at)
+    else:
+        s, b = _group_affine(s_ptr, b_ptr, k0, N, K, n4, n_ok4, GROUP)
+    if SUBNORMAL:
+        return s, b * 2.0 ** -UNIT
+    return s, b - s * (1 << BITS)
+
+
+@triton.jit
+def _x_rows(x_ptr, perm_ptr, cols, M, K, stride_xm, HAS_PERM: tl.constexpr,
+            BLOCK_M: tl.constexpr, EVEN: tl.constexpr):
+    """x's columns ``cols`` [1, 1, TILES, SUB] of every row as float32 [BLOCK_M, 1, TILES, SUB]
+    (zeros past K; rows past M repeat the last, never stored). Loaded row by row: Triton gives
+    a load of fewer elements than the program has threads the layout of its use (the
+    codes'), and converts a larger one through shared memory at every slice (the scales'
+    [BLOCK_N, TILES] loads likewise: :func:`gemv_affine` keeps both below that); the rows
+    then join in registers (a select by a constant row index)."""
+    if HAS_PERM and EVEN:
+        src = tl.load(perm_ptr + cols)
+    elif HAS_PERM:
+        src = tl.load(perm_ptr + cols, mask=cols < K, other=0)
+    else:
+        src = cols
+    rows = tl.arange(0, BLOCK_M)[:, None, None, None]
+    x = tl.zeros((BLOCK_M, 1, cols.shape[2], cols.shape[3]), dtype=tl.float32)
+    for r in tl.static_range(BLOCK_M):
+        row = x_ptr + tl.minimum(r, M - 1) * stride_xm  # (rows past M: the last row again)
+        if EVEN:
+            xr = tl.load(row + src)
+        else:
+            xr = tl.load(row + src, mask=cols < K, other=0.0)
+        x = tl.where(rows == r, xr.to(tl.float32), x)
+    return x
+
+
+@triton.jit
+def _words(q_rows, t, n_tiles, n_ok4, u4, SUB: tl.constexpr, TILES: tl.constexpr,
+           EVEN: tl.constexpr):
+    """The words of tiles ``t .. t + TILES - 1`` [1, BLOCK_N, TILES, SUB]. EVEN: unmasked, the
+    tile clamped into the rows (a prefetch past the end reads the last tiles again); else
+    masked, without a fill (codes past N or the last tile are finite floats that meet x = 0
+    or are never stored)."""
+    if EVEN:
+        return tl.load(q_rows + tl.minimum(t, n_tiles - TILES) * SUB)
+    return tl.load(q_rows + t * SUB, mask=n_ok4 & (t + u4 < n_tiles))
+
+
+@triton.jit
+def _gemv_affine(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+                 M, N, K, stride_xm, stride_qn, stride_ym, split_k,
+                 BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
+                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FACTOR: tl.constexpr,
+                 SUBNORMAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 TILES: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr,
+                 SPLIT: tl.constexpr):
+    """TILES tiles of SUB words per row and iteration (a power of two) in one load; slice j of
+    every tile at once, its codes as floats f (:func:`_code_values`: 2^BITS + q, or q times a
+    power of two; one or two integer operations per weight). The weight ``q s + b`` is ``f s +
+    c`` (:func:`_tile_affine`; subnormal f: with s and x scaled by powers of two), and the
+    products either
+
+    - (not FACTOR) take each weight ``f s + c`` (one FMA, shared by the rows), then ``x w``
+      (one FMA per row); or
+    - (FACTOR) sum ``x f`` (one FMA per row) and x itself over the slices of a group, and
+      fold the group in at its end: ``acc += s sum(x f) + c sum(x)`` (two FMAs per
+      accumulator, once per fold: worth it when a fold spans at least 4 slices, else the
+      kernel takes the other way).
+
+    A group's scales and biases load once per group (per fold), not per slice. Groups and
+    tiles relate by constants: a tile holds PER slices, a group GS; with GS not a multiple of
+    PER the folds come every CHUNK = gcd(GS, PER) slices inside the tile (group 128, 4 bits:
+    two per tile), else at the tile's end, or (LONG: a group of several iterations) when an
+    iteration ends one, or the program's slice of K. EVEN: N a multiple of BLOCK_N and K of
+    TILES tiles (no masks, no fills). PREFETCH: each iteration loads the next one's words
+    first (Triton's pipeliner leaves loads that feed no ``tl.dot`` alone)."""
+    PER: tl.constexpr = 32 // BITS
+    PACK: tl.constexpr = PER * SUB
+    GS: tl.constexpr = GROUP // SUB
+    CHUNK: tl.constexpr = min(GS & -GS, PER)
+    LONG: tl.constexpr = GS % (PER * TILES) == 0 and GS > PER * TILES
+    FOLD: tl.constexpr = FACTOR and (GS // TILES if LONG else CHUNK) >= 4
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    n_ok = offs_n < N
+    # every tensor of the loop in the accumulator's rank [rows, outputs, tiles, words]: loads
+    # then take layouts the products share (an expanded lower-rank load is converted through
+    # shared memory at every use)
+    n4 = offs_n[None, :, None, None]
+    u4 = tl.arange(0, TILES)[None, None, :, None]
+    i4 = tl.arange(0, SUB)[None, None, None, :]
+    n_ok4 = n_ok[None, :, None, None]
+    q_rows = q_ptr + n4.to(tl.int64) * stride_qn + u4 * SUB + i4  # [1, BLOCK_N, TILES, SUB]
+    col_at = u4 * PACK + i4  # slice 0's columns [1, 1, TILES, SUB]
+    acc = tl.zeros((BLOCK_M, BLOCK_N, TILES, SUB), dtype=tl.float32)
+    if FOLD and LONG:
+        accg = tl.zeros((BLOCK_M, BLOCK_N, TILES, SUB), dtype=tl.float32)
+        xg = tl.zeros((BLOCK_M, 1, TILES, SUB), dtype=tl.float32)
+    n_tiles = tl.cdiv(K, PACK)
+    t_lo, t_hi = _slice(n_tiles, pid_k, split_k, TILES, SPLIT)
+    if PREFETCH:
+        words = _words(q_rows, t_lo, n_tiles, n_ok4, u4, SUB, TILES, EVEN)
+    for t0 in range(t_lo, t_hi, TILES):
+        if PREFETCH:  # the next iteration's words load while these are used
+            cur = words
+            words = _words(q_rows, t0 + TILES, n_tiles, n_ok4, u4, SUB, TILES, EVEN)
+        else:
+            cur = _words(q_rows, t0, n_tiles, n_ok4, u4, SUB, TILES, EVEN)
+        k_tile = (t0 + u4) * PACK  # [1, 1, TILES, 1]
+        for j in tl.static_range(PER):
+            f = _code_values(cur, j, BITS, SUBNORMAL)
+            x = _x_rows(x_ptr, perm_ptr, t0 * PACK + j * SUB + col_at, M, K, stride_xm,
+                        HAS_PERM, BLOCK_M, EVEN)
+            if FOLD:
+                if LONG or j % CHUNK != 0:
+                    accg += _to_unit(x, j, BITS, SUBNORMAL) * f
+                    xg += x
+                else:
+                    accg = _to_unit(x, j, BITS, SUBNORMAL) * f
+                    xg = x
+                if not LONG and j % CHUNK == CHUNK - 1:  # (the chunk's first column: in K)
+                    s, c = _tile_affine(s_ptr, b_ptr, k_tile + (j + 1 - CHUNK) * SUB, N, K,
+                                        n4, n_ok4, GROUP, BITS, SUBNORMAL, EVEN)
+                    acc += accg * s  # (two statements: two FMAs)
+                    acc += xg * c
+            else:
+                if j % CHUNK == 0:
+                    s, c = _tile_affine(s_ptr, b_ptr, k_tile + j * SUB, N, K, n4, n_ok4,
+                                        GROUP, BITS, SUBNORMAL, EVEN)
+                acc += x * (f * _to_unit(s, j, BITS, SUBNORMAL) + c)
+        if FOLD and LONG:
+            if ((t0 + TILES) % (GS // PER) == 0) | (t0 + TILES >= t_hi):
+                s, c = _tile_affine(s_ptr, b_ptr, k_tile, N, K, n4, n_ok4, GROUP, BITS,
+                                    SUBNORMAL, EVEN)
+                acc += accg * s
+                acc += xg * c
+                accg = tl.zeros((BLOCK_M, BLOCK_N, TILES, SUB), dtype=tl.float32)
+                xg = tl.zeros((BLOCK_M, 1, TILES, SUB), dtype=tl.float32)
+    unit = tl.full((1, 1), 2.0 ** UNIT if SUBNORMAL else 1.0, tl.float32)
+    one = tl.full((1, 1), 1.0, tl.float32)
+    _finish(tl.sum(tl.sum(acc, axis=3), axis=2), unit, one, pid_n, pid_k, offs_m, offs_n,
+            offs_m < M, n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, stride_ym, split_k,
+            HAS_BIAS, BLOCK_M, SPLIT)
+
+
 # ---------------------------------------------------------------- launch configurations
 
 #: (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) by (weight kind, shape class); kind: "float"
@@ -171,8 +379,16 @@ CONFIGS = {("float", "square"): (8, 1024, 1, 4, 2), ("float", "wide"): (8, 1024,
            ("w8", "deep"): (8, 1024, 1, 4, 3),
            ("block", "square"): (32, 128, 4, 2, 2), ("block", "wide"): (32, 128, 4, 2, 2),
            ("block", "deep"): (16, 128, 4, 2, 2)}
-#: (BLOCK_N, SPLIT_K, warps, stages) for affine weights by shape class
-AFFINE_CONFIGS = {"square": (32, 4, 2, 2), "wide": (32, 4, 2, 2), "deep": (32, 4, 4, 2)}
+#: (BLOCK_N, SPLIT_K, warps, stages, TILES, FACTOR_ROWS, SUBNORMAL) for affine weights by
+#: shape class (see :func:`_gemv_affine`): BLOCK_N outputs per program (at every row count),
+#: K in SPLIT_K slices, ``warps``, stages > 1: each iteration prefetches the next one's words,
+#: TILES tiles of SUB words (32/bits slices of SUB columns) per row and iteration (0: the
+#: per-weight kernel ``_gemv_affine_ref``, for comparison), the group's affine factored out
+#: of the products up to FACTOR_ROWS rows (above: each weight's affine once, shared by the
+#: rows), codes as subnormal floats (1) or as 2^bits + q (0). BLOCK_N and TILES * SUB stay
+#: below 32 * warps (:func:`gemv_affine` caps them), so 16 words a thread at most.
+AFFINE_CONFIGS = {"square": (32, 4, 4, 2, 2, 1, 1), "wide": (32, 2, 4, 2, 2, 1, 1),
+                  "deep": (32, 4, 4, 2, 2, 1, 1)}
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, *,
@@ -224,21 +440,41 @@ def gemv_affine(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
                 config: tuple | None = None) -> torch.Tensor:
     """:func:`engine.runtime.quant_triton.affine_mm` for at most :data:`MAX_ROWS` rows. The
     dequantized weights multiply in float32 as they are (``round_weights``: rounded to x's
-    dtype first, as the dense copy and ``affine_mm`` do; two conversions per weight)."""
+    dtype first, as the dense copy and ``affine_mm`` do; each weight on its own, by
+    ``_gemv_affine_ref``). ``config``: as :data:`AFFINE_CONFIGS`'s entries."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     if m > MAX_ROWS:
         raise ValueError(f"gemv serves at most {MAX_ROWS} rows, got {m}")
     n = q.shape[0]
-    bn, split, warps, stages = config or AFFINE_CONFIGS[shape_class(n, k)]
+    bn, split, warps, stages, tiles, factor_rows, subnormal = (config or
+                                                            AFFINE_CONFIGS[shape_class(n, k)])
     bm = triton.next_power_of_2(m)
-    bn = max(2, bn // bm)
+    ref = round_weights or tiles == 0
+    if ref:
+        bn = max(2, bn // bm)  # launches are chosen for one row: the same registers for more
+    else:
+        if tiles & (tiles - 1):
+            raise ValueError(f"tiles per iteration must be a power of two, got {tiles}")
+        # the scales' [BLOCK_N, TILES] and x's [TILES, SUB] loads stay below the program's
+        # lanes (see _x_rows): BLOCK_N first, then TILES
+        lanes = 32 * warps
+        bn = min(bn, lanes // 2)
+        while tiles > 1 and max(bn, sub) * tiles >= lanes:
+            tiles //= 2
     split = _split(split, n, bn, bm)
     part, cnt = _workspace(x.device)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    _gemv_affine[(triton.cdiv(n, bn), split)](
-        x, q, scale, bias_, perm if perm is not None else q, bias if bias is not None else y, y,
-        part, cnt, m, n, k, x.stride(0), q.stride(0), y.stride(0), split, BITS=bits, GROUP=group,
-        SUB=sub, HAS_PERM=perm is not None, HAS_BIAS=bias is not None, ROUND=round_weights,
-        BLOCK_M=bm, BLOCK_N=bn, SPLIT=split > 1, num_warps=warps, num_stages=stages)
+    args = (x, q, scale, bias_, perm if perm is not None else q, bias if bias is not None else y,
+            y, part, cnt, m, n, k, x.stride(0), q.stride(0), y.stride(0), split)
+    common = dict(BITS=bits, GROUP=group, SUB=sub, HAS_PERM=perm is not None,
+                  HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split > 1,
+                  num_warps=warps, num_stages=stages)
+    grid = (triton.cdiv(n, bn), split)
+    if ref:
+        _gemv_affine_ref[grid](*args, ROUND=round_weights, **common)
+    else:
+        even = k % (32 // bits * sub * tiles) == 0 and n % bn == 0
+        _gemv_affine[grid](*args, FACTOR=m <= factor_rows, SUBNORMAL=bool(subnormal),
+                           TILES=tiles, PREFETCH=stages > 1, EVEN=even, **common)
     return y
