@@ -10,10 +10,13 @@ layers x 32 (the linear layers of one decode step).
 
     python benchmarks/gemv_gpu.py [--formats bf16,fp8,...] [--rows 1] [--search]
 
-``--search`` walks the launch configurations (block, split, warps, stages) coordinate by
-coordinate from the best of the module's default and a few known-good launches, for each
-kernel, and prints the best per (format, shape
-class: :func:`engine.runtime.quant_triton.shape_class`).
+``--search`` walks the launch configurations (block, split, warps, stages; for int4 also the
+tiles per iteration, the factored rows and the code form of
+:data:`engine.runtime.gemv_triton.AFFINE_CONFIGS`) coordinate by coordinate from the best of the
+module's default and a few known-good launches, for each kernel, and prints the best per
+(format, shape class: :func:`engine.runtime.quant_triton.shape_class`); for int4 at more rows it
+then tries the group's affine factored out against not. int4 rows also time the per-weight
+kernel before (``gemv-old``, at its launch then) next to ours.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ def nbytes(t: dict) -> int:
 #: the launches the kernels before these used for one row (the ``tl.dot`` kernel, the row
 #: padded to 16: the 16-row entries of the launch tables then)
 OLD = {"a16": (32, 256, 1, 4, 4), "a8": (32, 256, 1, 4, 4), "block": (32, 128, 1, 4, 4)}
+#: the per-weight affine kernel (TILES 0: ``_gemv_affine_ref``) at the launches it had
+OLD_AFFINE = {"square": (32, 4, 2, 2, 0, 0, 0), "wide": (32, 4, 2, 2, 0, 0, 0),
+              "deep": (32, 4, 4, 2, 0, 0, 0)}
 
 
 def w8_kind(fmt: str) -> str:
@@ -121,15 +127,19 @@ def default(fmt: str, cls: str) -> tuple[str, tuple]:
     return qt.W8_SMALL[(w8_kind(fmt), cls)]
 
 
-def search(fmt: str, impl: str, shapes: list[str], layers: dict, x: dict, cls: str
-           ) -> tuple[float, tuple]:
+def search(fmt: str, impl: str, shapes: list[str], layers: dict, x: dict, cls: str,
+           start: tuple | None = None, axes: list | None = None) -> tuple[float, tuple]:
     """Coordinate search of ``impl``'s launch for ``shapes`` (their summed time), from the
-    default: each coordinate in turn takes its best value. (time us, configuration)."""
-    start = default(fmt, cls)
+    default (or ``start``): each coordinate in turn takes its best value (int4: two passes;
+    ``axes``: only these). (time us, configuration)."""
     if fmt == "int4":
-        cfg = list(start[1])
-        axes = [(0, (4, 8, 16, 32, 64)), (1, (1, 2, 4, 8)), (2, (2, 4, 8)), (3, (1, 2, 3, 4))]
+        cfg = list(start or default(fmt, cls)[1])
+        # (BLOCK_N, SPLIT_K, warps, stages: 2 prefetches, TILES, FACTOR_ROWS, SUBNORMAL);
+        # BLOCK_N and TILES are capped by the warps (gemv_affine)
+        axes = axes or 2 * [(4, (1, 2, 4)), (6, (0, 1)), (5, (0, 1)), (0, (16, 32, 64, 128)),
+                            (2, (2, 4, 8)), (1, (1, 2, 4, 8)), (3, (1, 2))]
     else:
+        start = default(fmt, cls)
         cfg = list(start[1]) if start[0] == impl else (
             [8, 1024, 1, 4, 3] if impl == "gemv" else [16, 512, 1, 4, 2])
         ks = (128,) if fmt == "fp8_block" else (256, 512, 1024, 2048)
@@ -147,7 +157,11 @@ def search(fmt: str, impl: str, shapes: list[str], layers: dict, x: dict, cls: s
                 cache[c] = math.inf
         return cache[c]
 
-    if fmt != "int4":  # start from the best of a few known-good launches
+    if fmt == "int4" and start is None:  # the best of a few launches with 16 words a thread
+        seeds = [tuple(cfg), (32, 4, 4, 2, 2, 1, 1), (64, 4, 8, 2, 2, 1, 1),
+                 (64, 4, 4, 2, 1, 1, 1), (32, 8, 4, 2, 2, 1, 1), (128, 2, 8, 2, 1, 1, 1)]
+        cfg = list(min(seeds, key=cost))
+    elif fmt != "int4":  # start from the best of a few known-good launches
         seeds = [tuple(cfg)] + ([(8, 1024, 1, 4, 3), (16, 512, 2, 4, 3)] if impl == "gemv" else
                                 [(32, 256, 1, 4, 4), (16, 512, 1, 4, 2), (64, 128, 8, 2, 3)])
         if fmt == "fp8_block":
@@ -175,6 +189,7 @@ def main() -> None:
           "ours TB/s | speed-up | max rel diff |")
     print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     summary = []
+    found: dict[str, tuple] = {}  # int4: class -> the launch a one-row search chose
     for fmt, rows in itertools.product(args.formats.split(","),
                                        [int(r) for r in args.rows.split(",")]):
         layers, xs = {}, {}
@@ -184,27 +199,50 @@ def main() -> None:
             layers[name] = [first] + [make(fmt, n, k) for _ in range(copies - 1)]
             xs[name] = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
         chosen = {name: default(fmt, qt.shape_class(n, k)) for name, (n, k) in SHAPES.items()}
-        if args.search and rows == 1:
-            impls = ("gemv",) if fmt in ("bf16", "int4") else ("gemv", "dot")
-            for cls in ("square", "wide", "deep"):
-                group = [s for s, (n, k) in SHAPES.items() if qt.shape_class(n, k) == cls]
-                found = min(search(fmt, impl, group, layers, xs, cls) + (impl,)
-                            for impl in impls)
-                for s in group:
-                    chosen[s] = (found[2], found[1])
-        ref_step = gemv_step = 0.0
+        if fmt == "int4":
+            chosen.update({name: found[qt.shape_class(n, k)] for name, (n, k) in SHAPES.items()
+                           if qt.shape_class(n, k) in found})
+        for cls in ("square", "wide", "deep") if args.search else ():
+            group = [s for s, (n, k) in SHAPES.items() if qt.shape_class(n, k) == cls]
+            if not group:
+                continue
+            if rows == 1:
+                impls = ("gemv",) if fmt in ("bf16", "int4") else ("gemv", "dot")
+                best = min(search(fmt, impl, group, layers, xs, cls) + (impl,)
+                           for impl in impls)
+                if fmt == "int4":
+                    found[cls] = (best[2], best[1])
+            elif fmt == "int4":  # the one-row launch with the group's affine factored out
+                # at this many rows, or not
+                start = chosen[group[0]][1]
+                best = search(fmt, "gemv", group, layers, xs, cls, start=start,
+                              axes=[(5, (min(start[5], rows - 1), rows))]) + ("gemv",)
+            else:
+                continue
+            for s in group:
+                chosen[s] = (best[2], best[1])
+        ref_step = gemv_step = old_step = 0.0
         for name, (n, k) in SHAPES.items():
             b = nbytes(layers[name][0])
-            impl, cfg = chosen[name]
+            runs = [chosen[name]]
+            if fmt == "int4":  # the per-weight kernel before, side by side
+                runs.append(("gemv-old", OLD_AFFINE[qt.shape_class(n, k)]))
             ref = time_us(product(fmt, "ref"), layers[name], xs[name])
-            ours = time_us(product(fmt, impl, cfg), layers[name], xs[name])
-            diff = check(fmt, layers[name], xs[name], impl, cfg)
             ref_step += ref * LAYERS
-            gemv_step += ours * LAYERS
-            print(f"| {fmt} | {rows} | {name} | {b / 1e6:.1f} | {ref:.1f} | {impl} {cfg} | "
-                  f"{ours:.1f} | {b / ours / 1e6:.2f} | {ref / ours:.2f}x | {diff:.2e} |",
-                  flush=True)
+            for impl, cfg in runs:
+                kernel = "gemv" if impl == "gemv-old" else impl
+                ours = time_us(product(fmt, kernel, cfg), layers[name], xs[name])
+                diff = check(fmt, layers[name], xs[name], kernel, cfg)
+                if impl == "gemv-old":
+                    old_step += ours * LAYERS
+                else:
+                    gemv_step += ours * LAYERS
+                print(f"| {fmt} | {rows} | {name} | {b / 1e6:.1f} | {ref:.1f} | {impl} {cfg} | "
+                      f"{ours:.1f} | {b / ours / 1e6:.2f} | {ref / ours:.2f}x | {diff:.2e} |",
+                      flush=True)
         summary.append((fmt, rows, ref_step / 1e3, gemv_step / 1e3))
+        if fmt == "int4":
+            summary.append((fmt + " gemv-old", rows, ref_step / 1e3, old_step / 1e3))
         del layers
         torch.cuda.empty_cache()
     print("\n| format | rows | step ms, reference | step ms, ours |")
