@@ -49,12 +49,11 @@ def test_pages_round_trip_through_pinned_host_memory_on_the_copy_stream(layout, 
         host.free(slots)
 
 
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-          "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512,
-          "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-          "tie_word_embeddings": False, "torch_dtype": "float32", "bos_token_id": 1,
-          "eos_token_id": 2}
+def tiny_llama() -> dict:
+    """The overlap test's tiny Llama, with four layers (more layers to load one by one)."""
+    from test_sched_overlap_cuda import CONFIG
+
+    return {**CONFIG, "num_hidden_layers": 4}
 
 
 def test_host_hits_loaded_layer_by_layer_give_the_computed_outputs(tmp_path) -> None:
@@ -67,7 +66,7 @@ def test_host_hits_loaded_layer_by_layer_give_the_computed_outputs(tmp_path) -> 
     from engine.config import ServerConfig
     from engine.runtime.model_runner import ModelRunner
 
-    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    (tmp_path / "config.json").write_text(json.dumps(tiny_llama()))
     torch.manual_seed(0)
     runner = ModelRunner(ServerConfig(model_path=str(tmp_path), load_format="dummy",
                                       device="cuda", dtype="float32", skip_tokenizer_init=True,
