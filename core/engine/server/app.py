@@ -621,12 +621,17 @@ def _warm_up(runtime: Runtime) -> None:
     """Short greedy generations through the scheduler thread (first-call costs paid here).
 
     On a GPU one prompt of each kind of token count Triton specialises a kernel on (1, a
-    multiple of 16, any other) runs too, one after another: a JIT kernel compiled for each
-    variant before /health turns ready is not compiled under the first requests' load."""
+    multiple of 16, any other) runs too, one after another, and one longer than an attention
+    tile of query rows (129: short prompts take the extend kernel's split-prefix variant,
+    longer ones the unsplit one, which an H200 run found built after ready): a JIT kernel
+    compiled for each variant before /health turns ready is not compiled under the first
+    requests' load."""
     import threading
 
-    lengths = [4] if runtime.runner.device.type != "cuda" else [4, 1, 16, 17]
+    lengths = [4] if runtime.runner.device.type != "cuda" else [4, 1, 16, 17, 129]
     for n, length in enumerate(lengths):
+        if length + 2 > runtime.scheduler.max_context_len:
+            continue
         done = threading.Event()
 
         def sink(out: Any, done: threading.Event = done) -> None:
