@@ -365,7 +365,6 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Batch,
                 attn: AttentionBackend, logits_indices: torch.Tensor) -> torch.Tensor:
-        m = self.model
         pool = getattr(attn, "pool", None)
         loads = pool.take_loads() if pool is not None else None
         try:

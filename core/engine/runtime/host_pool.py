@@ -179,7 +179,7 @@ class Transfer:
         the compute stream, which waits for the copy before it reuses the pages, waits for
         those loads too."""
         if self.stream is None:
-            self._run_loads()  # the loads queued earlier come first, as on one copy stream
+            self.dev.settle_loads()  # the loads queued earlier come first, as on one stream
             self._copy(dev_slots, host_slots, to_host=True)
             return
         compute = torch.cuda.current_stream(self.dev.device)
@@ -218,12 +218,7 @@ class Transfer:
         """Wait for the copies queued so far (before the CPU reads or writes host pages)."""
         if self.stream is not None:
             self.stream.synchronize()
-        else:
-            self._run_loads()
-
-    def _run_loads(self) -> None:
-        """CPU: run the deferred loads now (the pool's forward finds nothing left to wait for)."""
-        if self.dev.loads is not None:
+        else:  # CPU: the deferred loads run now
             self.dev.settle_loads()
 
     def _prepare(self, dev_slots: torch.Tensor, host_slots: torch.Tensor) -> Any:
@@ -285,7 +280,7 @@ class Transfer:
                        to_host: bool) -> None:
         """CUDA, layer-first pinned pool: one kernel moves the K and V rows of ``layers``,
         reading or writing the pinned host pool in place (no host-side copy at all); a single
-        layer (a load beside a forward) with few programs."""
+        layer (a load beside a forward) with at most :attr:`LOAD_PROGRAMS` programs."""
         from engine.runtime.fused_triton import copy_rows
 
         dev_addr, host_addr, row_bytes = self._tables()
