@@ -33,9 +33,10 @@ GEN_STEPS = 16
 
 
 def make_runner(spec: str, max_running: int, quantization: str | None = None) -> ModelRunner:
-    """``spec`` is a backend name, optionally ``:eager`` to turn CUDA graphs off;
-    ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16 weights at load
-    (e.g. ``fp8``)."""
+    """``spec`` is a backend name, optionally ``:eager`` to turn CUDA graphs off (``:nopdl``:
+    kernels launched without programmatic dependent launch, set by the caller through
+    ``ENGINE_PDL``); ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
+    weights at load (e.g. ``fp8``)."""
     backend, _, mode = spec.partition(":")
     cfg = ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype="bfloat16",
                        quantization=quantization,
@@ -76,9 +77,10 @@ def greedy(runner: ModelRunner) -> tuple[list[list[int]], torch.Tensor, list[lis
     return out, first_logits, margins
 
 
-def time_decode(runner: ModelRunner, batch: int, steps: int) -> float:
-    """ms per decode step for ``batch`` requests after a 128-token prefill each (includes the
-    test batch builder's per-step table writes, as a scheduler would do)."""
+def time_decode(runner: ModelRunner, batch: int, steps: int) -> tuple[float, list[int]]:
+    """(ms per decode step for ``batch`` requests after a 128-token prefill each (includes the
+    test batch builder's per-step table writes, as a scheduler would do), the first request's
+    greedy tokens over the timed steps)."""
     bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
     gen = torch.Generator().manual_seed(batch)
     rows = [bb.new_request() for _ in range(batch)]
@@ -91,10 +93,12 @@ def time_decode(runner: ModelRunner, batch: int, steps: int) -> float:
         last = runner.forward(bb.decode(list(zip(rows, last)))).argmax(-1).tolist()
     torch.cuda.synchronize()
     t = time.perf_counter()
+    first = []
     for _ in range(steps):
         last = runner.forward(bb.decode(list(zip(rows, last)))).argmax(-1).tolist()
+        first.append(last[0])
     torch.cuda.synchronize()
-    return (time.perf_counter() - t) * 1000 / steps
+    return (time.perf_counter() - t) * 1000 / steps, first
 
 
 def hf_decode(mode: str, batch: int, steps: int, device: str = "cuda", model_dir: str = MODEL_DIR,
@@ -195,8 +199,8 @@ def cpu_smoke(steps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
-                    help="backend[:eager]; CUDA graphs are used for decode where the backend "
-                    "supports them unless :eager")
+                    help="backend[:eager|:nopdl]; CUDA graphs are used for decode where the "
+                    "backend supports them unless :eager; :nopdl launches without PDL")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--hf", default="eager,compile")
     ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers")
@@ -212,7 +216,12 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     results: dict = {"device": torch.cuda.get_device_name(), "greedy": {}, "decode_ms": {}}
     ref_tokens, ref_logits = None, None
+    decode_tokens: dict = {}
     for backend in backends:
+        if backend.endswith(":nopdl"):
+            os.environ["ENGINE_PDL"] = "0"
+        else:
+            os.environ.pop("ENGINE_PDL", None)
         try:
             t0 = time.perf_counter()
             runner = make_runner(backend, max(batches + [len(PROMPT_LENS)]), args.quantization)
@@ -236,9 +245,12 @@ def main() -> None:
             print(f"{backend}: greedy done, same tokens as first: "
                   f"{entry['same_tokens_as_first']}", flush=True)
             for b in batches:
-                ms = time_decode(runner, b, args.steps)
+                ms, first = time_decode(runner, b, args.steps)
                 results["decode_ms"][f"{backend}@{b}"] = ms
-                print(f"{backend}@{b}: {ms:.2f} ms/step", flush=True)
+                same = decode_tokens.setdefault(b, first) == first
+                results.setdefault("decode_same_tokens", {})[f"{backend}@{b}"] = same
+                print(f"{backend}@{b}: {ms:.2f} ms/step (first request's timed tokens as the "
+                      f"first backend's: {same})", flush=True)
             del runner
         except Exception as exc:  # one backend's failure must not hide the others
             traceback.print_exc()

@@ -186,7 +186,7 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
             graphs = runner.decode_graphs is not None
             for b in batches:
                 rows.append([f"ours, {runner_name} runner" + (" + graphs" if graphs else ""),
-                             b, round(time_decode(runner, b, 20), 2)])
+                             b, round(time_decode(runner, b, 20)[0], 2)])
                 print(rows[-1], flush=True)
             del runner
         except Exception:

@@ -5,8 +5,17 @@ never loads Triton).
 loads can fill zeros, which Triton cannot cast to fp8); this turns loaded bits back into the fp8
 type ``FP8`` names (1: e4m3, 2: e5m2; 0: ``x`` unchanged). ``fp8_kind(dtype)`` is that flag for a
 torch dtype.
+
+Programmatic dependent launch (:mod:`engine.runtime.triton_pdl`, whose docstring states the
+contract): a kernel that takes ``PDL: tl.constexpr`` calls ``pdl_trigger(PDL)`` early and
+``pdl_wait(PDL)`` once on every path before it reads what earlier kernels write or stores
+anything, and is launched with ``**launch_options(device)``; ``prefetch_l2(ptrs, PDL)`` asks
+for weight lines ahead of the wait.
 """
 
 from engine.runtime.quant_triton import fp8_from_bits, fp8_kind
+from engine.runtime.triton_pdl import (launch_options, pdl_enabled, pdl_trigger, pdl_wait,
+                                       prefetch_l2)
 
-__all__ = ["fp8_from_bits", "fp8_kind"]
+__all__ = ["fp8_from_bits", "fp8_kind", "launch_options", "pdl_enabled", "pdl_trigger",
+           "pdl_wait", "prefetch_l2"]

@@ -7,6 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
+
 
 @triton.jit
 def _round(x, dtype: tl.constexpr):
@@ -15,11 +17,15 @@ def _round(x, dtype: tl.constexpr):
 
 @triton.jit
 def _add_rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, stride_x, stride_r,
-                  stride_o, stride_ro, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                  stride_o, stride_ro, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < n
     dt = out_ptr.dtype.element_ty
+    pdl_trigger(PDL)
+    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
     if HAS_RES:
         r = tl.load(res_ptr + row * stride_r + offs, mask=ok, other=0.0).to(tl.float32)
@@ -27,7 +33,6 @@ def _add_rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, stride_x, stri
         tl.store(res_out_ptr + row * stride_ro + offs, x.to(dt), mask=ok)
     var = tl.sum(x * x, axis=0) / n
     rstd = 1.0 / tl.sqrt(var + eps)
-    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     y = _round(x * rstd, dt) * w
     tl.store(out_ptr + row * stride_o + offs, y.to(dt), mask=ok)
 
@@ -35,7 +40,7 @@ def _add_rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, stride_x, stri
 @triton.jit
 def _qk_norm_rope(src_ptr, q_out_ptr, k_out_ptr, v_out_ptr, loc_ptr, qw_ptr, kw_ptr, cos_ptr,
                   sin_ptr, pos_ptr, stride_src, stride_cache, hq, hkv, eps, HALF: tl.constexpr,
-                  NORM: tl.constexpr, STORE: tl.constexpr):
+                  NORM: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr):
     """Program (t, h): head h of token t's qkv row: q heads, then k heads, then (STORE only) v
     heads. q/k are normed (NORM) and rotated; with STORE, k and v go straight into the KV
     pool's rows ``loc[t]`` ([slots, hkv, D] each), else k into k_out [T, hkv, D]."""
@@ -43,6 +48,8 @@ def _qk_norm_rope(src_ptr, q_out_ptr, k_out_ptr, v_out_ptr, loc_ptr, qw_ptr, kw_
     h = tl.program_id(1)
     dt = q_out_ptr.dtype.element_ty
     offs = tl.arange(0, HALF)
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     base = src_ptr + t * stride_src + h * (2 * HALF)  # q heads, then k, then v, in the row
     x1 = tl.load(base + offs).to(tl.float32)
     x2 = tl.load(base + HALF + offs).to(tl.float32)
@@ -83,11 +90,14 @@ def _qk_norm_rope(src_ptr, q_out_ptr, k_out_ptr, v_out_ptr, loc_ptr, qw_ptr, kw_
 
 
 @triton.jit
-def _silu_and_mul(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_and_mul(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < inter
     dt = out_ptr.dtype.element_ty
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     g = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + inter + offs, mask=ok, other=0.0).to(tl.float32)
     act = _round(g * tl.sigmoid(g), dt)  # silu(gate) is rounded before the product
@@ -96,10 +106,12 @@ def _silu_and_mul(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr
 
 @triton.jit
 def _route_topk(logits_ptr, w_ptr, ids_ptr, E, stride_l, K: tl.constexpr,
-                RENORM: tl.constexpr, BLOCK_E: tl.constexpr):
+                RENORM: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     ok = offs < E
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     x = tl.load(logits_ptr + t * stride_l + offs, mask=ok, other=-float("inf"))
     x = x.to(tl.float32)
     p = tl.exp(x - tl.max(x, axis=0))
@@ -130,7 +142,7 @@ def route_topk(logits: torch.Tensor, top_k: int,
     if t:
         _route_topk[(t,)](logits, weights, ids, e, logits.stride(0), K=top_k,
                           RENORM=renormalize, BLOCK_E=triton.next_power_of_2(e),
-                          num_warps=1 if e <= 256 else 4)
+                          num_warps=1 if e <= 256 else 4, **launch_options(logits.device))
     return weights, ids
 
 
@@ -144,7 +156,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     res = residual if residual is not None else x
     _add_rms_norm[(t,)](x, res, weight, out, res_out, n, x.stride(0), res.stride(0),
                         out.stride(0), res_out.stride(0), eps, HAS_RES=residual is not None,
-                        BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8)
+                        BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8,
+                        **launch_options(x.device))
     return out, res_out
 
 
@@ -165,7 +178,8 @@ def qk_norm_rope(qk: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim
     _qk_norm_rope[(t, num_q_heads + num_kv_heads)](
         qk, q, k, k, positions, q_weight if norm else qk, k_weight if norm else qk, cos_cache,
         sin_cache, positions, qk.stride(0), cos_cache.stride(0), num_q_heads, num_kv_heads, eps,
-        HALF=head_dim // 2, NORM=norm, STORE=False, num_warps=1 if head_dim <= 128 else 2)
+        HALF=head_dim // 2, NORM=norm, STORE=False, num_warps=1 if head_dim <= 128 else 2,
+        **launch_options(qk.device))
     return q, k
 
 
@@ -186,7 +200,7 @@ def qk_norm_rope_store(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, h
         qkv, q, k_pool, v_pool, out_loc, q_weight if norm else qkv,
         k_weight if norm else qkv, cos_cache, sin_cache, positions, qkv.stride(0),
         cos_cache.stride(0), num_q_heads, num_kv_heads, eps, HALF=head_dim // 2, NORM=norm,
-        STORE=True, num_warps=1 if head_dim <= 128 else 2)
+        STORE=True, num_warps=1 if head_dim <= 128 else 2, **launch_options(qkv.device))
     return q
 
 
@@ -198,7 +212,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(inter))
     if t:
         _silu_and_mul[(t, triton.cdiv(inter, block))](x, out, inter, x.stride(0), out.stride(0),
-                                                      BLOCK=block)
+                                                      BLOCK=block, **launch_options(x.device))
     return out
 
 

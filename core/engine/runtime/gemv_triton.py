@@ -39,13 +39,22 @@ import triton.language as tl
 from engine.runtime.quant_triton import (_bits, _finish, _group_affine, _kind, _quantize,
                                          _row_scales, _slice, _split, _workspace, _x_slice,
                                          fp8_from_bits, shape_class)
+from engine.runtime.triton_pdl import (launch_options, pdl_enabled, pdl_trigger, pdl_wait,
+                                      prefetch_l2)
 
 #: largest row count these kernels serve (more rows: ``tl.dot`` kernels or cuBLAS)
 MAX_ROWS = 4
-#: rows up to which a dense half-precision layer on a GPU uses :func:`gemv` instead of cuBLAS
-#: (``ENGINE_GEMV_DENSE_ROWS``; 0 by default: on an H200 one row is on par with cuBLAS, four
-#: rows half its speed)
-DENSE_ROWS = min(MAX_ROWS, int(os.environ.get("ENGINE_GEMV_DENSE_ROWS", "0")))
+
+
+def dense_rows(device: torch.device) -> int:
+    """Rows up to which a dense half-precision layer on ``device`` uses :func:`gemv` instead of
+    cuBLAS: ``ENGINE_GEMV_DENSE_ROWS`` where set, else 1 where kernels launch with PDL (one
+    row: on par with cuBLAS alone, and it overlaps its neighbours' tails; four rows are half
+    cuBLAS's speed), else 0."""
+    rows = os.environ.get("ENGINE_GEMV_DENSE_ROWS")
+    if rows is not None:
+        return min(MAX_ROWS, int(rows))
+    return 1 if pdl_enabled(device) else 0
 
 
 @triton.jit
@@ -54,11 +63,13 @@ def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N
           CODES: tl.constexpr, ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr,
           QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-          SPLIT: tl.constexpr, AMAX_BLOCK: tl.constexpr):
+          SPLIT: tl.constexpr, AMAX_BLOCK: tl.constexpr, LINE: tl.constexpr,
+          PDL: tl.constexpr):
     """CODES 0: float weights; 1: 8-bit codes (FP8 0 int8, 1 e4m3, 2 e5m2) with per-row scales
     ``ws[n]`` (W_BLOCK_N 0) or block scales ``ws[n // W_BLOCK_N, k // BLOCK_K]``. ACT as in
     ``_w8_mm``: 0 unquantized, 1 dynamic per row, 2 per row and block (fp8), 3 static
-    ``xs[0]``."""
+    ``xs[0]``. With PDL the first tile of the program's weights (LINE weights a cache line)
+    is asked into L2 before the wait for the previous kernel."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -66,6 +77,13 @@ def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N
     n_ok = offs_n < N
     m_ok = offs_m < M
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K, SPLIT)
+    pdl_trigger(PDL)
+    if PDL:
+        first = tl.minimum(k_lo + tl.arange(0, max(1, BLOCK_K // LINE)) * LINE, K - 1)
+        prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
+                    + first[None, :], PDL)
+    pdl_wait(PDL)
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     INT: tl.constexpr = CODES == 1 and FP8 == 0 and ACT != 0
     TILE_SCALE: tl.constexpr = ACT == 2 or W_BLOCK_N > 0
@@ -81,7 +99,6 @@ def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N
         acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-    k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K, SPLIT)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
@@ -275,7 +292,7 @@ def _gemv_affine(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
                  HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FACTOR: tl.constexpr,
                  SUBNORMAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  TILES: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr,
-                 SPLIT: tl.constexpr):
+                 SPLIT: tl.constexpr, PDL: tl.constexpr):
     """TILES tiles of SUB words per row and iteration (a power of two) in one load; slice j of
     every tile at once, its codes as floats f (:func:`_code_values`: 2^BITS + q, or q times a
     power of two; one or two integer operations per weight). The weight ``q s + b`` is ``f s +
@@ -322,8 +339,13 @@ def _gemv_affine(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
         xg = tl.zeros((BLOCK_M, 1, TILES, SUB), dtype=tl.float32)
     n_tiles = tl.cdiv(K, PACK)
     t_lo, t_hi = _slice(n_tiles, pid_k, split_k, TILES, SPLIT)
+    pdl_trigger(PDL)  # (the first words are weights: they load before the wait)
     if PREFETCH:
         words = _words(q_rows, t_lo, n_tiles, n_ok4, u4, SUB, TILES, EVEN)
+    elif PDL:
+        first = tl.maximum(tl.minimum(t_lo, n_tiles - TILES), 0) + u4  # one address a tile
+        prefetch_l2(q_ptr + tl.minimum(n4, N - 1).to(tl.int64) * stride_qn + first * SUB, PDL)
+    pdl_wait(PDL)
     for t0 in range(t_lo, t_hi, TILES):
         if PREFETCH:  # the next iteration's words load while these are used
             cur = words
@@ -429,8 +451,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, 
                 CODES=int(codes), ACT=code, W_BLOCK_N=block[0] if block else 0, FP8=fp8,
                 QMAX=qmax, MANT=mant, EMIN=emin, HAS_BIAS=bias is not None, BLOCK_M=bm,
                 BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1,
-                AMAX_BLOCK=min(1024, triton.next_power_of_2(k)), num_warps=warps,
-                num_stages=stages)
+                AMAX_BLOCK=min(1024, triton.next_power_of_2(k)), LINE=128 // w.element_size(),
+                num_warps=warps, num_stages=stages, **launch_options(x.device))
     return y
 
 
@@ -476,5 +498,6 @@ def gemv_affine(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
     else:
         even = k % (32 // bits * sub * tiles) == 0 and n % bn == 0
         _gemv_affine[grid](*args, FACTOR=m <= factor_rows, SUBNORMAL=bool(subnormal),
-                           TILES=tiles, PREFETCH=stages > 1, EVEN=even, **common)
+                           TILES=tiles, PREFETCH=stages > 1, EVEN=even, **common,
+                           **launch_options(x.device))
     return y

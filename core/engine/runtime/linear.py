@@ -223,7 +223,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``; on CPU in float32 for at most ``fused_cpu.GEMV_ROWS`` rows, the
     weight-streaming product; on a GPU in half precision for at most
-    ``gemv_triton.DENSE_ROWS`` rows, the Triton matrix-vector kernel."""
+    ``gemv_triton.dense_rows(device)`` rows, the Triton matrix-vector kernel."""
     if x.device.type == "cpu":
         from engine.runtime import fused_cpu
 
@@ -232,7 +232,8 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor,
     elif x.is_cuda and weight.dtype in (torch.bfloat16, torch.float16):
         from engine.runtime import gemv_triton
 
-        if x.numel() <= gemv_triton.DENSE_ROWS * x.shape[-1] and x.dtype == weight.dtype:
+        if (x.numel() <= gemv_triton.dense_rows(x.device) * x.shape[-1]
+                and x.dtype == weight.dtype):
             y = gemv_triton.gemv(x.reshape(-1, x.shape[-1]), weight, bias=bias)
             return y.reshape(*x.shape[:-1], -1)
     return F.linear(x, weight, bias)

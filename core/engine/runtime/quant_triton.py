@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
+
 #: largest row count handed to the matrix-vector kernels of :mod:`engine.runtime.gemv_triton`
 #: (0: none)
 GEMV_ROWS = 4
@@ -206,9 +208,11 @@ def _affine_mm(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, M, N, K,
                stride_xm, stride_qn, stride_ym,
                BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
                HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, TILES: tl.constexpr):
+               BLOCK_N: tl.constexpr, TILES: tl.constexpr, PDL: tl.constexpr):
     """Per slice of SUB columns (one group): the codes, exact in the activation dtype, go
     through ``tl.dot``; the group's scale multiplies that sum and its bias the sum of x."""
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     PER: tl.constexpr = 32 // BITS
     PACK: tl.constexpr = PER * SUB
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -240,9 +244,12 @@ def _affine_mm(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, M, N, K,
 @triton.jit
 def _quant_rows(x_ptr, xq_ptr, xs_ptr, static_ptr, K, stride_xm, stride_qm,
                 STATIC: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
-                MANT: tl.constexpr, EMIN: tl.constexpr, BLOCK: tl.constexpr):
+                MANT: tl.constexpr, EMIN: tl.constexpr, BLOCK: tl.constexpr,
+                PDL: tl.constexpr):
     """One row's scale (dynamic: its absolute maximum over QMAX; or the static one) and
     codes."""
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     if STATIC:
         s = tl.load(static_ptr)
@@ -276,7 +283,8 @@ def _w8_mm(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, 
            ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
            MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-           AMAX_BLOCK: tl.constexpr, ROW1: tl.constexpr, SPLIT: tl.constexpr):
+           AMAX_BLOCK: tl.constexpr, ROW1: tl.constexpr, SPLIT: tl.constexpr,
+           PDL: tl.constexpr):
     """ACT 0: ``x`` unquantized (W8A16); 1: quantized per row here, the scale from the row's
     absolute maximum; 2: quantized per row and BLOCK_K columns here (fp8); 3: quantized with
     the static scale ``xs[0]``; 4: ``x`` holds codes with per-row scales ``xs``
@@ -284,6 +292,8 @@ def _w8_mm(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, 
     else block scales ``ws[n // W_BLOCK_N, k // BLOCK_K]``. ROW1: one row in a ``tl.dot``
     block: only it is quantized, the padding rows are zeros. SPLIT: one of ``split_k`` slices of
     K (one block of rows only), summed by :func:`_finish`."""
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -485,7 +495,7 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
                      bias if bias is not None else y, y, m, n, k, x.stride(0), q.stride(0),
                      y.stride(0), BITS=bits, GROUP=group, SUB=sub, HAS_PERM=perm is not None,
                      HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, TILES=tiles,
-                     num_warps=warps, num_stages=stages)
+                     num_warps=warps, num_stages=stages, **launch_options(x.device))
     return y
 
 
@@ -501,7 +511,7 @@ def quant_rows(x: torch.Tensor, dtype: torch.dtype, static: torch.Tensor | None 
     _quant_rows[(m,)](x, _bits(xq), xs, static if static is not None else xs, k, x.stride(0),
                       xq.stride(0), STATIC=static is not None, FP8=fp8, QMAX=qmax,
                       MANT=mant, EMIN=emin, BLOCK=min(1024, triton.next_power_of_2(k)),
-                      num_warps=4)
+                      num_warps=4, **launch_options(x.device))
     return xq, xs
 
 
@@ -552,5 +562,6 @@ def w8_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str |
                  W_BLOCK_N=block[0] if block else 0, FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin,
                  HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                  AMAX_BLOCK=min(max(4096 // bm, 512), triton.next_power_of_2(k)),
-                 ROW1=m == 1, SPLIT=split > 1, num_warps=warps, num_stages=stages)
+                 ROW1=m == 1, SPLIT=split > 1, num_warps=warps, num_stages=stages,
+                 **launch_options(x.device))
     return y

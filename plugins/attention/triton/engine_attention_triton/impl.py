@@ -91,7 +91,11 @@ class TritonBackend(AttentionBackend):
         super().__init__(pool)
         from engine_attention_triton import kernels  # after the interpreter check
 
+        from engine.api.triton import launch_options
+
         self.kernels = kernels
+        #: every kernel launches with programmatic dependent launch where the device has it
+        self._pdl = launch_options(pool.device)
         self.num_kv_splits, self.split_tile_size = num_kv_splits, split_tile_size
         self.reduce_in_fp32 = reduce_in_fp32
         self.group = group
@@ -219,14 +223,15 @@ class TritonBackend(AttentionBackend):
             GROUP=group, HEAD_DIM=dim, NUM_SPLITS=splits, BLOCK_H=max(16, _pow2(group)),
             BLOCK_D=_pow2(dim), BLOCK_N=cfg.decode_block_n, FIXED_TILE=md.split_tile > 0,
             DOT_PREC=prec, KV_FP8=fp8, num_warps=cfg.decode_warps,
-            num_stages=cfg.decode_stages)
+            num_stages=cfg.decode_stages, **self._pdl)
         if splits > 1:
             self.kernels._decode_merge_kernel[(bsz, hkv)](
                 part_out, part_lse, out, batch.seq_lens, part_out.stride(0),
                 part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
                 out.stride(0), out.stride(1), md.split_tile, GROUP=group, HEAD_DIM=dim,
                 NUM_SPLITS=splits, BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim),
-                BLOCK_N=cfg.decode_block_n, FIXED_TILE=md.split_tile > 0, num_warps=4)
+                BLOCK_N=cfg.decode_block_n, FIXED_TILE=md.split_tile > 0, num_warps=4,
+                **self._pdl)
         return out
 
     def forward_extend(self, q: torch.Tensor, layer: AttentionLayerSpec,
@@ -261,13 +266,13 @@ class TritonBackend(AttentionBackend):
             BLOCK_N=cfg.extend_block_n, BLOCK_D=_pow2(dim),
             DOT_PREC="ieee" if q.dtype == torch.float32 else None, HAS_TREE=md.tree is not None,
             KV_FP8=fp8, NUM_SPLITS=splits, PAGE=page, TMA=tma is not None,
-            num_warps=cfg.extend_warps, num_stages=cfg.extend_stages)
+            num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
         if splits > 1:
             self.kernels._extend_merge_kernel[(q.shape[0], layer.num_kv_heads)](
                 part_out, part_lse, out, part_out.stride(0), part_out.stride(1),
                 part_out.stride(2), part_lse.stride(0), part_lse.stride(1), out.stride(0),
                 out.stride(1), GROUP=group, HEAD_DIM=dim, NUM_SPLITS=splits,
-                BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim), num_warps=4)
+                BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim), num_warps=4, **self._pdl)
         return out
 
     def _descriptors(self, k_buf: torch.Tensor, v_buf: torch.Tensor, dim: int,

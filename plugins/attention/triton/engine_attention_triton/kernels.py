@@ -52,7 +52,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine.api.triton import fp8_from_bits
+from engine.api.triton import fp8_from_bits, pdl_trigger, pdl_wait
 
 
 @triton.jit
@@ -141,10 +141,13 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     FIXED_TILE: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
     s = tl.program_id(2)
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     seq_len = tl.load(seq_lens_ptr + b)
     row = tl.load(req_pool_ptr + b)
     if FIXED_TILE:
@@ -199,10 +202,12 @@ def _decode_merge_kernel(
     split_len_fixed,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    FIXED_TILE: tl.constexpr,
+    FIXED_TILE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     seq_len = tl.load(seq_lens_ptr + b)
     if FIXED_TILE:
         split_len = split_len_fixed
@@ -257,10 +262,13 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr, KV_FP8: tl.constexpr = 0,
     NUM_SPLITS: tl.constexpr = 1, PAGE: tl.constexpr = 1, TMA: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     g = tl.program_id(0)
     t = tl.program_id(1)
     s = tl.program_id(2)  # the split of phase 1's key tiles (the last split also does phase 2)
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     i = tl.load(tile_req_ptr + t)
     m0 = tl.load(tile_start_ptr + t)
     row = tl.load(req_pool_ptr + i)
@@ -349,12 +357,14 @@ def _extend_merge_kernel(
     part_out_ptr, part_lse_ptr, out_ptr,
     stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Fold a new token's split partial outputs, in split order (splits with no key skipped),
     into its final rows for the query heads of KV head ``g``; grid ``(T, Hkv)``."""
     tok = tl.program_id(0)
     g = tl.program_id(1)
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     heads = g * GROUP + offs_g

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.api.triton import launch_options, pdl_trigger, pdl_wait
+
 
 def align_by_expert(topk_ids: torch.Tensor, block_m: int,
                     num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -57,7 +59,10 @@ def _grouped_gemm(a_ptr, b_ptr, c_ptr, w_ptr, sorted_ids_ptr, block_expert_ptr, 
                   N, K, num_pairs, stride_am, stride_ak, stride_be, stride_bn, stride_bk,
                   stride_cm, stride_cn, TOP_K: tl.constexpr, MUL_WEIGHT: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+                  GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+                  PDL: tl.constexpr):
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     cap_blocks = tl.cdiv(tl.num_programs(0), tl.cdiv(N, BLOCK_N))
     n_blocks = tl.cdiv(N, BLOCK_N)
@@ -116,11 +121,14 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, weights: t
         out.stride(0), out.stride(1), TOP_K=top_k, MUL_WEIGHT=mul_weight,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=block["GROUP_SIZE_M"],
         EVEN_K=k % bk == 0, IEEE=a.dtype == torch.float32, num_warps=block.get("num_warps", 4),
-        num_stages=block.get("num_stages", 3))
+        num_stages=block.get("num_stages", 3), **launch_options(a.device))
 
 
 @triton.jit
-def _silu_and_mul(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_and_mul(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr):
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < inter
@@ -134,7 +142,7 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> None:
     rows, inter = out.shape
     block = min(1024, triton.next_power_of_2(inter))
     _silu_and_mul[(rows, triton.cdiv(inter, block))](x, out, inter, x.stride(0), out.stride(0),
-                                                     BLOCK=block)
+                                                     BLOCK=block, **launch_options(x.device))
 
 
 # ---------------------------------------------------------------- small batches (decode)
@@ -148,9 +156,11 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> None:
 @triton.jit
 def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, stride_wn,
                   stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  ACC2D: tl.constexpr):
+                  ACC2D: tl.constexpr, PDL: tl.constexpr):
     """ACC2D: products accumulate elementwise over the K loop and are summed once at the end
     (else each tile's products are summed as they come)."""
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -178,9 +188,11 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
 @triton.jit
 def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_gu, stride_we,
                     stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    ACC2D: tl.constexpr):
+                    ACC2D: tl.constexpr, PDL: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
     from the gate/up row of the pair. ACC2D as in ``_pair_gemv_up``."""
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -225,9 +237,10 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     _pair_gemv_up[(pairs, triton.cdiv(n13, block_n))](
         x, w13, gate_up, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1),
         gate_up.stride(0), TOP_K=k, BLOCK_N=block_n, BLOCK_K=block_k, ACC2D=acc2d,
-        num_warps=warps)
+        num_warps=warps, **launch_options(x.device))
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
     _pair_gemv_down[(pairs, triton.cdiv(h, dbn))](
         gate_up, w2, down, ids, topk_weights.reshape(-1), h, inter, gate_up.stride(0),
         w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=dbn,
-        BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d, num_warps=warps)
+        BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d, num_warps=warps,
+        **launch_options(x.device))

@@ -1,0 +1,94 @@
+"""Programmatic dependent launch (PDL) for the Triton kernels of a step (imported by kernel
+modules only: a CPU server never loads Triton).
+
+Back-to-back kernels on one stream normally run strictly one after the other: the next grid
+launches only once the last program of the previous one has finished and its writes are
+flushed. A decode step at batch 1 is ~350 such kernels, most of them a few microseconds long,
+so the launch latency and each kernel's ramp-up and tail add up to a tenth of the step. With
+PDL (Hopper and later), a kernel launched with ``launch_pdl`` may start while its predecessor
+still runs: its programs do the work that reads nothing the predecessor writes (loading a
+layer's weights, computing addresses), then wait (:func:`pdl_wait`, ``griddepcontrol.wait``)
+for the predecessor to complete and flush before they read its outputs or write anything.
+:func:`pdl_trigger` (``griddepcontrol.launch_dependents``) lets the successor launch as soon as
+every program of this kernel has issued it, instead of when they exit.
+
+The contract for a kernel launched with :func:`launch_options`:
+
+- every program calls :func:`pdl_wait` exactly once on every path, before its first read of
+  anything an earlier kernel of the stream may write and before its first store (so a
+  kernel never completes before its predecessor does, which keeps the ordering transitive:
+  kernel N+2 waiting for N+1 also waits for N);
+- before the wait it may only read memory no kernel writes while the step runs (weights,
+  constant tables).
+
+Kernels take the flag as a ``PDL: tl.constexpr`` argument (``pdl_enabled(device)``); where it is
+off, both helpers compile to nothing and the launch is the usual one. ``ENGINE_PDL=0`` turns it
+off everywhere (for comparisons).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@functools.lru_cache(maxsize=None)
+def _supported(index: int) -> bool:
+    """Device ``index`` is Hopper or later and this Triton can launch with PDL."""
+    if torch.cuda.get_device_capability(index)[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return ("launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+            and hasattr(tl.extra.cuda, "gdc_wait"))
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels on ``device`` launch with PDL (a CUDA device of compute capability 9
+    or more, unless ``ENGINE_PDL=0``; never under the Triton interpreter)."""
+    if device.type != "cuda" or os.environ.get("ENGINE_PDL", "1") == "0":
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return _supported(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def launch_options(device: torch.device) -> dict:
+    """Keyword arguments of a launch: ``PDL`` (the kernel's constexpr) and, where it is on,
+    ``launch_pdl``."""
+    if pdl_enabled(device):
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Wait until the previous kernel of the stream has completed and its writes are visible
+    (nothing without PDL)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def pdl_trigger(PDL: tl.constexpr):
+    """Let the next kernel of the stream launch once every program has got here (nothing
+    without PDL)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptrs, PDL: tl.constexpr):
+    """Ask for the 128-byte lines at ``ptrs`` (any shape; one address per line is enough) to be
+    brought into the L2 cache, without waiting for them: a kernel's first weight tiles, issued
+    before :func:`pdl_wait` so that their reads overlap the previous kernel's tail (nothing
+    without PDL)."""
+    if PDL:
+        tl.inline_asm_elementwise("mov.b32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
