@@ -406,7 +406,7 @@ def test_a_greedy_tree_is_drawn_in_one_sampler_call_per_verify():
         sched = make_sched(Oracle(width=5, good=3, tree=True))
         calls: list[int] = []
         inner = sched.sampler
-        sched.sampler = lambda rows, reqs: calls.append(len(reqs)) or inner(rows, reqs)
+        sched.sampler = lambda rows, reqs, *a: calls.append(len(reqs)) or inner(rows, reqs, *a)
         outs: dict[str, list[ReqOutput]] = {}
         req = make_req([3, 4, 5], outs, max_new=13, repetition_penalty=penalty)
         run(sched, [req], outs)

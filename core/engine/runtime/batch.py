@@ -58,6 +58,12 @@ class Batch:
     attn_metadata: Any = None
     #: sampling parameters of the requests, in batch order (scheduler-owned)
     sampling: Any = None
+    #: decode batches a CUDA graph replays: the sampling kernel's parameters, [6, B] int64 on
+    #: the device (:func:`engine.runtime.sampling.sample_lists`), so that the graph draws the
+    #: tokens too; None: its rows are drawn greedily there
+    sample_args: torch.Tensor | None = None
+    #: set by the graph replay: the tokens the sampling kernel drew inside the graph [B]
+    drawn_ids: torch.Tensor | None = None
     #: tree verify only: [B, Q, Q] bool, Q = max(extend_lens); ``tree_mask[i, j, k]``: new token
     #: ``j`` of request ``i`` attends to its new token ``k`` (rows beyond ``extend_lens[i]`` are
     #: padding). None: plain causal attention among the new tokens. Only backends that declare

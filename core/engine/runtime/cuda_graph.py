@@ -6,7 +6,10 @@ a step's inputs into static buffers (padded to the bucket: padded requests read 
 0 and write their K/V into the reserved padding slot 0), replays, and returns the first rows of
 the static logits. A backend that keeps a host-written plan refreshes it before each replay
 (``prepare_replay``). Only decode batches of backends that declare ``supports_cuda_graph`` use
-it.
+it. The decode graphs end with the sampling kernel (:mod:`engine.runtime.sample_triton`) over
+the logits, its parameters static buffers like the inputs (``batch.sample_args``; greedy where
+a batch brings none): the step's tokens come out of the replay (``batch.drawn_ids``), and the
+sampler uses them unless it changes a row's logits first.
 
 Speculative verify forwards (:class:`VerifyGraphs`) are captured the same way for backends that
 declare ``supports_verify_graph``: a bucket of requests times the verify width, every row padded
@@ -83,10 +86,13 @@ class DecodeGraphs:
         self.seq_lens = torch.ones(n, dtype=torch.int64, device=dev)
         self.ones = torch.ones(n, dtype=torch.int64, device=dev)
         self.rows = torch.arange(n, dtype=torch.int64, device=dev)
+        #: the sampling kernel's parameters, one row each (all zeros: greedy)
+        self.sample_args = torch.zeros(6, n, dtype=torch.int64, device=dev)
         self.req_to_token = req_to_token
         self.backend = backend
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.ids: dict[int, torch.Tensor] = {}
         #: the captured batches: their ``attn_metadata`` may hold device tensors the graphs read
         self.batches: dict[int, Batch] = {}
         self.pool = torch.cuda.graph_pool_handle()
@@ -111,13 +117,21 @@ class DecodeGraphs:
 
     def _capture(self, size: int, forward: Callable[[Batch], torch.Tensor],
                  backend: AttentionBackend) -> None:
+        from engine.runtime import sample_triton
+
         batch = self.batches[size] = self._static_batch(size)
         backend.prepare_graph(batch)
-        self.graphs[size], self.logits[size] = capture_graph(lambda: forward(batch),
-                                                             self.pool)
+        args = [a[:size] for a in self.sample_args.unbind(0)]
+
+        def step() -> tuple[torch.Tensor, torch.Tensor]:
+            logits = forward(batch)
+            return logits, sample_triton.sample(logits, *args)
+
+        self.graphs[size], (self.logits[size], self.ids[size]) = capture_graph(step, self.pool)
 
     def run(self, batch: Batch) -> torch.Tensor:
-        """Replay the smallest bucket that holds ``batch``; float32 logits [B, vocab]."""
+        """Replay the smallest bucket that holds ``batch``; float32 logits [B, vocab], and the
+        tokens drawn from them in ``batch.drawn_ids``."""
         bs = batch.batch_size
         size = next(b for b in self.buckets if b >= bs)
         self.input_ids[:bs].copy_(batch.input_ids)
@@ -125,15 +139,21 @@ class DecodeGraphs:
         self.out_cache_loc[:bs].copy_(batch.out_cache_loc)
         self.req_pool_indices[:bs].copy_(batch.req_pool_indices)
         self.seq_lens[:bs].copy_(batch.seq_lens)
+        if batch.sample_args is not None:
+            self.sample_args[:, :bs].copy_(batch.sample_args)
+        else:
+            self.sample_args[0][:bs].zero_()  # temperature 0: greedy
         if size > bs:  # padding: row 0's first token, K/V into the reserved slot 0
             self.input_ids[bs:size].zero_()
             self.positions[bs:size].zero_()
             self.out_cache_loc[bs:size].zero_()
             self.req_pool_indices[bs:size].zero_()
             self.seq_lens[bs:size].fill_(1)
+            self.sample_args[0][bs:size].zero_()
         self.backend.prepare_replay(batch, size)
         self.graphs[size].replay()
-        # a copy: graphs share one memory pool, so the next replay may reuse this buffer
+        # copies: graphs share one memory pool, so the next replay may reuse these buffers
+        batch.drawn_ids = self.ids[size][:bs].clone()
         return self.logits[size][:bs].clone()
 
 

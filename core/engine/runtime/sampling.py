@@ -31,8 +31,11 @@ be finite (``inf``/``nan`` are refused), and:
 3. greedy rows (``temperature < GREEDY_TEMPERATURE`` or ``top_k == 1``) take the argmax;
 4. other rows divide by the temperature, then keep the ``top_k`` best, then the smallest set
    whose probability reaches ``top_p``, then drop tokens below ``min_p`` times the best
-   probability, and draw with the request's own ``torch.Generator``: a request's draws never
-   depend on the other requests in its batch, so one seed gives one output.
+   probability, and draw with the request's own ``torch.Generator`` (on a GPU: the sampling
+   kernel of :mod:`engine.runtime.sample_triton`, one launch for the batch, greedy rows
+   included, drawing by Philox keyed by the request's seed and the token's position): a
+   request's draws never depend on the other requests in its batch, so one seed gives one
+   output.
 
 Guarantees: no NaN or infinite probability reaches a draw (a row whose probabilities are not
 finite or sum to zero takes the argmax of its logits instead, and an argmax never picks a NaN
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -51,7 +55,7 @@ import numpy as np
 import torch
 
 from engine.api.grammar import allocate_token_bitmask, apply_token_bitmask_inplace
-from engine.runtime.batch import to_device
+from engine.runtime.batch import pack_to_device, to_device
 from engine.runtime.grammar import GrammarDeadEnd
 
 GREEDY_TEMPERATURE = 1e-5  #: a lower temperature means greedy
@@ -282,32 +286,95 @@ class Drawn:
         return out
 
 
+def kernel_enabled() -> bool:
+    """Whether GPU draws go through the sampling kernel (``ENGINE_SAMPLE_KERNEL=0``: the
+    torch ops, for comparisons)."""
+    return os.environ.get("ENGINE_SAMPLE_KERNEL", "1") != "0"
+
+
+def row_seed(row: SamplingRow) -> int:
+    """The seed of a sampled row's draws as a signed 64-bit integer (its generator's seed; 0
+    for a greedy row, which draws nothing)."""
+    gen = row.generator
+    if gen is None:
+        return 0
+    seed = gen.initial_seed()
+    return seed - 2**64 if seed >= 2**63 else seed
+
+
+def float_bits(values: list[float]) -> list[int]:
+    """float32 bit patterns of ``values`` as Python ints (how float parameters travel in the
+    integer vectors of :func:`~engine.runtime.batch.pack_to_device`)."""
+    return np.asarray(values, dtype=np.float32).view(np.int32).tolist()
+
+
+def sample_lists(rows: Sequence[SamplingRow]) -> list[list[int]]:
+    """The parameters of the sampling kernel (:mod:`engine.runtime.sample_triton`) for
+    ``rows``: temperature, top_k, top_p, min_p (floats as bits), seed, and the position of the
+    token being drawn (the row's output so far)."""
+    params = [r.sampling_params for r in rows]
+    return [float_bits([p.temperature for p in params]), [p.top_k for p in params],
+            float_bits([p.top_p for p in params]), float_bits([p.min_p for p in params]),
+            [row_seed(r) for r in rows], [len(r.output_ids) for r in rows]]
+
+
+def sample_args(rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
+    """:func:`sample_lists` as one [6, B] int64 tensor on ``device`` (one copy)."""
+    flat = [v for part in sample_lists(rows) for v in part]
+    return pack_to_device([flat], device)[0][0].view(6, len(rows))
+
+
+def _modifies_logits(row: SamplingRow) -> bool:
+    """Whether the sampler changes ``row``'s logits before its draw (penalties, the
+    ``min_new_tokens`` mask, a logit processor, a grammar)."""
+    sp = row.sampling_params
+    return bool(sp.has_penalties or sp.min_new_tokens
+                or getattr(row, "logit_processor", None) is not None or row.grammar is not None)
+
+
 class Sampler:
     """Batched sampler over ``[B, V]`` float32 logits (see the module docstring for the order).
 
     ``batch_invariant`` (``--enable-deterministic-inference``): each row is sampled alone, so
     its softmax, log-probabilities and draw never depend on the other rows.
 
+    On a GPU the draws (greedy or not) are one kernel, :mod:`engine.runtime.sample_triton`,
+    keyed by each row's seed and position; a decode step replayed from a CUDA graph ran that
+    kernel inside the graph already (``drawn_ids``), which is used when no row's logits are
+    changed before the draw. Elsewhere (``kernel`` False: the CPU) the torch ops below, with
+    each row's generator. ``kernel=True`` forces the kernel (under the Triton interpreter).
+
     :meth:`draw` queues the work and returns a :class:`Drawn` without waiting for a GPU;
     calling the sampler draws and reads the result at once."""
 
-    def __init__(self, batch_invariant: bool = False) -> None:
+    def __init__(self, batch_invariant: bool = False, kernel: bool | None = None) -> None:
         self.batch_invariant = batch_invariant
+        self.kernel = kernel
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleOutput:
+    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
+                 drawn_ids: torch.Tensor | None = None) -> SampleOutput:
         if self.batch_invariant and len(rows) > 1:
             return _merge([self._sample(logits[i:i + 1].clone(), [row]).result()
                            for i, row in enumerate(rows)])
-        return self._sample(logits, rows).result()
+        return self._sample(logits, rows, drawn_ids).result()
 
     @torch.inference_mode()
-    def draw(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> Drawn:
-        """Sample without reading the tokens back (not with ``batch_invariant``)."""
+    def draw(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
+             drawn_ids: torch.Tensor | None = None) -> Drawn:
+        """Sample without reading the tokens back (not with ``batch_invariant``);
+        ``drawn_ids``: the tokens the sampling kernel drew from these logits inside a CUDA
+        graph, if it did."""
         assert not (self.batch_invariant and len(rows) > 1), "batch-invariant draws are per row"
-        return self._sample(logits, rows)
+        return self._sample(logits, rows, drawn_ids)
 
-    def _sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> Drawn:
+    def _uses_kernel(self, logits: torch.Tensor) -> bool:
+        if self.kernel is not None:
+            return self.kernel
+        return logits.device.type == "cuda" and kernel_enabled()
+
+    def _sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
+                drawn_ids: torch.Tensor | None = None) -> Drawn:
         """Sample one token per row. ``logits`` may be modified in place.
 
         Runs in inference mode: the model runner's logits are inference tensors, which may
@@ -342,6 +409,14 @@ class Sampler:
         want_lp = [r.sampling_params.logprobs or r.sampling_params.top_logprobs > 0 for r in rows]
         logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
 
+        if self._uses_kernel(logits):
+            if drawn_ids is not None and not any(map(_modifies_logits, rows)):
+                ids = drawn_ids
+            else:
+                from engine.runtime import sample_triton
+
+                ids = sample_triton.sample(logits, *sample_args(rows, dev).unbind(0))
+            return _with_logprobs(Drawn(token_ids=ids, errors=errors), logprobs, rows)
         greedy = [r.sampling_params.is_greedy for r in rows]
         sample_idx = [i for i, g in enumerate(greedy) if not g]
         drawn = None
@@ -368,15 +443,21 @@ class Sampler:
             if drawn is not None:
                 ids[to_device(sample_idx, dev)] = drawn
 
-        out = Drawn(token_ids=ids, errors=errors)
-        if logprobs is not None:
-            out.logprobs = logprobs.gather(1, ids[:, None]).squeeze(1)
-            out.top_n = [r.sampling_params.top_logprobs for r in rows]
-            k = max(out.top_n)
-            if k > 0:
-                vals, idx = logprobs.topk(k, dim=-1)
-                out.top = (vals, idx)
-        return out
+        return _with_logprobs(Drawn(token_ids=ids, errors=errors), logprobs, rows)
+
+
+def _with_logprobs(out: Drawn, logprobs: torch.Tensor | None,
+                   rows: Sequence[SamplingRow]) -> Drawn:
+    """``out`` with the drawn tokens' log-probabilities and each row's top alternatives, when
+    any row asked for them (``logprobs``: the batch's log-softmax, else None)."""
+    if logprobs is not None:
+        out.logprobs = logprobs.gather(1, out.token_ids[:, None]).squeeze(1)
+        out.top_n = [r.sampling_params.top_logprobs for r in rows]
+        k = max(out.top_n)
+        if k > 0:
+            vals, idx = logprobs.topk(k, dim=-1)
+            out.top = (vals, idx)
+    return out
 
 
 def _merge(outs: list[SampleOutput]) -> SampleOutput:

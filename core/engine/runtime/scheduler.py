@@ -93,7 +93,8 @@ from engine.runtime.batch import Batch, ForwardMode, pack_to_device, to_device
 from engine.runtime.grammar import GrammarDeadEnd, MaskPrefetcher
 from engine.runtime.kv_cache import build_cache
 from engine.runtime.request import Req, ReqOutput, Sink, emit
-from engine.runtime.sampling import Drawn, SampleOutput, Sampler
+from engine.runtime.sampling import (Drawn, SampleOutput, Sampler, kernel_enabled,
+                                     sample_lists)
 from engine.runtime.schedule_policy import order, retraction_victim
 
 log = logging.getLogger("engine.scheduler")
@@ -223,6 +224,10 @@ class Scheduler:
         self.rows = ReqToTokenRows(runner.req_to_token.shape[0])
         self.cache = build_cache(config, runner, self.allocator, eviction, storage_factory)
         self.sampler = Sampler(batch_invariant=config.enable_deterministic_inference)
+        #: decode steps replay CUDA graphs that draw the tokens too (their batches carry the
+        #: sampling parameters)
+        self._graph_sampling = (getattr(runner, "decode_graphs", None) is not None
+                                and kernel_enabled())
         #: next-token masks of constrained requests, computed during the next forward
         self.masks = MaskPrefetcher()
         #: observer called after each forward with (batch, sampled token ids); set by Runtime
@@ -735,11 +740,15 @@ class Scheduler:
                     assert input_ids[end - 1] < 0, "only a request's newest token is unresolved"
                     dst.append(end - 1)
                     src.append(req.future_row)
+        # a decode step replayed from a CUDA graph draws its tokens there: the sampling
+        # parameters go with the batch
+        graphed = mode is ForwardMode.DECODE and self._graph_sampling
+        sample = [v for part in sample_lists(reqs) for v in part] if graphed else []
         # every small index vector in one host-to-device copy that does not wait for the device
         (ids_t, pos_t, loc_t, row_idx_t, rows_t, seq_t, prefix_t, extend_t, logits_t, dst_t,
-         src_t), host = pack_to_device([input_ids, positions, locs, row_idx, rows, seq_lens,
-                                        prefix_lens, extend_lens, logits_idx, dst, src],
-                                       self.device)
+         src_t, sample_t), host = pack_to_device([input_ids, positions, locs, row_idx, rows,
+                                                  seq_lens, prefix_lens, extend_lens,
+                                                  logits_idx, dst, src, sample], self.device)
         if dst:
             assert self._inflight is not None
             ids_t[dst_t] = self._inflight.drawn.token_ids[src_t]
@@ -753,6 +762,7 @@ class Scheduler:
             seq_lens_cpu=seq_lens, prefix_lens_cpu=list(prefix_lens),
             extend_lens_cpu=list(extend_lens), logits_indices=logits_t,
             sampling=[r.sampling_params for r in reqs],
+            sample_args=sample_t.view(6, len(reqs)) if graphed else None,
         )
 
     # ------------------------------------------------------------------ results
@@ -769,7 +779,7 @@ class Scheduler:
                 self.after_forward(batch, [])
             return
         if self.overlap and all(map(_deferrable, reqs)):
-            drawn = self.sampler.draw(logits, reqs).to_host()
+            drawn = self.sampler.draw(logits, reqs, batch.drawn_ids).to_host()
             self.timer.mark("sample")
             for i, req in enumerate(reqs):
                 if i in drawn.errors:  # its draw raised: it ends now, its row is dropped
@@ -784,7 +794,7 @@ class Scheduler:
                 self._resolve(previous)
             return
         self._resolve()
-        out = self.sampler(logits, reqs)
+        out = self.sampler(logits, reqs, batch.drawn_ids)
         self.timer.mark("sample")
         self._finish_step(reqs, out, batch, logits.shape[1])
 
