@@ -41,6 +41,9 @@ from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
 #: largest row count handed to the matrix-vector kernels of :mod:`engine.runtime.gemv_triton`
 #: (0: none)
 GEMV_ROWS = 4
+#: largest row count handed to the swapped-operand kernel of :mod:`engine.runtime.swap_triton`
+#: where its table serves the weights (:func:`engine.runtime.swap_triton.small_config`)
+SWAP_ROWS = 16
 
 #: code dtype -> (kernel FP8 flag, mantissa bits, smallest normal exponent, largest value)
 _KINDS = {torch.int8: (0, 0, 0, 127.0), torch.float8_e4m3fn: (1, 3, -6, 448.0),
@@ -523,15 +526,25 @@ def w8_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str |
     (quantized per row to ``w``'s type, dynamic), ``"static"`` (``x_scale``: one scale),
     ``"group"`` (fp8 per row and block of ``block[1]`` columns). ``w_scale``: [N] per output
     row, or with ``block`` = (bn, bk) the block scales [ceil(N/bn), ceil(K/bk)]. Up to
-    :data:`GEMV_ROWS` rows the kernel and launch come from :data:`W8_SMALL` (``path``:
-    ``"gemv"`` or ``"dot"``, and ``config`` override them); from 2 rows in ``tl.dot`` dynamic
-    per-row codes are made by :func:`quant_rows` first."""
+    :data:`SWAP_ROWS` rows, weights that :func:`engine.runtime.swap_triton.small_config`
+    lists go to the swapped-operand kernel (weights on the wide side of the tensor cores); else
+    up to :data:`GEMV_ROWS` rows the kernel and launch come from :data:`W8_SMALL` (``path``:
+    ``"gemv"``, ``"dot"`` or ``"swap"``, and ``config`` override them); from 2 rows in
+    ``tl.dot`` dynamic per-row codes are made by :func:`quant_rows` first."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     n = w.shape[0]
     if act == "group" and block is None:
         raise ValueError("activations quantized per group need block weight scales")
     fp8, mant, emin, qmax = _kind(w.dtype)
+    if (path == "swap" or (path is None and config is None)) and m <= SWAP_ROWS:
+        from engine.runtime import swap_triton
+
+        swap = (config if path == "swap"
+                else swap_triton.small_config(w.dtype, act, block, n, k, m))
+        if swap is not None or path == "swap":
+            return swap_triton.w8_swap(x, w, w_scale, act=act, x_scale=x_scale, block=block,
+                                       out_dtype=out_dtype, bias=bias, config=swap)
     if m <= GEMV_ROWS:
         kind = "block" if block is not None else "a16" if act is None else "a8"
         small_path, small_cfg = W8_SMALL[(kind, shape_class(n, k))]

@@ -1,0 +1,310 @@
+"""8-bit weight products for a few rows with the operands swapped, in Triton.
+
+:func:`engine.runtime.quant_triton.w8_mm` at 1-16 rows multiplies ``x`` [16 padded rows, BK]
+by ``W^T`` [BK, BN]: with 16 rows on the M side of the matrix unit, Hopper's warp-group
+instructions (which need 64 rows a warp group) are out of reach. :func:`w8_swap` computes the
+same product transposed, ``y^T = W x^T``: each program owns ``BLOCK_N`` (64 or 128) output
+features and accumulates ``acc[BLOCK_N, 16] += W[BLOCK_N, BK] @ x^T[BK, 16]``, so the weights
+are the M side (eligible for the warp-group instructions with four warps) and the few rows the
+N side, padded with zeros to 16.
+
+The operands are those of ``_w8_mm``: fp8 codes multiply fp8 activation codes as they are,
+int8 codes int8 codes into int32 (exact), and with unquantized activations (W8A16) the weight
+tile is converted to the activations' dtype first. Activation codes are made by the quantizers
+of :mod:`engine.runtime.quant_triton` (dynamic per row, static, or per row and block of ``bk``
+columns for block fp8), so results equal ``w8_mm``'s up to the order of float32 sums. With
+``SPLIT_K > 1`` each of that many programs per output block takes a slice of K and the last to
+finish adds the slices up (:func:`engine.runtime.quant_triton._finish`).
+
+Launched with programmatic dependent launch (:mod:`engine.runtime.triton_pdl`): every program
+lets the next kernel launch at once, asks for its first weight tile to be brought into L2
+before it waits for the previous kernel of the stream, and reads the activations (and writes
+anything) only after the wait. The loop over K is left to Triton's software pipelining
+(``num_stages``): its loads feed ``tl.dot``, so they go through shared memory ahead of use. (A
+first tile held in registers over the wait instead costs each program 25 to 85 more registers
+at the same launch.)
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantize, _row_scales,
+                                         _slice, _split, _workspace, quant_rows, shape_class)
+from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait, prefetch_l2
+
+#: largest row count :func:`w8_swap` serves (the N side of the product, padded to this)
+MAX_ROWS = 16
+#: rows from which dynamic or static per-row activation codes are made by
+#: :func:`engine.runtime.quant_triton.quant_rows` before the product (one more launch), as
+#: ``w8_mm`` does; below, every program quantizes the rows itself
+QUANT_ROWS_FROM = 2
+
+
+@triton.jit
+def _as_codes(ptr, FP8: tl.constexpr):
+    """A pointer to uint8 fp8 bit patterns as one to the fp8 type ``FP8`` names (0: ``ptr``
+    itself), so loads feed ``tl.dot`` straight from shared memory (a bitcast of loaded bytes
+    would pass them through registers first)."""
+    if FP8 == 1:
+        return ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+    elif FP8 == 2:
+        return ptr.to(tl.pointer_type(tl.float8e5), bitcast=True)
+    else:
+        return ptr
+
+
+@triton.jit
+def _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K: tl.constexpr, FP8: tl.constexpr):
+    """The weight codes [BLOCK_N, BLOCK_K] of columns ``k0 ..`` (zeros from ``k_hi`` on and
+    past N)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(_as_codes(w_rows, FP8) + offs_k[None, :],
+                   mask=n_ok[:, None] & (offs_k < k_hi)[None, :], other=0.0)
+
+
+@triton.jit
+def _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K: tl.constexpr):
+    """The weight block scales [BLOCK_N] of the tile at ``k0`` (zeros past the slice: such a
+    tile's products are zeros too)."""
+    return tl.load(ws_rows + k0 // BLOCK_K, mask=(offs_n < N) & (offs_n * 0 + k0 < k_hi),
+                   other=0.0)
+
+
+@triton.jit
+def _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT: tl.constexpr,
+              FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ROW1: tl.constexpr):
+    """The activation operand [BLOCK_M, BLOCK_K] of the tile at ``k0`` and its per-row group
+    scales [BLOCK_M] (ACT 2; ones otherwise). ACT 0: ``x`` itself; 1 and 3: ``x`` quantized
+    with the row scales ``xs`` (reciprocals ``xr``; ROW1: the one row's ``s1``, ``r1``); 2:
+    quantized by each row's absolute maximum over the tile; 4: ``x`` holds the codes. ROW1:
+    only the first row is loaded and quantized, the others are zeros."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    k_ok = offs_k < k_hi
+    sg = tl.full((BLOCK_M,), 1.0, tl.float32)
+    if ACT == 0:
+        a = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+    elif ACT == 4:
+        a = tl.load(_as_codes(x_rows, FP8) + offs_k[None, :],
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+    else:
+        if ROW1:
+            x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0)[None, :].to(tl.float32)
+        else:
+            x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                        other=0.0).to(tl.float32)
+        if ACT == 2:
+            sg = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12), QMAX)
+            rg = tl.math.div_rn(tl.zeros_like(sg) + 1.0, sg)
+            q = _quantize(x, sg[:, None], rg[:, None], FP8, QMAX, MANT, EMIN)
+            if ROW1:
+                sg = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.sum(sg, axis=0)
+        elif ROW1:
+            q = _quantize(x, s1, r1, FP8, QMAX, MANT, EMIN)
+        else:
+            q = _quantize(x, xs[:, None], xr[:, None], FP8, QMAX, MANT, EMIN)
+        if ROW1:  # the one row's codes, the padding rows zeros
+            q = tl.where((offs_m == 0)[:, None], q, 0.0)
+        a = _codes(q, FP8)
+    return a, sg
+
+
+@triton.jit
+def _tile_product(w, a, ACT: tl.constexpr, INT: tl.constexpr):
+    """``w`` [BLOCK_N, BLOCK_K] @ ``a``^T [BLOCK_K, BLOCK_M]: the weights converted to the
+    activations' dtype (ACT 0), int8 codes summed in int32, fp8 codes in float32."""
+    if ACT == 0:
+        return tl.dot(w.to(a.dtype), tl.trans(a))
+    elif INT:
+        return tl.dot(w, tl.trans(a), out_dtype=tl.int32)
+    else:
+        return tl.dot(w, tl.trans(a))
+
+
+@triton.jit
+def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
+              ACT: tl.constexpr, INT: tl.constexpr, TILE_SCALE: tl.constexpr, FP8: tl.constexpr,
+              QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_K: tl.constexpr, ROW1: tl.constexpr):
+    """``acc`` [BLOCK_N, BLOCK_M] plus the tile at ``k0``: the weight codes ``w`` times the
+    activations' operand (:func:`_act_tile`), scaled per tile by the weights' block scales
+    ``wsb`` and the rows' group scales when TILE_SCALE."""
+    a, sg = _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT, FP8, QMAX,
+                      MANT, EMIN, BLOCK_M, BLOCK_K, ROW1)
+    part = _tile_product(w, a, ACT, INT)
+    if TILE_SCALE:
+        return acc + part.to(tl.float32) * (wsb[:, None] * sg[None, :])
+    return acc + part
+
+
+@triton.jit
+def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
+             stride_xm, stride_wn, stride_wsn, stride_ym, split_k,
+             ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
+             MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             AMAX_BLOCK: tl.constexpr, ROW1: tl.constexpr, SPLIT: tl.constexpr,
+             PDL: tl.constexpr):
+    """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
+    ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
+    BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
+    0: one weight scale per output (applied at the end); else block scales
+    ``ws[n // W_BLOCK_N, k // BLOCK_K]``. ROW1: one row, quantized here once per tile. With
+    PDL the first tile's weights are asked into L2 before the wait for the previous kernel;
+    nothing else is read, and nothing written, before it."""
+    pdl_trigger(PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    n_ok = offs_n < N
+    m_ok = offs_m < M
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    INT: tl.constexpr = FP8 == 0 and ACT != 0
+    TILE_SCALE: tl.constexpr = ACT == 2 or W_BLOCK_N > 0
+    PER_ROW: tl.constexpr = ACT == 1 or ACT == 3 or ACT == 4
+    k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K, SPLIT)
+    if W_BLOCK_N > 0:
+        ws_rows = ws_ptr + (offs_n // W_BLOCK_N).to(tl.int64) * stride_wsn
+    if PDL:  # the first tile's weights (constants of the step) asked into L2, one address a line
+        line = tl.minimum(k_lo + tl.arange(0, max(1, BLOCK_K // 128)) * 128, K - 1)
+        prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
+                    + line[None, :], PDL)
+    pdl_wait(PDL)
+    # the rows' scales (s1, r1: the one row's, for ROW1)
+    s1 = 1.0
+    if ACT == 1 and ROW1:
+        amax = tl.zeros((AMAX_BLOCK,), dtype=tl.float32)
+        for a0 in range(0, K, AMAX_BLOCK):
+            offs_a = a0 + tl.arange(0, AMAX_BLOCK)
+            v = tl.load(x_ptr + offs_a, mask=offs_a < K, other=0.0)
+            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
+        s1 = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-12), QMAX)
+        xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + s1
+    elif ACT == 1:
+        xs = _row_scales(x_rows, m_ok, K, QMAX, BLOCK_M, AMAX_BLOCK)
+    elif ACT == 3:
+        s1 = tl.load(xs_ptr)
+        xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + s1
+    elif ACT == 4:
+        xs = tl.load(xs_ptr + offs_m, mask=m_ok, other=1.0)
+    else:
+        xs = tl.full((BLOCK_M,), 1.0, tl.float32)
+    xr = tl.math.div_rn(tl.zeros((BLOCK_M,), dtype=tl.float32) + 1.0, xs)
+    r1 = tl.math.div_rn(1.0, s1)
+    if INT and not TILE_SCALE:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8)
+        if W_BLOCK_N > 0:
+            wsb = _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K)
+        else:
+            wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
+        acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT,
+                        INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K, ROW1)
+    if PER_ROW:
+        row_s = xs[:, None]
+    else:
+        row_s = tl.full((BLOCK_M, 1), 1.0, tl.float32)
+    if W_BLOCK_N == 0:
+        col_s = tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    else:
+        col_s = tl.full((1, BLOCK_N), 1.0, tl.float32)
+    _finish(tl.trans(acc), row_s, col_s, pid_n, pid_k, offs_m, offs_n, m_ok, n_ok, bias_ptr,
+            y_ptr, part_ptr, cnt_ptr, N, stride_ym, split_k, HAS_BIAS, BLOCK_M, SPLIT)
+
+
+# ---------------------------------------------------------------- launch configurations
+
+#: (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) by (activations: "a16" unquantized, "a8" per
+#: row, "block" block fp8 (BLOCK_K is the scale block's); :func:`shape_class`). Starting
+#: points until ``benchmarks/swap_gpu.py --search`` has chosen them on an H200: a few
+#: programs per multiprocessor (132) at Llama-3-8B's shapes (K split for the 4096-output
+#: layers), three tiles in flight per program, 128 columns a tile where the weights are
+#: converted to 16 bits in registers (W8A16).
+SWAP_CONFIGS = {("a16", "square"): (64, 128, 4, 4, 4), ("a16", "wide"): (64, 128, 2, 4, 4),
+                ("a16", "deep"): (64, 128, 8, 4, 4),
+                ("a8", "square"): (64, 256, 4, 4, 4), ("a8", "wide"): (128, 256, 2, 4, 4),
+                ("a8", "deep"): (64, 256, 8, 4, 4),
+                ("block", "square"): (64, 128, 4, 4, 4), ("block", "wide"): (128, 128, 2, 4, 4),
+                ("block", "deep"): (64, 128, 8, 4, 4)}
+
+
+#: where :func:`engine.runtime.quant_triton.w8_mm` hands its 1-16 rows to this kernel, and at
+#: which launch: (codes "fp8" | "int8", activations as in :data:`SWAP_CONFIGS`, shape class,
+#: rows up to 1 | 4 | 16) -> launch, chosen by ``benchmarks/swap_gpu.py --search`` on an H200
+#: (int8 from 2 rows and block fp8 from 2 rows take the launches found for fp8 / one row).
+#: Combinations not listed keep ``w8_mm``'s own kernels (W8A16 was faster there at one row).
+SMALL = {
+    ("fp8", "a8", "square", 1): (128, 256, 4, 4, 4), ("fp8", "a8", "wide", 1): (128, 256, 1, 8, 3),
+    ("fp8", "a8", "deep", 1): (128, 256, 4, 4, 4),
+    ("fp8", "a8", "square", 4): (64, 256, 1, 4, 6), ("fp8", "a8", "wide", 4): (128, 256, 1, 8, 3),
+    ("fp8", "a8", "deep", 4): (64, 256, 4, 4, 4),
+    ("fp8", "a8", "square", 16): (64, 256, 1, 4, 6), ("fp8", "a8", "wide", 16): (128, 256, 1, 8, 3),
+    ("fp8", "a8", "deep", 16): (64, 256, 1, 4, 6),
+    ("int8", "a8", "square", 1): (128, 256, 4, 4, 4),
+    ("int8", "a8", "wide", 1): (128, 256, 1, 4, 4), ("int8", "a8", "deep", 1): (128, 256, 4, 4, 4),
+    ("fp8", "block", "square", 1): (128, 128, 8, 4, 4),
+    ("fp8", "block", "wide", 1): (128, 128, 2, 4, 3), ("fp8", "block", "deep", 1): (64, 128, 8, 4, 3),
+}
+for _bucket in (4, 16):
+    for _cls in ("square", "wide", "deep"):
+        SMALL[("int8", "a8", _cls, _bucket)] = SMALL[("fp8", "a8", _cls, _bucket)]
+        SMALL[("fp8", "block", _cls, _bucket)] = SMALL[("fp8", "block", _cls, 1)]
+
+
+def small_config(w_dtype: torch.dtype, act: str | None, block: tuple[int, int] | None,
+                 n: int, k: int, m: int) -> tuple | None:
+    """The launch :data:`SMALL` gives ``m`` rows of a product of these weights and activations,
+    or None (this kernel does not serve it)."""
+    codes = "int8" if w_dtype == torch.int8 else "fp8"
+    kind = "block" if block is not None else "a16" if act is None else "a8"
+    bucket = 1 if m == 1 else 4 if m <= 4 else 16
+    return SMALL.get((codes, kind, shape_class(n, k), bucket))
+
+
+def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
+            x_scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
+            out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None,
+            config: tuple | None = None) -> torch.Tensor:
+    """``x`` [M <= MAX_ROWS, K] @ W^T for fp8/int8 ``w`` [N, K], with the arguments and results
+    of :func:`engine.runtime.quant_triton.w8_mm`: ``act`` None (W8A16), "token" (dynamic per
+    row), "static" (``x_scale``), "group" (fp8, per row and block of ``block[1]`` columns);
+    ``w_scale`` [N], or with ``block`` = (bn, bk) [ceil(N/bn), ceil(K/bk)]. ``config``:
+    (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages), else :data:`SWAP_CONFIGS`' (BLOCK_K is bk
+    with block scales)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, k = x.shape
+    if m > MAX_ROWS:
+        raise ValueError(f"w8_swap serves at most {MAX_ROWS} rows, got {m}")
+    n = w.shape[0]
+    if act == "group" and block is None:
+        raise ValueError("activations quantized per group need block weight scales")
+    fp8, mant, emin, qmax = _kind(w.dtype)
+    kind = "block" if block is not None else "a16" if act is None else "a8"
+    bn, bk, split, warps, stages = config or SWAP_CONFIGS[(kind, shape_class(n, k))]
+    if block is not None:
+        bk = block[1]
+    code = {None: 0, "token": 1, "group": 2, "static": 3}[act]
+    y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    if code in (1, 3) and m >= QUANT_ROWS_FROM:  # the rows' codes first
+        x, x_scale = quant_rows(x, w.dtype, static=x_scale if code == 3 else None)
+        code = 4
+    split = _split(split, n, bn, MAX_ROWS)
+    part, cnt = _workspace(x.device)
+    grid = (triton.cdiv(n, bn), split)
+    _w8_swap[grid](_bits(x), x_scale if x_scale is not None else w_scale, _bits(w), w_scale,
+                   bias if bias is not None else y, y, part, cnt, m, n, k, x.stride(0),
+                   w.stride(0), w_scale.stride(0), y.stride(0), split, ACT=code,
+                   W_BLOCK_N=block[0] if block else 0, FP8=fp8, QMAX=qmax, MANT=mant,
+                   EMIN=emin, HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=bn,
+                   BLOCK_K=bk, AMAX_BLOCK=min(1024 if m == 1 else 512, triton.next_power_of_2(k)),
+                   ROW1=m == 1, SPLIT=split > 1, num_warps=warps, num_stages=stages,
+                   **launch_options(x.device))
+    return y

@@ -1,0 +1,209 @@
+"""The swapped-operand 8-bit product :func:`engine.runtime.swap_triton.w8_swap` equals its
+formats' float64 references and :func:`engine.runtime.quant_triton.w8_mm` on the same inputs:
+fp8 (e4m3, e5m2) and int8 codes, activations unquantized, dynamic per row, static and per
+group (block fp8), bias, N and K not multiples of the tiles, 1 to 16 rows, K split over several
+programs. Under the Triton interpreter here (a child process: the interpreter must be chosen
+before Triton is imported), on the GPU where there is one.
+
+Run as a script (``python tests/runtime/test_swap_kernels.py cpu|cuda``) it prints one JSON
+object: case name -> failures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
+#: tile launches (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) small enough for the interpreter
+ONE_SLICE = (64, 128, 1, 4, 2)
+
+
+def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int = 130,
+          k: int = 320, block: tuple | None = None, config: tuple | None = ONE_SLICE,
+          bias: bool = False, out: str = "float32", quant_rows_from: int | None = None):
+    """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
+    ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
+    dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
+    kernel)."""
+    return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
+                      out=out, quant_rows_from=quant_rows_from)
+
+
+CASES = dict(
+    [_case(f"fp8 {act} m={m}", m, act=act) for m in (1, 2, 5, 16)
+     for act in (None, "token", "static")]
+    + [_case(f"int8 token m={m}", m, fmt="int8") for m in (1, 2, 5, 16)]
+    + [_case(f"block group m={m}", m, act="group", n=200, block=(128, 128),
+             config=(64, 0, 1, 4, 2)) for m in (1, 2, 16)]
+    + [_case("e5m2 token m=3", 3, fmt=E5M2),
+       _case("e5m2 none m=1", 1, fmt=E5M2, act=None),
+       _case("int8 static m=1", 1, fmt="int8", act="static"),
+       _case("int8 static m=7", 7, fmt="int8", act="static"),
+       _case("int8 w8a16 m=2", 2, fmt="int8", act=None, out="float16"),
+       _case("block none m=2", 2, act=None, n=200, k=256, block=(128, 128),
+             config=(128, 0, 1, 4, 2)),
+       _case("block token m=1", 1, n=256, k=256, block=(128, 128), config=(64, 0, 1, 4, 2)),
+       _case("block group bn=64 m=3", 3, act="group", n=100, k=192, block=(64, 64),
+             config=(128, 0, 1, 4, 2)),
+       _case("bias fp8 token m=2 half", 2, bias=True, out="float16"),
+       _case("bias fp8 none m=1 half", 1, act=None, bias=True, out="float16"),
+       _case("bias int8 token m=1", 1, fmt="int8", bias=True),
+       _case("bias block group m=4", 4, act="group", n=200, block=(128, 128), bias=True,
+             config=(64, 0, 2, 4, 2)),
+       _case("split 3 fp8 token m=5", 5, config=(64, 64, 3, 4, 2)),
+       _case("split 4 (an empty slice) int8 m=1", 1, fmt="int8", config=(64, 64, 4, 4, 2)),
+       _case("split 4 (an empty slice) fp8 none m=16 half", 16, act=None, out="float16",
+             config=(64, 64, 4, 4, 2)),
+       _case("split 2 block group m=16", 16, act="group", n=200, block=(128, 128),
+             config=(64, 0, 2, 4, 2)),
+       _case("split 2 bias int8 m=3", 3, fmt="int8", bias=True, config=(128, 64, 2, 4, 2)),
+       _case("rows quantized in the kernel fp8 token m=5", 5, quant_rows_from=17),
+       _case("rows quantized in the kernel fp8 static m=16", 16, act="static",
+             quant_rows_from=17),
+       _case("rows quantized in the kernel int8 m=16 split 2", 16, fmt="int8",
+             quant_rows_from=17, config=(64, 128, 2, 4, 2)),
+       _case("default launch fp8 token m=4", 4, n=64, k=384, config=None),
+       _case("default launch fp8 none m=1 wide", 1, act=None, n=256, k=64, config=None),
+       _case("default launch block group m=2", 2, act="group", n=128, k=384, block=(128, 128),
+             config=None)])
+
+
+# ---------------------------------------------------------------- the checks (child process)
+
+def _reference(x, w, ws, act, block, x_scale):
+    """float64 ``x @ W^T`` with the activations quantized as the format's torch quantizer
+    does, and (int8) the exact float32 result ``(sum q w) * x_scale * w_scale``."""
+    from engine.runtime import quant_formats as qf
+
+    n, k = w.shape
+    if block is None:
+        wd = w.double() * ws.double().reshape(-1, 1)
+    else:
+        wd = w.double() * qf.expand_blocks(ws, n, k, block).double()
+    if act is None:
+        return x.double() @ wd.t(), None
+    if act == "group":
+        return qf.fake_quant_fp8(x, w.dtype, group=block[1]).double() @ wd.t(), None
+    if w.dtype == torch.int8:
+        if act == "static":
+            q, s = qf.quantize_int8_static(x, x_scale), x_scale.reshape(1, 1)
+        else:
+            q, s = qf.quantize_int8_per_token(x)
+        acc = (q.long() @ w.long().t()).to(torch.float32)
+        exact = acc * s.reshape(-1, 1) * ws.reshape(1, -1) if block is None else None
+        return (q.double() * s.double().reshape(-1, 1)) @ wd.t(), exact
+    s = x_scale.reshape(1, 1) if act == "static" else qf.fp8_scale_per_token(x, w.dtype)
+    q = qf.quantize_fp8(x, s, w.dtype)
+    return (q.double() * s.double()) @ wd.t(), None
+
+
+def _inputs(p: dict, gen: torch.Generator):
+    m, n, k, block = p["m"], p["n"], p["k"], p["block"]
+    x = torch.randn(m, k, generator=gen).to(torch.float16)
+    if p["fmt"] == "int8":
+        w = torch.randint(-128, 128, (n, k), generator=gen).to(torch.int8)
+    else:
+        dtype = getattr(torch, p["fmt"])
+        w = (torch.randn(n, k, generator=gen) * 40).clamp(-440, 440).to(dtype)
+    shape = (n,) if block is None else (-(-n // block[0]), -(-k // block[1]))
+    ws = torch.rand(shape, generator=gen) * 0.01 + 1e-3
+    x_scale = torch.tensor([0.03 if p["fmt"] == "int8" else 0.01])
+    bias = torch.randn(n, generator=gen).to(torch.float16) if p["bias"] else None
+    return x, w, ws, x_scale, bias
+
+
+def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
+    """One case: ``w8_swap`` against the float64 reference (int8 with float32 out: bit-exact
+    against torch's integer product) and against ``w8_mm``."""
+    from engine.runtime import quant_triton as qt
+    from engine.runtime import swap_triton as st
+
+    x, w, ws, x_scale, bias = _inputs(p, gen)
+    out = getattr(torch, p["out"])
+    dev = lambda t: t.to(device) if t is not None else None  # noqa: E731
+    kw = dict(act=p["act"], x_scale=dev(x_scale) if p["act"] == "static" else None,
+              block=p["block"], out_dtype=out, bias=dev(bias))
+    saved = st.QUANT_ROWS_FROM
+    st.QUANT_ROWS_FROM = p["quant_rows_from"] or saved
+    try:
+        y = st.w8_swap(dev(x), dev(w), dev(ws), config=p["config"], **kw).cpu()
+    finally:
+        st.QUANT_ROWS_FROM = saved
+    mm = qt.w8_mm(dev(x), dev(w), dev(ws), **kw).cpu()
+    want, exact = _reference(x, w, ws, p["act"], p["block"], x_scale)
+    if bias is not None:
+        want = want + bias.double()
+        exact = exact + bias.float() if exact is not None else None
+    failures = []
+    if y.shape != (p["m"], p["n"]) or y.dtype != out or not torch.isfinite(y).all():
+        return [f"{name}: shape {tuple(y.shape)} dtype {y.dtype}, or not finite"]
+    scale = want.abs().max().item()
+    # float32 out: the codes are the quantizer's and the products exact, so only the order
+    # of float32 sums differs (GPU fp8 tensor cores: a few more bits); half out: its rounding
+    rel = 2.0 ** (-9 if device == "cuda" and p["fmt"] != "int8" else -18) \
+        if out == torch.float32 else 2.0 ** -10
+    err = (y.double() - want).abs().max().item()
+    if err > rel * scale:
+        failures.append(f"{name}: max error {err:.3g} against float64 > {rel * scale:.3g}")
+    # (with a bias the GPU may fuse the last multiply and add into one rounding: the float64
+    # check above covers it)
+    if exact is not None and bias is None and out == torch.float32 and not torch.equal(y, exact):
+        failures.append(f"{name}: int8 not bit-exact ({(y - exact).abs().max().item():.3g})")
+    diff = (y.double() - mm.double()).abs().max().item()
+    if diff > rel * scale:
+        failures.append(f"{name}: differs from w8_mm by {diff:.3g} > {rel * scale:.3g}")
+    return failures
+
+
+def _too_many_rows(device: str) -> list[str]:
+    from engine.runtime import swap_triton as st
+
+    w = torch.zeros(64, 64, dtype=torch.int8, device=device)
+    try:
+        st.w8_swap(torch.zeros(17, 64, device=device), w, torch.ones(64, device=device))
+    except ValueError:
+        return []
+    return ["17 rows: no ValueError"]
+
+
+def main(device: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    results = {name: check(name, p, device, gen) for name, p in CASES.items()}
+    results["too many rows"] = _too_many_rows(device)
+    print(json.dumps(results))
+
+
+# ---------------------------------------------------------------- the tests
+
+def _run(device: str, env: dict) -> dict:
+    proc = subprocess.run([sys.executable, __file__, device], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    pytest.importorskip("triton")
+    return _run("cpu", {"TRITON_INTERPRET": "1"})
+
+
+@pytest.mark.parametrize("name", list(CASES) + ["too many rows"])
+def test_under_the_interpreter(interpreted, name):
+    assert interpreted[name] == []
+
+
+@pytest.mark.gpu
+def test_on_the_gpu():
+    failures = [f for fs in _run("cuda", {}).values() for f in fs]
+    assert failures == [], "\n".join(failures)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "cpu")
