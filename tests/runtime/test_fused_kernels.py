@@ -1,7 +1,8 @@
 """The fused decoder kernels (residual add + RMSNorm, per-head q/k norm + RoPE, SiLU-and-mul,
 the router's top-k) equal the torch ops they replace in half precision, and the KV row copy
-moves exactly the rows asked: under the Triton interpreter here, on the GPU where there is
-one."""
+moves exactly the rows asked; the matrix-vector kernels with the norm or SiLU-and-mul in their
+loads equal the separate kernels, in a tiny model too: under the Triton interpreter here, on
+the GPU where there is one."""
 
 import json
 import os
@@ -12,10 +13,12 @@ import pytest
 import torch
 
 CHECKS = os.path.join(os.path.dirname(__file__), "fused_checks.py")
+#: the matrix-vector kernels that make their input in their loads, and a tiny model with them
+GEMV_CHECKS = os.path.join(os.path.dirname(__file__), "fused_gemv_checks.py")
 
 
-def run(device: str, env: dict) -> list:
-    proc = subprocess.run([sys.executable, CHECKS, device], capture_output=True, text=True,
+def run(device: str, env: dict, checks: str = CHECKS) -> list:
+    proc = subprocess.run([sys.executable, checks, device], capture_output=True, text=True,
                           timeout=900, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -28,6 +31,15 @@ def test_fused_kernels_under_the_interpreter():
 @pytest.mark.gpu
 def test_fused_kernels_on_the_gpu():
     assert run("cuda", {}) == []
+
+
+def test_norm_and_silu_inside_the_matrix_vector_product_under_the_interpreter():
+    assert run("cpu", {"TRITON_INTERPRET": "1"}, GEMV_CHECKS) == []
+
+
+@pytest.mark.gpu
+def test_norm_and_silu_inside_the_matrix_vector_product_on_the_gpu():
+    assert run("cuda", {}, GEMV_CHECKS) == []
 
 
 def test_float32_and_cpu_tensors_keep_the_torch_ops(monkeypatch):

@@ -29,7 +29,7 @@ from engine.runtime.attention import AttentionBackend, AttentionLayerSpec
 from engine.runtime import fused
 from engine.runtime.batch import Batch
 from engine.runtime.linear import (Embedding, Linear, PackedWeight, QuantMethod,
-                                   UnquantizedMethod, dense_linear, rowwise)
+                                   UnquantizedMethod, dense_linear, fused_gemv_weight, rowwise)
 
 #: builds the quantization method of one linear layer from its qualified name (None: dense)
 QuantFactory = Callable[[str], "QuantMethod | None"]
@@ -161,8 +161,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: "RopeInputs", batch: Batch,
                 attn: AttentionBackend) -> torch.Tensor:
-        t = x.shape[0]
-        qkv = self.qkv_proj(x)
+        return self.attend_qkv(self.qkv_proj(x), rope, batch, attn)
+
+    def attend_qkv(self, qkv: torch.Tensor, rope: "RopeInputs", batch: Batch,
+                   attn: AttentionBackend) -> torch.Tensor:
+        """The layer's output from its q/k/v projection ``qkv`` [T, q + 2 kv]."""
+        t = qkv.shape[0]
         if rope.cos is None:  # the fused path (see LlamaForCausalLM.forward)
             qn, kn = self.q_norm, self.k_norm
             store = getattr(rope.ops, "qk_norm_rope_store", None)
@@ -224,9 +228,17 @@ class MLP(nn.Module):
             self.act = ACT2FN[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+        return self.from_gate_up(self.gate_up_proj(x))
+
+    def from_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The output from the gate/up projection ``gate_up`` [T, 2 * inter]."""
         ops = fused.for_tensor(gate_up) if self.act is F.silu and gate_up.dim() == 2 else None
         if ops is not None:
+            w = fused_gemv_weight(self.down_proj, gate_up)
+            if w is not None:  # SiLU-and-mul inside the down projection's loads
+                from engine.runtime.gemv_triton import gemv_silu
+
+                return gemv_silu(gate_up, w, self.down_proj.bias)
             return self.down_proj(ops.silu_and_mul(gate_up))
         gate, up = gate_up.split([self.inter, self.inter], dim=-1)
         return self.down_proj(self.act(gate) * up)
@@ -270,10 +282,32 @@ class DecoderLayer(nn.Module):
                 batch: Batch, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden, residual) -> (mlp output, residual before the mlp); sum them for the
         layer's output."""
-        normed, residual = self.input_layernorm.add_forward(h, residual)
-        h = self.self_attn(normed, rope, batch, attn)
+        at, mlp = self.self_attn, self.mlp
+        qkv, residual = _norm_linear(self.input_layernorm, at.qkv_proj, h, residual)
+        if qkv is not None:  # the norm inside the q/k/v projection's loads
+            h = at.attend_qkv(qkv, rope, batch, attn)
+        else:
+            normed, residual = self.input_layernorm.add_forward(h, residual)
+            h = at(normed, rope, batch, attn)
+        if isinstance(mlp, MLP):
+            gate_up, residual_mlp = _norm_linear(self.post_attention_layernorm,
+                                                 mlp.gate_up_proj, h, residual)
+            if gate_up is not None:
+                return mlp.from_gate_up(gate_up), residual_mlp
         normed, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(normed), residual
+        return mlp(normed), residual
+
+
+def _norm_linear(norm: RMSNorm, linear: Linear, h: torch.Tensor, residual: torch.Tensor | None
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(``linear(norm(h + residual))``, ``h + residual``) in one matrix-vector kernel where
+    :func:`~engine.runtime.linear.fused_gemv_weight` allows it, else (None, ``residual``)."""
+    w = fused_gemv_weight(linear, h)
+    if w is None:
+        return None, residual
+    from engine.runtime.gemv_triton import gemv_norm
+
+    return gemv_norm(h, residual, norm.weight, norm.eps, w, linear.bias)
 
 
 class LlamaModel(nn.Module):

@@ -58,18 +58,48 @@ def dense_rows(device: torch.device) -> int:
 
 
 @triton.jit
+def _round(v, dt: tl.constexpr):
+    return v.to(dt).to(tl.float32)
+
+
+@triton.jit
+def _rstd(x_rows, r_rows, m_ok, K, eps, dt: tl.constexpr, HAS_RES: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+    """1 / rms of each row of ``x`` (+ ``r``, the sum rounded to ``dt``), as
+    :func:`engine.runtime.fused_triton.add_rms_norm` computes it."""
+    sq = tl.zeros((BLOCK_M, BLOCK), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        offs = k0 + tl.arange(0, BLOCK)
+        ok = m_ok[:, None] & (offs < K)[None, :]
+        v = tl.load(x_rows + offs[None, :], mask=ok, other=0.0).to(tl.float32)
+        if HAS_RES:
+            v = _round(v + tl.load(r_rows + offs[None, :], mask=ok, other=0.0).to(tl.float32),
+                       dt)
+        sq += v * v
+    return 1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps)
+
+
+@triton.jit
 def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
           stride_xm, stride_wn, stride_wsn, stride_ym, split_k,
+          res_ptr, nw_ptr, res_out_ptr, eps, stride_rm, stride_rom,
           CODES: tl.constexpr, ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr,
           QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           SPLIT: tl.constexpr, AMAX_BLOCK: tl.constexpr, LINE: tl.constexpr,
-          PDL: tl.constexpr):
+          PRE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):
     """CODES 0: float weights; 1: 8-bit codes (FP8 0 int8, 1 e4m3, 2 e5m2) with per-row scales
     ``ws[n]`` (W_BLOCK_N 0) or block scales ``ws[n // W_BLOCK_N, k // BLOCK_K]``. ACT as in
     ``_w8_mm``: 0 unquantized, 1 dynamic per row, 2 per row and block (fp8), 3 static
     ``xs[0]``. With PDL the first tile of the program's weights (LINE weights a cache line)
-    is asked into L2 before the wait for the previous kernel."""
+    is asked into L2 before the wait for the previous kernel.
+
+    PRE (float weights, ACT 0) makes the input from the previous layer's output on the fly,
+    rounded where the separate kernel rounds: 1, ``silu(x[:, :K]) * x[:, K:2K]`` (the gate/up
+    projection's output, as ``fused_triton.silu_and_mul``); 2, RMSNorm of ``x`` (+ the
+    residual ``res`` when HAS_RES) times ``nw``, as ``fused_triton.add_rms_norm``: every
+    program computes the rows' norms, program (0, 0) also stores ``x + res`` at
+    ``res_out``."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -85,6 +115,19 @@ def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N
                     + first[None, :], PDL)
     pdl_wait(PDL)
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    dt: tl.constexpr = y_ptr.dtype.element_ty
+    if PRE == 2:
+        r_rows = res_ptr + offs_m.to(tl.int64)[:, None] * stride_rm
+        rstd = _rstd(x_rows, r_rows, m_ok, K, eps, dt, HAS_RES, BLOCK_M, BLOCK_K)[:, None]
+        if HAS_RES:
+            if (pid_n == 0) & (pid_k == 0):  # the residual stream, once
+                ro_rows = res_out_ptr + offs_m.to(tl.int64)[:, None] * stride_rom
+                for k0 in range(0, K, BLOCK_K):
+                    offs = k0 + tl.arange(0, BLOCK_K)
+                    ok = m_ok[:, None] & (offs < K)[None, :]
+                    v = tl.load(x_rows + offs[None, :], mask=ok, other=0.0).to(tl.float32) \
+                        + tl.load(r_rows + offs[None, :], mask=ok, other=0.0).to(tl.float32)
+                    tl.store(ro_rows + offs[None, :], v.to(dt), mask=ok)
     INT: tl.constexpr = CODES == 1 and FP8 == 0 and ACT != 0
     TILE_SCALE: tl.constexpr = ACT == 2 or W_BLOCK_N > 0
     if W_BLOCK_N > 0:
@@ -106,7 +149,20 @@ def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N
         if CODES == 1:
             w = fp8_from_bits(w, FP8)
         x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if ACT == 0:
+        if PRE == 1:  # silu(gate) rounded, times up, rounded
+            g = x.to(tl.float32)
+            u = tl.load(x_rows + K + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                        other=0.0).to(tl.float32)
+            a = _round(_round(g * tl.sigmoid(g), dt) * u, dt)
+        elif PRE == 2:
+            v = x.to(tl.float32)
+            if HAS_RES:
+                v = _round(v + tl.load(r_rows + offs_k[None, :],
+                                       mask=m_ok[:, None] & k_ok[None, :], other=0.0
+                                       ).to(tl.float32), dt)
+            nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            a = _round(_round(v * rstd, dt) * nw, dt)
+        elif ACT == 0:
             a = x.to(tl.float32)
         elif ACT == 2:
             xf = x.to(tl.float32)
@@ -448,12 +504,64 @@ def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, 
     _gemv[grid](_bits(x), x_scale if x_scale is not None else y, _bits(w),
                 w_scale if codes else y, bias if bias is not None else y, y, part, cnt, m, n, k,
                 x.stride(0), w.stride(0), w_scale.stride(0) if codes else 0, y.stride(0), split,
+                y, y, y, 0.0, 0, 0,
                 CODES=int(codes), ACT=code, W_BLOCK_N=block[0] if block else 0, FP8=fp8,
                 QMAX=qmax, MANT=mant, EMIN=emin, HAS_BIAS=bias is not None, BLOCK_M=bm,
                 BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1,
                 AMAX_BLOCK=min(1024, triton.next_power_of_2(k)), LINE=128 // w.element_size(),
-                num_warps=warps, num_stages=stages, **launch_options(x.device))
+                PRE=0, HAS_RES=False, num_warps=warps, num_stages=stages,
+                **launch_options(x.device))
     return y
+
+
+def _gemv_pre(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, pre: int,
+              residual: torch.Tensor | None = None, norm_w: torch.Tensor | None = None,
+              eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`gemv` of float weights ``w`` [N, K] over an input made in the kernel (``PRE``
+    of ``_gemv``); returns (y, the residual stream written when ``pre`` is 2 with a
+    residual)."""
+    m, n, k = x.shape[0], w.shape[0], w.shape[1]
+    if m > MAX_ROWS:
+        raise ValueError(f"gemv serves at most {MAX_ROWS} rows, got {m}")
+    if x.stride(-1) != 1 or w.stride(-1) != 1:
+        raise ValueError("rows of x and w must be contiguous")
+    bn, bk, split, warps, stages = CONFIGS[("float", shape_class(n, k))]
+    bm = triton.next_power_of_2(m)
+    bn = max(2, bn // bm)
+    split = _split(split, n, bn, bm)
+    part, cnt = _workspace(x.device)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    has_res = residual is not None
+    res = residual if has_res else x
+    res_out = torch.empty((m, k), dtype=x.dtype, device=x.device) if has_res else y
+    _gemv[(triton.cdiv(n, bn), split)](
+        x, y, w, y, bias if bias is not None else y, y, part, cnt, m, n, k, x.stride(0),
+        w.stride(0), 0, y.stride(0), split, res, norm_w if norm_w is not None else y, res_out,
+        eps, res.stride(0), res_out.stride(0), CODES=0, ACT=0, W_BLOCK_N=0, FP8=0, QMAX=1.0,
+        MANT=0, EMIN=0, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        SPLIT=split > 1, AMAX_BLOCK=16, LINE=128 // w.element_size(), PRE=pre,
+        HAS_RES=has_res, num_warps=warps, num_stages=stages, **launch_options(x.device))
+    return y, (res_out if has_res else None)
+
+
+def gemv_silu(gate_up: torch.Tensor, w: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` (``gate_up`` [M, 2K], as ``fused_triton.silu_and_mul`` rounds it)
+    times W^T for float ``w`` [N, K], in one kernel."""
+    if gate_up.shape[1] != 2 * w.shape[1]:
+        raise ValueError(f"gate/up rows of {gate_up.shape[1]} columns for a weight of "
+                         f"{w.shape[1]} inputs")
+    return _gemv_pre(gate_up, w, bias, 1)[0]
+
+
+def gemv_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, eps: float,
+              w: torch.Tensor, bias: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``rms_norm(x + residual) * norm_w`` times W^T, ``x + residual``), as
+    ``fused_triton.add_rms_norm`` followed by :func:`gemv`, in one kernel (without a
+    residual: the norm of ``x``, and ``x``)."""
+    y, res_out = _gemv_pre(x, w, bias, 2, residual, norm_w, eps)
+    return y, (res_out if res_out is not None else x)
 
 
 def gemv_affine(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torch.Tensor,

@@ -8,6 +8,8 @@ creates its parameters (``create_weights``), repacks them once the checkpoint is
 
 from __future__ import annotations
 
+import os
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -272,6 +274,29 @@ class Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, "
                 f"method={type(self.quant_method).__name__}")
+
+
+def fused_gemv_weight(layer: "Linear", x: torch.Tensor) -> torch.Tensor | None:
+    """``layer``'s weight when the Triton matrix-vector kernel may compute ``layer(f(x))`` with
+    ``f`` (the residual add and norm, SiLU-and-mul before it) folded into its loads
+    (:func:`engine.runtime.gemv_triton.gemv_norm` / ``gemv_silu``); else None. Opt-in with
+    ``ENGINE_FUSED_GEMV=1``, for a dense half-precision layer with no forward hooks (LoRA),
+    not multiplied row by row, and rows that the kernel serves
+    (:func:`engine.runtime.gemv_triton.dense_rows`)."""
+    if os.environ.get("ENGINE_FUSED_GEMV") != "1" or x.dim() != 2:
+        return None
+    from engine.runtime import fused
+
+    if not fused.enabled(x) or not isinstance(layer.quant_method, UnquantizedMethod):
+        return None
+    if layer.row_by_row or layer._forward_hooks or layer._forward_pre_hooks:
+        return None
+    from engine.runtime import gemv_triton
+
+    weight = layer.weight
+    if weight.dtype != x.dtype or x.shape[0] > gemv_triton.dense_rows(x.device):
+        return None
+    return weight
 
 
 def rowwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,83 @@
+"""The matrix-vector kernels that make their input in their own loads (residual add + RMSNorm,
+SiLU-and-mul: engine.runtime.gemv_triton.gemv_norm / gemv_silu) against the separate kernels,
+and a tiny Llama decoding with them (ENGINE_FUSED_GEMV=1) against the same model without: run
+under TRITON_INTERPRET=1 on a CPU, or on a GPU. Prints one JSON list of failures."""
+
+import json
+import os
+import sys
+import tempfile
+
+import torch
+
+from engine.runtime import fused_triton, gemv_triton
+
+device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+failures: list[str] = []
+g = torch.Generator().manual_seed(0)
+
+
+def kernels(dtype: torch.dtype) -> None:
+    for m, k, n in ((1, 96, 80), (3, 200, 64), (4, 2048, 48)):
+        w = (torch.randn(n, k, generator=g) / 8).to(device, dtype)
+        gu = torch.randn(m, 2 * k, generator=g).to(device, dtype)
+        want = gemv_triton.gemv(fused_triton.silu_and_mul(gu), w)
+        if not torch.equal(gemv_triton.gemv_silu(gu, w), want):
+            failures.append(f"gemv_silu {dtype} {m}x{k}")
+        x = torch.randn(m, k, generator=g).to(device, dtype)
+        r = torch.randn(m, k, generator=g).to(device, dtype)
+        nw = (torch.rand(k, generator=g) + 0.5).to(device, dtype)
+        for res in (r, None):
+            h, res_out = fused_triton.add_rms_norm(x, res, nw, 1e-6)
+            got, got_res = gemv_triton.gemv_norm(x, res, nw, 1e-6, w)
+            want = gemv_triton.gemv(h, w)
+            # the norm's sum of squares may be added in another order: one unit of the
+            # normalised input at most, which the product averages out
+            err = (got.float() - want.float()).abs().max().item()
+            if not torch.equal(got_res, res_out) or err > 2e-2 * want.float().abs().max():
+                failures.append(f"gemv_norm {dtype} {m}x{k} residual={res is not None}: "
+                                f"{err:.3g}")
+
+
+def model(dtype: torch.dtype) -> None:
+    """Greedy decode steps of a tiny dummy Llama: logits with the fused kernels close to those
+    without."""
+    from engine.config import ServerConfig
+    from engine.runtime.model_runner import ModelRunner
+    from engine.testing.batches import BatchBuilder
+
+    tmp = tempfile.mkdtemp()
+    with open(os.path.join(tmp, "config.json"), "w") as fh:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                   "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+                   "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+                   "tie_word_embeddings": False}, fh)
+    logits = {}
+    for flag in ("0", "1"):
+        os.environ["ENGINE_FUSED_GEMV"] = flag
+        cfg = ServerConfig(model_path=tmp, load_format="dummy", dtype=str(dtype).split(".")[1],
+                           skip_tokenizer_init=True, attention_backend="torch_native",
+                           max_total_tokens=512, max_running_requests=2, context_length=128,
+                           random_seed=0, disable_cuda_graph=True)
+        runner = ModelRunner(cfg)
+        bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
+        row = bb.new_request()
+        out = runner.forward(bb.extend([(row, [5, 9, 17, 3])]))
+        steps = [out]
+        for _ in range(2):
+            out = runner.forward(bb.decode([(row, int(out[-1].argmax()))]))
+            steps.append(out)
+        logits[flag] = torch.cat(steps).float()
+    os.environ.pop("ENGINE_FUSED_GEMV")
+    err = (logits["1"] - logits["0"]).abs().max().item()
+    if err > 2e-2 * logits["0"].abs().max().item():
+        failures.append(f"tiny Llama {dtype}: logits differ by {err:.3g}")
+
+
+os.environ.setdefault("ENGINE_GEMV_DENSE_ROWS", "4")  # (on a CPU the interpreter serves them)
+# the interpreter truncates float32 -> bfloat16 where a GPU rounds: float16 on a CPU
+for dt in ((torch.bfloat16, torch.float16) if device == "cuda" else (torch.float16,)):
+    kernels(dt)
+    model(dt)
+print(json.dumps(failures))
