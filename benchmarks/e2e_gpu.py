@@ -29,13 +29,16 @@ from engine.testing.batches import BatchBuilder
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = str(ROOT / "tests" / "data" / "llama3-8b-dummy")
 PROMPT_LENS = (17, 64, 100, 128)
+#: backend spec suffix -> the environment its runner is built and run under
+MODES = {"nopdl": {"ENGINE_PDL": "0"}, "fused": {"ENGINE_FUSED_GEMV": "1"}}
 GEN_STEPS = 16
 
 
 def make_runner(spec: str, max_running: int, quantization: str | None = None) -> ModelRunner:
     """``spec`` is a backend name, optionally ``:eager`` to turn CUDA graphs off (``:nopdl``:
-    kernels launched without programmatic dependent launch, set by the caller through
-    ``ENGINE_PDL``); ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
+    kernels launched without programmatic dependent launch; ``:fused``: the norms and
+    SiLU-and-mul inside the one-row products; both set by the caller through the environment,
+    :data:`MODES`); ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
     weights at load (e.g. ``fp8``)."""
     backend, _, mode = spec.partition(":")
     cfg = ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype="bfloat16",
@@ -199,8 +202,9 @@ def cpu_smoke(steps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
-                    help="backend[:eager|:nopdl]; CUDA graphs are used for decode where the "
-                    "backend supports them unless :eager; :nopdl launches without PDL")
+                    help="backend[:eager|:nopdl|:fused]; CUDA graphs are used for decode where "
+                    "the backend supports them unless :eager; :nopdl launches without PDL; "
+                    ":fused folds the norms and SiLU-and-mul into the one-row products")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--hf", default="eager,compile")
     ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers")
@@ -218,10 +222,9 @@ def main() -> None:
     ref_tokens, ref_logits = None, None
     decode_tokens: dict = {}
     for backend in backends:
-        if backend.endswith(":nopdl"):
-            os.environ["ENGINE_PDL"] = "0"
-        else:
-            os.environ.pop("ENGINE_PDL", None)
+        for name in {k for env in MODES.values() for k in env}:
+            os.environ.pop(name, None)
+        os.environ.update(MODES.get(backend.partition(":")[2], {}))
         try:
             t0 = time.perf_counter()
             runner = make_runner(backend, max(batches + [len(PROMPT_LENS)]), args.quantization)
