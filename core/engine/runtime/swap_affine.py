@@ -1,0 +1,357 @@
+"""Weight-only affine products for a few rows with the operands swapped, in Triton.
+
+:func:`affine_swap` computes :func:`engine.runtime.quant_triton.affine_mm` (GPTQ, AWQ and the
+other integer formats in the canonical packed form of
+:func:`engine.runtime.quant_triton.pack_affine`: ``W[n, k] = q[n, k] * scale[g, n] + bias[g,
+n]``, ``g = k // group``, unsigned 2-, 4- or 8-bit codes) for 1 to :data:`MAX_ROWS` rows as
+``y^T = W x^T``: each program owns ``BLOCK_N`` (64 or 128) output features and accumulates
+``[BLOCK_N, 16] += W[BLOCK_N, SUB] @ x^T[SUB, 16]`` per slice of SUB columns, so the weights are
+the M side of the matrix unit (Hopper's warp-group instructions, four warps a group) and the
+rows the N side, padded to 16 (rows past M repeat the last row; their results are never
+stored).
+
+The codes become 16-bit floats by their bit pattern alone: the field of a code or'ed into the
+mantissa of a power of two, ``0x4300 | q`` = 128 + q as bfloat16 (``0x6400 | q`` = 1024 + q as
+float16; 8-bit codes with bfloat16 activations: the low nibble as 128 + lo and the high one as
+``0x4500 | hi`` = 2048 + 16 hi, two products into the same sum). With OFFSET that constant
+(128, 1024 or 2176), a slice's product is ``sum_k x_k (OFFSET + q_k)``, exact products summed
+in float32, and the group's affine folds in as
+
+    sum_k x_k w_k = s * product + (b - OFFSET s) * sum_k x_k
+
+once per chunk of slices inside one group. One int32 word of the packed form holds the same
+column of 32/bits consecutive slices; the matrix unit's register operand holds two neighbouring
+columns of a slice in one register. So each pair of neighbouring words is interleaved by halves
+(two byte permutes: their low halves side by side, their high halves side by side, each shared
+by the slices whose codes lie there), and each slice then costs a shift and one three-input
+logic operation per register of two weights: about one integer operation per weight
+(:func:`_field_values`). That step is inline PTX with one input and one output, which Triton
+lets the operand's layout pass through: the words load from shared memory straight into the
+layout of the warp-group instruction's register operand, with no conversion of the 16-bit
+values.
+
+The row sums ``sum_k x_k`` come from the activations in registers (XSUM 0: summed over the
+chunk elementwise, reduced once per chunk; one row: a scalar) or from the matrix unit (XSUM 1:
+ones times the same activations). With ``SPLIT_K > 1`` each of that many programs per output
+block takes a slice of the packed tiles and the last to finish adds the slices up
+(:func:`engine.runtime.quant_triton._finish`).
+
+Launched with programmatic dependent launch (:mod:`engine.runtime.triton_pdl`): every program
+lets the next kernel launch at once, asks for its first tile of packed words and for the scales
+and biases of its slice of K to be brought into L2 before it waits for the previous kernel of
+the stream, and reads the activations (and writes anything) only after the wait. The packed
+words and the activation slices reach shared memory through Triton's software pipelining
+(``num_stages``). Under the Triton interpreter (tests) the codes take the elementwise form of
+the same values, and bfloat16 products are taken in float32 (the interpreter multiplies
+bfloat16 operands as their raw bits); the products are exact either way.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.runtime.quant_triton import _finish, _slice, _split, _workspace, shape_class
+from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait, prefetch_l2
+
+#: largest row count :func:`affine_swap` serves (the N side of the product, padded to this)
+MAX_ROWS = 16
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+if hasattr(triton, "constexpr_function"):
+    @triton.constexpr_function
+    def _field_asm(pos, width, magic):
+        """PTX for two neighbouring words a, b -> one register of two 16-bit floats: the
+        ``width``-bit fields at bit ``pos`` of a (low half) and of b (high half), or'ed with
+        ``magic``. A byte permute puts the 16-bit halves holding the fields side by side, a
+        shift moves them to bit 0, one logic operation masks them and sets the exponent."""
+        sel = "0x5410" if pos < 16 else "0x7632"
+        steps = [f"prmt.b32 t, $1, $2, {sel};"]
+        if pos % 16:
+            steps.append(f"shr.u32 t, t, {pos % 16};")
+        steps.append(f"lop3.b32 $0, t, {((1 << width) - 1) * 0x10001:#x}, "
+                     f"{magic * 0x10001:#x}, 0xea;")
+        return "{ .reg .b32 t; " + " ".join(steps) + " }"
+else:  # (a Triton without constexpr functions takes the elementwise form: ASM is off)
+    _field_asm = None
+
+
+@triton.jit
+def _field_values(words, POS: tl.constexpr, WIDTH: tl.constexpr, MAGIC: tl.constexpr,
+                  F16: tl.constexpr, ASM: tl.constexpr):
+    """The WIDTH-bit fields at bit POS of the int32 ``words`` as the 16-bit floats whose bit
+    pattern is ``MAGIC | field`` (float16 when F16, else bfloat16): exactly the power of two
+    MAGIC stands for plus the field times its unit. ASM: two words per piece of inline PTX
+    (:func:`_field_asm`), the same values."""
+    if ASM and F16:
+        v = tl.inline_asm_elementwise(_field_asm(POS, WIDTH, MAGIC), "=r,r,r", [words],
+                                      dtype=tl.float16, is_pure=True, pack=2)
+    elif ASM:
+        v = tl.inline_asm_elementwise(_field_asm(POS, WIDTH, MAGIC), "=r,r,r", [words],
+                                      dtype=tl.bfloat16, is_pure=True, pack=2)
+    else:
+        bits = (((words >> POS) & ((1 << WIDTH) - 1)) | MAGIC).to(tl.int16)
+        v = bits.to(tl.float16 if F16 else tl.bfloat16, bitcast=True)
+    return v
+
+
+@triton.jit
+def _mma(w, x, acc, F32: tl.constexpr):
+    """``acc + w [BLOCK_N, SUB] @ x^T [SUB, 16]`` on the matrix unit (F32: the operands in
+    float32 first, for the Triton interpreter, whose products of bfloat16 are wrong; the
+    products are exact either way)."""
+    if F32:
+        out = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc)
+    else:
+        out = tl.dot(w, tl.trans(x), acc)
+    return out
+
+
+@triton.jit
+def _slice_product(words, x, part, J: tl.constexpr, BITS: tl.constexpr, F16: tl.constexpr,
+                   ASM: tl.constexpr, F32: tl.constexpr):
+    """``part`` plus slice J's codes as OFFSET + q (see the module docstring) times x: 8-bit
+    codes with bfloat16 activations as two products (low nibble 128 + lo, high nibble 2048 +
+    16 hi); every other form as one."""
+    if BITS == 8 and not F16:
+        part = _mma(_field_values(words, J * 8, 4, 0x4300, F16, ASM), x, part, F32)
+        part = _mma(_field_values(words, J * 8 + 4, 4, 0x4500, F16, ASM), x, part, F32)
+    else:
+        MAGIC: tl.constexpr = 0x6400 if F16 else 0x4300
+        part = _mma(_field_values(words, J * BITS, BITS, MAGIC, F16, ASM), x, part, F32)
+    return part
+
+
+@triton.jit
+def _x_cols(perm_ptr, cols, K, HAS_PERM: tl.constexpr, EVEN: tl.constexpr):
+    """The columns of x that hold the weights' columns ``cols`` (the act-order permutation
+    when HAS_PERM)."""
+    if HAS_PERM and EVEN:
+        src = tl.load(perm_ptr + cols)
+    elif HAS_PERM:
+        src = tl.load(perm_ptr + cols, mask=cols < K, other=0)
+    else:
+        src = cols
+    return src
+
+
+@triton.jit
+def _x_tile(x_rows, src, cols, K, EVEN: tl.constexpr):
+    """x's columns ``src`` [SUB] of the 16 rows ``x_rows`` [16, 1] (zeros where ``cols`` is
+    past K unless EVEN)."""
+    if EVEN:
+        x = tl.load(x_rows + src[None, :])
+    else:
+        x = tl.load(x_rows + src[None, :], mask=(cols < K)[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _x_row(x_ptr, src, cols, K, EVEN: tl.constexpr):
+    """The first row's columns ``src`` [SUB] as float32 (zeros past K unless EVEN)."""
+    if EVEN:
+        x = tl.load(x_ptr + src)
+    else:
+        x = tl.load(x_ptr + src, mask=cols < K, other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _per_output(ptr, n0, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
+    """``ptr[n0 .. n0 + BLOCK_N - 1]`` (outputs past N repeat the last). HALVES: two loads of
+    BLOCK_N / 2 joined: Triton loads a vector of fewer elements than the program has threads
+    straight into the accumulator's layout, a larger one an element a thread and then moves it
+    through shared memory, waiting for the load there."""
+    if HALVES:
+        r = tl.arange(0, BLOCK_N // 2)
+        lo = tl.load(ptr + tl.minimum(n0 + r, N - 1))
+        hi = tl.load(ptr + tl.minimum(n0 + BLOCK_N // 2 + r, N - 1))
+        v = tl.reshape(tl.permute(tl.join(lo, hi), (1, 0)), (BLOCK_N,))
+    else:
+        v = tl.load(ptr + tl.minimum(n0 + tl.arange(0, BLOCK_N), N - 1))
+    return v
+
+
+@triton.jit
+def _chunk_affine(s_ptr, b_ptr, k0, n_groups, N, n0, GROUP: tl.constexpr,
+                  OFFSET: tl.constexpr, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
+    """The scales s and offsets ``c = b - OFFSET s`` [BLOCK_N] of outputs ``n0 ..`` in the group
+    holding column ``k0`` (the last group for the padding past K, whose activations are
+    zeros)."""
+    g = tl.minimum(k0 // GROUP, n_groups - 1) * N
+    s = _per_output(s_ptr + g, n0, N, BLOCK_N, HALVES)
+    return s, _per_output(b_ptr + g, n0, N, BLOCK_N, HALVES) - OFFSET * s
+
+
+@triton.jit
+def _prefetch_affine(s_ptr, b_ptr, t_lo, t_hi, n_groups, N, nc, PACK: tl.constexpr,
+                     GROUP: tl.constexpr, ON: tl.constexpr):
+    """Ask for the scales and biases of the groups of tiles ``t_lo .. t_hi - 1`` to be brought
+    into L2 (nothing unless ON): constants of the step, asked for before the loop so that their
+    loads at each chunk's start hit L2 (where Triton converts them to the accumulator's layout
+    right after loading, the program waits for them there)."""
+    if ON:
+        g_hi = tl.minimum(tl.cdiv(t_hi * PACK, GROUP), n_groups)
+        for g in range((t_lo * PACK) // GROUP, g_hi):
+            prefetch_l2(s_ptr + g * N + nc, ON)
+            prefetch_l2(b_ptr + g * N + nc, ON)
+
+
+@triton.jit
+def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+                 M, N, K, stride_xm, stride_qn, stride_ym, split_k,
+                 BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
+                 F16: tl.constexpr, OFFSET: tl.constexpr, HAS_PERM: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, XSUM: tl.constexpr,
+                 ROW1: tl.constexpr, EVEN: tl.constexpr, SPLIT: tl.constexpr,
+                 HALVES: tl.constexpr, ASM: tl.constexpr, F32: tl.constexpr,
+                 PDL: tl.constexpr):
+    """One program: BLOCK_N outputs of every row (at most 16), the packed tiles of slice
+    ``pid_k`` of ``split_k``. A tile is SUB words per output, 32/BITS slices of SUB columns;
+    slices fold into the accumulator a chunk at a time (CHUNK slices inside one group, at most
+    a tile). XSUM 0: row sums from x in registers (ROW1: only the first row, as a scalar);
+    1: from the matrix unit. EVEN: K a multiple of the tile (no masks on x). Rows past M and
+    outputs past N repeat the last one (no masks on loads; never stored). HALVES: the scales
+    load BLOCK_N / 2 at a time (:func:`_per_output`; BLOCK_N at least the threads). ASM:
+    compiled for the GPU (inline PTX, L2 prefetches); else the interpreter's forms (F32:
+    bfloat16 products in float32)."""
+    BLOCK_M: tl.constexpr = 16
+    PER: tl.constexpr = 32 // BITS
+    PACK: tl.constexpr = PER * SUB
+    GS: tl.constexpr = GROUP // SUB
+    CHUNK: tl.constexpr = min(GS & -GS, PER)
+    DTYPE: tl.constexpr = tl.float16 if F16 else tl.bfloat16
+    pdl_trigger(PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    nc = tl.minimum(offs_n, N - 1)
+    offs_i = tl.arange(0, SUB)
+    q_rows = q_ptr + nc.to(tl.int64)[:, None] * stride_qn + offs_i[None, :]
+    n_tiles = tl.cdiv(K, PACK)
+    n_groups = tl.cdiv(K, GROUP)
+    t_lo, t_hi = _slice(n_tiles, pid_k, split_k, 1, SPLIT)
+    if PDL:  # the first tile's words (constants of the step) asked into L2, one address a row
+        first = tl.minimum(t_lo, n_tiles - 1) * SUB
+        prefetch_l2(q_ptr + nc.to(tl.int64) * stride_qn + first, PDL)
+    _prefetch_affine(s_ptr, b_ptr, t_lo, t_hi, n_groups, N, nc, PACK, GROUP, ASM)
+    pdl_wait(PDL)
+    offs_m = tl.arange(0, BLOCK_M)
+    x_rows = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    ones = tl.full((BLOCK_N, SUB), 1.0, DTYPE)
+    for t in range(t_lo, t_hi):
+        words = tl.load(q_rows + t * SUB)
+        for j in tl.static_range(PER):
+            cols = t * PACK + j * SUB + offs_i
+            src = _x_cols(perm_ptr, cols, K, HAS_PERM, EVEN)
+            x = _x_tile(x_rows, src, cols, K, EVEN)
+            if j % CHUNK == 0:  # the chunk's affine loads here, is used at its end
+                s, c = _chunk_affine(s_ptr, b_ptr, t * PACK + j * SUB, n_groups, N,
+                                     pid_n * BLOCK_N, GROUP, OFFSET, BLOCK_N, HALVES)
+                part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                if XSUM == 1:
+                    xp = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                elif ROW1:
+                    xv = tl.zeros((SUB,), dtype=tl.float32)
+                else:
+                    xg = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)
+            part = _slice_product(words, x, part, j, BITS, F16, ASM, F32)
+            if XSUM == 1:
+                xp = _mma(ones, x, xp, F32)
+            elif ROW1:
+                xv += _x_row(x_ptr, src, cols, K, EVEN)
+            else:
+                xg += x.to(tl.float32)
+            if j % CHUNK == CHUNK - 1:
+                if XSUM == 1:
+                    acc += s[:, None] * part + c[:, None] * xp
+                elif ROW1:
+                    acc += s[:, None] * part + c[:, None] * tl.sum(xv, axis=0)
+                else:
+                    acc += s[:, None] * part + c[:, None] * tl.sum(xg, axis=1)[None, :]
+    one = tl.full((1, 1), 1.0, tl.float32)
+    _finish(tl.trans(acc), one, one, pid_n, pid_k, offs_m, offs_n, offs_m < M, n_ok, bias_ptr,
+            y_ptr, part_ptr, cnt_ptr, N, stride_ym, split_k, HAS_BIAS, BLOCK_M, SPLIT)
+
+
+# ---------------------------------------------------------------- launch configurations
+
+#: (BLOCK_N, SPLIT_K, warps, stages, XSUM) by (:func:`shape_class`, rows up to 1 | 4 | 16).
+#: Starting points until ``benchmarks/swap_affine_gpu.py --search`` has chosen them on an
+#: H200: 128 outputs a program (the fewest instructions per weight: the activation slices and
+#: their sums are shared by more weights), K split so that Llama-3-8B's layers get one to two
+#: programs per multiprocessor (132), two tiles in flight per program, the row sums from
+#: registers.
+CONFIGS = {(cls, bucket): launch for bucket in (1, 4, 16)
+           for cls, launch in (("square", (128, 4, 4, 3, 0)), ("wide", (128, 1, 4, 3, 0)),
+                               ("deep", (128, 8, 4, 3, 0)))}
+
+
+def rows_bucket(m: int) -> int:
+    """The launch table's row bucket of ``m`` rows: 1, 4 or 16."""
+    return 1 if m == 1 else 4 if m <= 4 else 16
+
+
+def default_config(n: int, k: int, m: int) -> tuple:
+    """The launch :data:`CONFIGS` gives ``m`` rows of a weight [n, k]."""
+    return CONFIGS[(shape_class(n, k), rows_bucket(m))]
+
+
+def code_offset(bits: int, dtype: torch.dtype) -> int:
+    """OFFSET of the module docstring: the constant the 16-bit code values add to q."""
+    if dtype == torch.float16:
+        return 1024
+    return 2176 if bits == 8 else 128
+
+
+def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torch.Tensor,
+                bits: int, group: int, sub: int, perm: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None, config: tuple | None = None) -> torch.Tensor:
+    """:func:`engine.runtime.quant_triton.affine_mm` for at most :data:`MAX_ROWS` rows of
+    bfloat16 or float16 ``x`` [M, K]: ``q`` from :func:`engine.runtime.quant_triton.pack_affine`
+    (``bits`` 2, 4 or 8, slices of ``sub`` columns), ``scale``/``bias_`` float32 [K / group, N],
+    ``perm`` the act-order permutation of K (int32), ``bias`` [N]. The weights multiply as
+    their float32 values (not rounded to x's dtype). ``config``: (BLOCK_N, SPLIT_K, warps,
+    stages, XSUM), else :data:`CONFIGS`'."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, k = x.shape
+    if m > MAX_ROWS:
+        raise ValueError(f"affine_swap serves at most {MAX_ROWS} rows, got {m}")
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"affine_swap takes bfloat16 or float16 activations, got {x.dtype}")
+    if bits not in (2, 4, 8) or sub not in (16, 32) or group % sub:
+        raise ValueError(f"unsupported packing: bits={bits} group={group} sub={sub}")
+    n = q.shape[0]
+    pack = 32 // bits * sub
+    if q.shape[1] != triton.cdiv(k, pack) * sub:
+        raise ValueError(f"codes of {q.shape[1]} words a row do not pack {k} columns of "
+                         f"{bits} bits in slices of {sub}")
+    bn, split, warps, stages, xsum = config or default_config(n, k, m)
+    scale = scale.contiguous()
+    bias_ = bias_.contiguous()
+    split = _split(min(split, triton.cdiv(k, pack)), n, bn, MAX_ROWS)
+    part, cnt = _workspace(x.device)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    interpret = _interpreting()
+    f16 = x.dtype == torch.float16
+    grid = (triton.cdiv(n, bn), split)
+    _affine_swap[grid](x, q, scale, bias_, perm if perm is not None else q,
+                       bias if bias is not None else y, y, part, cnt, m, n, k, x.stride(0),
+                       q.stride(0), y.stride(0), split, BITS=bits, GROUP=group, SUB=sub,
+                       F16=f16, OFFSET=float(code_offset(bits, x.dtype)),
+                       HAS_PERM=perm is not None, HAS_BIAS=bias is not None, BLOCK_N=bn,
+                       XSUM=xsum, ROW1=m == 1, EVEN=k % pack == 0, SPLIT=split > 1,
+                       HALVES=bn >= 32 * warps,
+                       ASM=not interpret and hasattr(triton, "constexpr_function"),
+                       F32=interpret and not f16, num_warps=warps, num_stages=stages,
+                       **launch_options(x.device))
+    return y

@@ -1,0 +1,239 @@
+"""The swapped-operand affine product :func:`engine.runtime.swap_affine.affine_swap` equals the
+float64 product of its dequantized weights and the current path
+(:func:`engine.runtime.quant_triton.affine_mm`, which hands up to 4 rows to
+:func:`engine.runtime.gemv_triton.gemv_affine`) on the same inputs: 2-, 4- and 8-bit codes,
+groups 16 to 128, 1 to 16 rows, N and K not multiples of the tiles, act-order permutation,
+bias, K split over several programs, bfloat16 and float16 activations, both ways of summing
+the rows. Under the Triton interpreter here (a child process: the interpreter must be chosen
+before Triton is imported), on the GPU where there is one. The inline PTX that turns packed
+words into 16-bit floats on the GPU (the interpreter takes the elementwise form) is checked
+against that form by a small emulation of its three instructions.
+
+Run as a script (``python tests/runtime/test_swap_affine.py cpu|cuda``) it prints one JSON
+object: case name -> failures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+BF16, F16 = "bfloat16", "float16"
+#: launches (BLOCK_N, SPLIT_K, warps, stages, XSUM) small enough for the interpreter
+ONE = (64, 1, 4, 2, 0)
+
+
+def _case(name: str, m: int, bits: int = 4, group: int = 128, n: int = 100, k: int = 512,
+          dtype: str = BF16, perm: bool = False, bias: bool = False, config: tuple | None = ONE):
+    """(name, parameters) of one case: ``m`` rows of ``dtype``, ``bits``-bit codes in groups of
+    ``group`` of a weight [n, k], launch ``config`` (None: the default table's)."""
+    return name, dict(m=m, bits=bits, group=group, n=n, k=k, dtype=dtype, perm=perm, bias=bias,
+                      config=config)
+
+
+CASES = dict(
+    [_case(f"int4 g128 m={m} {dt}", m, dtype=dt) for m in (1, 3, 16) for dt in (BF16, F16)]
+    + [_case(f"int4 g{g} m={m}", m, group=g, k=320) for g in (32, 64) for m in (1, 16)]
+    + [_case("int4 g16 (slices of 16) m=4", 4, group=16, k=96),
+       _case("int4 ragged N=37 m=2", 2, n=37, k=256),
+       _case("int4 K=320 (a partial tile) m=5 half", 5, k=320, dtype=F16),
+       _case("int4 act-order m=1 bias", 1, group=64, perm=True, bias=True),
+       _case("int4 act-order K=320 m=16 half", 16, group=64, k=320, perm=True, dtype=F16),
+       _case("int4 bias m=3 half", 3, bias=True, dtype=F16),
+       _case("int4 row sums by the matrix unit m=1", 1, config=(64, 1, 4, 2, 1)),
+       _case("int4 row sums by the matrix unit m=7 half", 7, dtype=F16, config=(64, 1, 4, 2, 1)),
+       _case("int4 BLOCK_N 128 m=4", 4, n=200, config=(128, 1, 4, 2, 0)),
+       _case("int4 BLOCK_N 128, 8 warps, split 2 m=1 half", 1, n=200, dtype=F16,
+             config=(128, 2, 8, 2, 0)),
+       _case("int4 split 3 m=1", 1, k=768, config=(64, 3, 4, 2, 0)),
+       _case("int4 split 4 (an empty slice) m=16 bias", 16, k=768, bias=True,
+             config=(64, 4, 4, 2, 0)),
+       _case("int4 split 2 K=320 m=2 half", 2, k=320, dtype=F16, config=(64, 2, 4, 2, 1)),
+       _case("int8 g128 m=1", 1, bits=8),
+       _case("int8 g64 m=5 half", 5, bits=8, group=64, dtype=F16),
+       _case("int8 g32 act-order m=16 bias", 16, bits=8, group=32, k=192, perm=True, bias=True),
+       _case("int2 g64 m=3", 3, bits=2, group=64, k=1024),
+       _case("default launch m=1 wide", 1, n=512, k=128, config=None),
+       _case("default launch m=4 deep half", 4, n=64, k=768, dtype=F16, config=None),
+       _case("default launch m=16 square", 16, n=128, k=256, config=None)])
+
+
+# ---------------------------------------------------------------- the checks (child process)
+
+def _inputs(p: dict, gen: torch.Generator):
+    """Codes, scales and biases [groups, n] (float32), the float64 weights they stand for,
+    activations, permutation (int32) and bias of one case."""
+    n, k, group, bits = p["n"], p["k"], p["group"], p["bits"]
+    groups = -(-k // group)
+    codes = torch.randint(0, 1 << bits, (n, k), generator=gen)
+    scale = torch.rand(groups, n, generator=gen) * 0.02 + 0.001
+    bias_ = torch.randn(groups, n, generator=gen) * 0.05
+    expand = lambda t: t.double().t().repeat_interleave(group, 1)[:, :k]  # noqa: E731
+    w = codes.double() * expand(scale) + expand(bias_)
+    dtype = getattr(torch, p["dtype"])
+    x = torch.randn(p["m"], k, generator=gen).to(dtype)
+    perm = torch.randperm(k, generator=gen).to(torch.int32) if p["perm"] else None
+    bias = torch.randn(n, generator=gen).to(dtype) if p["bias"] else None
+    return codes, scale, bias_, w, expand(scale), x, perm, bias
+
+
+def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
+    """One case: ``affine_swap`` against the float64 product of the dequantized weights, and
+    against the current path on the same inputs (not for bfloat16 beyond 4 rows under the
+    interpreter: its ``tl.dot`` of bfloat16 is wrong)."""
+    from engine.runtime import quant_triton as qt
+    from engine.runtime import swap_affine as sa
+
+    codes, scale, bias_, w, s_full, x, perm, bias = _inputs(p, gen)
+    sub = qt.affine_sub(p["group"])
+    packed = qt.pack_affine(codes, p["bits"], sub)
+    dev = lambda t: t.to(device) if t is not None else None  # noqa: E731
+    args = (dev(x), dev(packed), dev(scale), dev(bias_), p["bits"], p["group"], sub)
+    y = sa.affine_swap(*args, perm=dev(perm), bias=dev(bias), config=p["config"]).cpu()
+    if y.shape != (p["m"], p["n"]) or y.dtype != x.dtype or not torch.isfinite(y).all():
+        return [f"{name}: shape {tuple(y.shape)} dtype {y.dtype}, or not finite"]
+    xs = x.double()[:, perm.long()] if perm is not None else x.double()
+    want = xs @ w.t() + (bias.double() if bias is not None else 0.0)
+    # the output's rounding (the interpreter truncates bfloat16: one unit), plus float32 sums
+    # of exact products x (OFFSET + q) whose order differs: bounded by their magnitudes
+    unit = 2.0 ** -7 if x.dtype == torch.bfloat16 else 2.0 ** -10
+    offset = sa.code_offset(p["bits"], x.dtype)
+    size = xs.abs() @ (w.abs() + 2 * offset * s_full).t()
+    bound = unit * want.abs() + 2.0 ** -18 * size
+    failures = []
+    excess = ((y.double() - want).abs() - bound).max().item()
+    if excess > 0:
+        failures.append(f"{name}: exceeds the float64 bound by {excess:.3g} "
+                        f"(largest output {want.abs().max().item():.3g})")
+    if device == "cpu" and x.dtype == torch.bfloat16 and p["m"] > 4:
+        return failures
+    cur = qt.affine_mm(*args, perm=dev(perm), bias=dev(bias)).cpu().double()
+    # from 5 rows the current path is affine_mm's tl.dot kernel: a unit more on the magnitudes
+    rounded = (unit * (xs.abs() @ w.abs().t())) if p["m"] > 4 else 0.0
+    excess = ((y.double() - cur).abs() - 2 * bound - rounded).max().item()
+    if excess > 0:
+        failures.append(f"{name}: differs from affine_mm beyond the bounds by {excess:.3g}")
+    return failures
+
+
+def _refusals(device: str) -> list[str]:
+    """More than 16 rows, and float32 activations, are refused."""
+    from engine.runtime import quant_triton as qt
+    from engine.runtime import swap_affine as sa
+
+    q = qt.pack_affine(torch.zeros(64, 256, dtype=torch.int64), 4, 32).to(device)
+    s = torch.ones(2, 64, device=device)
+    failures = []
+    for rows, dtype in ((17, torch.bfloat16), (2, torch.float32)):
+        try:
+            sa.affine_swap(torch.zeros(rows, 256, dtype=dtype, device=device), q, s, s, 4, 128,
+                           32)
+            failures.append(f"{rows} rows of {dtype}: no ValueError")
+        except ValueError:
+            pass
+    return failures
+
+
+def main(device: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    results = {name: check(name, p, device, gen) for name, p in CASES.items()}
+    results["refusals"] = _refusals(device)
+    print(json.dumps(results))
+
+
+# ---------------------------------------------------------------- the inline PTX, emulated
+
+def _emulate(asm: str, a: int, b: int) -> int:
+    """The result of :func:`engine.runtime.swap_affine._field_asm`'s PTX for the 32-bit words
+    ``a`` ($1) and ``b`` ($2): its prmt, shr.u32 and lop3 steps on Python integers."""
+    regs = {"$1": a, "$2": b}
+    val = lambda tok: regs[tok] if tok in regs else int(tok, 0)  # noqa: E731
+    body = asm.strip()[1:-1].split(";")
+    for step in body:
+        words = step.replace(",", " ").split()
+        if not words or words[0] == ".reg":
+            continue
+        op, dst, *src = words
+        if op == "prmt.b32":
+            pool = (val(src[1]) << 32) | val(src[0])  # bytes of a then b
+            sel = val(src[2])
+            out = 0
+            for i in range(4):
+                out |= ((pool >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i)
+        elif op == "shr.u32":
+            out = val(src[0]) >> val(src[1])
+        elif op == "lop3.b32":
+            x0, x1, x2, lut = (val(t) for t in src)
+            out = 0
+            for bit in range(32):
+                i = (((x0 >> bit) & 1) << 2) | (((x1 >> bit) & 1) << 1) | ((x2 >> bit) & 1)
+                out |= ((lut >> i) & 1) << bit
+        else:
+            raise AssertionError(f"unexpected instruction {op}")
+        regs[dst] = out & 0xFFFFFFFF
+    return regs["$0"]
+
+
+@pytest.mark.parametrize("form", [(4, 0x4300), (4, 0x6400), (2, 0x4300), (8, 0x6400),
+                                  (8, 0x4300)])
+def test_inline_ptx_matches_the_elementwise_form(form):
+    """For every field position of a code form (bits, magic; 8-bit with bfloat16: the two
+    nibbles of each byte with 0x4300 and 0x4500), the PTX of two words gives the elementwise
+    form's 16-bit patterns of the first word (low half) and the second (high half)."""
+    pytest.importorskip("triton")
+    from engine.runtime import swap_affine as sa
+
+    if not hasattr(sa, "_field_asm"):
+        pytest.skip("this Triton has no constexpr functions (no inline PTX either)")
+    bits, magic = form
+    fields = ([(p, 4, 0x4300 if p % 8 == 0 else 0x4500) for p in range(0, 32, 4)]
+              if (bits, magic) == (8, 0x4300) else
+              [(p, bits, magic) for p in range(0, 32, bits)])
+    gen = torch.Generator().manual_seed(1)
+    words = torch.randint(-2 ** 31, 2 ** 31, (64, 2), generator=gen, dtype=torch.int64)
+    for pos, width, mag in fields:
+        asm = sa._field_asm(pos, width, mag)
+        assert re.search(r"lop3\.b32 \$0", asm)
+        for a, b in words.tolist():
+            a, b = a & 0xFFFFFFFF, b & 0xFFFFFFFF
+            want = [((v >> pos) & ((1 << width) - 1)) | mag for v in (a, b)]
+            got = _emulate(asm, a, b)
+            assert (got & 0xFFFF, got >> 16) == tuple(want), (pos, width, hex(a), hex(b))
+
+
+# ---------------------------------------------------------------- the tests
+
+def _run(device: str, env: dict) -> dict:
+    proc = subprocess.run([sys.executable, __file__, device], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    pytest.importorskip("triton")
+    return _run("cpu", {"TRITON_INTERPRET": "1"})
+
+
+@pytest.mark.parametrize("name", list(CASES) + ["refusals"])
+def test_under_the_interpreter(interpreted, name):
+    assert interpreted[name] == []
+
+
+@pytest.mark.gpu
+def test_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    failures = [f for fs in _run("cuda", {}).values() for f in fs]
+    assert failures == [], "\n".join(failures)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "cpu")
