@@ -31,7 +31,6 @@ are wrong).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import subprocess
@@ -48,7 +47,8 @@ from engine.runtime import quant_triton as qt  # noqa: E402
 from engine.runtime import swap_affine as sa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemv_gpu import L2_BYTES, SHAPES, nbytes, time_us  # noqa: E402
+from gemv_gpu import L2_BYTES, SHAPES, nbytes  # noqa: E402
+from swap_gpu import compile_all, table, timed  # noqa: E402
 
 BITS, SUB = 4, 32
 #: decoder layers of Llama-3-8B (a step runs each of the four linear layers this often)
@@ -156,59 +156,10 @@ def candidates(n: int, k: int) -> list[tuple]:
     return out
 
 
-class _Warmup:
-    """Stands in for the kernel while :func:`precompile` runs ``affine_swap``: each launch only
-    compiles (``warmup``), asynchronously under Triton's AsyncCompileMode."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.kernel.warmup(*args, grid=grid, **kwargs)
-
-
 def precompile(configs: list[tuple], group: int, x: torch.Tensor, t: dict) -> None:
-    """Compile ``affine_swap`` at every launch of ``configs`` for these rows, in parallel
-    threads where this Triton has AsyncCompileMode (else each compiles when first timed;
-    failures are left for the timing to skip)."""
-    try:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:
-        return
-    kernel, sa._affine_swap = sa._affine_swap, _Warmup(sa._affine_swap)
-    try:
-        with ThreadPoolExecutor(os.cpu_count() or 4) as pool, \
-                AsyncCompileMode(pool, ignore_errors=True):
-            for c in configs:
-                try:
-                    swap(group, c)(x, t)
-                except Exception:  # noqa: BLE001 - compiled (and skipped) when timed
-                    pass
-    except Exception as e:  # noqa: BLE001 - an AsyncCompileMode unlike this one's
-        print(f"  compiling in parallel failed ({type(e).__name__}: {str(e)[:80]}); "
-              "compiling as timed", file=sys.stderr, flush=True)
-    finally:
-        sa._affine_swap = kernel
-
-
-def timed(fn, sets: list[dict], x: torch.Tensor, iters: int) -> float:
-    """us per product of ``fn`` over ``sets`` in one replayed graph (inf where the launch
-    fails: out of resources, or does not compile)."""
-    try:
-        return time_us(fn, sets, x, iters)
-    except Exception as e:  # noqa: BLE001
-        print(f"  skipped: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr, flush=True)
-        torch.cuda.synchronize()
-        return math.inf
-
-
-def table(head: list[str], rows: list[list]) -> None:
-    print("\n| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
-    for r in rows:
-        print("| " + " | ".join(str(v) for v in r) + " |", flush=True)
+    """Compile ``affine_swap`` at every launch of ``configs`` for these rows
+    (:func:`swap_gpu.compile_all`)."""
+    compile_all(sa, "_affine_swap", [lambda c=c: swap(group, c)(x, t) for c in configs])
 
 
 def sweep(rows: int, layers: list[str], sets: dict, xs: dict, group: int, iters: int,

@@ -126,8 +126,8 @@ def candidates(fmt: str, k: int) -> list[tuple]:
 
 
 class _Warmup:
-    """Stands in for the kernel while :func:`precompile` runs ``w8_swap``: each launch only
-    compiles (``warmup``), asynchronously under Triton's AsyncCompileMode."""
+    """Stands in for a kernel while :func:`compile_all` runs: each launch only compiles
+    (``warmup``), asynchronously under Triton's AsyncCompileMode."""
 
     def __init__(self, kernel):
         self.kernel = kernel
@@ -136,30 +136,36 @@ class _Warmup:
         return lambda *args, **kwargs: self.kernel.warmup(*args, grid=grid, **kwargs)
 
 
-def precompile(fmt: str, configs: list[tuple], x: torch.Tensor, t: dict) -> None:
-    """Compile ``w8_swap`` at every launch of ``configs`` for these rows, in parallel threads
-    where this Triton has AsyncCompileMode (else each compiles when first timed; failures
-    are left for the timing to skip)."""
+def compile_all(module, name: str, launches: list) -> None:
+    """Compile the kernel ``module.<name>`` at every launch of ``launches`` (callables that
+    launch it), in parallel threads where this Triton has AsyncCompileMode (else each compiles
+    when first timed; failures are left for the timing to skip)."""
     try:
         from concurrent.futures import ThreadPoolExecutor
 
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
         return
-    kernel, st._w8_swap = st._w8_swap, _Warmup(st._w8_swap)
+    kernel = getattr(module, name)
+    setattr(module, name, _Warmup(kernel))
     try:
         with ThreadPoolExecutor(os.cpu_count() or 4) as pool, \
                 AsyncCompileMode(pool, ignore_errors=True):
-            for c in configs:
+            for launch in launches:
                 try:
-                    swap(fmt, c)(x, t)
+                    launch()
                 except Exception:  # noqa: BLE001 - compiled (and skipped) when timed
                     pass
     except Exception as e:  # noqa: BLE001 - an AsyncCompileMode unlike this one's
         print(f"  compiling in parallel failed ({type(e).__name__}: {str(e)[:80]}); "
               "compiling as timed", file=sys.stderr, flush=True)
     finally:
-        st._w8_swap = kernel
+        setattr(module, name, kernel)
+
+
+def precompile(fmt: str, configs: list[tuple], x: torch.Tensor, t: dict) -> None:
+    """Compile ``w8_swap`` at every launch of ``configs`` for these rows (:func:`compile_all`)."""
+    compile_all(st, "_w8_swap", [lambda c=c: swap(fmt, c)(x, t) for c in configs])
 
 
 def timed(fn, sets: list[dict], x: torch.Tensor, iters: int) -> float:

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.runtime.fused_triton import _round
 from engine.runtime.quant_triton import (_bits, _finish, _group_affine, _kind, _quantize,
                                          _row_scales, _slice, _split, _workspace, _x_slice,
                                          fp8_from_bits, shape_class)
@@ -55,11 +56,6 @@ def dense_rows(device: torch.device) -> int:
     if rows is not None:
         return min(MAX_ROWS, int(rows))
     return 1 if pdl_enabled(device) else 0
-
-
-@triton.jit
-def _round(v, dt: tl.constexpr):
-    return v.to(dt).to(tl.float32)
 
 
 @triton.jit

@@ -30,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-#: a lower temperature means greedy (as :data:`engine.runtime.sampling.GREEDY_TEMPERATURE`)
-GREEDY_TEMPERATURE = 1e-5
+from engine.runtime.sampling import GREEDY_TEMPERATURE
+
 BLOCK = 2048
 
 
@@ -145,17 +145,12 @@ def _sample_rows(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, minp_ptr, 
     tl.store(out_ptr + row, token)
 
 
-def float_bits(values: list[float]) -> list[int]:
-    """float32 bit patterns of ``values`` as Python ints (how float parameters travel)."""
-    return torch.tensor(values, dtype=torch.float32).view(torch.int32).tolist()
-
-
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
            top_p: torch.Tensor, min_p: torch.Tensor, seed: torch.Tensor,
            position: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Token ids [B] int64 of ``logits`` [B, V] (any float dtype, last dimension contiguous);
     every parameter an int64 vector [B] on the logits' device: ``temperature``, ``top_p``,
-    ``min_p`` as float32 bit patterns (:func:`float_bits`), ``top_k`` (0: all), ``seed`` and
+    ``min_p`` as float32 bit patterns (:func:`engine.runtime.sampling.float_bits`), ``top_k`` (0: all), ``seed`` and
     ``position`` (the index of the token being drawn in the request's output)."""
     b, v = logits.shape
     if logits.stride(-1) != 1:

@@ -324,14 +324,6 @@ def sample_args(rows: Sequence[SamplingRow], device: torch.device) -> torch.Tens
     return pack_to_device([flat], device)[0][0].view(6, len(rows))
 
 
-def _modifies_logits(row: SamplingRow) -> bool:
-    """Whether the sampler changes ``row``'s logits before its draw (penalties, the
-    ``min_new_tokens`` mask, a logit processor, a grammar)."""
-    sp = row.sampling_params
-    return bool(sp.has_penalties or sp.min_new_tokens
-                or getattr(row, "logit_processor", None) is not None or row.grammar is not None)
-
-
 class Sampler:
     """Batched sampler over ``[B, V]`` float32 logits (see the module docstring for the order).
 
@@ -388,9 +380,11 @@ class Sampler:
         logits = logits.float()
         vocab, dev = logits.shape[1], logits.device
         errors: dict[int, Exception] = {}
+        prepared = False  # whether any row's logits were penalised or masked
         for i, row in enumerate(rows):
             sp = row.sampling_params
             if sp.has_penalties or sp.min_new_tokens:
+                prepared = True
                 try:
                     _prepare_row(logits[i], row, vocab)
                 except Exception as exc:  # noqa: BLE001 - this row fails, the batch goes on
@@ -410,8 +404,8 @@ class Sampler:
         logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
 
         if self._uses_kernel(logits):
-            if drawn_ids is not None and not any(map(_modifies_logits, rows)):
-                ids = drawn_ids
+            if drawn_ids is not None and not (prepared or chosen or constrained):
+                ids = drawn_ids  # (the logits it drew from are these, unchanged)
             else:
                 from engine.runtime import sample_triton
 
