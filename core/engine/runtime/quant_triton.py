@@ -20,7 +20,8 @@ fp8 or int8 weight half, but only if the product reads the packed codes itself. 
   ``torch._int_mm`` and fp8 pairs multiply exactly in float32.
 
 Up to :data:`GEMV_ROWS` rows (decode at small batch) :func:`affine_mm` hands over to the
-matrix-vector kernel of :mod:`engine.runtime.gemv_triton`, and :func:`w8_mm` to it or to its
+matrix-vector kernel of :mod:`engine.runtime.gemv_triton` (or, for the code widths and rows
+:data:`AFFINE_SWAP` lists, to the swapped-operand kernel of :mod:`engine.runtime.swap_affine`), and :func:`w8_mm` to it or to its
 own ``tl.dot`` kernel with the rows padded to 16 (whichever :data:`W8_SMALL` names; fp8 codes
 multiply on the tensor cores without conversion). Otherwise both are one program per
 ``BLOCK_N`` outputs and ``BLOCK_M`` rows, products through ``tl.dot``. With ``split_k > 1``
@@ -44,6 +45,12 @@ GEMV_ROWS = 4
 #: largest row count handed to the swapped-operand kernel of :mod:`engine.runtime.swap_triton`
 #: where its table serves the weights (:func:`engine.runtime.swap_triton.small_config`)
 SWAP_ROWS = 16
+#: rows (first, last) that :func:`affine_mm` hands to the swapped-operand kernel of
+#: :mod:`engine.runtime.swap_affine`, by code width: what an H200 measured
+#: (``benchmarks/swap_affine_gpu.py``, Llama-3-8B's layers, int4 in groups of 128; a step's
+#: linear layers: 1 row 2.94 ms swapped vs 2.13 through the gemv, 4 rows 2.71 vs 4.65, 16 rows
+#: 2.86 vs 21.96 through ``tl.dot``). Widths not listed keep the gemv and ``tl.dot`` kernels.
+AFFINE_SWAP = {4: (2, 16)}
 
 #: code dtype -> (kernel FP8 flag, mantissa bits, smallest normal exponent, largest value)
 _KINDS = {torch.int8: (0, 0, 0, 127.0), torch.float8_e4m3fn: (1, 3, -6, 448.0),
@@ -482,6 +489,12 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
     ``q`` from :func:`pack_affine`, ``scale``/``bias_`` float32 [K / group, N]."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
+    first, last = AFFINE_SWAP.get(bits, (0, -1))
+    if (first <= m <= last and x.dtype in (torch.bfloat16, torch.float16) and sub in (16, 32)
+            and group % sub == 0):
+        from engine.runtime.swap_affine import affine_swap
+
+        return affine_swap(x, q, scale, bias_, bits, group, sub, perm=perm, bias=bias)
     if m <= GEMV_ROWS:
         from engine.runtime.gemv_triton import gemv_affine
 
