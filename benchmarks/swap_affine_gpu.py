@@ -1,5 +1,5 @@
 """The swapped-operand affine product :func:`engine.runtime.swap_affine.affine_swap` on
-Llama-3-8B's linear layers (int4 codes in groups of 128) at 1-16 rows, against the current path
+Llama-3-8B's linear layers (int4 codes in groups of 128) at 1-2048 rows, against the current path
 (:func:`engine.runtime.quant_triton.affine_mm`, which hands up to 4 rows to
 :func:`engine.runtime.gemv_triton.gemv_affine`) and bf16 cuBLAS on a dense weight of the same
 shape, on a GPU.
@@ -134,8 +134,9 @@ def correctness(rows_list, layers, shapes, group, device, dtype) -> list[list]:
     return out
 
 
-def candidates(n: int, k: int) -> list[tuple]:
-    """The sweep's launches for a weight [n, k]: BLOCK_N 64 (4 warps) or 128 (4 or 8 warps);
+def candidates(n: int, k: int, rows: int) -> list[tuple]:
+    """The sweep's launches for ``rows`` rows of a weight [n, k]: BLOCK_N 64 (4 warps) or 128
+    (4 or 8 warps);
     SPLIT_K 1-8 with at least two tiles a slice and at most 8 programs a multiprocessor; 2-5
     stages, no more buffered tiles than a slice has, fitting :data:`SMEM`; the row sums from
     registers or from the matrix unit."""
@@ -148,8 +149,8 @@ def candidates(n: int, k: int) -> list[tuple]:
             if split > 1 and per_slice < 2 or triton.cdiv(n, bn) * split > 8 * SMS:
                 continue
             for stages in (2, 3, 4, 5):
-                # per stage: BLOCK_N words a row, and 16 rows of x for each slice
-                tile_bytes = bn * SUB * 4 + 32 // BITS * 16 * SUB * 2
+                # per stage: BLOCK_N words a row, and a block of rows of x for each slice
+                tile_bytes = bn * SUB * 4 + 32 // BITS * sa.rows_block(rows) * SUB * 2
                 if stages - 1 > per_slice or (stages - 1) * tile_bytes + SMEM_OTHER > SMEM:
                     continue
                 out += [(bn, split, warps, stages, xsum) for xsum in (0, 1)]
@@ -169,7 +170,7 @@ def sweep(rows: int, layers: list[str], sets: dict, xs: dict, group: int, iters:
     out = []
     for name in layers:
         n, k = SHAPES[name]
-        configs = candidates(n, k)
+        configs = candidates(n, k, rows)
         precompile(configs, group, xs[name], sets[name][0])
         default = sa.default_config(n, k, rows)
         base = timed(swap(group), sets[name], xs[name], iters)
@@ -314,14 +315,14 @@ def dry_run(rows_list, layers, group) -> None:
     t = weights(n, k, group, "cpu")
     w64 = dequantized(t, k, group)
     x = torch.randn(3, k, dtype=torch.float16)
-    for c in (candidates(n, k)[0], candidates(n, k)[-1]):
+    for c in (candidates(n, k, 3)[0], candidates(n, k, 3)[-1]):
         y = swap(group, c)(x, t)
         result.append([3, "down", f"{n}x{k}", c, f"{rel(y, x.double() @ w64.t()):.2e}",
                        f"{rel(y, current(group)(x, t)):.2e}"])
     table(["rows", "layer", "N x K", "swap launch", "max rel diff vs float64",
            "max rel diff vs affine_mm"], result)
     bad = [r for r in result if max(float(r[-1]), float(r[-2])) > 2 ** -7]
-    sweep_sizes = {name: len(candidates(*SHAPES[name])) for name in layers}
+    sweep_sizes = {name: len(candidates(*SHAPES[name], 1)) for name in layers}
     print(f"\nlaunches swept per (layer, rows): {sweep_sizes}")
     if bad:
         sys.exit(f"dry run: {len(bad)} differences above 2^-7")
@@ -330,7 +331,8 @@ def dry_run(rows_list, layers, group) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", default=None, help="row counts (default 1,4,16; search: 1,4)")
+    ap.add_argument("--rows", default=None,
+                    help="row counts (default 1,4,16,32,64,128,512,2048; search: 1,4)")
     ap.add_argument("--layers", default=",".join(SHAPES))
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--search", action="store_true", help="sweep affine_swap's launches")
@@ -340,7 +342,8 @@ def main() -> None:
     ap.add_argument("--offline", action="store_true",
                     help="compile the default launches for sm_90 without a GPU and report")
     args = ap.parse_args()
-    rows_list = [int(r) for r in (args.rows or ("1,4" if args.search else "1,4,16")).split(",")]
+    rows_list = [int(r) for r in (args.rows or ("1,4" if args.search
+                                                else "1,4,16,32,64,128,512,2048")).split(",")]
     layers = args.layers.split(",")
     if args.dry_run:
         dry_run(rows_list, layers, args.group)

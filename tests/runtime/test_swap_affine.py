@@ -2,7 +2,7 @@
 float64 product of its dequantized weights and the current path
 (:func:`engine.runtime.quant_triton.affine_mm`, which hands up to 4 rows to
 :func:`engine.runtime.gemv_triton.gemv_affine`) on the same inputs: 2-, 4- and 8-bit codes,
-groups 16 to 128, 1 to 16 rows, N and K not multiples of the tiles, act-order permutation,
+groups 16 to 128, 1 to 200 rows (one block of 16, 32, 64 or 128 rows; several blocks), N and K not multiples of the tiles, act-order permutation,
 bias, K split over several programs, bfloat16 and float16 activations, both ways of summing
 the rows. Under the Triton interpreter here (a child process: the interpreter must be chosen
 before Triton is imported), on the GPU where there is one. The inline PTX that turns packed
@@ -61,7 +61,16 @@ CASES = dict(
        _case("int2 g64 m=3", 3, bits=2, group=64, k=1024),
        _case("default launch m=1 wide", 1, n=512, k=128, config=None),
        _case("default launch m=4 deep half", 4, n=64, k=768, dtype=F16, config=None),
-       _case("default launch m=16 square", 16, n=128, k=256, config=None)])
+       _case("default launch m=16 square", 16, n=128, k=256, config=None),
+       _case("int4 a block of 32 rows m=20 half", 20, k=256, dtype=F16),
+       _case("int4 a block of 64 rows m=33 split 2 bias", 33, k=512, bias=True,
+             config=(64, 2, 4, 2, 0)),
+       _case("int4 a block of 128 rows m=100 act-order half", 100, group=64, k=256, perm=True,
+             dtype=F16),
+       _case("int4 two blocks of 128 rows m=200 (split refused) bias", 200, k=256, bias=True,
+             config=(64, 2, 4, 2, 0)),
+       _case("int8 a block of 64 rows m=40 half", 40, bits=8, k=256, dtype=F16),
+       _case("default launch m=70 wide half", 70, n=512, k=128, dtype=F16, config=None)])
 
 
 # ---------------------------------------------------------------- the checks (child process)
@@ -123,14 +132,14 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
 
 
 def _refusals(device: str) -> list[str]:
-    """More than 16 rows, and float32 activations, are refused."""
+    """float32 activations are refused."""
     from engine.runtime import quant_triton as qt
     from engine.runtime import swap_affine as sa
 
     q = qt.pack_affine(torch.zeros(64, 256, dtype=torch.int64), 4, 32).to(device)
     s = torch.ones(2, 64, device=device)
     failures = []
-    for rows, dtype in ((17, torch.bfloat16), (2, torch.float32)):
+    for rows, dtype in ((2, torch.float32),):
         try:
             sa.affine_swap(torch.zeros(rows, 256, dtype=dtype, device=device), q, s, s, 4, 128,
                            32)

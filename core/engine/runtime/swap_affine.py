@@ -3,12 +3,14 @@
 :func:`affine_swap` computes :func:`engine.runtime.quant_triton.affine_mm` (GPTQ, AWQ and the
 other integer formats in the canonical packed form of
 :func:`engine.runtime.quant_triton.pack_affine`: ``W[n, k] = q[n, k] * scale[g, n] + bias[g,
-n]``, ``g = k // group``, unsigned 2-, 4- or 8-bit codes) for 1 to :data:`MAX_ROWS` rows as
-``y^T = W x^T``: each program owns ``BLOCK_N`` (64 or 128) output features and accumulates
-``[BLOCK_N, 16] += W[BLOCK_N, SUB] @ x^T[SUB, 16]`` per slice of SUB columns, so the weights are
-the M side of the matrix unit (Hopper's warp-group instructions, four warps a group) and the
-rows the N side, padded to 16 (rows past M repeat the last row; their results are never
-stored).
+n]``, ``g = k // group``, unsigned 2-, 4- or 8-bit codes) as ``y^T = W x^T``: each program owns
+``BLOCK_N`` (64 or 128) output features of a block of BLOCK_M rows (16, 32, 64 or
+:data:`MAX_ROWS`) and accumulates ``[BLOCK_N, BLOCK_M] += W[BLOCK_N, SUB] @ x^T[SUB, BLOCK_M]``
+per slice of SUB columns, so the weights are the M side of the matrix unit (Hopper's
+warp-group instructions, four warps a group) and the rows the N side, padded to the block (rows
+past M repeat the last row; their results are never stored). A few rows (decode) take one
+block; many rows (prefill) take one program per block of rows and outputs, each reading its
+weights' codes (from L2 after the first block), so the codes never exist dequantized in memory.
 
 The codes become 16-bit floats by their bit pattern alone: the field of a code or'ed into the
 mantissa of a power of two, ``0x4300 | q`` = 128 + q as bfloat16 (``0x6400 | q`` = 1024 + q as
@@ -57,8 +59,9 @@ import triton.language as tl
 from engine.runtime.quant_triton import _finish, _slice, _split, _workspace, shape_class
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait, prefetch_l2
 
-#: largest row count :func:`affine_swap` serves (the N side of the product, padded to this)
-MAX_ROWS = 16
+#: rows of one program (the N side of the product, rows padded to a block of 16, 32, 64 or
+#: this many); more rows take more programs along the grid's third axis
+MAX_ROWS = 128
 
 
 def _interpreting() -> bool:
@@ -212,9 +215,9 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, XSUM: tl.constexpr,
                  ROW1: tl.constexpr, EVEN: tl.constexpr, SPLIT: tl.constexpr,
                  HALVES: tl.constexpr, ASM: tl.constexpr, F32: tl.constexpr,
-                 PDL: tl.constexpr):
-    """One program: BLOCK_N outputs of every row (at most 16), the packed tiles of slice
-    ``pid_k`` of ``split_k``. A tile is SUB words per output, 32/BITS slices of SUB columns;
+                 BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+    """One program: BLOCK_N outputs of BLOCK_M rows (block ``pid_m``; SPLIT only with one
+    block), the packed tiles of slice ``pid_k`` of ``split_k``. A tile is SUB words per output, 32/BITS slices of SUB columns;
     slices fold into the accumulator a chunk at a time (CHUNK slices inside one group, at most
     a tile). XSUM 0: row sums from x in registers (ROW1: only the first row, as a scalar);
     1: from the matrix unit. EVEN: K a multiple of the tile (no masks on x). Rows past M and
@@ -222,7 +225,6 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
     load BLOCK_N / 2 at a time (:func:`_per_output`; BLOCK_N at least the threads). ASM:
     compiled for the GPU (inline PTX, L2 prefetches); else the interpreter's forms (F32:
     bfloat16 products in float32)."""
-    BLOCK_M: tl.constexpr = 16
     PER: tl.constexpr = 32 // BITS
     PACK: tl.constexpr = PER * SUB
     GS: tl.constexpr = GROUP // SUB
@@ -231,6 +233,7 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     nc = tl.minimum(offs_n, N - 1)
@@ -244,7 +247,7 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
         prefetch_l2(q_ptr + nc.to(tl.int64) * stride_qn + first, PDL)
     _prefetch_affine(s_ptr, b_ptr, t_lo, t_hi, n_groups, N, nc, PACK, GROUP, ASM)
     pdl_wait(PDL)
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     x_rows = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     ones = tl.full((BLOCK_N, SUB), 1.0, DTYPE)
@@ -285,20 +288,37 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
 
 # ---------------------------------------------------------------- launch configurations
 
-#: (BLOCK_N, SPLIT_K, warps, stages, XSUM) by (:func:`shape_class`, rows up to 1 | 4 | 16).
-#: Starting points until ``benchmarks/swap_affine_gpu.py --search`` has chosen them on an
-#: H200: 128 outputs a program (the fewest instructions per weight: the activation slices and
-#: their sums are shared by more weights), K split so that Llama-3-8B's layers get one to two
-#: programs per multiprocessor (132), two tiles in flight per program, the row sums from
-#: registers.
-CONFIGS = {(cls, bucket): launch for bucket in (1, 4, 16)
-           for cls, launch in (("square", (128, 4, 4, 3, 0)), ("wide", (128, 1, 4, 3, 0)),
-                               ("deep", (128, 8, 4, 3, 0)))}
+#: (BLOCK_N, SPLIT_K, warps, stages, XSUM) by (:func:`shape_class`, :func:`rows_bucket`),
+#: chosen on an H200 by ``benchmarks/swap_affine_gpu.py --search`` (Llama-3-8B's layers, int4
+#: in groups of 128; the launch with the least summed time over the class's layers). Buckets
+#: 32 and up: starting points (eight warps from 64 rows, for the larger accumulator).
+CONFIGS = {("deep", 1): (128, 8, 8, 3, 1), ("deep", 4): (128, 8, 8, 3, 0),
+           ("deep", 16): (128, 8, 4, 5, 0), ("square", 1): (128, 8, 4, 2, 0),
+           ("square", 4): (128, 8, 4, 2, 0), ("square", 16): (128, 8, 4, 2, 0),
+           ("wide", 1): (128, 4, 4, 3, 0), ("wide", 4): (128, 4, 4, 3, 0),
+           ("wide", 16): (128, 1, 4, 5, 0),
+           ("deep", 32): (128, 8, 4, 3, 0), ("square", 32): (128, 4, 4, 3, 0),
+           ("wide", 32): (128, 1, 4, 3, 0),
+           ("deep", 64): (128, 4, 8, 3, 0), ("square", 64): (128, 2, 8, 3, 0),
+           ("wide", 64): (128, 1, 8, 3, 0),
+           ("deep", 128): (128, 2, 8, 3, 0), ("square", 128): (128, 1, 8, 3, 0),
+           ("wide", 128): (128, 1, 8, 3, 0)}
+
+
+#: row buckets of the launch table (up to 1, 4, 16, 32, 64 rows; more: MAX_ROWS a program)
+BUCKETS = (1, 4, 16, 32, 64, MAX_ROWS)
 
 
 def rows_bucket(m: int) -> int:
-    """The launch table's row bucket of ``m`` rows: 1, 4 or 16."""
-    return 1 if m == 1 else 4 if m <= 4 else 16
+    """The launch table's row bucket of ``m`` rows: the least of :data:`BUCKETS` holding ``m``
+    (:data:`MAX_ROWS` for any more)."""
+    return next((b for b in BUCKETS if m <= b), MAX_ROWS)
+
+
+def rows_block(m: int) -> int:
+    """Rows of one program for ``m`` rows: 16 up to 16 (the matrix unit's narrowest side), then
+    the bucket."""
+    return max(16, rows_bucket(m))
 
 
 def default_config(n: int, k: int, m: int) -> tuple:
@@ -316,16 +336,14 @@ def code_offset(bits: int, dtype: torch.dtype) -> int:
 def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torch.Tensor,
                 bits: int, group: int, sub: int, perm: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, config: tuple | None = None) -> torch.Tensor:
-    """:func:`engine.runtime.quant_triton.affine_mm` for at most :data:`MAX_ROWS` rows of
-    bfloat16 or float16 ``x`` [M, K]: ``q`` from :func:`engine.runtime.quant_triton.pack_affine`
+    """:func:`engine.runtime.quant_triton.affine_mm` for bfloat16 or float16 ``x`` [M, K]
+    (:data:`MAX_ROWS` rows a program): ``q`` from :func:`engine.runtime.quant_triton.pack_affine`
     (``bits`` 2, 4 or 8, slices of ``sub`` columns), ``scale``/``bias_`` float32 [K / group, N],
     ``perm`` the act-order permutation of K (int32), ``bias`` [N]. The weights multiply as
     their float32 values (not rounded to x's dtype). ``config``: (BLOCK_N, SPLIT_K, warps,
     stages, XSUM), else :data:`CONFIGS`'."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
-    if m > MAX_ROWS:
-        raise ValueError(f"affine_swap serves at most {MAX_ROWS} rows, got {m}")
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"affine_swap takes bfloat16 or float16 activations, got {x.dtype}")
     if bits not in (2, 4, 8) or sub not in (16, 32) or group % sub:
@@ -338,12 +356,14 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
     bn, split, warps, stages, xsum = config or default_config(n, k, m)
     scale = scale.contiguous()
     bias_ = bias_.contiguous()
-    split = _split(min(split, triton.cdiv(k, pack)), n, bn, MAX_ROWS)
+    bm = rows_block(m)
+    blocks = triton.cdiv(m, bm)
+    split = 1 if blocks > 1 else _split(min(split, triton.cdiv(k, pack)), n, bn, bm)
     part, cnt = _workspace(x.device)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     interpret = _interpreting()
     f16 = x.dtype == torch.float16
-    grid = (triton.cdiv(n, bn), split)
+    grid = (triton.cdiv(n, bn), split, blocks)
     _affine_swap[grid](x, q, scale, bias_, perm if perm is not None else q,
                        bias if bias is not None else y, y, part, cnt, m, n, k, x.stride(0),
                        q.stride(0), y.stride(0), split, BITS=bits, GROUP=group, SUB=sub,
@@ -352,6 +372,6 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
                        XSUM=xsum, ROW1=m == 1, EVEN=k % pack == 0, SPLIT=split > 1,
                        HALVES=bn >= 32 * warps,
                        ASM=not interpret and hasattr(triton, "constexpr_function"),
-                       F32=interpret and not f16, num_warps=warps, num_stages=stages,
+                       F32=interpret and not f16, BLOCK_M=bm, num_warps=warps, num_stages=stages,
                        **launch_options(x.device))
     return y
