@@ -1,8 +1,8 @@
 """The swapped-operand affine product :func:`engine.runtime.swap_affine.affine_swap` on
-Llama-3-8B's linear layers (int4 codes in groups of 128) at 1-2048 rows, against the current path
-(:func:`engine.runtime.quant_triton.affine_mm`, which hands up to 4 rows to
-:func:`engine.runtime.gemv_triton.gemv_affine`) and bf16 cuBLAS on a dense weight of the same
-shape, on a GPU.
+Llama-3-8B's linear layers (int4 codes in groups of 128) at 1-2048 rows, against the current
+path (:func:`engine.runtime.quant_triton.affine_mm`, with its routing of the day), bf16 cuBLAS
+on a dense weight of the same shape, and dequantizing into a temporary then cuBLAS
+(:func:`engine.runtime.quant_triton.dequant_affine`), on a GPU.
 
 First a correctness check on the real shapes: ``affine_swap`` at its default launch against the
 float64 product of the dequantized weights and against ``affine_mm`` (the largest difference
@@ -92,6 +92,12 @@ def swap(group: int, config: tuple | None = None):
 def current(group: int):
     """(x, weight dict) -> y by :func:`affine_mm` (gemv_affine up to 4 rows)."""
     return lambda x, t: qt.affine_mm(x, t["q"], t["s"], t["b"], BITS, group, SUB)
+
+
+def dequant(group: int, k: int):
+    """(x, weight dict) -> y by :func:`dequant_affine` into a temporary, then cuBLAS."""
+    return lambda x, t: torch.nn.functional.linear(
+        x, qt.dequant_affine(t["q"], t["s"], t["b"], BITS, group, SUB, k, x.dtype))
 
 
 def dense(x: torch.Tensor, t: dict) -> torch.Tensor:
@@ -372,7 +378,7 @@ def main() -> None:
               for name in layers}
         if args.search:
             found += sweep(rows, layers, sets, xs, group, args.iters, times)
-        step = [0.0, 0.0, 0.0]
+        step = [0.0, 0.0, 0.0, 0.0]
         for name in layers:
             n, k = SHAPES[name]
             b = nbytes(sets[name][0])
@@ -382,16 +388,19 @@ def main() -> None:
                 del dense_sets
             ours = timed(swap(group), sets[name], xs[name], args.iters)
             cur = timed(current(group), sets[name], xs[name], args.iters)
+            deq = timed(dequant(group, k), sets[name], xs[name], args.iters)
             bf = dense_us[(name, rows)]
-            for i, us in enumerate((ours, cur, bf)):
+            for i, us in enumerate((ours, cur, bf, deq)):
                 step[i] += us * LAYERS
             timing.append([rows, name, f"{b / 1e6:.1f}", sa.default_config(n, k, rows),
                            f"{ours:.1f}", f"{b / ours / 1e6:.2f}", f"{cur:.1f}",
-                           f"{b / cur / 1e6:.2f}", f"{bf:.1f}", f"{2 * n * k / bf / 1e6:.2f}",
-                           f"{ours / bf:.2f}", f"{cur / bf:.2f}"])
+                           f"{b / cur / 1e6:.2f}", f"{deq:.1f}", f"{bf:.1f}",
+                           f"{2 * n * k / bf / 1e6:.2f}", f"{ours / bf:.2f}", f"{cur / bf:.2f}",
+                           f"{deq / bf:.2f}"])
         steps.append([rows, f"{step[0] / 1e3:.2f}", f"{step[1] / 1e3:.2f}",
-                      f"{step[2] / 1e3:.2f}", f"{step[0] / step[2]:.2f}",
-                      f"{step[1] / step[2]:.2f}"])
+                      f"{step[3] / 1e3:.2f}", f"{step[2] / 1e3:.2f}",
+                      f"{step[0] / step[2]:.2f}", f"{step[1] / step[2]:.2f}",
+                      f"{step[3] / step[2]:.2f}"])
     if found:
         table(["rows", "layer", "default launch", "default us", "best launch", "best us",
                "best TB/s", "tried"], found)
@@ -399,10 +408,10 @@ def main() -> None:
         for key, c in suggested(times).items():
             print(f"    {key}: {c},")
     table(["rows", "layer", "weight MB", "swap launch", "swap us", "swap TB/s", "affine_mm us",
-           "affine_mm TB/s", "bf16 cuBLAS us", "bf16 TB/s", "swap / bf16", "affine_mm / bf16"],
-          timing)
-    table(["rows", "step's linear layers: swap ms", "affine_mm ms", "bf16 ms", "swap / bf16",
-           "affine_mm / bf16"], steps)
+           "affine_mm TB/s", "dequant + cuBLAS us", "bf16 cuBLAS us", "bf16 TB/s",
+           "swap / bf16", "affine_mm / bf16", "dequant / bf16"], timing)
+    table(["rows", "step's linear layers: swap ms", "affine_mm ms", "dequant + cuBLAS ms",
+           "bf16 ms", "swap / bf16", "affine_mm / bf16", "dequant / bf16"], steps)
 
 
 if __name__ == "__main__":

@@ -233,14 +233,21 @@ def packed_kernels(layer: Linear) -> bool:
     return fused.triton_serves(device, getattr(layer, "quant_dtype", None))
 
 
-def packed_weight_only() -> bool:
-    """Whether weight-only formats keep their codes packed on a GPU
-    (``ENGINE_PACKED_WEIGHT_ONLY=1``): a quarter of the memory, but on an H200 the packed
-    product is still slower than the dense copy's (docs/benchmarks/quantization.md), so the
-    dense copy is the default."""
+def keep_packed(packed: "AffineWeight | AffineShards", device: torch.device) -> bool:
+    """Whether a weight-only layer keeps its codes packed (``packed``) rather than a dense copy
+    in the model dtype: ``ENGINE_PACKED_WEIGHT_ONLY=1`` always, ``=0`` never; by default on a
+    CUDA device when :data:`engine.runtime.quant_triton.PACKED_BITS` lists the code width (the
+    packed products measured at least as fast as the dense copy's at every row count; a
+    quarter of the memory)."""
     import os
 
-    return os.environ.get("ENGINE_PACKED_WEIGHT_ONLY") == "1"
+    from engine.runtime import quant_triton
+
+    choice = os.environ.get("ENGINE_PACKED_WEIGHT_ONLY")
+    if choice in ("0", "1"):
+        return choice == "1"
+    bits = packed.parts[0].bits if isinstance(packed, AffineShards) else packed.bits
+    return device.type == "cuda" and bits in quant_triton.PACKED_BITS
 
 
 class AffineWeight:
@@ -304,8 +311,8 @@ class DequantizedMethod(LayerMethod):
     loading by a dense ``weight`` in the model dtype and the product is the dense model's
     (:func:`~engine.runtime.linear.dense_linear`: exact against the float reference, and as fast
     as the dense model). On a GPU (:func:`packed_kernels`) a format with an :meth:`affine`
-    form keeps its codes packed and multiplies them in a Triton kernel that dequantizes as it
-    reads, so a decode step reads the packed bytes only."""
+    form keeps its codes packed where :func:`keep_packed` says so and multiplies them in a Triton
+    kernel that dequantizes as it reads, so a decode step reads the packed bytes only."""
 
     serves_experts = True
 
@@ -326,10 +333,13 @@ class DequantizedMethod(LayerMethod):
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         packed, group = None, getattr(layer, "group", None)
-        if group and packed_weight_only() and packed_kernels(layer):
+        if group and packed_kernels(layer):
             from engine.runtime import quant_triton  # (Triton only where its kernels run)
 
             packed = self.affine(layer) if quant_triton.affine_sub(group) else None
+            device = next((p.device for p in layer.parameters()), torch.device("cpu"))
+            if packed is not None and not keep_packed(packed, device):
+                packed = None
         w = self.dense_weight(layer) if packed is None else None
         drop_checkpoint_params(layer)
         layer.packed = packed

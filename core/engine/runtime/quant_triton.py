@@ -21,14 +21,15 @@ fp8 or int8 weight half, but only if the product reads the packed codes itself. 
 
 Up to :data:`GEMV_ROWS` rows (decode at small batch) :func:`affine_mm` hands over to the
 matrix-vector kernel of :mod:`engine.runtime.gemv_triton` (or, for the code widths and rows
-:data:`AFFINE_SWAP` lists, to the swapped-operand kernel of :mod:`engine.runtime.swap_affine`), and :func:`w8_mm` to it or to its
-own ``tl.dot`` kernel with the rows padded to 16 (whichever :data:`W8_SMALL` names; fp8 codes
-multiply on the tensor cores without conversion). Otherwise both are one program per
-``BLOCK_N`` outputs and ``BLOCK_M`` rows, products through ``tl.dot``. With ``split_k > 1``
-(one block of rows) each of that many programs per output block takes a slice of K, and
-:func:`_finish` adds the slices up in the same launch (an atomic counter per output block: the
-last slice to arrive sums the partials). fp8 rounding is float32 arithmetic (round to nearest
-even on the format's grid), so the Triton interpreter computes the same codes as the GPU.
+:data:`AFFINE_SWAP` lists, to the swapped-operand kernel of :mod:`engine.runtime.swap_affine`),
+and :func:`w8_mm` to it or to its own ``tl.dot`` kernel with the rows padded to 16 (whichever
+:data:`W8_SMALL` names; fp8 codes multiply on the tensor cores without conversion). Otherwise
+both are one program per ``BLOCK_N`` outputs and ``BLOCK_M`` rows, products through ``tl.dot``.
+With ``split_k > 1`` (one block of rows) each of that many programs per output block takes a
+slice of K, and :func:`_finish` adds the slices up in the same launch (an atomic counter per
+output block: the last slice to arrive sums the partials). fp8 rounding is float32 arithmetic
+(round to nearest even on the format's grid), so the Triton interpreter computes the same codes
+as the GPU.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ SWAP_ROWS = 16
 #: linear layers: 1 row 2.94 ms swapped vs 2.13 through the gemv, 4 rows 2.71 vs 4.65, 16 rows
 #: 2.86 vs 21.96 through ``tl.dot``). Widths not listed keep the gemv and ``tl.dot`` kernels.
 AFFINE_SWAP = {4: (2, 16)}
+#: rows from which :func:`affine_mm` dequantizes the weight into a temporary in x's dtype and
+#: hands the product to cuBLAS, by code width (prefill: the weight's bytes are then small
+#: beside the product's work)
+DEQUANT_ROWS: dict[int, int] = {}
+#: code widths whose packed products :func:`engine.runtime.quant_methods.keep_packed` keeps by
+#: default on a GPU (measured at least as fast as the dense copy at every row count)
+PACKED_BITS: frozenset[int] = frozenset()
 
 #: code dtype -> (kernel FP8 flag, mantissa bits, smallest normal exponent, largest value)
 _KINDS = {torch.int8: (0, 0, 0, 127.0), torch.float8_e4m3fn: (1, 3, -6, 448.0),
@@ -249,6 +257,32 @@ def _affine_mm(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, M, N, K,
         acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :],
              acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _dequant_affine(q_ptr, s_ptr, b_ptr, w_ptr, N, K, stride_qn, stride_wn,
+                    BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
+                    BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    """One program: the weights of BLOCK_N outputs in packed tile ``program_id(1)``, as
+    ``q * s + b`` in float32 rounded to ``w``'s dtype (columns past K not stored)."""
+    pdl_trigger(PDL)
+    PER: tl.constexpr = 32 // BITS
+    PACK: tl.constexpr = PER * SUB
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    t = tl.program_id(1)
+    offs_i = tl.arange(0, SUB)
+    n_ok = offs_n < N
+    q_rows = q_ptr + offs_n.to(tl.int64)[:, None] * stride_qn
+    words = tl.load(q_rows + (t * SUB + offs_i)[None, :], mask=n_ok[:, None], other=0)
+    pdl_wait(PDL)
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    for j in tl.static_range(PER):
+        k0 = t * PACK + j * SUB
+        s, b = _group_affine(s_ptr, b_ptr, k0, N, K, offs_n, n_ok, GROUP)
+        c = ((words >> (j * BITS)) & ((1 << BITS) - 1)).to(tl.float32)
+        cols = k0 + offs_i
+        w = (c * s[:, None] + b[:, None]).to(w_ptr.dtype.element_ty)
+        tl.store(w_rows + cols[None, :], w, mask=n_ok[:, None] & (cols < K)[None, :])
 
 
 @triton.jit
@@ -489,6 +523,9 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
     ``q`` from :func:`pack_affine`, ``scale``/``bias_`` float32 [K / group, N]."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
+    if m >= DEQUANT_ROWS.get(bits, 1 << 62):
+        w = dequant_affine(q, scale, bias_, bits, group, sub, k, x.dtype)
+        return torch.nn.functional.linear(x if perm is None else x[:, perm.long()], w, bias)
     first, last = AFFINE_SWAP.get(bits, (0, -1))
     if (first <= m <= last and x.dtype in (torch.bfloat16, torch.float16) and sub in (16, 32)
             and group % sub == 0):
@@ -513,6 +550,21 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
                      HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, TILES=tiles,
                      num_warps=warps, num_stages=stages, **launch_options(x.device))
     return y
+
+
+def dequant_affine(q: torch.Tensor, scale: torch.Tensor, bias_: torch.Tensor, bits: int,
+                   group: int, sub: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """The weight [N, k] in ``dtype`` that the packed affine form stands for (columns in the
+    packed order: act-order weights multiply ``x[:, perm]``), for products of many rows
+    (:data:`DEQUANT_ROWS`) that cuBLAS serves faster than the packed kernels."""
+    n = q.shape[0]
+    w = torch.empty((n, k), dtype=dtype, device=q.device)
+    bn = 64
+    grid = (triton.cdiv(n, bn), triton.cdiv(k, 32 // bits * sub))
+    _dequant_affine[grid](q, scale, bias_, w, n, k, q.stride(0), w.stride(0), BITS=bits,
+                          GROUP=group, SUB=sub, BLOCK_N=bn, num_warps=4,
+                          **launch_options(q.device))
+    return w
 
 
 def quant_rows(x: torch.Tensor, dtype: torch.dtype, static: torch.Tensor | None = None

@@ -216,15 +216,15 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
                  ROW1: tl.constexpr, EVEN: tl.constexpr, SPLIT: tl.constexpr,
                  HALVES: tl.constexpr, ASM: tl.constexpr, F32: tl.constexpr,
                  BLOCK_M: tl.constexpr, PDL: tl.constexpr):
-    """One program: BLOCK_N outputs of BLOCK_M rows (block ``pid_m``; SPLIT only with one
-    block), the packed tiles of slice ``pid_k`` of ``split_k``. A tile is SUB words per output, 32/BITS slices of SUB columns;
-    slices fold into the accumulator a chunk at a time (CHUNK slices inside one group, at most
-    a tile). XSUM 0: row sums from x in registers (ROW1: only the first row, as a scalar);
-    1: from the matrix unit. EVEN: K a multiple of the tile (no masks on x). Rows past M and
-    outputs past N repeat the last one (no masks on loads; never stored). HALVES: the scales
-    load BLOCK_N / 2 at a time (:func:`_per_output`; BLOCK_N at least the threads). ASM:
-    compiled for the GPU (inline PTX, L2 prefetches); else the interpreter's forms (F32:
-    bfloat16 products in float32)."""
+    """One program: BLOCK_N outputs of BLOCK_M rows (block ``pid_m``; SPLIT only with one block),
+    the packed tiles of slice ``pid_k`` of ``split_k``. A tile is SUB words per output,
+    32/BITS slices of SUB columns; slices fold into the accumulator a chunk at a time (CHUNK
+    slices inside one group, at most a tile). XSUM 0: row sums from x in registers (ROW1:
+    only the first row, as a scalar); 1: from the matrix unit. EVEN: K a multiple of the
+    tile (no masks on x). Rows past M and outputs past N repeat the last one (no masks on
+    loads; never stored). HALVES: the scales load BLOCK_N / 2 at a time
+    (:func:`_per_output`; BLOCK_N at least the threads). ASM: compiled for the GPU (inline
+    PTX, L2 prefetches); else the interpreter's forms (F32: bfloat16 products in float32)."""
     PER: tl.constexpr = 32 // BITS
     PACK: tl.constexpr = PER * SUB
     GS: tl.constexpr = GROUP // SUB
@@ -301,8 +301,8 @@ CONFIGS = {("deep", 1): (128, 8, 8, 3, 1), ("deep", 4): (128, 8, 8, 3, 0),
            ("wide", 32): (128, 1, 4, 3, 0),
            ("deep", 64): (128, 4, 8, 3, 0), ("square", 64): (128, 2, 8, 3, 0),
            ("wide", 64): (128, 1, 8, 3, 0),
-           ("deep", 128): (128, 2, 8, 3, 0), ("square", 128): (128, 1, 8, 3, 0),
-           ("wide", 128): (128, 1, 8, 3, 0)}
+           ("deep", 128): (128, 2, 8, 2, 0), ("square", 128): (128, 1, 8, 2, 0),
+           ("wide", 128): (128, 1, 8, 2, 0)}
 
 
 #: row buckets of the launch table (up to 1, 4, 16, 32, 64 rows; more: MAX_ROWS a program)
