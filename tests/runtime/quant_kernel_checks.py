@@ -124,6 +124,14 @@ for m in ROWS:
 affine_case(4, 64, 3, perm=True)
 affine_case(4, 16, 2, k=96)
 affine_case(4, 128, 20, perm=True, dtype=torch.float16)
+# many rows: the weight dequantized into a temporary, then the dense product (every width)
+_dequant_rows = dict(qt.DEQUANT_ROWS)
+qt.DEQUANT_ROWS.update({2: 5, 4: 5, 8: 5})
+for bits, group, m, perm in ((4, 128, 5, False), (8, 64, 9, True), (2, 32, 20, False),
+                             (4, 16, 6, True)):
+    affine_case(bits, group, m, k=320 if group < 128 else 256, perm=perm)
+qt.DEQUANT_ROWS.clear()
+qt.DEQUANT_ROWS.update(_dequant_rows)
 int8_case(3, static=True)
 fp8_case(2, fp8=torch.float8_e5m2)
 fp8_case(20, fp8=torch.float8_e5m2)
