@@ -306,7 +306,7 @@ def offline(rows_list, layers, group) -> None:
                              ck.metadata.shared, len(re.findall(r"wgmma.mma_async",
                                                                 ck.asm["ptx"])),
                              f"{count / per_thread:.2f}", f"{integer / per_thread:.2f}",
-                             ops.get("HGMMA.64x16x16.F32.BF16", 0)])
+                             sum(v for op, v in ops.items() if op.startswith("HGMMA"))])
     table(["rows", "layer", "launch", "registers", "stack/local bytes", "shared bytes",
            "wgmma in PTX", "loop instructions / weight", "LOP3+SHF+PRMT / weight",
            "HGMMA in loop"], rows_out)
