@@ -47,18 +47,19 @@ GEMV_ROWS = 4
 #: where its table serves the weights (:func:`engine.runtime.swap_triton.small_config`)
 SWAP_ROWS = 16
 #: rows (first, last) that :func:`affine_mm` hands to the swapped-operand kernel of
-#: :mod:`engine.runtime.swap_affine`, by code width: what an H200 measured
+#: :mod:`engine.runtime.swap_affine`, by code width. An H200 measured
 #: (``benchmarks/swap_affine_gpu.py``, Llama-3-8B's layers, int4 in groups of 128; a step's
-#: linear layers: 1 row 2.94 ms swapped vs 2.13 through the gemv, 4 rows 2.71 vs 4.65, 16 rows
-#: 2.86 vs 21.96 through ``tl.dot``). Widths not listed keep the gemv and ``tl.dot`` kernels.
-AFFINE_SWAP = {4: (2, 16)}
+#: linear layers): 1 row 2.11 ms swapped vs 2.12 through the gemv, 4 rows 2.15 vs 4.65, 16 rows
+#: 2.35 vs 21.96 through ``tl.dot``, against 3.8 ms for the dense bf16 weights. Widths not
+#: listed keep the gemv and ``tl.dot`` kernels.
+AFFINE_SWAP = {4: (2, 255)}
 #: rows from which :func:`affine_mm` dequantizes the weight into a temporary in x's dtype and
 #: hands the product to cuBLAS, by code width (prefill: the weight's bytes are then small
 #: beside the product's work)
-DEQUANT_ROWS: dict[int, int] = {}
+DEQUANT_ROWS: dict[int, int] = {4: 256}
 #: code widths whose packed products :func:`engine.runtime.quant_methods.keep_packed` keeps by
 #: default on a GPU (measured at least as fast as the dense copy at every row count)
-PACKED_BITS: frozenset[int] = frozenset()
+PACKED_BITS: frozenset[int] = frozenset({4})
 
 #: code dtype -> (kernel FP8 flag, mantissa bits, smallest normal exponent, largest value)
 _KINDS = {torch.int8: (0, 0, 0, 127.0), torch.float8_e4m3fn: (1, 3, -6, 448.0),
