@@ -1,7 +1,6 @@
 """The swapped-operand affine product :func:`engine.runtime.swap_affine.affine_swap` equals the
-float64 product of its dequantized weights and the current path
-(:func:`engine.runtime.quant_triton.affine_mm`, which hands up to 4 rows to
-:func:`engine.runtime.gemv_triton.gemv_affine`) on the same inputs: 2-, 4- and 8-bit codes,
+float64 product of its dequantized weights and :func:`engine.runtime.quant_triton.affine_mm`
+(whichever path it routes the rows to) on the same inputs: 2-, 4- and 8-bit codes,
 groups 16 to 128, 1 to 200 rows (one block of 16, 32, 64 or 128 rows; several blocks), N and K not multiples of the tiles, act-order permutation,
 bias, K split over several programs, bfloat16 and float16 activations, both ways of summing
 the rows. Under the Triton interpreter here (a child process: the interpreter must be chosen
