@@ -1,12 +1,12 @@
 """The swapped-operand affine product :func:`engine.runtime.swap_affine.affine_swap` equals the
 float64 product of its dequantized weights and :func:`engine.runtime.quant_triton.affine_mm`
-(whichever path it routes the rows to) on the same inputs: 2-, 4- and 8-bit codes,
-groups 16 to 128, 1 to 200 rows (one block of 16, 32, 64 or 128 rows; several blocks), N and K not multiples of the tiles, act-order permutation,
-bias, K split over several programs, bfloat16 and float16 activations, both ways of summing
-the rows. Under the Triton interpreter here (a child process: the interpreter must be chosen
-before Triton is imported), on the GPU where there is one. The inline PTX that turns packed
-words into 16-bit floats on the GPU (the interpreter takes the elementwise form) is checked
-against that form by a small emulation of its three instructions.
+(whichever path it routes the rows to) on the same inputs: 2-, 4- and 8-bit codes, groups 16 to
+128, 1 to 200 rows (one block of 16, 32, 64 or 128 rows; several blocks), N and K not multiples
+of the tiles, act-order permutation, bias, K split over several programs, bfloat16 and float16
+activations, both ways of summing the rows. Under the Triton interpreter here (a child process:
+the interpreter must be chosen before Triton is imported), on the GPU where there is one. The
+inline PTX that turns packed words into 16-bit floats on the GPU (the interpreter takes the
+elementwise form) is checked against that form by a small emulation of its three instructions.
 
 Run as a script (``python tests/runtime/test_swap_affine.py cpu|cuda``) it prints one JSON
 object: case name -> failures.
