@@ -30,8 +30,3 @@ def test_the_environment_forces_either_way(monkeypatch, choice, want):
     for bits in (2, 4, 8):
         for device in ("cpu", "cuda"):
             assert keep_packed(_weight(bits), torch.device(device)) is want
-
-
-def test_four_bit_codes_are_packed_by_default():
-    """4-bit codes (GPTQ, AWQ, W4A16) are the measured width (docs/benchmarks/quantization.md)."""
-    assert 4 in qt.PACKED_BITS

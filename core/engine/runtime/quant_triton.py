@@ -48,18 +48,20 @@ GEMV_ROWS = 4
 SWAP_ROWS = 16
 #: rows (first, last) that :func:`affine_mm` hands to the swapped-operand kernel of
 #: :mod:`engine.runtime.swap_affine`, by code width. An H200 measured
-#: (``benchmarks/swap_affine_gpu.py``, Llama-3-8B's layers, int4 in groups of 128; a step's
-#: linear layers): 1 row 2.11 ms swapped vs 2.12 through the gemv, 4 rows 2.15 vs 4.65, 16 rows
-#: 2.35 vs 21.96 through ``tl.dot``, against 3.8 ms for the dense bf16 weights. Widths not
-#: listed keep the gemv and ``tl.dot`` kernels.
-AFFINE_SWAP = {4: (2, 255)}
+#: (``benchmarks/swap_affine_gpu.py``, Llama-3-8B's layers, int4 in groups of 128, a step's
+#: linear layers, 2026-12-03): swapped 2.14 / 2.35 / 2.71 / 4.30 / 7.78 ms at 1 / 16 / 32 / 64 /
+#: 128 rows; the gemv 2.13 at 1 row (4.65 at 4); ``tl.dot`` 21.96 at 16; dequantize + cuBLAS
+#: 9.89 at 128, 11.05 at 256 (swapped: 19.97); dense bf16 3.82-4.36. Widths not listed keep
+#: the gemv and ``tl.dot`` kernels.
+AFFINE_SWAP = {4: (2, 128)}
 #: rows from which :func:`affine_mm` dequantizes the weight into a temporary in x's dtype and
 #: hands the product to cuBLAS, by code width (prefill: the weight's bytes are then small
-#: beside the product's work)
-DEQUANT_ROWS: dict[int, int] = {4: 256}
+#: beside the product's work; 45.7 against 39.6 ms of dense bf16 at 2048 rows on the H200)
+DEQUANT_ROWS: dict[int, int] = {4: 129}
 #: code widths whose packed products :func:`engine.runtime.quant_methods.keep_packed` keeps by
-#: default on a GPU (measured at least as fast as the dense copy at every row count)
-PACKED_BITS: frozenset[int] = frozenset({4})
+#: default on a GPU (measured at least as fast as the dense copy at every row count: none yet;
+#: 4-bit codes are 0.56-0.68x of the dense step up to 32 rows, 1.05x at 64, 1.8x at 128)
+PACKED_BITS: frozenset[int] = frozenset()
 
 #: code dtype -> (kernel FP8 flag, mantissa bits, smallest normal exponent, largest value)
 _KINDS = {torch.int8: (0, 0, 0, 127.0), torch.float8_e4m3fn: (1, 3, -6, 448.0),
@@ -522,11 +524,13 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
               bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` [M, K] @ W^T with W in the canonical affine form (see the module docstring):
     ``q`` from :func:`pack_affine`, ``scale``/``bias_`` float32 [K / group, N]."""
+    if perm is not None:  # act order: x's columns gathered once, not inside every program
+        x, perm = x.index_select(1, perm), None
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     if m >= DEQUANT_ROWS.get(bits, 1 << 62):
         w = dequant_affine(q, scale, bias_, bits, group, sub, k, x.dtype)
-        return torch.nn.functional.linear(x if perm is None else x[:, perm.long()], w, bias)
+        return torch.nn.functional.linear(x, w, bias)
     first, last = AFFINE_SWAP.get(bits, (0, -1))
     if (first <= m <= last and x.dtype in (torch.bfloat16, torch.float16) and sub in (16, 32)
             and group % sub == 0):

@@ -290,19 +290,16 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
 
 #: (BLOCK_N, SPLIT_K, warps, stages, XSUM) by (:func:`shape_class`, :func:`rows_bucket`),
 #: chosen on an H200 by ``benchmarks/swap_affine_gpu.py --search`` (Llama-3-8B's layers, int4
-#: in groups of 128; the launch with the least summed time over the class's layers). Buckets
-#: 32 and up: starting points (eight warps from 64 rows, for the larger accumulator).
+#: in groups of 128; the launch with the least summed time over the class's layers).
 CONFIGS = {("deep", 1): (128, 8, 8, 3, 1), ("deep", 4): (128, 8, 8, 3, 0),
-           ("deep", 16): (128, 8, 4, 5, 0), ("square", 1): (128, 8, 4, 2, 0),
-           ("square", 4): (128, 8, 4, 2, 0), ("square", 16): (128, 8, 4, 2, 0),
+           ("deep", 16): (128, 8, 4, 5, 0), ("deep", 32): (128, 8, 4, 3, 0),
+           ("deep", 64): (128, 8, 4, 3, 0), ("deep", 128): (128, 4, 8, 3, 0),
+           ("square", 1): (128, 8, 4, 2, 0), ("square", 4): (128, 8, 4, 2, 0),
+           ("square", 16): (128, 8, 4, 2, 0), ("square", 32): (64, 4, 4, 3, 0),
+           ("square", 64): (64, 4, 4, 2, 0), ("square", 128): (64, 4, 4, 2, 0),
            ("wide", 1): (128, 4, 4, 3, 0), ("wide", 4): (128, 4, 4, 3, 0),
-           ("wide", 16): (128, 1, 4, 5, 0),
-           ("deep", 32): (128, 8, 4, 3, 0), ("square", 32): (128, 4, 4, 3, 0),
-           ("wide", 32): (128, 1, 4, 3, 0),
-           ("deep", 64): (128, 4, 8, 3, 0), ("square", 64): (128, 2, 8, 3, 0),
-           ("wide", 64): (128, 1, 8, 3, 0),
-           ("deep", 128): (128, 2, 8, 2, 0), ("square", 128): (128, 1, 8, 2, 0),
-           ("wide", 128): (128, 1, 8, 2, 0)}
+           ("wide", 16): (128, 1, 4, 5, 0), ("wide", 32): (128, 1, 4, 3, 0),
+           ("wide", 64): (128, 4, 4, 3, 0), ("wide", 128): (128, 2, 8, 3, 0)}
 
 
 #: row buckets of the launch table (up to 1, 4, 16, 32, 64 rows; more: MAX_ROWS a program)
