@@ -21,15 +21,16 @@ fp8 or int8 weight half, but only if the product reads the packed codes itself. 
 
 Up to :data:`GEMV_ROWS` rows (decode at small batch) :func:`affine_mm` hands over to the
 matrix-vector kernel of :mod:`engine.runtime.gemv_triton` (or, for the code widths and rows
-:data:`AFFINE_SWAP` lists, to the swapped-operand kernel of :mod:`engine.runtime.swap_affine`),
-and :func:`w8_mm` to it or to its own ``tl.dot`` kernel with the rows padded to 16 (whichever
-:data:`W8_SMALL` names; fp8 codes multiply on the tensor cores without conversion). Otherwise
-both are one program per ``BLOCK_N`` outputs and ``BLOCK_M`` rows, products through ``tl.dot``.
-With ``split_k > 1`` (one block of rows) each of that many programs per output block takes a
-slice of K, and :func:`_finish` adds the slices up in the same launch (an atomic counter per
-output block: the last slice to arrive sums the partials). fp8 rounding is float32 arithmetic
-(round to nearest even on the format's grid), so the Triton interpreter computes the same codes
-as the GPU.
+:data:`AFFINE_SWAP` lists, to the swapped-operand kernel of :mod:`engine.runtime.swap_affine`;
+from :data:`DEQUANT_ROWS` rows it writes the weight into a temporary for cuBLAS,
+:func:`dequant_affine`), and :func:`w8_mm` to it or to its own ``tl.dot`` kernel with the rows
+padded to 16 (whichever :data:`W8_SMALL` names; fp8 codes multiply on the tensor cores without
+conversion). Otherwise both are one program per ``BLOCK_N`` outputs and ``BLOCK_M`` rows,
+products through ``tl.dot``. With ``split_k > 1`` (one block of rows) each of that many programs
+per output block takes a slice of K, and :func:`_finish` adds the slices up in the same launch
+(an atomic counter per output block: the last slice to arrive sums the partials). fp8 rounding
+is float32 arithmetic (round to nearest even on the format's grid), so the Triton interpreter
+computes the same codes as the GPU.
 """
 
 from __future__ import annotations
