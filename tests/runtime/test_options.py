@@ -21,7 +21,7 @@ from engine.runtime.frontend import Runtime, sampling_defaults
 from engine.runtime.request import ReqOutput
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.schedule_policy import POLICIES, order, retraction_victim
-from engine.runtime.scheduler import StepTimer
+from engine.runtime.step_timer import StepTimer
 from engine.runtime.watchdog import Watchdog
 from engine.server.generation import merge_outputs, usage, SeqState
 from engine.server.protocol import to_sampling_params

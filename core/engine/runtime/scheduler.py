@@ -92,10 +92,12 @@ from engine.runtime.allocator import PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode, pack_to_device, to_device
 from engine.runtime.grammar import GrammarDeadEnd, MaskPrefetcher
 from engine.runtime.kv_cache import build_cache
+from engine.runtime.req_output import error_output, fill_counts, finish, new_text, next_output
 from engine.runtime.request import Req, ReqOutput, Sink, emit
 from engine.runtime.sampling import (Drawn, SampleOutput, Sampler, kernel_enabled,
                                      sample_lists)
 from engine.runtime.schedule_policy import order, retraction_victim
+from engine.runtime.step_timer import step_timer
 
 log = logging.getLogger("engine.scheduler")
 
@@ -103,75 +105,11 @@ DEFAULT_CHUNKED_PREFILL = {"cpu": 2048, "cuda": 8192}
 #: tokens of decode room a new request must find free to be admitted (times
 #: ``--schedule-conservativeness``)
 ADMIT_DECODE_RESERVE = 64
-SHOW_TIME_COST_EVERY = 100  #: steps per summary of ``--show-time-cost``
 #: a prefill of at most this many new tokens shares its forward with the running requests'
 #: decode tokens (their rows are padded to the longest extend by some attention backends, so
 #: this stays small)
 MIXED_PREFILL_TOKENS = 128
 RETRY_PASS_S = 0.001  #: pause of a pass in which only storage reads were waited for
-
-
-class StepTimer:
-    """Wall and thread-CPU seconds per phase of the scheduler's steps, logged every ``every``.
-
-    Enabled by ``ENGINE_STEP_TIMING=N`` (log a summary every N steps). ``mark(phase)`` charges
-    the time since the previous mark to ``phase``; wall time well above CPU time in a Python
-    phase is time the thread waited for the GIL or for a core.
-    """
-
-    def __init__(self, every: int) -> None:
-        self.every = every
-        self._last = (time.perf_counter(), time.thread_time())
-        self._phases: dict[str, list[float]] = {}
-        self._modes: dict[str, int] = {}
-        self._steps = 0
-
-    def mark(self, phase: str) -> None:
-        now = (time.perf_counter(), time.thread_time())
-        acc = self._phases.setdefault(phase, [0.0, 0.0])
-        acc[0] += now[0] - self._last[0]
-        acc[1] += now[1] - self._last[1]
-        self._last = now
-
-    def end_step(self, mode: str, batch_size: int) -> None:
-        self.mark("rest")
-        key = f"{mode}{batch_size}"
-        self._modes[key] = self._modes.get(key, 0) + 1
-        self._steps += 1
-        if self._steps >= self.every:
-            self.flush()
-
-    def flush(self) -> None:
-        """Log the per-step means since the last flush and start over."""
-        if not self._steps:
-            return
-        n = self._steps
-        parts = " ".join(f"{k}={w / n * 1000:.2f}/{c / n * 1000:.2f}"
-                         for k, (w, c) in self._phases.items())
-        steps = " ".join(f"{k}:{v}" for k, v in sorted(self._modes.items()))
-        log.info("step timing over %d steps (ms per step, wall/cpu): %s | steps %s",
-                 n, parts, steps)
-        self._phases, self._modes, self._steps = {}, {}, 0
-
-
-class _NoTimer:
-    """The disabled :class:`StepTimer`: every call does nothing."""
-
-    def mark(self, phase: str) -> None:
-        pass
-
-    def end_step(self, mode: str, batch_size: int) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-
-def _step_timer(show_time_cost: bool) -> StepTimer | _NoTimer:
-    every = os.environ.get("ENGINE_STEP_TIMING", "")
-    if every.isdigit() and int(every) > 0:
-        return StepTimer(int(every))
-    return StepTimer(SHOW_TIME_COST_EVERY) if show_time_cost else _NoTimer()
 
 
 @dataclass
@@ -260,7 +198,7 @@ class Scheduler:
         self._stop = threading.Event()
         self.num_retractions = 0
         self.num_steps = 0
-        self.timer = _step_timer(config.show_time_cost)
+        self.timer = step_timer(config.show_time_cost)
         #: overlap the host's work with the forward (see the module docstring); on a GPU unless
         #: disabled. ``ENGINE_OVERLAP_SCHEDULE=1`` forces it on CPU too (where the forward is
         #: synchronous and nothing is gained: tests), ``0`` turns it off.
@@ -698,7 +636,7 @@ class Scheduler:
             if len(self.running) == 1 and self.chunked is None:
                 req = self.running[0]
                 log.warning("request %s ended: the KV cache holds no more of it", req.rid)
-                self._finish(req, {"type": "length", "message": "KV cache capacity reached"})
+                finish(req, {"type": "length", "message": "KV cache capacity reached"})
                 self._emit_and_release([req])
                 return
             if len(self.running) == 1:
@@ -830,13 +768,13 @@ class Scheduler:
                 continue
             if out.errors and i in out.errors:
                 exc = out.errors[i]
-                delta = self._error_output(req, str(exc) if isinstance(exc, GrammarDeadEnd)
+                delta = error_output(req, str(exc) if isinstance(exc, GrammarDeadEnd)
                                            else _failure("while sampling", exc))
             else:
                 try:
-                    delta = self._next_output(req, out, i, now)
+                    delta = next_output(req, out, i, now, self.max_context_len)
                 except Exception as exc:  # noqa: BLE001 - this request fails alone
-                    delta = self._error_output(req, _failure("while finishing its token", exc))
+                    delta = error_output(req, _failure("while finishing its token", exc))
             items.append((req.sink, delta))
             senders.append(req)
             if req.finished:
@@ -856,7 +794,7 @@ class Scheduler:
             req = reqs[k]
             if not req.finished:
                 message = "internal error while delivering its output (see the server log)"
-                emit([(req.sink, self._error_output(req, message))])
+                emit([(req.sink, error_output(req, message))])
                 done.append(req)
         self.timer.mark("emit")
         if done:
@@ -872,108 +810,12 @@ class Scheduler:
         for req, row in zip(reqs, rows):
             req.finish_reason = {"type": "stop"}
             delta = ReqOutput(rid=req.rid, embedding=row)
-            self._fill_counts(req, delta)
+            fill_counts(req, delta)
             items.append((req.sink, delta))
         emit(items)
         for req in reqs:
             self._release(req)
         self.timer.mark("emit")
-
-    def _next_output(self, req: Req, out: SampleOutput, i: int, now: float) -> ReqOutput:
-        """Append row ``i``'s token to ``req``, check whether it finished; its output delta."""
-        if req.max_new_tokens == 0:  # prompt-only request: prefilled, nothing generated
-            req.finish_reason = {"type": "length"}
-            delta = ReqOutput(rid=req.rid)
-            self._fill_counts(req, delta)
-            return delta
-        tok = out.token_ids[i]
-        if req.unresolved:  # the oldest placeholder is this token's
-            req.output_ids[len(req.output_ids) - req.unresolved] = tok
-            req.unresolved -= 1
-        else:
-            req.output_ids.append(tok)
-        if req.grammar is not None and not req.grammar.accept(tok):
-            raise RuntimeError(f"the grammar matcher refused token {tok}, which its mask allowed")
-        if req.first_token_time is None:
-            req.first_token_time = now
-        delta = ReqOutput(rid=req.rid, token_ids=[tok])
-        if out.logprobs is not None and (req.sampling_params.logprobs
-                                         or req.sampling_params.top_logprobs):
-            delta.logprobs = [out.logprobs[i]]
-            delta.top_logprobs = [out.top_logprobs[i]] if out.top_logprobs else [[]]
-        self._check_finish(req, tok)
-        delta.text = self._new_text(req)
-        self._fill_counts(req, delta)
-        return delta
-
-    def _error_output(self, req: Req, message: str) -> ReqOutput:
-        """End ``req`` with an internal error (whatever it had reached); its last output."""
-        log.error("request %s failed: %s", req.rid, message)
-        req.finish_reason = {"type": "abort", "message": message}
-        delta = ReqOutput(rid=req.rid)
-        self._fill_counts(req, delta)
-        return delta
-
-    def _check_finish(self, req: Req, tok: int) -> None:
-        sp = req.sampling_params
-        n_out = len(req.output_ids) - req.unresolved
-        if tok in req.stop_ids and n_out >= sp.min_new_tokens:
-            self._finish(req, {"type": "stop", "matched": tok})
-            return
-        old = len(req.text)
-        req.text += req.detokenizer.add(tok)
-        if self._match_stop(req, old):
-            return
-        if req.grammar is not None and req.grammar.is_terminated():
-            self._finish(req, {"type": "stop"})
-            return
-        if n_out >= req.max_new_tokens or req.known_len >= self.max_context_len:
-            self._finish(req, {"type": "length"})
-
-    def _match_stop(self, req: Req, old_len: int) -> bool:
-        """Cut the text at the first stop string that appears after ``old_len`` - its length."""
-        stops = req.sampling_params.stop
-        if not stops or len(req.output_ids) < req.sampling_params.min_new_tokens:
-            return False
-        start = max(0, old_len - max(len(s) for s in stops) + 1)
-        hits = [(i, s) for s in stops if (i := req.text.find(s, start)) >= 0]
-        if not hits:
-            return False
-        i, s = min(hits)
-        req.text = req.text[:i]
-        req.finish_reason = {"type": "stop", "matched": s}
-        return True
-
-    def _finish(self, req: Req, reason: dict[str, Any]) -> None:
-        """End ``req`` (first reason wins); flush the detokenizer, which may reveal a stop."""
-        if req.finish_reason is not None:
-            return
-        old = len(req.text)
-        req.text += req.detokenizer.finish()
-        if not self._match_stop(req, old):
-            req.finish_reason = reason
-
-    def _new_text(self, req: Req) -> str:
-        """Text that can be sent now: all of it when finished, else minus a possible stop."""
-        end = len(req.text)
-        if not req.finished and req.sampling_params.stop:
-            end -= _held_back(req.text, req.sampling_params.stop)
-        if end <= req.sent_len:
-            return ""
-        piece = req.text[req.sent_len:end]
-        req.sent_len = end
-        return piece
-
-    @staticmethod
-    def _fill_counts(req: Req, delta: ReqOutput) -> None:
-        delta.finished = req.finished
-        delta.finish_reason = req.finish_reason
-        delta.prompt_tokens = len(req.origin_input_ids)
-        delta.completion_tokens = len(req.output_ids) - req.unresolved
-        delta.cached_tokens = req.cached_tokens
-        delta.cached_tokens_details = req.cached_tiers
-        delta.spec_verify_ct, delta.spec_accepted_tokens = (req.spec_verify_ct,
-                                                            req.spec_accepted_tokens)
 
     # ------------------------------------------------------------------ release / abort
 
@@ -1016,8 +858,8 @@ class Scheduler:
     def _emit_and_release(self, reqs: list[Req]) -> None:
         deltas = []
         for req in reqs:
-            delta = ReqOutput(rid=req.rid, text=self._new_text(req))
-            self._fill_counts(req, delta)
+            delta = ReqOutput(rid=req.rid, text=new_text(req))
+            fill_counts(req, delta)
             deltas.append((req.sink, delta))
         emit(deltas)
         for req in reqs:
@@ -1046,7 +888,7 @@ class Scheduler:
     def _fail(self, req: Req, message: str) -> None:
         """End ``req`` alone with an internal error before it took slots for this step: tell
         its sink, take it out of the running set, free its KV."""
-        emit([(req.sink, self._error_output(req, message))])
+        emit([(req.sink, error_output(req, message))])
         if req in self.running:
             self.running.remove(req)
         if self.chunked is req:
@@ -1069,7 +911,7 @@ class Scheduler:
         plan, self._plan = self._plan, []
         reqs = [req for req, _, _ in plan]
         ids = set(map(id, reqs))
-        emit([(r.sink, self._error_output(r, message)) for r in reqs if not r.finished])
+        emit([(r.sink, error_output(r, message)) for r in reqs if not r.finished])
         self.running = [r for r in self.running if id(r) not in ids]
         if self.chunked is not None and id(self.chunked) in ids:
             self.chunked = None
@@ -1094,7 +936,7 @@ class Scheduler:
             self.waiting = [r for r in self.waiting if r.row is None and r.prefix_node is None]
             with self._queued_lock:
                 self._queued -= sum(1 for r in holding if r.num_retractions == 0)
-        emit([(r.sink, self._error_output(r, message)) for r in reqs if not r.finished])
+        emit([(r.sink, error_output(r, message)) for r in reqs if not r.finished])
         for req in reqs:
             req.row, req.prefix_node, req.prefix_len, req.kv_len = None, None, 0, 0
             req.last_slot = None
@@ -1117,12 +959,3 @@ def _deferrable(req: Req) -> bool:
 def _failure(where: str, exc: BaseException) -> str:
     """The message of a request ended by ``exc`` (``where``: "while sampling", ...)."""
     return f"internal error {where}: {type(exc).__name__}: {exc}"
-
-
-def _held_back(text: str, stops: list[str]) -> int:
-    """Length of the longest tail of ``text`` that is a proper prefix of some stop string."""
-    for k in range(min(len(text), max(len(s) for s in stops) - 1), 0, -1):
-        tail = text[-k:]
-        if any(s.startswith(tail) for s in stops):
-            return k
-    return 0

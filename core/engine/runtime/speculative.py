@@ -41,6 +41,7 @@ from engine.api.speculative import Draft, DraftModel, Proposer, TargetModel
 from engine.errors import ConfigError
 from engine.runtime.allocator import OutOfMemory, PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode
+from engine.runtime.req_output import error_output, next_output
 from engine.runtime.request import ReqOutput
 
 log = logging.getLogger("engine.scheduler")
@@ -370,12 +371,12 @@ class SpecDecoder:
             walk goes on below the child that carries it."""
             req = reqs[i]
             if out.errors and j in out.errors:
-                delta = sched._error_output(req, _sample_failure(out.errors[j]))
+                delta = error_output(req, _sample_failure(out.errors[j]))
             else:
                 try:
-                    delta = sched._next_output(req, out, j, now)
+                    delta = next_output(req, out, j, now, sched.max_context_len)
                 except Exception as exc:  # noqa: BLE001 - this request fails alone
-                    delta = sched._error_output(
+                    delta = error_output(
                         req, f"internal error while finishing its token: "
                         f"{type(exc).__name__}: {exc}")
             deltas[i] = _merge(deltas[i], delta)
