@@ -142,14 +142,15 @@ def correctness(rows_list, layers, shapes, group, device, dtype) -> list[list]:
 
 def candidates(n: int, k: int, rows: int) -> list[tuple]:
     """The sweep's launches for ``rows`` rows of a weight [n, k]: BLOCK_N 64 (4 warps) or 128
-    (4 or 8 warps);
-    SPLIT_K 1-8 with at least two tiles a slice and at most 8 programs a multiprocessor; 2-5
-    stages, no more buffered tiles than a slice has, fitting :data:`SMEM`; the row sums from
-    registers or from the matrix unit."""
+    (4 or 8 warps), and for 32-64 rows 256 (8 warps: each program's activation slices, which
+    grow with the rows, then serve twice the weights; with 128 rows it spills registers); SPLIT_K 1-8 with at least two tiles a
+    slice and at most 8 programs a multiprocessor; 2-5 stages, no more buffered tiles than a
+    slice has, fitting :data:`SMEM`; the row sums from registers or from the matrix unit."""
     pack = 32 // BITS * SUB
     tiles = triton.cdiv(k, pack)
     out = []
-    for bn, warps in ((64, 4), (128, 4), (128, 8)):
+    shapes = ((64, 4), (128, 4), (128, 8)) + (((256, 8),) if 32 <= rows <= 64 else ())
+    for bn, warps in shapes:
         for split in (1, 2, 4, 8):
             per_slice = triton.cdiv(tiles, split)
             if split > 1 and per_slice < 2 or triton.cdiv(n, bn) * split > 8 * SMS:

@@ -69,6 +69,8 @@ CASES = dict(
        _case("int4 two blocks of 128 rows m=200 (split refused) bias", 200, k=256, bias=True,
              config=(64, 2, 4, 2, 0)),
        _case("int8 a block of 64 rows m=40 half", 40, bits=8, k=256, dtype=F16),
+       _case("int4 BLOCK_N 256, 8 warps, a block of 64 rows m=50", 50, n=300, k=256,
+             config=(256, 1, 8, 2, 0)),
        _case("int4 row sums by the matrix unit, a block of 32 rows m=30", 30, k=256,
              config=(64, 1, 4, 2, 1)),
        _case("default launch m=70 wide half", 70, n=512, k=128, dtype=F16, config=None)])
