@@ -233,12 +233,13 @@ def packed_kernels(layer: Linear) -> bool:
     return fused.triton_serves(device, getattr(layer, "quant_dtype", None))
 
 
-def keep_packed(packed: "AffineWeight | AffineShards", device: torch.device) -> bool:
-    """Whether a weight-only layer keeps its codes packed (``packed``) rather than a dense copy
-    in the model dtype: ``ENGINE_PACKED_WEIGHT_ONLY=1`` always, ``=0`` never; by default on a
-    CUDA device when :data:`engine.runtime.quant_triton.PACKED_BITS` lists the code width (the
-    packed products measured at least as fast as the dense copy's at every row count; a
-    quarter of the memory)."""
+def pack_weight_only(device: torch.device, bits: int | None = None) -> bool:
+    """Whether a weight-only layer on ``device`` keeps its ``bits``-bit codes packed rather than
+    a dense copy in the model dtype: ``ENGINE_PACKED_WEIGHT_ONLY=1`` always, ``=0`` never; by
+    default on a CUDA device when :data:`engine.runtime.quant_triton.PACKED_BITS` lists the
+    width (the packed products measured at least as fast as the dense copy's at every row
+    count; a quarter of the memory). ``bits`` None: whether any width may be kept, asked before
+    the codes are repacked."""
     import os
 
     from engine.runtime import quant_triton
@@ -246,8 +247,9 @@ def keep_packed(packed: "AffineWeight | AffineShards", device: torch.device) -> 
     choice = os.environ.get("ENGINE_PACKED_WEIGHT_ONLY")
     if choice in ("0", "1"):
         return choice == "1"
-    bits = packed.parts[0].bits if isinstance(packed, AffineShards) else packed.bits
-    return device.type == "cuda" and bits in quant_triton.PACKED_BITS
+    if device.type != "cuda":
+        return False
+    return bool(quant_triton.PACKED_BITS) if bits is None else bits in quant_triton.PACKED_BITS
 
 
 class AffineWeight:
@@ -284,6 +286,7 @@ class AffineShards:
     def __init__(self, parts: list[AffineWeight]) -> None:
         self.parts = parts
         self.widths = [p.q.shape[0] for p in parts]
+        self.bits = parts[0].bits
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         biases = bias.split(self.widths) if bias is not None else [None] * len(self.parts)
@@ -309,10 +312,11 @@ class DequantizedMethod(LayerMethod):
 
     On the CPU (and for formats with no :meth:`affine` form) the tensors are replaced after
     loading by a dense ``weight`` in the model dtype and the product is the dense model's
-    (:func:`~engine.runtime.linear.dense_linear`: exact against the float reference, and as fast
-    as the dense model). On a GPU (:func:`packed_kernels`) a format with an :meth:`affine`
-    form keeps its codes packed where :func:`keep_packed` says so and multiplies them in a Triton
-    kernel that dequantizes as it reads, so a decode step reads the packed bytes only."""
+    (:func:`~engine.runtime.linear.dense_linear`: exact against the float reference, and as
+    fast as the dense model). On a GPU (:func:`packed_kernels`) a format with an
+    :meth:`affine` form keeps its codes packed where :func:`pack_weight_only` says so and
+    multiplies them in a Triton kernel that dequantizes as it reads, so a decode step reads
+    the packed bytes only."""
 
     serves_experts = True
 
@@ -333,12 +337,12 @@ class DequantizedMethod(LayerMethod):
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         packed, group = None, getattr(layer, "group", None)
-        if group and packed_kernels(layer):
+        device = next((p.device for p in layer.parameters()), torch.device("cpu"))
+        if group and packed_kernels(layer) and pack_weight_only(device):
             from engine.runtime import quant_triton  # (Triton only where its kernels run)
 
             packed = self.affine(layer) if quant_triton.affine_sub(group) else None
-            device = next((p.device for p in layer.parameters()), torch.device("cpu"))
-            if packed is not None and not keep_packed(packed, device):
+            if packed is not None and not pack_weight_only(device, packed.bits):
                 packed = None
         w = self.dense_weight(layer) if packed is None else None
         drop_checkpoint_params(layer)

@@ -59,9 +59,10 @@ AFFINE_SWAP = {4: (2, 128)}
 #: hands the product to cuBLAS, by code width (prefill: the weight's bytes are then small
 #: beside the product's work; 45.7 against 39.6 ms of dense bf16 at 2048 rows on the H200)
 DEQUANT_ROWS: dict[int, int] = {4: 129}
-#: code widths whose packed products :func:`engine.runtime.quant_methods.keep_packed` keeps by
-#: default on a GPU (measured at least as fast as the dense copy at every row count: none yet;
-#: 4-bit codes are 0.56-0.68x of the dense step up to 32 rows, 1.05x at 64, 1.8x at 128)
+#: code widths whose packed products :func:`engine.runtime.quant_methods.pack_weight_only`
+#: keeps by default on a GPU (measured at least as fast as the dense copy at every row count:
+#: none yet; 4-bit codes are 0.56-0.68x of the dense step up to 32 rows, 1.05x at 64, 1.8x at
+#: 128)
 PACKED_BITS: frozenset[int] = frozenset()
 
 #: code dtype -> (kernel FP8 flag, mantissa bits, smallest normal exponent, largest value)
