@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from engine.runtime.grammar import GrammarDeadEnd
 from engine.runtime.request import Req, ReqOutput
 from engine.runtime.sampling import SampleOutput
 
@@ -122,3 +123,14 @@ def held_back(text: str, stops: list[str]) -> int:
         if any(s.startswith(tail) for s in stops):
             return k
     return 0
+
+
+def failure(where: str, exc: BaseException) -> str:
+    """The message of a request ended by ``exc`` (``where``: "while sampling", ...)."""
+    return f"internal error {where}: {type(exc).__name__}: {exc}"
+
+
+def sample_failure(exc: BaseException) -> str:
+    """The message of a request whose draw failed: a grammar's dead end as it says, anything
+    else an internal error."""
+    return str(exc) if isinstance(exc, GrammarDeadEnd) else failure("while sampling", exc)

@@ -90,9 +90,10 @@ from engine.config import ServerConfig
 from engine.runtime import cpu_threads
 from engine.runtime.allocator import PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode, pack_to_device, to_device
-from engine.runtime.grammar import GrammarDeadEnd, MaskPrefetcher
+from engine.runtime.grammar import MaskPrefetcher
 from engine.runtime.kv_cache import build_cache
-from engine.runtime.req_output import error_output, fill_counts, finish, new_text, next_output
+from engine.runtime.req_output import (error_output, failure, fill_counts, finish, new_text,
+                                       next_output, sample_failure)
 from engine.runtime.request import Req, ReqOutput, Sink, emit
 from engine.runtime.sampling import (Drawn, SampleOutput, Sampler, kernel_enabled,
                                      sample_lists)
@@ -285,7 +286,7 @@ class Scheduler:
                     self.timer.mark("idle")
             except Exception as exc:  # noqa: BLE001 - keep serving
                 log.exception("scheduler loop failed")
-                self._reset(_failure("in the scheduler loop", exc))
+                self._reset(failure("in the scheduler loop", exc))
 
     # ------------------------------------------------------------------ the step
 
@@ -303,7 +304,7 @@ class Scheduler:
             return self._step()
         except Exception as exc:  # noqa: BLE001 - keep serving; fail only what the step held
             log.exception("scheduler step failed")
-            self._fail_step(_failure("in the model step", exc))
+            self._fail_step(failure("in the model step", exc))
             return True
 
     def _step(self) -> bool:
@@ -394,7 +395,7 @@ class Scheduler:
             try:
                 slots = self._take_slots(req, n)
             except Exception as exc:  # noqa: BLE001 - this request fails alone
-                self._fail(req, _failure("while taking its KV slots", exc))
+                self._fail(req, failure("while taking its KV slots", exc))
             else:
                 if slots is None:
                     return []
@@ -419,7 +420,7 @@ class Scheduler:
                 item = self._admit(req, budget)
             except Exception as exc:  # noqa: BLE001 - this request fails alone
                 taken.append(req)
-                self._fail(req, _failure("while admitting it", exc))
+                self._fail(req, failure("while admitting it", exc))
                 continue
             if item is None:
                 break
@@ -598,7 +599,7 @@ class Scheduler:
                 slots = self._take_slots(req, 1)
                 assert slots is not None, "room was ensured"
             except Exception as exc:  # noqa: BLE001 - this request fails alone
-                self._fail(req, _failure("while taking its KV slots", exc))
+                self._fail(req, failure("while taking its KV slots", exc))
                 continue
             decode.append((req, 1, slots))
         self._plan.extend(decode)
@@ -721,7 +722,7 @@ class Scheduler:
             self.timer.mark("sample")
             for i, req in enumerate(reqs):
                 if i in drawn.errors:  # its draw raised: it ends now, its row is dropped
-                    self._fail(req, _failure("while sampling", drawn.errors[i]))
+                    self._fail(req, failure("while sampling", drawn.errors[i]))
                     continue
                 req.output_ids.append(-1)
                 req.unresolved += 1
@@ -750,7 +751,7 @@ class Scheduler:
         except Exception as exc:
             for req in step.reqs:
                 if not req.finished:
-                    self._fail(req, _failure("while reading its token back", exc))
+                    self._fail(req, failure("while reading its token back", exc))
             raise
         self.timer.mark("read back")
         self._finish_step(step.reqs, out, step.batch, step.vocab)
@@ -768,13 +769,12 @@ class Scheduler:
                 continue
             if out.errors and i in out.errors:
                 exc = out.errors[i]
-                delta = error_output(req, str(exc) if isinstance(exc, GrammarDeadEnd)
-                                           else _failure("while sampling", exc))
+                delta = error_output(req, sample_failure(exc))
             else:
                 try:
                     delta = next_output(req, out, i, now, self.max_context_len)
                 except Exception as exc:  # noqa: BLE001 - this request fails alone
-                    delta = error_output(req, _failure("while finishing its token", exc))
+                    delta = error_output(req, failure("while finishing its token", exc))
             items.append((req.sink, delta))
             senders.append(req)
             if req.finished:
@@ -954,8 +954,3 @@ def _deferrable(req: Req) -> bool:
     sampling reads none of its generated tokens (no penalties, grammar or logit processor)."""
     return (req.grammar is None and req.logit_processor is None
             and not req.sampling_params.has_penalties)
-
-
-def _failure(where: str, exc: BaseException) -> str:
-    """The message of a request ended by ``exc`` (``where``: "while sampling", ...)."""
-    return f"internal error {where}: {type(exc).__name__}: {exc}"

@@ -41,7 +41,7 @@ from engine.api.speculative import Draft, DraftModel, Proposer, TargetModel
 from engine.errors import ConfigError
 from engine.runtime.allocator import OutOfMemory, PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode
-from engine.runtime.req_output import error_output, next_output
+from engine.runtime.req_output import error_output, failure, next_output, sample_failure
 from engine.runtime.request import ReqOutput
 
 log = logging.getLogger("engine.scheduler")
@@ -371,14 +371,12 @@ class SpecDecoder:
             walk goes on below the child that carries it."""
             req = reqs[i]
             if out.errors and j in out.errors:
-                delta = error_output(req, _sample_failure(out.errors[j]))
+                delta = error_output(req, sample_failure(out.errors[j]))
             else:
                 try:
                     delta = next_output(req, out, j, now, sched.max_context_len)
                 except Exception as exc:  # noqa: BLE001 - this request fails alone
-                    delta = error_output(
-                        req, f"internal error while finishing its token: "
-                        f"{type(exc).__name__}: {exc}")
+                    delta = error_output(req, failure("while finishing its token", exc))
             deltas[i] = _merge(deltas[i], delta)
             if req.finished:
                 return False
@@ -493,14 +491,6 @@ def _merge(old: ReqOutput | None, new: ReqOutput) -> ReqOutput:
                  "cached_tokens"):
         setattr(old, name, getattr(new, name))
     return old
-
-
-def _sample_failure(exc: BaseException) -> str:
-    from engine.runtime.grammar import GrammarDeadEnd
-
-    if isinstance(exc, GrammarDeadEnd):
-        return str(exc)
-    return f"internal error while sampling: {type(exc).__name__}: {exc}"
 
 
 # ---------------------------------------------------------------------- the draft model
