@@ -4,7 +4,6 @@ runner), honest refusals, and expert parallelism over two gloo processes."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -16,6 +15,8 @@ import torch
 from engine.errors import ConfigError, PluginError
 from engine.plugins.registry import Registry
 from engine.testing.moe import cases, runner_failures
+
+from child_checks import run_checks
 
 HERE = os.path.dirname(__file__)
 ROOT = os.path.join(HERE, "..", "..")
@@ -30,11 +31,8 @@ def test_torch_runner_passes_the_kit_in_float32_and_bfloat16():
 
 def test_triton_kernels_under_the_interpreter():
     """Kit cases (float32) and a tiny Qwen3-MoE model whose logits equal the torch runner's."""
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "triton_interpret_checks.py")],
-                          capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+    assert run_checks(os.path.join(HERE, "triton_interpret_checks.py"),
+                      env={"TRITON_INTERPRET": "1"}) == []
 
 
 def test_triton_hook_refuses_a_cpu_without_the_interpreter(monkeypatch):

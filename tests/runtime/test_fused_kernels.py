@@ -12,16 +12,15 @@ import sys
 import pytest
 import torch
 
+from child_checks import run_checks
+
 CHECKS = os.path.join(os.path.dirname(__file__), "fused_checks.py")
 #: the matrix-vector kernels that make their input in their loads, and a tiny model with them
 GEMV_CHECKS = os.path.join(os.path.dirname(__file__), "fused_gemv_checks.py")
 
 
 def run(device: str, env: dict, checks: str = CHECKS) -> list:
-    proc = subprocess.run([sys.executable, checks, device], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, **env})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_checks(checks, device, env=env)
 
 
 def test_fused_kernels_under_the_interpreter():

@@ -2,22 +2,18 @@
 W8A8, block fp8) equal their formats' float references, kernel by kernel and through each
 plugin's layer: under the Triton interpreter here, on the GPU where there is one."""
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from child_checks import run_checks
 
 CHECKS = os.path.join(os.path.dirname(__file__), "quant_kernel_checks.py")
 
 
 def run(device: str, env: dict) -> list:
-    proc = subprocess.run([sys.executable, CHECKS, device], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, **env})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_checks(CHECKS, device, env=env)
 
 
 def test_quant_kernels_under_the_interpreter():

@@ -2,12 +2,11 @@
 seed and position) and the sampler's use of it, under the Triton interpreter here and on the
 GPU where there is one (tests/runtime/sample_checks.py holds the checks)."""
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from child_checks import run_checks
 
 pytest.importorskip("triton")
 
@@ -15,10 +14,7 @@ CHECKS = os.path.join(os.path.dirname(__file__), "sample_checks.py")
 
 
 def run(device: str, draws: int, env: dict) -> list:
-    proc = subprocess.run([sys.executable, CHECKS, device, str(draws)], capture_output=True,
-                          text=True, timeout=900, env={**os.environ, **env})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_checks(CHECKS, device, draws, env=env)
 
 
 def test_sampling_kernel_under_the_interpreter():
