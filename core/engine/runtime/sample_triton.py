@@ -150,8 +150,9 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
            position: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Token ids [B] int64 of ``logits`` [B, V] (any float dtype, last dimension contiguous);
     every parameter an int64 vector [B] on the logits' device: ``temperature``, ``top_p``,
-    ``min_p`` as float32 bit patterns (:func:`engine.runtime.sampling.float_bits`), ``top_k`` (0: all), ``seed`` and
-    ``position`` (the index of the token being drawn in the request's output)."""
+    ``min_p`` as float32 bit patterns (:func:`engine.runtime.sampling.float_bits`), ``top_k``
+    (0: all), ``seed`` and ``position`` (the index of the token being drawn in the request's
+    output)."""
     b, v = logits.shape
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
