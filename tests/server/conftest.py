@@ -30,10 +30,20 @@ START_TIMEOUT_S = 300
 API_KEY = "test-secret-key"
 
 
+_ports: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nobody listens on, never one handed out before in this process: two servers
+    started together must not both be told the same port (the second would fail to bind once
+    its model loaded, and its URL would reach the first)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _ports:
+            _ports.add(port)
+            return port
 
 
 @dataclass
@@ -49,6 +59,11 @@ class Server:
 
     def client(self, timeout: float = 120.0) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers(), timeout=timeout)
+
+    def says_ready(self) -> bool:
+        """Whether this server's log has the line it writes once it serves at its URL."""
+        with open(self.log_path, errors="replace") as f:
+            return any("ready: serving" in line and f" at {self.url} " in line for line in f)
 
     def log_tail(self) -> str:
         with open(self.log_path, errors="replace") as f:
@@ -73,7 +88,10 @@ def wait_ready(server: Server, deadline: float) -> None:
             pytest.fail(f"{server.name} server exited ({server.proc.returncode}):\n"
                         f"{server.log_tail()}")
         try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+            # Ready only once this server's own log says it bound its port: a /health answer
+            # alone could come from another process on that port.
+            if (httpx.get(server.url + "/health", timeout=2).status_code == 200
+                    and server.says_ready()):
                 return
         except httpx.HTTPError:
             pass
