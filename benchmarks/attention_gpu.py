@@ -331,23 +331,29 @@ def triton_sweep(backend: Any, batch: Any, fn: Callable[[], Any], record: Callab
 
 # ---------------------------------------------------------------------------- (c) prefill
 
-def _extend(m: int, n: int, w: int, st: int, tma: bool = False) -> dict[str, Any]:
+def _extend(m: int, n: int, w: int, st: int, tma: bool = False,
+            heads: int = 0) -> dict[str, Any]:
     return dict(extend_block_m=m, extend_block_n=n, extend_warps=w, extend_stages=st,
-                extend_tma=tma)
+                extend_tma=tma, extend_row_heads=heads)
 
 
 #: prefill launch configurations (BLOCK_M query rows: BLOCK_M // G tokens x the group's heads;
 #: BLOCK_N keys; warps; stages): 18 with pointer loads, then 6 with TMA descriptors, which run
 #: only where a page holds whole key tiles (page size a multiple of BLOCK_N: 64, not 16). From
 #: an offline sm_90 compile (triton 3.9): 128 x 64/128 on 4 warps spill registers and 4 stages
-#: build the same kernel as 3, so neither is swept
+#: build the same kernel as 3, so neither is swept. Then tiles of one query head (BLOCK_M
+#: tokens of one head, the plain flash-attention layout) and of half the group
 TRITON_EXTEND_SWEEP = [_extend(*c) for c in (
     (128, 32, 4, 3), (128, 32, 4, 2), (128, 32, 8, 3), (128, 32, 8, 2), (128, 64, 8, 2),
     (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 32, 4, 3), (64, 32, 4, 2),
     (64, 32, 8, 3), (64, 32, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 2),
     (64, 64, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3),
     (128, 32, 4, 3, True), (128, 32, 8, 3, True), (128, 64, 8, 2, True), (128, 64, 8, 3, True),
-    (64, 64, 4, 3, True), (64, 64, 8, 3, True))]
+    (64, 64, 4, 3, True), (64, 64, 8, 3, True),
+    (128, 32, 4, 3, False, 1), (128, 64, 4, 3, False, 1), (128, 64, 8, 3, False, 1),
+    (128, 128, 8, 2, False, 1), (128, 128, 8, 3, False, 1), (64, 64, 4, 3, False, 1),
+    (128, 64, 8, 3, True, 1), (128, 128, 8, 2, True, 1), (64, 64, 4, 3, True, 1),
+    (128, 32, 4, 3, False, 2), (128, 64, 8, 3, False, 2))]
 
 
 def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]],
@@ -458,7 +464,9 @@ def main() -> int:
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
         TRITON_DECODE_SWEEP = TRITON_DECODE_SWEEP[:1]
-        TRITON_EXTEND_SWEEP = TRITON_EXTEND_SWEEP[:1] + TRITON_EXTEND_SWEEP[-1:]  # + a TMA one
+        # the first, a TMA one and a one-head one
+        TRITON_EXTEND_SWEEP = TRITON_EXTEND_SWEEP[:1] + [
+            p for p in TRITON_EXTEND_SWEEP if p["extend_tma"]][-1:] + TRITON_EXTEND_SWEEP[-1:]
     s = SMOKE if args.cpu_smoke else GPU
     import torch
 

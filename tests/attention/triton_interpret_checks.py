@@ -162,6 +162,25 @@ def own_checks() -> list[str]:
     out, want, _, _ = rig.step(backend, batch, rows)
     failures += close("tiled extend over a 41-token prefix", out, want)
 
+    # extend tiles of fewer query heads than the group (1: one head's tokens; 2: half the
+    # group), GQA 4: ragged, over a prefix not tile-aligned, then one token each (split prefix)
+    for heads in (1, 2):
+        rig = Rig(page=16, ratio=4, dim=64, seed=5 + heads)
+        backend = TritonBackend(rig.pool, 4, kernel_config=KernelConfig(
+            extend_block_m=16, extend_block_n=16, extend_row_heads=heads))
+        rows = [rig.builder.new_request() for _ in range(2)]
+        for lengths in ((37, 5), (19, 1), (1, 1)):
+            batch = rig.builder.extend([(r, [1] * n) for r, n in zip(rows, lengths)])
+            out, want, _, _ = rig.step(backend, batch, rows)
+            failures += close(f"extend, {heads} query heads a tile, new tokens {lengths}",
+                              out, want)
+    try:
+        TritonBackend(Rig(page=1, ratio=4, dim=64, seed=0).pool, 4,
+                      kernel_config=KernelConfig(extend_row_heads=3))
+        failures.append("extend_row_heads=3 with a group of 4 was accepted")
+    except ValueError:
+        pass
+
     # an fp8 pool with per-layer scales: extend over a prefix, then split decode
     for fmt in (torch.float8_e4m3fn, torch.float8_e5m2):
         rig = Rig(page=16, ratio=2, dim=64, seed=4, dtype=fmt)

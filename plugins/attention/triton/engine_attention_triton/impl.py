@@ -46,6 +46,9 @@ class KernelConfig:
     #: whole key tiles inside one page (page size a multiple of ``extend_block_n``) load K/V
     #: through tensor descriptors (TMA on Hopper) instead of pointers
     extend_tma: bool = False
+    #: query heads in an extend tile's rows (0: the whole GQA group, each K/V tile read once
+    #: for it; 1: one head's tokens, the plain flash-attention layout); divides the group
+    extend_row_heads: int = 0
 
 
 #: under the interpreter every program and every loop step costs milliseconds: big tiles
@@ -110,10 +113,15 @@ class TritonBackend(AttentionBackend):
 
     def configure(self, cfg: KernelConfig) -> None:
         """Set the launch parameters (takes effect at the next ``prepare``)."""
+        heads = cfg.extend_row_heads or self.group
+        if self.group % heads:
+            raise ValueError(f"extend_row_heads={heads} does not divide the group of "
+                             f"{self.group} query heads per KV head")
         self.cfg = cfg
-        #: extend rows per program: tokens x the group's query heads
-        self.block_rows = max(cfg.extend_block_m, _pow2(self.group))
-        self.tile_tokens = self.block_rows // self.group
+        #: query heads of an extend tile; its rows are tokens x these heads
+        self.row_heads = heads
+        self.block_rows = max(cfg.extend_block_m, _pow2(heads))
+        self.tile_tokens = self.block_rows // heads
 
     @property
     def supports_cuda_graph(self) -> bool:  # type: ignore[override]
@@ -157,10 +165,10 @@ class TritonBackend(AttentionBackend):
             return
         ext = batch.extend_lens_cpu or batch.extend_lens.tolist()
         prefix = batch.prefix_lens_cpu or batch.prefix_lens.tolist()
-        rows = self.block_rows
-        if max(ext) * self.group < rows:  # a few new tokens each (a verify): a smaller tile
-            rows = max(16, _pow2(max(ext) * self.group))
-        bm = rows // self.group
+        rows, heads = self.block_rows, self.row_heads
+        if max(ext) * heads < rows:  # a few new tokens each (a verify): a smaller tile
+            rows = max(16, _pow2(max(ext) * heads))
+        bm = rows // heads
         tiles, qo_start, acc = [], [], 0
         for i, (p, e) in enumerate(zip(prefix, ext)):
             tiles += [(p + m0, i, m0) for m0 in range(0, e, bm)]
@@ -255,7 +263,8 @@ class TritonBackend(AttentionBackend):
         shape = (q.shape[0], q.shape[1], splits) if splits > 1 else (0, 0, 1)
         part_out = torch.empty((*shape, dim), dtype=part_dtype, device=q.device)
         part_lse = torch.empty(shape, dtype=torch.float32, device=q.device)
-        self.kernels._extend_kernel[(layer.num_kv_heads, md.tile_req.shape[0], splits)](
+        self.kernels._extend_kernel[(layer.num_q_heads // self.row_heads, md.tile_req.shape[0],
+                                     splits)](
             q, k_buf, v_buf, out, r2t, batch.req_pool_indices, batch.prefix_lens,
             batch.extend_lens, md.qo_start, md.tile_req, md.tile_start, tree, part_out,
             part_lse, *(tma or (k_buf, v_buf)), q.stride(0), q.stride(1), k_buf.stride(0),
@@ -266,7 +275,7 @@ class TritonBackend(AttentionBackend):
             BLOCK_N=cfg.extend_block_n, BLOCK_D=_pow2(dim),
             DOT_PREC="ieee" if q.dtype == torch.float32 else None, HAS_TREE=md.tree is not None,
             KV_FP8=fp8, NUM_SPLITS=splits, PAGE=page, TMA=tma is not None,
-            num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
+            ROW_HEADS=self.row_heads, num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
         if splits > 1:
             self.kernels._extend_merge_kernel[(q.shape[0], layer.num_kv_heads)](
                 part_out, part_lse, out, part_out.stride(0), part_out.stride(1),

@@ -14,10 +14,13 @@ Decode (two kernels):
   non-empty chunks in order with a running log-sum-exp (so a request's result never depends on
   how many splits the longest request of the batch needed) and writes the final rows.
 
-Extend, ``_extend_kernel``, grid ``(Hkv, tiles)``, also GQA-aware: the ``BLOCK_M`` query rows of a
-program are ``TILE_TOKENS = BLOCK_M // G`` new tokens ``m0..`` of one request times the ``G`` query
-heads of KV head ``g`` (row ``r``: token ``m0 + r // G``, head ``g*G + r % G``), so each K/V tile
-is loaded once for the whole group. The tile -> request table is built on the host from the CPU
+Extend, ``_extend_kernel``, grid ``(Hq / ROW_HEADS, tiles)``, also GQA-aware: the ``BLOCK_M``
+query rows of a program are ``TILE_TOKENS = BLOCK_M // ROW_HEADS`` new tokens ``m0..`` of one
+request times ``ROW_HEADS`` query heads of one KV head (row ``r``: token ``m0 + r // ROW_HEADS``,
+head ``hb*ROW_HEADS + r % ROW_HEADS``). ``ROW_HEADS`` is the whole group ``G`` by default, so
+each K/V tile is loaded once for the group; fewer heads a tile (1: one head's tokens, the
+plain flash-attention layout) give a tile more tokens and a narrower diagonal per key, and the
+group's programs then share each K/V tile through L2. The tile -> request table is built on the host from the CPU
 copies of the lengths, the tiles with the most keys first (the programs of a long causal
 prefill differ in cost by its length; the heaviest start first, the light ones fill the tail).
 Phase 1 walks the whole key tiles of ``0 .. prefix + m0`` (the cached prefix pages, then the
@@ -262,9 +265,11 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr, KV_FP8: tl.constexpr = 0,
     NUM_SPLITS: tl.constexpr = 1, PAGE: tl.constexpr = 1, TMA: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    ROW_HEADS: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
-    g = tl.program_id(0)
+    HEADS: tl.constexpr = ROW_HEADS if ROW_HEADS > 0 else GROUP  # query heads of a tile
+    hb = tl.program_id(0)  # the tile's block of HEADS query heads (inside one KV head's)
+    g = hb * HEADS // GROUP  # their KV head
     t = tl.program_id(1)
     s = tl.program_id(2)  # the split of phase 1's key tiles (the last split also does phase 2)
     pdl_trigger(PDL)
@@ -277,11 +282,11 @@ def _extend_kernel(
     qo = tl.load(qo_start_ptr + i)
     r2t_row = req_to_token_ptr + row * stride_r2t
 
-    # row r of the tile: new token m0 + r // GROUP, query head g * GROUP + r % GROUP
+    # row r of the tile: new token m0 + r // HEADS, query head hb * HEADS + r % HEADS
     offs_r = tl.arange(0, BLOCK_M)
-    tok = m0 + offs_r // GROUP
-    head = g * GROUP + offs_r % GROUP
-    r_mask = (offs_r < TILE_TOKENS * GROUP) & (tok < ext)
+    tok = m0 + offs_r // HEADS
+    head = hb * HEADS + offs_r % HEADS
+    r_mask = (offs_r < TILE_TOKENS * HEADS) & (tok < ext)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
