@@ -300,6 +300,30 @@ def test_host_pool_layouts_round_trip_and_share_one_payload(layout, io) -> None:
     assert bytes(host.page_payload(int(dst[0]))) == payload
 
 
+def test_copies_between_the_tiers_move_runs_of_pages_after_churn(monkeypatch) -> None:
+    """After the device and host pools have been filled, evicted and refilled, a backup or a
+    load still moves consecutive pages on both sides as one run (one copy per run, layer and
+    side with ``direct``), not one copy per page: freed pages come back in ascending runs."""
+    copies: list[tuple[int, int]] = []  # (pages, runs)
+    prepare = Transfer._prepare
+
+    def spy(self: Transfer, dev_slots: torch.Tensor, host_slots: torch.Tensor) -> Any:
+        runs = prepare(self, dev_slots, host_slots)
+        copies.append((len(dev_slots) // self.host.page_size, len(runs)))
+        return runs
+
+    monkeypatch.setattr(Transfer, "_prepare", spy)
+    s = sched(slots=256, hicache_io_backend="direct", hicache_ratio=4.0)
+    convs = [prompt(i, 60) for i in range(1, 9)]
+    for turn in range(3):
+        for i, p in enumerate(convs):
+            generate(s, p)
+            convs[i] = p + [(j * 5 + turn) % 50 for j in range(20)]
+    pages, runs = sum(p for p, _ in copies), sum(r for _, r in copies)
+    assert len(copies) > 20 and pages > 300, copies
+    assert runs * 4 <= pages, copies  # one page a run would be runs == pages
+
+
 def test_the_page_codec_refuses_short_corrupted_and_misplaced_pages() -> None:
     codec = PageCodec(256)
     key, other = "a" * 64, "b" * 64

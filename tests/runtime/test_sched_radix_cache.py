@@ -113,6 +113,19 @@ def test_allocator_never_hands_out_page_zero() -> None:
     assert alloc.num_free_pages == 1
 
 
+def test_freed_pages_come_back_in_ascending_runs() -> None:
+    """Pages freed together are handed out again lowest first, whatever order they were freed
+    in (a hierarchical cache then copies a run of them in one transfer)."""
+    alloc = PageAllocator(num_slots=64, page_size=4)
+    first = alloc.alloc_pages(8)
+    assert first == list(range(1, 9))
+    alloc.free_pages([6, 3, 5, 4])
+    assert alloc.alloc_pages(4) == [3, 4, 5, 6]
+    alloc.free_slots(list(range(4 * 3, 4 * 7)))  # pages 3..6 again, as slots
+    alloc.free_pages([8, 7])
+    assert alloc.alloc_pages(6) == [7, 8, 3, 4, 5, 6]  # two runs: the last freed first
+
+
 def test_slots_continue_a_partly_filled_page() -> None:
     alloc = PageAllocator(num_slots=32, page_size=4)
     slots, pages = alloc.slots_for(None, 0, 6)

@@ -57,8 +57,11 @@ class PageAllocator:
         return taken
 
     def free_pages(self, pages: list[int]) -> None:
-        """Give pages back (each must have been handed out and not freed since)."""
-        self._free.extend(pages)
+        """Give pages back (each must have been handed out and not freed since). They go on
+        the free list highest first, so that taking them again hands them out in ascending
+        runs: the copies of a hierarchical cache move a run of consecutive pages in one
+        transfer."""
+        self._free.extend(sorted(pages, reverse=True))
 
     def free_slots(self, slots: torch.Tensor | list[int]) -> None:
         """Free the pages holding ``slots`` (page-aligned runs of a request's slots)."""

@@ -92,7 +92,10 @@ class HostKVPool:
         return _slots(pages, self.page_size)
 
     def free(self, slots: torch.Tensor) -> None:
-        self._free.extend(_pages(slots, self.page_size))
+        """Give the pages of ``slots`` back, highest first (as
+        :meth:`engine.runtime.allocator.PageAllocator.free_pages`: handed out again in
+        ascending runs)."""
+        self._free.extend(sorted(_pages(slots, self.page_size), reverse=True))
 
     # ------------------------------------------------------------------ page payloads
 
