@@ -331,10 +331,10 @@ def triton_sweep(backend: Any, batch: Any, fn: Callable[[], Any], record: Callab
 
 # ---------------------------------------------------------------------------- (c) prefill
 
-def _extend(m: int, n: int, w: int, st: int, tma: bool = False,
-            heads: int = 0) -> dict[str, Any]:
+def _extend(m: int, n: int, w: int, st: int, tma: bool = False, heads: int = 0,
+            lazy: bool = False) -> dict[str, Any]:
     return dict(extend_block_m=m, extend_block_n=n, extend_warps=w, extend_stages=st,
-                extend_tma=tma, extend_row_heads=heads)
+                extend_tma=tma, extend_row_heads=heads, extend_lazy_rescale=lazy)
 
 
 #: prefill launch configurations (BLOCK_M query rows: BLOCK_M // G tokens x the group's heads;
@@ -342,7 +342,8 @@ def _extend(m: int, n: int, w: int, st: int, tma: bool = False,
 #: only where a page holds whole key tiles (page size a multiple of BLOCK_N: 64, not 16). From
 #: an offline sm_90 compile (triton 3.9): 128 x 64/128 on 4 warps spill registers and 4 stages
 #: build the same kernel as 3, so neither is swept. Then tiles of one query head (BLOCK_M
-#: tokens of one head, the plain flash-attention layout) and of half the group
+#: tokens of one head, the plain flash-attention layout) and of half the group, and a few
+#: launches with the lazy rescaling of the softmax state
 TRITON_EXTEND_SWEEP = [_extend(*c) for c in (
     (128, 32, 4, 3), (128, 32, 4, 2), (128, 32, 8, 3), (128, 32, 8, 2), (128, 64, 8, 2),
     (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 32, 4, 3), (64, 32, 4, 2),
@@ -353,7 +354,10 @@ TRITON_EXTEND_SWEEP = [_extend(*c) for c in (
     (128, 32, 4, 3, False, 1), (128, 64, 4, 3, False, 1), (128, 64, 8, 3, False, 1),
     (128, 128, 8, 2, False, 1), (128, 128, 8, 3, False, 1), (64, 64, 4, 3, False, 1),
     (128, 64, 8, 3, True, 1), (128, 128, 8, 2, True, 1), (64, 64, 4, 3, True, 1),
-    (128, 32, 4, 3, False, 2), (128, 64, 8, 3, False, 2))]
+    (128, 32, 4, 3, False, 2), (128, 64, 8, 3, False, 2),
+    (128, 32, 4, 3, False, 0, True), (128, 64, 8, 3, False, 0, True),
+    (128, 64, 8, 3, False, 1, True), (128, 128, 8, 2, False, 1, True),
+    (64, 64, 4, 3, True, 1, True))]
 
 
 def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]],

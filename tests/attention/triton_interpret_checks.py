@@ -164,16 +164,32 @@ def own_checks() -> list[str]:
 
     # extend tiles of fewer query heads than the group (1: one head's tokens; 2: half the
     # group), GQA 4: ragged, over a prefix not tile-aligned, then one token each (split prefix)
+    # (2: with the lazy rescaling too, over scores that grow along the keys)
     for heads in (1, 2):
         rig = Rig(page=16, ratio=4, dim=64, seed=5 + heads)
         backend = TritonBackend(rig.pool, 4, kernel_config=KernelConfig(
-            extend_block_m=16, extend_block_n=16, extend_row_heads=heads))
+            extend_block_m=16, extend_block_n=16, extend_row_heads=heads,
+            extend_lazy_rescale=heads == 2))
         rows = [rig.builder.new_request() for _ in range(2)]
         for lengths in ((37, 5), (19, 1), (1, 1)):
             batch = rig.builder.extend([(r, [1] * n) for r, n in zip(rows, lengths)])
             out, want, _, _ = rig.step(backend, batch, rows)
             failures += close(f"extend, {heads} query heads a tile, new tokens {lengths}",
                               out, want)
+    # lazy rescaling where the maxima grow by more than its threshold along the keys (keys
+    # scaled up with their position) and where they do not: the same outputs
+    rig = Rig(page=16, ratio=2, dim=64, seed=9)
+    backend = TritonBackend(rig.pool, 2, kernel_config=KernelConfig(
+        extend_block_m=16, extend_block_n=16, extend_lazy_rescale=True))
+    rows = [rig.builder.new_request() for _ in range(2)]
+    for lengths, growth in (((45, 7), 0.5), ((21, 3), 0.0)):
+        batch = rig.builder.extend([(r, [1] * n) for r, n in zip(rows, lengths)])
+        t = batch.num_tokens
+        pos = torch.cat([torch.arange(n, dtype=torch.float32) for n in lengths])
+        k = rig.rand(t, 2, 64) * (1 + growth * pos)[:, None, None]
+        out, want, _, _ = rig.step(backend, batch, rows, q=rig.rand(t, 4, 64) * 2,
+                                   kv=(k, rig.rand(t, 2, 64)))
+        failures += close(f"lazy rescaling, key growth {growth}", out, want)
     try:
         TritonBackend(Rig(page=1, ratio=4, dim=64, seed=0).pool, 4,
                       kernel_config=KernelConfig(extend_row_heads=3))

@@ -49,6 +49,9 @@ class KernelConfig:
     #: query heads in an extend tile's rows (0: the whole GQA group, each K/V tile read once
     #: for it; 1: one head's tokens, the plain flash-attention layout); divides the group
     extend_row_heads: int = 0
+    #: rescale the running softmax state only when a row's maximum grows by more than
+    #: ``kernels.LAZY_GROWTH`` (one decision per key tile), not at every key tile
+    extend_lazy_rescale: bool = False
 
 
 #: under the interpreter every program and every loop step costs milliseconds: big tiles
@@ -275,7 +278,7 @@ class TritonBackend(AttentionBackend):
             BLOCK_N=cfg.extend_block_n, BLOCK_D=_pow2(dim),
             DOT_PREC="ieee" if q.dtype == torch.float32 else None, HAS_TREE=md.tree is not None,
             KV_FP8=fp8, NUM_SPLITS=splits, PAGE=page, TMA=tma is not None,
-            ROW_HEADS=self.row_heads, num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
+            ROW_HEADS=self.row_heads, LAZY=cfg.extend_lazy_rescale, num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
         if splits > 1:
             self.kernels._extend_merge_kernel[(q.shape[0], layer.num_kv_heads)](
                 part_out, part_lse, out, part_out.stride(0), part_out.stride(1),

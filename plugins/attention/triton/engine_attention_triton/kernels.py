@@ -58,11 +58,16 @@ import triton.language as tl
 from engine.api.triton import fp8_from_bits, pdl_trigger, pdl_wait
 
 
+#: growth of a running maximum (base 2) that a LAZY tile step tolerates before it rescales
+LAZY_GROWTH = tl.constexpr(8.0)
+
+
 @triton.jit
 def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, g, stride_ks,
           stride_kh, stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC: tl.constexpr,
           MASKED: tl.constexpr = True, EVEN_D: tl.constexpr = False, KV_FP8: tl.constexpr = 0,
-          PAGE: tl.constexpr = 1, k_desc=None, v_desc=None, TMA: tl.constexpr = False):
+          PAGE: tl.constexpr = 1, k_desc=None, v_desc=None, TMA: tl.constexpr = False,
+          LAZY: tl.constexpr = False):
     """One online-softmax step over the keys at positions ``n0 + offs_n`` (``n_mask``: in
     range; ``allowed``: which (query row, key) scores count): K/V rows of KV head ``g`` read
     through ``req_to_token``, scores, running max ``m_i``, sum ``l_i`` and output ``acc``
@@ -73,7 +78,11 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
     ``offs_d``. ``scale`` (> 0) is applied to the scores in the exponent's multiply-add.
     ``KV_FP8`` (1: e4m3, 2: e5m2): the pool holds fp8 bit patterns (uint8), read as fp8 and
     widened to q's dtype (exact); the caller folds the K scale into ``scale`` and multiplies the
-    output by the V scale."""
+    output by the V scale. LAZY: the running maxima (and so ``acc`` and ``l_i``) are moved
+    only when some row's maximum grows by more than :data:`LAZY_GROWTH` (base 2), one
+    decision for the whole tile; in between a row's probabilities are taken against its
+    older maximum (at most 2^LAZY_GROWTH, no overflow), which leaves ``acc / l_i`` as it is
+    and skips the accumulator's rescaling at most tiles."""
     BLOCK_N: tl.constexpr = offs_n.shape[0]
     ONE_PAGE: tl.constexpr = (not MASKED) and PAGE // BLOCK_N * BLOCK_N == PAGE  # divides
     if ONE_PAGE:  # consecutive slots from the tile's first (one table entry): a scalar base
@@ -106,8 +115,18 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
     if MASKED:
         qk = tl.where(allowed, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)
-    p = tl.exp2(qk * scale - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
+    if LAZY:  # rescale only when a maximum has grown by more than LAZY_GROWTH
+        grow = tl.where(m_new > m_i, m_new - m_i, 0.0)  # (+inf for a row's first keys)
+        if tl.max(grow, 0) > LAZY_GROWTH:
+            alpha = tl.exp2(m_i - m_new)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha
+        else:
+            m_new = m_i
+        p = tl.exp2(qk * scale - m_new[:, None])
+    else:
+        p = tl.exp2(qk * scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
     if DESC:
         v = v_desc.load([slot0.to(tl.int32), g * offs_d.shape[0]])
     elif EVEN_D and not MASKED:
@@ -115,8 +134,13 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
     else:
         v = tl.load(v_rows + v_off, mask=kv_mask, other=0.0)
     v = fp8_from_bits(v, KV_FP8)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    if LAZY:
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc, input_precision=DOT_PREC)
+        l_i = l_i + tl.sum(p, 1)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                            input_precision=DOT_PREC)
+        l_i = l_i * alpha + tl.sum(p, 1)
     return m_new, l_i, acc
 
 
@@ -265,7 +289,7 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr, KV_FP8: tl.constexpr = 0,
     NUM_SPLITS: tl.constexpr = 1, PAGE: tl.constexpr = 1, TMA: tl.constexpr = False,
-    ROW_HEADS: tl.constexpr = 0, PDL: tl.constexpr = False,
+    ROW_HEADS: tl.constexpr = 0, LAZY: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     HEADS: tl.constexpr = ROW_HEADS if ROW_HEADS > 0 else GROUP  # query heads of a tile
     hb = tl.program_id(0)  # the tile's block of HEADS query heads (inside one KV head's)
@@ -315,7 +339,7 @@ def _extend_kernel(
                               v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
                               d_mask, scale, DOT_PREC, MASKED=False,
                               EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8, PAGE=PAGE,
-                              k_desc=k_desc, v_desc=v_desc, TMA=TMA)
+                              k_desc=k_desc, v_desc=v_desc, TMA=TMA, LAZY=LAZY)
     if s == NUM_SPLITS - 1:
         if HAS_TREE:
             if full < lo:  # the prefix's last partial tile
@@ -323,7 +347,7 @@ def _extend_kernel(
                 m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, full, offs_n, n_mask,
                                       n_mask[None, :], k_ptr, v_ptr, g, stride_ks, stride_kh,
                                       stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC,
-                                      KV_FP8=KV_FP8)
+                                      KV_FP8=KV_FP8, LAZY=LAZY)
         else:  # the partial tile before the tile's own tokens joins phase 2 (all keys pass)
             lo = full
         # phase 2: the tile's diagonal block of new tokens, causally (a tree: by its mask)
@@ -340,7 +364,7 @@ def _extend_kernel(
                 causal = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
             m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, causal,
                                   k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh,
-                                  offs_d, d_mask, scale, DOT_PREC, KV_FP8=KV_FP8)
+                                  offs_d, d_mask, scale, DOT_PREC, KV_FP8=KV_FP8, LAZY=LAZY)
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
     if KV_FP8 != 0:
