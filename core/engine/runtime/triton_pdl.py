@@ -19,7 +19,12 @@ The contract for a kernel launched with :func:`launch_options`:
   kernel never completes before its predecessor does, which keeps the ordering transitive:
   kernel N+2 waiting for N+1 also waits for N);
 - before the wait it may only read memory no kernel writes while the step runs (weights,
-  constant tables).
+  constant tables). One pattern goes further: a kernel that calls :func:`pdl_trigger` only
+  *after* its own wait lets its successor launch only once every kernel before it has
+  completed, so the successor may read what those kernels wrote before its wait. It must
+  read it again after the wait if it computes with it (the MoE down projection reads the
+  router's expert ids early only to ask that expert's weights into L2: a prefetch is a hint,
+  so nothing but speed depends on the early read).
 
 Kernels take the flag as a ``PDL: tl.constexpr`` argument (``pdl_enabled(device)``); where it is
 off, both helpers compile to nothing and the launch is the usual one. ``ENGINE_PDL=0`` turns it

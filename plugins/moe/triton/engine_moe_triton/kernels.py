@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.api.triton import launch_options, pdl_trigger, pdl_wait
+from engine.api.triton import launch_options, pdl_trigger, pdl_wait, prefetch_l2
 
 
 def align_by_expert(topk_ids: torch.Tensor, block_m: int,
@@ -158,9 +158,12 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
                   stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   ACC2D: tl.constexpr, PDL: tl.constexpr):
     """ACC2D: products accumulate elementwise over the K loop and are summed once at the end
-    (else each tile's products are summed as they come)."""
-    pdl_trigger(PDL)
+    (else each tile's products are summed as they come). With PDL the next kernel (the down
+    projection) may launch only once every program has waited here, so the router's expert
+    ids are final when it starts, and it can bring its experts' weights into L2 while this
+    kernel runs (``_pair_gemv_down``)."""
     pdl_wait(PDL)
+    pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -190,12 +193,23 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_g
                     stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     ACC2D: tl.constexpr, PDL: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
-    from the gate/up row of the pair. ACC2D as in ``_pair_gemv_up``."""
+    from the gate/up row of the pair. ACC2D as in ``_pair_gemv_up``. With PDL this kernel starts
+    only once every program of the up projection has waited for the router (which wrote
+    ``ids``), so it reads its expert before its own wait and asks that expert's rows of
+    ``w2`` into L2 (one address a line) while the up projection still runs."""
     pdl_trigger(PDL)
-    pdl_wait(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
+    if PDL:
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        if expert >= 0:
+            LINE: tl.constexpr = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8
+            lines = tl.arange(0, max(1, BLOCK_K // LINE)) * LINE
+            rows = w_ptr + expert * stride_we + tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
+            for k0 in range(0, I, BLOCK_K):
+                prefetch_l2(rows[:, None] + tl.minimum(k0 + lines, I - 1)[None, :], PDL)
+    pdl_wait(PDL)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     if expert < 0:  # another rank's expert: this pair contributes zeros
         tl.store(out_ptr + pair * stride_o + offs_n,
