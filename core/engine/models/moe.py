@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ConfigError
-from engine.runtime.linear import ActQuant
+from engine.runtime.linear import ActQuant, dense_linear
 
 if TYPE_CHECKING:
     from engine.api.moe import MoEAllToAll, MoERunner
@@ -153,7 +153,10 @@ class SparseMoeBlock(nn.Module):
             raise ConfigError(f"--moe-runner-backend: cannot serve {self.experts.name}: {reason}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        # the router through the model's own few-row product (on a GPU the Triton
+        # matrix-vector kernel, which launches with its neighbours under PDL)
+        logits = dense_linear(x, self.gate.weight)
+        weights, ids = route(logits, self.top_k, self.renormalize)
         h, local_ids, local_w, handle = self.a2a.dispatch(x, ids, weights)
         out = self.a2a.combine(self.runner.apply(self.experts, h, local_ids, local_w), handle)
         if self.shared_expert is not None:

@@ -100,7 +100,8 @@ class TritonRunner(MoERunner):
 
     def apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
               topk_weights: torch.Tensor) -> torch.Tensor:
-        from .kernels import align_by_expert, grouped_gemm, pair_moe, silu_and_mul
+        from .kernels import (align_by_expert, combine_pairs, grouped_gemm, pair_moe,
+                              silu_and_mul)
 
         t, k = topk_ids.shape
         inter, h = experts.intermediate_size, experts.hidden_size
@@ -113,7 +114,7 @@ class TritonRunner(MoERunner):
                      topk_weights.float().contiguous(), gate_up, down,
                      **({"acc2d": self.gemv.get("acc2d", False), "block_n": 16,
                          "block_k": 16} if interpreting() else self.gemv))
-            return down.view(t, k, h).sum(dim=1).to(hidden.dtype)  # float32 accumulation
+            return combine_pairs(down, k, hidden.dtype)
         block = self.config_for(experts, t)
         sorted_ids, block_expert, num_padded = align_by_expert(
             topk_ids, block["BLOCK_SIZE_M"], experts.num_experts)
@@ -132,7 +133,7 @@ class TritonRunner(MoERunner):
         down = torch.zeros(pairs, h, dtype=x.dtype, device=x.device)  # -1 ids stay zero
         grouped_gemm(act, experts.w2, down, weights, sorted_ids, block_expert, num_padded,
                      top_k=1, mul_weight=True, block=block)
-        return down.view(t, k, h).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+        return combine_pairs(down, k, hidden.dtype)
 
 
 @hookimpl

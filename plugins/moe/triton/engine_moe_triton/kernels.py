@@ -11,7 +11,8 @@ Design (the SGLang/vLLM lineage, written here from the algorithm):
    with float32 accumulation, optionally scales each row by its router weight, and writes the rows
    back at their pair positions. Launch 1: ``hidden @ w13[e].T`` (gate and up in one GEMM);
    launch 2: ``act @ w2[e].T`` weighted.
-3. ``silu_and_mul`` between them; the combine is a sum over the k slots.
+3. ``silu_and_mul`` between them; the combine (``combine_pairs``) sums the k slots of each
+   token in float32.
 """
 
 from __future__ import annotations
@@ -258,3 +259,34 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=dbn,
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d, num_warps=warps,
         **launch_options(x.device))
+
+
+@triton.jit
+def _combine_pairs(down_ptr, out_ptr, H, stride_d, stride_o, TOP_K: tl.constexpr,
+                   BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """``out[t] = sum_j down[t * TOP_K + j]`` in float32 (slots in order), rounded to out's
+    dtype; grid ``(T, cdiv(H, BLOCK))``."""
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < H
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(down_ptr + (t * TOP_K + j) * stride_d + offs, mask=ok,
+                       other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * stride_o + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def combine_pairs(down: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """The combine: each token's ``top_k`` weighted expert rows of ``down`` [T * top_k, H]
+    summed in float32, as ``dtype`` [T, H]. A Triton kernel rather than a torch reduction so
+    that, under PDL, it launches while the down projection finishes."""
+    pairs, h = down.shape
+    t = pairs // top_k
+    out = torch.empty((t, h), dtype=dtype, device=down.device)
+    block = min(1024, triton.next_power_of_2(h))
+    _combine_pairs[(t, triton.cdiv(h, block))](down, out, h, down.stride(0), out.stride(0),
+                                                TOP_K=top_k, BLOCK=block, num_warps=4,
+                                                **launch_options(down.device))
+    return out
