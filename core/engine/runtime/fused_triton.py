@@ -48,37 +48,38 @@ def _qk_norm_rope(src_ptr, q_out_ptr, k_out_ptr, v_out_ptr, loc_ptr, qw_ptr, kw_
     h = tl.program_id(1)
     dt = q_out_ptr.dtype.element_ty
     offs = tl.arange(0, HALF)
+    is_q = h < hq
     pdl_trigger(PDL)
+    # before the wait: the positions and cache rows (written before the step's first kernel),
+    # the cos/sin tables and the norm weights (constants); every head loads the row's cos/sin
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    c1 = _round(tl.load(cos_ptr + pos * stride_cache + offs), dt)
+    c2 = _round(tl.load(cos_ptr + pos * stride_cache + HALF + offs), dt)
+    s1 = _round(tl.load(sin_ptr + pos * stride_cache + offs), dt)  # -sin (sin_signed)
+    s2 = _round(tl.load(sin_ptr + pos * stride_cache + HALF + offs), dt)
+    if NORM:
+        w_ptr = tl.where(is_q, qw_ptr, kw_ptr)
+        w1 = tl.load(w_ptr + offs).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
+    if STORE:
+        row = tl.load(loc_ptr + t).to(tl.int64)
     pdl_wait(PDL)
     base = src_ptr + t * stride_src + h * (2 * HALF)  # q heads, then k, then v, in the row
     x1 = tl.load(base + offs).to(tl.float32)
     x2 = tl.load(base + HALF + offs).to(tl.float32)
-    is_q = h < hq
     y1 = x1
     y2 = x2
     if h < hq + hkv:  # q or k: (norm and) rotate; v is stored as it is
         if NORM:
             var = (tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF)
             rstd = 1.0 / tl.sqrt(var + eps)
-            if is_q:
-                w1 = tl.load(qw_ptr + offs).to(tl.float32)
-                w2 = tl.load(qw_ptr + HALF + offs).to(tl.float32)
-            else:
-                w1 = tl.load(kw_ptr + offs).to(tl.float32)
-                w2 = tl.load(kw_ptr + HALF + offs).to(tl.float32)
             x1 = _round(_round(x1 * rstd, dt) * w1, dt)
             x2 = _round(_round(x2 * rstd, dt) * w2, dt)
-        pos = tl.load(pos_ptr + t).to(tl.int64)
-        c1 = _round(tl.load(cos_ptr + pos * stride_cache + offs), dt)
-        c2 = _round(tl.load(cos_ptr + pos * stride_cache + HALF + offs), dt)
-        s1 = _round(tl.load(sin_ptr + pos * stride_cache + offs), dt)  # -sin (sin_signed)
-        s2 = _round(tl.load(sin_ptr + pos * stride_cache + HALF + offs), dt)
         y1 = _round(_round(x1 * c1, dt) + _round(x2 * s1, dt), dt)
         y2 = _round(_round(x2 * c2, dt) + _round(x1 * s2, dt), dt)
     if is_q:
         dst = q_out_ptr + (t * hq + h) * (2 * HALF)
     elif STORE:
-        row = tl.load(loc_ptr + t).to(tl.int64)
         if h < hq + hkv:
             dst = k_out_ptr + (row * hkv + (h - hq)) * (2 * HALF)
         else:

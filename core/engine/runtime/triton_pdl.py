@@ -18,8 +18,12 @@ The contract for a kernel launched with :func:`launch_options`:
   anything an earlier kernel of the stream may write and before its first store (so a
   kernel never completes before its predecessor does, which keeps the ordering transitive:
   kernel N+2 waiting for N+1 also waits for N);
-- before the wait it may only read memory no kernel writes while the step runs (weights,
-  constant tables). One pattern goes further: a kernel that calls :func:`pdl_trigger` only
+- before the wait it may only read memory that nothing writes once the step's kernels have
+  started: weights, constant tables, and the batch's own inputs (positions, lengths, the slot
+  table, the cache rows to write), which the host copies in before the step's first kernel.
+  A kernel that never calls :func:`pdl_trigger` (any torch kernel) lets its successor start
+  only when it has completed, so what earlier torch kernels wrote is complete too. One
+  pattern goes further: a kernel that calls :func:`pdl_trigger` only
   *after* its own wait lets its successor launch only once every kernel before it has
   completed, so the successor may read what those kernels wrote before its wait. It must
   read it again after the wait if it computes with it (the MoE down projection reads the

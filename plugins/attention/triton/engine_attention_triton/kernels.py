@@ -55,7 +55,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine.api.triton import fp8_from_bits, pdl_trigger, pdl_wait
+from engine.api.triton import fp8_from_bits, pdl_trigger, pdl_wait, prefetch_l2
 
 
 #: growth of a running maximum (base 2) that a LAZY tile step tolerates before it rescales
@@ -159,6 +159,20 @@ def _page_slots(r2t_row, n0, offs_n, PAGE: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_kv(r2t_row, start, end, offs_n, k_ptr, v_ptr, g, stride_ks, stride_kh,
+                 stride_vs, stride_vh, BLOCK_D: tl.constexpr):
+    """Ask the K and V rows of KV head ``g`` at the positions ``start + offs_n`` (below
+    ``end``) into L2, one address per 128-byte line."""
+    BYTES: tl.constexpr = k_ptr.dtype.element_ty.primitive_bitwidth // 8
+    LINE: tl.constexpr = 128 // BYTES
+    pos = start + offs_n
+    slot = tl.load(r2t_row + pos, mask=pos < end, other=0).to(tl.int64)
+    lines = (tl.arange(0, max(1, BLOCK_D // LINE)) * LINE)[None, :]
+    prefetch_l2(k_ptr + slot[:, None] * stride_ks + g * stride_kh + lines, True)
+    prefetch_l2(v_ptr + slot[:, None] * stride_vs + g * stride_vh + lines, True)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, req_to_token_ptr, req_pool_ptr, seq_lens_ptr,
     part_out_ptr, part_lse_ptr, out_ptr,
@@ -174,7 +188,8 @@ def _decode_split_kernel(
     g = tl.program_id(1)
     s = tl.program_id(2)
     pdl_trigger(PDL)
-    pdl_wait(PDL)
+    # the batch's lengths, rows and slot table are written before the step's first kernel
+    # (no kernel of the step writes them): read before the wait
     seq_len = tl.load(seq_lens_ptr + b)
     row = tl.load(req_pool_ptr + b)
     if FIXED_TILE:
@@ -192,9 +207,15 @@ def _decode_split_kernel(
     h_mask = offs_h < GROUP
     d_mask = offs_d < HEAD_DIM
     hd_mask = h_mask[:, None] & d_mask[None, :]
+    r2t_row = req_to_token_ptr + row * stride_r2t
+    if PDL:  # the chunk's first key tile asked into L2 while the previous kernel runs (the
+        # newest token's K/V, which that kernel writes, is read again after the wait anyway:
+        # L2 is where the write lands)
+        _prefetch_kv(r2t_row, start, end, offs_n, k_ptr, v_ptr, g, stride_ks, stride_kh,
+                     stride_vs, stride_vh, BLOCK_D)
+    pdl_wait(PDL)
     q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=hd_mask, other=0.0)
-    r2t_row = req_to_token_ptr + row * stride_r2t
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
