@@ -73,3 +73,114 @@ def test_graph_replays_equal_with_and_without_pdl(monkeypatch):
             assert torch.equal(y_i, replays[0][0]) and torch.equal(r_i, replays[0][1])
         outs[flag] = replays[0]
     assert torch.equal(outs["1"][0], outs["0"][0]) and torch.equal(outs["1"][1], outs["0"][1])
+
+
+def _attention_half(dev, layers: int = 4):
+    """The attention half of a decode step, ``layers`` times over one pool: the qkv product,
+    q/k norm + RoPE storing K/V, the triton plugin's split decode and merge, the o product
+    (the kernels that read the batch's inputs and the first key tile before their wait).
+    Returns (run, buffers): ``run()`` launches the chain on a decode batch of three requests
+    of 40, 17 and 100 cached tokens."""
+    from engine_attention_triton.impl import TritonBackend
+
+    from engine.runtime import fused_triton, gemv_triton
+    from engine.runtime.attention import AttentionLayerSpec, KVPool
+    from engine.testing.batches import BatchBuilder
+
+    gen = torch.Generator(device=dev).manual_seed(1)
+    hq, hkv, d, hidden = 8, 2, 128, 1024
+    pool = KVPool(num_layers=layers, num_kv_heads=hkv, head_dim=d, num_slots=4096,
+                  page_size=16, dtype=torch.bfloat16, device=dev)
+    for buf in pool.k + pool.v:
+        buf.copy_(torch.randn(buf.shape, device=dev, generator=gen, dtype=torch.bfloat16))
+    builder = BatchBuilder(torch.zeros((4, 256), dtype=torch.int64, device=dev), 4096, 16,
+                           shuffle=True)
+    rows = [builder.new_request() for _ in range(3)]
+    builder.extend([(r, [1] * n) for r, n in zip(rows, (40, 17, 100))])  # slots only
+    batch = builder.decode([(r, 2) for r in rows])
+    backend = TritonBackend(pool, hq // hkv, num_kv_splits=4)
+    backend.prepare(batch)
+    w_qkv = torch.randn((hq + 2 * hkv) * d, hidden, device=dev, generator=gen,
+                        dtype=torch.bfloat16) / 32
+    w_o = torch.randn(hidden, hq * d, device=dev, generator=gen, dtype=torch.bfloat16) / 32
+    qw = torch.rand(d, device=dev, generator=gen, dtype=torch.bfloat16)
+    kw = torch.rand(d, device=dev, generator=gen, dtype=torch.bfloat16)
+    pos = torch.arange(256, device=dev, dtype=torch.float32)[:, None]
+    ang = pos * torch.arange(d, device=dev, dtype=torch.float32)[None, :] / d
+    cos, sin = ang.cos().contiguous(), (-ang.sin()).contiguous()
+    x = torch.randn(3, hidden, device=dev, generator=gen, dtype=torch.bfloat16)
+
+    def run():
+        h = x
+        for i in range(layers):
+            spec = AttentionLayerSpec(i, hq, hkv, d, d ** -0.5)
+            qkv = gemv_triton.gemv(h, w_qkv)
+            q = fused_triton.qk_norm_rope_store(qkv, hq, hkv, d, batch.positions, cos, sin, qw,
+                                                kw, 1e-6, pool.k[i], pool.v[i],
+                                                batch.out_cache_loc)
+            out = backend.forward_decode(q, spec, batch)
+            h = gemv_triton.gemv(out.reshape(3, hq * d), w_o)
+        return h
+
+    return run
+
+
+def _moe_one_token(dev, layers: int = 4):
+    """A Qwen3-MoE-shaped expert layer for one token, ``layers`` times: the router product,
+    the fused softmax/top-k, the triton runner's pair products and combine (the down
+    projection reads its experts before its wait)."""
+    from engine_moe_triton.impl import TritonRunner
+
+    from engine.models.moe import ExpertWeights, route
+    from engine.runtime.linear import dense_linear
+
+    gen = torch.Generator(device=dev).manual_seed(2)
+    e, hidden, inter = 32, 1024, 256
+    experts = ExpertWeights(e, hidden, inter, torch.bfloat16).to(dev)
+    experts.w13.data.copy_(torch.randn(experts.w13.shape, device=dev, generator=gen,
+                                       dtype=torch.bfloat16) / 32)
+    experts.w2.data.copy_(torch.randn(experts.w2.shape, device=dev, generator=gen,
+                                      dtype=torch.bfloat16) / 16)
+    router = torch.randn(e, hidden, device=dev, generator=gen, dtype=torch.bfloat16) / 32
+    runner = TritonRunner(None)
+    x = torch.randn(1, hidden, device=dev, generator=gen, dtype=torch.bfloat16)
+
+    def run():
+        h = x
+        for _ in range(layers):
+            weights, ids = route(dense_linear(h, router), 8, True)
+            h = h + runner.apply(experts, h, ids, weights)
+        return h
+
+    return run
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs a CUDA device of compute capability 9 or more")
+@pytest.mark.parametrize("chain", [_attention_half, _moe_one_token])
+def test_early_reads_give_the_same_replays_with_and_without_pdl(monkeypatch, chain):
+    """The kernels that read the batch's inputs (lengths, rows, positions, cache rows) or an
+    earlier kernel's expert ids before their wait, and ask weights or key tiles into L2:
+    captured in one graph, bit-identical with and without PDL, replay after replay."""
+    pytest.importorskip("engine_attention_triton")
+    pytest.importorskip("engine_moe_triton")
+    dev = torch.device("cuda")
+    monkeypatch.setenv("ENGINE_GEMV_DENSE_ROWS", "4")  # the Triton products in both modes
+    outs = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("ENGINE_PDL", flag)
+        run = chain(dev)
+        run()  # build the kernels outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = run()
+        replays = []
+        for _ in range(5):
+            graph.replay()
+            replays.append(y.clone())
+        torch.cuda.synchronize()
+        assert all(torch.equal(r, replays[0]) for r in replays[1:])
+        assert torch.isfinite(replays[0]).all()
+        outs[flag] = replays[0]
+    assert torch.equal(outs["1"], outs["0"])

@@ -278,7 +278,8 @@ class TritonBackend(AttentionBackend):
             BLOCK_N=cfg.extend_block_n, BLOCK_D=_pow2(dim),
             DOT_PREC="ieee" if q.dtype == torch.float32 else None, HAS_TREE=md.tree is not None,
             KV_FP8=fp8, NUM_SPLITS=splits, PAGE=page, TMA=tma is not None,
-            ROW_HEADS=self.row_heads, LAZY=cfg.extend_lazy_rescale, num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
+            ROW_HEADS=self.row_heads, LAZY=cfg.extend_lazy_rescale,
+            num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
         if splits > 1:
             self.kernels._extend_merge_kernel[(q.shape[0], layer.num_kv_heads)](
                 part_out, part_lse, out, part_out.stride(0), part_out.stride(1),

@@ -18,9 +18,9 @@ Extend, ``_extend_kernel``, grid ``(Hq / ROW_HEADS, tiles)``, also GQA-aware: th
 query rows of a program are ``TILE_TOKENS = BLOCK_M // ROW_HEADS`` new tokens ``m0..`` of one
 request times ``ROW_HEADS`` query heads of one KV head (row ``r``: token ``m0 + r // ROW_HEADS``,
 head ``hb*ROW_HEADS + r % ROW_HEADS``). ``ROW_HEADS`` is the whole group ``G`` by default, so
-each K/V tile is loaded once for the group; fewer heads a tile (1: one head's tokens, the
-plain flash-attention layout) give a tile more tokens and a narrower diagonal per key, and the
-group's programs then share each K/V tile through L2. The tile -> request table is built on the host from the CPU
+each K/V tile is loaded once for the group; with fewer heads a tile (1: one head's tokens, the
+plain flash-attention layout) a tile holds more tokens and the group's programs share each K/V
+tile through L2. The tile -> request table is built on the host from the CPU
 copies of the lengths, the tiles with the most keys first (the programs of a long causal
 prefill differ in cost by its length; the heaviest start first, the light ones fill the tail).
 Phase 1 walks the whole key tiles of ``0 .. prefix + m0`` (the cached prefix pages, then the
