@@ -159,7 +159,10 @@ def search(fmt: str, impl: str, shapes: list[str], layers: dict, x: dict, cls: s
 
     if fmt == "int4" and start is None:  # the best of a few launches with 16 words a thread
         seeds = [tuple(cfg), (32, 4, 4, 2, 2, 1, 1), (64, 4, 8, 2, 2, 1, 1),
-                 (64, 4, 4, 2, 1, 1, 1), (32, 8, 4, 2, 2, 1, 1), (128, 2, 8, 2, 1, 1, 1)]
+                 (64, 4, 4, 2, 1, 1, 1), (32, 8, 4, 2, 2, 1, 1), (128, 2, 8, 2, 1, 1, 1),
+                 # no split of K (no partial sums, no last-program reduction at the tail),
+                 # narrow output blocks for programs enough: for the small q/k/v and o layers
+                 (16, 1, 4, 2, 4, 1, 1), (32, 1, 4, 2, 4, 1, 1), (16, 1, 2, 2, 4, 1, 1)]
         cfg = list(min(seeds, key=cost))
     elif fmt != "int4":  # start from the best of a few known-good launches
         seeds = [tuple(cfg)] + ([(8, 1024, 1, 4, 3), (16, 512, 2, 4, 3)] if impl == "gemv" else
