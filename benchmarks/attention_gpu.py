@@ -240,7 +240,8 @@ def reference_close(out: Any, want: Any) -> float:
 
 TRITON_DECODE_SWEEP = [dict(decode_block_n=n, decode_warps=w, decode_stages=st)
                        for n, w, st in ((32, 4, 2), (64, 4, 2), (64, 8, 2), (128, 8, 2),
-                                        (64, 4, 3))]
+                                        (64, 4, 3))] + [
+    dict(decode_block_n=64, decode_warps=4, decode_stages=3, decode_fused_merge=True)]
 
 
 def decode_section(s: Shapes, makers: dict[str, Callable[..., Any]]) -> None:
@@ -467,7 +468,7 @@ def main() -> int:
         TRITON_DECODE_SWEEP, TRITON_EXTEND_SWEEP = [], []
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
-        TRITON_DECODE_SWEEP = TRITON_DECODE_SWEEP[:1]
+        TRITON_DECODE_SWEEP = TRITON_DECODE_SWEEP[:1] + TRITON_DECODE_SWEEP[-1:]
         # the first, a TMA one and a one-head one
         TRITON_EXTEND_SWEEP = TRITON_EXTEND_SWEEP[:1] + [
             p for p in TRITON_EXTEND_SWEEP if p["extend_tma"]][-1:] + TRITON_EXTEND_SWEEP[-1:]

@@ -123,6 +123,28 @@ def own_checks() -> list[str]:
         out, want, _, _ = rig.step(backend, batch, rows)
         failures += close(f"split decode (fp32 partials={fp32})", out, want)
 
+    # the merge folded into the split kernel (the last split of each request and KV head
+    # folds them): the separate merge's outputs bit for bit, request after request
+    rig = Rig(page=16, ratio=4, dim=64, seed=11)
+    rows = [rig.builder.new_request() for _ in range(5)]
+    batch = rig.builder.extend([(r, [1] * n) for r, n in zip(rows, [1, 15, 16, 17, 70])])
+    plain = TritonBackend(rig.pool, 4, num_kv_splits=4,
+                          kernel_config=KernelConfig(decode_block_n=16))
+    rig.step(plain, batch, rows)
+    fused = TritonBackend(rig.pool, 4, num_kv_splits=4, kernel_config=KernelConfig(
+        decode_block_n=16, decode_fused_merge=True))
+    for step in range(2):
+        batch = rig.builder.decode([(r, 2) for r in rows])
+        out, want, q, (k, v) = rig.step(fused, batch, rows)
+        failures += close(f"split decode, merge in the split kernel (step {step})", out, want)
+        plain.prepare(batch)
+        again = plain.forward_decode(q, rig.spec, batch)
+        if not torch.equal(out, again):
+            failures.append("the folded merge differs from the merge kernel "
+                            f"({(out - again).abs().max().item():.3g})")
+        if int(fused._counters.abs().sum()):
+            failures.append("the folded merge left its counters set")
+
     # fixed split tiles: a request's output does not depend on the rest of the batch
     rig = Rig(page=1, ratio=3, dim=64, seed=2)
     backend = TritonBackend(rig.pool, 3, split_tile_size=8,

@@ -18,7 +18,7 @@ and splits would only add partial outputs and a merge), ``triton_attention_split
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -39,6 +39,11 @@ class KernelConfig:
     decode_block_n: int = 64
     decode_warps: int = 4
     decode_stages: int = 3
+    #: the last split of each (request, KV head) folds the splits' partial outputs itself
+    #: (an atomic counter per pair) instead of a separate merge kernel;
+    #: ``ENGINE_TRITON_DECODE_FUSED_MERGE=1`` turns it on where the config is the default
+    decode_fused_merge: bool = field(
+        default_factory=lambda: os.environ.get("ENGINE_TRITON_DECODE_FUSED_MERGE") == "1")
     extend_block_m: int = 128
     extend_block_n: int = 32
     extend_warps: int = 4
@@ -56,6 +61,8 @@ class KernelConfig:
 
 #: under the interpreter every program and every loop step costs milliseconds: big tiles
 INTERPRETER_CONFIG = KernelConfig(decode_block_n=128, extend_block_m=128, extend_block_n=128)
+#: (request, KV head) pairs the fused merge's counters cover (more: the merge kernel)
+MERGE_COUNTERS = 1 << 16
 
 
 @dataclass
@@ -111,6 +118,8 @@ class TritonBackend(AttentionBackend):
         #: Triton's fp8 types need SM89+ on a GPU
         self.supports_fp8_kv_cache = (pool.device.type != "cuda" or
                                       torch.cuda.get_device_capability(pool.device) >= (8, 9))
+        #: the fused merge's counters, one per (request, KV head), zero between launches
+        self._counters = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=pool.device)
         self.configure(kernel_config or (INTERPRETER_CONFIG if interpreting()
                                          else KernelConfig()))
 
@@ -224,8 +233,10 @@ class TritonBackend(AttentionBackend):
         out = torch.empty_like(q)
         cfg, r2t = self.cfg, batch.req_to_token
         prec = "ieee" if q.dtype == torch.float32 else None
+        fused = cfg.decode_fused_merge and splits > 1 and bsz * hkv <= MERGE_COUNTERS
         self.kernels._decode_split_kernel[(bsz, hkv, splits)](
             q, k_buf, v_buf, r2t, batch.req_pool_indices, batch.seq_lens, part_out, part_lse, out,
+            self._counters,
             q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
             v_buf.stride(1), r2t.stride(0),
             part_out.stride(0), part_out.stride(1), part_out.stride(2),
@@ -233,9 +244,9 @@ class TritonBackend(AttentionBackend):
             layer.scaling * LOG2E * k_scale, md.split_tile, v_scale,
             GROUP=group, HEAD_DIM=dim, NUM_SPLITS=splits, BLOCK_H=max(16, _pow2(group)),
             BLOCK_D=_pow2(dim), BLOCK_N=cfg.decode_block_n, FIXED_TILE=md.split_tile > 0,
-            DOT_PREC=prec, KV_FP8=fp8, num_warps=cfg.decode_warps,
+            DOT_PREC=prec, KV_FP8=fp8, FUSED_MERGE=fused, num_warps=cfg.decode_warps,
             num_stages=cfg.decode_stages, **self._pdl)
-        if splits > 1:
+        if splits > 1 and not fused:
             self.kernels._decode_merge_kernel[(bsz, hkv)](
                 part_out, part_lse, out, batch.seq_lens, part_out.stride(0),
                 part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),

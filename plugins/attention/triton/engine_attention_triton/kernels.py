@@ -175,14 +175,14 @@ def _prefetch_kv(r2t_row, start, end, offs_n, k_ptr, v_ptr, g, stride_ks, stride
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, req_to_token_ptr, req_pool_ptr, seq_lens_ptr,
-    part_out_ptr, part_lse_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr, out_ptr, cnt_ptr,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_r2t,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
     scale, split_len_fixed, v_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     FIXED_TILE: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
+    FUSED_MERGE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -238,9 +238,22 @@ def _decode_split_kernel(
         safe_l = tl.where(l_i > 0, l_i, 1.0)
         out = tl.where(nonempty, acc / safe_l[:, None], 0.0)
         lse = tl.where(nonempty, m_i + tl.log2(safe_l), float("-inf"))
-        tl.store(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + s * stride_ps
-                 + offs_d[None, :], out.to(part_out_ptr.dtype.element_ty), mask=hd_mask)
-        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + s, lse, mask=h_mask)
+        part_rows = part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + offs_d[None, :]
+        lse_rows = part_lse_ptr + b * stride_lb + heads * stride_lh
+        tl.store(part_rows + s * stride_ps, out.to(part_out_ptr.dtype.element_ty),
+                 mask=hd_mask)
+        tl.store(lse_rows + s, lse, mask=h_mask)
+        if FUSED_MERGE:  # the last split of (b, g) to finish folds them all
+            tl.debug_barrier()  # every thread's partials issued before the release below
+            cnt = cnt_ptr + b * tl.num_programs(1) + g
+            arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
+            if arrived == NUM_SPLITS - 1:
+                used = (seq_len + split_len - 1) // split_len
+                final = _fold_splits(part_rows, lse_rows, stride_ps, used, hd_mask, h_mask,
+                                     BLOCK_H, BLOCK_D, CACHE=".cg")
+                tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                         final.to(out_ptr.dtype.element_ty), mask=hd_mask)
+                tl.atomic_xchg(cnt, 0)
 
 
 @triton.jit
@@ -278,16 +291,18 @@ def _decode_merge_kernel(
 
 @triton.jit
 def _fold_splits(part_ptrs, lse_ptrs, stride_ps, count, gd_mask, g_mask,
-                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr = ""):
     """The first ``count`` split partial outputs ([G, D] at ``part_ptrs + s * stride_ps``,
     log-sum-exps at ``lse_ptrs + s``) folded in split order with a running log-sum-exp; a
-    split with no key (``-inf``) adds nothing, wherever it is."""
+    split with no key (``-inf``) adds nothing, wherever it is. CACHE: the loads' cache
+    modifier (".cg": from L2, for partials other programs of the same kernel wrote)."""
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for s in range(0, count):
-        lse = tl.load(lse_ptrs + s, mask=g_mask, other=float("-inf"))
-        part = tl.load(part_ptrs + s * stride_ps, mask=gd_mask, other=0.0)
+        lse = tl.load(lse_ptrs + s, mask=g_mask, other=float("-inf"), cache_modifier=CACHE)
+        part = tl.load(part_ptrs + s * stride_ps, mask=gd_mask, other=0.0,
+                       cache_modifier=CACHE)
         m_new = tl.maximum(m, lse)
         live = m_new > float("-inf")
         alpha = tl.where(live, tl.exp2(m - m_new), 1.0)
