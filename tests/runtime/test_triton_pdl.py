@@ -3,6 +3,8 @@ kernels then compile without the grid-dependency instructions); on a Hopper GPU 
 decode step's kernels captured in a CUDA graph gives bit-identical results with and without
 it, replay after replay (a kernel reading before its predecessor finished would not)."""
 
+import functools
+
 import pytest
 import torch
 
@@ -75,13 +77,14 @@ def test_graph_replays_equal_with_and_without_pdl(monkeypatch):
     assert torch.equal(outs["1"][0], outs["0"][0]) and torch.equal(outs["1"][1], outs["0"][1])
 
 
-def _attention_half(dev, layers: int = 4):
+def _attention_half(dev, layers: int = 4, fused_merge: bool = False):
     """The attention half of a decode step, ``layers`` times over one pool: the qkv product,
     q/k norm + RoPE storing K/V, the triton plugin's split decode and merge, the o product
     (the kernels that read the batch's inputs and the first key tile before their wait).
     Returns (run, buffers): ``run()`` launches the chain on a decode batch of three requests
-    of 40, 17 and 100 cached tokens."""
-    from engine_attention_triton.impl import TritonBackend
+    of 40, 17 and 100 cached tokens. ``fused_merge``: the decode merge inside the split
+    kernel."""
+    from engine_attention_triton.impl import KernelConfig, TritonBackend
 
     from engine.runtime import fused_triton, gemv_triton
     from engine.runtime.attention import AttentionLayerSpec, KVPool
@@ -98,7 +101,8 @@ def _attention_half(dev, layers: int = 4):
     rows = [builder.new_request() for _ in range(3)]
     builder.extend([(r, [1] * n) for r, n in zip(rows, (40, 17, 100))])  # slots only
     batch = builder.decode([(r, 2) for r in rows])
-    backend = TritonBackend(pool, hq // hkv, num_kv_splits=4)
+    backend = TritonBackend(pool, hq // hkv, num_kv_splits=4,
+                            kernel_config=KernelConfig(decode_fused_merge=fused_merge))
     backend.prepare(batch)
     w_qkv = torch.randn((hq + 2 * hkv) * d, hidden, device=dev, generator=gen,
                         dtype=torch.bfloat16) / 32
@@ -158,7 +162,8 @@ def _moe_one_token(dev, layers: int = 4):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="needs a CUDA device of compute capability 9 or more")
-@pytest.mark.parametrize("chain", [_attention_half, _moe_one_token])
+@pytest.mark.parametrize("chain", [_attention_half, _moe_one_token,
+                                   functools.partial(_attention_half, fused_merge=True)])
 def test_early_reads_give_the_same_replays_with_and_without_pdl(monkeypatch, chain):
     """The kernels that read the batch's inputs (lengths, rows, positions, cache rows) or an
     earlier kernel's expert ids before their wait, and ask weights or key tiles into L2:
