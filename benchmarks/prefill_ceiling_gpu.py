@@ -44,7 +44,9 @@ def _fa_fwd(q_desc, k_desc, v_desc, o_desc, T, scale,
     if GQA:
         b = bh // HKV
         kvh = bh % HKV
-        q = tl.reshape(q_desc.load([b * T + t0, kvh * G * D]), (BLOCK_M, D))
+        # a [TT, G, D] block of the [tokens, heads, D] view (a TMA box is at most 256 a
+        # side, so not [TT, G * D])
+        q = tl.reshape(q_desc.load([b * T + t0, kvh * G, 0]), (BLOCK_M, D))
         tok = t0 + offs // G
     else:
         b = bh // H
@@ -91,7 +93,7 @@ def _fa_fwd(q_desc, k_desc, v_desc, o_desc, T, scale,
         m_i = m_new
     out = (acc / l_i[:, None]).to(q.dtype)
     if GQA:
-        o_desc.store([row0 + t0, kvh * G * D], tl.reshape(out, (TT, G * D)))
+        o_desc.store([row0 + t0, kvh * G, 0], tl.reshape(out, (TT, G, D)))
     else:
         o_desc.store([row0 + t0, h * D], out)
 
@@ -108,9 +110,14 @@ def fa_fwd(q, k, v, batch, tokens, heads, kv_heads, cfg, layout, lazy=False):
     if tokens % tt or tt % bn and bn % tt:
         raise ValueError("tiles must divide the tokens")
     o = torch.empty_like(q)
-    qb = [tt, g * d] if gqa else [bm, d]
-    descs = [TensorDescriptor.from_tensor(q, qb), TensorDescriptor.from_tensor(k, [bn, d]),
-             TensorDescriptor.from_tensor(v, [bn, d]), TensorDescriptor.from_tensor(o, qb)]
+    if gqa:  # [tokens, heads, D] views, [TT, G, D] blocks
+        qd = TensorDescriptor.from_tensor(q.view(-1, heads, d), [tt, g, d])
+        od = TensorDescriptor.from_tensor(o.view(-1, heads, d), [tt, g, d])
+    else:
+        qd = TensorDescriptor.from_tensor(q, [bm, d])
+        od = TensorDescriptor.from_tensor(o, [bm, d])
+    descs = [qd, TensorDescriptor.from_tensor(k, [bn, d]),
+             TensorDescriptor.from_tensor(v, [bn, d]), od]
     grid = (tokens // tt, batch * (kv_heads if gqa else heads))
     _fa_fwd[grid](*descs, tokens, 1.0 / math.sqrt(d) * 1.4426950408889634, H=heads,
                   HKV=kv_heads, D=d, BLOCK_M=bm, BLOCK_N=bn, GQA=gqa, M_TILES=tokens // tt,
