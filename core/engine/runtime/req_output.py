@@ -44,6 +44,7 @@ def next_output(req: Req, out: SampleOutput, i: int, now: float, max_context_len
     fill_counts(req, delta)
     return delta
 
+
 def error_output(req: Req, message: str) -> ReqOutput:
     """End ``req`` with an internal error (whatever it had reached); its last output."""
     log.error("request %s failed: %s", req.rid, message)
@@ -51,6 +52,7 @@ def error_output(req: Req, message: str) -> ReqOutput:
     delta = ReqOutput(rid=req.rid)
     fill_counts(req, delta)
     return delta
+
 
 def check_finish(req: Req, tok: int, max_context_len: int) -> None:
     """End ``req`` if ``tok`` (just appended) is a stop token, completes a stop string, ends its
@@ -70,6 +72,7 @@ def check_finish(req: Req, tok: int, max_context_len: int) -> None:
     if n_out >= req.max_new_tokens or req.known_len >= max_context_len:
         finish(req, {"type": "length"})
 
+
 def match_stop(req: Req, old_len: int) -> bool:
     """Cut the text at the first stop string that appears after ``old_len`` - its length."""
     stops = req.sampling_params.stop
@@ -84,6 +87,7 @@ def match_stop(req: Req, old_len: int) -> bool:
     req.finish_reason = {"type": "stop", "matched": s}
     return True
 
+
 def finish(req: Req, reason: dict[str, Any]) -> None:
     """End ``req`` (first reason wins); flush the detokenizer, which may reveal a stop."""
     if req.finish_reason is not None:
@@ -92,6 +96,7 @@ def finish(req: Req, reason: dict[str, Any]) -> None:
     req.text += req.detokenizer.finish()
     if not match_stop(req, old):
         req.finish_reason = reason
+
 
 def new_text(req: Req) -> str:
     """Text that can be sent now: all of it when finished, else minus a possible stop."""
@@ -103,6 +108,7 @@ def new_text(req: Req) -> str:
     piece = req.text[req.sent_len:end]
     req.sent_len = end
     return piece
+
 
 def fill_counts(req: Req, delta: ReqOutput) -> None:
     """The delta's finish state and token counts (prompt, completion, cached, speculative)."""
