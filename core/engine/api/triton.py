@@ -10,12 +10,13 @@ Programmatic dependent launch (:mod:`engine.runtime.triton_pdl`, whose docstring
 contract): a kernel that takes ``PDL: tl.constexpr`` calls ``pdl_trigger(PDL)`` early and
 ``pdl_wait(PDL)`` once on every path before it reads what earlier kernels write or stores
 anything, and is launched with ``**launch_options(device)``; ``prefetch_l2(ptrs, PDL)`` asks
-for weight lines ahead of the wait.
+for weight lines ahead of the wait, ``line_offsets(ptr, N)`` the offsets of the lines that
+cover N elements (one address each).
 """
 
 from engine.runtime.quant_triton import fp8_from_bits, fp8_kind
-from engine.runtime.triton_pdl import (launch_options, pdl_enabled, pdl_trigger, pdl_wait,
-                                       prefetch_l2)
+from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_enabled, pdl_trigger,
+                                       pdl_wait, prefetch_l2)
 
-__all__ = ["fp8_from_bits", "fp8_kind", "launch_options", "pdl_enabled", "pdl_trigger",
-           "pdl_wait", "prefetch_l2"]
+__all__ = ["fp8_from_bits", "fp8_kind", "launch_options", "line_offsets", "pdl_enabled",
+           "pdl_trigger", "pdl_wait", "prefetch_l2"]

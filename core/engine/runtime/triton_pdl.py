@@ -23,12 +23,12 @@ The contract for a kernel launched with :func:`launch_options`:
   table, the cache rows to write), which the host copies in before the step's first kernel.
   A kernel that never calls :func:`pdl_trigger` (any torch kernel) lets its successor start
   only when it has completed, so what earlier torch kernels wrote is complete too. One
-  pattern goes further: a kernel that calls :func:`pdl_trigger` only
-  *after* its own wait lets its successor launch only once every kernel before it has
-  completed, so the successor may read what those kernels wrote before its wait. It must
-  read it again after the wait if it computes with it (the MoE down projection reads the
-  router's expert ids early only to ask that expert's weights into L2: a prefetch is a hint,
-  so nothing but speed depends on the early read).
+  pattern goes further: a kernel that calls :func:`pdl_trigger` only *after* its own wait
+  lets its successor launch only once every kernel before it has completed, so the successor
+  may read what those kernels wrote before its wait. It must read it again after the wait if
+  it computes with it (the MoE down projection reads the router's expert ids early only to
+  ask that expert's weights into L2: a prefetch is a hint, so nothing but speed depends on
+  the early read).
 
 Kernels take the flag as a ``PDL: tl.constexpr`` argument (``pdl_enabled(device)``); where it is
 off, both helpers compile to nothing and the launch is the usual one. ``ENGINE_PDL=0`` turns it
@@ -101,3 +101,11 @@ def prefetch_l2(ptrs, PDL: tl.constexpr):
     if PDL:
         tl.inline_asm_elementwise("mov.b32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs],
                                   dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def line_offsets(ptr, N: tl.constexpr):
+    """Element offsets of the 128-byte lines that cover ``N`` elements of ``ptr``'s type from
+    a line's start: one address per line for :func:`prefetch_l2`."""
+    LINE: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth
+    return tl.arange(0, max(1, N // LINE)) * LINE

@@ -55,7 +55,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine.api.triton import fp8_from_bits, pdl_trigger, pdl_wait, prefetch_l2
+from engine.api.triton import fp8_from_bits, line_offsets, pdl_trigger, pdl_wait, prefetch_l2
 
 
 #: growth of a running maximum (base 2) that a LAZY tile step tolerates before it rescales
@@ -163,11 +163,9 @@ def _prefetch_kv(r2t_row, start, end, offs_n, k_ptr, v_ptr, g, stride_ks, stride
                  stride_vs, stride_vh, BLOCK_D: tl.constexpr):
     """Ask the K and V rows of KV head ``g`` at the positions ``start + offs_n`` (below
     ``end``) into L2, one address per 128-byte line."""
-    BYTES: tl.constexpr = k_ptr.dtype.element_ty.primitive_bitwidth // 8
-    LINE: tl.constexpr = 128 // BYTES
     pos = start + offs_n
     slot = tl.load(r2t_row + pos, mask=pos < end, other=0).to(tl.int64)
-    lines = (tl.arange(0, max(1, BLOCK_D // LINE)) * LINE)[None, :]
+    lines = line_offsets(k_ptr, BLOCK_D)[None, :]
     prefetch_l2(k_ptr + slot[:, None] * stride_ks + g * stride_kh + lines, True)
     prefetch_l2(v_ptr + slot[:, None] * stride_vs + g * stride_vh + lines, True)
 

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.api.triton import launch_options, pdl_trigger, pdl_wait, prefetch_l2
+from engine.api.triton import (launch_options, line_offsets, pdl_trigger, pdl_wait,
+                               prefetch_l2)
 
 
 def align_by_expert(topk_ids: torch.Tensor, block_m: int,
@@ -205,8 +206,7 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_g
     if PDL:
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         if expert >= 0:
-            LINE: tl.constexpr = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8
-            lines = tl.arange(0, max(1, BLOCK_K // LINE)) * LINE
+            lines = line_offsets(w_ptr, BLOCK_K)
             rows = w_ptr + expert * stride_we + tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
             for k0 in range(0, I, BLOCK_K):
                 prefetch_l2(rows[:, None] + tl.minimum(k0 + lines, I - 1)[None, :], PDL)
