@@ -159,6 +159,20 @@ def _page_slots(r2t_row, n0, offs_n, PAGE: tl.constexpr):
 
 
 @triton.jit
+def _splits(seq_len, split_len_fixed, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+            FIXED_TILE: tl.constexpr):
+    """(tokens of one split, splits holding any) of a request of ``seq_len`` tokens: the fixed
+    tile, or NUM_SPLITS chunks each a whole number of key tiles (plain arithmetic: cheaper to
+    interpret)."""
+    if FIXED_TILE:
+        split_len = split_len_fixed
+    else:
+        chunk = (seq_len + NUM_SPLITS - 1) // NUM_SPLITS
+        split_len = (chunk + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    return split_len, (seq_len + split_len - 1) // split_len
+
+
+@triton.jit
 def _prefetch_kv(r2t_row, start, end, offs_n, k_ptr, v_ptr, g, stride_ks, stride_kh,
                  stride_vs, stride_vh, BLOCK_D: tl.constexpr):
     """Ask the K and V rows of KV head ``g`` at the positions ``start + offs_n`` (below
@@ -190,11 +204,7 @@ def _decode_split_kernel(
     # (no kernel of the step writes them): read before the wait
     seq_len = tl.load(seq_lens_ptr + b)
     row = tl.load(req_pool_ptr + b)
-    if FIXED_TILE:
-        split_len = split_len_fixed
-    else:  # NUM_SPLITS chunks, each a whole number of tiles
-        chunk = (seq_len + NUM_SPLITS - 1) // NUM_SPLITS  # (plain arithmetic: cheaper to interpret)
-        split_len = (chunk + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    split_len, used = _splits(seq_len, split_len_fixed, NUM_SPLITS, BLOCK_N, FIXED_TILE)
     start = s * split_len
     end = tl.minimum(start + split_len, seq_len)
 
@@ -246,7 +256,6 @@ def _decode_split_kernel(
             cnt = cnt_ptr + b * tl.num_programs(1) + g
             arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
             if arrived == NUM_SPLITS - 1:
-                used = (seq_len + split_len - 1) // split_len
                 final = _fold_splits(part_rows, lse_rows, stride_ps, used, hd_mask, h_mask,
                                      BLOCK_H, BLOCK_D, CACHE=".cg")
                 tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -268,12 +277,7 @@ def _decode_merge_kernel(
     pdl_trigger(PDL)
     pdl_wait(PDL)
     seq_len = tl.load(seq_lens_ptr + b)
-    if FIXED_TILE:
-        split_len = split_len_fixed
-    else:
-        chunk = (seq_len + NUM_SPLITS - 1) // NUM_SPLITS
-        split_len = (chunk + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    used = (seq_len + split_len - 1) // split_len  # this request's non-empty splits
+    _, used = _splits(seq_len, split_len_fixed, NUM_SPLITS, BLOCK_N, FIXED_TILE)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     heads = g * GROUP + offs_g
