@@ -119,7 +119,8 @@ class TritonBackend(AttentionBackend):
         self.supports_fp8_kv_cache = (pool.device.type != "cuda" or
                                       torch.cuda.get_device_capability(pool.device) >= (8, 9))
         #: the fused merge's counters, one per (request, KV head), zero between launches
-        self._counters = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=pool.device)
+        #: (made by the first configuration that folds the merge)
+        self._counters: torch.Tensor | None = None
         self.configure(kernel_config or (INTERPRETER_CONFIG if interpreting()
                                          else KernelConfig()))
 
@@ -130,6 +131,9 @@ class TritonBackend(AttentionBackend):
             raise ValueError(f"extend_row_heads={heads} does not divide the group of "
                              f"{self.group} query heads per KV head")
         self.cfg = cfg
+        if cfg.decode_fused_merge and self._counters is None:
+            self._counters = torch.zeros(MERGE_COUNTERS, dtype=torch.int32,
+                                         device=self.pool.device)
         #: query heads of an extend tile; its rows are tokens x these heads
         self.row_heads = heads
         self.block_rows = max(cfg.extend_block_m, _pow2(heads))
@@ -236,7 +240,7 @@ class TritonBackend(AttentionBackend):
         fused = cfg.decode_fused_merge and splits > 1 and bsz * hkv <= MERGE_COUNTERS
         self.kernels._decode_split_kernel[(bsz, hkv, splits)](
             q, k_buf, v_buf, r2t, batch.req_pool_indices, batch.seq_lens, part_out, part_lse, out,
-            self._counters,
+            self._counters if fused else out,  # (a placeholder when not folded)
             q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
             v_buf.stride(1), r2t.stride(0),
             part_out.stride(0), part_out.stride(1), part_out.stride(2),
