@@ -31,6 +31,38 @@ import triton.language as tl
 
 
 @triton.jit
+def _step(q, k_desc, v_desc, row, col, m_i, l_i, acc, scale, tok, n0, MASKED: tl.constexpr,
+          LAZY: tl.constexpr):
+    """One key tile (rows ``row..`` of K and V at column ``col``) into the online softmax.
+    MASKED: keys past a row's token are dropped (the diagonal). LAZY: the maxima (and the
+    rescaling) move only when one grows by more than 2^8."""
+    k = k_desc.load([row, col])
+    qk = tl.dot(q, tl.trans(k))
+    if MASKED:
+        BLOCK_N: tl.constexpr = k.shape[0]
+        keep = (n0 + tl.arange(0, BLOCK_N))[None, :] <= tok[:, None]
+        qk = tl.where(keep, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)
+    v = v_desc.load([row, col])
+    if LAZY:
+        if tl.max(m_new - m_i, 0) > 8.0:
+            alpha = tl.exp2(m_i - m_new)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha
+            m_i = m_new
+        p = tl.exp2(qk * scale - m_i[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        l_i = l_i + tl.sum(p, 1)
+    else:
+        p = tl.exp2(qk * scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _fa_fwd(q_desc, k_desc, v_desc, o_desc, T, scale,
             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, GQA: tl.constexpr, M_TILES: tl.constexpr,
@@ -60,37 +92,11 @@ def _fa_fwd(q_desc, k_desc, v_desc, o_desc, T, scale,
     row0 = b * T
     full = t0 - t0 % BLOCK_N
     for n0 in range(0, full, BLOCK_N):  # every row sees every key: no mask
-        k = k_desc.load([row0 + n0, kvh * D])
-        qk = tl.dot(q, tl.trans(k))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)
-        v = v_desc.load([row0 + n0, kvh * D])
-        if LAZY:  # move the maxima (and rescale) only when one grows by more than 2^8
-            if tl.max(m_new - m_i, 0) > 8.0:
-                alpha = tl.exp2(m_i - m_new)
-                acc = acc * alpha[:, None]
-                l_i = l_i * alpha
-                m_i = m_new
-            p = tl.exp2(qk * scale - m_i[:, None])
-            acc = tl.dot(p.to(v.dtype), v, acc)
-            l_i = l_i + tl.sum(p, 1)
-        else:
-            p = tl.exp2(qk * scale - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
+        m_i, l_i, acc = _step(q, k_desc, v_desc, row0 + n0, kvh * D, m_i, l_i, acc, scale,
+                              tok, n0, False, LAZY)
     for n0 in range(full, t0 + TT, BLOCK_N):  # the diagonal: causal mask
-        k = k_desc.load([row0 + n0, kvh * D])
-        qk = tl.dot(q, tl.trans(k))
-        keep = (n0 + tl.arange(0, BLOCK_N))[None, :] <= tok[:, None]
-        qk = tl.where(keep, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)
-        p = tl.exp2(qk * scale - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        v = v_desc.load([row0 + n0, kvh * D])
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        m_i, l_i, acc = _step(q, k_desc, v_desc, row0 + n0, kvh * D, m_i, l_i, acc, scale,
+                              tok, n0, True, False)
     out = (acc / l_i[:, None]).to(q.dtype)
     if GQA:
         o_desc.store([row0 + t0, kvh * G, 0], tl.reshape(out, (TT, G, D)))
