@@ -40,8 +40,8 @@ from engine.runtime.fused_triton import _round
 from engine.runtime.quant_triton import (_bits, _finish, _group_affine, _kind, _quantize,
                                          _row_scales, _slice, _split, _workspace, _x_slice,
                                          fp8_from_bits, shape_class)
-from engine.runtime.triton_pdl import (launch_options, pdl_enabled, pdl_trigger, pdl_wait,
-                                      prefetch_l2)
+from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_enabled, pdl_trigger,
+                                      pdl_wait, prefetch_l2)
 
 #: largest row count these kernels serve (more rows: ``tl.dot`` kernels or cuBLAS)
 MAX_ROWS = 4
@@ -82,12 +82,12 @@ def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N
           CODES: tl.constexpr, ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr,
           QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-          SPLIT: tl.constexpr, AMAX_BLOCK: tl.constexpr, LINE: tl.constexpr,
+          SPLIT: tl.constexpr, AMAX_BLOCK: tl.constexpr,
           PRE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):
     """CODES 0: float weights; 1: 8-bit codes (FP8 0 int8, 1 e4m3, 2 e5m2) with per-row scales
     ``ws[n]`` (W_BLOCK_N 0) or block scales ``ws[n // W_BLOCK_N, k // BLOCK_K]``. ACT as in
     ``_w8_mm``: 0 unquantized, 1 dynamic per row, 2 per row and block (fp8), 3 static
-    ``xs[0]``. With PDL the first tile of the program's weights (LINE weights a cache line)
+    ``xs[0]``. With PDL the first tile of the program's weights (one address a cache line)
     is asked into L2 before the wait for the previous kernel.
 
     PRE (float weights, ACT 0) makes the input from the previous layer's output on the fly,
@@ -106,7 +106,7 @@ def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N
     k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K, SPLIT)
     pdl_trigger(PDL)
     if PDL:
-        first = tl.minimum(k_lo + tl.arange(0, max(1, BLOCK_K // LINE)) * LINE, K - 1)
+        first = tl.minimum(k_lo + line_offsets(w_ptr, BLOCK_K), K - 1)
         prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
                     + first[None, :], PDL)
     pdl_wait(PDL)
@@ -504,7 +504,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, 
                 CODES=int(codes), ACT=code, W_BLOCK_N=block[0] if block else 0, FP8=fp8,
                 QMAX=qmax, MANT=mant, EMIN=emin, HAS_BIAS=bias is not None, BLOCK_M=bm,
                 BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1,
-                AMAX_BLOCK=min(1024, triton.next_power_of_2(k)), LINE=128 // w.element_size(),
+                AMAX_BLOCK=min(1024, triton.next_power_of_2(k)),
                 PRE=0, HAS_RES=False, num_warps=warps, num_stages=stages,
                 **launch_options(x.device))
     return y
@@ -535,7 +535,7 @@ def _gemv_pre(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, pre: 
         w.stride(0), 0, y.stride(0), split, res, norm_w if norm_w is not None else y, res_out,
         eps, res.stride(0), res_out.stride(0), CODES=0, ACT=0, W_BLOCK_N=0, FP8=0, QMAX=1.0,
         MANT=0, EMIN=0, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        SPLIT=split > 1, AMAX_BLOCK=16, LINE=128 // w.element_size(), PRE=pre,
+        SPLIT=split > 1, AMAX_BLOCK=16, PRE=pre,
         HAS_RES=has_res, num_warps=warps, num_stages=stages, **launch_options(x.device))
     return y, (res_out if has_res else None)
 

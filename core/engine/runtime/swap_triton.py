@@ -33,7 +33,8 @@ import triton.language as tl
 
 from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantize, _row_scales,
                                          _slice, _split, _workspace, quant_rows, shape_class)
-from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait, prefetch_l2
+from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger, pdl_wait,
+                                      prefetch_l2)
 
 #: largest row count :func:`w8_swap` serves (the N side of the product, padded to this)
 MAX_ROWS = 16
@@ -171,7 +172,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     if W_BLOCK_N > 0:
         ws_rows = ws_ptr + (offs_n // W_BLOCK_N).to(tl.int64) * stride_wsn
     if PDL:  # the first tile's weights (constants of the step) asked into L2, one address a line
-        line = tl.minimum(k_lo + tl.arange(0, max(1, BLOCK_K // 128)) * 128, K - 1)
+        line = tl.minimum(k_lo + line_offsets(w_ptr, BLOCK_K), K - 1)
         prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
                     + line[None, :], PDL)
     pdl_wait(PDL)
