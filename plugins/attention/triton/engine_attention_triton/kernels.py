@@ -257,7 +257,7 @@ def _decode_split_kernel(
             arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
             if arrived == NUM_SPLITS - 1:
                 final = _fold_splits(part_rows, lse_rows, stride_ps, used, hd_mask, h_mask,
-                                     BLOCK_H, BLOCK_D, CACHE=".cg")
+                                     BLOCK_H, BLOCK_D, ".cg")
                 tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                          final.to(out_ptr.dtype.element_ty), mask=hd_mask)
                 tl.atomic_xchg(cnt, 0)
@@ -286,14 +286,14 @@ def _decode_merge_kernel(
     # in split order: the result depends on this request alone
     out = _fold_splits(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph
                        + offs_d[None, :], part_lse_ptr + b * stride_lb + heads * stride_lh,
-                       stride_ps, used, gd_mask, g_mask, BLOCK_G, BLOCK_D)
+                       stride_ps, used, gd_mask, g_mask, BLOCK_G, BLOCK_D, "")
     tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=gd_mask)
 
 
 @triton.jit
 def _fold_splits(part_ptrs, lse_ptrs, stride_ps, count, gd_mask, g_mask,
-                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr = ""):
+                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
     """The first ``count`` split partial outputs ([G, D] at ``part_ptrs + s * stride_ps``,
     log-sum-exps at ``lse_ptrs + s``) folded in split order with a running log-sum-exp; a
     split with no key (``-inf``) adds nothing, wherever it is. CACHE: the loads' cache
@@ -439,6 +439,6 @@ def _extend_merge_kernel(
     gd_mask = g_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
     out = _fold_splits(part_out_ptr + tok * stride_pt + heads[:, None] * stride_ph
                        + offs_d[None, :], part_lse_ptr + tok * stride_lt + heads * stride_lh,
-                       stride_ps, NUM_SPLITS, gd_mask, g_mask, BLOCK_G, BLOCK_D)
+                       stride_ps, NUM_SPLITS, gd_mask, g_mask, BLOCK_G, BLOCK_D, "")
     tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=gd_mask)
