@@ -70,11 +70,14 @@ def capture_graph(run: Callable[[], Any], pool: object) -> tuple[torch.cuda.CUDA
 
 
 class DecodeGraphs:
-    """Captured decode forwards for batch sizes up to ``max_batch`` (:func:`graph_buckets`)."""
+    """Captured decode forwards for batch sizes up to ``max_batch`` (:func:`graph_buckets`);
+    ``forward`` gives logits [B, vocab], and the graphs draw the batch's tokens from them too
+    unless ``sample`` is False (a forward whose output is not logits: the attention kit's)."""
 
     def __init__(self, forward: Callable[[Batch], torch.Tensor], backend: AttentionBackend,
                  req_to_token: torch.Tensor, max_batch: int,
-                 sizes: Sequence[int] | None = None) -> None:
+                 sizes: Sequence[int] | None = None, sample: bool = True) -> None:
+        self.sample = sample
         self.buckets = graph_buckets(max_batch, sizes)
         self.max_batch = self.buckets[-1]
         dev = req_to_token.device
@@ -123,9 +126,9 @@ class DecodeGraphs:
         backend.prepare_graph(batch)
         args = [a[:size] for a in self.sample_args.unbind(0)]
 
-        def step() -> tuple[torch.Tensor, torch.Tensor]:
+        def step() -> tuple[torch.Tensor, torch.Tensor | None]:
             logits = forward(batch)
-            return logits, sample_triton.sample(logits, *args)
+            return logits, sample_triton.sample(logits, *args) if self.sample else None
 
         self.graphs[size], (self.logits[size], self.ids[size]) = capture_graph(step, self.pool)
 
@@ -153,7 +156,8 @@ class DecodeGraphs:
         self.backend.prepare_replay(batch, size)
         self.graphs[size].replay()
         # copies: graphs share one memory pool, so the next replay may reuse these buffers
-        batch.drawn_ids = self.ids[size][:bs].clone()
+        if self.sample:
+            batch.drawn_ids = self.ids[size][:bs].clone()
         return self.logits[size][:bs].clone()
 
 

@@ -244,7 +244,7 @@ class _Case:
 
         errors: list[str] = []
         graphs = DecodeGraphs(forward, self.backend, self.builder.req_to_token, n_max,
-                              sizes=[len(rows) + 1, n_max])
+                              sizes=[len(rows) + 1, n_max], sample=False)
         steps = 2 * self.pool.page_size + 1 if self.pool.page_size > 1 else 3
         for step in range(steps):
             live = rows if step % 2 == 0 else rows[:-1]  # two padded sizes in turn

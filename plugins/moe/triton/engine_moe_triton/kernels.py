@@ -17,6 +17,8 @@ Design (the SGLang/vLLM lineage, written here from the algorithm):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -193,17 +195,18 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
 @triton.jit
 def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_gu, stride_we,
                     stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    ACC2D: tl.constexpr, PDL: tl.constexpr):
+                    ACC2D: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
     from the gate/up row of the pair. ACC2D as in ``_pair_gemv_up``. With PDL this kernel starts
     only once every program of the up projection has waited for the router (which wrote
     ``ids``), so it reads its expert before its own wait and asks that expert's rows of
-    ``w2`` into L2 (one address a line) while the up projection still runs."""
+    ``w2`` into L2 (one address a line) while the up projection still runs (PREFETCH: only
+    where the pairs' rows of ``w2`` fit in L2; more would evict each other before use)."""
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    if PDL:
+    if PDL and PREFETCH:
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         if expert >= 0:
             lines = line_offsets(w_ptr, BLOCK_K)
@@ -257,8 +260,17 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     _pair_gemv_down[(pairs, triton.cdiv(h, dbn))](
         gate_up, w2, down, ids, topk_weights.reshape(-1), h, inter, gate_up.stride(0),
         w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=dbn,
-        BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d, num_warps=warps,
-        **launch_options(x.device))
+        BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
+        PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
+        num_warps=warps, **launch_options(x.device))
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_budget(device: torch.device) -> int:
+    """Bytes of weights worth asking into L2 ahead of use: half the GPU's L2 (0 on a CPU)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).L2_cache_size // 2
 
 
 @triton.jit
