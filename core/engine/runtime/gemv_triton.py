@@ -461,7 +461,7 @@ CONFIGS = {("float", "square"): (8, 1024, 1, 4, 2), ("float", "wide"): (8, 1024,
 #: of the products up to FACTOR_ROWS rows (above: each weight's affine once, shared by the
 #: rows), codes as subnormal floats (1) or as 2^bits + q (0). BLOCK_N and TILES * SUB stay
 #: below 32 * warps (:func:`gemv_affine` caps them), so 16 words a thread at most.
-AFFINE_CONFIGS = {"square": (64, 4, 8, 1, 4, 1, 1), "wide": (128, 4, 4, 1, 4, 0, 1),
+AFFINE_CONFIGS = {"square": (32, 4, 4, 2, 2, 1, 1), "wide": (128, 4, 4, 1, 2, 0, 1),
                   "deep": (64, 4, 8, 2, 4, 1, 1)}
 
 

@@ -41,9 +41,9 @@ class KernelConfig:
     decode_stages: int = 3
     #: the last split of each (request, KV head) folds the splits' partial outputs itself
     #: (an atomic counter per pair) instead of a separate merge kernel;
-    #: ``ENGINE_TRITON_DECODE_FUSED_MERGE=0`` turns it off where the config is the default
+    #: ``ENGINE_TRITON_DECODE_FUSED_MERGE=1`` turns it on where the config is the default
     decode_fused_merge: bool = field(
-        default_factory=lambda: os.environ.get("ENGINE_TRITON_DECODE_FUSED_MERGE") != "0")
+        default_factory=lambda: os.environ.get("ENGINE_TRITON_DECODE_FUSED_MERGE") == "1")
     extend_block_m: int = 128
     extend_block_n: int = 32
     extend_warps: int = 4
