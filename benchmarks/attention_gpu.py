@@ -333,9 +333,10 @@ def triton_sweep(backend: Any, batch: Any, fn: Callable[[], Any], record: Callab
 # ---------------------------------------------------------------------------- (c) prefill
 
 def _extend(m: int, n: int, w: int, st: int, tma: bool = False, heads: int = 0,
-            lazy: bool = False) -> dict[str, Any]:
+            lazy: bool = False, index_asm: bool = True) -> dict[str, Any]:
     return dict(extend_block_m=m, extend_block_n=n, extend_warps=w, extend_stages=st,
-                extend_tma=tma, extend_row_heads=heads, extend_lazy_rescale=lazy)
+                extend_tma=tma, extend_row_heads=heads, extend_lazy_rescale=lazy,
+                extend_index_asm=index_asm)
 
 
 #: prefill launch configurations (BLOCK_M query rows: BLOCK_M // G tokens x the group's heads;
@@ -359,6 +360,15 @@ TRITON_EXTEND_SWEEP = [_extend(*c) for c in (
     (128, 32, 4, 3, False, 0, True), (128, 64, 8, 3, False, 0, True),
     (128, 64, 8, 3, False, 1, True), (128, 128, 8, 2, False, 1, True),
     (64, 64, 4, 3, True, 1, True))]
+
+#: ``--short-sweep``: the shipped launch and the 64 x 64 ones, with the slot-table entries
+#: read inside the pipeliner (index_asm False: K/V one tile ahead) and outside it (K/V
+#: stages - 1 tiles ahead, so 4 stages differ from 3)
+TRITON_EXTEND_SHORT = [_extend(*c) for c in (
+    (128, 32, 4, 3, False, 0, False, False), (128, 32, 4, 3),
+    (64, 64, 4, 3, False, 0, False, False), (64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 3, True, 0, False, False), (64, 64, 4, 3, True),
+    (64, 64, 4, 4, True), (64, 64, 4, 3, True, 1), (64, 64, 4, 4, True, 1),
+    (128, 64, 8, 3, True), (128, 64, 8, 4, True), (128, 128, 8, 3), (64, 32, 4, 4))]
 
 
 def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]],
@@ -457,6 +467,9 @@ def main() -> int:
     ap.add_argument("--sections", default="conformance,decode,prefill",
                     help="comma-separated subset of conformance,decode,prefill")
     ap.add_argument("--no-sweep", action="store_true", help="only the shipped triton parameters")
+    ap.add_argument("--short-sweep", action="store_true",
+                    help="prefill: only TRITON_EXTEND_SHORT (slot-table reads in and out of the "
+                         "pipeliner, the 64 x 64 launches)")
     ap.add_argument("--backends", default="torch_native,triton,flex_attention,flashinfer",
                     help="comma-separated subset of backends")
     ap.add_argument("--page-sizes", default="",
@@ -466,6 +479,8 @@ def main() -> int:
     global TRITON_DECODE_SWEEP, TRITON_EXTEND_SWEEP
     if args.no_sweep:
         TRITON_DECODE_SWEEP, TRITON_EXTEND_SWEEP = [], []
+    if args.short_sweep:
+        TRITON_EXTEND_SWEEP = TRITON_EXTEND_SHORT
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
         TRITON_DECODE_SWEEP = TRITON_DECODE_SWEEP[:1] + TRITON_DECODE_SWEEP[-1:]

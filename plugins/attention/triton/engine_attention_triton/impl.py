@@ -57,6 +57,10 @@ class KernelConfig:
     #: rescale the running softmax state only when a row's maximum grows by more than
     #: ``kernels.LAZY_GROWTH`` (one decision per key tile), not at every key tile
     extend_lazy_rescale: bool = False
+    #: read whole key tiles' slot-table entries outside the software pipeliner (an inline
+    #: load; ``engine.runtime.triton_loads``), so K/V tiles load ``extend_stages - 1`` tiles
+    #: ahead instead of one (a GPU only: the interpreter always uses ``tl.load``)
+    extend_index_asm: bool = True
 
 
 #: under the interpreter every program and every loop step costs milliseconds: big tiles
@@ -294,6 +298,7 @@ class TritonBackend(AttentionBackend):
             DOT_PREC="ieee" if q.dtype == torch.float32 else None, HAS_TREE=md.tree is not None,
             KV_FP8=fp8, NUM_SPLITS=splits, PAGE=page, TMA=tma is not None,
             ROW_HEADS=self.row_heads, LAZY=cfg.extend_lazy_rescale,
+            INDEX_ASM=cfg.extend_index_asm and q.is_cuda and not interpreting(),
             num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
         if splits > 1:
             self.kernels._extend_merge_kernel[(q.shape[0], layer.num_kv_heads)](

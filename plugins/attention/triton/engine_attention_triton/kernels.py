@@ -55,7 +55,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine.api.triton import fp8_from_bits, line_offsets, pdl_trigger, pdl_wait, prefetch_l2
+from engine.api.triton import (fp8_from_bits, index_load, line_offsets, pdl_trigger, pdl_wait,
+                               prefetch_l2)
 
 
 #: growth of a running maximum (base 2) that a LAZY tile step tolerates before it rescales
@@ -67,7 +68,7 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
           stride_kh, stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC: tl.constexpr,
           MASKED: tl.constexpr = True, EVEN_D: tl.constexpr = False, KV_FP8: tl.constexpr = 0,
           PAGE: tl.constexpr = 1, k_desc=None, v_desc=None, TMA: tl.constexpr = False,
-          LAZY: tl.constexpr = False):
+          LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False):
     """One online-softmax step over the keys at positions ``n0 + offs_n`` (``n_mask``: in
     range; ``allowed``: which (query row, key) scores count): K/V rows of KV head ``g`` read
     through ``req_to_token``, scores, running max ``m_i``, sum ``l_i`` and output ``acc``
@@ -82,11 +83,13 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
     only when some row's maximum grows by more than :data:`LAZY_GROWTH` (base 2), one
     decision for the whole tile; in between a row's probabilities are taken against its
     older maximum (at most 2^LAZY_GROWTH, no overflow), which leaves ``acc / l_i`` as it is
-    and skips the accumulator's rescaling at most tiles."""
+    and skips the accumulator's rescaling at most tiles. INDEX_ASM: a whole tile's table
+    entries are read by ``index_load`` (outside the software pipeliner, which then keeps the
+    K/V loads ``num_stages - 1`` tiles ahead instead of one)."""
     BLOCK_N: tl.constexpr = offs_n.shape[0]
     ONE_PAGE: tl.constexpr = (not MASKED) and PAGE // BLOCK_N * BLOCK_N == PAGE  # divides
     if ONE_PAGE:  # consecutive slots from the tile's first (one table entry): a scalar base
-        slot0 = tl.load(r2t_row + n0)  # and offsets that do not change from tile to tile
+        slot0 = index_load(r2t_row + n0, INDEX_ASM)  # and offsets that do not change
         k_rows = k_ptr + slot0 * stride_ks
         v_rows = v_ptr + slot0 * stride_vs
         k_off = offs_n[:, None] * stride_ks + g * stride_kh + offs_d[None, :]
@@ -95,7 +98,7 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
         if MASKED:
             slot = tl.load(r2t_row + n0 + offs_n, mask=n_mask, other=0)
         else:
-            slot = _page_slots(r2t_row, n0, offs_n, PAGE)
+            slot = _page_slots(r2t_row, n0, offs_n, PAGE, INDEX_ASM)
         k_rows, v_rows = k_ptr, v_ptr
         k_off = slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :]
         v_off = slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :]
@@ -145,16 +148,16 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
 
 
 @triton.jit
-def _page_slots(r2t_row, n0, offs_n, PAGE: tl.constexpr):
+def _page_slots(r2t_row, n0, offs_n, PAGE: tl.constexpr, INDEX_ASM: tl.constexpr):
     """Slots of the whole key tile ``n0 + offs_n`` (``n0`` a multiple of the tile's keys): a
     page is ``PAGE`` consecutive slots, so a tile of whole pages needs one table entry per page,
     expanded; any other layout (``PAGE`` 1, or not dividing the tile) one entry per key."""
     BLOCK_N: tl.constexpr = offs_n.shape[0]
     if PAGE > 1 and BLOCK_N % PAGE == 0:
-        base = tl.load(r2t_row + n0 + tl.arange(0, BLOCK_N // PAGE) * PAGE)
+        base = index_load(r2t_row + n0 + tl.arange(0, BLOCK_N // PAGE) * PAGE, INDEX_ASM)
         slot = tl.reshape(base[:, None] + tl.arange(0, PAGE)[None, :], [BLOCK_N])
     else:
-        slot = tl.load(r2t_row + n0 + offs_n)
+        slot = index_load(r2t_row + n0 + offs_n, INDEX_ASM)
     return slot
 
 
@@ -327,7 +330,8 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr, KV_FP8: tl.constexpr = 0,
     NUM_SPLITS: tl.constexpr = 1, PAGE: tl.constexpr = 1, TMA: tl.constexpr = False,
-    ROW_HEADS: tl.constexpr = 0, LAZY: tl.constexpr = False, PDL: tl.constexpr = False,
+    ROW_HEADS: tl.constexpr = 0, LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     HEADS: tl.constexpr = ROW_HEADS if ROW_HEADS > 0 else GROUP  # query heads of a tile
     hb = tl.program_id(0)  # the tile's block of HEADS query heads (inside one KV head's)
@@ -377,7 +381,8 @@ def _extend_kernel(
                               v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
                               d_mask, scale, DOT_PREC, MASKED=False,
                               EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8, PAGE=PAGE,
-                              k_desc=k_desc, v_desc=v_desc, TMA=TMA, LAZY=LAZY)
+                              k_desc=k_desc, v_desc=v_desc, TMA=TMA, LAZY=LAZY,
+                              INDEX_ASM=INDEX_ASM)
     if s == NUM_SPLITS - 1:
         if HAS_TREE:
             if full < lo:  # the prefix's last partial tile
