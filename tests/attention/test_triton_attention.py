@@ -105,6 +105,20 @@ def test_options_reach_the_backend_and_are_validated():
         kwargs(bad)
 
 
+def test_the_default_launch_follows_the_page_size(monkeypatch):
+    from engine_attention_triton.impl import INTERPRETER_CONFIG, KernelConfig, default_config
+
+    for page in (64, 128):  # whole 64-key tiles in a page: descriptors, one head's tokens
+        cfg = default_config(page, interpreted=False)
+        assert (cfg.extend_tma, cfg.extend_block_n, cfg.extend_row_heads) == (True, 64, 1)
+    for page in (1, 16, 32, 48):
+        assert default_config(page, interpreted=False) == KernelConfig()
+    assert default_config(64, interpreted=True) is INTERPRETER_CONFIG
+    assert KernelConfig().extend_index_asm and not KernelConfig().decode_fused_merge
+    monkeypatch.setenv("ENGINE_TRITON_DECODE_FUSED_MERGE", "1")
+    assert default_config(64, interpreted=False).decode_fused_merge  # read per backend
+
+
 def test_manifest_states_its_needs_and_seed_flags():
     from engine_attention_triton import plugin
 

@@ -25,7 +25,8 @@ from engine.runtime.attention import AttentionLayerSpec, KVPool  # noqa: E402
 from engine.runtime.batch import Batch, ForwardMode  # noqa: E402
 from engine.testing import attention as kit  # noqa: E402
 from engine.testing.batches import BatchBuilder  # noqa: E402
-from engine_attention_triton.impl import KernelConfig, TritonBackend  # noqa: E402
+from engine_attention_triton.impl import (KernelConfig, TritonBackend,  # noqa: E402
+                                         default_config)
 
 
 def run_kit(pages: str, ratios: str, dims: str, tiles: str = "") -> list[str]:
@@ -244,7 +245,8 @@ def paged_tile_checks() -> list[str]:
     and through tensor descriptors), tiles of several pages (16 and 4 under 32 and 16 keys), and
     the per-key fallback (24 and 16: neither divides the other); ragged requests over several
     pages, then prefixes not a multiple of the page, then one tile per request (split prefix
-    keys), with GQA, head dims 64 and 128, and an fp8 pool through descriptors."""
+    keys), with GQA, head dims 64 and 128, an fp8 pool through descriptors, and the launch a
+    page of whole 64-key tiles gets by default (64 x 64 tiles of one query head, descriptors)."""
     failures: list[str] = []
     cases = [(64, 16, False, 3, 64, torch.float32), (64, 32, True, 2, 128, torch.float32),
              (16, 32, False, 4, 64, torch.float32), (4, 16, False, 2, 64, torch.float32),
@@ -252,22 +254,32 @@ def paged_tile_checks() -> list[str]:
              (64, 32, True, 2, 64, torch.float8_e4m3fn)]
     for seed, (page, bn, tma, ratio, dim, dtype) in enumerate(cases):
         name = f"paged tiles page={page} BLOCK_N={bn} tma={tma} gqa={ratio} dim={dim} {dtype}"
-        rig = Rig(page=page, ratio=ratio, dim=dim, seed=10 + seed, dtype=dtype)
-        if rig.pool.is_fp8:
-            rig.pool.k_scale[0], rig.pool.v_scale[0] = 0.02, 0.5
-        backend = TritonBackend(rig.pool, ratio, kernel_config=KernelConfig(
-            extend_block_m=32 if ratio <= 2 else 64, extend_block_n=bn, extend_tma=tma))
-        rows = [rig.builder.new_request() for _ in range(3)]
-        steps = ((150, 7, 70), (41, 60, 1), (3, 5, 2)) if page > 4 else (  # a 256-slot pool
-            (90, 7, 40), (30, 45, 1), (3, 5, 2))
-        for step, lengths in enumerate(steps):
-            batch = rig.builder.extend([(r, [1] * n) for r, n in zip(rows, lengths)])
-            out, want, _, _ = rig.step(backend, batch, rows)
-            if step == 2 and batch.attn_metadata.num_splits < 2:
-                failures.append(f"{name}: one tile per request was not split")
-            failures += close(f"{name} step {step}", out, want)
+        cfg = KernelConfig(extend_block_m=32 if ratio <= 2 else 64, extend_block_n=bn,
+                           extend_tma=tma)
+        failures += _paged_tile_case(name, seed, page, ratio, dim, dtype, cfg)
+    name = "paged tiles page=64: the default launch of 64-key pages"
+    failures += _paged_tile_case(name, len(cases), 64, 4, 64, torch.float32,
+                                 default_config(64, interpreted=False))
     return failures
 
+
+def _paged_tile_case(name: str, seed: int, page: int, ratio: int, dim: int, dtype: torch.dtype,
+                     cfg: KernelConfig) -> list[str]:
+    failures: list[str] = []
+    rig = Rig(page=page, ratio=ratio, dim=dim, seed=10 + seed, dtype=dtype)
+    if rig.pool.is_fp8:
+        rig.pool.k_scale[0], rig.pool.v_scale[0] = 0.02, 0.5
+    backend = TritonBackend(rig.pool, ratio, kernel_config=cfg)
+    rows = [rig.builder.new_request() for _ in range(3)]
+    steps = ((150, 7, 70), (41, 60, 1), (3, 5, 2)) if page > 4 else (  # a 256-slot pool
+        (90, 7, 40), (30, 45, 1), (3, 5, 2))
+    for step, lengths in enumerate(steps):
+        batch = rig.builder.extend([(r, [1] * n) for r, n in zip(rows, lengths)])
+        out, want, _, _ = rig.step(backend, batch, rows)
+        if step == 2 and batch.attn_metadata.num_splits < 2:
+            failures.append(f"{name}: one tile per request was not split")
+        failures += close(f"{name} step {step}", out, want)
+    return failures
 
 if __name__ == "__main__":
     mode = sys.argv[1]

@@ -65,6 +65,21 @@ class KernelConfig:
 
 #: under the interpreter every program and every loop step costs milliseconds: big tiles
 INTERPRETER_CONFIG = KernelConfig(decode_block_n=128, extend_block_m=128, extend_block_n=128)
+#: a pool of pages of whole 64-key tiles: tiles of 64 tokens of one query head against 64
+#: keys through tensor descriptors (on the H200, 8 x 1024 causal prefill at page 64: 0.225 ms
+#: against 0.250 for the general launch; docs/benchmarks/attention-h200.md)
+#: (fields of a KernelConfig, made per backend: the others' defaults read the environment)
+TMA_PAGE_LAUNCH = dict(extend_block_m=64, extend_block_n=64, extend_warps=4, extend_stages=3,
+                       extend_tma=True, extend_row_heads=1)
+
+
+def default_config(page_size: int, interpreted: bool | None = None) -> KernelConfig:
+    """The launch a backend over pages of ``page_size`` slots gets when none is given."""
+    if interpreting() if interpreted is None else interpreted:
+        return INTERPRETER_CONFIG
+    if page_size % TMA_PAGE_LAUNCH["extend_block_n"] == 0:
+        return KernelConfig(**TMA_PAGE_LAUNCH)  # type: ignore[arg-type]
+    return KernelConfig()
 #: (request, KV head) pairs the fused merge's counters cover (more: the merge kernel)
 MERGE_COUNTERS = 1 << 16
 
@@ -125,8 +140,7 @@ class TritonBackend(AttentionBackend):
         #: the fused merge's counters, one per (request, KV head), zero between launches
         #: (made by the first configuration that folds the merge)
         self._counters: torch.Tensor | None = None
-        self.configure(kernel_config or (INTERPRETER_CONFIG if interpreting()
-                                         else KernelConfig()))
+        self.configure(kernel_config or default_config(pool.page_size))
 
     def configure(self, cfg: KernelConfig) -> None:
         """Set the launch parameters (takes effect at the next ``prepare``)."""
