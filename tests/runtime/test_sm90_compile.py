@@ -8,8 +8,11 @@ flight) are checked on the TTGIR. Skipped where the installed Triton lacks the N
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import tempfile
 
 import pytest
 
@@ -18,11 +21,11 @@ compiler = pytest.importorskip("triton.compiler")
 try:
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-    PTXAS = triton.knobs.nvidia.ptxas.path
+    TOOLS = (triton.knobs.nvidia.ptxas.path, triton.knobs.nvidia.cuobjdump.path)
 except Exception as exc:  # noqa: BLE001 - any missing piece: no sm_90 build here
     pytest.skip(f"no NVIDIA backend in this Triton: {exc}", allow_module_level=True)
-if not PTXAS or not shutil.which(PTXAS):
-    pytest.skip("Triton's bundled ptxas is missing", allow_module_level=True)
+if not all(tool and shutil.which(tool) for tool in TOOLS):
+    pytest.skip("Triton's bundled ptxas or cuobjdump is missing", allow_module_level=True)
 
 SM90 = GPUTarget("cuda", 90, 32)
 #: pointer arguments' types; any other non-constexpr argument is an i32 (strides, sizes)
@@ -31,7 +34,7 @@ FLOATS = {"scale", "v_scale", "eps"}
 
 
 def build(kernel, types: dict[str, str], constexprs: dict, warps: int = 4, stages: int = 3):
-    """``kernel`` compiled for sm_90 with launch-time PDL; its TTGIR text."""
+    """``kernel`` compiled for sm_90 with launch-time PDL (the compiled kernel)."""
     sig = {}
     for name in kernel.arg_names:
         if name in constexprs:
@@ -41,13 +44,24 @@ def build(kernel, types: dict[str, str], constexprs: dict, warps: int = 4, stage
     src = compiler.ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
     compiled = triton.compile(src, target=SM90, options={
         "num_warps": warps, "num_stages": stages, "launch_pdl": True})
-    return compiled.asm["ttgir"]
+    return compiled
 
 
-def kv_buffers(ttgir: str, rows: int, dim: int) -> list[int]:
+def stack_bytes(compiled) -> int:
+    """Bytes of local memory (register spills) a thread of the compiled kernel uses."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as fh:
+            fh.write(compiled.asm["cubin"])
+        usage = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage",
+                                path], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1))
+
+
+def kv_buffers(compiled, rows: int, dim: int) -> list[int]:
     """Depths of the shared-memory rings of [rows, dim] bf16 tiles the pipeliner made."""
     ring = rf"local_alloc : \(\) -> !ttg.memdesc<(\d+)x{rows}x{dim}xbf16"
-    return [int(n) for n in re.findall(ring, ttgir)]
+    return [int(n) for n in re.findall(ring, compiled.asm["ttgir"])]
 
 
 @pytest.fixture(scope="module")
@@ -77,14 +91,15 @@ def test_decode_kernels_build(attention, fused, fp8):
 
 
 def _extend(attention, page: int, tma: bool, heads: int, index_asm: bool, tree: bool = False,
-            splits: int = 1, bm: int = 64, bn: int = 64) -> str:
+            splits: int = 1, bm: int = 64, bn: int = 64, off32: bool = True):
     types = dict(ATTN_PTRS)
     if tma:
         types["k_desc"] = types["v_desc"] = f"tensordesc<bf16[{bn}, 128]>"
     return build(attention._extend_kernel, types, dict(
         GROUP=4, HEAD_DIM=128, TILE_TOKENS=bm // (heads or 4), BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_D=128, DOT_PREC=None, HAS_TREE=tree, KV_FP8=0, NUM_SPLITS=splits, PAGE=page,
-        TMA=tma, ROW_HEADS=heads, LAZY=False, INDEX_ASM=index_asm, PDL=True))
+        TMA=tma, ROW_HEADS=heads, LAZY=False, INDEX_ASM=index_asm, OFF32=off32,
+        PDL=True))
 
 
 def test_extend_keeps_num_stages_key_tiles_in_flight(attention):
@@ -98,7 +113,17 @@ def test_extend_keeps_num_stages_key_tiles_in_flight(attention):
     assert plain and max(plain) == 2, plain
     for page in (64, 16):
         for index_asm in (True, False):
-            _extend(attention, page, False, 0, index_asm)
+            _extend(attention, page, False, 0, index_asm, off32=index_asm)
+
+
+def test_extend_offsets_in_32_bits_keep_the_default_page_64_launch_in_registers(attention):
+    """Offsets of 32 bits (buffers under 2^31 elements) for the query rows and gathered K/V
+    rows: the page-64 default launch (64 x 64, one head, descriptors, masked diagonal tiles
+    through descriptors too) spills next to nothing, against hundreds of bytes with 64-bit
+    offsets."""
+    short = stack_bytes(_extend(attention, 64, True, 1, True))
+    wide = stack_bytes(_extend(attention, 64, True, 1, True, off32=False))
+    assert short <= 32 < wide, (short, wide)
 
 
 def test_extend_tree_and_split_kernels_build(attention):

@@ -313,6 +313,8 @@ class TritonBackend(AttentionBackend):
             KV_FP8=fp8, NUM_SPLITS=splits, PAGE=page, TMA=tma is not None,
             ROW_HEADS=self.row_heads, LAZY=cfg.extend_lazy_rescale,
             INDEX_ASM=cfg.extend_index_asm and q.is_cuda and not interpreting(),
+            # element offsets fit in 32 bits (fewer registers for gathered rows)
+            OFF32=max(k_buf.numel(), v_buf.numel(), q.numel(), part_out.numel()) < 2 ** 31,
             num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
         if splits > 1:
             self.kernels._extend_merge_kernel[(q.shape[0], layer.num_kv_heads)](

@@ -68,7 +68,8 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
           stride_kh, stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC: tl.constexpr,
           MASKED: tl.constexpr = True, EVEN_D: tl.constexpr = False, KV_FP8: tl.constexpr = 0,
           PAGE: tl.constexpr = 1, k_desc=None, v_desc=None, TMA: tl.constexpr = False,
-          LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False):
+          LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False,
+          OFF32: tl.constexpr = False):
     """One online-softmax step over the keys at positions ``n0 + offs_n`` (``n_mask``: in
     range; ``allowed``: which (query row, key) scores count): K/V rows of KV head ``g`` read
     through ``req_to_token``, scores, running max ``m_i``, sum ``l_i`` and output ``acc``
@@ -85,9 +86,12 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
     older maximum (at most 2^LAZY_GROWTH, no overflow), which leaves ``acc / l_i`` as it is
     and skips the accumulator's rescaling at most tiles. INDEX_ASM: a whole tile's table
     entries are read by ``index_load`` (outside the software pipeliner, which then keeps the
-    K/V loads ``num_stages - 1`` tiles ahead instead of one)."""
+    K/V loads ``num_stages - 1`` tiles ahead instead of one). OFF32: the K/V buffers hold
+    fewer than 2^31 elements, so gathered rows' offsets are 32-bit (half the registers)."""
     BLOCK_N: tl.constexpr = offs_n.shape[0]
-    ONE_PAGE: tl.constexpr = (not MASKED) and PAGE // BLOCK_N * BLOCK_N == PAGE  # divides
+    # a whole tile in one page (a masked one too where descriptors read it: aligned, n0 < end)
+    ONE_PAGE: tl.constexpr = (PAGE // BLOCK_N * BLOCK_N == PAGE
+                              and (not MASKED or (TMA and EVEN_D)))
     if ONE_PAGE:  # consecutive slots from the tile's first (one table entry): a scalar base
         slot0 = index_load(r2t_row + n0, INDEX_ASM)  # and offsets that do not change
         k_rows = k_ptr + slot0 * stride_ks
@@ -100,6 +104,8 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
         else:
             slot = _page_slots(r2t_row, n0, offs_n, PAGE, INDEX_ASM)
         k_rows, v_rows = k_ptr, v_ptr
+        if OFF32:
+            slot = slot.to(tl.int32)
         k_off = slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :]
         v_off = slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :]
     if MASKED:
@@ -132,6 +138,8 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
         alpha = tl.exp2(m_i - m_new)
     if DESC:
         v = v_desc.load([slot0.to(tl.int32), g * offs_d.shape[0]])
+        if MASKED:  # rows past the keys in range: whatever the page holds, weighted 0
+            v = tl.where(n_mask[:, None], v, tl.zeros_like(v))
     elif EVEN_D and not MASKED:
         v = tl.load(v_rows + v_off)
     else:
@@ -331,7 +339,7 @@ def _extend_kernel(
     DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr, KV_FP8: tl.constexpr = 0,
     NUM_SPLITS: tl.constexpr = 1, PAGE: tl.constexpr = 1, TMA: tl.constexpr = False,
     ROW_HEADS: tl.constexpr = 0, LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    OFF32: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     HEADS: tl.constexpr = ROW_HEADS if ROW_HEADS > 0 else GROUP  # query heads of a tile
     hb = tl.program_id(0)  # the tile's block of HEADS query heads (inside one KV head's)
@@ -346,6 +354,8 @@ def _extend_kernel(
     prefix = tl.load(prefix_lens_ptr + i).to(tl.int32)  # positions in 32 bits: cheaper masks
     ext = tl.load(extend_lens_ptr + i).to(tl.int32)
     qo = tl.load(qo_start_ptr + i)
+    if OFF32:  # (q, out and the partial outputs hold fewer than 2^31 elements too)
+        qo = qo.to(tl.int32)
     r2t_row = req_to_token_ptr + row * stride_r2t
 
     # row r of the tile: new token m0 + r // HEADS, query head hb * HEADS + r % HEADS
@@ -382,7 +392,7 @@ def _extend_kernel(
                               d_mask, scale, DOT_PREC, MASKED=False,
                               EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8, PAGE=PAGE,
                               k_desc=k_desc, v_desc=v_desc, TMA=TMA, LAZY=LAZY,
-                              INDEX_ASM=INDEX_ASM)
+                              INDEX_ASM=INDEX_ASM, OFF32=OFF32)
     if s == NUM_SPLITS - 1:
         if HAS_TREE:
             if full < lo:  # the prefix's last partial tile
@@ -390,7 +400,7 @@ def _extend_kernel(
                 m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, full, offs_n, n_mask,
                                       n_mask[None, :], k_ptr, v_ptr, g, stride_ks, stride_kh,
                                       stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC,
-                                      KV_FP8=KV_FP8, LAZY=LAZY)
+                                      KV_FP8=KV_FP8, LAZY=LAZY, OFF32=OFF32)
         else:  # the partial tile before the tile's own tokens joins phase 2 (all keys pass)
             lo = full
         # phase 2: the tile's diagonal block of new tokens, causally (a tree: by its mask)
@@ -405,9 +415,13 @@ def _extend_kernel(
                 causal = n_mask[None, :] & (seen != 0)
             else:
                 causal = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+            # (aligned tiles unless a tree: descriptors serve them as phase 1's)
             m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, causal,
                                   k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh,
-                                  offs_d, d_mask, scale, DOT_PREC, KV_FP8=KV_FP8, LAZY=LAZY)
+                                  offs_d, d_mask, scale, DOT_PREC,
+                                  EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8, PAGE=PAGE,
+                                  k_desc=k_desc, v_desc=v_desc, TMA=TMA and not HAS_TREE,
+                                  LAZY=LAZY, INDEX_ASM=INDEX_ASM, OFF32=OFF32)
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
     if KV_FP8 != 0:
