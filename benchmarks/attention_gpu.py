@@ -368,7 +368,8 @@ TRITON_EXTEND_SHORT = [_extend(*c) for c in (
     (128, 32, 4, 3, False, 0, False, False), (128, 32, 4, 3),
     (64, 64, 4, 3, False, 0, False, False), (64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 3, True, 0, False, False), (64, 64, 4, 3, True),
     (64, 64, 4, 4, True), (64, 64, 4, 3, True, 1), (64, 64, 4, 4, True, 1),
-    (128, 64, 8, 3, True), (128, 64, 8, 4, True), (128, 128, 8, 3), (64, 32, 4, 4))]
+    (128, 64, 8, 3, True), (128, 64, 8, 4, True), (128, 128, 8, 3), (64, 32, 4, 4),
+    (64, 32, 4, 3), (64, 64, 4, 3, False, 1))]
 
 
 def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]],
