@@ -3,7 +3,10 @@ bundled ptxas build them here exactly as they are built on the H200 (the same fr
 same software pipeliner), so an error that the interpreter never sees (a constexpr argument
 that does not reach a nested ``@triton.jit`` call, a type the code generator refuses) fails
 here, and properties of the compiled loop (how many K/V tiles the extend kernel keeps in
-flight) are checked on the TTGIR. Skipped where the installed Triton lacks the NVIDIA backend.
+flight, how much it spills) are checked on the TTGIR and the cubin. The plugins' kernels are
+built from stated argument types; the core's through their Python wrappers, called on CPU
+tensors with every launch recorded instead of run and then built with PDL on (as on the
+H200). Skipped where the installed Triton lacks the NVIDIA backend.
 """
 
 from __future__ import annotations
@@ -143,3 +146,100 @@ def test_moe_pair_kernels_build(prefetch):
     build(kernels._pair_gemv_down, types, dict(BLOCK_N=16, BLOCK_K=256, ACC2D=False,
                                                PREFETCH=prefetch, PDL=True))
     build(kernels._combine_pairs, types, dict(TOP_K=8, BLOCK=1024, PDL=True))
+
+
+# ------------------------------------------------------------- the core's kernels, by launch
+
+DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int64": "i64",
+          "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1",
+          "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5"}
+
+
+def _launches(call) -> list[tuple]:
+    """Run ``call`` (a wrapper over CPU tensors) with every Triton launch recorded instead of
+    run: (kernel, bound arguments, launch options)."""
+    from unittest import mock
+
+    from triton.runtime.jit import JITFunction
+
+    seen = []
+
+    def getitem(kernel, grid):
+        def launch(*args, **kwargs):
+            names = kernel.arg_names
+            bound = {p.name: p.default for p in kernel.params}
+            bound.update(zip(names, args))
+            options = {k: v for k, v in kwargs.items() if k not in names}
+            bound.update({k: v for k, v in kwargs.items() if k in names})
+            seen.append((kernel, bound, options))
+        return launch
+
+    with mock.patch.object(JITFunction, "__getitem__", getitem):
+        call()
+    return seen
+
+
+def _build_launch(kernel, bound: dict, options: dict):
+    """One recorded launch compiled for sm_90, with PDL on where the kernel takes it."""
+    import torch
+
+    types, constexprs = {}, {}
+    for param in kernel.params:
+        value = bound[param.name]
+        if param.is_constexpr or value is None:
+            constexprs[param.name] = value
+        elif isinstance(value, torch.Tensor):
+            types[param.name] = "*" + DTYPES[str(value.dtype).removeprefix("torch.")]
+        elif isinstance(value, bool):
+            types[param.name] = "i1"
+        elif isinstance(value, int):
+            types[param.name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+        else:
+            types[param.name] = "fp32"
+    if "PDL" in constexprs:
+        constexprs["PDL"] = True
+    return build(kernel, types, constexprs, warps=options.get("num_warps", 4),
+                 stages=options.get("num_stages", 3))
+
+
+def _core_calls():
+    import torch
+
+    from engine.runtime import fused_triton, gemv_triton, sample_triton, swap_triton
+
+    bf = dict(dtype=torch.bfloat16)
+    x, w = torch.randn(1, 256, **bf), torch.randn(128, 256, **bf)
+    codes = torch.randn(128, 256).to(torch.float8_e4m3fn)
+    qkv = torch.randn(3, (4 + 2 + 2) * 64, **bf)
+    pos = torch.arange(3)
+    cos, sin = torch.randn(16, 32), torch.randn(16, 32)
+    norm = torch.ones(64, **bf)
+    kv = torch.zeros(8, 2, 64, **bf)
+    loc = torch.arange(3)
+    params = [torch.zeros(2, dtype=torch.int64) for _ in range(6)]
+    return {
+        "gemv (bf16)": lambda: gemv_triton.gemv(x, w),
+        "gemv (fp8 codes)": lambda: gemv_triton.gemv(x, codes, torch.ones(128)),
+        "gemv_norm": lambda: gemv_triton.gemv_norm(x, x, torch.ones(256, **bf), 1e-6, w),
+        "w8_swap (fp8, per-token)": lambda: swap_triton.w8_swap(
+            torch.randn(4, 256, **bf), codes, torch.ones(128), act="token"),
+        "add_rms_norm": lambda: fused_triton.add_rms_norm(x, x, torch.ones(256, **bf), 1e-6),
+        "qk_norm_rope": lambda: fused_triton.qk_norm_rope(qkv, 4, 2, 64, pos, cos, sin, norm,
+                                                          norm, 1e-6),
+        "qk_norm_rope_store": lambda: fused_triton.qk_norm_rope_store(
+            qkv, 4, 2, 64, pos, cos, sin, None, None, 0.0, kv, kv.clone(), loc),
+        "silu_and_mul": lambda: fused_triton.silu_and_mul(torch.randn(2, 256, **bf)),
+        "route_topk": lambda: fused_triton.route_topk(torch.randn(2, 64), 8, True),
+        "sample": lambda: sample_triton.sample(torch.randn(2, 1000), *params[:6], params[0]),
+    }
+
+
+CORE = _core_calls() if shutil.which(TOOLS[0]) else {}
+
+
+@pytest.mark.parametrize("name", sorted(CORE))
+def test_core_kernels_build(name):
+    launches = _launches(CORE[name])
+    assert launches, f"{name} launched no Triton kernel"
+    for kernel, bound, options in launches:
+        _build_launch(kernel, bound, options)
