@@ -333,10 +333,10 @@ def triton_sweep(backend: Any, batch: Any, fn: Callable[[], Any], record: Callab
 # ---------------------------------------------------------------------------- (c) prefill
 
 def _extend(m: int, n: int, w: int, st: int, tma: bool = False, heads: int = 0,
-            lazy: bool = False, index_asm: bool = True) -> dict[str, Any]:
+            lazy: bool = False, index_asm: bool = True, new_kv: bool = False) -> dict[str, Any]:
     return dict(extend_block_m=m, extend_block_n=n, extend_warps=w, extend_stages=st,
                 extend_tma=tma, extend_row_heads=heads, extend_lazy_rescale=lazy,
-                extend_index_asm=index_asm)
+                extend_index_asm=index_asm, extend_new_kv=new_kv)
 
 
 #: prefill launch configurations (BLOCK_M query rows: BLOCK_M // G tokens x the group's heads;
@@ -366,10 +366,14 @@ TRITON_EXTEND_SWEEP = [_extend(*c) for c in (
 #: stages - 1 tiles ahead, so 4 stages differ from 3)
 TRITON_EXTEND_SHORT = [_extend(*c) for c in (
     (128, 32, 4, 3, False, 0, False, False), (128, 32, 4, 3),
-    (64, 64, 4, 3, False, 0, False, False), (64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 3, True, 0, False, False), (64, 64, 4, 3, True),
+    (64, 64, 4, 3, False, 0, False, False), (64, 64, 4, 3), (64, 64, 4, 4),
+    (64, 64, 4, 3, True, 0, False, False), (64, 64, 4, 3, True),
     (64, 64, 4, 4, True), (64, 64, 4, 3, True, 1), (64, 64, 4, 4, True, 1),
     (128, 64, 8, 3, True), (128, 64, 8, 4, True), (128, 128, 8, 3), (64, 32, 4, 4),
-    (64, 32, 4, 3), (64, 64, 4, 3, False, 1))]
+    (64, 32, 4, 3), (64, 64, 4, 3, False, 1),
+    # this forward's K/V read as rows through descriptors (any page size)
+    (64, 64, 4, 3, True, 1, False, True, True), (64, 64, 4, 3, True, 0, False, True, True),
+    (64, 32, 4, 3, True, 0, False, True, True), (128, 64, 8, 3, True, 0, False, True, True))]
 
 
 def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]],
@@ -427,12 +431,18 @@ def prefill_page(s: Shapes, makers: dict[str, Callable[..., Any]]) -> None:
         def run_one(name: str = name) -> None:
             backend = makers[name](pool=pool, model_config=mc, config=cfg)
             backend.prepare(batch)
-            fn = lambda: backend.forward_extend(q, spec, batch)  # noqa: E731
+            if name == "triton":  # (this forward's K/V as the model would hand them over)
+                slots = batch.req_to_token.reshape(-1)
+                new_kv = (pool.k[0][slots], pool.v[0][slots])
+                fn = lambda: backend.forward_extend(q, spec, batch, new_kv=new_kv)  # noqa: E731
+            else:
+                fn = lambda: backend.forward_extend(q, spec, batch)  # noqa: E731
             out = fn()
             record(name, bench(fn, s.device), out)
             if name == "triton":  # TMA configurations only where a page holds whole tiles
                 sweep = [p for p in TRITON_EXTEND_SWEEP
-                         if not p.get("extend_tma") or s.page % p["extend_block_n"] == 0]
+                         if not p.get("extend_tma") or p.get("extend_new_kv")
+                         or s.page % p["extend_block_n"] == 0]
                 triton_sweep(backend, batch, fn, record, sweep, ref=ref,
                              label=f"prefill {shape}")
 

@@ -32,7 +32,8 @@ PROMPT_LENS = (17, 64, 100, 128)
 #: backend spec suffix -> the environment its runner is built and run under
 MODES = {"nopdl": {"ENGINE_PDL": "0"}, "fused": {"ENGINE_FUSED_GEMV": "1"},
          "fmerge": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "1"},
-         "mergek": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "0"}}
+         "mergek": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "0"},
+         "rows": {"ENGINE_TRITON_NEW_KV": "1"}}
 GEN_STEPS = 16
 
 
@@ -40,7 +41,8 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None) ->
     """``spec`` is a backend name, optionally ``:eager`` to turn CUDA graphs off (``:nopdl``:
     kernels launched without programmatic dependent launch; ``:fused``: the norms and
     SiLU-and-mul inside the one-row products; ``:fmerge``: the triton decode merge folded into
-    its split kernel (the default; ``:mergek`` keeps the merge kernel); set by the caller
+    its split kernel (``:mergek`` keeps the merge kernel); ``:rows``: the triton extend
+    kernel reads the forward's new K/V as rows; set by the caller
     through the environment, :data:`MODES`);
     ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
     weights at load (e.g. ``fp8``)."""
@@ -206,12 +208,12 @@ def cpu_smoke(steps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
-                    help="backend[:eager|:nopdl|:fused|:fmerge|:mergek]; CUDA graphs are used for "
-                    "decode "
-                    "where the backend supports them unless :eager; :nopdl launches without "
-                    "PDL; :fused folds the norms and SiLU-and-mul into the one-row products; "
-                    ":fmerge folds the triton decode merge into its split kernel (the default), "
-                    ":mergek keeps the separate merge kernel")
+                    help="backend[:eager|:nopdl|:fused|:fmerge|:mergek|:rows]; CUDA graphs are "
+                    "used for decode where the backend supports them unless :eager; :nopdl "
+                    "launches without PDL; :fused folds the norms and SiLU-and-mul into the "
+                    "one-row products; :fmerge folds the triton decode merge into its split "
+                    "kernel, :mergek keeps the separate merge kernel (the default); :rows: the "
+                    "triton extend reads this forward's K/V as rows")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--hf", default="eager,compile")
     ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers")

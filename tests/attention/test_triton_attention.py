@@ -115,8 +115,11 @@ def test_the_default_launch_follows_the_page_size(monkeypatch):
         assert default_config(page, interpreted=False) == KernelConfig()
     assert default_config(64, interpreted=True) is INTERPRETER_CONFIG
     assert KernelConfig().extend_index_asm and not KernelConfig().decode_fused_merge
+    assert not KernelConfig().extend_new_kv
     monkeypatch.setenv("ENGINE_TRITON_DECODE_FUSED_MERGE", "1")
-    assert default_config(64, interpreted=False).decode_fused_merge  # read per backend
+    monkeypatch.setenv("ENGINE_TRITON_NEW_KV", "1")
+    cfg = default_config(64, interpreted=False)  # the environment is read per backend
+    assert cfg.decode_fused_merge and cfg.extend_new_kv
 
 
 def test_manifest_states_its_needs_and_seed_flags():

@@ -260,16 +260,35 @@ def paged_tile_checks() -> list[str]:
     name = "paged tiles page=64: the default launch of 64-key pages"
     failures += _paged_tile_case(name, len(cases), 64, 4, 64, torch.float32,
                                  default_config(64, interpreted=False))
+    # this forward's K/V read as their own rows (descriptors), the prefix through the pool:
+    # pages of one slot (shuffled), of part of a tile and of whole tiles
+    for seed, (page, heads, bn) in enumerate(((1, 0, 16), (16, 1, 32), (64, 0, 32))):
+        cfg = KernelConfig(extend_block_m=64, extend_block_n=bn, extend_tma=True,
+                           extend_row_heads=heads, extend_new_kv=True)
+        name = f"new K/V rows page={page} BLOCK_N={bn} row_heads={heads}"
+        failures += _paged_tile_case(name, 20 + seed, page, 4, 64, torch.float32, cfg,
+                                     rows_read=True)
     return failures
 
 
 def _paged_tile_case(name: str, seed: int, page: int, ratio: int, dim: int, dtype: torch.dtype,
-                     cfg: KernelConfig) -> list[str]:
+                     cfg: KernelConfig, rows_read: bool = False) -> list[str]:
+    """``rows_read``: the first step (tiles of several) must read its new K/V as rows (a step
+    of one tile per request splits its keys, and splits read the pool)."""
     failures: list[str] = []
     rig = Rig(page=page, ratio=ratio, dim=dim, seed=10 + seed, dtype=dtype)
     if rig.pool.is_fp8:
         rig.pool.k_scale[0], rig.pool.v_scale[0] = 0.02, 0.5
     backend = TritonBackend(rig.pool, ratio, kernel_config=cfg)
+    built: list[bool] = []
+    make_rows = backend._row_descriptors
+
+    def spy(*args):
+        descs = make_rows(*args)
+        built.append(descs is not None)
+        return descs
+
+    backend._row_descriptors = spy  # type: ignore[method-assign]
     rows = [rig.builder.new_request() for _ in range(3)]
     steps = ((150, 7, 70), (41, 60, 1), (3, 5, 2)) if page > 4 else (  # a 256-slot pool
         (90, 7, 40), (30, 45, 1), (3, 5, 2))
@@ -279,6 +298,8 @@ def _paged_tile_case(name: str, seed: int, page: int, ratio: int, dim: int, dtyp
         if step == 2 and batch.attn_metadata.num_splits < 2:
             failures.append(f"{name}: one tile per request was not split")
         failures += close(f"{name} step {step}", out, want)
+    if rows_read and built[:1] != [True]:
+        failures.append(f"{name}: the new K/V were not read as rows ({built})")
     return failures
 
 if __name__ == "__main__":

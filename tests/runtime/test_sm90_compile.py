@@ -94,15 +94,18 @@ def test_decode_kernels_build(attention, fused, fp8):
 
 
 def _extend(attention, page: int, tma: bool, heads: int, index_asm: bool, tree: bool = False,
-            splits: int = 1, bm: int = 64, bn: int = 64, off32: bool = True):
+            splits: int = 1, bm: int = 64, bn: int = 64, off32: bool = True,
+            new_kv: bool = False):
     types = dict(ATTN_PTRS)
     if tma:
         types["k_desc"] = types["v_desc"] = f"tensordesc<bf16[{bn}, 128]>"
+    types["kn_desc"] = types["vn_desc"] = (f"tensordesc<bf16[{bn}, 128]>" if new_kv
+                                           else "*bf16")
     return build(attention._extend_kernel, types, dict(
         GROUP=4, HEAD_DIM=128, TILE_TOKENS=bm // (heads or 4), BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_D=128, DOT_PREC=None, HAS_TREE=tree, KV_FP8=0, NUM_SPLITS=splits, PAGE=page,
         TMA=tma, ROW_HEADS=heads, LAZY=False, INDEX_ASM=index_asm, OFF32=off32,
-        PDL=True))
+        NEW_KV=new_kv, PDL=True))
 
 
 def test_extend_keeps_num_stages_key_tiles_in_flight(attention):
@@ -127,6 +130,14 @@ def test_extend_offsets_in_32_bits_keep_the_default_page_64_launch_in_registers(
     short = stack_bytes(_extend(attention, 64, True, 1, True))
     wide = stack_bytes(_extend(attention, 64, True, 1, True, off32=False))
     assert short <= 32 < wide, (short, wide)
+
+
+@pytest.mark.parametrize("page, tma", [(1, False), (16, False), (64, True)])
+def test_extend_reading_the_new_kv_as_rows_builds_and_pipelines(attention, page, tma):
+    """This forward's K/V through row descriptors (any page size; the prefix through the
+    pool): the new keys' loop keeps 3 K/V tiles in flight, like the contiguous kernel."""
+    compiled = _extend(attention, page, tma, 1, True, new_kv=True)
+    assert 3 in kv_buffers(compiled, 64, 128)
 
 
 def test_extend_tree_and_split_kernels_build(attention):

@@ -170,7 +170,10 @@ class Attention(nn.Module):
         if rope.cos is None:  # the fused path (see LlamaForCausalLM.forward)
             qn, kn = self.q_norm, self.k_norm
             store = getattr(rope.ops, "qk_norm_rope_store", None)
-            if store is not None and attn.pool.takes_direct_writes(qkv.dtype, qkv.device):
+            # (a backend that reads an extend's new K/V as rows gets them through forward)
+            rows = getattr(attn, "reads_new_kv", False) and not batch.is_decode
+            if (store is not None and not rows
+                    and attn.pool.takes_direct_writes(qkv.dtype, qkv.device)):
                 # K/V go into the pool in the same kernel (no separate cache write)
                 lid = self.spec.layer_id
                 q = store(qkv, self.hq, self.hkv, self.d, rope.positions, rope.rotary.cos_cache,

@@ -148,6 +148,10 @@ class AttentionBackend(ABC):
     #: True when speculative verify forwards of a fixed shape can be captured in a CUDA graph
     #: (see :meth:`prepare_verify_graph`); needs ``supports_tree_verify``
     supports_verify_graph: bool = False
+    #: True when ``forward_extend`` takes ``new_kv=(k, v)``, this forward's new keys and values
+    #: [T, Hkv, D] (also in the pool), and may read them there instead of through the pool's
+    #: slots: :meth:`forward` then passes them (a model that stores K/V itself does not)
+    reads_new_kv: bool = False
     #: True when an extend batch costs every request the longest request's length (padded
     #: rows): the scheduler then never mixes a large prefill with one-token decode rows
     pads_extend: bool = False
@@ -190,6 +194,8 @@ class AttentionBackend(ABC):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layer: AttentionLayerSpec, batch: Batch) -> torch.Tensor:
         self.pool.write(layer.layer_id, batch.out_cache_loc, k, v)
+        if self.reads_new_kv and not batch.is_decode:
+            return self.forward_extend(q, layer, batch, new_kv=(k, v))  # type: ignore[call-arg]
         return self.attend(q, layer, batch)
 
     def attend(self, q: torch.Tensor, layer: AttentionLayerSpec, batch: Batch) -> torch.Tensor:

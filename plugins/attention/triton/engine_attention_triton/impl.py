@@ -61,6 +61,13 @@ class KernelConfig:
     #: load; ``engine.runtime.triton_loads``), so K/V tiles load ``extend_stages - 1`` tiles
     #: ahead instead of one (a GPU only: the interpreter always uses ``tl.load``)
     extend_index_asm: bool = True
+    #: an extend forward that gets this forward's new K/V (``AttentionBackend.forward``)
+    #: reads them as contiguous rows through tensor descriptors, at any page size, and only
+    #: the cached prefix through the pool (non-fp8 pools, no tree, one split, head dim a power
+    #: of two; else the pool as usual); ``ENGINE_TRITON_NEW_KV=1`` turns it on where the
+    #: config is the default
+    extend_new_kv: bool = field(
+        default_factory=lambda: os.environ.get("ENGINE_TRITON_NEW_KV") == "1")
 
 
 #: under the interpreter every program and every loop step costs milliseconds: big tiles
@@ -156,6 +163,10 @@ class TritonBackend(AttentionBackend):
         self.row_heads = heads
         self.block_rows = max(cfg.extend_block_m, _pow2(heads))
         self.tile_tokens = self.block_rows // heads
+
+    @property
+    def reads_new_kv(self) -> bool:  # type: ignore[override]
+        return self.cfg.extend_new_kv and not self.pool.is_fp8
 
     @property
     def supports_cuda_graph(self) -> bool:  # type: ignore[override]
@@ -278,8 +289,9 @@ class TritonBackend(AttentionBackend):
                 **self._pdl)
         return out
 
-    def forward_extend(self, q: torch.Tensor, layer: AttentionLayerSpec,
-                       batch: Batch) -> torch.Tensor:
+    def forward_extend(self, q: torch.Tensor, layer: AttentionLayerSpec, batch: Batch,
+                       new_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+                       ) -> torch.Tensor:
         md: ExtendMetadata = batch.attn_metadata
         q = self._check(q, layer, batch)
         k_buf, v_buf, fp8, k_scale, v_scale = self._kv(layer)
@@ -295,6 +307,9 @@ class TritonBackend(AttentionBackend):
         tma = self._descriptors(k_buf, v_buf, dim, page)  # or None: pointers (placeholders)
         tb, tq = (md.tree.stride(0), md.tree.stride(1)) if md.tree is not None else (0, 0)
         splits = md.num_splits
+        rows = None  # this forward's K/V as descriptors of their rows
+        if new_kv is not None and self.reads_new_kv and md.tree is None and splits == 1:
+            rows = self._row_descriptors(new_kv, q.dtype, dim)
         part_dtype = torch.float32 if self.reduce_in_fp32 else q.dtype
         shape = (q.shape[0], q.shape[1], splits) if splits > 1 else (0, 0, 1)
         part_out = torch.empty((*shape, dim), dtype=part_dtype, device=q.device)
@@ -303,8 +318,9 @@ class TritonBackend(AttentionBackend):
                                      splits)](
             q, k_buf, v_buf, out, r2t, batch.req_pool_indices, batch.prefix_lens,
             batch.extend_lens, md.qo_start, md.tile_req, md.tile_start, tree, part_out,
-            part_lse, *(tma or (k_buf, v_buf)), q.stride(0), q.stride(1), k_buf.stride(0),
-            k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), out.stride(0), out.stride(1),
+            part_lse, *(tma or (k_buf, v_buf)), *(rows or (k_buf, v_buf)), q.stride(0),
+            q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+            out.stride(0), out.stride(1),
             r2t.stride(0), tb, tq, part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), layer.scaling * LOG2E * k_scale, v_scale,
             GROUP=group, HEAD_DIM=dim, TILE_TOKENS=md.tile_tokens, BLOCK_M=md.block_rows,
@@ -315,6 +331,7 @@ class TritonBackend(AttentionBackend):
             INDEX_ASM=cfg.extend_index_asm and q.is_cuda and not interpreting(),
             # element offsets fit in 32 bits (fewer registers for gathered rows)
             OFF32=max(k_buf.numel(), v_buf.numel(), q.numel(), part_out.numel()) < 2 ** 31,
+            NEW_KV=rows is not None,
             num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
         if splits > 1:
             self.kernels._extend_merge_kernel[(q.shape[0], layer.num_kv_heads)](
@@ -343,6 +360,32 @@ class TritonBackend(AttentionBackend):
             rows = buf.as_strided((buf.shape[0], buf.shape[1] * dim), (buf.stride(0), 1))
             descs.append(TensorDescriptor.from_tensor(rows, [bn, dim]))
         return descs[0], descs[1]
+
+    def _row_descriptors(self, new_kv: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype,
+                         dim: int) -> tuple[Any, Any] | None:
+        """Tensor descriptors of this forward's K and V rows ([T, Hkv * D], [BLOCK_N, D]
+        blocks), or None where they cannot serve (a head dimension not a power of two, a
+        dtype other than q's, a layout TMA cannot take)."""
+        if dim != _pow2(dim) or any(x.dtype != dtype for x in new_kv):
+            return None
+        views = [_rows_view(x) for x in new_kv]
+        if any(x is None for x in views):
+            return None
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bn = self.cfg.extend_block_n
+        return (TensorDescriptor.from_tensor(views[0], [bn, dim]),
+                TensorDescriptor.from_tensor(views[1], [bn, dim]))
+
+
+def _rows_view(x: torch.Tensor) -> torch.Tensor | None:
+    """``x`` [T, H, D] as its [T, H * D] rows (any row stride), or None where a tensor
+    descriptor cannot take it (heads not packed, unaligned rows)."""
+    t, h, d = x.shape
+    if (x.stride(2) != 1 or x.stride(1) != d or x.data_ptr() % 16
+            or x.stride(0) * x.element_size() % 16):
+        return None
+    return x.as_strided((t, h * d), (x.stride(0), 1))
 
 
 def _mask_bytes(mask: torch.Tensor) -> torch.Tensor:

@@ -69,7 +69,7 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
           MASKED: tl.constexpr = True, EVEN_D: tl.constexpr = False, KV_FP8: tl.constexpr = 0,
           PAGE: tl.constexpr = 1, k_desc=None, v_desc=None, TMA: tl.constexpr = False,
           LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False,
-          OFF32: tl.constexpr = False):
+          OFF32: tl.constexpr = False, CONTIG: tl.constexpr = False, base=0):
     """One online-softmax step over the keys at positions ``n0 + offs_n`` (``n_mask``: in
     range; ``allowed``: which (query row, key) scores count): K/V rows of KV head ``g`` read
     through ``req_to_token``, scores, running max ``m_i``, sum ``l_i`` and output ``acc``
@@ -87,13 +87,20 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
     and skips the accumulator's rescaling at most tiles. INDEX_ASM: a whole tile's table
     entries are read by ``index_load`` (outside the software pipeliner, which then keeps the
     K/V loads ``num_stages - 1`` tiles ahead instead of one). OFF32: the K/V buffers hold
-    fewer than 2^31 elements, so gathered rows' offsets are 32-bit (half the registers)."""
+    fewer than 2^31 elements, so gathered rows' offsets are 32-bit (half the registers).
+    CONTIG: the keys are rows ``base + n0 ..`` of ``k_desc`` / ``v_desc`` themselves (this
+    forward's own K/V, contiguous), read through the descriptors with no table (the caller
+    passes ``TMA`` and ``EVEN_D``); rows past ``n_mask`` then belong to the next request or
+    lie past the end (zeros), and weigh nothing."""
     BLOCK_N: tl.constexpr = offs_n.shape[0]
     # a whole tile in one page (a masked one too where descriptors read it: aligned, n0 < end)
-    ONE_PAGE: tl.constexpr = (PAGE // BLOCK_N * BLOCK_N == PAGE
-                              and (not MASKED or (TMA and EVEN_D)))
+    ONE_PAGE: tl.constexpr = CONTIG or (PAGE // BLOCK_N * BLOCK_N == PAGE
+                                        and (not MASKED or (TMA and EVEN_D)))
     if ONE_PAGE:  # consecutive slots from the tile's first (one table entry): a scalar base
-        slot0 = index_load(r2t_row + n0, INDEX_ASM)  # and offsets that do not change
+        if CONTIG:
+            slot0 = base + n0
+        else:
+            slot0 = index_load(r2t_row + n0, INDEX_ASM)  # and offsets that do not change
         k_rows = k_ptr + slot0 * stride_ks
         v_rows = v_ptr + slot0 * stride_vs
         k_off = offs_n[:, None] * stride_ks + g * stride_kh + offs_d[None, :]
@@ -327,10 +334,55 @@ def _fold_splits(part_ptrs, lse_ptrs, stride_ps, count, gd_mask, g_mask,
 
 
 @triton.jit
+def _extend_new_kv(q, m_i, l_i, acc, r2t_row, prefix, ext, m0, qo, tok, offs_n, k_ptr, v_ptr, g,
+                   stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_mask, scale, k_desc,
+                   v_desc, kn_desc, vn_desc, DOT_PREC: tl.constexpr, TILE_TOKENS: tl.constexpr,
+                   EVEN_D: tl.constexpr, PAGE: tl.constexpr, TMA: tl.constexpr,
+                   LAZY: tl.constexpr, INDEX_ASM: tl.constexpr, OFF32: tl.constexpr):
+    """The extend tile's keys when this forward's new K/V come as contiguous rows (``kn_desc``
+    / ``vn_desc``, request rows from ``qo``): the cached prefix's whole tiles and its last
+    partial tile through the pool, then the new tokens before the tile as whole tiles of
+    their own rows, then the tile's diagonal block of them, causally (``tok``: each row's new
+    token)."""
+    BLOCK_N: tl.constexpr = offs_n.shape[0]
+    pfull = prefix - prefix % BLOCK_N
+    for n0 in range(0, pfull, BLOCK_N):
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, offs_n, offs_n, k_ptr,
+                              v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
+                              d_mask, scale, DOT_PREC, MASKED=False, EVEN_D=EVEN_D, PAGE=PAGE,
+                              k_desc=k_desc, v_desc=v_desc, TMA=TMA, LAZY=LAZY,
+                              INDEX_ASM=INDEX_ASM, OFF32=OFF32)
+    if pfull < prefix:
+        n_mask = pfull + offs_n < prefix
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, pfull, offs_n, n_mask,
+                              n_mask[None, :], k_ptr, v_ptr, g, stride_ks, stride_kh,
+                              stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC,
+                              EVEN_D=EVEN_D, PAGE=PAGE, k_desc=k_desc, v_desc=v_desc, TMA=TMA,
+                              LAZY=LAZY, OFF32=OFF32)
+    nfull = m0 - m0 % BLOCK_N  # new tokens every row of the tile sees
+    for n0 in range(0, nfull, BLOCK_N):
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, offs_n, offs_n, k_ptr,
+                              v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
+                              d_mask, scale, DOT_PREC, MASKED=False, EVEN_D=True,
+                              k_desc=kn_desc, v_desc=vn_desc, TMA=True, LAZY=LAZY,
+                              CONTIG=True, base=qo)
+    hi = tl.minimum(m0 + TILE_TOKENS, ext)
+    for n0 in range(nfull, hi, BLOCK_N):
+        pos = n0 + offs_n
+        n_mask = pos < hi
+        causal = n_mask[None, :] & (pos[None, :] <= tok[:, None])
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, causal, k_ptr,
+                              v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
+                              d_mask, scale, DOT_PREC, EVEN_D=True, k_desc=kn_desc,
+                              v_desc=vn_desc, TMA=True, LAZY=LAZY, CONTIG=True, base=qo)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, req_to_token_ptr, req_pool_ptr, prefix_lens_ptr,
     extend_lens_ptr, qo_start_ptr, tile_req_ptr, tile_start_ptr, tree_ptr,
-    part_out_ptr, part_lse_ptr, k_desc, v_desc,
+    part_out_ptr, part_lse_ptr, k_desc, v_desc, kn_desc, vn_desc,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
     stride_r2t, stride_tb, stride_tq, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
     scale, v_scale,
@@ -339,7 +391,7 @@ def _extend_kernel(
     DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr, KV_FP8: tl.constexpr = 0,
     NUM_SPLITS: tl.constexpr = 1, PAGE: tl.constexpr = 1, TMA: tl.constexpr = False,
     ROW_HEADS: tl.constexpr = 0, LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False,
-    OFF32: tl.constexpr = False, PDL: tl.constexpr = False,
+    OFF32: tl.constexpr = False, NEW_KV: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     HEADS: tl.constexpr = ROW_HEADS if ROW_HEADS > 0 else GROUP  # query heads of a tile
     hb = tl.program_id(0)  # the tile's block of HEADS query heads (inside one KV head's)
@@ -374,54 +426,61 @@ def _extend_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # phase 1: the cached prefix pages, then new tokens before the tile: seen by every row,
-    # whole key tiles without masks (a speculative tree: the prefix only; every new token goes
-    # through the tree mask)
-    if HAS_TREE:
-        lo = prefix
+    if NEW_KV:  # this forward's K/V at rows qo.. of kn/vn: the prefix alone through the pool
+        m_i, l_i, acc = _extend_new_kv(
+            q, m_i, l_i, acc, r2t_row, prefix, ext, m0, qo, tok, offs_n, k_ptr, v_ptr, g,
+            stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_mask, scale, k_desc, v_desc,
+            kn_desc, vn_desc, DOT_PREC, TILE_TOKENS, BLOCK_D == HEAD_DIM, PAGE, TMA, LAZY,
+            INDEX_ASM, OFF32)
     else:
-        lo = prefix + m0
-    full = lo - lo % BLOCK_N
-    # split s walks its share of the whole tiles (NUM_SPLITS == 1: all of them)
-    per = (full // BLOCK_N + NUM_SPLITS - 1) // NUM_SPLITS * BLOCK_N
-    start = s * per
-    stop = tl.minimum(full, start + per)
-    for n0 in range(start, stop, BLOCK_N):
-        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, offs_n, offs_n, k_ptr,
-                              v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
-                              d_mask, scale, DOT_PREC, MASKED=False,
-                              EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8, PAGE=PAGE,
-                              k_desc=k_desc, v_desc=v_desc, TMA=TMA, LAZY=LAZY,
-                              INDEX_ASM=INDEX_ASM, OFF32=OFF32)
-    if s == NUM_SPLITS - 1:
+        # phase 1: the cached prefix pages, then new tokens before the tile: seen by every row,
+        # whole key tiles without masks (a speculative tree: the prefix only; every new token goes
+        # through the tree mask)
         if HAS_TREE:
-            if full < lo:  # the prefix's last partial tile
-                n_mask = full + offs_n < lo
-                m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, full, offs_n, n_mask,
-                                      n_mask[None, :], k_ptr, v_ptr, g, stride_ks, stride_kh,
-                                      stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC,
-                                      KV_FP8=KV_FP8, LAZY=LAZY, OFF32=OFF32)
-        else:  # the partial tile before the tile's own tokens joins phase 2 (all keys pass)
-            lo = full
-        # phase 2: the tile's diagonal block of new tokens, causally (a tree: by its mask)
-        hi = prefix + tl.minimum(m0 + TILE_TOKENS, ext)
-        for n0 in range(lo, hi, BLOCK_N):
-            pos = n0 + offs_n
-            n_mask = pos < hi
-            if HAS_TREE:
-                seen = tl.load(tree_ptr + i * stride_tb + tok[:, None] * stride_tq
-                               + (pos - prefix)[None, :],
-                               mask=r_mask[:, None] & n_mask[None, :], other=0)
-                causal = n_mask[None, :] & (seen != 0)
-            else:
-                causal = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
-            # (aligned tiles unless a tree: descriptors serve them as phase 1's)
-            m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, causal,
-                                  k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh,
-                                  offs_d, d_mask, scale, DOT_PREC,
+            lo = prefix
+        else:
+            lo = prefix + m0
+        full = lo - lo % BLOCK_N
+        # split s walks its share of the whole tiles (NUM_SPLITS == 1: all of them)
+        per = (full // BLOCK_N + NUM_SPLITS - 1) // NUM_SPLITS * BLOCK_N
+        start = s * per
+        stop = tl.minimum(full, start + per)
+        for n0 in range(start, stop, BLOCK_N):
+            m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, offs_n, offs_n, k_ptr,
+                                  v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
+                                  d_mask, scale, DOT_PREC, MASKED=False,
                                   EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8, PAGE=PAGE,
-                                  k_desc=k_desc, v_desc=v_desc, TMA=TMA and not HAS_TREE,
-                                  LAZY=LAZY, INDEX_ASM=INDEX_ASM, OFF32=OFF32)
+                                  k_desc=k_desc, v_desc=v_desc, TMA=TMA, LAZY=LAZY,
+                                  INDEX_ASM=INDEX_ASM, OFF32=OFF32)
+        if s == NUM_SPLITS - 1:
+            if HAS_TREE:
+                if full < lo:  # the prefix's last partial tile
+                    n_mask = full + offs_n < lo
+                    m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, full, offs_n, n_mask,
+                                          n_mask[None, :], k_ptr, v_ptr, g, stride_ks, stride_kh,
+                                          stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC,
+                                          KV_FP8=KV_FP8, LAZY=LAZY, OFF32=OFF32)
+            else:  # the partial tile before the tile's own tokens joins phase 2 (all keys pass)
+                lo = full
+            # phase 2: the tile's diagonal block of new tokens, causally (a tree: by its mask)
+            hi = prefix + tl.minimum(m0 + TILE_TOKENS, ext)
+            for n0 in range(lo, hi, BLOCK_N):
+                pos = n0 + offs_n
+                n_mask = pos < hi
+                if HAS_TREE:
+                    seen = tl.load(tree_ptr + i * stride_tb + tok[:, None] * stride_tq
+                                   + (pos - prefix)[None, :],
+                                   mask=r_mask[:, None] & n_mask[None, :], other=0)
+                    causal = n_mask[None, :] & (seen != 0)
+                else:
+                    causal = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+                # (aligned tiles unless a tree: descriptors serve them as phase 1's)
+                m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, causal,
+                                      k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh,
+                                      offs_d, d_mask, scale, DOT_PREC,
+                                      EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8, PAGE=PAGE,
+                                      k_desc=k_desc, v_desc=v_desc, TMA=TMA and not HAS_TREE,
+                                      LAZY=LAZY, INDEX_ASM=INDEX_ASM, OFF32=OFF32)
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
     if KV_FP8 != 0:
