@@ -281,14 +281,14 @@ def _paged_tile_case(name: str, seed: int, page: int, ratio: int, dim: int, dtyp
         rig.pool.k_scale[0], rig.pool.v_scale[0] = 0.02, 0.5
     backend = TritonBackend(rig.pool, ratio, kernel_config=cfg)
     built: list[bool] = []
-    make_rows = backend._row_descriptors
+    make_rows = backend._new_kv_descriptors
 
     def spy(*args):
         descs = make_rows(*args)
         built.append(descs is not None)
         return descs
 
-    backend._row_descriptors = spy  # type: ignore[method-assign]
+    backend._new_kv_descriptors = spy  # type: ignore[method-assign]
     rows = [rig.builder.new_request() for _ in range(3)]
     steps = ((150, 7, 70), (41, 60, 1), (3, 5, 2)) if page > 4 else (  # a 256-slot pool
         (90, 7, 40), (30, 45, 1), (3, 5, 2))

@@ -87,6 +87,8 @@ def default_config(page_size: int, interpreted: bool | None = None) -> KernelCon
     if page_size % TMA_PAGE_LAUNCH["extend_block_n"] == 0:
         return KernelConfig(**TMA_PAGE_LAUNCH)  # type: ignore[arg-type]
     return KernelConfig()
+
+
 #: (request, KV head) pairs the fused merge's counters cover (more: the merge kernel)
 MERGE_COUNTERS = 1 << 16
 
@@ -304,12 +306,12 @@ class TritonBackend(AttentionBackend):
                              f"backend was built for {self.group}")
         tree = md.tree if md.tree is not None else md.tile_req  # a placeholder when unused
         page = self.pool.page_size
-        tma = self._descriptors(k_buf, v_buf, dim, page)  # or None: pointers (placeholders)
+        tma = self._descriptors(k_buf, v_buf, page)  # or None: pointers (placeholders)
         tb, tq = (md.tree.stride(0), md.tree.stride(1)) if md.tree is not None else (0, 0)
         splits = md.num_splits
         rows = None  # this forward's K/V as descriptors of their rows
         if new_kv is not None and self.reads_new_kv and md.tree is None and splits == 1:
-            rows = self._row_descriptors(new_kv, q.dtype, dim)
+            rows = self._new_kv_descriptors(new_kv, q.dtype)
         part_dtype = torch.float32 if self.reduce_in_fp32 else q.dtype
         shape = (q.shape[0], q.shape[1], splits) if splits > 1 else (0, 0, 1)
         part_out = torch.empty((*shape, dim), dtype=part_dtype, device=q.device)
@@ -341,51 +343,43 @@ class TritonBackend(AttentionBackend):
                 BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim), num_warps=4, **self._pdl)
         return out
 
-    def _descriptors(self, k_buf: torch.Tensor, v_buf: torch.Tensor, dim: int,
+    def _descriptors(self, k_buf: torch.Tensor, v_buf: torch.Tensor,
                      page: int) -> tuple[Any, Any] | None:
         """Tensor descriptors of the [slots, Hkv * D] views of K and V with [BLOCK_N, D]
         blocks for the extend kernel's whole tiles, or None: not asked for
-        (``extend_tma``), or a tile not inside one page, or a layout TMA cannot take (a head
-        dimension not a power of two, rows not 16-byte aligned)."""
+        (``extend_tma``), or a tile not inside one page, or a layout TMA cannot take
+        (:func:`_row_descriptors`)."""
         bn = self.cfg.extend_block_n
-        if not self.cfg.extend_tma or page % bn or dim != _pow2(dim):
+        if not self.cfg.extend_tma or page % bn:
             return None
-        from triton.tools.tensor_descriptor import TensorDescriptor
+        return _row_descriptors(k_buf, v_buf, bn)
 
-        descs = []
-        for buf in (k_buf, v_buf):
-            if (buf.stride(2) != 1 or buf.stride(1) != dim or buf.data_ptr() % 16
-                    or buf.stride(0) * buf.element_size() % 16):
-                return None
-            rows = buf.as_strided((buf.shape[0], buf.shape[1] * dim), (buf.stride(0), 1))
-            descs.append(TensorDescriptor.from_tensor(rows, [bn, dim]))
-        return descs[0], descs[1]
-
-    def _row_descriptors(self, new_kv: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype,
-                         dim: int) -> tuple[Any, Any] | None:
-        """Tensor descriptors of this forward's K and V rows ([T, Hkv * D], [BLOCK_N, D]
-        blocks), or None where they cannot serve (a head dimension not a power of two, a
-        dtype other than q's, a layout TMA cannot take)."""
-        if dim != _pow2(dim) or any(x.dtype != dtype for x in new_kv):
+    def _new_kv_descriptors(self, new_kv: tuple[torch.Tensor, torch.Tensor],
+                            dtype: torch.dtype) -> tuple[Any, Any] | None:
+        """Tensor descriptors of this forward's K and V rows, or None where they cannot serve
+        (a dtype other than q's, a layout TMA cannot take)."""
+        if any(x.dtype != dtype for x in new_kv):
             return None
-        views = [_rows_view(x) for x in new_kv]
-        if any(x is None for x in views):
+        return _row_descriptors(*new_kv, self.cfg.extend_block_n)
+
+
+def _row_descriptors(k: torch.Tensor, v: torch.Tensor, bn: int) -> tuple[Any, Any] | None:
+    """Tensor descriptors of ``k`` and ``v`` [T, H, D] as their [T, H * D] rows (any row
+    stride) with [bn, D] blocks, or None where TMA cannot take them (a head dimension not a
+    power of two, heads not packed in a row, rows not 16-byte aligned)."""
+    for x in (k, v):
+        d = x.shape[2]
+        if (d != _pow2(d) or x.stride(2) != 1 or x.stride(1) != d or x.data_ptr() % 16
+                or x.stride(0) * x.element_size() % 16):
             return None
-        from triton.tools.tensor_descriptor import TensorDescriptor
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
-        bn = self.cfg.extend_block_n
-        return (TensorDescriptor.from_tensor(views[0], [bn, dim]),
-                TensorDescriptor.from_tensor(views[1], [bn, dim]))
+    def desc(x: torch.Tensor) -> Any:
+        t, h, d = x.shape
+        return TensorDescriptor.from_tensor(x.as_strided((t, h * d), (x.stride(0), 1)),
+                                            [bn, d])
 
-
-def _rows_view(x: torch.Tensor) -> torch.Tensor | None:
-    """``x`` [T, H, D] as its [T, H * D] rows (any row stride), or None where a tensor
-    descriptor cannot take it (heads not packed, unaligned rows)."""
-    t, h, d = x.shape
-    if (x.stride(2) != 1 or x.stride(1) != d or x.data_ptr() % 16
-            or x.stride(0) * x.element_size() % 16):
-        return None
-    return x.as_strided((t, h * d), (x.stride(0), 1))
+    return desc(k), desc(v)
 
 
 def _mask_bytes(mask: torch.Tensor) -> torch.Tensor:
