@@ -24,13 +24,14 @@ ONE_SLICE = (64, 128, 1, 4, 2)
 
 def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int = 130,
           k: int = 320, block: tuple | None = None, config: tuple | None = ONE_SLICE,
-          bias: bool = False, out: str = "float32", quant_rows_from: int | None = None):
+          bias: bool = False, out: str = "float32", quant_rows_from: int | None = None,
+          amax_unroll: int | None = None):
     """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
     ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
     dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
-    kernel)."""
+    kernel), ``amax_unroll``: ``AMAX_UNROLL`` for the case (0: one row's scale read in a loop)."""
     return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
-                      out=out, quant_rows_from=quant_rows_from)
+                      out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll)
 
 
 CASES = dict(
@@ -66,6 +67,10 @@ CASES = dict(
              quant_rows_from=17),
        _case("rows quantized in the kernel int8 m=16 split 2", 16, fmt="int8",
              quant_rows_from=17, config=(64, 128, 2, 4, 2)),
+       _case("one row's scale in 3 unrolled blocks fp8 token m=1", 1, n=70, k=2500),
+       _case("one row's scale in a loop fp8 token m=1", 1, n=70, k=2500, amax_unroll=0),
+       _case("one row's scale in a loop int8 m=1", 1, fmt="int8", n=70, k=2500,
+             amax_unroll=0),
        _case("default launch fp8 token m=4", 4, n=64, k=384, config=None),
        _case("default launch fp8 none m=1 wide", 1, act=None, n=256, k=64, config=None),
        _case("default launch block group m=2", 2, act="group", n=128, k=384, block=(128, 128),
@@ -127,12 +132,13 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
     dev = lambda t: t.to(device) if t is not None else None  # noqa: E731
     kw = dict(act=p["act"], x_scale=dev(x_scale) if p["act"] == "static" else None,
               block=p["block"], out_dtype=out, bias=dev(bias))
-    saved = st.QUANT_ROWS_FROM
-    st.QUANT_ROWS_FROM = p["quant_rows_from"] or saved
+    saved = st.QUANT_ROWS_FROM, st.AMAX_UNROLL
+    st.QUANT_ROWS_FROM = p["quant_rows_from"] or saved[0]
+    st.AMAX_UNROLL = saved[1] if p["amax_unroll"] is None else p["amax_unroll"]
     try:
         y = st.w8_swap(dev(x), dev(w), dev(ws), config=p["config"], **kw).cpu()
     finally:
-        st.QUANT_ROWS_FROM = saved
+        st.QUANT_ROWS_FROM, st.AMAX_UNROLL = saved
     mm = qt.w8_mm(dev(x), dev(w), dev(ws), **kw).cpu()
     want, exact = _reference(x, w, ws, p["act"], p["block"], x_scale)
     if bias is not None:

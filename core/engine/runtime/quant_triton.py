@@ -158,6 +158,26 @@ def _row_scales(x_rows, m_ok, K, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
+def _row1_scale(x_ptr, K, QMAX: tl.constexpr, AMAX_BLOCK: tl.constexpr,
+                AMAX_CHUNKS: tl.constexpr):
+    """The one row's dynamic scale (as :func:`_row_scales`). AMAX_CHUNKS > 0: K is covered by
+    that many blocks, unrolled so that every load is in flight at once (one trip to L2 instead
+    of one a block, before a program can quantize its first tile); 0: a loop over K."""
+    amax = tl.zeros((AMAX_BLOCK,), dtype=tl.float32)
+    if AMAX_CHUNKS > 0:
+        for c in tl.static_range(AMAX_CHUNKS):
+            offs_a = c * AMAX_BLOCK + tl.arange(0, AMAX_BLOCK)
+            v = tl.load(x_ptr + offs_a, mask=offs_a < K, other=0.0)
+            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
+    else:
+        for a0 in range(0, K, AMAX_BLOCK):
+            offs_a = a0 + tl.arange(0, AMAX_BLOCK)
+            v = tl.load(x_ptr + offs_a, mask=offs_a < K, other=0.0)
+            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
+    return tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-12), QMAX)
+
+
+@triton.jit
 def _slice(K, pid_k, split_k, STEP: tl.constexpr, SPLIT: tl.constexpr):
     """[lo, hi) of K for slice ``pid_k`` of ``split_k`` (whole steps of STEP); all of K when
     not SPLIT (a loop from 0 to K, which the software pipeliner handles best)."""
@@ -356,13 +376,7 @@ def _w8_mm(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, 
     if W_BLOCK_N > 0:
         ws_rows = ws_ptr + (offs_n // W_BLOCK_N).to(tl.int64) * stride_wsn
     if ACT == 1 and ROW1:  # one row (padded for tl.dot): its scale from a first pass
-        amax1 = tl.zeros((AMAX_BLOCK,), dtype=tl.float32)
-        for a0 in range(0, K, AMAX_BLOCK):
-            offs_a = a0 + tl.arange(0, AMAX_BLOCK)
-            v = tl.load(x_ptr + offs_a, mask=offs_a < K, other=0.0)
-            amax1 = tl.maximum(amax1, tl.abs(v.to(tl.float32)))
-        xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.math.div_rn(
-            tl.maximum(tl.max(amax1, axis=0), 1e-12), QMAX)
+        xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + _row1_scale(x_ptr, K, QMAX, AMAX_BLOCK, 0)
     elif ACT == 1:  # the rows' scales: a first pass over x (a few rows: it stays in cache)
         xs = _row_scales(x_rows, m_ok, K, QMAX, BLOCK_M, AMAX_BLOCK)
     elif ACT == 3:

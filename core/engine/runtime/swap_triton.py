@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantize, _row_scales,
-                                         _slice, _split, _workspace, quant_rows, shape_class)
+from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantize, _row1_scale,
+                                         _row_scales, _slice, _split, _workspace, quant_rows, shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger, pdl_wait,
                                       prefetch_l2)
 
@@ -42,6 +42,9 @@ MAX_ROWS = 16
 #: :func:`engine.runtime.quant_triton.quant_rows` before the product (one more launch), as
 #: ``w8_mm`` does; below, every program quantizes the rows itself
 QUANT_ROWS_FROM = 2
+#: the most blocks of AMAX_BLOCK columns one row's dynamic scale is read in, unrolled (every
+#: load in flight at once: one trip to L2 instead of one a block); longer rows loop
+AMAX_UNROLL = 16
 
 
 @triton.jit
@@ -147,13 +150,14 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
              ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
              MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             AMAX_BLOCK: tl.constexpr, ROW1: tl.constexpr, SPLIT: tl.constexpr,
-             PDL: tl.constexpr):
+             AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
+             SPLIT: tl.constexpr, PDL: tl.constexpr):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
     0: one weight scale per output (applied at the end); else block scales
-    ``ws[n // W_BLOCK_N, k // BLOCK_K]``. ROW1: one row, quantized here once per tile. With
+    ``ws[n // W_BLOCK_N, k // BLOCK_K]``. ROW1: one row, quantized here once per tile (its
+    dynamic scale read in AMAX_CHUNKS unrolled blocks, or a loop when 0). With
     PDL the first tile's weights are asked into L2 before the wait for the previous kernel;
     nothing else is read, and nothing written, before it."""
     pdl_trigger(PDL)
@@ -179,12 +183,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     # the rows' scales (s1, r1: the one row's, for ROW1)
     s1 = 1.0
     if ACT == 1 and ROW1:
-        amax = tl.zeros((AMAX_BLOCK,), dtype=tl.float32)
-        for a0 in range(0, K, AMAX_BLOCK):
-            offs_a = a0 + tl.arange(0, AMAX_BLOCK)
-            v = tl.load(x_ptr + offs_a, mask=offs_a < K, other=0.0)
-            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
-        s1 = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-12), QMAX)
+        s1 = _row1_scale(x_ptr, K, QMAX, AMAX_BLOCK, AMAX_CHUNKS)
         xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + s1
     elif ACT == 1:
         xs = _row_scales(x_rows, m_ok, K, QMAX, BLOCK_M, AMAX_BLOCK)
@@ -298,6 +297,9 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
         x, x_scale = quant_rows(x, w.dtype, static=x_scale if code == 3 else None)
         code = 4
     split = _split(split, n, bn, MAX_ROWS)
+    amax_block = min(1024 if m == 1 else 512, triton.next_power_of_2(k))
+    # one row's scale: its whole row read in one go where that is at most AMAX_UNROLL blocks
+    unroll = code == 1 and m == 1 and triton.cdiv(k, amax_block) <= AMAX_UNROLL
     part, cnt = _workspace(x.device)
     grid = (triton.cdiv(n, bn), split)
     _w8_swap[grid](_bits(x), x_scale if x_scale is not None else w_scale, _bits(w), w_scale,
@@ -305,7 +307,7 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    w.stride(0), w_scale.stride(0), y.stride(0), split, ACT=code,
                    W_BLOCK_N=block[0] if block else 0, FP8=fp8, QMAX=qmax, MANT=mant,
                    EMIN=emin, HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=bn,
-                   BLOCK_K=bk, AMAX_BLOCK=min(1024 if m == 1 else 512, triton.next_power_of_2(k)),
-                   ROW1=m == 1, SPLIT=split > 1, num_warps=warps, num_stages=stages,
+                   BLOCK_K=bk, AMAX_BLOCK=amax_block,
+                   AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1, SPLIT=split > 1, num_warps=warps, num_stages=stages,
                    **launch_options(x.device))
     return y
