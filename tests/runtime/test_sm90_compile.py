@@ -212,6 +212,18 @@ def _build_launch(kernel, bound: dict, options: dict):
                  stages=options.get("num_stages", 3))
 
 
+def _l2_prefetch_call():
+    """``l2_prefetch`` of a 1 MiB weight, as if on a device where it launches."""
+    from unittest import mock
+
+    import torch
+
+    from engine.runtime import triton_pdl
+
+    with mock.patch.object(triton_pdl, "l2_prefetch_enabled", lambda device: True):
+        triton_pdl.l2_prefetch([torch.zeros(1 << 19, dtype=torch.bfloat16)])
+
+
 def _core_calls():
     import torch
 
@@ -233,6 +245,10 @@ def _core_calls():
         "gemv_norm": lambda: gemv_triton.gemv_norm(x, x, torch.ones(256, **bf), 1e-6, w),
         "w8_swap (fp8, per-token)": lambda: swap_triton.w8_swap(
             torch.randn(4, 256, **bf), codes, torch.ones(128), act="token"),
+        "w8_swap (fp8, per-token, one row)": lambda: swap_triton.w8_swap(
+            torch.randn(1, 2500, **bf), torch.randn(128, 2500).to(torch.float8_e4m3fn),
+            torch.ones(128), act="token"),
+        "l2_prefetch": _l2_prefetch_call,
         "add_rms_norm": lambda: fused_triton.add_rms_norm(x, x, torch.ones(256, **bf), 1e-6),
         "qk_norm_rope": lambda: fused_triton.qk_norm_rope(qkv, 4, 2, 64, pos, cos, sin, norm,
                                                           norm, 1e-6),

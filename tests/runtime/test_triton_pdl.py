@@ -35,11 +35,22 @@ def test_dense_rows_follow_the_launch_mode(monkeypatch):
     assert gemv_triton.dense_rows(torch.device("cuda", 0)) == 3
 
 
+def test_l2_prefetch_is_opt_in_and_needs_pdl(monkeypatch):
+    monkeypatch.delenv("ENGINE_L2_PREFETCH", raising=False)
+    assert not triton_pdl.l2_prefetch_enabled(torch.device("cuda", 0))
+    monkeypatch.setenv("ENGINE_L2_PREFETCH", "1")
+    assert not triton_pdl.l2_prefetch_enabled(torch.device("cpu"))
+    monkeypatch.setenv("ENGINE_PDL", "0")
+    assert not triton_pdl.l2_prefetch_enabled(torch.device("cuda", 0))
+    triton_pdl.l2_prefetch([torch.zeros(1 << 20)])  # nothing launched on a CPU tensor
+
+
 def _chain(x, res, norm_w, w_qkv, w_down):
     """add + RMSNorm -> matrix-vector product -> SiLU-and-mul -> product, as a layer runs them."""
     from engine.runtime import fused_triton, gemv_triton
 
     h, r = fused_triton.add_rms_norm(x, res, norm_w, 1e-6)
+    triton_pdl.l2_prefetch([w_down])  # (with ENGINE_L2_PREFETCH=1 and PDL: a kernel here)
     y = gemv_triton.gemv(h, w_qkv)
     a = fused_triton.silu_and_mul(y)
     return gemv_triton.gemv(a, w_down), r
@@ -56,10 +67,12 @@ def test_graph_replays_equal_with_and_without_pdl(monkeypatch):
     norm_w = torch.rand(4096, device=dev, generator=gen, dtype=torch.bfloat16)
     w_qkv = torch.randn(2 * 2816, 4096, device=dev, generator=gen, dtype=torch.bfloat16) / 64
     w_down = torch.randn(4096, 2816, device=dev, generator=gen, dtype=torch.bfloat16) / 64
+    monkeypatch.setenv("ENGINE_L2_PREFETCH", "1")  # the prefetch kernel inside the chain
     outs = {}
     for flag in ("1", "0"):
         monkeypatch.setenv("ENGINE_PDL", flag)
         assert triton_pdl.pdl_enabled(dev) == (flag == "1")
+        assert triton_pdl.l2_prefetch_enabled(dev) == (flag == "1")
         _chain(x, res, norm_w, w_qkv, w_down)  # build the kernels outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

@@ -29,7 +29,8 @@ from engine.runtime.attention import AttentionBackend, AttentionLayerSpec
 from engine.runtime import fused
 from engine.runtime.batch import Batch
 from engine.runtime.linear import (Embedding, Linear, PackedWeight, QuantMethod,
-                                   UnquantizedMethod, dense_linear, fused_gemv_weight, rowwise)
+                                   UnquantizedMethod, dense_linear, fused_gemv_weight, rowwise,
+                                   weight_tensors)
 
 #: builds the quantization method of one linear layer from its qualified name (None: dense)
 QuantFactory = Callable[[str], "QuantMethod | None"]
@@ -172,6 +173,11 @@ class Attention(nn.Module):
             store = getattr(rope.ops, "qk_norm_rope_store", None)
             # (a backend that reads an extend's new K/V as rows gets them through forward)
             rows = getattr(attn, "reads_new_kv", False) and not batch.is_decode
+            prefetch = getattr(rope.ops, "l2_prefetch", None)
+            if prefetch is not None and batch.is_decode:
+                # the output projection's weights asked into L2 while attention runs (it
+                # reads little memory at decode): a hint, off unless ENGINE_L2_PREFETCH=1
+                prefetch(weight_tensors(self.o_proj))
             if (store is not None and not rows
                     and attn.pool.takes_direct_writes(qkv.dtype, qkv.device)):
                 # K/V go into the pool in the same kernel (no separate cache write)

@@ -299,6 +299,12 @@ def fused_gemv_weight(layer: "Linear", x: torch.Tensor) -> torch.Tensor | None:
     return weight
 
 
+def weight_tensors(layer: nn.Module) -> list[torch.Tensor]:
+    """The tensors ``layer``'s product reads (its parameters and buffers, whatever its
+    quantization method stored there)."""
+    return [t for t in (*layer._parameters.values(), *layer._buffers.values()) if t is not None]
+
+
 def rowwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """``fn`` applied to each row of ``x`` [..., in] alone (a fresh [1, in] copy each time), the
     results stacked: every row goes through the very same call, whatever the batch."""

@@ -109,3 +109,55 @@ def line_offsets(ptr, N: tl.constexpr):
     a line's start: one address per line for :func:`prefetch_l2`."""
     LINE: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth
     return tl.arange(0, max(1, N // LINE)) * LINE
+
+
+# ---------------------------------------------------------------- weights into L2 ahead of use
+
+#: bytes one bulk prefetch asks for, and bulk prefetches one program issues (one a thread of
+#: its one warp): 512 KiB a program, so a 32 MiB weight is asked for by 64 programs
+PREFETCH_CHUNK = 16384
+PREFETCH_PER_PROGRAM = 32
+
+
+@triton.jit
+def _l2_prefetch(ptr, nbytes, CHUNK: tl.constexpr, PER_PROGRAM: tl.constexpr,
+                 PDL: tl.constexpr):
+    """Ask the L2 cache for bytes ``[0, nbytes)`` of ``ptr`` (16-byte aligned, ``nbytes`` a
+    multiple of 16), CHUNK bytes per bulk prefetch (``cp.async.bulk.prefetch.L2``), without
+    waiting for them; then wait for the previous kernel (the PDL contract: this kernel never
+    completes before its predecessor, so the ordering of the stream stays transitive)."""
+    pdl_trigger(PDL)
+    offs = (tl.program_id(0) * PER_PROGRAM + tl.arange(0, PER_PROGRAM)).to(tl.int64) * CHUNK
+    size = tl.minimum(nbytes - offs, CHUNK).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{\n\t.reg .pred p;\n\tsetp.gt.s32 p, $2, 0;\n\tmov.b32 $0, 0;\n\t"
+        "@p cp.async.bulk.prefetch.L2.global [$1], $2;\n\t}",
+        "=r,l,r", [ptr + offs, size], dtype=tl.int32, is_pure=False, pack=1)
+    pdl_wait(PDL)
+
+
+def l2_prefetch_enabled(device: torch.device) -> bool:
+    """Whether :func:`l2_prefetch` launches anything on ``device``: with PDL on (Hopper: the
+    bulk prefetch is an sm_90 instruction, and only a kernel that starts while its predecessor
+    runs overlaps anything) and ``ENGINE_L2_PREFETCH=1``."""
+    return os.environ.get("ENGINE_L2_PREFETCH") == "1" and pdl_enabled(device)
+
+
+def l2_prefetch(tensors) -> None:
+    """Ask the L2 cache for ``tensors`` (weights a later kernel of the stream reads: constants
+    of the step), in one small kernel each, launched with PDL so that it runs beside the
+    kernels before it. A decode step's attention reads little memory; the output projection's
+    weights asked for before it arrive while it runs, and the projection then reads them from
+    L2. A hint: nothing but speed depends on it. Nothing is launched unless
+    :func:`l2_prefetch_enabled`; tensors under 1 MiB are skipped."""
+    for t in tensors:
+        if t is None or not l2_prefetch_enabled(t.device):
+            continue
+        nbytes = (t.numel() * t.element_size()) // 16 * 16
+        if nbytes < (1 << 20) or t.data_ptr() % 16 or not t.is_contiguous():
+            continue
+        per = PREFETCH_CHUNK * PREFETCH_PER_PROGRAM
+        _l2_prefetch[(triton.cdiv(nbytes, per),)](
+            t.view(-1).view(torch.uint8) if t.dtype != torch.uint8 else t.view(-1), nbytes,
+            CHUNK=PREFETCH_CHUNK, PER_PROGRAM=PREFETCH_PER_PROGRAM, num_warps=1,
+            **launch_options(t.device))
