@@ -33,7 +33,8 @@ PROMPT_LENS = (17, 64, 100, 128)
 MODES = {"nopdl": {"ENGINE_PDL": "0"}, "fused": {"ENGINE_FUSED_GEMV": "1"},
          "fmerge": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "1"},
          "mergek": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "0"},
-         "rows": {"ENGINE_TRITON_NEW_KV": "1"}, "l2": {"ENGINE_L2_PREFETCH": "1"}}
+         "rows": {"ENGINE_TRITON_NEW_KV": "1"}, "pool": {"ENGINE_TRITON_NEW_KV": "0"},
+         "l2": {"ENGINE_L2_PREFETCH": "1"}}
 GEN_STEPS = 16
 
 
@@ -42,9 +43,10 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None) ->
     kernels launched without programmatic dependent launch; ``:fused``: the norms and
     SiLU-and-mul inside the one-row products; ``:fmerge``: the triton decode merge folded into
     its split kernel (``:mergek`` keeps the merge kernel); ``:rows``: the triton extend
-    kernel reads the forward's new K/V as rows; ``:l2``: the output projection's weights asked
-    into L2 during decode attention; set by the caller
-    through the environment, :data:`MODES`);
+    kernel reads the forward's new K/V as rows at every page size (``:pool``: through the
+    pool; the default reads them as rows where a page does not hold whole 64-key tiles);
+    ``:l2``: the output projection's weights asked into L2 during decode attention; set by
+    the caller through the environment, :data:`MODES`);
     ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
     weights at load (e.g. ``fp8``)."""
     backend, _, mode = spec.partition(":")

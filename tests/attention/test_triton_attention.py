@@ -106,20 +106,28 @@ def test_options_reach_the_backend_and_are_validated():
 
 
 def test_the_default_launch_follows_the_page_size(monkeypatch):
-    from engine_attention_triton.impl import INTERPRETER_CONFIG, KernelConfig, default_config
+    from engine_attention_triton.impl import (INTERPRETER_CONFIG, NEW_KV_LAUNCH, KernelConfig,
+                                              default_config)
 
+    monkeypatch.delenv("ENGINE_TRITON_NEW_KV", raising=False)
+    monkeypatch.delenv("ENGINE_TRITON_DECODE_FUSED_MERGE", raising=False)
     for page in (64, 128):  # whole 64-key tiles in a page: descriptors, one head's tokens
         cfg = default_config(page, interpreted=False)
         assert (cfg.extend_tma, cfg.extend_block_n, cfg.extend_row_heads) == (True, 64, 1)
-    for page in (1, 16, 32, 48):
-        assert default_config(page, interpreted=False) == KernelConfig()
+        assert not cfg.extend_new_kv
+    for page in (1, 16, 32, 48):  # else this forward's K/V read as rows
+        cfg = default_config(page, interpreted=False)
+        assert cfg == KernelConfig(**NEW_KV_LAUNCH) and cfg.extend_new_kv
     assert default_config(64, interpreted=True) is INTERPRETER_CONFIG
+    assert not INTERPRETER_CONFIG.extend_new_kv
     assert KernelConfig().extend_index_asm and not KernelConfig().decode_fused_merge
     assert not KernelConfig().extend_new_kv
+    monkeypatch.setenv("ENGINE_TRITON_NEW_KV", "0")  # the environment is read per backend
+    assert default_config(16, interpreted=False) == KernelConfig()
     monkeypatch.setenv("ENGINE_TRITON_DECODE_FUSED_MERGE", "1")
     monkeypatch.setenv("ENGINE_TRITON_NEW_KV", "1")
-    cfg = default_config(64, interpreted=False)  # the environment is read per backend
-    assert cfg.decode_fused_merge and cfg.extend_new_kv
+    cfg = default_config(64, interpreted=False)
+    assert cfg.decode_fused_merge and cfg.extend_new_kv and cfg.extend_block_n == 64
 
 
 def test_manifest_states_its_needs_and_seed_flags():

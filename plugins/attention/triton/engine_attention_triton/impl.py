@@ -64,14 +64,19 @@ class KernelConfig:
     #: an extend forward that gets this forward's new K/V (``AttentionBackend.forward``)
     #: reads them as contiguous rows through tensor descriptors, at any page size, and only
     #: the cached prefix through the pool (non-fp8 pools, no tree, one split, head dim a power
-    #: of two; else the pool as usual); ``ENGINE_TRITON_NEW_KV=1`` turns it on where the
-    #: config is the default
-    extend_new_kv: bool = field(
-        default_factory=lambda: os.environ.get("ENGINE_TRITON_NEW_KV") == "1")
+    #: of two; else the pool as usual); :func:`default_config` says where it is on
+    extend_new_kv: bool = False
 
 
 #: under the interpreter every program and every loop step costs milliseconds: big tiles
 INTERPRETER_CONFIG = KernelConfig(decode_block_n=128, extend_block_m=128, extend_block_n=128)
+#: pages that do not hold whole 64-key tiles: an extend's new K/V read as rows
+#: (``extend_new_kv``), tiles of 16 tokens x the GQA group's heads against 32 keys through
+#: tensor descriptors, the cached prefix through the pool by pointers (on the H200, 8 x 1024
+#: causal prefill at page 16: 0.216 ms against 0.251 for the pool launch; at page 64 the same
+#: launch is no faster than TMA_PAGE_LAUNCH, 0.214 against 0.216; attention-h200.md)
+NEW_KV_LAUNCH = dict(extend_block_m=64, extend_block_n=32, extend_warps=4, extend_stages=3,
+                     extend_tma=True, extend_row_heads=0, extend_new_kv=True)
 #: a pool of pages of whole 64-key tiles: tiles of 64 tokens of one query head against 64
 #: keys through tensor descriptors (on the H200, 8 x 1024 causal prefill at page 64: 0.225 ms
 #: against 0.250 for the general launch; docs/benchmarks/attention-h200.md)
@@ -81,11 +86,16 @@ TMA_PAGE_LAUNCH = dict(extend_block_m=64, extend_block_n=64, extend_warps=4, ext
 
 
 def default_config(page_size: int, interpreted: bool | None = None) -> KernelConfig:
-    """The launch a backend over pages of ``page_size`` slots gets when none is given."""
+    """The launch a backend over pages of ``page_size`` slots gets when none is given (the
+    environment read per backend: ``ENGINE_TRITON_NEW_KV=0`` keeps the new K/V in the pool
+    everywhere, ``=1`` reads them as rows at page sizes of whole 64-key tiles too)."""
     if interpreting() if interpreted is None else interpreted:
         return INTERPRETER_CONFIG
+    rows = os.environ.get("ENGINE_TRITON_NEW_KV")
     if page_size % TMA_PAGE_LAUNCH["extend_block_n"] == 0:
-        return KernelConfig(**TMA_PAGE_LAUNCH)  # type: ignore[arg-type]
+        return KernelConfig(**TMA_PAGE_LAUNCH, extend_new_kv=rows == "1")  # type: ignore
+    if rows != "0":
+        return KernelConfig(**NEW_KV_LAUNCH)  # type: ignore[arg-type]
     return KernelConfig()
 
 
