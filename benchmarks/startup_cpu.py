@@ -45,7 +45,12 @@ def start_once(cache: str, flags: list[str], launcher: str | None = None) -> dic
     env = {**os.environ, "ENGINE_CACHE_DIR": cache}
     with open(log_path, "w") as log:
         t0 = time.monotonic()
-        cmd = [ENGINE] if launcher is None else [sys.executable, launcher]
+        if launcher is not None:
+            cmd = [sys.executable, launcher]
+        elif os.path.exists(ENGINE):
+            cmd = [ENGINE]
+        else:  # no console script (the repository on PYTHONPATH, as on the GPU machine)
+            cmd = [sys.executable, "-m", "engine.cli.main"]
         proc = subprocess.Popen([*cmd, "serve", "--port", str(port), *flags], stdout=log,
                                 stderr=subprocess.STDOUT, env=env)
         try:
