@@ -38,7 +38,8 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"}, "fused": {"ENGINE_FUSED_GEMV": "1"},
 GEN_STEPS = 16
 
 
-def make_runner(spec: str, max_running: int, quantization: str | None = None) -> ModelRunner:
+def make_runner(spec: str, max_running: int, quantization: str | None = None,
+                model_dir: str = MODEL_DIR) -> ModelRunner:
     """``spec`` is a backend name, optionally ``:eager`` to turn CUDA graphs off (``:nopdl``:
     kernels launched without programmatic dependent launch; ``:fused``: the norms and
     SiLU-and-mul inside the one-row products; ``:fmerge``: the triton decode merge folded into
@@ -48,9 +49,9 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None) ->
     ``:l2``: the output projection's weights asked into L2 during decode attention; set by
     the caller through the environment, :data:`MODES`);
     ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
-    weights at load (e.g. ``fp8``)."""
+    weights at load (e.g. ``fp8``); ``model_dir`` a dummy config's folder."""
     backend, _, mode = spec.partition(":")
-    cfg = ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype="bfloat16",
+    cfg = ServerConfig(model_path=model_dir, load_format="dummy", dtype="bfloat16",
                        quantization=quantization,
                        skip_tokenizer_init=True, attention_backend=backend, page_size=16,
                        disable_cuda_graph=(mode == "eager"),

@@ -5,6 +5,11 @@ of its kernels' times (the rest is gaps between kernels), and a table of kernels
 known) next to the bandwidth roofline.
 
     python3 benchmarks/profile_decode_gpu.py [--batch 1] [--steps 20] [--backend triton]
+        [--model-dir tests/data/qwen3-30b-a3b-dummy]
+
+With programmatic dependent launch each kernel starts early and its wait counts in its
+duration, so the table splits the step only with ``ENGINE_PDL=0`` (the wall time is the one to
+compare with PDL on).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_gpu import make_runner  # noqa: E402
+from e2e_gpu import MODEL_DIR, make_runner  # noqa: E402
 
 from engine.testing.batches import BatchBuilder  # noqa: E402
 
@@ -31,9 +36,11 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--backend", default="triton")
     p.add_argument("--context", type=int, default=128)
+    p.add_argument("--model-dir", default=MODEL_DIR,
+                   help="a dummy model's config folder (default: the Llama-3-8B shape)")
     args = p.parse_args()
 
-    runner = make_runner(args.backend, max(args.batch, 4))
+    runner = make_runner(args.backend, max(args.batch, 4), model_dir=args.model_dir)
     bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
     gen = torch.Generator().manual_seed(0)
     rows = [bb.new_request() for _ in range(args.batch)]
