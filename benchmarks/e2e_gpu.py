@@ -3,7 +3,12 @@ attention backend (same greedy tokens, logits close), then decode ms/step at sev
 next to Hugging Face transformers in the same run. Prints tables; writes JSON to $OUT if set.
 
     python3 benchmarks/e2e_gpu.py [--backends torch_native,triton,flashinfer] [--batches 1,32,128]
-                                  [--hf eager,compile] [--steps 32] [--quantization fp8]
+                                  [--hf eager,compile] [--steps 32] [--rounds 3]
+                                  [--quantization fp8]
+
+Every runner is built (and checked) first and kept; the decode timings then go over them in
+``--rounds`` rounds, in a rotated order each round, and the median is reported with each
+round's figure (differences smaller than the spread between rounds are noise).
 
 The model config is tests/data/llama3-8b-dummy/config.json (hidden 4096, 32 layers, 32 q / 8 kv
 heads, intermediate 14336, vocab 128256, rope theta 500000); weights are random bf16 drawn on
@@ -16,6 +21,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import time
 import traceback
 from pathlib import Path
@@ -38,6 +44,13 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"}, "fused": {"ENGINE_FUSED_GEMV": "1"},
 GEN_STEPS = 16
 
 
+def _mode_env(spec: str) -> None:
+    """The environment of ``spec``'s mode (:data:`MODES`), every other mode's unset."""
+    for name in {k for env in MODES.values() for k in env}:
+        os.environ.pop(name, None)
+    os.environ.update(MODES.get(spec.partition(":")[2], {}))
+
+
 def make_runner(spec: str, max_running: int, quantization: str | None = None,
                 model_dir: str = MODEL_DIR) -> ModelRunner:
     """``spec`` is a backend name, optionally ``:eager`` to turn CUDA graphs off (``:nopdl``:
@@ -55,7 +68,10 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
                        quantization=quantization,
                        skip_tokenizer_init=True, attention_backend=backend, page_size=16,
                        disable_cuda_graph=(mode == "eager"),
-                       max_total_tokens=160_000, max_running_requests=max_running,
+                       # (room for the timed batches' 128-token prompts and their steps, and
+                       # small enough that several runners fit for the interleaved rounds)
+                       max_total_tokens=max(40_000, 400 * max_running),
+                       max_running_requests=max_running,
                        context_length=4096, random_seed=0)
     return ModelRunner(cfg)
 
@@ -212,16 +228,22 @@ def cpu_smoke(steps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
-                    help="backend[:eager|:nopdl|:fused|:fmerge|:mergek|:rows]; CUDA graphs are "
-                    "used for decode where the backend supports them unless :eager; :nopdl "
-                    "launches without PDL; :fused folds the norms and SiLU-and-mul into the "
-                    "one-row products; :fmerge folds the triton decode merge into its split "
-                    "kernel, :mergek keeps the separate merge kernel (the default); :rows: the "
-                    "triton extend reads this forward's K/V as rows")
+                    help="backend[:eager|:nopdl|:fused|:fmerge|:mergek|:rows|:pool|:l2]; CUDA "
+                    "graphs are used for decode where the backend supports them unless "
+                    ":eager; :nopdl launches without PDL; :fused folds the norms and "
+                    "SiLU-and-mul into the one-row products; :fmerge folds the triton decode "
+                    "merge into its split kernel, :mergek keeps the separate merge kernel (the "
+                    "default); :rows / :pool: the triton extend reads this forward's K/V as "
+                    "rows / through the pool at every page size; :l2: the output projection's "
+                    "weights asked into L2 during decode attention")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--hf", default="eager,compile")
     ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers")
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timing rounds; every runner is kept and the rounds go over them in "
+                    "turn (a rotated order each round), so that the GPU's state drifting "
+                    "during the run weighs on all alike; the median is reported")
     ap.add_argument("--quantization", default=None,
                     help="a --quantization choice applied to the dummy weights at load")
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -234,10 +256,9 @@ def main() -> None:
     results: dict = {"device": torch.cuda.get_device_name(), "greedy": {}, "decode_ms": {}}
     ref_tokens, ref_logits = None, None
     decode_tokens: dict = {}
+    runners: dict = {}
     for backend in backends:
-        for name in {k for env in MODES.values() for k in env}:
-            os.environ.pop(name, None)
-        os.environ.update(MODES.get(backend.partition(":")[2], {}))
+        _mode_env(backend)
         try:
             t0 = time.perf_counter()
             runner = make_runner(backend, max(batches + [len(PROMPT_LENS)]), args.quantization)
@@ -260,19 +281,37 @@ def main() -> None:
             results["greedy"][backend] = entry
             print(f"{backend}: greedy done, same tokens as first: "
                   f"{entry['same_tokens_as_first']}", flush=True)
-            for b in batches:
-                ms, first = time_decode(runner, b, args.steps)
-                results["decode_ms"][f"{backend}@{b}"] = ms
-                same = decode_tokens.setdefault(b, first) == first
-                results.setdefault("decode_same_tokens", {})[f"{backend}@{b}"] = same
-                print(f"{backend}@{b}: {ms:.2f} ms/step (first request's timed tokens as the "
-                      f"first backend's: {same})", flush=True)
+            runners[backend] = runner
             del runner
         except Exception as exc:  # one backend's failure must not hide the others
             traceback.print_exc()
             results["greedy"][backend] = {"error": f"{type(exc).__name__}: {exc}"}
         gc.collect()
-        torch.cuda.empty_cache()
+    timings: dict = {}
+    order = list(runners)
+    for r in range(max(1, args.rounds)):
+        turn = order[r % len(order):] + order[:r % len(order)] if order else []
+        for backend in turn:
+            _mode_env(backend)
+            for b in batches:
+                try:
+                    ms, first = time_decode(runners[backend], b, args.steps)
+                except Exception as exc:
+                    traceback.print_exc()
+                    timings.setdefault(f"{backend}@{b}", []).append(float("nan"))
+                    results["greedy"][backend]["error"] = f"{type(exc).__name__}: {exc}"
+                    continue
+                timings.setdefault(f"{backend}@{b}", []).append(ms)
+                same = decode_tokens.setdefault(b, first) == first
+                results.setdefault("decode_same_tokens", {})[f"{backend}@{b}"] = same
+                print(f"round {r + 1} {backend}@{b}: {ms:.2f} ms/step (first request's timed "
+                      f"tokens as the first timed backend's: {same})", flush=True)
+    for key, values in timings.items():
+        results["decode_ms"][key] = statistics.median(values)
+        results.setdefault("decode_ms_rounds", {})[key] = values
+    runners.clear()
+    gc.collect()
+    torch.cuda.empty_cache()
     for mode in [m for m in args.hf.split(",") if m]:
         hf_batches = [int(b) for b in args.hf_batches.split(",") if b]
         for b in hf_batches:
@@ -298,9 +337,12 @@ def main() -> None:
         for b in names[i + 1:]:
             same = results["greedy"][a]["tokens"] == results["greedy"][b]["tokens"]
             print(f"{a} vs {b}: same greedy tokens: {same}")
-    print("\n== decode ms/step (dummy Llama-3-8B shape, bf16; roofline at batch 1 ~3.7 ms) ==")
+    print("\n== decode ms/step (dummy Llama-3-8B shape, bf16; roofline at batch 1 ~3.7 ms; "
+          "ours: median of the rounds, then each round) ==")
     for key, ms in results["decode_ms"].items():
-        print(f"{key:22s} {ms if isinstance(ms, str) else f'{ms:8.2f}'}")
+        rounds = results.get("decode_ms_rounds", {}).get(key)
+        each = " (" + " / ".join(f"{v:.2f}" for v in rounds) + ")" if rounds else ""
+        print(f"{key:22s} {ms if isinstance(ms, str) else f'{ms:8.2f}'}{each}")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "e2e_gpu.json"), "w") as fh:
             json.dump(results, fh, indent=1)
