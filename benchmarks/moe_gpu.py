@@ -89,9 +89,10 @@ def time_fn(fn, iters: int = 100, graph: bool = True) -> float:
 
 def kernel_rows(tokens_list: list[int]) -> list[list]:
     ex, router = layer()
-    tri, tch = TritonRunner(None), TorchRunner()
-    tri.process_weights_after_loading(ex)
-    tch.process_weights_after_loading(ex)
+    tri, tch, fused = TritonRunner(None), TorchRunner(), TritonRunner(None)
+    fused.fused_combine = True  # the combine inside the down projection (small batches)
+    for r in (tri, tch, fused):
+        r.process_weights_after_loading(ex)
     rows = []
     for m in tokens_list:
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
@@ -99,12 +100,19 @@ def kernel_rows(tokens_list: list[int]) -> list[list]:
         active = int(ids.unique().numel())
         bytes_ = active * 3 * H * I * 2 + 2 * m * H * 2
         flops = 2 * m * K * 3 * H * I
-        t_tri = time_fn(lambda: tri.apply(ex, x, ids, w))
+        # (the two triton variants alternate, three timings each: the median)
+        t_tri, t_fused = [], []
+        for _ in range(3):
+            t_tri.append(time_fn(lambda: tri.apply(ex, x, ids, w)))
+            t_fused.append(time_fn(lambda: fused.apply(ex, x, ids, w)))
+        t_tri, t_fused = sorted(t_tri)[1], sorted(t_fused)[1]
         t_tch = time_fn(lambda: tch.apply(ex, x, ids, w), graph=False)
         ref = tch.apply(ex, x, ids, w).float()
         err = ((tri.apply(ex, x, ids, w).float() - ref).abs().max() / ref.abs().max()).item()
+        same = torch.equal(fused.apply(ex, x, ids, w), tri.apply(ex, x, ids, w))
         roof = max(bytes_ / BW, flops / FLOPS) * 1e3
-        rows.append([m, active, round(t_tri * 1e3, 1), round(t_tch * 1e3, 1),
+        rows.append([m, active, round(t_tri * 1e3, 1),
+                     f"{t_fused * 1e3:.1f}" + ("" if same else " (DIFFERS)"), round(t_tch * 1e3, 1),
                      round(bytes_ / (t_tri * 1e-3) / 1e12, 2),
                      round(flops / (t_tri * 1e-3) / 1e12, 1), round(roof * 1e3, 1),
                      f"{err:.1e}"])
@@ -171,10 +179,12 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
 
     rows = []
     override = json.dumps({"num_hidden_layers": layers})
-    for runner_name, attention, eager in (("triton", "triton", False),
-                                          ("torch", "triton", True)):
-        if runner_name not in runners:
-            continue
+    for spec in runners:  # triton, triton+combine (the combine in the down projection), torch
+        runner_name, _, variant = spec.partition("+")
+        attention, eager = "triton", runner_name == "torch"
+        os.environ.pop("ENGINE_MOE_FUSED_COMBINE", None)
+        if variant == "combine":
+            os.environ["ENGINE_MOE_FUSED_COMBINE"] = "1"
         try:
             cfg = ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype="bfloat16",
                                skip_tokenizer_init=True, attention_backend=attention,
@@ -185,12 +195,13 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
             runner = ModelRunner(cfg)
             graphs = runner.decode_graphs is not None
             for b in batches:
-                rows.append([f"ours, {runner_name} runner" + (" + graphs" if graphs else ""),
+                rows.append([f"ours, {spec} runner" + (" + graphs" if graphs else ""),
                              b, round(time_decode(runner, b, 20)[0], 2)])
                 print(rows[-1], flush=True)
             del runner
         except Exception:
             traceback.print_exc()
+        os.environ.pop("ENGINE_MOE_FUSED_COMBINE", None)
         gc.collect()
         torch.cuda.empty_cache()
     for mode in hf:
@@ -224,7 +235,9 @@ def main() -> None:
     ap.add_argument("--hf", default="")
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--sweep-gemv", action="store_true")
-    ap.add_argument("--runners", default="triton,torch")
+    ap.add_argument("--runners", default="triton,torch",
+                    help="model decode: triton, triton+combine (the combine inside the down "
+                    "projection), torch; a runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,
                     help="E,top_k,H,I of the layer for the kit-free sections (default: "
                          "Qwen3-30B-A3B's 128,8,2048,768), e.g. 8,2,4096,14336 for Mixtral")
@@ -254,8 +267,10 @@ def main() -> None:
     if "kernel" not in skip:
         out["kernel"] = kernel_rows([int(x) for x in args.kernel_tokens.split(",")])
         table(f"one sparse layer (E={E}, top-{K}, H={H}, I={I}, bf16): triton in a CUDA graph, "
-              "torch eager", ["tokens", "active experts", "triton us", "torch us", "triton TB/s",
-                              "triton TFLOP/s", "roofline us", "max rel err"], out["kernel"])
+              "torch eager", ["tokens", "active experts", "triton us",
+                              "triton, combine in the down projection us", "torch us",
+                              "triton TB/s", "triton TFLOP/s", "roofline us", "max rel err"],
+              out["kernel"])
     if "model" not in skip:
         batches = [int(b) for b in args.batches.split(",")]
         out["model"] = model_rows(batches, args.layers,

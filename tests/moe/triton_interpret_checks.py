@@ -23,19 +23,46 @@ from engine_moe_triton.impl import TritonRunner  # noqa: E402
 
 from _tiny import checkpoint  # noqa: E402
 
-def triton_runner(gemv_max_pairs: int, acc2d: bool = False) -> TritonRunner:
+def triton_runner(gemv_max_pairs: int, acc2d: bool = False,
+                  combine: bool = False) -> TritonRunner:
     runner = TritonRunner(None)
     runner.gemv_max_pairs = gemv_max_pairs  # 0: always the sorted grouped-GEMM path
     runner.gemv["acc2d"] = acc2d
+    runner.fused_combine = combine  # the down projection sums the pairs itself
     return runner
 
 
 failures = []
-# the grouped-GEMM path, then the matrix-vector path of small batches (both accumulations)
-for pairs, acc2d in ((0, False), (64, False), (64, True)):
-    failures += [f"gemv_max_pairs={pairs} acc2d={acc2d}: {f}" for f in runner_failures(
-        triton_runner(pairs, acc2d), torch.device("cpu"), small=True,
-        dtypes=(torch.float32,))]
+# the grouped-GEMM path, then the matrix-vector path of small batches (both accumulations,
+# and with the combine inside the down projection)
+for pairs, acc2d, combine in ((0, False, False), (64, False, False), (64, True, False),
+                              (64, False, True)):
+    failures += [f"gemv_max_pairs={pairs} acc2d={acc2d} combine={combine}: {f}"
+                 for f in runner_failures(triton_runner(pairs, acc2d, combine),
+                                          torch.device("cpu"), small=True,
+                                          dtypes=(torch.float32,))]
+# the combine inside the down projection gives the separate kernel's sums bit for bit (the
+# same rounded rows, the same order), and leaves its counters at zero for the next call
+from engine_moe_triton import kernels  # noqa: E402
+
+gen = torch.Generator().manual_seed(3)
+t, k, e, h, inter = 5, 3, 6, 40, 24
+x = torch.randn(t, h, generator=gen)
+w13 = torch.randn(e, 2 * inter, h, generator=gen) / 8
+w2 = torch.randn(e, h, inter, generator=gen) / 8
+ids = torch.randint(0, e, (t, k), generator=gen, dtype=torch.int32)
+ids[1, 2] = -1  # another rank's expert: zeros, still counted in
+wts = torch.rand(t, k, generator=gen)
+gu, down = torch.empty(t * k, 2 * inter), torch.empty(t * k, h)
+combined = torch.full((t, h), float("nan"))
+kw = dict(block_n=16, block_k=16)
+if not kernels.pair_moe(x, w13, w2, ids, wts, gu, down, combined=combined, **kw):
+    failures.append("pair_moe did not combine")
+want = kernels.combine_pairs(down, k, torch.float32)
+if not torch.equal(combined, want):
+    failures.append(f"fused combine differs: {(combined - want).abs().max():.3g}")
+if kernels.combine_counters(x.device).any():
+    failures.append("combine counters not reset")
 cfg = read_hf_dir(checkpoint("Qwen3MoeForCausalLM"))
 outs = []
 for runner in (TorchRunner(), triton_runner(0), triton_runner(64)):

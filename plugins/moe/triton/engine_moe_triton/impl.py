@@ -78,6 +78,9 @@ class TritonRunner(MoERunner):
         self.gemv_max_pairs = 64
         #: its launch parameters (benchmarks/moe_gpu.py --sweep-gemv measures them)
         self.gemv: dict[str, int] = dict(GEMV_DEFAULT)
+        #: the matrix-vector path's down projection also sums each token's pairs (no separate
+        #: combine kernel); opt-in, ``ENGINE_MOE_FUSED_COMBINE=1``
+        self.fused_combine = os.environ.get("ENGINE_MOE_FUSED_COMBINE") == "1"
 
     def supports(self, experts: ExpertWeights) -> str | None:
         if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -110,10 +113,13 @@ class TritonRunner(MoERunner):
             x = hidden.to(experts.w13.dtype)
             gate_up = torch.empty(t * k, 2 * inter, dtype=x.dtype, device=x.device)
             down = torch.empty(t * k, h, dtype=x.dtype, device=x.device)
-            pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
-                     topk_weights.float().contiguous(), gate_up, down,
-                     **({"acc2d": self.gemv.get("acc2d", False), "block_n": 16,
-                         "block_k": 16} if interpreting() else self.gemv))
+            out = (torch.empty(t, h, dtype=hidden.dtype, device=x.device)
+                   if self.fused_combine else None)
+            if pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
+                        topk_weights.float().contiguous(), gate_up, down, combined=out,
+                        **({"acc2d": self.gemv.get("acc2d", False), "block_n": 16,
+                            "block_k": 16} if interpreting() else self.gemv)):
+                return out
             return combine_pairs(down, k, hidden.dtype)
         block = self.config_for(experts, t)
         sorted_ids, block_expert, num_padded = align_by_expert(

@@ -193,15 +193,21 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
 
 
 @triton.jit
-def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_gu, stride_we,
-                    stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    ACC2D: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr, N, I,
+                    stride_gu, stride_we, stride_wn, stride_o, stride_y,
+                    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    ACC2D: tl.constexpr, PREFETCH: tl.constexpr, COMBINE: tl.constexpr,
+                    PDL: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
     from the gate/up row of the pair. ACC2D as in ``_pair_gemv_up``. With PDL this kernel starts
     only once every program of the up projection has waited for the router (which wrote
     ``ids``), so it reads its expert before its own wait and asks that expert's rows of
     ``w2`` into L2 (one address a line) while the up projection still runs (PREFETCH: only
-    where the pairs' rows of ``w2`` fit in L2; more would evict each other before use)."""
+    where the pairs' rows of ``w2`` fit in L2; more would evict each other before use).
+    COMBINE: the combine too (``_combine_pairs``' sums, in the same order from the same
+    rounded rows): each program counts itself in at its token's output block
+    (``cnt``, zeros, one per (token, block)), and the last of the token's TOP_K pairs to
+    arrive sums their rows into ``y[token]`` and resets the counter."""
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -215,15 +221,16 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_g
                 prefetch_l2(rows[:, None] + tl.minimum(k0 + lines, I - 1)[None, :], PDL)
     pdl_wait(PDL)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
-    if expert < 0:  # another rank's expert: this pair contributes zeros
+    if not COMBINE and expert < 0:  # another rank's expert: this pair contributes zeros
         tl.store(out_ptr + pair * stride_o + offs_n,
                  tl.zeros((BLOCK_N,), dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=n_ok)
         return
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     gu_row = gu_ptr + pair * stride_gu
-    w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
-    for k0 in range(0, I, BLOCK_K):
+    w_rows = w_ptr + tl.maximum(expert, 0) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    i_hi = tl.where(expert >= 0, I, 0)  # (COMBINE: a -1 pair still counts itself in)
+    for k0 in range(0, i_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < I
         g = tl.load(gu_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
@@ -236,17 +243,46 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I, stride_g
             acc += tl.sum(w.to(tl.float32) * act[None, :], axis=1)
     if ACC2D:
         acc = tl.sum(acc2, axis=1)
-    acc = acc * tl.load(weights_ptr + pair)
+    acc = tl.where(expert >= 0, acc * tl.load(weights_ptr + pair), 0.0)
     tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+    if COMBINE:
+        tok = pair // TOP_K
+        cnt = cnt_ptr + tok * tl.num_programs(1) + tl.program_id(1)
+        tl.debug_barrier()  # every thread's row stored before the release below
+        if tl.atomic_add(cnt, 1, sem="acq_rel") == TOP_K - 1:
+            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for j in tl.static_range(TOP_K):
+                total += tl.load(out_ptr + (tok * TOP_K + j) * stride_o + offs_n, mask=n_ok,
+                                 other=0.0, cache_modifier=".cg").to(tl.float32)
+            tl.store(y_ptr + tok * stride_y + offs_n, total.to(y_ptr.dtype.element_ty),
+                     mask=n_ok)
+            tl.atomic_xchg(cnt, 0)
+
+
+#: (token, output block) counters of the down projection's combine, per device (zeros; each
+#: use leaves them zero); more blocks than this: the separate combine kernel
+COMBINE_COUNTERS = 1 << 16
+_counters: dict = {}
+
+
+def combine_counters(device: torch.device) -> torch.Tensor:
+    """The device's counters for :func:`pair_moe`'s combine (allocated at the first call,
+    before any graph capture)."""
+    cnt = _counters.get(device)
+    if cnt is None:
+        cnt = _counters[device] = torch.zeros(COMBINE_COUNTERS, dtype=torch.int32, device=device)
+    return cnt
 
 
 def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
              topk_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, *,
              block_n: int = 32, block_k: int = 128, warps: int = 4,
              down_block_n: int | None = None, down_block_k: int | None = None,
-             acc2d: bool = False) -> None:
+             acc2d: bool = False, combined: torch.Tensor | None = None) -> bool:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
-    ``-1`` ids). ``acc2d``: sum each output's products once at the end of its K loop."""
+    ``-1`` ids). ``acc2d``: sum each output's products once at the end of its K loop.
+    ``combined`` [T, H]: the down projection also writes each token's sum of its pairs there
+    (as :func:`combine_pairs`) where the counters suffice; returns whether it did."""
     t, k = topk_ids.shape
     pairs = t * k
     _, n13, h = w13.shape
@@ -257,12 +293,17 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         gate_up.stride(0), TOP_K=k, BLOCK_N=block_n, BLOCK_K=block_k, ACC2D=acc2d,
         num_warps=warps, **launch_options(x.device))
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
-    _pair_gemv_down[(pairs, triton.cdiv(h, dbn))](
-        gate_up, w2, down, ids, topk_weights.reshape(-1), h, inter, gate_up.stride(0),
-        w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=dbn,
+    tiles = triton.cdiv(h, dbn)
+    combine = combined is not None and t * tiles <= COMBINE_COUNTERS
+    cnt = combine_counters(x.device) if combine else ids
+    _pair_gemv_down[(pairs, tiles)](
+        gate_up, w2, down, ids, topk_weights.reshape(-1), combined if combine else down, cnt,
+        h, inter, gate_up.stride(0), w2.stride(0), w2.stride(1), down.stride(0),
+        combined.stride(0) if combine else 0, TOP_K=k, BLOCK_N=dbn,
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
         PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
-        num_warps=warps, **launch_options(x.device))
+        COMBINE=combine, num_warps=warps, **launch_options(x.device))
+    return combine
 
 
 @functools.lru_cache(maxsize=None)
