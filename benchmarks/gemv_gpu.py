@@ -35,9 +35,13 @@ from engine.runtime import quant_triton as qt
 sys.path.insert(0, os.path.dirname(__file__))
 from quant_gpu import replay_ms  # noqa: E402
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
-          "down": (4096, 14336)}
-LAYERS = 32
+#: the layers of a decoder step by model (name -> [N, K]) and the model's layer count
+MODELS = {"llama3-8b": ({"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+                         "down": (4096, 14336)}, 32),
+          # the attention half and the router (the experts go through the MoE runner)
+          "qwen3-30b-a3b": ({"qkv": (5120, 2048), "o": (2048, 4096), "router": (128, 2048)},
+                            48)}
+SHAPES, LAYERS = MODELS["llama3-8b"]
 BANDWIDTH = 4.3e12
 L2_BYTES = 256 << 20  # copies of a layer: at least this much (several times the L2)
 
@@ -121,7 +125,7 @@ def check(fmt: str, sets: list[dict], x: torch.Tensor, impl: str, config) -> flo
 
 def default(fmt: str, cls: str) -> tuple[str, tuple]:
     if fmt == "bf16":
-        return "gemv", gt.CONFIGS[("float", cls)]
+        return "gemv", gt.CONFIGS[("float", cls)]  # (the class's: SHAPE_CONFIGS aside)
     if fmt == "int4":
         return "gemv", gt.AFFINE_CONFIGS[cls]
     return qt.W8_SMALL[(w8_kind(fmt), cls)]
@@ -183,7 +187,12 @@ def main() -> None:
     ap.add_argument("--formats", default="bf16,fp8_w8a16,fp8,int8,fp8_block,int4")
     ap.add_argument("--rows", default="1")
     ap.add_argument("--search", action="store_true")
+    ap.add_argument("--model", default="llama3-8b", choices=sorted(MODELS),
+                    help="whose layer shapes (a search then gives launches for "
+                    "gemv_triton.SHAPE_CONFIGS where the class's launch does not suit them)")
     args = ap.parse_args()
+    global SHAPES, LAYERS
+    SHAPES, LAYERS = MODELS[args.model]
     if not torch.cuda.is_available():
         print("skipped: needs a CUDA GPU")
         return

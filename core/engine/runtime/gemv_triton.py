@@ -453,6 +453,17 @@ CONFIGS = {("float", "square"): (8, 1024, 1, 4, 2), ("float", "wide"): (8, 1024,
            ("w8", "deep"): (8, 1024, 1, 4, 3),
            ("block", "square"): (32, 128, 4, 2, 2), ("block", "wide"): (32, 128, 4, 2, 2),
            ("block", "deep"): (16, 128, 4, 2, 2)}
+#: launches for exact weight shapes, (kind, N, K) -> as :data:`CONFIGS`, ahead of the class's
+#: (layers whose class launch leaves the GPU half idle: an MoE model's router or small output
+#: projection; ``benchmarks/gemv_gpu.py --model ... --search`` finds them)
+SHAPE_CONFIGS: dict[tuple[str, int, int], tuple] = {}
+
+
+def launch(kind: str, n: int, k: int) -> tuple:
+    """(BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) of a [n, k] weight of ``kind``."""
+    return SHAPE_CONFIGS.get((kind, n, k)) or CONFIGS[(kind, shape_class(n, k))]
+
+
 #: (BLOCK_N, SPLIT_K, warps, stages, TILES, FACTOR_ROWS, SUBNORMAL) for affine weights by
 #: shape class (see :func:`_gemv_affine`): BLOCK_N outputs per program (at every row count),
 #: K in SPLIT_K slices, ``warps``, stages > 1: each iteration prefetches the next one's words,
@@ -487,7 +498,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, 
     if act == "group" and block is None:
         raise ValueError("activations quantized per group need block weight scales")
     kind = "block" if block is not None else "w8" if codes else "float"
-    bn, bk, split, warps, stages = config or CONFIGS[(kind, shape_class(n, k))]
+    bn, bk, split, warps, stages = config or launch(kind, n, k)
     if block is not None:
         bk = block[1]
     bm = triton.next_power_of_2(m)
@@ -521,7 +532,7 @@ def _gemv_pre(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, pre: 
         raise ValueError(f"gemv serves at most {MAX_ROWS} rows, got {m}")
     if x.stride(-1) != 1 or w.stride(-1) != 1:
         raise ValueError("rows of x and w must be contiguous")
-    bn, bk, split, warps, stages = CONFIGS[("float", shape_class(n, k))]
+    bn, bk, split, warps, stages = launch("float", n, k)
     bm = triton.next_power_of_2(m)
     bn = max(2, bn // bm)
     split = _split(split, n, bn, bm)
