@@ -107,21 +107,24 @@ def default_config(fmt: str, n: int, k: int) -> tuple:
 
 def candidates(fmt: str, k: int) -> list[tuple]:
     """The sweep's launches for a layer of depth ``k``: BLOCK_N 64 (4 warps) or 128 (4 or 8
-    warps); BLOCK_K 64, 128, 256 (block fp8: the scale block's); SPLIT_K 1-8, each slice at
-    least two tiles; 3-6 stages, whose buffered weight and activation tiles (one fewer than
-    the stages) fit in :data:`SMEM`."""
+    warps); BLOCK_K 64, 128, 256 (block fp8: the scale block's, 1, 2 or 4 of them an
+    iteration: a sixth element SUB where more than one); SPLIT_K 1-8, each slice at least two
+    iterations; 3-6 stages, whose buffered weight and activation tiles (one fewer than the
+    stages) fit in :data:`SMEM`."""
     _, act, block = FORMATS[fmt]
     x_bytes = 1 if act == "token" else 2  # (codes, or 16-bit activations)
     out = []
     for bn, warps in ((64, 4), (128, 4), (128, 8)):
         for bk in (block[1],) if block else (64, 128, 256):
-            for split in (1, 2, 4, 8):
-                if split > 1 and triton.cdiv(k, bk) < 2 * split:
-                    continue
-                for stages in (3, 4, 5, 6):
-                    tiles = (stages - 1) * (bn + st.MAX_ROWS * x_bytes) * bk
-                    if tiles + SMEM_OTHER <= SMEM:
-                        out.append((bn, bk, split, warps, stages))
+            for sub in (1, 2, 4) if block else (1,):
+                for split in (1, 2, 4, 8):
+                    if split > 1 and triton.cdiv(k, bk * sub) < 2 * split:
+                        continue
+                    for stages in (3, 4, 5, 6):
+                        tiles = (stages - 1) * (bn + st.MAX_ROWS * x_bytes) * bk * sub
+                        if tiles + SMEM_OTHER <= SMEM:
+                            out.append((bn, bk, split, warps, stages) + ((sub,) if sub > 1
+                                                                         else ()))
     return out
 
 

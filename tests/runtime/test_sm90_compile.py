@@ -249,6 +249,9 @@ def _core_calls():
         "w8_swap (fp8, per-token, one row)": lambda: swap_triton.w8_swap(
             torch.randn(1, 2500, **bf), torch.randn(128, 2500).to(torch.float8_e4m3fn),
             torch.ones(128), act="token"),
+        "w8_swap (block fp8, two scale blocks an iteration)": lambda: swap_triton.w8_swap(
+            torch.randn(1, 512, **bf), torch.randn(256, 512).to(torch.float8_e4m3fn),
+            torch.ones(2, 4), act="group", block=(128, 128), config=(128, 128, 1, 4, 3, 2)),
         "l2_prefetch": _l2_prefetch_call,
         "add_rms_norm": lambda: fused_triton.add_rms_norm(x, x, torch.ones(256, **bf), 1e-6),
         "qk_norm_rope": lambda: fused_triton.qk_norm_rope(qkv, 4, 2, 64, pos, cos, sin, norm,

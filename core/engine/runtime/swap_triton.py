@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantize, _row1_scale,
-                                         _row_scales, _slice, _split, _workspace, quant_rows, shape_class)
+                                         _row_scales, _slice, _split, _workspace, quant_rows,
+                                         shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger, pdl_wait,
                                       prefetch_l2)
 
@@ -151,13 +152,15 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
              MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
-             SPLIT: tl.constexpr, PDL: tl.constexpr):
+             SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
     0: one weight scale per output (applied at the end); else block scales
     ``ws[n // W_BLOCK_N, k // BLOCK_K]``. ROW1: one row, quantized here once per tile (its
-    dynamic scale read in AMAX_CHUNKS unrolled blocks, or a loop when 0). With
+    dynamic scale read in AMAX_CHUNKS unrolled blocks, or a loop when 0). SUB: tiles of
+    BLOCK_K columns per iteration of the K loop, each its own loads and product (block
+    scales: more weight bytes in flight per iteration than one scale block's). With
     PDL the first tile's weights are asked into L2 before the wait for the previous kernel;
     nothing else is read, and nothing written, before it."""
     pdl_trigger(PDL)
@@ -172,7 +175,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     INT: tl.constexpr = FP8 == 0 and ACT != 0
     TILE_SCALE: tl.constexpr = ACT == 2 or W_BLOCK_N > 0
     PER_ROW: tl.constexpr = ACT == 1 or ACT == 3 or ACT == 4
-    k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K, SPLIT)
+    k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K * SUB, SPLIT)
     if W_BLOCK_N > 0:
         ws_rows = ws_ptr + (offs_n // W_BLOCK_N).to(tl.int64) * stride_wsn
     if PDL:  # the first tile's weights (constants of the step) asked into L2, one address a line
@@ -200,14 +203,16 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8)
-        if W_BLOCK_N > 0:
-            wsb = _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K)
-        else:
-            wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
-        acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT,
-                        INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K, ROW1)
+    for k00 in range(k_lo, k_hi, BLOCK_K * SUB):
+        for j in tl.static_range(SUB):  # (tiles past the slice: masked, zero products)
+            k0 = k00 + j * BLOCK_K
+            w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8)
+            if W_BLOCK_N > 0:
+                wsb = _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K)
+            else:
+                wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
+            acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
+                            ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K, ROW1)
     if PER_ROW:
         row_s = xs[:, None]
     else:
@@ -277,8 +282,8 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     of :func:`engine.runtime.quant_triton.w8_mm`: ``act`` None (W8A16), "token" (dynamic per
     row), "static" (``x_scale``), "group" (fp8, per row and block of ``block[1]`` columns);
     ``w_scale`` [N], or with ``block`` = (bn, bk) [ceil(N/bn), ceil(K/bk)]. ``config``:
-    (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages), else :data:`SWAP_CONFIGS`' (BLOCK_K is bk
-    with block scales)."""
+    (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages[, SUB]), else :data:`SWAP_CONFIGS`' (BLOCK_K
+    is bk with block scales; SUB tiles of it per iteration, 1 when not given)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     if m > MAX_ROWS:
@@ -288,7 +293,8 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
         raise ValueError("activations quantized per group need block weight scales")
     fp8, mant, emin, qmax = _kind(w.dtype)
     kind = "block" if block is not None else "a16" if act is None else "a8"
-    bn, bk, split, warps, stages = config or SWAP_CONFIGS[(kind, shape_class(n, k))]
+    bn, bk, split, warps, stages, *rest = config or SWAP_CONFIGS[(kind, shape_class(n, k))]
+    sub = rest[0] if rest else 1
     if block is not None:
         bk = block[1]
     code = {None: 0, "token": 1, "group": 2, "static": 3}[act]
@@ -308,6 +314,7 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    W_BLOCK_N=block[0] if block else 0, FP8=fp8, QMAX=qmax, MANT=mant,
                    EMIN=emin, HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=bn,
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
-                   AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1, SPLIT=split > 1, num_warps=warps, num_stages=stages,
+                   AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
+                   SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
                    **launch_options(x.device))
     return y
