@@ -224,7 +224,7 @@ class ServerConfig:
         choices=("write_back", "write_through", "write_through_selective"))
     hicache_io_backend: str = _opt(
         "kernel", "Host<->device copies: kernel (one gather/scatter per layer), direct (one "
-        "copy per page run).", choices=("direct", "kernel", "kernel_ascend"))
+        "copy per page run, on the copy engines).", choices=("direct", "kernel", "kernel_ascend"))
     hicache_mem_layout: str = _opt(
         "layer_first", "Host pool layout: layer_first (as the device pool), page_first / "
         "page_first_direct (each page contiguous: stores read and write it in place).",

@@ -300,6 +300,48 @@ def test_host_pool_layouts_round_trip_and_share_one_payload(layout, io) -> None:
     assert bytes(host.page_payload(int(dst[0]))) == payload
 
 
+@pytest.mark.parametrize("one_allocation", [True, False])
+def test_direct_copies_cover_the_layers_of_a_run_in_one_2d_copy(monkeypatch,
+                                                                one_allocation) -> None:
+    """``direct`` where each side's layers lie at a constant distance: one 2-D copy per run of
+    pages and side covers every layer (K and V land where the per-layer copies put them);
+    per-layer device tensors fall back to a copy per run, layer and side."""
+    from engine.runtime import host_pool
+
+    dev = KVPool(num_layers=3, num_kv_heads=2, head_dim=4, num_slots=32, page_size=PS,
+                 dtype=torch.float32, device=torch.device("cpu"))
+    if not one_allocation:
+        dev.k, dev.v = [t.clone() for t in dev.k], [t.clone() for t in dev.v]
+    for layer in range(3):
+        dev.k[layer].copy_(torch.randn(32, 2, 4))
+        dev.v[layer].copy_(torch.randn(32, 2, 4))
+    calls: list[int] = []  # heights
+    real = host_pool._memcpy_2d_cpu
+
+    def spy(*args: Any, **kw: Any) -> None:
+        calls.append(args[5])
+        real(*args, **kw)
+
+    monkeypatch.setattr(host_pool, "_memcpy_2d_cpu", spy)
+    host = HostKVPool(dev, 32, layout="layer_first")
+    t = Transfer(dev, host, "direct")
+    src = torch.cat([torch.arange(4, 12), torch.arange(20, 24)])  # two runs of pages
+    dst = host.alloc(12)
+    t.to_host(src, dst)
+    for layer in range(3):
+        assert torch.equal(host.k[layer][dst], dev.k[layer][src])
+        assert torch.equal(host.v[layer][dst], dev.v[layer][src])
+    assert calls == ([3] * 4 if one_allocation else []), calls  # 2 runs x K, V
+    calls.clear()
+    back = torch.arange(24, 32)
+    t.to_device(dst[:8], back)
+    dev.take_loads().wait_all()
+    for layer in range(3):
+        assert torch.equal(dev.k[layer][back], dev.k[layer][src[:8]])
+        assert torch.equal(dev.v[layer][back], dev.v[layer][src[:8]])
+    assert len(calls) == (3 * 2 if one_allocation else 0)  # (a CPU loads layer by layer)
+
+
 def test_copies_between_the_tiers_move_runs_of_pages_after_churn(monkeypatch) -> None:
     """After the device and host pools have been filled, evicted and refilled, a backup or a
     load still moves consecutive pages on both sides as one run (one copy per run, layer and

@@ -64,8 +64,10 @@ class KVPool:
         if torch.device(device).type == "cpu":
             self.k, self.v = _cpu_zeros(2 * num_layers, shape, dtype)
         else:
-            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+            # one allocation: each side's layers at a constant distance (the host tier's
+            # runs of pages copy across layers in one 2-D copy)
+            both = torch.zeros((2 * num_layers, *shape), dtype=dtype, device=device)
+            self.k, self.v = list(both[:num_layers].unbind(0)), list(both[num_layers:].unbind(0))
         #: fp8 storage (``--kv-cache-dtype fp8_e4m3/fp8_e5m2``): values are stored divided by
         #: the layer's per-tensor scale and multiplied back on read (:meth:`gather`)
         self.is_fp8 = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)

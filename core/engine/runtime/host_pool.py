@@ -24,9 +24,12 @@ CPU reads the pages (a backup no CPU reads is not waited for).
 ``--hicache-io-backend kernel`` moves the rows of every layer's K and V in one Triton kernel
 that reads or writes the pinned host pool in place (the GPU addresses pinned memory directly;
 no copy on the host); ``direct``, and ``kernel`` where the kernel cannot serve (a page-first
-layout, host memory not pinned), copy runs of pages that follow each other on both sides
-(``cudaMemcpyAsync`` on pinned memory, one per run, layer and side). On CPU the layer-first
-``kernel`` path is one index copy per layer and side.
+layout, host memory not pinned), copy runs of pages that follow each other on both sides. With
+a layer-first host pool each run is one 2-D copy per side that covers a group of layers
+(``cudaMemcpy2DAsync`` between pinned memory and the device: the copy engines, no kernel
+beside the forward, a few calls per load; both pools keep each side's layers in one
+allocation); else one copy per run, layer and side. On CPU the layer-first ``kernel`` path is
+one index copy per layer and side.
 """
 
 from __future__ import annotations
@@ -130,6 +133,77 @@ def _slots(pages: list[int], page_size: int) -> torch.Tensor:
     return (p[:, None] * page_size + torch.arange(page_size)).reshape(-1)
 
 
+#: layers one ``direct`` load copies together where runs are copied in 2-D (one copy per run
+#: and side covers the group; an event behind each group): the forward waits for the first
+#: group before its first layer, and every group adds a copy per run and side
+DIRECT_LOAD_LAYERS = 4
+
+
+def _layer_pitch(tensors: list[torch.Tensor]) -> int | None:
+    """Bytes from each of ``tensors`` to the next where that distance is the same for all
+    (and covers a tensor: no overlap), else None."""
+    ptrs = [t.data_ptr() for t in tensors]
+    size = tensors[0].numel() * tensors[0].element_size()
+    if len(ptrs) == 1:
+        return size
+    pitch = ptrs[1] - ptrs[0]
+    if pitch < size or any(b - a != pitch for a, b in zip(ptrs, ptrs[1:])):
+        return None
+    return pitch
+
+
+def memcpy_2d(device: torch.device) -> Callable[..., None] | None:
+    """``copy(dst, dpitch, src, spitch, width, height, to_host=)``: ``height`` rows of
+    ``width`` bytes from address ``src`` to ``dst``, rows ``spitch`` / ``dpitch`` bytes apart;
+    on CUDA ``cudaMemcpy2DAsync`` on the current stream (between pinned host memory and the
+    device: the copy engines), None where the CUDA runtime cannot be reached; on a CPU, row
+    by row."""
+    if torch.device(device).type == "cpu":
+        return _memcpy_2d_cpu
+    fn = _cudart_memcpy_2d()
+    if fn is None:
+        return None
+
+    def copy(dst: int, dpitch: int, src: int, spitch: int, width: int, height: int, *,
+             to_host: bool) -> None:
+        kind = 2 if to_host else 1  # cudaMemcpyDeviceToHost / cudaMemcpyHostToDevice
+        err = fn(dst, dpitch, src, spitch, width, height, kind,
+                 torch.cuda.current_stream(device).cuda_stream)
+        if err:
+            raise RuntimeError(f"cudaMemcpy2DAsync failed with CUDA error {err}")
+    return copy
+
+
+def _memcpy_2d_cpu(dst: int, dpitch: int, src: int, spitch: int, width: int, height: int, *,
+                   to_host: bool) -> None:
+    import ctypes
+
+    for i in range(height):
+        ctypes.memmove(dst + i * dpitch, src + i * spitch, width)
+
+
+@functools.lru_cache(maxsize=1)
+def _cudart_memcpy_2d() -> Any:
+    """``cudaMemcpy2DAsync`` of the CUDA runtime this process loaded with torch (ctypes), or
+    None."""
+    import ctypes
+
+    path = None
+    try:
+        with open("/proc/self/maps") as fh:
+            path = next((line.split()[-1] for line in fh if "libcudart.so" in line), None)
+    except OSError:
+        pass
+    try:
+        fn = ctypes.CDLL(path or "libcudart.so").cudaMemcpy2DAsync
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                   ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
 class LayerLoads:
     """Copies into a device pool that the compute stream has not been ordered after yet, per
     layer (the pool's :attr:`engine.runtime.attention.KVPool.loads`). Each entry orders what
@@ -172,6 +246,7 @@ class Transfer:
         self.cuda = device_pool.device.type == "cuda"
         self.stream = torch.cuda.Stream(device_pool.device) if self.cuda else None
         self._addr: Any = None  #: see _tables
+        self._pitch: Any = None  #: see _pitches
 
     def to_host(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *,
                 wait: bool = True) -> None:
@@ -210,12 +285,17 @@ class Transfer:
         self.stream.wait_stream(torch.cuda.current_stream(dev))  # the slots are free to fill
         with torch.cuda.stream(self.stream):
             prepared = self._prepare(dev_slots, host_slots)
-            for layer in range(self.host.num_layers):
-                self._copy(dev_slots, host_slots, to_host=False, layers=range(layer, layer + 1),
+            # runs copied in 2-D (one copy covers a group of layers): an event per group
+            group = DIRECT_LOAD_LAYERS if isinstance(prepared, list) and self._pitches() else 1
+            n = self.host.num_layers
+            for first in range(0, n, group):
+                layers = range(first, min(n, first + group))
+                self._copy(dev_slots, host_slots, to_host=False, layers=layers,
                            prepared=prepared)
                 done = torch.cuda.Event()
                 done.record(self.stream)
-                loads.add(layer, lambda e=done: torch.cuda.current_stream(dev).wait_event(e))
+                for layer in layers:
+                    loads.add(layer, lambda e=done: torch.cuda.current_stream(dev).wait_event(e))
 
     def settle(self) -> None:
         """Wait for the copies queued so far (before the CPU reads or writes host pages)."""
@@ -279,6 +359,23 @@ class Transfer:
                                 for ks, vs in ((d.k, d.v), (list(h.k), list(h.v)))), row_bytes)
         return self._addr or None
 
+    def _copy_runs_2d(self, runs: list[list[int]], layers: range,
+                      pitches: tuple[int, int, int, int], *, to_host: bool) -> None:
+        h, d = self.host, self.dev
+        row = d.k[0][0].numel() * d.k[0].element_size()  # bytes of a slot's K (or V)
+        copy = memcpy_2d(d.device)
+        first, height = layers.start, len(layers)
+        for side, (dev_t, host_t, dpitch, hpitch) in enumerate(
+                ((d.k, h.k, pitches[0], pitches[2]), (d.v, h.v, pitches[1], pitches[3]))):
+            dev_base, host_base = dev_t[first].data_ptr(), host_t[first].data_ptr()
+            for d0, h0, n in runs:
+                width = n * h.page_size * row
+                dptr, hptr = dev_base + d0 * row, host_base + h0 * row
+                if to_host:
+                    copy(hptr, hpitch, dptr, dpitch, width, height, to_host=True)
+                else:
+                    copy(dptr, dpitch, hptr, hpitch, width, height, to_host=False)
+
     def _copy_in_place(self, idx: tuple[torch.Tensor, torch.Tensor], layers: range, *,
                        to_host: bool) -> None:
         """CUDA, layer-first pinned pool: one kernel moves the K and V rows of ``layers``,
@@ -296,10 +393,33 @@ class Transfer:
         else:
             copy_rows(host_addr, dev_addr, h_idx, d_idx, row_bytes, programs)
 
+    def _pitches(self) -> tuple[int, int, int, int] | None:
+        """Bytes from one layer's K (V) to the next's in the device pool and in the host pool
+        (device K, device V, host K, host V), where each side's layers lie at a constant
+        distance (one allocation, layer-first) and copies of runs across layers can be 2-D
+        (:func:`memcpy_2d`); None otherwise (a page-first host pool, per-layer device
+        tensors, or no 2-D copy on this device)."""
+        if self._pitch is None:
+            h, d = self.host, self.dev
+            pitches = None
+            if not h.page_first and memcpy_2d(d.device) is not None:
+                pitches = (_layer_pitch(d.k), _layer_pitch(d.v), _layer_pitch(list(h.k)),
+                           _layer_pitch(list(h.v)))
+                if None in pitches:
+                    pitches = None
+            self._pitch = pitches or False
+        return self._pitch or None
+
     def _copy_runs(self, runs: list[list[int]], layers: range, *, to_host: bool) -> None:
         """Each run of pages that follow each other on both sides (``[device start, host
-        start, pages]``) in one copy per layer and side (``cudaMemcpyAsync`` from pinned
-        memory on CUDA)."""
+        start, pages]``): where both pools keep their layers at constant distances, one 2-D
+        copy per run and side covers ``layers`` (``cudaMemcpy2DAsync`` between pinned host
+        memory and the device on CUDA: the copy engines, no kernel, a handful of calls per
+        load); else one copy per run, layer and side."""
+        pitches = self._pitches()
+        if pitches is not None:
+            self._copy_runs_2d(runs, layers, pitches, to_host=to_host)
+            return
         h, ps = self.host, self.host.page_size
         for layer in layers:
             for d0, h0, n in runs:
