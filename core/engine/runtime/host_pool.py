@@ -365,8 +365,8 @@ class Transfer:
         row = d.k[0][0].numel() * d.k[0].element_size()  # bytes of a slot's K (or V)
         copy = memcpy_2d(d.device)
         first, height = layers.start, len(layers)
-        for side, (dev_t, host_t, dpitch, hpitch) in enumerate(
-                ((d.k, h.k, pitches[0], pitches[2]), (d.v, h.v, pitches[1], pitches[3]))):
+        for dev_t, host_t, dpitch, hpitch in ((d.k, h.k, pitches[0], pitches[2]),
+                                              (d.v, h.v, pitches[1], pitches[3])):
             dev_base, host_base = dev_t[first].data_ptr(), host_t[first].data_ptr()
             for d0, h0, n in runs:
                 width = n * h.page_size * row
