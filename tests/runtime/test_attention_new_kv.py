@@ -13,8 +13,11 @@ from engine.testing.batches import BatchBuilder
 class Recorder(AttentionBackend):
     def __init__(self, pool: KVPool, reads: bool) -> None:
         super().__init__(pool)
-        self.reads_new_kv = reads
+        self.reads = reads
         self.calls: list[tuple[str, object]] = []
+
+    def reads_new_kv(self, batch):
+        return self.reads
 
     def forward_extend(self, q, layer, batch, new_kv=None):
         self.calls.append(("extend", new_kv))

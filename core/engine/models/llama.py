@@ -172,7 +172,7 @@ class Attention(nn.Module):
             qn, kn = self.q_norm, self.k_norm
             store = getattr(rope.ops, "qk_norm_rope_store", None)
             # (a backend that reads an extend's new K/V as rows gets them through forward)
-            rows = getattr(attn, "reads_new_kv", False) and not batch.is_decode
+            rows = not batch.is_decode and attn.reads_new_kv(batch)
             prefetch = getattr(rope.ops, "l2_prefetch", None)
             if prefetch is not None and batch.is_decode:
                 # the output projection's weights asked into L2 while attention runs (it

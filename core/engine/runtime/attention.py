@@ -150,10 +150,6 @@ class AttentionBackend(ABC):
     #: True when speculative verify forwards of a fixed shape can be captured in a CUDA graph
     #: (see :meth:`prepare_verify_graph`); needs ``supports_tree_verify``
     supports_verify_graph: bool = False
-    #: True when ``forward_extend`` takes ``new_kv=(k, v)``, this forward's new keys and values
-    #: [T, Hkv, D] (also in the pool), and may read them there instead of through the pool's
-    #: slots: :meth:`forward` then passes them (a model that stores K/V itself does not)
-    reads_new_kv: bool = False
     #: True when an extend batch costs every request the longest request's length (padded
     #: rows): the scheduler then never mixes a large prefill with one-token decode rows
     pads_extend: bool = False
@@ -163,6 +159,13 @@ class AttentionBackend(ABC):
 
     def prepare(self, batch: Batch) -> None:
         """Build per-batch metadata into ``batch.attn_metadata`` (once per forward)."""
+
+    def reads_new_kv(self, batch: Batch) -> bool:
+        """True when ``forward_extend`` reads this (prepared) extend batch's new keys and
+        values from ``new_kv=(k, v)`` [T, Hkv, D] (also in the pool) instead of through the
+        pool's slots: :meth:`forward` then passes them, and a model that would store K/V
+        itself leaves the store to :meth:`forward`. Default: never."""
+        return False
 
     def decodes_from_pool(self, batch: Batch) -> bool:
         """True when this decode batch's attention is exactly :func:`decode_from_pool` (the
@@ -196,7 +199,7 @@ class AttentionBackend(ABC):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layer: AttentionLayerSpec, batch: Batch) -> torch.Tensor:
         self.pool.write(layer.layer_id, batch.out_cache_loc, k, v)
-        if self.reads_new_kv and not batch.is_decode:
+        if not batch.is_decode and self.reads_new_kv(batch):
             return self.forward_extend(q, layer, batch, new_kv=(k, v))  # type: ignore[call-arg]
         return self.attend(q, layer, batch)
 

@@ -176,9 +176,12 @@ class TritonBackend(AttentionBackend):
         self.block_rows = max(cfg.extend_block_m, _pow2(heads))
         self.tile_tokens = self.block_rows // heads
 
-    @property
-    def reads_new_kv(self) -> bool:  # type: ignore[override]
-        return self.cfg.extend_new_kv and not self.pool.is_fp8
+    def reads_new_kv(self, batch: Batch) -> bool:
+        """Rows where configured, for a non-fp8 pool, an extend without a tree (a verify's
+        tokens go through its mask) whose tiles are not split (:meth:`forward_extend`)."""
+        md = batch.attn_metadata
+        return (self.cfg.extend_new_kv and not self.pool.is_fp8
+                and isinstance(md, ExtendMetadata) and md.tree is None and md.num_splits == 1)
 
     @property
     def supports_cuda_graph(self) -> bool:  # type: ignore[override]
@@ -320,7 +323,7 @@ class TritonBackend(AttentionBackend):
         tb, tq = (md.tree.stride(0), md.tree.stride(1)) if md.tree is not None else (0, 0)
         splits = md.num_splits
         rows = None  # this forward's K/V as descriptors of their rows
-        if new_kv is not None and self.reads_new_kv and md.tree is None and splits == 1:
+        if new_kv is not None and self.reads_new_kv(batch):
             rows = self._new_kv_descriptors(new_kv, q.dtype)
         part_dtype = torch.float32 if self.reduce_in_fp32 else q.dtype
         shape = (q.shape[0], q.shape[1], splits) if splits > 1 else (0, 0, 1)
