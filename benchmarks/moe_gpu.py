@@ -153,6 +153,8 @@ def sweep_gemv(tokens_list: list[int]) -> list[list]:
                     acc2d=acc2d)
                for bn in (16, 32, 64) for bk in (128, 256, 512) for w in (4, 8)
                for dbn, dbk in ((None, None), (64, 128), (32, 256)) for acc2d in (False, True)]
+    # (the next K tile's weights loaded first: two tiles in flight a program)
+    configs += [dict(c, next_tile=True) for c in configs if not c["acc2d"]]
     for m in tokens_list:
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
         w, ids = route(x @ router.t(), K, True)

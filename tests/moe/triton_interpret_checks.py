@@ -23,22 +23,24 @@ from engine_moe_triton.impl import TritonRunner  # noqa: E402
 
 from _tiny import checkpoint  # noqa: E402
 
-def triton_runner(gemv_max_pairs: int, acc2d: bool = False,
-                  combine: bool = False) -> TritonRunner:
+def triton_runner(gemv_max_pairs: int, acc2d: bool = False, combine: bool = False,
+                  next_tile: bool = False) -> TritonRunner:
     runner = TritonRunner(None)
     runner.gemv_max_pairs = gemv_max_pairs  # 0: always the sorted grouped-GEMM path
     runner.gemv["acc2d"] = acc2d
+    runner.gemv["next_tile"] = next_tile  # the next K tile's weights loaded first
     runner.fused_combine = combine  # the down projection sums the pairs itself
     return runner
 
 
 failures = []
 # the grouped-GEMM path, then the matrix-vector path of small batches (both accumulations,
-# and with the combine inside the down projection)
-for pairs, acc2d, combine in ((0, False, False), (64, False, False), (64, True, False),
-                              (64, False, True)):
-    failures += [f"gemv_max_pairs={pairs} acc2d={acc2d} combine={combine}: {f}"
-                 for f in runner_failures(triton_runner(pairs, acc2d, combine),
+# with the combine inside the down projection, with the next tile loaded first)
+for pairs, acc2d, combine, nxt in ((0, False, False, False), (64, False, False, False),
+                                   (64, True, False, False), (64, False, True, False),
+                                   (64, True, True, True)):
+    failures += [f"gemv_max_pairs={pairs} acc2d={acc2d} combine={combine} next={nxt}: {f}"
+                 for f in runner_failures(triton_runner(pairs, acc2d, combine, nxt),
                                           torch.device("cpu"), small=True,
                                           dtypes=(torch.float32,))]
 # the combine inside the down projection gives the separate kernel's sums bit for bit (the

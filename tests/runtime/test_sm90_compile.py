@@ -145,17 +145,19 @@ def test_extend_tree_and_split_kernels_build(attention):
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=4, BLOCK_G=4, BLOCK_D=128, PDL=True))
 
 
-@pytest.mark.parametrize("prefetch,combine", [(False, False), (True, False), (True, True)])
-def test_moe_pair_kernels_build(prefetch, combine):
+@pytest.mark.parametrize("prefetch,combine,nxt", [(False, False, False), (True, False, False),
+                                                  (True, True, True)])
+def test_moe_pair_kernels_build(prefetch, combine, nxt):
     from engine_moe_triton import kernels
 
     types = {"x_ptr": "*bf16", "gu_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
              "ids_ptr": "*i32", "weights_ptr": "*fp32", "down_ptr": "*bf16", "y_ptr": "*bf16",
              "cnt_ptr": "*i32"}
     build(kernels._pair_gemv_up, types, dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256, ACC2D=False,
-                                             PDL=True))
+                                             NEXT=nxt, PDL=True))
     build(kernels._pair_gemv_down, types, dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256, ACC2D=False,
-                                               PREFETCH=prefetch, COMBINE=combine, PDL=True))
+                                               PREFETCH=prefetch, COMBINE=combine, NEXT=nxt,
+                                               PDL=True))
     build(kernels._combine_pairs, types, dict(TOP_K=8, BLOCK=1024, PDL=True))
 
 

@@ -118,7 +118,8 @@ class TritonRunner(MoERunner):
             if pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                         topk_weights.float().contiguous(), gate_up, down, combined=out,
                         **({"acc2d": self.gemv.get("acc2d", False), "block_n": 16,
-                            "block_k": 16} if interpreting() else self.gemv)):
+                            "block_k": 16, "next_tile": self.gemv.get("next_tile", False)}
+                           if interpreting() else self.gemv)):
                 return out
             return combine_pairs(down, k, hidden.dtype)
         block = self.config_for(experts, t)

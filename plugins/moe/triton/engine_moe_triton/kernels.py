@@ -158,11 +158,22 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> None:
 
 
 @triton.jit
+def _w_rows_tile(w_rows, k0, n_ok, K, BLOCK_K: tl.constexpr):
+    """Columns ``k0 ..`` of the weight rows ``w_rows`` [BLOCK_N, 1] (zeros from ``K`` on and
+    past N: a tile wholly past K loads nothing)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & (offs_k < K)[None, :],
+                   other=0.0)
+
+
+@triton.jit
 def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, stride_wn,
                   stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  ACC2D: tl.constexpr, PDL: tl.constexpr):
+                  ACC2D: tl.constexpr, NEXT: tl.constexpr, PDL: tl.constexpr):
     """ACC2D: products accumulate elementwise over the K loop and are summed once at the end
-    (else each tile's products are summed as they come). With PDL the next kernel (the down
+    (else each tile's products are summed as they come). NEXT: each iteration loads the next
+    iteration's weight tile before it uses its own (two tiles in flight a program: Triton's
+    pipeliner leaves loads that feed no ``tl.dot`` alone). With PDL the next kernel (the down
     projection) may launch only once every program has waited here, so the router's expert
     ids are final when it starts, and it can bring its experts' weights into L2 while this
     kernel runs (``_pair_gemv_down``)."""
@@ -178,11 +189,17 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
     acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     x_row = x_ptr + (pair // TOP_K) * stride_x
     w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    if NEXT:
+        w_next = _w_rows_tile(w_rows, 0, n_ok, K, BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
         x = tl.load(x_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if NEXT:
+            w = w_next
+            w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, K, BLOCK_K)
+        else:
+            w = _w_rows_tile(w_rows, k0, n_ok, K, BLOCK_K)
         if ACC2D:
             acc2 += w.to(tl.float32) * x[None, :]
         else:
@@ -197,9 +214,10 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
                     stride_gu, stride_we, stride_wn, stride_o, stride_y,
                     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     ACC2D: tl.constexpr, PREFETCH: tl.constexpr, COMBINE: tl.constexpr,
-                    PDL: tl.constexpr):
+                    NEXT: tl.constexpr, PDL: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
-    from the gate/up row of the pair. ACC2D as in ``_pair_gemv_up``. With PDL this kernel starts
+    from the gate/up row of the pair. ACC2D and NEXT as in ``_pair_gemv_up``. With PDL this
+    kernel starts
     only once every program of the up projection has waited for the router (which wrote
     ``ids``), so it reads its expert before its own wait and asks that expert's rows of
     ``w2`` into L2 (one address a line) while the up projection still runs (PREFETCH: only
@@ -230,13 +248,19 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
     gu_row = gu_ptr + pair * stride_gu
     w_rows = w_ptr + tl.maximum(expert, 0) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
     i_hi = tl.where(expert >= 0, I, 0)  # (COMBINE: a -1 pair still counts itself in)
+    if NEXT:
+        w_next = _w_rows_tile(w_rows, 0, n_ok, i_hi, BLOCK_K)
     for k0 in range(0, i_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < I
         g = tl.load(gu_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         u = tl.load(gu_row + I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
-        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if NEXT:
+            w = w_next
+            w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, i_hi, BLOCK_K)
+        else:
+            w = _w_rows_tile(w_rows, k0, n_ok, I, BLOCK_K)
         if ACC2D:
             acc2 += w.to(tl.float32) * act[None, :]
         else:
@@ -278,11 +302,13 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
              topk_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, *,
              block_n: int = 32, block_k: int = 128, warps: int = 4,
              down_block_n: int | None = None, down_block_k: int | None = None,
-             acc2d: bool = False, combined: torch.Tensor | None = None) -> bool:
+             acc2d: bool = False, combined: torch.Tensor | None = None,
+             next_tile: bool = False) -> bool:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
     ``-1`` ids). ``acc2d``: sum each output's products once at the end of its K loop.
     ``combined`` [T, H]: the down projection also writes each token's sum of its pairs there
-    (as :func:`combine_pairs`) where the counters suffice; returns whether it did."""
+    (as :func:`combine_pairs`) where the counters suffice; returns whether it did.
+    ``next_tile``: each K iteration loads the next one's weights first (``NEXT``)."""
     t, k = topk_ids.shape
     pairs = t * k
     _, n13, h = w13.shape
@@ -291,7 +317,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     _pair_gemv_up[(pairs, triton.cdiv(n13, block_n))](
         x, w13, gate_up, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1),
         gate_up.stride(0), TOP_K=k, BLOCK_N=block_n, BLOCK_K=block_k, ACC2D=acc2d,
-        num_warps=warps, **launch_options(x.device))
+        NEXT=next_tile, num_warps=warps, **launch_options(x.device))
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
     tiles = triton.cdiv(h, dbn)
     combine = combined is not None and t * tiles <= COMBINE_COUNTERS
@@ -302,7 +328,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         combined.stride(0) if combine else 0, TOP_K=k, BLOCK_N=dbn,
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
         PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
-        COMBINE=combine, num_warps=warps, **launch_options(x.device))
+        COMBINE=combine, NEXT=next_tile, num_warps=warps, **launch_options(x.device))
     return combine
 
 
