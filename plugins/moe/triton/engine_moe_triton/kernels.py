@@ -246,8 +246,13 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     gu_row = gu_ptr + pair * stride_gu
-    w_rows = w_ptr + tl.maximum(expert, 0) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
-    i_hi = tl.where(expert >= 0, I, 0)  # (COMBINE: a -1 pair still counts itself in)
+    if COMBINE:  # a -1 pair still counts itself in: no K loop, zeros
+        w_rows = w_ptr + tl.maximum(expert, 0) * stride_we \
+            + offs_n.to(tl.int64)[:, None] * stride_wn
+        i_hi = tl.where(expert >= 0, I, 0)
+    else:
+        w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+        i_hi = I
     if NEXT:
         w_next = _w_rows_tile(w_rows, 0, n_ok, i_hi, BLOCK_K)
     for k0 in range(0, i_hi, BLOCK_K):
@@ -267,7 +272,10 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
             acc += tl.sum(w.to(tl.float32) * act[None, :], axis=1)
     if ACC2D:
         acc = tl.sum(acc2, axis=1)
-    acc = tl.where(expert >= 0, acc * tl.load(weights_ptr + pair), 0.0)
+    if COMBINE:
+        acc = tl.where(expert >= 0, acc * tl.load(weights_ptr + pair), 0.0)
+    else:
+        acc = acc * tl.load(weights_ptr + pair)
     tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
     if COMBINE:
         tok = pair // TOP_K
