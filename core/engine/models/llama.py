@@ -173,11 +173,11 @@ class Attention(nn.Module):
             store = getattr(rope.ops, "qk_norm_rope_store", None)
             # (a backend that reads an extend's new K/V as rows gets them through forward)
             rows = not batch.is_decode and attn.reads_new_kv(batch)
-            prefetch = getattr(rope.ops, "l2_prefetch", None)
-            if prefetch is not None and batch.is_decode:
+            enabled = getattr(rope.ops, "l2_prefetch_enabled", None)
+            if batch.is_decode and enabled is not None and enabled(qkv.device):
                 # the output projection's weights asked into L2 while attention runs (it
                 # reads little memory at decode): a hint, off unless ENGINE_L2_PREFETCH=1
-                prefetch(weight_tensors(self.o_proj))
+                rope.ops.l2_prefetch(weight_tensors(self.o_proj))
             if (store is not None and not rows
                     and attn.pool.takes_direct_writes(qkv.dtype, qkv.device)):
                 # K/V go into the pool in the same kernel (no separate cache write)

@@ -8,7 +8,8 @@ import triton
 import triton.language as tl
 
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
-from engine.runtime.triton_pdl import l2_prefetch  # noqa: F401  (the models' entry to it)
+from engine.runtime.triton_pdl import (l2_prefetch,  # noqa: F401  (the models' entry)
+                                      l2_prefetch_enabled)
 
 
 @triton.jit

@@ -149,10 +149,11 @@ def l2_prefetch(tensors) -> None:
     kernels before it. A decode step's attention reads little memory; the output projection's
     weights asked for before it arrive while it runs, and the projection then reads them from
     L2. A hint: nothing but speed depends on it. Nothing is launched unless
-    :func:`l2_prefetch_enabled`; tensors under 1 MiB are skipped."""
+    :func:`l2_prefetch_enabled` (the caller may ask first, before it gathers the tensors);
+    tensors under 1 MiB are skipped."""
     for t in tensors:
-        if t is None or not l2_prefetch_enabled(t.device):
-            continue
+        if not l2_prefetch_enabled(t.device):
+            return  # (one device: the step's weights)
         nbytes = (t.numel() * t.element_size()) // 16 * 16
         if nbytes < (1 << 20) or t.data_ptr() % 16 or not t.is_contiguous():
             continue

@@ -217,11 +217,10 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
                     NEXT: tl.constexpr, PDL: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
     from the gate/up row of the pair. ACC2D and NEXT as in ``_pair_gemv_up``. With PDL this
-    kernel starts
-    only once every program of the up projection has waited for the router (which wrote
-    ``ids``), so it reads its expert before its own wait and asks that expert's rows of
-    ``w2`` into L2 (one address a line) while the up projection still runs (PREFETCH: only
-    where the pairs' rows of ``w2`` fit in L2; more would evict each other before use).
+    kernel starts only once every program of the up projection has waited for the router
+    (which wrote ``ids``), so it reads its expert before its own wait and asks that expert's
+    rows of ``w2`` into L2 (one address a line) while the up projection still runs (PREFETCH:
+    only where the pairs' rows of ``w2`` fit in L2; more would evict each other before use).
     COMBINE: the combine too (``_combine_pairs``' sums, in the same order from the same
     rounded rows): each program counts itself in at its token's output block
     (``cnt``, zeros, one per (token, block)), and the last of the token's TOP_K pairs to
