@@ -223,8 +223,10 @@ class ServerConfig:
         "cached), write_through_selective (on the second hit), write_back (when evicted).",
         choices=("write_back", "write_through", "write_through_selective"))
     hicache_io_backend: str = _opt(
-        "kernel", "Host<->device copies: kernel (one gather/scatter per layer), direct (one "
-        "copy per page run, on the copy engines).", choices=("direct", "kernel", "kernel_ascend"))
+        "direct", "Host<->device copies: direct (on the copy engines: one 2-D copy per page run "
+        "covers several layers, so loads overlap the forward), kernel (one Triton gather/scatter "
+        "over pinned host memory, using the multiprocessors).",
+        choices=("direct", "kernel", "kernel_ascend"))
     hicache_mem_layout: str = _opt(
         "layer_first", "Host pool layout: layer_first (as the device pool), page_first / "
         "page_first_direct (each page contiguous: stores read and write it in place).",

@@ -23,8 +23,9 @@ before its next kernel (which may reuse the pages); the host side waits for the 
 CPU reads the pages (a backup no CPU reads is not waited for).
 ``--hicache-io-backend kernel`` moves the rows of every layer's K and V in one Triton kernel
 that reads or writes the pinned host pool in place (the GPU addresses pinned memory directly;
-no copy on the host); ``direct``, and ``kernel`` where the kernel cannot serve (a page-first
-layout, host memory not pinned), copy runs of pages that follow each other on both sides. With
+no copy on the host, but the kernel takes the multiprocessors the forward needs); ``direct``
+(the default), and ``kernel`` where the kernel cannot serve (a page-first layout, host memory
+not pinned), copy runs of pages that follow each other on both sides. With
 a layer-first host pool each run is one 2-D copy per side that covers a group of layers
 (``cudaMemcpy2DAsync`` between pinned memory and the device: the copy engines, no kernel
 beside the forward, a few calls per load; both pools keep each side's layers in one
@@ -241,7 +242,7 @@ class Transfer:
     #: 64, 39 at 16, 29 uncapped), so the copy takes the whole grid.
     LOAD_PROGRAMS: int | None = None
 
-    def __init__(self, device_pool: Any, host: HostKVPool, io_backend: str = "kernel") -> None:
+    def __init__(self, device_pool: Any, host: HostKVPool, io_backend: str = "direct") -> None:
         self.dev, self.host, self.io = device_pool, host, io_backend
         self.cuda = device_pool.device.type == "cuda"
         self.stream = torch.cuda.Stream(device_pool.device) if self.cuda else None
