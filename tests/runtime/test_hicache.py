@@ -366,6 +366,35 @@ def test_copies_between_the_tiers_move_runs_of_pages_after_churn(monkeypatch) ->
     assert runs * 4 <= pages, copies  # one page a run would be runs == pages
 
 
+def test_a_hit_on_several_nodes_is_loaded_as_one_copy(monkeypatch) -> None:
+    """A conversation's prefix is a chain of nodes (one a turn). Loading it back is one load
+    over all of them, so the forward's first layer waits for its own share of every node and
+    not for the whole of the nodes before the last."""
+    loads: list[int] = []
+    to_device = Transfer.to_device
+
+    def spy(self: Transfer, host_slots: torch.Tensor, dev_slots: torch.Tensor) -> None:
+        loads.append(len(dev_slots))
+        to_device(self, host_slots, dev_slots)
+
+    monkeypatch.setattr(Transfer, "to_device", spy)
+    s = sched(slots=128, hicache_ratio=4.0)
+    conv = prompt(1, 20)
+    for turn in range(3):  # three turns: the tree holds the prefix as a chain of nodes
+        generate(s, conv)
+        conv = conv + expected(conv, 4) + [(j * 5 + turn) % 50 for j in range(12)]
+    chain = s.cache._walk(conv, split=False)
+    assert len(chain) >= 3, chain
+    for i in range(2, 6):  # other prompts push the conversation out of the device pool
+        generate(s, prompt(i, 60))
+    assert all(n.value is None and n.host_value is not None
+               for n in s.cache._walk(conv, split=False))
+    loads.clear()
+    out = generate(s, conv)
+    assert out.cached_tokens_details["host"] >= 40, out.cached_tokens_details
+    assert loads == [out.cached_tokens_details["host"]], loads
+
+
 def test_the_page_codec_refuses_short_corrupted_and_misplaced_pages() -> None:
     codec = PageCodec(256)
     key, other = "a" * 64, "b" * 64

@@ -115,9 +115,11 @@ class HiRadixCache(RadixCache):
         last = dev[-1] if dev else self.root
         self.inc_lock(last)
         self._room_for(path[len(dev):])
+        claimed: list[TreeNode] = []
         for node in path[len(dev):]:
-            if not self._load(node):
+            if not self._claim(node):
                 break
+            claimed.append(node)
             self.inc_lock(node)
             self.dec_lock(last)
             last = node
@@ -126,6 +128,7 @@ class HiRadixCache(RadixCache):
                 node.from_storage = False
             else:
                 hit.host += len(node.key)
+        self._load(claimed)
         self.dec_lock(last)
         loaded = path[:_device_run(path)]
         hit.node = loaded[-1] if loaded else self.root
@@ -152,8 +155,9 @@ class HiRadixCache(RadixCache):
             for n in nodes:
                 n.pinned -= 1
 
-    def _load(self, node: TreeNode) -> bool:
-        """Give ``node`` device slots and copy its host pages there; False when no room."""
+    def _claim(self, node: TreeNode) -> bool:
+        """Give ``node`` device slots for its host pages (copied by :meth:`_load`); False when
+        no room."""
         need = len(node.key)
         node.pinned += 1
         try:
@@ -163,15 +167,8 @@ class HiRadixCache(RadixCache):
                 return False
             pages = self.allocator.alloc_pages(need // self.page_size)
             dev = torch.tensor(pages, dtype=torch.long)[:, None] * self.page_size
-            dev = (dev + torch.arange(self.page_size)).reshape(-1)
+            node.value = (dev + torch.arange(self.page_size)).reshape(-1)
             assert node.host_value is not None
-            self.transfer.to_device(node.host_value, dev)
-            node.value = dev
-            if self.buffer_only:  # staged: the pages are in storage (they came from there)
-                self.transfer.settle()
-                self.host.free(node.host_value)
-                node.host_value = None
-                node.stored = True
             if node.lock_ref == 0:
                 self.evictable_size += need
             else:
@@ -179,6 +176,22 @@ class HiRadixCache(RadixCache):
             return True
         finally:
             node.pinned -= 1
+
+    def _load(self, nodes: list[TreeNode]) -> None:
+        """Copy the host pages of ``nodes`` (a run of the tree, claimed and locked) into their
+        device slots as one load: its layers are copied in turn across all the nodes, so the
+        forward's first layers wait for their share of every node, not for whole nodes before
+        them (a conversation's prefix is a chain of nodes, one a turn)."""
+        if not nodes:
+            return
+        self.transfer.to_device(torch.cat([n.host_value for n in nodes]),
+                                torch.cat([n.value for n in nodes]))
+        if self.buffer_only:  # staged: the pages are in storage (they came from there)
+            self.transfer.settle()
+            for n in nodes:
+                self.host.free(n.host_value)
+                n.host_value = None
+                n.stored = True
 
     # ------------------------------------------------------------------ backup and eviction
 
