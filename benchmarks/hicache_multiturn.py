@@ -6,10 +6,17 @@ far (every earlier prompt and answer) plus ``--user-tokens`` new token ids, and 
 the next turn of the conversation that has waited longest, so a conversation's next turn comes
 after the others' and its prefix has left a device pool smaller than the working set.
 
-Each configuration is a list of ``engine serve`` flags after ``--``, separated by ``--vs``; the
-same workload (seeded token ids) runs against each, one server at a time, and one table row is
-printed per configuration: TTFT p50/p99 over all turns and over the later turns (hits), output
-throughput, and the share of prompt tokens served from each tier (device, host, storage).
+Each configuration is a list of ``engine serve`` flags after ``--``, separated by ``--vs``
+(leading ``NAME=value`` words set the server's environment: ``-- ENGINE_X=0 --page-size 64 --vs
+ENGINE_X=1 --page-size 64`` compares a switch); the same workload (seeded token ids) runs
+against each, one server at a time, and one table row is printed per configuration: TTFT
+p50/p99 over all turns and over the later turns (hits), output throughput, and the share of
+prompt tokens served from each tier (device, host, storage).
+
+Runs of one configuration on a GPU differ by a third from one server to the next, so
+``--rounds N`` runs the list N times, each round starting one configuration later, and the
+table gives each configuration's median over the rounds with every round's later-turn p50 and
+its ratio to the first configuration's in the same round.
 
 CPU, default model (the numbers of docs/benchmarks/hicache.md)::
 
@@ -34,6 +41,8 @@ import argparse
 import json
 import os
 import random
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -134,14 +143,26 @@ def run_workload(url: str, args: argparse.Namespace) -> dict[str, Any]:
             "mean_prompt_tokens": prompt / len(records)}
 
 
-def serve_and_run(flags: list[str], args: argparse.Namespace) -> dict[str, Any]:
+def split_env(flags: list[str]) -> tuple[dict[str, str], list[str]]:
+    """A configuration's leading ``NAME=value`` words (the server's environment) and flags."""
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(flags) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", flags[i]):
+        name, _, value = flags[i].partition("=")
+        env[name] = value
+        i += 1
+    return env, flags[i:]
+
+
+def serve_and_run(config: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    env, flags = split_env(config)
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="engine-hicache-bench-", suffix=".log",
                                       delete=False)
     cmd = [sys.executable, "-m", "engine.cli.main", "serve", "--host", "127.0.0.1", "--port",
            str(port), "--max-running-requests", str(max(args.concurrency, 1)), *flags]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+                            env=dict(os.environ, PYTHONWARNINGS="ignore", **env))
     url = f"http://127.0.0.1:{port}"
     try:
         if not wait_ready(proc, url, log.name):
@@ -166,6 +187,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--url", help="measure this running server instead (no flags after --)")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every configuration this many times, the order rotated each round")
     argv = sys.argv[1:]
     rest: list[str] = []
     if "--" in argv:
@@ -178,16 +201,23 @@ def main() -> None:
             configs.append([])
         else:
             configs[-1].append(tok)
-    results = []
-    for flags in configs if not args.url else [[]]:
-        r = run_workload(args.url, args) if args.url else serve_and_run(flags, args)
-        r["flags"] = " ".join(flags) or args.url
-        results.append(r)
-        print(json.dumps(r), file=sys.stderr)
+    if args.url:
+        configs = [[]]
+    rounds: list[list[dict[str, Any]]] = []  # [round][configuration]
+    for r in range(max(1, args.rounds)):
+        got: dict[int, dict[str, Any]] = {}
+        for k in range(len(configs)):
+            c = (r + k) % len(configs)
+            res = run_workload(args.url, args) if args.url else serve_and_run(configs[c], args)
+            res["flags"], res["round"] = " ".join(configs[c]) or args.url, r
+            got[c] = res
+            print(json.dumps(res), file=sys.stderr)
+        rounds.append([got[c] for c in range(len(configs))])
+    results = [median_result([rnd[c] for rnd in rounds]) for c in range(len(configs))]
     print(f"\n{args.conversations} conversations x {args.turns} turns, first turn "
           f"{args.first_user_tokens or args.user_tokens} tokens, +{args.user_tokens} "
           f"user tokens and {args.output_tokens} output tokens a turn, {args.concurrency} "
-          "clients\n")
+          f"clients{f', median of {len(rounds)} rounds' if len(rounds) > 1 else ''}\n")
     print("| configuration | TTFT p50 / p99 (ms) | later turns TTFT p50 / p99 (ms) | "
           "output tok/s | hit device / host / storage |")
     print("|---|---|---|---|---|")
@@ -197,6 +227,16 @@ def main() -> None:
               f"{r['ttft_later_p50_ms']:.0f} / {r['ttft_later_p99_ms']:.0f} | "
               f"{r['output_tok_s']:.1f} | {h['device']:.0%} / {h['host']:.0%} / "
               f"{h['storage']:.0%} |")
+    if len(rounds) > 1:
+        print("\n| configuration | later-turn TTFT p50 per round (ms) | vs the first "
+              "configuration in the same round |")
+        print("|---|---|---|")
+        for c, r in enumerate(results):
+            per = [rnd[c]["ttft_later_p50_ms"] for rnd in rounds]
+            ratio = [rnd[c]["ttft_later_p50_ms"] / rnd[0]["ttft_later_p50_ms"]
+                     for rnd in rounds if rnd[0]["ttft_later_p50_ms"] > 0]
+            print(f"| `{r['flags']}` | {' / '.join(f'{v:.0f}' for v in per)} | "
+                  f"{' / '.join(f'{v:.2f}x' for v in ratio)} |")
     if len(results) > 1 and results[0]["ttft_later_p50_ms"] > 0:
         for r in results[1:]:
             print(f"\nlater-turn TTFT p50 of `{r['flags']}`: "
@@ -204,7 +244,19 @@ def main() -> None:
                   "configuration's")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=1)
+            json.dump({"median": results, "rounds": rounds}, fh, indent=1)
+
+
+def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's rounds: the median of each figure (the first round's flags)."""
+    if len(runs) == 1:
+        return runs[0]
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "round":
+            out[key] = statistics.median(r[key] for r in runs)
+    out["hit"] = {k: statistics.median(r["hit"][k] for r in runs) for k in runs[0]["hit"]}
+    return out
 
 
 if __name__ == "__main__":
