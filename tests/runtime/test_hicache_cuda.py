@@ -9,7 +9,8 @@ import torch
 from engine.runtime.attention import KVPool
 from engine.runtime.host_pool import HostKVPool, Transfer
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 PS = 16
 
