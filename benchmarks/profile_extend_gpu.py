@@ -9,7 +9,8 @@ the server runs it (the forward, then the sampled token read back):
 For each it prints the wall time (median of ``--rounds``), the host time until the forward
 call returned (the launches; close to the wall time means the host, not the GPU, sets the
 pace), the summed kernel time from torch.profiler (the rest of the wall time is gaps between
-kernels), the achieved TFLOP/s of the linear layers, and the host synchronizations inside the
+kernels) and the number of kernels (host time per kernel launched), the achieved TFLOP/s of
+the linear layers, and the host synchronizations inside the
 forward with their call sites (``torch.cuda.set_sync_debug_mode``): a synchronization between
 layers stops the host from queueing ahead, so every launch after it is paid in full.
 
@@ -158,21 +159,23 @@ def main() -> int:
         prof = profile(activities=[ProfilerActivity.CUDA if device == "cuda"
                                    else ProfilerActivity.CPU])
         step(kind, around=prof)
-        kern = sum(ev.device_time for ev in prof.events()
-                   if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0)
+        cuda_events = [ev for ev in prof.events()
+                       if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0]
+        kern = sum(ev.device_time for ev in cuda_events)
         wall, host = statistics.median(walls), statistics.median(hosts)
         pre, new = kinds[kind]
-        rows.append((kind, pre, new, wall, host, kern / 1000, flops * new / (wall * 1e-3) / 1e12,
-                     syncs))
+        rows.append((kind, pre, new, wall, host, kern / 1000, len(cuda_events),
+                     flops * new / (wall * 1e-3) / 1e12, syncs))
 
     print(f"{args.backend}, page {args.page_size}, {args.rounds} rounds (median); linear "
-          f"layers {flops / 2e9:.2f} G parameters")
+          f"layers {flops / 2e6:.1f} M parameters")
     print("| step | prefix | new tokens | wall ms | host ms until the forward returned | "
-          "kernels ms | linear TFLOP/s over the wall | host syncs in the forward |")
-    print("|---|---|---|---|---|---|---|---|")
-    for kind, pre, new, wall, host, kern, tf, syncs in rows:
-        print(f"| {kind} | {pre} | {new} | {wall:.2f} | {host:.2f} | {kern:.2f} | {tf:.0f} | "
-              f"{sum(syncs.sites.values())} |")
+          "kernels ms | kernels | µs of host per kernel | linear TFLOP/s over the wall | "
+          "host syncs in the forward |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for kind, pre, new, wall, host, kern, n, tf, syncs in rows:
+        print(f"| {kind} | {pre} | {new} | {wall:.2f} | {host:.2f} | {kern:.2f} | {n} | "
+              f"{1000 * host / max(n, 1):.1f} | {tf:.0f} | {sum(syncs.sites.values())} |")
     for kind, *_, syncs in rows:
         for site, n in syncs.sites.most_common(12):
             print(f"  {kind}: {n} x {site}")
