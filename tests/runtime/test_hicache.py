@@ -395,6 +395,31 @@ def test_a_hit_on_several_nodes_is_loaded_as_one_copy(monkeypatch) -> None:
     assert loads == [out.cached_tokens_details["host"]], loads
 
 
+def test_a_claimed_node_keeps_its_host_copy_until_its_load_is_queued(monkeypatch) -> None:
+    """A hit's nodes get their device slots one by one and are copied together afterwards;
+    a later node's eviction may back pages up and so evict host copies. Until the load is
+    queued, none of the hit's host copies may be among them, neither those claimed already
+    nor those still to claim (here the harshest case: every host copy that may be evicted is,
+    after each claim)."""
+    claim = HiRadixCache._claim
+
+    def claim_then_evict_host(self: HiRadixCache, node: Any) -> bool:
+        ok = claim(self, node)
+        self._evict_host(self.host.capacity_tokens)
+        return ok
+
+    s = sched(slots=128, hicache_ratio=4.0)
+    conv = prompt(1, 20)
+    for turn in range(3):
+        generate(s, conv)
+        conv = conv + expected(conv, 4) + [(j * 5 + turn) % 50 for j in range(12)]
+    for i in range(2, 6):
+        generate(s, prompt(i, 60))
+    monkeypatch.setattr(HiRadixCache, "_claim", claim_then_evict_host)
+    out = generate(s, conv)  # (generate checks the tokens)
+    assert out.cached_tokens_details["host"] >= 40, out.cached_tokens_details
+
+
 def test_the_page_codec_refuses_short_corrupted_and_misplaced_pages() -> None:
     codec = PageCodec(256)
     key, other = "a" * 64, "b" * 64

@@ -114,21 +114,28 @@ class HiRadixCache(RadixCache):
                         device=sum(len(n.key) for n in dev))
         last = dev[-1] if dev else self.root
         self.inc_lock(last)
-        self._room_for(path[len(dev):])
+        todo = path[len(dev):]
         claimed: list[TreeNode] = []
-        for node in path[len(dev):]:
-            if not self._claim(node):
-                break
-            claimed.append(node)
-            self.inc_lock(node)
-            self.dec_lock(last)
-            last = node
-            if node.from_storage:
-                hit.storage += len(node.key)
-                node.from_storage = False
-            else:
-                hit.host += len(node.key)
-        self._load(claimed)
+        for node in todo:  # their host copies are read below: none is host-evicted meanwhile
+            node.pinned += 1
+        try:
+            self._room_for(todo)
+            for node in todo:
+                if not self._claim(node):
+                    break
+                claimed.append(node)
+                self.inc_lock(node)
+                self.dec_lock(last)
+                last = node
+                if node.from_storage:
+                    hit.storage += len(node.key)
+                    node.from_storage = False
+                else:
+                    hit.host += len(node.key)
+            self._load(claimed)
+        finally:
+            for node in todo:
+                node.pinned -= 1
         self.dec_lock(last)
         loaded = path[:_device_run(path)]
         hit.node = loaded[-1] if loaded else self.root
@@ -143,17 +150,11 @@ class HiRadixCache(RadixCache):
         """Evict for the device pages of all of ``nodes`` at once, before any is loaded: the
         backups an eviction queues then come before the loads on the copy stream, and the
         compute stream, which waits for a backup, need not wait for those loads (see
-        :class:`engine.runtime.host_pool.Transfer`)."""
+        :class:`engine.runtime.host_pool.Transfer`). ``nodes`` are pinned by the caller, so
+        a backup's room on the host does not come from them."""
         need = sum(len(n.key) for n in nodes) - self.allocator.free_tokens
-        if need <= 0:
-            return
-        for n in nodes:  # (a backup's room on the host must not come from these)
-            n.pinned += 1
-        try:
+        if need > 0:
             self.evict(need)
-        finally:
-            for n in nodes:
-                n.pinned -= 1
 
     def _claim(self, node: TreeNode) -> bool:
         """Give ``node`` device slots for its host pages (copied by :meth:`_load`); False when
@@ -178,10 +179,10 @@ class HiRadixCache(RadixCache):
             node.pinned -= 1
 
     def _load(self, nodes: list[TreeNode]) -> None:
-        """Copy the host pages of ``nodes`` (a run of the tree, claimed and locked) into their
-        device slots as one load: its layers are copied in turn across all the nodes, so the
-        forward's first layers wait for their share of every node, not for whole nodes before
-        them (a conversation's prefix is a chain of nodes, one a turn)."""
+        """Copy the host pages of ``nodes`` (a run of the tree, claimed, locked and pinned) into
+        their device slots as one load: its layers are copied in turn across all the nodes, so
+        the forward's first layers wait for their share of every node, not for whole nodes
+        before them (a conversation's prefix is a chain of nodes, one a turn)."""
         if not nodes:
             return
         self.transfer.to_device(torch.cat([n.host_value for n in nodes]),
