@@ -222,10 +222,11 @@ class ServerConfig:
         "write_through", "When device pages are copied to the host tier: write_through (when "
         "cached), write_through_selective (on the second hit), write_back (when evicted).",
         choices=("write_back", "write_through", "write_through_selective"))
-    hicache_io_backend: str = _opt(
-        "direct", "Host<->device copies: direct (on the copy engines: one 2-D copy per page run "
-        "covers several layers, so loads overlap the forward), kernel (one Triton gather/scatter "
-        "over pinned host memory, using the multiprocessors).",
+    hicache_io_backend: str | None = _opt(
+        None, "Host<->device copies: direct (runs of pages; on a GPU the copy engines, one 2-D "
+        "copy per run covering several layers, so loads overlap the forward), kernel (on a GPU "
+        "one Triton gather/scatter over pinned host memory, using the multiprocessors; on CPU "
+        "index copies). Default: direct on a GPU, kernel on CPU (the faster measured on each).",
         choices=("direct", "kernel", "kernel_ascend"))
     hicache_mem_layout: str = _opt(
         "layer_first", "Host pool layout: layer_first (as the device pool), page_first / "

@@ -24,13 +24,13 @@ CPU reads the pages (a backup no CPU reads is not waited for).
 ``--hicache-io-backend kernel`` moves the rows of every layer's K and V in one Triton kernel
 that reads or writes the pinned host pool in place (the GPU addresses pinned memory directly;
 no copy on the host, but the kernel takes the multiprocessors the forward needs); ``direct``
-(the default), and ``kernel`` where the kernel cannot serve (a page-first layout, host memory
-not pinned), copy runs of pages that follow each other on both sides. With
-a layer-first host pool each run is one 2-D copy per side that covers a group of layers
+(the default on a GPU), and ``kernel`` where the kernel cannot serve (a page-first layout,
+host memory not pinned), copy runs of pages that follow each other on both sides. With a
+layer-first host pool each run is one 2-D copy per side that covers a group of layers
 (``cudaMemcpy2DAsync`` between pinned memory and the device: the copy engines, no kernel
 beside the forward, a few calls per load; both pools keep each side's layers in one
 allocation); else one copy per run, layer and side. On CPU the layer-first ``kernel`` path is
-one index copy per layer and side.
+one index copy per layer and side (the default there: faster than runs of few pages).
 """
 
 from __future__ import annotations
