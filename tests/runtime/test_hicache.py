@@ -420,6 +420,13 @@ def test_a_claimed_node_keeps_its_host_copy_until_its_load_is_queued(monkeypatch
     assert out.cached_tokens_details["host"] >= 40, out.cached_tokens_details
 
 
+def test_the_io_backend_left_unset_is_index_copies_on_cpu() -> None:
+    """Unset, --hicache-io-backend is the faster copy measured on the device (index copies on
+    CPU; on a GPU the copy engines); named, it is taken as given."""
+    assert sched().cache.transfer.io == "kernel"
+    assert sched(hicache_io_backend="direct").cache.transfer.io == "direct"
+
+
 def test_the_page_codec_refuses_short_corrupted_and_misplaced_pages() -> None:
     codec = PageCodec(256)
     key, other = "a" * 64, "b" * 64
