@@ -157,26 +157,22 @@ class HiRadixCache(RadixCache):
             self.evict(need)
 
     def _claim(self, node: TreeNode) -> bool:
-        """Give ``node`` device slots for its host pages (copied by :meth:`_load`); False when
-        no room."""
+        """Give ``node`` (pinned by the caller) device slots for its host pages (copied by
+        :meth:`_load`); False when no room."""
         need = len(node.key)
-        node.pinned += 1
-        try:
-            if self.allocator.free_tokens < need:
-                self.evict(need - self.allocator.free_tokens)
-            if self.allocator.free_tokens < need:
-                return False
-            pages = self.allocator.alloc_pages(need // self.page_size)
-            dev = torch.tensor(pages, dtype=torch.long)[:, None] * self.page_size
-            node.value = (dev + torch.arange(self.page_size)).reshape(-1)
-            assert node.host_value is not None
-            if node.lock_ref == 0:
-                self.evictable_size += need
-            else:
-                self.protected_size += need
-            return True
-        finally:
-            node.pinned -= 1
+        if self.allocator.free_tokens < need:
+            self.evict(need - self.allocator.free_tokens)
+        if self.allocator.free_tokens < need:
+            return False
+        pages = self.allocator.alloc_pages(need // self.page_size)
+        dev = torch.tensor(pages, dtype=torch.long)[:, None] * self.page_size
+        node.value = (dev + torch.arange(self.page_size)).reshape(-1)
+        assert node.host_value is not None
+        if node.lock_ref == 0:
+            self.evictable_size += need
+        else:
+            self.protected_size += need
+        return True
 
     def _load(self, nodes: list[TreeNode]) -> None:
         """Copy the host pages of ``nodes`` (a run of the tree, claimed, locked and pinned) into

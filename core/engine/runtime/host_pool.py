@@ -242,9 +242,14 @@ class Transfer:
     #: 64, 39 at 16, 29 uncapped), so the copy takes the whole grid.
     LOAD_PROGRAMS: int | None = None
 
-    def __init__(self, device_pool: Any, host: HostKVPool, io_backend: str = "direct") -> None:
-        self.dev, self.host, self.io = device_pool, host, io_backend
+    def __init__(self, device_pool: Any, host: HostKVPool, io_backend: str | None = None
+                 ) -> None:
+        """``io_backend`` None: the faster copies measured on the device (docs/benchmarks/
+        hicache.md): ``direct`` on a GPU (the copy engines), ``kernel`` on CPU (index
+        copies)."""
         self.cuda = device_pool.device.type == "cuda"
+        self.dev, self.host = device_pool, host
+        self.io = io_backend or ("direct" if self.cuda else "kernel")
         self.stream = torch.cuda.Stream(device_pool.device) if self.cuda else None
         self._addr: Any = None  #: see _tables
         self._pitch: Any = None  #: see _pitches

@@ -106,16 +106,14 @@ def build_cache(config: Any, runner: Any, allocator: Any, policy: Any = None,
         log.warning("--page-size %d: every %d tokens are one storage page (one key, one store "
                     "entry); a larger page size (64) makes the storage tier far cheaper",
                     pool.page_size, pool.page_size)
-    # the faster copies measured on each (docs/benchmarks/hicache.md): the copy engines on a
-    # GPU, index copies on CPU
-    io = config.hicache_io_backend or ("direct" if pool.device.type == "cuda" else "kernel")
+    transfer = Transfer(pool, host, config.hicache_io_backend)
     log.info("hierarchical cache: host pool %d tokens (%.1f MiB, %s, %s), write policy %s, "
              "%s copies, storage %s", host.capacity_tokens, host.capacity_tokens
              * pool.bytes_per_token / 2**20, config.hicache_mem_layout,
-             config.hicache_host_memory_mode, config.hicache_write_policy, io,
+             config.hicache_host_memory_mode, config.hicache_write_policy, transfer.io,
              config.hicache_storage_backend or "none")
     return HiRadixCache(pool.page_size, allocator.free_slots, allocator=allocator, host=host,
-                        transfer=Transfer(pool, host, io),
+                        transfer=transfer,
                         write_policy=config.hicache_write_policy, policy=policy,
                         storage=storage, identity=ident,
                         prefetch_policy=config.hicache_storage_prefetch_policy, prefetch=core,
