@@ -52,7 +52,8 @@ def _mode_env(spec: str) -> None:
 
 
 def make_runner(spec: str, max_running: int, quantization: str | None = None,
-                model_dir: str = MODEL_DIR) -> ModelRunner:
+                model_dir: str = MODEL_DIR, *, page_size: int = 16,
+                max_total_tokens: int | None = None, device: str = "auto") -> ModelRunner:
     """``spec`` is a backend name, optionally ``:eager`` to turn CUDA graphs off (``:nopdl``:
     kernels launched without programmatic dependent launch; ``:fused``: the norms and
     SiLU-and-mul inside the one-row products; ``:fmerge``: the triton decode merge folded into
@@ -62,17 +63,20 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
     ``:l2``: the output projection's weights asked into L2 during decode attention; set by
     the caller through the environment, :data:`MODES`);
     ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
-    weights at load (e.g. ``fp8``); ``model_dir`` a dummy config's folder."""
+    weights at load (e.g. ``fp8``); ``model_dir`` a dummy config's folder; ``max_total_tokens``
+    the KV pool (default: room for ``max_running`` short prompts); ``device`` "cpu" runs
+    float32 activations (a smoke run)."""
     backend, _, mode = spec.partition(":")
-    cfg = ServerConfig(model_path=model_dir, load_format="dummy", dtype="bfloat16",
+    # (room for the timed batches' 128-token prompts and their steps, and small enough that
+    # several runners fit for the interleaved rounds)
+    tokens = max_total_tokens or max(40_000, 400 * max_running)
+    cfg = ServerConfig(model_path=model_dir, load_format="dummy", device=device,
+                       dtype="float32" if device == "cpu" else "bfloat16",
                        quantization=quantization,
-                       skip_tokenizer_init=True, attention_backend=backend, page_size=16,
-                       disable_cuda_graph=(mode == "eager"),
-                       # (room for the timed batches' 128-token prompts and their steps, and
-                       # small enough that several runners fit for the interleaved rounds)
-                       max_total_tokens=max(40_000, 400 * max_running),
+                       skip_tokenizer_init=True, attention_backend=backend, page_size=page_size,
+                       disable_cuda_graph=(mode == "eager"), max_total_tokens=tokens,
                        max_running_requests=max_running,
-                       context_length=4096, random_seed=0)
+                       context_length=max(4096, max_total_tokens or 0), random_seed=0)
     return ModelRunner(cfg)
 
 

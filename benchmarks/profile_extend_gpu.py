@@ -33,21 +33,10 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_gpu import MODEL_DIR  # noqa: E402
+from e2e_gpu import MODEL_DIR, make_runner  # noqa: E402
 
-from engine.config import ServerConfig  # noqa: E402
 from engine.runtime.model_runner import ModelRunner  # noqa: E402
 from engine.testing.batches import BatchBuilder  # noqa: E402
-
-
-def make_runner(backend: str, page_size: int, tokens: int, model_dir: str,
-                device: str = "cuda") -> ModelRunner:
-    cfg = ServerConfig(model_path=model_dir, load_format="dummy", device=device,
-                       dtype="bfloat16" if device == "cuda" else "float32",
-                       skip_tokenizer_init=True, attention_backend=backend, page_size=page_size,
-                       max_total_tokens=tokens, max_running_requests=4,
-                       context_length=max(8192, tokens), random_seed=0)
-    return ModelRunner(cfg)
 
 
 def linear_flops_per_token(runner: ModelRunner) -> float:
@@ -113,7 +102,8 @@ def main() -> int:
                     max_position_embeddings=8192).save_pretrained(args.model_dir)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     total = args.prefix + args.new
-    runner = make_runner(args.backend, args.page_size, 4 * total + 4096, args.model_dir, device)
+    runner = make_runner(args.backend, 4, model_dir=args.model_dir, page_size=args.page_size,
+                         max_total_tokens=4 * total + 4096, device=device)
     bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
     gen = torch.Generator().manual_seed(0)
 
