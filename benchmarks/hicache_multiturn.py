@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import re
 import statistics
 import subprocess
@@ -170,7 +171,12 @@ def serve_and_run(config: list[str], args: argparse.Namespace) -> dict[str, Any]
         return run_workload(url, args)
     finally:
         stop(proc, timeout=60)
-        os.unlink(log.name)
+        if args.server_logs:  # kept, one file a server started
+            os.makedirs(args.server_logs, exist_ok=True)
+            n = len(os.listdir(args.server_logs))
+            shutil.move(log.name, os.path.join(args.server_logs, f"server-{n}.log"))
+        else:
+            os.unlink(log.name)
 
 
 def main() -> None:
@@ -187,6 +193,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--url", help="measure this running server instead (no flags after --)")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--server-logs", metavar="DIR",
+                    help="keep each server's log in DIR (server-N.log, in the order started)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every configuration this many times, the order rotated each round")
     argv = sys.argv[1:]

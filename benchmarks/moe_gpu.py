@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "plugins" / "moe" / "torch"))
 from engine.api.moe import ExpertWeights, route  # noqa: E402
 from engine.testing.moe import runner_failures  # noqa: E402
 from engine_moe_torch.impl import TorchRunner  # noqa: E402
-from engine_moe_triton.impl import TritonRunner, table_name  # noqa: E402
+from engine_moe_triton.impl import GEMV_DEFAULT, TritonRunner, table_name  # noqa: E402
 
 MODEL_DIR = str(ROOT / "tests" / "data" / "qwen3-30b-a3b-dummy")
 E, K, H, I = 128, 8, 2048, 768  # Qwen3-30B-A3B's sparse layer
@@ -170,6 +170,12 @@ def sweep_gemv(tokens_list: list[int]) -> list[list]:
         for t, cfg in scores[:3]:
             rows.append([m, round(t * 1e3, 1), json.dumps(cfg)])
         rows.append([m, round(scores[-1][0] * 1e3, 1), "worst: " + json.dumps(scores[-1][1])])
+        default = dict(dict(down_block_n=None, down_block_k=None, acc2d=False), **GEMV_DEFAULT)
+        for rank, (t, cfg) in enumerate(scores):
+            if {k: cfg.get(k, False) for k in (*cfg, *default)} == \
+                    {k: default.get(k, False) for k in (*cfg, *default)}:
+                rows.append([m, round(t * 1e3, 1), f"the default (rank {rank + 1} of "
+                             f"{len(scores)}): " + json.dumps(cfg)])
     return rows
 
 

@@ -15,7 +15,8 @@ forward with their call sites (``torch.cuda.set_sync_debug_mode``): a synchroniz
 layers stops the host from queueing ahead, so every launch after it is paid in full.
 
     python3 benchmarks/profile_extend_gpu.py [--prefix 1920] [--new 540] [--small 16]
-        [--backend triton] [--page-size 64] [--rounds 5] [--model-dir DIR]
+        [--backend triton] [--page-size 64] [--rounds 5] [--model-dir DIR] [--host-profile N]
+        [--modes graphs,eager]
 """
 
 from __future__ import annotations
@@ -77,6 +78,43 @@ class SyncLog:
         warnings.showwarning = self._show
 
 
+class HostProfile:
+    """cProfile over the timed forward: where the host's launch time goes, by function and by
+    package (triton's launcher, torch's Python, the engine, C calls such as the launches)."""
+
+    def __init__(self) -> None:
+        import cProfile
+
+        self.prof = cProfile.Profile()
+
+    def __enter__(self) -> "HostProfile":
+        self.prof.enable()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.prof.disable()
+
+    def report(self, kind: str, top: int) -> list[str]:
+        import pstats
+
+        stats = pstats.Stats(self.prof).stats  # (file, line, fn) -> (cc, nc, tt, ct, callers)
+        total = sum(v[2] for v in stats.values()) or 1e-9
+        groups: collections.Counter[str] = collections.Counter()
+        for (file, _, _), v in stats.items():
+            g = ("triton" if "/triton/" in file else "torch" if "/torch/" in file
+                 else "engine" if "/engine/" in file or "/plugins/" in file
+                 else "C calls" if file == "~" else "other")
+            groups[g] += v[2]
+        lines = [f"  {kind}: host {total * 1e3:.2f} ms under cProfile: " + ", ".join(
+            f"{g} {t * 1e3:.2f}" for g, t in groups.most_common())]
+        rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+        for (file, line, fn), (_, nc, tt, ct, _) in rows:
+            where = fn if file == "~" else f"{'/'.join(file.split('/')[-2:])}:{line} {fn}"
+            lines.append(f"    {tt * 1e3:7.2f} ms self {ct * 1e3:7.2f} ms cum {nc:5d} calls  "
+                         f"{where}")
+        return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prefix", type=int, default=1920)
@@ -88,6 +126,11 @@ def main() -> int:
     ap.add_argument("--model-dir", default=MODEL_DIR)
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="a tiny random Llama on the CPU (torch_native): the script's own check")
+    ap.add_argument("--modes", default="graphs,eager",
+                    help="graphs: the runner's forward (breakable prefill graphs where the step "
+                    "fits); eager: the eager forward")
+    ap.add_argument("--host-profile", type=int, default=0, metavar="N",
+                    help="also run each step under cProfile and print its N costliest functions")
     args = ap.parse_args()
 
     device, vocab = "cuda", 32000
@@ -114,9 +157,11 @@ def main() -> int:
     kinds = {"recompute": (0, args.prefix + args.new), "hit": (args.prefix, args.new),
              "small": (args.prefix, args.small)}
 
-    def step(kind: str, around=None) -> tuple[float, float]:
-        """One step of ``kind`` on a fresh request: (wall ms, host ms until the forward
-        returned); ``around``: a context manager entered for the timed part only."""
+    def step(label: str, around=None) -> tuple[float, float]:
+        """One step of ``label`` (kind, mode) on a fresh request: (wall ms, host ms until the
+        forward returned); ``around``: a context manager entered for the timed part only."""
+        kind, mode = label
+        forward = runner.forward if mode == "graphs" else runner._forward
         pre, new = kinds[kind]
         row = bb.new_request()
         try:
@@ -126,7 +171,7 @@ def main() -> int:
             sync()
             with around if around is not None else contextlib.nullcontext():
                 t0 = time.perf_counter()
-                logits = runner.forward(batch)
+                logits = forward(batch)
                 t1 = time.perf_counter()
                 logits.argmax(-1).tolist()  # the sampled token read back, as the server does
                 t2 = time.perf_counter()
@@ -137,28 +182,41 @@ def main() -> int:
 
     from torch.profiler import ProfilerActivity, profile
 
-    for kind in kinds:  # warm-up: every kernel variant built
-        step(kind)
-        step(kind)
+    graphs = runner.prefill_graphs
+    modes = [m for m in args.modes.split(",") if m != "graphs" or graphs is not None]
+    labels = [(kind, mode) for kind in kinds for mode in modes]
+    for label in labels:  # warm-up: every kernel variant built
+        step(label)
+        step(label)
     flops = linear_flops_per_token(runner)
-    rows = []
-    for kind in kinds:
-        walls, hosts = zip(*(step(kind) for _ in range(args.rounds)))
+    rows, host_lines = [], []
+    for label in labels:
+        kind = label[0]
+        walls, hosts = zip(*(step(label) for _ in range(args.rounds)))
         syncs = SyncLog()
-        step(kind, around=syncs)
+        step(label, around=syncs)
         prof = profile(activities=[ProfilerActivity.CUDA if device == "cuda"
                                    else ProfilerActivity.CPU])
-        step(kind, around=prof)
+        step(label, around=prof)
         cuda_events = [ev for ev in prof.events()
                        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0]
         kern = sum(ev.device_time for ev in cuda_events)
+        if args.host_profile:
+            hp = HostProfile()
+            step(label, around=hp)
+            host_lines.extend(hp.report(" ".join(label), args.host_profile))
         wall, host = statistics.median(walls), statistics.median(hosts)
         pre, new = kinds[kind]
-        rows.append((kind, pre, new, wall, host, kern / 1000, len(cuda_events),
+        rows.append((" ".join(label), pre, new, wall, host, kern / 1000, len(cuda_events),
                      flops * new / (wall * 1e-3) / 1e12, syncs))
 
     print(f"{args.backend}, page {args.page_size}, {args.rounds} rounds (median); linear "
           f"layers {flops / 2e6:.1f} M parameters")
+    if graphs is not None:
+        print(f"breakable prefill graphs: {len(graphs.buckets)} token counts up to "
+              f"{graphs.max_tokens}, captured in {runner.startup_seconds.get('prefill graphs', 0):.1f} s "
+              "('graphs' rows replay them where the step fits; 'eager' rows run the forward "
+              "eagerly)")
     print("| step | prefix | new tokens | wall ms | host ms until the forward returned | "
           "kernels ms | kernels | µs of host per kernel | linear TFLOP/s over the wall | "
           "host syncs in the forward |")
@@ -169,6 +227,7 @@ def main() -> int:
     for kind, *_, syncs in rows:
         for site, n in syncs.sites.most_common(12):
             print(f"  {kind}: {n} x {site}")
+    print("\n".join(host_lines))
     return 0
 
 

@@ -257,8 +257,30 @@ class ServerConfig:
     disable_overlap_schedule: bool = _opt(
         False, "On a GPU, do not prepare the next step while the current forward runs (the "
         "overlap scheduler reads each step's tokens back one step later).", type=None)
-    disable_cuda_graph: bool = _opt(False, "Run decode eagerly on GPU.", type=None,
-                                    aliases=("--disable-decode-cuda-graph",))
+    disable_cuda_graph: bool = _opt(
+        False, "Run every step eagerly on GPU (no CUDA graphs for decode, prefill or "
+        "speculative verify).", type=None)
+    disable_decode_cuda_graph: bool = _opt(
+        False, "Run decode steps eagerly on GPU (prefill graphs stay).", type=None)
+    cuda_graph_backend_prefill: str = _opt(
+        "breakable", "Prefill forwards on GPU: 'breakable' replays everything but attention "
+        "from CUDA graphs, one per layer gap and token-count bucket (attention runs eagerly "
+        "between them, with the batch's own lengths); 'disabled' runs them eagerly. 'full' "
+        "(attention inside the graph) is not built.", choices=("full", "breakable", "disabled"))
+    disable_prefill_cuda_graph: bool = _opt(
+        False, "Run prefill forwards eagerly (--cuda-graph-backend-prefill disabled).",
+        type=None)
+    cuda_graph_max_bs_prefill: int | None = _opt(
+        None, "Most tokens of a prefill forward replayed from the breakable graphs (default "
+        "1024; a longer forward's device work outlasts its launches, and it runs eagerly).",
+        type=int)
+    cuda_graph_bs_prefill: tuple[int, ...] | None = _opt(
+        None, "Prefill token counts to capture (default: every 16 up to 256, then every 32 up "
+        "to --cuda-graph-max-bs-prefill); a forward is padded to the smallest that holds it.",
+        type=int, nargs="+")
+    debug_cuda_graph: bool = _opt(
+        False, "Run prefill forwards through the breakable graphs' breaks, buffers and padding "
+        "without capturing them (each operation eager).", type=None)
     cuda_graph_max_bs_decode: int | None = _opt(
         None, "Largest decode batch replayed from a CUDA graph (default: --max-running-requests, "
         "up to 256).", type=int)

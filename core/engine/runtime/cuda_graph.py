@@ -1,4 +1,5 @@
-"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket.
+"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket; prefill forwards
+from graphs broken at attention (:class:`PrefillGraphs`).
 
 A decode step launches a few hundred small kernels; on a GPU the host cannot issue them as fast
 as the device runs them, so each step is captured once per bucket and replayed. The runner copies
@@ -244,3 +245,234 @@ class VerifyGraphs:
         self.graphs[size].replay()
         out = self.outputs[size].index_select(0, batch.logits_indices)
         return self.head(out) if self.head is not None else out
+
+
+#: prefill token counts captured by default (:class:`PrefillGraphs`): every 16 up to 256, then
+#: every 32 up to 1024 (padding adds at most ~11 % of the tokens at 288 and ~3 % near 1024);
+#: past ~1k tokens the device work of a forward outlasts the host's launches, so the launches
+#: cost nothing that a graph would save
+PREFILL_BUCKETS = (*range(16, 257, 16), *range(288, 1025, 32))
+
+
+def prefill_buckets(max_tokens: int, sizes: Sequence[int] | None = None) -> list[int]:
+    """The prefill token counts to capture: ``sizes`` (``--cuda-graph-bs-prefill``) up to
+    ``max_tokens``, or :data:`PREFILL_BUCKETS` up to it and ``max_tokens`` itself (rounded up
+    to a multiple of 16) past them."""
+    if sizes:
+        return sorted({t for t in sizes if 1 <= t <= max_tokens})
+    buckets = [t for t in PREFILL_BUCKETS if t <= max_tokens]
+    top = -(-max_tokens // 16) * 16
+    if not buckets or buckets[-1] < top:
+        buckets.append(top)
+    return buckets
+
+
+class _Breaks:
+    """The attention backend a prefill forward under :class:`PrefillGraphs` sees: each
+    attention call is a break (the owner's :meth:`PrefillGraphs._break`); the pool is the real
+    one, so a model kernel that stores K/V itself does so inside the graph. It never asks
+    for the new K/V as rows (the model then stores them where it can)."""
+
+    def __init__(self, owner: "PrefillGraphs") -> None:
+        self._owner = owner
+        self.pool = owner.backend.pool
+
+    def reads_new_kv(self, batch: Batch) -> bool:
+        return False
+
+    def decodes_from_pool(self, batch: Batch) -> bool:
+        return False
+
+    def attend(self, q: torch.Tensor, layer: Any, batch: Batch) -> torch.Tensor:
+        return self._owner._break(layer, q, None, None)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
+                batch: Batch) -> torch.Tensor:
+        return self._owner._break(layer, q, k, v)
+
+
+class PrefillGraphs:
+    """Prefill (extend) forwards replayed from CUDA graphs broken at attention ("breakable"
+    graphs): per token-count bucket, one graph for everything before the first layer's
+    attention, one between each layer's attention and the next, one after the last. Attention
+    itself runs eagerly between the replays, with the real batch and its backend's metadata
+    (so any backend, any mix of prefix and new lengths); everything else, a few hundred small
+    launches whose host cost exceeds their device time for a prefill of up to ~1k tokens, is
+    replayed.
+
+    ``forward(batch, backend)`` runs the model over ``batch`` with attention ``backend`` up to
+    the final hidden states of ``batch.logits_indices``. A batch of ``t`` tokens is padded to the
+    smallest bucket that holds it: padding tokens are token 0 at position 0, their K/V go into
+    the reserved slot 0, and no attention sees them (attention covers the first ``t`` rows).
+    The tensors crossing a break (q, and k/v where the model does not store them itself; the
+    attention output) live in static buffers shared by every layer and bucket.
+
+    ``capture=False`` captures nothing: :meth:`run` then goes through the same breaks, buffers
+    and padding eagerly (``--debug-cuda-graph``; and how the CPU checks this class)."""
+
+    def __init__(self, forward: Callable[[Batch, Any], torch.Tensor], backend: AttentionBackend,
+                 req_to_token: torch.Tensor, max_tokens: int,
+                 sizes: Sequence[int] | None = None, pool: object = None,
+                 capture: bool = True) -> None:
+        self.forward, self.backend = forward, backend
+        self.buckets = prefill_buckets(max_tokens, sizes)
+        self.max_tokens = n = self.buckets[-1]
+        dev = req_to_token.device
+        self.device = dev
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.rows = torch.arange(n, dtype=torch.int64, device=dev)
+        self.one = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.req_to_token = req_to_token
+        self.proxy = _Breaks(self)
+        self._bufs: dict[tuple[Any, ...], torch.Tensor] = {}
+        #: per bucket: the graphs (one more than the breaks) and the breaks, in order, each
+        #: (layer spec, q buffer, k buffer or None, v buffer or None, output buffer)
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self.breaks: dict[int, list[tuple[Any, ...]]] = {}
+        self.hidden: dict[int, torch.Tensor] = {}  #: per bucket: the final hidden states
+        self._mode = "warm"  # what a break does: warm (nothing), capture, eager (attention)
+        self._trace: list[tuple[Any, ...]] = []
+        self._graph: Any = None
+        self._real: tuple[Batch, int, Any] | None = None
+        self.captured = capture
+        self.pool = None
+        if not capture:
+            return
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        t0 = time.monotonic()
+        for k, size in enumerate(reversed(self.buckets)):  # largest first: smaller reuse
+            self._capture(size)
+            if k == 0 or (k + 1) % 8 == 0:
+                log.info("captured prefill CUDA graphs %d/%d (%d tokens), %.1f s", k + 1,
+                         len(self.buckets), size, time.monotonic() - t0)
+        log.info("captured breakable prefill CUDA graphs for %d token counts up to %d "
+                 "(%d graphs each) in %.1f s", len(self.buckets), n,
+                 len(self.graphs[self.buckets[-1]]), time.monotonic() - t0)
+
+    # ------------------------------------------------------------------ capture
+
+    def _static_batch(self, size: int) -> Batch:
+        return Batch(
+            mode=ForwardMode.EXTEND, input_ids=self.input_ids[:size],
+            positions=self.positions[:size], out_cache_loc=self.out_cache_loc[:size],
+            req_pool_indices=self.one, seq_lens=self.one + size, prefix_lens=self.one,
+            extend_lens=self.one + size, req_to_token=self.req_to_token,
+            seq_lens_cpu=[size], prefix_lens_cpu=[0], extend_lens_cpu=[size],
+            logits_indices=self.rows[:size])
+
+    def _buf(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        key = (name, tuple(like.shape[1:]), like.dtype)
+        buf = self._bufs.get(key)
+        if buf is None:
+            buf = self._bufs[key] = torch.zeros((self.max_tokens, *like.shape[1:]),
+                                                dtype=like.dtype, device=like.device)
+        return buf
+
+    def _break(self, layer: Any, q: torch.Tensor, k: torch.Tensor | None,
+               v: torch.Tensor | None) -> torch.Tensor:
+        t = q.shape[0]
+        qb = self._buf("q", q)
+        qb[:t].copy_(q)
+        kb = vb = None
+        if k is not None and v is not None:
+            kb, vb = self._buf("k", k), self._buf("v", v)
+            kb[:t].copy_(k)
+            vb[:t].copy_(v)
+        ob = self._buf("out", q)
+        rec = (layer, qb, kb, vb, ob)
+        self._trace.append(rec)
+        if self._mode == "capture":
+            self._graph.capture_end()
+            self._segments.append(self._graph)
+            self._graph = torch.cuda.CUDAGraph()
+            self._graph.capture_begin(pool=self.pool)
+        elif self._mode == "eager":
+            assert self._real is not None
+            self._attend(rec, *self._real)
+        return ob[:t]
+
+    def _attend(self, rec: tuple[Any, ...], batch: Batch, t: int, loads: Any) -> None:
+        """Break ``rec``'s attention over the first ``t`` rows, for the real ``batch``."""
+        layer, qb, kb, vb, ob = rec
+        if loads is not None:
+            loads.wait(layer.layer_id)
+        if kb is not None:
+            out = self.backend.forward(qb[:t], kb[:t], vb[:t], layer, batch)
+        else:
+            out = self.backend.attend(qb[:t], layer, batch)
+        ob[:t].copy_(out.view(ob[:t].shape))
+
+    def _run_forward(self, size: int) -> torch.Tensor:
+        self._trace = []
+        out = self.forward(self._static_batch(size), self.proxy)
+        hb = self._buf("hidden", out)
+        hb[:size].copy_(out)
+        return hb
+
+    def _capture(self, size: int) -> None:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._mode = "warm"  # compile the kernels, settle the allocations
+            for _ in range(2):
+                self._run_forward(size)
+            torch.cuda.synchronize()
+            self._mode, self._segments = "capture", []
+            self._graph = torch.cuda.CUDAGraph()
+            self._graph.capture_begin(pool=self.pool)
+            try:
+                hb = self._run_forward(size)
+            finally:
+                self._graph.capture_end()
+                self._mode = "warm"
+            self._segments.append(self._graph)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graphs[size], self.breaks[size] = self._segments, self._trace
+        self.hidden[size] = hb
+        self._segments, self._graph, self._trace = [], None, []
+
+    # ------------------------------------------------------------------ replay
+
+    def size_for(self, batch: Batch) -> int:
+        """The bucket that replays ``batch`` (an extend batch without a tree), or 0."""
+        t = batch.num_tokens
+        if t > self.max_tokens or batch.tree_mask is not None or \
+                batch.mode is not ForwardMode.EXTEND:
+            return 0
+        return next(b for b in self.buckets if b >= t)
+
+    def run(self, batch: Batch, size: int) -> torch.Tensor:
+        """The final hidden states of ``batch.logits_indices`` (``batch`` prepared by the
+        attention backend; ``size`` from :meth:`size_for`)."""
+        t = batch.num_tokens
+        self.input_ids[:t].copy_(batch.input_ids)
+        self.positions[:t].copy_(batch.positions)
+        self.out_cache_loc[:t].copy_(batch.out_cache_loc)
+        if size > t:  # padding: token 0 at position 0, its K/V into the reserved slot 0
+            self.input_ids[t:size].zero_()
+            self.positions[t:size].zero_()
+            self.out_cache_loc[t:size].zero_()
+        loads = self.backend.pool.take_loads()
+        try:
+            if self.captured:
+                graphs = self.graphs[size]
+                for graph, rec in zip(graphs, self.breaks[size]):
+                    graph.replay()
+                    self._attend(rec, batch, t, loads)
+                graphs[-1].replay()
+                hidden = self.hidden[size]
+            else:
+                self._mode, self._real = "eager", (batch, t, loads)
+                try:
+                    hidden = self._run_forward(size)
+                finally:
+                    self._mode, self._real = "warm", None
+        finally:
+            if loads is not None:
+                loads.wait_all()
+        idx = batch.logits_indices
+        if idx is None:
+            idx = torch.cumsum(batch.extend_lens, 0) - 1
+        return hidden.index_select(0, idx)

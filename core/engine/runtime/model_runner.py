@@ -139,6 +139,8 @@ class ModelRunner:
         if config.enable_deterministic_inference:
             self._make_batch_invariant()
         self.decode_graphs = self._make_decode_graphs()
+        #: prefill forwards replayed from graphs broken at attention, or None (eager)
+        self.prefill_graphs = self._make_prefill_graphs()
         #: captured speculative verify forwards, one per width, narrowest first
         #: (:meth:`capture_verify_graphs`)
         self.verify_graphs: list[Any] = []
@@ -263,7 +265,8 @@ class ModelRunner:
     def _make_decode_graphs(self) -> Any:
         """CUDA graphs for decode steps, when allowed and the decode backend supports them (it
         says so itself); otherwise decode runs eagerly."""
-        if not (self.decode_backend.supports_cuda_graph and self._graphs_allowed("decode")):
+        if self.config.disable_decode_cuda_graph or not (
+                self.decode_backend.supports_cuda_graph and self._graphs_allowed("decode")):
             return None
         from engine.runtime.cuda_graph import DecodeGraphs
 
@@ -272,6 +275,51 @@ class ModelRunner:
                             self.max_running_requests)
             return DecodeGraphs(lambda b: self._forward(b, prepare=False), self.decode_backend,
                                 self.req_to_token, max_batch, self.config.cuda_graph_bs_decode)
+
+    def _make_prefill_graphs(self) -> Any:
+        """Breakable CUDA graphs for prefill forwards of up to ``--cuda-graph-max-bs-prefill``
+        tokens (:class:`~engine.runtime.cuda_graph.PrefillGraphs`; any attention backend: it
+        runs between the replays), when allowed and the model has no routed experts (their
+        runners group tokens by expert on the host at prefill sizes); sharing the decode
+        graphs' memory pool. ``--debug-cuda-graph``: the same breaks and buffers, uncaptured
+        (also on CPU). A capture that fails leaves prefill eager, with the reason logged."""
+        cfg = self.config
+        backend = cfg.cuda_graph_backend_prefill
+        if backend == "full":
+            raise ConfigError("--cuda-graph-backend-prefill full (attention inside the graph) "
+                              "is not built: 'breakable' replays everything but attention, "
+                              "'disabled' runs prefill eagerly")
+        if backend == "disabled" or cfg.disable_prefill_cuda_graph:
+            return None
+        debug = cfg.debug_cuda_graph
+        if cfg.is_embedding or cfg.enable_deterministic_inference or (
+                not debug and not self._graphs_allowed("prefill")):
+            return None
+        if self._experts is not None:
+            log.info("prefill runs without CUDA graphs: the model has routed experts")
+            return None
+        from engine.runtime.cuda_graph import PrefillGraphs
+
+        max_tokens = cfg.cuda_graph_max_bs_prefill or 1024
+        if max_tokens < 1:
+            raise ConfigError(f"--cuda-graph-max-bs-prefill {max_tokens}: must be positive")
+        pool = self.decode_graphs.pool if self.decode_graphs is not None else None
+
+        def forward(batch: Batch, attn: Any) -> torch.Tensor:
+            return self.model(batch.input_ids, batch.positions, batch, attn,
+                              batch.logits_indices)
+
+        try:
+            with torch.inference_mode(), self.phase("prefill graphs"):
+                return PrefillGraphs(forward, self.prefill_backend, self.req_to_token,
+                                     max_tokens, cfg.cuda_graph_bs_prefill, pool=pool,
+                                     capture=not debug)
+        except Exception as exc:  # noqa: BLE001 - serve eagerly, say why
+            log.warning("prefill runs without CUDA graphs: capturing them failed (%s: %s)",
+                        type(exc).__name__, exc)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            return None
 
     def capture_verify_graphs(self, width: int) -> None:
         """CUDA graphs for speculative verify forwards of up to ``width`` tokens per request
@@ -374,6 +422,12 @@ class ModelRunner:
         if graphs is not None and batch.is_decode and batch.batch_size <= graphs.max_batch:
             self.pool.settle_loads()  # (a replay cannot wait layer by layer)
             return graphs.run(batch)
+        prefill = self.prefill_graphs
+        if prefill is not None and getattr(self.model, "feature_sink", None) is None:
+            size = prefill.size_for(batch)
+            if size:
+                self.prefill_backend.prepare(batch)
+                return self._logits(prefill.run(batch, size))
         if batch.mode is ForwardMode.VERIFY:
             for verify in self.verify_graphs:
                 size = verify.size_for(batch)

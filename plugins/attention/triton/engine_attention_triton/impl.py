@@ -159,6 +159,8 @@ class TritonBackend(AttentionBackend):
         #: the fused merge's counters, one per (request, KV head), zero between launches
         #: (made by the first configuration that folds the merge)
         self._counters: torch.Tensor | None = None
+        #: tensor descriptors of the pool's K/V buffers (:meth:`_descriptors`), by buffer
+        self._pool_descriptors: dict[tuple[Any, ...], tuple[Any, Any] | None] = {}
         self.configure(kernel_config or default_config(pool.page_size))
 
     def configure(self, cfg: KernelConfig) -> None:
@@ -365,7 +367,11 @@ class TritonBackend(AttentionBackend):
         bn = self.cfg.extend_block_n
         if not self.cfg.extend_tma or page % bn:
             return None
-        return _row_descriptors(k_buf, v_buf, bn)
+        # the pool's buffers never move: each layer's descriptors are made once
+        key = (k_buf.data_ptr(), v_buf.data_ptr(), k_buf.shape, v_buf.shape, k_buf.dtype, bn)
+        if key not in self._pool_descriptors:
+            self._pool_descriptors[key] = _row_descriptors(k_buf, v_buf, bn)
+        return self._pool_descriptors[key]
 
     def _new_kv_descriptors(self, new_kv: tuple[torch.Tensor, torch.Tensor],
                             dtype: torch.dtype) -> tuple[Any, Any] | None:
