@@ -159,6 +159,7 @@ def sweep_gemv(tokens_list: list[int]) -> list[list]:
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
         w, ids = route(x @ router.t(), K, True)
         r = TritonRunner(None)
+        r.gemv_one = None  # every token count through the launch under test
         scores = []
         for cfg in configs:
             r.gemv = cfg

@@ -30,6 +30,7 @@ def triton_runner(gemv_max_pairs: int, acc2d: bool = False, combine: bool = Fals
     runner.gemv["acc2d"] = acc2d
     runner.gemv["next_tile"] = next_tile  # the next K tile's weights loaded first
     runner.fused_combine = combine  # the down projection sums the pairs itself
+    runner.gemv_one = None  # one token through the launch under test too
     return runner
 
 
@@ -43,6 +44,9 @@ for pairs, acc2d, combine, nxt in ((0, False, False, False), (64, False, False, 
                  for f in runner_failures(triton_runner(pairs, acc2d, combine, nxt),
                                           torch.device("cpu"), small=True,
                                           dtypes=(torch.float32,))]
+# the runner as built: one token through its own launch (GEMV_ONE_TOKEN)
+failures += [f"default runner: {f}" for f in runner_failures(
+    TritonRunner(None), torch.device("cpu"), small=True, dtypes=(torch.float32,))]
 # the combine inside the down projection gives the separate kernel's sums bit for bit (the
 # same rounded rows, the same order), and leaves its counters at zero for the next call
 from engine_moe_triton import kernels  # noqa: E402

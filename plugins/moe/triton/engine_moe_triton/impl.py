@@ -46,6 +46,11 @@ def default_config(tokens: int, num_experts: int, dtype: torch.dtype) -> dict[st
 #: (acc2d, summing each output once after its K loop, is in the sweep but not yet measured on
 #: an H200)
 GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8, acc2d=False)  # best of the H200 sweep
+#: one token (batch-1 decode): the next K tile's weights loaded first, 32 outputs a program in
+#: the down projection; the best of two H200 sweeps at one token (26.5 and 27.4 us against
+#: 30.7 for GEMV_DEFAULT, docs/benchmarks/moe.md), not measured at more tokens
+GEMV_ONE_TOKEN = dict(block_n=16, block_k=256, warps=4, down_block_n=32, down_block_k=256,
+                      acc2d=False, next_tile=True)
 
 
 def table_name(num_experts: int, width: int, device: str, dtype: torch.dtype) -> str:
@@ -78,6 +83,8 @@ class TritonRunner(MoERunner):
         self.gemv_max_pairs = 64
         #: its launch parameters (benchmarks/moe_gpu.py --sweep-gemv measures them)
         self.gemv: dict[str, int] = dict(GEMV_DEFAULT)
+        #: the launch for a single token, or None (``gemv`` serves it too)
+        self.gemv_one: dict[str, Any] | None = dict(GEMV_ONE_TOKEN)
         #: the matrix-vector path's down projection also sums each token's pairs (no separate
         #: combine kernel); opt-in, ``ENGINE_MOE_FUSED_COMBINE=1``
         self.fused_combine = os.environ.get("ENGINE_MOE_FUSED_COMBINE") == "1"
@@ -110,6 +117,7 @@ class TritonRunner(MoERunner):
         inter, h = experts.intermediate_size, experts.hidden_size
         act_quant = experts.act_quant  # a format's rounding of the rows (torch ops between GEMMs)
         if t * k <= self.gemv_max_pairs and act_quant is None:
+            launch = self.gemv_one if t == 1 and self.gemv_one is not None else self.gemv
             x = hidden.to(experts.w13.dtype)
             gate_up = torch.empty(t * k, 2 * inter, dtype=x.dtype, device=x.device)
             down = torch.empty(t * k, h, dtype=x.dtype, device=x.device)
@@ -117,9 +125,9 @@ class TritonRunner(MoERunner):
                    if self.fused_combine else None)
             if pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                         topk_weights.float().contiguous(), gate_up, down, combined=out,
-                        **({"acc2d": self.gemv.get("acc2d", False), "block_n": 16,
-                            "block_k": 16, "next_tile": self.gemv.get("next_tile", False)}
-                           if interpreting() else self.gemv)):
+                        **({"acc2d": launch.get("acc2d", False), "block_n": 16,
+                            "block_k": 16, "next_tile": launch.get("next_tile", False)}
+                           if interpreting() else launch)):
                 return out
             return combine_pairs(down, k, hidden.dtype)
         block = self.config_for(experts, t)
