@@ -15,16 +15,13 @@ import torch
 from engine.config import ServerConfig
 from engine.runtime.model_runner import ModelRunner
 from engine.testing.batches import BatchBuilder
+from test_sched_overlap_cuda import CONFIG as TINY_LLAMA
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-          "intermediate_size": 512, "num_hidden_layers": 3, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512,
-          "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-          "tie_word_embeddings": False, "torch_dtype": "float32", "bos_token_id": 1,
-          "eos_token_id": 2}
+# the overlap test's tiny Llama, one layer deeper and with longer positions
+CONFIG = {**TINY_LLAMA, "num_hidden_layers": 3, "max_position_embeddings": 2048}
 
 
 @pytest.fixture(scope="module", params=[("float32", 16), ("bfloat16", 64)],
