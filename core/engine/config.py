@@ -278,6 +278,10 @@ class ServerConfig:
         None, "Prefill token counts to capture (default: every 16 up to 256, then every 32 up "
         "to --cuda-graph-max-bs-prefill); a forward is padded to the smallest that holds it.",
         type=int, nargs="+")
+    disable_cuda_graph_padding: bool = _opt(
+        False, "Replay a CUDA graph only for a batch of exactly a captured size (decode and "
+        "verify: requests; prefill: tokens); other batches run eagerly instead of padded.",
+        type=None)
     debug_cuda_graph: bool = _opt(
         False, "Run prefill forwards through the breakable graphs' breaks, buffers and padding "
         "without capturing them (each operation eager).", type=None)

@@ -11,7 +11,8 @@ import torch
 from _default_model import EXACT, default_runner, greedy
 from engine.config import ServerConfig
 from engine.errors import ConfigError
-from engine.runtime.cuda_graph import PREFILL_BUCKETS, PrefillGraphs, prefill_buckets
+from engine.runtime.cuda_graph import (PREFILL_BUCKETS, PrefillGraphs, bucket_for,
+                                       prefill_buckets)
 from engine.runtime.model_runner import ModelRunner
 from engine.testing.batches import BatchBuilder
 
@@ -25,6 +26,26 @@ def test_prefill_buckets_pad_by_at_most_one_step_and_end_at_the_maximum() -> Non
     # past 256 tokens a forward is padded by at most an eighth
     pairs = [(a, b) for a, b in zip(PREFILL_BUCKETS, PREFILL_BUCKETS[1:]) if a >= 256]
     assert max((b - a) / a for a, b in pairs) <= 0.125
+
+
+def test_without_padding_only_a_captured_size_replays() -> None:
+    assert bucket_for([1, 2, 4, 8], 3) == 4 and bucket_for([1, 2, 4, 8], 9) == 0
+    assert bucket_for([1, 2, 4, 8], 3, padding=False) == 0
+    assert bucket_for([1, 2, 4, 8], 4, padding=False) == 4
+    graphs = _graphs(default_runner())
+    builder = BatchBuilder(default_runner().req_to_token, default_runner().pool.num_slots,
+                           default_runner().page_size)
+    row = builder.new_request()
+    try:
+        for n, padded, exact in ((20, 32, 0), (32, 32, 32), (65, 0, 0)):
+            batch = builder.extend([(row, [5] * n)])
+            graphs.padding = True
+            assert graphs.size_for(batch) == padded
+            graphs.padding = False
+            assert graphs.size_for(batch) == exact
+    finally:
+        builder.free(row)
+        default_runner().req_to_token.zero_()
 
 
 def _graphs(runner: ModelRunner, max_tokens: int = 64) -> PrefillGraphs:

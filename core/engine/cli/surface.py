@@ -187,8 +187,7 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--weight-version"),
     "CUDA graphs are captured per decode batch-size bucket and per prefill token-count "
     "bucket (breakable at attention); these settings are not built": (
-        "--cuda-graph-*", "--disable-cuda-graph-padding",
-        "--enable-profile-cuda-graph", "--enable-cudagraph-gc"),
+        "--cuda-graph-*", "--enable-profile-cuda-graph", "--enable-cudagraph-gc"),
     "kernel choices beyond the attention backend and quantization are not pluggable yet": (
         "--fp8-gemm-backend", "--fp4-gemm-backend", "--bf16-gemm-backend",
         "--disable-flashinfer-autotune", "--flashinfer-autotune-skip-ops",

@@ -54,6 +54,15 @@ def graph_buckets(max_batch: int, sizes: Sequence[int] | None = None) -> list[in
     return buckets
 
 
+def bucket_for(buckets: Sequence[int], n: int, padding: bool = True) -> int:
+    """The smallest of the sorted ``buckets`` that holds ``n``; 0 when none does, or (without
+    ``padding``, ``--disable-cuda-graph-padding``) when none is exactly ``n``."""
+    for b in buckets:
+        if b >= n:
+            return b if padding or b == n else 0
+    return 0
+
+
 def capture_graph(run: Callable[[], Any], pool: object) -> tuple[torch.cuda.CUDAGraph, Any]:
     """The CUDA graph of ``run()`` in memory ``pool`` (``None``: a pool of its own, the
     graph's ``pool()``), and what it returned (its output buffers). Two runs on a side stream
@@ -79,6 +88,8 @@ class DecodeGraphs:
                  req_to_token: torch.Tensor, max_batch: int,
                  sizes: Sequence[int] | None = None, sample: bool = True) -> None:
         self.sample = sample
+        #: pad a batch to the next bucket (False: replay only batches of a bucket's size)
+        self.padding = True
         self.buckets = graph_buckets(max_batch, sizes)
         self.max_batch = self.buckets[-1]
         dev = req_to_token.device
@@ -133,11 +144,15 @@ class DecodeGraphs:
 
         self.graphs[size], (self.logits[size], self.ids[size]) = capture_graph(step, self.pool)
 
-    def run(self, batch: Batch) -> torch.Tensor:
-        """Replay the smallest bucket that holds ``batch``; float32 logits [B, vocab], and the
-        tokens drawn from them in ``batch.drawn_ids``."""
+    def size_for(self, batch: Batch) -> int:
+        """The bucket that replays the decode ``batch`` (:func:`bucket_for`), or 0."""
+        return bucket_for(self.buckets, batch.batch_size, self.padding)
+
+    def run(self, batch: Batch, size: int | None = None) -> torch.Tensor:
+        """Replay bucket ``size`` (default: the smallest that holds ``batch``); float32 logits
+        [B, vocab], and the tokens drawn from them in ``batch.drawn_ids``."""
         bs = batch.batch_size
-        size = next(b for b in self.buckets if b >= bs)
+        size = size or bucket_for(self.buckets, bs)
         self.input_ids[:bs].copy_(batch.input_ids)
         self.positions[:bs].copy_(batch.positions)
         self.out_cache_loc[:bs].copy_(batch.out_cache_loc)
@@ -175,6 +190,7 @@ class VerifyGraphs:
                  sizes: Sequence[int] | None = None, pool: object = None,
                  head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.head = head
+        self.padding = True  #: as :attr:`DecodeGraphs.padding` (requests, not rows)
         self.width = w = width
         self.buckets = [b for b in graph_buckets(max_batch, sizes)
                         if b * w <= VERIFY_GRAPH_TOKENS] or [1]
@@ -221,7 +237,7 @@ class VerifyGraphs:
         if (bs > self.max_batch or batch.tree_mask is None
                 or batch.num_tokens != bs * self.width):
             return 0
-        return next(b for b in self.buckets if b >= bs)
+        return bucket_for(self.buckets, bs, self.padding)
 
     def run(self, batch: Batch, size: int) -> torch.Tensor:
         """Replay the graph of ``size`` (:meth:`size_for`) over ``batch``; float32 logits of
@@ -315,6 +331,7 @@ class PrefillGraphs:
                  sizes: Sequence[int] | None = None, pool: object = None,
                  capture: bool = True) -> None:
         self.forward, self.backend = forward, backend
+        self.padding = True  #: as :attr:`DecodeGraphs.padding` (tokens)
         self.buckets = prefill_buckets(max_tokens, sizes)
         self.max_tokens = n = self.buckets[-1]
         dev = req_to_token.device
@@ -437,11 +454,9 @@ class PrefillGraphs:
 
     def size_for(self, batch: Batch) -> int:
         """The bucket that replays ``batch`` (an extend batch without a tree), or 0."""
-        t = batch.num_tokens
-        if t > self.max_tokens or batch.tree_mask is not None or \
-                batch.mode is not ForwardMode.EXTEND:
+        if batch.tree_mask is not None or batch.mode is not ForwardMode.EXTEND:
             return 0
-        return next(b for b in self.buckets if b >= t)
+        return bucket_for(self.buckets, batch.num_tokens, self.padding)
 
     def run(self, batch: Batch, size: int) -> torch.Tensor:
         """The final hidden states of ``batch.logits_indices`` (``batch`` prepared by the

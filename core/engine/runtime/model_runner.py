@@ -273,8 +273,11 @@ class ModelRunner:
         with torch.inference_mode():
             max_batch = min(self.config.cuda_graph_max_bs_decode or self.max_running_requests,
                             self.max_running_requests)
-            return DecodeGraphs(lambda b: self._forward(b, prepare=False), self.decode_backend,
-                                self.req_to_token, max_batch, self.config.cuda_graph_bs_decode)
+            graphs = DecodeGraphs(lambda b: self._forward(b, prepare=False),
+                                  self.decode_backend, self.req_to_token, max_batch,
+                                  self.config.cuda_graph_bs_decode)
+        graphs.padding = not self.config.disable_cuda_graph_padding
+        return graphs
 
     def _make_prefill_graphs(self) -> Any:
         """Breakable CUDA graphs for prefill forwards of up to ``--cuda-graph-max-bs-prefill``
@@ -311,9 +314,11 @@ class ModelRunner:
 
         try:
             with torch.inference_mode(), self.phase("prefill graphs"):
-                return PrefillGraphs(forward, self.prefill_backend, self.req_to_token,
-                                     max_tokens, cfg.cuda_graph_bs_prefill, pool=pool,
-                                     capture=not debug)
+                graphs = PrefillGraphs(forward, self.prefill_backend, self.req_to_token,
+                                       max_tokens, cfg.cuda_graph_bs_prefill, pool=pool,
+                                       capture=not debug)
+                graphs.padding = not cfg.disable_cuda_graph_padding
+                return graphs
         except Exception as exc:  # noqa: BLE001 - serve eagerly, say why
             log.warning("prefill runs without CUDA graphs: capturing them failed (%s: %s)",
                         type(exc).__name__, exc)
@@ -368,9 +373,11 @@ class ModelRunner:
         with torch.inference_mode():
             max_batch = min(self.config.cuda_graph_max_bs_decode or self.max_running_requests,
                             self.max_running_requests)
-            return VerifyGraphs(forward, self.verify_backend, self.req_to_token, max_batch,
-                                width, self.config.cuda_graph_bs_decode, pool=pool,
-                                head=self._logits)
+            graphs = VerifyGraphs(forward, self.verify_backend, self.req_to_token, max_batch,
+                                  width, self.config.cuda_graph_bs_decode, pool=pool,
+                                  head=self._logits)
+        graphs.padding = not self.config.disable_cuda_graph_padding
+        return graphs
 
     def block_graphs(self, width: int, adapter: Any = None, plain_rows: int = 0) -> Any:
         """Verify-shaped CUDA graphs for blocks of ``width`` tokens per request run by the
@@ -419,9 +426,9 @@ class ModelRunner:
         graph when one fits.
         """
         graphs = self.decode_graphs
-        if graphs is not None and batch.is_decode and batch.batch_size <= graphs.max_batch:
+        if graphs is not None and batch.is_decode and (size := graphs.size_for(batch)):
             self.pool.settle_loads()  # (a replay cannot wait layer by layer)
-            return graphs.run(batch)
+            return graphs.run(batch, size)
         prefill = self.prefill_graphs
         if prefill is not None and getattr(self.model, "feature_sink", None) is None:
             size = prefill.size_for(batch)
