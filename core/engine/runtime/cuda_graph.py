@@ -340,7 +340,7 @@ class PrefillGraphs:
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
         self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
         self.rows = torch.arange(n, dtype=torch.int64, device=dev)
-        self.one = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.zero = torch.zeros(1, dtype=torch.int64, device=dev)
         self.req_to_token = req_to_token
         self.proxy = _Breaks(self)
         self._bufs: dict[tuple[Any, ...], torch.Tensor] = {}
@@ -374,8 +374,8 @@ class PrefillGraphs:
         return Batch(
             mode=ForwardMode.EXTEND, input_ids=self.input_ids[:size],
             positions=self.positions[:size], out_cache_loc=self.out_cache_loc[:size],
-            req_pool_indices=self.one, seq_lens=self.one + size, prefix_lens=self.one,
-            extend_lens=self.one + size, req_to_token=self.req_to_token,
+            req_pool_indices=self.zero, seq_lens=self.zero + size, prefix_lens=self.zero,
+            extend_lens=self.zero + size, req_to_token=self.req_to_token,
             seq_lens_cpu=[size], prefix_lens_cpu=[0], extend_lens_cpu=[size],
             logits_indices=self.rows[:size])
 
@@ -432,9 +432,17 @@ class PrefillGraphs:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._mode = "warm"  # compile the kernels, settle the allocations
-            for _ in range(2):
+            # compile the kernels, settle the allocations; the first time with attention (the
+            # static batch: one request of row 0, whose K/V go to slot 0), so that an output
+            # the buffers cannot take fails here, not at a replay
+            batch = self._static_batch(size)
+            self.backend.prepare(batch)
+            self._mode, self._real = "eager", (batch, size, None)
+            try:
                 self._run_forward(size)
+            finally:
+                self._mode, self._real = "warm", None
+            self._run_forward(size)
             torch.cuda.synchronize()
             self._mode, self._segments = "capture", []
             self._graph = torch.cuda.CUDAGraph()
