@@ -423,7 +423,8 @@ class ModelRunner:
         Writes the new tokens' K/V into the pool at ``batch.out_cache_loc``. When
         ``batch.logits_indices`` is None, the last token of every request is used. Decode
         batches, and verify batches padded to the verify graphs' width, replay a captured CUDA
-        graph when one fits.
+        graph when one fits; extend batches of up to ``--cuda-graph-max-bs-prefill`` tokens
+        replay the breakable prefill graphs (attention eager between them).
         """
         graphs = self.decode_graphs
         if graphs is not None and batch.is_decode and (size := graphs.size_for(batch)):
