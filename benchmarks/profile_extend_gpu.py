@@ -214,7 +214,8 @@ def main() -> int:
           f"layers {flops / 2e6:.1f} M parameters")
     if graphs is not None:
         print(f"breakable prefill graphs: {len(graphs.buckets)} token counts up to "
-              f"{graphs.max_tokens}, captured in {runner.startup_seconds.get('prefill graphs', 0):.1f} s "
+              f"{graphs.max_tokens}, captured in "
+              f"{runner.startup_seconds.get('prefill graphs', 0):.1f} s "
               "('graphs' rows replay them where the step fits; 'eager' rows run the forward "
               "eagerly)")
     print("| step | prefix | new tokens | wall ms | host ms until the forward returned | "
