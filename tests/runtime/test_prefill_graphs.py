@@ -23,6 +23,8 @@ def test_prefill_buckets_pad_by_at_most_one_step_and_end_at_the_maximum() -> Non
     assert prefill_buckets(100) == [16, 32, 48, 64, 80, 96, 112]
     assert prefill_buckets(2000)[-1] == 2000 and prefill_buckets(2001)[-1] == 2016
     assert prefill_buckets(4096, [64, 5000, 8, 64]) == [8, 64]
+    with pytest.raises(ConfigError, match="no token count within 1..1024"):
+        prefill_buckets(1024, [2048, 4096])
     # past 256 tokens a forward is padded by at most an eighth
     pairs = [(a, b) for a, b in zip(PREFILL_BUCKETS, PREFILL_BUCKETS[1:]) if a >= 256]
     assert max((b - a) / a for a, b in pairs) <= 0.125

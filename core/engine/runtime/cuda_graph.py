@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from engine.errors import ConfigError
 from engine.runtime.attention import AttentionBackend
 from engine.runtime.batch import Batch, ForwardMode
 
@@ -275,7 +276,11 @@ def prefill_buckets(max_tokens: int, sizes: Sequence[int] | None = None) -> list
     ``max_tokens``, or :data:`PREFILL_BUCKETS` up to it and ``max_tokens`` itself (rounded up
     to a multiple of 16) past them."""
     if sizes:
-        return sorted({t for t in sizes if 1 <= t <= max_tokens})
+        chosen = sorted({t for t in sizes if 1 <= t <= max_tokens})
+        if not chosen:
+            raise ConfigError(f"--cuda-graph-bs-prefill {' '.join(map(str, sizes))}: no token "
+                              f"count within 1..{max_tokens} (--cuda-graph-max-bs-prefill)")
+        return chosen
     buckets = [t for t in PREFILL_BUCKETS if t <= max_tokens]
     top = -(-max_tokens // 16) * 16
     if not buckets or buckets[-1] < top:

@@ -319,6 +319,8 @@ class ModelRunner:
                                        capture=not debug)
                 graphs.padding = not cfg.disable_cuda_graph_padding
                 return graphs
+        except ConfigError:
+            raise
         except Exception as exc:  # noqa: BLE001 - serve eagerly, say why
             log.warning("prefill runs without CUDA graphs: capturing them failed (%s: %s)",
                         type(exc).__name__, exc)
