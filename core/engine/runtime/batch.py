@@ -82,6 +82,12 @@ class Batch:
     def is_decode(self) -> bool:
         return self.mode is ForwardMode.DECODE
 
+    def logits_rows(self) -> torch.Tensor:
+        """The rows whose logits are wanted: :attr:`logits_indices`, or each request's last."""
+        if self.logits_indices is not None:
+            return self.logits_indices
+        return torch.cumsum(self.extend_lens, 0) - 1
+
 
 def to_device(values: list[int] | list[float] | torch.Tensor, device: torch.device,
               dtype: torch.dtype = torch.long) -> torch.Tensor:

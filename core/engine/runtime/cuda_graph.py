@@ -87,10 +87,11 @@ class DecodeGraphs:
 
     def __init__(self, forward: Callable[[Batch], torch.Tensor], backend: AttentionBackend,
                  req_to_token: torch.Tensor, max_batch: int,
-                 sizes: Sequence[int] | None = None, sample: bool = True) -> None:
+                 sizes: Sequence[int] | None = None, sample: bool = True,
+                 padding: bool = True) -> None:
         self.sample = sample
         #: pad a batch to the next bucket (False: replay only batches of a bucket's size)
-        self.padding = True
+        self.padding = padding
         self.buckets = graph_buckets(max_batch, sizes)
         self.max_batch = self.buckets[-1]
         dev = req_to_token.device
@@ -189,9 +190,10 @@ class VerifyGraphs:
     def __init__(self, forward: Callable[[Batch], torch.Tensor], backend: AttentionBackend,
                  req_to_token: torch.Tensor, max_batch: int, width: int,
                  sizes: Sequence[int] | None = None, pool: object = None,
-                 head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 padding: bool = True) -> None:
         self.head = head
-        self.padding = True  #: as :attr:`DecodeGraphs.padding` (requests, not rows)
+        self.padding = padding  #: as :attr:`DecodeGraphs.padding` (requests, not rows)
         self.width = w = width
         self.buckets = [b for b in graph_buckets(max_batch, sizes)
                         if b * w <= VERIFY_GRAPH_TOKENS] or [1]
@@ -334,13 +336,12 @@ class PrefillGraphs:
     def __init__(self, forward: Callable[[Batch, Any], torch.Tensor], backend: AttentionBackend,
                  req_to_token: torch.Tensor, max_tokens: int,
                  sizes: Sequence[int] | None = None, pool: object = None,
-                 capture: bool = True) -> None:
+                 capture: bool = True, padding: bool = True) -> None:
         self.forward, self.backend = forward, backend
-        self.padding = True  #: as :attr:`DecodeGraphs.padding` (tokens)
+        self.padding = padding  #: as :attr:`DecodeGraphs.padding` (tokens)
         self.buckets = prefill_buckets(max_tokens, sizes)
         self.max_tokens = n = self.buckets[-1]
         dev = req_to_token.device
-        self.device = dev
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
         self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -353,7 +354,8 @@ class PrefillGraphs:
         #: (layer spec, q buffer, k buffer or None, v buffer or None, output buffer)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.breaks: dict[int, list[tuple[Any, ...]]] = {}
-        self.hidden: dict[int, torch.Tensor] = {}  #: per bucket: the final hidden states
+        #: the final hidden states every bucket's last graph writes (a static buffer)
+        self.hidden: torch.Tensor | None = None
         self._mode = "warm"  # what a break does: warm (nothing), capture, eager (attention)
         self._trace: list[tuple[Any, ...]] = []
         self._graph: Any = None
@@ -426,6 +428,15 @@ class PrefillGraphs:
             out = self.backend.attend(qb[:t], layer, batch)
         ob[:t].copy_(out.view(ob[:t].shape))
 
+    def _run_eager(self, size: int, batch: Batch, t: int, loads: Any) -> torch.Tensor:
+        """:meth:`_run_forward` with each break's attention run at once, for the real
+        ``batch`` of ``t`` tokens."""
+        self._mode, self._real = "eager", (batch, t, loads)
+        try:
+            return self._run_forward(size)
+        finally:
+            self._mode, self._real = "warm", None
+
     def _run_forward(self, size: int) -> torch.Tensor:
         self._trace = []
         out = self.forward(self._static_batch(size), self.proxy)
@@ -442,25 +453,20 @@ class PrefillGraphs:
             # the buffers cannot take fails here, not at a replay
             batch = self._static_batch(size)
             self.backend.prepare(batch)
-            self._mode, self._real = "eager", (batch, size, None)
-            try:
-                self._run_forward(size)
-            finally:
-                self._mode, self._real = "warm", None
+            self._run_eager(size, batch, size, None)
             self._run_forward(size)
             torch.cuda.synchronize()
             self._mode, self._segments = "capture", []
             self._graph = torch.cuda.CUDAGraph()
             self._graph.capture_begin(pool=self.pool)
             try:
-                hb = self._run_forward(size)
+                self.hidden = self._run_forward(size)
             finally:
                 self._graph.capture_end()
                 self._mode = "warm"
             self._segments.append(self._graph)
         torch.cuda.current_stream().wait_stream(stream)
         self.graphs[size], self.breaks[size] = self._segments, self._trace
-        self.hidden[size] = hb
         self._segments, self._graph, self._trace = [], None, []
 
     # ------------------------------------------------------------------ replay
@@ -490,17 +496,11 @@ class PrefillGraphs:
                     graph.replay()
                     self._attend(rec, batch, t, loads)
                 graphs[-1].replay()
-                hidden = self.hidden[size]
+                hidden = self.hidden
+                assert hidden is not None
             else:
-                self._mode, self._real = "eager", (batch, t, loads)
-                try:
-                    hidden = self._run_forward(size)
-                finally:
-                    self._mode, self._real = "warm", None
+                hidden = self._run_eager(size, batch, t, loads)
         finally:
             if loads is not None:
                 loads.wait_all()
-        idx = batch.logits_indices
-        if idx is None:
-            idx = torch.cumsum(batch.extend_lens, 0) - 1
-        return hidden.index_select(0, idx)
+        return hidden.index_select(0, batch.logits_rows())

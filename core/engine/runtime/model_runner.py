@@ -273,11 +273,9 @@ class ModelRunner:
         with torch.inference_mode():
             max_batch = min(self.config.cuda_graph_max_bs_decode or self.max_running_requests,
                             self.max_running_requests)
-            graphs = DecodeGraphs(lambda b: self._forward(b, prepare=False),
-                                  self.decode_backend, self.req_to_token, max_batch,
-                                  self.config.cuda_graph_bs_decode)
-        graphs.padding = not self.config.disable_cuda_graph_padding
-        return graphs
+            return DecodeGraphs(lambda b: self._forward(b, prepare=False), self.decode_backend,
+                                self.req_to_token, max_batch, self.config.cuda_graph_bs_decode,
+                                padding=not self.config.disable_cuda_graph_padding)
 
     def _make_prefill_graphs(self) -> Any:
         """Breakable CUDA graphs for prefill forwards of up to ``--cuda-graph-max-bs-prefill``
@@ -314,11 +312,10 @@ class ModelRunner:
 
         try:
             with torch.inference_mode(), self.phase("prefill graphs"):
-                graphs = PrefillGraphs(forward, self.prefill_backend, self.req_to_token,
-                                       max_tokens, cfg.cuda_graph_bs_prefill, pool=pool,
-                                       capture=not debug)
-                graphs.padding = not cfg.disable_cuda_graph_padding
-                return graphs
+                return PrefillGraphs(forward, self.prefill_backend, self.req_to_token,
+                                     max_tokens, cfg.cuda_graph_bs_prefill, pool=pool,
+                                     capture=not debug,
+                                     padding=not cfg.disable_cuda_graph_padding)
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - serve eagerly, say why
@@ -375,11 +372,10 @@ class ModelRunner:
         with torch.inference_mode():
             max_batch = min(self.config.cuda_graph_max_bs_decode or self.max_running_requests,
                             self.max_running_requests)
-            graphs = VerifyGraphs(forward, self.verify_backend, self.req_to_token, max_batch,
-                                  width, self.config.cuda_graph_bs_decode, pool=pool,
-                                  head=self._logits)
-        graphs.padding = not self.config.disable_cuda_graph_padding
-        return graphs
+            return VerifyGraphs(forward, self.verify_backend, self.req_to_token, max_batch,
+                                width, self.config.cuda_graph_bs_decode, pool=pool,
+                                head=self._logits,
+                                padding=not self.config.disable_cuda_graph_padding)
 
     def block_graphs(self, width: int, adapter: Any = None, plain_rows: int = 0) -> Any:
         """Verify-shaped CUDA graphs for blocks of ``width`` tokens per request run by the
@@ -460,10 +456,7 @@ class ModelRunner:
                    if batch.mode is ForwardMode.VERIFY else self.prefill_backend)
         if prepare:
             backend.prepare(batch)
-        idx = batch.logits_indices
-        if idx is None:
-            idx = torch.cumsum(batch.extend_lens, 0) - 1
-        return self.model(batch.input_ids, batch.positions, batch, backend, idx)
+        return self.model(batch.input_ids, batch.positions, batch, backend, batch.logits_rows())
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.config.is_embedding:  # last-token pooling of the final norm's output
