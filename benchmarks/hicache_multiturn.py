@@ -41,8 +41,8 @@ import argparse
 import json
 import os
 import random
-import shutil
 import re
+import shutil
 import statistics
 import subprocess
 import sys
