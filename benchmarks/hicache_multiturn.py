@@ -49,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -62,9 +63,10 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
-def stream_turn(client: httpx.Client, ids: list[int], n: int) -> tuple[float, list[int], dict]:
+def stream_turn(client: httpx.Client, ids: list[int], n: int, rid: str
+                ) -> tuple[float, list[int], dict]:
     """One streamed turn: (seconds to the first token, output ids, final meta_info)."""
-    body = {"input_ids": ids, "stream": True, "sampling_params": {
+    body = {"input_ids": ids, "stream": True, "rid": rid, "sampling_params": {
         "temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
     t0 = time.perf_counter()
     ttft, out, meta = None, [], {}
@@ -113,12 +115,13 @@ def run_workload(url: str, args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 t = turns_done[c]
                 ids = convs[c] + user[c][t]
-                ttft, out, meta = stream_turn(client, ids, args.output_tokens)
+                rid = f"c{c}-t{t}-{uuid.uuid4().hex[:8]}"
+                ttft, out, meta = stream_turn(client, ids, args.output_tokens, rid)
                 with lock:
                     convs[c] = ids + out
                     turns_done[c] += 1
                     busy.discard(c)
-                    records.append({"turn": t, "ttft": ttft, "prompt": len(ids),
+                    records.append({"rid": rid, "turn": t, "ttft": ttft, "prompt": len(ids),
                                     "out": len(out), "cached": meta.get("cached_tokens", 0),
                                     "tiers": meta.get("cached_tokens_details") or {}})
 
@@ -141,7 +144,35 @@ def run_workload(url: str, args: argparse.Namespace) -> dict[str, Any]:
             "ttft_later_p50_ms": pct(later, 50) * 1e3, "ttft_later_p99_ms": pct(later, 99) * 1e3,
             "output_tok_s": sum(r["out"] for r in records) / wall,
             "prompt_tok_s": prompt / wall, "hit": tiers,
-            "mean_prompt_tokens": prompt / len(records)}
+            "mean_prompt_tokens": prompt / len(records), "records": records}
+
+
+#: the phases of ``--enable-request-time-stats-logging`` (ms), as the table shows them
+PHASES = ("queue", "prefill", "handover", "ttft")
+
+
+def later_phases(records: list[dict[str, Any]], log_path: str) -> dict[str, float]:
+    """The server's time stats of the later turns (their medians, ms), joined to the client's
+    records by request id; ``http`` is the client's TTFT less the server's (the HTTP path:
+    request parsing, the stream's first event, the client)."""
+    stats: dict[str, dict[str, Any]] = {}
+    with open(log_path, errors="replace") as fh:
+        for line in fh:
+            if '"queue"' in line and "{" in line:
+                try:
+                    item = json.loads(line[line.index("{"):])
+                except ValueError:
+                    continue
+                stats[item.get("rid", "")] = item
+    rows = [(r, stats[r["rid"]]) for r in records if r["turn"] > 0 and r["rid"] in stats]
+    if not rows:
+        return {}
+    out = {k: statistics.median(s[k] for _, s in rows if s.get(k) is not None)
+           for k in PHASES}
+    out["http"] = statistics.median(r["ttft"] * 1e3 - s["ttft"] for r, s in rows
+                                    if s.get("ttft") is not None)
+    out["client ttft"] = statistics.median(r["ttft"] * 1e3 for r, _ in rows)
+    return out
 
 
 def split_env(flags: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -160,6 +191,8 @@ def serve_and_run(config: list[str], args: argparse.Namespace) -> dict[str, Any]
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="engine-hicache-bench-", suffix=".log",
                                       delete=False)
+    if args.time_stats:
+        flags = [*flags, "--enable-request-time-stats-logging", "--log-requests-format", "json"]
     cmd = [sys.executable, "-m", "engine.cli.main", "serve", "--host", "127.0.0.1", "--port",
            str(port), "--max-running-requests", str(max(args.concurrency, 1)), *flags]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -168,7 +201,11 @@ def serve_and_run(config: list[str], args: argparse.Namespace) -> dict[str, Any]
     try:
         if not wait_ready(proc, url, log.name):
             raise SystemExit(f"server failed: {' '.join(flags)}")
-        return run_workload(url, args)
+        res = run_workload(url, args)
+        if args.time_stats:
+            log.flush()
+            res["phases"] = later_phases(res["records"], log.name)
+        return res
     finally:
         stop(proc, timeout=60)
         if args.server_logs:  # kept, one file a server started
@@ -195,6 +232,9 @@ def main() -> None:
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--server-logs", metavar="DIR",
                     help="keep each server's log in DIR (server-N.log, in the order started)")
+    ap.add_argument("--time-stats", action="store_true",
+                    help="start the servers with --enable-request-time-stats-logging and show "
+                    "where the later turns' TTFT went (queue, prefill, hand-over, HTTP)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every configuration this many times, the order rotated each round")
     argv = sys.argv[1:]
@@ -217,7 +257,8 @@ def main() -> None:
         for k in range(len(configs)):
             c = (r + k) % len(configs)
             res = run_workload(args.url, args) if args.url else serve_and_run(configs[c], args)
-            res["flags"], res["round"] = " ".join(configs[c]) or args.url, r
+            res["flags"], res["round"] = " ".join(configs[c]) or args.url or "(defaults)", r
+            res.pop("records")
             got[c] = res
             print(json.dumps(res), file=sys.stderr)
         rounds.append([got[c] for c in range(len(configs))])
@@ -245,6 +286,17 @@ def main() -> None:
                      for rnd in rounds if rnd[0]["ttft_later_p50_ms"] > 0]
             print(f"| `{r['flags']}` | {' / '.join(f'{v:.0f}' for v in per)} | "
                   f"{' / '.join(f'{v:.2f}x' for v in ratio)} |")
+    if any(r.get("phases") for rnd in rounds for r in rnd):
+        print("\nLater turns, medians in ms (server: --enable-request-time-stats-logging; "
+              "http: the client's TTFT less the server's):\n")
+        names = (*PHASES, "http", "client ttft")
+        print("| configuration | round | " + " | ".join(names) + " |")
+        print("|---|---|" + "---|" * len(names))
+        for c in range(len(configs)):
+            for rnd in rounds:
+                ph = rnd[c].get("phases") or {}
+                print(f"| `{rnd[c]['flags']}` | {rnd[c]['round']} | " + " | ".join(
+                    f"{ph[k]:.1f}" if k in ph else "" for k in names) + " |")
     if len(results) > 1 and results[0]["ttft_later_p50_ms"] > 0:
         for r in results[1:]:
             print(f"\nlater-turn TTFT p50 of `{r['flags']}`: "
@@ -264,6 +316,7 @@ def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "round":
             out[key] = statistics.median(r[key] for r in runs)
     out["hit"] = {k: statistics.median(r["hit"][k] for r in runs) for k in runs[0]["hit"]}
+    out.pop("phases", None)
     return out
 
 

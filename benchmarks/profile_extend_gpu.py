@@ -16,7 +16,7 @@ layers stops the host from queueing ahead, so every launch after it is paid in f
 
     python3 benchmarks/profile_extend_gpu.py [--prefix 1920] [--new 540] [--small 16]
         [--backend triton] [--page-size 64] [--rounds 5] [--model-dir DIR] [--host-profile N]
-        [--modes graphs,eager]
+        [--modes graphs,eager] [--kernels N]
 """
 
 from __future__ import annotations
@@ -129,6 +129,8 @@ def main() -> int:
     ap.add_argument("--modes", default="graphs,eager",
                     help="graphs: the runner's forward (breakable prefill graphs where the step "
                     "fits); eager: the eager forward")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="also print each step's N costliest kernels (summed by name)")
     ap.add_argument("--host-profile", type=int, default=0, metavar="N",
                     help="also run each step under cProfile and print its N costliest functions")
     args = ap.parse_args()
@@ -189,7 +191,7 @@ def main() -> int:
         step(label)
         step(label)
     flops = linear_flops_per_token(runner)
-    rows, host_lines = [], []
+    rows, host_lines, kernel_lines = [], [], []
     for label in labels:
         kind = label[0]
         walls, hosts = zip(*(step(label) for _ in range(args.rounds)))
@@ -201,6 +203,14 @@ def main() -> int:
         cuda_events = [ev for ev in prof.events()
                        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0]
         kern = sum(ev.device_time for ev in cuda_events)
+        if args.kernels:
+            by_name: collections.defaultdict[str, list[float]] = collections.defaultdict(list)
+            for ev in cuda_events:
+                by_name[ev.name[:70]].append(ev.device_time)
+            kernel_lines.append(f"  {' '.join(label)}: {kern / 1000:.2f} ms of kernels")
+            for name, ts in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:args.kernels]:
+                kernel_lines.append(f"    {sum(ts) / 1000:7.3f} ms {len(ts):5d} x "
+                                    f"{sum(ts) / len(ts):8.1f} us  {name}")
         if args.host_profile:
             hp = HostProfile()
             step(label, around=hp)
@@ -228,6 +238,7 @@ def main() -> int:
     for kind, *_, syncs in rows:
         for site, n in syncs.sites.most_common(12):
             print(f"  {kind}: {n} x {site}")
+    print("\n".join(kernel_lines))
     print("\n".join(host_lines))
     return 0
 

@@ -360,6 +360,11 @@ class ServerConfig:
         type=int, choices=(0, 1, 2, 3))
     log_requests_format: str = _opt("text", "Request log lines as text or one JSON object.",
                                     choices=("text", "json"))
+    enable_request_time_stats_logging: bool = _opt(
+        False, "Log where each finished request's time went: waiting to be scheduled, its "
+        "prefill until the first token was on the host, the hand-over to the HTTP side, "
+        "time to first token and decoding (one line a request, as --log-requests-format).",
+        type=None)
     enable_custom_logit_processor: bool = _opt(
         False, "Let requests choose a custom logit processor by name: custom_logit_processor "
         "{\"callable\": NAME} with custom_params; NAME is built in (disallowed_tokens) or "

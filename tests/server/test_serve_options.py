@@ -24,6 +24,7 @@ def server() -> Iterator[Server]:
             "--stream-interval", "4", "--incremental-streaming-output",
             "--enable-cache-report", "--allow-auto-truncate", "--log-requests",
             "--log-requests-level", "3", "--log-requests-format", "json",
+            "--enable-request-time-stats-logging",
             "--preferred-sampling-params", '{"temperature": 0}',
             "--schedule-policy", "priority", "--tp-size", "1", "--trust-remote-code",
             "--completion-template", "star_coder")) as s:
@@ -76,10 +77,18 @@ def test_auto_truncate_and_request_log(server):
     assert r.json()["usage"]["prompt_tokens"] == 256 - 8
     time.sleep(0.5)
     log = open(server.log_path, errors="replace").read()
-    line = next(ln for ln in log.splitlines() if '"rid": "long-one"' in ln)
+    line = next(ln for ln in log.splitlines()
+                if '"rid": "long-one"' in ln and "sampling_params" in ln)
     record = json.loads(line[line.index("{"):])
     assert record["prompt_tokens"] == 248 and record["sampling_params"]["temperature"] == 0
     assert record["input"].startswith("word") and "output" in record
+    line = next(ln for ln in log.splitlines() if '"rid": "long-one"' in ln and '"queue"' in ln)
+    times = json.loads(line[line.index("{"):])
+    assert times["prompt_tokens"] == 248 and times["completion_tokens"] == 8
+    phases = ("queue", "prefill", "handover", "ttft", "decode", "e2e")
+    assert all(times[k] >= 0 for k in phases), times
+    assert times["queue"] + times["prefill"] + times["handover"] <= times["ttft"] + 1e-6
+    assert times["prefill"] > 0 and times["ttft"] + times["decode"] <= times["e2e"] + 1e-6
     assert "--tp-size 1 is accepted and changes nothing here" in log
     assert "--trust-remote-code is accepted and changes nothing here" in log
 

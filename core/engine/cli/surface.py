@@ -222,7 +222,7 @@ NOT_YET: dict[str, tuple[str, ...]] = {
         "--enable-mfu-metrics", "--load-snapshot-publish-interval", "--tokenizer-metrics-*",
         "--extra-metric-labels", "--bucket-*", "--prompt-tokens-buckets",
         "--generation-tokens-buckets", "--gc-warning-threshold-secs", "--decode-log-interval",
-        "--enable-request-time-stats-logging", "--kv-events-config", "--load-publish-endpoint",
+        "--kv-events-config", "--load-publish-endpoint",
         "--enable-forward-pass-metrics", "--export-metrics-to-file*"),
     "OpenTelemetry tracing is not built": (
         "--enable-trace", "--trace-modules", "--otlp-traces-endpoint", "--otlp-service-name"),

@@ -6,6 +6,7 @@ verification."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from engine.runtime.grammar import GrammarDeadEnd
@@ -120,6 +121,9 @@ def fill_counts(req: Req, delta: ReqOutput) -> None:
     delta.cached_tokens_details = req.cached_tiers
     delta.spec_verify_ct, delta.spec_accepted_tokens = (req.spec_verify_ct,
                                                         req.spec_accepted_tokens)
+    if req.finished:
+        delta.time_stats = {"arrival": req.arrival, "scheduled": req.scheduled_time,
+                            "first_token": req.first_token_time, "finished": time.monotonic()}
 
 
 def held_back(text: str, stops: list[str]) -> int:

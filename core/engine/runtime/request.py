@@ -45,6 +45,9 @@ class ReqOutput:
     #: speculative decoding: verify forwards of this request so far, draft tokens accepted
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
+    #: on the last output: the scheduler's times of the request (``time.monotonic()``):
+    #: ``arrival``, ``scheduled`` (first admitted), ``first_token`` (on the host), ``finished``
+    time_stats: dict[str, float | None] | None = None
 
 
 Sink = Callable[[ReqOutput], None]
@@ -152,7 +155,8 @@ class Req:
     sent_len: int = 0
     finish_reason: dict[str, Any] | None = None
     arrival: float = field(default_factory=time.monotonic)
-    first_token_time: float | None = None
+    scheduled_time: float | None = None  #: first admitted into a batch
+    first_token_time: float | None = None  #: its first token known on the host
     num_retractions: int = 0
     spec_verify_ct: int = 0  #: speculative verify forwards it took part in
     spec_accepted_tokens: int = 0  #: draft tokens of it the target accepted

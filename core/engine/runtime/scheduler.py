@@ -505,6 +505,8 @@ class Scheduler:
         if req.num_retractions == 0:
             req.cached_tokens = len(cached)
             req.cached_tiers = hit.tiers()
+        if req.scheduled_time is None:
+            req.scheduled_time = time.monotonic()
         req.row = self.rows.alloc()
         if len(cached):
             self.runner.req_to_token[req.row, :len(cached)] = to_device(cached, self.device)

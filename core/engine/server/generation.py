@@ -317,7 +317,19 @@ class Generation:
             m.e2e.labels(name).observe(now - self.start)
             if self.config.log_requests:
                 self._log_finished(out.rid, s, now - self.start)
+            if self.config.enable_request_time_stats_logging and out.time_stats:
+                self._log_times(out, s, now)
         return s
+
+    def _log_times(self, out: ReqOutput, s: SeqState, now: float) -> None:
+        """``--enable-request-time-stats-logging``: one line for a finished sequence, times
+        in ms from the HTTP side's start of the request (:func:`time_stats_record`)."""
+        record = time_stats_record(out, self.start, s.first_token_at, now)
+        if self.config.log_requests_format == "json":
+            request_log.info(json.dumps(record))
+        else:
+            request_log.info("request time stats %s", " ".join(
+                f"{k}={json.dumps(v)}" for k, v in record.items()))
 
     def _log_finished(self, rid: str, s: SeqState, seconds: float) -> None:
         """One log line for a finished sequence, as ``--log-requests-level`` and
@@ -340,6 +352,30 @@ class Generation:
         else:
             request_log.info("finished request %s", " ".join(
                 f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in record.items()))
+
+
+def time_stats_record(out: ReqOutput, start: float, first_token_at: float | None,
+                      now: float) -> dict[str, Any]:
+    """Where a finished sequence's time went, in ms: ``queue`` (the request's arrival at the
+    scheduler to its admission into a batch), ``prefill`` (admission to its first token on the
+    scheduler's host: batch building, the forwards, sampling, the read-back), ``handover``
+    (that token to the HTTP side), ``ttft`` (the HTTP side's start of the request to its first
+    token there), ``decode`` (its first token to its last) and ``e2e``, with the token counts
+    and the cached tokens per tier. A time the sequence never reached is null."""
+    t = out.time_stats or {}
+
+    def ms(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else round((b - a) * 1e3, 3)
+
+    return {"rid": out.rid, "prompt_tokens": out.prompt_tokens,
+            "cached_tokens": out.cached_tokens,
+            "cached_tokens_details": out.cached_tokens_details or {},
+            "completion_tokens": out.completion_tokens,
+            "queue": ms(t.get("arrival"), t.get("scheduled")),
+            "prefill": ms(t.get("scheduled"), t.get("first_token")),
+            "handover": ms(t.get("first_token"), first_token_at),
+            "ttft": ms(start, first_token_at), "decode": ms(first_token_at, now),
+            "e2e": ms(start, now)}
 
 
 def internal_failure(states: list[SeqState]) -> str | None:
