@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from typing import Iterator
 
 import httpx
 
@@ -16,6 +19,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stream_events(conn: http.client.HTTPConnection, path: str,
+                  body: dict) -> Iterator[dict]:
+    """POST ``body`` as JSON to ``path`` over ``conn`` (kept alive between calls) and yield the
+    JSON object of each server-sent event as it arrives, up to ``[DONE]``. The standard
+    library's client: per request it costs the client ~0.5-1 ms less than httpx (measured on a
+    2-core machine against /health), which a time-to-first-token benchmark would count as the
+    server's."""
+    conn.request("POST", path, body=json.dumps(body),
+                 headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"{path}: HTTP {r.status}: {r.read()[:500]!r}")
+    try:
+        while True:
+            line = r.readline()
+            if not line:
+                return
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                return
+            yield json.loads(data)
+    finally:
+        r.read()  # the rest, so the connection can take the next request
 
 
 def wait_ready(proc: subprocess.Popen, url: str, log_path: str, poll_s: float = 0.5,

@@ -38,6 +38,8 @@ A GPU (dummy 8B weights)::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.client
 import json
 import os
 import random
@@ -50,10 +52,10 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
-from _server import free_port, stop, wait_ready  # this folder, on the path when run as a script
+from _server import free_port, stop, stream_events, wait_ready  # this folder, on the path when run as a script
 
 
 def pct(values: list[float], q: float) -> float:
@@ -63,23 +65,29 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
-def stream_turn(client: httpx.Client, ids: list[int], n: int, rid: str
+def stream_turn(client: Any, ids: list[int], n: int, rid: str
                 ) -> tuple[float, list[int], dict]:
-    """One streamed turn: (seconds to the first token, output ids, final meta_info)."""
+    """One streamed turn: (seconds to the first token, output ids, final meta_info);
+    ``client`` an ``http.client.HTTPConnection`` or an ``httpx.Client``."""
     body = {"input_ids": ids, "stream": True, "rid": rid, "sampling_params": {
         "temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
     t0 = time.perf_counter()
     ttft, out, meta = None, [], {}
+    for item in (stream_events(client, "/generate", body)
+                 if isinstance(client, http.client.HTTPConnection)
+                 else _httpx_events(client, body)):
+        if ttft is None and item.get("output_ids"):
+            ttft = time.perf_counter() - t0
+        out, meta = item.get("output_ids", out), item.get("meta_info", meta)
+    return ttft if ttft is not None else time.perf_counter() - t0, out, meta
+
+
+def _httpx_events(client: httpx.Client, body: dict) -> Iterator[dict]:
     with client.stream("POST", "/generate", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            item = json.loads(line[6:])
-            if ttft is None and item.get("output_ids"):
-                ttft = time.perf_counter() - t0
-            out, meta = item.get("output_ids", out), item.get("meta_info", meta)
-    return ttft if ttft is not None else time.perf_counter() - t0, out, meta
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
 
 
 def run_workload(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -103,8 +111,15 @@ def run_workload(url: str, args: argparse.Namespace) -> dict[str, Any]:
                     return order.pop(k)
             return None
 
+    def connect() -> Any:
+        if args.client == "httpx":
+            return httpx.Client(base_url=url, timeout=600)
+        host, _, port = url.split("://", 1)[-1].rstrip("/").partition(":")
+        return contextlib.closing(http.client.HTTPConnection(host, int(port or 80),
+                                                             timeout=600))
+
     def worker() -> None:
-        with httpx.Client(base_url=url, timeout=600) as client:
+        with connect() as client:
             while True:
                 c = take()
                 if c is None:
@@ -232,6 +247,9 @@ def main() -> None:
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--server-logs", metavar="DIR",
                     help="keep each server's log in DIR (server-N.log, in the order started)")
+    ap.add_argument("--client", choices=("http.client", "httpx"), default="http.client",
+                    help="the HTTP client (the standard library's costs less time per "
+                    "request, which would count as TTFT)")
     ap.add_argument("--time-stats", action="store_true",
                     help="start the servers with --enable-request-time-stats-logging and show "
                     "where the later turns' TTFT went (queue, prefill, hand-over, HTTP)")

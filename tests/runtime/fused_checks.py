@@ -1,6 +1,7 @@
 """The fused decoder kernels against the torch ops they replace, in bfloat16 (and float16): run
 under TRITON_INTERPRET=1 on a CPU, or on a GPU. Prints one JSON list of failures."""
 
+import itertools
 import json
 import os
 import sys
@@ -64,15 +65,19 @@ for dtype in dtypes:
         gu = torch.randn(t, 2 * n, generator=g).to(device, dtype)
         close(f"silu_and_mul {dtype} {t}x{n}", fused.silu_and_mul(gu),
               F.silu(gu[:, :n]) * gu[:, n:])
-    for hq, hkv, d, qk_norm in ((4, 2, 64, True), (8, 8, 128, False), (2, 1, 32, True)):
+    # 7 tokens: one head a program; 40: several heads a program (mixed q/k/v groups, a group
+    # partly past the last head)
+    for (hq, hkv, d, qk_norm), t in itertools.product(
+            ((4, 2, 64, True), (8, 8, 128, False), (2, 1, 32, True), (6, 1, 64, False)),
+            (7, 40)):
         cfg = ModelConfig(architecture="LlamaForCausalLM", hidden_size=hq * d,
                           intermediate_size=8, num_hidden_layers=1, num_attention_heads=hq,
                           num_key_value_heads=hkv, head_dim=d, vocab_size=8,
                           max_position_embeddings=256, rope_theta=10000.0)
         rot = Rotary(cfg).to(device)
-        t = 7
         qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).to(device, dtype)
-        pos = torch.tensor([0, 1, 2, 100, 5, 255, 17], device=device)
+        pos = torch.tensor([0, 1, 2, 100, 5, 255, 17] * (t // 7) + list(range(t % 7)),
+                           device=device)
         qn, kn = RMSNorm(d, 1e-6, dtype).to(device), RMSNorm(d, 1e-6, dtype).to(device)
         qn.weight.data.copy_(torch.randn(d, generator=g) * 0.3 + 1)
         kn.weight.data.copy_(torch.randn(d, generator=g) * 0.3 + 1)
@@ -91,10 +96,10 @@ for dtype in dtypes:
         # the variant that stores k and v straight into the KV pool: q and k as close to the
         # torch ops as the plain kernel's (its compiled arithmetic may round one unit
         # differently), v exactly, at the tokens' slots; nothing else written
-        slots = 40
+        slots = 100
         k_pool = torch.zeros(slots, hkv, d, dtype=dtype, device=device)
         v_pool = torch.zeros(slots, hkv, d, dtype=dtype, device=device)
-        loc = torch.tensor([3, 17, 5, 39, 11, 20, 1], device=device)
+        loc = torch.randperm(slots, generator=g)[:t].to(device)
         q2 = fused.qk_norm_rope_store(qkv, hq, hkv, d, pos, rot.cos_cache, rot.sin_cache,
                                       qn.weight if qk_norm else None,
                                       kn.weight if qk_norm else None, 1e-6, k_pool, v_pool, loc)

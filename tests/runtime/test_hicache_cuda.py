@@ -50,6 +50,48 @@ def test_pages_round_trip_through_pinned_host_memory_on_the_copy_stream(layout, 
         host.free(slots)
 
 
+@pytest.mark.parametrize("io", ["kernel", "direct"])
+def test_a_loads_later_layer_groups_are_queued_as_the_forward_reaches_them(io) -> None:
+    from engine.runtime.host_pool import DIRECT_LOAD_LAYERS, LOAD_GROUPS_AHEAD
+
+    n = 12
+    dev = KVPool(num_layers=n, num_kv_heads=2, head_dim=64, num_slots=64 * PS, page_size=PS,
+                 dtype=torch.bfloat16, device=torch.device("cuda"))
+    host = HostKVPool(dev, 32 * PS, pin=True)
+    t = Transfer(dev, host, io)
+    per = DIRECT_LOAD_LAYERS if io == "direct" else 1
+    groups = -(-n // per)
+    src = torch.arange(4 * PS, 10 * PS)
+    for layer in range(n):
+        dev.k[layer].normal_()
+        dev.v[layer].normal_()
+    want = [(dev.k[layer][src].clone(), dev.v[layer][src].clone()) for layer in range(n)]
+    slots = host.alloc(len(src))
+    t.to_host(src.cuda() if io == "kernel" else src, slots)
+    dst = torch.arange(40 * PS, 46 * PS)
+    t.to_device(slots, dst)
+    assert len(t._deferred) == groups - LOAD_GROUPS_AHEAD, "the first groups are queued"
+    loads = dev.take_loads()
+    for layer in range(n):
+        loads.wait(layer)
+        queued = min(groups, layer // per + 1 + LOAD_GROUPS_AHEAD)
+        assert len(t._deferred) == groups - queued, layer
+        assert torch.equal(dev.k[layer][dst], want[layer][0]), layer
+        assert torch.equal(dev.v[layer][dst], want[layer][1]), layer
+    # a backup asked for after a load comes after all of the load's copies on the copy
+    # stream: its pages are what the load wrote
+    for layer in range(n):
+        dev.k[layer][dst] = 0
+        dev.v[layer][dst] = 0
+    t.to_device(slots, dst)
+    back = host.alloc(len(src))
+    t.to_host(dst.cuda() if io == "kernel" else dst, back)
+    assert not t._deferred
+    dev.settle_loads()
+    for layer in range(n):
+        assert torch.equal(host.k[layer][back].to(want[layer][0].device), want[layer][0])
+
+
 def tiny_llama() -> dict:
     """The overlap test's tiny Llama, with four layers (more layers to load one by one)."""
     from test_sched_overlap_cuda import CONFIG

@@ -164,7 +164,7 @@ def test_standalone_drafts_replay_the_draft_models_decode_graphs(path) -> None:
     assert draft.decode_graphs is not None and target.verify_graphs
     replays = []
     run = draft.decode_graphs.run
-    draft.decode_graphs.run = lambda b: replays.append(b.batch_size) or run(b)
+    draft.decode_graphs.run = lambda b, *size: replays.append(b.batch_size) or run(b, *size)
     got = generate(Scheduler(cfg, target, speculative=spec), prompts, 20)
     assert got == plain and replays
     assert spec.stats.accepted_tokens >= 0.9 * spec.stats.draft_tokens

@@ -42,54 +42,69 @@ def _add_rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, stride_x, stri
 @triton.jit
 def _qk_norm_rope(src_ptr, q_out_ptr, k_out_ptr, v_out_ptr, loc_ptr, qw_ptr, kw_ptr, cos_ptr,
                   sin_ptr, pos_ptr, stride_src, stride_cache, hq, hkv, eps, HALF: tl.constexpr,
-                  NORM: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr):
-    """Program (t, h): head h of token t's qkv row: q heads, then k heads, then (STORE only) v
-    heads. q/k are normed (NORM) and rotated; with STORE, k and v go straight into the KV
-    pool's rows ``loc[t]`` ([slots, hkv, D] each), else k into k_out [T, hkv, D]."""
+                  HEADS: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr,
+                  PDL: tl.constexpr):
+    """Program (t, g): heads ``g * HEADS ..`` of token t's qkv row (q heads, then k heads, then
+    (STORE only) v heads), the token's cos/sin loaded once for them. q/k are normed (NORM) and
+    rotated; with STORE, k and v go straight into the KV pool's rows ``loc[t]`` ([slots, hkv,
+    D] each), else k into k_out [T, hkv, D]. Every head's arithmetic is the same whatever
+    HEADS is (one head a program for a few tokens, several for a prefill's thousands)."""
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)[:, None]  # [HEADS, 1]
     dt = q_out_ptr.dtype.element_ty
-    offs = tl.arange(0, HALF)
+    offs = tl.arange(0, HALF)[None, :]
+    n_heads = hq + (2 * hkv if STORE else hkv)
+    ok = h < n_heads
     is_q = h < hq
+    is_k = (h >= hq) & (h < hq + hkv)
     pdl_trigger(PDL)
     # before the wait: the positions and cache rows (written before the step's first kernel),
-    # the cos/sin tables and the norm weights (constants); every head loads the row's cos/sin
+    # the cos/sin tables and the norm weights (constants)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     c1 = _round(tl.load(cos_ptr + pos * stride_cache + offs), dt)
     c2 = _round(tl.load(cos_ptr + pos * stride_cache + HALF + offs), dt)
     s1 = _round(tl.load(sin_ptr + pos * stride_cache + offs), dt)  # -sin (sin_signed)
     s2 = _round(tl.load(sin_ptr + pos * stride_cache + HALF + offs), dt)
     if NORM:
-        w_ptr = tl.where(is_q, qw_ptr, kw_ptr)
-        w1 = tl.load(w_ptr + offs).to(tl.float32)
-        w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
+        w1 = tl.where(is_q, tl.load(qw_ptr + offs), tl.load(kw_ptr + offs)).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(qw_ptr + HALF + offs),
+                      tl.load(kw_ptr + HALF + offs)).to(tl.float32)
     if STORE:
         row = tl.load(loc_ptr + t).to(tl.int64)
     pdl_wait(PDL)
     base = src_ptr + t * stride_src + h * (2 * HALF)  # q heads, then k, then v, in the row
-    x1 = tl.load(base + offs).to(tl.float32)
-    x2 = tl.load(base + HALF + offs).to(tl.float32)
-    y1 = x1
-    y2 = x2
-    if h < hq + hkv:  # q or k: (norm and) rotate; v is stored as it is
-        if NORM:
-            var = (tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF)
-            rstd = 1.0 / tl.sqrt(var + eps)
-            x1 = _round(_round(x1 * rstd, dt) * w1, dt)
-            x2 = _round(_round(x2 * rstd, dt) * w2, dt)
-        y1 = _round(_round(x1 * c1, dt) + _round(x2 * s1, dt), dt)
-        y2 = _round(_round(x2 * c2, dt) + _round(x1 * s2, dt), dt)
-    if is_q:
-        dst = q_out_ptr + (t * hq + h) * (2 * HALF)
-    elif STORE:
-        if h < hq + hkv:
-            dst = k_out_ptr + (row * hkv + (h - hq)) * (2 * HALF)
-        else:
-            dst = v_out_ptr + (row * hkv + (h - hq - hkv)) * (2 * HALF)
+    x1 = tl.load(base + offs, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(base + HALF + offs, mask=ok, other=0.0).to(tl.float32)
+    rotate = is_q | is_k  # q or k: (norm and) rotate; v is stored as it is
+    if NORM:
+        var = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1))[:, None] / (2 * HALF)
+        rstd = 1.0 / tl.sqrt(var + eps)
+        n1 = _round(_round(x1 * rstd, dt) * w1, dt)
+        n2 = _round(_round(x2 * rstd, dt) * w2, dt)
     else:
-        dst = k_out_ptr + (t * hkv + (h - hq)) * (2 * HALF)
-    tl.store(dst + offs, y1.to(dt))
-    tl.store(dst + HALF + offs, y2.to(dt))
+        n1 = x1
+        n2 = x2
+    y1 = tl.where(rotate, _round(_round(n1 * c1, dt) + _round(n2 * s1, dt), dt), x1)
+    y2 = tl.where(rotate, _round(_round(n2 * c2, dt) + _round(n1 * s2, dt), dt), x2)
+    if STORE:
+        kv = tl.where(is_k, k_out_ptr + (row * hkv + (h - hq)) * (2 * HALF),
+                      v_out_ptr + (row * hkv + (h - hq - hkv)) * (2 * HALF))
+    else:
+        kv = k_out_ptr + (t * hkv + (h - hq)) * (2 * HALF)
+    dst = tl.where(is_q, q_out_ptr + (t * hq + h) * (2 * HALF), kv)
+    tl.store(dst + offs, y1.to(dt), mask=ok)
+    tl.store(dst + HALF + offs, y2.to(dt), mask=ok)
+
+
+def _head_launch(tokens: int, heads: int, head_dim: int) -> tuple[int, int, int]:
+    """(heads a program, programs a token, warps) of :func:`_qk_norm_rope`: one head a program
+    for a few tokens (a decode step: the most programs in flight), eight for more (a prefill's
+    programs are then ~6 a token, not ~50 of one warp each, whose scheduling set its pace)."""
+    per = 1 if tokens <= 32 else min(8, triton.next_power_of_2(heads))
+    warps = 1 if per == 1 else 4
+    if head_dim > 128:
+        warps *= 2
+    return per, triton.cdiv(heads, per), warps
 
 
 @triton.jit
@@ -178,10 +193,11 @@ def qk_norm_rope(qk: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim
     if t == 0:
         return q, k
     norm = q_weight is not None
-    _qk_norm_rope[(t, num_q_heads + num_kv_heads)](
+    per, groups, warps = _head_launch(t, num_q_heads + num_kv_heads, head_dim)
+    _qk_norm_rope[(t, groups)](
         qk, q, k, k, positions, q_weight if norm else qk, k_weight if norm else qk, cos_cache,
         sin_cache, positions, qk.stride(0), cos_cache.stride(0), num_q_heads, num_kv_heads, eps,
-        HALF=head_dim // 2, NORM=norm, STORE=False, num_warps=1 if head_dim <= 128 else 2,
+        HALF=head_dim // 2, HEADS=per, NORM=norm, STORE=False, num_warps=warps,
         **launch_options(qk.device))
     return q, k
 
@@ -199,11 +215,12 @@ def qk_norm_rope_store(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, h
     if t == 0:
         return q
     norm = q_weight is not None
-    _qk_norm_rope[(t, num_q_heads + 2 * num_kv_heads)](
+    per, groups, warps = _head_launch(t, num_q_heads + 2 * num_kv_heads, head_dim)
+    _qk_norm_rope[(t, groups)](
         qkv, q, k_pool, v_pool, out_loc, q_weight if norm else qkv,
         k_weight if norm else qkv, cos_cache, sin_cache, positions, qkv.stride(0),
-        cos_cache.stride(0), num_q_heads, num_kv_heads, eps, HALF=head_dim // 2, NORM=norm,
-        STORE=True, num_warps=1 if head_dim <= 128 else 2, **launch_options(qkv.device))
+        cos_cache.stride(0), num_q_heads, num_kv_heads, eps, HALF=head_dim // 2, HEADS=per,
+        NORM=norm, STORE=True, num_warps=warps, **launch_options(qkv.device))
     return q
 
 

@@ -35,6 +35,7 @@ one index copy per layer and side (the default there: faster than runs of few pa
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -138,6 +139,12 @@ def _slots(pages: list[int], page_size: int) -> torch.Tensor:
 #: and side covers the group; an event behind each group): the forward waits for the first
 #: group before its first layer, and every group adds a copy per run and side
 DIRECT_LOAD_LAYERS = 4
+#: a CUDA load's layer groups queued on the copy stream when the load is queued; each later
+#: group is queued by the forward itself, this many groups ahead of the layer it waits for
+#: (:meth:`Transfer.to_device`): the host calls that queue copies (one per run of pages, group
+#: and side: a few hundred for a scattered ~2k-token prefix) then run beside the forward's
+#: device time instead of before its first launch
+LOAD_GROUPS_AHEAD = 2
 
 
 def _layer_pitch(tensors: list[torch.Tensor]) -> int | None:
@@ -253,6 +260,9 @@ class Transfer:
         self.stream = torch.cuda.Stream(device_pool.device) if self.cuda else None
         self._addr: Any = None  #: see _tables
         self._pitch: Any = None  #: see _pitches
+        #: CUDA: layer groups of loads not yet queued on the copy stream, in the order their
+        #: loads were asked for (see :meth:`to_device`)
+        self._deferred: collections.deque[Callable[[], None]] = collections.deque()
 
     def to_host(self, dev_slots: torch.Tensor, host_slots: torch.Tensor, *,
                 wait: bool = True) -> None:
@@ -266,6 +276,7 @@ class Transfer:
             self.dev.settle_loads()  # the loads queued earlier come first, as on one stream
             self._copy(dev_slots, host_slots, to_host=True)
             return
+        self._queue_deferred()  # the loads asked for earlier come first on the copy stream
         compute = torch.cuda.current_stream(self.dev.device)
         self.stream.wait_stream(compute)  # the K/V to copy are written
         with torch.cuda.stream(self.stream):
@@ -291,21 +302,45 @@ class Transfer:
         self.stream.wait_stream(torch.cuda.current_stream(dev))  # the slots are free to fill
         with torch.cuda.stream(self.stream):
             prepared = self._prepare(dev_slots, host_slots)
-            # runs copied in 2-D (one copy covers a group of layers): an event per group
-            group = DIRECT_LOAD_LAYERS if isinstance(prepared, list) and self._pitches() else 1
-            n = self.host.num_layers
-            for first in range(0, n, group):
-                layers = range(first, min(n, first + group))
-                self._copy(dev_slots, host_slots, to_host=False, layers=layers,
+        # runs copied in 2-D (one copy covers a group of layers): an event per group. The
+        # first LOAD_GROUPS_AHEAD groups are queued now; each later one when the forward waits
+        # for a layer that many groups before it (every group asked for earlier first: the
+        # copy stream keeps the order the copies were asked in)
+        group = DIRECT_LOAD_LAYERS if isinstance(prepared, list) and self._pitches() else 1
+        n = self.host.num_layers
+        groups = [range(first, min(n, first + group)) for first in range(0, n, group)]
+        events: list[torch.cuda.Event | None] = [None] * len(groups)
+
+        def queue(k: int) -> None:
+            with torch.cuda.stream(self.stream):
+                self._copy(dev_slots, host_slots, to_host=False, layers=groups[k],
                            prepared=prepared)
-                done = torch.cuda.Event()
+                done = events[k] = torch.cuda.Event()
                 done.record(self.stream)
-                for layer in layers:
-                    loads.add(layer, lambda e=done: torch.cuda.current_stream(dev).wait_event(e))
+
+        def order(k: int) -> None:
+            ahead = min(len(groups) - 1, k + LOAD_GROUPS_AHEAD)
+            while events[ahead] is None:
+                self._deferred.popleft()()
+            torch.cuda.current_stream(dev).wait_event(events[k])
+
+        for k, layers in enumerate(groups):
+            self._deferred.append(functools.partial(queue, k))
+            for layer in layers:
+                loads.add(layer, functools.partial(order, k))
+        while events[min(len(groups), LOAD_GROUPS_AHEAD) - 1] is None:
+            self._deferred.popleft()()
+
+    def _queue_deferred(self) -> None:
+        """Queue every layer group of a load not yet on the copy stream (before a copy that
+        must come after them, or a wait for all of them)."""
+        while self._deferred:
+            self._deferred.popleft()()
 
     def settle(self) -> None:
         """Wait for the copies queued so far (before the CPU reads or writes host pages)."""
         if self.stream is not None:
+            self._queue_deferred()
             self.stream.synchronize()
         else:  # CPU: the deferred loads run now
             self.dev.settle_loads()
