@@ -35,15 +35,18 @@ def close(name, got, want, share=0.03):
 def close_rotated(name, got, want, inputs):
     """RoPE: each output is a sum of two products of an input with cos/sin, so a fused
     multiply-add and the torch ops' separately rounded products may differ by one unit of the
-    inputs' magnitude (not the output's: the sum cancels). Measured on an H200 (2026-12-01):
-    one bfloat16 unit of the output on 8-9 % of the elements, with a fused multiply-add. Allowed:
-    at most one unit in the last place of the largest input of the head."""
+    inputs' magnitude (not the output's: the sum cancels), and where the sum's rounding falls
+    the other way too, by two. Measured on an H200 (2026-12-01): one bfloat16 unit of the
+    output on 8-9 % of the elements, with a fused multiply-add; (2026-12-03) two units on 1-2
+    elements in 10^4. Allowed: one unit in the last place of the largest input of the head,
+    two on at most 0.1 % of the elements (a wrong head, position or slot is off by far more)."""
     mant = 7 if got.dtype == torch.bfloat16 else 10
     big = inputs.float().abs().amax(dim=-1, keepdim=True).clamp_min(2.0 ** -14)
     unit = torch.exp2(torch.floor(torch.log2(big)) - mant)
     err = (got.float() - want.float()).abs()
-    if (err > unit * 1.001).any():
-        failures.append(f"{name}: {int((err > unit).sum())} of {err.numel()} beyond one unit, "
+    beyond = err > unit * 1.001
+    if (err > 2 * unit * 1.001).any() or beyond.float().mean() > 1e-3:
+        failures.append(f"{name}: {int(beyond.sum())} of {err.numel()} beyond one unit, "
                         f"max {err.max():.3g}")
 
 
