@@ -65,12 +65,15 @@ class PageAllocator:
 
     def free_slots(self, slots: torch.Tensor | list[int]) -> None:
         """Free the pages holding ``slots`` (page-aligned runs of a request's slots)."""
-        if isinstance(slots, torch.Tensor):
-            slots = slots.tolist()
-        if not slots:
-            return
         p = self.page_size
-        pages = sorted({s // p for s in slots})
+        if isinstance(slots, torch.Tensor):  # (a radix node's slots: hundreds at a time)
+            if not slots.numel():
+                return
+            pages = torch.unique(torch.div(slots, p, rounding_mode="floor")).tolist()
+        elif not slots:
+            return
+        else:
+            pages = sorted({s // p for s in slots})
         self.free_pages(pages)
 
     def slots_for(self, last_slot: int | None, start: int, n: int) -> tuple[list[int], list[int]]:
