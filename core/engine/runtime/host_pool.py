@@ -17,7 +17,9 @@ On CUDA the pool is pinned and copies run on a dedicated copy stream. A load fro
 for the work already queued on the compute stream (the pages it fills must be free), then copies
 layer by layer, an event behind each layer's copy; the next forward waits for layer ``i``'s
 event just before it runs layer ``i`` (:class:`LayerLoads`, kept on the device pool), so the
-copy of the later layers overlaps the compute of the earlier ones. A backup to host first waits
+copy of the later layers overlaps the compute of the earlier ones; the copies of the later
+layers are themselves queued from those waits, a few layers ahead (:data:`LOAD_GROUPS_AHEAD`),
+so that the host calls queueing them overlap the forward too. A backup to host first waits
 for the compute stream (the K/V it copies must be written) and the compute stream waits for it
 before its next kernel (which may reuse the pages); the host side waits for the copy before the
 CPU reads the pages (a backup no CPU reads is not waited for).
