@@ -13,6 +13,10 @@ against each, one server at a time, and one table row is printed per configurati
 p50/p99 over all turns and over the later turns (hits), output throughput, and the share of
 prompt tokens served from each tier (device, host, storage).
 
+``--time-stats`` starts every server with ``--enable-request-time-stats-logging`` and adds a
+table of where the later turns' TTFT went (queue, prefill, hand-over, the server's TTFT, and
+the HTTP path: the client's TTFT less the server's), joined by request id.
+
 Runs of one configuration on a GPU differ by a third from one server to the next, so
 ``--rounds N`` runs the list N times, each round starting one configuration later, and the
 table gives each configuration's median over the rounds with every round's later-turn p50 and
@@ -25,7 +29,17 @@ CPU, default model (the numbers of docs/benchmarks/hicache.md)::
         --max-total-tokens 1024 --vs --device cpu --page-size 16 --max-total-tokens 1024 \\
         --enable-hierarchical-cache --hicache-ratio 8
 
-A GPU (dummy 8B weights)::
+A GPU (dummy 8B weights), a long first turn (a document) and short turns after it, one
+client (docs/benchmarks/hicache.md)::
+
+    M="--model-path tests/data/llama3-8b-dummy --load-format dummy --dtype bfloat16 \\
+       --skip-tokenizer-init --page-size 64 --max-total-tokens 32768"
+    python benchmarks/hicache_multiturn.py --conversations 16 --turns 8 \\
+        --first-user-tokens 2048 --user-tokens 128 --output-tokens 32 --concurrency 1 \\
+        --vocab 128256 --rounds 3 --time-stats -- $M --vs $M --enable-hierarchical-cache \\
+        --hicache-ratio 4
+
+Several clients::
 
     python benchmarks/hicache_multiturn.py --user-tokens 512 --output-tokens 64 \\
         --concurrency 8 -- --model-path tests/data/llama3-8b-dummy --load-format dummy \\
