@@ -238,6 +238,20 @@ def test_each_request_reports_its_verify_count_and_accepted_tokens():
     assert sched.stats().spec.accept_length == pytest.approx(4.0)
 
 
+def test_a_request_ending_inside_a_verify_step_keeps_its_last_tokens_state():
+    # the verify step's 4 tokens are one output: the last token's finish, counts and times
+    proposer = Oracle(width=4, good=3)
+    sched = make_sched(proposer)
+    outs: dict[str, list[ReqOutput]] = {}
+    req = make_req([3, 4, 5], outs, max_new=13)
+    run(sched, [req], outs)
+    last = outs[req.rid][-1]
+    assert last.finished and len(last.token_ids) == 4
+    times = last.time_stats
+    assert times is not None
+    assert times["arrival"] <= times["scheduled"] <= times["first_token"]
+
+
 def test_requests_with_and_without_drafts_share_a_verify_batch():
     class Some(Oracle):
         def propose(self, requests):

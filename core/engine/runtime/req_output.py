@@ -6,7 +6,6 @@ verification."""
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from engine.runtime.grammar import GrammarDeadEnd
@@ -123,7 +122,7 @@ def fill_counts(req: Req, delta: ReqOutput) -> None:
                                                         req.spec_accepted_tokens)
     if req.finished:
         delta.time_stats = {"arrival": req.arrival, "scheduled": req.scheduled_time,
-                            "first_token": req.first_token_time, "finished": time.monotonic()}
+                            "first_token": req.first_token_time}
 
 
 def held_back(text: str, stops: list[str]) -> int:

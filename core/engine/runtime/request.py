@@ -8,6 +8,7 @@ cache (locked through ``prefix_node``); the rest belong to the request until it 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -46,8 +47,16 @@ class ReqOutput:
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
     #: on the last output: the scheduler's times of the request (``time.monotonic()``):
-    #: ``arrival``, ``scheduled`` (first admitted), ``first_token`` (on the host), ``finished``
+    #: ``arrival``, ``scheduled`` (first admitted), ``first_token`` (on the host)
     time_stats: dict[str, float | None] | None = None
+
+
+def merge_outputs(first: ReqOutput, then: ReqOutput) -> ReqOutput:
+    """Two consecutive outputs of one sequence as one (the later one's state and counts)."""
+    return dataclasses.replace(
+        then, text=first.text + then.text, token_ids=first.token_ids + then.token_ids,
+        logprobs=first.logprobs + then.logprobs,
+        top_logprobs=first.top_logprobs + then.top_logprobs)
 
 
 Sink = Callable[[ReqOutput], None]

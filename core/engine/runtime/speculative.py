@@ -42,7 +42,7 @@ from engine.errors import ConfigError
 from engine.runtime.allocator import OutOfMemory, PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode
 from engine.runtime.req_output import error_output, failure, next_output, sample_failure
-from engine.runtime.request import ReqOutput
+from engine.runtime.request import ReqOutput, merge_outputs
 
 log = logging.getLogger("engine.scheduler")
 
@@ -377,7 +377,7 @@ class SpecDecoder:
                     delta = next_output(req, out, j, now, sched.max_context_len)
                 except Exception as exc:  # noqa: BLE001 - this request fails alone
                     delta = error_output(req, failure("while finishing its token", exc))
-            deltas[i] = _merge(deltas[i], delta)
+            deltas[i] = delta if deltas[i] is None else merge_outputs(deltas[i], delta)
             if req.finished:
                 return False
             child = children[i].get(node[i], {}).get(out.token_ids[j])
@@ -477,20 +477,6 @@ def _context_free(req: Any) -> bool:
     return (sp.is_greedy and not sp.has_penalties and not sp.min_new_tokens
             and getattr(req, "grammar", None) is None
             and getattr(req, "logit_processor", None) is None)
-
-
-def _merge(old: ReqOutput | None, new: ReqOutput) -> ReqOutput:
-    """One delta for several tokens of one step."""
-    if old is None:
-        return new
-    old.text += new.text
-    old.token_ids.extend(new.token_ids)
-    old.logprobs.extend(new.logprobs)
-    old.top_logprobs.extend(new.top_logprobs)
-    for name in ("finished", "finish_reason", "prompt_tokens", "completion_tokens",
-                 "cached_tokens"):
-        setattr(old, name, getattr(new, name))
-    return old
 
 
 # ---------------------------------------------------------------------- the draft model

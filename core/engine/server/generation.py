@@ -28,7 +28,7 @@ from engine.api.grammar import GrammarSpec, InvalidGrammar
 from engine.config import ServerConfig
 from engine.runtime.frontend import RequestError
 from engine.runtime.grammar import GrammarUnavailable
-from engine.runtime.request import ChannelSink, Req, ReqOutput
+from engine.runtime.request import ChannelSink, Req, ReqOutput, merge_outputs
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.scheduler import QueueFull
 from engine.server.state import ServerState
@@ -324,12 +324,8 @@ class Generation:
     def _log_times(self, out: ReqOutput, s: SeqState, now: float) -> None:
         """``--enable-request-time-stats-logging``: one line for a finished sequence, times
         in ms from the HTTP side's start of the request (:func:`time_stats_record`)."""
-        record = time_stats_record(out, self.start, s.first_token_at, now)
-        if self.config.log_requests_format == "json":
-            request_log.info(json.dumps(record))
-        else:
-            request_log.info("request time stats %s", " ".join(
-                f"{k}={json.dumps(v)}" for k, v in record.items()))
+        self._log_record("request time stats",
+                         time_stats_record(out, self.start, s.first_token_at, now))
 
     def _log_finished(self, rid: str, s: SeqState, seconds: float) -> None:
         """One log line for a finished sequence, as ``--log-requests-level`` and
@@ -347,10 +343,15 @@ class Generation:
             prompt = self.prompts[s.prompt_index]
             record["input"] = tok.decode(prompt)[:limit] if tok is not None else prompt[:limit]
             record["output"] = s.text[:limit]
+        self._log_record("finished request", record)
+
+    def _log_record(self, what: str, record: dict[str, Any]) -> None:
+        """``record`` as one request log line: a JSON object (``--log-requests-format json``),
+        else ``what`` and its ``key=value`` pairs."""
         if self.config.log_requests_format == "json":
             request_log.info(json.dumps(record, ensure_ascii=False))
         else:
-            request_log.info("finished request %s", " ".join(
+            request_log.info("%s %s", what, " ".join(
                 f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in record.items()))
 
 
@@ -385,14 +386,6 @@ def internal_failure(states: list[SeqState]) -> str | None:
         if reason.get("type") == "abort" and reason.get("message") != "request aborted":
             return str(reason.get("message"))
     return None
-
-
-def merge_outputs(first: ReqOutput, then: ReqOutput) -> ReqOutput:
-    """Two consecutive outputs of one sequence as one (the later one's state and counts)."""
-    return dataclasses.replace(
-        then, text=first.text + then.text, token_ids=first.token_ids + then.token_ids,
-        logprobs=first.logprobs + then.logprobs,
-        top_logprobs=first.top_logprobs + then.top_logprobs)
 
 
 def usage(states: list[SeqState], *, cache_report: bool = False) -> dict[str, Any]:
