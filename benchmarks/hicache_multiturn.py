@@ -69,7 +69,8 @@ import uuid
 from typing import Any, Iterator
 
 import httpx
-from _server import free_port, stop, stream_events, wait_ready  # this folder, on the path when run as a script
+# this folder, on the path when run as a script
+from _server import free_port, stop, stream_events, wait_ready
 
 
 def pct(values: list[float], q: float) -> float:

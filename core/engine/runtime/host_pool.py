@@ -320,18 +320,19 @@ class Transfer:
                 done = events[k] = torch.cuda.Event()
                 done.record(self.stream)
 
-        def order(k: int) -> None:
-            ahead = min(len(groups) - 1, k + LOAD_GROUPS_AHEAD)
-            while events[ahead] is None:
+        def queue_through(k: int) -> None:  # (the groups asked for before it first)
+            while events[min(k, len(groups) - 1)] is None:
                 self._deferred.popleft()()
+
+        def order(k: int) -> None:
+            queue_through(k + LOAD_GROUPS_AHEAD)
             torch.cuda.current_stream(dev).wait_event(events[k])
 
         for k, layers in enumerate(groups):
             self._deferred.append(functools.partial(queue, k))
             for layer in layers:
                 loads.add(layer, functools.partial(order, k))
-        while events[min(len(groups), LOAD_GROUPS_AHEAD) - 1] is None:
-            self._deferred.popleft()()
+        queue_through(LOAD_GROUPS_AHEAD - 1)
 
     def _queue_deferred(self) -> None:
         """Queue every layer group of a load not yet on the copy stream (before a copy that
