@@ -15,7 +15,8 @@ shape (8 requests x 1024 tokens, 32 query / 8 KV heads, head dim 128, bfloat16).
 bounds what the paged extend kernel (``benchmarks/attention_gpu.py --sections prefill``) can
 reach by restructuring alone.
 
-    python3 benchmarks/prefill_ceiling_gpu.py [--batch 8 --tokens 1024]
+    python3 benchmarks/prefill_ceiling_gpu.py [--batch 8 --tokens 1024] [--only 64x64x4x3]
+        [--layouts mha,gqa] [--no-lazy]
     TRITON_INTERPRET=1 python3 benchmarks/prefill_ceiling_gpu.py --cpu-smoke
 """
 
@@ -156,6 +157,10 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--only", default="",
+                    help="launches to run, e.g. 64x64x4x3,128x64x8x3 (default: the sweep)")
+    ap.add_argument("--layouts", default="mha,gqa")
+    ap.add_argument("--no-lazy", action="store_true", help="skip the lazy-rescaling runs")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny shapes under TRITON_INTERPRET=1: correctness of both layouts")
     args = ap.parse_args()
@@ -167,6 +172,8 @@ def main() -> None:
         dev, b, t, h, hkv, d = ("cuda", args.batch, args.tokens, args.heads, args.kv_heads,
                                 args.head_dim)
         configs = CONFIGS
+    if args.only:
+        configs = [tuple(int(v) for v in c.split("x")) for c in args.only.split(",")]
     torch.manual_seed(0)
     # (the interpreter multiplies bfloat16 operands wrongly: float16 there)
     dt = torch.float16 if dev == "cpu" else torch.bfloat16
@@ -181,8 +188,10 @@ def main() -> None:
 
         ms = do_bench(lambda: reference(q, k, v, b, t, h, hkv), warmup=50, rep=300)
         rows.append(("sdpa", "-", ms, flops / ms / 1e9, 0.0))
-    runs = [(layout, cfg, False) for layout in ("mha", "gqa") for cfg in configs]
-    runs += [(layout, cfg, True) for layout in ("mha", "gqa") for cfg in configs[:LAZY_CONFIGS]]
+    layouts = args.layouts.split(",")
+    runs = [(layout, cfg, False) for layout in layouts for cfg in configs]
+    if not args.no_lazy:
+        runs += [(layout, cfg, True) for layout in layouts for cfg in configs[:LAZY_CONFIGS]]
     for layout, cfg, lazy in runs:
         name = layout + (" lazy" if lazy else "")
         try:
