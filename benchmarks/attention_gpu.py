@@ -333,12 +333,10 @@ def triton_sweep(backend: Any, batch: Any, fn: Callable[[], Any], record: Callab
 # ---------------------------------------------------------------------------- (c) prefill
 
 def _extend(m: int, n: int, w: int, st: int, tma: bool = False, heads: int = 0,
-            lazy: bool = False, index_asm: bool = True, new_kv: bool = False,
-            request_order: bool = False) -> dict[str, Any]:
+            lazy: bool = False, index_asm: bool = True, new_kv: bool = False) -> dict[str, Any]:
     return dict(extend_block_m=m, extend_block_n=n, extend_warps=w, extend_stages=st,
                 extend_tma=tma, extend_row_heads=heads, extend_lazy_rescale=lazy,
-                extend_index_asm=index_asm, extend_new_kv=new_kv,
-                extend_request_order=request_order)
+                extend_index_asm=index_asm, extend_new_kv=new_kv)
 
 
 #: prefill launch configurations (BLOCK_M query rows: BLOCK_M // G tokens x the group's heads;
@@ -375,13 +373,7 @@ TRITON_EXTEND_SHORT = [_extend(*c) for c in (
     (64, 32, 4, 3), (64, 64, 4, 3, False, 1),
     # this forward's K/V read as rows through descriptors (any page size)
     (64, 64, 4, 3, True, 1, False, True, True), (64, 64, 4, 3, True, 0, False, True, True),
-    (64, 32, 4, 3, True, 0, False, True, True), (128, 64, 8, 3, True, 0, False, True, True),
-    # the same, launched request by request (one head block's tiles of a request back to back)
-    (64, 64, 4, 3, True, 1, False, True, True, True),
-    (64, 32, 4, 3, True, 0, False, True, True, True),
-    (64, 32, 4, 3, True, 1, False, True, True, True),
-    (64, 64, 4, 3, True, 1, False, True, False, True), (128, 64, 8, 3, True, 1, False, True,
-                                                        True, True))]
+    (64, 32, 4, 3, True, 0, False, True, True), (128, 64, 8, 3, True, 0, False, True, True))]
 
 
 def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]],

@@ -78,30 +78,6 @@ def test_decode_splits_stop_where_the_batch_alone_fills_the_gpu():
     assert [backend._max_splits(n) for n in (1, 16, 32, 64, 128, 256)] == [8, 5, 3, 2, 1, 1]
 
 
-def test_request_order_launches_a_requests_tiles_back_to_back_longest_request_first():
-    from engine.testing.batches import BatchBuilder
-    from engine_attention_triton.impl import KernelConfig, TritonBackend
-
-    pool = KVPool(num_layers=1, num_kv_heads=2, head_dim=64, num_slots=512, page_size=1,
-                  dtype=torch.float32, device=torch.device("cpu"))
-    builder = BatchBuilder(torch.zeros((4, 256), dtype=torch.int64), 512, 1)
-    rows = [builder.new_request() for _ in range(3)]
-    batch = builder.extend([(r, [1] * n) for r, n in zip(rows, (40, 100, 70))])
-
-    def order(**kw) -> list[tuple[int, int]]:
-        backend = TritonBackend(pool, 4, kernel_config=KernelConfig(
-            extend_block_m=32, extend_row_heads=1, **kw))
-        backend.prepare(batch)
-        md = batch.attn_metadata
-        return list(zip(md.tile_req.tolist(), md.tile_start.tolist()))
-
-    # 32-token tiles: request 1 (100 tokens) has 4, request 2 (70) 3, request 0 (40) 2
-    assert order(extend_request_order=True) == [(1, 96), (1, 64), (1, 32), (1, 0), (2, 64),
-                                                (2, 32), (2, 0), (0, 32), (0, 0)]
-    # the default: the heaviest tiles of all requests first
-    assert order()[:3] == [(1, 96), (1, 64), (2, 64)]
-
-
 def test_hook_refuses_a_cpu_pool_without_the_interpreter(monkeypatch):
     from engine_attention_triton.impl import engine_create_attention_backend
 

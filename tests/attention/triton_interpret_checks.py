@@ -268,14 +268,6 @@ def paged_tile_checks() -> list[str]:
         name = f"new K/V rows page={page} BLOCK_N={bn} row_heads={heads}"
         failures += _paged_tile_case(name, 20 + seed, page, 4, 64, torch.float32, cfg,
                                      rows_read=True)
-    # the programs launched request by request (tiles on the grid's first axis), with the new
-    # K/V as rows and through the pool
-    for seed, (page, new_kv) in enumerate(((16, True), (64, False))):
-        cfg = KernelConfig(extend_block_m=64, extend_block_n=32, extend_tma=True,
-                           extend_row_heads=1, extend_new_kv=new_kv, extend_request_order=True)
-        name = f"request order page={page} new_kv={new_kv}"
-        failures += _paged_tile_case(name, 30 + seed, page, 4, 64, torch.float32, cfg,
-                                     rows_read=new_kv)
     return failures
 
 

@@ -66,12 +66,6 @@ class KernelConfig:
     #: the cached prefix through the pool (non-fp8 pools, no tree, one split, head dim a power
     #: of two; else the pool as usual); :func:`default_config` says where it is on
     extend_new_kv: bool = False
-    #: launch an extend's programs request by request (the longest first): the tiles of one
-    #: request (heaviest first) for one block of query heads run back to back, so the K/V
-    #: they share stay in L2, and the next head block of the same KV head re-reads them from
-    #: there; off: tile by tile over all requests (heaviest first), every head block of a
-    #: tile side by side, so the first wave already touches every request's K/V
-    extend_request_order: bool = False
 
 
 #: under the interpreter every program and every loop step costs milliseconds: big tiles
@@ -94,18 +88,15 @@ TMA_PAGE_LAUNCH = dict(extend_block_m=64, extend_block_n=64, extend_warps=4, ext
 def default_config(page_size: int, interpreted: bool | None = None) -> KernelConfig:
     """The launch a backend over pages of ``page_size`` slots gets when none is given (the
     environment read per backend: ``ENGINE_TRITON_NEW_KV=0`` keeps the new K/V in the pool
-    everywhere, ``=1`` reads them as rows at page sizes of whole 64-key tiles too;
-    ``ENGINE_TRITON_REQUEST_ORDER=1`` launches an extend's programs request by request)."""
+    everywhere, ``=1`` reads them as rows at page sizes of whole 64-key tiles too)."""
     if interpreting() if interpreted is None else interpreted:
         return INTERPRETER_CONFIG
     rows = os.environ.get("ENGINE_TRITON_NEW_KV")
-    order = dict(extend_request_order=os.environ.get("ENGINE_TRITON_REQUEST_ORDER") == "1")
     if page_size % TMA_PAGE_LAUNCH["extend_block_n"] == 0:
-        return KernelConfig(**TMA_PAGE_LAUNCH, extend_new_kv=rows == "1",  # type: ignore
-                            **order)
+        return KernelConfig(**TMA_PAGE_LAUNCH, extend_new_kv=rows == "1")  # type: ignore
     if rows != "0":
-        return KernelConfig(**NEW_KV_LAUNCH, **order)  # type: ignore[arg-type]
-    return KernelConfig(**order)
+        return KernelConfig(**NEW_KV_LAUNCH)  # type: ignore[arg-type]
+    return KernelConfig()
 
 
 #: (request, KV head) pairs the fused merge's counters cover (more: the merge kernel)
@@ -245,10 +236,7 @@ class TritonBackend(AttentionBackend):
             tiles += [(p + m0, i, m0) for m0 in range(0, e, bm)]
             qo_start.append(acc)
             acc += e
-        if self.cfg.extend_request_order:  # longest request first, its heaviest tile first
-            tiles.sort(key=lambda tile: (-(prefix[tile[1]] + ext[tile[1]]), tile[1], -tile[0]))
-        else:
-            tiles.sort(key=lambda tile: -tile[0])  # the most keys first
+        tiles.sort(key=lambda tile: -tile[0])  # the most keys first
         tile_req = [i for _, i, _ in tiles]
         tile_start = [m0 for _, _, m0 in tiles]
         dev = batch.seq_lens.device
@@ -343,9 +331,8 @@ class TritonBackend(AttentionBackend):
         shape = (q.shape[0], q.shape[1], splits) if splits > 1 else (0, 0, 1)
         part_out = torch.empty((*shape, dim), dtype=part_dtype, device=q.device)
         part_lse = torch.empty(shape, dtype=torch.float32, device=q.device)
-        blocks, n_tiles = layer.num_q_heads // self.row_heads, md.tile_req.shape[0]
-        grid = (n_tiles, blocks) if cfg.extend_request_order else (blocks, n_tiles)
-        self.kernels._extend_kernel[(*grid, splits)](
+        self.kernels._extend_kernel[(layer.num_q_heads // self.row_heads, md.tile_req.shape[0],
+                                     splits)](
             q, k_buf, v_buf, out, r2t, batch.req_pool_indices, batch.prefix_lens,
             batch.extend_lens, md.qo_start, md.tile_req, md.tile_start, tree, part_out,
             part_lse, *(tma or (k_buf, v_buf)), *(rows or (k_buf, v_buf)), q.stride(0),
@@ -361,7 +348,7 @@ class TritonBackend(AttentionBackend):
             INDEX_ASM=cfg.extend_index_asm and q.is_cuda and not interpreting(),
             # element offsets fit in 32 bits (fewer registers for gathered rows)
             OFF32=max(k_buf.numel(), v_buf.numel(), q.numel(), part_out.numel()) < 2 ** 31,
-            NEW_KV=rows is not None, TILES_FIRST=cfg.extend_request_order,
+            NEW_KV=rows is not None,
             num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
         if splits > 1:
             self.kernels._extend_merge_kernel[(q.shape[0], layer.num_kv_heads)](

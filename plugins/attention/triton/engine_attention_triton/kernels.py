@@ -392,14 +392,11 @@ def _extend_kernel(
     NUM_SPLITS: tl.constexpr = 1, PAGE: tl.constexpr = 1, TMA: tl.constexpr = False,
     ROW_HEADS: tl.constexpr = 0, LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False,
     OFF32: tl.constexpr = False, NEW_KV: tl.constexpr = False, PDL: tl.constexpr = False,
-    TILES_FIRST: tl.constexpr = False,
 ):
     HEADS: tl.constexpr = ROW_HEADS if ROW_HEADS > 0 else GROUP  # query heads of a tile
-    # the tile's block of HEADS query heads (inside one KV head's), and the tile (TILES_FIRST:
-    # the grid's first axis walks the tiles, so one head block's tiles run back to back)
-    hb = tl.program_id(1) if TILES_FIRST else tl.program_id(0)
-    t = tl.program_id(0) if TILES_FIRST else tl.program_id(1)
+    hb = tl.program_id(0)  # the tile's block of HEADS query heads (inside one KV head's)
     g = hb * HEADS // GROUP  # their KV head
+    t = tl.program_id(1)
     s = tl.program_id(2)  # the split of phase 1's key tiles (the last split also does phase 2)
     pdl_trigger(PDL)
     pdl_wait(PDL)
