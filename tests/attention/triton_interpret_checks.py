@@ -268,6 +268,13 @@ def paged_tile_checks() -> list[str]:
         name = f"new K/V rows page={page} BLOCK_N={bn} row_heads={heads}"
         failures += _paged_tile_case(name, 20 + seed, page, 4, 64, torch.float32, cfg,
                                      rows_read=True)
+    # and the query tile through a descriptor of q (one head a tile; the group's heads)
+    for seed, (page, heads) in enumerate(((16, 1), (1, 0))):
+        cfg = KernelConfig(extend_block_m=64, extend_block_n=32, extend_tma=True,
+                           extend_row_heads=heads, extend_new_kv=True, extend_q_desc=True)
+        name = f"q descriptor page={page} row_heads={heads}"
+        failures += _paged_tile_case(name, 30 + seed, page, 4, 64, torch.float32, cfg,
+                                     rows_read=True)
     return failures
 
 

@@ -94,17 +94,19 @@ def test_decode_kernels_build(attention, fused, fp8):
 
 def _extend(attention, page: int, tma: bool, heads: int, index_asm: bool, tree: bool = False,
             splits: int = 1, bm: int = 64, bn: int = 64, off32: bool = True,
-            new_kv: bool = False):
+            new_kv: bool = False, q_desc: bool = False):
     types = dict(ATTN_PTRS)
     if tma:
         types["k_desc"] = types["v_desc"] = f"tensordesc<bf16[{bn}, 128]>"
     types["kn_desc"] = types["vn_desc"] = (f"tensordesc<bf16[{bn}, 128]>" if new_kv
                                            else "*bf16")
+    rows = heads or 4
+    types["qn_desc"] = f"tensordesc<bf16[{bm // rows}, {rows}, 128]>" if q_desc else "*bf16"
     return build(attention._extend_kernel, types, dict(
         GROUP=4, HEAD_DIM=128, TILE_TOKENS=bm // (heads or 4), BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_D=128, DOT_PREC=None, HAS_TREE=tree, KV_FP8=0, NUM_SPLITS=splits, PAGE=page,
         TMA=tma, ROW_HEADS=heads, LAZY=False, INDEX_ASM=index_asm, OFF32=off32,
-        NEW_KV=new_kv, PDL=True))
+        NEW_KV=new_kv, Q_DESC=q_desc, PDL=True))
 
 
 def test_extend_keeps_num_stages_key_tiles_in_flight(attention):
@@ -137,6 +139,18 @@ def test_extend_reading_the_new_kv_as_rows_builds_and_pipelines(attention, page,
     pool): the new keys' loop keeps 3 K/V tiles in flight, like the contiguous kernel."""
     compiled = _extend(attention, page, tma, 1, True, new_kv=True)
     assert 3 in kv_buffers(compiled, 64, 128)
+
+
+@pytest.mark.parametrize("heads, bn", [(1, 64), (0, 32)])
+def test_extend_loading_the_query_tile_through_a_descriptor_builds(attention, heads, bn):
+    """The query tile as one [tokens, heads, D] box of q (one head a tile, and the GQA group's
+    four): builds, keeps 3 new K/V tiles in flight, and spills no more than the pointer
+    load of the tile does (one head a tile over pages of 16: 32 bytes against 80 with
+    Triton 3.9)."""
+    compiled = _extend(attention, 16, False, heads, True, bn=bn, new_kv=True, q_desc=True)
+    assert 3 in kv_buffers(compiled, bn, 128)
+    pointers = _extend(attention, 16, False, heads, True, bn=bn, new_kv=True)
+    assert stack_bytes(compiled) <= stack_bytes(pointers)
 
 
 def test_extend_tree_and_split_kernels_build(attention):

@@ -66,6 +66,11 @@ class KernelConfig:
     #: the cached prefix through the pool (non-fp8 pools, no tree, one split, head dim a power
     #: of two; else the pool as usual); :func:`default_config` says where it is on
     extend_new_kv: bool = False
+    #: where the new K/V come as rows, the query tile loads through a tensor descriptor of q
+    #: [T, H, D] (one [tokens, heads, D] box, TMA on Hopper) instead of pointers;
+    #: ``ENGINE_TRITON_Q_DESC=1`` turns it on where the config is the default
+    extend_q_desc: bool = field(
+        default_factory=lambda: os.environ.get("ENGINE_TRITON_Q_DESC") == "1")
 
 
 #: under the interpreter every program and every loop step costs milliseconds: big tiles
@@ -327,6 +332,9 @@ class TritonBackend(AttentionBackend):
         rows = None  # this forward's K/V as descriptors of their rows
         if new_kv is not None and self.reads_new_kv(batch):
             rows = self._new_kv_descriptors(new_kv, q.dtype)
+        q_box = (md.tile_tokens, self.row_heads, dim)
+        q_desc = (_q_descriptor(q, q_box) if rows is not None and cfg.extend_q_desc
+                  and md.tile_tokens * self.row_heads == md.block_rows else None)
         part_dtype = torch.float32 if self.reduce_in_fp32 else q.dtype
         shape = (q.shape[0], q.shape[1], splits) if splits > 1 else (0, 0, 1)
         part_out = torch.empty((*shape, dim), dtype=part_dtype, device=q.device)
@@ -335,7 +343,8 @@ class TritonBackend(AttentionBackend):
                                      splits)](
             q, k_buf, v_buf, out, r2t, batch.req_pool_indices, batch.prefix_lens,
             batch.extend_lens, md.qo_start, md.tile_req, md.tile_start, tree, part_out,
-            part_lse, *(tma or (k_buf, v_buf)), *(rows or (k_buf, v_buf)), q.stride(0),
+            part_lse, *(tma or (k_buf, v_buf)), *(rows or (k_buf, v_buf)),
+            q_desc if q_desc is not None else q, q.stride(0),
             q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
             out.stride(0), out.stride(1),
             r2t.stride(0), tb, tq, part_out.stride(0), part_out.stride(1), part_out.stride(2),
@@ -348,7 +357,7 @@ class TritonBackend(AttentionBackend):
             INDEX_ASM=cfg.extend_index_asm and q.is_cuda and not interpreting(),
             # element offsets fit in 32 bits (fewer registers for gathered rows)
             OFF32=max(k_buf.numel(), v_buf.numel(), q.numel(), part_out.numel()) < 2 ** 31,
-            NEW_KV=rows is not None,
+            NEW_KV=rows is not None, Q_DESC=q_desc is not None,
             num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
         if splits > 1:
             self.kernels._extend_merge_kernel[(q.shape[0], layer.num_kv_heads)](
@@ -380,6 +389,19 @@ class TritonBackend(AttentionBackend):
         if any(x.dtype != dtype for x in new_kv):
             return None
         return _row_descriptors(*new_kv, self.cfg.extend_block_n)
+
+
+def _q_descriptor(q: torch.Tensor, box: tuple[int, int, int]) -> Any:
+    """A tensor descriptor of q [T, H, D] with [tokens, heads, D] boxes, or None where TMA
+    cannot take it (a head dimension not a power of two, rows or heads not 16-byte
+    aligned)."""
+    d = q.shape[2]
+    if (d != _pow2(d) or q.stride(2) != 1 or q.data_ptr() % 16
+            or any(st * q.element_size() % 16 for st in q.stride()[:2])):
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(q, list(box))
 
 
 def _row_descriptors(k: torch.Tensor, v: torch.Tensor, bn: int) -> tuple[Any, Any] | None:

@@ -382,7 +382,7 @@ def _extend_new_kv(q, m_i, l_i, acc, r2t_row, prefix, ext, m0, qo, tok, offs_n, 
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, req_to_token_ptr, req_pool_ptr, prefix_lens_ptr,
     extend_lens_ptr, qo_start_ptr, tile_req_ptr, tile_start_ptr, tree_ptr,
-    part_out_ptr, part_lse_ptr, k_desc, v_desc, kn_desc, vn_desc,
+    part_out_ptr, part_lse_ptr, k_desc, v_desc, kn_desc, vn_desc, qn_desc,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
     stride_r2t, stride_tb, stride_tq, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
     scale, v_scale,
@@ -392,6 +392,7 @@ def _extend_kernel(
     NUM_SPLITS: tl.constexpr = 1, PAGE: tl.constexpr = 1, TMA: tl.constexpr = False,
     ROW_HEADS: tl.constexpr = 0, LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False,
     OFF32: tl.constexpr = False, NEW_KV: tl.constexpr = False, PDL: tl.constexpr = False,
+    Q_DESC: tl.constexpr = False,
 ):
     HEADS: tl.constexpr = ROW_HEADS if ROW_HEADS > 0 else GROUP  # query heads of a tile
     hb = tl.program_id(0)  # the tile's block of HEADS query heads (inside one KV head's)
@@ -419,8 +420,13 @@ def _extend_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     rd_mask = r_mask[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + (qo + tok)[:, None] * stride_qt + head[:, None] * stride_qh
-                + offs_d[None, :], mask=rd_mask, other=0.0)
+    if Q_DESC:  # the tile's [tokens, HEADS, D] box of q [T, H, D] (rows past the request
+        # hold other tokens' queries, or zeros past T: their results are never stored)
+        q = tl.reshape(qn_desc.load([(qo + m0).to(tl.int32), hb * HEADS, 0]),
+                       (BLOCK_M, BLOCK_D))
+    else:
+        q = tl.load(q_ptr + (qo + tok)[:, None] * stride_qt + head[:, None] * stride_qh
+                    + offs_d[None, :], mask=rd_mask, other=0.0)
     q_pos = prefix + tok  # absolute position of each row's token
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
