@@ -142,6 +142,55 @@ def _attention_half(dev, layers: int = 4, fused_merge: bool = False):
     return run
 
 
+def _attention_extend(dev, layers: int = 4):
+    """The attention half of a prefill over cached prefixes, ``layers`` times over one pool:
+    the qkv product (torch), q/k norm + RoPE storing the new K/V, the triton plugin's extend
+    kernel (its tile table and the batch's lengths, rows and offsets read before its wait),
+    the o product (torch). Three requests of 40, 17 and 100 cached tokens extend by 30, 70
+    and 5."""
+    from engine_attention_triton.impl import TritonBackend
+
+    from engine.runtime import fused_triton
+    from engine.runtime.attention import AttentionLayerSpec, KVPool
+    from engine.testing.batches import BatchBuilder
+
+    gen = torch.Generator(device=dev).manual_seed(3)
+    hq, hkv, d, hidden = 8, 2, 128, 1024
+    pool = KVPool(num_layers=layers, num_kv_heads=hkv, head_dim=d, num_slots=4096,
+                  page_size=16, dtype=torch.bfloat16, device=dev)
+    for buf in pool.k + pool.v:
+        buf.copy_(torch.randn(buf.shape, device=dev, generator=gen, dtype=torch.bfloat16))
+    builder = BatchBuilder(torch.zeros((4, 256), dtype=torch.int64, device=dev), 4096, 16,
+                           shuffle=True)
+    rows = [builder.new_request() for _ in range(3)]
+    builder.extend([(r, [1] * n) for r, n in zip(rows, (40, 17, 100))])  # slots only
+    batch = builder.extend([(r, [1] * n) for r, n in zip(rows, (30, 70, 5))])
+    backend = TritonBackend(pool, hq // hkv)
+    backend.prepare(batch)
+    t = batch.num_tokens
+    w_qkv = torch.randn((hq + 2 * hkv) * d, hidden, device=dev, generator=gen,
+                        dtype=torch.bfloat16) / 32
+    w_o = torch.randn(hidden, hq * d, device=dev, generator=gen, dtype=torch.bfloat16) / 32
+    pos = torch.arange(256, device=dev, dtype=torch.float32)[:, None]
+    ang = pos * torch.arange(d, device=dev, dtype=torch.float32)[None, :] / d
+    cos, sin = ang.cos().contiguous(), (-ang.sin()).contiguous()
+    x = torch.randn(t, hidden, device=dev, generator=gen, dtype=torch.bfloat16)
+
+    def run():
+        h = x
+        for i in range(layers):
+            spec = AttentionLayerSpec(i, hq, hkv, d, d ** -0.5)
+            qkv = torch.nn.functional.linear(h, w_qkv)
+            q = fused_triton.qk_norm_rope_store(qkv, hq, hkv, d, batch.positions, cos, sin,
+                                                None, None, 1e-6, pool.k[i], pool.v[i],
+                                                batch.out_cache_loc)
+            out = backend.forward_extend(q, spec, batch)
+            h = torch.nn.functional.linear(out.reshape(t, hq * d), w_o)
+        return h
+
+    return run
+
+
 def _moe_one_token(dev, layers: int = 4):
     """A Qwen3-MoE-shaped expert layer for one token, ``layers`` times: the router product,
     the fused softmax/top-k, the triton runner's pair products and combine (the down
@@ -176,7 +225,8 @@ def _moe_one_token(dev, layers: int = 4):
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="needs a CUDA device of compute capability 9 or more")
 @pytest.mark.parametrize("chain", [_attention_half, _moe_one_token,
-                                   functools.partial(_attention_half, fused_merge=True)])
+                                   functools.partial(_attention_half, fused_merge=True),
+                                   _attention_extend])
 def test_early_reads_give_the_same_replays_with_and_without_pdl(monkeypatch, chain):
     """The kernels that read the batch's inputs (lengths, rows, positions, cache rows) or an
     earlier kernel's expert ids before their wait, and ask weights or key tiles into L2:

@@ -400,13 +400,16 @@ def _extend_kernel(
     t = tl.program_id(1)
     s = tl.program_id(2)  # the split of phase 1's key tiles (the last split also does phase 2)
     pdl_trigger(PDL)
-    pdl_wait(PDL)
+    # the tile table and the batch's lengths, rows and offsets are copied in before the
+    # step's first kernel (no kernel of the step writes them): their chain of loads runs
+    # before the wait, beside the previous kernel's tail
     i = tl.load(tile_req_ptr + t)
     m0 = tl.load(tile_start_ptr + t)
     row = tl.load(req_pool_ptr + i)
     prefix = tl.load(prefix_lens_ptr + i).to(tl.int32)  # positions in 32 bits: cheaper masks
     ext = tl.load(extend_lens_ptr + i).to(tl.int32)
     qo = tl.load(qo_start_ptr + i)
+    pdl_wait(PDL)
     if OFF32:  # (q, out and the partial outputs hold fewer than 2^31 elements too)
         qo = qo.to(tl.int32)
     r2t_row = req_to_token_ptr + row * stride_r2t
