@@ -90,6 +90,35 @@ def test_graph_replays_equal_with_and_without_pdl(monkeypatch):
     assert torch.equal(outs["1"][0], outs["0"][0]) and torch.equal(outs["1"][1], outs["0"][1])
 
 
+def _rig(dev, seed: int, layers: int):
+    """What both attention chains share: a bf16 pool of ``layers`` layers of random K/V (8
+    query / 2 KV heads of 128, hidden 1024), three requests holding 40, 17 and 100 cached
+    tokens, the qkv and o weights and a RoPE table."""
+    import types
+
+    from engine.runtime.attention import KVPool
+    from engine.testing.batches import BatchBuilder
+
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    hq, hkv, d, hidden = 8, 2, 128, 1024
+    pool = KVPool(num_layers=layers, num_kv_heads=hkv, head_dim=d, num_slots=4096,
+                  page_size=16, dtype=torch.bfloat16, device=dev)
+    for buf in pool.k + pool.v:
+        buf.copy_(torch.randn(buf.shape, device=dev, generator=gen, dtype=torch.bfloat16))
+    builder = BatchBuilder(torch.zeros((4, 256), dtype=torch.int64, device=dev), 4096, 16,
+                           shuffle=True)
+    rows = [builder.new_request() for _ in range(3)]
+    builder.extend([(r, [1] * n) for r, n in zip(rows, (40, 17, 100))])  # slots only
+    w_qkv = torch.randn((hq + 2 * hkv) * d, hidden, device=dev, generator=gen,
+                        dtype=torch.bfloat16) / 32
+    w_o = torch.randn(hidden, hq * d, device=dev, generator=gen, dtype=torch.bfloat16) / 32
+    pos = torch.arange(256, device=dev, dtype=torch.float32)[:, None]
+    ang = pos * torch.arange(d, device=dev, dtype=torch.float32)[None, :] / d
+    return types.SimpleNamespace(gen=gen, hq=hq, hkv=hkv, d=d, hidden=hidden, pool=pool,
+                                 builder=builder, rows=rows, w_qkv=w_qkv, w_o=w_o,
+                                 cos=ang.cos().contiguous(), sin=(-ang.sin()).contiguous())
+
+
 def _attention_half(dev, layers: int = 4, fused_merge: bool = False):
     """The attention half of a decode step, ``layers`` times over one pool: the qkv product,
     q/k norm + RoPE storing K/V, the triton plugin's split decode and merge, the o product
@@ -100,43 +129,28 @@ def _attention_half(dev, layers: int = 4, fused_merge: bool = False):
     from engine_attention_triton.impl import KernelConfig, TritonBackend
 
     from engine.runtime import fused_triton, gemv_triton
-    from engine.runtime.attention import AttentionLayerSpec, KVPool
-    from engine.testing.batches import BatchBuilder
+    from engine.runtime.attention import AttentionLayerSpec
 
-    gen = torch.Generator(device=dev).manual_seed(1)
-    hq, hkv, d, hidden = 8, 2, 128, 1024
-    pool = KVPool(num_layers=layers, num_kv_heads=hkv, head_dim=d, num_slots=4096,
-                  page_size=16, dtype=torch.bfloat16, device=dev)
-    for buf in pool.k + pool.v:
-        buf.copy_(torch.randn(buf.shape, device=dev, generator=gen, dtype=torch.bfloat16))
-    builder = BatchBuilder(torch.zeros((4, 256), dtype=torch.int64, device=dev), 4096, 16,
-                           shuffle=True)
-    rows = [builder.new_request() for _ in range(3)]
-    builder.extend([(r, [1] * n) for r, n in zip(rows, (40, 17, 100))])  # slots only
-    batch = builder.decode([(r, 2) for r in rows])
+    rig = _rig(dev, 1, layers)
+    hq, hkv, d, pool, gen = rig.hq, rig.hkv, rig.d, rig.pool, rig.gen
+    batch = rig.builder.decode([(r, 2) for r in rig.rows])
     backend = TritonBackend(pool, hq // hkv, num_kv_splits=4,
                             kernel_config=KernelConfig(decode_fused_merge=fused_merge))
     backend.prepare(batch)
-    w_qkv = torch.randn((hq + 2 * hkv) * d, hidden, device=dev, generator=gen,
-                        dtype=torch.bfloat16) / 32
-    w_o = torch.randn(hidden, hq * d, device=dev, generator=gen, dtype=torch.bfloat16) / 32
     qw = torch.rand(d, device=dev, generator=gen, dtype=torch.bfloat16)
     kw = torch.rand(d, device=dev, generator=gen, dtype=torch.bfloat16)
-    pos = torch.arange(256, device=dev, dtype=torch.float32)[:, None]
-    ang = pos * torch.arange(d, device=dev, dtype=torch.float32)[None, :] / d
-    cos, sin = ang.cos().contiguous(), (-ang.sin()).contiguous()
-    x = torch.randn(3, hidden, device=dev, generator=gen, dtype=torch.bfloat16)
+    x = torch.randn(3, rig.hidden, device=dev, generator=gen, dtype=torch.bfloat16)
 
     def run():
         h = x
         for i in range(layers):
             spec = AttentionLayerSpec(i, hq, hkv, d, d ** -0.5)
-            qkv = gemv_triton.gemv(h, w_qkv)
-            q = fused_triton.qk_norm_rope_store(qkv, hq, hkv, d, batch.positions, cos, sin, qw,
-                                                kw, 1e-6, pool.k[i], pool.v[i],
+            qkv = gemv_triton.gemv(h, rig.w_qkv)
+            q = fused_triton.qk_norm_rope_store(qkv, hq, hkv, d, batch.positions, rig.cos,
+                                                rig.sin, qw, kw, 1e-6, pool.k[i], pool.v[i],
                                                 batch.out_cache_loc)
             out = backend.forward_decode(q, spec, batch)
-            h = gemv_triton.gemv(out.reshape(3, hq * d), w_o)
+            h = gemv_triton.gemv(out.reshape(3, hq * d), rig.w_o)
         return h
 
     return run
@@ -151,41 +165,26 @@ def _attention_extend(dev, layers: int = 4):
     from engine_attention_triton.impl import TritonBackend
 
     from engine.runtime import fused_triton
-    from engine.runtime.attention import AttentionLayerSpec, KVPool
-    from engine.testing.batches import BatchBuilder
+    from engine.runtime.attention import AttentionLayerSpec
 
-    gen = torch.Generator(device=dev).manual_seed(3)
-    hq, hkv, d, hidden = 8, 2, 128, 1024
-    pool = KVPool(num_layers=layers, num_kv_heads=hkv, head_dim=d, num_slots=4096,
-                  page_size=16, dtype=torch.bfloat16, device=dev)
-    for buf in pool.k + pool.v:
-        buf.copy_(torch.randn(buf.shape, device=dev, generator=gen, dtype=torch.bfloat16))
-    builder = BatchBuilder(torch.zeros((4, 256), dtype=torch.int64, device=dev), 4096, 16,
-                           shuffle=True)
-    rows = [builder.new_request() for _ in range(3)]
-    builder.extend([(r, [1] * n) for r, n in zip(rows, (40, 17, 100))])  # slots only
-    batch = builder.extend([(r, [1] * n) for r, n in zip(rows, (30, 70, 5))])
+    rig = _rig(dev, 3, layers)
+    hq, hkv, d, pool = rig.hq, rig.hkv, rig.d, rig.pool
+    batch = rig.builder.extend([(r, [1] * n) for r, n in zip(rig.rows, (30, 70, 5))])
     backend = TritonBackend(pool, hq // hkv)
     backend.prepare(batch)
     t = batch.num_tokens
-    w_qkv = torch.randn((hq + 2 * hkv) * d, hidden, device=dev, generator=gen,
-                        dtype=torch.bfloat16) / 32
-    w_o = torch.randn(hidden, hq * d, device=dev, generator=gen, dtype=torch.bfloat16) / 32
-    pos = torch.arange(256, device=dev, dtype=torch.float32)[:, None]
-    ang = pos * torch.arange(d, device=dev, dtype=torch.float32)[None, :] / d
-    cos, sin = ang.cos().contiguous(), (-ang.sin()).contiguous()
-    x = torch.randn(t, hidden, device=dev, generator=gen, dtype=torch.bfloat16)
+    x = torch.randn(t, rig.hidden, device=dev, generator=rig.gen, dtype=torch.bfloat16)
 
     def run():
         h = x
         for i in range(layers):
             spec = AttentionLayerSpec(i, hq, hkv, d, d ** -0.5)
-            qkv = torch.nn.functional.linear(h, w_qkv)
-            q = fused_triton.qk_norm_rope_store(qkv, hq, hkv, d, batch.positions, cos, sin,
-                                                None, None, 1e-6, pool.k[i], pool.v[i],
-                                                batch.out_cache_loc)
+            qkv = torch.nn.functional.linear(h, rig.w_qkv)
+            q = fused_triton.qk_norm_rope_store(qkv, hq, hkv, d, batch.positions, rig.cos,
+                                                rig.sin, None, None, 1e-6, pool.k[i],
+                                                pool.v[i], batch.out_cache_loc)
             out = backend.forward_extend(q, spec, batch)
-            h = torch.nn.functional.linear(out.reshape(t, hq * d), w_o)
+            h = torch.nn.functional.linear(out.reshape(t, hq * d), rig.w_o)
         return h
 
     return run
