@@ -145,7 +145,10 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
         alpha = tl.exp2(m_i - m_new)
     if DESC:
         v = v_desc.load([slot0.to(tl.int32), g * offs_d.shape[0]])
-        if MASKED:  # rows past the keys in range: whatever the page holds, weighted 0
+        # rows past the keys in range: whatever the page holds, weighted 0 (CONTIG: other
+        # tokens' values or zeros past the end, finite, times probabilities of 0: as they are,
+        # so the tile goes to the matrix unit straight from shared memory)
+        if MASKED and not CONTIG:
             v = tl.where(n_mask[:, None], v, tl.zeros_like(v))
     elif EVEN_D and not MASKED:
         v = tl.load(v_rows + v_off)
