@@ -122,15 +122,15 @@ def test_the_default_launch_follows_the_page_size(monkeypatch):
     assert default_config(64, interpreted=True) is INTERPRETER_CONFIG
     assert not INTERPRETER_CONFIG.extend_new_kv
     assert KernelConfig().extend_index_asm and not KernelConfig().decode_fused_merge
-    assert not KernelConfig().extend_new_kv and not KernelConfig().extend_q_desc
+    assert not KernelConfig().extend_new_kv and KernelConfig().extend_q_desc
     monkeypatch.setenv("ENGINE_TRITON_NEW_KV", "0")  # the environment is read per backend
     assert default_config(16, interpreted=False) == KernelConfig()
     monkeypatch.setenv("ENGINE_TRITON_DECODE_FUSED_MERGE", "1")
     monkeypatch.setenv("ENGINE_TRITON_NEW_KV", "1")
-    monkeypatch.setenv("ENGINE_TRITON_Q_DESC", "1")
+    monkeypatch.setenv("ENGINE_TRITON_Q_DESC", "0")
     cfg = default_config(64, interpreted=False)
     assert cfg.decode_fused_merge and cfg.extend_new_kv and cfg.extend_block_n == 64
-    assert cfg.extend_q_desc and default_config(16, interpreted=False).extend_q_desc
+    assert not cfg.extend_q_desc and not default_config(16, interpreted=False).extend_q_desc
 
 
 def test_manifest_states_its_needs_and_seed_flags():
