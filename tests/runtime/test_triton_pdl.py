@@ -123,8 +123,8 @@ def _attention_half(dev, layers: int = 4, fused_merge: bool = False):
     """The attention half of a decode step, ``layers`` times over one pool: the qkv product,
     q/k norm + RoPE storing K/V, the triton plugin's split decode and merge, the o product
     (the kernels that read the batch's inputs and the first key tile before their wait).
-    Returns (run, buffers): ``run()`` launches the chain on a decode batch of three requests
-    of 40, 17 and 100 cached tokens. ``fused_merge``: the decode merge inside the split
+    Returns ``run``, which launches the chain on a decode batch of three requests of 40, 17
+    and 100 cached tokens. ``fused_merge``: the decode merge inside the split
     kernel."""
     from engine_attention_triton.impl import KernelConfig, TritonBackend
 

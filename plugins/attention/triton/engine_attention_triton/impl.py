@@ -333,9 +333,10 @@ class TritonBackend(AttentionBackend):
         rows = None  # this forward's K/V as descriptors of their rows
         if new_kv is not None and self.reads_new_kv(batch):
             rows = self._new_kv_descriptors(new_kv, q.dtype)
-        q_box = (md.tile_tokens, self.row_heads, dim)
-        q_desc = (_q_descriptor(q, q_box) if rows is not None and cfg.extend_q_desc
-                  and md.tile_tokens * self.row_heads == md.block_rows else None)
+        q_desc = None  # the query tile as one box of q (with the rows; whole tiles of rows)
+        if (rows is not None and cfg.extend_q_desc
+                and md.tile_tokens * self.row_heads == md.block_rows):
+            q_desc = _q_descriptor(q, (md.tile_tokens, self.row_heads, dim))
         part_dtype = torch.float32 if self.reduce_in_fp32 else q.dtype
         shape = (q.shape[0], q.shape[1], splits) if splits > 1 else (0, 0, 1)
         part_out = torch.empty((*shape, dim), dtype=part_dtype, device=q.device)
@@ -396,24 +397,27 @@ def _q_descriptor(q: torch.Tensor, box: tuple[int, int, int]) -> Any:
     """A tensor descriptor of q [T, H, D] with [tokens, heads, D] boxes, or None where TMA
     cannot take it (a head dimension not a power of two, rows or heads not 16-byte
     aligned)."""
-    d = q.shape[2]
-    if (d != _pow2(d) or q.stride(2) != 1 or q.data_ptr() % 16
-            or any(st * q.element_size() % 16 for st in q.stride()[:2])):
+    if not _tma_rows(q) or q.stride(1) * q.element_size() % 16:
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return TensorDescriptor.from_tensor(q, list(box))
 
 
+def _tma_rows(x: torch.Tensor) -> bool:
+    """``x`` [T, H, D] has what TMA needs of its rows: a head dimension that is a power of two
+    and contiguous, a 16-byte aligned start and row stride."""
+    d = x.shape[2]
+    return (d == _pow2(d) and x.stride(2) == 1 and not x.data_ptr() % 16
+            and not x.stride(0) * x.element_size() % 16)
+
+
 def _row_descriptors(k: torch.Tensor, v: torch.Tensor, bn: int) -> tuple[Any, Any] | None:
     """Tensor descriptors of ``k`` and ``v`` [T, H, D] as their [T, H * D] rows (any row
     stride) with [bn, D] blocks, or None where TMA cannot take them (a head dimension not a
     power of two, heads not packed in a row, rows not 16-byte aligned)."""
-    for x in (k, v):
-        d = x.shape[2]
-        if (d != _pow2(d) or x.stride(2) != 1 or x.stride(1) != d or x.data_ptr() % 16
-                or x.stride(0) * x.element_size() % 16):
-            return None
+    if any(not _tma_rows(x) or x.stride(1) != x.shape[2] for x in (k, v)):
+        return None
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     def desc(x: torch.Tensor) -> Any:
