@@ -274,3 +274,22 @@ def test_deterministic_inference_needs_batch_invariant_attention_and_goes_row_by
     x = torch.randn(5, 8)
     assert torch.equal(layer(x), torch.cat([dense_linear(x[i:i + 1], layer.weight)
                                             for i in range(5)]))  # each row alone
+
+
+def test_time_stats_phases_add_up_exactly_whatever_the_stamps():
+    import random
+    from engine.runtime.request import ReqOutput
+    from engine.server.generation import time_stats_record
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        start = rng.uniform(0, 1e5)
+        stamps = sorted(start + rng.uniform(0, 2) for _ in range(5))
+        arrival, scheduled, first, first_http, now = stamps
+        out = ReqOutput(rid="r", time_stats={"arrival": arrival, "scheduled": scheduled,
+                                             "first_token": first})
+        rec = time_stats_record(out, start, first_http, now)
+        assert abs(rec["ttft"] + rec["decode"] - rec["e2e"]) < 1e-9, rec
+        assert rec["queue"] + rec["prefill"] + rec["handover"] <= rec["ttft"] + 1e-9, rec
+    rec = time_stats_record(ReqOutput(rid="r"), 1.0, None, 2.0)
+    assert rec["queue"] is None and rec["ttft"] is None and rec["e2e"] == 1000.0

@@ -365,8 +365,11 @@ def time_stats_record(out: ReqOutput, start: float, first_token_at: float | None
     and the cached tokens per tier. A time the sequence never reached is null."""
     t = out.time_stats or {}
 
+    def us(a: float) -> int:  # every stamp rounded once, so the phases add up exactly
+        return round((a - start) * 1e6)
+
     def ms(a: float | None, b: float | None) -> float | None:
-        return None if a is None or b is None else round((b - a) * 1e3, 3)
+        return None if a is None or b is None else (us(b) - us(a)) / 1e3
 
     return {"rid": out.rid, "prompt_tokens": out.prompt_tokens,
             "cached_tokens": out.cached_tokens,
