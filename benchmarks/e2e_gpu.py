@@ -40,7 +40,8 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"}, "fused": {"ENGINE_FUSED_GEMV": "1"},
          "fmerge": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "1"},
          "mergek": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "0"},
          "rows": {"ENGINE_TRITON_NEW_KV": "1"}, "pool": {"ENGINE_TRITON_NEW_KV": "0"},
-         "l2": {"ENGINE_L2_PREFETCH": "1"}, "qptr": {"ENGINE_TRITON_Q_DESC": "0"}}
+         "l2": {"ENGINE_L2_PREFETCH": "1"}, "qptr": {"ENGINE_TRITON_Q_DESC": "0"},
+         "odesc": {"ENGINE_TRITON_O_DESC": "1"}}
 GEN_STEPS = 16
 
 
@@ -61,8 +62,9 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
     kernel reads the forward's new K/V as rows at every page size (``:pool``: through the
     pool; the default reads them as rows where a page does not hold whole 64-key tiles);
     ``:l2``: the output projection's weights asked into L2 during decode attention;
-    ``:qptr``: the triton extend loads its query tile by pointers, not a descriptor; set by
-    the caller through the environment, :data:`MODES`);
+    ``:qptr``: the triton extend loads its query tile by pointers, not a descriptor;
+    ``:odesc``: it stores its output tiles through a descriptor too; set by the caller through
+    the environment, :data:`MODES`);
     ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
     weights at load (e.g. ``fp8``); ``model_dir`` a dummy config's folder; ``max_total_tokens``
     the KV pool (default: room for ``max_running`` short prompts); ``device`` "cpu" runs
@@ -237,7 +239,8 @@ def cpu_smoke(steps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
-                    help="backend[:eager|:nopdl|:fused|:fmerge|:mergek|:rows|:pool|:l2|:qptr]; "
+                    help="backend[:eager|:nopdl|:fused|:fmerge|:mergek|:rows|:pool|:l2|:qptr"
+                    "|:odesc]; "
                     "CUDA graphs are used for decode where the backend supports them unless "
                     ":eager; :nopdl launches without PDL; :fused folds the norms and "
                     "SiLU-and-mul into the one-row products; :fmerge folds the triton decode "
@@ -245,7 +248,8 @@ def main() -> None:
                     "default); :rows / :pool: the triton extend reads this forward's K/V as "
                     "rows / through the pool at every page size; :l2: the output projection's "
                     "weights asked into L2 during decode attention; :qptr: the triton "
-                    "extend loads its query tile by pointers, not a tensor descriptor")
+                    "extend loads its query tile by pointers, not a tensor descriptor; :odesc: "
+                    "it stores its output tiles through a tensor descriptor")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--hf", default="eager,compile")
     ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers")

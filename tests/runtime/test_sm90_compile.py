@@ -36,15 +36,27 @@ SM90 = GPUTarget("cuda", 90, 32)
 FLOATS = {"scale", "v_scale", "eps"}
 
 
-def build(kernel, types: dict[str, str], constexprs: dict, warps: int = 4, stages: int = 3):
-    """``kernel`` compiled for sm_90 with launch-time PDL (the compiled kernel)."""
-    sig = {}
-    for name in kernel.arg_names:
+def build(kernel, types: dict[str, str], constexprs: dict, warps: int = 4, stages: int = 3,
+          aligned: set[str] | None = None):
+    """``kernel`` compiled for sm_90 with launch-time PDL (the compiled kernel). The arguments
+    ``aligned`` names (by default the pointers and the ``stride*`` integers) are marked
+    multiples of 16, as a launch on the GPU specializes them (torch's allocations are
+    aligned, and the strides of these layouts are multiples of 16): without that, stores and
+    loads are built one element at a time."""
+    sig, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
             sig[name] = "constexpr"
+            continue
+        sig[name] = types.get(name, "fp32" if name in FLOATS else "i32")
+        if aligned is None:
+            marked = sig[name].startswith("*") or (sig[name] == "i32"
+                                                   and name.startswith("stride"))
         else:
-            sig[name] = types.get(name, "fp32" if name in FLOATS else "i32")
-    src = compiler.ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
+            marked = name in aligned
+        if marked:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = compiler.ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=SM90, options={
         "num_warps": warps, "num_stages": stages, "launch_pdl": True})
 
@@ -58,6 +70,18 @@ def stack_bytes(compiled) -> int:
         usage = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage",
                                 path], capture_output=True, text=True, check=True).stdout
     return int(re.search(r"STACK:(\d+)", usage).group(1))
+
+
+def sass_ops(compiled) -> list[str]:
+    """The opcodes (with their modifiers) of the compiled kernel's SASS, in order."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as fh:
+            fh.write(compiled.asm["cubin"])
+        text = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-sass", path],
+                              capture_output=True, text=True, check=True).stdout
+    return re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text,
+                      re.M)
 
 
 def kv_buffers(compiled, rows: int, dim: int) -> list[int]:
@@ -94,19 +118,21 @@ def test_decode_kernels_build(attention, fused, fp8):
 
 def _extend(attention, page: int, tma: bool, heads: int, index_asm: bool, tree: bool = False,
             splits: int = 1, bm: int = 64, bn: int = 64, off32: bool = True,
-            new_kv: bool = False, q_desc: bool = False):
+            new_kv: bool = False, q_desc: bool = False, o_desc: bool = False):
     types = dict(ATTN_PTRS)
     if tma:
         types["k_desc"] = types["v_desc"] = f"tensordesc<bf16[{bn}, 128]>"
     types["kn_desc"] = types["vn_desc"] = (f"tensordesc<bf16[{bn}, 128]>" if new_kv
                                            else "*bf16")
     rows = heads or 4
-    types["qn_desc"] = f"tensordesc<bf16[{bm // rows}, {rows}, 128]>" if q_desc else "*bf16"
+    box = f"tensordesc<bf16[{bm // rows}, {rows}, 128]>"
+    types["qn_desc"] = box if q_desc else "*bf16"
+    types["on_desc"] = box if o_desc else "*bf16"
     return build(attention._extend_kernel, types, dict(
         GROUP=4, HEAD_DIM=128, TILE_TOKENS=bm // (heads or 4), BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_D=128, DOT_PREC=None, HAS_TREE=tree, KV_FP8=0, NUM_SPLITS=splits, PAGE=page,
         TMA=tma, ROW_HEADS=heads, LAZY=False, INDEX_ASM=index_asm, OFF32=off32,
-        NEW_KV=new_kv, Q_DESC=q_desc, PDL=True))
+        NEW_KV=new_kv, Q_DESC=q_desc, O_DESC=o_desc, PDL=True))
 
 
 def test_extend_keeps_num_stages_key_tiles_in_flight(attention):
@@ -123,14 +149,12 @@ def test_extend_keeps_num_stages_key_tiles_in_flight(attention):
             _extend(attention, page, False, 0, index_asm, off32=index_asm)
 
 
-def test_extend_offsets_in_32_bits_keep_the_default_page_64_launch_in_registers(attention):
-    """Offsets of 32 bits (buffers under 2^31 elements) for the query rows and gathered K/V
-    rows: the page-64 default launch (64 x 64, one head, descriptors, masked diagonal tiles
-    through descriptors too) spills next to nothing, against hundreds of bytes with 64-bit
-    offsets."""
-    short = stack_bytes(_extend(attention, 64, True, 1, True))
-    wide = stack_bytes(_extend(attention, 64, True, 1, True, off32=False))
-    assert short <= 32 < wide, (short, wide)
+def test_extend_default_page_64_launch_stays_in_registers(attention):
+    """The page-64 default launch (64 x 64, one head, descriptors, masked diagonal tiles
+    through descriptors too) spills nothing, with offsets of 32 bits (buffers under 2^31
+    elements) or of 64."""
+    assert stack_bytes(_extend(attention, 64, True, 1, True)) == 0
+    assert stack_bytes(_extend(attention, 64, True, 1, True, off32=False)) == 0
 
 
 @pytest.mark.parametrize("page, tma", [(1, False), (16, False), (64, True)])
@@ -151,6 +175,19 @@ def test_extend_loading_the_query_tile_through_a_descriptor_builds(attention, he
     assert 3 in kv_buffers(compiled, bn, 128)
     pointers = _extend(attention, 16, False, heads, True, bn=bn, new_kv=True)
     assert stack_bytes(compiled) <= stack_bytes(pointers)
+
+
+@pytest.mark.parametrize("out_desc", [False, True])
+def test_extend_stores_its_output_tile_whole_rows_at_a_time(attention, out_desc):
+    """The page-16 default launch (the group's heads, new K/V as rows, the query tile through
+    a descriptor) stores its output in 16-byte pieces (built as the GPU specializes aligned
+    pointers and strides: one element a store otherwise), and with the output's descriptor
+    (``extend_out_desc``) a tile of the request's tokens in one TMA store."""
+    ops = sass_ops(_extend(attention, 16, False, 0, True, bn=32, new_kv=True, q_desc=True,
+                           o_desc=out_desc))
+    stores = [op for op in ops if op.startswith("STG")]
+    assert stores and set(stores) == {"STG.E.128"}, sorted(set(stores))
+    assert ("UTMASTG.3D" in ops) == out_desc
 
 
 def test_extend_tree_and_split_kernels_build(attention):
@@ -210,23 +247,27 @@ def _build_launch(kernel, bound: dict, options: dict):
     """One recorded launch compiled for sm_90, with PDL on where the kernel takes it."""
     import torch
 
-    types, constexprs = {}, {}
+    types, constexprs, aligned = {}, {}, set()
     for param in kernel.params:
         value = bound[param.name]
         if param.is_constexpr or value is None:
             constexprs[param.name] = value
         elif isinstance(value, torch.Tensor):
             types[param.name] = "*" + DTYPES[str(value.dtype).removeprefix("torch.")]
+            if value.data_ptr() % 16 == 0:  # (as the launch specializes its arguments)
+                aligned.add(param.name)
         elif isinstance(value, bool):
             types[param.name] = "i1"
         elif isinstance(value, int):
             types[param.name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+            if value % 16 == 0:
+                aligned.add(param.name)
         else:
             types[param.name] = "fp32"
     if "PDL" in constexprs:
         constexprs["PDL"] = True
     return build(kernel, types, constexprs, warps=options.get("num_warps", 4),
-                 stages=options.get("num_stages", 3))
+                 stages=options.get("num_stages", 3), aligned=aligned)
 
 
 def _l2_prefetch_call():

@@ -44,6 +44,12 @@ host passes them only for a power-of-two head dimension). Tiles of several pages
 (``BLOCK_N`` a multiple of ``PAGE``): one entry per page, expanded. Otherwise (``PAGE`` 1, or
 neither divides the other), and for every masked tile (phase 2, decode), one entry per key.
 
+This forward's own K/V can come as contiguous rows (``NEW_KV``: ``kn_desc`` / ``vn_desc``, the
+cached prefix alone through the pool), the query tile as one [tokens, heads, D] box of q
+(``Q_DESC``: rows past the request hold other tokens' queries, never stored) and a tile of the
+request's tokens only its output as one box of out (``O_DESC``; a tile reaching past the
+request's end stores by masked pointers).
+
 Every load past a length is masked (never issued), so only slots the batch owns are read.
 An fp8 pool (``KV_FP8``) is read as its bit patterns and widened to q's dtype; its per-layer K
 scale is folded into the softmax scale and its V scale multiplies the output.
@@ -259,13 +265,14 @@ def _decode_split_kernel(
         acc = acc * v_scale
 
     if NUM_SPLITS == 1:  # the whole context in one chunk: final rows, no merge
-        out = acc / l_i[:, None]
+        out = acc * (1.0 / l_i)[:, None]  # (a reciprocal a row: cheaper than a division
+        # an element)
         tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=hd_mask)
     else:
         nonempty = end > start
         safe_l = tl.where(l_i > 0, l_i, 1.0)
-        out = tl.where(nonempty, acc / safe_l[:, None], 0.0)
+        out = tl.where(nonempty, acc * (1.0 / safe_l)[:, None], 0.0)
         lse = tl.where(nonempty, m_i + tl.log2(safe_l), float("-inf"))
         part_rows = part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + offs_d[None, :]
         lse_rows = part_lse_ptr + b * stride_lb + heads * stride_lh
@@ -333,7 +340,7 @@ def _fold_splits(part_ptrs, lse_ptrs, stride_ps, count, gd_mask, g_mask,
         acc = acc * alpha[:, None] + part.to(tl.float32) * w[:, None]
         total = total * alpha + w
         m = m_new
-    return acc / tl.where(total > 0, total, 1.0)[:, None]
+    return acc * (1.0 / tl.where(total > 0, total, 1.0))[:, None]
 
 
 @triton.jit
@@ -369,15 +376,24 @@ def _extend_new_kv(q, m_i, l_i, acc, r2t_row, prefix, ext, m0, qo, tok, offs_n, 
                               d_mask, scale, DOT_PREC, MASKED=False, EVEN_D=True,
                               k_desc=kn_desc, v_desc=vn_desc, TMA=True, LAZY=LAZY,
                               CONTIG=True, base=qo)
-    hi = tl.minimum(m0 + TILE_TOKENS, ext)
-    for n0 in range(nfull, hi, BLOCK_N):
-        pos = n0 + offs_n
-        n_mask = pos < hi
-        causal = n_mask[None, :] & (pos[None, :] <= tok[:, None])
-        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, causal, k_ptr,
+    # the diagonal block, causally: a row's keys up to its own token, which lies before the
+    # request's end, so no key past it counts (rows past the end are never stored; each
+    # still sees key nfull <= m0, so none is all -inf)
+    if BLOCK_N % TILE_TOKENS == 0:  # one key tile holds the whole block: no loop
+        causal = (nfull + offs_n)[None, :] <= tok[:, None]
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, nfull, offs_n, offs_n, causal, k_ptr,
                               v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
                               d_mask, scale, DOT_PREC, EVEN_D=True, k_desc=kn_desc,
                               v_desc=vn_desc, TMA=True, LAZY=LAZY, CONTIG=True, base=qo)
+    else:
+        hi = tl.minimum(m0 + TILE_TOKENS, ext)
+        for n0 in range(nfull, hi, BLOCK_N):
+            causal = (n0 + offs_n)[None, :] <= tok[:, None]
+            m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, offs_n, causal,
+                                  k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs,
+                                  stride_vh, offs_d, d_mask, scale, DOT_PREC, EVEN_D=True,
+                                  k_desc=kn_desc, v_desc=vn_desc, TMA=True, LAZY=LAZY,
+                                  CONTIG=True, base=qo)
     return m_i, l_i, acc
 
 
@@ -385,7 +401,7 @@ def _extend_new_kv(q, m_i, l_i, acc, r2t_row, prefix, ext, m0, qo, tok, offs_n, 
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, req_to_token_ptr, req_pool_ptr, prefix_lens_ptr,
     extend_lens_ptr, qo_start_ptr, tile_req_ptr, tile_start_ptr, tree_ptr,
-    part_out_ptr, part_lse_ptr, k_desc, v_desc, kn_desc, vn_desc, qn_desc,
+    part_out_ptr, part_lse_ptr, k_desc, v_desc, kn_desc, vn_desc, qn_desc, on_desc,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
     stride_r2t, stride_tb, stride_tq, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
     scale, v_scale,
@@ -395,7 +411,7 @@ def _extend_kernel(
     NUM_SPLITS: tl.constexpr = 1, PAGE: tl.constexpr = 1, TMA: tl.constexpr = False,
     ROW_HEADS: tl.constexpr = 0, LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False,
     OFF32: tl.constexpr = False, NEW_KV: tl.constexpr = False, PDL: tl.constexpr = False,
-    Q_DESC: tl.constexpr = False,
+    Q_DESC: tl.constexpr = False, O_DESC: tl.constexpr = False,
 ):
     HEADS: tl.constexpr = ROW_HEADS if ROW_HEADS > 0 else GROUP  # query heads of a tile
     hb = tl.program_id(0)  # the tile's block of HEADS query heads (inside one KV head's)
@@ -494,12 +510,20 @@ def _extend_kernel(
                                       k_desc=k_desc, v_desc=v_desc, TMA=TMA and not HAS_TREE,
                                       LAZY=LAZY, INDEX_ASM=INDEX_ASM, OFF32=OFF32)
     safe_l = tl.where(l_i > 0, l_i, 1.0)
-    out = acc / safe_l[:, None]
+    # one reciprocal a row, then a multiply an element (a division an element is several
+    # instructions each: its range checks and scaling)
+    out = acc * (1.0 / safe_l)[:, None]
     if KV_FP8 != 0:
         out = out * v_scale
     if NUM_SPLITS == 1:
-        tl.store(out_ptr + (qo + tok)[:, None] * stride_ot + head[:, None] * stride_oh
-                 + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=rd_mask)
+        out = out.to(out_ptr.dtype.element_ty)
+        if O_DESC and m0 + TILE_TOKENS <= ext:  # a tile of the request's tokens only: its
+            # [tokens, HEADS, D] box of out [T, H, D] in one store
+            on_desc.store([(qo + m0).to(tl.int32), hb * HEADS, 0],
+                          tl.reshape(out, (TILE_TOKENS, HEADS, BLOCK_D)))
+        else:
+            tl.store(out_ptr + (qo + tok)[:, None] * stride_ot + head[:, None] * stride_oh
+                     + offs_d[None, :], out, mask=rd_mask)
     else:  # a partial output and its log-sum-exp (-inf: no key), merged by the next kernel
         lse = tl.where(l_i > 0, m_i + tl.log2(safe_l), float("-inf"))
         tl.store(part_out_ptr + (qo + tok)[:, None] * stride_pt + head[:, None] * stride_ph
