@@ -142,11 +142,18 @@ class ServerConfig:
     kv_cache_dtype: str = _opt(
         "auto", "KV cache storage: auto (the model dtype, unless the quantization method asks "
         "for another: a GGUF with int8 activations on CPU stores float16), bf16/bfloat16, fp8_e4m3/fp8_e5m2 (stored "
-        "divided by the checkpoint's per-layer k/v scales, else 1.0, and dequantized on read by "
+        "divided by the per-layer k/v scales of --quantization-param-path or the checkpoint, else "
+        "1.0, and dequantized on read by "
         "backends that support it); mxfp8 and nvfp4 need SM100 GPUs, fp4_mx_block16 is not "
         "implemented in this build.",
         choices=("auto", "fp8_e4m3", "fp8_e5m2", "bf16", "bfloat16", "fp4_mx_block16", "mxfp8",
                  "nvfp4"))
+    quantization_param_path: str | None = _opt(
+        None, "JSON file of per-layer KV cache scaling factors for an fp8 KV cache "
+        "({\"kv_cache\": {\"dtype\": \"float8_e4m3fn\", \"scaling_factor\": {\"0\": "
+        "{\"<layer>\": <scale>}}}}: one tensor-parallel rank, every layer; the one scale "
+        "serves k and v). Overrides the checkpoint's scales; unused (with a warning) when the KV "
+        "cache is not fp8.")
     context_length: int | None = _opt(None, "Maximum context length (default: the model's); "
                                       "accepts 1k, 32Ki...", type=parse_size)
     device: str = _opt("auto", "Device: auto, cpu, cuda, cuda:N.")

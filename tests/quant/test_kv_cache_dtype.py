@@ -18,7 +18,7 @@ from engine.testing import quant as tq
 IDS = [[5, 17, 300, 41, 8, 99, 250, 7, 3, 11, 12, 13]]
 
 
-def run(path, kv, backend="torch_native", swap=None, device="cpu"):
+def run(path, kv, backend="torch_native", swap=None, device="cpu", **options):
     """Logits of a prefill and a decode step; ``swap(runner)`` may replace the runner's
     attention backends first (a backend the CLI does not offer on a CPU)."""
     from engine.runtime.model_runner import ModelRunner
@@ -26,7 +26,8 @@ def run(path, kv, backend="torch_native", swap=None, device="cpu"):
 
     runner = ModelRunner(ServerConfig(model_path=path, device=device, dtype="float32",
                                       skip_tokenizer_init=True, max_total_tokens=128,
-                                      attention_backend=backend, kv_cache_dtype=kv))
+                                      attention_backend=backend, kv_cache_dtype=kv,
+                                      **options))
     if swap is not None:
         swap(runner)
     b = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
@@ -67,6 +68,88 @@ def test_checkpoint_kv_scales_are_used(model, tmp_path):
     assert runner.pool.k_scale == [1.0, 0.5] and runner.pool.v_scale == [1.0, 0.25]
     _, dense = run(dst, "auto")  # scales ignored when the cache is not fp8
     assert dense.pool.k_scale == [1.0, 1.0]
+
+
+def _with_tensors(model, dst, extra):
+    """A copy of the tiny model at ``dst`` with ``extra`` checkpoint tensors."""
+    os.makedirs(dst)
+    state = load_file(os.path.join(model, "model.safetensors"))
+    save_file({**state, **extra}, os.path.join(dst, "model.safetensors"))
+    with open(os.path.join(model, "config.json")) as fh, \
+            open(os.path.join(dst, "config.json"), "w") as out:
+        json.dump(json.load(fh), out)
+    return dst
+
+
+def test_a_legacy_kv_scale_serves_both_and_a_lone_scale_is_shared(model, tmp_path):
+    dst = _with_tensors(model, str(tmp_path / "s"), {
+        "model.layers.0.self_attn.kv_scale": torch.tensor(0.5),  # legacy: k and v
+        "model.layers.1.self_attn.v_scale": torch.tensor(0.25)})  # v only: k takes it too
+    _, runner = run(dst, "fp8_e4m3")
+    assert runner.pool.k_scale == [0.5, 0.25] and runner.pool.v_scale == [0.5, 0.25]
+
+
+def _scale_file(tmp_path, layers, dtype="float8_e4m3fn", **top):
+    path = tmp_path / "kv_scales.json"
+    path.write_text(json.dumps({**top, "kv_cache": {"dtype": dtype,
+                                                     "scaling_factor": {"0": layers}}}))
+    return str(path)
+
+
+def test_quantization_param_path_scales_override_the_checkpoints(model, tmp_path):
+    dst = _with_tensors(model, str(tmp_path / "s"),
+                        {"model.layers.1.self_attn.k_scale": torch.tensor(0.5)})
+    path = _scale_file(tmp_path, {"0": 0.02, "1": 0.03}, model_type="llama")
+    base, _ = run(dst, "auto")
+    got, runner = run(dst, "fp8_e4m3", quantization_param_path=path)
+    assert runner.pool.k_scale == [0.02, 0.03] and runner.pool.v_scale == [0.02, 0.03]
+    p, q = F.log_softmax(base, -1), F.log_softmax(got, -1)
+    assert (p.exp() * (p - q)).sum(-1).mean() < 0.05  # k, v stored as x / 0.02: still close
+    # stored as k / scale: a scale 100x too small overflows fp8's range and the logits move
+    far, _ = run(dst, "fp8_e4m3", quantization_param_path=_scale_file(
+        tmp_path, {"0": 2e-4, "1": 3e-4}))
+    assert (far - got).abs().max() > (got - base).abs().max()
+    # a cache that is not fp8 leaves the file unused
+    _, dense = run(dst, "auto", quantization_param_path=path)
+    assert dense.pool.k_scale == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("content,pattern", [
+    (None, "cannot read it"),
+    ("{", "not JSON"),
+    ({"kv": {}}, 'needs an object with a "kv_cache" object'),
+    ({"model_type": "qwen2", "kv_cache": {"dtype": "float8_e4m3fn",
+                                          "scaling_factor": {"0": {"0": 1, "1": 1}}}},
+     "model_type is 'qwen2', the model is 'llama'"),
+    ({"kv_cache": {"dtype": "float8_e5m2", "scaling_factor": {"0": {"0": 1, "1": 1}}}},
+     "kv_cache.dtype is 'float8_e5m2'; --kv-cache-dtype fp8_e4m3 needs 'float8_e4m3fn'"),
+    ({"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": 1, "1": 1},
+                                                                "1": {"0": 1, "1": 1}}}},
+     r"has ranks \['0', '1'\]; this server runs one rank"),
+    ({"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": 1}}}},
+     "kv_cache.scaling_factor.0 has no scale for layers 1 "),
+    ({"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": 1, "1": -2}}}},
+     "kv_cache.scaling_factor.0.1 is -2, not a positive number"),
+    ({"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": 1, "7": 1}}}},
+     "kv_cache.scaling_factor.0.7: the model has layers 0-1"),
+])
+def test_a_bad_quantization_param_file_is_refused_naming_the_field(model, tmp_path, content,
+                                                                  pattern):
+    path = tmp_path / "kv_scales.json"
+    if content is not None:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(ConfigError, match="--quantization-param-path .*" + pattern):
+        run(model, "fp8_e4m3", quantization_param_path=str(path))
+
+
+def test_scale_file_names_missing_layers_as_ranges(tmp_path):
+    from engine.runtime.kv_scales import scale_file
+
+    path = _scale_file(tmp_path, {str(i): 1.0 for i in (0, 1, 2, 5, 9)})
+    with pytest.raises(ConfigError, match="no scale for layers 3-4, 6-8, 10-11 "):
+        scale_file(path, 12, "fp8_e4m3")
+    assert scale_file(_scale_file(tmp_path, {"0": 0.5, "1": 2}, dtype="float8_e5m2"), 2,
+                      "fp8_e5m2") == [0.5, 2.0]
 
 
 @pytest.mark.parametrize("kv,pattern", [("nvfp4", "SM100"), ("mxfp8", "SM100"),

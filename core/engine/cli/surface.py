@@ -174,7 +174,7 @@ NOT_YET: dict[str, tuple[str, ...]] = {
     "diffusion language models are not built": ("--dllm-*",),
     "quantization toolkits are not integrated; quantized checkpoints load through "
     "--quantization": (
-        "--modelopt-*", "--quantize-and-serve", "--rl-quant-profile", "--quantization-param-path"),
+        "--modelopt-*", "--quantize-and-serve", "--rl-quant-profile"),
     "the only quantized KV caches are fp8 (--kv-cache-dtype), read by the attention "
     "backends directly": ("--prefill-kv-cache-dequant-dtype",),
     "weights load once, from local files, with the built-in loader": (

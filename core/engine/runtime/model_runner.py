@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from typing import Any, Iterator
 
@@ -23,6 +22,7 @@ from engine.config import ServerConfig
 from engine.errors import ConfigError
 from engine.models.config import ModelConfig
 from engine.models.tokenizer import Tokenizer
+from engine.runtime import kv_scales
 from engine.runtime.attention import KVPool
 from engine.runtime.batch import Batch, ForwardMode
 
@@ -173,14 +173,27 @@ class ModelRunner:
                 "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[name]
 
     def _kv_scales(self, pool: KVPool) -> None:
-        """Per-layer k/v scales the checkpoint carries (fp8 KV cache only; else 1.0)."""
-        scales = getattr(self.model, "kv_scales", {}) if pool.is_fp8 else {}
-        for name, value in scales.items():
-            m = re.search(r"layers\.(\d+)\..*?(k|v)(?:_proj\.\w+|_scale)$", name)
-            if m and int(m.group(1)) < pool.num_layers and value > 0:
-                (pool.k_scale if m.group(2) == "k" else pool.v_scale)[int(m.group(1))] = value
-        if pool.is_fp8:
-            log.info("fp8 KV cache: %s per-layer scales from the checkpoint", len(scales) or "no")
+        """Per-layer k/v scales of an fp8 KV cache: ``--quantization-param-path``'s, else the
+        checkpoint's (:mod:`engine.runtime.kv_scales`), else 1.0."""
+        path = self.config.quantization_param_path
+        if not pool.is_fp8:
+            if path:
+                log.warning("--quantization-param-path %s: unused, the KV cache is not fp8 "
+                            "(--kv-cache-dtype %s)", path, self.config.kv_cache_dtype)
+            return
+        if path:
+            scales = kv_scales.scale_file(path, pool.num_layers, self.config.kv_cache_dtype,
+                                          kv_scales.model_type(self.model_config.model_path))
+            pool.k_scale[:] = scales
+            pool.v_scale[:] = scales
+            log.info("fp8 KV cache: per-layer scales from %s", path)
+            return
+        k, v = kv_scales.checkpoint_scales(getattr(self.model, "kv_scales", {}),
+                                           pool.num_layers)
+        for layer in k:
+            pool.k_scale[layer], pool.v_scale[layer] = k[layer], v[layer]
+        log.info("fp8 KV cache: %s", f"scales of {len(k)} layers from the checkpoint" if k else
+                 "no scales in the checkpoint, 1.0 for every layer")
 
     def _kv_bytes_per_token(self) -> int:
         mc = self.model_config
