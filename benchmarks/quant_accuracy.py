@@ -2,10 +2,12 @@
 dequantized to float32), against float32: teacher-forced top-1 agreement and KL(fp32 || q)
 over a held-out text. Writes the markdown table to stdout.
 
-    python benchmarks/quant_accuracy.py [scheme ...] [online:CHOICE ...]
+    python benchmarks/quant_accuracy.py [scheme ...] [online:CHOICE ...] [kv:DTYPE ...]
 
 ``online:CHOICE`` serves the dense checkpoint with ``--quantization CHOICE`` (a method that
-quantizes at load: fp8, mxfp8, quark_mxfp4, mxfp_w4a8...).
+quantizes at load: fp8, mxfp8, quark_mxfp4, mxfp_w4a8...); ``kv:DTYPE`` serves it with
+``--kv-cache-dtype DTYPE`` (fp8_e4m3, fp8_e5m2, fp4_mx_block16: every position's K and V
+read back from the quantized cache, scales 1.0).
 """
 
 from __future__ import annotations
@@ -112,12 +114,12 @@ def dense_checkpoint(dst: str) -> list[list[int]]:
     return [ids[i * SEQ:(i + 1) * SEQ] for i in range(N_SEQ)]
 
 
-def all_logits(path: str, seqs: list[list[int]], quantization: str | None = None
-               ) -> torch.Tensor:
+def all_logits(path: str, seqs: list[list[int]], quantization: str | None = None,
+               kv_cache_dtype: str = "auto") -> torch.Tensor:
     runner = ModelRunner(ServerConfig(model_path=path, device="cpu", dtype="float32",
                                       skip_tokenizer_init=True, attention_backend="torch_native",
                                       max_total_tokens=2048, max_running_requests=4,
-                                      quantization=quantization))
+                                      quantization=quantization, kv_cache_dtype=kv_cache_dtype))
     out = []
     for ids in seqs:  # every position's logits from one extend
         builder = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
@@ -140,6 +142,10 @@ def main() -> None:
                 choice = name.partition(":")[2]
                 lp = F.log_softmax(all_logits(dense, seqs, choice), -1)
                 label = f"{choice}, online"
+            elif name.startswith("kv:"):
+                kv = name.partition(":")[2]
+                lp = F.log_softmax(all_logits(dense, seqs, kv_cache_dtype=kv), -1)
+                label = f"--kv-cache-dtype {kv}"
             else:
                 qdir = os.path.join(tmp, name)
                 tq.write_checkpoint(dense, qdir, name, input_amax=INPUT_AMAX, **SCHEMES[name])

@@ -48,7 +48,8 @@ def _cpu_zeros(count: int, shape: tuple[int, ...], dtype: torch.dtype
 
 
 class KVPool:
-    """K and V buffers of every layer, indexed by token slot: ``k[layer]`` is [slots, Hkv, D].
+    """K and V buffers of every layer, indexed by token slot: ``k[layer]`` is [slots, Hkv, D]
+    (``fp4``: [slots, Hkv, :attr:`row_width`] bytes, :mod:`engine.runtime.kv_fp4`).
 
     Slot 0 is reserved as a padding target (never handed out), so a padded batch can write there
     harmlessly. Pages are ``page_size`` consecutive slots; the allocator (in the scheduler) hands
@@ -56,11 +57,26 @@ class KVPool:
     """
 
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int,
-                 page_size: int, dtype: torch.dtype, device: torch.device) -> None:
+                 page_size: int, dtype: torch.dtype, device: torch.device,
+                 fp4: bool = False) -> None:
+        from engine.runtime import kv_fp4
+
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        #: ``--kv-cache-dtype fp4_mx_block16``: each head's row is packed E2M1 codes and their
+        #: blocks' scales, bytes (``dtype`` is then uint8, the storage's)
+        self.is_fp4 = fp4
+        if fp4:
+            if head_dim % kv_fp4.BLOCK:
+                raise ValueError(f"fp4_mx_block16 needs a head dimension that is a multiple "
+                                 f"of {kv_fp4.BLOCK}, not {head_dim}")
+            dtype = torch.uint8
+        #: elements of ``dtype`` a head's row takes in ``k[layer]`` / ``v[layer]``
+        self.row_width = kv_fp4.row_bytes(head_dim) if fp4 else head_dim
+        #: what the stored pages are, for the hierarchical cache's page keys
+        self.format_name = "fp4_mx_block16" if fp4 else str(dtype)
         self.page_size, self.dtype, self.device = page_size, dtype, device
         self.num_slots = num_slots
-        shape = (num_slots, num_kv_heads, head_dim)
+        shape = (num_slots, num_kv_heads, self.row_width)
         if torch.device(device).type == "cpu":
             self.k, self.v = _cpu_zeros(2 * num_layers, shape, dtype)
         else:
@@ -91,6 +107,10 @@ class KVPool:
             self.take_loads().wait_all()
 
     def _store(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        if self.is_fp4:
+            from engine.runtime import kv_fp4
+
+            return kv_fp4.pack(x)
         if not self.is_fp8:
             return x.to(self.dtype)
         top = torch.finfo(self.dtype).max
@@ -107,14 +127,20 @@ class KVPool:
     def takes_direct_writes(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether a kernel may store K/V of ``dtype`` on ``device`` straight into ``k[layer]``
         / ``v[layer]`` rows instead of :meth:`write`: same dtype and device, no fp8 scaling."""
-        return not self.is_fp8 and self.dtype == dtype and \
+        return not self.is_fp8 and not self.is_fp4 and self.dtype == dtype and \
             torch.device(self.device) == torch.device(device)
 
     def gather(self, layer: int, slots: torch.Tensor, dtype: torch.dtype
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of ``slots`` [..] as ``dtype`` [.., Hkv, D], dequantized from fp8 storage."""
+        """K and V of ``slots`` [..] as ``dtype`` [.., Hkv, D], dequantized from fp8 or fp4
+        storage."""
         flat = slots.reshape(-1)
-        if self.is_fp8:
+        if self.is_fp4:
+            from engine.runtime import kv_fp4
+
+            k = kv_fp4.unpack(self.k[layer].index_select(0, flat), self.head_dim, dtype)
+            v = kv_fp4.unpack(self.v[layer].index_select(0, flat), self.head_dim, dtype)
+        elif self.is_fp8:
             k = self.k[layer].view(torch.uint8).index_select(0, flat).view(self.dtype)
             v = self.v[layer].view(torch.uint8).index_select(0, flat).view(self.dtype)
             k, v = k.to(dtype) * self.k_scale[layer], v.to(dtype) * self.v_scale[layer]
@@ -127,7 +153,7 @@ class KVPool:
     @property
     def bytes_per_token(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+        return 2 * self.num_layers * self.num_kv_heads * self.row_width * elem
 
 
 class AttentionBackend(ABC):
@@ -144,6 +170,9 @@ class AttentionBackend(ABC):
     #: kernels with the pool's per-layer ``k_scale``/``v_scale``); ``--kv-cache-dtype fp8_*``
     #: refuses a backend without it
     supports_fp8_kv_cache: bool = False
+    #: True when the backend reads an ``fp4_mx_block16`` pool (packed rows, through
+    #: :meth:`KVPool.gather`); ``--kv-cache-dtype fp4_mx_block16`` refuses a backend without it
+    supports_fp4_kv_cache: bool = False
     #: True when extend forwards honour ``batch.tree_mask`` (speculative tree verify); a
     #: backend without it can verify chains only (plain causal extend)
     supports_tree_verify: bool = False

@@ -22,7 +22,7 @@ from engine.config import ServerConfig
 from engine.errors import ConfigError
 from engine.models.config import ModelConfig
 from engine.models.tokenizer import Tokenizer
-from engine.runtime import kv_scales
+from engine.runtime import kv_fp4, kv_scales
 from engine.runtime.attention import KVPool
 from engine.runtime.batch import Batch, ForwardMode
 
@@ -131,6 +131,10 @@ class ModelRunner:
                                   f"attention backend ({type(backend).__name__}) does not read "
                                   "an fp8 KV cache here; torch_native, flex_attention and "
                                   "triton (SM89+) do")
+            if self.pool.is_fp4 and not backend.supports_fp4_kv_cache:
+                raise ConfigError(f"--kv-cache-dtype fp4_mx_block16: the {kind} attention "
+                                  f"backend ({type(backend).__name__}) does not read it; "
+                                  "torch_native and flex_attention do")
         #: the backend of speculative verify forwards (--speculative-attention-mode)
         self.verify_backend = (self.decode_backend if config.speculative_attention_mode == "decode"
                                else self.prefill_backend)
@@ -166,8 +170,11 @@ class ModelRunner:
             raise ConfigError(f"--kv-cache-dtype {name}: needs an SM100 (Blackwell) GPU and its "
                               f"attention kernels (this model is on {self.device.type})")
         if name == "fp4_mx_block16":
-            raise ConfigError("--kv-cache-dtype fp4_mx_block16: not implemented in this build "
-                              "(fp8_e4m3 and fp8_e5m2 are)")
+            if self.model_config.head_dim % kv_fp4.BLOCK:
+                raise ConfigError(f"--kv-cache-dtype fp4_mx_block16: needs a head dimension "
+                                  f"that is a multiple of {kv_fp4.BLOCK}; this model's is "
+                                  f"{self.model_config.head_dim}")
+            return torch.uint8  # (packed codes and scales)
         auto = getattr(self, "auto_kv_dtype", self.dtype)  # (a runner made without __init__)
         return {"auto": auto, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
                 "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[name]
@@ -198,7 +205,9 @@ class ModelRunner:
     def _kv_bytes_per_token(self) -> int:
         mc = self.model_config
         elem = torch.empty((), dtype=self._kv_dtype()).element_size()
-        return 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem
+        width = (kv_fp4.row_bytes(mc.head_dim) if self.config.kv_cache_dtype == "fp4_mx_block16"
+                 else mc.head_dim)
+        return 2 * mc.num_hidden_layers * mc.num_key_value_heads * width * elem
 
     def _kv_tokens(self) -> int:
         """KV pool capacity in tokens: ``--max-total-tokens``; else on a GPU the free memory
@@ -237,7 +246,8 @@ class ModelRunner:
         mc = self.model_config
         return KVPool(num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads,
                       head_dim=mc.head_dim, num_slots=(pages + 1) * ps, page_size=ps,
-                      dtype=self._kv_dtype(), device=self.device)
+                      dtype=self._kv_dtype(), device=self.device,
+                      fp4=self.config.kv_cache_dtype == "fp4_mx_block16")
 
     def _make_batch_invariant(self) -> None:
         """``--enable-deterministic-inference``: every linear layer (and a tied output head)

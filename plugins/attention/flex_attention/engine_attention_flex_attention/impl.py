@@ -46,6 +46,7 @@ class FlexAttentionBackend(AttentionBackend):
     """See the module docstring."""
 
     supports_fp8_kv_cache = True  # K/V read through pool.gather
+    supports_fp4_kv_cache = True  # (likewise)
 
     def __init__(self, pool: KVPool) -> None:
         super().__init__(pool)

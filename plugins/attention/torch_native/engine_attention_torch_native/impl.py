@@ -52,6 +52,7 @@ class TorchNativeBackend(AttentionBackend):
     (:func:`engine.api.attention.attend_per_token`)."""
 
     supports_fp8_kv_cache = True  # K/V read through pool.gather
+    supports_fp4_kv_cache = True  # (likewise)
     pads_extend = True  # every request of an extend batch is padded to the longest
 
     def __init__(self, pool: KVPool, batch_invariant: bool = False) -> None:
