@@ -145,8 +145,8 @@ class ServerConfig:
         "fp8_e4m3/fp8_e5m2 (stored divided by the per-layer k/v scales of "
         "--quantization-param-path or the checkpoint, else 1.0, and dequantized on read by "
         "backends that support it); fp4_mx_block16 (4-bit E2M1 values with a power-of-two "
-        "scale per 16, read by torch_native and flex_attention); mxfp8 and nvfp4 need SM100 "
-        "GPUs.",
+        "scale per 16, read by torch_native, flex_attention and triton); mxfp8 and nvfp4 need "
+        "SM100 GPUs.",
         choices=("auto", "fp8_e4m3", "fp8_e5m2", "bf16", "bfloat16", "fp4_mx_block16", "mxfp8",
                  "nvfp4"))
     quantization_param_path: str | None = _opt(

@@ -124,6 +124,68 @@ def test_flex_attention_reads_it_as_torch_native_does(model):
     assert (got - want).abs().max() < 1e-3
 
 
+TRITON_FP4 = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from engine.config import ServerConfig
+from engine.runtime.model_runner import ModelRunner
+from engine.testing.batches import BatchBuilder
+from engine_attention_triton.impl import TritonBackend
+
+def logits(page, triton):
+    runner = ModelRunner(ServerConfig(model_path=sys.argv[1], device="cpu", dtype="float32",
+                                      skip_tokenizer_init=True, max_total_tokens=512,
+                                      page_size=page, attention_backend="torch_native",
+                                      kv_cache_dtype="fp4_mx_block16"))
+    if triton:
+        cfg = runner.model_config
+        backend = TritonBackend(runner.pool, cfg.num_attention_heads // cfg.num_key_value_heads)
+        assert backend.supports_fp4_kv_cache
+        runner.prefill_backend = runner.decode_backend = backend
+    b = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
+    rows = [b.new_request(), b.new_request()]
+    gen = torch.Generator().manual_seed(page)
+    prompts = [torch.randint(0, 500, (n,), generator=gen).tolist() for n in (150, 40)]
+    out = [runner.forward(b.extend(list(zip(rows, prompts)), all_logits=True))]
+    out.append(runner.forward(b.decode([(rows[0], 7), (rows[1], 9)])))
+    out.append(runner.forward(b.extend([(rows[1], [3] * 140)], all_logits=True)))  # a prefix
+    return torch.cat(out)
+
+for page in (1, 16, 128):  # slot by slot, tiles of several pages, a tile inside one page
+    err = (logits(page, True) - logits(page, False)).abs().max().item()
+    assert err < 1e-3, (page, err)
+print("ok")
+"""
+
+
+def test_triton_unpacks_it_as_torch_native_does(model):
+    """The triton kernels unpack the fp4 rows in registers (decode, extend over whole and
+    partial key tiles, a cached prefix; under the interpreter here): their logits equal
+    torch_native's, which unpacks through ``KVPool.gather``."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", TRITON_FP4, model], capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.gpu
+def test_triton_unpacks_it_on_the_gpu(model):
+    """On a GPU the triton backend is offered with an fp4 cache, and its logits equal
+    torch_native's over the same stored rows."""
+    from test_kv_cache_dtype import run
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    got, runner = run(model, "fp4_mx_block16", backend="triton", device="cuda")
+    want, _ = run(model, "fp4_mx_block16", device="cuda")
+    assert type(runner.decode_backend).__name__ == "TritonBackend" and runner.pool.is_fp4
+    assert (got - want).abs().max().item() < 1e-3
+
+
 def test_backends_that_do_not_read_it_are_refused(model, monkeypatch):
     from engine_attention_torch_native.impl import TorchNativeBackend
     from test_kv_cache_dtype import run

@@ -105,12 +105,14 @@ ATTN_PTRS = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*
              "k_desc": "*bf16", "v_desc": "*bf16"}
 
 
-@pytest.mark.parametrize("fused, fp8", [(False, 0), (True, 0), (False, 1)])
-def test_decode_kernels_build(attention, fused, fp8):
-    kv = "*u8" if fp8 else "*bf16"
+@pytest.mark.parametrize("fused, fp8, fp4", [(False, 0, False), (True, 0, False),
+                                             (False, 1, False), (False, 0, True)])
+def test_decode_kernels_build(attention, fused, fp8, fp4):
+    kv = "*u8" if fp8 or fp4 else "*bf16"
     build(attention._decode_split_kernel, {**ATTN_PTRS, "k_ptr": kv, "v_ptr": kv}, dict(
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=8, BLOCK_H=16, BLOCK_D=128, BLOCK_N=64,
-        FIXED_TILE=False, DOT_PREC=None, KV_FP8=fp8, FUSED_MERGE=fused, PDL=True))
+        FIXED_TILE=False, DOT_PREC=None, KV_FP8=fp8, FUSED_MERGE=fused, PDL=True,
+        KV_FP4=fp4))
     build(attention._decode_merge_kernel, ATTN_PTRS, dict(
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=8, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
         FIXED_TILE=False, PDL=True))
@@ -118,8 +120,11 @@ def test_decode_kernels_build(attention, fused, fp8):
 
 def _extend(attention, page: int, tma: bool, heads: int, index_asm: bool, tree: bool = False,
             splits: int = 1, bm: int = 64, bn: int = 64, off32: bool = True,
-            new_kv: bool = False, q_desc: bool = False, o_desc: bool = False):
+            new_kv: bool = False, q_desc: bool = False, o_desc: bool = False,
+            fp4: bool = False):
     types = dict(ATTN_PTRS)
+    if fp4:
+        types["k_ptr"] = types["v_ptr"] = "*u8"
     if tma:
         types["k_desc"] = types["v_desc"] = f"tensordesc<bf16[{bn}, 128]>"
     types["kn_desc"] = types["vn_desc"] = (f"tensordesc<bf16[{bn}, 128]>" if new_kv
@@ -132,7 +137,7 @@ def _extend(attention, page: int, tma: bool, heads: int, index_asm: bool, tree: 
         GROUP=4, HEAD_DIM=128, TILE_TOKENS=bm // (heads or 4), BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_D=128, DOT_PREC=None, HAS_TREE=tree, KV_FP8=0, NUM_SPLITS=splits, PAGE=page,
         TMA=tma, ROW_HEADS=heads, LAZY=False, INDEX_ASM=index_asm, OFF32=off32,
-        NEW_KV=new_kv, Q_DESC=q_desc, O_DESC=o_desc, PDL=True))
+        NEW_KV=new_kv, Q_DESC=q_desc, O_DESC=o_desc, PDL=True, KV_FP4=fp4))
 
 
 def test_extend_keeps_num_stages_key_tiles_in_flight(attention):
@@ -192,6 +197,9 @@ def test_extend_stores_its_output_tile_whole_rows_at_a_time(attention, out_desc)
 
 def test_extend_tree_and_split_kernels_build(attention):
     _extend(attention, 16, False, 0, True, tree=True, splits=2, bm=16, bn=32)
+    # an fp4_mx_block16 pool (rows unpacked in registers): slot by slot, whole pages a tile
+    for page, bn in ((1, 32), (64, 64)):
+        _extend(attention, page, False, 0, True, bn=bn, fp4=True)
     build(attention._extend_merge_kernel, ATTN_PTRS, dict(
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=4, BLOCK_G=4, BLOCK_D=128, PDL=True))
 

@@ -134,7 +134,8 @@ class ModelRunner:
             if self.pool.is_fp4 and not backend.supports_fp4_kv_cache:
                 raise ConfigError(f"--kv-cache-dtype fp4_mx_block16: the {kind} attention "
                                   f"backend ({type(backend).__name__}) does not read it; "
-                                  "torch_native and flex_attention do")
+                                  "torch_native, flex_attention and triton (head dimensions "
+                                  "that are powers of two) do")
         #: the backend of speculative verify forwards (--speculative-attention-mode)
         self.verify_backend = (self.decode_backend if config.speculative_attention_mode == "decode"
                                else self.prefill_backend)

@@ -168,6 +168,8 @@ class TritonBackend(AttentionBackend):
         #: Triton's fp8 types need SM89+ on a GPU
         self.supports_fp8_kv_cache = (pool.device.type != "cuda" or
                                       torch.cuda.get_device_capability(pool.device) >= (8, 9))
+        #: fp4_mx_block16 rows are unpacked in the kernels, for a power-of-two head dimension
+        self.supports_fp4_kv_cache = pool.head_dim == _pow2(pool.head_dim)
         #: the fused merge's counters, one per (request, KV head), zero between launches
         #: (made by the first configuration that folds the merge)
         self._counters: torch.Tensor | None = None
@@ -191,10 +193,10 @@ class TritonBackend(AttentionBackend):
         self.tile_tokens = self.block_rows // heads
 
     def reads_new_kv(self, batch: Batch) -> bool:
-        """Rows where configured, for a non-fp8 pool, an extend without a tree (a verify's
+        """Rows where configured, for a pool of unquantized values, an extend without a tree (a verify's
         tokens go through its mask) whose tiles are not split (:meth:`forward_extend`)."""
         md = batch.attn_metadata
-        return (self.cfg.extend_new_kv and not self.pool.is_fp8
+        return (self.cfg.extend_new_kv and not self.pool.is_fp8 and not self.pool.is_fp4
                 and isinstance(md, ExtendMetadata) and md.tree is None and md.num_splits == 1)
 
     @property
@@ -306,7 +308,8 @@ class TritonBackend(AttentionBackend):
             layer.scaling * LOG2E * k_scale, md.split_tile, v_scale,
             GROUP=group, HEAD_DIM=dim, NUM_SPLITS=splits, BLOCK_H=max(16, _pow2(group)),
             BLOCK_D=_pow2(dim), BLOCK_N=cfg.decode_block_n, FIXED_TILE=md.split_tile > 0,
-            DOT_PREC=prec, KV_FP8=fp8, FUSED_MERGE=fused, num_warps=cfg.decode_warps,
+            DOT_PREC=prec, KV_FP8=fp8, KV_FP4=self.pool.is_fp4, FUSED_MERGE=fused,
+            num_warps=cfg.decode_warps,
             num_stages=cfg.decode_stages, **self._pdl)
         if splits > 1 and not fused:
             self.kernels._decode_merge_kernel[(bsz, hkv)](
@@ -364,7 +367,8 @@ class TritonBackend(AttentionBackend):
             GROUP=group, HEAD_DIM=dim, TILE_TOKENS=md.tile_tokens, BLOCK_M=md.block_rows,
             BLOCK_N=cfg.extend_block_n, BLOCK_D=_pow2(dim),
             DOT_PREC="ieee" if q.dtype == torch.float32 else None, HAS_TREE=md.tree is not None,
-            KV_FP8=fp8, NUM_SPLITS=splits, PAGE=page, TMA=tma is not None,
+            KV_FP8=fp8, KV_FP4=self.pool.is_fp4, NUM_SPLITS=splits, PAGE=page,
+            TMA=tma is not None,
             ROW_HEADS=self.row_heads, LAZY=cfg.extend_lazy_rescale,
             INDEX_ASM=cfg.extend_index_asm and q.is_cuda and not interpreting(),
             # element offsets fit in 32 bits (fewer registers for gathered rows)
@@ -386,7 +390,7 @@ class TritonBackend(AttentionBackend):
         (``extend_tma``), or a tile not inside one page, or a layout TMA cannot take
         (:func:`_row_descriptors`)."""
         bn = self.cfg.extend_block_n
-        if not self.cfg.extend_tma or page % bn:
+        if not self.cfg.extend_tma or page % bn or self.pool.is_fp4:  # (fp4: packed rows)
             return None
         # the pool's buffers never move: each layer's descriptors are made once
         key = (k_buf.data_ptr(), v_buf.data_ptr(), k_buf.shape, v_buf.shape, k_buf.dtype, bn)

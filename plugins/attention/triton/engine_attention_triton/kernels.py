@@ -51,7 +51,9 @@ request's tokens only its output as one box of out (``O_DESC``; a tile reaching 
 request's end stores by masked pointers).
 
 Every load past a length is masked (never issued), so only slots the batch owns are read.
-An fp8 pool (``KV_FP8``) is read as its bit patterns and widened to q's dtype; its per-layer K
+An ``fp4_mx_block16`` pool (``KV_FP4``: rows of packed E2M1 codes and their blocks' scale bytes)
+is unpacked in registers (``_fp4_rows``). An fp8 pool (``KV_FP8``) is read as its bit patterns and
+widened to q's dtype; its per-layer K
 scale is folded into the softmax scale and its V scale multiplies the output.
 Softmax runs in base 2: callers pass ``scale * log2(e)``, and the decode log-sum-exp is in base 2.
 """
@@ -75,7 +77,8 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
           MASKED: tl.constexpr = True, EVEN_D: tl.constexpr = False, KV_FP8: tl.constexpr = 0,
           PAGE: tl.constexpr = 1, k_desc=None, v_desc=None, TMA: tl.constexpr = False,
           LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False,
-          OFF32: tl.constexpr = False, CONTIG: tl.constexpr = False, base=0):
+          OFF32: tl.constexpr = False, CONTIG: tl.constexpr = False, base=0,
+          KV_FP4: tl.constexpr = False):
     """One online-softmax step over the keys at positions ``n0 + offs_n`` (``n_mask``: in
     range; ``allowed``: which (query row, key) scores count): K/V rows of KV head ``g`` read
     through ``req_to_token``, scores, running max ``m_i``, sum ``l_i`` and output ``acc``
@@ -97,7 +100,8 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
     CONTIG: the keys are rows ``base + n0 ..`` of ``k_desc`` / ``v_desc`` themselves (this
     forward's own K/V, contiguous), read through the descriptors with no table (the caller
     passes ``TMA`` and ``EVEN_D``); rows past ``n_mask`` then belong to the next request or
-    lie past the end (zeros), and weigh nothing."""
+    lie past the end (zeros), and weigh nothing. KV_FP4: the pool holds ``fp4_mx_block16``
+    rows (:func:`_fp4_rows`; the head dimension fills ``offs_d``, no descriptors)."""
     BLOCK_N: tl.constexpr = offs_n.shape[0]
     # a whole tile in one page (a masked one too where descriptors read it: aligned, n0 < end)
     ONE_PAGE: tl.constexpr = CONTIG or (PAGE // BLOCK_N * BLOCK_N == PAGE
@@ -109,8 +113,8 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
             slot0 = index_load(r2t_row + n0, INDEX_ASM)  # and offsets that do not change
         k_rows = k_ptr + slot0 * stride_ks
         v_rows = v_ptr + slot0 * stride_vs
-        k_off = offs_n[:, None] * stride_ks + g * stride_kh + offs_d[None, :]
-        v_off = offs_n[:, None] * stride_vs + g * stride_vh + offs_d[None, :]
+        k_row = offs_n[:, None] * stride_ks + g * stride_kh
+        v_row = offs_n[:, None] * stride_vs + g * stride_vh
     else:
         if MASKED:
             slot = tl.load(r2t_row + n0 + offs_n, mask=n_mask, other=0)
@@ -119,8 +123,10 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
         k_rows, v_rows = k_ptr, v_ptr
         if OFF32:
             slot = slot.to(tl.int32)
-        k_off = slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :]
-        v_off = slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :]
+        k_row = slot[:, None] * stride_ks + g * stride_kh
+        v_row = slot[:, None] * stride_vs + g * stride_vh
+    k_off = k_row + offs_d[None, :]
+    v_off = v_row + offs_d[None, :]
     if MASKED:
         kv_mask = n_mask[:, None] & d_mask[None, :]
     else:
@@ -128,6 +134,8 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
     DESC: tl.constexpr = TMA and ONE_PAGE and EVEN_D
     if DESC:  # a [BLOCK_N, D] block of the [slots, Hkv * D] view
         k = k_desc.load([slot0.to(tl.int32), g * offs_d.shape[0]])
+    elif KV_FP4:
+        k = _fp4_rows(k_rows + k_row, n_mask, offs_d.shape[0], MASKED, q.dtype)
     elif EVEN_D and not MASKED:
         k = tl.load(k_rows + k_off)
     else:
@@ -156,6 +164,8 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
         # so the tile goes to the matrix unit straight from shared memory)
         if MASKED and not CONTIG:
             v = tl.where(n_mask[:, None], v, tl.zeros_like(v))
+    elif KV_FP4:
+        v = _fp4_rows(v_rows + v_row, n_mask, offs_d.shape[0], MASKED, q.dtype)
     elif EVEN_D and not MASKED:
         v = tl.load(v_rows + v_off)
     else:
@@ -169,6 +179,37 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
                                             input_precision=DOT_PREC)
         l_i = l_i * alpha + tl.sum(p, 1)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _fp4_rows(rows, n_mask, D: tl.constexpr, MASKED: tl.constexpr, dt: tl.constexpr):
+    """The ``fp4_mx_block16`` rows at ``rows`` [BLOCK_N, 1] (``D / 2`` bytes of E2M1 codes, the
+    element ``2j`` in byte ``j``'s low nibble, then one scale byte ``e + 127`` per 16 values)
+    as [BLOCK_N, D] of ``dt``; rows off ``n_mask`` (MASKED) read as zeros. Each value is built
+    by its float32 bit pattern: magnitude code ``m`` = 2 exponent bits ``x`` and a mantissa bit
+    ``b`` is ``(1 + b / 2) 2^(x - 1)`` from ``m = 2`` on and ``b / 2`` below, times ``2^e``:
+    the exponent field ``x - 1 + e + 127`` with ``b`` as the mantissa's top bit, or ``e +
+    126`` with none for ``m = 1``, or zero."""
+    BLOCK_N: tl.constexpr = rows.shape[0]
+    HALF: tl.constexpr = D // 2
+    NB: tl.constexpr = D // 16
+    at_data = rows + tl.arange(0, HALF)[None, :]
+    at_scale = rows + HALF + tl.arange(0, NB)[None, :]
+    if MASKED:
+        data = tl.load(at_data, mask=n_mask[:, None], other=0)
+        sc = tl.load(at_scale, mask=n_mask[:, None], other=127)
+    else:
+        data = tl.load(at_data)
+        sc = tl.load(at_scale)
+    data = data.to(tl.uint32)
+    codes = tl.reshape(tl.join(data & 15, data >> 4), [BLOCK_N, D])
+    e = tl.reshape(tl.broadcast_to(sc.to(tl.uint32)[:, :, None], [BLOCK_N, NB, 16]),
+                   [BLOCK_N, D])
+    m = codes & 7
+    bits = tl.where(m >= 2, ((e + (m >> 1) - 1) << 23) | ((m & 1) << 22),
+                    tl.where(m == 1, (e - 1) << 23, 0))
+    bits = bits | ((codes & 8) << 28)  # the sign
+    return bits.to(tl.float32, bitcast=True).to(dt)
 
 
 @triton.jit
@@ -221,7 +262,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     FIXED_TILE: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr = 0,
-    FUSED_MERGE: tl.constexpr = False, PDL: tl.constexpr = False,
+    FUSED_MERGE: tl.constexpr = False, PDL: tl.constexpr = False, KV_FP4: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -243,9 +284,9 @@ def _decode_split_kernel(
     d_mask = offs_d < HEAD_DIM
     hd_mask = h_mask[:, None] & d_mask[None, :]
     r2t_row = req_to_token_ptr + row * stride_r2t
-    if PDL:  # the chunk's first key tile asked into L2 while the previous kernel runs (the
-        # newest token's K/V, which that kernel writes, is read again after the wait anyway:
-        # L2 is where the write lands)
+    if PDL and not KV_FP4:  # the chunk's first key tile asked into L2 while the previous
+        # kernel runs (the newest token's K/V, which that kernel writes, is read again after
+        # the wait anyway: L2 is where the write lands; fp4 rows are not D elements wide)
         _prefetch_kv(r2t_row, start, end, offs_n, k_ptr, v_ptr, g, stride_ks, stride_kh,
                      stride_vs, stride_vh, BLOCK_D)
     pdl_wait(PDL)
@@ -260,7 +301,7 @@ def _decode_split_kernel(
         n_mask = pos < end
         m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, n_mask[None, :],
                               k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs, stride_vh,
-                              offs_d, d_mask, scale, DOT_PREC, KV_FP8=KV_FP8)
+                              offs_d, d_mask, scale, DOT_PREC, KV_FP8=KV_FP8, KV_FP4=KV_FP4)
     if KV_FP8 != 0:
         acc = acc * v_scale
 
@@ -411,7 +452,7 @@ def _extend_kernel(
     NUM_SPLITS: tl.constexpr = 1, PAGE: tl.constexpr = 1, TMA: tl.constexpr = False,
     ROW_HEADS: tl.constexpr = 0, LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False,
     OFF32: tl.constexpr = False, NEW_KV: tl.constexpr = False, PDL: tl.constexpr = False,
-    Q_DESC: tl.constexpr = False, O_DESC: tl.constexpr = False,
+    Q_DESC: tl.constexpr = False, O_DESC: tl.constexpr = False, KV_FP4: tl.constexpr = False,
 ):
     HEADS: tl.constexpr = ROW_HEADS if ROW_HEADS > 0 else GROUP  # query heads of a tile
     hb = tl.program_id(0)  # the tile's block of HEADS query heads (inside one KV head's)
@@ -479,7 +520,7 @@ def _extend_kernel(
                                   d_mask, scale, DOT_PREC, MASKED=False,
                                   EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8, PAGE=PAGE,
                                   k_desc=k_desc, v_desc=v_desc, TMA=TMA, LAZY=LAZY,
-                                  INDEX_ASM=INDEX_ASM, OFF32=OFF32)
+                                  INDEX_ASM=INDEX_ASM, OFF32=OFF32, KV_FP4=KV_FP4)
         if s == NUM_SPLITS - 1:
             if HAS_TREE:
                 if full < lo:  # the prefix's last partial tile
@@ -487,7 +528,8 @@ def _extend_kernel(
                     m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, full, offs_n, n_mask,
                                           n_mask[None, :], k_ptr, v_ptr, g, stride_ks, stride_kh,
                                           stride_vs, stride_vh, offs_d, d_mask, scale, DOT_PREC,
-                                          KV_FP8=KV_FP8, LAZY=LAZY, OFF32=OFF32)
+                                          KV_FP8=KV_FP8, LAZY=LAZY, OFF32=OFF32,
+                                          KV_FP4=KV_FP4)
             else:  # the partial tile before the tile's own tokens joins phase 2 (all keys pass)
                 lo = full
             # phase 2: the tile's diagonal block of new tokens, causally (a tree: by its mask)
@@ -508,7 +550,8 @@ def _extend_kernel(
                                       offs_d, d_mask, scale, DOT_PREC,
                                       EVEN_D=BLOCK_D == HEAD_DIM, KV_FP8=KV_FP8, PAGE=PAGE,
                                       k_desc=k_desc, v_desc=v_desc, TMA=TMA and not HAS_TREE,
-                                      LAZY=LAZY, INDEX_ASM=INDEX_ASM, OFF32=OFF32)
+                                      LAZY=LAZY, INDEX_ASM=INDEX_ASM, OFF32=OFF32,
+                                      KV_FP4=KV_FP4)
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     # one reciprocal a row, then a multiply an element (a division an element is several
     # instructions each: its range checks and scaling)
