@@ -193,8 +193,9 @@ class TritonBackend(AttentionBackend):
         self.tile_tokens = self.block_rows // heads
 
     def reads_new_kv(self, batch: Batch) -> bool:
-        """Rows where configured, for a pool of unquantized values, an extend without a tree (a verify's
-        tokens go through its mask) whose tiles are not split (:meth:`forward_extend`)."""
+        """Rows where configured, for a pool of unquantized values, an extend without a tree
+        (a verify's tokens go through its mask) whose tiles are not split
+        (:meth:`forward_extend`)."""
         md = batch.attn_metadata
         return (self.cfg.extend_new_kv and not self.pool.is_fp8 and not self.pool.is_fp4
                 and isinstance(md, ExtendMetadata) and md.tree is None and md.num_splits == 1)
