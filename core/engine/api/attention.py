@@ -8,9 +8,11 @@ new tokens' K/V into the pool at ``batch.out_cache_loc`` and return the attentio
 ``0..j``. A backend never hands work to another backend; ``supports_cuda_graph`` says whether its
 decode path may be captured, ``supports_tree_verify`` whether it honours a speculative tree's
 ``batch.tree_mask``, ``supports_verify_graph`` whether its verify forwards may be captured
-(``prepare_verify_graph``: rows of one width, metadata from the shape), ``batch_invariant`` whether a token's output is independent of the
-rest of the batch (``--enable-deterministic-inference``; :func:`attend_per_token` is such a
-path). :func:`attend_from_pool` / :func:`decode_from_pool` are the core's CPU kernel over a
+(``prepare_verify_graph``: rows of one width, metadata from the shape), ``batch_invariant``
+whether a token's output is independent of the rest of the batch
+(``--enable-deterministic-inference``; :func:`attend_per_token` is such a path),
+``supports_fp8_kv_cache`` / ``supports_fp4_kv_cache`` whether it reads a pool of fp8 values
+with per-layer scales / of ``fp4_mx_block16`` rows (``KVPool.gather`` unpacks both). :func:`attend_from_pool` / :func:`decode_from_pool` are the core's CPU kernel over a
 float32 pool (each token alone: batch- and prefill/decode-invariant). :mod:`engine.testing.attention` is the conformance suite.
 """
 
