@@ -398,6 +398,38 @@ static inline float kv_dot(const float *a, const void *b, int64_t n, const int t
     return s;
 }
 
+/* The dot products of q [n] with the 8 rows at r[0..7] (storage type t), in one vector: the
+ * 8 sums accumulate side by side and are reduced together (a transpose of adds), where 8
+ * single dot products would each end in a horizontal sum. */
+static inline __m256 kv_dot8(const float *q, const void *const *r, int64_t n, const int t) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(q + i);
+        a0 = _mm256_fmadd_ps(x, kv_load8(r[0], i, t), a0);
+        a1 = _mm256_fmadd_ps(x, kv_load8(r[1], i, t), a1);
+        a2 = _mm256_fmadd_ps(x, kv_load8(r[2], i, t), a2);
+        a3 = _mm256_fmadd_ps(x, kv_load8(r[3], i, t), a3);
+        a4 = _mm256_fmadd_ps(x, kv_load8(r[4], i, t), a4);
+        a5 = _mm256_fmadd_ps(x, kv_load8(r[5], i, t), a5);
+        a6 = _mm256_fmadd_ps(x, kv_load8(r[6], i, t), a6);
+        a7 = _mm256_fmadd_ps(x, kv_load8(r[7], i, t), a7);
+    }
+    const __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20),
+                               _mm256_permute2f128_ps(s0, s1, 0x31));
+    if (i < n) {
+        float tail[8];
+        _mm256_storeu_ps(tail, sum);
+        for (int k = 0; k < 8; k++)
+            for (int64_t m = i; m < n; m++) tail[k] += q[m] * kv_load1(r[k], m, t);
+        sum = _mm256_loadu_ps(tail);
+    }
+    return sum;
+}
+
 /* n float32 values into the pool at element offset off, rounded to nearest even as torch's
  * conversions round (so the plan's pool equals the per-operation path's). */
 static inline void kv_store(void *pool, int64_t off, const float *x, int64_t n, const int t) {
@@ -427,62 +459,118 @@ static inline void kv_store(void *pool, int64_t off, const float *x, int64_t n, 
  * softmax(scale q.k) weighted sum of V over the request's seq_lens[b] slots, read through
  * req_to_token[req_pool_indices[b]] (no gather). q/out [B, hq, d] float32; k/v pools
  * [slots, hk, d] of storage type kv_type; query head h reads KV head h / (hq / hk). Work items
- * are (request, query head) pairs split across threads when there are several. */
+ * are (request, KV head) pairs, split across threads when there are several: an item takes the
+ * group's query heads together, so each K row is read once for all of them; a head's scores
+ * come 8 keys at a time (kv_dot8; single dot products for the last len % 8), and its weighted
+ * sum of V keeps 64 columns of the output in registers through the keys. Every head's
+ * arithmetic depends only on its query, its keys and their count (never on the grouping or the
+ * batch), so a token's output is the same decoded or prefilled, alone or batched. */
 static inline __attribute__((always_inline)) void decode_attention_t(
         const float *q, const void *kp, const void *vp, const int64_t *req_to_token,
         int64_t rt_stride, const int64_t *req_idx, const int64_t *seq_lens, float *out,
         int64_t batch, int64_t hq, int64_t hk, int64_t d, float scale, int64_t max_len,
         const int t) {
-    const int64_t group = hq / hk, items = batch * hq;
-    /* one scores buffer per thread (not per work item: an extend batch has T * hq items) */
+    const int64_t group = hq / hk, items = batch * hk;
+    /* one scores buffer per thread (not per work item: an extend batch has T * hk items) */
 #pragma omp parallel if (items > 1 && batch * max_len >= 256)
     {
-        float *sc = (float *)malloc(sizeof(float) * (size_t)(max_len > 0 ? max_len : 1));
+        float *sc = (float *)malloc(sizeof(float) * (size_t)(max_len > 0 ? max_len : 1) *
+                                    (size_t)group);
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++) {
             if (!sc) continue;
-            const int64_t b = it / hq, h = it % hq, kh = h / group, len = seq_lens[b];
+            const int64_t b = it / hk, kh = it % hk, len = seq_lens[b];
             const int64_t *slots = req_to_token + req_idx[b] * rt_stride;
-            const float *qv = q + (b * hq + h) * d;
-            float *o = out + (b * hq + h) * d;
-            float mx = -INFINITY;
-            for (int64_t l = 0; l < len; l++) {
-                const int64_t at = (slots[l] * hk + kh) * d;
-                const float s = (t == KV_F32 ? dot(qv, (const float *)kp + at, d)
-                                             : kv_dot(qv, (const uint16_t *)kp + at, d, t)) *
-                                scale;
-                sc[l] = s;
-                mx = s > mx ? s : mx;
-            }
-            float sum = 0.0f;
+            const float *qg = q + (b * hq + kh * group) * d;  /* the group's query heads */
+            float *og = out + (b * hq + kh * group) * d;
+            const size_t elem = t == KV_F32 ? 4 : 2;
             int64_t l = 0;
-            const __m256 m8 = _mm256_set1_ps(mx);
-            __m256 s8 = _mm256_setzero_ps();
-            for (; l + 8 <= len; l += 8) {
-                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + l), m8));
-                _mm256_storeu_ps(sc + l, e);
-                s8 = _mm256_add_ps(s8, e);
+            for (; l + 8 <= len; l += 8) {  /* 8 keys at a time, each row read once */
+                const void *rows[8];
+                for (int k = 0; k < 8; k++)
+                    rows[k] = (const char *)kp + (size_t)((slots[l + k] * hk + kh) * d) * elem;
+                const __m256 sc8 = _mm256_set1_ps(scale);
+                for (int64_t j = 0; j < group; j++)
+                    _mm256_storeu_ps(sc + j * len + l,
+                                     _mm256_mul_ps(kv_dot8(qg + j * d, rows, d, t), sc8));
             }
-            sum = hsum8(s8);
             for (; l < len; l++) {
-                sc[l] = expf(sc[l] - mx);
-                sum += sc[l];
-            }
-            memset(o, 0, sizeof(float) * (size_t)d);
-            for (l = 0; l < len; l++) {
-                const float p = sc[l];
                 const int64_t at = (slots[l] * hk + kh) * d;
-                const void *vv = t == KV_F32 ? (const void *)((const float *)vp + at)
-                                             : (const void *)((const uint16_t *)vp + at);
-                int64_t i = 0;
-                const __m256 p8 = _mm256_set1_ps(p);
-                for (; i + 8 <= d; i += 8)
-                    _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p8, kv_load8(vv, i, t),
-                                                            _mm256_loadu_ps(o + i)));
-                for (; i < d; i++) o[i] += p * kv_load1(vv, i, t);
+                for (int64_t j = 0; j < group; j++)
+                    sc[j * len + l] = (t == KV_F32 ? dot(qg + j * d, (const float *)kp + at, d)
+                                                   : kv_dot(qg + j * d,
+                                                            (const uint16_t *)kp + at, d, t)) *
+                                      scale;
             }
-            const float inv = 1.0f / sum;
-            for (int64_t i = 0; i < d; i++) o[i] *= inv;
+            float inv[group];
+            for (int64_t j = 0; j < group; j++) {
+                float *s = sc + j * len, mx = -INFINITY;
+                for (int64_t l = 0; l < len; l++) mx = s[l] > mx ? s[l] : mx;
+                float sum = 0.0f;
+                int64_t l = 0;
+                const __m256 m8 = _mm256_set1_ps(mx);
+                __m256 s8 = _mm256_setzero_ps();
+                for (; l + 8 <= len; l += 8) {
+                    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), m8));
+                    _mm256_storeu_ps(s + l, e);
+                    s8 = _mm256_add_ps(s8, e);
+                }
+                sum = hsum8(s8);
+                for (; l < len; l++) {
+                    s[l] = expf(s[l] - mx);
+                    sum += s[l];
+                }
+                inv[j] = 1.0f / sum;
+            }
+            /* o = sum_l p_l v_l, each element in the order of l: a head's 64-column chunk of
+             * o stays in registers through the keys (8 vectors) */
+            for (int64_t j = 0; j < group; j++) {
+                const float *p = sc + j * len;
+                float *o = og + j * d;
+                int64_t c = 0;
+                for (; c + 64 <= d; c += 64) {
+                    __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0,
+                           o5 = o0, o6 = o0, o7 = o0;
+                    for (int64_t l = 0; l < len; l++) {
+                        const int64_t at = (slots[l] * hk + kh) * d + c;
+                        const void *vv = t == KV_F32 ? (const void *)((const float *)vp + at)
+                                                     : (const void *)((const uint16_t *)vp + at);
+                        const __m256 p8 = _mm256_set1_ps(p[l]);
+                        o0 = _mm256_fmadd_ps(p8, kv_load8(vv, 0, t), o0);
+                        o1 = _mm256_fmadd_ps(p8, kv_load8(vv, 8, t), o1);
+                        o2 = _mm256_fmadd_ps(p8, kv_load8(vv, 16, t), o2);
+                        o3 = _mm256_fmadd_ps(p8, kv_load8(vv, 24, t), o3);
+                        o4 = _mm256_fmadd_ps(p8, kv_load8(vv, 32, t), o4);
+                        o5 = _mm256_fmadd_ps(p8, kv_load8(vv, 40, t), o5);
+                        o6 = _mm256_fmadd_ps(p8, kv_load8(vv, 48, t), o6);
+                        o7 = _mm256_fmadd_ps(p8, kv_load8(vv, 56, t), o7);
+                    }
+                    const __m256 s8 = _mm256_set1_ps(inv[j]);
+                    _mm256_storeu_ps(o + c, _mm256_mul_ps(o0, s8));
+                    _mm256_storeu_ps(o + c + 8, _mm256_mul_ps(o1, s8));
+                    _mm256_storeu_ps(o + c + 16, _mm256_mul_ps(o2, s8));
+                    _mm256_storeu_ps(o + c + 24, _mm256_mul_ps(o3, s8));
+                    _mm256_storeu_ps(o + c + 32, _mm256_mul_ps(o4, s8));
+                    _mm256_storeu_ps(o + c + 40, _mm256_mul_ps(o5, s8));
+                    _mm256_storeu_ps(o + c + 48, _mm256_mul_ps(o6, s8));
+                    _mm256_storeu_ps(o + c + 56, _mm256_mul_ps(o7, s8));
+                }
+                if (c < d) {  /* columns past the last whole chunk, one vector or value each */
+                    memset(o + c, 0, sizeof(float) * (size_t)(d - c));
+                    for (int64_t l = 0; l < len; l++) {
+                        const int64_t at = (slots[l] * hk + kh) * d;
+                        const void *vv = t == KV_F32 ? (const void *)((const float *)vp + at)
+                                                     : (const void *)((const uint16_t *)vp + at);
+                        const __m256 p8 = _mm256_set1_ps(p[l]);
+                        int64_t i = c;
+                        for (; i + 8 <= d; i += 8)
+                            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p8, kv_load8(vv, i, t),
+                                                                    _mm256_loadu_ps(o + i)));
+                        for (; i < d; i++) o[i] += p[l] * kv_load1(vv, i, t);
+                    }
+                    for (int64_t i = c; i < d; i++) o[i] *= inv[j];
+                }
+            }
         }
         free(sc);
     }
