@@ -71,6 +71,33 @@ def test_checkpoint_kv_scales_are_used(model, tmp_path):
     assert dense.pool.k_scale == [1.0, 1.0]
 
 
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
+def test_cpu_decode_reads_the_fp8_pool_in_the_c_kernel_as_the_gather_does(model, kv,
+                                                                          monkeypatch):
+    """On the CPU an fp8 pool's decode steps go through the core's pool kernel (fp8 widened as
+    it is read, the layer's scales applied; prefills keep the gathered SDPA): the logits equal
+    the gathered path's to float32 rounding, with checkpoint-like scales."""
+    import engine_attention_torch_native.impl as tn
+
+    from engine.runtime import fused_cpu
+
+    calls = []
+    real = fused_cpu.decode_attention
+    monkeypatch.setattr(fused_cpu, "decode_attention",
+                        lambda *a, **k: calls.append(a[1].dtype) or real(*a, **k))
+
+    def scaled(runner):
+        runner.pool.k_scale[:] = [0.5, 0.25]
+        runner.pool.v_scale[:] = [0.125, 2.0]
+
+    got, _ = run(model, kv, swap=scaled)
+    assert calls and set(calls) == {getattr(torch, {"fp8_e4m3": "float8_e4m3fn",
+                                                    "fp8_e5m2": "float8_e5m2"}[kv])}
+    monkeypatch.setattr(tn, "pool_attention_applies", lambda pool: False)
+    want, _ = run(model, kv, swap=scaled)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+
+
 def _with_tensors(model, dst, extra):
     """A copy of the tiny model at ``dst`` with ``extra`` checkpoint tensors."""
     os.makedirs(dst)

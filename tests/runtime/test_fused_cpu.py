@@ -72,14 +72,24 @@ def test_silu_and_mul(rows):
     assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("hq,hk,d", [(9, 3, 64), (4, 4, 20), (8, 1, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16,
+                                   torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("hq,hk,d", [(9, 3, 64), (4, 4, 20), (8, 1, 64), (6, 2, 128)])
 def test_decode_attention_reads_scattered_pages(hq, hk, d, dtype):
-    """Against a float64 reference over the values the pool holds (16-bit pools are widened
-    as they are read: only float32 summation order differs); head sizes with and without a
-    vector tail."""
+    """Against a float64 reference over the values the pool holds (16-bit and fp8 pools are
+    widened as they are read, fp8 times the layer's K and V scales: only float32 summation
+    order differs); head sizes with and without a vector tail, one and two register chunks of
+    the output. The fp8 pools hold every code of the format's range, subnormals included."""
     slots, page = 400, 4
+    fp8 = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     k_pool, v_pool = torch.randn(slots, hk, d).to(dtype), torch.randn(slots, hk, d).to(dtype)
+    k_scale, v_scale = (0.37, 1.9) if fp8 else (1.0, 1.0)
+    if fp8:  # finite codes only, from the smallest subnormal up (magnitudes kept near 1)
+        codes = torch.randint(0, 256, (2, slots, hk, d), dtype=torch.uint8)
+        codes = torch.where(codes.view(dtype).float().isfinite(), codes, 0)
+        k_pool, v_pool = codes[0].view(dtype), codes[1].view(dtype)
+        if dtype == torch.float8_e5m2:  # (e5m2 reaches 57344: keep the scores finite)
+            k_pool = (k_pool.float().clamp(-64, 64)).to(dtype)
     lens = [1, 7, 33, 130]  # ragged, crossing page boundaries
     req_to_token = torch.zeros(6, 160, dtype=torch.int64)
     pages = torch.randperm(slots // page - 1) + 1  # page 0 holds the padding slot
@@ -92,15 +102,18 @@ def test_decode_attention_reads_scattered_pages(hq, hk, d, dtype):
         used += need
     q = torch.randn(len(lens), hq, d)
     scale = d ** -0.5
+    if fp8:
+        q = q / 64  # (scores of moderate size over keys up to 448)
     got = fused_cpu.decode_attention(q, k_pool, v_pool, req_to_token, rows,
-                                     torch.tensor(lens), max(lens), scale)
+                                     torch.tensor(lens), max(lens), scale, k_scale, v_scale)
     for b, (r, n) in enumerate(zip(rows.tolist(), lens)):
         ids = req_to_token[r, :n]
-        k = k_pool[ids].double().repeat_interleave(hq // hk, 1)  # [n, hq, d]
-        v = v_pool[ids].double().repeat_interleave(hq // hk, 1)
+        k = k_pool[ids].double().repeat_interleave(hq // hk, 1) * k_scale  # [n, hq, d]
+        v = v_pool[ids].double().repeat_interleave(hq // hk, 1) * v_scale
         p = torch.softmax(torch.einsum("hd,nhd->hn", q[b].double(), k) * scale, -1)
         want = torch.einsum("hn,nhd->hd", p, v)
-        assert torch.allclose(got[b].double(), want, atol=1e-5, rtol=1e-5), b
+        tol = 1e-5 * (v.abs().max().item() if fp8 else 1.0)
+        assert torch.allclose(got[b].double(), want, atol=tol, rtol=1e-5), b
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])

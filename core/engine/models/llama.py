@@ -470,7 +470,8 @@ class LlamaForCausalLM(nn.Module):
         from engine.runtime import fused_cpu
 
         m, cfg = self.model, self.config
-        if not (self.fused_rope and fused_cpu.available() and cfg.hidden_act == "silu"):
+        if not (self.fused_rope and fused_cpu.available() and cfg.hidden_act == "silu"
+                and pool.dtype in fused_cpu.KV_TYPES):  # (the plan writes K/V itself)
             return None
         rows = []
         for layer in m.layers:

@@ -282,10 +282,11 @@ def attend_per_token(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
 
 
 def pool_attention_applies(pool: KVPool) -> bool:
-    """Whether :func:`attend_from_pool` serves this pool: float32, float16 or bfloat16 on the
-    CPU, kernels built."""
-    if pool.device.type != "cpu" or pool.dtype not in (torch.float32, torch.float16,
-                                                       torch.bfloat16):
+    """Whether :func:`attend_from_pool` serves this pool: float32, float16, bfloat16 or fp8
+    (with its layer scales) on the CPU, kernels built."""
+    if pool.device.type != "cpu" or pool.dtype not in (
+            torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
+            torch.float8_e5m2):
         return False
     from engine.runtime import fused_cpu
 
@@ -305,8 +306,9 @@ def attend_from_pool(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
     lengths; extend: ``lens[t]`` = position + 1 (causal). See :func:`pool_attention_applies`."""
     from engine.runtime import fused_cpu
 
-    return fused_cpu.decode_attention(q, pool.k[layer.layer_id], pool.v[layer.layer_id],
-                                      req_to_token, rows, lens, max_len, layer.scaling)
+    i = layer.layer_id
+    return fused_cpu.decode_attention(q, pool.k[i], pool.v[i], req_to_token, rows, lens,
+                                      max_len, layer.scaling, pool.k_scale[i], pool.v_scale[i])
 
 
 def decode_from_pool(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,

@@ -365,11 +365,32 @@ void engine_cpu_moe_routed_f32(const float *x, int64_t t, int64_t k, int64_t hid
 }
 
 /* K/V storage types of the pool: float32, IEEE half, bfloat16 (16-bit values converted to
- * float32 as they are read; products and sums stay float32). */
-enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
+ * float32 as they are read; products and sums stay float32), and the fp8 formats read only
+ * (e4m3fn, e5m2; their per-layer scales are the caller's). An fp8 byte becomes a half by its
+ * bits alone: e5m2 is a half's top byte, and e4m3fn's sign, exponent and mantissa moved into a
+ * half's fields give its value times 2^-8 (normal or subnormal), which the caller's scales
+ * take back. */
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2, KV_E4M3 = 3, KV_E5M2 = 4 };
+
+static inline size_t kv_size(const int t) {
+    return t == KV_F32 ? 4 : t == KV_E4M3 || t == KV_E5M2 ? 1 : 2;
+}
+
+static inline uint16_t fp8_half(uint8_t b, const int t) {
+    if (t == KV_E5M2) return (uint16_t)(b << 8);
+    return (uint16_t)(((b & 0x80) << 8) | ((b & 0x7f) << 7));
+}
 
 static inline __m256 kv_load8(const void *p, int64_t i, const int t) {
     if (t == KV_F32) return _mm256_loadu_ps((const float *)p + i);
+    if (t == KV_E4M3 || t == KV_E5M2) {
+        const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)p
+                                                                                + i)));
+        if (t == KV_E5M2) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
+        const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
+                                       _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7));
+        return _mm256_cvtph_ps(h);
+    }
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
     if (t == KV_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -377,6 +398,7 @@ static inline __m256 kv_load8(const void *p, int64_t i, const int t) {
 
 static inline float kv_load1(const void *p, int64_t i, const int t) {
     if (t == KV_F32) return ((const float *)p)[i];
+    if (t == KV_E4M3 || t == KV_E5M2) return _cvtsh_ss(fp8_half(((const uint8_t *)p)[i], t));
     const uint16_t h = ((const uint16_t *)p)[i];
     if (t == KV_F16) return _cvtsh_ss(h);
     const uint32_t u = (uint32_t)h << 16;
@@ -469,7 +491,7 @@ static inline __attribute__((always_inline)) void decode_attention_t(
         const float *q, const void *kp, const void *vp, const int64_t *req_to_token,
         int64_t rt_stride, const int64_t *req_idx, const int64_t *seq_lens, float *out,
         int64_t batch, int64_t hq, int64_t hk, int64_t d, float scale, int64_t max_len,
-        const int t) {
+        float v_mul, const int t) {
     const int64_t group = hq / hk, items = batch * hk;
     /* one scores buffer per thread (not per work item: an extend batch has T * hk items) */
 #pragma omp parallel if (items > 1 && batch * max_len >= 256)
@@ -483,7 +505,7 @@ static inline __attribute__((always_inline)) void decode_attention_t(
             const int64_t *slots = req_to_token + req_idx[b] * rt_stride;
             const float *qg = q + (b * hq + kh * group) * d;  /* the group's query heads */
             float *og = out + (b * hq + kh * group) * d;
-            const size_t elem = t == KV_F32 ? 4 : 2;
+            const size_t elem = kv_size(t);
             int64_t l = 0;
             for (; l + 8 <= len; l += 8) {  /* 8 keys at a time, each row read once */
                 const void *rows[8];
@@ -499,7 +521,7 @@ static inline __attribute__((always_inline)) void decode_attention_t(
                 for (int64_t j = 0; j < group; j++)
                     sc[j * len + l] = (t == KV_F32 ? dot(qg + j * d, (const float *)kp + at, d)
                                                    : kv_dot(qg + j * d,
-                                                            (const uint16_t *)kp + at, d, t)) *
+                                                            (const char *)kp + at * elem, d, t)) *
                                       scale;
             }
             float inv[group];
@@ -520,7 +542,7 @@ static inline __attribute__((always_inline)) void decode_attention_t(
                     s[l] = expf(s[l] - mx);
                     sum += s[l];
                 }
-                inv[j] = 1.0f / sum;
+                inv[j] = v_mul / sum;
             }
             /* o = sum_l p_l v_l, each element in the order of l: a head's 64-column chunk of
              * o stays in registers through the keys (8 vectors) */
@@ -533,8 +555,7 @@ static inline __attribute__((always_inline)) void decode_attention_t(
                            o5 = o0, o6 = o0, o7 = o0;
                     for (int64_t l = 0; l < len; l++) {
                         const int64_t at = (slots[l] * hk + kh) * d + c;
-                        const void *vv = t == KV_F32 ? (const void *)((const float *)vp + at)
-                                                     : (const void *)((const uint16_t *)vp + at);
+                        const void *vv = (const char *)vp + at * elem;
                         const __m256 p8 = _mm256_set1_ps(p[l]);
                         o0 = _mm256_fmadd_ps(p8, kv_load8(vv, 0, t), o0);
                         o1 = _mm256_fmadd_ps(p8, kv_load8(vv, 8, t), o1);
@@ -559,8 +580,7 @@ static inline __attribute__((always_inline)) void decode_attention_t(
                     memset(o + c, 0, sizeof(float) * (size_t)(d - c));
                     for (int64_t l = 0; l < len; l++) {
                         const int64_t at = (slots[l] * hk + kh) * d;
-                        const void *vv = t == KV_F32 ? (const void *)((const float *)vp + at)
-                                                     : (const void *)((const uint16_t *)vp + at);
+                        const void *vv = (const char *)vp + at * elem;
                         const __m256 p8 = _mm256_set1_ps(p[l]);
                         int64_t i = c;
                         for (; i + 8 <= d; i += 8)
@@ -576,20 +596,22 @@ static inline __attribute__((always_inline)) void decode_attention_t(
     }
 }
 
+/* v_mul multiplies every output (an fp8 pool's V scale; the K scale is the caller's to fold
+ * into scale). */
 void engine_cpu_decode_attention(const float *q, const void *kp, const void *vp,
                                  const int64_t *req_to_token, int64_t rt_stride,
                                  const int64_t *req_idx, const int64_t *seq_lens, float *out,
                                  int64_t batch, int64_t hq, int64_t hk, int64_t d, float scale,
-                                 int64_t max_len, int64_t kv_type) {
-    if (kv_type == KV_F16)
-        decode_attention_t(q, kp, vp, req_to_token, rt_stride, req_idx, seq_lens, out, batch,
-                           hq, hk, d, scale, max_len, KV_F16);
-    else if (kv_type == KV_BF16)
-        decode_attention_t(q, kp, vp, req_to_token, rt_stride, req_idx, seq_lens, out, batch,
-                           hq, hk, d, scale, max_len, KV_BF16);
-    else
-        decode_attention_t(q, kp, vp, req_to_token, rt_stride, req_idx, seq_lens, out, batch,
-                           hq, hk, d, scale, max_len, KV_F32);
+                                 int64_t max_len, int64_t kv_type, float v_mul) {
+#define DECODE_ATTENTION(T)                                                                   \
+    decode_attention_t(q, kp, vp, req_to_token, rt_stride, req_idx, seq_lens, out, batch, hq,  \
+                       hk, d, scale, max_len, v_mul, T)
+    if (kv_type == KV_F16) DECODE_ATTENTION(KV_F16);
+    else if (kv_type == KV_BF16) DECODE_ATTENTION(KV_BF16);
+    else if (kv_type == KV_E4M3) DECODE_ATTENTION(KV_E4M3);
+    else if (kv_type == KV_E5M2) DECODE_ATTENTION(KV_E5M2);
+    else DECODE_ATTENTION(KV_F32);
+#undef DECODE_ATTENTION
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -655,7 +677,7 @@ int engine_cpu_decode_layers(const int64_t *plan, int64_t layers, int64_t batch,
             memcpy(q + b * hq * d, row, sizeof(float) * (size_t)(hq * d));
         }
         engine_cpu_decode_attention(q, kp, vp, req_to_token, rt_stride, req_idx, seq_lens, att,
-                                    B, hq, hk, d, scale, max_len, kv_type);
+                                    B, hq, hk, d, scale, max_len, kv_type, 1.0f);
         if ((rc = call_mm(p + P_O, hidden, hq * d, att, B, x))) break;
         engine_cpu_add_rms_norm(x, hidden, res, hidden, res, PTR(const float *, p[P_POST_NORM]),
                                 normed, B, hidden, eps);

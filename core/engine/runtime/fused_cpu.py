@@ -40,7 +40,7 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_qk_norm_rope.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F]
     lib.engine_cpu_silu_and_mul.argtypes = [_P, _I, _P, _I, _I, _I]
     lib.engine_cpu_decode_attention.argtypes = [_P, _P, _P, _P, _I, _P, _P, _P, _I, _I, _I,
-                                                _I, _F, _I, _I]
+                                                _I, _F, _I, _I, _F]
     for fn in (lib.engine_cpu_add_rms_norm, lib.engine_cpu_qk_norm_rope,
                lib.engine_cpu_silu_and_mul, lib.engine_cpu_decode_attention):
         fn.restype = None
@@ -129,26 +129,33 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-#: the pool storage types the kernels read (and the plan writes), by the C code's numbering
+#: the pool storage types the kernels read and the plan writes, by the C code's numbering
 KV_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+#: the storage types :func:`decode_attention` reads: those, and fp8 (values times 2^-8 for
+#: e4m3fn, as they are for e5m2: :data:`FP8_READ_UNIT`)
+READ_TYPES = {**KV_TYPES, torch.float8_e4m3fn: 3, torch.float8_e5m2: 4}
+FP8_READ_UNIT = {torch.float8_e4m3fn: 256.0, torch.float8_e5m2: 1.0}
 
 
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                      req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-                     seq_lens: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
+                     seq_lens: torch.Tensor, max_len: int, scale: float, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
     """One query token per request: float32 ``q`` [B, Hq, D] attends to the ``seq_lens[b]``
-    slots ``req_to_token[req_pool_indices[b]]`` of the pools [slots, Hkv, D] (float32, float16
-    or bfloat16: :data:`KV_TYPES`; GQA: query head h reads KV head h // (Hq / Hkv)).
-    ``max_len``: the largest of ``seq_lens``."""
+    slots ``req_to_token[req_pool_indices[b]]`` of the pools [slots, Hkv, D] (float32, float16,
+    bfloat16 or fp8 with the layer's ``k_scale`` / ``v_scale``: :data:`READ_TYPES`; GQA: query
+    head h reads KV head h // (Hq / Hkv)). ``max_len``: the largest of ``seq_lens``."""
     q = q.contiguous()
     b, hq, d = q.shape
     out = torch.empty_like(q)
     idx = req_pool_indices.contiguous()
     lens = seq_lens.contiguous()
+    unit = FP8_READ_UNIT.get(k_pool.dtype, 1.0)
     _library().engine_cpu_decode_attention(
         q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), req_to_token.data_ptr(),
         req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(), out.data_ptr(), b, hq,
-        k_pool.shape[1], d, scale, max_len, KV_TYPES[k_pool.dtype])
+        k_pool.shape[1], d, scale * k_scale * unit, max_len, READ_TYPES[k_pool.dtype],
+        v_scale * unit)
     return out
 
 

@@ -8,11 +8,12 @@ KV head, extend repeats KV heads). Correct for ragged batches, cached prefixes, 
 page size (slots are read one by one). Speculative tree verify: the new tokens' part of the mask
 is ``batch.tree_mask`` instead of causal.
 
-On the CPU with a float32 pool, every batch skips the gather and the padding: the core's C
-kernel (:func:`engine.api.attention.attend_from_pool`) reads each token's keys from the pool,
-one token at a time, so a token's output is the same whether it is decoded, prefilled or
-verified as a draft, and whatever else is in the batch (a tree's token reads its own slot list:
-the prefix, then its ancestors and itself).
+On the CPU with a float32 or 16-bit pool, every batch skips the gather and the padding: the
+core's C kernel (:func:`engine.api.attention.attend_from_pool`) reads each token's keys from
+the pool, one token at a time, so a token's output is the same whether it is decoded,
+prefilled or verified as a draft, and whatever else is in the batch (a tree's token reads its
+own slot list: the prefix, then its ancestors and itself). An fp8 pool takes that kernel for
+decode batches only (its scales applied there); its prefills stay on the gathered SDPA.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ class TorchNativeBackend(AttentionBackend):
         self.supports_tree_verify = not batch_invariant
 
     def _from_pool(self, batch: Batch) -> bool:
-        return pool_attention_applies(self.pool)
+        # an fp8 pool: decode only (its prefills stay on the gathered SDPA, which is faster
+        # over long prompts than the per-token kernel; fp8 gives no prefill/decode identity)
+        return pool_attention_applies(self.pool) and (batch.is_decode or not self.pool.is_fp8)
 
     def decodes_from_pool(self, batch: Batch) -> bool:
         return not self.batch_invariant and batch.is_decode and self._from_pool(batch)
