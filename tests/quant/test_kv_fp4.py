@@ -115,6 +115,25 @@ def test_the_model_serves_from_an_fp4_cache_close_to_float32(model):
     assert (got.argmax(-1) == base.argmax(-1)).float().mean() >= 0.75
 
 
+def test_cpu_decode_unpacks_it_in_the_c_kernel_as_the_gather_does(model, monkeypatch):
+    """On the CPU the decode steps read the fp4 rows in the core's pool kernel (prefills keep
+    the gathered SDPA): the same logits as the gathered path, to float32 rounding."""
+    import engine_attention_torch_native.impl as tn
+
+    from engine.runtime import fused_cpu
+    from test_kv_cache_dtype import run
+
+    calls = []
+    real = fused_cpu.decode_attention_fp4
+    monkeypatch.setattr(fused_cpu, "decode_attention_fp4",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    got, _ = run(model, "fp4_mx_block16")
+    assert calls
+    monkeypatch.setattr(tn, "pool_attention_applies", lambda pool: False)
+    want, _ = run(model, "fp4_mx_block16")
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+
+
 def test_flex_attention_reads_it_as_torch_native_does(model):
     from test_kv_cache_dtype import run
 

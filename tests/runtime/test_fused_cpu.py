@@ -116,6 +116,39 @@ def test_decode_attention_reads_scattered_pages(hq, hk, d, dtype):
         assert torch.allclose(got[b].double(), want, atol=tol, rtol=1e-5), b
 
 
+@pytest.mark.parametrize("hq,hk,d", [(9, 3, 64), (8, 2, 128)])
+def test_decode_attention_unpacks_fp4_rows_exactly(hq, hk, d):
+    """fp4_mx_block16 pools against a float64 reference over their unpacked values
+    (:func:`engine.runtime.kv_fp4.unpack`, exact), ragged lengths over scattered slots."""
+    from engine.runtime import kv_fp4
+
+    slots = 300
+    gen = torch.Generator().manual_seed(d)
+    k_vals = torch.randn(slots, hk, d, generator=gen) * torch.logspace(-3, 3, slots)[:, None, None]
+    v_vals = torch.randn(slots, hk, d, generator=gen)
+    k_pool, v_pool = kv_fp4.pack(k_vals), kv_fp4.pack(v_vals)
+    lens = [1, 9, 40, 200]
+    req_to_token = torch.zeros(4, 256, dtype=torch.int64)
+    perm = torch.randperm(slots - 1, generator=gen) + 1
+    used = 0
+    for r, n in enumerate(lens):
+        req_to_token[r, :n] = perm[used:used + n]
+        used += n
+    q = torch.randn(len(lens), hq, d, generator=gen) / 8
+    rows = torch.arange(len(lens))
+    got = fused_cpu.decode_attention_fp4(q, k_pool, v_pool, req_to_token, rows,
+                                         torch.tensor(lens), max(lens), d ** -0.5, d)
+    k_all = kv_fp4.unpack(k_pool, d, torch.float64)
+    v_all = kv_fp4.unpack(v_pool, d, torch.float64)
+    for b, n in enumerate(lens):
+        ids = req_to_token[b, :n]
+        k = k_all[ids].repeat_interleave(hq // hk, 1)
+        v = v_all[ids].repeat_interleave(hq // hk, 1)
+        p = torch.softmax(torch.einsum("hd,nhd->hn", q[b].double(), k) * d ** -0.5, -1)
+        want = torch.einsum("hn,nhd->hd", p, v)
+        assert torch.allclose(got[b].double(), want, atol=1e-5, rtol=1e-5), b
+
+
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("group,static", [(None, False), (64, False), (48, False), (None, True)])
 def test_fp8_fake_quant_is_bit_identical_to_the_torch_ops(dtype, group, static):

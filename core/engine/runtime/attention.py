@@ -282,11 +282,11 @@ def attend_per_token(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
 
 
 def pool_attention_applies(pool: KVPool) -> bool:
-    """Whether :func:`attend_from_pool` serves this pool: float32, float16, bfloat16 or fp8
-    (with its layer scales) on the CPU, kernels built."""
-    if pool.device.type != "cpu" or pool.dtype not in (
+    """Whether :func:`attend_from_pool` serves this pool: float32, float16, bfloat16, fp8
+    (with its layer scales) or fp4_mx_block16 rows on the CPU, kernels built."""
+    if pool.device.type != "cpu" or not (pool.is_fp4 or pool.dtype in (
             torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
-            torch.float8_e5m2):
+            torch.float8_e5m2)):
         return False
     from engine.runtime import fused_cpu
 
@@ -307,6 +307,9 @@ def attend_from_pool(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
     from engine.runtime import fused_cpu
 
     i = layer.layer_id
+    if pool.is_fp4:
+        return fused_cpu.decode_attention_fp4(q, pool.k[i], pool.v[i], req_to_token, rows, lens,
+                                              max_len, layer.scaling, pool.head_dim)
     return fused_cpu.decode_attention(q, pool.k[i], pool.v[i], req_to_token, rows, lens,
                                       max_len, layer.scaling, pool.k_scale[i], pool.v_scale[i])
 

@@ -614,6 +614,81 @@ void engine_cpu_decode_attention(const float *q, const void *kp, const void *vp,
 #undef DECODE_ATTENTION
 }
 
+/* Decode attention over an fp4_mx_block16 pool (rows of d / 2 bytes of E2M1 codes, element 2i
+ * in byte i's low nibble, then one scale byte e + 127 per 16 values; see kv_fp4.py): each K
+ * and V row is unpacked once per work item into float32 (exactly: a code's value times 2^e),
+ * then used as decode_attention_t uses a float32 row. */
+static const float FP4_VALUES[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+static inline void fp4_row(const uint8_t *row, int64_t d, float *out) {
+    const uint8_t *scales = row + d / 2;
+    for (int64_t b = 0; b < d / 16; b++) {
+        const uint32_t bits = (uint32_t)scales[b] << 23; /* 2^(byte - 127) */
+        float s;
+        memcpy(&s, &bits, 4);
+        for (int64_t i = 0; i < 8; i++) {
+            const uint8_t c = row[b * 8 + i];
+            out[b * 16 + 2 * i] = FP4_VALUES[c & 15] * s;
+            out[b * 16 + 2 * i + 1] = FP4_VALUES[c >> 4] * s;
+        }
+    }
+}
+
+void engine_cpu_decode_attention_fp4(const float *q, const uint8_t *kp, const uint8_t *vp,
+                                     const int64_t *req_to_token, int64_t rt_stride,
+                                     const int64_t *req_idx, const int64_t *seq_lens, float *out,
+                                     int64_t batch, int64_t hq, int64_t hk, int64_t d,
+                                     float scale, int64_t max_len) {
+    const int64_t group = hq / hk, items = batch * hk, w = d / 2 + d / 16;
+#pragma omp parallel if (items > 1 && batch * max_len >= 256)
+    {
+        float *sc = (float *)malloc(sizeof(float) * (size_t)(max_len > 0 ? max_len : 1) *
+                                    (size_t)group);
+        float *row = (float *)malloc(sizeof(float) * (size_t)d);
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < items; it++) {
+            if (!sc || !row) continue;
+            const int64_t b = it / hk, kh = it % hk, len = seq_lens[b];
+            const int64_t *slots = req_to_token + req_idx[b] * rt_stride;
+            const float *qg = q + (b * hq + kh * group) * d;
+            float *og = out + (b * hq + kh * group) * d;
+            for (int64_t l = 0; l < len; l++) {
+                fp4_row(kp + (slots[l] * hk + kh) * w, d, row);
+                for (int64_t j = 0; j < group; j++)
+                    sc[j * len + l] = dot(qg + j * d, row, d) * scale;
+            }
+            float inv[group];
+            for (int64_t j = 0; j < group; j++) {
+                float *s = sc + j * len, mx = -INFINITY, sum = 0.0f;
+                for (int64_t l = 0; l < len; l++) mx = s[l] > mx ? s[l] : mx;
+                for (int64_t l = 0; l < len; l++) {
+                    s[l] = expf(s[l] - mx);
+                    sum += s[l];
+                }
+                inv[j] = 1.0f / sum;
+            }
+            memset(og, 0, sizeof(float) * (size_t)(d * group));
+            for (int64_t l = 0; l < len; l++) {
+                fp4_row(vp + (slots[l] * hk + kh) * w, d, row);
+                for (int64_t j = 0; j < group; j++) {
+                    const __m256 p8 = _mm256_set1_ps(sc[j * len + l]);
+                    float *o = og + j * d;
+                    int64_t i = 0;
+                    for (; i + 8 <= d; i += 8)
+                        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p8, _mm256_loadu_ps(row + i),
+                                                                _mm256_loadu_ps(o + i)));
+                    for (; i < d; i++) o[i] += sc[j * len + l] * row[i];
+                }
+            }
+            for (int64_t j = 0; j < group; j++)
+                for (int64_t i = 0; i < d; i++) og[j * d + i] *= inv[j];
+        }
+        free(sc);
+        free(row);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* A whole decode forward through the decoder layers in one call (the CPU counterpart of a
  * captured CUDA graph): the same kernels as the per-operation path, in the same order, so the

@@ -41,8 +41,11 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_silu_and_mul.argtypes = [_P, _I, _P, _I, _I, _I]
     lib.engine_cpu_decode_attention.argtypes = [_P, _P, _P, _P, _I, _P, _P, _P, _I, _I, _I,
                                                 _I, _F, _I, _I, _F]
+    lib.engine_cpu_decode_attention_fp4.argtypes = [_P, _P, _P, _P, _I, _P, _P, _P, _I, _I, _I,
+                                                    _I, _F, _I]
     for fn in (lib.engine_cpu_add_rms_norm, lib.engine_cpu_qk_norm_rope,
-               lib.engine_cpu_silu_and_mul, lib.engine_cpu_decode_attention):
+               lib.engine_cpu_silu_and_mul, lib.engine_cpu_decode_attention,
+               lib.engine_cpu_decode_attention_fp4):
         fn.restype = None
     lib.engine_cpu_decode_layers.argtypes = [_P, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P,
                                              _P, _P, _I, _P, _P, _I, _I, _P]
@@ -156,6 +159,24 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
         req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(), out.data_ptr(), b, hq,
         k_pool.shape[1], d, scale * k_scale * unit, max_len, READ_TYPES[k_pool.dtype],
         v_scale * unit)
+    return out
+
+
+def decode_attention_fp4(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                         req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+                         seq_lens: torch.Tensor, max_len: int, scale: float,
+                         head_dim: int) -> torch.Tensor:
+    """:func:`decode_attention` over ``fp4_mx_block16`` pools (uint8 [slots, Hkv, head_dim / 2
+    + head_dim / 16]: :mod:`engine.runtime.kv_fp4`), each row unpacked exactly as it is read."""
+    q = q.contiguous()
+    b, hq, d = q.shape
+    out = torch.empty_like(q)
+    idx = req_pool_indices.contiguous()
+    lens = seq_lens.contiguous()
+    _library().engine_cpu_decode_attention_fp4(
+        q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), req_to_token.data_ptr(),
+        req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(), out.data_ptr(), b, hq,
+        k_pool.shape[1], head_dim, scale, max_len)
     return out
 
 

@@ -12,8 +12,9 @@ On the CPU with a float32 or 16-bit pool, every batch skips the gather and the p
 core's C kernel (:func:`engine.api.attention.attend_from_pool`) reads each token's keys from
 the pool, one token at a time, so a token's output is the same whether it is decoded,
 prefilled or verified as a draft, and whatever else is in the batch (a tree's token reads its
-own slot list: the prefix, then its ancestors and itself). An fp8 pool takes that kernel for
-decode batches only (its scales applied there); its prefills stay on the gathered SDPA.
+own slot list: the prefix, then its ancestors and itself). An fp8 or fp4 pool takes that kernel
+for decode batches only (fp8 scales applied, fp4 rows unpacked there); its prefills stay on the
+gathered SDPA.
 """
 
 from __future__ import annotations
@@ -63,9 +64,10 @@ class TorchNativeBackend(AttentionBackend):
         self.supports_tree_verify = not batch_invariant
 
     def _from_pool(self, batch: Batch) -> bool:
-        # an fp8 pool: decode only (its prefills stay on the gathered SDPA, which is faster
-        # over long prompts than the per-token kernel; fp8 gives no prefill/decode identity)
-        return pool_attention_applies(self.pool) and (batch.is_decode or not self.pool.is_fp8)
+        # an fp8 or fp4 pool: decode only (its prefills stay on the gathered SDPA, faster over
+        # long prompts than the per-token kernel; these pools give no prefill/decode identity)
+        quantized = self.pool.is_fp8 or self.pool.is_fp4
+        return pool_attention_applies(self.pool) and (batch.is_decode or not quantized)
 
     def decodes_from_pool(self, batch: Batch) -> bool:
         return not self.batch_invariant and batch.is_decode and self._from_pool(batch)
