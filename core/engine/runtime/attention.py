@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engine.runtime import kv_fp4
 from engine.runtime.batch import Batch
 
 
@@ -59,8 +60,6 @@ class KVPool:
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int,
                  page_size: int, dtype: torch.dtype, device: torch.device,
                  fp4: bool = False) -> None:
-        from engine.runtime import kv_fp4
-
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         #: ``--kv-cache-dtype fp4_mx_block16``: each head's row is packed E2M1 codes and their
         #: blocks' scales, bytes (``dtype`` is then uint8, the storage's)
@@ -71,7 +70,7 @@ class KVPool:
                                  f"of {kv_fp4.BLOCK}, not {head_dim}")
             dtype = torch.uint8
         #: elements of ``dtype`` a head's row takes in ``k[layer]`` / ``v[layer]``
-        self.row_width = kv_fp4.row_bytes(head_dim) if fp4 else head_dim
+        self.row_width = self.row_width_of(head_dim, fp4)
         #: what the stored pages are, for the hierarchical cache's page keys
         self.format_name = "fp4_mx_block16" if fp4 else str(dtype)
         self.page_size, self.dtype, self.device = page_size, dtype, device
@@ -96,6 +95,17 @@ class KVPool:
         #: load overlaps the layers before it; anything else calls :meth:`settle_loads` first.
         self.loads: Any = None
 
+    @staticmethod
+    def row_width_of(head_dim: int, fp4: bool) -> int:
+        """Elements a head's row of ``head_dim`` values takes in the pool (``fp4``: bytes)."""
+        return kv_fp4.row_bytes(head_dim) if fp4 else head_dim
+
+    @property
+    def quantized(self) -> bool:
+        """Whether values are stored in another form than they come in (fp8 with the layer's
+        scales, fp4 rows): only :meth:`write` stores them and :meth:`gather` reads them."""
+        return self.is_fp8 or self.is_fp4
+
     def take_loads(self) -> Any:
         """The pending loads (see :attr:`loads`), now the caller's to wait for; None if none."""
         loads, self.loads = self.loads, None
@@ -108,8 +118,6 @@ class KVPool:
 
     def _store(self, x: torch.Tensor, scale: float) -> torch.Tensor:
         if self.is_fp4:
-            from engine.runtime import kv_fp4
-
             return kv_fp4.pack(x)
         if not self.is_fp8:
             return x.to(self.dtype)
@@ -126,8 +134,9 @@ class KVPool:
 
     def takes_direct_writes(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether a kernel may store K/V of ``dtype`` on ``device`` straight into ``k[layer]``
-        / ``v[layer]`` rows instead of :meth:`write`: same dtype and device, no fp8 scaling."""
-        return not self.is_fp8 and not self.is_fp4 and self.dtype == dtype and \
+        / ``v[layer]`` rows instead of :meth:`write`: same dtype and device, values stored as
+        they come."""
+        return not self.quantized and self.dtype == dtype and \
             torch.device(self.device) == torch.device(device)
 
     def gather(self, layer: int, slots: torch.Tensor, dtype: torch.dtype
@@ -136,8 +145,6 @@ class KVPool:
         storage."""
         flat = slots.reshape(-1)
         if self.is_fp4:
-            from engine.runtime import kv_fp4
-
             k = kv_fp4.unpack(self.k[layer].index_select(0, flat), self.head_dim, dtype)
             v = kv_fp4.unpack(self.v[layer].index_select(0, flat), self.head_dim, dtype)
         elif self.is_fp8:

@@ -452,6 +452,27 @@ static inline __m256 kv_dot8(const float *q, const void *const *r, int64_t n, co
     return sum;
 }
 
+/* The scores s [len] replaced by exp(s - max s); returns their sum (vectors of 8, then the
+ * rest one by one: the same order for every caller). */
+static inline float exp_sum(float *s, int64_t len) {
+    float mx = -INFINITY;
+    for (int64_t l = 0; l < len; l++) mx = s[l] > mx ? s[l] : mx;
+    int64_t l = 0;
+    const __m256 m8 = _mm256_set1_ps(mx);
+    __m256 s8 = _mm256_setzero_ps();
+    for (; l + 8 <= len; l += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), m8));
+        _mm256_storeu_ps(s + l, e);
+        s8 = _mm256_add_ps(s8, e);
+    }
+    float sum = hsum8(s8);
+    for (; l < len; l++) {
+        s[l] = expf(s[l] - mx);
+        sum += s[l];
+    }
+    return sum;
+}
+
 /* n float32 values into the pool at element offset off, rounded to nearest even as torch's
  * conversions round (so the plan's pool equals the per-operation path's). */
 static inline void kv_store(void *pool, int64_t off, const float *x, int64_t n, const int t) {
@@ -519,31 +540,11 @@ static inline __attribute__((always_inline)) void decode_attention_t(
             for (; l < len; l++) {
                 const int64_t at = (slots[l] * hk + kh) * d;
                 for (int64_t j = 0; j < group; j++)
-                    sc[j * len + l] = (t == KV_F32 ? dot(qg + j * d, (const float *)kp + at, d)
-                                                   : kv_dot(qg + j * d,
-                                                            (const char *)kp + at * elem, d, t)) *
+                    sc[j * len + l] = kv_dot(qg + j * d, (const char *)kp + at * elem, d, t) *
                                       scale;
             }
             float inv[group];
-            for (int64_t j = 0; j < group; j++) {
-                float *s = sc + j * len, mx = -INFINITY;
-                for (int64_t l = 0; l < len; l++) mx = s[l] > mx ? s[l] : mx;
-                float sum = 0.0f;
-                int64_t l = 0;
-                const __m256 m8 = _mm256_set1_ps(mx);
-                __m256 s8 = _mm256_setzero_ps();
-                for (; l + 8 <= len; l += 8) {
-                    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), m8));
-                    _mm256_storeu_ps(s + l, e);
-                    s8 = _mm256_add_ps(s8, e);
-                }
-                sum = hsum8(s8);
-                for (; l < len; l++) {
-                    s[l] = expf(s[l] - mx);
-                    sum += s[l];
-                }
-                inv[j] = v_mul / sum;
-            }
+            for (int64_t j = 0; j < group; j++) inv[j] = v_mul / exp_sum(sc + j * len, len);
             /* o = sum_l p_l v_l, each element in the order of l: a head's 64-column chunk of
              * o stays in registers through the keys (8 vectors) */
             for (int64_t j = 0; j < group; j++) {
@@ -659,15 +660,7 @@ void engine_cpu_decode_attention_fp4(const float *q, const uint8_t *kp, const ui
                     sc[j * len + l] = dot(qg + j * d, row, d) * scale;
             }
             float inv[group];
-            for (int64_t j = 0; j < group; j++) {
-                float *s = sc + j * len, mx = -INFINITY, sum = 0.0f;
-                for (int64_t l = 0; l < len; l++) mx = s[l] > mx ? s[l] : mx;
-                for (int64_t l = 0; l < len; l++) {
-                    s[l] = expf(s[l] - mx);
-                    sum += s[l];
-                }
-                inv[j] = 1.0f / sum;
-            }
+            for (int64_t j = 0; j < group; j++) inv[j] = 1.0f / exp_sum(sc + j * len, len);
             memset(og, 0, sizeof(float) * (size_t)(d * group));
             for (int64_t l = 0; l < len; l++) {
                 fp4_row(vp + (slots[l] * hk + kh) * w, d, row);

@@ -59,8 +59,7 @@ class HostKVPool:
         self.num_pages = max(0, num_tokens // ps)
         if self.num_pages < 1:
             raise ValueError(f"a host pool of {num_tokens} tokens holds no page of {ps}")
-        # a head's row as the device pool stores it (packed formats: not head_dim wide)
-        width = getattr(device_pool, "row_width", device_pool.head_dim)
+        width = device_pool.row_width  # a head's row as the device pool stores it
         self.page_shape = (2, device_pool.num_layers, ps, device_pool.num_kv_heads, width)
         self.page_first = layout in PAGE_FIRST_LAYOUTS
         L, H, D = device_pool.num_layers, device_pool.num_kv_heads, width

@@ -89,8 +89,7 @@ def build_cache(config: Any, runner: Any, allocator: Any, policy: Any = None,
         raise ConfigError(f"--hicache-ratio/--hicache-size: {exc}") from None
     extra = load_extra_config(config.hicache_storage_backend_extra_config)
     core = {k: extra.pop(k) for k in list(extra) if k in CORE_KEYS}
-    ident = identity(runner.model_config, getattr(pool, "format_name", str(pool.dtype)),
-                     pool.page_size)
+    ident = identity(runner.model_config, pool.format_name, pool.page_size)
     storage = None
     if storage_factory is not None and config.hicache_storage_backend is not None:
         codec = PageCodec(host.payload_bytes)

@@ -206,8 +206,7 @@ class ModelRunner:
     def _kv_bytes_per_token(self) -> int:
         mc = self.model_config
         elem = torch.empty((), dtype=self._kv_dtype()).element_size()
-        width = (kv_fp4.row_bytes(mc.head_dim) if self.config.kv_cache_dtype == "fp4_mx_block16"
-                 else mc.head_dim)
+        width = KVPool.row_width_of(mc.head_dim, self.config.kv_cache_dtype == "fp4_mx_block16")
         return 2 * mc.num_hidden_layers * mc.num_key_value_heads * width * elem
 
     def _kv_tokens(self) -> int:

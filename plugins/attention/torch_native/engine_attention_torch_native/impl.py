@@ -66,8 +66,7 @@ class TorchNativeBackend(AttentionBackend):
     def _from_pool(self, batch: Batch) -> bool:
         # an fp8 or fp4 pool: decode only (its prefills stay on the gathered SDPA, faster over
         # long prompts than the per-token kernel; these pools give no prefill/decode identity)
-        quantized = self.pool.is_fp8 or self.pool.is_fp4
-        return pool_attention_applies(self.pool) and (batch.is_decode or not quantized)
+        return pool_attention_applies(self.pool) and (batch.is_decode or not self.pool.quantized)
 
     def decodes_from_pool(self, batch: Batch) -> bool:
         return not self.batch_invariant and batch.is_decode and self._from_pool(batch)

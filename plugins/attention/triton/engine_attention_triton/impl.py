@@ -197,7 +197,7 @@ class TritonBackend(AttentionBackend):
         (a verify's tokens go through its mask) whose tiles are not split
         (:meth:`forward_extend`)."""
         md = batch.attn_metadata
-        return (self.cfg.extend_new_kv and not self.pool.is_fp8 and not self.pool.is_fp4
+        return (self.cfg.extend_new_kv and not self.pool.quantized
                 and isinstance(md, ExtendMetadata) and md.tree is None and md.num_splits == 1)
 
     @property
@@ -343,13 +343,14 @@ class TritonBackend(AttentionBackend):
         rows = None  # this forward's K/V as descriptors of their rows
         if new_kv is not None and self.reads_new_kv(batch):
             rows = self._new_kv_descriptors(new_kv, q.dtype)
+        box = (md.tile_tokens, self.row_heads, dim)  # a tile's [tokens, heads, D] of q / out
         q_desc = None  # the query tile as one box of q (with the rows; whole tiles of rows)
         if (rows is not None and cfg.extend_q_desc
                 and md.tile_tokens * self.row_heads == md.block_rows):
-            q_desc = _q_descriptor(q, (md.tile_tokens, self.row_heads, dim))
+            q_desc = _q_descriptor(q, box)
         o_desc = None  # and its output tile as one box of out
         if q_desc is not None and cfg.extend_out_desc and splits == 1:
-            o_desc = _q_descriptor(out, (md.tile_tokens, self.row_heads, dim))
+            o_desc = _q_descriptor(out, box)
         part_dtype = torch.float32 if self.reduce_in_fp32 else q.dtype
         shape = (q.shape[0], q.shape[1], splits) if splits > 1 else (0, 0, 1)
         part_out = torch.empty((*shape, dim), dtype=part_dtype, device=q.device)
