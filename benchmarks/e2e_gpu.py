@@ -54,7 +54,8 @@ def _mode_env(spec: str) -> None:
 
 def make_runner(spec: str, max_running: int, quantization: str | None = None,
                 model_dir: str = MODEL_DIR, *, page_size: int = 16,
-                max_total_tokens: int | None = None, device: str = "auto") -> ModelRunner:
+                max_total_tokens: int | None = None, device: str = "auto",
+                kv_cache_dtype: str = "auto") -> ModelRunner:
     """``spec`` is a backend name, optionally ``:eager`` to turn CUDA graphs off (``:nopdl``:
     kernels launched without programmatic dependent launch; ``:fused``: the norms and
     SiLU-and-mul inside the one-row products; ``:fmerge``: the triton decode merge folded into
@@ -68,14 +69,14 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
     ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
     weights at load (e.g. ``fp8``); ``model_dir`` a dummy config's folder; ``max_total_tokens``
     the KV pool (default: room for ``max_running`` short prompts); ``device`` "cpu" runs
-    float32 activations (a smoke run)."""
+    float32 activations (a smoke run); ``kv_cache_dtype`` the ``--kv-cache-dtype``."""
     backend, _, mode = spec.partition(":")
     # (room for the timed batches' 128-token prompts and their steps, and small enough that
     # several runners fit for the interleaved rounds)
     tokens = max_total_tokens or max(40_000, 400 * max_running)
     cfg = ServerConfig(model_path=model_dir, load_format="dummy", device=device,
                        dtype="float32" if device == "cpu" else "bfloat16",
-                       quantization=quantization,
+                       quantization=quantization, kv_cache_dtype=kv_cache_dtype,
                        skip_tokenizer_init=True, attention_backend=backend, page_size=page_size,
                        disable_cuda_graph=(mode == "eager"), max_total_tokens=tokens,
                        max_running_requests=max_running,
@@ -260,6 +261,8 @@ def main() -> None:
                     "during the run weighs on all alike; the median is reported")
     ap.add_argument("--quantization", default=None,
                     help="a --quantization choice applied to the dummy weights at load")
+    ap.add_argument("--kv-cache-dtype", default="auto",
+                    help="the KV cache's --kv-cache-dtype (fp8_e4m3...) for every backend")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="only the transformers compile loop, tiny Llama on the CPU")
     args = ap.parse_args()
@@ -275,7 +278,8 @@ def main() -> None:
         _mode_env(backend)
         try:
             t0 = time.perf_counter()
-            runner = make_runner(backend, max(batches + [len(PROMPT_LENS)]), args.quantization)
+            runner = make_runner(backend, max(batches + [len(PROMPT_LENS)]), args.quantization,
+                                 kv_cache_dtype=args.kv_cache_dtype)
             print(f"{backend}: decode CUDA graphs "
                   f"{'on' if runner.decode_graphs is not None else 'off'}", flush=True)
             startup = time.perf_counter() - t0

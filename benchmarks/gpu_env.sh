@@ -7,7 +7,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD/core
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade \
   --target /tmp/site2 plugins/attention/{torch_native,triton,flashinfer,flex_attention} \
-  plugins/parsers/model-config-{hf,auto,mistral} plugins/quant/{gguf,unquant,fp8} \
+  plugins/parsers/model-config-{hf,auto,mistral} plugins/quant/{gguf,unquant,fp8,gptq,awq,humming} \
   plugins/moe/{torch,triton,a2a-none} plugins/grammar/{llguidance,none} \
   plugins/spec/{ngram,standalone,eagle,eagle3,nextn,dflash,dspark,uno} || return 1
 export PYTHONPATH=/tmp/site:/tmp/site2:$PWD/core

@@ -38,7 +38,16 @@ DEVICE = "cuda"
 SCHEMES = {"gptq": {"group": 128}, "gptq_act_order": {"group": 128, "desc_act": True},
            "awq": {"group": 128, "sym": False}, "ct_wna16": {"group": 128}, "mlx4": {"group": 64},
            "ct_w8a16": {}, "fp8_tensor": {}, "ct_fp8_dynamic": {}, "fp8_block": {},
-           "modelopt_fp8": {}, "ct_w8a8_int8": {}, "ct_fp8_static": {}}
+           "modelopt_fp8": {}, "ct_w8a8_int8": {}, "ct_fp8_static": {},
+           "humming_gptq": {"group": 128}, "humming_awq": {"group": 128, "sym": False}}
+#: schemes written as another scheme's checkpoint, and the choice that serves them
+WRITTEN = {"gptq_act_order": ("gptq", "gptq"), "humming_gptq": ("gptq", "humming"),
+           "humming_awq": ("awq", "humming")}
+
+
+def written_as(scheme: str) -> tuple[str, str]:
+    """(the checkpoint scheme written, the ``--quantization`` choice that loads it)."""
+    return WRITTEN.get(scheme, (scheme, tq.CHOICE.get(scheme, scheme)))
 
 
 def layer_bytes(layer: torch.nn.Module) -> int:
@@ -73,10 +82,9 @@ def build(scheme: str | None, key: str) -> Linear:
         layer = Linear(k, sum(shards), dtype=torch.bfloat16, shards=shards)
         layer.weight.data.copy_(torch.cat(list(dense.values())))
         return layer.to(DEVICE)
-    written = "gptq" if scheme == "gptq_act_order" else scheme
+    written, choice = written_as(scheme)
     tensors, qcfg, _ = tq.quantize_state(dense, written, **SCHEMES[scheme])
-    impl = importlib.import_module(
-        f"engine_quant_{tq.CHOICE[written].replace('-', '_')}.impl")
+    impl = importlib.import_module(f"engine_quant_{choice.replace('-', '_')}.impl")
     method = impl.engine_create_quant_method(
         quant_config={"quant_method": "", **tq.normalized_config(written, qcfg)})
     tensors = dict(method.checkpoint_weights(iter(tensors.items())))
@@ -151,7 +159,7 @@ def main() -> None:
         layers = {k: build(s, k) for k in SHAPES}
         nbytes = sum(layer_bytes(v) for v in layers.values()) * LAYERS
         ms = {b: step_ms(layers, b, args.copies) for b in batches}
-        choice = tq.CHOICE["gptq" if s == "gptq_act_order" else s]
+        choice = written_as(s)[1]
         print(f"| {s} ({choice}) | {nbytes / 1e9:.2f} | {nbytes / BANDWIDTH * 1e3:.3f} | "
               + " | ".join(f"{ms[b]:.3f}" for b in batches) + " | "
               + " / ".join(f"{ms[b] / base[b]:.2f}" for b in batches) + " |", flush=True)

@@ -19,13 +19,13 @@ from engine.testing import quant as tq
 IDS = [[5, 17, 300, 41, 8, 99, 250, 7, 3, 11, 12, 13]]
 
 
-def run(path, kv, backend="torch_native", swap=None, device="cpu", **options):
+def run(path, kv, backend="torch_native", swap=None, device="cpu", dtype="float32", **options):
     """Logits of a prefill and a decode step; ``swap(runner)`` may replace the runner's
     attention backends first (a backend the CLI does not offer on a CPU)."""
     from engine.runtime.model_runner import ModelRunner
     from engine.testing.batches import BatchBuilder
 
-    runner = ModelRunner(ServerConfig(model_path=path, device=device, dtype="float32",
+    runner = ModelRunner(ServerConfig(model_path=path, device=device, dtype=dtype,
                                       skip_tokenizer_init=True, max_total_tokens=128,
                                       attention_backend=backend, kv_cache_dtype=kv,
                                       **options))
@@ -232,3 +232,33 @@ def test_triton_reads_the_fp8_cache_on_the_gpu(model, kv):
     want, _ = run(model, kv, device="cuda")
     assert type(runner.decode_backend).__name__ == "TritonBackend" and runner.pool.is_fp8
     assert (got - want).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("graphs", [True, False])
+@pytest.mark.parametrize("page", [1, 16])
+def test_flashinfer_reads_the_fp8_cache_on_the_gpu(model, tmp_path, kv, graphs, page):
+    """flashinfer plans an fp8 pool (bf16 queries, fp8 KV, its FA2 kernels) and passes each
+    layer's k/v scales to ``run``: prefill and decode logits (eager, and replayed from a CUDA
+    graph) match torch_native's over the same stored values; the scales are not 1, so a
+    scale left out would show."""
+    pytest.importorskip("flashinfer")
+    dst = str(tmp_path / "s")
+    os.makedirs(dst)
+    state = load_file(os.path.join(model, "model.safetensors"))
+    for i, (k, v) in enumerate(((0.5, 0.25), (2.0, 4.0))):
+        state[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(k)
+        state[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(v)
+    save_file(state, os.path.join(dst, "model.safetensors"))
+    with open(os.path.join(model, "config.json")) as fh, \
+            open(os.path.join(dst, "config.json"), "w") as out:
+        json.dump(json.load(fh), out)
+    opts = dict(device="cuda", dtype="bfloat16", page_size=page, disable_cuda_graph=not graphs)
+    got, runner = run(dst, kv, backend="flashinfer", **opts)
+    want, ref = run(dst, kv, **opts)
+    assert type(runner.decode_backend).__name__ == "FlashInferBackend" and runner.pool.is_fp8
+    assert runner.pool.k_scale == ref.pool.k_scale == [0.5, 2.0]
+    got, want = got.float(), want.float()
+    assert (got - want).abs().max().item() <= 0.02 * want.abs().max().item()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9

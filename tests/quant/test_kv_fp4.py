@@ -74,6 +74,20 @@ def test_random_rows_match_the_definition_exactly():
     assert kv_fp4.unpack(packed, 64, torch.bfloat16).dtype == torch.bfloat16
 
 
+def test_packing_builds_no_tensor_from_host_data(monkeypatch):
+    """A CUDA graph capture (a decode step writing K/V) allows no copy from the host: pack and
+    unpack compute codes and values from the bits alone, never a table made with torch.tensor."""
+    x = torch.randn(4, 2, 32)
+    want = kv_fp4.unpack(kv_fp4.pack(x), 32, torch.float32)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tensor made from host data")
+
+    monkeypatch.setattr(torch, "tensor", refuse)
+    monkeypatch.setattr(torch, "as_tensor", refuse)
+    assert torch.equal(kv_fp4.unpack(kv_fp4.pack(x), 32, torch.float32), want)
+
+
 def test_the_pool_stores_packed_rows_and_gathers_them_back():
     pool = KVPool(num_layers=1, num_kv_heads=2, head_dim=32, num_slots=8, page_size=1,
                   dtype=torch.bfloat16, device=torch.device("cpu"), fp4=True)

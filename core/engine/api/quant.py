@@ -33,6 +33,7 @@ from engine.runtime.quant_methods import (EXPERTS, DequantizedMethod, Fp8Method,
                                           OnlineExperts, fake_quant_fp8_rows,
                                           fake_quant_nvfp4_rows,
                                           add_param, check_group, checkpoint_names, claim,
+                                          drop_checkpoint_params,
                                           config_value, is_excluded, packed_extent, unsupported)
 
 __all__ = ["fake_quant_fp8_rows", "fake_quant_nvfp4_rows", "ModelSlimDynamicMethod", "ModelSlimW8A8Method", "W4AFp8ExpertMethod", "EXPERTS", "OnlineExperts", "MXFP4_DTYPES", "AWQMethod", "BnB4bitMethod", "BnB8bitMethod", "bnb_rewrite", "GPTQMethod", "IntWeightOnlyMethod", "MLXMethod", "NVFP4WeightMethod",
@@ -41,5 +42,6 @@ __all__ = ["fake_quant_fp8_rows", "fake_quant_nvfp4_rows", "ModelSlimDynamicMeth
            "quark_scheme", "DequantizedMethod", "Fp8Method", "Int8Method", "LayerMethod", "Linear",
            "MXFP4Method", "MXFP8Method", "MXMethod",
            "PackedWeight", "QuantMethod", "UnquantizedMethod", "add_param", "check_group",
-           "checkpoint_names", "claim", "config_value", "dense_linear", "formats", "is_excluded",
+           "checkpoint_names", "claim", "config_value", "dense_linear", "drop_checkpoint_params",
+           "formats", "is_excluded",
            "packed_extent", "release_pages", "rowwise", "unsupported"]

@@ -38,8 +38,9 @@ def engine_create_attention_backend(pool: Any, model_config: Any, config: Any,
                                     options: Any) -> Any:
     """Build the attention backend for one model runner.
 
-    :param pool: the :class:`engine.api.attention.KVPool` (its ``device``/``dtype`` are the
-        model's; ``page_size`` is the configured page size)
+    :param pool: the :class:`engine.api.attention.KVPool` (its ``device`` is the model's,
+        ``compute_dtype`` the model's activations, ``dtype`` what it stores: the same, or fp8 /
+        fp4 bytes under ``--kv-cache-dtype``; ``page_size`` is the configured page size)
     :param model_config: the normalized :class:`engine.api.models.ModelConfig`
     :param config: the frozen :class:`engine.config.ServerConfig` (read-only core settings)
     :return: an :class:`engine.api.attention.AttentionBackend`. It receives one

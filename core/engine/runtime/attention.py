@@ -59,7 +59,7 @@ class KVPool:
 
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int,
                  page_size: int, dtype: torch.dtype, device: torch.device,
-                 fp4: bool = False) -> None:
+                 fp4: bool = False, compute_dtype: torch.dtype | None = None) -> None:
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         #: ``--kv-cache-dtype fp4_mx_block16``: each head's row is packed E2M1 codes and their
         #: blocks' scales, bytes (``dtype`` is then uint8, the storage's)
@@ -74,6 +74,9 @@ class KVPool:
         #: what the stored pages are, for the hierarchical cache's page keys
         self.format_name = "fp4_mx_block16" if fp4 else str(dtype)
         self.page_size, self.dtype, self.device = page_size, dtype, device
+        #: what K/V come in as and are read back as (the model's activations): ``dtype``
+        #: unless the pool stores another form (fp8, fp4 rows)
+        self.compute_dtype = compute_dtype or dtype
         self.num_slots = num_slots
         shape = (num_slots, num_kv_heads, self.row_width)
         if torch.device(device).type == "cpu":

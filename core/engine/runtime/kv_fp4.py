@@ -35,8 +35,12 @@ def pack(x: torch.Tensor) -> torch.Tensor:
     amax = blocks.abs().amax(-1, keepdim=True)
     e = torch.ceil(torch.log2(torch.clamp(amax / VALUES[-1], min=1e-10)))
     scaled = blocks / torch.exp2(e)
-    bounds = torch.tensor(BOUNDS, dtype=torch.float32, device=x.device)
-    codes = torch.bucketize(scaled.abs(), bounds, right=True).to(torch.uint8)
+    # the index is the number of bounds the magnitude reaches (no host tensor: this runs inside
+    # CUDA graph captures, where a copy from the host is not allowed)
+    magnitude = scaled.abs()
+    codes = torch.zeros_like(magnitude, dtype=torch.uint8)
+    for bound in BOUNDS:
+        codes += magnitude >= bound
     codes = (codes | ((scaled < 0).to(torch.uint8) << 3)).reshape(*lead, d)
     data = codes[..., 0::2] | (codes[..., 1::2] << 4)
     return torch.cat([data, (e.squeeze(-1) + 127).to(torch.uint8)], -1)
@@ -47,8 +51,10 @@ def unpack(rows: torch.Tensor, head_dim: int, dtype: torch.dtype) -> torch.Tenso
     *lead, _ = rows.shape
     data, scales = rows[..., :head_dim // 2], rows[..., head_dim // 2:]
     codes = torch.stack([data & 15, data >> 4], -1).reshape(*lead, head_dim)
-    table = torch.tensor(VALUES, dtype=torch.float32, device=rows.device)
-    values = table[(codes & 7).long()]
+    # E2M1 by its bits (no host table, as in pack): exponent field e, mantissa bit m;
+    # 0.5 m when e == 0, else (1 + m / 2) 2^(e - 1)
+    e, m = ((codes >> 1) & 3).to(torch.float32), (codes & 1).to(torch.float32)
+    values = torch.where(e == 0, 0.5 * m, (1 + 0.5 * m) * torch.exp2(e - 1))
     values = torch.where((codes & 8) != 0, -values, values)
     scale = torch.exp2(scales.to(torch.float32) - 127)
     out = values.reshape(*lead, head_dim // BLOCK, BLOCK) * scale[..., None]

@@ -129,8 +129,8 @@ class ModelRunner:
             if self.pool.is_fp8 and not backend.supports_fp8_kv_cache:
                 raise ConfigError(f"--kv-cache-dtype {config.kv_cache_dtype}: the {kind} "
                                   f"attention backend ({type(backend).__name__}) does not read "
-                                  "an fp8 KV cache here; torch_native, flex_attention and "
-                                  "triton (SM89+) do")
+                                  "an fp8 KV cache here; torch_native, flex_attention, "
+                                  "flashinfer and triton (SM89+) do")
             if self.pool.is_fp4 and not backend.supports_fp4_kv_cache:
                 raise ConfigError(f"--kv-cache-dtype fp4_mx_block16: the {kind} attention "
                                   f"backend ({type(backend).__name__}) does not read it; "
@@ -247,7 +247,8 @@ class ModelRunner:
         return KVPool(num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads,
                       head_dim=mc.head_dim, num_slots=(pages + 1) * ps, page_size=ps,
                       dtype=self._kv_dtype(), device=self.device,
-                      fp4=self.config.kv_cache_dtype == "fp4_mx_block16")
+                      fp4=self.config.kv_cache_dtype == "fp4_mx_block16",
+                      compute_dtype=self.dtype)
 
     def _make_batch_invariant(self) -> None:
         """``--enable-deterministic-inference``: every linear layer (and a tied output head)

@@ -21,8 +21,12 @@ decode wrapper per captured batch size over fixed buffers (``use_cuda_graph``), 
 each replay with the real page table padded to the size (``prepare_replay``), ``run`` captured.
 Heads, head dim and scale are planned from the model config;
 a layer that differs is refused rather than silently run with another plan.
+An fp8 pool (``--kv-cache-dtype fp8_e4m3/fp8_e5m2``) is planned with the pool's dtype as the
+KV type and the model's as the query's, on FlashInfer's FA2 kernels (its SM90 FA3 kernels take
+fp8 only for the query too); each layer's ``run`` passes that layer's ``k_scale`` (folded into the
+softmax scale) and ``v_scale`` (applied to the output; skipped where it is 1).
 Written against flashinfer-python 0.5.3: ``plan`` takes the page table and shapes positionally
-and the rest by keyword; ``run(q, (k_cache, v_cache))``.
+and the rest by keyword; ``run(q, (k_cache, v_cache), k_scale=, v_scale=)``.
 """
 
 from __future__ import annotations
@@ -115,6 +119,7 @@ class FlashInferBackend(AttentionBackend):
     supports_tree_verify = True  #: through ``plan(custom_mask=...)``
     #: decode ``run`` is captured; its plan (into fixed buffers) runs before each replay
     supports_cuda_graph = True
+    supports_fp8_kv_cache = True  #: planned with fp8 KV, the layer's scales passed to ``run``
 
     def __init__(self, pool: KVPool, shape: PlanShape) -> None:
         super().__init__(pool)
@@ -126,8 +131,8 @@ class FlashInferBackend(AttentionBackend):
         self.shape = shape
         dev = pool.device
         self._prefill_workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._prefill_workspace,
-                                                                       "NHD")
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self._prefill_workspace, "NHD", backend="fa2" if pool.is_fp8 else "auto")
         #: speculative tree verify: a wrapper of its own on FlashInfer's FA2 kernels (a
         #: wrapper keeps the kernel family its first plan chose, and the SM90 one has no
         #: custom mask); made on first use, over the prefill workspace (one runs at a time)
@@ -150,10 +155,10 @@ class FlashInferBackend(AttentionBackend):
         return p.k[layer_id].view(shape), p.v[layer_id].view(shape)
 
     def prepare(self, batch: Batch, q_dtype: torch.dtype | None = None) -> None:
-        """Plan the batch's wrapper; ``q_dtype`` defaults to the pool's dtype."""
+        """Plan the batch's wrapper; ``q_dtype`` defaults to the pool's compute dtype."""
         s, ps = self.shape, self.pool.page_size
         table = page_table(batch, ps)
-        q_dtype = q_dtype or self.pool.dtype
+        q_dtype = q_dtype or self.pool.compute_dtype
         if batch.is_decode:
             self._plan_decode(self._decode, table, q_dtype)
             batch.attn_metadata = self._decode
@@ -218,12 +223,13 @@ class FlashInferBackend(AttentionBackend):
             paged_kv_indices_buffer=self._graph_indices,
             paged_kv_last_page_len_buffer=torch.zeros(size, dtype=torch.int32, device=dev))
         self._graph_wrappers[size] = wrapper
-        self._plan_decode(wrapper, page_table(batch, self.pool.page_size), self.pool.dtype)
+        self._plan_decode(wrapper, page_table(batch, self.pool.page_size),
+                          self.pool.compute_dtype)
         batch.attn_metadata = wrapper
 
     def prepare_replay(self, batch: Batch, size: int) -> None:
         self._plan_decode(self._graph_wrappers[size],
-                          padded_table(batch, self.pool.page_size, size), self.pool.dtype)
+                          padded_table(batch, self.pool.page_size, size), self.pool.compute_dtype)
 
     def _check(self, layer: AttentionLayerSpec) -> None:
         got = PlanShape(layer.num_q_heads, layer.num_kv_heads, layer.head_dim, layer.scaling)
@@ -238,7 +244,7 @@ class FlashInferBackend(AttentionBackend):
                        batch: Batch) -> torch.Tensor:
         self._check(layer)
         wrapper = batch.attn_metadata if batch.attn_metadata is not None else self._prefill
-        return wrapper.run(q.contiguous(), self._paged(layer.layer_id))
+        return wrapper.run(q.contiguous(), self._paged(layer.layer_id), **self._scales(layer))
 
     def forward_decode(self, q: torch.Tensor, layer: AttentionLayerSpec,
                        batch: Batch) -> torch.Tensor:
@@ -246,7 +252,16 @@ class FlashInferBackend(AttentionBackend):
         replayed) the graph wrapper of its size."""
         self._check(layer)
         wrapper = batch.attn_metadata if batch.attn_metadata is not None else self._decode
-        return wrapper.run(q.contiguous(), self._paged(layer.layer_id))
+        return wrapper.run(q.contiguous(), self._paged(layer.layer_id), **self._scales(layer))
+
+    def _scales(self, layer: AttentionLayerSpec) -> dict[str, float]:
+        """An fp8 pool's layer scales as ``run`` takes them (a scale of 1 is left out: the
+        value scale costs a multiply of the output)."""
+        if not self.pool.is_fp8:
+            return {}
+        i = layer.layer_id
+        scales = {"k_scale": self.pool.k_scale[i], "v_scale": self.pool.v_scale[i]}
+        return {name: value for name, value in scales.items() if value != 1.0}
 
 
 @hookimpl

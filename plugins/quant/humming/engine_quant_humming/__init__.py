@@ -1,12 +1,16 @@
-"""humming (quantization): manifest only; this build has no implementation."""
+"""humming (quantization): manifest only (humming-kernels is imported on selection)."""
 
 from engine.api import Plugin, Requires
 
 plugin = Plugin(
-    name='humming',
+    name="humming",
     family="quantization",
-    implementation=None,
-    description='humming-kernels JIT mixed-precision GEMM backend over gptq/awq/compressed-tensors/modelopt checkpoints',
-    requires=Requires(packages=('humming-kernels',), devices=('cuda',)),
-    not_implemented='needs the humming-kernels package and a CUDA GPU with nvcc; the same checkpoints run through gptq, awq, compressed-tensors and modelopt here',
+    implementation="engine_quant_humming.impl",
+    description="gptq and awq checkpoints multiplied by humming-kernels' JIT-compiled "
+                "mixed-precision GEMMs (a backend switch over those formats)",
+    requires=Requires(packages=("humming-kernels",), devices=("cuda",)),
+    notes=("reads gptq (2/4/8 bits, no act-order) and awq (4 bits) checkpoints as those choices "
+           "do; half-precision models (--dtype bfloat16/float16); kernels JIT-compile on first "
+           "use of a shape (nvcc or NVRTC)",
+           "routed experts are not served through it (use gptq, awq or moe_wna16)"),
 )

@@ -1,0 +1,41 @@
+# The GPU checks of the KV-cache formats and the humming choice, in one run on the GPU machine
+# (from the repository root, carrying .whl, .whl-server and .whl-humming: the humming-kernels
+# wheel, `pip download --no-deps humming-kernels==0.1.20 -d .whl-humming`): fp4 rows in the
+# triton kernels, fp8 pools in flashinfer (its FA2 kernels JIT-compile on first use: e4m3 first),
+# humming's layers and model against gptq / awq, then humming's decode-step products next to the
+# Triton W4A16 kernels (quant_gpu.py). Each step's log lands in $OUT.
+#     bash benchmarks/quant_check_gpu.sh [STEP...]
+# (steps: fp4, flashinfer_e4m3, humming, flashinfer_e5m2, bench; tests = the first three)
+source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
+if compgen -G ".whl-humming/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-humming \
+    .whl-humming/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site-humming
+fi
+OUT=${OUT:-/tmp/quant_check}
+mkdir -p "$OUT"
+step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep the log, show its tail
+  local limit=$1 name=$2
+  shift 2
+  echo "=== $name"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "rc=$? $name"
+  tail -n "${TAIL:-15}" "$OUT/$name.log"
+}
+T="python3 -m pytest -q -p no:cacheprovider -m gpu -x"
+steps=("${@:-tests}")
+[[ ${steps[*]} == tests ]] && steps=(fp4 flashinfer_e4m3 humming)
+for s in "${steps[@]}"; do
+  case $s in
+    fp4) step 120 fp4 $T tests/quant/test_kv_fp4.py ;;
+    flashinfer_e4m3)
+      step 240 flashinfer_e4m3 $T tests/quant/test_kv_cache_dtype.py -k "flashinfer and e4m3" ;;
+    humming)
+      step 220 humming python3 -m pytest -q -p no:cacheprovider -m gpu tests/quant/test_humming.py
+      ;;
+    flashinfer_e5m2)
+      step 150 flashinfer_e5m2 $T tests/quant/test_kv_cache_dtype.py -k "flashinfer and e5m2" ;;
+    bench)
+      TAIL=30 step 180 quant_bench python3 benchmarks/quant_gpu.py \
+        --schemes gptq,humming_gptq,awq,humming_awq --batches 1,32 ;;
+  esac
+done

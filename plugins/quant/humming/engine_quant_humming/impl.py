@@ -1,0 +1,120 @@
+"""``--quantization humming``: gptq and awq checkpoints multiplied by humming-kernels.
+
+The checkpoint is read exactly as ``--quantization gptq`` / ``awq`` read it (the same config
+readers, exclusions and tensors); once a layer is loaded its tensors go to one
+``humming.layer.HummingLayer`` (the library's gptq / awq weight schemas, fused shards side by
+side along the output features), which repacks them for its kernels, and the layer's product is
+that layer's forward. GPTQ v1 checkpoints store each zero point minus one: the zeros are
+repacked with the offset applied before humming reads them (symmetric checkpoints use the fixed
+midpoint and no zeros). Act-order GPTQ (``desc_act``) and float32 models are refused with the
+reason; routed experts are not served by this choice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.api import ConfigError, hookimpl
+from engine.api.quant import (AWQMethod, GPTQMethod, Linear, PerLayer, QuantMethod, awq_method,
+                              claim, config_value, drop_checkpoint_params, excluding, formats,
+                              gptq_exclusions, gptq_method, unsupported)
+
+HALF = (torch.float16, torch.bfloat16)
+#: output features are padded to whole 128-wide tiles (humming's SM90 tiles of half-precision
+#: inputs are four 32-wide warps); the product returns only the layer's own features
+PAD_N = 128
+
+
+def _humming_layer(method: Any, layer: Linear, weight_config: dict[str, Any],
+                   tensors: dict[str, torch.Tensor]) -> Any:
+    dtype = layer.quant_dtype
+    if dtype not in HALF:
+        raise ConfigError(f"{method.prefix}: --quantization humming computes in float16 or "
+                          f"bfloat16, the model is {dtype} (pass --dtype bfloat16)")
+    device = tensors["qweight"].device
+    if device.type != "cuda":
+        raise ConfigError(f"{method.prefix}: --quantization humming needs a CUDA GPU")
+    from humming.layer import HummingLayer
+
+    with torch.cuda.device(device):
+        hl = HummingLayer(shape_n=layer.out_features, shape_k=layer.in_features,
+                          weight_config=weight_config, torch_dtype=dtype,
+                          pad_n_to_multiple=PAD_N).to(device)
+        hl.load_from_tensors({k: v.to(dtype) if v.is_floating_point() else v
+                              for k, v in tensors.items()})
+        hl.transform()
+    return hl
+
+
+def _apply(layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.dtype != layer.quant_dtype:
+        rows = rows.to(layer.quant_dtype)
+    out = layer.humming(rows.contiguous())
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class HummingGPTQ(GPTQMethod):
+    """gptq's tensors, humming's product."""
+
+    serves_experts = False
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        tensors = {"qweight": layer.qweight.data, "scales": layer.scales.data}
+        sym = self.sym
+        if not sym:
+            zeros = formats.unpack_int32(layer.qzeros.data, self.bits, 1) + self.zero_offset
+            if int(zeros.max()) >= 1 << self.bits:
+                raise ConfigError(f"{self.prefix}: a GPTQ v1 zero point of {1 << self.bits} "
+                                  f"does not fit {self.bits} bits; use --quantization gptq")
+            tensors["qzeros"] = formats.pack_int32(zeros.to(torch.int32), self.bits, 1)
+        config = {"quant_method": "gptq", "bits": self.bits, "group_size": layer.group,
+                  "desc_act": False, "sym": sym}
+        layer.humming = _humming_layer(self, layer, config, tensors)
+        drop_checkpoint_params(layer)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return _apply(layer, x, bias)
+
+
+class HummingAWQ(AWQMethod):
+    """awq's tensors, humming's product."""
+
+    serves_experts = False
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        tensors = {"qweight": layer.qweight.data, "qzeros": layer.qzeros.data,
+                   "scales": layer.scales.data}
+        config = {"quant_method": "awq", "bits": 4, "group_size": layer.group,
+                  "zero_point": True}
+        layer.humming = _humming_layer(self, layer, config, tensors)
+        drop_checkpoint_params(layer)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return _apply(layer, x, bias)
+
+
+def _gptq(cfg: dict) -> HummingGPTQ:
+    base = gptq_method(cfg)
+    if base.desc_act:
+        raise unsupported("desc_act", True, "humming serves GPTQ without act-order; "
+                                            "use --quantization gptq")
+    method = HummingGPTQ(base.bits, base.group_size, False, base.zero_offset)
+    method.sym = bool(cfg.get("sym", True))
+    return method
+
+
+@hookimpl
+def engine_create_quant_method(quant_config: Any) -> QuantMethod:
+    cfg = claim("humming", quant_config, ("gptq", "awq"))
+    if str(cfg.get("quant_method")).lower() == "awq":
+        base = awq_method(cfg)
+        return PerLayer(excluding(config_value(cfg, "modules_to_not_convert", default=[]),
+                                  HummingAWQ(base.group_size)))
+    if cfg.get("lm_head"):
+        raise unsupported("lm_head", True, "a quantized output head is not served")
+    return PerLayer(excluding(gptq_exclusions(cfg), _gptq(cfg)))
