@@ -5,7 +5,9 @@
 # humming's layers and model against gptq / awq, then humming's decode-step products next to the
 # Triton W4A16 kernels (quant_gpu.py). Each step's log lands in $OUT.
 #     bash benchmarks/quant_check_gpu.sh [STEP...]
-# (steps: fp4, flashinfer_e4m3, humming, flashinfer_e5m2, bench; tests = the first three)
+# (steps: fp4, flashinfer_e4m3, humming, flashinfer_e5m2, bench, block_scaled; tests = the
+# first three; block_scaled: block fp8 above 16 rows through torch._scaled_mm, opt-in with
+# ENGINE_FP8_BLOCK_SCALED_MM=1: its GPU test, then the step with and without it)
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
 if compgen -G ".whl-humming/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-humming \
@@ -35,7 +37,14 @@ for s in "${steps[@]}"; do
     flashinfer_e5m2)
       step 150 flashinfer_e5m2 $T tests/quant/test_kv_cache_dtype.py -k "flashinfer and e5m2" ;;
     bench)
-      TAIL=30 step 180 quant_bench python3 benchmarks/quant_gpu.py \
-        --schemes gptq,humming_gptq,awq,humming_awq --batches 1,32 ;;
+      TAIL=30 step 240 quant_bench env ENGINE_PACKED_WEIGHT_ONLY=1 python3 benchmarks/quant_gpu.py \
+        --schemes gptq,humming_gptq,awq,humming_awq,fp8_block,humming_fp8_block,ct_fp8_dynamic \
+        --batches 1,8,32,128 ;;
+    block_scaled)
+      step 90 block_scaled_test $T tests/quant/test_fp8_block_cuda.py
+      TAIL=8 step 120 block_scaled_bench env ENGINE_FP8_BLOCK_SCALED_MM=1 python3 \
+        benchmarks/quant_gpu.py --schemes fp8_block --batches 1,32,128
+      TAIL=8 step 120 block_kernel_bench python3 benchmarks/quant_gpu.py --schemes fp8_block \
+        --batches 1,32,128 ;;
   esac
 done

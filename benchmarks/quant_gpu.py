@@ -39,10 +39,11 @@ SCHEMES = {"gptq": {"group": 128}, "gptq_act_order": {"group": 128, "desc_act": 
            "awq": {"group": 128, "sym": False}, "ct_wna16": {"group": 128}, "mlx4": {"group": 64},
            "ct_w8a16": {}, "fp8_tensor": {}, "ct_fp8_dynamic": {}, "fp8_block": {},
            "modelopt_fp8": {}, "ct_w8a8_int8": {}, "ct_fp8_static": {},
-           "humming_gptq": {"group": 128}, "humming_awq": {"group": 128, "sym": False}}
+           "humming_gptq": {"group": 128}, "humming_awq": {"group": 128, "sym": False},
+           "humming_fp8_block": {}}
 #: schemes written as another scheme's checkpoint, and the choice that serves them
 WRITTEN = {"gptq_act_order": ("gptq", "gptq"), "humming_gptq": ("gptq", "humming"),
-           "humming_awq": ("awq", "humming")}
+           "humming_awq": ("awq", "humming"), "humming_fp8_block": ("fp8_block", "humming")}
 
 
 def written_as(scheme: str) -> tuple[str, str]:

@@ -181,6 +181,17 @@ def fp8_scale_per_token(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return amax.clamp(min=1e-12) / FP8_MAX[dtype]
 
 
+def quantize_fp8_groups(x: torch.Tensor, dtype: torch.dtype,
+                        group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic fp8 codes [M, K] and float32 scales [M, K / group] per token and group of
+    ``group`` columns (``K`` a multiple of it): the values :func:`fake_quant_fp8` hands the
+    matmul are ``codes * scale``."""
+    m, k = x.shape
+    xg = x.to(torch.float32).reshape(m, k // group, group)
+    s = fp8_scale_per_token(xg, dtype)
+    return quantize_fp8(xg, s, dtype).reshape(m, k), s.reshape(m, k // group)
+
+
 def fake_quant_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None,
                    group: int | None = None) -> torch.Tensor:
     """The float32 values an fp8 activation quantizer hands the matmul: dynamic per token

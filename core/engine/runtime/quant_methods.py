@@ -28,6 +28,12 @@ from engine.runtime.linear import ActQuant, Linear, QuantMethod, UnquantizedMeth
 
 #: row counts up to which fp8 layers with a cuBLAS path (row-wise scales) use the Triton product
 KERNEL_ROWS = 32
+#: with ``ENGINE_FP8_BLOCK_SCALED_MM=1`` (opt-in until its GPU test has run), block fp8
+#: (128 x 128 weight blocks, 1 x 128 activation groups) above this many rows goes to
+#: ``torch._scaled_mm``'s block-scaled product on SM90+ (cuBLAS: 2-10x ``w8_mm`` from 16 rows
+#: in a probe on an H200, ``benchmarks/scaled_mm_block_gpu.py``, docs/benchmarks/
+#: quantization.md); otherwise ``w8_mm`` serves every row count
+BLOCK_SCALED_ROWS = 16
 
 #: fused projections and the checkpoint modules they are made of
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -461,6 +467,7 @@ class Fp8Method(LayerMethod):
         layer.kernel = packed_kernels(layer) and self._kernel_serves(layer)
         layer.cuda_rowwise = (layer.weight.is_cuda and self.act is not None
                               and self.weight_scheme != "block" and self.act_group is None)
+        layer.block_scaled = layer.kernel and self._block_scaled_serves(layer)
         if layer.kernel or layer.cuda_rowwise:
             layer.w_scale = (getattr(layer, self.scale_name).data.to(torch.float32).contiguous()
                              if self.weight_scheme == "block"
@@ -481,6 +488,30 @@ class Fp8Method(LayerMethod):
         shards = getattr(layer, "shards", None) or (layer.out_features,)
         return all(n % bn == 0 for n in shards) and self.act_group in (None, bk)
 
+    def _block_scaled_serves(self, layer: Linear) -> bool:
+        """Whether ``torch._scaled_mm``'s block-scaled product takes this layer above
+        :data:`BLOCK_SCALED_ROWS` rows: 128 x 128 e4m3 blocks with 1 x 128 activation groups,
+        on a CUDA device of SM90 or later."""
+        import os
+
+        w = layer.weight
+        return (os.environ.get("ENGINE_FP8_BLOCK_SCALED_MM") == "1" and w.is_cuda
+                and self.weight_scheme == "block" and self.block == (128, 128)
+                and self.act_group == 128 and self.fp8 == torch.float8_e4m3fn
+                and layer.in_features % 128 == 0
+                and torch.cuda.get_device_capability(w.device) >= (9, 0))
+
+    def _block_scaled_apply(self, layer: Linear, x2: torch.Tensor,
+                            bias: torch.Tensor | None) -> torch.Tensor:
+        """``torch._scaled_mm`` over the activations' codes per 1 x 128 group (the format's
+        quantizer, rows padded to 16 with zeros) and the weight's 128 x 128 block scales."""
+        m = x2.shape[0]
+        pad = -m % 16
+        xq, xs = qf.quantize_fp8_groups(F.pad(x2, (0, 0, 0, pad)) if pad else x2, self.fp8, 128)
+        y = torch._scaled_mm(xq, layer.w_t, scale_a=xs.t().contiguous().t(),
+                             scale_b=layer.w_scale.t(), out_dtype=x2.dtype)[:m]
+        return y if bias is None else y + bias
+
     def _kernel_apply(self, layer: Linear, x2: torch.Tensor,
                       bias: torch.Tensor | None) -> torch.Tensor:
         from engine.runtime import quant_triton as qt
@@ -495,6 +526,8 @@ class Fp8Method(LayerMethod):
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        if getattr(layer, "block_scaled", False) and x2.shape[0] > BLOCK_SCALED_ROWS:
+            return self._block_scaled_apply(layer, x2, bias).reshape(*shape[:-1], -1)
         if layer.kernel and (x2.shape[0] <= KERNEL_ROWS or not layer.cuda_rowwise):
             return self._kernel_apply(layer, x2, bias).reshape(*shape[:-1], -1)
         if layer.cuda_rowwise:

@@ -1,13 +1,19 @@
-"""``--quantization humming``: gptq and awq checkpoints multiplied by humming-kernels.
+"""``--quantization humming``: gptq, awq and fp8 checkpoints multiplied by humming-kernels.
 
-The checkpoint is read exactly as ``--quantization gptq`` / ``awq`` read it (the same config
-readers, exclusions and tensors); once a layer is loaded its tensors go to one
-``humming.layer.HummingLayer`` (the library's gptq / awq weight schemas, fused shards side by
-side along the output features), which repacks them for its kernels, and the layer's product is
-that layer's forward. GPTQ v1 checkpoints store each zero point minus one: the zeros are
-repacked with the offset applied before humming reads them (symmetric checkpoints use the fixed
-midpoint and no zeros). Act-order GPTQ (``desc_act``) and float32 models are refused with the
-reason; routed experts are not served by this choice.
+The checkpoint is read exactly as ``--quantization gptq`` / ``awq`` / ``fp8`` read it (the same
+config readers, exclusions and tensors); once a layer is loaded its tensors go to one
+``humming.layer.HummingLayer`` (fused shards side by side along the output features), which
+repacks them for its kernels, and the layer's product is that layer's forward.
+
+- gptq / awq: the library's gptq and awq weight schemas. GPTQ v1 checkpoints store each zero
+  point minus one: the zeros are repacked with the offset applied before humming reads them
+  (symmetric checkpoints use the fixed midpoint and no zeros).
+- fp8 (e4m3 weights): humming's own schema, 128 x 128-style blocks as float32 block scales
+  (each fused shard a whole number of blocks), per-tensor and per-channel scales as channel
+  scales; dynamic activations quantized by humming per 1 x ``block_k`` group (block formats)
+  or per token, as the format says; static activation scales are refused.
+
+Act-order GPTQ (``desc_act``), float32 models and routed experts are refused with the reason.
 """
 
 from __future__ import annotations
@@ -17,9 +23,9 @@ from typing import Any
 import torch
 
 from engine.api import ConfigError, hookimpl
-from engine.api.quant import (AWQMethod, GPTQMethod, Linear, PerLayer, QuantMethod, awq_method,
-                              claim, config_value, drop_checkpoint_params, excluding, formats,
-                              gptq_exclusions, gptq_method, unsupported)
+from engine.api.quant import (AWQMethod, Fp8Method, GPTQMethod, Linear, PerLayer, QuantMethod,
+                              awq_method, claim, config_value, drop_checkpoint_params, excluding,
+                              formats, fp8_method, gptq_exclusions, gptq_method, unsupported)
 
 HALF = (torch.float16, torch.bfloat16)
 #: output features are padded to whole 128-wide tiles (humming's SM90 tiles of half-precision
@@ -28,22 +34,24 @@ PAD_N = 128
 
 
 def _humming_layer(method: Any, layer: Linear, weight_config: dict[str, Any],
-                   tensors: dict[str, torch.Tensor]) -> Any:
+                   tensors: dict[str, torch.Tensor],
+                   input_config: dict[str, Any] | None = None) -> Any:
+    """One ``HummingLayer`` over ``tensors`` (named as ``weight_config``'s schema names them;
+    copied into its parameters, converted to their dtypes), transformed for its kernels."""
     dtype = layer.quant_dtype
     if dtype not in HALF:
         raise ConfigError(f"{method.prefix}: --quantization humming computes in float16 or "
                           f"bfloat16, the model is {dtype} (pass --dtype bfloat16)")
-    device = tensors["qweight"].device
+    device = next(iter(tensors.values())).device
     if device.type != "cuda":
         raise ConfigError(f"{method.prefix}: --quantization humming needs a CUDA GPU")
     from humming.layer import HummingLayer
 
     with torch.cuda.device(device):
         hl = HummingLayer(shape_n=layer.out_features, shape_k=layer.in_features,
-                          weight_config=weight_config, torch_dtype=dtype,
-                          pad_n_to_multiple=PAD_N).to(device)
-        hl.load_from_tensors({k: v.to(dtype) if v.is_floating_point() else v
-                              for k, v in tensors.items()})
+                          weight_config=weight_config, input_config=input_config,
+                          torch_dtype=dtype, pad_n_to_multiple=PAD_N).to(device)
+        hl.load_from_tensors(tensors)
         hl.transform()
     return hl
 
@@ -98,6 +106,48 @@ class HummingAWQ(AWQMethod):
         return _apply(layer, x, bias)
 
 
+class HummingFp8(Fp8Method):
+    """fp8's tensors (e4m3), humming's product."""
+
+    serves_experts = False
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        n, k = layer.out_features, layer.in_features
+        fp8 = {"quant_method": "humming", "b_dtype": "float8e4m3"}
+        if self.weight_scheme == "block":
+            bn, bk = self.block
+            shards = getattr(layer, "shards", None) or (n,)
+            if any(s % bn for s in shards) or k % bk:
+                raise ConfigError(f"{self.prefix}: humming takes fp8 blocks of {bn} x {bk} "
+                                  f"over whole blocks only (outputs {list(shards)}, inputs {k}); "
+                                  "use --quantization fp8")
+            weight = {**fp8, "weight_scale_group_size": bk, "weight_scale_group_size_n": bn}
+            scale = getattr(layer, self.scale_name).data.to(torch.float32)
+        else:
+            weight, scale = fp8, self._channel_scales(layer)
+        act = None
+        if self.act == "dynamic":
+            act = {"quant_method": "humming", "a_dtype": "float8e4m3",
+                   "input_scale_group_size": self.act_group or 0,
+                   "input_quant_mode": "dynamic_group" if self.act_group else "dynamic_token"}
+        tensors = {"weight": layer.weight.data.contiguous().view(torch.int32),
+                   "weight_scale": scale}
+        layer.humming = _humming_layer(self, layer, weight, tensors, act)
+        drop_checkpoint_params(layer)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return _apply(layer, x, bias)
+
+
+def _fp8(cfg: dict) -> HummingFp8:
+    base = fp8_method(cfg)
+    if base.act == "static":
+        raise unsupported("activation_scheme", "static", "humming serves fp8 with dynamic "
+                                                         "activations; use --quantization fp8")
+    return HummingFp8(weight_scheme=base.weight_scheme, act=base.act, block=base.block,
+                      act_group=base.act_group, scale_name=base.scale_name, dtype=base.fp8)
+
+
 def _gptq(cfg: dict) -> HummingGPTQ:
     base = gptq_method(cfg)
     if base.desc_act:
@@ -110,8 +160,12 @@ def _gptq(cfg: dict) -> HummingGPTQ:
 
 @hookimpl
 def engine_create_quant_method(quant_config: Any) -> QuantMethod:
-    cfg = claim("humming", quant_config, ("gptq", "awq"))
-    if str(cfg.get("quant_method")).lower() == "awq":
+    cfg = claim("humming", quant_config, ("gptq", "awq", "fp8"))
+    kind = str(cfg.get("quant_method")).lower()
+    if kind == "fp8":
+        return PerLayer(excluding(config_value(cfg, "ignored_layers", "modules_to_not_convert",
+                                               default=[]), _fp8(cfg)))
+    if kind == "awq":
         base = awq_method(cfg)
         return PerLayer(excluding(config_value(cfg, "modules_to_not_convert", default=[]),
                                   HummingAWQ(base.group_size)))
