@@ -48,3 +48,49 @@ def test_act_order_permutation():
     assert ok and g[perm].tolist() == [0, 0, 1, 1, 2, 2]
     assert act_order(torch.arange(6) // 2, 2) == (True, None)
     assert act_order(torch.tensor([0, 0, 0, 1, 2, 2]), 2)[0] is False
+
+
+ROWWISE = r"""
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from engine.testing import quant as tq
+from engine.runtime import quant_methods as qm
+from engine.runtime import quant_triton as qt
+
+calls = []
+quant_rows = qt.quant_rows
+qt.quant_rows = lambda *a, **k: calls.append(1) or quant_rows(*a, **k)
+gen = torch.Generator().manual_seed(0)
+parts = {"q_proj": 64, "k_proj": 32, "v_proj": 32}
+dense = {f"m.{p}.weight": torch.randn(n, 64, generator=gen) / 8 for p, n in parts.items()}
+x = torch.randn(qm.KERNEL_ROWS + 3, 64, generator=gen).to(torch.bfloat16)
+for scheme in ("ct_fp8_dynamic", "fp8_tensor"):
+    tensors, cfg, _ = tq.quantize_state(dense, scheme)
+    hook = __import__(f"engine_quant_{tq.CHOICE[scheme].replace('-', '_')}.impl",
+                      fromlist=["x"]).engine_create_quant_method
+    layer = tq.load_fused_layer(hook(quant_config=cfg).for_layer("m.qkv_proj"), tensors, "m",
+                                parts, 64, torch.bfloat16)
+    assert layer.kernel and layer.w_scale is not None
+    layer.cuda_rowwise = True  # as on a GPU: above KERNEL_ROWS rows, torch._scaled_mm
+    got = layer(x)
+    assert calls, "the codes did not come from quant_rows"
+    calls.clear()
+    layer.kernel = False  # the same product over the torch ops' codes
+    want = layer(x)
+    assert not calls and torch.equal(got, want), (scheme, (got.float() - want.float()).abs().max())
+print("ok")
+"""
+
+
+def test_rowwise_fp8_above_the_kernel_rows_quantizes_in_one_kernel_as_the_torch_ops_do():
+    """Above ``KERNEL_ROWS`` rows, fp8 layers with per-token (or static) activation scales go to
+    ``torch._scaled_mm``; their codes come from one ``quant_rows`` kernel (the torch quantizer's
+    codes exactly: the product is identical), here under the interpreter with the CPU's
+    ``_scaled_mm``."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", ROWWISE], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]

@@ -512,6 +512,22 @@ class Fp8Method(LayerMethod):
                              scale_b=layer.w_scale.t(), out_dtype=x2.dtype)[:m]
         return y if bias is None else y + bias
 
+    def _rows_quantized(self, layer: Linear,
+                        x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The activations' fp8 codes [M, K] and float32 scales [M, 1] (per token, or the
+        static scale): in one Triton kernel where the layer's kernels run (the torch ops' codes
+        exactly: ``quant_triton.quant_rows``), else by the torch ops."""
+        static = layer.act_scale
+        if layer.kernel:
+            from engine.runtime import quant_triton as qt
+
+            xq, xs = qt.quant_rows(x2, self.fp8,
+                                   static=static.reshape(1) if static is not None else None)
+            return xq, xs.reshape(-1, 1)
+        scale = (static.expand(x2.shape[0], 1).contiguous() if static is not None
+                 else qf.fp8_scale_per_token(x2, self.fp8))
+        return qf.quantize_fp8(x2, scale, self.fp8), scale
+
     def _kernel_apply(self, layer: Linear, x2: torch.Tensor,
                       bias: torch.Tensor | None) -> torch.Tensor:
         from engine.runtime import quant_triton as qt
@@ -531,10 +547,9 @@ class Fp8Method(LayerMethod):
         if layer.kernel and (x2.shape[0] <= KERNEL_ROWS or not layer.cuda_rowwise):
             return self._kernel_apply(layer, x2, bias).reshape(*shape[:-1], -1)
         if layer.cuda_rowwise:
-            scale = (layer.act_scale.expand(x2.shape[0], 1).contiguous()
-                     if layer.act_scale is not None else qf.fp8_scale_per_token(x2, self.fp8))
-            y = torch._scaled_mm(qf.quantize_fp8(x2, scale, self.fp8), layer.w_t,
-                                 scale_a=scale, scale_b=layer.w_scale.reshape(1, -1), bias=bias,
+            xq, scale = self._rows_quantized(layer, x2)
+            y = torch._scaled_mm(xq, layer.w_t, scale_a=scale,
+                                 scale_b=layer.w_scale.reshape(1, -1), bias=bias,
                                  out_dtype=x.dtype)
             return y.reshape(*shape[:-1], -1)
         if self.act is not None:
