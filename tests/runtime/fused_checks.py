@@ -114,6 +114,28 @@ for dtype in dtypes:
         others[loc] = False
         if not torch.equal(v_pool[loc], v) or k_pool[others].any() or v_pool[others].any():
             failures.append(name + ": v differs, or other slots were written")
+        # into an fp8 pool: the bytes KVPool.write stores for the same k (the kernel's own,
+        # above) and v, divided by the layer's scales, saturated (a small k scale saturates
+        # many values) and rounded, -0 for negative values that round to zero included; q as
+        # before
+        for fp8, ks, vs in ((torch.float8_e4m3fn, 0.004, 2.0), (torch.float8_e5m2, 3.0, 0.25)):
+            k8 = torch.zeros(slots, hkv, d, dtype=fp8, device=device)
+            v8 = torch.zeros_like(k8)
+            q3 = fused.qk_norm_rope_store(qkv, hq, hkv, d, pos, rot.cos_cache, rot.sin_cache,
+                                          qn.weight if qk_norm else None,
+                                          kn.weight if qk_norm else None, 1e-6, k8, v8, loc,
+                                          ks, vs)
+            top = torch.finfo(fp8).max
+
+            def stored(x, scale):
+                return (x.float() / scale).clamp(-top, top).to(fp8).view(torch.uint8)
+
+            bad = (not torch.equal(q3, q2)
+                   or not torch.equal(k8[loc].view(torch.uint8), stored(k_pool[loc], ks))
+                   or not torch.equal(v8[loc].view(torch.uint8), stored(v, vs))
+                   or k8[others].view(torch.uint8).any() or v8[others].view(torch.uint8).any())
+            if bad:
+                failures.append(f"{name} {fp8}: the pool's bytes differ from KVPool.write's")
 
 # the router: softmax + top-k (+ renormalise) in one kernel, against the torch ops
 

@@ -64,7 +64,8 @@ fused_triton.qk_norm_rope_store = lambda *a: calls.append(1) or real(*a)
 runner = ModelRunner(ServerConfig(model_path=sys.argv[1], load_format="dummy", dtype="float16",
                                   skip_tokenizer_init=True, device="cpu", random_seed=0,
                                   attention_backend="torch_native", max_total_tokens=256,
-                                  max_running_requests=4, page_size=4, context_length=64))
+                                  max_running_requests=4, page_size=4, context_length=64,
+                                  kv_cache_dtype=sys.argv[2]))
 
 def run():
     bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
@@ -87,16 +88,19 @@ print(json.dumps({"stores": stores, "after": len(calls),
 """
 
 
-def test_a_half_precision_model_stores_kv_in_the_rope_kernel_and_matches_the_torch_ops(tmp_path):
+@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
+def test_a_half_precision_model_stores_kv_in_the_rope_kernel_and_matches_the_torch_ops(tmp_path,
+                                                                                       kv):
     """The fused path of a float16 Llama (under the interpreter): q/k norm + RoPE writes K and V
-    straight into the pool, and the logits equal those of the torch ops with the pool write."""
+    straight into the pool (an fp8 pool too, quantized in the kernel), and the logits equal
+    those of the torch ops with the pool write."""
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
               "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 48,
               "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
               "torch_dtype": "float16", "tie_word_embeddings": False}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    proc = subprocess.run([sys.executable, "-c", MODEL_CHECK, str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-c", MODEL_CHECK, str(tmp_path), kv],
                           capture_output=True, text=True, timeout=900,
                           env={k: v for k, v in os.environ.items()
                                if k != "ENGINE_DISABLE_FUSED"})

@@ -323,6 +323,9 @@ def _core_calls():
                                                           norm, 1e-6),
         "qk_norm_rope_store": lambda: fused_triton.qk_norm_rope_store(
             qkv, 4, 2, 64, pos, cos, sin, None, None, 0.0, kv, kv.clone(), loc),
+        "qk_norm_rope_store (fp8 pool)": lambda: fused_triton.qk_norm_rope_store(
+            qkv, 4, 2, 64, pos, cos, sin, norm, norm, 1e-6, kv.to(torch.float8_e4m3fn),
+            kv.to(torch.float8_e4m3fn), loc, 0.5, 2.0),
         "silu_and_mul": lambda: fused_triton.silu_and_mul(torch.randn(2, 256, **bf)),
         "route_topk": lambda: fused_triton.route_topk(torch.randn(2, 64), 8, True),
         "sample": lambda: sample_triton.sample(torch.randn(2, 1000), *params[:6], params[0]),

@@ -185,7 +185,8 @@ class Attention(nn.Module):
                 q = store(qkv, self.hq, self.hkv, self.d, rope.positions, rope.rotary.cos_cache,
                           rope.rotary.sin_cache, qn.weight if qn is not None else None,
                           kn.weight if kn is not None else None, qn.eps if qn is not None else 0.0,
-                          attn.pool.k[lid], attn.pool.v[lid], batch.out_cache_loc)
+                          attn.pool.k[lid], attn.pool.v[lid], batch.out_cache_loc,
+                          attn.pool.k_scale[lid], attn.pool.v_scale[lid])
                 out = attn.attend(q, self.spec, batch)
                 return self.o_proj(out.reshape(t, self.q_size))
             q, k = rope.ops.qk_norm_rope(qkv, self.hq, self.hkv, self.d, rope.positions,

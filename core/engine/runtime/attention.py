@@ -137,9 +137,11 @@ class KVPool:
 
     def takes_direct_writes(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether a kernel may store K/V of ``dtype`` on ``device`` straight into ``k[layer]``
-        / ``v[layer]`` rows instead of :meth:`write`: same dtype and device, values stored as
-        they come."""
-        return not self.quantized and self.dtype == dtype and \
+        / ``v[layer]`` rows instead of :meth:`write`: same compute dtype and device, and values
+        stored as they come or, in an fp8 pool, as :meth:`write` stores them (divided by the
+        layer's ``k_scale``/``v_scale``, saturated, rounded to the pool's fp8 type; fp4 rows
+        only through :meth:`write`)."""
+        return not self.is_fp4 and self.compute_dtype == dtype and \
             torch.device(self.device) == torch.device(device)
 
     def gather(self, layer: int, slots: torch.Tensor, dtype: torch.dtype

@@ -89,12 +89,12 @@ def qk_norm_rope(qk: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim
 def qk_norm_rope_store(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int,
                        positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
                        q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
-                       k_pool: torch.Tensor, v_pool: torch.Tensor,
-                       out_loc: torch.Tensor) -> torch.Tensor:
+                       k_pool: torch.Tensor, v_pool: torch.Tensor, out_loc: torch.Tensor,
+                       k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """See :func:`engine.runtime.fused_triton.qk_norm_rope_store`."""
     return _gpu_ops().qk_norm_rope_store(qkv, num_q_heads, num_kv_heads, head_dim, positions,
                                          cos_cache, sin_cache, q_weight, k_weight, eps, k_pool,
-                                         v_pool, out_loc)
+                                         v_pool, out_loc, k_scale, v_scale)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

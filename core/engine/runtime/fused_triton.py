@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.runtime.quant_triton import _bits, _codes, _kind, _quantize
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
 from engine.runtime.triton_pdl import (l2_prefetch,  # noqa: F401  (the models' entry)
                                       l2_prefetch_enabled)
@@ -40,15 +41,27 @@ def _add_rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, stride_x, stri
 
 
 @triton.jit
+def _signed(c, y):
+    """``c`` (``y`` rounded to a grid: the same sign, or zero) with ``y``'s sign bit, so that a
+    negative value rounding to zero stores -0 as a cast does."""
+    yb = y.to(tl.float32).to(tl.int32, bitcast=True)
+    return (c.to(tl.int32, bitcast=True) | ((yb >> 31) << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _qk_norm_rope(src_ptr, q_out_ptr, k_out_ptr, v_out_ptr, loc_ptr, qw_ptr, kw_ptr, cos_ptr,
-                  sin_ptr, pos_ptr, stride_src, stride_cache, hq, hkv, eps, HALF: tl.constexpr,
-                  HEADS: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr,
-                  PDL: tl.constexpr):
+                  sin_ptr, pos_ptr, stride_src, stride_cache, hq, hkv, eps, k_scale, v_scale,
+                  HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
+                  STORE: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
+                  MANT: tl.constexpr, EMIN: tl.constexpr, PDL: tl.constexpr):
     """Program (t, g): heads ``g * HEADS ..`` of token t's qkv row (q heads, then k heads, then
     (STORE only) v heads), the token's cos/sin loaded once for them. q/k are normed (NORM) and
     rotated; with STORE, k and v go straight into the KV pool's rows ``loc[t]`` ([slots, hkv,
-    D] each), else k into k_out [T, hkv, D]. Every head's arithmetic is the same whatever
-    HEADS is (one head a program for a few tokens, several for a prefill's thousands)."""
+    D] each), else k into k_out [T, hkv, D]. With FP8 (1: e4m3, 2: e5m2) the pool holds fp8
+    bytes: k and v, rounded to q's dtype as they would be stored, are divided by the layer's
+    ``k_scale`` / ``v_scale``, saturated and rounded to the fp8 grid exactly as
+    ``KVPool.write`` does. Every head's arithmetic is the same whatever HEADS is (one head a
+    program for a few tokens, several for a prefill's thousands)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)[:, None]  # [HEADS, 1]
     dt = q_out_ptr.dtype.element_ty
@@ -91,9 +104,23 @@ def _qk_norm_rope(src_ptr, q_out_ptr, k_out_ptr, v_out_ptr, loc_ptr, qw_ptr, kw_
                       v_out_ptr + (row * hkv + (h - hq - hkv)) * (2 * HALF))
     else:
         kv = k_out_ptr + (t * hkv + (h - hq)) * (2 * HALF)
-    dst = tl.where(is_q, q_out_ptr + (t * hq + h) * (2 * HALF), kv)
-    tl.store(dst + offs, y1.to(dt), mask=ok)
-    tl.store(dst + HALF + offs, y2.to(dt), mask=ok)
+    if FP8 != 0:  # q as it is, k/v as the pool's fp8 bytes
+        dst = q_out_ptr + (t * hq + h) * (2 * HALF)
+        tl.store(dst + offs, y1.to(dt), mask=ok & is_q)
+        tl.store(dst + HALF + offs, y2.to(dt), mask=ok & is_q)
+        s = tl.where(is_k, k_scale, v_scale)
+        r = tl.math.div_rn(1.0, s)
+        on_pool = ok & (h >= hq)
+        c1 = _codes(_signed(_quantize(y1.to(dt).to(tl.float32), s, r, FP8, QMAX, MANT, EMIN),
+                            y1), FP8)
+        c2 = _codes(_signed(_quantize(y2.to(dt).to(tl.float32), s, r, FP8, QMAX, MANT, EMIN),
+                            y2), FP8)
+        tl.store(kv + offs, c1.to(tl.uint8, bitcast=True), mask=on_pool)
+        tl.store(kv + HALF + offs, c2.to(tl.uint8, bitcast=True), mask=on_pool)
+    else:
+        dst = tl.where(is_q, q_out_ptr + (t * hq + h) * (2 * HALF), kv)
+        tl.store(dst + offs, y1.to(dt), mask=ok)
+        tl.store(dst + HALF + offs, y2.to(dt), mask=ok)
 
 
 def _head_launch(tokens: int, heads: int, head_dim: int) -> tuple[int, int, int]:
@@ -197,30 +224,34 @@ def qk_norm_rope(qk: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim
     _qk_norm_rope[(t, groups)](
         qk, q, k, k, positions, q_weight if norm else qk, k_weight if norm else qk, cos_cache,
         sin_cache, positions, qk.stride(0), cos_cache.stride(0), num_q_heads, num_kv_heads, eps,
-        HALF=head_dim // 2, HEADS=per, NORM=norm, STORE=False, num_warps=warps,
-        **launch_options(qk.device))
+        1.0, 1.0, HALF=head_dim // 2, HEADS=per, NORM=norm, STORE=False, FP8=0, QMAX=0.0,
+        MANT=0, EMIN=0, num_warps=warps, **launch_options(qk.device))
     return q, k
 
 
 def qk_norm_rope_store(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int,
                        positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
                        q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
-                       k_pool: torch.Tensor, v_pool: torch.Tensor,
-                       out_loc: torch.Tensor) -> torch.Tensor:
+                       k_pool: torch.Tensor, v_pool: torch.Tensor, out_loc: torch.Tensor,
+                       k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """:func:`qk_norm_rope` that also writes the KV cache: k (normed, rotated) and v of token t
-    go straight into rows ``out_loc[t]`` of ``k_pool``/``v_pool`` ([slots, Hkv, D], ``qkv``'s
-    dtype), as the attention backend's pool write would, in the same kernel. Returns q."""
+    go straight into rows ``out_loc[t]`` of ``k_pool``/``v_pool`` ([slots, Hkv, D]: ``qkv``'s
+    dtype, or fp8 with the layer's ``k_scale``/``v_scale``), as ``KVPool.write`` would, in
+    the same kernel. Returns q."""
     t = qkv.shape[0]
     q = torch.empty(t, num_q_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q
     norm = q_weight is not None
     per, groups, warps = _head_launch(t, num_q_heads + 2 * num_kv_heads, head_dim)
+    fp8, mant, emin, qmax = (_kind(k_pool.dtype) if k_pool.dtype != qkv.dtype
+                             else (0, 0, 0, 0.0))
     _qk_norm_rope[(t, groups)](
-        qkv, q, k_pool, v_pool, out_loc, q_weight if norm else qkv,
+        qkv, q, _bits(k_pool), _bits(v_pool), out_loc, q_weight if norm else qkv,
         k_weight if norm else qkv, cos_cache, sin_cache, positions, qkv.stride(0),
-        cos_cache.stride(0), num_q_heads, num_kv_heads, eps, HALF=head_dim // 2, HEADS=per,
-        NORM=norm, STORE=True, num_warps=warps, **launch_options(qkv.device))
+        cos_cache.stride(0), num_q_heads, num_kv_heads, eps, float(k_scale), float(v_scale),
+        HALF=head_dim // 2, HEADS=per, NORM=norm, STORE=True, FP8=fp8, QMAX=qmax, MANT=mant,
+        EMIN=emin, num_warps=warps, **launch_options(qkv.device))
     return q
 
 
