@@ -94,3 +94,37 @@ def test_rowwise_fp8_above_the_kernel_rows_quantizes_in_one_kernel_as_the_torch_
     proc = subprocess.run([sys.executable, "-c", ROWWISE], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+GROUPS = r"""
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from engine.runtime import quant_formats as qf
+from engine.runtime import quant_triton as qt
+
+gen = torch.Generator().manual_seed(0)
+for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+    for m, k in ((5, 512), (3, 384), (16, 128)):
+        x = torch.randn(m, k, generator=gen) * 4
+        x[:, ::7] *= 1e-6  # values that round to zero, of both signs
+        x = x.to(torch.float16)
+        codes, scales = qt.quant_groups(x, fp8, 128)
+        want_codes, want_scales = qf.quantize_fp8_groups(x, fp8, 128)
+        assert scales.shape == (m, k // 128) and scales.stride() == (1, m), scales.stride()
+        assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8)), (fp8, m, k)
+        assert torch.equal(scales, want_scales), (fp8, m, k)
+print("ok")
+"""
+
+
+def test_group_quantizer_makes_the_torch_quantizers_codes_and_scales():
+    """``quant_triton.quant_groups`` (the block-scaled fp8 product's activations: codes per row
+    and 128 columns, scales column-major) equals ``quantize_fp8_groups`` bit for bit, -0 and
+    a ragged count of groups included, under the interpreter."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", GROUPS], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]

@@ -293,7 +293,8 @@ def _l2_prefetch_call():
 def _core_calls():
     import torch
 
-    from engine.runtime import fused_triton, gemv_triton, sample_triton, swap_triton
+    from engine.runtime import (fused_triton, gemv_triton, quant_triton, sample_triton,
+                                swap_triton)
 
     bf = dict(dtype=torch.bfloat16)
     x, w = torch.randn(1, 256, **bf), torch.randn(128, 256, **bf)
@@ -317,6 +318,8 @@ def _core_calls():
         "w8_swap (block fp8, two scale blocks an iteration)": lambda: swap_triton.w8_swap(
             torch.randn(1, 512, **bf), torch.randn(256, 512).to(torch.float8_e4m3fn),
             torch.ones(2, 4), act="group", block=(128, 128), config=(128, 128, 1, 4, 3, 2)),
+        "quant_groups (fp8, 1 x 128)": lambda: quant_triton.quant_groups(
+            torch.randn(4, 512, **bf), torch.float8_e4m3fn, 128),
         "l2_prefetch": _l2_prefetch_call,
         "add_rms_norm": lambda: fused_triton.add_rms_norm(x, x, torch.ones(256, **bf), 1e-6),
         "qk_norm_rope": lambda: fused_triton.qk_norm_rope(qkv, 4, 2, 64, pos, cos, sin, norm,

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.runtime.quant_triton import _bits, _codes, _kind, _quantize
+from engine.runtime.quant_triton import _bits, _codes, _kind, _quantize, _signed
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
 from engine.runtime.triton_pdl import (l2_prefetch,  # noqa: F401  (the models' entry)
                                       l2_prefetch_enabled)
@@ -38,14 +38,6 @@ def _add_rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, stride_x, stri
     rstd = 1.0 / tl.sqrt(var + eps)
     y = _round(x * rstd, dt) * w
     tl.store(out_ptr + row * stride_o + offs, y.to(dt), mask=ok)
-
-
-@triton.jit
-def _signed(c, y):
-    """``c`` (``y`` rounded to a grid: the same sign, or zero) with ``y``'s sign bit, so that a
-    negative value rounding to zero stores -0 as a cast does."""
-    yb = y.to(tl.float32).to(tl.int32, bitcast=True)
-    return (c.to(tl.int32, bitcast=True) | ((yb >> 31) << 31)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

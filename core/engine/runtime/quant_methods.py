@@ -504,12 +504,15 @@ class Fp8Method(LayerMethod):
     def _block_scaled_apply(self, layer: Linear, x2: torch.Tensor,
                             bias: torch.Tensor | None) -> torch.Tensor:
         """``torch._scaled_mm`` over the activations' codes per 1 x 128 group (the format's
-        quantizer, rows padded to 16 with zeros) and the weight's 128 x 128 block scales."""
+        quantizer in one kernel, :func:`~engine.runtime.quant_triton.quant_groups`; rows padded
+        to 16 with zeros) and the weight's 128 x 128 block scales."""
+        from engine.runtime import quant_triton as qt
+
         m = x2.shape[0]
         pad = -m % 16
-        xq, xs = qf.quantize_fp8_groups(F.pad(x2, (0, 0, 0, pad)) if pad else x2, self.fp8, 128)
-        y = torch._scaled_mm(xq, layer.w_t, scale_a=xs.t().contiguous().t(),
-                             scale_b=layer.w_scale.t(), out_dtype=x2.dtype)[:m]
+        xq, xs = qt.quant_groups(F.pad(x2, (0, 0, 0, pad)) if pad else x2, self.fp8, 128)
+        y = torch._scaled_mm(xq, layer.w_t, scale_a=xs, scale_b=layer.w_scale.t(),
+                             out_dtype=x2.dtype)[:m]
         return y if bias is None else y + bias
 
     def _rows_quantized(self, layer: Linear,

@@ -133,6 +133,14 @@ def _quantize(x, s, r, FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr
 
 
 @triton.jit
+def _signed(c, y):
+    """``c`` (``y`` rounded to a grid: the same sign, or zero) with ``y``'s sign bit, so that a
+    negative value rounding to zero gives -0 as a cast does."""
+    yb = y.to(tl.float32).to(tl.int32, bitcast=True)
+    return (c.to(tl.int32, bitcast=True) | ((yb >> 31) << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _codes(q, FP8: tl.constexpr):
     """float32 codes in the operand type of a product with the weight codes."""
     if FP8 == 0:
@@ -602,6 +610,49 @@ def quant_rows(x: torch.Tensor, dtype: torch.dtype, static: torch.Tensor | None 
                       MANT=mant, EMIN=emin, BLOCK=min(1024, triton.next_power_of_2(k)),
                       num_warps=4, **launch_options(x.device))
     return xq, xs
+
+
+@triton.jit
+def _quant_groups(x_ptr, xq_ptr, xs_ptr, M, K, stride_xm, stride_qm, FP8: tl.constexpr,
+                  QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+                  GROUP: tl.constexpr, GROUPS: tl.constexpr, PDL: tl.constexpr):
+    """Program (row, b): groups ``b * GROUPS ..`` of ``GROUP`` columns of one row: each
+    group's scale (its absolute maximum over QMAX, correctly rounded) into ``xs`` [K / GROUP,
+    M] (so that xs.t() is the [M, K / GROUP] column-major operand of a block-scaled product)
+    and its codes, as the torch quantizer makes them (-0 included)."""
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)[:, None]  # [GROUPS, 1]
+    col = g * GROUP + tl.arange(0, GROUP)[None, :]
+    ok = col < K
+    v = tl.load(x_ptr + row * stride_xm + col, mask=ok, other=0.0).to(tl.float32)
+    s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v), axis=1), 1e-12), QMAX)[:, None]
+    r = tl.math.div_rn(1.0, s)
+    q = _codes(_signed(_quantize(v, s, r, FP8, QMAX, MANT, EMIN), v), FP8)
+    if FP8 != 0:
+        q = q.to(tl.uint8, bitcast=True)
+    tl.store(xq_ptr + row * stride_qm + col, q, mask=ok)
+    tl.store(xs_ptr + g * M + row, s, mask=g * GROUP < K)
+
+
+def quant_groups(x: torch.Tensor, dtype: torch.dtype,
+                 group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes [M, K] of the fp8 ``dtype``, float32 scales [M, K / group] column-major) of
+    ``x`` [M, K] quantized per row and group of ``group`` columns (``K`` a multiple of it, a
+    power of two): exactly :func:`engine.runtime.quant_formats.quantize_fp8_groups`, in one
+    kernel."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, k = x.shape
+    fp8, mant, emin, qmax = _kind(dtype)
+    xq = torch.empty((m, k), dtype=dtype, device=x.device)
+    xs = torch.empty((k // group, m), dtype=torch.float32, device=x.device)
+    per = max(1, min(k // group, 4096 // group))
+    _quant_groups[(m, triton.cdiv(k // group, per))](
+        x, _bits(xq), xs, m, k, x.stride(0), xq.stride(0), FP8=fp8, QMAX=qmax, MANT=mant,
+        EMIN=emin, GROUP=group, GROUPS=triton.next_power_of_2(per), num_warps=4,
+        **launch_options(x.device))
+    return xq, xs.t()
 
 
 def w8_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
