@@ -11,6 +11,9 @@ plugin = Plugin(
                       devices=('cuda',),
                       min_compute_capability=(7, 5)),
     not_implemented=(
-        'serves only quantized (<= 8-bit) expert weights, which this build does not load for routed experts yet (humming-kernels 0.1.20 imports on the H200 with torch 2.11); needs nvcc'
+        "multiplies only quantized (<= 8-bit) weights, and the expert runners of this build "
+        "receive every routed expert dense (quantization methods hand their experts over "
+        "dequantized), so there is nothing for it to serve; its dense-layer GEMMs run on the "
+        "H200 as --quantization humming"
     ),
 )
