@@ -8,15 +8,7 @@
 #     bash benchmarks/kernels_check_gpu.sh
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
 OUT=${OUT:-/tmp/kernels_check}
-mkdir -p "$OUT"
-step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep the log, show its tail
-  local limit=$1 name=$2
-  shift 2
-  echo "=== $name"
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "rc=$? $name"
-  tail -n "${TAIL:-12}" "$OUT/$name.log"
-}
+source benchmarks/gpu_step.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 step 200 gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
   tests/runtime/test_triton_pdl.py tests/attention/test_triton_attention.py \

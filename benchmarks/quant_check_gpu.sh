@@ -16,15 +16,7 @@ if compgen -G ".whl-humming/*.whl" > /dev/null; then
     .whl-humming/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site-humming
 fi
 OUT=${OUT:-/tmp/quant_check}
-mkdir -p "$OUT"
-step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep the log, show its tail
-  local limit=$1 name=$2
-  shift 2
-  echo "=== $name"
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "rc=$? $name"
-  tail -n "${TAIL:-15}" "$OUT/$name.log"
-}
+source benchmarks/gpu_step.sh
 T="python3 -m pytest -q -p no:cacheprovider -m gpu -x"
 steps=("${@:-tests}")
 [[ ${steps[*]} == tests ]] && steps=(fp4 flashinfer_e4m3 humming)

@@ -56,22 +56,37 @@ def _humming_layer(method: Any, layer: Linear, weight_config: dict[str, Any],
     return hl
 
 
-def _apply(layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    rows = x.reshape(-1, x.shape[-1])
-    if rows.dtype != layer.quant_dtype:
-        rows = rows.to(layer.quant_dtype)
-    out = layer.humming(rows.contiguous())
-    if bias is not None:
-        out = out + bias
-    return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-class HummingGPTQ(GPTQMethod):
-    """gptq's tensors, humming's product."""
+class Humming:
+    """The product of a layer is its ``HummingLayer``'s, built once the format's own method
+    has loaded the checkpoint's tensors (:meth:`humming_inputs`); put first in the bases so
+    that it replaces the format's repacking and product."""
 
     serves_experts = False
 
+    def humming_inputs(self, layer: Linear) -> tuple[dict, dict, dict | None]:
+        """(humming's weight config, the tensors it reads by their schema names, its input
+        config or None for unquantized activations)."""
+        raise NotImplementedError
+
     def process_weights_after_loading(self, layer: Linear) -> None:
+        weight, tensors, act = self.humming_inputs(layer)
+        layer.humming = _humming_layer(self, layer, weight, tensors, act)
+        drop_checkpoint_params(layer)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.dtype != layer.quant_dtype:
+            rows = rows.to(layer.quant_dtype)
+        out = layer.humming(rows.contiguous())
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class HummingGPTQ(Humming, GPTQMethod):
+    """gptq's tensors (the library's gptq schema; v1 zeros repacked with their offset)."""
+
+    def humming_inputs(self, layer: Linear) -> tuple[dict, dict, dict | None]:
         tensors = {"qweight": layer.qweight.data, "scales": layer.scales.data}
         sym = self.sym
         if not sym:
@@ -80,38 +95,26 @@ class HummingGPTQ(GPTQMethod):
                 raise ConfigError(f"{self.prefix}: a GPTQ v1 zero point of {1 << self.bits} "
                                   f"does not fit {self.bits} bits; use --quantization gptq")
             tensors["qzeros"] = formats.pack_int32(zeros.to(torch.int32), self.bits, 1)
-        config = {"quant_method": "gptq", "bits": self.bits, "group_size": layer.group,
-                  "desc_act": False, "sym": sym}
-        layer.humming = _humming_layer(self, layer, config, tensors)
-        drop_checkpoint_params(layer)
-
-    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return _apply(layer, x, bias)
+        return ({"quant_method": "gptq", "bits": self.bits, "group_size": layer.group,
+                 "desc_act": False, "sym": sym}, tensors, None)
 
 
-class HummingAWQ(AWQMethod):
-    """awq's tensors, humming's product."""
+class HummingAWQ(Humming, AWQMethod):
+    """awq's tensors (the library's awq schema)."""
 
-    serves_experts = False
-
-    def process_weights_after_loading(self, layer: Linear) -> None:
-        tensors = {"qweight": layer.qweight.data, "qzeros": layer.qzeros.data,
-                   "scales": layer.scales.data}
-        config = {"quant_method": "awq", "bits": 4, "group_size": layer.group,
-                  "zero_point": True}
-        layer.humming = _humming_layer(self, layer, config, tensors)
-        drop_checkpoint_params(layer)
-
-    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return _apply(layer, x, bias)
+    def humming_inputs(self, layer: Linear) -> tuple[dict, dict, dict | None]:
+        return ({"quant_method": "awq", "bits": 4, "group_size": layer.group,
+                 "zero_point": True},
+                {"qweight": layer.qweight.data, "qzeros": layer.qzeros.data,
+                 "scales": layer.scales.data}, None)
 
 
-class HummingFp8(Fp8Method):
-    """fp8's tensors (e4m3), humming's product."""
+class HummingFp8(Humming, Fp8Method):
+    """fp8's tensors (e4m3) in humming's own schema: block scales as float32 blocks, per-tensor
+    and per-channel scales as channel scales; dynamic activations as the format quantizes
+    them."""
 
-    serves_experts = False
-
-    def process_weights_after_loading(self, layer: Linear) -> None:
+    def humming_inputs(self, layer: Linear) -> tuple[dict, dict, dict | None]:
         n, k = layer.out_features, layer.in_features
         fp8 = {"quant_method": "humming", "b_dtype": "float8e4m3"}
         if self.weight_scheme == "block":
@@ -130,13 +133,8 @@ class HummingFp8(Fp8Method):
             act = {"quant_method": "humming", "a_dtype": "float8e4m3",
                    "input_scale_group_size": self.act_group or 0,
                    "input_quant_mode": "dynamic_group" if self.act_group else "dynamic_token"}
-        tensors = {"weight": layer.weight.data.contiguous().view(torch.int32),
-                   "weight_scale": scale}
-        layer.humming = _humming_layer(self, layer, weight, tensors, act)
-        drop_checkpoint_params(layer)
-
-    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return _apply(layer, x, bias)
+        return weight, {"weight": layer.weight.data.contiguous().view(torch.int32),
+                        "weight_scale": scale}, act
 
 
 def _fp8(cfg: dict) -> HummingFp8:
