@@ -545,7 +545,7 @@ class Fp8Method(LayerMethod):
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if getattr(layer, "block_scaled", False) and x2.shape[0] > BLOCK_SCALED_ROWS:
+        if layer.block_scaled and x2.shape[0] > BLOCK_SCALED_ROWS:
             return self._block_scaled_apply(layer, x2, bias).reshape(*shape[:-1], -1)
         if layer.kernel and (x2.shape[0] <= KERNEL_ROWS or not layer.cuda_rowwise):
             return self._kernel_apply(layer, x2, bias).reshape(*shape[:-1], -1)
