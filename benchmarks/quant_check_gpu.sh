@@ -5,7 +5,8 @@
 # humming's layers and model against gptq / awq, then humming's decode-step products next to the
 # Triton W4A16 kernels (quant_gpu.py). Each step's log lands in $OUT.
 #     bash benchmarks/quant_check_gpu.sh [STEP...]
-# (steps: fp4, flashinfer_e4m3, humming, flashinfer_e5m2, bench, block_scaled; tests = the
+# (steps: fp4, flashinfer_e4m3, humming, flashinfer_e5m2, bench (with an A/B of the row-wise
+# fp8 threshold, ENGINE_FP8_KERNEL_ROWS), block_scaled; tests = the
 # first three; block_scaled: block fp8 above 16 rows through torch._scaled_mm, opt-in with
 # ENGINE_FP8_BLOCK_SCALED_MM=1: its GPU test, then the step with and without it; fp8_kv_store:
 # fp8 K/V stored by the q/k norm + RoPE kernel, its GPU checks, then decode with an fp8 cache
@@ -33,7 +34,10 @@ for s in "${steps[@]}"; do
     bench)
       TAIL=30 step 240 quant_bench env ENGINE_PACKED_WEIGHT_ONLY=1 python3 benchmarks/quant_gpu.py \
         --schemes gptq,humming_gptq,awq,humming_awq,fp8_block,humming_fp8_block,ct_fp8_dynamic \
-        --batches 1,8,32,128 ;;
+        --batches 1,8,32,128
+      # the row-wise fp8 threshold: torch._scaled_mm from 17 rows instead of 33
+      TAIL=6 step 90 fp8_rows16 env ENGINE_FP8_KERNEL_ROWS=16 python3 benchmarks/quant_gpu.py \
+        --schemes ct_fp8_dynamic --batches 17,32,64 ;;
     block_scaled)
       step 90 block_scaled_test $T tests/quant/test_fp8_block_cuda.py
       TAIL=8 step 120 block_scaled_bench env ENGINE_FP8_BLOCK_SCALED_MM=1 python3 \

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import os
 import re
 from typing import Callable, Sequence
 
@@ -27,7 +28,8 @@ from engine.runtime import quant_formats as qf
 from engine.runtime.linear import ActQuant, Linear, QuantMethod, UnquantizedMethod, dense_linear
 
 #: row counts up to which fp8 layers with a cuBLAS path (row-wise scales) use the Triton product
-KERNEL_ROWS = 32
+#: (``ENGINE_FP8_KERNEL_ROWS`` sets another, for A/B runs of the threshold)
+KERNEL_ROWS = int(os.environ.get("ENGINE_FP8_KERNEL_ROWS", "32"))
 #: with ``ENGINE_FP8_BLOCK_SCALED_MM=1`` (opt-in until its GPU test has run), block fp8
 #: (128 x 128 weight blocks, 1 x 128 activation groups) above this many rows goes to
 #: ``torch._scaled_mm``'s block-scaled product on SM90+ (cuBLAS: 2-10x ``w8_mm`` from 16 rows
@@ -229,8 +231,6 @@ def packed_kernels(layer: Linear) -> bool:
     """Whether ``layer`` keeps its quantized weight packed and multiplies it with the Triton
     kernels of :mod:`engine.runtime.quant_triton`: a half-precision model on a GPU (or under
     the Triton interpreter, for tests), unless ``ENGINE_DISABLE_QUANT_KERNELS=1``."""
-    import os
-
     from engine.runtime import fused
 
     if os.environ.get("ENGINE_DISABLE_QUANT_KERNELS") == "1":
@@ -246,8 +246,6 @@ def pack_weight_only(device: torch.device, bits: int | None = None) -> bool:
     width (the packed products measured at least as fast as the dense copy's at every row
     count; a quarter of the memory). ``bits`` None: whether any width may be kept, asked before
     the codes are repacked."""
-    import os
-
     from engine.runtime import quant_triton
 
     choice = os.environ.get("ENGINE_PACKED_WEIGHT_ONLY")
@@ -492,8 +490,6 @@ class Fp8Method(LayerMethod):
         """Whether ``torch._scaled_mm``'s block-scaled product takes this layer above
         :data:`BLOCK_SCALED_ROWS` rows: 128 x 128 e4m3 blocks with 1 x 128 activation groups,
         on a CUDA device of SM90 or later."""
-        import os
-
         w = layer.weight
         return (os.environ.get("ENGINE_FP8_BLOCK_SCALED_MM") == "1" and w.is_cuda
                 and self.weight_scheme == "block" and self.block == (128, 128)
