@@ -1,6 +1,6 @@
 """``--quantization humming``: gptq, awq and fp8 checkpoints through humming-kernels' GEMMs (CUDA
-and the humming-kernels package; skipped without them). Here: its refusals, which need
-neither."""
+and the humming-kernels package; skipped without them). Here too: its refusals, and what each
+layer hands humming, which need neither."""
 
 from __future__ import annotations
 
@@ -109,3 +109,77 @@ def test_the_model_serves_as_gptq_and_awq_do_on_the_gpu(tmp_path, scheme):
     got, want = got.float(), want.float()
     assert (got - want).abs().max().item() <= 0.03 * want.abs().max().item()
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.fixture
+def handed(monkeypatch):
+    """What each layer would hand humming (weight config, tensors, input config), captured in
+    place of building a HummingLayer (which needs CUDA)."""
+    import engine_quant_humming.impl as impl
+
+    seen = []
+
+    def capture(method, layer, weight, tensors, act=None):
+        seen.append((weight, tensors, act))
+        return torch.nn.Identity()
+
+    monkeypatch.setattr(impl, "_humming_layer", capture)
+    return seen
+
+
+def _load(scheme, handed, **kw):
+    gen = torch.Generator().manual_seed(0)
+    tensors, cfg, _ = quantized(tq.qkv_weights(gen), scheme, **kw)
+    method = _hook()(quant_config=cfg).for_layer("model.layers.0.self_attn.qkv_proj")
+    tq.load_fused_layer(method, tensors, "model.layers.0.self_attn", tq.QKV_PARTS, 576,
+                        torch.bfloat16)
+    return tensors, handed[-1]
+
+
+def test_gptq_v1_zeros_reach_humming_with_their_offset(handed):
+    """Asymmetric GPTQ v1 stores each zero minus one: humming gets the zeros themselves,
+    packed as the checkpoint packs them; symmetric checkpoints hand over no zeros."""
+    from engine.runtime import quant_formats as qf
+
+    tensors, (weight, given, act) = _load("gptq", handed, group=32, sym=False)
+    stored = torch.cat([tensors[f"model.layers.0.self_attn.{p}.qzeros"]
+                        for p in tq.QKV_PARTS], 1)
+    assert weight == {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False,
+                      "sym": False} and act is None
+    assert torch.equal(qf.unpack_int32(given["qzeros"], 4, 1),
+                       qf.unpack_int32(stored, 4, 1) + 1)
+    _, (weight, given, _) = _load("gptq", handed, group=32)
+    assert weight["sym"] and "qzeros" not in given
+
+
+def test_a_v1_zero_that_does_not_fit_the_bits_is_refused(handed):
+    from engine.runtime import quant_formats as qf
+
+    gen = torch.Generator().manual_seed(0)
+    tensors, cfg, _ = tq.quantize_state(tq.qkv_weights(gen), "gptq", group=32, sym=False)
+    name = "model.layers.0.self_attn.k_proj.qzeros"
+    zeros = qf.unpack_int32(tensors[name], 4, 1)
+    zeros[0, 0] = 15  # a stored zero - 1 of 15: the zero 16
+    tensors[name] = qf.pack_int32(zeros.to(torch.int32), 4, 1)
+    method = _hook()(quant_config=cfg).for_layer("model.layers.0.self_attn.qkv_proj")
+    with pytest.raises(ConfigError, match="does not fit 4 bits"):
+        tq.load_fused_layer(method, tensors, "model.layers.0.self_attn", tq.QKV_PARTS, 576,
+                            torch.bfloat16)
+
+
+def test_fp8_reaches_humming_in_its_own_schema(handed):
+    """Block fp8: float32 block scales and humming's block group sizes, activations per 1 x
+    block_k group; per-tensor fp8 with dynamic activations: channel scales (each fused shard's
+    scale on its rows), activations per token."""
+    _, (weight, given, act) = _load("fp8_block", handed, block=(64, 64))
+    assert weight == {"quant_method": "humming", "b_dtype": "float8e4m3",
+                      "weight_scale_group_size": 64, "weight_scale_group_size_n": 64}
+    assert given["weight"].dtype == torch.int32 and given["weight"].shape == (960, 576 // 4)
+    assert given["weight_scale"].dtype == torch.float32 and given["weight_scale"].shape == (15, 9)
+    assert act["input_quant_mode"] == "dynamic_group" and act["input_scale_group_size"] == 64
+    tensors, (weight, given, act) = _load("fp8_dynamic", handed)
+    assert weight == {"quant_method": "humming", "b_dtype": "float8e4m3"}
+    scales = [float(tensors[f"model.layers.0.self_attn.{p}.weight_scale"]) for p in tq.QKV_PARTS]
+    want = torch.cat([torch.full((n, 1), s) for s, n in zip(scales, tq.QKV_PARTS.values())])
+    assert torch.equal(given["weight_scale"], want)
+    assert act["input_quant_mode"] == "dynamic_token"
