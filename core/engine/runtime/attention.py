@@ -296,13 +296,11 @@ def attend_per_token(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,
 def pool_attention_applies(pool: KVPool) -> bool:
     """Whether :func:`attend_from_pool` serves this pool: float32, float16, bfloat16, fp8
     (with its layer scales) or fp4_mx_block16 rows on the CPU, kernels built."""
-    if pool.device.type != "cpu" or not (pool.is_fp4 or pool.dtype in (
-            torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
-            torch.float8_e5m2)):
+    if pool.device.type != "cpu":
         return False
     from engine.runtime import fused_cpu
 
-    return fused_cpu.available()
+    return (pool.is_fp4 or pool.dtype in fused_cpu.READ_TYPES) and fused_cpu.available()
 
 
 def attend_from_pool(pool: KVPool, q: torch.Tensor, layer: AttentionLayerSpec,

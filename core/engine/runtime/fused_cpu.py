@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -140,6 +140,23 @@ READ_TYPES = {**KV_TYPES, torch.float8_e4m3fn: 3, torch.float8_e5m2: 4}
 FP8_READ_UNIT = {torch.float8_e4m3fn: 256.0, torch.float8_e5m2: 1.0}
 
 
+def _pool_attention(fn: Any, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+                    seq_lens: torch.Tensor, head_dim: int, scale: float, max_len: int,
+                    *tail: Any) -> torch.Tensor:
+    """Call one of the C pool-attention kernels ``fn`` (arguments as both take them; ``tail``:
+    the kernel's own last ones) and return its output, shaped as ``q``."""
+    q = q.contiguous()
+    b, hq, _ = q.shape
+    out = torch.empty_like(q)
+    idx = req_pool_indices.contiguous()
+    lens = seq_lens.contiguous()
+    fn(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), req_to_token.data_ptr(),
+       req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(), out.data_ptr(), b, hq,
+       k_pool.shape[1], head_dim, scale, max_len, *tail)
+    return out
+
+
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                      req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
                      seq_lens: torch.Tensor, max_len: int, scale: float, k_scale: float = 1.0,
@@ -148,18 +165,11 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     slots ``req_to_token[req_pool_indices[b]]`` of the pools [slots, Hkv, D] (float32, float16,
     bfloat16 or fp8 with the layer's ``k_scale`` / ``v_scale``: :data:`READ_TYPES`; GQA: query
     head h reads KV head h // (Hq / Hkv)). ``max_len``: the largest of ``seq_lens``."""
-    q = q.contiguous()
-    b, hq, d = q.shape
-    out = torch.empty_like(q)
-    idx = req_pool_indices.contiguous()
-    lens = seq_lens.contiguous()
     unit = FP8_READ_UNIT.get(k_pool.dtype, 1.0)
-    _library().engine_cpu_decode_attention(
-        q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), req_to_token.data_ptr(),
-        req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(), out.data_ptr(), b, hq,
-        k_pool.shape[1], d, scale * k_scale * unit, max_len, READ_TYPES[k_pool.dtype],
-        v_scale * unit)
-    return out
+    return _pool_attention(_library().engine_cpu_decode_attention, q, k_pool, v_pool,
+                           req_to_token, req_pool_indices, seq_lens, q.shape[2],
+                           scale * k_scale * unit, max_len, READ_TYPES[k_pool.dtype],
+                           v_scale * unit)
 
 
 def decode_attention_fp4(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -168,16 +178,8 @@ def decode_attention_fp4(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
                          head_dim: int) -> torch.Tensor:
     """:func:`decode_attention` over ``fp4_mx_block16`` pools (uint8 [slots, Hkv, head_dim / 2
     + head_dim / 16]: :mod:`engine.runtime.kv_fp4`), each row unpacked exactly as it is read."""
-    q = q.contiguous()
-    b, hq, d = q.shape
-    out = torch.empty_like(q)
-    idx = req_pool_indices.contiguous()
-    lens = seq_lens.contiguous()
-    _library().engine_cpu_decode_attention_fp4(
-        q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), req_to_token.data_ptr(),
-        req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(), out.data_ptr(), b, hq,
-        k_pool.shape[1], head_dim, scale, max_len)
-    return out
+    return _pool_attention(_library().engine_cpu_decode_attention_fp4, q, k_pool, v_pool,
+                           req_to_token, req_pool_indices, seq_lens, head_dim, scale, max_len)
 
 
 #: fp8 formats: (largest finite value, mantissa bits, exponent of the smallest normal)

@@ -199,10 +199,10 @@ def fake_quant_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | No
     x = x.to(torch.float32)
     if group is not None:
         m, k = x.shape
-        pad = (-k) % group
-        xg = torch.nn.functional.pad(x, (0, pad)).reshape(m, -1, group)
-        s = fp8_scale_per_token(xg, dtype)
-        return (quantize_fp8(xg, s, dtype).to(torch.float32) * s).reshape(m, -1)[:, :k]
+        codes, s = quantize_fp8_groups(torch.nn.functional.pad(x, (0, (-k) % group)), dtype,
+                                       group)
+        return (codes.to(torch.float32).reshape(m, -1, group) * s[..., None]).reshape(m, -1)[
+            :, :k]
     if scale is None:
         scale = fp8_scale_per_token(x, dtype)
     return quantize_fp8(x, scale, dtype).to(torch.float32) * scale
