@@ -7,10 +7,10 @@
 #     bash benchmarks/quant_check_gpu.sh [STEP...]
 # (steps: fp4, flashinfer_e4m3, humming, flashinfer_e5m2, bench (with an A/B of the row-wise
 # fp8 threshold, ENGINE_FP8_KERNEL_ROWS), block_scaled; tests = the
-# first three; block_scaled: block fp8 above 16 rows through torch._scaled_mm, opt-in with
-# ENGINE_FP8_BLOCK_SCALED_MM=1: its GPU test, then the step with and without it; fp8_kv_store:
-# fp8 K/V stored by the q/k norm + RoPE kernel, its GPU checks, then decode with an fp8 cache
-# against a bf16 one)
+# first three; block_scaled: block fp8 above 16 rows through torch._scaled_mm (the default;
+# ENGINE_FP8_BLOCK_SCALED_MM=0 turns it off): its GPU test, then the step with and without it;
+# fp8_kv_store: fp8 K/V stored by the q/k norm + RoPE kernel, its GPU checks, then decode with
+# an fp8 cache against a bf16 one)
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
 if compgen -G ".whl-humming/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-humming \
@@ -40,10 +40,10 @@ for s in "${steps[@]}"; do
         --schemes ct_fp8_dynamic --batches 17,32,64 ;;
     block_scaled)
       step 90 block_scaled_test $T tests/quant/test_fp8_block_cuda.py
-      TAIL=8 step 120 block_scaled_bench env ENGINE_FP8_BLOCK_SCALED_MM=1 python3 \
+      TAIL=8 step 120 block_scaled_bench python3 \
         benchmarks/quant_gpu.py --schemes fp8_block --batches 1,32,128
-      TAIL=8 step 120 block_kernel_bench python3 benchmarks/quant_gpu.py --schemes fp8_block \
-        --batches 1,32,128 ;;
+      TAIL=8 step 120 block_kernel_bench env ENGINE_FP8_BLOCK_SCALED_MM=0 python3 \
+        benchmarks/quant_gpu.py --schemes fp8_block --batches 1,32,128 ;;
     fp8_kv_store)
       step 200 fp8_kv_store_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_fused_kernels.py tests/quant/test_kv_cache_dtype.py -k "not flashinfer"

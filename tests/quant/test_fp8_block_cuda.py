@@ -1,6 +1,7 @@
 """Block fp8 (128 x 128 weight blocks, 1 x 128 activation groups) above 16 rows on an SM90+ GPU
-with ``ENGINE_FP8_BLOCK_SCALED_MM=1``: ``torch._scaled_mm``'s block-scaled product, against the
-format's own arithmetic and against ``w8_mm`` (skipped without CUDA)."""
+(the default; ``ENGINE_FP8_BLOCK_SCALED_MM=0`` turns it off): ``torch._scaled_mm``'s
+block-scaled product, against the format's own arithmetic and against ``w8_mm`` (skipped
+without CUDA)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ PARTS = {"q_proj": 1024, "k_proj": 256, "v_proj": 256}
 
 @pytest.mark.gpu
 def test_block_fp8_rows_above_16_take_the_block_scaled_product(monkeypatch):
-    monkeypatch.setenv("ENGINE_FP8_BLOCK_SCALED_MM", "1")
+    monkeypatch.delenv("ENGINE_FP8_BLOCK_SCALED_MM", raising=False)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("needs an SM90+ GPU")
     gen = torch.Generator().manual_seed(0)

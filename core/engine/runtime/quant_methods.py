@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import functools
 import os
 import re
 from typing import Callable, Sequence
@@ -30,12 +31,30 @@ from engine.runtime.linear import ActQuant, Linear, QuantMethod, UnquantizedMeth
 #: row counts up to which fp8 layers with a cuBLAS path (row-wise scales) use the Triton product
 #: (``ENGINE_FP8_KERNEL_ROWS`` sets another, for A/B runs of the threshold)
 KERNEL_ROWS = int(os.environ.get("ENGINE_FP8_KERNEL_ROWS", "32"))
-#: with ``ENGINE_FP8_BLOCK_SCALED_MM=1`` (opt-in until its GPU test has run), block fp8
-#: (128 x 128 weight blocks, 1 x 128 activation groups) above this many rows goes to
-#: ``torch._scaled_mm``'s block-scaled product on SM90+ (cuBLAS: 2-10x ``w8_mm`` from 16 rows
-#: in a probe on an H200, ``benchmarks/scaled_mm_block_gpu.py``, docs/benchmarks/
-#: quantization.md); otherwise ``w8_mm`` serves every row count
+#: block fp8 (128 x 128 weight blocks, 1 x 128 activation groups) above this many rows goes to
+#: ``torch._scaled_mm``'s block-scaled product on SM90+ where this torch has it (cuBLAS; on an
+#: H200 the Llama-3-8B step's linear layers at 32 / 128 rows: 0.96x / 0.90x of bf16 against
+#: 3.26x / 4.75x with ``w8_mm``, docs/benchmarks/quantization.md);
+#: ``ENGINE_FP8_BLOCK_SCALED_MM=0`` keeps ``w8_mm`` for every row count
 BLOCK_SCALED_ROWS = 16
+
+@functools.lru_cache(maxsize=None)
+def block_scaled_mm_runs(device: torch.device) -> bool:
+    """Whether ``torch._scaled_mm`` takes the block-scaled form (1 x 128 activation groups,
+    128 x 128 weight blocks) on this CUDA device: SM90 or later and a torch that accepts it,
+    tried once on a 16 x 256 x 128 product laid out as :meth:`Fp8Method._block_scaled_apply`
+    lays its operands out (outside any graph capture: weights are processed before)."""
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        return False
+    try:
+        a = torch.zeros(16, 256, device=device).to(torch.float8_e4m3fn)
+        w = torch.zeros(128, 256, device=device).to(torch.float8_e4m3fn)
+        torch._scaled_mm(a, w.t(), scale_a=torch.ones(2, 16, device=device).t(),
+                         scale_b=torch.ones(1, 2, device=device).t(), out_dtype=torch.bfloat16)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return True
+
 
 #: fused projections and the checkpoint modules they are made of
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -491,11 +510,10 @@ class Fp8Method(LayerMethod):
         :data:`BLOCK_SCALED_ROWS` rows: 128 x 128 e4m3 blocks with 1 x 128 activation groups,
         on a CUDA device of SM90 or later."""
         w = layer.weight
-        return (os.environ.get("ENGINE_FP8_BLOCK_SCALED_MM") == "1" and w.is_cuda
+        return (os.environ.get("ENGINE_FP8_BLOCK_SCALED_MM", "1") != "0" and w.is_cuda
                 and self.weight_scheme == "block" and self.block == (128, 128)
                 and self.act_group == 128 and self.fp8 == torch.float8_e4m3fn
-                and layer.in_features % 128 == 0
-                and torch.cuda.get_device_capability(w.device) >= (9, 0))
+                and layer.in_features % 128 == 0 and block_scaled_mm_runs(w.device))
 
     def _block_scaled_apply(self, layer: Linear, x2: torch.Tensor,
                             bias: torch.Tensor | None) -> torch.Tensor:
