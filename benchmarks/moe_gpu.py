@@ -4,6 +4,7 @@ experts, top-8) with the triton and torch runners (and transformers where asked)
 
     python3 benchmarks/moe_gpu.py [--batches 1,8,64] [--kernel-tokens 1,8,64,256,1024,4096]
                                   [--layers 48] [--hf eager] [--tune]
+                                  [--chain-layers 8] [--chain-tokens 1,8] [--chain-sweep]
 
 Writes moe_gpu.json (and, with --tune, the tuned launch table) to $OUT when set.
 """
@@ -180,6 +181,60 @@ def sweep_gemv(tokens_list: list[int]) -> list[list]:
     return rows
 
 
+def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]:
+    """The sparse layer as the model runs it: ``n_layers`` layers with their own weights (past
+    L2), each layer's output the next one's input, in one CUDA graph (with PDL each kernel
+    starts while the previous one finishes, as in a decode step); µs and TB/s per layer,
+    against one layer replayed alone. sweep: every launch of a small grid around
+    ``GEMV_ONE_TOKEN`` at one token, the best three and the default."""
+    exs = [layer()[0] for _ in range(n_layers)]
+    _, router = layer()
+    tri = TritonRunner(None)
+    for ex in exs:
+        tri.process_weights_after_loading(ex)
+    rows = []
+    for m in tokens_list:
+        x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
+        w, ids = route(x @ router.t(), K, True)
+        active = int(ids.unique().numel())
+        bytes_ = active * 3 * H * I * 2 + 2 * m * H * 2
+
+        def chain():
+            y = x
+            for ex in exs:
+                y = tri.apply(ex, y, ids, w)
+            return y
+
+        launches = [("the default", None)]
+        if sweep and m == 1:
+            launches += [("", dict(block_n=bn, block_k=bk, warps=wp, down_block_n=dbn,
+                                   down_block_k=dbk, next_tile=nt))
+                         for bn in (16, 32) for bk in (256, 512) for wp in (4, 8)
+                         for dbn, dbk in ((16, 256), (32, 256), (64, 128)) for nt in (True, False)]
+        scores = []
+        for label, cfg in launches:
+            saved = tri.gemv_one
+            if cfg is not None:
+                tri.gemv_one = cfg
+            try:
+                t_chain = sorted(time_fn(chain, iters=20) for _ in range(3))[1] / n_layers
+                t_one = sorted(time_fn(lambda: tri.apply(exs[0], x, ids, w)) for _ in range(3))[1]
+                scores.append((t_chain, t_one, label or json.dumps(cfg)))
+            except Exception:  # a launch the compiler rejects
+                pass
+            tri.gemv_one = saved
+        best = sorted(scores)[:3] if len(scores) > 1 else []
+        for t_chain, t_one, label in scores[:1] + best:
+            rows.append([m, active, n_layers, round(t_chain * 1e3, 1),
+                         round(bytes_ / (t_chain * 1e-3) / 1e12, 2),
+                         f"{bytes_ / (t_chain * 1e-3) / BW:.0%}", round(t_one * 1e3, 1),
+                         round(bytes_ / (t_one * 1e-3) / 1e12, 2), label])
+    exs.clear()
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
 def model_rows(batches: list[int], layers: int, hf: list[str],
                runners: tuple[str, ...] = ("triton", "torch")) -> list[list]:
     from e2e_gpu import hf_decode, time_decode
@@ -250,7 +305,12 @@ def main() -> None:
     ap.add_argument("--shape", default=None,
                     help="E,top_k,H,I of the layer for the kit-free sections (default: "
                          "Qwen3-30B-A3B's 128,8,2048,768), e.g. 8,2,4096,14336 for Mixtral")
-    ap.add_argument("--skip", default="", help="sections to skip: kit,kernel,model")
+    ap.add_argument("--skip", default="", help="sections to skip: kit,kernel,chain,model")
+    ap.add_argument("--chain-layers", type=int, default=8,
+                    help="layers (own weights) in the chained kernel timing")
+    ap.add_argument("--chain-tokens", default="1,8")
+    ap.add_argument("--chain-sweep", action="store_true",
+                    help="also time a grid of one-token launches in the chain")
     args = ap.parse_args()
     if args.shape:
         global E, K, H, I
@@ -280,6 +340,13 @@ def main() -> None:
                               "triton, combine in the down projection us", "torch us",
                               "triton TB/s", "triton TFLOP/s", "roofline us", "max rel err"],
               out["kernel"])
+    if "chain" not in skip:
+        out["chain"] = chain_rows([int(x) for x in args.chain_tokens.split(",")],
+                                  args.chain_layers, args.chain_sweep)
+        table(f"the sparse layer in a chain of {args.chain_layers} (own weights, one CUDA graph;"
+              f" E={E}, top-{K}, H={H}, I={I}, bf16) against one layer replayed alone",
+              ["tokens", "active experts", "layers", "chain us/layer", "chain TB/s",
+               "of 4.3 TB/s", "alone us", "alone TB/s", "launch"], out["chain"])
     if "model" not in skip:
         batches = [int(b) for b in args.batches.split(",")]
         out["model"] = model_rows(batches, args.layers,

@@ -9,6 +9,7 @@
 # fp8 threshold, ENGINE_FP8_KERNEL_ROWS), block_scaled; tests = the
 # first three; block_scaled: block fp8 above 16 rows through torch._scaled_mm (the default;
 # ENGINE_FP8_BLOCK_SCALED_MM=0 turns it off): its GPU test, then the step with and without it;
+# rows: the 8-bit schemes and W4A16 at 1 / 32 / 128 rows, then ENGINE_FP8_KERNEL_ROWS 16 vs 32;
 # fp8_kv_store: fp8 K/V stored by the q/k norm + RoPE kernel, its GPU checks, then decode with
 # an fp8 cache against a bf16 one)
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
@@ -44,6 +45,14 @@ for s in "${steps[@]}"; do
         benchmarks/quant_gpu.py --schemes fp8_block --batches 1,32,128
       TAIL=8 step 120 block_kernel_bench env ENGINE_FP8_BLOCK_SCALED_MM=0 python3 \
         benchmarks/quant_gpu.py --schemes fp8_block --batches 1,32,128 ;;
+    rows)  # every 8-bit scheme and W4A16 at 1 / 32 / 128 rows, and the row-wise fp8 threshold
+      TAIL=16 step 330 quant_rows env ENGINE_PACKED_WEIGHT_ONLY=1 python3 benchmarks/quant_gpu.py \
+        --schemes fp8_tensor,ct_fp8_dynamic,ct_fp8_static,modelopt_fp8,fp8_block,ct_w8a8_int8,\
+ct_w8a16,gptq,humming_gptq --batches 1,32,128
+      for r in 16 32; do
+        TAIL=8 step 150 fp8_rows$r env ENGINE_FP8_KERNEL_ROWS=$r python3 benchmarks/quant_gpu.py \
+          --schemes ct_fp8_dynamic,fp8_tensor,modelopt_fp8 --batches 17,32,64
+      done ;;
     fp8_kv_store)
       step 200 fp8_kv_store_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_fused_kernels.py tests/quant/test_kv_cache_dtype.py -k "not flashinfer"
