@@ -29,8 +29,15 @@ from engine.runtime import quant_formats as qf
 from engine.runtime.linear import ActQuant, Linear, QuantMethod, UnquantizedMethod, dense_linear
 
 #: row counts up to which fp8 layers with a cuBLAS path (row-wise scales) use the Triton product
-#: (``ENGINE_FP8_KERNEL_ROWS`` sets another, for A/B runs of the threshold)
-KERNEL_ROWS = int(os.environ.get("ENGINE_FP8_KERNEL_ROWS", "32"))
+#: (its swapped-operand kernel serves up to 16 rows; on an H200 the step's linear layers at 17 /
+#: 32 rows took 1.92x / 1.54x of bf16 through the ``tl.dot`` kernel against 1.20x / 1.10x
+#: through ``torch._scaled_mm``, docs/benchmarks/quantization.md; ``ENGINE_FP8_KERNEL_ROWS``
+#: sets another, for A/B runs of the threshold)
+KERNEL_ROWS = int(os.environ.get("ENGINE_FP8_KERNEL_ROWS", "16"))
+#: row counts above which int8 W8A8 layers served by the Triton kernels take cuBLAS's integer
+#: product on a GPU instead (the rows' codes from ``quant_rows``, then ``torch._int_mm``);
+#: ``ENGINE_INT8_KERNEL_ROWS`` sets it for A/B runs (default: the kernels at every row count)
+INT8_KERNEL_ROWS = int(os.environ.get("ENGINE_INT8_KERNEL_ROWS", str(1 << 30)))
 #: block fp8 (128 x 128 weight blocks, 1 x 128 activation groups) above this many rows goes to
 #: ``torch._scaled_mm``'s block-scaled product on SM90+ where this torch has it (cuBLAS; on an
 #: H200 the Llama-3-8B step's linear layers at 32 / 128 rows: 0.96x / 0.90x of bf16 against
@@ -717,8 +724,9 @@ class Int8Method(LayerMethod):
     def process_weights_after_loading(self, layer: Linear) -> None:
         q, scale = self._codes(layer)
         layer.kernel = packed_kernels(layer)
-        if layer.kernel:  # [N, K], the Triton product at every row count
+        if layer.kernel:  # [N, K], the Triton product (cuBLAS's above INT8_KERNEL_ROWS)
             layer.w_q = q.contiguous()
+            layer.w_t = layer.w_q.t()  # a view, [K, N] column-major, for torch._int_mm
         else:
             layer.w_t = q.t().contiguous()  # [K, N] for torch._int_mm
         layer.w_scale = scale.reshape(1, -1).contiguous()
@@ -729,6 +737,14 @@ class Int8Method(LayerMethod):
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        if layer.kernel and x2.is_cuda and x2.shape[0] > INT8_KERNEL_ROWS:
+            from engine.runtime import quant_triton as qt
+
+            static = layer.act_scale.reshape(1) if layer.act_scale is not None else None
+            xq, sx = qt.quant_rows(x2, torch.int8, static=static)
+            acc = int_product(xq, layer.w_t)
+            y = (acc.to(torch.float32) * sx.reshape(-1, 1) * layer.w_scale).to(x.dtype)
+            return (y if bias is None else y + bias).reshape(*shape[:-1], -1)
         if layer.kernel:
             from engine.runtime import quant_triton as qt
 
