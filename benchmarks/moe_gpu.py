@@ -42,9 +42,11 @@ def kit() -> list[list]:
     rows = []
     dev = torch.device("cuda")
     for name, runner in (("torch", TorchRunner()), ("triton (gemv for small)", TritonRunner(None)),
-                         ("triton (grouped only)", TritonRunner(None))):
+                         ("triton (grouped only)", TritonRunner(None)),
+                         ("triton (gemv chained: one launch)", TritonRunner(None))):
         if name == "triton (grouped only)":
             runner.gemv_max_pairs = 0
+        runner.chained = "chained" in name
         fails = list(runner_failures(runner, dev))
         rows.append([name, len(fails), "; ".join(fails)[:200]])
     return rows
@@ -185,8 +187,9 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]
     """The sparse layer as the model runs it: ``n_layers`` layers with their own weights (past
     L2), each layer's output the next one's input, in one CUDA graph (with PDL each kernel
     starts while the previous one finishes, as in a decode step); µs and TB/s per layer,
-    against one layer replayed alone. sweep: every launch of a small grid around
-    ``GEMV_ONE_TOKEN`` at one token, the best three and the default."""
+    against one layer replayed alone. Rows: the default launch, the same with both projections
+    in one launch (``pair_moe_chained``), and with ``sweep`` the best three of a grid of
+    one-launch forms at one token."""
     exs = [layer()[0] for _ in range(n_layers)]
     _, router = layer()
     tri = TritonRunner(None)
@@ -205,26 +208,29 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]
                 y = tri.apply(ex, y, ids, w)
             return y
 
-        launches = [("the default", None)]
-        if sweep and m == 1:
+        one = dict(tri.gemv_one if m == 1 else tri.gemv)
+        launches = [("the default", None), ("the default, chained", dict(one, chained=True))]
+        if sweep and m == 1:  # both projections in one launch (pair_moe_chained)
             launches += [("", dict(block_n=bn, block_k=bk, warps=wp, down_block_n=dbn,
-                                   down_block_k=dbk, next_tile=nt))
+                                   next_tile=True, chained=True))
                          for bn in (16, 32) for bk in (256, 512) for wp in (4, 8)
-                         for dbn, dbk in ((16, 256), (32, 256), (64, 128)) for nt in (True, False)]
+                         for dbn in (8, 16, 32)]
         scores = []
         for label, cfg in launches:
-            saved = tri.gemv_one
-            if cfg is not None:
+            saved = tri.gemv_one, tri.gemv
+            if cfg is not None and m == 1:
                 tri.gemv_one = cfg
+            elif cfg is not None:
+                tri.gemv = cfg
             try:
                 t_chain = sorted(time_fn(chain, iters=20) for _ in range(3))[1] / n_layers
                 t_one = sorted(time_fn(lambda: tri.apply(exs[0], x, ids, w)) for _ in range(3))[1]
                 scores.append((t_chain, t_one, label or json.dumps(cfg)))
             except Exception:  # a launch the compiler rejects
                 pass
-            tri.gemv_one = saved
-        best = sorted(scores)[:3] if len(scores) > 1 else []
-        for t_chain, t_one, label in scores[:1] + best:
+            tri.gemv_one, tri.gemv = saved
+        best = sorted(scores[2:])[:3]
+        for t_chain, t_one, label in scores[:2] + best:
             rows.append([m, active, n_layers, round(t_chain * 1e3, 1),
                          round(bytes_ / (t_chain * 1e-3) / 1e12, 2),
                          f"{bytes_ / (t_chain * 1e-3) / BW:.0%}", round(t_one * 1e3, 1),
@@ -243,12 +249,16 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
 
     rows = []
     override = json.dumps({"num_hidden_layers": layers})
-    for spec in runners:  # triton, triton+combine (the combine in the down projection), torch
+    # triton, triton+combine (the combine in the down projection), triton+chained (both
+    # projections in one launch), torch
+    variants = {"combine": "ENGINE_MOE_FUSED_COMBINE", "chained": "ENGINE_MOE_CHAINED"}
+    for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"
-        os.environ.pop("ENGINE_MOE_FUSED_COMBINE", None)
-        if variant == "combine":
-            os.environ["ENGINE_MOE_FUSED_COMBINE"] = "1"
+        for env in variants.values():
+            os.environ.pop(env, None)
+        if variant in variants:
+            os.environ[variants[variant]] = "1"
         try:
             cfg = ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype="bfloat16",
                                skip_tokenizer_init=True, attention_backend=attention,
@@ -265,7 +275,8 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
             del runner
         except Exception:
             traceback.print_exc()
-        os.environ.pop("ENGINE_MOE_FUSED_COMBINE", None)
+        for env in variants.values():
+            os.environ.pop(env, None)
         gc.collect()
         torch.cuda.empty_cache()
     for mode in hf:
@@ -301,7 +312,8 @@ def main() -> None:
     ap.add_argument("--sweep-gemv", action="store_true")
     ap.add_argument("--runners", default="triton,torch",
                     help="model decode: triton, triton+combine (the combine inside the down "
-                    "projection), torch; a runner may be named twice (order effects)")
+                    "projection), triton+chained (both projections in one launch), torch; a "
+                    "runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,
                     help="E,top_k,H,I of the layer for the kit-free sections (default: "
                          "Qwen3-30B-A3B's 128,8,2048,768), e.g. 8,2,4096,14336 for Mixtral")

@@ -24,8 +24,9 @@ from engine_moe_triton.impl import TritonRunner  # noqa: E402
 from _tiny import checkpoint  # noqa: E402
 
 def triton_runner(gemv_max_pairs: int, acc2d: bool = False, combine: bool = False,
-                  next_tile: bool = False) -> TritonRunner:
+                  next_tile: bool = False, chained: bool = False) -> TritonRunner:
     runner = TritonRunner(None)
+    runner.chained = chained  # both projections in one launch
     runner.gemv_max_pairs = gemv_max_pairs  # 0: always the sorted grouped-GEMM path
     runner.gemv["acc2d"] = acc2d
     runner.gemv["next_tile"] = next_tile  # the next K tile's weights loaded first
@@ -44,6 +45,10 @@ for pairs, acc2d, combine, nxt in ((0, False, False, False), (64, False, False, 
                  for f in runner_failures(triton_runner(pairs, acc2d, combine, nxt),
                                           torch.device("cpu"), small=True,
                                           dtypes=(torch.float32,))]
+# both projections in one launch (the down items wait for their pair's up tiles)
+failures += [f"chained: {f}" for f in runner_failures(
+    triton_runner(64, next_tile=True, chained=True), torch.device("cpu"), small=True,
+    dtypes=(torch.float32,))]
 # the runner as built: one token through its own launch (GEMV_ONE_TOKEN)
 failures += [f"default runner: {f}" for f in runner_failures(
     TritonRunner(None), torch.device("cpu"), small=True, dtypes=(torch.float32,))]
@@ -69,6 +74,16 @@ if not torch.equal(combined, want):
     failures.append(f"fused combine differs: {(combined - want).abs().max():.3g}")
 if kernels.combine_counters(x.device).any():
     failures.append("combine counters not reset")
+# the one-launch form: the same rows as the two launches (whole rows of I summed at once, so
+# within float32 rounding), a -1 pair's rows zero, and its counters zero again afterwards
+gu2, down2 = torch.empty(t * k, 2 * inter), torch.full((t * k, h), float("nan"))
+kernels.pair_moe_chained(x, w13, w2, ids, wts, gu2, down2, **kw, down_block_n=16)
+if not torch.allclose(down2, down, atol=1e-6, rtol=1e-5):
+    failures.append(f"chained rows differ: {(down2 - down).abs().max():.3g}")
+if down2[1 * k + 2].any():
+    failures.append("chained: another rank's pair not zero")
+if kernels._chain_counters[x.device].any():
+    failures.append("chained counters not reset")
 cfg = read_hf_dir(checkpoint("Qwen3MoeForCausalLM"))
 outs = []
 for runner in (TorchRunner(), triton_runner(0), triton_runner(64)):

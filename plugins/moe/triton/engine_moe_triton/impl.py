@@ -88,6 +88,9 @@ class TritonRunner(MoERunner):
         #: the matrix-vector path's down projection also sums each token's pairs (no separate
         #: combine kernel); opt-in, ``ENGINE_MOE_FUSED_COMBINE=1``
         self.fused_combine = os.environ.get("ENGINE_MOE_FUSED_COMBINE") == "1"
+        #: both projections of the matrix-vector path in one launch (the down projection's
+        #: weights loaded while the up projection finishes); opt-in, ``ENGINE_MOE_CHAINED=1``
+        self.chained = os.environ.get("ENGINE_MOE_CHAINED") == "1"
 
     def supports(self, experts: ExpertWeights) -> str | None:
         if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -110,8 +113,8 @@ class TritonRunner(MoERunner):
 
     def apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
               topk_weights: torch.Tensor) -> torch.Tensor:
-        from .kernels import (align_by_expert, combine_pairs, grouped_gemm, pair_moe,
-                              silu_and_mul)
+        from .kernels import (align_by_expert, chained_serves, combine_pairs, grouped_gemm,
+                              pair_moe, pair_moe_chained, silu_and_mul)
 
         t, k = topk_ids.shape
         inter, h = experts.intermediate_size, experts.hidden_size
@@ -121,13 +124,24 @@ class TritonRunner(MoERunner):
             x = hidden.to(experts.w13.dtype)
             gate_up = torch.empty(t * k, 2 * inter, dtype=x.dtype, device=x.device)
             down = torch.empty(t * k, h, dtype=x.dtype, device=x.device)
+            if interpreting():
+                launch = {"acc2d": launch.get("acc2d", False), "block_n": 16, "block_k": 16,
+                          "next_tile": launch.get("next_tile", False),
+                          "chained": launch.get("chained", False)}
+            down_bn = launch.get("down_block_n") or launch["block_n"]
+            if (self.chained or launch.get("chained")) and not self.fused_combine \
+                    and chained_serves(t * k, inter, down_bn):
+                pair_moe_chained(x, experts.w13, experts.w2, topk_ids.contiguous(),
+                                 topk_weights.float().contiguous(), gate_up, down,
+                                 block_n=launch["block_n"], block_k=launch["block_k"],
+                                 warps=launch.get("warps", 4), down_block_n=down_bn,
+                                 next_tile=launch.get("next_tile", False))
+                return combine_pairs(down, k, hidden.dtype)
             out = (torch.empty(t, h, dtype=hidden.dtype, device=x.device)
                    if self.fused_combine else None)
             if pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                         topk_weights.float().contiguous(), gate_up, down, combined=out,
-                        **({"acc2d": launch.get("acc2d", False), "block_n": 16,
-                            "block_k": 16, "next_tile": launch.get("next_tile", False)}
-                           if interpreting() else launch)):
+                        **{k_: v for k_, v in launch.items() if k_ != "chained"}):
                 return out
             return combine_pairs(down, k, hidden.dtype)
         block = self.config_for(experts, t)

@@ -290,6 +290,119 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
             tl.atomic_xchg(cnt, 0)
 
 
+@triton.jit
+def _pair_moe_chained(x_ptr, w13_ptr, w2_ptr, gu_ptr, out_ptr, ids_ptr, weights_ptr, cnt_ptr,
+                      pairs, H, I, stride_x, stride_w13e, stride_w13n, stride_gu, stride_w2e,
+                      stride_w2n, stride_o, TOP_K: tl.constexpr, UP_TILES: tl.constexpr,
+                      DOWN_TILES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      DOWN_BLOCK_N: tl.constexpr, DOWN_I: tl.constexpr, NEXT: tl.constexpr,
+                      PDL: tl.constexpr):
+    """Both projections of the matrix-vector path in one launch. Programs take work items in
+    the order they start (a ticket drawn from ``cnt[0]``): the first ``pairs * UP_TILES`` items
+    are the up projection's tiles (as ``_pair_gemv_up``), each counted in at its pair when
+    stored (``cnt[1 + pair]``); the rest are the down projection's (``DOWN_BLOCK_N`` outputs of
+    one pair, all of its ``I`` inputs, ``DOWN_I`` = I rounded up to a power of two), which load
+    their weights first and only then wait for their pair's UP_TILES up tiles. So the down
+    projection's weights stream in while the up projection finishes, and every waiting program
+    waits on items that started before it (no deadlock whatever the GPU runs at once). The
+    last down item of a pair resets its counters (``cnt[1 + pairs + pair]`` counts them), the
+    last ticket the ticket counter: all zeros again for the next call."""
+    pdl_wait(PDL)
+    pdl_trigger(PDL)
+    up_items = pairs * UP_TILES
+    total = up_items + pairs * DOWN_TILES
+    item = tl.atomic_add(cnt_ptr, 1, sem="relaxed")
+    if item == total - 1:
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
+    if item < up_items:
+        pair = (item // UP_TILES).to(tl.int64)
+        offs_n = (item % UP_TILES) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < 2 * I
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        if expert >= 0:
+            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            x_row = x_ptr + (pair // TOP_K) * stride_x
+            w_rows = w13_ptr + expert * stride_w13e \
+                + offs_n.to(tl.int64)[:, None] * stride_w13n
+            if NEXT:
+                w_next = _w_rows_tile(w_rows, 0, n_ok, H, BLOCK_K)
+            for k0 in range(0, H, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                xv = tl.load(x_row + offs_k, mask=offs_k < H, other=0.0).to(tl.float32)
+                if NEXT:
+                    w = w_next
+                    w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, H, BLOCK_K)
+                else:
+                    w = _w_rows_tile(w_rows, k0, n_ok, H, BLOCK_K)
+                acc += tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
+            tl.store(gu_ptr + pair * stride_gu + offs_n, acc.to(gu_ptr.dtype.element_ty),
+                     mask=n_ok)
+        tl.debug_barrier()  # every thread's part of the tile stored before the release
+        tl.atomic_add(cnt_ptr + 1 + pair, 1, sem="release")
+    else:
+        d = item - up_items
+        pair = (d // DOWN_TILES).to(tl.int64)
+        offs_n = (d % DOWN_TILES) * DOWN_BLOCK_N + tl.arange(0, DOWN_BLOCK_N)
+        n_ok = offs_n < H
+        offs_i = tl.arange(0, DOWN_I)
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        i_ok = offs_i < tl.where(expert >= 0, I, 0)  # another rank's expert: zeros
+        w = tl.load(w2_ptr + tl.maximum(expert, 0) * stride_w2e
+                    + offs_n.to(tl.int64)[:, None] * stride_w2n + offs_i[None, :],
+                    mask=n_ok[:, None] & i_ok[None, :], other=0.0)
+        while tl.atomic_add(cnt_ptr + 1 + pair, 0, sem="acquire") < UP_TILES:
+            pass
+        gu_row = gu_ptr + pair * stride_gu
+        g = tl.load(gu_row + offs_i, mask=i_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        u = tl.load(gu_row + I + offs_i, mask=i_ok, other=0.0,
+                    cache_modifier=".cg").to(tl.float32)
+        act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
+        acc = tl.sum(w.to(tl.float32) * act[None, :], axis=1)
+        acc = tl.where(expert >= 0, acc * tl.load(weights_ptr + pair), 0.0)
+        tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty),
+                 mask=n_ok)
+        if tl.atomic_add(cnt_ptr + 1 + pairs + pair, 1, sem="acq_rel") == DOWN_TILES - 1:
+            tl.atomic_xchg(cnt_ptr + 1 + pair, 0, sem="relaxed")
+            tl.atomic_xchg(cnt_ptr + 1 + pairs + pair, 0, sem="relaxed")
+
+
+#: elements of one down item's weight tile that :func:`pair_moe_chained` keeps in registers
+#: (DOWN_BLOCK_N x I rounded up to a power of two); wider experts take :func:`pair_moe`
+CHAINED_TILE = 16384
+_chain_counters: dict = {}
+
+
+def chained_serves(pairs: int, inter: int, down_block_n: int) -> bool:
+    """Whether :func:`pair_moe_chained` takes ``pairs`` pairs of experts ``inter`` wide."""
+    return (down_block_n * triton.next_power_of_2(inter) <= CHAINED_TILE
+            and 1 + 2 * pairs <= COMBINE_COUNTERS)
+
+
+def pair_moe_chained(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                     topk_ids: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor,
+                     down: torch.Tensor, *, block_n: int = 16, block_k: int = 256,
+                     warps: int = 4, down_block_n: int = 16, next_tile: bool = True,
+                     **_) -> None:
+    """:func:`pair_moe` (without its combine) in one launch (``_pair_moe_chained``): where
+    :func:`chained_serves` says so."""
+    t, k = topk_ids.shape
+    pairs = t * k
+    _, n13, h = w13.shape
+    inter = n13 // 2
+    cnt = _chain_counters.get(x.device)
+    if cnt is None:  # (the first call comes before any graph capture)
+        cnt = _chain_counters[x.device] = torch.zeros(COMBINE_COUNTERS, dtype=torch.int32,
+                                                      device=x.device)
+    up_tiles, down_tiles = triton.cdiv(n13, block_n), triton.cdiv(h, down_block_n)
+    _pair_moe_chained[(pairs * (up_tiles + down_tiles),)](
+        x, w13, w2, gate_up, down, topk_ids.reshape(-1), topk_weights.reshape(-1), cnt, pairs,
+        h, inter, x.stride(0), w13.stride(0), w13.stride(1), gate_up.stride(0), w2.stride(0),
+        w2.stride(1), down.stride(0), TOP_K=k, UP_TILES=up_tiles, DOWN_TILES=down_tiles,
+        BLOCK_N=block_n, BLOCK_K=block_k, DOWN_BLOCK_N=down_block_n,
+        DOWN_I=triton.next_power_of_2(inter), NEXT=next_tile, num_warps=warps,
+        **launch_options(x.device))
+
+
 #: (token, output block) counters of the down projection's combine, per device (zeros; each
 #: use leaves them zero); more blocks than this: the separate combine kernel
 COMBINE_COUNTERS = 1 << 16
