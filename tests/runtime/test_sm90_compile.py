@@ -220,6 +220,19 @@ def test_moe_pair_kernels_build(prefetch, combine, nxt):
     build(kernels._combine_pairs, types, dict(TOP_K=8, BLOCK=1024, PDL=True))
 
 
+@pytest.mark.parametrize("down_block_n", [8, 16, 32])
+def test_moe_chained_kernel_builds(down_block_n):
+    """Both projections in one launch, at the one-token launches the H200 sweep tries (the up
+    and down items' tiles of different widths in the two branches)."""
+    from engine_moe_triton import kernels
+
+    types = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "w2_ptr": "*bf16", "gu_ptr": "*bf16",
+             "out_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "cnt_ptr": "*i32"}
+    build(kernels._pair_moe_chained, types, dict(
+        TOP_K=8, UP_TILES=96, DOWN_TILES=2048 // down_block_n, BLOCK_N=16, BLOCK_K=256,
+        DOWN_BLOCK_N=down_block_n, DOWN_I=1024, NEXT=True, PDL=True))
+
+
 # ------------------------------------------------------------- the core's kernels, by launch
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int64": "i64",

@@ -341,29 +341,29 @@ def _pair_moe_chained(x_ptr, w13_ptr, w2_ptr, gu_ptr, out_ptr, ids_ptr, weights_
         tl.atomic_add(cnt_ptr + 1 + pair, 1, sem="release")
     else:
         d = item - up_items
-        pair = (d // DOWN_TILES).to(tl.int64)
-        offs_n = (d % DOWN_TILES) * DOWN_BLOCK_N + tl.arange(0, DOWN_BLOCK_N)
-        n_ok = offs_n < H
-        offs_i = tl.arange(0, DOWN_I)
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        i_ok = offs_i < tl.where(expert >= 0, I, 0)  # another rank's expert: zeros
-        w = tl.load(w2_ptr + tl.maximum(expert, 0) * stride_w2e
-                    + offs_n.to(tl.int64)[:, None] * stride_w2n + offs_i[None, :],
-                    mask=n_ok[:, None] & i_ok[None, :], other=0.0)
-        while tl.atomic_add(cnt_ptr + 1 + pair, 0, sem="acquire") < UP_TILES:
+        d_pair = (d // DOWN_TILES).to(tl.int64)
+        d_offs = (d % DOWN_TILES) * DOWN_BLOCK_N + tl.arange(0, DOWN_BLOCK_N)
+        d_ok = d_offs < H
+        d_i = tl.arange(0, DOWN_I)
+        d_expert = tl.load(ids_ptr + d_pair).to(tl.int64)
+        di_ok = d_i < tl.where(d_expert >= 0, I, 0)  # another rank's expert: zeros
+        dw = tl.load(w2_ptr + tl.maximum(d_expert, 0) * stride_w2e
+                     + d_offs.to(tl.int64)[:, None] * stride_w2n + d_i[None, :],
+                     mask=d_ok[:, None] & di_ok[None, :], other=0.0)
+        while tl.atomic_add(cnt_ptr + 1 + d_pair, 0, sem="acquire") < UP_TILES:
             pass
-        gu_row = gu_ptr + pair * stride_gu
-        g = tl.load(gu_row + offs_i, mask=i_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-        u = tl.load(gu_row + I + offs_i, mask=i_ok, other=0.0,
+        d_gu = gu_ptr + d_pair * stride_gu
+        g = tl.load(d_gu + d_i, mask=di_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        u = tl.load(d_gu + I + d_i, mask=di_ok, other=0.0,
                     cache_modifier=".cg").to(tl.float32)
         act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
-        acc = tl.sum(w.to(tl.float32) * act[None, :], axis=1)
-        acc = tl.where(expert >= 0, acc * tl.load(weights_ptr + pair), 0.0)
-        tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty),
-                 mask=n_ok)
-        if tl.atomic_add(cnt_ptr + 1 + pairs + pair, 1, sem="acq_rel") == DOWN_TILES - 1:
-            tl.atomic_xchg(cnt_ptr + 1 + pair, 0, sem="relaxed")
-            tl.atomic_xchg(cnt_ptr + 1 + pairs + pair, 0, sem="relaxed")
+        d_acc = tl.sum(dw.to(tl.float32) * act[None, :], axis=1)
+        d_acc = tl.where(d_expert >= 0, d_acc * tl.load(weights_ptr + d_pair), 0.0)
+        tl.store(out_ptr + d_pair * stride_o + d_offs, d_acc.to(out_ptr.dtype.element_ty),
+                 mask=d_ok)
+        if tl.atomic_add(cnt_ptr + 1 + pairs + d_pair, 1, sem="acq_rel") == DOWN_TILES - 1:
+            tl.atomic_xchg(cnt_ptr + 1 + d_pair, 0, sem="relaxed")
+            tl.atomic_xchg(cnt_ptr + 1 + pairs + d_pair, 0, sem="relaxed")
 
 
 #: elements of one down item's weight tile that :func:`pair_moe_chained` keeps in registers
