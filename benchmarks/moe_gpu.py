@@ -61,6 +61,15 @@ def layer(dtype=torch.bfloat16) -> tuple[ExpertWeights, torch.Tensor]:
     return ex, router
 
 
+def routed(m: int, router: torch.Tensor) -> tuple:
+    """``m`` random tokens routed by ``router``: (x, weights, ids, active experts, bytes the
+    layer reads: the active experts' weights, x and the output)."""
+    x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
+    w, ids = route(x @ router.t(), K, True)
+    active = int(ids.unique().numel())
+    return x, w, ids, active, active * 3 * H * I * 2 + 2 * m * H * 2
+
+
 def time_fn(fn, iters: int = 100, graph: bool = True) -> float:
     """ms per call: replayed from a CUDA graph (launch overhead as in a served decode step) or
     eagerly."""
@@ -98,10 +107,7 @@ def kernel_rows(tokens_list: list[int]) -> list[list]:
         r.process_weights_after_loading(ex)
     rows = []
     for m in tokens_list:
-        x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
-        w, ids = route(x @ router.t(), K, True)
-        active = int(ids.unique().numel())
-        bytes_ = active * 3 * H * I * 2 + 2 * m * H * 2
+        x, w, ids, active, bytes_ = routed(m, router)
         flops = 2 * m * K * 3 * H * I
         # (the two triton variants alternate, three timings each: the median)
         t_tri, t_fused = [], []
@@ -197,10 +203,7 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]
         tri.process_weights_after_loading(ex)
     rows = []
     for m in tokens_list:
-        x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
-        w, ids = route(x @ router.t(), K, True)
-        active = int(ids.unique().numel())
-        bytes_ = active * 3 * H * I * 2 + 2 * m * H * 2
+        x, w, ids, active, bytes_ = routed(m, router)
 
         def chain():
             y = x

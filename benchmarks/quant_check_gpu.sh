@@ -40,7 +40,7 @@ for s in "${steps[@]}"; do
       TAIL=6 step 90 fp8_rows16 env ENGINE_FP8_KERNEL_ROWS=16 python3 benchmarks/quant_gpu.py \
         --schemes ct_fp8_dynamic --batches 17,32,64 ;;
     block_scaled)
-      step 90 block_scaled_test $T tests/quant/test_fp8_block_cuda.py
+      step 90 block_scaled_test $T tests/quant/test_8bit_rows_cuda.py -k block_fp8
       TAIL=8 step 120 block_scaled_bench python3 \
         benchmarks/quant_gpu.py --schemes fp8_block --batches 1,32,128
       TAIL=8 step 120 block_kernel_bench env ENGINE_FP8_BLOCK_SCALED_MM=0 python3 \
