@@ -10,6 +10,7 @@
 # first three; block_scaled: block fp8 above 16 rows through torch._scaled_mm (the default;
 # ENGINE_FP8_BLOCK_SCALED_MM=0 turns it off): its GPU test, then the step with and without it;
 # rows: the 8-bit schemes and W4A16 at 1 / 32 / 128 rows, then ENGINE_FP8_KERNEL_ROWS 16 vs 32;
+# swap64: the swapped-operand kernel's GPU tests, then 17-64 rows through it against the default;
 # fp8_kv_store: fp8 K/V stored by the q/k norm + RoPE kernel, its GPU checks, then decode with
 # an fp8 cache against a bf16 one)
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
@@ -53,6 +54,12 @@ ct_w8a16,gptq,humming_gptq --batches 1,32,128
         TAIL=8 step 150 fp8_rows$r env ENGINE_FP8_KERNEL_ROWS=$r python3 benchmarks/quant_gpu.py \
           --schemes ct_fp8_dynamic,fp8_tensor,modelopt_fp8 --batches 17,32,64
       done ;;
+    swap64)  # the swapped-operand kernel up to 64 rows against the other routes past 16 rows
+      step 200 swap_tests $T tests/runtime/test_swap_kernels.py tests/quant/test_8bit_rows_cuda.py
+      S="--schemes fp8_tensor,ct_fp8_dynamic,fp8_block,ct_w8a8_int8 --batches 17,32,64"
+      TAIL=8 step 150 rows_default python3 benchmarks/quant_gpu.py $S
+      TAIL=8 step 150 rows_swap64 env ENGINE_SWAP_ROWS=64 ENGINE_FP8_KERNEL_ROWS=64 \
+        ENGINE_FP8_BLOCK_SCALED_ROWS=64 python3 benchmarks/quant_gpu.py $S ;;
     fp8_kv_store)
       step 200 fp8_kv_store_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_fused_kernels.py tests/quant/test_kv_cache_dtype.py -k "not flashinfer"

@@ -328,6 +328,11 @@ def _core_calls():
         "w8_swap (fp8, per-token, one row)": lambda: swap_triton.w8_swap(
             torch.randn(1, 2500, **bf), torch.randn(128, 2500).to(torch.float8_e4m3fn),
             torch.ones(128), act="token"),
+        "w8_swap (fp8, per-token, 40 rows: a block of 64)": lambda: swap_triton.w8_swap(
+            torch.randn(40, 256, **bf), codes, torch.ones(128), act="token"),
+        "w8_swap (block fp8, 32 rows)": lambda: swap_triton.w8_swap(
+            torch.randn(32, 512, **bf), torch.randn(256, 512).to(torch.float8_e4m3fn),
+            torch.ones(2, 4), act="group", block=(128, 128)),
         "w8_swap (block fp8, two scale blocks an iteration)": lambda: swap_triton.w8_swap(
             torch.randn(1, 512, **bf), torch.randn(256, 512).to(torch.float8_e4m3fn),
             torch.ones(2, 4), act="group", block=(128, 128), config=(128, 128, 1, 4, 3, 2)),

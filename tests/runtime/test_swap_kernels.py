@@ -1,8 +1,8 @@
 """The swapped-operand 8-bit product :func:`engine.runtime.swap_triton.w8_swap` equals its
 formats' float64 references and :func:`engine.runtime.quant_triton.w8_mm` on the same inputs:
 fp8 (e4m3, e5m2) and int8 codes, activations unquantized, dynamic per row, static and per
-group (block fp8), bias, N and K not multiples of the tiles, 1 to 16 rows, K split over several
-programs. Under the Triton interpreter here (a child process: the interpreter must be chosen
+group (block fp8), bias, N and K not multiples of the tiles, 1 to 64 rows (padded to blocks of
+16, 32 or 64), K split over several programs. Under the Triton interpreter here (a child process: the interpreter must be chosen
 before Triton is imported), on the GPU where there is one.
 
 Run as a script (``python tests/runtime/test_swap_kernels.py cpu|cuda``) it prints one JSON
@@ -82,7 +82,14 @@ CASES = dict(
        _case("default launch fp8 token m=4", 4, n=64, k=384, config=None),
        _case("default launch fp8 none m=1 wide", 1, act=None, n=256, k=64, config=None),
        _case("default launch block group m=2", 2, act="group", n=128, k=384, block=(128, 128),
-             config=None)])
+             config=None),
+       # rows past 16: the rows padded to a block of 32 or 64
+       _case("fp8 token m=17", 17), _case("fp8 static m=32", 32, act="static"),
+       _case("fp8 none m=40 half", 40, act=None, out="float16"),
+       _case("int8 token m=64 split 2", 64, fmt="int8", config=(64, 128, 2, 4, 2)),
+       _case("block group m=33", 33, act="group", n=200, block=(128, 128),
+             config=(64, 0, 1, 4, 2)),
+       _case("default launch fp8 token m=48", 48, n=64, k=384, config=None)])
 
 
 # ---------------------------------------------------------------- the checks (child process)
@@ -177,11 +184,12 @@ def _too_many_rows(device: str) -> list[str]:
     from engine.runtime import swap_triton as st
 
     w = torch.zeros(64, 64, dtype=torch.int8, device=device)
+    rows = st.MAX_ROWS + 1
     try:
-        st.w8_swap(torch.zeros(17, 64, device=device), w, torch.ones(64, device=device))
+        st.w8_swap(torch.zeros(rows, 64, device=device), w, torch.ones(64, device=device))
     except ValueError:
         return []
-    return ["17 rows: no ValueError"]
+    return [f"{rows} rows: no ValueError"]
 
 
 def main(device: str) -> None:

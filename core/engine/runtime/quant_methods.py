@@ -43,7 +43,8 @@ INT8_KERNEL_ROWS = int(os.environ.get("ENGINE_INT8_KERNEL_ROWS", str(1 << 30)))
 #: H200 the Llama-3-8B step's linear layers at 32 / 128 rows: 0.96x / 0.90x of bf16 against
 #: 3.26x / 4.75x with ``w8_mm``, docs/benchmarks/quantization.md);
 #: ``ENGINE_FP8_BLOCK_SCALED_MM=0`` keeps ``w8_mm`` for every row count
-BLOCK_SCALED_ROWS = 16
+#: (``ENGINE_FP8_BLOCK_SCALED_ROWS`` sets another threshold, for A/B runs)
+BLOCK_SCALED_ROWS = int(os.environ.get("ENGINE_FP8_BLOCK_SCALED_ROWS", "16"))
 
 @functools.lru_cache(maxsize=None)
 def block_scaled_mm_runs(device: torch.device) -> bool:

@@ -35,6 +35,8 @@ computes the same codes as the GPU.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -45,8 +47,9 @@ from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
 #: (0: none)
 GEMV_ROWS = 4
 #: largest row count handed to the swapped-operand kernel of :mod:`engine.runtime.swap_triton`
-#: where its table serves the weights (:func:`engine.runtime.swap_triton.small_config`)
-SWAP_ROWS = 16
+#: where its table serves the weights (:func:`engine.runtime.swap_triton.small_config`; the
+#: kernel serves up to 64: ``ENGINE_SWAP_ROWS`` sets another, for A/B runs)
+SWAP_ROWS = min(64, int(os.environ.get("ENGINE_SWAP_ROWS", "16")))
 #: rows (first, last) that :func:`affine_mm` hands to the swapped-operand kernel of
 #: :mod:`engine.runtime.swap_affine`, by code width. An H200 measured
 #: (``benchmarks/swap_affine_gpu.py``, Llama-3-8B's layers, int4 in groups of 128, a step's

@@ -1,12 +1,12 @@
 """8-bit weight products for a few rows with the operands swapped, in Triton.
 
-:func:`engine.runtime.quant_triton.w8_mm` at 1-16 rows multiplies ``x`` [16 padded rows, BK]
+:func:`engine.runtime.quant_triton.w8_mm` at a few rows multiplies ``x`` [16 padded rows, BK]
 by ``W^T`` [BK, BN]: with 16 rows on the M side of the matrix unit, Hopper's warp-group
 instructions (which need 64 rows a warp group) are out of reach. :func:`w8_swap` computes the
 same product transposed, ``y^T = W x^T``: each program owns ``BLOCK_N`` (64 or 128) output
-features and accumulates ``acc[BLOCK_N, 16] += W[BLOCK_N, BK] @ x^T[BK, 16]``, so the weights
+features and accumulates ``acc[BLOCK_N, BM] += W[BLOCK_N, BK] @ x^T[BK, BM]``, so the weights
 are the M side (eligible for the warp-group instructions with four warps) and the few rows the
-N side, padded with zeros to 16.
+N side, padded with zeros to BM = 16, 32 or 64 (:func:`rows_block`).
 
 The operands are those of ``_w8_mm``: fp8 codes multiply fp8 activation codes as they are,
 int8 codes int8 codes into int32 (exact), and with unquantized activations (W8A16) the weight
@@ -37,8 +37,9 @@ from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantiz
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger, pdl_wait,
                                       prefetch_l2)
 
-#: largest row count :func:`w8_swap` serves (the N side of the product, padded to this)
-MAX_ROWS = 16
+#: largest row count :func:`w8_swap` serves (the N side of the product: rows padded to a block
+#: of 16, 32 or 64, :func:`rows_block`)
+MAX_ROWS = 64
 #: rows from which dynamic or static per-row activation codes are made by
 #: :func:`engine.runtime.quant_triton.quant_rows` before the product (one more launch), as
 #: ``w8_mm`` does; below, every program quantizes the rows itself
@@ -262,6 +263,16 @@ for _bucket in (4, 16):
     for _cls in ("square", "wide", "deep"):
         SMALL[("int8", "a8", _cls, _bucket)] = SMALL[("fp8", "a8", _cls, _bucket)]
         SMALL[("fp8", "block", _cls, _bucket)] = SMALL[("fp8", "block", _cls, 1)]
+# 17-64 rows (row blocks of 32 and 64; w8_mm hands them over only up to its SWAP_ROWS): the
+# 16-row launches until a search has chosen theirs
+for _bucket in (32, 64):
+    for _key in [key for key in SMALL if key[3] == 16]:
+        SMALL[(*_key[:3], _bucket)] = SMALL[_key]
+
+
+def rows_block(m: int) -> int:
+    """The N side of the product for ``m`` rows: 16, 32 or 64 (rows past m are zeros)."""
+    return 16 if m <= 16 else 32 if m <= 32 else 64
 
 
 def small_config(w_dtype: torch.dtype, act: str | None, block: tuple[int, int] | None,
@@ -270,7 +281,7 @@ def small_config(w_dtype: torch.dtype, act: str | None, block: tuple[int, int] |
     or None (this kernel does not serve it)."""
     codes = "int8" if w_dtype == torch.int8 else "fp8"
     kind = "block" if block is not None else "a16" if act is None else "a8"
-    bucket = 1 if m == 1 else 4 if m <= 4 else 16
+    bucket = 1 if m == 1 else 4 if m <= 4 else rows_block(m)
     return SMALL.get((codes, kind, shape_class(n, k), bucket))
 
 
@@ -302,7 +313,8 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     if code in (1, 3) and m >= QUANT_ROWS_FROM:  # the rows' codes first
         x, x_scale = quant_rows(x, w.dtype, static=x_scale if code == 3 else None)
         code = 4
-    split = _split(split, n, bn, MAX_ROWS)
+    bm = rows_block(m)
+    split = _split(split, n, bn, bm)
     amax_block = min(1024 if m == 1 else 512, triton.next_power_of_2(k))
     # one row's scale: its whole row read in one go where that is at most AMAX_UNROLL blocks
     unroll = code == 1 and m == 1 and triton.cdiv(k, amax_block) <= AMAX_UNROLL
@@ -312,7 +324,7 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    bias if bias is not None else y, y, part, cnt, m, n, k, x.stride(0),
                    w.stride(0), w_scale.stride(0), y.stride(0), split, ACT=code,
                    W_BLOCK_N=block[0] if block else 0, FP8=fp8, QMAX=qmax, MANT=mant,
-                   EMIN=emin, HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=bn,
+                   EMIN=emin, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn,
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
