@@ -2,8 +2,9 @@
 formats' float64 references and :func:`engine.runtime.quant_triton.w8_mm` on the same inputs:
 fp8 (e4m3, e5m2) and int8 codes, activations unquantized, dynamic per row, static and per
 group (block fp8), bias, N and K not multiples of the tiles, 1 to 64 rows (padded to blocks of
-16, 32 or 64), K split over several programs. Under the Triton interpreter here (a child process: the interpreter must be chosen
-before Triton is imported), on the GPU where there is one.
+16, 32 or 64), K split over several programs. Under the Triton interpreter here (a child
+process: the interpreter must be chosen before Triton is imported), on the GPU where there is
+one.
 
 Run as a script (``python tests/runtime/test_swap_kernels.py cpu|cuda``) it prints one JSON
 object: case name -> failures.
