@@ -29,11 +29,11 @@ from engine.runtime import quant_formats as qf
 from engine.runtime.linear import ActQuant, Linear, QuantMethod, UnquantizedMethod, dense_linear
 
 #: row counts up to which fp8 layers with a cuBLAS path (row-wise scales) use the Triton product
-#: (its swapped-operand kernel serves up to 16 rows; on an H200 the step's linear layers at 17 /
-#: 32 rows took 1.92x / 1.54x of bf16 through the ``tl.dot`` kernel against 1.20x / 1.10x
-#: through ``torch._scaled_mm``, docs/benchmarks/quantization.md; ``ENGINE_FP8_KERNEL_ROWS``
-#: sets another, for A/B runs of the threshold)
-KERNEL_ROWS = int(os.environ.get("ENGINE_FP8_KERNEL_ROWS", "16"))
+#: (its swapped-operand kernel, up to ``quant_triton.SWAP_ROWS``; on an H200 the step's linear
+#: layers at 17 / 32 / 64 rows took 0.71 / 0.69 / 0.77x of bf16 there against 1.17 / 1.10 /
+#: 1.04x through ``torch._scaled_mm``, which is faster from 128 rows (0.93x),
+#: docs/benchmarks/quantization.md; ``ENGINE_FP8_KERNEL_ROWS`` sets another, for A/B runs)
+KERNEL_ROWS = int(os.environ.get("ENGINE_FP8_KERNEL_ROWS", "64"))
 #: row counts above which int8 W8A8 layers served by the Triton kernels take cuBLAS's integer
 #: product on a GPU instead (the rows' codes from ``quant_rows``, then ``torch._int_mm``);
 #: ``ENGINE_INT8_KERNEL_ROWS`` sets it for A/B runs (default: the kernels at every row count)

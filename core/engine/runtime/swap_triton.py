@@ -242,10 +242,11 @@ SWAP_CONFIGS = {("a16", "square"): (64, 128, 4, 4, 4), ("a16", "wide"): (64, 128
                 ("block", "deep"): (64, 128, 8, 4, 4)}
 
 
-#: where :func:`engine.runtime.quant_triton.w8_mm` hands its 1-16 rows to this kernel, and at
-#: which launch: (codes "fp8" | "int8", activations as in :data:`SWAP_CONFIGS`, shape class,
-#: rows up to 1 | 4 | 16) -> launch, chosen by ``benchmarks/swap_gpu.py --search`` on an H200
-#: (int8 from 2 rows and block fp8 from 2 rows take the launches found for fp8 / one row).
+#: where :func:`engine.runtime.quant_triton.w8_mm` hands its rows (up to its ``SWAP_ROWS``) to
+#: this kernel, and at which launch: (codes "fp8" | "int8", activations as in
+#: :data:`SWAP_CONFIGS`, shape class, rows up to 1 | 4 | 16 | 32 | 64) -> launch, chosen by
+#: ``benchmarks/swap_gpu.py --search`` on an H200 (int8 from 2 rows and block fp8 from 2 rows
+#: take the launches found for fp8 / one row; 32 and 64 rows the 16-row ones).
 #: Combinations not listed keep ``w8_mm``'s own kernels (W8A16 was faster there at one row).
 SMALL = {
     ("fp8", "a8", "square", 1): (128, 256, 4, 4, 4), ("fp8", "a8", "wide", 1): (128, 256, 1, 8, 3),
