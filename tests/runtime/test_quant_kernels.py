@@ -128,3 +128,61 @@ def test_group_quantizer_makes_the_torch_quantizers_codes_and_scales():
     proc = subprocess.run([sys.executable, "-c", GROUPS], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_block_scaled_product_is_probed_once_as_the_layers_call_it(monkeypatch):
+    """Block fp8 past 16 rows takes ``torch._scaled_mm``'s block-scaled form only where a
+    product laid out as the layers lay it out (activation scales [M, K/128] column-major, the
+    weight's block scales transposed) runs on the device: SM90 or later and accepted."""
+    from engine.runtime import quant_methods as qm
+
+    probe = qm.block_scaled_mm_runs.__wrapped__  # (uncached)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    assert not probe(cpu)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    calls = []
+
+    def accepts(a, b, *, scale_a, scale_b, out_dtype):
+        calls.append((tuple(a.shape), tuple(b.shape), b.stride(), tuple(scale_a.shape),
+                      scale_a.stride(), tuple(scale_b.shape), a.dtype, out_dtype))
+        return torch.zeros(a.shape[0], b.shape[1], dtype=out_dtype)
+
+    monkeypatch.setattr(torch, "_scaled_mm", accepts)
+    assert probe(cpu)
+    assert calls == [((16, 256), (256, 128), (1, 256), (16, 2), (1, 16), (2, 1),
+                      torch.float8_e4m3fn, torch.bfloat16)]
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+
+    monkeypatch.setattr(torch, "_scaled_mm", refuses)
+    assert not probe(cpu)
+
+
+@pytest.mark.parametrize("rows,swapped", [(1, True), (16, True), (17, True), (40, True),
+                                          (64, True), (65, False)])
+def test_eight_bit_rows_up_to_64_take_the_swapped_kernel(monkeypatch, rows, swapped):
+    """``w8_mm`` hands row-wise fp8, int8 and block fp8 products of up to ``SWAP_ROWS`` (64)
+    rows to the swapped-operand kernel (rows padded to 16, 32 or 64), more to its own."""
+    from engine.runtime import quant_triton as qt
+    from engine.runtime import swap_triton as st
+
+    seen = []
+    monkeypatch.setattr(st, "w8_swap", lambda x, w, ws, **kw: seen.append(
+        (x.shape[0], kw["config"])) or torch.zeros(x.shape[0], w.shape[0]))
+    x = torch.randn(rows, 256, dtype=torch.bfloat16)
+    for w, ws, kw in ((torch.zeros(128, 256, dtype=torch.float8_e4m3fn), torch.ones(128),
+                       dict(act="token")),
+                      (torch.zeros(128, 256, dtype=torch.int8), torch.ones(128),
+                       dict(act="token")),
+                      (torch.zeros(128, 256, dtype=torch.float8_e4m3fn), torch.ones(1, 2),
+                       dict(act="group", block=(128, 128)))):
+        before = len(seen)
+        try:
+            qt.w8_mm(x, w, ws, **kw)
+        except RuntimeError:  # its own kernels: no GPU (nor the interpreter) here
+            pass
+        assert len(seen) - before == int(swapped), (rows, kw)
+        assert not swapped or (seen[-1][0] == rows and seen[-1][1] is not None)
+    assert st.rows_block(rows) == (16 if rows <= 16 else 32 if rows <= 32 else 64)
