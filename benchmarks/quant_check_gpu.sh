@@ -11,6 +11,7 @@
 # ENGINE_FP8_BLOCK_SCALED_MM=0 turns it off): its GPU test, then the step with and without it;
 # rows: the 8-bit schemes and W4A16 at 1 / 32 / 128 rows, then ENGINE_FP8_KERNEL_ROWS 16 vs 32;
 # swap64: the swapped-operand kernel's GPU tests, then 17-64 rows through it against the default;
+# swap128: 65-128 rows through it (ENGINE_SWAP_ROWS=128) against the defaults;
 # fp8_kv_store: fp8 K/V stored by the q/k norm + RoPE kernel, its GPU checks, then decode with
 # an fp8 cache against a bf16 one)
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
@@ -60,6 +61,11 @@ ct_w8a16,gptq,humming_gptq --batches 1,32,128
       TAIL=8 step 150 rows_default python3 benchmarks/quant_gpu.py $S
       TAIL=8 step 150 rows_swap64 env ENGINE_SWAP_ROWS=64 ENGINE_FP8_KERNEL_ROWS=64 \
         ENGINE_FP8_BLOCK_SCALED_ROWS=64 python3 benchmarks/quant_gpu.py $S ;;
+    swap128)  # the swapped-operand kernel up to 128 rows against the defaults past 64 rows
+      S="--schemes fp8_tensor,ct_fp8_dynamic,ct_w8a8_int8 --batches 65,96,128"
+      TAIL=8 step 150 rows_default python3 benchmarks/quant_gpu.py $S
+      TAIL=8 step 150 rows_swap128 env ENGINE_SWAP_ROWS=128 ENGINE_FP8_KERNEL_ROWS=128 \
+        python3 benchmarks/quant_gpu.py $S ;;
     fp8_kv_store)
       step 200 fp8_kv_store_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_fused_kernels.py tests/quant/test_kv_cache_dtype.py -k "not flashinfer"

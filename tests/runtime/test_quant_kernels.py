@@ -164,7 +164,7 @@ def test_block_scaled_product_is_probed_once_as_the_layers_call_it(monkeypatch):
                                           (64, True), (65, False)])
 def test_eight_bit_rows_up_to_64_take_the_swapped_kernel(monkeypatch, rows, swapped):
     """``w8_mm`` hands row-wise fp8, int8 and block fp8 products of up to ``SWAP_ROWS`` (64)
-    rows to the swapped-operand kernel (rows padded to 16, 32 or 64), more to its own."""
+    rows to the swapped-operand kernel (rows padded to 16, 32, 64 or 128), more to its own."""
     from engine.runtime import quant_triton as qt
     from engine.runtime import swap_triton as st
 
@@ -185,4 +185,5 @@ def test_eight_bit_rows_up_to_64_take_the_swapped_kernel(monkeypatch, rows, swap
             pass
         assert len(seen) - before == int(swapped), (rows, kw)
         assert not swapped or (seen[-1][0] == rows and seen[-1][1] is not None)
-    assert st.rows_block(rows) == (16 if rows <= 16 else 32 if rows <= 32 else 64)
+    assert st.rows_block(rows) == (16 if rows <= 16 else 32 if rows <= 32
+                                   else 64 if rows <= 64 else 128)

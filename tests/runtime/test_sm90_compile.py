@@ -330,6 +330,9 @@ def _core_calls():
             torch.ones(128), act="token"),
         "w8_swap (fp8, per-token, 40 rows: a block of 64)": lambda: swap_triton.w8_swap(
             torch.randn(40, 256, **bf), codes, torch.ones(128), act="token"),
+        "w8_swap (int8, per-token, 100 rows: a block of 128)": lambda: swap_triton.w8_swap(
+            torch.randn(100, 256, **bf), torch.zeros(128, 256, dtype=torch.int8),
+            torch.ones(128), act="token"),
         "w8_swap (block fp8, 32 rows)": lambda: swap_triton.w8_swap(
             torch.randn(32, 512, **bf), torch.randn(256, 512).to(torch.float8_e4m3fn),
             torch.ones(2, 4), act="group", block=(128, 128)),

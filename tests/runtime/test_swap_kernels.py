@@ -1,10 +1,10 @@
 """The swapped-operand 8-bit product :func:`engine.runtime.swap_triton.w8_swap` equals its
 formats' float64 references and :func:`engine.runtime.quant_triton.w8_mm` on the same inputs:
 fp8 (e4m3, e5m2) and int8 codes, activations unquantized, dynamic per row, static and per
-group (block fp8), bias, N and K not multiples of the tiles, 1 to 64 rows (padded to blocks of
-16, 32 or 64), K split over several programs. Under the Triton interpreter here (a child
-process: the interpreter must be chosen before Triton is imported), on the GPU where there is
-one.
+group (block fp8), bias, N and K not multiples of the tiles, 1 to 128 rows (padded to blocks
+of 16, 32, 64 or 128), K split over several programs. Under the Triton interpreter here (a
+child process: the interpreter must be chosen before Triton is imported), on the GPU where
+there is one.
 
 Run as a script (``python tests/runtime/test_swap_kernels.py cpu|cuda``) it prints one JSON
 object: case name -> failures.
@@ -90,7 +90,10 @@ CASES = dict(
        _case("int8 token m=64 split 2", 64, fmt="int8", config=(64, 128, 2, 4, 2)),
        _case("block group m=33", 33, act="group", n=200, block=(128, 128),
              config=(64, 0, 1, 4, 2)),
-       _case("default launch fp8 token m=48", 48, n=64, k=384, config=None)])
+       _case("default launch fp8 token m=48", 48, n=64, k=384, config=None),
+       _case("int8 token m=100", 100, fmt="int8"),
+       _case("block group m=128", 128, act="group", n=200, block=(128, 128),
+             config=(64, 0, 1, 4, 2))])
 
 
 # ---------------------------------------------------------------- the checks (child process)

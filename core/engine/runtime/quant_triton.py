@@ -51,8 +51,8 @@ GEMV_ROWS = 4
 #: H200 (Llama-3-8B's linear layers, a step's worth) at 17 / 32 / 64 rows: fp8 row-wise 0.71 /
 #: 0.69 / 0.77x of bf16 and int8 0.72 / 0.70 / 0.77x through it, against 1.17 / 1.10 / 1.04x
 #: (cuBLAS row-wise fp8) and 1.58 / 1.18 / 1.27x (the ``tl.dot`` kernel);
-#: ``ENGINE_SWAP_ROWS`` sets another, for A/B runs (at most the kernel's 64)
-SWAP_ROWS = min(64, int(os.environ.get("ENGINE_SWAP_ROWS", "64")))
+#: ``ENGINE_SWAP_ROWS`` sets another, for A/B runs (the kernel serves up to 128)
+SWAP_ROWS = min(128, int(os.environ.get("ENGINE_SWAP_ROWS", "64")))
 #: rows (first, last) that :func:`affine_mm` hands to the swapped-operand kernel of
 #: :mod:`engine.runtime.swap_affine`, by code width. An H200 measured
 #: (``benchmarks/swap_affine_gpu.py``, Llama-3-8B's layers, int4 in groups of 128, a step's

@@ -6,7 +6,7 @@ instructions (which need 64 rows a warp group) are out of reach. :func:`w8_swap`
 same product transposed, ``y^T = W x^T``: each program owns ``BLOCK_N`` (64 or 128) output
 features and accumulates ``acc[BLOCK_N, BM] += W[BLOCK_N, BK] @ x^T[BK, BM]``, so the weights
 are the M side (eligible for the warp-group instructions with four warps) and the few rows the
-N side, padded with zeros to BM = 16, 32 or 64 (:func:`rows_block`).
+N side, padded with zeros to BM = 16, 32, 64 or 128 (:func:`rows_block`).
 
 The operands are those of ``_w8_mm``: fp8 codes multiply fp8 activation codes as they are,
 int8 codes int8 codes into int32 (exact), and with unquantized activations (W8A16) the weight
@@ -38,8 +38,8 @@ from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger
                                       prefetch_l2)
 
 #: largest row count :func:`w8_swap` serves (the N side of the product: rows padded to a block
-#: of 16, 32 or 64, :func:`rows_block`)
-MAX_ROWS = 64
+#: of 16, 32, 64 or 128, :func:`rows_block`)
+MAX_ROWS = 128
 #: rows from which dynamic or static per-row activation codes are made by
 #: :func:`engine.runtime.quant_triton.quant_rows` before the product (one more launch), as
 #: ``w8_mm`` does; below, every program quantizes the rows itself
@@ -244,9 +244,9 @@ SWAP_CONFIGS = {("a16", "square"): (64, 128, 4, 4, 4), ("a16", "wide"): (64, 128
 
 #: where :func:`engine.runtime.quant_triton.w8_mm` hands its rows (up to its ``SWAP_ROWS``) to
 #: this kernel, and at which launch: (codes "fp8" | "int8", activations as in
-#: :data:`SWAP_CONFIGS`, shape class, rows up to 1 | 4 | 16 | 32 | 64) -> launch, chosen by
+#: :data:`SWAP_CONFIGS`, shape class, rows up to 1 | 4 | 16 | 32 | 64 | 128) -> launch, chosen by
 #: ``benchmarks/swap_gpu.py --search`` on an H200 (int8 from 2 rows and block fp8 from 2 rows
-#: take the launches found for fp8 / one row; 32 and 64 rows the 16-row ones).
+#: take the launches found for fp8 / one row; 32 to 128 rows the 16-row ones).
 #: Combinations not listed keep ``w8_mm``'s own kernels (W8A16 was faster there at one row).
 SMALL = {
     ("fp8", "a8", "square", 1): (128, 256, 4, 4, 4), ("fp8", "a8", "wide", 1): (128, 256, 1, 8, 3),
@@ -264,16 +264,18 @@ for _bucket in (4, 16):
     for _cls in ("square", "wide", "deep"):
         SMALL[("int8", "a8", _cls, _bucket)] = SMALL[("fp8", "a8", _cls, _bucket)]
         SMALL[("fp8", "block", _cls, _bucket)] = SMALL[("fp8", "block", _cls, 1)]
-# 17-64 rows (row blocks of 32 and 64; w8_mm hands them over only up to its SWAP_ROWS): the
-# 16-row launches until a search has chosen theirs
-for _bucket in (32, 64):
+# 17-128 rows (row blocks of 32, 64 and 128; w8_mm hands them over only up to its SWAP_ROWS):
+# the 16-row launches until a search has chosen theirs (at 128 rows at most 64 outputs a
+# program: the accumulator is BLOCK_N x 128 float32)
+for _bucket in (32, 64, 128):
     for _key in [key for key in SMALL if key[3] == 16]:
-        SMALL[(*_key[:3], _bucket)] = SMALL[_key]
+        bn, *rest = SMALL[_key]
+        SMALL[(*_key[:3], _bucket)] = (min(bn, 64) if _bucket == 128 else bn, *rest)
 
 
 def rows_block(m: int) -> int:
-    """The N side of the product for ``m`` rows: 16, 32 or 64 (rows past m are zeros)."""
-    return 16 if m <= 16 else 32 if m <= 32 else 64
+    """The N side of the product for ``m`` rows: 16, 32, 64 or 128 (rows past m are zeros)."""
+    return 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
 
 
 def small_config(w_dtype: torch.dtype, act: str | None, block: tuple[int, int] | None,
