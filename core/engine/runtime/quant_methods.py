@@ -46,6 +46,7 @@ INT8_KERNEL_ROWS = int(os.environ.get("ENGINE_INT8_KERNEL_ROWS", str(1 << 30)))
 #: (``ENGINE_FP8_BLOCK_SCALED_ROWS`` sets another threshold, for A/B runs)
 BLOCK_SCALED_ROWS = int(os.environ.get("ENGINE_FP8_BLOCK_SCALED_ROWS", "16"))
 
+
 @functools.lru_cache(maxsize=None)
 def block_scaled_mm_runs(device: torch.device) -> bool:
     """Whether ``torch._scaled_mm`` takes the block-scaled form (1 x 128 activation groups,
