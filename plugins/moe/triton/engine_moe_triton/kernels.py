@@ -403,6 +403,133 @@ def pair_moe_chained(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         **launch_options(x.device))
 
 
+# ---------------------------------------------------------------- one token: expert blocks
+# A third form of the matrix-vector path, for a single token: program (pair, block) takes IB
+# consecutive intermediate features of the pair's expert through both projections. It reads
+# their gate and up rows of w13 (2 IB x H), forms silu(gate) * up for those IB features, and
+# multiplies them by the same IB columns of w2 (H x IB): a partial down product of all H
+# outputs, stored in float32 per (pair, block). No program waits for another; the down
+# columns are asked into L2 when the program starts, so the whole layer's weights are in
+# flight from the first instant. A small kernel then sums the blocks and the pairs.
+
+
+@triton.jit
+def _block_rows_tile(rows, k0, i_ok, K, BLOCK_K: tl.constexpr):
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(rows + offs_k[None, :], mask=i_ok[:, None] & (offs_k < K)[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _expert_blocks(x_ptr, w13_ptr, w2_ptr, ids_ptr, part_ptr, H, I, stride_x, stride_w13e,
+                   stride_w13n, stride_w2e, stride_w2n, TOP_K: tl.constexpr, IB: tl.constexpr,
+                   BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, NEXT: tl.constexpr,
+                   PREFETCH: tl.constexpr, PDL: tl.constexpr):
+    """``part[pair, block, :] = w2[e][:, i] @ act_i`` for the IB features ``i`` of ``block``,
+    ``act_i = silu(g_i) * u_i`` with ``[g; u] = w13[e] @ x`` rounded to the weights' type as
+    the two-launch path stores them. A pair of another rank's expert (-1) stores nothing (the
+    sum skips it). NEXT: the next K tile of the gate and up rows loads before this one is
+    used. PREFETCH: the w2 columns are asked into L2 before the gate/up loop."""
+    pdl_wait(PDL)
+    pdl_trigger(PDL)
+    pair = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    if expert < 0:
+        return
+    offs_i = blk * IB + tl.arange(0, IB)
+    i_ok = offs_i < I
+    safe_i = tl.minimum(offs_i, I - 1)
+    w2_row0 = w2_ptr + expert * stride_w2e
+    w2_cols = w2_row0 + safe_i  # [IB] of row 0
+    if PREFETCH:  # one address a row: the block's columns of a row share one or two lines
+        for h0 in range(0, H, BLOCK_H):
+            offs_h = tl.minimum(h0 + tl.arange(0, BLOCK_H), H - 1).to(tl.int64)
+            prefetch_l2(w2_row0 + blk * IB + offs_h * stride_w2n, PDL)
+    gate = w13_ptr + expert * stride_w13e + safe_i.to(tl.int64)[:, None] * stride_w13n
+    up = gate + I * stride_w13n
+    x_row = x_ptr + (pair // TOP_K) * stride_x
+    acc_g = tl.zeros((IB,), dtype=tl.float32)
+    acc_u = tl.zeros((IB,), dtype=tl.float32)
+    if NEXT:
+        g_next = _block_rows_tile(gate, 0, i_ok, H, BLOCK_K)
+        u_next = _block_rows_tile(up, 0, i_ok, H, BLOCK_K)
+    for k0 in range(0, H, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xv = tl.load(x_row + offs_k, mask=offs_k < H, other=0.0).to(tl.float32)
+        if NEXT:
+            g, u = g_next, u_next
+            g_next = _block_rows_tile(gate, k0 + BLOCK_K, i_ok, H, BLOCK_K)
+            u_next = _block_rows_tile(up, k0 + BLOCK_K, i_ok, H, BLOCK_K)
+        else:
+            g = _block_rows_tile(gate, k0, i_ok, H, BLOCK_K)
+            u = _block_rows_tile(up, k0, i_ok, H, BLOCK_K)
+        acc_g += tl.sum(g.to(tl.float32) * xv[None, :], axis=1)
+        acc_u += tl.sum(u.to(tl.float32) * xv[None, :], axis=1)
+    dt: tl.constexpr = w13_ptr.dtype.element_ty
+    g = acc_g.to(dt).to(tl.float32)
+    act = (g * tl.sigmoid(g) * acc_u.to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    act = tl.where(i_ok, act, 0.0)
+    part_row = part_ptr + (pair * tl.num_programs(1) + blk) * H
+    for h0 in range(0, H, BLOCK_H):
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        h_ok = offs_h < H
+        w = tl.load(w2_cols[None, :] + offs_h.to(tl.int64)[:, None] * stride_w2n,
+                    mask=h_ok[:, None] & i_ok[None, :], other=0.0)
+        tl.store(part_row + offs_h, tl.sum(w.to(tl.float32) * act[None, :], axis=1),
+                 mask=h_ok)
+
+
+@triton.jit
+def _sum_blocks(part_ptr, ids_ptr, weights_ptr, out_ptr, H, stride_o, TOP_K: tl.constexpr,
+                BLOCKS: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+                PDL: tl.constexpr):
+    """``out[t] = sum_j w_j sum_b part[t * TOP_K + j, b]`` over the pairs of known experts, in
+    float32 (blocks, then pairs, in order), rounded to out's dtype; grid ``(T, cdiv(H,
+    BLOCK))``; NB: BLOCKS rounded up to a power of two."""
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < H
+    b = tl.arange(0, NB)
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        pair = t * TOP_K + j
+        known = tl.load(ids_ptr + pair) >= 0
+        b_hi = tl.where(known, BLOCKS, 0)  # (another rank's pair: nothing stored, nothing read)
+        rows = part_ptr + (pair * BLOCKS + b.to(tl.int64))[:, None] * H + offs[None, :]
+        p = tl.load(rows, mask=(b < b_hi)[:, None] & ok[None, :], other=0.0)
+        total += tl.sum(p, axis=0) * tl.load(weights_ptr + pair)
+    tl.store(out_ptr + t * stride_o + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def expert_blocks_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                      topk_ids: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype,
+                      *, ib: int = 32, block_k: int = 128, block_h: int = 64, warps: int = 4,
+                      next_tile: bool = True, sum_block: int = 32, **_) -> torch.Tensor:
+    """The combined output [T, H] in ``dtype`` (``_expert_blocks``, then ``_sum_blocks``); a
+    float32 scratch of ``T * k * ceil(I / ib) * H`` partial sums."""
+    t, k = topk_ids.shape
+    pairs = t * k
+    _, n13, h = w13.shape
+    inter = n13 // 2
+    blocks = triton.cdiv(inter, ib)
+    part = torch.empty(pairs * blocks * h, dtype=torch.float32, device=x.device)
+    ids = topk_ids.reshape(-1)
+    _expert_blocks[(pairs, blocks)](
+        x, w13, w2, ids, part, h, inter, x.stride(0), w13.stride(0), w13.stride(1),
+        w2.stride(0), w2.stride(1), TOP_K=k, IB=ib, BLOCK_K=block_k, BLOCK_H=block_h,
+        NEXT=next_tile, PREFETCH=pairs * w2[0].numel() * w2.element_size()
+        <= _l2_budget(x.device), num_warps=warps, **launch_options(x.device))
+    out = torch.empty((t, h), dtype=dtype, device=x.device)
+    _sum_blocks[(t, triton.cdiv(h, sum_block))](
+        part, ids, topk_weights.reshape(-1), out, h, out.stride(0), TOP_K=k, BLOCKS=blocks,
+        NB=triton.next_power_of_2(blocks), BLOCK=sum_block, num_warps=4,
+        **launch_options(x.device))
+    return out
+
+
 #: (token, output block) counters of the down projection's combine, per device (zeros; each
 #: use leaves them zero); more blocks than this: the separate combine kernel
 COMBINE_COUNTERS = 1 << 16
