@@ -41,7 +41,7 @@ from engine.runtime.quant_triton import (_bits, _finish, _group_affine, _kind, _
                                          _row_scales, _slice, _split, _workspace, _x_slice,
                                          fp8_from_bits, shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_enabled, pdl_trigger,
-                                      pdl_wait, prefetch_l2)
+                                      pdl_wait, prefetch_all, prefetch_l2, prefetch_span_l2)
 
 #: largest row count these kernels serve (more rows: ``tl.dot`` kernels or cuBLAS)
 MAX_ROWS = 4
@@ -83,12 +83,14 @@ def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N
           QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           SPLIT: tl.constexpr, AMAX_BLOCK: tl.constexpr,
-          PRE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):
+          PRE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
+          PF_ALL: tl.constexpr = False):
     """CODES 0: float weights; 1: 8-bit codes (FP8 0 int8, 1 e4m3, 2 e5m2) with per-row scales
     ``ws[n]`` (W_BLOCK_N 0) or block scales ``ws[n // W_BLOCK_N, k // BLOCK_K]``. ACT as in
     ``_w8_mm``: 0 unquantized, 1 dynamic per row, 2 per row and block (fp8), 3 static
     ``xs[0]``. With PDL the first tile of the program's weights (one address a cache line)
-    is asked into L2 before the wait for the previous kernel.
+    is asked into L2 before the wait for the previous kernel (PF_ALL: all of the program's
+    weights, :func:`engine.runtime.triton_pdl.prefetch_all`).
 
     PRE (float weights, ACT 0) makes the input from the previous layer's output on the fly,
     rounded where the separate kernel rounds: 1, ``silu(x[:, :K]) * x[:, K:2K]`` (the gate/up
@@ -105,7 +107,10 @@ def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K, SPLIT)
     pdl_trigger(PDL)
-    if PDL:
+    if PF_ALL:
+        prefetch_span_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn,
+                         k_lo, k_hi, BLOCK_K, PDL)
+    elif PDL:
         first = tl.minimum(k_lo + line_offsets(w_ptr, BLOCK_K), K - 1)
         prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
                     + first[None, :], PDL)
@@ -344,7 +349,7 @@ def _gemv_affine(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
                  HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FACTOR: tl.constexpr,
                  SUBNORMAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  TILES: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr,
-                 SPLIT: tl.constexpr, PDL: tl.constexpr):
+                 SPLIT: tl.constexpr, PDL: tl.constexpr, PF_ALL: tl.constexpr = False):
     """TILES tiles of SUB words per row and iteration (a power of two) in one load; slice j of
     every tile at once, its codes as floats f (:func:`_code_values`: 2^BITS + q, or q times a
     power of two; one or two integer operations per weight). The weight ``q s + b`` is ``f s +
@@ -392,6 +397,9 @@ def _gemv_affine(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
     n_tiles = tl.cdiv(K, PACK)
     t_lo, t_hi = _slice(n_tiles, pid_k, split_k, TILES, SPLIT)
     pdl_trigger(PDL)  # (the first words are weights: they load before the wait)
+    if PF_ALL:  # all of the program's words asked into L2 (prefetch_all)
+        prefetch_span_l2(q_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_qn,
+                         t_lo * SUB, t_hi * SUB, 128, PDL)
     if PREFETCH:
         words = _words(q_rows, t_lo, n_tiles, n_ok4, u4, SUB, TILES, EVEN)
     elif PDL:
@@ -522,7 +530,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, 
                 BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1,
                 AMAX_BLOCK=min(1024, triton.next_power_of_2(k)),
                 PRE=0, HAS_RES=False, num_warps=warps, num_stages=stages,
-                **launch_options(x.device))
+                PF_ALL=prefetch_all(), **launch_options(x.device))
     return y
 
 
@@ -552,7 +560,8 @@ def _gemv_pre(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, pre: 
         eps, res.stride(0), res_out.stride(0), CODES=0, ACT=0, W_BLOCK_N=0, FP8=0, QMAX=1.0,
         MANT=0, EMIN=0, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         SPLIT=split > 1, AMAX_BLOCK=16, PRE=pre,
-        HAS_RES=has_res, num_warps=warps, num_stages=stages, **launch_options(x.device))
+        HAS_RES=has_res, num_warps=warps, num_stages=stages, PF_ALL=prefetch_all(),
+        **launch_options(x.device))
     return y, (res_out if has_res else None)
 
 
@@ -619,5 +628,5 @@ def gemv_affine(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
         even = k % (32 // bits * sub * tiles) == 0 and n % bn == 0
         _gemv_affine[grid](*args, FACTOR=m <= factor_rows, SUBNORMAL=bool(subnormal),
                            TILES=tiles, PREFETCH=stages > 1, EVEN=even, **common,
-                           **launch_options(x.device))
+                           PF_ALL=prefetch_all(), **launch_options(x.device))
     return y
