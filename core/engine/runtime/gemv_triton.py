@@ -47,6 +47,12 @@ from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_enabled
 MAX_ROWS = 4
 
 
+def early() -> bool:
+    """``ENGINE_GEMV_EARLY=1``: one-row float products through :func:`gemv_early` (an A/B
+    switch, read at each launch)."""
+    return os.environ.get("ENGINE_GEMV_EARLY") == "1"
+
+
 def dense_rows(device: torch.device) -> int:
     """Rows up to which a dense half-precision layer on ``device`` uses :func:`gemv` instead of
     cuBLAS: ``ENGINE_GEMV_DENSE_ROWS`` where set, else 1 where kernels launch with PDL (one
@@ -489,6 +495,60 @@ AFFINE_CONFIGS = {"square": (32, 4, 4, 2, 2, 1, 1), "wide": (128, 4, 4, 1, 2, 0,
                   "deep": (64, 4, 8, 2, 4, 1, 1)}
 
 
+@triton.jit
+def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, stride_wn, split_k,
+                HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, KC: tl.constexpr,
+                SPLIT: tl.constexpr, PDL: tl.constexpr):
+    """One row of float weights: program (n, k) loads all of its ``BLOCK_N x KC`` weights
+    (columns ``k * KC ..``) into registers *before* it waits for the previous kernel, then
+    reads x and sums. Under PDL the programs that are resident while the previous kernels
+    run have their weights on chip by the time those finish, so the product's start costs no
+    memory latency (:func:`gemv` with ``ENGINE_GEMV_EARLY=1``)."""
+    pdl_trigger(PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    cols = pid_k * KC + tl.arange(0, KC)
+    w = tl.load(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
+                + cols[None, :])
+    pdl_wait(PDL)
+    x = tl.load(x_ptr + cols).to(tl.float32)
+    acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    one = tl.full((1, 1), 1.0, tl.float32)
+    _finish(acc[None, :], one, one, pid_n, pid_k, tl.arange(0, 1), offs_n,
+            tl.full((1,), 1, tl.int1), n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, 0,
+            split_k, HAS_BIAS, 1, SPLIT)
+
+
+#: (BLOCK_N, KC, warps) of :func:`_gemv_early` by shape class (``ENGINE_GEMV_EARLY_CONFIG`` =
+#: "bn,kc,warps" overrides them for a sweep)
+EARLY_CONFIGS = {"square": (4, 4096, 4), "wide": (4, 4096, 4), "deep": (8, 2048, 4)}
+
+
+def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+               config: tuple | None = None) -> torch.Tensor | None:
+    """:func:`gemv` of one row over float weights through ``_gemv_early``, or None where the
+    launch does not fit (K not a multiple of its column slice, too many slices)."""
+    n, k = w.shape
+    env = os.environ.get("ENGINE_GEMV_EARLY_CONFIG")
+    bn, kc, warps = config or (tuple(int(v) for v in env.split(",")) if env
+                               else EARLY_CONFIGS[shape_class(n, k)])
+    kc = min(kc, triton.next_power_of_2(k))
+    if x.shape[0] != 1 or k % kc or w.stride(-1) != 1 or x.stride(-1) != 1:
+        return None
+    split = k // kc
+    if _split(split, n, bn, 1) != split:
+        return None
+    part, cnt = _workspace(x.device)
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _gemv_early[(triton.cdiv(n, bn), split)](
+        x, w, bias if bias is not None else y, y, part, cnt, n, w.stride(0), split,
+        HAS_BIAS=bias is not None, BLOCK_N=bn, KC=kc, SPLIT=split > 1, num_warps=warps,
+        **launch_options(x.device))
+    return y
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, *,
          act: str | None = None, x_scale: torch.Tensor | None = None,
          block: tuple[int, int] | None = None, out_dtype: torch.dtype | None = None,
@@ -510,6 +570,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, 
             raise ValueError("float weights take unquantized activations")
     if act == "group" and block is None:
         raise ValueError("activations quantized per group need block weight scales")
+    if not codes and m == 1 and config is None and early():
+        y = gemv_early(x, w, bias)
+        if y is not None:
+            return y if out_dtype in (None, x.dtype) else y.to(out_dtype)
     kind = "block" if block is not None else "w8" if codes else "float"
     bn, bk, split, warps, stages = config or launch(kind, n, k)
     if block is not None:

@@ -1,0 +1,116 @@
+"""The one-row products of a Llama-3-8B decode step as a chain, on a GPU: 32 layers of q/k/v,
+o, gate/up and down with their own bf16 weights (13.96 GB), each product's input taken from the
+previous product's output (as a step runs them, so every product waits for the one before),
+captured in one CUDA graph and replayed. With ``--small`` the step's small kernels between
+them too (residual add + RMSNorm before q/k/v and gate/up, SiLU-and-mul before down).
+
+Variants (same weights, same process): ``cublas`` (torch's linear), ``default`` (the Triton
+matrix-vector kernel as served), ``pfall`` (``ENGINE_GEMV_PREFETCH_ALL=1``: each program asks
+for all of its weights into L2 before its wait), ``early`` (``ENGINE_GEMV_EARLY=1``: each
+program loads all of its weights into registers before its wait), ``early:BN,KC,WARPS`` (that
+launch for every layer, e.g. ``early:8x2048x4``).
+
+    python3 benchmarks/step_products_gpu.py [--variants cublas,default,pfall,early] [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.nn.functional as F
+
+from engine.runtime import fused_triton
+from engine.runtime import gemv_triton as gt
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+          "down": (4096, 14336)}
+LAYERS = 32
+BW = 4.3e12
+ENVS = ("ENGINE_GEMV_PREFETCH_ALL", "ENGINE_GEMV_EARLY", "ENGINE_GEMV_EARLY_CONFIG")
+
+
+def weights() -> list[dict]:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return [{name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+             for name, (n, k) in SHAPES.items()} for _ in range(LAYERS)]
+
+
+def chain(layers: list[dict], x: torch.Tensor, linear, small: bool) -> torch.Tensor:
+    norm_w = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
+    h, res = x, x
+    for w in layers:
+        if small:
+            h, res = fused_triton.add_rms_norm(h, res, norm_w, 1e-6)
+        qkv = linear(h, w["qkv"])
+        o = linear(qkv[:, :4096], w["o"])
+        if small:
+            o, res = fused_triton.add_rms_norm(o, res, norm_w, 1e-6)
+        gu = linear(o, w["gate_up"])
+        act = fused_triton.silu_and_mul(gu) if small else gu[:, :14336]
+        h = linear(act, w["down"])
+    return h
+
+
+def time_variant(layers: list[dict], variant: str, small: bool) -> float:
+    for env in ENVS:
+        os.environ.pop(env, None)
+    name, _, cfg = variant.partition(":")
+    if name == "pfall":
+        os.environ["ENGINE_GEMV_PREFETCH_ALL"] = "1"
+    elif name == "early":
+        os.environ["ENGINE_GEMV_EARLY"] = "1"
+        if cfg:
+            os.environ["ENGINE_GEMV_EARLY_CONFIG"] = cfg.replace("x", ",")
+    linear = (lambda a, w: F.linear(a, w)) if name == "cublas" else (lambda a, w: gt.gemv(a, w))
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    try:
+        chain(layers, x, linear, small)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            chain(layers, x, linear, small)
+    finally:  # (the launches read the switches at capture; the graph keeps them)
+        for env in ENVS:
+            os.environ.pop(env, None)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(3):
+        start.record()
+        for _ in range(5):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / 5)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default="cublas,default,pfall,early,default,pfall,early")
+    ap.add_argument("--small", action="store_true")
+    args = ap.parse_args()
+    layers = weights()
+    nbytes = sum(t.numel() * 2 for w in layers for t in w.values())
+    rows = []
+    for variant in args.variants.split(","):
+        try:
+            ms = time_variant(layers, variant, args.small)
+        except Exception as exc:  # a launch the compiler rejects (registers, shared memory)
+            print(f"{variant}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+            continue
+        rows.append([variant, round(ms, 3), round(nbytes / (ms * 1e-3) / 1e12, 2),
+                     f"{nbytes / BW / (ms * 1e-3):.0%}"])
+        print(rows[-1], flush=True)
+    print(f"\none-row products of a Llama-3-8B step ({nbytes / 1e9:.2f} GB, chained"
+          f"{', with the small kernels' if args.small else ''}; roofline at 4.3 TB/s "
+          f"{nbytes / BW * 1e3:.3f} ms)\n| variant | ms | TB/s | of 4.3 TB/s |\n|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
+
+
+if __name__ == "__main__":
+    main()
