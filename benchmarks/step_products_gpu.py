@@ -5,12 +5,11 @@ captured in one CUDA graph and replayed. With ``--small`` the step's small kerne
 them too (residual add + RMSNorm before q/k/v and gate/up, SiLU-and-mul before down).
 
 Variants (same weights, same process): ``cublas`` (torch's linear), ``default`` (the Triton
-matrix-vector kernel as served), ``pfall`` (``ENGINE_GEMV_PREFETCH_ALL=1``: each program asks
-for all of its weights into L2 before its wait), ``early`` (``ENGINE_GEMV_EARLY=1``: each
+matrix-vector kernel as served), ``early`` (``ENGINE_GEMV_EARLY=1``: each
 program loads all of its weights into registers before its wait), ``early:BN,KC,WARPS`` (that
 launch for every layer, e.g. ``early:8x2048x4``).
 
-    python3 benchmarks/step_products_gpu.py [--variants cublas,default,pfall,early] [--small]
+    python3 benchmarks/step_products_gpu.py [--variants cublas,default,early] [--small]
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336)}
 LAYERS = 32
 BW = 4.3e12
-ENVS = ("ENGINE_GEMV_PREFETCH_ALL", "ENGINE_GEMV_EARLY", "ENGINE_GEMV_EARLY_CONFIG")
+ENVS = ("ENGINE_GEMV_EARLY", "ENGINE_GEMV_EARLY_CONFIG")
 
 
 def weights() -> list[dict]:
@@ -57,9 +56,7 @@ def time_variant(layers: list[dict], variant: str, small: bool) -> float:
     for env in ENVS:
         os.environ.pop(env, None)
     name, _, cfg = variant.partition(":")
-    if name == "pfall":
-        os.environ["ENGINE_GEMV_PREFETCH_ALL"] = "1"
-    elif name == "early":
+    if name == "early":
         os.environ["ENGINE_GEMV_EARLY"] = "1"
         if cfg:
             os.environ["ENGINE_GEMV_EARLY_CONFIG"] = cfg.replace("x", ",")
@@ -90,7 +87,7 @@ def time_variant(layers: list[dict], variant: str, small: bool) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="cublas,default,pfall,early,default,pfall,early")
+    ap.add_argument("--variants", default="cublas,default,early,default,early")
     ap.add_argument("--small", action="store_true")
     args = ap.parse_args()
     layers = weights()

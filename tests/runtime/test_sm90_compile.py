@@ -320,25 +320,29 @@ def _l2_prefetch_call():
         triton_pdl.l2_prefetch([torch.zeros(1 << 19, dtype=torch.bfloat16)])
 
 
-def _prefetch_all_calls():
-    """A dense, an fp8 and a 4-bit one-row product with ENGINE_GEMV_PREFETCH_ALL=1."""
+def _early_calls():
+    """One-row products whose programs load their weights before the wait
+    (``ENGINE_GEMV_EARLY=1``): dense, fp8 and int8 per token, block fp8, 4-bit affine."""
     import os
     from unittest import mock
 
     import torch
 
-    from engine.runtime import gemv_triton, quant_triton, swap_triton
+    from engine.runtime import gemv_triton, quant_triton
 
     bf = dict(dtype=torch.bfloat16)
+    x = torch.randn(1, 512, **bf)
     sub = quant_triton.affine_sub(128)
-    q = quant_triton.pack_affine(torch.randint(0, 16, (128, 256)), 4, sub)
-    scale, bias = torch.rand(2, 128), torch.rand(2, 128)
-    with mock.patch.dict(os.environ, {"ENGINE_GEMV_PREFETCH_ALL": "1"}):
-        gemv_triton.gemv(torch.randn(1, 256, **bf), torch.randn(128, 256, **bf))
-        swap_triton.w8_swap(torch.randn(1, 256, **bf),
-                            torch.randn(128, 256).to(torch.float8_e4m3fn), torch.ones(128),
-                            act="token")
-        gemv_triton.gemv_affine(torch.randn(1, 256, **bf), q, scale, bias, 4, 128, sub)
+    q = quant_triton.pack_affine(torch.randint(0, 16, (128, 512)), 4, sub)
+    with mock.patch.dict(os.environ, {"ENGINE_GEMV_EARLY": "1"}):
+        gemv_triton.gemv(x, torch.randn(128, 512, **bf))
+        quant_triton.w8_mm(x, torch.randn(128, 512).to(torch.float8_e4m3fn), torch.ones(128),
+                           act="token")
+        quant_triton.w8_mm(x, torch.zeros(128, 512, dtype=torch.int8), torch.ones(128),
+                           act="token")
+        quant_triton.w8_mm(x, torch.randn(256, 512).to(torch.float8_e4m3fn), torch.ones(2, 4),
+                           act="group", block=(128, 128))
+        gemv_triton.gemv_affine(x, q, torch.rand(4, 128), torch.rand(4, 128), 4, 128, sub)
 
 
 def _core_calls():
@@ -377,8 +381,8 @@ def _core_calls():
         "w8_swap (block fp8, two scale blocks an iteration)": lambda: swap_triton.w8_swap(
             torch.randn(1, 512, **bf), torch.randn(256, 512).to(torch.float8_e4m3fn),
             torch.ones(2, 4), act="group", block=(128, 128), config=(128, 128, 1, 4, 3, 2)),
-        "one-row products asking for all their weights (ENGINE_GEMV_PREFETCH_ALL=1)":
-            _prefetch_all_calls,
+        "one-row products loading their weights before the wait (ENGINE_GEMV_EARLY=1)":
+            _early_calls,
         "quant_groups (fp8, 1 x 128)": lambda: quant_triton.quant_groups(
             torch.randn(4, 512, **bf), torch.float8_e4m3fn, 128),
         "l2_prefetch": _l2_prefetch_call,

@@ -35,7 +35,7 @@ from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantiz
                                          _row_scales, _slice, _split, _workspace, quant_rows,
                                          shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger, pdl_wait,
-                                      prefetch_all, prefetch_l2, prefetch_span_l2)
+                                      prefetch_l2)
 
 #: largest row count :func:`w8_swap` serves (the N side of the product: rows padded to a block
 #: of 16, 32, 64 or 128, :func:`rows_block`)
@@ -153,8 +153,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
              MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
-             SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
-             PF_ALL: tl.constexpr = False):
+             SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
@@ -180,10 +179,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K * SUB, SPLIT)
     if W_BLOCK_N > 0:
         ws_rows = ws_ptr + (offs_n // W_BLOCK_N).to(tl.int64) * stride_wsn
-    if PF_ALL:  # all of the program's weights (engine.runtime.triton_pdl.prefetch_all)
-        prefetch_span_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn,
-                         k_lo, k_hi, BLOCK_K, PDL)
-    elif PDL:  # the first tile's weights (constants of the step) asked into L2, one address a line
+    if PDL:  # the first tile's weights (constants of the step) asked into L2, one address a line
         line = tl.minimum(k_lo + line_offsets(w_ptr, BLOCK_K), K - 1)
         prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
                     + line[None, :], PDL)
@@ -335,5 +331,5 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
-                   PF_ALL=m == 1 and prefetch_all(), **launch_options(x.device))
+                   **launch_options(x.device))
     return y

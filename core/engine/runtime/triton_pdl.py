@@ -111,25 +111,6 @@ def line_offsets(ptr, N: tl.constexpr):
     return tl.arange(0, max(1, N // LINE)) * LINE
 
 
-@triton.jit
-def prefetch_span_l2(rows, k_lo, k_hi, STEP: tl.constexpr, PDL: tl.constexpr):
-    """Ask for elements ``[k_lo, k_hi)`` of each row ``rows`` [R, 1] (pointers to the rows'
-    element 0; clamp them into the tensor) to be brought into L2, STEP elements (a multiple of
-    a line) at a time, one address a line: a program's whole share of its weights asked for
-    before its wait (nothing without PDL)."""
-    if PDL:
-        lines = line_offsets(rows, STEP)
-        for k0 in range(k_lo, k_hi, STEP):
-            prefetch_l2(rows + tl.minimum(k0 + lines, k_hi - 1)[None, :], PDL)
-
-
-def prefetch_all() -> bool:
-    """``ENGINE_GEMV_PREFETCH_ALL=1``: the one-row products ask for all of each program's
-    weights before the wait for the previous kernel, not only the first tile (an A/B switch,
-    read at each launch)."""
-    return os.environ.get("ENGINE_GEMV_PREFETCH_ALL") == "1"
-
-
 # ---------------------------------------------------------------- weights into L2 ahead of use
 
 #: bytes one bulk prefetch asks for, and bulk prefetches one program issues (one a thread of
