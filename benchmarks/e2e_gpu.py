@@ -41,7 +41,7 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"}, "fused": {"ENGINE_FUSED_GEMV": "1"},
          "mergek": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "0"},
          "rows": {"ENGINE_TRITON_NEW_KV": "1"}, "pool": {"ENGINE_TRITON_NEW_KV": "0"},
          "l2": {"ENGINE_L2_PREFETCH": "1"}, "qptr": {"ENGINE_TRITON_Q_DESC": "0"},
-         "odesc": {"ENGINE_TRITON_O_DESC": "1"}, "early": {"ENGINE_GEMV_EARLY": "1"}}
+         "odesc": {"ENGINE_TRITON_O_DESC": "1"}, "late": {"ENGINE_GEMV_EARLY": "0"}}
 GEN_STEPS = 16
 
 
@@ -241,7 +241,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
                     help="backend[:eager|:nopdl|:fused|:fmerge|:mergek|:rows|:pool|:l2|:qptr"
-                    "|:odesc|:early]; "
+                    "|:odesc|:late]; "
                     "CUDA graphs are used for decode where the backend supports them unless "
                     ":eager; :nopdl launches without PDL; :fused folds the norms and "
                     "SiLU-and-mul into the one-row products; :fmerge folds the triton decode "
@@ -250,8 +250,8 @@ def main() -> None:
                     "rows / through the pool at every page size; :l2: the output projection's "
                     "weights asked into L2 during decode attention; :qptr: the triton "
                     "extend loads its query tile by pointers, not a tensor descriptor; :odesc: "
-                    "it stores its output tiles through a tensor descriptor; :early: the one-row "
-                    "products load all their weights before their wait")
+                    "it stores its output tiles through a tensor descriptor; :late: the one-row "
+                    "float products load their weights after their wait (the kernel before)")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--hf", default="eager,compile")
     ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers")

@@ -5,9 +5,10 @@ captured in one CUDA graph and replayed. With ``--small`` the step's small kerne
 them too (residual add + RMSNorm before q/k/v and gate/up, SiLU-and-mul before down).
 
 Variants (same weights, same process): ``cublas`` (torch's linear), ``default`` (the Triton
-matrix-vector kernel as served), ``early`` (``ENGINE_GEMV_EARLY=1``: each
-program loads all of its weights into registers before its wait), ``early:BN,KC,WARPS`` (that
-launch for every layer, e.g. ``early:8x2048x4``).
+matrix-vector kernel that streams its weights after the wait, ``ENGINE_GEMV_EARLY=0``),
+``early`` (as served: each program loads all of its weights into registers before its wait),
+``early:BNxKCxWARPS`` (that launch for every layer, e.g. ``early:8x2048x4``),
+``early:deep=2x16384x8+square=...`` (those launches for those shape classes).
 
     python3 benchmarks/step_products_gpu.py [--variants cublas,default,early] [--small]
 """
@@ -56,10 +57,16 @@ def time_variant(layers: list[dict], variant: str, small: bool) -> float:
     for env in ENVS:
         os.environ.pop(env, None)
     name, _, cfg = variant.partition(":")
-    if name == "early":
-        os.environ["ENGINE_GEMV_EARLY"] = "1"
-        if cfg:
-            os.environ["ENGINE_GEMV_EARLY_CONFIG"] = cfg.replace("x", ",")
+    saved = dict(gt.EARLY_CONFIGS)
+    if name == "default":  # (the kernel before: no weights loaded before the wait)
+        os.environ["ENGINE_GEMV_EARLY"] = "0"
+    elif name == "early":
+        for part in filter(None, cfg.split("+")):  # CLASS=BNxKCxWARPS: that class's launch
+            cls, _, launch = part.rpartition("=")
+            if cls:
+                gt.EARLY_CONFIGS[cls] = tuple(int(v) for v in launch.split("x"))
+            else:
+                os.environ["ENGINE_GEMV_EARLY_CONFIG"] = launch.replace("x", ",")
     linear = (lambda a, w: F.linear(a, w)) if name == "cublas" else (lambda a, w: gt.gemv(a, w))
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     try:
@@ -71,6 +78,7 @@ def time_variant(layers: list[dict], variant: str, small: bool) -> float:
     finally:  # (the launches read the switches at capture; the graph keeps them)
         for env in ENVS:
             os.environ.pop(env, None)
+        gt.EARLY_CONFIGS.update(saved)
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -170,6 +170,16 @@ for m, split in ((1, 1), (3, 3), (4, 2)):  # the matrix-vector kernel directly, 
     want = (qf.quantize_fp8(x, ref_s, torch.float8_e4m3fn).double() * ref_s.double()) \
         @ (wq.double() * ws.double().reshape(-1, 1)).t()
     close(f"gemv fp8 token m={m} split={split}", y, want)
+# one row with its weights loaded before the wait (the default for float weights): ragged
+# outputs, K in one slice, in slices with a partial last one, the launch of each shape class
+for n, k, config in ((40, 200, (4, 256, 4)), (37, 200, (8, 64, 4)), (40, 320, (2, 128, 2)),
+                     (6, 4096 if device != "cpu" else 512, None)):
+    x = rand(1, k).to(torch.bfloat16)
+    w, bias = (rand(n, k) * 0.1).to(torch.bfloat16), rand(n).to(torch.bfloat16)
+    y = gt.gemv_early(x.to(device), w.to(device), bias.to(device), config=config)
+    close(f"gemv early n={n} k={k} {config}", y, x.double() @ w.double().t() + bias.double())
+    y = gt.gemv(x.to(device), w.to(device))  # (the default way for one row)
+    close(f"gemv one row n={n} k={k}", y, x.double() @ w.double().t())
 
 
 def gemv_affine_case(bits, group, m, config, n=40, k=320, perm=False, bias=True,

@@ -320,31 +320,6 @@ def _l2_prefetch_call():
         triton_pdl.l2_prefetch([torch.zeros(1 << 19, dtype=torch.bfloat16)])
 
 
-def _early_calls():
-    """One-row products whose programs load their weights before the wait
-    (``ENGINE_GEMV_EARLY=1``): dense, fp8 and int8 per token, block fp8, 4-bit affine."""
-    import os
-    from unittest import mock
-
-    import torch
-
-    from engine.runtime import gemv_triton, quant_triton
-
-    bf = dict(dtype=torch.bfloat16)
-    x = torch.randn(1, 512, **bf)
-    sub = quant_triton.affine_sub(128)
-    q = quant_triton.pack_affine(torch.randint(0, 16, (128, 512)), 4, sub)
-    with mock.patch.dict(os.environ, {"ENGINE_GEMV_EARLY": "1"}):
-        gemv_triton.gemv(x, torch.randn(128, 512, **bf))
-        quant_triton.w8_mm(x, torch.randn(128, 512).to(torch.float8_e4m3fn), torch.ones(128),
-                           act="token")
-        quant_triton.w8_mm(x, torch.zeros(128, 512, dtype=torch.int8), torch.ones(128),
-                           act="token")
-        quant_triton.w8_mm(x, torch.randn(256, 512).to(torch.float8_e4m3fn), torch.ones(2, 4),
-                           act="group", block=(128, 128))
-        gemv_triton.gemv_affine(x, q, torch.rand(4, 128), torch.rand(4, 128), 4, 128, sub)
-
-
 def _core_calls():
     import torch
 
@@ -362,7 +337,11 @@ def _core_calls():
     loc = torch.arange(3)
     params = [torch.zeros(2, dtype=torch.int64) for _ in range(6)]
     return {
-        "gemv (bf16)": lambda: gemv_triton.gemv(x, w),
+        "gemv (bf16: one row, its weights loaded before the wait)":
+            lambda: gemv_triton.gemv(x, w),
+        "gemv (bf16, K in two slices)": lambda: gemv_triton.gemv_early(
+            torch.randn(1, 2048, **bf), torch.randn(128, 2048, **bf), config=(8, 1024, 4)),
+        "gemv (bf16, two rows)": lambda: gemv_triton.gemv(torch.randn(2, 256, **bf), w),
         "gemv (fp8 codes)": lambda: gemv_triton.gemv(x, codes, torch.ones(128)),
         "gemv_norm": lambda: gemv_triton.gemv_norm(x, x, torch.ones(256, **bf), 1e-6, w),
         "w8_swap (fp8, per-token)": lambda: swap_triton.w8_swap(
@@ -381,8 +360,6 @@ def _core_calls():
         "w8_swap (block fp8, two scale blocks an iteration)": lambda: swap_triton.w8_swap(
             torch.randn(1, 512, **bf), torch.randn(256, 512).to(torch.float8_e4m3fn),
             torch.ones(2, 4), act="group", block=(128, 128), config=(128, 128, 1, 4, 3, 2)),
-        "one-row products loading their weights before the wait (ENGINE_GEMV_EARLY=1)":
-            _early_calls,
         "quant_groups (fp8, 1 x 128)": lambda: quant_triton.quant_groups(
             torch.randn(4, 512, **bf), torch.float8_e4m3fn, 128),
         "l2_prefetch": _l2_prefetch_call,
@@ -401,6 +378,26 @@ def _core_calls():
 
 
 CORE = _core_calls()
+
+
+def test_one_row_float_products_load_their_weights_before_the_wait(monkeypatch):
+    """One row of float weights takes ``_gemv_early`` (all of a program's weights loaded before
+    its wait for the previous kernel); ``ENGINE_GEMV_EARLY=0`` and more rows take ``_gemv``."""
+    import torch
+
+    from engine.runtime import gemv_triton
+
+    bf = dict(dtype=torch.bfloat16)
+    w = torch.randn(64, 256, **bf)
+
+    def kernels(rows):
+        return [k.fn.__name__ for k, _, _ in _launches(
+            lambda: gemv_triton.gemv(torch.randn(rows, 256, **bf), w))]
+
+    monkeypatch.delenv("ENGINE_GEMV_EARLY", raising=False)
+    assert kernels(1) == ["_gemv_early"] and kernels(2) == ["_gemv"]
+    monkeypatch.setenv("ENGINE_GEMV_EARLY", "0")
+    assert kernels(1) == ["_gemv"]
 
 
 @pytest.mark.parametrize("name", sorted(CORE))

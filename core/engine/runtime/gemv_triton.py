@@ -38,8 +38,8 @@ import triton.language as tl
 
 from engine.runtime.fused_triton import _round
 from engine.runtime.quant_triton import (_bits, _finish, _group_affine, _kind, _quantize,
-                                         _row1_scale, _row_scales, _slice, _split, _workspace,
-                                         _x_slice, fp8_from_bits, shape_class)
+                                         _row_scales, _slice, _split, _workspace, _x_slice,
+                                         fp8_from_bits, shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_enabled, pdl_trigger,
                                       pdl_wait, prefetch_l2)
 
@@ -48,9 +48,9 @@ MAX_ROWS = 4
 
 
 def early() -> bool:
-    """``ENGINE_GEMV_EARLY=1``: one-row float products through :func:`gemv_early` (an A/B
-    switch, read at each launch)."""
-    return os.environ.get("ENGINE_GEMV_EARLY") == "1"
+    """One-row float products through :func:`gemv_early` (their weights loaded before the
+    wait); ``ENGINE_GEMV_EARLY=0`` turns it off (read at each launch)."""
+    return os.environ.get("ENGINE_GEMV_EARLY", "1") != "0"
 
 
 def dense_rows(device: torch.device) -> int:
@@ -488,216 +488,60 @@ AFFINE_CONFIGS = {"square": (32, 4, 4, 2, 2, 1, 1), "wide": (128, 4, 4, 1, 2, 0,
 
 
 @triton.jit
-def _gemv_early(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K,
-                stride_wn, stride_wsn, split_k, CODES: tl.constexpr, ACT: tl.constexpr,
-                W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
-                MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                BLOCK_N: tl.constexpr, G: tl.constexpr, GS: tl.constexpr,
-                AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, SPLIT: tl.constexpr,
-                PDL: tl.constexpr):
-    """One row: program (n, k) loads all of its weights, ``BLOCK_N`` outputs x G groups of GS
-    columns from column ``k * G * GS`` on, into registers *before* it waits for the previous
+def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_wn, split_k,
+                HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, KC: tl.constexpr,
+                SPLIT: tl.constexpr, PDL: tl.constexpr):
+    """One row of float weights: program (n, k) loads all of its weights, ``BLOCK_N`` outputs x
+    KC columns from column ``k * KC`` on, into registers *before* it waits for the previous
     kernel, then reads x and sums. Under PDL the programs resident while the previous kernels
-    run hold their weights by the time those finish, so the product pays no memory latency
-    at its start (:func:`gemv` and :func:`engine.runtime.quant_triton.w8_mm` with
-    ``ENGINE_GEMV_EARLY=1``). CODES, ACT and W_BLOCK_N as ``_gemv``'s (block scales: GS is
-    the scale block's width); AMAX_CHUNKS blocks of AMAX_BLOCK cover the row for its dynamic
-    scale (ACT 1)."""
+    run hold their weights by the time those finish, so the product pays no memory latency at
+    its start (:func:`gemv`; ``ENGINE_GEMV_EARLY=0`` turns it off)."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    g0 = pid_k * G
-    cols = (g0 + tl.arange(0, G))[:, None] * GS + tl.arange(0, GS)[None, :]  # [G, GS]
+    cols = pid_k * KC + tl.arange(0, KC)
     k_ok = cols < K
-    w = tl.load(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None, None] * stride_wn
-                + cols[None, :, :], mask=k_ok[None, :, :], other=0)
+    w = tl.load(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
+                + cols[None, :], mask=k_ok[None, :], other=0.0)
     pdl_wait(PDL)
     x = tl.load(x_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
-    INT: tl.constexpr = CODES == 1 and FP8 == 0 and ACT != 0
-    if CODES == 1:
-        w = fp8_from_bits(w, FP8)
-    if ACT == 1:
-        xs = _row1_scale(x_ptr, K, QMAX, AMAX_BLOCK, AMAX_CHUNKS)
-    elif ACT == 3:
-        xs = tl.load(xs_ptr)
-    if ACT == 1 or ACT == 3:
-        a = _quantize(x, xs, tl.math.div_rn(1.0, xs), FP8, QMAX, MANT, EMIN)
-    elif ACT == 2:  # per group of GS columns
-        sg = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12), QMAX)  # [G]
-        a = _quantize(x, sg[:, None], tl.math.div_rn(1.0, sg)[:, None], FP8, QMAX, MANT, EMIN)
-    else:
-        a = x
-    if INT:
-        per_group = tl.sum(a.to(tl.int32)[None, :, :] * w.to(tl.int32), axis=2)
-    else:
-        per_group = tl.sum(a[None, :, :] * w.to(tl.float32), axis=2)  # [BLOCK_N, G]
-    if W_BLOCK_N > 0:  # block scales: each group times its output block's scale
-        gs = tl.load(ws_ptr + (tl.minimum(offs_n, N - 1) // W_BLOCK_N).to(tl.int64)[:, None]
-                     * stride_wsn + (g0 + tl.arange(0, G))[None, :],
-                     mask=((g0 + tl.arange(0, G)) * GS < K)[None, :], other=0.0)
-        if ACT == 2:
-            gs = gs * sg[None, :]
-        acc = tl.sum(per_group.to(tl.float32) * gs, axis=1)
-    else:
-        acc = tl.sum(per_group, axis=1)
-    row_s = tl.full((1, 1), 1.0, tl.float32)
-    if ACT == 1 or ACT == 3:
-        row_s = row_s * xs
-    if CODES == 1 and W_BLOCK_N == 0:
-        col_s = tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
-    else:
-        col_s = tl.full((1, BLOCK_N), 1.0, tl.float32)
-    _finish(acc[None, :], row_s, col_s, pid_n, pid_k, tl.arange(0, 1), offs_n,
-            tl.full((1,), 1, tl.int1), n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, 0,
-            split_k, HAS_BIAS, 1, SPLIT)
-
-
-@triton.jit
-def _gemv_affine_early(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K,
-                       stride_qn, split_k, BITS: tl.constexpr, GROUP: tl.constexpr,
-                       SUB: tl.constexpr, SUBNORMAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, T: tl.constexpr, SPLIT: tl.constexpr,
-                       PDL: tl.constexpr):
-    """``_gemv_early`` for weight-only affine codes (the packed form of ``_gemv_affine``, one
-    row, no act order): program (n, k) loads all of its words, ``BLOCK_N`` outputs x T tiles of
-    SUB words from tile ``k * T`` on, before it waits for the previous kernel; then per slice
-    j of the tiles the codes as floats (:func:`_code_values`), summed against x and folded
-    into the group's affine once a group's slices are in (a group is at most one tile)."""
-    PER: tl.constexpr = 32 // BITS
-    PACK: tl.constexpr = PER * SUB
-    CHUNK: tl.constexpr = min(GROUP // SUB, PER)
-    pdl_trigger(PDL)
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
-    nc = tl.minimum(offs_n, N - 1)
-    n_tiles = tl.cdiv(K, PACK)
-    tt = pid_k * T + tl.arange(0, T)  # [T]
-    t_ok = tt < n_tiles
-    i = tl.arange(0, SUB)
-    words = tl.load(q_ptr + nc.to(tl.int64)[:, None, None] * stride_qn
-                    + (tt[:, None] * SUB + i[None, :])[None, :, :],
-                    mask=t_ok[None, :, None], other=0)  # [BLOCK_N, T, SUB]
-    pdl_wait(PDL)
-    acc = tl.zeros((BLOCK_N, T), dtype=tl.float32)
-    accg = tl.zeros((BLOCK_N, T), dtype=tl.float32)
-    xg = tl.zeros((T,), dtype=tl.float32)
-    for j in tl.static_range(PER):
-        cols = tt[:, None] * PACK + j * SUB + i[None, :]  # [T, SUB]
-        x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-        f = _code_values(words, j, BITS, SUBNORMAL)
-        part = tl.sum(_to_unit(x, j, BITS, SUBNORMAL)[None, :, :] * f, axis=2)
-        if j % CHUNK == 0:
-            accg = part
-            xg = tl.sum(x, axis=1)
-        else:
-            accg += part
-            xg += tl.sum(x, axis=1)
-        if j % CHUNK == CHUNK - 1:  # the group's affine: w = f s + c
-            g = (tt * PACK + (j + 1 - CHUNK) * SUB) // GROUP
-            at = g[None, :] * N + nc[:, None]
-            g_ok = (t_ok & (g * GROUP < K))[None, :]
-            sc = tl.load(s_ptr + at, mask=g_ok, other=0.0)
-            bc = tl.load(b_ptr + at, mask=g_ok, other=0.0)
-            if SUBNORMAL:
-                c = bc * 2.0 ** -UNIT
-            else:
-                c = bc - sc * (1 << BITS)
-            acc += accg * sc
-            acc += xg[None, :] * c
-    unit = tl.full((1, 1), 2.0 ** UNIT if SUBNORMAL else 1.0, tl.float32)
+    acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     one = tl.full((1, 1), 1.0, tl.float32)
-    _finish(tl.sum(acc, axis=1)[None, :], unit, one, pid_n, pid_k, tl.arange(0, 1), offs_n,
+    _finish(acc[None, :], one, one, pid_n, pid_k, tl.arange(0, 1), offs_n,
             tl.full((1,), 1, tl.int1), n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, 0,
             split_k, HAS_BIAS, 1, SPLIT)
 
 
-#: (BLOCK_N, tiles a program, warps, codes as subnormal floats) of ``_gemv_affine_early`` by
-#: shape class (``ENGINE_GEMV_EARLY_AFFINE`` = "bn,tiles,warps,subnormal" overrides them)
-EARLY_AFFINE_CONFIGS = {"square": (8, 16, 4, 1), "wide": (8, 16, 4, 1), "deep": (16, 8, 4, 1)}
+#: (BLOCK_N, KC columns a program, warps) of :func:`_gemv_early` by shape class
+#: (``ENGINE_GEMV_EARLY_CONFIG`` = "bn,kc,warps" overrides them for a sweep); chosen on an
+#: H200 by ``benchmarks/step_products_gpu.py``
+EARLY_CONFIGS = {"square": (4, 4096, 4), "wide": (4, 4096, 4), "deep": (8, 2048, 4)}
 
 
-def gemv_affine_early(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
-                      bias_: torch.Tensor, bits: int, group: int, sub: int,
-                      bias: torch.Tensor | None = None,
-                      config: tuple | None = None) -> torch.Tensor | None:
-    """:func:`gemv_affine` of one row through ``_gemv_affine_early``, or None where it does not
-    serve (a group wider than a tile or not whole slices, too many slices of K)."""
-    m, k = x.shape
-    n = q.shape[0]
-    pack = 32 // bits * sub
-    if m != 1 or group % sub or group > pack or x.stride(-1) != 1:
+def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+               config: tuple | None = None) -> torch.Tensor | None:
+    """:func:`gemv` of one row over float weights through ``_gemv_early``, or None where it
+    does not serve (more rows, rows not contiguous, more slices of K than the workspace
+    holds)."""
+    n, k = w.shape
+    if x.shape[0] != 1 or w.stride(-1) != 1 or x.stride(-1) != 1:
         return None
-    env = os.environ.get("ENGINE_GEMV_EARLY_AFFINE")
-    bn, tiles, warps, subnormal = config or (tuple(int(v) for v in env.split(",")) if env
-                                             else EARLY_AFFINE_CONFIGS[shape_class(n, k)])
-    n_tiles = triton.cdiv(k, pack)
-    tiles = min(tiles, triton.next_power_of_2(n_tiles))
-    split = triton.cdiv(n_tiles, tiles)
+    env = os.environ.get("ENGINE_GEMV_EARLY_CONFIG")
+    bn, kc, warps = config or (tuple(int(v) for v in env.split(",")) if env
+                               else EARLY_CONFIGS[shape_class(n, k)])
+    kc = min(kc, triton.next_power_of_2(k))
+    split = triton.cdiv(k, kc)
     if _split(split, n, bn, 1) != split:
         return None
     part, cnt = _workspace(x.device)
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _gemv_affine_early[(triton.cdiv(n, bn), split)](
-        x, q, scale, bias_, bias if bias is not None else y, y, part, cnt, n, k, q.stride(0),
-        split, BITS=bits, GROUP=group, SUB=sub, SUBNORMAL=bool(subnormal),
-        HAS_BIAS=bias is not None, BLOCK_N=bn, T=tiles, SPLIT=split > 1, num_warps=warps,
-        **launch_options(x.device))
-    return y
-
-#: (BLOCK_N, columns a program, warps) of :func:`_gemv_early` by (weight kind, shape class)
-#: (``ENGINE_GEMV_EARLY_CONFIG`` = "bn,kc,warps" overrides them for a sweep); chosen on an
-#: H200 by ``benchmarks/step_products_gpu.py`` (float) and ``quant_gpu.py`` (codes)
-EARLY_CONFIGS = {("float", "square"): (4, 4096, 4), ("float", "wide"): (4, 4096, 4),
-                 ("float", "deep"): (8, 2048, 4),
-                 ("w8", "square"): (8, 4096, 4), ("w8", "wide"): (8, 4096, 4),
-                 ("w8", "deep"): (16, 2048, 4),
-                 ("block", "square"): (8, 4096, 4), ("block", "wide"): (8, 4096, 4),
-                 ("block", "deep"): (16, 2048, 4)}
-#: columns of one group (float and per-row codes; block scales use their block's width)
-EARLY_GROUP = 128
-
-
-def gemv_early(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, *,
-               act: str | None = None, x_scale: torch.Tensor | None = None,
-               block: tuple[int, int] | None = None, out_dtype: torch.dtype | None = None,
-               bias: torch.Tensor | None = None,
-               config: tuple | None = None) -> torch.Tensor | None:
-    """:func:`gemv` (arguments as there) of one row through ``_gemv_early``, or None where it
-    does not serve (more rows, a block scale that is not a power of two, too many slices of
-    K for the workspace)."""
-    n, k = w.shape
-    codes = w_scale is not None
-    kind = "block" if block is not None else "w8" if codes else "float"
-    env = os.environ.get("ENGINE_GEMV_EARLY_CONFIG")
-    bn, kc, warps = config or (tuple(int(v) for v in env.split(",")) if env
-                               else EARLY_CONFIGS[(kind, shape_class(n, k))])
-    gs = block[1] if block is not None else EARLY_GROUP
-    if x.shape[0] != 1 or w.stride(-1) != 1 or gs & (gs - 1):
-        return None
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    kc = max(gs, min(kc, triton.next_power_of_2(k)))
-    split = triton.cdiv(k, kc)
-    if _split(split, n, bn, 1) != split:
-        return None
-    fp8, mant, emin, qmax = _kind(w.dtype) if codes else (0, 0, 0, 1.0)
-    code = {None: 0, "token": 1, "group": 2, "static": 3}[act]
-    amax_block = min(1024, triton.next_power_of_2(k))
-    part, cnt = _workspace(x.device)
-    y = torch.empty((1, n), dtype=out_dtype or x.dtype, device=x.device)
     _gemv_early[(triton.cdiv(n, bn), split)](
-        _bits(x), x_scale if x_scale is not None else y, _bits(w), w_scale if codes else y,
-        bias if bias is not None else y, y, part, cnt, n, k, w.stride(0),
-        w_scale.stride(0) if codes else 0, split, CODES=int(codes), ACT=code,
-        W_BLOCK_N=block[0] if block else 0, FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin,
-        HAS_BIAS=bias is not None, BLOCK_N=bn, G=kc // gs, GS=gs, AMAX_BLOCK=amax_block,
-        AMAX_CHUNKS=triton.cdiv(k, amax_block), SPLIT=split > 1, num_warps=warps,
+        x, w, bias if bias is not None else y, y, part, cnt, n, k, w.stride(0), split,
+        HAS_BIAS=bias is not None, BLOCK_N=bn, KC=kc, SPLIT=split > 1, num_warps=warps,
         **launch_options(x.device))
     return y
-
 
 def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, *,
          act: str | None = None, x_scale: torch.Tensor | None = None,
@@ -720,11 +564,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, 
             raise ValueError("float weights take unquantized activations")
     if act == "group" and block is None:
         raise ValueError("activations quantized per group need block weight scales")
-    if m == 1 and config is None and early():
-        y = gemv_early(x, w, w_scale, act=act, x_scale=x_scale, block=block,
-                       out_dtype=out_dtype, bias=bias)
+    if not codes and m == 1 and config is None and early():
+        y = gemv_early(x, w, bias)
         if y is not None:
-            return y
+            return y if out_dtype in (None, y.dtype) else y.to(out_dtype)
     kind = "block" if block is not None else "w8" if codes else "float"
     bn, bk, split, warps, stages = config or launch(kind, n, k)
     if block is not None:
@@ -811,10 +654,6 @@ def gemv_affine(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
     m, k = x.shape
     if m > MAX_ROWS:
         raise ValueError(f"gemv serves at most {MAX_ROWS} rows, got {m}")
-    if m == 1 and perm is None and not round_weights and config is None and early():
-        y = gemv_affine_early(x, q, scale, bias_, bits, group, sub, bias=bias)
-        if y is not None:
-            return y
     n = q.shape[0]
     bn, split, warps, stages, tiles, factor_rows, subnormal = (config or
                                                             AFFINE_CONFIGS[shape_class(n, k)])

@@ -680,14 +680,6 @@ def w8_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str |
     if act == "group" and block is None:
         raise ValueError("activations quantized per group need block weight scales")
     fp8, mant, emin, qmax = _kind(w.dtype)
-    if m == 1 and path is None and config is None:
-        from engine.runtime import gemv_triton
-
-        if gemv_triton.early():  # the row's weights loaded before the wait
-            y = gemv_triton.gemv_early(x, w, w_scale, act=act, x_scale=x_scale, block=block,
-                                       out_dtype=out_dtype, bias=bias)
-            if y is not None:
-                return y
     if (path == "swap" or (path is None and config is None)) and m <= SWAP_ROWS:
         from engine.runtime import swap_triton
 
