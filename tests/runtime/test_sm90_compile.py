@@ -342,6 +342,8 @@ def _core_calls():
         "gemv (bf16, K in two slices)": lambda: gemv_triton.gemv_early(
             torch.randn(1, 2048, **bf), torch.randn(128, 2048, **bf), config=(8, 1024, 4)),
         "gemv (bf16, two rows)": lambda: gemv_triton.gemv(torch.randn(2, 256, **bf), w),
+        "gemv (bf16, one row of a down projection: all 14336 columns a program)":
+            lambda: gemv_triton.gemv(torch.randn(1, 14336, **bf), torch.randn(64, 14336, **bf)),
         "gemv (fp8 codes)": lambda: gemv_triton.gemv(x, codes, torch.ones(128)),
         "gemv_norm": lambda: gemv_triton.gemv_norm(x, x, torch.ones(256, **bf), 1e-6, w),
         "w8_swap (fp8, per-token)": lambda: swap_triton.w8_swap(

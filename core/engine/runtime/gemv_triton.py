@@ -517,7 +517,7 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
 #: (BLOCK_N, KC columns a program, warps) of :func:`_gemv_early` by shape class
 #: (``ENGINE_GEMV_EARLY_CONFIG`` = "bn,kc,warps" overrides them for a sweep); chosen on an
 #: H200 by ``benchmarks/step_products_gpu.py``
-EARLY_CONFIGS = {"square": (4, 4096, 4), "wide": (4, 4096, 4), "deep": (8, 2048, 4)}
+EARLY_CONFIGS = {"square": (4, 4096, 4), "wide": (4, 4096, 4), "deep": (2, 16384, 8)}
 
 
 def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
