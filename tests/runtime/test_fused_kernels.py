@@ -32,8 +32,11 @@ def test_fused_kernels_on_the_gpu():
     assert run("cuda", {}) == []
 
 
-def test_norm_and_silu_inside_the_matrix_vector_product_under_the_interpreter():
-    assert run("cpu", {"TRITON_INTERPRET": "1"}, GEMV_CHECKS) == []
+@pytest.mark.parametrize("early", ["1", "0"])
+def test_norm_and_silu_inside_the_matrix_vector_product_under_the_interpreter(early):
+    """One row: through the kernel that loads its weights before the wait (the default) and
+    through the one before (``ENGINE_GEMV_EARLY=0``)."""
+    assert run("cpu", {"TRITON_INTERPRET": "1", "ENGINE_GEMV_EARLY": early}, GEMV_CHECKS) == []
 
 
 @pytest.mark.gpu

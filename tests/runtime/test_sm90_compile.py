@@ -346,6 +346,7 @@ def _core_calls():
             lambda: gemv_triton.gemv(torch.randn(1, 14336, **bf), torch.randn(64, 14336, **bf)),
         "gemv (fp8 codes)": lambda: gemv_triton.gemv(x, codes, torch.ones(128)),
         "gemv_norm": lambda: gemv_triton.gemv_norm(x, x, torch.ones(256, **bf), 1e-6, w),
+        "gemv_silu": lambda: gemv_triton.gemv_silu(torch.randn(1, 512, **bf), w),
         "w8_swap (fp8, per-token)": lambda: swap_triton.w8_swap(
             torch.randn(4, 256, **bf), codes, torch.ones(128), act="token"),
         "w8_swap (fp8, per-token, one row)": lambda: swap_triton.w8_swap(

@@ -489,13 +489,20 @@ AFFINE_CONFIGS = {"square": (32, 4, 4, 2, 2, 1, 1), "wide": (128, 4, 4, 1, 2, 0,
 
 @triton.jit
 def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_wn, split_k,
-                HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, KC: tl.constexpr,
-                SPLIT: tl.constexpr, PDL: tl.constexpr):
+                res_ptr, nw_ptr, res_out_ptr, eps, HAS_BIAS: tl.constexpr,
+                BLOCK_N: tl.constexpr, KC: tl.constexpr, SPLIT: tl.constexpr,
+                PRE: tl.constexpr, HAS_RES: tl.constexpr, NORM_BLOCK: tl.constexpr,
+                PDL: tl.constexpr):
     """One row of float weights: program (n, k) loads all of its weights, ``BLOCK_N`` outputs x
     KC columns from column ``k * KC`` on, into registers *before* it waits for the previous
     kernel, then reads x and sums. Under PDL the programs resident while the previous kernels
     run hold their weights by the time those finish, so the product pays no memory latency at
-    its start (:func:`gemv`; ``ENGINE_GEMV_EARLY=0`` turns it off)."""
+    its start (:func:`gemv`; ``ENGINE_GEMV_EARLY=0`` turns it off).
+
+    PRE as ``_gemv``'s (the input made from the previous layer's output after the wait,
+    rounded where the separate kernels round): 1, SiLU-and-mul of the gate/up row ``x`` [2K];
+    2, RMSNorm of ``x`` (+ ``res`` when HAS_RES) times ``nw``, the row's norm summed in blocks
+    of NORM_BLOCK by every program, program (0, 0) storing ``x + res`` at ``res_out``."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -506,13 +513,32 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
     w = tl.load(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
                 + cols[None, :], mask=k_ok[None, :], other=0.0)
     pdl_wait(PDL)
+    dt: tl.constexpr = y_ptr.dtype.element_ty
     x = tl.load(x_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
+    if PRE == 1:  # silu(gate) rounded, times up, rounded
+        u = tl.load(x_ptr + K + cols, mask=k_ok, other=0.0).to(tl.float32)
+        x = _round(_round(x * tl.sigmoid(x), dt) * u, dt)
+    elif PRE == 2:
+        row = x_ptr + tl.zeros((1, 1), dtype=tl.int32)
+        r_row = res_ptr + tl.zeros((1, 1), dtype=tl.int32)
+        one_row = tl.full((1,), 1, tl.int1)
+        rstd = tl.sum(_rstd(row, r_row, one_row, K, eps, dt, HAS_RES, 1, NORM_BLOCK), axis=0)
+        if HAS_RES:
+            x = _round(x + tl.load(res_ptr + cols, mask=k_ok, other=0.0).to(tl.float32), dt)
+            if (pid_n == 0) & (pid_k == 0):  # the residual stream, once
+                for k0 in range(0, K, NORM_BLOCK):
+                    offs = k0 + tl.arange(0, NORM_BLOCK)
+                    ok = offs < K
+                    v = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32) \
+                        + tl.load(res_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+                    tl.store(res_out_ptr + offs, v.to(dt), mask=ok)
+        nw = tl.load(nw_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
+        x = _round(_round(x * rstd, dt) * nw, dt)
     acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     one = tl.full((1, 1), 1.0, tl.float32)
     _finish(acc[None, :], one, one, pid_n, pid_k, tl.arange(0, 1), offs_n,
             tl.full((1,), 1, tl.int1), n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, 0,
             split_k, HAS_BIAS, 1, SPLIT)
-
 
 #: (BLOCK_N, KC columns a program, warps) of :func:`_gemv_early` by shape class
 #: (``ENGINE_GEMV_EARLY_CONFIG`` = "bn,kc,warps" overrides them for a sweep); chosen on an
@@ -521,10 +547,14 @@ EARLY_CONFIGS = {"square": (4, 4096, 4), "wide": (4, 4096, 4), "deep": (2, 16384
 
 
 def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-               config: tuple | None = None) -> torch.Tensor | None:
-    """:func:`gemv` of one row over float weights through ``_gemv_early``, or None where it
-    does not serve (more rows, rows not contiguous, more slices of K than the workspace
-    holds)."""
+               config: tuple | None = None, *, pre: int = 0,
+               residual: torch.Tensor | None = None, norm_w: torch.Tensor | None = None,
+               eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(``x`` [1, K] @ W^T for float ``w`` [N, K] through ``_gemv_early``, the residual stream
+    written with ``pre`` 2 and a residual, else None), or None where it does not serve (more
+    rows, rows not contiguous, more slices of K than the workspace holds). ``pre``,
+    ``residual``, ``norm_w``, ``eps``: the input made in the kernel (``PRE``; ``x`` is then the
+    gate/up row [1, 2K] for 1)."""
     n, k = w.shape
     if x.shape[0] != 1 or w.stride(-1) != 1 or x.stride(-1) != 1:
         return None
@@ -537,11 +567,16 @@ def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         return None
     part, cnt = _workspace(x.device)
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    has_res = residual is not None
+    res_out = torch.empty((1, k), dtype=x.dtype, device=x.device) if has_res else None
     _gemv_early[(triton.cdiv(n, bn), split)](
         x, w, bias if bias is not None else y, y, part, cnt, n, k, w.stride(0), split,
-        HAS_BIAS=bias is not None, BLOCK_N=bn, KC=kc, SPLIT=split > 1, num_warps=warps,
+        residual if has_res else x, norm_w if norm_w is not None else y,
+        res_out if has_res else y, eps, HAS_BIAS=bias is not None, BLOCK_N=bn, KC=kc,
+        SPLIT=split > 1, PRE=pre, HAS_RES=has_res,
+        NORM_BLOCK=min(1024, triton.next_power_of_2(k)), num_warps=warps,
         **launch_options(x.device))
-    return y
+    return y, res_out
 
 def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, *,
          act: str | None = None, x_scale: torch.Tensor | None = None,
@@ -565,9 +600,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, 
     if act == "group" and block is None:
         raise ValueError("activations quantized per group need block weight scales")
     if not codes and m == 1 and config is None and early():
-        y = gemv_early(x, w, bias)
-        if y is not None:
-            return y if out_dtype in (None, y.dtype) else y.to(out_dtype)
+        done = gemv_early(x, w, bias)
+        if done is not None:
+            return done[0] if out_dtype in (None, x.dtype) else done[0].to(out_dtype)
     kind = "block" if block is not None else "w8" if codes else "float"
     bn, bk, split, warps, stages = config or launch(kind, n, k)
     if block is not None:
@@ -603,6 +638,10 @@ def _gemv_pre(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, pre: 
         raise ValueError(f"gemv serves at most {MAX_ROWS} rows, got {m}")
     if x.stride(-1) != 1 or w.stride(-1) != 1:
         raise ValueError("rows of x and w must be contiguous")
+    if m == 1 and early():
+        done = gemv_early(x, w, bias, pre=pre, residual=residual, norm_w=norm_w, eps=eps)
+        if done is not None:
+            return done
     bn, bk, split, warps, stages = launch("float", n, k)
     bm = triton.next_power_of_2(m)
     bn = max(2, bn // bm)
