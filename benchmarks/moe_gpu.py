@@ -5,7 +5,6 @@ experts, top-8) with the triton and torch runners (and transformers where asked)
     python3 benchmarks/moe_gpu.py [--batches 1,8,64] [--kernel-tokens 1,8,64,256,1024,4096]
                                   [--layers 48] [--hf eager] [--tune]
                                   [--chain-layers 8] [--chain-tokens 1,8] [--chain-sweep]
-                                  [--blocks-sweep]
 
 Writes moe_gpu.json (and, with --tune, the tuned launch table) to $OUT when set.
 """
@@ -31,8 +30,7 @@ sys.path.insert(0, str(ROOT / "plugins" / "moe" / "torch"))
 from engine.api.moe import ExpertWeights, route  # noqa: E402
 from engine.testing.moe import runner_failures  # noqa: E402
 from engine_moe_torch.impl import TorchRunner  # noqa: E402
-from engine_moe_triton.impl import (BLOCKS_ONE_TOKEN, GEMV_DEFAULT, TritonRunner,  # noqa: E402
-                                    table_name)
+from engine_moe_triton.impl import GEMV_DEFAULT, TritonRunner, table_name  # noqa: E402
 
 MODEL_DIR = str(ROOT / "tests" / "data" / "qwen3-30b-a3b-dummy")
 E, K, H, I = 128, 8, 2048, 768  # Qwen3-30B-A3B's sparse layer
@@ -45,13 +43,10 @@ def kit() -> list[list]:
     dev = torch.device("cuda")
     for name, runner in (("torch", TorchRunner()), ("triton (gemv for small)", TritonRunner(None)),
                          ("triton (grouped only)", TritonRunner(None)),
-                         ("triton (gemv chained: one launch)", TritonRunner(None)),
-                         ("triton (expert blocks)", TritonRunner(None))):
+                         ("triton (gemv chained: one launch)", TritonRunner(None))):
         if name == "triton (grouped only)":
             runner.gemv_max_pairs = 0
         runner.chained = "chained" in name
-        if "blocks" in name:  # every small batch through the expert-block form
-            runner.gemv, runner.gemv_one = dict(BLOCKS_ONE_TOKEN), None
         fails = list(runner_failures(runner, dev))
         rows.append([name, len(fails), "; ".join(fails)[:200]])
     return rows
@@ -194,15 +189,13 @@ def sweep_gemv(tokens_list: list[int]) -> list[list]:
     return rows
 
 
-def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
-               blocks_sweep: bool = False) -> list[list]:
+def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]:
     """The sparse layer as the model runs it: ``n_layers`` layers with their own weights (past
     L2), each layer's output the next one's input, in one CUDA graph (with PDL each kernel
     starts while the previous one finishes, as in a decode step); µs and TB/s per layer,
     against one layer replayed alone. Rows: the default launch, the same with both projections
     in one launch (``pair_moe_chained``), and with ``sweep`` the best three of a grid of
-    one-launch forms at one token; with ``blocks_sweep`` the expert-block form
-    (``expert_blocks_moe``) at its default and over a grid at one token."""
+    one-launch forms at one token."""
     exs = [layer()[0] for _ in range(n_layers)]
     _, router = layer()
     tri = TritonRunner(None)
@@ -220,12 +213,6 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
 
         one = dict(tri.gemv_one if m == 1 else tri.gemv)
         launches = [("the default", None), ("the default, chained", dict(one, chained=True))]
-        if blocks_sweep and m == 1:
-            launches.append(("expert blocks", dict(BLOCKS_ONE_TOKEN)))
-            launches += [("", dict(blocks=True, ib=ib, block_k=bk, block_h=bh, warps=wp,
-                                   next_tile=True))
-                         for ib in (16, 32, 64) for bk in (128, 256) for bh in (32, 64, 128)
-                         for wp in (4, 8)]
         if sweep and m == 1:  # both projections in one launch (pair_moe_chained)
             launches += [("", dict(block_n=bn, block_k=bk, warps=wp, down_block_n=dbn,
                                    next_tile=True, chained=True))
@@ -245,9 +232,8 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
             except Exception:  # a launch the compiler rejects
                 pass
             tri.gemv_one, tri.gemv = saved
-        fixed = 3 if blocks_sweep and m == 1 else 2
-        best = sorted(scores[fixed:])[:3]
-        for t_chain, t_one, label in scores[:fixed] + best:
+        best = sorted(scores[2:])[:3]
+        for t_chain, t_one, label in scores[:2] + best:
             rows.append([m, active, n_layers, round(t_chain * 1e3, 1),
                          round(bytes_ / (t_chain * 1e-3) / 1e12, 2),
                          f"{bytes_ / (t_chain * 1e-3) / BW:.0%}", round(t_one * 1e3, 1),
@@ -267,9 +253,8 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     rows = []
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+combine (the combine in the down projection), triton+chained (both
-    # projections in one launch), triton+blocks (one token: expert blocks), torch
-    variants = {"combine": "ENGINE_MOE_FUSED_COMBINE", "chained": "ENGINE_MOE_CHAINED",
-                "blocks": "ENGINE_MOE_EXPERT_BLOCKS"}
+    # projections in one launch), torch
+    variants = {"combine": "ENGINE_MOE_FUSED_COMBINE", "chained": "ENGINE_MOE_CHAINED"}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"
@@ -330,9 +315,8 @@ def main() -> None:
     ap.add_argument("--sweep-gemv", action="store_true")
     ap.add_argument("--runners", default="triton,torch",
                     help="model decode: triton, triton+combine (the combine inside the down "
-                    "projection), triton+chained (both projections in one launch), "
-                    "triton+blocks (one token: expert blocks), torch; a runner may be named "
-                    "twice (order effects)")
+                    "projection), triton+chained (both projections in one launch), torch; a "
+                    "runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,
                     help="E,top_k,H,I of the layer for the kit-free sections (default: "
                          "Qwen3-30B-A3B's 128,8,2048,768), e.g. 8,2,4096,14336 for Mixtral")
@@ -342,9 +326,6 @@ def main() -> None:
     ap.add_argument("--chain-tokens", default="1,8")
     ap.add_argument("--chain-sweep", action="store_true",
                     help="also time a grid of one-token launches in the chain")
-    ap.add_argument("--blocks-sweep", action="store_true",
-                    help="also time the expert-block form (and a grid of its launches) at "
-                    "one token in the chain")
     args = ap.parse_args()
     if args.shape:
         global E, K, H, I
@@ -376,7 +357,7 @@ def main() -> None:
               out["kernel"])
     if "chain" not in skip:
         out["chain"] = chain_rows([int(x) for x in args.chain_tokens.split(",")],
-                                  args.chain_layers, args.chain_sweep, args.blocks_sweep)
+                                  args.chain_layers, args.chain_sweep)
         table(f"the sparse layer in a chain of {args.chain_layers} (own weights, one CUDA graph;"
               f" E={E}, top-{K}, H={H}, I={I}, bf16) against one layer replayed alone",
               ["tokens", "active experts", "layers", "chain us/layer", "chain TB/s",

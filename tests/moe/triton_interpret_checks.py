@@ -19,7 +19,7 @@ from engine.models.loader import load_model  # noqa: E402
 from engine.models.parsing import read_hf_dir  # noqa: E402
 from engine.testing.moe import runner_failures  # noqa: E402
 from engine_moe_torch.impl import TorchRunner  # noqa: E402
-from engine_moe_triton.impl import BLOCKS_ONE_TOKEN, TritonRunner  # noqa: E402
+from engine_moe_triton.impl import TritonRunner  # noqa: E402
 
 from _tiny import checkpoint  # noqa: E402
 
@@ -49,16 +49,6 @@ for pairs, acc2d, combine, nxt in ((0, False, False, False), (64, False, False, 
 failures += [f"chained: {f}" for f in runner_failures(
     triton_runner(64, next_tile=True, chained=True), torch.device("cpu"), small=True,
     dtypes=(torch.float32,))]
-# the expert-block form (a few intermediate features of a pair through both projections a
-# program, then one sum), for every small batch
-blocks = triton_runner(64)
-blocks.gemv = dict(BLOCKS_ONE_TOKEN)
-failures += [f"expert blocks: {f}" for f in runner_failures(
-    blocks, torch.device("cpu"), small=True, dtypes=(torch.float32,))]
-os.environ["ENGINE_MOE_EXPERT_BLOCKS"] = "1"  # one token takes it
-if not TritonRunner(None).gemv_one.get("blocks"):
-    failures.append("ENGINE_MOE_EXPERT_BLOCKS=1 does not select the expert-block form")
-del os.environ["ENGINE_MOE_EXPERT_BLOCKS"]
 # the runner as built: one token through its own launch (GEMV_ONE_TOKEN)
 failures += [f"default runner: {f}" for f in runner_failures(
     TritonRunner(None), torch.device("cpu"), small=True, dtypes=(torch.float32,))]

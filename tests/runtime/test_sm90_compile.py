@@ -233,23 +233,6 @@ def test_moe_chained_kernel_builds(down_block_n):
         DOWN_BLOCK_N=down_block_n, DOWN_I=1024, NEXT=True, PDL=True))
 
 
-@pytest.mark.parametrize("ib,block_h,warps", [(16, 64, 8), (32, 64, 4), (64, 128, 8)])
-def test_moe_expert_block_kernels_build(ib, block_h, warps):
-    """The one-token expert-block form at launches the H200 sweep tries: no register spills
-    (the gate and up tiles of two K steps live at once)."""
-    from engine_moe_triton import kernels
-
-    types = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "w2_ptr": "*bf16", "ids_ptr": "*i32",
-             "part_ptr": "*fp32", "weights_ptr": "*fp32", "out_ptr": "*bf16"}
-    blocks = build(kernels._expert_blocks, types, dict(
-        TOP_K=8, IB=ib, BLOCK_K=128, BLOCK_H=block_h, NEXT=True, PREFETCH=True, PDL=True),
-        warps=warps)
-    assert stack_bytes(blocks) == 0
-    build(kernels._sum_blocks, types, dict(TOP_K=8, BLOCKS=768 // ib,
-                                           NB=triton.next_power_of_2(768 // ib), BLOCK=32,
-                                           PDL=True))
-
-
 # ------------------------------------------------------------- the core's kernels, by launch
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int64": "i64",

@@ -51,9 +51,6 @@ GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8, acc2d=False)  # best of th
 #: 30.7 for GEMV_DEFAULT, docs/benchmarks/moe.md), not measured at more tokens
 GEMV_ONE_TOKEN = dict(block_n=16, block_k=256, warps=4, down_block_n=32, down_block_k=256,
                       acc2d=False, next_tile=True)
-#: one token through :func:`.kernels.expert_blocks_moe` (IB intermediate features of a pair
-#: through both projections a program; opt-in, ``ENGINE_MOE_EXPERT_BLOCKS=1``)
-BLOCKS_ONE_TOKEN = dict(blocks=True, ib=32, block_k=128, block_h=64, warps=4, next_tile=True)
 
 
 def table_name(num_experts: int, width: int, device: str, dtype: torch.dtype) -> str:
@@ -87,9 +84,7 @@ class TritonRunner(MoERunner):
         #: its launch parameters (benchmarks/moe_gpu.py --sweep-gemv measures them)
         self.gemv: dict[str, int] = dict(GEMV_DEFAULT)
         #: the launch for a single token, or None (``gemv`` serves it too)
-        self.gemv_one: dict[str, Any] | None = dict(
-            BLOCKS_ONE_TOKEN if os.environ.get("ENGINE_MOE_EXPERT_BLOCKS") == "1"
-            else GEMV_ONE_TOKEN)
+        self.gemv_one: dict[str, Any] | None = dict(GEMV_ONE_TOKEN)
         #: the matrix-vector path's down projection also sums each token's pairs (no separate
         #: combine kernel); opt-in, ``ENGINE_MOE_FUSED_COMBINE=1``
         self.fused_combine = os.environ.get("ENGINE_MOE_FUSED_COMBINE") == "1"
@@ -118,9 +113,8 @@ class TritonRunner(MoERunner):
 
     def apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
               topk_weights: torch.Tensor) -> torch.Tensor:
-        from .kernels import (align_by_expert, chained_serves, combine_pairs,
-                              expert_blocks_moe, grouped_gemm, pair_moe, pair_moe_chained,
-                              silu_and_mul)
+        from .kernels import (align_by_expert, chained_serves, combine_pairs, grouped_gemm,
+                              pair_moe, pair_moe_chained, silu_and_mul)
 
         t, k = topk_ids.shape
         inter, h = experts.intermediate_size, experts.hidden_size
@@ -128,11 +122,6 @@ class TritonRunner(MoERunner):
         if t * k <= self.gemv_max_pairs and act_quant is None:
             launch = self.gemv_one if t == 1 and self.gemv_one is not None else self.gemv
             x = hidden.to(experts.w13.dtype)
-            if launch.get("blocks"):  # each program: a few features through both projections
-                return expert_blocks_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
-                                         topk_weights.float().contiguous(), hidden.dtype,
-                                         **(dict(launch, ib=8, block_k=16, block_h=16)
-                                            if interpreting() else launch))
             gate_up = torch.empty(t * k, 2 * inter, dtype=x.dtype, device=x.device)
             down = torch.empty(t * k, h, dtype=x.dtype, device=x.device)
             if interpreting():
