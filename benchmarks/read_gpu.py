@@ -29,8 +29,10 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait  # noqa: E402
+from quant_gpu import replay_ms  # noqa: E402
 
 BW = 4.3e12
 
@@ -61,23 +63,7 @@ def time_reads(bufs: list[torch.Tensor], programs: int, block: int, unroll: int,
             _read[(programs,)](b, out, n_per, BLOCK=block, UNROLL=unroll, num_warps=warps,
                                **opts)
 
-    run()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(3):
-        start.record()
-        for _ in range(10):
-            g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3 / 10 / len(bufs))
-    return best
+    return min(replay_ms(run, 10) for _ in range(3)) / 1e3 / len(bufs)
 
 
 def buffers(words: int) -> list[torch.Tensor]:

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
 from engine.runtime import fused_triton
 from engine.runtime import gemv_triton as gt
+
+sys.path.insert(0, os.path.dirname(__file__))
+from quant_gpu import replay_ms  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336)}
@@ -69,28 +73,12 @@ def time_variant(layers: list[dict], variant: str, small: bool) -> float:
                 os.environ["ENGINE_GEMV_EARLY_CONFIG"] = launch.replace("x", ",")
     linear = (lambda a, w: F.linear(a, w)) if name == "cublas" else (lambda a, w: gt.gemv(a, w))
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
-    try:
-        chain(layers, x, linear, small)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            chain(layers, x, linear, small)
-    finally:  # (the launches read the switches at capture; the graph keeps them)
+    try:  # (the launches read the switches when captured; the graphs keep them)
+        return min(replay_ms(lambda: chain(layers, x, linear, small), 5) for _ in range(3))
+    finally:
         for env in ENVS:
             os.environ.pop(env, None)
         gt.EARLY_CONFIGS.update(saved)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(3):
-        start.record()
-        for _ in range(5):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / 5)
-    return best
 
 
 def main() -> None:
