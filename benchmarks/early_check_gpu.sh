@@ -2,7 +2,9 @@
 # previous kernel (gemv_triton.gemv_early, the default; ENGINE_GEMV_EARLY=0 the kernel before),
 # on the GPU machine (from the repository root, carrying .whl and .whl-server). Each step's log
 # lands in $OUT.
-#     bash benchmarks/early_check_gpu.sh [STEP...]   (steps: checks chain e2e moe quant)
+#     bash benchmarks/early_check_gpu.sh [STEP...]   (steps: checks chain e2e moe quant;
+#     moe_down: the MoE down projection loading before its wait, ENGINE_MOE_DOWN_EARLY=1, its
+#     kit on CUDA, the layer in a chain and the model at batch 1 against the default)
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
 OUT=${OUT:-/tmp/early_check}
 source benchmarks/gpu_step.sh
@@ -27,6 +29,11 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       --backends triton,triton:late,triton,triton:late --batches 1 --hf "" --steps 32 ;;
     moe) TAIL=6 step 150 moe python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
       --batches 1 --runners triton ;;
+    moe_down)
+      TAIL=14 step 240 moe_down_layer python3 benchmarks/moe_gpu.py --skip kernel,model \
+        --chain-tokens 1,8
+      TAIL=6 step 240 moe_down_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners triton,triton+early,triton,triton+early ;;
     quant) ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=9 step 100 quant python3 benchmarks/quant_gpu.py \
       --batches 1 --schemes fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8,gptq ;;
   esac
