@@ -4,7 +4,9 @@
 # lands in $OUT.
 #     bash benchmarks/early_check_gpu.sh [STEP...]   (steps: checks chain e2e moe quant;
 #     moe_down: the MoE down projection loading before its wait, ENGINE_MOE_DOWN_EARLY=1, its
-#     kit on CUDA, the layer in a chain and the model at batch 1 against the default)
+#     kit on CUDA, the layer in a chain and the model at batch 1 against the default;
+#     codes: one row of 8-bit codes loading before its wait, ENGINE_GEMV_EARLY_CODES=1, its
+#     checks, then the step's products against the default)
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
 OUT=${OUT:-/tmp/early_check}
 source benchmarks/gpu_step.sh
@@ -34,6 +36,13 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --chain-tokens 1,8
       TAIL=6 step 240 moe_down_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners triton,triton+early,triton,triton+early ;;
+    codes)
+      TAIL=3 step 200 codes_checks env ENGINE_GEMV_EARLY_CODES=1 python3 \
+        tests/runtime/quant_kernel_checks.py cuda
+      W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,ct_w8a8_int8,ct_w8a16
+      TAIL=8 step 90 codes_default python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
+      ENGINE_GEMV_EARLY_CODES=1 TAIL=8 step 90 codes_early python3 benchmarks/quant_gpu.py \
+        --batches 1 --schemes $W8 ;;
     quant) ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=9 step 100 quant python3 benchmarks/quant_gpu.py \
       --batches 1 --schemes fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8,gptq ;;
   esac

@@ -380,6 +380,28 @@ def _core_calls():
 CORE = _core_calls()
 
 
+@pytest.mark.parametrize("dtype,act,n,k", [
+    ("float8_e4m3fn", "token", 6144, 4096), ("float8_e4m3fn", "static", 28672, 4096),
+    ("float8_e4m3fn", "token", 4096, 14336), ("int8", "token", 6144, 4096),
+    ("int8", "token", 4096, 14336), ("float8_e4m3fn", None, 6144, 4096)])
+def test_one_row_codes_loading_before_the_wait_build_without_spills(monkeypatch, dtype, act,
+                                                                      n, k):
+    """``ENGINE_GEMV_EARLY_CODES=1``: one row of 8-bit codes through ``_gemv_early`` at the
+    Llama-3-8B shapes, no register spills at the launches of ``EARLY_CODE_CONFIGS``."""
+    import torch
+
+    from engine.runtime import quant_triton
+
+    monkeypatch.setenv("ENGINE_GEMV_EARLY_CODES", "1")
+    dt = getattr(torch, dtype)
+    launches = _launches(lambda: quant_triton.w8_mm(
+        torch.randn(1, k, dtype=torch.bfloat16), torch.zeros(n, k).to(dt), torch.ones(n),
+        act=act, x_scale=torch.ones(1) if act == "static" else None))
+    assert [kernel.fn.__name__ for kernel, _, _ in launches] == ["_gemv_early"]
+    for kernel, bound, options in launches:
+        assert stack_bytes(_build_launch(kernel, bound, options)) == 0
+
+
 def test_one_row_float_products_load_their_weights_before_the_wait(monkeypatch):
     """One row of float weights takes ``_gemv_early`` (all of a program's weights loaded before
     its wait for the previous kernel); ``ENGINE_GEMV_EARLY=0`` and more rows take ``_gemv``."""
