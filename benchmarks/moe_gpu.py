@@ -225,11 +225,9 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]
         for label, cfg in launches:
             saved = tri.gemv_one, tri.gemv
             tri.down_early = cfg == "down_early"
-            if cfg == "down_early":
-                pass
-            elif cfg is not None and m == 1:
+            if isinstance(cfg, dict) and m == 1:
                 tri.gemv_one = cfg
-            elif cfg is not None:
+            elif isinstance(cfg, dict):
                 tri.gemv = cfg
             try:
                 t_chain = sorted(time_fn(chain, iters=20) for _ in range(3))[1] / n_layers

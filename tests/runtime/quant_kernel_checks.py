@@ -180,6 +180,8 @@ for n, k, config in ((40, 200, (4, 256, 4)), (37, 200, (8, 64, 4)), (40, 320, (2
     close(f"gemv early n={n} k={k} {config}", y, x.double() @ w.double().t() + bias.double())
     y = gt.gemv(x.to(device), w.to(device))  # (the default way for one row)
     close(f"gemv one row n={n} k={k}", y, x.double() @ w.double().t())
+    y = gt.gemv(x.to(device), w.to(device), out_dtype=torch.float32)  # (not via bf16)
+    close(f"gemv one row n={n} k={k} float32 out", y, x.double() @ w.double().t(), rel=2 ** -18)
 # 8-bit codes loaded before the wait (opt-in, ENGINE_GEMV_EARLY_CODES=1): the same values as
 # the matrix-vector kernel's, the row held whole (its own dynamic scale) or in slices
 for dt, act, config in ((torch.float8_e4m3fn, "token", (8, 256, 4)),

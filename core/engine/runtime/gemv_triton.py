@@ -82,6 +82,18 @@ def _rstd(x_rows, r_rows, m_ok, K, eps, dt: tl.constexpr, HAS_RES: tl.constexpr,
 
 
 @triton.jit
+def _store_residual(x_rows, r_rows, ro_rows, m_ok, K, dt: tl.constexpr, BLOCK: tl.constexpr):
+    """``x + r`` rounded to ``dt`` into ``ro`` for the rows ``x_rows`` / ``r_rows`` /
+    ``ro_rows`` [BLOCK_M, 1] (the residual stream a fused norm passes on)."""
+    for k0 in range(0, K, BLOCK):
+        offs = k0 + tl.arange(0, BLOCK)
+        ok = m_ok[:, None] & (offs < K)[None, :]
+        v = tl.load(x_rows + offs[None, :], mask=ok, other=0.0).to(tl.float32) \
+            + tl.load(r_rows + offs[None, :], mask=ok, other=0.0).to(tl.float32)
+        tl.store(ro_rows + offs[None, :], v.to(dt), mask=ok)
+
+
+@triton.jit
 def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
           stride_xm, stride_wn, stride_wsn, stride_ym, split_k,
           res_ptr, nw_ptr, res_out_ptr, eps, stride_rm, stride_rom,
@@ -123,13 +135,9 @@ def _gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N
         rstd = _rstd(x_rows, r_rows, m_ok, K, eps, dt, HAS_RES, BLOCK_M, BLOCK_K)[:, None]
         if HAS_RES:
             if (pid_n == 0) & (pid_k == 0):  # the residual stream, once
-                ro_rows = res_out_ptr + offs_m.to(tl.int64)[:, None] * stride_rom
-                for k0 in range(0, K, BLOCK_K):
-                    offs = k0 + tl.arange(0, BLOCK_K)
-                    ok = m_ok[:, None] & (offs < K)[None, :]
-                    v = tl.load(x_rows + offs[None, :], mask=ok, other=0.0).to(tl.float32) \
-                        + tl.load(r_rows + offs[None, :], mask=ok, other=0.0).to(tl.float32)
-                    tl.store(ro_rows + offs[None, :], v.to(dt), mask=ok)
+                _store_residual(x_rows, r_rows,
+                                res_out_ptr + offs_m.to(tl.int64)[:, None] * stride_rom, m_ok,
+                                K, dt, BLOCK_K)
     INT: tl.constexpr = CODES == 1 and FP8 == 0 and ACT != 0
     TILE_SCALE: tl.constexpr = ACT == 2 or W_BLOCK_N > 0
     if W_BLOCK_N > 0:
@@ -525,20 +533,16 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
     if PRE == 1:  # silu(gate) rounded, times up, rounded
         u = tl.load(x_ptr + K + cols, mask=k_ok, other=0.0).to(tl.float32)
         x = _round(_round(x * tl.sigmoid(x), dt) * u, dt)
-    elif PRE == 2:
-        row = x_ptr + tl.zeros((1, 1), dtype=tl.int32)
-        r_row = res_ptr + tl.zeros((1, 1), dtype=tl.int32)
+    elif PRE == 2:  # (the one row as a [1, 1] block of row pointers, as ``_gemv``'s rows)
+        row = tl.zeros((1, 1), dtype=tl.int32)
         one_row = tl.full((1,), 1, tl.int1)
-        rstd = tl.sum(_rstd(row, r_row, one_row, K, eps, dt, HAS_RES, 1, NORM_BLOCK), axis=0)
+        rstd = tl.sum(_rstd(x_ptr + row, res_ptr + row, one_row, K, eps, dt, HAS_RES, 1,
+                            NORM_BLOCK), axis=0)
         if HAS_RES:
             x = _round(x + tl.load(res_ptr + cols, mask=k_ok, other=0.0).to(tl.float32), dt)
             if (pid_n == 0) & (pid_k == 0):  # the residual stream, once
-                for k0 in range(0, K, NORM_BLOCK):
-                    offs = k0 + tl.arange(0, NORM_BLOCK)
-                    ok = offs < K
-                    v = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32) \
-                        + tl.load(res_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-                    tl.store(res_out_ptr + offs, v.to(dt), mask=ok)
+                _store_residual(x_ptr + row, res_ptr + row, res_out_ptr + row, one_row, K, dt,
+                                NORM_BLOCK)
         nw = tl.load(nw_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
         x = _round(_round(x * rstd, dt) * nw, dt)
     row_s = tl.full((1, 1), 1.0, tl.float32)
@@ -562,6 +566,7 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
     _finish(acc[None, :], row_s, col_s, pid_n, pid_k, tl.arange(0, 1), offs_n,
             tl.full((1,), 1, tl.int1), n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, 0,
             split_k, HAS_BIAS, 1, SPLIT)
+
 
 #: (BLOCK_N, KC columns a program, warps) of :func:`_gemv_early` by shape class
 #: (``ENGINE_GEMV_EARLY_CONFIG`` = "bn,kc,warps" overrides them for a sweep); chosen on an
@@ -588,13 +593,12 @@ def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     if x.shape[0] != 1 or w.stride(-1) != 1 or x.stride(-1) != 1:
         return None
     env = os.environ.get("ENGINE_GEMV_EARLY_CONFIG")
+    table = EARLY_CONFIGS if w_scale is None else EARLY_CODE_CONFIGS
     bn, kc, warps = config or (tuple(int(v) for v in env.split(",")) if env
-                               else EARLY_CONFIGS[shape_class(n, k)])
+                               else table[shape_class(n, k)])
     codes = {}
     if w_scale is not None:  # 8-bit codes with per-row scales
         fp8, mant, emin, qmax = _kind(w.dtype)
-        if not config and not env:
-            bn, kc, warps = EARLY_CODE_CONFIGS[shape_class(n, k)]
         codes = dict(xs_ptr=x_scale, ws_ptr=w_scale, CODES=1, FP8=fp8, QMAX=qmax, MANT=mant,
                      EMIN=emin, ACT={None: 0, "token": 1, "static": 3}[act])
         w = _bits(w)
@@ -614,6 +618,7 @@ def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         NORM_BLOCK=min(1024, triton.next_power_of_2(k)), num_warps=warps, **codes,
         **launch_options(x.device))
     return y, res_out
+
 
 def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, *,
          act: str | None = None, x_scale: torch.Tensor | None = None,
@@ -637,9 +642,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, 
     if act == "group" and block is None:
         raise ValueError("activations quantized per group need block weight scales")
     if not codes and m == 1 and config is None and early():
-        done = gemv_early(x, w, bias)
+        done = gemv_early(x, w, bias, out_dtype=out_dtype)
         if done is not None:
-            return done[0] if out_dtype in (None, x.dtype) else done[0].to(out_dtype)
+            return done[0]
     kind = "block" if block is not None else "w8" if codes else "float"
     bn, bk, split, warps, stages = config or launch(kind, n, k)
     if block is not None:

@@ -680,7 +680,7 @@ def w8_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str |
     if act == "group" and block is None:
         raise ValueError("activations quantized per group need block weight scales")
     fp8, mant, emin, qmax = _kind(w.dtype)
-    if (m == 1 and path is None and config is None and block is None and act != "group"
+    if (m == 1 and path is None and config is None and block is None
             and os.environ.get("ENGINE_GEMV_EARLY_CODES") == "1"):
         from engine.runtime.gemv_triton import gemv_early
 

@@ -476,11 +476,11 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         gate_up.stride(0), TOP_K=k, BLOCK_N=block_n, BLOCK_K=block_k, ACC2D=acc2d,
         NEXT=next_tile, num_warps=warps, **launch_options(x.device))
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
-    early_i = triton.next_power_of_2(inter) if down_early else 0
-    if early_i * dbn > EARLY_TILE:
-        early_i = 0
     tiles = triton.cdiv(h, dbn)
     combine = combined is not None and t * tiles <= COMBINE_COUNTERS
+    early_i = triton.next_power_of_2(inter) if down_early and not combine else 0
+    if early_i * dbn > EARLY_TILE:
+        early_i = 0
     cnt = combine_counters(x.device) if combine else ids
     _pair_gemv_down[(pairs, tiles)](
         gate_up, w2, down, ids, topk_weights.reshape(-1), combined if combine else down, cnt,
@@ -489,8 +489,8 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
         PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
         COMBINE=combine, NEXT=next_tile,
-        num_warps=max(warps, early_i * dbn // EARLY_PER_WARP) if early_i else warps,
-        EARLY_I=early_i if early_i and not combine else 0, **launch_options(x.device))
+        num_warps=max(warps, early_i * dbn // EARLY_PER_WARP), EARLY_I=early_i,
+        **launch_options(x.device))
     return combine
 
 
