@@ -41,7 +41,8 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"}, "fused": {"ENGINE_FUSED_GEMV": "1"},
          "mergek": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "0"},
          "rows": {"ENGINE_TRITON_NEW_KV": "1"}, "pool": {"ENGINE_TRITON_NEW_KV": "0"},
          "l2": {"ENGINE_L2_PREFETCH": "1"}, "qptr": {"ENGINE_TRITON_Q_DESC": "0"},
-         "odesc": {"ENGINE_TRITON_O_DESC": "1"}, "late": {"ENGINE_GEMV_EARLY": "0"}}
+         "odesc": {"ENGINE_TRITON_O_DESC": "1"}, "late": {"ENGINE_GEMV_EARLY": "0"},
+         "chain": {"ENGINE_GEMV_CHAIN": "1"}}
 GEN_STEPS = 16
 
 
@@ -49,7 +50,8 @@ def _mode_env(spec: str) -> None:
     """The environment of ``spec``'s mode (:data:`MODES`), every other mode's unset."""
     for name in {k for env in MODES.values() for k in env}:
         os.environ.pop(name, None)
-    os.environ.update(MODES.get(spec.partition(":")[2], {}))
+    for mode in spec.partition(":")[2].split("+"):  # (modes joined by "+" combine)
+        os.environ.update(MODES.get(mode, {}))
 
 
 def make_runner(spec: str, max_running: int, quantization: str | None = None,
@@ -64,7 +66,9 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
     pool; the default reads them as rows where a page does not hold whole 64-key tiles);
     ``:l2``: the output projection's weights asked into L2 during decode attention;
     ``:qptr``: the triton extend loads its query tile by pointers, not a descriptor;
-    ``:odesc``: it stores its output tiles through a descriptor too; set by the caller through
+    ``:odesc``: it stores its output tiles through a descriptor too; ``:chain``: the one-row
+    layer as four chained products (``ENGINE_GEMV_CHAIN=1``); modes joined by ``+`` combine;
+    set by the caller through
     the environment, :data:`MODES`);
     ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
     weights at load (e.g. ``fp8``); ``model_dir`` a dummy config's folder; ``max_total_tokens``
@@ -78,7 +82,7 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
                        dtype="float32" if device == "cpu" else "bfloat16",
                        quantization=quantization, kv_cache_dtype=kv_cache_dtype,
                        skip_tokenizer_init=True, attention_backend=backend, page_size=page_size,
-                       disable_cuda_graph=(mode == "eager"), max_total_tokens=tokens,
+                       disable_cuda_graph="eager" in mode.split("+"), max_total_tokens=tokens,
                        max_running_requests=max_running,
                        context_length=max(4096, max_total_tokens or 0), random_seed=0)
     return ModelRunner(cfg)
@@ -241,7 +245,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
                     help="backend[:eager|:nopdl|:fused|:fmerge|:mergek|:rows|:pool|:l2|:qptr"
-                    "|:odesc|:late]; "
+                    "|:odesc|:late|:chain, modes joined by +]; "
                     "CUDA graphs are used for decode where the backend supports them unless "
                     ":eager; :nopdl launches without PDL; :fused folds the norms and "
                     "SiLU-and-mul into the one-row products; :fmerge folds the triton decode "
@@ -251,7 +255,9 @@ def main() -> None:
                     "weights asked into L2 during decode attention; :qptr: the triton "
                     "extend loads its query tile by pointers, not a tensor descriptor; :odesc: "
                     "it stores its output tiles through a tensor descriptor; :late: the one-row "
-                    "float products load their weights after their wait (the kernel before)")
+                    "float products load their weights after their wait (the kernel before); "
+                    ":chain: the one-row layer as four chained products (norms, residual adds "
+                    "and SiLU-and-mul in their prologues and epilogues)")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--hf", default="eager,compile")
     ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers")

@@ -6,7 +6,9 @@
 #     moe_down: the MoE down projection loading before its wait, ENGINE_MOE_DOWN_EARLY=1, its
 #     kit on CUDA, the layer in a chain and the model at batch 1 against the default;
 #     codes: one row of 8-bit codes loading before its wait, ENGINE_GEMV_EARLY_CODES=1, its
-#     checks, then the step's products against the default)
+#     checks, then the step's products against the default;
+#     layer: the chained one-row layer, ENGINE_GEMV_CHAIN=1 (gemv_triton.gemv_chain): its
+#     checks, the step's products with the small kernels against the chain, decode at batch 1)
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
 OUT=${OUT:-/tmp/early_check}
 source benchmarks/gpu_step.sh
@@ -43,6 +45,12 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=8 step 90 codes_default python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
       ENGINE_GEMV_EARLY_CODES=1 TAIL=8 step 90 codes_early python3 benchmarks/quant_gpu.py \
         --batches 1 --schemes $W8 ;;
+    layer)
+      TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
+      TAIL=8 step 120 layer_products python3 benchmarks/step_products_gpu.py --small \
+        --variants early,chain,early,chain
+      TAIL=8 step 240 layer_e2e python3 benchmarks/e2e_gpu.py --backends \
+        triton,triton:chain,triton:fmerge,triton:chain+fmerge --batches 1 --hf "" --steps 32 ;;
     quant) ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=9 step 100 quant python3 benchmarks/quant_gpu.py \
       --batches 1 --schemes fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8,gptq ;;
   esac

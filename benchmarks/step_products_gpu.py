@@ -8,7 +8,9 @@ Variants (same weights, same process): ``cublas`` (torch's linear), ``default`` 
 matrix-vector kernel that streams its weights after the wait, ``ENGINE_GEMV_EARLY=0``),
 ``early`` (as served: each program loads all of its weights into registers before its wait),
 ``early:BNxKCxWARPS`` (that launch for every layer, e.g. ``early:8x2048x4``),
-``early:deep=2x16384x8+square=...`` (those launches for those shape classes).
+``early:deep=2x16384x8+square=...`` (those launches for those shape classes), ``chain`` (the
+chained layer, ``gemv_triton.gemv_chain``: the norms, residual adds and SiLU-and-mul inside the
+products' prologues and epilogues, so the same work as ``--small`` with no kernel between them).
 
     python3 benchmarks/step_products_gpu.py [--variants cublas,default,early] [--small]
 """
@@ -57,6 +59,18 @@ def chain(layers: list[dict], x: torch.Tensor, linear, small: bool) -> torch.Ten
     return h
 
 
+def chained(layers: list[dict], x: torch.Tensor) -> torch.Tensor:
+    norm_w = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
+    norm = dict(norm_w=norm_w, eps=1e-6)
+    h, ss = x, torch.full((1024,), 4.0, device="cuda")  # (any sums: the first norm's)
+    for w in layers:
+        qkv = gt.gemv_chain(h, w["qkv"], sumsq=ss, **norm)[0]
+        o, ss = gt.gemv_chain(qkv[:, :4096], w["o"], residual=h)
+        act = gt.gemv_chain(o, w["gate_up"], sumsq=ss, glu=True, **norm)[0]
+        h, ss = gt.gemv_chain(act, w["down"], residual=o)
+    return h
+
+
 def time_variant(layers: list[dict], variant: str, small: bool) -> float:
     for env in ENVS:
         os.environ.pop(env, None)
@@ -73,8 +87,10 @@ def time_variant(layers: list[dict], variant: str, small: bool) -> float:
                 os.environ["ENGINE_GEMV_EARLY_CONFIG"] = launch.replace("x", ",")
     linear = (lambda a, w: F.linear(a, w)) if name == "cublas" else (lambda a, w: gt.gemv(a, w))
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    run = (lambda: chained(layers, x)) if name == "chain" else \
+        (lambda: chain(layers, x, linear, small))
     try:  # (the launches read the switches when captured; the graphs keep them)
-        return min(replay_ms(lambda: chain(layers, x, linear, small), 5) for _ in range(3))
+        return min(replay_ms(run, 5) for _ in range(3))
     finally:
         for env in ENVS:
             os.environ.pop(env, None)

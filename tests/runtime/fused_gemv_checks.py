@@ -1,6 +1,7 @@
 """The matrix-vector kernels that make their input in their own loads (residual add + RMSNorm,
 SiLU-and-mul: engine.runtime.gemv_triton.gemv_norm / gemv_silu) against the separate kernels,
-and a tiny Llama decoding with them (ENGINE_FUSED_GEMV=1) against the same model without: run
+the chained one-row products (gemv_chain), and a tiny Llama decoding with them
+(ENGINE_FUSED_GEMV=1, ENGINE_GEMV_CHAIN=1) against the same model without: run
 under TRITON_INTERPRET=1 on a CPU, or on a GPU. Prints one JSON list of failures."""
 
 import json
@@ -39,9 +40,41 @@ def kernels(dtype: torch.dtype) -> None:
                                 f"{err:.3g}")
 
 
-def model(dtype: torch.dtype) -> None:
-    """Greedy decode steps of a tiny dummy Llama: logits with the fused kernels close to those
-    without."""
+def chained(dtype: torch.dtype) -> None:
+    """gemv_chain's three forms against the separate kernels: the residual add with its sums
+    of squares, the norm made from them, SiLU-and-mul of the gate/up halves."""
+    for k, n in ((96, 80), (2048, 48), (200, 4096)):
+        w = (torch.randn(n, k, generator=g) / 8).to(device, dtype)
+        x = torch.randn(1, k, generator=g).to(device, dtype)
+        r = torch.randn(1, n, generator=g).to(device, dtype)
+        bias = torch.randn(n, generator=g).to(device, dtype)
+        for b in (None, bias):
+            y = gemv_triton.gemv_early(x, w, b)[0]  # (the same sums: one slice of K)
+            h, ss = gemv_triton.gemv_chain(x, w, b, residual=r)
+            want = (y.float() + r.float()).to(dtype)
+            if not torch.equal(h, want):
+                failures.append(f"gemv_chain residual {dtype} {k}x{n} bias={b is not None}")
+            total = (want.float() ** 2).sum()
+            if abs(ss.sum().item() - total.item()) > 1e-4 * total.item():
+                failures.append(f"gemv_chain sums of squares {dtype} {k}x{n}")
+            if n % 2 == 0:
+                act = gemv_triton.gemv_chain(x, w, b, glu=True)[0]
+                if not torch.equal(act, fused_triton.silu_and_mul(y)):
+                    failures.append(f"gemv_chain silu {dtype} {k}x{n} bias={b is not None}")
+        # the norm of a row from the sums of squares its writer left
+        nw = (torch.rand(n, generator=g) + 0.5).to(device, dtype)
+        w2 = (torch.randn(64, n, generator=g) / 8).to(device, dtype)
+        h, ss = gemv_triton.gemv_chain(x, w, residual=r)
+        got = gemv_triton.gemv_chain(h, w2, sumsq=ss, norm_w=nw, eps=1e-6)[0]
+        want = gemv_triton.gemv(fused_triton.add_rms_norm(h, None, nw, 1e-6)[0], w2)
+        err = (got.float() - want.float()).abs().max().item()
+        if err > 2e-2 * want.float().abs().max():  # (the sum in another order)
+            failures.append(f"gemv_chain norm {dtype} {k}x{n}: {err:.3g}")
+
+
+def model(dtype: torch.dtype, flag_name: str) -> None:
+    """Greedy decode steps of a tiny dummy Llama: logits with the fused kernels (``flag_name``
+    set to 1) close to those without."""
     from engine.config import ServerConfig
     from engine.runtime.model_runner import ModelRunner
     from engine.testing.batches import BatchBuilder
@@ -54,8 +87,11 @@ def model(dtype: torch.dtype) -> None:
                    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "hidden_act": "silu",
                    "tie_word_embeddings": False}, fh)
     logits = {}
+    calls = []
+    chain = gemv_triton.gemv_chain
+    gemv_triton.gemv_chain = lambda *a, **kw: calls.append(1) or chain(*a, **kw)
     for flag in ("0", "1"):
-        os.environ["ENGINE_FUSED_GEMV"] = flag
+        os.environ[flag_name] = flag
         cfg = ServerConfig(model_path=tmp, load_format="dummy", dtype=str(dtype).split(".")[1],
                            skip_tokenizer_init=True, attention_backend="torch_native",
                            max_total_tokens=512, max_running_requests=2, context_length=128,
@@ -69,15 +105,21 @@ def model(dtype: torch.dtype) -> None:
             out = runner.forward(bb.decode([(row, int(out[-1].argmax()))]))
             steps.append(out)
         logits[flag] = torch.cat(steps).float()
-    os.environ.pop("ENGINE_FUSED_GEMV")
+    os.environ.pop(flag_name)
+    gemv_triton.gemv_chain = chain
+    # the chained layer: 3 products a layer after the first (4), over 2 decode steps
+    if (len(calls) != 2 * 7) if flag_name == "ENGINE_GEMV_CHAIN" else calls:
+        failures.append(f"tiny Llama {dtype} {flag_name}: {len(calls)} chained products")
     err = (logits["1"] - logits["0"]).abs().max().item()
     if err > 2e-2 * logits["0"].abs().max().item():
-        failures.append(f"tiny Llama {dtype}: logits differ by {err:.3g}")
+        failures.append(f"tiny Llama {dtype} {flag_name}: logits differ by {err:.3g}")
 
 
 os.environ.setdefault("ENGINE_GEMV_DENSE_ROWS", "4")  # (on a CPU the interpreter serves them)
 # the interpreter truncates float32 -> bfloat16 where a GPU rounds: float16 on a CPU
 for dt in ((torch.bfloat16, torch.float16) if device == "cuda" else (torch.float16,)):
     kernels(dt)
-    model(dt)
+    chained(dt)
+    for flag_name in ("ENGINE_FUSED_GEMV", "ENGINE_GEMV_CHAIN"):
+        model(dt, flag_name)
 print(json.dumps(failures))

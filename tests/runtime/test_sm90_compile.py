@@ -402,6 +402,34 @@ def test_one_row_codes_loading_before_the_wait_build_without_spills(monkeypatch,
         assert stack_bytes(_build_launch(kernel, bound, options)) == 0
 
 
+@pytest.mark.parametrize("form", ["qkv (norm from sums of squares)", "o (residual add)",
+                                  "gate/up (norm, SiLU-and-mul)", "down (residual add)"])
+def test_chained_layer_products_build_without_spills(form):
+    """The chained one-row layer (``gemv_triton.gemv_chain``) at the Llama-3-8B shapes: one
+    ``_gemv_early`` launch each, no register spills."""
+    import torch
+
+    from engine.runtime import gemv_triton
+
+    bf = dict(dtype=torch.bfloat16)
+    hidden, ss = torch.empty(1, 4096, **bf), torch.empty(2048)
+    norm = dict(sumsq=ss, norm_w=torch.empty(4096, **bf), eps=1e-5)
+    calls = {
+        "qkv (norm from sums of squares)": lambda: gemv_triton.gemv_chain(
+            hidden, torch.empty(6144, 4096, **bf), **norm),
+        "o (residual add)": lambda: gemv_triton.gemv_chain(
+            hidden, torch.empty(4096, 4096, **bf), residual=hidden),
+        "gate/up (norm, SiLU-and-mul)": lambda: gemv_triton.gemv_chain(
+            hidden, torch.empty(28672, 4096, **bf), glu=True, **norm),
+        "down (residual add)": lambda: gemv_triton.gemv_chain(
+            torch.empty(1, 14336, **bf), torch.empty(4096, 14336, **bf), residual=hidden),
+    }
+    launches = _launches(calls[form])
+    assert [kernel.fn.__name__ for kernel, _, _ in launches] == ["_gemv_early"]
+    for kernel, bound, options in launches:
+        assert stack_bytes(_build_launch(kernel, bound, options)) == 0
+
+
 def test_one_row_float_products_load_their_weights_before_the_wait(monkeypatch):
     """One row of float weights takes ``_gemv_early`` (all of a program's weights loaded before
     its wait for the previous kernel); ``ENGINE_GEMV_EARLY=0`` and more rows take ``_gemv``."""

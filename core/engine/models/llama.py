@@ -165,8 +165,14 @@ class Attention(nn.Module):
         return self.attend_qkv(self.qkv_proj(x), rope, batch, attn)
 
     def attend_qkv(self, qkv: torch.Tensor, rope: "RopeInputs", batch: Batch,
-                   attn: AttentionBackend) -> torch.Tensor:
-        """The layer's output from its q/k/v projection ``qkv`` [T, q + 2 kv]."""
+                   attn: AttentionBackend, project: bool = True) -> torch.Tensor:
+        """The layer's output from its q/k/v projection ``qkv`` [T, q + 2 kv] (``project``
+        false: attention's output [T, q], before the output projection)."""
+        out = self._attend(qkv, rope, batch, attn).reshape(qkv.shape[0], self.q_size)
+        return self.o_proj(out) if project else out
+
+    def _attend(self, qkv: torch.Tensor, rope: "RopeInputs", batch: Batch,
+                attn: AttentionBackend) -> torch.Tensor:
         t = qkv.shape[0]
         if rope.cos is None:  # the fused path (see LlamaForCausalLM.forward)
             qn, kn = self.q_norm, self.k_norm
@@ -187,8 +193,7 @@ class Attention(nn.Module):
                           kn.weight if kn is not None else None, qn.eps if qn is not None else 0.0,
                           attn.pool.k[lid], attn.pool.v[lid], batch.out_cache_loc,
                           attn.pool.k_scale[lid], attn.pool.v_scale[lid])
-                out = attn.attend(q, self.spec, batch)
-                return self.o_proj(out.reshape(t, self.q_size))
+                return attn.attend(q, self.spec, batch)
             q, k = rope.ops.qk_norm_rope(qkv, self.hq, self.hkv, self.d, rope.positions,
                                       rope.rotary.cos_cache, rope.rotary.sin_cache,
                                       qn.weight if qn is not None else None,
@@ -197,8 +202,7 @@ class Attention(nn.Module):
             v = qkv[:, self.q_size + self.kv_size:].view(t, self.hkv, self.d)
         else:
             q, k, v = self._qkv(qkv, rope.cos, rope.sin)
-        out = attn.forward(q, k, v, self.spec, batch)
-        return self.o_proj(out.reshape(t, self.q_size))
+        return attn.forward(q, k, v, self.spec, batch)
 
     def _qkv(self, qkv: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -288,10 +292,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
-    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, rope: "RopeInputs",
-                batch: Batch, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, h: torch.Tensor, residual: "torch.Tensor | SumSq | None",
+                rope: "RopeInputs", batch: Batch, attn: AttentionBackend
+                ) -> "tuple[torch.Tensor, torch.Tensor | SumSq]":
         """(hidden, residual) -> (mlp output, residual before the mlp); sum them for the
-        layer's output."""
+        layer's output (:func:`stream`). A residual :class:`SumSq` means ``h`` is the sum
+        already (the chained one-row layer below)."""
+        weights = self._chain_weights(h)
+        if weights is not None:
+            return self._chained(h, residual, rope, batch, attn, weights)
+        if isinstance(residual, SumSq):
+            residual = None
         at, mlp = self.self_attn, self.mlp
         qkv, residual = _norm_linear(self.input_layernorm, at.qkv_proj, h, residual)
         if qkv is not None:  # the norm inside the q/k/v projection's loads
@@ -306,6 +317,68 @@ class DecoderLayer(nn.Module):
                 return mlp.from_gate_up(gate_up), residual_mlp
         normed, residual = self.post_attention_layernorm.add_forward(h, residual)
         return mlp(normed), residual
+
+
+    def _chain_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """The (qkv, o, gate/up, down) weights when this layer runs chained
+        (``ENGINE_GEMV_CHAIN=1``, :func:`engine.runtime.gemv_triton.gemv_chain`): one row in
+        half precision where the fused kernels serve it, a dense SiLU MLP, and four dense
+        projections of that dtype with no forward hooks (LoRA); else None."""
+        if h.dim() != 2 or h.shape[0] != 1 or not fused.enabled(h):
+            return None
+        from engine.runtime import gemv_triton
+
+        mlp = self.mlp
+        if not gemv_triton.chain() or not isinstance(mlp, MLP) or mlp.act is not F.silu:
+            return None
+        linears = (self.self_attn.qkv_proj, self.self_attn.o_proj, mlp.gate_up_proj,
+                   mlp.down_proj)
+        for i, lin in enumerate(linears):
+            if not isinstance(lin.quant_method, UnquantizedMethod) or lin.row_by_row \
+                    or lin._forward_hooks or lin._forward_pre_hooks \
+                    or lin.weight.dtype != h.dtype \
+                    or not gemv_triton.chain_serves(*lin.weight.shape, glu=i == 2):
+                return None
+        return tuple(lin.weight for lin in linears)
+
+    def _chained(self, h: torch.Tensor, residual: "torch.Tensor | SumSq | None",
+                 rope: "RopeInputs", batch: Batch, attn: AttentionBackend,
+                 weights: tuple[torch.Tensor, ...]) -> "tuple[torch.Tensor, SumSq]":
+        """The layer at one row with no kernels between its products but attention's: the
+        output and down projections add the residual in their epilogues and leave partial
+        sums of squares, from which the q/k/v and gate/up projections norm their input; the
+        gate/up projection ends in SiLU-and-mul."""
+        from engine.runtime.gemv_triton import gemv_chain
+
+        at, mlp = self.self_attn, self.mlp
+        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        wqkv, wo, wgu, wd = weights
+        if isinstance(residual, SumSq):
+            qkv = gemv_chain(h, wqkv, at.qkv_proj.bias, sumsq=residual.partials,
+                             norm_w=ln1.weight, eps=ln1.eps)[0]
+            stream = h
+        else:
+            normed, stream = ln1.add_forward(h, residual)
+            qkv = at.qkv_proj(normed)
+        out = at.attend_qkv(qkv, rope, batch, attn, project=False)
+        h2, ss = gemv_chain(out, wo, at.o_proj.bias, residual=stream)
+        act = gemv_chain(h2, wgu, mlp.gate_up_proj.bias, sumsq=ss, norm_w=ln2.weight,
+                         eps=ln2.eps, glu=True)[0]
+        h3, ss = gemv_chain(act, wd, mlp.down_proj.bias, residual=h2)
+        return h3, SumSq(ss)
+
+
+@dataclass(frozen=True)
+class SumSq:
+    """A chained layer's residual: its output is the residual stream itself, and
+    ``partials`` are the sums of squares of its pieces that the writing kernel left."""
+
+    partials: torch.Tensor
+
+
+def stream(h: torch.Tensor, residual: "torch.Tensor | SumSq | None") -> torch.Tensor:
+    """The residual stream after a layer that returned (``h``, ``residual``)."""
+    return h if residual is None or isinstance(residual, SumSq) else h + residual
 
 
 def _norm_linear(norm: RMSNorm, linear: Linear, h: torch.Tensor, residual: torch.Tensor | None
@@ -444,9 +517,9 @@ class LlamaForCausalLM(nn.Module):
             if loads is not None:
                 loads.wait(i)
             if sink is not None and i in sink.layers:
-                aux.extend([h if residual is None else h + residual] * sink.layers.count(i))
+                aux.extend([stream(h, residual)] * sink.layers.count(i))
             h, residual = layer(h, residual, rope, batch, attn)
-        h = h + residual
+        h = stream(h, residual)
         if sink is not None:  # speculative drafts read every token's features
             # past the last layer: the final normed state (the last of transformers'
             # hidden_states, which feature-trained drafts were trained on)

@@ -502,7 +502,8 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
                 PRE: tl.constexpr, HAS_RES: tl.constexpr, NORM_BLOCK: tl.constexpr,
                 PDL: tl.constexpr, xs_ptr=None, ws_ptr=None, CODES: tl.constexpr = 0,
                 ACT: tl.constexpr = 0, FP8: tl.constexpr = 0, QMAX: tl.constexpr = 1.0,
-                MANT: tl.constexpr = 0, EMIN: tl.constexpr = 0):
+                MANT: tl.constexpr = 0, EMIN: tl.constexpr = 0, ss_in_ptr=None, n_ss=0,
+                ss_out_ptr=None, SS_BLOCK: tl.constexpr = 1, EPI: tl.constexpr = 0):
     """One row of float weights: program (n, k) loads all of its weights, ``BLOCK_N`` outputs x
     KC columns from column ``k * KC`` on, into registers *before* it waits for the previous
     kernel, then reads x and sums. Under PDL the programs resident while the previous kernels
@@ -517,7 +518,15 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
     CODES 1 (8-bit codes with per-row scales ``ws[n]``; FP8 0 int8, 1 e4m3, 2 e5m2) and ACT as
     ``_gemv``'s 0, 1 (dynamic per row: the row's scale from the x the program holds when it
     holds the whole row, else from a pass over it) and 3 (static ``xs[0]``): an opt-in form
-    (:func:`engine.runtime.quant_triton.w8_mm` with ``ENGINE_GEMV_EARLY_CODES=1``)."""
+    (:func:`engine.runtime.quant_triton.w8_mm` with ``ENGINE_GEMV_EARLY_CODES=1``).
+
+    The chained decode layer (:func:`gemv_chain`): PRE 3, RMSNorm of ``x`` (already the
+    residual stream) times ``nw`` with the row's sum of squares read as the ``n_ss`` partial
+    sums at ``ss_in`` that the kernel which wrote ``x`` left; EPI 1, gate/up (SiLU-and-mul in
+    the epilogue): each program also loads rows ``N + n`` (the up half) and writes ``silu(g) *
+    u`` for its N outputs; EPI 2, residual add: writes ``y + res`` (the next residual stream)
+    and its own sum of squares of those outputs at ``ss_out[pid_n]``. EPI needs one slice of
+    K (SPLIT false)."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -525,8 +534,10 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
     n_ok = offs_n < N
     cols = pid_k * KC + tl.arange(0, KC)
     k_ok = cols < K
-    w = tl.load(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
-                + cols[None, :], mask=k_ok[None, :], other=0.0)
+    w_rows = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
+    w = tl.load(w_rows + cols[None, :], mask=k_ok[None, :], other=0.0)
+    if EPI == 1:  # the up half's rows of the same outputs
+        w2 = tl.load(w_rows + N * stride_wn + cols[None, :], mask=k_ok[None, :], other=0.0)
     pdl_wait(PDL)
     dt: tl.constexpr = y_ptr.dtype.element_ty
     x = tl.load(x_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
@@ -543,6 +554,12 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
             if (pid_n == 0) & (pid_k == 0):  # the residual stream, once
                 _store_residual(x_ptr + row, res_ptr + row, res_out_ptr + row, one_row, K, dt,
                                 NORM_BLOCK)
+        nw = tl.load(nw_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
+        x = _round(_round(x * rstd, dt) * nw, dt)
+    elif PRE == 3:  # the norm from the partial sums of squares the writer of x left
+        offs_s = tl.arange(0, SS_BLOCK)
+        ss = tl.load(ss_in_ptr + offs_s, mask=offs_s < n_ss, other=0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
         nw = tl.load(nw_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
         x = _round(_round(x * rstd, dt) * nw, dt)
     row_s = tl.full((1, 1), 1.0, tl.float32)
@@ -563,9 +580,23 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
         acc = tl.sum(x.to(tl.int32)[None, :] * w.to(tl.int32), axis=1)
     else:
         acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-    _finish(acc[None, :], row_s, col_s, pid_n, pid_k, tl.arange(0, 1), offs_n,
-            tl.full((1,), 1, tl.int1), n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, 0,
-            split_k, HAS_BIAS, 1, SPLIT)
+    if EPI == 0:
+        _finish(acc[None, :], row_s, col_s, pid_n, pid_k, tl.arange(0, 1), offs_n,
+                tl.full((1,), 1, tl.int1), n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, 0,
+                split_k, HAS_BIAS, 1, SPLIT)
+    else:  # (float weights, one slice: the outputs rounded where the separate kernels round)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        y = _round(acc, dt)
+        if EPI == 1:  # silu(gate) rounded, times up
+            up = tl.sum(w2.to(tl.float32) * x[None, :], axis=1)
+            if HAS_BIAS:
+                up += tl.load(bias_ptr + N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+            y = _round(y * tl.sigmoid(y), dt) * _round(up, dt)
+        else:  # the residual stream and its sum of squares over these outputs
+            y = _round(y + tl.load(res_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32), dt)
+            tl.store(ss_out_ptr + pid_n, tl.sum(tl.where(n_ok, y * y, 0.0), axis=0))
+        tl.store(y_ptr + offs_n, y.to(dt), mask=n_ok)
 
 
 #: (BLOCK_N, KC columns a program, warps) of :func:`_gemv_early` by shape class
@@ -618,6 +649,60 @@ def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         NORM_BLOCK=min(1024, triton.next_power_of_2(k)), num_warps=warps, **codes,
         **launch_options(x.device))
     return y, res_out
+
+
+def chain() -> bool:
+    """Whether a dense decoder layer at one row runs as four chained products
+    (:func:`gemv_chain`): ``ENGINE_GEMV_CHAIN=1`` (read at each forward)."""
+    return os.environ.get("ENGINE_GEMV_CHAIN") == "1"
+
+
+def chain_serves(n: int, k: int, glu: bool = False) -> bool:
+    """Whether :func:`gemv_chain` serves a weight [N, K] (its launch takes K in one slice)."""
+    bn, kc, _ = EARLY_CONFIGS[shape_class(n, k)]
+    return k <= kc and (not glu or n % 2 == 0)
+
+
+def gemv_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+               sumsq: torch.Tensor | None = None, norm_w: torch.Tensor | None = None,
+               eps: float = 0.0, glu: bool = False, residual: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One product of a decoder layer chained at one row (``_gemv_early``'s PRE 3 / EPI 1-2):
+    ``x`` [1, K] and float ``w`` [N, K] (N = 2 x inter with ``glu``), returns (y, the sums of
+    squares y's programs left, or None).
+
+    - ``sumsq`` (with ``norm_w``, ``eps``): ``x`` is the residual stream, normed in the
+      kernel with the row's sum of squares from those partial sums (the previous call's);
+    - ``glu``: y = ``silu(gate) * up`` [1, N / 2] of the product's two halves;
+    - ``residual`` [1, N]: y = product + ``residual`` (the next residual stream), with its
+      partial sums of squares for the next call's norm.
+
+    Each matches the separate kernels' rounding (:func:`engine.runtime.fused_triton.
+    add_rms_norm`, ``silu_and_mul``); the norm's sum is added in another order."""
+    n, k = w.shape
+    if x.shape[0] != 1 or x.stride(-1) != 1 or w.stride(-1) != 1 or not chain_serves(n, k, glu):
+        raise ValueError(f"gemv_chain does not serve x {tuple(x.shape)} @ w {tuple(w.shape)}")
+    bn, kc, warps = EARLY_CONFIGS[shape_class(n, k)]
+    out_n = n // 2 if glu else n
+    if glu:  # as many weight rows a program as the plain launch
+        bn = max(1, bn // 2)
+    kc = min(kc, triton.next_power_of_2(k))
+    y = torch.empty((1, out_n), dtype=x.dtype, device=x.device)
+    programs = triton.cdiv(out_n, bn)
+    ss_out = (torch.empty(programs, dtype=torch.float32, device=x.device)
+              if residual is not None else None)
+    n_ss = sumsq.numel() if sumsq is not None else 0
+    part, cnt = _workspace(x.device)
+    _gemv_early[(programs, 1)](
+        x, w, bias if bias is not None else y, y, part, cnt, out_n, k, w.stride(0), 1,
+        residual if residual is not None else y, norm_w if norm_w is not None else y, y, eps,
+        HAS_BIAS=bias is not None, BLOCK_N=bn, KC=kc, SPLIT=False,
+        PRE=3 if sumsq is not None else 0, HAS_RES=False, NORM_BLOCK=16,
+        ss_in_ptr=sumsq if sumsq is not None else y, n_ss=n_ss,
+        ss_out_ptr=ss_out if ss_out is not None else y,
+        SS_BLOCK=triton.next_power_of_2(max(1, n_ss)), EPI=1 if glu else 2 if ss_out is not None
+        else 0, num_warps=warps, **launch_options(x.device))
+    return y, ss_out
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, *,
