@@ -6,7 +6,8 @@
 #     moe_down: the MoE down projection loading before its wait, ENGINE_MOE_DOWN_EARLY=1, its
 #     kit on CUDA, the layer in a chain and the model at batch 1 against the default;
 #     codes: one row of 8-bit codes loading before its wait, ENGINE_GEMV_EARLY_CODES=1, its
-#     checks, then the step's products against the default;
+#     checks, then the step's products against the default; codes_fp8: fp8 codes made bf16
+#     before the wait, two launches; profile: where batch 1's step goes, with PDL on;
 #     layer: the chained one-row layer, ENGINE_GEMV_CHAIN=1 (gemv_triton.gemv_chain): its
 #     checks, the step's products with the small kernels against the chain, decode at batch 1)
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
@@ -38,6 +39,9 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --chain-tokens 1,8
       TAIL=6 step 240 moe_down_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners triton,triton+early,triton,triton+early ;;
+    moe_down_model)  # (the model alone)
+      TAIL=6 step 240 moe_down_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners triton,triton+early,triton,triton+early ;;
     codes)
       TAIL=3 step 200 codes_checks env ENGINE_GEMV_EARLY_CODES=1 python3 \
         tests/runtime/quant_kernel_checks.py cuda
@@ -45,6 +49,15 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=8 step 90 codes_default python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
       ENGINE_GEMV_EARLY_CODES=1 TAIL=8 step 90 codes_early python3 benchmarks/quant_gpu.py \
         --batches 1 --schemes $W8 ;;
+    codes_fp8)  # fp8 codes made bf16 before the wait, at two launches
+      W8=fp8_tensor,ct_fp8_dynamic
+      TAIL=5 step 90 fp8_default python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
+      ENGINE_GEMV_EARLY_CODES=1 TAIL=5 step 90 fp8_early python3 benchmarks/quant_gpu.py \
+        --batches 1 --schemes $W8
+      ENGINE_GEMV_EARLY_CODES=1 ENGINE_GEMV_EARLY_CONFIG=8,4096,8 TAIL=5 step 90 fp8_early8 \
+        python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8 ;;
+    profile) TAIL=60 step 150 profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
+      --steps 20 ;;
     layer)
       TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       TAIL=8 step 120 layer_products python3 benchmarks/step_products_gpu.py --small \

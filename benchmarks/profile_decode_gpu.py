@@ -9,7 +9,8 @@ known) next to the bandwidth roofline.
 
 With programmatic dependent launch each kernel starts early and its wait counts in its
 duration, so the table splits the step only with ``ENGINE_PDL=0`` (the wall time is the one to
-compare with PDL on).
+compare with PDL on). The second table splits it with PDL on: kernels in start order, what each
+adds to the chain (its end minus the latest end before it), by (previous kernel, kernel).
 """
 
 from __future__ import annotations
@@ -63,9 +64,11 @@ def main() -> int:
             last = runner.forward(bb.decode(list(zip(rows, last)))).argmax(-1).tolist()
         torch.cuda.synchronize()
     kernels: dict[str, list[float]] = collections.defaultdict(list)
+    spans = []
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
             kernels[ev.name].append(ev.device_time)  # µs
+            spans.append((ev.time_range.start, ev.time_range.end, ev.name))
     total = sum(sum(v) for v in kernels.values()) / args.steps
     mc = runner.model_config
     params = sum(t.numel() * t.element_size() for t in runner.model.parameters()
@@ -81,7 +84,33 @@ def main() -> int:
         per_step = sum(times) / args.steps
         print(f"| {name[:90]} | {len(times) / args.steps:.1f} | {sum(times) / len(times):.1f} | "
               f"{per_step:.1f} | {100 * per_step / total:.1f} % |")
+    chain_table(spans, args.steps)
     return 0
+
+
+def short(name: str) -> str:
+    return name.split("<")[0].split("(")[0][:48]
+
+
+def chain_table(spans: list[tuple[float, float, str]], steps: int) -> None:
+    """What each kernel adds to the step's chain: its end minus the latest end of the kernels
+    started before it (0 when it ends inside them), summed by (previous kernel, kernel)."""
+    spans.sort()
+    added: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    latest, prev = None, "(start)"
+    for start, end, name in spans:
+        gap = end - latest if latest is not None else 0.0
+        added[(prev, short(name))].append(max(0.0, gap))
+        latest = end if latest is None else max(latest, end)
+        prev = short(name)
+    total = sum(sum(v) for v in added.values()) / steps
+    print(f"\nthe chain: {total / 1000:.3f} ms a step (the profiled steps' span, idle time "
+          "between graph replays included)")
+    print("| previous kernel | kernel | calls/step | µs added a call | µs a step |")
+    print("|---|---|---|---|---|")
+    for (p, n), v in sorted(added.items(), key=lambda kv: -sum(kv[1]))[:24]:
+        print(f"| {p} | {n} | {len(v) / steps:.1f} | {sum(v) / len(v):.2f} | "
+              f"{sum(v) / steps:.1f} |")
 
 
 if __name__ == "__main__":

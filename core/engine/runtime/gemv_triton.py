@@ -538,6 +538,8 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
     w = tl.load(w_rows + cols[None, :], mask=k_ok[None, :], other=0.0)
     if EPI == 1:  # the up half's rows of the same outputs
         w2 = tl.load(w_rows + N * stride_wn + cols[None, :], mask=k_ok[None, :], other=0.0)
+    if CODES == 1 and FP8 != 0:  # fp8 codes made bf16 (exactly) before the wait: after it
+        w = fp8_from_bits(w, FP8).to(tl.bfloat16)  # only the products are left
     pdl_wait(PDL)
     dt: tl.constexpr = y_ptr.dtype.element_ty
     x = tl.load(x_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
@@ -565,7 +567,6 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
     row_s = tl.full((1, 1), 1.0, tl.float32)
     col_s = tl.full((1, BLOCK_N), 1.0, tl.float32)
     if CODES == 1:
-        w = fp8_from_bits(w, FP8)
         col_s = tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
         if ACT == 1 and SPLIT:
             xs = _row1_scale(x_ptr, K, QMAX, NORM_BLOCK, 0)
@@ -603,8 +604,11 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
 #: (``ENGINE_GEMV_EARLY_CONFIG`` = "bn,kc,warps" overrides them for a sweep); chosen on an
 #: H200 by ``benchmarks/step_products_gpu.py``
 EARLY_CONFIGS = {"square": (4, 4096, 4), "wide": (4, 4096, 4), "deep": (2, 16384, 8)}
-#: the same for 8-bit codes (twice the elements in the same registers); not yet measured
-EARLY_CODE_CONFIGS = {"square": (8, 4096, 4), "wide": (8, 4096, 4), "deep": (4, 16384, 8)}
+#: the same for 8-bit codes: fp8 codes are made bf16 before the wait (the float launches'
+#: registers), int8 codes stay int8 (twice the elements in the same registers); not yet measured
+EARLY_CODE_CONFIGS = {"fp8": EARLY_CONFIGS,
+                      "int8": {"square": (8, 4096, 4), "wide": (8, 4096, 4),
+                               "deep": (4, 16384, 8)}}
 
 
 def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
@@ -624,7 +628,8 @@ def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     if x.shape[0] != 1 or w.stride(-1) != 1 or x.stride(-1) != 1:
         return None
     env = os.environ.get("ENGINE_GEMV_EARLY_CONFIG")
-    table = EARLY_CONFIGS if w_scale is None else EARLY_CODE_CONFIGS
+    table = EARLY_CONFIGS if w_scale is None else \
+        EARLY_CODE_CONFIGS["int8" if w.dtype == torch.int8 else "fp8"]
     bn, kc, warps = config or (tuple(int(v) for v in env.split(",")) if env
                                else table[shape_class(n, k)])
     codes = {}
