@@ -58,6 +58,13 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8 ;;
     profile) TAIL=60 step 150 profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
       --steps 20 ;;
+    chain_profile)  # the chained layer: where its step goes, products and decode A/B
+      ENGINE_GEMV_CHAIN=1 TAIL=28 step 150 chain_profile python3 \
+        benchmarks/profile_decode_gpu.py --batch 1 --steps 20
+      TAIL=6 step 120 chain_products python3 benchmarks/step_products_gpu.py --small \
+        --variants early,chain,early,chain
+      TAIL=5 step 200 chain_e2e python3 benchmarks/e2e_gpu.py --backends \
+        triton,triton:chain,triton,triton:chain --batches 1 --hf "" --steps 32 ;;
     layer)
       TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       TAIL=8 step 120 layer_products python3 benchmarks/step_products_gpu.py --small \

@@ -540,8 +540,12 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
         w2 = tl.load(w_rows + N * stride_wn + cols[None, :], mask=k_ok[None, :], other=0.0)
     if CODES == 1 and FP8 != 0:  # fp8 codes made bf16 (exactly) before the wait: after it
         w = fp8_from_bits(w, FP8).to(tl.bfloat16)  # only the products are left
+    if PRE == 3:  # (the norm's weights: constants)
+        nw = tl.load(nw_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
     pdl_wait(PDL)
     dt: tl.constexpr = y_ptr.dtype.element_ty
+    if EPI == 2:  # (asked for with x, not after the sums)
+        res = tl.load(res_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
     if PRE == 1:  # silu(gate) rounded, times up, rounded
         u = tl.load(x_ptr + K + cols, mask=k_ok, other=0.0).to(tl.float32)
@@ -562,7 +566,6 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
         offs_s = tl.arange(0, SS_BLOCK)
         ss = tl.load(ss_in_ptr + offs_s, mask=offs_s < n_ss, other=0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
-        nw = tl.load(nw_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
         x = _round(_round(x * rstd, dt) * nw, dt)
     row_s = tl.full((1, 1), 1.0, tl.float32)
     col_s = tl.full((1, BLOCK_N), 1.0, tl.float32)
@@ -595,7 +598,7 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
                 up += tl.load(bias_ptr + N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
             y = _round(y * tl.sigmoid(y), dt) * _round(up, dt)
         else:  # the residual stream and its sum of squares over these outputs
-            y = _round(y + tl.load(res_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32), dt)
+            y = _round(y + res, dt)
             tl.store(ss_out_ptr + pid_n, tl.sum(tl.where(n_ok, y * y, 0.0), axis=0))
         tl.store(y_ptr + offs_n, y.to(dt), mask=n_ok)
 
