@@ -36,13 +36,14 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = str(ROOT / "tests" / "data" / "llama3-8b-dummy")
 PROMPT_LENS = (17, 64, 100, 128)
 #: backend spec suffix -> the environment its runner is built and run under
-MODES = {"nopdl": {"ENGINE_PDL": "0"}, "fused": {"ENGINE_FUSED_GEMV": "1"},
+MODES = {"nopdl": {"ENGINE_PDL": "0"},
+         "fused": {"ENGINE_FUSED_GEMV": "1", "ENGINE_GEMV_CHAIN": "0"},
          "fmerge": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "1"},
          "mergek": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "0"},
          "rows": {"ENGINE_TRITON_NEW_KV": "1"}, "pool": {"ENGINE_TRITON_NEW_KV": "0"},
          "l2": {"ENGINE_L2_PREFETCH": "1"}, "qptr": {"ENGINE_TRITON_Q_DESC": "0"},
-         "odesc": {"ENGINE_TRITON_O_DESC": "1"}, "late": {"ENGINE_GEMV_EARLY": "0"},
-         "chain": {"ENGINE_GEMV_CHAIN": "1"}}
+         "odesc": {"ENGINE_TRITON_O_DESC": "1"}, "late": {"ENGINE_GEMV_EARLY": "0", "ENGINE_GEMV_CHAIN": "0"},
+         "unchained": {"ENGINE_GEMV_CHAIN": "0"}}
 GEN_STEPS = 16
 
 
@@ -66,8 +67,9 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
     pool; the default reads them as rows where a page does not hold whole 64-key tiles);
     ``:l2``: the output projection's weights asked into L2 during decode attention;
     ``:qptr``: the triton extend loads its query tile by pointers, not a descriptor;
-    ``:odesc``: it stores its output tiles through a descriptor too; ``:chain``: the one-row
-    layer as four chained products (``ENGINE_GEMV_CHAIN=1``); modes joined by ``+`` combine;
+    ``:odesc``: it stores its output tiles through a descriptor too; ``:unchained``: the
+    one-row layer not as four chained products (``ENGINE_GEMV_CHAIN=0``); modes joined by
+    ``+`` combine;
     set by the caller through
     the environment, :data:`MODES`);
     ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
@@ -118,10 +120,14 @@ def greedy(runner: ModelRunner) -> tuple[list[list[int]], torch.Tensor, list[lis
     return out, first_logits, margins
 
 
-def time_decode(runner: ModelRunner, batch: int, steps: int) -> tuple[float, list[int]]:
+def time_decode(runner: ModelRunner, batch: int, steps: int,
+                overlap: bool = False) -> tuple[float, list[int]]:
     """(ms per decode step for ``batch`` requests after a 128-token prefill each (includes the
     test batch builder's per-step table writes, as a scheduler would do), the first request's
-    greedy tokens over the timed steps)."""
+    greedy tokens over the timed steps). Without ``overlap`` the host reads each step's tokens
+    before it builds the next step; with it the tokens stay on the device (each step's
+    input ids copied from the previous step's argmax there, as the overlap scheduler keeps
+    them), so the host builds and launches step N+1 while the GPU runs step N."""
     bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
     gen = torch.Generator().manual_seed(batch)
     rows = [bb.new_request() for _ in range(batch)]
@@ -135,6 +141,16 @@ def time_decode(runner: ModelRunner, batch: int, steps: int) -> tuple[float, lis
     torch.cuda.synchronize()
     t = time.perf_counter()
     first = []
+    if overlap:
+        on_device, outs = torch.tensor(last, device="cuda"), []
+        for _ in range(steps):
+            step = bb.decode([(r, 0) for r in rows])
+            step.input_ids.copy_(on_device)
+            on_device = runner.forward(step).argmax(-1)
+            outs.append(on_device)
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t) * 1000 / steps
+        return ms, [int(o[0]) for o in outs]
     for _ in range(steps):
         last = runner.forward(bb.decode(list(zip(rows, last)))).argmax(-1).tolist()
         first.append(last[0])
@@ -245,7 +261,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
                     help="backend[:eager|:nopdl|:fused|:fmerge|:mergek|:rows|:pool|:l2|:qptr"
-                    "|:odesc|:late|:chain, modes joined by +]; "
+                    "|:odesc|:late|:unchained, modes joined by +]; "
                     "CUDA graphs are used for decode where the backend supports them unless "
                     ":eager; :nopdl launches without PDL; :fused folds the norms and "
                     "SiLU-and-mul into the one-row products; :fmerge folds the triton decode "
@@ -256,9 +272,13 @@ def main() -> None:
                     "extend loads its query tile by pointers, not a tensor descriptor; :odesc: "
                     "it stores its output tiles through a tensor descriptor; :late: the one-row "
                     "float products load their weights after their wait (the kernel before); "
-                    ":chain: the one-row layer as four chained products (norms, residual adds "
-                    "and SiLU-and-mul in their prologues and epilogues)")
+                    ":unchained: the one-row layer not as four chained products (norms, "
+                    "residual adds and SiLU-and-mul in their own kernels)")
     ap.add_argument("--batches", default="1,32,128")
+    ap.add_argument("--overlap", action="store_true",
+                    help="also time each batch with the tokens kept on the device, the host "
+                    "building step N+1 while the GPU runs step N (as the overlap scheduler "
+                    "does)")
     ap.add_argument("--hf", default="eager,compile")
     ap.add_argument("--hf-batches", default="1,32", help="batch sizes for transformers")
     ap.add_argument("--steps", type=int, default=32)
@@ -318,18 +338,20 @@ def main() -> None:
         turn = order[r % len(order):] + order[:r % len(order)] if order else []
         for backend in turn:
             _mode_env(backend)
-            for b in batches:
+            for b, overlap in [(b, o) for b in batches
+                               for o in ((False, True) if args.overlap else (False,))]:
+                key = f"{backend}@{b}" + (" overlapped" if overlap else "")
                 try:
-                    ms, first = time_decode(runners[backend], b, args.steps)
+                    ms, first = time_decode(runners[backend], b, args.steps, overlap)
                 except Exception as exc:
                     traceback.print_exc()
-                    timings.setdefault(f"{backend}@{b}", []).append(float("nan"))
+                    timings.setdefault(key, []).append(float("nan"))
                     results["greedy"][backend]["error"] = f"{type(exc).__name__}: {exc}"
                     continue
-                timings.setdefault(f"{backend}@{b}", []).append(ms)
+                timings.setdefault(key, []).append(ms)
                 same = decode_tokens.setdefault(b, first) == first
-                results.setdefault("decode_same_tokens", {})[f"{backend}@{b}"] = same
-                print(f"round {r + 1} {backend}@{b}: {ms:.2f} ms/step (first request's timed "
+                results.setdefault("decode_same_tokens", {})[key] = same
+                print(f"round {r + 1} {key}: {ms:.2f} ms/step (first request's timed "
                       f"tokens as the first timed backend's: {same})", flush=True)
     for key, values in timings.items():
         results["decode_ms"][key] = statistics.median(values)

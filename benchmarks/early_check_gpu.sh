@@ -8,7 +8,8 @@
 #     codes: one row of 8-bit codes loading before its wait, ENGINE_GEMV_EARLY_CODES=1, its
 #     checks, then the step's products against the default; codes_fp8: fp8 codes made bf16
 #     before the wait, two launches; profile: where batch 1's step goes, with PDL on;
-#     layer: the chained one-row layer, ENGINE_GEMV_CHAIN=1 (gemv_triton.gemv_chain): its
+#     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
+#     off; chain_profile, chain_default the later runs): its
 #     checks, the step's products with the small kernels against the chain, decode at batch 1)
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
 OUT=${OUT:-/tmp/early_check}
@@ -59,18 +60,24 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
     profile) TAIL=60 step 150 profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
       --steps 20 ;;
     chain_profile)  # the chained layer: where its step goes, products and decode A/B
-      ENGINE_GEMV_CHAIN=1 TAIL=28 step 150 chain_profile python3 \
-        benchmarks/profile_decode_gpu.py --batch 1 --steps 20
+      TAIL=28 step 150 chain_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
+        --steps 20
       TAIL=6 step 120 chain_products python3 benchmarks/step_products_gpu.py --small \
         --variants early,chain,early,chain
       TAIL=5 step 200 chain_e2e python3 benchmarks/e2e_gpu.py --backends \
-        triton,triton:chain,triton,triton:chain --batches 1 --hf "" --steps 32 ;;
+        triton:unchained,triton --batches 1 --hf "" --steps 32 ;;
+    chain_default)  # the chained layer as the default: its GPU checks, decode A/B at 1 and 32
+      TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
+      TAIL=3 step 150 pdl_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_triton_pdl.py tests/runtime/test_fused_kernels.py
+      TAIL=14 step 300 chain_e2e python3 benchmarks/e2e_gpu.py --backends \
+        triton,triton:unchained --batches 1,32 --hf "" --steps 32 --overlap ;;
     layer)
       TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       TAIL=8 step 120 layer_products python3 benchmarks/step_products_gpu.py --small \
         --variants early,chain,early,chain
       TAIL=8 step 240 layer_e2e python3 benchmarks/e2e_gpu.py --backends \
-        triton,triton:chain,triton:fmerge,triton:chain+fmerge --batches 1 --hf "" --steps 32 ;;
+        triton:unchained,triton,triton:unchained+fmerge,triton:fmerge --batches 1 --hf "" --steps 32 ;;
     quant) ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=9 step 100 quant python3 benchmarks/quant_gpu.py \
       --batches 1 --schemes fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8,gptq ;;
   esac

@@ -1,7 +1,8 @@
 """The matrix-vector kernels that make their input in their own loads (residual add + RMSNorm,
 SiLU-and-mul: engine.runtime.gemv_triton.gemv_norm / gemv_silu) against the separate kernels,
 the chained one-row products (gemv_chain), and a tiny Llama decoding with them
-(ENGINE_FUSED_GEMV=1, ENGINE_GEMV_CHAIN=1) against the same model without: run
+(ENGINE_FUSED_GEMV=1; ENGINE_GEMV_CHAIN 1, the default, against 0) against the same model
+without: run
 under TRITON_INTERPRET=1 on a CPU, or on a GPU. Prints one JSON list of failures."""
 
 import json
@@ -92,6 +93,8 @@ def model(dtype: torch.dtype, flag_name: str) -> None:
     gemv_triton.gemv_chain = lambda *a, **kw: calls.append(1) or chain(*a, **kw)
     for flag in ("0", "1"):
         os.environ[flag_name] = flag
+        if flag_name != "ENGINE_GEMV_CHAIN":  # (the chained layer, the default, off)
+            os.environ["ENGINE_GEMV_CHAIN"] = "0"
         cfg = ServerConfig(model_path=tmp, load_format="dummy", dtype=str(dtype).split(".")[1],
                            skip_tokenizer_init=True, attention_backend="torch_native",
                            max_total_tokens=512, max_running_requests=2, context_length=128,
@@ -106,6 +109,7 @@ def model(dtype: torch.dtype, flag_name: str) -> None:
             steps.append(out)
         logits[flag] = torch.cat(steps).float()
     os.environ.pop(flag_name)
+    os.environ.pop("ENGINE_GEMV_CHAIN", None)
     gemv_triton.gemv_chain = chain
     # the chained layer: 3 products a layer after the first (4), over 2 decode steps
     if (len(calls) != 2 * 7) if flag_name == "ENGINE_GEMV_CHAIN" else calls:

@@ -48,6 +48,9 @@ class RMSNorm(nn.Module):
         dtype = x.dtype
         if dtype == torch.float32:  # one fused op, the same arithmetic
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        ops = fused.for_tensor(x) if x.dim() == 2 else None
+        if ops is not None:  # one kernel, the same arithmetic
+            return ops.add_rms_norm(x, None, self.weight, self.eps)[0]
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
@@ -321,15 +324,16 @@ class DecoderLayer(nn.Module):
 
     def _chain_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
         """The (qkv, o, gate/up, down) weights when this layer runs chained
-        (``ENGINE_GEMV_CHAIN=1``, :func:`engine.runtime.gemv_triton.gemv_chain`): one row in
-        half precision where the fused kernels serve it, a dense SiLU MLP, and four dense
-        projections of that dtype with no forward hooks (LoRA); else None."""
+        (:func:`engine.runtime.gemv_triton.gemv_chain`; ``ENGINE_GEMV_CHAIN=0`` turns it off):
+        one row in half precision where the fused kernels and the one-row products serve it, a
+        dense SiLU MLP, and four dense projections of that dtype with no forward hooks (LoRA);
+        else None."""
         if h.dim() != 2 or h.shape[0] != 1 or not fused.enabled(h):
             return None
         from engine.runtime import gemv_triton
 
         mlp = self.mlp
-        if not gemv_triton.chain() or not isinstance(mlp, MLP) or mlp.act is not F.silu:
+        if not gemv_triton.chain(h.device) or not isinstance(mlp, MLP) or mlp.act is not F.silu:
             return None
         linears = (self.self_attn.qkv_proj, self.self_attn.o_proj, mlp.gate_up_proj,
                    mlp.down_proj)

@@ -659,10 +659,11 @@ def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     return y, res_out
 
 
-def chain() -> bool:
-    """Whether a dense decoder layer at one row runs as four chained products
-    (:func:`gemv_chain`): ``ENGINE_GEMV_CHAIN=1`` (read at each forward)."""
-    return os.environ.get("ENGINE_GEMV_CHAIN") == "1"
+def chain(device: torch.device) -> bool:
+    """Whether a dense decoder layer at one row on ``device`` runs as four chained products
+    (:func:`gemv_chain`): where one row of dense weights goes to these kernels
+    (:func:`dense_rows`), unless ``ENGINE_GEMV_CHAIN=0`` (read at each forward)."""
+    return os.environ.get("ENGINE_GEMV_CHAIN", "1") != "0" and dense_rows(device) >= 1
 
 
 def chain_serves(n: int, k: int, glu: bool = False) -> bool:
