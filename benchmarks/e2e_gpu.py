@@ -42,8 +42,10 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"},
          "mergek": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "0"},
          "rows": {"ENGINE_TRITON_NEW_KV": "1"}, "pool": {"ENGINE_TRITON_NEW_KV": "0"},
          "l2": {"ENGINE_L2_PREFETCH": "1"}, "qptr": {"ENGINE_TRITON_Q_DESC": "0"},
-         "odesc": {"ENGINE_TRITON_O_DESC": "1"}, "late": {"ENGINE_GEMV_EARLY": "0", "ENGINE_GEMV_CHAIN": "0"},
-         "unchained": {"ENGINE_GEMV_CHAIN": "0"}}
+         "odesc": {"ENGINE_TRITON_O_DESC": "1"},
+         "late": {"ENGINE_GEMV_EARLY": "0", "ENGINE_GEMV_CHAIN": "0"},
+         "unchained": {"ENGINE_GEMV_CHAIN": "0"},
+         "nopreload": {"ENGINE_TRITON_DECODE_PRELOAD": "0"}}
 GEN_STEPS = 16
 
 
@@ -68,8 +70,9 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
     ``:l2``: the output projection's weights asked into L2 during decode attention;
     ``:qptr``: the triton extend loads its query tile by pointers, not a descriptor;
     ``:odesc``: it stores its output tiles through a descriptor too; ``:unchained``: the
-    one-row layer not as four chained products (``ENGINE_GEMV_CHAIN=0``); modes joined by
-    ``+`` combine;
+    one-row layer not as four chained products (``ENGINE_GEMV_CHAIN=0``); ``:nopreload``: the
+    triton decode kernel reads its first key tile after its wait; modes joined by ``+``
+    combine;
     set by the caller through
     the environment, :data:`MODES`);
     ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
@@ -261,7 +264,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
                     help="backend[:eager|:nopdl|:fused|:fmerge|:mergek|:rows|:pool|:l2|:qptr"
-                    "|:odesc|:late|:unchained, modes joined by +]; "
+                    "|:odesc|:late|:unchained|:nopreload, modes joined by +]; "
                     "CUDA graphs are used for decode where the backend supports them unless "
                     ":eager; :nopdl launches without PDL; :fused folds the norms and "
                     "SiLU-and-mul into the one-row products; :fmerge folds the triton decode "
@@ -273,7 +276,8 @@ def main() -> None:
                     "it stores its output tiles through a tensor descriptor; :late: the one-row "
                     "float products load their weights after their wait (the kernel before); "
                     ":unchained: the one-row layer not as four chained products (norms, "
-                    "residual adds and SiLU-and-mul in their own kernels)")
+                    "residual adds and SiLU-and-mul in their own kernels); :nopreload: the "
+                    "triton decode kernel reads its first key tile after its wait")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--overlap", action="store_true",
                     help="also time each batch with the tokens kept on the device, the host "

@@ -5,9 +5,7 @@
 #     bash benchmarks/early_check_gpu.sh [STEP...]   (steps: checks chain e2e moe quant;
 #     moe_down: the MoE down projection loading before its wait, ENGINE_MOE_DOWN_EARLY=1, its
 #     kit on CUDA, the layer in a chain and the model at batch 1 against the default;
-#     codes: one row of 8-bit codes loading before its wait, ENGINE_GEMV_EARLY_CODES=1, its
-#     checks, then the step's products against the default; codes_fp8: fp8 codes made bf16
-#     before the wait, two launches; profile: where batch 1's step goes, with PDL on;
+#     profile: where batch 1's step goes, with PDL on;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
 #     checks, the step's products with the small kernels against the chain, decode at batch 1)
@@ -43,20 +41,6 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
     moe_down_model)  # (the model alone)
       TAIL=6 step 240 moe_down_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners triton,triton+early,triton,triton+early ;;
-    codes)
-      TAIL=3 step 200 codes_checks env ENGINE_GEMV_EARLY_CODES=1 python3 \
-        tests/runtime/quant_kernel_checks.py cuda
-      W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,ct_w8a8_int8,ct_w8a16
-      TAIL=8 step 90 codes_default python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
-      ENGINE_GEMV_EARLY_CODES=1 TAIL=8 step 90 codes_early python3 benchmarks/quant_gpu.py \
-        --batches 1 --schemes $W8 ;;
-    codes_fp8)  # fp8 codes made bf16 before the wait, at two launches
-      W8=fp8_tensor,ct_fp8_dynamic
-      TAIL=5 step 90 fp8_default python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
-      ENGINE_GEMV_EARLY_CODES=1 TAIL=5 step 90 fp8_early python3 benchmarks/quant_gpu.py \
-        --batches 1 --schemes $W8
-      ENGINE_GEMV_EARLY_CODES=1 ENGINE_GEMV_EARLY_CONFIG=8,4096,8 TAIL=5 step 90 fp8_early8 \
-        python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8 ;;
     profile) TAIL=60 step 150 profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
       --steps 20 ;;
     chain_profile)  # the chained layer: where its step goes, products and decode A/B
@@ -66,6 +50,11 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --variants early,chain,early,chain
       TAIL=5 step 200 chain_e2e python3 benchmarks/e2e_gpu.py --backends \
         triton:unchained,triton --batches 1 --hf "" --steps 32 ;;
+    preload)  # the decode kernel's first key tile read before its wait: GPU tests, A/B
+      TAIL=3 step 200 attn_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/attention/test_triton_attention.py tests/runtime/test_triton_pdl.py
+      TAIL=14 step 300 preload_e2e python3 benchmarks/e2e_gpu.py --backends \
+        triton,triton:nopreload --batches 1,32 --hf "" --steps 32 --overlap ;;
     chain_default)  # the chained layer as the default: its GPU checks, decode A/B at 1 and 32
       TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       TAIL=3 step 150 pdl_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
@@ -77,7 +66,8 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=8 step 120 layer_products python3 benchmarks/step_products_gpu.py --small \
         --variants early,chain,early,chain
       TAIL=8 step 240 layer_e2e python3 benchmarks/e2e_gpu.py --backends \
-        triton:unchained,triton,triton:unchained+fmerge,triton:fmerge --batches 1 --hf "" --steps 32 ;;
+        triton:unchained,triton,triton:unchained+fmerge,triton:fmerge --batches 1 --hf "" \
+        --steps 32 ;;
     quant) ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=9 step 100 quant python3 benchmarks/quant_gpu.py \
       --batches 1 --schemes fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8,gptq ;;
   esac

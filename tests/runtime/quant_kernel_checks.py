@@ -182,21 +182,6 @@ for n, k, config in ((40, 200, (4, 256, 4)), (37, 200, (8, 64, 4)), (40, 320, (2
     close(f"gemv one row n={n} k={k}", y, x.double() @ w.double().t())
     y = gt.gemv(x.to(device), w.to(device), out_dtype=torch.float32)  # (not via bf16)
     close(f"gemv one row n={n} k={k} float32 out", y, x.double() @ w.double().t(), rel=2 ** -18)
-# 8-bit codes loaded before the wait (opt-in, ENGINE_GEMV_EARLY_CODES=1): the same values as
-# the matrix-vector kernel's, the row held whole (its own dynamic scale) or in slices
-for dt, act, config in ((torch.float8_e4m3fn, "token", (8, 256, 4)),
-                        (torch.float8_e4m3fn, "token", (8, 64, 4)),
-                        (torch.float8_e5m2, None, (8, 256, 4)),
-                        (torch.int8, "token", (8, 64, 4)), (torch.int8, "static", (4, 256, 4))):
-    x = rand(1, 200).to(torch.bfloat16)
-    w = (rand(37, 200) * (40 if dt == torch.int8 else 1)).clamp(-127, 127).to(dt)
-    ws = rand(37).abs() * 0.01 + 1e-3
-    xs = torch.tensor([0.02]).to(device) if act == "static" else None
-    want = qt.w8_mm(x.to(device), w.to(device), ws.to(device), act=act, x_scale=xs,
-                    path="gemv")
-    got = gt.gemv_early(x.to(device), w.to(device), None, config=config, w_scale=ws.to(device),
-                        act=act, x_scale=xs)[0]
-    close(f"gemv early codes {dt} {act} {config}", got, want.double())
 
 
 def gemv_affine_case(bits, group, m, config, n=40, k=320, perm=False, bias=True,

@@ -105,14 +105,19 @@ ATTN_PTRS = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*
              "k_desc": "*bf16", "v_desc": "*bf16"}
 
 
-@pytest.mark.parametrize("fused, fp8, fp4", [(False, 0, False), (True, 0, False),
-                                             (False, 1, False), (False, 0, True)])
-def test_decode_kernels_build(attention, fused, fp8, fp4):
+@pytest.mark.parametrize("fused, fp8, fp4, preload", [
+    (False, 0, False, True), (False, 0, False, False), (True, 0, False, True),
+    (False, 1, False, True), (False, 0, True, False)])
+def test_decode_kernels_build(attention, fused, fp8, fp4, preload):
+    """The decode kernels build for sm_90; with the first key tile read before the wait
+    (PRELOAD, the default) without register spills."""
     kv = "*u8" if fp8 or fp4 else "*bf16"
-    build(attention._decode_split_kernel, {**ATTN_PTRS, "k_ptr": kv, "v_ptr": kv}, dict(
+    split = build(attention._decode_split_kernel, {**ATTN_PTRS, "k_ptr": kv, "v_ptr": kv}, dict(
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=8, BLOCK_H=16, BLOCK_D=128, BLOCK_N=64,
         FIXED_TILE=False, DOT_PREC=None, KV_FP8=fp8, FUSED_MERGE=fused, PDL=True,
-        KV_FP4=fp4))
+        KV_FP4=fp4, PRELOAD=preload))
+    if preload:
+        assert stack_bytes(split) == 0
     build(attention._decode_merge_kernel, ATTN_PTRS, dict(
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=8, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
         FIXED_TILE=False, PDL=True))
@@ -378,28 +383,6 @@ def _core_calls():
 
 
 CORE = _core_calls()
-
-
-@pytest.mark.parametrize("dtype,act,n,k", [
-    ("float8_e4m3fn", "token", 6144, 4096), ("float8_e4m3fn", "static", 28672, 4096),
-    ("float8_e4m3fn", "token", 4096, 14336), ("int8", "token", 6144, 4096),
-    ("int8", "token", 4096, 14336), ("float8_e4m3fn", None, 6144, 4096)])
-def test_one_row_codes_loading_before_the_wait_build_without_spills(monkeypatch, dtype, act,
-                                                                      n, k):
-    """``ENGINE_GEMV_EARLY_CODES=1``: one row of 8-bit codes through ``_gemv_early`` at the
-    Llama-3-8B shapes, no register spills at the launches of ``EARLY_CODE_CONFIGS``."""
-    import torch
-
-    from engine.runtime import quant_triton
-
-    monkeypatch.setenv("ENGINE_GEMV_EARLY_CODES", "1")
-    dt = getattr(torch, dtype)
-    launches = _launches(lambda: quant_triton.w8_mm(
-        torch.randn(1, k, dtype=torch.bfloat16), torch.zeros(n, k).to(dt), torch.ones(n),
-        act=act, x_scale=torch.ones(1) if act == "static" else None))
-    assert [kernel.fn.__name__ for kernel, _, _ in launches] == ["_gemv_early"]
-    for kernel, bound, options in launches:
-        assert stack_bytes(_build_launch(kernel, bound, options)) == 0
 
 
 @pytest.mark.parametrize("form", ["qkv (norm from sums of squares)", "o (residual add)",

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from engine.runtime.fused_triton import _round
 from engine.runtime.quant_triton import (_bits, _finish, _group_affine, _kind, _quantize,
-                                         _row1_scale, _row_scales, _slice, _split, _workspace,
+                                         _row_scales, _slice, _split, _workspace,
                                          _x_slice, fp8_from_bits, shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_enabled, pdl_trigger,
                                       pdl_wait, prefetch_l2)
@@ -500,10 +500,8 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
                 res_ptr, nw_ptr, res_out_ptr, eps, HAS_BIAS: tl.constexpr,
                 BLOCK_N: tl.constexpr, KC: tl.constexpr, SPLIT: tl.constexpr,
                 PRE: tl.constexpr, HAS_RES: tl.constexpr, NORM_BLOCK: tl.constexpr,
-                PDL: tl.constexpr, xs_ptr=None, ws_ptr=None, CODES: tl.constexpr = 0,
-                ACT: tl.constexpr = 0, FP8: tl.constexpr = 0, QMAX: tl.constexpr = 1.0,
-                MANT: tl.constexpr = 0, EMIN: tl.constexpr = 0, ss_in_ptr=None, n_ss=0,
-                ss_out_ptr=None, SS_BLOCK: tl.constexpr = 1, EPI: tl.constexpr = 0):
+                PDL: tl.constexpr, ss_in_ptr=None, n_ss=0, ss_out_ptr=None,
+                SS_BLOCK: tl.constexpr = 1, EPI: tl.constexpr = 0):
     """One row of float weights: program (n, k) loads all of its weights, ``BLOCK_N`` outputs x
     KC columns from column ``k * KC`` on, into registers *before* it waits for the previous
     kernel, then reads x and sums. Under PDL the programs resident while the previous kernels
@@ -514,11 +512,6 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
     rounded where the separate kernels round): 1, SiLU-and-mul of the gate/up row ``x`` [2K];
     2, RMSNorm of ``x`` (+ ``res`` when HAS_RES) times ``nw``, the row's norm summed in blocks
     of NORM_BLOCK by every program, program (0, 0) storing ``x + res`` at ``res_out``.
-
-    CODES 1 (8-bit codes with per-row scales ``ws[n]``; FP8 0 int8, 1 e4m3, 2 e5m2) and ACT as
-    ``_gemv``'s 0, 1 (dynamic per row: the row's scale from the x the program holds when it
-    holds the whole row, else from a pass over it) and 3 (static ``xs[0]``): an opt-in form
-    (:func:`engine.runtime.quant_triton.w8_mm` with ``ENGINE_GEMV_EARLY_CODES=1``).
 
     The chained decode layer (:func:`gemv_chain`): PRE 3, RMSNorm of ``x`` (already the
     residual stream) times ``nw`` with the row's sum of squares read as the ``n_ss`` partial
@@ -538,8 +531,6 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
     w = tl.load(w_rows + cols[None, :], mask=k_ok[None, :], other=0.0)
     if EPI == 1:  # the up half's rows of the same outputs
         w2 = tl.load(w_rows + N * stride_wn + cols[None, :], mask=k_ok[None, :], other=0.0)
-    if CODES == 1 and FP8 != 0:  # fp8 codes made bf16 (exactly) before the wait: after it
-        w = fp8_from_bits(w, FP8).to(tl.bfloat16)  # only the products are left
     if PRE == 3:  # (the norm's weights: constants)
         nw = tl.load(nw_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
     pdl_wait(PDL)
@@ -567,28 +558,13 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
         ss = tl.load(ss_in_ptr + offs_s, mask=offs_s < n_ss, other=0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
         x = _round(_round(x * rstd, dt) * nw, dt)
-    row_s = tl.full((1, 1), 1.0, tl.float32)
-    col_s = tl.full((1, BLOCK_N), 1.0, tl.float32)
-    if CODES == 1:
-        col_s = tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
-        if ACT == 1 and SPLIT:
-            xs = _row1_scale(x_ptr, K, QMAX, NORM_BLOCK, 0)
-        elif ACT == 1:  # (the whole row is here: zeros past K)
-            xs = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12), QMAX)
-        elif ACT == 3:
-            xs = tl.load(xs_ptr)
-        if ACT == 1 or ACT == 3:
-            x = _quantize(x, xs, tl.math.div_rn(1.0, xs), FP8, QMAX, MANT, EMIN)
-            row_s = row_s * xs
-    if CODES == 1 and FP8 == 0 and ACT != 0:  # int8 codes times int8 codes: exact in int32
-        acc = tl.sum(x.to(tl.int32)[None, :] * w.to(tl.int32), axis=1)
-    else:
-        acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     if EPI == 0:
-        _finish(acc[None, :], row_s, col_s, pid_n, pid_k, tl.arange(0, 1), offs_n,
+        one = tl.full((1, 1), 1.0, tl.float32)
+        _finish(acc[None, :], one, one, pid_n, pid_k, tl.arange(0, 1), offs_n,
                 tl.full((1,), 1, tl.int1), n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, 0,
                 split_k, HAS_BIAS, 1, SPLIT)
-    else:  # (float weights, one slice: the outputs rounded where the separate kernels round)
+    else:  # (one slice: the outputs rounded where the separate kernels round)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
         y = _round(acc, dt)
@@ -607,40 +583,23 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
 #: (``ENGINE_GEMV_EARLY_CONFIG`` = "bn,kc,warps" overrides them for a sweep); chosen on an
 #: H200 by ``benchmarks/step_products_gpu.py``
 EARLY_CONFIGS = {"square": (4, 4096, 4), "wide": (4, 4096, 4), "deep": (2, 16384, 8)}
-#: the same for 8-bit codes: fp8 codes are made bf16 before the wait (the float launches'
-#: registers), int8 codes stay int8 (twice the elements in the same registers); not yet measured
-EARLY_CODE_CONFIGS = {"fp8": EARLY_CONFIGS,
-                      "int8": {"square": (8, 4096, 4), "wide": (8, 4096, 4),
-                               "deep": (4, 16384, 8)}}
-
 
 def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                config: tuple | None = None, *, pre: int = 0,
                residual: torch.Tensor | None = None, norm_w: torch.Tensor | None = None,
-               eps: float = 0.0, w_scale: torch.Tensor | None = None,
-               act: str | None = None, x_scale: torch.Tensor | None = None,
-               out_dtype: torch.dtype | None = None
+               eps: float = 0.0, out_dtype: torch.dtype | None = None
                ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(``x`` [1, K] @ W^T for float ``w`` [N, K] through ``_gemv_early``, the residual stream
     written with ``pre`` 2 and a residual, else None), or None where it does not serve (more
     rows, rows not contiguous, more slices of K than the workspace holds). ``pre``,
     ``residual``, ``norm_w``, ``eps``: the input made in the kernel (``PRE``; ``x`` is then the
-    gate/up row [1, 2K] for 1). ``w_scale`` [N] (with ``act`` None, "token" or "static" and
-    ``x_scale``, as :func:`engine.runtime.quant_triton.w8_mm`'s): ``w`` holds 8-bit codes."""
+    gate/up row [1, 2K] for 1)."""
     n, k = w.shape
     if x.shape[0] != 1 or w.stride(-1) != 1 or x.stride(-1) != 1:
         return None
     env = os.environ.get("ENGINE_GEMV_EARLY_CONFIG")
-    table = EARLY_CONFIGS if w_scale is None else \
-        EARLY_CODE_CONFIGS["int8" if w.dtype == torch.int8 else "fp8"]
     bn, kc, warps = config or (tuple(int(v) for v in env.split(",")) if env
-                               else table[shape_class(n, k)])
-    codes = {}
-    if w_scale is not None:  # 8-bit codes with per-row scales
-        fp8, mant, emin, qmax = _kind(w.dtype)
-        codes = dict(xs_ptr=x_scale, ws_ptr=w_scale, CODES=1, FP8=fp8, QMAX=qmax, MANT=mant,
-                     EMIN=emin, ACT={None: 0, "token": 1, "static": 3}[act])
-        w = _bits(w)
+                               else EARLY_CONFIGS[shape_class(n, k)])
     kc = min(kc, triton.next_power_of_2(k))
     split = triton.cdiv(k, kc)
     if _split(split, n, bn, 1) != split:
@@ -654,7 +613,7 @@ def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         residual if has_res else x, norm_w if norm_w is not None else y,
         res_out if has_res else y, eps, HAS_BIAS=bias is not None, BLOCK_N=bn, KC=kc,
         SPLIT=split > 1, PRE=pre, HAS_RES=has_res,
-        NORM_BLOCK=min(1024, triton.next_power_of_2(k)), num_warps=warps, **codes,
+        NORM_BLOCK=min(1024, triton.next_power_of_2(k)), num_warps=warps,
         **launch_options(x.device))
     return y, res_out
 

@@ -680,15 +680,6 @@ def w8_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str |
     if act == "group" and block is None:
         raise ValueError("activations quantized per group need block weight scales")
     fp8, mant, emin, qmax = _kind(w.dtype)
-    if (m == 1 and path is None and config is None and block is None
-            and os.environ.get("ENGINE_GEMV_EARLY_CODES") == "1"):
-        from engine.runtime.gemv_triton import gemv_early
-
-        # (opt-in, not yet timed: the codes loaded before the wait, as float weights are)
-        done = gemv_early(x, w, bias, w_scale=w_scale, act=act, x_scale=x_scale,
-                          out_dtype=out_dtype)
-        if done is not None:
-            return done[0]
     if (path == "swap" or (path is None and config is None)) and m <= SWAP_ROWS:
         from engine.runtime import swap_triton
 

@@ -78,7 +78,7 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
           PAGE: tl.constexpr = 1, k_desc=None, v_desc=None, TMA: tl.constexpr = False,
           LAZY: tl.constexpr = False, INDEX_ASM: tl.constexpr = False,
           OFF32: tl.constexpr = False, CONTIG: tl.constexpr = False, base=0,
-          KV_FP4: tl.constexpr = False):
+          KV_FP4: tl.constexpr = False, k_pre=None, v_pre=None, PRE_KV: tl.constexpr = False):
     """One online-softmax step over the keys at positions ``n0 + offs_n`` (``n_mask``: in
     range; ``allowed``: which (query row, key) scores count): K/V rows of KV head ``g`` read
     through ``req_to_token``, scores, running max ``m_i``, sum ``l_i`` and output ``acc``
@@ -101,7 +101,9 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
     forward's own K/V, contiguous), read through the descriptors with no table (the caller
     passes ``TMA`` and ``EVEN_D``); rows past ``n_mask`` then belong to the next request or
     lie past the end (zeros), and weigh nothing. KV_FP4: the pool holds ``fp4_mx_block16``
-    rows (:func:`_fp4_rows`; the head dimension fills ``offs_d``, no descriptors)."""
+    rows (:func:`_fp4_rows`; the head dimension fills ``offs_d``, no descriptors). PRE_KV: the
+    tile's K and V rows are ``k_pre`` / ``v_pre`` (read by the caller, masked as MASKED
+    reads them; fp8 ones still as bit patterns), nothing is read here."""
     BLOCK_N: tl.constexpr = offs_n.shape[0]
     # a whole tile in one page (a masked one too where descriptors read it: aligned, n0 < end)
     ONE_PAGE: tl.constexpr = CONTIG or (PAGE // BLOCK_N * BLOCK_N == PAGE
@@ -131,8 +133,10 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
         kv_mask = n_mask[:, None] & d_mask[None, :]
     else:
         kv_mask = d_mask[None, :]
-    DESC: tl.constexpr = TMA and ONE_PAGE and EVEN_D
-    if DESC:  # a [BLOCK_N, D] block of the [slots, Hkv * D] view
+    DESC: tl.constexpr = TMA and ONE_PAGE and EVEN_D and not PRE_KV
+    if PRE_KV:
+        k = k_pre
+    elif DESC:  # a [BLOCK_N, D] block of the [slots, Hkv * D] view
         k = k_desc.load([slot0.to(tl.int32), g * offs_d.shape[0]])
     elif KV_FP4:
         k = _fp4_rows(k_rows + k_row, n_mask, offs_d.shape[0], MASKED, q.dtype)
@@ -157,7 +161,9 @@ def _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, allowed, k_ptr, v_ptr, 
     else:
         p = tl.exp2(qk * scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-    if DESC:
+    if PRE_KV:
+        v = v_pre
+    elif DESC:
         v = v_desc.load([slot0.to(tl.int32), g * offs_d.shape[0]])
         # rows past the keys in range: whatever the page holds, weighted 0 (CONTIG: other
         # tokens' values or zeros past the end, finite, times probabilities of 0: as they are,
@@ -263,6 +269,7 @@ def _decode_split_kernel(
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     FIXED_TILE: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr = 0,
     FUSED_MERGE: tl.constexpr = False, PDL: tl.constexpr = False, KV_FP4: tl.constexpr = False,
+    PRELOAD: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -284,7 +291,17 @@ def _decode_split_kernel(
     d_mask = offs_d < HEAD_DIM
     hd_mask = h_mask[:, None] & d_mask[None, :]
     r2t_row = req_to_token_ptr + row * stride_r2t
-    if PDL and not KV_FP4:  # the chunk's first key tile asked into L2 while the previous
+    if PRELOAD:  # the chunk's first key tile read while the previous kernel runs, all but
+        # the newest token's row (which that kernel writes: read after the wait)
+        pos0 = start + offs_n
+        in0 = pos0 < end
+        slot0 = tl.load(r2t_row + pos0, mask=in0, other=0).to(tl.int64)
+        old = (in0 & (pos0 < seq_len - 1))[:, None] & d_mask[None, :]
+        k_at = k_ptr + slot0[:, None] * stride_ks + g * stride_kh + offs_d[None, :]
+        v_at = v_ptr + slot0[:, None] * stride_vs + g * stride_vh + offs_d[None, :]
+        k0 = tl.load(k_at, mask=old, other=0.0)
+        v0 = tl.load(v_at, mask=old, other=0.0)
+    elif PDL and not KV_FP4:  # the chunk's first key tile asked into L2 while the previous
         # kernel runs (the newest token's K/V, which that kernel writes, is read again after
         # the wait anyway: L2 is where the write lands; fp4 rows are not D elements wide)
         _prefetch_kv(r2t_row, start, end, offs_n, k_ptr, v_ptr, g, stride_ks, stride_kh,
@@ -296,7 +313,18 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    first = start
+    if PRELOAD:
+        if start < end:  # (an empty chunk takes no step)
+            new = (in0 & (pos0 == seq_len - 1))[:, None] & d_mask[None, :]
+            k0 = tl.where(new, tl.load(k_at, mask=new, other=0.0), k0)
+            v0 = tl.where(new, tl.load(v_at, mask=new, other=0.0), v0)
+            m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, start, offs_n, in0, in0[None, :],
+                                  k_ptr, v_ptr, g, stride_ks, stride_kh, stride_vs,
+                                  stride_vh, offs_d, d_mask, scale, DOT_PREC, KV_FP8=KV_FP8,
+                                  k_pre=k0, v_pre=v0, PRE_KV=True)
+        first = start + BLOCK_N
+    for n0 in range(first, end, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < end
         m_i, l_i, acc = _tile(q, m_i, l_i, acc, r2t_row, n0, offs_n, n_mask, n_mask[None, :],
