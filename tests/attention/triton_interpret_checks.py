@@ -124,6 +124,25 @@ def own_checks() -> list[str]:
         out, want, _, _ = rig.step(backend, batch, rows)
         failures += close(f"split decode (fp32 partials={fp32})", out, want)
 
+    # one request (its decode program reads its first key tile before the wait, the newest
+    # token's row after it): the new token first, inside and last in a tile, over steps
+    for fmt in (torch.float32, torch.float8_e4m3fn):
+        rig = Rig(page=16, ratio=4, dim=64, seed=5, dtype=fmt)
+        if rig.pool.is_fp8:
+            rig.pool.k_scale[0], rig.pool.v_scale[0] = 0.05, 0.5
+        backend = TritonBackend(rig.pool, 4, num_kv_splits=3,
+                                kernel_config=KernelConfig(decode_block_n=16))
+        for length in (15, 16, 23, 40):
+            rig.kv.clear()
+            row = rig.builder.new_request()
+            out, want, _, _ = rig.step(backend, rig.builder.extend([(row, [1] * length)]),
+                                       [row])
+            for step in range(2):
+                batch = rig.builder.decode([(row, 2)])
+                out, want, _, _ = rig.step(backend, batch, [row])
+                failures += close(f"one-request decode ({fmt}, {length} + {step + 1} keys)",
+                                  out, want)
+
     # the merge folded into the split kernel (the last split of each request and KV head
     # folds them): the separate merge's outputs bit for bit, request after request
     rig = Rig(page=16, ratio=4, dim=64, seed=11)
