@@ -3,8 +3,6 @@
 # on the GPU machine (from the repository root, carrying .whl and .whl-server). Each step's log
 # lands in $OUT.
 #     bash benchmarks/early_check_gpu.sh [STEP...]   (steps: checks chain e2e moe quant;
-#     moe_down: the MoE down projection loading before its wait, ENGINE_MOE_DOWN_EARLY=1, its
-#     kit on CUDA, the layer in a chain and the model at batch 1 against the default;
 #     profile: where batch 1's step goes, with PDL on;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
@@ -33,14 +31,6 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       --backends triton,triton:late,triton,triton:late --batches 1 --hf "" --steps 32 ;;
     moe) TAIL=6 step 150 moe python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
       --batches 1 --runners triton ;;
-    moe_down)
-      TAIL=14 step 240 moe_down_layer python3 benchmarks/moe_gpu.py --skip kernel,model \
-        --chain-tokens 1,8
-      TAIL=6 step 240 moe_down_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
-        --batches 1 --runners triton,triton+early,triton,triton+early ;;
-    moe_down_model)  # (the model alone)
-      TAIL=6 step 240 moe_down_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
-        --batches 1 --runners triton,triton+early,triton,triton+early ;;
     profile) TAIL=60 step 150 profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
       --steps 20 ;;
     chain_profile)  # the chained layer: where its step goes, products and decode A/B
@@ -55,6 +45,13 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         tests/attention/test_triton_attention.py tests/runtime/test_triton_pdl.py
       TAIL=14 step 300 preload_e2e python3 benchmarks/e2e_gpu.py --backends \
         triton,triton:nopreload --batches 1,32 --hf "" --steps 32 --overlap ;;
+    final)  # the session's end state: chain checks, PDL tests, the MoE kit, decode at batch 1
+      TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
+      TAIL=3 step 150 pdl_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_triton_pdl.py tests/runtime/test_fused_kernels.py
+      TAIL=8 step 150 moe_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model
+      TAIL=8 step 200 final_e2e python3 benchmarks/e2e_gpu.py --backends \
+        triton,triton:unchained --batches 1 --hf "" --steps 32 --overlap ;;
     chain_default)  # the chained layer as the default: its GPU checks, decode A/B at 1 and 32
       TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       TAIL=3 step 150 pdl_tests python3 -m pytest -q -p no:cacheprovider -m gpu \

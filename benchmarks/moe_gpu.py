@@ -43,12 +43,10 @@ def kit() -> list[list]:
     dev = torch.device("cuda")
     for name, runner in (("torch", TorchRunner()), ("triton (gemv for small)", TritonRunner(None)),
                          ("triton (grouped only)", TritonRunner(None)),
-                         ("triton (gemv chained: one launch)", TritonRunner(None)),
-                         ("triton (gemv, down loading before its wait)", TritonRunner(None))):
+                         ("triton (gemv chained: one launch)", TritonRunner(None))):
         if name == "triton (grouped only)":
             runner.gemv_max_pairs = 0
         runner.chained = "chained" in name
-        runner.down_early = "before its wait" in name
         fails = list(runner_failures(runner, dev))
         rows.append([name, len(fails), "; ".join(fails)[:200]])
     return rows
@@ -214,8 +212,7 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]
             return y
 
         one = dict(tri.gemv_one if m == 1 else tri.gemv)
-        launches = [("the default", None), ("the default, chained", dict(one, chained=True)),
-                    ("the default, down projection loading before its wait", "down_early")]
+        launches = [("the default", None), ("the default, chained", dict(one, chained=True))]
         if sweep and m == 1:  # both projections in one launch (pair_moe_chained)
             launches += [("", dict(block_n=bn, block_k=bk, warps=wp, down_block_n=dbn,
                                    next_tile=True, chained=True))
@@ -224,7 +221,6 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]
         scores = []
         for label, cfg in launches:
             saved = tri.gemv_one, tri.gemv
-            tri.down_early = cfg == "down_early"
             if isinstance(cfg, dict) and m == 1:
                 tri.gemv_one = cfg
             elif isinstance(cfg, dict):
@@ -236,9 +232,8 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]
             except Exception:  # a launch the compiler rejects
                 pass
             tri.gemv_one, tri.gemv = saved
-            tri.down_early = False
-        best = sorted(scores[3:])[:3]
-        for t_chain, t_one, label in scores[:3] + best:
+        best = sorted(scores[2:])[:3]
+        for t_chain, t_one, label in scores[:2] + best:
             rows.append([m, active, n_layers, round(t_chain * 1e3, 1),
                          round(bytes_ / (t_chain * 1e-3) / 1e12, 2),
                          f"{bytes_ / (t_chain * 1e-3) / BW:.0%}", round(t_one * 1e3, 1),
@@ -258,10 +253,8 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     rows = []
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+combine (the combine in the down projection), triton+chained (both
-    # projections in one launch), triton+early (the down projection's weights loaded before
-    # its wait), torch
-    variants = {"combine": "ENGINE_MOE_FUSED_COMBINE", "chained": "ENGINE_MOE_CHAINED",
-                "early": "ENGINE_MOE_DOWN_EARLY"}
+    # projections in one launch), torch
+    variants = {"combine": "ENGINE_MOE_FUSED_COMBINE", "chained": "ENGINE_MOE_CHAINED"}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"
@@ -323,7 +316,6 @@ def main() -> None:
     ap.add_argument("--runners", default="triton,torch",
                     help="model decode: triton, triton+combine (the combine inside the down "
                     "projection), triton+chained (both projections in one launch), "
-                    "triton+early (the down projection loads its weights before its wait), "
                     "torch; a runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,
                     help="E,top_k,H,I of the layer for the kit-free sections (default: "

@@ -221,22 +221,8 @@ def test_moe_pair_kernels_build(prefetch, combine, nxt):
                                              NEXT=nxt, PDL=True))
     build(kernels._pair_gemv_down, types, dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256, ACC2D=False,
                                                PREFETCH=prefetch, COMBINE=combine, NEXT=nxt,
-                                               PDL=True, EARLY_I=0))
+                                               PDL=True))
     build(kernels._combine_pairs, types, dict(TOP_K=8, BLOCK=1024, PDL=True))
-
-
-@pytest.mark.parametrize("block_n", [16, 32])
-def test_moe_down_projection_loading_before_its_wait_builds(block_n):
-    """The down projection's whole tile (BLOCK_N x 1024) in registers, with the warps
-    ``pair_moe`` gives it: no spills."""
-    from engine_moe_triton import kernels
-
-    types = {"gu_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "ids_ptr": "*i32",
-             "weights_ptr": "*fp32", "y_ptr": "*bf16", "cnt_ptr": "*i32"}
-    down = build(kernels._pair_gemv_down, types, dict(
-        TOP_K=8, BLOCK_N=block_n, BLOCK_K=256, ACC2D=False, PREFETCH=False, COMBINE=False,
-        NEXT=False, PDL=True, EARLY_I=1024), warps=block_n * 1024 // kernels.EARLY_PER_WARP)
-    assert stack_bytes(down) == 0
 
 
 @pytest.mark.parametrize("down_block_n", [8, 16, 32])

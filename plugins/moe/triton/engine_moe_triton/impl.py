@@ -91,9 +91,6 @@ class TritonRunner(MoERunner):
         #: both projections of the matrix-vector path in one launch (the down projection's
         #: weights loaded while the up projection finishes); opt-in, ``ENGINE_MOE_CHAINED=1``
         self.chained = os.environ.get("ENGINE_MOE_CHAINED") == "1"
-        #: the matrix-vector path's down projection loads its whole weight tile before its
-        #: wait (as the dense one-row products do); opt-in, ``ENGINE_MOE_DOWN_EARLY=1``
-        self.down_early = os.environ.get("ENGINE_MOE_DOWN_EARLY") == "1"
 
     def supports(self, experts: ExpertWeights) -> str | None:
         if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -144,7 +141,6 @@ class TritonRunner(MoERunner):
                    if self.fused_combine else None)
             if pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                         topk_weights.float().contiguous(), gate_up, down, combined=out,
-                        down_early=self.down_early,
                         **{k_: v for k_, v in launch.items() if k_ != "chained"}):
                 return out
             return combine_pairs(down, k, hidden.dtype)

@@ -210,34 +210,11 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
 
 
 @triton.jit
-def _down_early(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, pair, offs_n, n_ok, N, I,
-                stride_gu, stride_we, stride_wn, stride_o, EARLY_I: tl.constexpr,
-                PDL: tl.constexpr):
-    """``_pair_gemv_down``'s EARLY_I form: the pair's expert read (final before the wait, see
-    there), its BLOCK_N x I weight tile loaded, then the wait, the activation and one
-    product."""
-    expert = tl.load(ids_ptr + pair).to(tl.int64)
-    offs_i = tl.arange(0, EARLY_I)
-    i_ok = offs_i < tl.where(expert >= 0, I, 0)  # another rank's expert: zeros
-    w = tl.load(w_ptr + tl.maximum(expert, 0) * stride_we
-                + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
-                + offs_i[None, :], mask=i_ok[None, :], other=0.0)
-    pdl_wait(PDL)
-    gu_row = gu_ptr + pair * stride_gu
-    g = tl.load(gu_row + offs_i, mask=i_ok, other=0.0).to(tl.float32)
-    u = tl.load(gu_row + I + offs_i, mask=i_ok, other=0.0).to(tl.float32)
-    act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
-    acc = tl.sum(w.to(tl.float32) * act[None, :], axis=1)
-    acc = tl.where(expert >= 0, acc * tl.load(weights_ptr + pair), 0.0)
-    tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
-
-
-@triton.jit
 def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr, N, I,
                     stride_gu, stride_we, stride_wn, stride_o, stride_y,
                     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     ACC2D: tl.constexpr, PREFETCH: tl.constexpr, COMBINE: tl.constexpr,
-                    NEXT: tl.constexpr, PDL: tl.constexpr, EARLY_I: tl.constexpr = 0):
+                    NEXT: tl.constexpr, PDL: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
     from the gate/up row of the pair. ACC2D and NEXT as in ``_pair_gemv_up``. With PDL this
     kernel starts only once every program of the up projection has waited for the router
@@ -247,18 +224,11 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
     COMBINE: the combine too (``_combine_pairs``' sums, in the same order from the same
     rounded rows): each program counts itself in at its token's output block
     (``cnt``, zeros, one per (token, block)), and the last of the token's TOP_K pairs to
-    arrive sums their rows into ``y[token]`` and resets the counter. EARLY_I (I rounded up to
-    a power of two; not with COMBINE): the program's whole weight tile (BLOCK_N x I) loads into
-    registers before its wait, then one product (the dense one-row products' form,
-    ``gemv_triton.gemv_early``)."""
+    arrive sums their rows into ``y[token]`` and resets the counter."""
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    if EARLY_I > 0:
-        _down_early(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, pair, offs_n, n_ok, N, I,
-                    stride_gu, stride_we, stride_wn, stride_o, EARLY_I, PDL)
-        return
     if PDL and PREFETCH:
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         if expert >= 0:
@@ -433,11 +403,6 @@ def pair_moe_chained(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         **launch_options(x.device))
 
 
-#: largest weight tile (elements) a down-projection program of :func:`pair_moe` loads before
-#: its wait (``down_early``)
-EARLY_TILE = 32768
-#: elements of that tile a warp holds at most (more warps for a larger tile: no spills)
-EARLY_PER_WARP = 4096
 #: (token, output block) counters of the down projection's combine, per device (zeros; each
 #: use leaves them zero); more blocks than this: the separate combine kernel
 COMBINE_COUNTERS = 1 << 16
@@ -458,14 +423,12 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
              block_n: int = 32, block_k: int = 128, warps: int = 4,
              down_block_n: int | None = None, down_block_k: int | None = None,
              acc2d: bool = False, combined: torch.Tensor | None = None,
-             next_tile: bool = False, down_early: bool = False) -> bool:
+             next_tile: bool = False) -> bool:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
     ``-1`` ids). ``acc2d``: sum each output's products once at the end of its K loop.
     ``combined`` [T, H]: the down projection also writes each token's sum of its pairs there
     (as :func:`combine_pairs`) where the counters suffice; returns whether it did.
-    ``next_tile``: each K iteration loads the next one's weights first (``NEXT``).
-    ``down_early``: the down projection's programs load their whole weight tile before their
-    wait (``EARLY_I``; where the tile is at most :data:`EARLY_TILE` elements, no combine)."""
+    ``next_tile``: each K iteration loads the next one's weights first (``NEXT``)."""
     t, k = topk_ids.shape
     pairs = t * k
     _, n13, h = w13.shape
@@ -478,9 +441,6 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
     tiles = triton.cdiv(h, dbn)
     combine = combined is not None and t * tiles <= COMBINE_COUNTERS
-    early_i = triton.next_power_of_2(inter) if down_early and not combine else 0
-    if early_i * dbn > EARLY_TILE:
-        early_i = 0
     cnt = combine_counters(x.device) if combine else ids
     _pair_gemv_down[(pairs, tiles)](
         gate_up, w2, down, ids, topk_weights.reshape(-1), combined if combine else down, cnt,
@@ -489,8 +449,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
         PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
         COMBINE=combine, NEXT=next_tile,
-        num_warps=max(warps, early_i * dbn // EARLY_PER_WARP), EARLY_I=early_i,
-        **launch_options(x.device))
+        num_warps=warps, **launch_options(x.device))
     return combine
 
 
