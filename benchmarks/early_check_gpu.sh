@@ -52,6 +52,11 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=8 step 150 moe_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model
       TAIL=8 step 200 final_e2e python3 benchmarks/e2e_gpu.py --backends \
         triton,triton:unchained --batches 1 --hf "" --steps 32 --overlap ;;
+    where)  # where the MoE model's and the fp8 model's batch-1 steps go, with PDL on
+      TAIL=30 step 120 moe_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
+        --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
+      TAIL=30 step 120 fp8_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
+        --steps 20 --quantization fp8 --no-kernel-table ;;
     chain_default)  # the chained layer as the default: its GPU checks, decode A/B at 1 and 32
       TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       TAIL=3 step 150 pdl_tests python3 -m pytest -q -p no:cacheprovider -m gpu \

@@ -5,7 +5,7 @@ of its kernels' times (the rest is gaps between kernels), and a table of kernels
 known) next to the bandwidth roofline.
 
     python3 benchmarks/profile_decode_gpu.py [--batch 1] [--steps 20] [--backend triton]
-        [--model-dir tests/data/qwen3-30b-a3b-dummy]
+        [--model-dir tests/data/qwen3-30b-a3b-dummy] [--quantization fp8] [--no-kernel-table]
 
 With programmatic dependent launch each kernel starts early and its wait counts in its
 duration, so the table splits the step only with ``ENGINE_PDL=0`` (the wall time is the one to
@@ -39,9 +39,15 @@ def main() -> int:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--model-dir", default=MODEL_DIR,
                    help="a dummy model's config folder (default: the Llama-3-8B shape)")
+    p.add_argument("--quantization", default=None,
+                   help="a --quantization choice that quantizes the dummy weights at load "
+                   "(e.g. fp8)")
+    p.add_argument("--no-kernel-table", action="store_true",
+                   help="print only the chain table")
     args = p.parse_args()
 
-    runner = make_runner(args.backend, max(args.batch, 4), model_dir=args.model_dir)
+    runner = make_runner(args.backend, max(args.batch, 4), args.quantization,
+                         model_dir=args.model_dir)
     bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
     gen = torch.Generator().manual_seed(0)
     rows = [bb.new_request() for _ in range(args.batch)]
@@ -80,7 +86,8 @@ def main() -> int:
           f"{HBM_TBS} TB/s; {mc.num_hidden_layers} layers")
     print("| kernel | calls/step | µs/call | µs/step | share |")
     print("|---|---|---|---|---|")
-    for name, times in sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:30]:
+    for name, times in sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[
+            :0 if args.no_kernel_table else 30]:
         per_step = sum(times) / args.steps
         print(f"| {name[:90]} | {len(times) / args.steps:.1f} | {sum(times) / len(times):.1f} | "
               f"{per_step:.1f} | {100 * per_step / total:.1f} % |")
