@@ -111,3 +111,37 @@ def test_a_half_precision_model_stores_kv_in_the_rope_kernel_and_matches_the_tor
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["stores"] == 2 * 5 and got["after"] == got["stores"]  # 2 layers x 5 forwards
     assert got["same"] and got["diff"] < 2e-2, got
+
+
+def test_the_chained_layer_serves_one_dense_row_and_steps_aside_otherwise(monkeypatch):
+    """A dense SiLU layer at one half-precision row runs chained (its four weights); more rows,
+    a forward hook (LoRA), ``ENGINE_GEMV_CHAIN=0`` or no one-row Triton products: the layer's
+    separate kernels. ``stream`` gives the residual stream after either form."""
+    from engine.models.config import ModelConfig
+    from engine.models.llama import DecoderLayer, SumSq, stream
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("ENGINE_GEMV_DENSE_ROWS", "1")
+    monkeypatch.delenv("ENGINE_GEMV_CHAIN", raising=False)
+    cfg = ModelConfig(architecture="LlamaForCausalLM", hidden_size=64, intermediate_size=96,
+                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, vocab_size=8, max_position_embeddings=64,
+                      rope_theta=10000.0)
+    layer = DecoderLayer(cfg, 0, torch.float16, lambda name: None)
+    one, two = torch.zeros(1, 64, dtype=torch.float16), torch.zeros(2, 64, dtype=torch.float16)
+    weights = layer._chain_weights(one)
+    assert weights is not None and [tuple(w.shape) for w in weights] == \
+        [(128, 64), (64, 64), (192, 64), (64, 96)]
+    assert layer._chain_weights(two) is None
+    assert layer._chain_weights(one.float()) is None
+    monkeypatch.setenv("ENGINE_GEMV_CHAIN", "0")
+    assert layer._chain_weights(one) is None
+    monkeypatch.delenv("ENGINE_GEMV_CHAIN")
+    hook = layer.self_attn.o_proj.register_forward_hook(lambda *a: None)
+    assert layer._chain_weights(one) is None
+    hook.remove()
+    monkeypatch.setenv("ENGINE_GEMV_DENSE_ROWS", "0")
+    assert layer._chain_weights(one) is None
+    h, r = torch.ones(1, 4), torch.full((1, 4), 2.0)
+    assert torch.equal(stream(h, r), h + r) and stream(h, None) is h
+    assert stream(h, SumSq(torch.zeros(3))) is h
