@@ -371,6 +371,27 @@ def _core_calls():
 CORE = _core_calls()
 
 
+@pytest.mark.parametrize("dtype,act,n,k", [
+    ("float8_e4m3fn", "token", 6144, 4096), ("float8_e4m3fn", "static", 28672, 4096),
+    ("float8_e4m3fn", "token", 4096, 14336), ("int8", "token", 6144, 4096)])
+def test_one_row_swap_loading_its_tile_before_the_wait_builds_without_spills(dtype, act, n,
+                                                                               k):
+    """``w8_swap`` at one row with ``EARLY`` (one weight tile a program, loaded before the
+    wait; ``ENGINE_W8_EARLY=1``) at the Llama-3-8B shapes: K split into tiles, no spills."""
+    import torch
+
+    from engine.runtime import swap_triton
+
+    dt = getattr(torch, dtype)
+    launches = _launches(lambda: swap_triton.w8_swap(
+        torch.empty(1, k, dtype=torch.bfloat16), torch.zeros(n, k).to(dt), torch.ones(n),
+        act=act, x_scale=torch.ones(1) if act == "static" else None, early=True))
+    assert len(launches) == 1
+    kernel, bound, options = launches[0]
+    assert bound["EARLY"] and bound["split_k"] == k // swap_triton.EARLY_CONFIGS["wide"][1]
+    assert stack_bytes(_build_launch(kernel, bound, options)) == 0
+
+
 @pytest.mark.parametrize("form", ["qkv (norm from sums of squares)", "o (residual add)",
                                   "gate/up (norm, SiLU-and-mul)", "down (residual add)"])
 def test_chained_layer_products_build_without_spills(form):
