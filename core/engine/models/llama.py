@@ -321,7 +321,6 @@ class DecoderLayer(nn.Module):
         normed, residual = self.post_attention_layernorm.add_forward(h, residual)
         return mlp(normed), residual
 
-
     def _chain_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
         """The (qkv, o, gate/up, down) weights when this layer runs chained
         (:func:`engine.runtime.gemv_triton.gemv_chain`; ``ENGINE_GEMV_CHAIN=0`` turns it off):

@@ -650,6 +650,8 @@ def gemv_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     n, k = w.shape
     if x.shape[0] != 1 or x.stride(-1) != 1 or w.stride(-1) != 1 or not chain_serves(n, k, glu):
         raise ValueError(f"gemv_chain does not serve x {tuple(x.shape)} @ w {tuple(w.shape)}")
+    if glu and residual is not None:
+        raise ValueError("gemv_chain ends in SiLU-and-mul or in a residual add, not both")
     bn, kc, warps = EARLY_CONFIGS[shape_class(n, k)]
     out_n = n // 2 if glu else n
     if glu:  # as many weight rows a program as the plain launch
