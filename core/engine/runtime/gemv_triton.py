@@ -584,6 +584,7 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
 #: H200 by ``benchmarks/step_products_gpu.py``
 EARLY_CONFIGS = {"square": (4, 4096, 4), "wide": (4, 4096, 4), "deep": (2, 16384, 8)}
 
+
 def gemv_early(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                config: tuple | None = None, *, pre: int = 0,
                residual: torch.Tensor | None = None, norm_w: torch.Tensor | None = None,
@@ -627,7 +628,7 @@ def chain(device: torch.device) -> bool:
 
 def chain_serves(n: int, k: int, glu: bool = False) -> bool:
     """Whether :func:`gemv_chain` serves a weight [N, K] (its launch takes K in one slice)."""
-    bn, kc, _ = EARLY_CONFIGS[shape_class(n, k)]
+    kc = EARLY_CONFIGS[shape_class(n, k)][1]
     return k <= kc and (not glu or n % 2 == 0)
 
 
