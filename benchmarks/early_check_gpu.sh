@@ -4,8 +4,9 @@
 # lands in $OUT.
 #     bash benchmarks/early_check_gpu.sh [STEP...]   (steps: checks chain e2e moe quant;
 #     profile: where batch 1's step goes, with PDL on; where: the MoE and fp8 models' steps;
-#     w8_early: one row of 8-bit codes through the swapped-operand kernel with one weight tile
-#     a program loaded before the wait (ENGINE_W8_EARLY=1, not yet timed), five launches;
+#     row8: one row of 8-bit codes loaded as words before the wait and widened by integer
+#     operations (row8_triton, ENGINE_W8_ROW=1), five launches, and the swapped kernel
+#     asking 4 or 16 tiles into L2 before its wait;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
 #     checks, the step's products with the small kernels against the chain, decode at batch 1)
@@ -59,15 +60,20 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
       TAIL=30 step 120 fp8_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
         --steps 20 --quantization fp8 --no-kernel-table ;;
-    w8_early)  # one row of 8-bit codes, one weight tile a program loaded before the wait
-      TAIL=3 step 200 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/runtime/test_swap_kernels.py
-      W8=fp8_tensor,ct_fp8_dynamic,ct_w8a8_int8
-      TAIL=5 step 90 w8_default python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
-      for cfg in 64,512,4 128,256,4 64,256,4 32,1024,4 128,512,8; do
-        ENGINE_W8_EARLY=1 ENGINE_W8_EARLY_CONFIG=$cfg TAIL=5 step 90 "w8_early_${cfg//,/x}" \
+    row8)  # one row of 8-bit codes widened by integer operations (row8_triton, ENGINE_W8_ROW=1)
+      TAIL=2 step 200 row8_checks python3 tests/runtime/test_row8_kernel.py cuda
+      W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,ct_w8a8_int8
+      TAIL=6 step 90 w8_default python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
+      for cfg in 8,4096,4 32,1024,4 16,2048,4 16,4096,8 32,2048,8; do
+        ENGINE_W8_ROW=1 ENGINE_W8_ROW_CONFIG=$cfg TAIL=5 step 90 "w8_row_${cfg//,/x}" \
           python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
-      done ;;
+      done
+      for t in 4 16; do  # the swapped kernel asking more of its slice into L2 before the wait
+        ENGINE_SWAP_PREFETCH_TILES=$t TAIL=5 step 90 "swap_prefetch_$t" \
+          python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
+      done
+      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_swap_kernels.py ;;
     chain_default)  # the chained layer as the default: its GPU checks, decode A/B at 1 and 32
       TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       TAIL=3 step 150 pdl_tests python3 -m pytest -q -p no:cacheprovider -m gpu \

@@ -26,16 +26,14 @@ ONE_SLICE = (64, 128, 1, 4, 2)
 def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int = 130,
           k: int = 320, block: tuple | None = None, config: tuple | None = ONE_SLICE,
           bias: bool = False, out: str = "float32", quant_rows_from: int | None = None,
-          amax_unroll: int | None = None, early: tuple | None = None):
+          amax_unroll: int | None = None):
     """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
     ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
     dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
-    kernel), ``amax_unroll``: ``AMAX_UNROLL`` for the case (0: one row's scale read in a loop),
-    ``early``: the one-tile-a-program launch (BLOCK_N, BLOCK_K, warps) whose tile is loaded
-    before the wait (``w8_swap``'s ``early``; it serves one row without block scales)."""
+    kernel), ``amax_unroll``: ``AMAX_UNROLL`` for the case (0: one row's scale read in a
+    loop)."""
     return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
-                      out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll,
-                      early=early)
+                      out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll)
 
 
 CASES = dict(
@@ -83,16 +81,6 @@ CASES = dict(
        _case("one row's scale in a loop fp8 token m=1", 1, n=70, k=2500, amax_unroll=0),
        # one weight tile a program, loaded before the wait: K in one tile, in five (the last
        # partial), every activation kind, bias; block scales and two rows keep the loop
-       _case("early one tile fp8 token m=1", 1, early=(64, 512, 4)),
-       _case("early split 5 fp8 token m=1", 1, early=(64, 64, 4)),
-       _case("early split 5 fp8 static m=1", 1, act="static", early=(64, 64, 4)),
-       _case("early split 3 fp8 none m=1 half", 1, act=None, out="float16", early=(32, 128, 4)),
-       _case("early split 5 int8 token m=1", 1, fmt="int8", early=(64, 64, 4)),
-       _case("early split 3 bias e5m2 token m=1 half", 1, fmt=E5M2, bias=True, out="float16",
-             early=(16, 128, 4)),
-       _case("early asked, block token m=1 (the loop)", 1, n=256, k=256, block=(128, 128),
-             config=(64, 0, 1, 4, 2), early=(64, 64, 4)),
-       _case("early asked, fp8 token m=2 (the loop)", 2, early=(64, 64, 4)),
        _case("one row's scale in a loop int8 m=1", 1, fmt="int8", n=70, k=2500,
              amax_unroll=0),
        _case("default launch fp8 token m=4", 4, n=64, k=384, config=None),
@@ -170,7 +158,7 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
     st.QUANT_ROWS_FROM = p["quant_rows_from"] or saved[0]
     st.AMAX_UNROLL = saved[1] if p["amax_unroll"] is None else p["amax_unroll"]
     try:
-        y = st.w8_swap(dev(x), dev(w), dev(ws), config=p["config"], early=p["early"],
+        y = st.w8_swap(dev(x), dev(w), dev(ws), config=p["config"],
                        **kw).cpu()
     finally:
         st.QUANT_ROWS_FROM, st.AMAX_UNROLL = saved

@@ -156,7 +156,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
              SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
-             EARLY: tl.constexpr = False):
+             PREFETCH: tl.constexpr = 1):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
@@ -165,10 +165,8 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     dynamic scale read in AMAX_CHUNKS unrolled blocks, or a loop when 0). SUB: tiles of
     BLOCK_K columns per iteration of the K loop, each its own loads and product (block
     scales: more weight bytes in flight per iteration than one scale block's). With
-    PDL the first tile's weights are asked into L2 before the wait for the previous kernel;
-    nothing else is read, and nothing written, before it. EARLY (the slice is one tile, SUB 1):
-    that tile is loaded into registers before the wait instead, as the dense one-row products
-    load theirs (``gemv_triton.gemv_early``)."""
+    PDL the first PREFETCH tiles' weights are asked into L2 before the wait for the previous
+    kernel; nothing else is read, and nothing written, before it."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -184,12 +182,11 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K * SUB, SPLIT)
     if W_BLOCK_N > 0:
         ws_rows = ws_ptr + (offs_n // W_BLOCK_N).to(tl.int64) * stride_wsn
-    if EARLY:  # the slice's one tile, in registers over the wait
-        w_early = _w_tile(w_rows, k_lo, k_hi, n_ok, BLOCK_K, FP8)
-    elif PDL:  # the first tile's weights (constants of the step) asked into L2, one address a line
-        line = tl.minimum(k_lo + line_offsets(w_ptr, BLOCK_K), K - 1)
-        prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
-                    + line[None, :], PDL)
+    if PDL:  # the first tiles' weights (constants of the step) asked into L2, one address a line
+        for t in tl.static_range(PREFETCH):
+            line = tl.minimum(k_lo + t * BLOCK_K + line_offsets(w_ptr, BLOCK_K), K - 1)
+            prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
+                        + line[None, :], PDL)
     pdl_wait(PDL)
     # the rows' scales (s1, r1: the one row's, for ROW1)
     s1 = 1.0
@@ -214,10 +211,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     for k00 in range(k_lo, k_hi, BLOCK_K * SUB):
         for j in tl.static_range(SUB):  # (tiles past the slice: masked, zero products)
             k0 = k00 + j * BLOCK_K
-            if EARLY:
-                w = w_early
-            else:
-                w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8)
+            w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8)
             if W_BLOCK_N > 0:
                 wsb = _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K)
             else:
@@ -298,43 +292,22 @@ def small_config(w_dtype: torch.dtype, act: str | None, block: tuple[int, int] |
     return SMALL.get((codes, kind, shape_class(n, k), bucket))
 
 
-#: (BLOCK_N, BLOCK_K, warps) by shape class of the one-row form whose programs each load one
-#: weight tile before their wait (``EARLY``; K split into tiles); not yet measured
-EARLY_CONFIGS = {"square": (64, 512, 4), "wide": (64, 512, 4), "deep": (64, 512, 4)}
-
-
-def early_launch(early: bool | tuple | None, m: int, n: int, k: int,
-                 block: tuple[int, int] | None) -> tuple | None:
-    """(BLOCK_N, BLOCK_K, SPLIT_K, warps) of the EARLY form for ``m`` rows of a weight [N, K],
-    or None: one row without block scales, asked for by ``early`` (a (BLOCK_N, BLOCK_K, warps)
-    launch, True for :data:`EARLY_CONFIGS`', None: ``ENGINE_W8_EARLY=1``, an opt-in A/B), and
-    a split of K into single tiles that the workspace holds (``ENGINE_W8_EARLY_CONFIG`` =
-    "bn,bk,warps" replaces the table's launch)."""
-    if early is None:
-        early = os.environ.get("ENGINE_W8_EARLY") == "1"
-    if not early or m != 1 or block is not None:
-        return None
-    env = os.environ.get("ENGINE_W8_EARLY_CONFIG")  # "bn,bk,warps": one launch, for a sweep
-    bn, bk, warps = early if isinstance(early, tuple) else \
-        tuple(int(v) for v in env.split(",")) if env else EARLY_CONFIGS[shape_class(n, k)]
-    bk = min(bk, max(16, triton.next_power_of_2(k)))
-    split = triton.cdiv(k, bk)
-    if split > 1 and _split(split, n, bn, rows_block(m)) != split:
-        return None
-    return bn, bk, split, warps
+def prefetch_tiles() -> int:
+    """Weight tiles a program asks into L2 before its wait (``ENGINE_SWAP_PREFETCH_TILES``,
+    an A/B of the time; 1, the first tile, by default)."""
+    return max(1, int(os.environ.get("ENGINE_SWAP_PREFETCH_TILES", "1")))
 
 
 def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
             x_scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
             out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None,
-            config: tuple | None = None, early: bool | tuple | None = None) -> torch.Tensor:
+            config: tuple | None = None) -> torch.Tensor:
     """``x`` [M <= MAX_ROWS, K] @ W^T for fp8/int8 ``w`` [N, K], with the arguments and results
     of :func:`engine.runtime.quant_triton.w8_mm`: ``act`` None (W8A16), "token" (dynamic per
     row), "static" (``x_scale``), "group" (fp8, per row and block of ``block[1]`` columns);
     ``w_scale`` [N], or with ``block`` = (bn, bk) [ceil(N/bn), ceil(K/bk)]. ``config``:
     (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages[, SUB]), else :data:`SWAP_CONFIGS`' (BLOCK_K
-    is bk with block scales; SUB tiles of it per iteration, 1 when not given). ``early``: see
-    :func:`early_launch` (it then replaces ``config``)."""
+    is bk with block scales; SUB tiles of it per iteration, 1 when not given)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     if m > MAX_ROWS:
@@ -346,9 +319,6 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     kind = "block" if block is not None else "a16" if act is None else "a8"
     bn, bk, split, warps, stages, *rest = config or SWAP_CONFIGS[(kind, shape_class(n, k))]
     sub = rest[0] if rest else 1
-    one_tile = early_launch(early, m, n, k, block)
-    if one_tile is not None:
-        (bn, bk, split, warps), stages, sub = one_tile, 1, 1
     if block is not None:
         bk = block[1]
     code = {None: 0, "token": 1, "group": 2, "static": 3}[act]
@@ -371,5 +341,5 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
-                   EARLY=one_tile is not None, **launch_options(x.device))
+                   PREFETCH=prefetch_tiles(), **launch_options(x.device))
     return y
