@@ -14,6 +14,7 @@ columns).
 
     python benchmarks/swap_gpu.py [--formats fp8,int8,...] [--rows 1,4,16] [--layers qkv,o]
     python benchmarks/swap_gpu.py --search --formats fp8,int8 --rows 1,4
+    python benchmarks/swap_gpu.py --search --formats fp8 --rows 1 --splits 1,3,5,6,11
     python benchmarks/swap_gpu.py --dry-run   # the correctness part, tiny shapes, on a CPU
 
 ``--search`` times every launch (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) of the sweep per
@@ -105,22 +106,26 @@ def default_config(fmt: str, n: int, k: int) -> tuple:
     return st.SWAP_CONFIGS[(kind, qt.shape_class(n, k))]
 
 
+#: the sweep's axes (``--splits``, ``--block-k``, ``--stages`` replace them)
+SPLITS, BLOCK_KS, STAGES = (1, 2, 4, 8), (64, 128, 256), (3, 4, 5, 6)
+
+
 def candidates(fmt: str, k: int) -> list[tuple]:
     """The sweep's launches for a layer of depth ``k``: BLOCK_N 64 (4 warps) or 128 (4 or 8
-    warps); BLOCK_K 64, 128, 256 (block fp8: the scale block's, 1, 2 or 4 of them an
-    iteration: a sixth element SUB where more than one); SPLIT_K 1-8, each slice at least two
-    iterations; 3-6 stages, whose buffered weight and activation tiles (one fewer than the
-    stages) fit in :data:`SMEM`."""
+    warps); BLOCK_K of :data:`BLOCK_KS` (block fp8: the scale block's, 1, 2 or 4 of them an
+    iteration: a sixth element SUB where more than one); SPLIT_K of :data:`SPLITS`, each slice
+    at least two iterations; :data:`STAGES`, whose buffered weight and activation tiles (one
+    fewer than the stages) fit in :data:`SMEM`."""
     _, act, block = FORMATS[fmt]
     x_bytes = 1 if act == "token" else 2  # (codes, or 16-bit activations)
     out = []
     for bn, warps in ((64, 4), (128, 4), (128, 8)):
-        for bk in (block[1],) if block else (64, 128, 256):
+        for bk in (block[1],) if block else BLOCK_KS:
             for sub in (1, 2, 4) if block else (1,):
-                for split in (1, 2, 4, 8):
+                for split in SPLITS:
                     if split > 1 and triton.cdiv(k, bk * sub) < 2 * split:
                         continue
-                    for stages in (3, 4, 5, 6):
+                    for stages in STAGES:
                         tiles = (stages - 1) * (bn + st.MAX_ROWS * x_bytes) * bk * sub
                         if tiles + SMEM_OTHER <= SMEM:
                             out.append((bn, bk, split, warps, stages) + ((sub,) if sub > 1
@@ -231,9 +236,17 @@ def main() -> None:
     ap.add_argument("--layers", default=",".join(SHAPES))
     ap.add_argument("--search", action="store_true", help="sweep w8_swap's launches")
     ap.add_argument("--iters", type=int, default=20, help="graph replays per timing")
+    ap.add_argument("--splits", help="SPLIT_K values of the sweep (default 1,2,4,8)")
+    ap.add_argument("--block-k", help="BLOCK_K values of the sweep (default 64,128,256)")
+    ap.add_argument("--stages", help="pipeline stages of the sweep (default 3,4,5,6)")
     ap.add_argument("--dry-run", action="store_true",
                     help="correctness on tiny shapes under the Triton interpreter (CPU)")
     args = ap.parse_args()
+    global SPLITS, BLOCK_KS, STAGES
+    ints = lambda v: tuple(int(p) for p in v.split(","))  # noqa: E731
+    SPLITS = ints(args.splits) if args.splits else SPLITS
+    BLOCK_KS = ints(args.block_k) if args.block_k else BLOCK_KS
+    STAGES = ints(args.stages) if args.stages else STAGES
     formats = args.formats.split(",")
     rows_list = [int(r) for r in args.rows.split(",")]
     layers = args.layers.split(",")
