@@ -264,8 +264,14 @@ SMALL = {
     ("fp8", "block", "square", 1): (128, 128, 8, 4, 4),
     ("fp8", "block", "wide", 1): (128, 128, 2, 4, 3), ("fp8", "block", "deep", 1): (64, 128, 8, 4, 3, 2),
 }
+# one row of fp8 codes into more outputs than inputs (q/k/v): 64 outputs a program, found by
+# ``swap_gpu.py --search`` (10.3 us against the square launch's 13.4 at Llama-3-8B's 6144 x
+# 4096); other buckets and codes: the square launches
+SMALL[("fp8", "a8", "tall", 1)] = (64, 256, 4, 4, 4)
+for _key in [key for key in SMALL if key[2] == "square"]:
+    SMALL.setdefault((_key[0], _key[1], "tall", _key[3]), SMALL[_key])
 for _bucket in (4, 16):
-    for _cls in ("square", "wide", "deep"):
+    for _cls in ("square", "tall", "wide", "deep"):
         SMALL[("int8", "a8", _cls, _bucket)] = SMALL[("fp8", "a8", _cls, _bucket)]
         SMALL[("fp8", "block", _cls, _bucket)] = SMALL[("fp8", "block", _cls, 1)]
 # 17-128 rows (row blocks of 32, 64 and 128; w8_mm hands them over only up to its SWAP_ROWS):
@@ -289,7 +295,16 @@ def small_config(w_dtype: torch.dtype, act: str | None, block: tuple[int, int] |
     codes = "int8" if w_dtype == torch.int8 else "fp8"
     kind = "block" if block is not None else "a16" if act is None else "a8"
     bucket = 1 if m == 1 else 4 if m <= 4 else rows_block(m)
-    return SMALL.get((codes, kind, shape_class(n, k), bucket))
+    return SMALL.get((codes, kind, swap_class(n, k), bucket))
+
+
+def swap_class(n: int, k: int) -> str:
+    """:func:`shape_class`, with "square" weights of more outputs than inputs (fused q/k/v)
+    their own class "tall" (``ENGINE_SWAP_TALL=0``: square, the launches before)."""
+    cls = shape_class(n, k)
+    if cls == "square" and n > k and os.environ.get("ENGINE_SWAP_TALL") != "0":
+        return "tall"
+    return cls
 
 
 def prefetch_tiles() -> int:
