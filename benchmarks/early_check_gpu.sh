@@ -4,10 +4,8 @@
 # lands in $OUT.
 #     bash benchmarks/early_check_gpu.sh [STEP...]   (steps: checks chain e2e moe quant;
 #     profile: where batch 1's step goes, with PDL on; where: the MoE and fp8 models' steps;
-#     row8: one row of 8-bit codes loaded as words before the wait and widened by integer
-#     operations (row8_triton, ENGINE_W8_ROW=1), five launches, and the swapped kernel
-#     asking 4 or 16 tiles into L2 before its wait; tall: q/k/v's one-row launch against the
-#     square one, and the widened codes' form layer by layer (swap_gpu.py's w8_mm column);
+#     tall: q/k/v's one-row launch against the square one; tall_final: int8's q/k/v launches,
+#     the 8-bit and 4-bit formats at 1 and 32 rows, the swapped kernel's GPU tests;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
 #     checks, the step's products with the small kernels against the chain, decode at batch 1)
@@ -61,29 +59,18 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
       TAIL=30 step 120 fp8_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
         --steps 20 --quantization fp8 --no-kernel-table ;;
-    row8)  # one row of 8-bit codes widened by integer operations (row8_triton, ENGINE_W8_ROW=1)
-      TAIL=2 step 200 row8_checks python3 tests/runtime/test_row8_kernel.py cuda
-      W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,ct_w8a8_int8
-      TAIL=6 step 90 w8_default python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
-      for cfg in 8,4096,4 32,1024,4 16,2048,4 16,4096,8 32,2048,8; do
-        ENGINE_W8_ROW=1 ENGINE_W8_ROW_CONFIG=$cfg TAIL=5 step 90 "w8_row_${cfg//,/x}" \
-          python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
-      done
-      for t in 4 16; do  # the swapped kernel asking more of its slice into L2 before the wait
-        ENGINE_SWAP_PREFETCH_TILES=$t TAIL=5 step 90 "swap_prefetch_$t" \
-          python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
-      done
-      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/runtime/test_swap_kernels.py ;;
-    tall)  # q/k/v's own one-row launch (swap_triton "tall"), and one row of widened codes by layer
+    tall)  # q/k/v's own one-row launch (swap_triton "tall") against the square one
       W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,ct_w8a8_int8
       TAIL=6 step 90 w8_tall python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
       ENGINE_SWAP_TALL=0 TAIL=6 step 90 w8_square python3 benchmarks/quant_gpu.py --batches 1 \
-        --schemes $W8
-      for cfg in 32,1024,4 8,4096,4 16,2048,4 8,2048,4; do
-        ENGINE_W8_ROW=1 ENGINE_W8_ROW_CONFIG=$cfg TAIL=10 step 90 "row8_layers_${cfg//,/x}" \
-          python3 benchmarks/swap_gpu.py --formats fp8,int8 --rows 1
-      done ;;
+        --schemes $W8 ;;
+    tall_final)  # int8's q/k/v launch, the shipped state's table, the swapped kernel's GPU tests
+      TAIL=4 step 120 int8_qkv python3 benchmarks/swap_gpu.py --search --formats int8 --rows 1 \
+        --layers qkv --splits 2,4 --block-k 256 --stages 4
+      ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=9 step 200 w8_final python3 benchmarks/quant_gpu.py \
+        --batches 1,32 --schemes fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8,gptq
+      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_swap_kernels.py ;;
     chain_default)  # the chained layer as the default: its GPU checks, decode A/B at 1 and 32
       TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       TAIL=3 step 150 pdl_tests python3 -m pytest -q -p no:cacheprovider -m gpu \

@@ -371,27 +371,6 @@ def _core_calls():
 CORE = _core_calls()
 
 
-@pytest.mark.parametrize("dtype,act,n,k", [
-    ("float8_e4m3fn", "token", 6144, 4096), ("float8_e4m3fn", "static", 28672, 4096),
-    ("float8_e4m3fn", "token", 4096, 14336), ("float8_e5m2", None, 4096, 4096),
-    ("int8", "token", 6144, 4096), ("int8", None, 4096, 14336)])
-def test_one_row_of_widened_codes_builds_without_spills(dtype, act, n, k):
-    """``row8_triton.w8_row`` (one row of 8-bit codes loaded as words before the wait, widened
-    by integer operations) at the Llama-3-8B shapes: its default launches, no spills."""
-    import torch
-
-    from engine.runtime import row8_triton
-
-    dt = getattr(torch, dtype)
-    launches = _launches(lambda: row8_triton.w8_row(
-        torch.empty(1, k, dtype=torch.bfloat16), torch.zeros(n, k).to(dt), torch.ones(n),
-        act=act, x_scale=torch.ones(1) if act == "static" else None))
-    assert len(launches) == 1
-    kernel, bound, options = launches[0]
-    assert bound["KW"] == k // 4
-    assert stack_bytes(_build_launch(kernel, bound, options)) == 0
-
-
 @pytest.mark.parametrize("form", ["qkv (norm from sums of squares)", "o (residual add)",
                                   "gate/up (norm, SiLU-and-mul)", "down (residual add)"])
 def test_chained_layer_products_build_without_spills(form):

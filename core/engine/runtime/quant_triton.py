@@ -673,21 +673,13 @@ def w8_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str |
     lists go to the swapped-operand kernel (weights on the wide side of the tensor cores); else
     up to :data:`GEMV_ROWS` rows the kernel and launch come from :data:`W8_SMALL` (``path``:
     ``"gemv"``, ``"dot"`` or ``"swap"``, and ``config`` override them); from 2 rows in
-    ``tl.dot`` dynamic per-row codes are made by :func:`quant_rows` first. One row with
-    per-output scales goes to :func:`engine.runtime.row8_triton.w8_row` where that is on
-    (:func:`engine.runtime.row8_triton.enabled`)."""
+    ``tl.dot`` dynamic per-row codes are made by :func:`quant_rows` first."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     n = w.shape[0]
     if act == "group" and block is None:
         raise ValueError("activations quantized per group need block weight scales")
     fp8, mant, emin, qmax = _kind(w.dtype)
-    if path is None and config is None and m == 1:
-        from engine.runtime import row8_triton
-
-        if row8_triton.enabled(x.device) and row8_triton.serves(x, w, block, act):
-            return row8_triton.w8_row(x, w, w_scale, act=act, x_scale=x_scale,
-                                      out_dtype=out_dtype, bias=bias)
     if (path == "swap" or (path is None and config is None)) and m <= SWAP_ROWS:
         from engine.runtime import swap_triton
 

@@ -155,8 +155,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
              MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
-             SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
-             PREFETCH: tl.constexpr = 1):
+             SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
@@ -165,8 +164,8 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     dynamic scale read in AMAX_CHUNKS unrolled blocks, or a loop when 0). SUB: tiles of
     BLOCK_K columns per iteration of the K loop, each its own loads and product (block
     scales: more weight bytes in flight per iteration than one scale block's). With
-    PDL the first PREFETCH tiles' weights are asked into L2 before the wait for the previous
-    kernel; nothing else is read, and nothing written, before it."""
+    PDL the first tile's weights are asked into L2 before the wait for the previous kernel;
+    nothing else is read, and nothing written, before it."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -182,11 +181,10 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K * SUB, SPLIT)
     if W_BLOCK_N > 0:
         ws_rows = ws_ptr + (offs_n // W_BLOCK_N).to(tl.int64) * stride_wsn
-    if PDL:  # the first tiles' weights (constants of the step) asked into L2, one address a line
-        for t in tl.static_range(PREFETCH):
-            line = tl.minimum(k_lo + t * BLOCK_K + line_offsets(w_ptr, BLOCK_K), K - 1)
-            prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
-                        + line[None, :], PDL)
+    if PDL:  # the first tile's weights (constants of the step) asked into L2, one address a line
+        line = tl.minimum(k_lo + line_offsets(w_ptr, BLOCK_K), K - 1)
+        prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
+                    + line[None, :], PDL)
     pdl_wait(PDL)
     # the rows' scales (s1, r1: the one row's, for ROW1)
     s1 = 1.0
@@ -307,12 +305,6 @@ def swap_class(n: int, k: int) -> str:
     return cls
 
 
-def prefetch_tiles() -> int:
-    """Weight tiles a program asks into L2 before its wait (``ENGINE_SWAP_PREFETCH_TILES``,
-    an A/B of the time; 1, the first tile, by default)."""
-    return max(1, int(os.environ.get("ENGINE_SWAP_PREFETCH_TILES", "1")))
-
-
 def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
             x_scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
             out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None,
@@ -356,5 +348,5 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
-                   PREFETCH=prefetch_tiles(), **launch_options(x.device))
+                   **launch_options(x.device))
     return y
