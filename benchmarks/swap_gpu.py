@@ -106,27 +106,29 @@ def default_config(fmt: str, n: int, k: int) -> tuple:
     return st.SWAP_CONFIGS[(kind, qt.shape_class(n, k))]
 
 
-#: the sweep's axes (``--splits``, ``--block-k``, ``--stages`` replace them)
+#: the sweep's axes (``--splits``, ``--block-k``, ``--stages``, ``--block-n`` replace them):
+#: (BLOCK_N, warps) pairs, SPLIT_K, BLOCK_K, stages
+BLOCK_NS = ((64, 4), (128, 4), (128, 8))
 SPLITS, BLOCK_KS, STAGES = (1, 2, 4, 8), (64, 128, 256), (3, 4, 5, 6)
 
 
-def candidates(fmt: str, k: int) -> list[tuple]:
-    """The sweep's launches for a layer of depth ``k``: BLOCK_N 64 (4 warps) or 128 (4 or 8
-    warps); BLOCK_K of :data:`BLOCK_KS` (block fp8: the scale block's, 1, 2 or 4 of them an
-    iteration: a sixth element SUB where more than one); SPLIT_K of :data:`SPLITS`, each slice
-    at least two iterations; :data:`STAGES`, whose buffered weight and activation tiles (one
-    fewer than the stages) fit in :data:`SMEM`."""
+def candidates(fmt: str, k: int, rows: int = st.MAX_ROWS) -> list[tuple]:
+    """The sweep's launches for a layer of depth ``k`` at ``rows``: (BLOCK_N, warps) of
+    :data:`BLOCK_NS`; BLOCK_K of :data:`BLOCK_KS` (block fp8: the scale block's, 1, 2 or 4 of
+    them an iteration: a sixth element SUB where more than one); SPLIT_K of :data:`SPLITS`,
+    each slice at least two iterations; :data:`STAGES`, whose buffered weight and activation
+    tiles (one fewer than the stages; the rows padded to their block) fit in :data:`SMEM`."""
     _, act, block = FORMATS[fmt]
     x_bytes = 1 if act == "token" else 2  # (codes, or 16-bit activations)
     out = []
-    for bn, warps in ((64, 4), (128, 4), (128, 8)):
+    for bn, warps in BLOCK_NS:
         for bk in (block[1],) if block else BLOCK_KS:
             for sub in (1, 2, 4) if block else (1,):
                 for split in SPLITS:
                     if split > 1 and triton.cdiv(k, bk * sub) < 2 * split:
                         continue
                     for stages in STAGES:
-                        tiles = (stages - 1) * (bn + st.MAX_ROWS * x_bytes) * bk * sub
+                        tiles = (stages - 1) * (bn + st.rows_block(rows) * x_bytes) * bk * sub
                         if tiles + SMEM_OTHER <= SMEM:
                             out.append((bn, bk, split, warps, stages) + ((sub,) if sub > 1
                                                                          else ()))
@@ -239,14 +241,18 @@ def main() -> None:
     ap.add_argument("--splits", help="SPLIT_K values of the sweep (default 1,2,4,8)")
     ap.add_argument("--block-k", help="BLOCK_K values of the sweep (default 64,128,256)")
     ap.add_argument("--stages", help="pipeline stages of the sweep (default 3,4,5,6)")
+    ap.add_argument("--block-n", help="BLOCK_N:warps pairs of the sweep (default 64:4,128:4,"
+                    "128:8)")
     ap.add_argument("--dry-run", action="store_true",
                     help="correctness on tiny shapes under the Triton interpreter (CPU)")
     args = ap.parse_args()
-    global SPLITS, BLOCK_KS, STAGES
+    global SPLITS, BLOCK_KS, STAGES, BLOCK_NS
     ints = lambda v: tuple(int(p) for p in v.split(","))  # noqa: E731
     SPLITS = ints(args.splits) if args.splits else SPLITS
     BLOCK_KS = ints(args.block_k) if args.block_k else BLOCK_KS
     STAGES = ints(args.stages) if args.stages else STAGES
+    if args.block_n:
+        BLOCK_NS = tuple(tuple(int(v) for v in p.split(":")) for p in args.block_n.split(","))
     formats = args.formats.split(",")
     rows_list = [int(r) for r in args.rows.split(",")]
     layers = args.layers.split(",")
@@ -301,7 +307,7 @@ def sweep(fmt: str, rows: int, layers: list[str], sets: dict, xs: dict,
     out = []
     for name in layers:
         n, k = SHAPES[name]
-        configs = candidates(fmt, k)
+        configs = candidates(fmt, k, rows)
         precompile(fmt, configs, xs[name], sets[name][0])
         default = default_config(fmt, n, k)
         base = timed(swap(fmt), sets[name], xs[name], iters)
