@@ -5,8 +5,7 @@
 #     bash benchmarks/early_check_gpu.sh [STEP...]   (steps: checks chain e2e moe quant;
 #     profile: where batch 1's step goes, with PDL on; where: the MoE and fp8 models' steps;
 #     tall: q/k/v's one-row launch against the square one; tall_final: int8's q/k/v launches,
-#     the 8-bit and 4-bit formats at 1 and 32 rows, the swapped kernel's GPU tests; head: the
-#     swapped kernel's first 0-2 weight tiles loaded before its wait (ENGINE_SWAP_HEAD_TILES);
+#     the 8-bit and 4-bit formats at 1 and 32 rows, the swapped kernel's GPU tests;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
 #     checks, the step's products with the small kernels against the chain, decode at batch 1)
@@ -70,14 +69,6 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --layers qkv --splits 2,4 --block-k 256 --stages 4
       ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=9 step 200 w8_final python3 benchmarks/quant_gpu.py \
         --batches 1,32 --schemes fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8,gptq
-      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/runtime/test_swap_kernels.py ;;
-    head)  # the swapped kernel's first weight tiles into registers before its wait
-      W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,ct_w8a8_int8
-      for h in 0 1 2 0 2; do
-        ENGINE_SWAP_HEAD_TILES=$h TAIL=6 step 90 "w8_head_$h" python3 benchmarks/quant_gpu.py \
-          --batches 1 --schemes $W8
-      done
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_swap_kernels.py ;;
     chain_default)  # the chained layer as the default: its GPU checks, decode A/B at 1 and 32

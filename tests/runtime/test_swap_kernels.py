@@ -13,7 +13,6 @@ object: case name -> failures.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
@@ -27,15 +26,14 @@ ONE_SLICE = (64, 128, 1, 4, 2)
 def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int = 130,
           k: int = 320, block: tuple | None = None, config: tuple | None = ONE_SLICE,
           bias: bool = False, out: str = "float32", quant_rows_from: int | None = None,
-          amax_unroll: int | None = None, head: int = 0):
+          amax_unroll: int | None = None):
     """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
     ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
     dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
     kernel), ``amax_unroll``: ``AMAX_UNROLL`` for the case (0: one row's scale read in a
-    loop), ``head``: weight tiles loaded before the wait (``ENGINE_SWAP_HEAD_TILES``)."""
+    loop)."""
     return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
-                      out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll,
-                      head=head)
+                      out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll)
 
 
 CASES = dict(
@@ -85,15 +83,6 @@ CASES = dict(
        # partial), every activation kind, bias; block scales and two rows keep the loop
        _case("one row's scale in a loop int8 m=1", 1, fmt="int8", n=70, k=2500,
              amax_unroll=0),
-       _case("head 1 fp8 token m=1 split 3", 1, config=(64, 64, 3, 4, 2), head=1),
-       _case("head 2 int8 token m=5", 5, fmt="int8", head=2),
-       _case("head 2 fp8 static m=1", 1, act="static", head=2),
-       _case("head 2 block group sub 2 m=3", 3, act="group", n=200, block=(128, 128),
-             config=(64, 0, 1, 4, 2, 2), head=2),
-       _case("head 2 past one-tile slices fp8 none m=1 half", 1, act=None, out="float16",
-             config=(64, 64, 5, 4, 2), head=2),
-       _case("head 1 bias e5m2 token m=1 half", 1, fmt=E5M2, bias=True, out="float16",
-             head=1),
        _case("default launch fp8 token m=4", 4, n=64, k=384, config=None),
        _case("default launch fp8 none m=1 wide", 1, act=None, n=256, k=64, config=None),
        _case("default launch block group m=2", 2, act="group", n=128, k=384, block=(128, 128),
@@ -168,13 +157,11 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
     saved = st.QUANT_ROWS_FROM, st.AMAX_UNROLL
     st.QUANT_ROWS_FROM = p["quant_rows_from"] or saved[0]
     st.AMAX_UNROLL = saved[1] if p["amax_unroll"] is None else p["amax_unroll"]
-    os.environ["ENGINE_SWAP_HEAD_TILES"] = str(p["head"])
     try:
         y = st.w8_swap(dev(x), dev(w), dev(ws), config=p["config"],
                        **kw).cpu()
     finally:
         st.QUANT_ROWS_FROM, st.AMAX_UNROLL = saved
-        os.environ.pop("ENGINE_SWAP_HEAD_TILES")
     mm = qt.w8_mm(dev(x), dev(w), dev(ws), **kw).cpu()
     want, exact = _reference(x, w, ws, p["act"], p["block"], x_scale)
     if bias is not None:

@@ -149,30 +149,13 @@ def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1
 
 
 @triton.jit
-def _block_tile_acc(acc, w, k0, k_hi, ws_rows, offs_n, N, x_ptr, x_rows, offs_m, m_ok, xs, xr,
-                    s1, r1, ACT: tl.constexpr, INT: tl.constexpr, TILE_SCALE: tl.constexpr,
-                    W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
-                    MANT: tl.constexpr, EMIN: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW1: tl.constexpr):
-    """:func:`_tile_acc` of the weight tile ``w`` at ``k0`` with its block scales (W_BLOCK_N >
-    0; ones otherwise)."""
-    if W_BLOCK_N > 0:
-        wsb = _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K)
-    else:
-        wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
-    return _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT,
-                     INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K, ROW1)
-
-
-@triton.jit
 def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
              stride_xm, stride_wn, stride_wsn, stride_ym, split_k,
              ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
              MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
-             SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
-             HEAD: tl.constexpr = 0):
+             SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
@@ -180,10 +163,9 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     ``ws[n // W_BLOCK_N, k // BLOCK_K]``. ROW1: one row, quantized here once per tile (its
     dynamic scale read in AMAX_CHUNKS unrolled blocks, or a loop when 0). SUB: tiles of
     BLOCK_K columns per iteration of the K loop, each its own loads and product (block
-    scales: more weight bytes in flight per iteration than one scale block's). HEAD (0-2):
-    the slice's first HEAD tiles are loaded into registers before the wait for the previous
-    kernel (PDL), the loop takes the rest. With PDL the first tile the loop reads is asked
-    into L2 before the wait; nothing else is read, and nothing written, before it."""
+    scales: more weight bytes in flight per iteration than one scale block's). With
+    PDL the first tile's weights are asked into L2 before the wait for the previous kernel;
+    nothing else is read, and nothing written, before it."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -197,15 +179,10 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     TILE_SCALE: tl.constexpr = ACT == 2 or W_BLOCK_N > 0
     PER_ROW: tl.constexpr = ACT == 1 or ACT == 3 or ACT == 4
     k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K * SUB, SPLIT)
-    ws_rows = ws_ptr  # (block scales' rows)
     if W_BLOCK_N > 0:
         ws_rows = ws_ptr + (offs_n // W_BLOCK_N).to(tl.int64) * stride_wsn
-    if HEAD >= 1:  # the weights' head tiles (constants of the step), over the wait
-        w_h0 = _w_tile(w_rows, k_lo, k_hi, n_ok, BLOCK_K, FP8)
-    if HEAD >= 2:
-        w_h1 = _w_tile(w_rows, k_lo + BLOCK_K, k_hi, n_ok, BLOCK_K, FP8)
-    if PDL:  # the loop's first tile asked into L2, one address a line
-        line = tl.minimum(k_lo + HEAD * BLOCK_K + line_offsets(w_ptr, BLOCK_K), K - 1)
+    if PDL:  # the first tile's weights (constants of the step) asked into L2, one address a line
+        line = tl.minimum(k_lo + line_offsets(w_ptr, BLOCK_K), K - 1)
         prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
                     + line[None, :], PDL)
     pdl_wait(PDL)
@@ -229,21 +206,16 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    if HEAD >= 1:  # (a head tile past the slice: zeros, zero products)
-        acc = _block_tile_acc(acc, w_h0, k_lo, k_hi, ws_rows, offs_n, N, x_ptr, x_rows, offs_m,
-                              m_ok, xs, xr, s1, r1, ACT, INT, TILE_SCALE, W_BLOCK_N, FP8, QMAX,
-                              MANT, EMIN, BLOCK_M, BLOCK_N, BLOCK_K, ROW1)
-    if HEAD >= 2:
-        acc = _block_tile_acc(acc, w_h1, k_lo + BLOCK_K, k_hi, ws_rows, offs_n, N, x_ptr,
-                              x_rows, offs_m, m_ok, xs, xr, s1, r1, ACT, INT, TILE_SCALE,
-                              W_BLOCK_N, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_N, BLOCK_K, ROW1)
-    for k00 in range(k_lo + HEAD * BLOCK_K, k_hi, BLOCK_K * SUB):
+    for k00 in range(k_lo, k_hi, BLOCK_K * SUB):
         for j in tl.static_range(SUB):  # (tiles past the slice: masked, zero products)
             k0 = k00 + j * BLOCK_K
             w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8)
-            acc = _block_tile_acc(acc, w, k0, k_hi, ws_rows, offs_n, N, x_ptr, x_rows, offs_m,
-                                  m_ok, xs, xr, s1, r1, ACT, INT, TILE_SCALE, W_BLOCK_N, FP8,
-                                  QMAX, MANT, EMIN, BLOCK_M, BLOCK_N, BLOCK_K, ROW1)
+            if W_BLOCK_N > 0:
+                wsb = _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K)
+            else:
+                wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
+            acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
+                            ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K, ROW1)
     if PER_ROW:
         row_s = xs[:, None]
     else:
@@ -333,12 +305,6 @@ def swap_class(n: int, k: int) -> str:
     return cls
 
 
-def head_tiles() -> int:
-    """Weight tiles a program of :func:`w8_swap` loads into registers before its wait
-    (``ENGINE_SWAP_HEAD_TILES``, 0-2; an A/B, 0 until measured)."""
-    return min(2, max(0, int(os.environ.get("ENGINE_SWAP_HEAD_TILES", "0"))))
-
-
 def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
             x_scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
             out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None,
@@ -382,5 +348,5 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
-                   HEAD=head_tiles(), **launch_options(x.device))
+                   **launch_options(x.device))
     return y
