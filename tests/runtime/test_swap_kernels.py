@@ -228,9 +228,9 @@ def test_under_the_interpreter(interpreted, name):
 
 def test_one_row_of_fp8_codes_into_more_outputs_than_inputs_takes_its_own_launch(monkeypatch):
     """Fused q/k/v weights (more outputs than inputs, fewer than four times) are their own
-    launch class at one row of fp8 codes: 64 outputs a program, where o's square weights keep
-    128; ``ENGINE_SWAP_TALL=0`` gives them the square launch again; more rows and other codes
-    take the square launches."""
+    launch class at one row of 8-bit codes: 64 outputs a program, where o's square weights
+    keep 128; ``ENGINE_SWAP_TALL=0`` gives them the square launch again; more rows and block
+    fp8 take the square launches."""
     from engine.runtime import swap_triton as st
 
     e4m3 = torch.float8_e4m3fn
@@ -238,6 +238,7 @@ def test_one_row_of_fp8_codes_into_more_outputs_than_inputs_takes_its_own_launch
     assert st.swap_class(*qkv) == "tall" and st.swap_class(*o) == "square"
     assert st.small_config(e4m3, "token", None, *qkv, 1)[0] == 64
     assert st.small_config(e4m3, "token", None, *o, 1)[0] == 128
+    assert st.small_config(torch.int8, "token", None, *qkv, 1)[0] == 64
     for m in (4, 16, 40):
         assert st.small_config(e4m3, "token", None, *qkv, m) == \
             st.small_config(e4m3, "token", None, *o, m)

@@ -262,10 +262,11 @@ SMALL = {
     ("fp8", "block", "square", 1): (128, 128, 8, 4, 4),
     ("fp8", "block", "wide", 1): (128, 128, 2, 4, 3), ("fp8", "block", "deep", 1): (64, 128, 8, 4, 3, 2),
 }
-# one row of fp8 codes into more outputs than inputs (q/k/v): 64 outputs a program, found by
-# ``swap_gpu.py --search`` (10.3 us against the square launch's 13.4 at Llama-3-8B's 6144 x
-# 4096); other buckets and codes: the square launches
-SMALL[("fp8", "a8", "tall", 1)] = (64, 256, 4, 4, 4)
+# one row of 8-bit codes into more outputs than inputs (q/k/v): 64 outputs a program, found by
+# ``swap_gpu.py --search`` (fp8 9.6 us, int8 10.1, against the square launch's 13.4 and 13.3
+# at Llama-3-8B's 6144 x 4096); other buckets: the square launches
+SMALL[("fp8", "a8", "tall", 1)] = (64, 512, 1, 4, 4)
+SMALL[("int8", "a8", "tall", 1)] = (64, 256, 4, 4, 4)
 for _key in [key for key in SMALL if key[2] == "square"]:
     SMALL.setdefault((_key[0], _key[1], "tall", _key[3]), SMALL[_key])
 for _bucket in (4, 16):
