@@ -13,6 +13,7 @@ object: case name -> failures.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -26,14 +27,16 @@ ONE_SLICE = (64, 128, 1, 4, 2)
 def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int = 130,
           k: int = 320, block: tuple | None = None, config: tuple | None = ONE_SLICE,
           bias: bool = False, out: str = "float32", quant_rows_from: int | None = None,
-          amax_unroll: int | None = None):
+          amax_unroll: int | None = None, late_scale: bool = False):
     """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
     ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
     dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
     kernel), ``amax_unroll``: ``AMAX_UNROLL`` for the case (0: one row's scale read in a
-    loop)."""
+    loop), ``late_scale``: one row's dynamic scale read in the K loop's first iteration
+    (``ENGINE_SWAP_LATE_SCALE=1``)."""
     return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
-                      out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll)
+                      out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll,
+                      late_scale=late_scale)
 
 
 CASES = dict(
@@ -83,6 +86,15 @@ CASES = dict(
        # partial), every activation kind, bias; block scales and two rows keep the loop
        _case("one row's scale in a loop int8 m=1", 1, fmt="int8", n=70, k=2500,
              amax_unroll=0),
+       _case("late scale fp8 token m=1", 1, late_scale=True),
+       _case("late scale split 4 (an empty slice) fp8 token m=1", 1, config=(64, 64, 4, 4, 2),
+             late_scale=True),
+       _case("late scale split 3 int8 token m=1 bias", 1, fmt="int8", bias=True,
+             config=(64, 64, 3, 4, 2), late_scale=True),
+       _case("late scale, its loop, e5m2 token m=1 half", 1, fmt=E5M2, out="float16", k=2500,
+             n=70, amax_unroll=0, late_scale=True),
+       _case("late scale asked, static m=1 (read before the loop)", 1, act="static",
+             late_scale=True),
        _case("default launch fp8 token m=4", 4, n=64, k=384, config=None),
        _case("default launch fp8 none m=1 wide", 1, act=None, n=256, k=64, config=None),
        _case("default launch block group m=2", 2, act="group", n=128, k=384, block=(128, 128),
@@ -157,11 +169,13 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
     saved = st.QUANT_ROWS_FROM, st.AMAX_UNROLL
     st.QUANT_ROWS_FROM = p["quant_rows_from"] or saved[0]
     st.AMAX_UNROLL = saved[1] if p["amax_unroll"] is None else p["amax_unroll"]
+    os.environ["ENGINE_SWAP_LATE_SCALE"] = "1" if p["late_scale"] else "0"
     try:
         y = st.w8_swap(dev(x), dev(w), dev(ws), config=p["config"],
                        **kw).cpu()
     finally:
         st.QUANT_ROWS_FROM, st.AMAX_UNROLL = saved
+        os.environ.pop("ENGINE_SWAP_LATE_SCALE")
     mm = qt.w8_mm(dev(x), dev(w), dev(ws), **kw).cpu()
     want, exact = _reference(x, w, ws, p["act"], p["block"], x_scale)
     if bias is not None:

@@ -155,7 +155,8 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
              MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
-             SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr):
+             SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
+             LATE_SCALE: tl.constexpr = False):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
@@ -164,8 +165,12 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     dynamic scale read in AMAX_CHUNKS unrolled blocks, or a loop when 0). SUB: tiles of
     BLOCK_K columns per iteration of the K loop, each its own loads and product (block
     scales: more weight bytes in flight per iteration than one scale block's). With
-    PDL the first tile's weights are asked into L2 before the wait for the previous kernel;
-    nothing else is read, and nothing written, before it."""
+    PDL the first tile's weights are asked into L2 before the wait for the previous kernel,
+    and a static activation scale (ACT 3, a constant of the step) is read; nothing else is
+    read, and nothing written, before it. LATE_SCALE (ROW1, ACT 1): the row's dynamic scale is
+    read in the loop's first iteration, so that the pipelined loop's first loads are issued
+    right after the wait instead of after that read (an empty slice reads it after the
+    loop)."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -185,16 +190,20 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
         line = tl.minimum(k_lo + line_offsets(w_ptr, BLOCK_K), K - 1)
         prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
                     + line[None, :], PDL)
-    pdl_wait(PDL)
     # the rows' scales (s1, r1: the one row's, for ROW1)
-    s1 = 1.0
-    if ACT == 1 and ROW1:
+    s1 = tl.full((), 1.0, tl.float32)
+    if ACT == 3:  # (a constant of the step: read over the wait)
+        s1 = tl.load(xs_ptr)
+    pdl_wait(PDL)
+    LATE: tl.constexpr = LATE_SCALE and ACT == 1 and ROW1
+    if ACT == 1 and ROW1 and not LATE:
         s1 = _row1_scale(x_ptr, K, QMAX, AMAX_BLOCK, AMAX_CHUNKS)
         xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + s1
+    elif LATE:  # (read in the loop)
+        xs = tl.full((BLOCK_M,), 1.0, tl.float32)
     elif ACT == 1:
         xs = _row_scales(x_rows, m_ok, K, QMAX, BLOCK_M, AMAX_BLOCK)
     elif ACT == 3:
-        s1 = tl.load(xs_ptr)
         xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + s1
     elif ACT == 4:
         xs = tl.load(xs_ptr + offs_m, mask=m_ok, other=1.0)
@@ -207,6 +216,10 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k00 in range(k_lo, k_hi, BLOCK_K * SUB):
+        if LATE:
+            if k00 == k_lo:
+                s1 = _row1_scale(x_ptr, K, QMAX, AMAX_BLOCK, AMAX_CHUNKS)
+                r1 = tl.math.div_rn(1.0, s1)
         for j in tl.static_range(SUB):  # (tiles past the slice: masked, zero products)
             k0 = k00 + j * BLOCK_K
             w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8)
@@ -216,6 +229,10 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
                 wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
             acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
                             ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K, ROW1)
+    if LATE:
+        if k_lo >= k_hi:  # (an empty slice: its zeros may still be the ones scaled last)
+            s1 = _row1_scale(x_ptr, K, QMAX, AMAX_BLOCK, AMAX_CHUNKS)
+        xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + s1
     if PER_ROW:
         row_s = xs[:, None]
     else:
@@ -306,6 +323,12 @@ def swap_class(n: int, k: int) -> str:
     return cls
 
 
+def late_scale() -> bool:
+    """Whether one row's dynamic scale is read in the loop's first iteration
+    (``ENGINE_SWAP_LATE_SCALE=1``, an A/B until it is measured)."""
+    return os.environ.get("ENGINE_SWAP_LATE_SCALE") == "1"
+
+
 def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
             x_scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
             out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None,
@@ -349,5 +372,5 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
-                   **launch_options(x.device))
+                   LATE_SCALE=late_scale(), **launch_options(x.device))
     return y
