@@ -5,7 +5,8 @@
 #     bash benchmarks/early_check_gpu.sh [STEP...]   (steps: checks chain e2e moe quant;
 #     profile: where batch 1's step goes, with PDL on; where: the MoE and fp8 models' steps;
 #     tall: q/k/v's one-row launch against the square one; tall_final: int8's q/k/v launches,
-#     the 8-bit and 4-bit formats at 1 and 32 rows, the swapped kernel's GPU tests;
+#     the 8-bit and 4-bit formats at 1 and 32 rows, the swapped kernel's GPU tests; late_scale:
+#     one row's dynamic scale read in the swapped kernel's loop (ENGINE_SWAP_LATE_SCALE=1), A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
 #     checks, the step's products with the small kernels against the chain, decode at batch 1)
@@ -71,6 +72,16 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --batches 1,32 --schemes fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8,gptq
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_swap_kernels.py ;;
+    late_scale)  # one row's dynamic scale read in the loop (ENGINE_SWAP_LATE_SCALE=1), A/B
+      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_swap_kernels.py
+      W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,ct_w8a8_int8
+      for v in 0 1 0 1; do
+        ENGINE_SWAP_LATE_SCALE=$v TAIL=6 step 90 "late_scale_$v" python3 benchmarks/quant_gpu.py \
+          --batches 1 --schemes $W8
+      done
+      ENGINE_SWAP_LATE_SCALE=1 TAIL=10 step 120 fixed_cost python3 benchmarks/fixed_cost_gpu.py \
+        --formats fp8,int8 --widths 1024,4096,8192,16384,28672 --iters 10 ;;
     chain_default)  # the chained layer as the default: its GPU checks, decode A/B at 1 and 32
       TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       TAIL=3 step 150 pdl_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
