@@ -7,6 +7,7 @@
 #     tall: q/k/v's one-row launch against the square one; tall_final: int8's q/k/v launches,
 #     the 8-bit and 4-bit formats at 1 and 32 rows, the swapped kernel's GPU tests; late_scale:
 #     one row's dynamic scale read in the swapped kernel's loop (ENGINE_SWAP_LATE_SCALE=1), A/B;
+#     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
 #     checks, the step's products with the small kernels against the chain, decode at batch 1)
@@ -82,6 +83,12 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       done
       ENGINE_SWAP_LATE_SCALE=1 TAIL=10 step 120 fixed_cost python3 benchmarks/fixed_cost_gpu.py \
         --formats fp8,int8 --widths 1024,4096,8192,16384,28672 --iters 10 ;;
+    sparse_chain)  # the sparse layer's attention half chained (ENGINE_SPARSE_CHAIN=1), A/B
+      TAIL=3 step 200 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
+      for v in 0 1 0 1; do
+        ENGINE_SPARSE_CHAIN=$v TAIL=6 step 150 "sparse_chain_$v" python3 benchmarks/moe_gpu.py \
+          --skip kit,kernel,chain --batches 1 --runners triton
+      done ;;
     chain_default)  # the chained layer as the default: its GPU checks, decode A/B at 1 and 32
       TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       TAIL=3 step 150 pdl_tests python3 -m pytest -q -p no:cacheprovider -m gpu \

@@ -1,6 +1,7 @@
 """The matrix-vector kernels that make their input in their own loads (residual add + RMSNorm,
 SiLU-and-mul: engine.runtime.gemv_triton.gemv_norm / gemv_silu) against the separate kernels,
-the chained one-row products (gemv_chain), and a tiny Llama decoding with them
+the chained one-row products (gemv_chain, the normed row it writes for a sparse layer's
+experts), and a tiny Llama and a tiny dense-then-sparse Qwen2-MoE decoding with them
 (ENGINE_FUSED_GEMV=1; ENGINE_GEMV_CHAIN 1, the default, against 0) against the same model
 without: run
 under TRITON_INTERPRET=1 on a CPU, or on a GPU. Prints one JSON list of failures."""
@@ -73,20 +74,31 @@ def chained(dtype: torch.dtype) -> None:
             failures.append(f"gemv_chain norm {dtype} {k}x{n}: {err:.3g}")
 
 
-def model(dtype: torch.dtype, flag_name: str) -> None:
-    """Greedy decode steps of a tiny dummy Llama: logits with the fused kernels (``flag_name``
-    set to 1) close to those without."""
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+         "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256,
+         "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False}
+#: a dense first layer, then two sparse ones with a shared expert (its sigmoid gate) and q/k/v
+#: biases: the chained sparse layer after a chained dense one and after a sparse one
+QWEN2_MOE = {**LLAMA, "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+             "num_hidden_layers": 3, "moe_intermediate_size": 32, "num_experts": 4,
+             "num_experts_per_tok": 2, "norm_topk_prob": False,
+             "shared_expert_intermediate_size": 48, "mlp_only_layers": [0],
+             "decoder_sparse_step": 1}
+
+
+def model(dtype: torch.dtype, flag_name: str, config: dict = LLAMA,
+          chained_calls: int = 2 * 7) -> None:
+    """Greedy decode steps of a tiny dummy model (``config``): logits with the fused kernels
+    (``flag_name`` set to 1) close to those without; with the chained layers, ``gemv_chain``
+    called ``chained_calls`` times over the two decode steps."""
     from engine.config import ServerConfig
     from engine.runtime.model_runner import ModelRunner
     from engine.testing.batches import BatchBuilder
 
     tmp = tempfile.mkdtemp()
     with open(os.path.join(tmp, "config.json"), "w") as fh:
-        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                   "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
-                   "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "hidden_act": "silu",
-                   "tie_word_embeddings": False}, fh)
+        json.dump(config, fh)
     logits = {}
     calls = []
     chain = gemv_triton.gemv_chain
@@ -111,12 +123,31 @@ def model(dtype: torch.dtype, flag_name: str) -> None:
     os.environ.pop(flag_name)
     os.environ.pop("ENGINE_GEMV_CHAIN", None)
     gemv_triton.gemv_chain = chain
-    # the chained layer: 3 products a layer after the first (4), over 2 decode steps
-    if (len(calls) != 2 * 7) if flag_name == "ENGINE_GEMV_CHAIN" else calls:
-        failures.append(f"tiny Llama {dtype} {flag_name}: {len(calls)} chained products")
+    name = config["architectures"][0]
+    if (len(calls) != chained_calls) if flag_name == "ENGINE_GEMV_CHAIN" else calls:
+        failures.append(f"tiny {name} {dtype} {flag_name}: {len(calls)} chained products")
     err = (logits["1"] - logits["0"]).abs().max().item()
     if err > 2e-2 * logits["0"].abs().max().item():
-        failures.append(f"tiny Llama {dtype} {flag_name}: logits differ by {err:.3g}")
+        failures.append(f"tiny {name} {dtype} {flag_name}: logits differ by {err:.3g}")
+
+
+def normed_row(dtype: torch.dtype) -> None:
+    """gemv_chain's normed input row (a sparse layer's router): the row add_rms_norm writes,
+    and the product of it."""
+    for k, n in ((64, 4), (2048, 128)):
+        w = (torch.randn(n, k, generator=g) / 8).to(device, dtype)
+        x = torch.randn(1, k, generator=g).to(device, dtype)
+        nw = (torch.rand(k, generator=g) + 0.5).to(device, dtype)
+        ss = (x.float() ** 2).sum().reshape(1)
+        out = torch.empty_like(x)
+        y = gemv_triton.gemv_chain(x, w, sumsq=ss, norm_w=nw, eps=1e-6, normed_out=out)[0]
+        want = fused_triton.add_rms_norm(x, None, nw, 1e-6)[0]
+        err = (out.float() - want.float()).abs().max().item()
+        # (the sum of squares in another order: one unit of the normed row at most)
+        if err > 1e-2 * want.float().abs().max().item():
+            failures.append(f"gemv_chain normed row {dtype} {k}x{n}: {err:.3g}")
+        if not torch.equal(y, gemv_triton.gemv_early(out, w)[0]):
+            failures.append(f"gemv_chain normed row's product {dtype} {k}x{n}")
 
 
 os.environ.setdefault("ENGINE_GEMV_DENSE_ROWS", "4")  # (on a CPU the interpreter serves them)
@@ -124,6 +155,14 @@ os.environ.setdefault("ENGINE_GEMV_DENSE_ROWS", "4")  # (on a CPU the interprete
 for dt in ((torch.bfloat16, torch.float16) if device == "cuda" else (torch.float16,)):
     kernels(dt)
     chained(dt)
+    normed_row(dt)
     for flag_name in ("ENGINE_FUSED_GEMV", "ENGINE_GEMV_CHAIN"):
         model(dt, flag_name)
+    # per decode step: the dense first layer 3 (o, gate/up, down), each sparse layer its o and
+    # router, the second also its q/k/v (from the dense layer's sums of squares)
+    os.environ["ENGINE_SPARSE_CHAIN"] = "1"
+    model(dt, "ENGINE_GEMV_CHAIN", QWEN2_MOE, 2 * 8)
+    os.environ.pop("ENGINE_SPARSE_CHAIN")
+    # without ENGINE_SPARSE_CHAIN only the dense layer chains: its 3 products a step
+    model(dt, "ENGINE_GEMV_CHAIN", QWEN2_MOE, 2 * 3)
 print(json.dumps(failures))

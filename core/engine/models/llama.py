@@ -14,6 +14,7 @@ Qwen3-MoE, OLMoE): their sparse layers replace the MLP with a
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -304,6 +305,9 @@ class DecoderLayer(nn.Module):
         weights = self._chain_weights(h)
         if weights is not None:
             return self._chained(h, residual, rope, batch, attn, weights)
+        weights = self._sparse_chain_weights(h)
+        if weights is not None:
+            return self._chained_sparse(h, residual, rope, batch, attn, weights)
         if isinstance(residual, SumSq):
             residual = None
         at, mlp = self.self_attn, self.mlp
@@ -336,13 +340,31 @@ class DecoderLayer(nn.Module):
             return None
         linears = (self.self_attn.qkv_proj, self.self_attn.o_proj, mlp.gate_up_proj,
                    mlp.down_proj)
-        for i, lin in enumerate(linears):
-            if not isinstance(lin.quant_method, UnquantizedMethod) or lin.row_by_row \
-                    or lin._forward_hooks or lin._forward_pre_hooks \
-                    or lin.weight.dtype != h.dtype \
-                    or not gemv_triton.chain_serves(*lin.weight.shape, glu=i == 2):
-                return None
+        if not all(_chains(lin, h, glu=i == 2) for i, lin in enumerate(linears)):
+            return None
         return tuple(lin.weight for lin in linears)
+
+    def _sparse_chain_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """The (qkv, o, router) weights when this sparse layer's attention half and router run
+        chained (:meth:`_chained_sparse`; ``ENGINE_SPARSE_CHAIN=1``, an opt-in until it is
+        measured): as :meth:`_chain_weights` asks of the dense layer, with a half-precision
+        router of that dtype in place of the MLP; else None."""
+        if os.environ.get("ENGINE_SPARSE_CHAIN") != "1":
+            return None
+        if h.dim() != 2 or h.shape[0] != 1 or not fused.enabled(h):
+            return None
+        from engine.runtime import gemv_triton
+
+        mlp = self.mlp
+        if not gemv_triton.chain(h.device) or not isinstance(mlp, SparseMoeBlock):
+            return None
+        at, gate = self.self_attn, mlp.gate
+        if not (_chains(at.qkv_proj, h) and _chains(at.o_proj, h)) \
+                or gate._forward_hooks or gate._forward_pre_hooks \
+                or gate.weight.dtype != h.dtype or gate.bias is not None \
+                or not gemv_triton.chain_serves(*gate.weight.shape):
+            return None
+        return at.qkv_proj.weight, at.o_proj.weight, gate.weight
 
     def _chained(self, h: torch.Tensor, residual: "torch.Tensor | SumSq | None",
                  rope: "RopeInputs", batch: Batch, attn: AttentionBackend,
@@ -369,6 +391,45 @@ class DecoderLayer(nn.Module):
                          eps=ln2.eps, glu=True)[0]
         h3, ss = gemv_chain(act, wd, mlp.down_proj.bias, residual=h2)
         return h3, SumSq(ss)
+
+    def _chained_sparse(self, h: torch.Tensor, residual: "torch.Tensor | SumSq | None",
+                        rope: "RopeInputs", batch: Batch, attn: AttentionBackend,
+                        weights: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sparse layer at one row, its attention half chained as the dense layer's: the
+        output projection adds the residual in its epilogue and leaves partial sums of
+        squares, from which the router norms its input and writes the normed row for the
+        experts (no norm kernel between them). Returns (the experts' output, the residual
+        stream before them)."""
+        from engine.runtime.gemv_triton import gemv_chain
+
+        at, mlp = self.self_attn, self.mlp
+        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        wqkv, wo, wgate = weights
+        if isinstance(residual, SumSq):
+            qkv = gemv_chain(h, wqkv, at.qkv_proj.bias, sumsq=residual.partials,
+                             norm_w=ln1.weight, eps=ln1.eps)[0]
+            stream = h
+        else:
+            normed, stream = ln1.add_forward(h, residual)
+            qkv = at.qkv_proj(normed)
+        out = at.attend_qkv(qkv, rope, batch, attn, project=False)
+        h2, ss = gemv_chain(out, wo, at.o_proj.bias, residual=stream)
+        normed = torch.empty_like(h2)
+        logits = gemv_chain(h2, wgate, sumsq=ss, norm_w=ln2.weight, eps=ln2.eps,
+                            normed_out=normed)[0]
+        return mlp(normed, router_logits=logits), h2
+
+
+def _chains(lin: Linear, h: torch.Tensor, glu: bool = False) -> bool:
+    """Whether ``lin`` may run as a chained one-row product on ``h`` (a dense layer of h's
+    dtype, no forward hooks (LoRA), not multiplied row by row, a weight ``gemv_chain``
+    serves)."""
+    from engine.runtime import gemv_triton
+
+    return (isinstance(lin.quant_method, UnquantizedMethod) and not lin.row_by_row
+            and not lin._forward_hooks and not lin._forward_pre_hooks
+            and lin.weight.dtype == h.dtype
+            and gemv_triton.chain_serves(*lin.weight.shape, glu=glu))
 
 
 @dataclass(frozen=True)

@@ -501,7 +501,8 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
                 BLOCK_N: tl.constexpr, KC: tl.constexpr, SPLIT: tl.constexpr,
                 PRE: tl.constexpr, HAS_RES: tl.constexpr, NORM_BLOCK: tl.constexpr,
                 PDL: tl.constexpr, ss_in_ptr=None, n_ss=0, ss_out_ptr=None,
-                SS_BLOCK: tl.constexpr = 1, EPI: tl.constexpr = 0):
+                SS_BLOCK: tl.constexpr = 1, EPI: tl.constexpr = 0, xn_ptr=None,
+                STORE_X: tl.constexpr = False):
     """One row of float weights: program (n, k) loads all of its weights, ``BLOCK_N`` outputs x
     KC columns from column ``k * KC`` on, into registers *before* it waits for the previous
     kernel, then reads x and sums. Under PDL the programs resident while the previous kernels
@@ -519,7 +520,9 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
     the epilogue): each program also loads rows ``N + n`` (the up half) and writes ``silu(g) *
     u`` for its N outputs; EPI 2, residual add: writes ``y + res`` (the next residual stream)
     and its own sum of squares of those outputs at ``ss_out[pid_n]``. EPI needs one slice of
-    K (SPLIT false)."""
+    K (SPLIT false). STORE_X (PRE 3, one slice): the programs of the first outputs also store
+    the normed input row at ``xn`` (what ``add_rms_norm`` would have written: a sparse layer's
+    experts read it after its router)."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -558,6 +561,9 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
         ss = tl.load(ss_in_ptr + offs_s, mask=offs_s < n_ss, other=0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
         x = _round(_round(x * rstd, dt) * nw, dt)
+        if STORE_X:
+            if pid_n == 0:
+                tl.store(xn_ptr + cols, x.to(dt), mask=k_ok)
     acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     if EPI == 0:
         one = tl.full((1, 1), 1.0, tl.float32)
@@ -634,7 +640,8 @@ def chain_serves(n: int, k: int, glu: bool = False) -> bool:
 
 def gemv_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                sumsq: torch.Tensor | None = None, norm_w: torch.Tensor | None = None,
-               eps: float = 0.0, glu: bool = False, residual: torch.Tensor | None = None
+               eps: float = 0.0, glu: bool = False, residual: torch.Tensor | None = None,
+               normed_out: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One product of a decoder layer chained at one row (``_gemv_early``'s PRE 3 / EPI 1-2):
     ``x`` [1, K] and float ``w`` [N, K] (N = 2 x inter with ``glu``), returns (y, the sums of
@@ -644,7 +651,8 @@ def gemv_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
       kernel with the row's sum of squares from those partial sums (the previous call's);
     - ``glu``: y = ``silu(gate) * up`` [1, N / 2] of the product's two halves;
     - ``residual`` [1, N]: y = product + ``residual`` (the next residual stream), with its
-      partial sums of squares for the next call's norm.
+      partial sums of squares for the next call's norm;
+    - ``normed_out`` [1, K] (with ``sumsq``): also filled with the normed input row.
 
     Each matches the separate kernels' rounding (:func:`engine.runtime.fused_triton.
     add_rms_norm`, ``silu_and_mul``); the norm's sum is added in another order."""
@@ -653,6 +661,11 @@ def gemv_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         raise ValueError(f"gemv_chain does not serve x {tuple(x.shape)} @ w {tuple(w.shape)}")
     if glu and residual is not None:
         raise ValueError("gemv_chain ends in SiLU-and-mul or in a residual add, not both")
+    if normed_out is not None and (sumsq is None or normed_out.shape != x.shape
+                                   or normed_out.dtype != x.dtype
+                                   or not normed_out.is_contiguous()):
+        raise ValueError("gemv_chain writes the normed row only for an input it norms, into a "
+                         "contiguous tensor of the input's shape and dtype")
     bn, kc, warps = EARLY_CONFIGS[shape_class(n, k)]
     out_n = n // 2 if glu else n
     if glu:  # as many weight rows a program as the plain launch
@@ -672,7 +685,8 @@ def gemv_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         ss_in_ptr=sumsq if sumsq is not None else y, n_ss=n_ss,
         ss_out_ptr=ss_out if ss_out is not None else y,
         SS_BLOCK=triton.next_power_of_2(max(1, n_ss)), EPI=1 if glu else 2 if ss_out is not None
-        else 0, num_warps=warps, **launch_options(x.device))
+        else 0, xn_ptr=normed_out if normed_out is not None else y,
+        STORE_X=normed_out is not None, num_warps=warps, **launch_options(x.device))
     return y, ss_out
 
 
