@@ -18,8 +18,8 @@ columns).
     python benchmarks/swap_gpu.py --dry-run   # the correctness part, tiny shapes, on a CPU
 
 ``--search`` times every launch (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) of the sweep per
-(format, layer, rows) and prints the best next to the default of
-:data:`engine.runtime.swap_triton.SWAP_CONFIGS`. Each launch compiles once per format and row
+(format, layer, rows) and prints the best next to the launch the route takes now
+(:data:`engine.runtime.swap_triton.SMALL`, else ``SWAP_CONFIGS``). Each launch compiles once per format and row
 count (the layers share it), in parallel where Triton compiles asynchronously; launches whose
 pipelined tiles do not fit in shared memory are skipped, as are any that fail to compile or
 launch. ``--dry-run`` runs under the Triton interpreter (set before Triton is imported).
@@ -100,8 +100,14 @@ def rel_diff(fmt: str, t: dict, x: torch.Tensor, config: tuple | None = None) ->
     return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
 
 
-def default_config(fmt: str, n: int, k: int) -> tuple:
-    _, act, block = FORMATS[fmt]
+def default_config(fmt: str, n: int, k: int, rows: int) -> tuple:
+    """The launch ``w8_mm`` hands ``rows`` rows of this layer to (:data:`swap_triton.SMALL`;
+    rows 0: none), else the kernel's own default (:data:`swap_triton.SWAP_CONFIGS`, which
+    ``w8_swap`` takes without a launch)."""
+    dtype, act, block = FORMATS[fmt]
+    small = st.small_config(dtype, act, block, n, k, rows) if rows else None
+    if small is not None:
+        return small
     kind = "block" if block is not None else "a16" if act is None else "a8"
     return st.SWAP_CONFIGS[(kind, qt.shape_class(n, k))]
 
@@ -206,7 +212,7 @@ def correctness(formats, rows_list, layers, shapes, device) -> list[list]:
             t = weights(fmt, n, k, device)
             for rows in rows_list:
                 x = torch.randn(rows, k, device=device, dtype=gen_dtype)
-                out.append([fmt, rows, name, f"{n}x{k}", default_config(fmt, n, k),
+                out.append([fmt, rows, name, f"{n}x{k}", default_config(fmt, n, k, 0),
                             f"{rel_diff(fmt, t, x):.2e}"])
     return out
 
@@ -309,8 +315,8 @@ def sweep(fmt: str, rows: int, layers: list[str], sets: dict, xs: dict,
         n, k = SHAPES[name]
         configs = candidates(fmt, k, rows)
         precompile(fmt, configs, xs[name], sets[name][0])
-        default = default_config(fmt, n, k)
-        base = timed(swap(fmt), sets[name], xs[name], iters)
+        default = default_config(fmt, n, k, rows)
+        base = timed(swap(fmt, default), sets[name], xs[name], iters)
         times = {c: timed(swap(fmt, c), sets[name], xs[name], max(5, iters // 2))
                  for c in configs}
         best = min(times, key=times.get)
