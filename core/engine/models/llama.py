@@ -375,9 +375,25 @@ class DecoderLayer(nn.Module):
         gate/up projection ends in SiLU-and-mul."""
         from engine.runtime.gemv_triton import gemv_chain
 
-        at, mlp = self.self_attn, self.mlp
-        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        mlp, ln2 = self.mlp, self.post_attention_layernorm
         wqkv, wo, wgu, wd = weights
+        h2, ss = self._chained_attention(h, residual, rope, batch, attn, wqkv, wo)
+        act = gemv_chain(h2, wgu, mlp.gate_up_proj.bias, sumsq=ss, norm_w=ln2.weight,
+                         eps=ln2.eps, glu=True)[0]
+        h3, ss = gemv_chain(act, wd, mlp.down_proj.bias, residual=h2)
+        return h3, SumSq(ss)
+
+    def _chained_attention(self, h: torch.Tensor, residual: "torch.Tensor | SumSq | None",
+                           rope: "RopeInputs", batch: Batch, attn: AttentionBackend,
+                           wqkv: torch.Tensor, wo: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chained layers' attention half: the q/k/v projection (norming its input from
+        the previous chained layer's partial sums of squares where it left them), attention,
+        and the output projection adding the residual. Returns (the residual stream after
+        attention, its partial sums of squares)."""
+        from engine.runtime.gemv_triton import gemv_chain
+
+        at, ln1 = self.self_attn, self.input_layernorm
         if isinstance(residual, SumSq):
             qkv = gemv_chain(h, wqkv, at.qkv_proj.bias, sumsq=residual.partials,
                              norm_w=ln1.weight, eps=ln1.eps)[0]
@@ -386,11 +402,7 @@ class DecoderLayer(nn.Module):
             normed, stream = ln1.add_forward(h, residual)
             qkv = at.qkv_proj(normed)
         out = at.attend_qkv(qkv, rope, batch, attn, project=False)
-        h2, ss = gemv_chain(out, wo, at.o_proj.bias, residual=stream)
-        act = gemv_chain(h2, wgu, mlp.gate_up_proj.bias, sumsq=ss, norm_w=ln2.weight,
-                         eps=ln2.eps, glu=True)[0]
-        h3, ss = gemv_chain(act, wd, mlp.down_proj.bias, residual=h2)
-        return h3, SumSq(ss)
+        return gemv_chain(out, wo, at.o_proj.bias, residual=stream)
 
     def _chained_sparse(self, h: torch.Tensor, residual: "torch.Tensor | SumSq | None",
                         rope: "RopeInputs", batch: Batch, attn: AttentionBackend,
@@ -402,18 +414,9 @@ class DecoderLayer(nn.Module):
         stream before them)."""
         from engine.runtime.gemv_triton import gemv_chain
 
-        at, mlp = self.self_attn, self.mlp
-        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        mlp, ln2 = self.mlp, self.post_attention_layernorm
         wqkv, wo, wgate = weights
-        if isinstance(residual, SumSq):
-            qkv = gemv_chain(h, wqkv, at.qkv_proj.bias, sumsq=residual.partials,
-                             norm_w=ln1.weight, eps=ln1.eps)[0]
-            stream = h
-        else:
-            normed, stream = ln1.add_forward(h, residual)
-            qkv = at.qkv_proj(normed)
-        out = at.attend_qkv(qkv, rope, batch, attn, project=False)
-        h2, ss = gemv_chain(out, wo, at.o_proj.bias, residual=stream)
+        h2, ss = self._chained_attention(h, residual, rope, batch, attn, wqkv, wo)
         normed = torch.empty_like(h2)
         logits = gemv_chain(h2, wgate, sumsq=ss, norm_w=ln2.weight, eps=ln2.eps,
                             normed_out=normed)[0]
