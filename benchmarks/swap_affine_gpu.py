@@ -13,7 +13,7 @@ replayed (as a decode step runs them); microseconds per product, and TB/s as the
 four layers x 32 (the linear layers of one decode step) for each path.
 
     python benchmarks/swap_affine_gpu.py [--rows 1,4,16] [--layers qkv,o] [--group 128]
-    python benchmarks/swap_affine_gpu.py --search [--rows 1,4]
+    python benchmarks/swap_affine_gpu.py --search [--rows 1,4] [--block-n 16:1,32:1,32:2]
     python benchmarks/swap_affine_gpu.py --dry-run   # the correctness part, tiny shapes, on a CPU
     python benchmarks/swap_affine_gpu.py --offline   # compile for sm_90 without a GPU, report
 
@@ -140,6 +140,12 @@ def correctness(rows_list, layers, shapes, group, device, dtype) -> list[list]:
     return out
 
 
+#: (BLOCK_N, warps) pairs of the sweep where ``--block-n`` gives them (fewer than 64 outputs
+#: a program take the synchronous matrix instructions, ``mma.sync``, instead of the warp-group
+#: ones); None: the default shapes below
+BLOCK_NS: tuple | None = None
+
+
 def candidates(n: int, k: int, rows: int) -> list[tuple]:
     """The sweep's launches for ``rows`` rows of a weight [n, k]: BLOCK_N 64 (4 warps) or 128
     (4 or 8 warps), and for 32-64 rows 256 (8 warps: each program's activation slices, which
@@ -149,11 +155,13 @@ def candidates(n: int, k: int, rows: int) -> list[tuple]:
     pack = 32 // BITS * SUB
     tiles = triton.cdiv(k, pack)
     out = []
-    shapes = ((64, 4), (128, 4), (128, 8)) + (((256, 8),) if 32 <= rows <= 64 else ())
+    shapes = BLOCK_NS or ((64, 4), (128, 4), (128, 8)) + (((256, 8),) if 32 <= rows <= 64
+                                                          else ())
     for bn, warps in shapes:
         for split in (1, 2, 4, 8):
             per_slice = triton.cdiv(tiles, split)
-            if split > 1 and per_slice < 2 or triton.cdiv(n, bn) * split > 8 * SMS:
+            # (at most 32 warps of programs a multiprocessor)
+            if split > 1 and per_slice < 2 or triton.cdiv(n, bn) * split * warps > 32 * SMS:
                 continue
             for stages in (2, 3, 4, 5):
                 # per stage: BLOCK_N words a row, and a block of rows of x for each slice
@@ -343,12 +351,16 @@ def main() -> None:
     ap.add_argument("--layers", default=",".join(SHAPES))
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--search", action="store_true", help="sweep affine_swap's launches")
+    ap.add_argument("--block-n", help="BLOCK_N:warps pairs of the sweep, e.g. 16:1,32:1,32:2")
     ap.add_argument("--iters", type=int, default=20, help="graph replays per timing")
     ap.add_argument("--dry-run", action="store_true",
                     help="correctness on tiny shapes under the Triton interpreter (CPU)")
     ap.add_argument("--offline", action="store_true",
                     help="compile the default launches for sm_90 without a GPU and report")
     args = ap.parse_args()
+    if args.block_n:
+        global BLOCK_NS
+        BLOCK_NS = tuple(tuple(int(v) for v in p.split(":")) for p in args.block_n.split(","))
     rows_list = [int(r) for r in (args.rows or ("1,4" if args.search
                                                 else "1,4,16,32,64,128,512,2048")).split(",")]
     layers = args.layers.split(",")

@@ -49,6 +49,11 @@ CASES = dict(
        _case("int4 BLOCK_N 128, 8 warps, split 2 m=1 half", 1, n=200, dtype=F16,
              config=(128, 2, 8, 2, 0)),
        _case("int4 split 3 m=1", 1, k=768, config=(64, 3, 4, 2, 0)),
+       # the synchronous matrix instructions' launches (fewer than 64 outputs a program)
+       _case("int4 BLOCK_N 32, one warp, split 2 m=1", 1, k=768, config=(32, 2, 1, 2, 0)),
+       _case("int4 BLOCK_N 16, one warp m=1 half", 1, n=37, dtype=F16, config=(16, 1, 1, 2, 0)),
+       _case("int4 BLOCK_N 32, two warps, row sums by the matrix unit m=3", 3,
+             config=(32, 1, 2, 2, 1)),
        _case("int4 split 4 (an empty slice) m=16 bias", 16, k=768, bias=True,
              config=(64, 4, 4, 2, 0)),
        _case("int4 split 2 K=320 m=2 half", 2, k=320, dtype=F16, config=(64, 2, 4, 2, 1)),
