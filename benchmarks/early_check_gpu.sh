@@ -81,6 +81,9 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         ENGINE_SWAP_LATE_SCALE=$v TAIL=6 step 90 "late_scale_$v" python3 benchmarks/quant_gpu.py \
           --batches 1 --schemes $W8
       done
+      # one row's codes made first by quant_rows (one more launch) instead of in every program
+      ENGINE_SWAP_QUANT_ROWS_FROM=1 TAIL=6 step 90 quant_rows_first python3 \
+        benchmarks/quant_gpu.py --batches 1 --schemes $W8
       ENGINE_SWAP_LATE_SCALE=1 TAIL=10 step 120 fixed_cost python3 benchmarks/fixed_cost_gpu.py \
         --formats fp8,int8 --widths 1024,4096,8192,16384,28672 --iters 10 ;;
     sparse_chain)  # the sparse layer's attention half chained (ENGINE_SPARSE_CHAIN=1), A/B

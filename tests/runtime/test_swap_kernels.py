@@ -86,6 +86,9 @@ CASES = dict(
        # partial), every activation kind, bias; block scales and two rows keep the loop
        _case("one row's scale in a loop int8 m=1", 1, fmt="int8", n=70, k=2500,
              amax_unroll=0),
+       _case("one row's codes made first fp8 token m=1", 1, quant_rows_from=1),
+       _case("one row's codes made first int8 static m=1", 1, fmt="int8", act="static",
+             quant_rows_from=1),
        _case("late scale fp8 token m=1", 1, late_scale=True),
        _case("late scale split 4 (an empty slice) fp8 token m=1", 1, config=(64, 64, 4, 4, 2),
              late_scale=True),

@@ -45,6 +45,8 @@ MAX_ROWS = 128
 #: rows from which dynamic or static per-row activation codes are made by
 #: :func:`engine.runtime.quant_triton.quant_rows` before the product (one more launch), as
 #: ``w8_mm`` does; below, every program quantizes the rows itself
+#: (``ENGINE_SWAP_QUANT_ROWS_FROM`` overrides it at each call: an A/B of one row's codes made
+#: first, with 1)
 QUANT_ROWS_FROM = 2
 #: the most blocks of AMAX_BLOCK columns one row's dynamic scale is read in, unrolled (every
 #: load in flight at once: one trip to L2 instead of one a block); longer rows loop
@@ -354,7 +356,8 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
         bk = block[1]
     code = {None: 0, "token": 1, "group": 2, "static": 3}[act]
     y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
-    if code in (1, 3) and m >= QUANT_ROWS_FROM:  # the rows' codes first
+    rows_from = int(os.environ.get("ENGINE_SWAP_QUANT_ROWS_FROM", QUANT_ROWS_FROM))
+    if code in (1, 3) and m >= rows_from:  # the rows' codes first
         x, x_scale = quant_rows(x, w.dtype, static=x_scale if code == 3 else None)
         code = 4
     bm = rows_block(m)
