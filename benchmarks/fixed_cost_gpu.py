@@ -24,8 +24,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemv_gpu import BANDWIDTH, L2_BYTES, make, nbytes  # noqa: E402
-from quant_gpu import replay_ms  # noqa: E402
+from gemv_gpu import BANDWIDTH, make, nbytes, time_us  # noqa: E402
+from swap_affine_gpu import copies  # noqa: E402
 
 WIDTHS = (1024, 2048, 4096, 8192, 16384, 28672)
 K = 4096
@@ -43,19 +43,11 @@ def route(fmt: str):
     return lambda x, t: qt.w8_mm(x, t["w"], t["s"], act="token")
 
 
-def time_us(fmt: str, n: int, iters: int) -> tuple[int, float]:
+def measure(fmt: str, n: int, iters: int) -> tuple[int, float]:
     """(bytes of one weight, us per product) of ``fmt`` at [n, K]."""
-    first = make(fmt, n, K)
-    sets = [first] + [make(fmt, n, K) for _ in range(max(2, -(-L2_BYTES // nbytes(first))) - 1)]
+    sets = copies(lambda n_, k_: make(fmt, n_, k_), n, K)
     x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-    fn = route(fmt)
-
-    def run():
-        for t in sets:
-            fn(x, t)
-
-    us = replay_ms(run, iters) * 1e3 / len(sets)
-    return nbytes(first), us
+    return nbytes(sets[0]), time_us(route(fmt), sets, x, iters)
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -83,7 +75,7 @@ def main() -> None:
     for fmt in args.formats.split(","):
         points = []
         for n in widths:
-            b, us = time_us(fmt, n, args.iters)
+            b, us = measure(fmt, n, args.iters)
             points.append((b, us))
             print(f"| {fmt} | {n}x{K} | {b / 1e6:.1f} | {us:.1f} | {b / us / 1e6:.2f} |",
                   flush=True)

@@ -331,12 +331,8 @@ class DecoderLayer(nn.Module):
         one row in half precision where the fused kernels and the one-row products serve it, a
         dense SiLU MLP, and four dense projections of that dtype with no forward hooks (LoRA);
         else None."""
-        if h.dim() != 2 or h.shape[0] != 1 or not fused.enabled(h):
-            return None
-        from engine.runtime import gemv_triton
-
         mlp = self.mlp
-        if not gemv_triton.chain(h.device) or not isinstance(mlp, MLP) or mlp.act is not F.silu:
+        if not _chain_row(h) or not isinstance(mlp, MLP) or mlp.act is not F.silu:
             return None
         linears = (self.self_attn.qkv_proj, self.self_attn.o_proj, mlp.gate_up_proj,
                    mlp.down_proj)
@@ -349,15 +345,12 @@ class DecoderLayer(nn.Module):
         chained (:meth:`_chained_sparse`; ``ENGINE_SPARSE_CHAIN=1``, an opt-in until it is
         measured): as :meth:`_chain_weights` asks of the dense layer, with a half-precision
         router of that dtype in place of the MLP; else None."""
-        if os.environ.get("ENGINE_SPARSE_CHAIN") != "1":
-            return None
-        if h.dim() != 2 or h.shape[0] != 1 or not fused.enabled(h):
+        mlp = self.mlp
+        if os.environ.get("ENGINE_SPARSE_CHAIN") != "1" or not isinstance(mlp, SparseMoeBlock) \
+                or not _chain_row(h):
             return None
         from engine.runtime import gemv_triton
 
-        mlp = self.mlp
-        if not gemv_triton.chain(h.device) or not isinstance(mlp, SparseMoeBlock):
-            return None
         at, gate = self.self_attn, mlp.gate
         if not (_chains(at.qkv_proj, h) and _chains(at.o_proj, h)) \
                 or gate._forward_hooks or gate._forward_pre_hooks \
@@ -421,6 +414,16 @@ class DecoderLayer(nn.Module):
         logits = gemv_chain(h2, wgate, sumsq=ss, norm_w=ln2.weight, eps=ln2.eps,
                             normed_out=normed)[0]
         return mlp(normed, router_logits=logits), h2
+
+
+def _chain_row(h: torch.Tensor) -> bool:
+    """Whether ``h`` is one half-precision row that the chained layers serve: the fused
+    kernels run on it and :func:`engine.runtime.gemv_triton.chain` holds on its device."""
+    if h.dim() != 2 or h.shape[0] != 1 or not fused.enabled(h):
+        return False
+    from engine.runtime import gemv_triton
+
+    return gemv_triton.chain(h.device)
 
 
 def _chains(lin: Linear, h: torch.Tensor, glu: bool = False) -> bool:
