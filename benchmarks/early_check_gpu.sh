@@ -5,8 +5,9 @@
 #     bash benchmarks/early_check_gpu.sh [STEP...]   (steps: checks chain e2e moe quant;
 #     profile: where batch 1's step goes, with PDL on; where: the MoE and fp8 models' steps;
 #     tall: q/k/v's one-row launch against the square one; tall_final: int8's q/k/v launches,
-#     the 8-bit and 4-bit formats at 1 and 32 rows, the swapped kernel's GPU tests; late_scale:
-#     one row's dynamic scale read in the swapped kernel's loop (ENGINE_SWAP_LATE_SCALE=1), A/B;
+#     the 8-bit and 4-bit formats at 1 and 32 rows, the swapped kernel's GPU tests;
+#     codes: one row's swapped product with the activations handed over as codes, per layer
+#     against the product that quantizes them itself, and a launch search;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
@@ -73,20 +74,12 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --batches 1,32 --schemes fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8,gptq
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_swap_kernels.py ;;
-    late_scale)  # one row's dynamic scale read in the loop (ENGINE_SWAP_LATE_SCALE=1), A/B
+    codes)  # one row's product with its activations handed over as codes (made before)
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_swap_kernels.py
-      W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,ct_w8a8_int8
-      for v in 0 1 0 1; do
-        ENGINE_SWAP_LATE_SCALE=$v TAIL=6 step 90 "late_scale_$v" python3 benchmarks/quant_gpu.py \
-          --batches 1 --schemes $W8
-      done
-      # one row's codes made first by quant_rows (one more launch) instead of in every program
-      ENGINE_SWAP_QUANT_ROWS_FROM=1 TAIL=6 step 90 quant_rows_first python3 \
-        benchmarks/quant_gpu.py --batches 1 --schemes $W8
-      ENGINE_SWAP_LATE_SCALE=1 TAIL=10 step 120 fixed_cost python3 benchmarks/fixed_cost_gpu.py \
-        --formats fp8,int8 --widths 1024,4096,8192,16384,28672 --iters 10 ;;
-    sparse_chain)  # the sparse layer's attention half chained (ENGINE_SPARSE_CHAIN=1), A/B
+      TAIL=30 step 300 codes python3 benchmarks/swap_gpu.py --search --formats \
+        fp8,fp8_codes,int8_codes --rows 1 --splits 1,2,4 --block-k 256,512 --stages 3,4 ;;
+    sparse_chain)  # the sparse layer's attention half chained (ENGINE_SPARSE_CHAIN=0: off), A/B
       TAIL=3 step 200 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       for v in 0 1 0 1; do
         ENGINE_SPARSE_CHAIN=$v TAIL=6 step 150 "sparse_chain_$v" python3 benchmarks/moe_gpu.py \

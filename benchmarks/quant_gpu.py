@@ -10,7 +10,7 @@ replayed; the step is the replay's time per copy times 32. Attention, norms and 
 not included: this isolates what the choice changes. The roofline column is the step's weight
 bytes over 4.3 TB/s.
 
-    python benchmarks/quant_gpu.py [--schemes a,b] [--batches 1,32]
+    python benchmarks/quant_gpu.py [--schemes a,b] [--batches 1,32] [--launches FILE]
 
 (The launch configurations of the few-row kernels come from ``benchmarks/gemv_gpu.py
 --search``.)
@@ -135,12 +135,32 @@ def replay_ms(run, iters: int = 20) -> float:
     return start.elapsed_time(end) / iters
 
 
+def read_launches(path: str) -> dict:
+    """{(codes, activations, shape class, rows bucket): launch} from a JSON file of
+    {"codes,activations,class,bucket": [launch]}."""
+    import json
+
+    with open(path) as f:
+        raw = json.load(f)
+    out = {}
+    for key, launch in raw.items():
+        codes, kind, cls, bucket = key.split(",")
+        out[(codes, kind, cls, int(bucket))] = tuple(launch)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--copies", type=int, default=6)
+    ap.add_argument("--launches", help="a JSON file of swapped-kernel launches to use instead "
+                    "of the shipped ones (what swap_gpu.py --search --write-launches wrote)")
     args = ap.parse_args()
+    if args.launches:
+        from engine.runtime import swap_triton
+
+        swap_triton.SMALL.update(read_launches(args.launches))
     if not torch.cuda.is_available():
         print("skipped: needs a CUDA GPU")
         return

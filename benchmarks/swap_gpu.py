@@ -10,7 +10,9 @@ are captured in one CUDA graph and replayed (as a decode step runs them); micros
 product, and TB/s as the weight bytes read over that time. Formats: ``fp8`` (e4m3, per-row
 scales, activations quantized per row), ``int8`` (the same in int8), ``fp8_w8a16``
 (activations unquantized), ``fp8_block`` (128x128 block scales, activations per row and 128
-columns).
+columns), ``fp8_codes`` / ``int8_codes`` (the activations handed over as codes with their row
+scales, made before the timed products: what a product costs when the kernel before it
+quantizes; ``w8_mm`` then quantizes the rows itself).
 
     python benchmarks/swap_gpu.py [--formats fp8,int8,...] [--rows 1,4,16] [--layers qkv,o]
     python benchmarks/swap_gpu.py --search --formats fp8,int8 --rows 1,4
@@ -48,7 +50,12 @@ from gemv_gpu import L2_BYTES, SHAPES, nbytes, time_us  # noqa: E402
 FORMATS = {"fp8": (torch.float8_e4m3fn, "token", None),
            "int8": (torch.int8, "token", None),
            "fp8_w8a16": (torch.float8_e4m3fn, None, None),
-           "fp8_block": (torch.float8_e4m3fn, "group", (128, 128))}
+           "fp8_block": (torch.float8_e4m3fn, "group", (128, 128)),
+           "fp8_codes": (torch.float8_e4m3fn, "codes", None),
+           "int8_codes": (torch.int8, "codes", None)}
+#: (x's address, shape, codes' dtype) -> x, the codes and row scales ``quant_rows`` made of x,
+#: outside the timed graph (made at the warm-up calls before the capture)
+ROW_CODES: dict[tuple, tuple] = {}
 #: small stand-ins of the four layers for ``--dry-run`` (the same shape classes)
 TINY = {"qkv": (192, 128), "o": (128, 128), "gate_up": (544, 128), "down": (96, 384)}
 #: shared memory of one program on an H200 (bytes), and what Triton may take beside the
@@ -76,15 +83,31 @@ def copies(fmt: str, n: int, k: int) -> list[dict]:
     return [first] + [weights(fmt, n, k, "cuda") for _ in range(count - 1)]
 
 
+def row_codes(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes and row scales of ``x`` (made once: :data:`ROW_CODES`)."""
+    key = (x.data_ptr(), tuple(x.shape), dtype)
+    if key not in ROW_CODES:  # (x kept alive with them: its address is not reused)
+        ROW_CODES[key] = (x, *qt.quant_rows(x, dtype))
+    return ROW_CODES[key][1:]
+
+
 def swap(fmt: str, config: tuple | None = None):
     """(x, weight dict) -> y by :func:`w8_swap` at ``config`` (None: its default)."""
-    _, act, block = FORMATS[fmt]
+    dtype, act, block = FORMATS[fmt]
+    if act == "codes":
+        def codes(x, t):
+            xq, xs = row_codes(x, dtype)
+            return st.w8_swap(xq, t["w"], t["s"], act="codes", x_scale=xs, config=config,
+                              out_dtype=x.dtype)
+        return codes
     return lambda x, t: st.w8_swap(x, t["w"], t["s"], act=act, block=block, config=config)
 
 
 def w8_mm(fmt: str):
-    """(x, weight dict) -> y by :func:`w8_mm` at the launch it picks itself."""
+    """(x, weight dict) -> y by :func:`w8_mm` at the launch it picks itself (activation codes:
+    quantized in the product, per row)."""
     _, act, block = FORMATS[fmt]
+    act = "token" if act == "codes" else act
     return lambda x, t: qt.w8_mm(x, t["w"], t["s"], act=act, block=block)
 
 
@@ -125,7 +148,7 @@ def candidates(fmt: str, k: int, rows: int = st.MAX_ROWS) -> list[tuple]:
     each slice at least two iterations; :data:`STAGES`, whose buffered weight and activation
     tiles (one fewer than the stages; the rows padded to their block) fit in :data:`SMEM`."""
     _, act, block = FORMATS[fmt]
-    x_bytes = 1 if act == "token" else 2  # (codes, or 16-bit activations)
+    x_bytes = 1 if act in ("token", "codes") else 2  # (codes, or 16-bit activations)
     out = []
     for bn, warps in BLOCK_NS:
         for bk in (block[1],) if block else BLOCK_KS:
@@ -249,6 +272,9 @@ def main() -> None:
     ap.add_argument("--stages", help="pipeline stages of the sweep (default 3,4,5,6)")
     ap.add_argument("--block-n", help="BLOCK_N:warps pairs of the sweep (default 64:4,128:4,"
                     "128:8)")
+    ap.add_argument("--write-launches", metavar="FILE",
+                    help="with --search: the best launch of each (format, layer's class, rows) "
+                    "as JSON, for quant_gpu.py --launches (the faster of two layers of one class)")
     ap.add_argument("--dry-run", action="store_true",
                     help="correctness on tiny shapes under the Triton interpreter (CPU)")
     args = ap.parse_args()
@@ -296,12 +322,34 @@ def main() -> None:
                                f"{bf:.1f}", f"{2 * n * k / bf / 1e6:.2f}", f"{mm / ours:.2f}x"])
         del sets
         torch.cuda.empty_cache()
+    if found and args.write_launches:
+        write_launches(args.write_launches, found)
     if found:
         table(["format", "rows", "layer", "default launch", "default us", "best launch",
                "best us", "best TB/s", "best, rows quantized in the kernel, us", "tried"],
               found)
     table(["format", "rows", "layer", "weight MB", "swap us", "swap TB/s", "w8_mm us",
            "w8_mm TB/s", "bf16 cuBLAS us", "bf16 TB/s", "swap speed-up vs w8_mm"], timing)
+
+
+def write_launches(path: str, found: list[list]) -> None:
+    """The search's best launches as {"codes,activations,class,bucket": launch} (JSON); where
+    two layers share a class, the one whose best beat its default by more."""
+    import json
+
+    best: dict[str, tuple] = {}
+    for fmt, rows, name, default, base, launch, us, *_ in found:
+        dtype, act, block = FORMATS[fmt]
+        codes = "int8" if dtype == torch.int8 else "fp8"
+        kind = "block" if block is not None else "a16" if act is None else "a8"
+        bucket = 1 if rows == 1 else 4 if rows <= 4 else st.rows_block(rows)
+        key = f"{codes},{kind},{st.swap_class(*SHAPES[name])},{bucket}"
+        gain = float(base) - float(us)
+        if key not in best or gain > best[key][0]:
+            best[key] = (gain, list(launch))
+    with open(path, "w") as f:
+        json.dump({key: launch for key, (_, launch) in best.items()}, f, indent=1)
+    print(f"launches written to {path}")
 
 
 def sweep(fmt: str, rows: int, layers: list[str], sets: dict, xs: dict,

@@ -160,9 +160,9 @@ for dt in ((torch.bfloat16, torch.float16) if device == "cuda" else (torch.float
         model(dt, flag_name)
     # per decode step: the dense first layer 3 (o, gate/up, down), each sparse layer its o and
     # router, the second also its q/k/v (from the dense layer's sums of squares)
-    os.environ["ENGINE_SPARSE_CHAIN"] = "1"
     model(dt, "ENGINE_GEMV_CHAIN", QWEN2_MOE, 2 * 8)
-    os.environ.pop("ENGINE_SPARSE_CHAIN")
-    # without ENGINE_SPARSE_CHAIN only the dense layer chains: its 3 products a step
+    # with ENGINE_SPARSE_CHAIN=0 only the dense layer chains: its 3 products a step
+    os.environ["ENGINE_SPARSE_CHAIN"] = "0"
     model(dt, "ENGINE_GEMV_CHAIN", QWEN2_MOE, 2 * 3)
+    os.environ.pop("ENGINE_SPARSE_CHAIN")
 print(json.dumps(failures))

@@ -371,31 +371,6 @@ def _core_calls():
 CORE = _core_calls()
 
 
-@pytest.mark.parametrize("late", [False, True])
-def test_one_row_swap_issues_its_first_weight_tiles_before_reading_the_row_scale(late,
-                                                                                 monkeypatch):
-    """``w8_swap`` at one row with a dynamic scale (q/k/v of Llama-3-8B, fp8): with
-    ``ENGINE_SWAP_LATE_SCALE=1`` the pipelined loop's first asynchronous copies come right after
-    the wait for the previous kernel, before the loads of the row that its scale is read from
-    (the scale is read in the loop's first iteration); without it, after them. No spills."""
-    import torch
-
-    from engine.runtime import swap_triton
-
-    monkeypatch.setenv("ENGINE_SWAP_LATE_SCALE", "1" if late else "0")
-    launches = _launches(lambda: swap_triton.w8_swap(
-        torch.empty(1, 4096, dtype=torch.bfloat16),
-        torch.zeros(6144, 4096).to(torch.float8_e4m3fn), torch.ones(6144), act="token"))
-    kernel, bound, options = launches[0]
-    assert bound["LATE_SCALE"] is late
-    compiled = _build_launch(kernel, bound, options)
-    assert stack_bytes(compiled) == 0
-    ptx = compiled.asm["ptx"]
-    after = ptx[ptx.index("griddepcontrol.wait"):]
-    first_copy, first_row_load = after.index("cp.async.commit_group"), after.index("ld.global")
-    assert (first_copy < first_row_load) is late
-
-
 def test_one_row_swap_reads_a_static_scale_over_the_wait():
     """A static activation scale (a constant of the step) is read before the wait for the
     previous kernel, so the loop's first loads do not wait for it."""

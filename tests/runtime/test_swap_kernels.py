@@ -13,7 +13,6 @@ object: case name -> failures.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
@@ -27,16 +26,14 @@ ONE_SLICE = (64, 128, 1, 4, 2)
 def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int = 130,
           k: int = 320, block: tuple | None = None, config: tuple | None = ONE_SLICE,
           bias: bool = False, out: str = "float32", quant_rows_from: int | None = None,
-          amax_unroll: int | None = None, late_scale: bool = False):
+          amax_unroll: int | None = None):
     """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
     ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
     dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
     kernel), ``amax_unroll``: ``AMAX_UNROLL`` for the case (0: one row's scale read in a
-    loop), ``late_scale``: one row's dynamic scale read in the K loop's first iteration
-    (``ENGINE_SWAP_LATE_SCALE=1``)."""
+    loop)."""
     return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
-                      out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll,
-                      late_scale=late_scale)
+                      out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll)
 
 
 CASES = dict(
@@ -89,15 +86,6 @@ CASES = dict(
        _case("one row's codes made first fp8 token m=1", 1, quant_rows_from=1),
        _case("one row's codes made first int8 static m=1", 1, fmt="int8", act="static",
              quant_rows_from=1),
-       _case("late scale fp8 token m=1", 1, late_scale=True),
-       _case("late scale split 4 (an empty slice) fp8 token m=1", 1, config=(64, 64, 4, 4, 2),
-             late_scale=True),
-       _case("late scale split 3 int8 token m=1 bias", 1, fmt="int8", bias=True,
-             config=(64, 64, 3, 4, 2), late_scale=True),
-       _case("late scale, its loop, e5m2 token m=1 half", 1, fmt=E5M2, out="float16", k=2500,
-             n=70, amax_unroll=0, late_scale=True),
-       _case("late scale asked, static m=1 (read before the loop)", 1, act="static",
-             late_scale=True),
        _case("default launch fp8 token m=4", 4, n=64, k=384, config=None),
        _case("default launch fp8 none m=1 wide", 1, act=None, n=256, k=64, config=None),
        _case("default launch block group m=2", 2, act="group", n=128, k=384, block=(128, 128),
@@ -172,13 +160,11 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
     saved = st.QUANT_ROWS_FROM, st.AMAX_UNROLL
     st.QUANT_ROWS_FROM = p["quant_rows_from"] or saved[0]
     st.AMAX_UNROLL = saved[1] if p["amax_unroll"] is None else p["amax_unroll"]
-    os.environ["ENGINE_SWAP_LATE_SCALE"] = "1" if p["late_scale"] else "0"
     try:
         y = st.w8_swap(dev(x), dev(w), dev(ws), config=p["config"],
                        **kw).cpu()
     finally:
         st.QUANT_ROWS_FROM, st.AMAX_UNROLL = saved
-        os.environ.pop("ENGINE_SWAP_LATE_SCALE")
     mm = qt.w8_mm(dev(x), dev(w), dev(ws), **kw).cpu()
     want, exact = _reference(x, w, ws, p["act"], p["block"], x_scale)
     if bias is not None:
@@ -217,10 +203,38 @@ def _too_many_rows(device: str) -> list[str]:
     return [f"{rows} rows: no ValueError"]
 
 
+def _activation_codes(device: str) -> list[str]:
+    """Rows handed over as codes (``act="codes"``, made by ``quant_rows``) give the product
+    of the kernel that quantizes them itself, bit for bit (float32 out, one slice); codes of
+    another dtype than the weights' are refused."""
+    from engine.runtime import quant_triton as qt
+    from engine.runtime import swap_triton as st
+
+    gen, failures = torch.Generator().manual_seed(1), []
+    for dtype in (torch.float8_e4m3fn, torch.int8):
+        w = (torch.randn(130, 320, generator=gen) * 40).clamp(-120, 120).to(dtype).to(device)
+        ws = (torch.rand(130, generator=gen) * 0.01 + 1e-4).to(device)
+        for m in (1, 3):
+            x = torch.randn(m, 320, generator=gen).to(device)
+            xq, xs = qt.quant_rows(x, dtype)
+            kw = dict(out_dtype=torch.float32, config=ONE_SLICE)
+            got = st.w8_swap(xq, w, ws, act="codes", x_scale=xs, **kw).cpu()
+            want = st.w8_swap(x, w, ws, act="token", **kw).cpu()
+            if not torch.equal(got, want):
+                failures.append(f"{dtype} m={m}: {(got - want).abs().max().item():.3g} apart")
+    try:
+        st.w8_swap(x, w, ws, act="codes", x_scale=xs)
+        failures.append("float rows as codes: no ValueError")
+    except ValueError:
+        pass
+    return failures
+
+
 def main(device: str) -> None:
     gen = torch.Generator().manual_seed(0)
     results = {name: check(name, p, device, gen) for name, p in CASES.items()}
     results["too many rows"] = _too_many_rows(device)
+    results["activation codes"] = _activation_codes(device)
     print(json.dumps(results))
 
 
@@ -238,7 +252,7 @@ def interpreted() -> dict:
     return _run("cpu", {"TRITON_INTERPRET": "1"})
 
 
-@pytest.mark.parametrize("name", list(CASES) + ["too many rows"])
+@pytest.mark.parametrize("name", list(CASES) + ["too many rows", "activation codes"])
 def test_under_the_interpreter(interpreted, name):
     assert interpreted[name] == []
 

@@ -342,11 +342,11 @@ class DecoderLayer(nn.Module):
 
     def _sparse_chain_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
         """The (qkv, o, router) weights when this sparse layer's attention half and router run
-        chained (:meth:`_chained_sparse`; ``ENGINE_SPARSE_CHAIN=1``, an opt-in until it is
-        measured): as :meth:`_chain_weights` asks of the dense layer, with a half-precision
-        router of that dtype in place of the MLP; else None."""
+        chained (:meth:`_chained_sparse`; ``ENGINE_SPARSE_CHAIN=0``: never): as
+        :meth:`_chain_weights` asks of the dense layer, with a half-precision router of that
+        dtype in place of the MLP; else None."""
         mlp = self.mlp
-        if os.environ.get("ENGINE_SPARSE_CHAIN") != "1" or not isinstance(mlp, SparseMoeBlock) \
+        if os.environ.get("ENGINE_SPARSE_CHAIN") == "0" or not isinstance(mlp, SparseMoeBlock) \
                 or not _chain_row(h):
             return None
         from engine.runtime import gemv_triton
