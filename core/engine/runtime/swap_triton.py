@@ -156,7 +156,8 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
              MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
-             SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr):
+             SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
+             ROW_EPILOGUE: tl.constexpr = False):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
@@ -167,7 +168,9 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
     scales: more weight bytes in flight per iteration than one scale block's). With
     PDL the first tile's weights are asked into L2 before the wait for the previous kernel,
     and a static activation scale (ACT 3, a constant of the step) is read; nothing else is
-    read, and nothing written, before it."""
+    read, and nothing written, before it. ROW_EPILOGUE (ROW1): the one row's sums are taken
+    out of the padded [BLOCK_N, BLOCK_M] block before the epilogue (:func:`_finish_row`), which
+    then handles BLOCK_N values instead of the block."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -227,8 +230,47 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M
         col_s = tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
     else:
         col_s = tl.full((1, BLOCK_N), 1.0, tl.float32)
-    _finish(tl.trans(acc), row_s, col_s, pid_n, pid_k, offs_m, offs_n, m_ok, n_ok, bias_ptr,
-            y_ptr, part_ptr, cnt_ptr, N, stride_ym, split_k, HAS_BIAS, BLOCK_M, SPLIT)
+    if ROW1 and ROW_EPILOGUE:  # the one row's sums out of the padded block, then finished
+        first = offs_m == 0
+        rs = tl.full((), 1.0, tl.float32)
+        if PER_ROW:
+            rs = tl.sum(tl.where(first, xs, 0.0), axis=0)
+        _finish_row(tl.sum(tl.where(first[None, :], acc, 0), axis=1), rs,
+                    tl.sum(col_s, axis=0), pid_n, pid_k, offs_n, n_ok, bias_ptr, y_ptr,
+                    part_ptr, cnt_ptr, N, split_k, HAS_BIAS, SPLIT)
+    else:
+        _finish(tl.trans(acc), row_s, col_s, pid_n, pid_k, offs_m, offs_n, m_ok, n_ok,
+                bias_ptr, y_ptr, part_ptr, cnt_ptr, N, stride_ym, split_k, HAS_BIAS, BLOCK_M,
+                SPLIT)
+
+
+@triton.jit
+def _finish_row(acc, row_s, col_s, pid_n, pid_k, offs_n, n_ok, bias_ptr, y_ptr, part_ptr,
+                cnt_ptr, N, split_k, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
+    """:func:`engine.runtime.quant_triton._finish` for one row: ``acc`` [BLOCK_N] (the row's
+    sums of slice ``pid_k``), ``row_s`` its scale, ``col_s`` [BLOCK_N] (the arithmetic and the
+    order of the slices' sum are ``_finish``'s, so the results are the same bit for bit); the
+    workspace holds one row a slice."""
+    if SPLIT:
+        slot = part_ptr + offs_n
+        tl.store(slot + pid_k * N, acc.to(tl.float32, bitcast=True), mask=n_ok)
+        tl.debug_barrier()  # every thread's partials issued before the release below
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == split_k - 1:
+            total = tl.zeros_like(acc)
+            for s in range(split_k):
+                part = tl.load(slot + s * N, mask=n_ok, other=0.0, cache_modifier=".cg")
+                total += part.to(acc.dtype, bitcast=True)
+            y = total.to(tl.float32) * row_s * col_s
+            if HAS_BIAS:
+                y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+            tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+    else:
+        y = acc.to(tl.float32) * row_s * col_s
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
 # ---------------------------------------------------------------- launch configurations
@@ -309,6 +351,12 @@ def swap_class(n: int, k: int) -> str:
     return cls
 
 
+def row_epilogue() -> bool:
+    """Whether one row's epilogue handles the row alone (``ENGINE_SWAP_ROW_EPILOGUE=1``, an A/B
+    until it is measured)."""
+    return os.environ.get("ENGINE_SWAP_ROW_EPILOGUE") == "1"
+
+
 def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
             x_scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
             out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None,
@@ -356,5 +404,5 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
-                   **launch_options(x.device))
+                   ROW_EPILOGUE=row_epilogue(), **launch_options(x.device))
     return y
