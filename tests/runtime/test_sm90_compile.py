@@ -61,25 +61,25 @@ def build(kernel, types: dict[str, str], constexprs: dict, warps: int = 4, stage
         "num_warps": warps, "num_stages": stages, "launch_pdl": True})
 
 
-def stack_bytes(compiled) -> int:
-    """Bytes of local memory (register spills) a thread of the compiled kernel uses."""
+def cuobjdump(compiled, flag: str) -> str:
+    """What ``cuobjdump flag`` prints for the compiled kernel's cubin."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as fh:
             fh.write(compiled.asm["cubin"])
-        usage = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage",
-                                path], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([triton.knobs.nvidia.cuobjdump.path, flag, path],
+                              capture_output=True, text=True, check=True).stdout
+
+
+def stack_bytes(compiled) -> int:
+    """Bytes of local memory (register spills) a thread of the compiled kernel uses."""
+    usage = cuobjdump(compiled, "--dump-resource-usage")
     return int(re.search(r"STACK:(\d+)", usage).group(1))
 
 
 def sass_ops(compiled) -> list[str]:
     """The opcodes (with their modifiers) of the compiled kernel's SASS, in order."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as fh:
-            fh.write(compiled.asm["cubin"])
-        text = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-sass", path],
-                              capture_output=True, text=True, check=True).stdout
+    text = cuobjdump(compiled, "--dump-sass")
     return re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text,
                       re.M)
 
@@ -87,12 +87,7 @@ def sass_ops(compiled) -> list[str]:
 def main_loop_length(compiled) -> int:
     """Instructions in the compiled kernel's longest loop that holds warp-group products (the
     K loop of the swapped 8-bit kernel)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as fh:
-            fh.write(compiled.asm["cubin"])
-        text = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-sass", path],
-                              capture_output=True, text=True, check=True).stdout
+    text = cuobjdump(compiled, "--dump-sass")
     lines = [line for line in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16) for line in lines]
     best = 0
