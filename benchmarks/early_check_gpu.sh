@@ -9,7 +9,8 @@
 #     codes: one row's swapped product with the activations handed over as codes, per layer
 #     against the product that quantizes them itself, and a launch search; one_row: the
 #     one-row swapped kernel's epilogue on the row alone (ENGINE_SWAP_ROW_EPILOGUE=1) and its
-#     codes made once a program (ENGINE_SWAP_ROW_CODES=1), A/B and a launch search;
+#     codes made once a program (ENGINE_SWAP_ROW_CODES=1), A/B and a launch search; ncu:
+#     Nsight Compute's counters for the one-row products and the one-token MoE layer;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
@@ -101,6 +102,15 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=7 step 90 one_row_searched python3 benchmarks/quant_gpu.py --batches 1 \
         --schemes $W8 --launches "$OUT/one_row.json"
       unset ENGINE_SWAP_ROW_EPILOGUE ENGINE_SWAP_ROW_CODES ;;
+    ncu)  # Nsight Compute's counters for the one-row products and the one-token MoE layer
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      TAIL=1 step 300 ncu "$NCU" --clock-control none \
+        -k 'regex:_gemv|_w8_swap|_affine|_pair|_combine' --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section MemoryWorkloadAnalysis python3 benchmarks/ncu_products_gpu.py \
+        --formats bf16,fp8,int4,moe --repeat 1
+      grep -E "launch |^  _|Duration|DRAM Throughput|SM Active Cycles|Elapsed Cycles|Grid Size|Block Size|Registers Per|Dynamic Shared|Achieved Occupancy|Warp Cycles Per Issued" \
+        "$OUT/ncu.log" ;;
     sparse_chain)  # the sparse layer's attention half chained (ENGINE_SPARSE_CHAIN=0: off), A/B
       TAIL=3 step 200 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       for v in 0 1 0 1; do
