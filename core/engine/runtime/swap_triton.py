@@ -408,9 +408,11 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     of :func:`engine.runtime.quant_triton.w8_mm`: ``act`` None (W8A16), "token" (dynamic per
     row), "static" (``x_scale``), "group" (fp8, per row and block of ``block[1]`` columns),
     "codes" (``x`` holds activation codes of ``w``'s kind, ``x_scale`` [M] their row scales, as
-    :func:`engine.runtime.quant_triton.quant_rows` makes them); ``w_scale`` [N], or with ``block`` = (bn, bk) [ceil(N/bn), ceil(K/bk)]. ``config``:
-    (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages[, SUB]), else :data:`SWAP_CONFIGS`' (BLOCK_K
-    is bk with block scales; SUB tiles of it per iteration, 1 when not given)."""
+    :func:`engine.runtime.quant_triton.quant_rows` makes them; the result bfloat16 unless
+    ``out_dtype``); ``w_scale`` [N], or with ``block`` = (bn, bk) [ceil(N/bn), ceil(K/bk)].
+    ``config``: (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages[, SUB]), else
+    :data:`SWAP_CONFIGS`' (BLOCK_K is bk with block scales; SUB tiles of it per iteration, 1
+    when not given)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     if m > MAX_ROWS:
