@@ -150,9 +150,8 @@ def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1
 
 
 @triton.jit
-def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, codes_ptr, M, N,
-             K,
-             stride_xm, stride_wn, stride_wsn, stride_ym, split_k,
+def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, codes_ptr,
+             M, N, K, stride_xm, stride_wn, stride_wsn, stride_ym, split_k,
              ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
              MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -387,6 +386,7 @@ _row_codes: dict = {}
 
 
 def _row_codes_scratch(device: torch.device) -> torch.Tensor:
+    """The device's scratch row (uint8, :data:`ROW_CODES_BYTES`), made at its first use."""
     buf = _row_codes.get(device)
     if buf is None:
         buf = _row_codes[device] = torch.zeros(ROW_CODES_BYTES, dtype=torch.uint8,
@@ -442,8 +442,10 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     part, cnt = _workspace(x.device)
     grid = (triton.cdiv(n, bn), split)
     codes = m == 1 and k <= ROW_CODES_BYTES and row_codes()
-    scratch = _row_codes_scratch(x.device)  # (uint8: fp8 bit patterns; int8 codes as int8)
-    scratch = scratch.view(torch.int8) if w.dtype == torch.int8 else scratch
+    scratch = cnt  # (not read)
+    if codes:  # (uint8: fp8 bit patterns; int8 codes as int8)
+        scratch = _row_codes_scratch(x.device)
+        scratch = scratch.view(torch.int8) if w.dtype == torch.int8 else scratch
     _w8_swap[grid](_bits(x), x_scale if x_scale is not None else w_scale, _bits(w), w_scale,
                    bias if bias is not None else y, y, part, cnt, scratch, m, n, k, x.stride(0),
                    w.stride(0), w_scale.stride(0), y.stride(0), split, ACT=code,
