@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantize, _row1_scale,
-                                         _row_scales, _slice, _split, _workspace, quant_rows,
-                                         shape_class)
+                                         _row_scales, _slice, _split, _store_codes, _workspace,
+                                         quant_rows, shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger, pdl_wait,
                                       prefetch_l2)
 
@@ -169,8 +169,8 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, c
     PDL the first tile's weights are asked into L2 before the wait for the previous kernel,
     and a static activation scale (ACT 3, a constant of the step) is read; nothing else is
     read, and nothing written, before it. ROW_EPILOGUE (ROW1): the one row's sums are taken
-    out of the padded [BLOCK_N, BLOCK_M] block before the epilogue (:func:`_finish_row`), which
-    then handles BLOCK_N values instead of the block. ROW_CODES (ROW1, ACT 1 or 3, one scale
+    out of the padded [BLOCK_N, BLOCK_M] block before the epilogue, which then handles them as
+    a block of one row (``_finish`` with BLOCK_M 1) instead of the whole block. ROW_CODES (ROW1, ACT 1 or 3, one scale
     per output): after the wait each program quantizes its K slice of the row once into
     ``codes_ptr`` (the same codes, at the same columns, whichever program writes them) and the
     loop then reads the codes as ACT 4 does, through the pipelined loads, instead of quantizing
@@ -218,10 +218,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, c
             offs_c = c0 + tl.arange(0, BLOCK_K)
             c_ok = offs_c < k_hi
             v = tl.load(x_ptr + offs_c, mask=c_ok, other=0.0).to(tl.float32)
-            q = _codes(_quantize(v, s1, r1, FP8, QMAX, MANT, EMIN), FP8)
-            if FP8 != 0:
-                q = q.to(tl.uint8, bitcast=True)
-            tl.store(codes_ptr + offs_c, q, mask=c_ok)
+            _store_codes(codes_ptr + offs_c, v, s1, r1, c_ok, FP8, QMAX, MANT, EMIN)
         tl.debug_barrier()  # (the block's stores before its own loads of them)
     LOOP_ACT: tl.constexpr = 4 if RC else ACT
     if RC:
@@ -254,46 +251,16 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, c
     else:
         col_s = tl.full((1, BLOCK_N), 1.0, tl.float32)
     if ROW1 and ROW_EPILOGUE:  # the one row's sums out of the padded block, then finished
-        first = offs_m == 0
-        rs = tl.full((), 1.0, tl.float32)
-        if PER_ROW:
-            rs = tl.sum(tl.where(first, xs, 0.0), axis=0)
-        _finish_row(tl.sum(tl.where(first[None, :], acc, 0), axis=1), rs,
-                    tl.sum(col_s, axis=0), pid_n, pid_k, offs_n, n_ok, bias_ptr, y_ptr,
-                    part_ptr, cnt_ptr, N, split_k, HAS_BIAS, SPLIT)
+        first = offs_m == 0  # (as a block of one row: the workspace holds a row a slice)
+        one = tl.arange(0, 1)
+        row = tl.sum(tl.where(first[None, :], acc, 0), axis=1)[None, :]
+        rs = tl.sum(tl.where(first[:, None], row_s, 0.0), axis=0)[:, None]
+        _finish(row, rs, col_s, pid_n, pid_k, one, offs_n, one < 1, n_ok, bias_ptr, y_ptr,
+                part_ptr, cnt_ptr, N, stride_ym, split_k, HAS_BIAS, 1, SPLIT)
     else:
         _finish(tl.trans(acc), row_s, col_s, pid_n, pid_k, offs_m, offs_n, m_ok, n_ok,
                 bias_ptr, y_ptr, part_ptr, cnt_ptr, N, stride_ym, split_k, HAS_BIAS, BLOCK_M,
                 SPLIT)
-
-
-@triton.jit
-def _finish_row(acc, row_s, col_s, pid_n, pid_k, offs_n, n_ok, bias_ptr, y_ptr, part_ptr,
-                cnt_ptr, N, split_k, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
-    """:func:`engine.runtime.quant_triton._finish` for one row: ``acc`` [BLOCK_N] (the row's
-    sums of slice ``pid_k``), ``row_s`` its scale, ``col_s`` [BLOCK_N] (the arithmetic and the
-    order of the slices' sum are ``_finish``'s, so the results are the same bit for bit); the
-    workspace holds one row a slice."""
-    if SPLIT:
-        slot = part_ptr + offs_n
-        tl.store(slot + pid_k * N, acc.to(tl.float32, bitcast=True), mask=n_ok)
-        tl.debug_barrier()  # every thread's partials issued before the release below
-        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == split_k - 1:
-            total = tl.zeros_like(acc)
-            for s in range(split_k):
-                part = tl.load(slot + s * N, mask=n_ok, other=0.0, cache_modifier=".cg")
-                total += part.to(acc.dtype, bitcast=True)
-            y = total.to(tl.float32) * row_s * col_s
-            if HAS_BIAS:
-                y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-            tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)
-    else:
-        y = acc.to(tl.float32) * row_s * col_s
-        if HAS_BIAS:
-            y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
 # ---------------------------------------------------------------- launch configurations
