@@ -339,11 +339,7 @@ def write_launches(path: str, found: list[list]) -> None:
 
     best: dict[str, tuple] = {}
     for fmt, rows, name, default, base, launch, us, *_ in found:
-        dtype, act, block = FORMATS[fmt]
-        codes = "int8" if dtype == torch.int8 else "fp8"
-        kind = "block" if block is not None else "a16" if act is None else "a8"
-        bucket = 1 if rows == 1 else 4 if rows <= 4 else st.rows_block(rows)
-        key = f"{codes},{kind},{st.swap_class(*SHAPES[name])},{bucket}"
+        key = ",".join(map(str, st.small_key(*FORMATS[fmt], *SHAPES[name], rows)))
         gain = float(base) - float(us)
         if key not in best or gain > best[key][0]:
             best[key] = (gain, list(launch))

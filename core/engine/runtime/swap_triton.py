@@ -322,14 +322,21 @@ def rows_block(m: int) -> int:
     return 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
 
 
+def small_key(w_dtype: torch.dtype, act: str | None, block: tuple[int, int] | None,
+              n: int, k: int, m: int) -> tuple[str, str, str, int]:
+    """The key of :data:`SMALL` for ``m`` rows of a product of these weights [n, k] and
+    activations: (codes, activations, shape class, rows bucket)."""
+    codes = "int8" if w_dtype == torch.int8 else "fp8"
+    kind = "block" if block is not None else "a16" if act is None else "a8"
+    bucket = 1 if m == 1 else 4 if m <= 4 else rows_block(m)
+    return codes, kind, swap_class(n, k), bucket
+
+
 def small_config(w_dtype: torch.dtype, act: str | None, block: tuple[int, int] | None,
                  n: int, k: int, m: int) -> tuple | None:
     """The launch :data:`SMALL` gives ``m`` rows of a product of these weights and activations,
     or None (this kernel does not serve it)."""
-    codes = "int8" if w_dtype == torch.int8 else "fp8"
-    kind = "block" if block is not None else "a16" if act is None else "a8"
-    bucket = 1 if m == 1 else 4 if m <= 4 else rows_block(m)
-    return SMALL.get((codes, kind, swap_class(n, k), bucket))
+    return SMALL.get(small_key(w_dtype, act, block, n, k, m))
 
 
 def swap_class(n: int, k: int) -> str:
