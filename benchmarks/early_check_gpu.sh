@@ -7,10 +7,9 @@
 #     tall: q/k/v's one-row launch against the square one; tall_final: int8's q/k/v launches,
 #     the 8-bit and 4-bit formats at 1 and 32 rows, the swapped kernel's GPU tests;
 #     codes: one row's swapped product with the activations handed over as codes, per layer
-#     against the product that quantizes them itself, and a launch search; one_row: the
-#     one-row swapped kernel's epilogue on the row alone (ENGINE_SWAP_ROW_EPILOGUE=1) and its
-#     codes made once a program (ENGINE_SWAP_ROW_CODES=1), A/B (one_row_search: a launch
-#     search with both on); ncu:
+#     against the product that quantizes them itself, and a launch search; row_layout: the
+#     one-row swapped kernel with its row stored whole into the padded operand: checks, the
+#     step, a launch search and the step at its launches; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
@@ -83,28 +82,21 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         tests/runtime/test_swap_kernels.py
       TAIL=30 step 300 codes python3 benchmarks/swap_gpu.py --search --formats \
         fp8,fp8_codes,int8_codes --rows 1 --splits 1,2,4 --block-k 256,512 --stages 3,4 ;;
-    one_row)  # one row's epilogue on the row alone (ENGINE_SWAP_ROW_EPILOGUE=1) and its codes
-      # made once a program (ENGINE_SWAP_ROW_CODES=1): checks, then the four combinations, twice
+    row_layout)  # one row's operand stored whole (matrix stores): checks, the step twice, then a
+      # launch search at one row and the step at the searched launches
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_swap_kernels.py
       TAIL=3 step 120 sm90_build python3 -m pytest -q -p no:cacheprovider \
         tests/runtime/test_sm90_compile.py -k swap
       W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
       for r in 1 2; do
-        for v in 00 10 01 11; do
-          ENGINE_SWAP_ROW_EPILOGUE=${v:0:1} ENGINE_SWAP_ROW_CODES=${v:1:1} TAIL=7 step 90 \
-            "one_row_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
-        done
-      done ;;
-    one_row_search)  # both one-row forms on: their launches searched, then the step with them
-      export ENGINE_SWAP_ROW_EPILOGUE=1 ENGINE_SWAP_ROW_CODES=1
-      W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
-      TAIL=12 step 240 one_row_search python3 benchmarks/swap_gpu.py --search --formats \
+        TAIL=7 step 90 "row_layout_$r" python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
+      done
+      TAIL=12 step 240 row_layout_search python3 benchmarks/swap_gpu.py --search --formats \
         fp8,int8 --rows 1 --splits 1,2,4 --block-k 256,512 --stages 3,4 \
-        --write-launches "$OUT/one_row.json"
-      TAIL=7 step 90 one_row_searched python3 benchmarks/quant_gpu.py --batches 1 \
-        --schemes $W8 --launches "$OUT/one_row.json"
-      unset ENGINE_SWAP_ROW_EPILOGUE ENGINE_SWAP_ROW_CODES ;;
+        --write-launches "$OUT/row_layout.json"
+      TAIL=7 step 90 row_layout_searched python3 benchmarks/quant_gpu.py --batches 1 \
+        --schemes $W8 --launches "$OUT/row_layout.json" ;;
     ncu)  # Nsight Compute's counters for the one-row products and the one-token MoE layer
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       TAIL=1 step 300 ncu "$NCU" --clock-control none \

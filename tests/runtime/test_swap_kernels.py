@@ -27,18 +27,16 @@ ONE_SLICE = (64, 128, 1, 4, 2)
 def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int = 130,
           k: int = 320, block: tuple | None = None, config: tuple | None = ONE_SLICE,
           bias: bool = False, out: str = "float32", quant_rows_from: int | None = None,
-          amax_unroll: int | None = None, row_epilogue: bool = False,
-          row_codes: bool = False):
+          amax_unroll: int | None = None, row_epilogue: bool = False):
     """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
     ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
     dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
     kernel), ``amax_unroll``: ``AMAX_UNROLL`` for the case (0: one row's scale read in a
     loop), ``row_epilogue``: one row's epilogue on the row alone
-    (``ENGINE_SWAP_ROW_EPILOGUE=1``), ``row_codes``: one row's codes made once a program
-    (``ENGINE_SWAP_ROW_CODES=1``)."""
+    (``ENGINE_SWAP_ROW_EPILOGUE=1``; else ``0``)."""
     return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
                       out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll,
-                      row_epilogue=row_epilogue, row_codes=row_codes)
+                      row_epilogue=row_epilogue)
 
 
 CASES = dict(
@@ -100,15 +98,6 @@ CASES = dict(
              config=(64, 0, 2, 4, 2), row_epilogue=True),
        _case("row epilogue split 2 e5m2 none m=1 half", 1, fmt=E5M2, act=None,
              out="float16", config=(64, 64, 2, 4, 2), row_epilogue=True),
-       _case("row codes fp8 token m=1", 1, row_codes=True),
-       _case("row codes split 4 (an empty slice) fp8 token m=1 bias", 1, bias=True,
-             config=(64, 64, 4, 4, 2), row_codes=True),
-       _case("row codes split 3 int8 static m=1, row epilogue", 1, fmt="int8", act="static",
-             config=(64, 64, 3, 4, 2), row_codes=True, row_epilogue=True),
-       _case("row codes asked, block group m=1 (quantized in the loop)", 1, act="group",
-             n=200, block=(128, 128), config=(64, 0, 2, 4, 2), row_codes=True),
-       _case("row codes e5m2 token m=1 half, two tiles an iteration", 1, fmt=E5M2,
-             out="float16", k=2500, n=70, config=(64, 64, 2, 4, 2, 2), row_codes=True),
        _case("default launch fp8 token m=4", 4, n=64, k=384, config=None),
        _case("default launch fp8 none m=1 wide", 1, act=None, n=256, k=64, config=None),
        _case("default launch block group m=2", 2, act="group", n=128, k=384, block=(128, 128),
@@ -184,14 +173,12 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
     st.QUANT_ROWS_FROM = p["quant_rows_from"] or saved[0]
     st.AMAX_UNROLL = saved[1] if p["amax_unroll"] is None else p["amax_unroll"]
     os.environ["ENGINE_SWAP_ROW_EPILOGUE"] = "1" if p["row_epilogue"] else "0"
-    os.environ["ENGINE_SWAP_ROW_CODES"] = "1" if p["row_codes"] else "0"
     try:
         y = st.w8_swap(dev(x), dev(w), dev(ws), config=p["config"],
                        **kw).cpu()
     finally:
         st.QUANT_ROWS_FROM, st.AMAX_UNROLL = saved
         os.environ.pop("ENGINE_SWAP_ROW_EPILOGUE")
-        os.environ.pop("ENGINE_SWAP_ROW_CODES")
     mm = qt.w8_mm(dev(x), dev(w), dev(ws), **kw).cpu()
     want, exact = _reference(x, w, ws, p["act"], p["block"], x_scale)
     if bias is not None:
@@ -258,9 +245,9 @@ def _activation_codes(device: str) -> list[str]:
 
 
 def _one_row_forms_bit_equal(device: str) -> list[str]:
-    """One row's epilogue on the row alone (``ENGINE_SWAP_ROW_EPILOGUE=1``) and its codes made
-    once a program (``ENGINE_SWAP_ROW_CODES=1``), each and together, give the default kernel's
-    results bit for bit: the same codes and sums, in the same order, scaled alike."""
+    """One row's epilogue on the row alone (``ENGINE_SWAP_ROW_EPILOGUE=1``) gives the padded
+    block's epilogue's results (``0``) bit for bit: the same sums, in the same order, scaled
+    alike."""
     from engine.runtime import swap_triton as st
 
     gen, failures = torch.Generator().manual_seed(2), []
@@ -278,16 +265,13 @@ def _one_row_forms_bit_equal(device: str) -> list[str]:
                   config=(64, 0 if block else 64, split, 4, 2))
         x = torch.randn(1, 320, generator=gen).to(device)
         ys = []
-        for epilogue, codes in (("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")):
+        for epilogue in ("0", "1"):
             os.environ["ENGINE_SWAP_ROW_EPILOGUE"] = epilogue
-            os.environ["ENGINE_SWAP_ROW_CODES"] = codes
             ys.append(st.w8_swap(x, w, ws, **kw).cpu())
         os.environ.pop("ENGINE_SWAP_ROW_EPILOGUE")
-        os.environ.pop("ENGINE_SWAP_ROW_CODES")
-        for form, y in zip(("row epilogue", "row codes", "both"), ys[1:]):
-            if not torch.equal(ys[0], y):
-                failures.append(f"{form} {dtype} {act} split {split}: "
-                                f"{(ys[0] - y).abs().max():.3g}")
+        if not torch.equal(ys[0], ys[1]):
+            failures.append(f"row epilogue {dtype} {act} split {split}: "
+                            f"{(ys[0] - ys[1]).abs().max():.3g}")
     return failures
 
 

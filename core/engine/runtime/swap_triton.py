@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantize, _row1_scale,
-                                         _row_scales, _slice, _split, _store_codes, _workspace,
+                                         _row_scales, _slice, _split, _workspace,
                                          quant_rows, shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger, pdl_wait,
                                       prefetch_l2)
@@ -100,8 +100,9 @@ def _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT: tl.con
         a = tl.load(_as_codes(x_rows, FP8) + offs_k[None, :],
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
     else:
-        if ROW1:
-            x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0)[None, :].to(tl.float32)
+        if ROW1:  # (loaded as [1, BLOCK_K]: the padded operand then keeps the load's layout,
+            # a few contiguous codes a thread and row stored together, not one byte a store)
+            x = tl.load(x_ptr + offs_k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
         else:
             x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
                         other=0.0).to(tl.float32)
@@ -150,14 +151,14 @@ def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1
 
 
 @triton.jit
-def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, codes_ptr,
+def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
              M, N, K, stride_xm, stride_wn, stride_wsn, stride_ym, split_k,
              ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
              MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
              SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
-             ROW_EPILOGUE: tl.constexpr = False, ROW_CODES: tl.constexpr = False):
+             ROW_EPILOGUE: tl.constexpr = False):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
@@ -170,11 +171,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, c
     and a static activation scale (ACT 3, a constant of the step) is read; nothing else is
     read, and nothing written, before it. ROW_EPILOGUE (ROW1): the one row's sums are taken
     out of the padded [BLOCK_N, BLOCK_M] block before the epilogue, which then handles them as
-    a block of one row (``_finish`` with BLOCK_M 1) instead of the whole block. ROW_CODES (ROW1, ACT 1 or 3, one scale
-    per output): after the wait each program quantizes its K slice of the row once into
-    ``codes_ptr`` (the same codes, at the same columns, whichever program writes them) and the
-    loop then reads the codes as ACT 4 does, through the pipelined loads, instead of quantizing
-    the row tile by tile into its padded operand."""
+    a block of one row (``_finish`` with BLOCK_M 1) instead of the whole block."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -212,21 +209,6 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, c
         xs = tl.full((BLOCK_M,), 1.0, tl.float32)
     xr = tl.math.div_rn(tl.zeros((BLOCK_M,), dtype=tl.float32) + 1.0, xs)
     r1 = tl.math.div_rn(1.0, s1)
-    RC: tl.constexpr = ROW_CODES and ROW1 and (ACT == 1 or ACT == 3) and W_BLOCK_N == 0
-    if RC:  # the slice's codes, once, then read by the loop's pipelined loads
-        for c0 in range(k_lo, k_hi, BLOCK_K):
-            offs_c = c0 + tl.arange(0, BLOCK_K)
-            c_ok = offs_c < k_hi
-            v = tl.load(x_ptr + offs_c, mask=c_ok, other=0.0).to(tl.float32)
-            _store_codes(codes_ptr + offs_c, v, s1, r1, c_ok, FP8, QMAX, MANT, EMIN)
-        tl.debug_barrier()  # (the block's stores before its own loads of them)
-    LOOP_ACT: tl.constexpr = 4 if RC else ACT
-    if RC:
-        a_rows = codes_ptr + offs_m[:, None] * 0
-        a_ok = offs_m == 0
-    else:
-        a_rows = x_rows
-        a_ok = m_ok
     if INT and not TILE_SCALE:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
     else:
@@ -239,8 +221,8 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, c
                 wsb = _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K)
             else:
                 wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
-            acc = _tile_acc(acc, w, wsb, x_ptr, a_rows, offs_m, a_ok, k0, k_hi, xs, xr, s1, r1,
-                            LOOP_ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K,
+            acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
+                            ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K,
                             ROW1)
     if PER_ROW:
         row_s = xs[:, None]
@@ -348,30 +330,12 @@ def swap_class(n: int, k: int) -> str:
     return cls
 
 
-def row_codes() -> bool:
-    """Whether one row's programs quantize their K slice once into a scratch row and read the
-    codes back in the loop (``ENGINE_SWAP_ROW_CODES=1``, an A/B until it is measured)."""
-    return os.environ.get("ENGINE_SWAP_ROW_CODES") == "1"
-
-
-#: bytes of the scratch row of one row's codes (:func:`row_codes`), by device
-ROW_CODES_BYTES = 1 << 16
-_row_codes: dict = {}
-
-
-def _row_codes_scratch(device: torch.device) -> torch.Tensor:
-    """The device's scratch row (uint8, :data:`ROW_CODES_BYTES`), made at its first use."""
-    buf = _row_codes.get(device)
-    if buf is None:
-        buf = _row_codes[device] = torch.zeros(ROW_CODES_BYTES, dtype=torch.uint8,
-                                               device=device)
-    return buf
-
-
-def row_epilogue() -> bool:
-    """Whether one row's epilogue handles the row alone (``ENGINE_SWAP_ROW_EPILOGUE=1``, an A/B
-    until it is measured)."""
-    return os.environ.get("ENGINE_SWAP_ROW_EPILOGUE") == "1"
+def row_epilogue(act: str | None) -> bool:
+    """Whether one row's epilogue takes the row out of the padded block first: with dynamic
+    row scales (``act`` "token"), where it measured faster on an H200 (static scales: no
+    gain); ``ENGINE_SWAP_ROW_EPILOGUE=1`` / ``0``: always / never."""
+    flag = os.environ.get("ENGINE_SWAP_ROW_EPILOGUE")
+    return act == "token" if flag is None else flag == "1"
 
 
 def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
@@ -415,18 +379,13 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     unroll = code == 1 and m == 1 and triton.cdiv(k, amax_block) <= AMAX_UNROLL
     part, cnt = _workspace(x.device)
     grid = (triton.cdiv(n, bn), split)
-    codes = m == 1 and k <= ROW_CODES_BYTES and row_codes()
-    scratch = cnt  # (not read)
-    if codes:  # (uint8: fp8 bit patterns; int8 codes as int8)
-        scratch = _row_codes_scratch(x.device)
-        scratch = scratch.view(torch.int8) if w.dtype == torch.int8 else scratch
     _w8_swap[grid](_bits(x), x_scale if x_scale is not None else w_scale, _bits(w), w_scale,
-                   bias if bias is not None else y, y, part, cnt, scratch, m, n, k, x.stride(0),
+                   bias if bias is not None else y, y, part, cnt, m, n, k, x.stride(0),
                    w.stride(0), w_scale.stride(0), y.stride(0), split, ACT=code,
                    W_BLOCK_N=block[0] if block else 0, FP8=fp8, QMAX=qmax, MANT=mant,
                    EMIN=emin, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn,
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
-                   ROW_EPILOGUE=row_epilogue(), ROW_CODES=codes, **launch_options(x.device))
+                   ROW_EPILOGUE=row_epilogue(act), **launch_options(x.device))
     return y
