@@ -9,7 +9,8 @@
 #     codes: one row's swapped product with the activations handed over as codes, per layer
 #     against the product that quantizes them itself, and a launch search; row_layout: the
 #     one-row swapped kernel with its row stored whole into the padded operand: checks, the
-#     step, a launch search and the step at its launches; ncu:
+#     step, a launch search and the step at its launches; step_search: the one-row launches
+#     chosen by the step's time; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
@@ -97,6 +98,12 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --write-launches "$OUT/row_layout.json"
       TAIL=7 step 90 row_layout_searched python3 benchmarks/quant_gpu.py --batches 1 \
         --schemes $W8 --launches "$OUT/row_layout.json" ;;
+    step_search)  # the one-row launches chosen by the step's time (fp8), then the step with them
+      W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
+      TAIL=60 step 330 step_search python3 benchmarks/quant_gpu.py --step-search fp8_tensor \
+        --write-launches "$OUT/step_search.json"
+      TAIL=7 step 90 step_searched python3 benchmarks/quant_gpu.py --batches 1 \
+        --schemes $W8 --launches "$OUT/step_search.json" ;;
     ncu)  # Nsight Compute's counters for the one-row products and the one-token MoE layer
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       TAIL=1 step 300 ncu "$NCU" --clock-control none \

@@ -11,6 +11,13 @@ not included: this isolates what the choice changes. The roofline column is the 
 bytes over 4.3 TB/s.
 
     python benchmarks/quant_gpu.py [--schemes a,b] [--batches 1,32] [--launches FILE]
+    python benchmarks/quant_gpu.py --step-search fp8_tensor [--write-launches FILE]
+
+``--step-search SCHEME`` chooses the swapped 8-bit kernel's one-row launches by this step
+rather than by each layer alone (``swap_gpu.py --search``): one shape class at a time (q/k/v,
+o, gate/up, down), every candidate of :data:`STEP_CANDIDATES` timed in the whole step with the
+other classes at their best so far; it prints each class's table and writes the best
+launches as ``--launches`` reads them.
 
 (The launch configurations of the few-row kernels come from ``benchmarks/gemv_gpu.py
 --search``.)
@@ -135,6 +142,49 @@ def replay_ms(run, iters: int = 20) -> float:
     return start.elapsed_time(end) / iters
 
 
+#: the one-row launches (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) ``--step-search`` tries per
+#: shape class of :func:`engine.runtime.swap_triton.swap_class`
+STEP_CANDIDATES = {
+    "tall": [(64, 512, 1, 4, 4), (64, 512, 1, 4, 3), (64, 256, 1, 4, 4), (64, 256, 2, 4, 4),
+             (64, 512, 2, 4, 3), (128, 512, 1, 8, 3), (128, 256, 1, 4, 4)],
+    "square": [(64, 512, 2, 4, 4), (64, 512, 2, 4, 3), (64, 256, 4, 4, 4), (128, 256, 4, 4, 4),
+               (64, 512, 1, 4, 4), (64, 256, 2, 4, 4), (128, 512, 2, 8, 3)],
+    "wide": [(64, 512, 1, 4, 3), (64, 512, 1, 4, 4), (128, 256, 1, 8, 3), (64, 256, 1, 4, 4),
+             (128, 512, 1, 8, 3), (128, 256, 1, 4, 4), (64, 512, 2, 4, 3)],
+    "deep": [(128, 256, 4, 4, 4), (64, 512, 4, 4, 3), (64, 512, 4, 4, 4), (64, 256, 8, 4, 4),
+             (128, 512, 4, 8, 3), (64, 512, 2, 4, 4), (128, 256, 4, 8, 4), (128, 512, 2, 8, 3)],
+}
+
+
+def step_search(scheme: str, copies: int, path: str | None) -> None:
+    """Coordinate search of the one-row launches by the step's time (module docstring)."""
+    import json
+
+    from engine.runtime import swap_triton
+
+    codes = "int8" if "int8" in scheme else "fp8"
+    layers = {k: build(scheme, k) for k in SHAPES}
+    best = {}
+    for cls, launches in STEP_CANDIDATES.items():
+        key = (codes, "a8", cls, 1)
+        rows = []
+        for launch in launches:
+            swap_triton.SMALL[key] = launch
+            try:
+                rows.append((step_ms(layers, 1, copies), launch))
+            except Exception as exc:  # noqa: BLE001 - a launch that does not fit: skipped
+                print(f"{cls} {launch}: {type(exc).__name__}", flush=True)
+        rows.sort()
+        swap_triton.SMALL[key] = best[key] = rows[0][1]
+        print(f"\n| {scheme} {cls} launch | step ms |\n|---|---|")
+        for ms, launch in rows:
+            print(f"| {launch} | {ms:.3f} |", flush=True)
+    print(f"\n{scheme}: step {step_ms(layers, 1, copies):.3f} ms at the launches found")
+    if path:
+        with open(path, "w") as f:
+            json.dump({",".join(map(str, k)): list(v) for k, v in best.items()}, f, indent=1)
+
+
 def read_launches(path: str) -> dict:
     """{(codes, activations, shape class, rows bucket): launch} from a JSON file of
     {"codes,activations,class,bucket": [launch]}."""
@@ -156,6 +206,9 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=6)
     ap.add_argument("--launches", help="a JSON file of swapped-kernel launches to use instead "
                     "of the shipped ones (what swap_gpu.py --search --write-launches wrote)")
+    ap.add_argument("--step-search", metavar="SCHEME",
+                    help="choose the one-row launches of SCHEME by the step (module docstring)")
+    ap.add_argument("--write-launches", help="with --step-search: where the launches go")
     args = ap.parse_args()
     if args.launches:
         from engine.runtime import swap_triton
@@ -163,6 +216,9 @@ def main() -> None:
         swap_triton.SMALL.update(read_launches(args.launches))
     if not torch.cuda.is_available():
         print("skipped: needs a CUDA GPU")
+        return
+    if args.step_search:
+        step_search(args.step_search, args.copies, args.write_launches)
         return
     batches = [int(b) for b in args.batches.split(",")]
     dense = {k: build(None, k) for k in SHAPES}

@@ -268,14 +268,14 @@ SWAP_CONFIGS = {("a16", "square"): (64, 128, 4, 4, 4), ("a16", "wide"): (64, 128
 #: take the launches found for fp8 / one row; 32 to 128 rows the 16-row ones).
 #: Combinations not listed keep ``w8_mm``'s own kernels (W8A16 was faster there at one row).
 SMALL = {
-    ("fp8", "a8", "square", 1): (128, 256, 4, 4, 4), ("fp8", "a8", "wide", 1): (128, 256, 1, 8, 3),
+    ("fp8", "a8", "square", 1): (64, 512, 2, 4, 4), ("fp8", "a8", "wide", 1): (64, 512, 1, 4, 3),
     ("fp8", "a8", "deep", 1): (128, 256, 4, 4, 4),
     ("fp8", "a8", "square", 4): (64, 256, 1, 4, 6), ("fp8", "a8", "wide", 4): (128, 256, 1, 8, 3),
     ("fp8", "a8", "deep", 4): (64, 256, 4, 4, 4),
     ("fp8", "a8", "square", 16): (64, 256, 1, 4, 6), ("fp8", "a8", "wide", 16): (128, 256, 1, 8, 3),
     ("fp8", "a8", "deep", 16): (64, 256, 1, 4, 6),
     ("int8", "a8", "square", 1): (128, 256, 4, 4, 4),
-    ("int8", "a8", "wide", 1): (128, 256, 1, 4, 4), ("int8", "a8", "deep", 1): (128, 256, 4, 4, 4),
+    ("int8", "a8", "wide", 1): (64, 512, 1, 4, 3), ("int8", "a8", "deep", 1): (128, 256, 4, 4, 4),
     ("fp8", "block", "square", 1): (128, 128, 8, 4, 4),
     ("fp8", "block", "wide", 1): (128, 128, 2, 4, 3), ("fp8", "block", "deep", 1): (64, 128, 8, 4, 3, 2),
 }
@@ -283,7 +283,7 @@ SMALL = {
 # ``swap_gpu.py --search`` (fp8 9.6 us, int8 10.1, against the square launch's 13.4 and 13.3
 # at Llama-3-8B's 6144 x 4096); other buckets: the square launches
 SMALL[("fp8", "a8", "tall", 1)] = (64, 512, 1, 4, 4)
-SMALL[("int8", "a8", "tall", 1)] = (64, 256, 4, 4, 4)
+SMALL[("int8", "a8", "tall", 1)] = (64, 512, 1, 4, 4)
 for _key in [key for key in SMALL if key[2] == "square"]:
     SMALL.setdefault((_key[0], _key[1], "tall", _key[3]), SMALL[_key])
 for _bucket in (4, 16):
