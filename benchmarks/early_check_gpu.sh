@@ -10,7 +10,8 @@
 #     against the product that quantizes them itself, and a launch search; row_layout: the
 #     one-row swapped kernel with its row stored whole into the padded operand: checks, the
 #     step, a launch search and the step at its launches; step_search: the one-row launches
-#     chosen by the step's time; ncu:
+#     chosen by the step's time; cvt: one row's fp8 codes rounded by the conversion
+#     instruction, checks and the step; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
@@ -98,6 +99,13 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --write-launches "$OUT/row_layout.json"
       TAIL=7 step 90 row_layout_searched python3 benchmarks/quant_gpu.py --batches 1 \
         --schemes $W8 --launches "$OUT/row_layout.json" ;;
+    cvt)  # one row's fp8 codes rounded by the conversion instruction alone: checks, the step
+      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_swap_kernels.py
+      W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
+      for r in 1 2; do
+        TAIL=7 step 90 "cvt_$r" python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
+      done ;;
     step_search)  # the one-row launches chosen by the step's time (fp8), then the step with them
       W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
       TAIL=60 step 330 step_search python3 benchmarks/quant_gpu.py --step-search fp8_tensor \

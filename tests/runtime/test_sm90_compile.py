@@ -286,7 +286,8 @@ def _launches(call) -> list[tuple]:
 
 
 def _build_launch(kernel, bound: dict, options: dict):
-    """One recorded launch compiled for sm_90, with PDL on where the kernel takes it."""
+    """One recorded launch compiled for sm_90 as the GPU's wrapper launches it: PDL on, and
+    GRID off (the conversion instruction rounds fp8 codes), where the kernel takes them."""
     import torch
 
     types, constexprs, aligned = {}, {}, set()
@@ -308,6 +309,8 @@ def _build_launch(kernel, bound: dict, options: dict):
             types[param.name] = "fp32"
     if "PDL" in constexprs:
         constexprs["PDL"] = True
+    if "GRID" in constexprs:  # (fp8 codes rounded by the conversion, as on the GPU)
+        constexprs["GRID"] = False
     return build(kernel, types, constexprs, warps=options.get("num_warps", 4),
                  stages=options.get("num_stages", 3), aligned=aligned)
 

@@ -236,11 +236,44 @@ def _activation_codes(device: str) -> list[str]:
             want = st.w8_swap(x, w, ws, act="token", **kw).cpu()
             if not torch.equal(got, want):
                 failures.append(f"{dtype} m={m}: {(got - want).abs().max().item():.3g} apart")
+    failures += _ties(device)
     try:
         st.w8_swap(x, w, ws, act="codes", x_scale=xs)
         failures.append("float rows as codes: no ValueError")
     except ValueError:
         pass
+    return failures
+
+
+def _ties(device: str) -> list[str]:
+    """One row whose quotients are exact midpoints of the fp8 grid (normal and subnormal, both
+    signs; its maximum 448 or 57344 makes the dynamic scale exactly 1): the kernel's own codes
+    (on a GPU, rounded by the conversion instruction) give the product of the codes
+    ``quant_rows`` makes (rounded to the grid in float32), bit for bit."""
+    from engine.runtime import quant_triton as qt
+    from engine.runtime import swap_triton as st
+
+    failures = []
+    for dtype, top, mant, emin in ((torch.float8_e4m3fn, 448.0, 3, -6),
+                                   (torch.float8_e5m2, 57344.0, 2, -14)):
+        grid = torch.arange(1, 2 ** mant + 1, dtype=torch.float64) / 2 ** mant
+        mids = torch.cat([(grid[:-1] + grid[1:]) / 2 * 2.0 ** e for e in range(emin, 4)]
+                         + [torch.arange(1, 2 ** mant, dtype=torch.float64) / 2 ** (mant + 1)
+                            * 2.0 ** emin])  # (the last: subnormal midpoints)
+        row = torch.cat([mids, -mids, torch.tensor([top])]).float()
+        k = row.numel()
+        x = torch.zeros(1, 256)
+        x[0, :k] = row
+        gen = torch.Generator().manual_seed(3)
+        w = (torch.randn(64, 256, generator=gen) * 8).to(dtype).to(device)
+        ws = torch.ones(64, device=device)
+        xq, xs = qt.quant_rows(x.to(device), dtype)
+        kw = dict(out_dtype=torch.float32, config=ONE_SLICE)
+        got = st.w8_swap(x.to(device), w, ws, act="token", **kw).cpu()
+        want = st.w8_swap(xq, w, ws, act="codes", x_scale=xs, **kw).cpu()
+        if xs.item() != 1.0 or not torch.equal(got, want):
+            failures.append(f"ties {dtype}: scale {xs.item()}, "
+                            f"{(got - want).abs().max().item():.3g} apart")
     return failures
 
 
@@ -306,17 +339,17 @@ def test_under_the_interpreter(interpreted, name):
 
 def test_one_row_of_fp8_codes_into_more_outputs_than_inputs_takes_its_own_launch(monkeypatch):
     """Fused q/k/v weights (more outputs than inputs, fewer than four times) are their own
-    launch class at one row of 8-bit codes: 64 outputs a program, where o's square weights
-    keep 128; ``ENGINE_SWAP_TALL=0`` gives them the square launch again; more rows and block
-    fp8 take the square launches."""
+    launch class at one row of 8-bit codes: all of K a program, where o's square weights
+    take it in slices; ``ENGINE_SWAP_TALL=0`` gives them the square launch again; more rows
+    and block fp8 take the square launches."""
     from engine.runtime import swap_triton as st
 
     e4m3 = torch.float8_e4m3fn
     qkv, o = (6144, 4096), (4096, 4096)
     assert st.swap_class(*qkv) == "tall" and st.swap_class(*o) == "square"
-    assert st.small_config(e4m3, "token", None, *qkv, 1)[0] == 64
-    assert st.small_config(e4m3, "token", None, *o, 1)[0] == 128
-    assert st.small_config(torch.int8, "token", None, *qkv, 1)[0] == 64
+    assert st.small_config(e4m3, "token", None, *qkv, 1)[2] == 1
+    assert st.small_config(e4m3, "token", None, *o, 1)[2] > 1
+    assert st.small_config(torch.int8, "token", None, *qkv, 1)[2] == 1
     for m in (4, 16, 40):
         assert st.small_config(e4m3, "token", None, *qkv, m) == \
             st.small_config(e4m3, "token", None, *o, m)
@@ -324,7 +357,8 @@ def test_one_row_of_fp8_codes_into_more_outputs_than_inputs_takes_its_own_launch
         st.small_config(e4m3, "group", (128, 128), *o, 1)
     monkeypatch.setenv("ENGINE_SWAP_TALL", "0")
     assert st.swap_class(*qkv) == "square"
-    assert st.small_config(e4m3, "token", None, *qkv, 1)[0] == 128
+    assert st.small_config(e4m3, "token", None, *qkv, 1) == \
+        st.small_config(e4m3, "token", None, *o, 1)
 
 
 @pytest.mark.gpu

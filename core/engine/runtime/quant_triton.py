@@ -125,17 +125,22 @@ def fp8_from_bits(v, FP8: tl.constexpr):
 
 @triton.jit
 def _quantize(x, s, r, FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr,
-              EMIN: tl.constexpr):
+              EMIN: tl.constexpr, GRID: tl.constexpr = True):
     """float32 ``x`` / ``s`` as codes, still float32 (int8: rounded and clamped to
     [-128, 127]; fp8: saturated and rounded to the grid). ``r`` is ``1 / s`` correctly rounded;
     the quotient is ``x * r`` corrected by one fused multiply-add of its exact remainder, which
-    is the correctly rounded ``x / s`` (Markstein), as torch's division gives."""
+    is the correctly rounded ``x / s`` (Markstein), as torch's division gives. GRID false
+    (fp8, for a caller that casts the result to the fp8 type at once, compiled for a GPU):
+    saturated only, the cast's own rounding to nearest even (the GPU's conversion
+    instruction) doing the grid's; the interpreter's cast truncates, so it needs GRID."""
     q = x * r
     v = tl.fma(tl.fma(-q, s, x), r, q)
     if FP8 == 0:
         return tl.minimum(tl.maximum(_rne(v), -128.0), 127.0)
-    else:
+    elif GRID:
         return _round_fp8(tl.minimum(tl.maximum(v, -QMAX), QMAX), MANT, EMIN)
+    else:
+        return tl.minimum(tl.maximum(v, -QMAX), QMAX)
 
 
 @triton.jit

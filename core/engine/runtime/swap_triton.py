@@ -85,12 +85,14 @@ def _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K: tl.constexpr):
 @triton.jit
 def _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT: tl.constexpr,
               FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ROW1: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ROW1: tl.constexpr,
+              GRID: tl.constexpr = True):
     """The activation operand [BLOCK_M, BLOCK_K] of the tile at ``k0`` and its per-row group
     scales [BLOCK_M] (ACT 2; ones otherwise). ACT 0: ``x`` itself; 1 and 3: ``x`` quantized
     with the row scales ``xs`` (reciprocals ``xr``; ROW1: the one row's ``s1``, ``r1``); 2:
     quantized by each row's absolute maximum over the tile; 4: ``x`` holds the codes. ROW1:
-    only the first row is loaded and quantized, the others are zeros."""
+    only the first row is loaded and quantized, the others are zeros. GRID: as
+    :func:`engine.runtime.quant_triton._quantize`'s."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     k_ok = offs_k < k_hi
     sg = tl.full((BLOCK_M,), 1.0, tl.float32)
@@ -109,13 +111,13 @@ def _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT: tl.con
         if ACT == 2:
             sg = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12), QMAX)
             rg = tl.math.div_rn(tl.zeros_like(sg) + 1.0, sg)
-            q = _quantize(x, sg[:, None], rg[:, None], FP8, QMAX, MANT, EMIN)
+            q = _quantize(x, sg[:, None], rg[:, None], FP8, QMAX, MANT, EMIN, GRID)
             if ROW1:
                 sg = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.sum(sg, axis=0)
         elif ROW1:
-            q = _quantize(x, s1, r1, FP8, QMAX, MANT, EMIN)
+            q = _quantize(x, s1, r1, FP8, QMAX, MANT, EMIN, GRID)
         else:
-            q = _quantize(x, xs[:, None], xr[:, None], FP8, QMAX, MANT, EMIN)
+            q = _quantize(x, xs[:, None], xr[:, None], FP8, QMAX, MANT, EMIN, GRID)
         if ROW1:  # the one row's codes, the padding rows zeros
             q = tl.where((offs_m == 0)[:, None], q, 0.0)
         a = _codes(q, FP8)
@@ -138,12 +140,12 @@ def _tile_product(w, a, ACT: tl.constexpr, INT: tl.constexpr):
 def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
               ACT: tl.constexpr, INT: tl.constexpr, TILE_SCALE: tl.constexpr, FP8: tl.constexpr,
               QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_K: tl.constexpr, ROW1: tl.constexpr):
+              BLOCK_K: tl.constexpr, ROW1: tl.constexpr, GRID: tl.constexpr = True):
     """``acc`` [BLOCK_N, BLOCK_M] plus the tile at ``k0``: the weight codes ``w`` times the
     activations' operand (:func:`_act_tile`), scaled per tile by the weights' block scales
     ``wsb`` and the rows' group scales when TILE_SCALE."""
     a, sg = _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT, FP8, QMAX,
-                      MANT, EMIN, BLOCK_M, BLOCK_K, ROW1)
+                      MANT, EMIN, BLOCK_M, BLOCK_K, ROW1, GRID)
     part = _tile_product(w, a, ACT, INT)
     if TILE_SCALE:
         return acc + part.to(tl.float32) * (wsb[:, None] * sg[None, :])
@@ -158,7 +160,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
              SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
-             ROW_EPILOGUE: tl.constexpr = False):
+             ROW_EPILOGUE: tl.constexpr = False, GRID: tl.constexpr = True):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
@@ -171,7 +173,9 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     and a static activation scale (ACT 3, a constant of the step) is read; nothing else is
     read, and nothing written, before it. ROW_EPILOGUE (ROW1): the one row's sums are taken
     out of the padded [BLOCK_N, BLOCK_M] block before the epilogue, which then handles them as
-    a block of one row (``_finish`` with BLOCK_M 1) instead of the whole block."""
+    a block of one row (``_finish`` with BLOCK_M 1) instead of the whole block. GRID false
+    (compiled for a GPU): the activations' fp8 codes rounded by the conversion instruction
+    alone (:func:`engine.runtime.quant_triton._quantize`)."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -223,7 +227,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
                 wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
             acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
                             ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K,
-                            ROW1)
+                            ROW1, GRID)
     if PER_ROW:
         row_s = xs[:, None]
     else:
@@ -387,5 +391,6 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
-                   ROW_EPILOGUE=row_epilogue(act), **launch_options(x.device))
+                   ROW_EPILOGUE=row_epilogue(act), GRID=x.device.type != "cuda",
+                   **launch_options(x.device))
     return y
