@@ -11,7 +11,8 @@
 #     one-row swapped kernel with its row stored whole into the padded operand: checks, the
 #     step, a launch search and the step at its launches; step_search: the one-row launches
 #     chosen by the step's time; cvt: one row's fp8 codes rounded by the conversion
-#     instruction, checks and the step; ncu:
+#     instruction, checks and the step; static_epilogue: the row epilogue with static
+#     scales, A/B, a step search with it, the fp8 model; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
@@ -106,6 +107,19 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       for r in 1 2; do
         TAIL=7 step 90 "cvt_$r" python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
       done ;;
+    static_epilogue)  # the row epilogue with static scales too (ENGINE_SWAP_ROW_EPILOGUE=1), A/B,
+      # a step search with it, the fp8 model at batch 1
+      W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
+      for v in default 1 default 1; do
+        if [ $v = 1 ]; then export ENGINE_SWAP_ROW_EPILOGUE=1; fi
+        TAIL=7 step 90 "static_epilogue_$v" python3 benchmarks/quant_gpu.py --batches 1 \
+          --schemes $W8
+        unset ENGINE_SWAP_ROW_EPILOGUE
+      done
+      ENGINE_SWAP_ROW_EPILOGUE=1 TAIL=60 step 330 epilogue_search python3 \
+        benchmarks/quant_gpu.py --step-search fp8_tensor --write-launches "$OUT/epilogue.json"
+      TAIL=8 step 200 fp8_e2e python3 benchmarks/e2e_gpu.py --backends triton --batches 1 \
+        --quantization fp8 --hf "" --steps 32 --rounds 2 ;;
     step_search)  # the one-row launches chosen by the step's time (fp8), then the step with them
       W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
       TAIL=60 step 330 step_search python3 benchmarks/quant_gpu.py --step-search fp8_tensor \
