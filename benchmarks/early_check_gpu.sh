@@ -12,7 +12,8 @@
 #     step, a launch search and the step at its launches; step_search: the one-row launches
 #     chosen by the step's time; cvt: one row's fp8 codes rounded by the conversion
 #     instruction, checks and the step; static_epilogue: the row epilogue with static
-#     scales, A/B, a step search with it, the fp8 model; ncu:
+#     scales, A/B, a step search with it, the fp8 model; final_quant: GPU checks of the
+#     quantized products, the step, block fp8's step search, the fp8 model; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
@@ -118,6 +119,17 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       done
       ENGINE_SWAP_ROW_EPILOGUE=1 TAIL=60 step 330 epilogue_search python3 \
         benchmarks/quant_gpu.py --step-search fp8_tensor --write-launches "$OUT/epilogue.json"
+      TAIL=8 step 200 fp8_e2e python3 benchmarks/e2e_gpu.py --backends triton --batches 1 \
+        --quantization fp8 --hf "" --steps 32 --rounds 2 ;;
+    final_quant)  # the session's end state: GPU checks of every format's routing, the step,
+      # block fp8's launches chosen by the step, the fp8 model at batch 1
+      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_swap_kernels.py
+      TAIL=4 step 200 quant_checks python3 tests/runtime/quant_kernel_checks.py cuda
+      TAIL=9 step 100 final_step python3 benchmarks/quant_gpu.py --batches 1 --schemes \
+        fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
+      TAIL=40 step 200 block_search python3 benchmarks/quant_gpu.py --step-search fp8_block \
+        --write-launches "$OUT/block.json"
       TAIL=8 step 200 fp8_e2e python3 benchmarks/e2e_gpu.py --backends triton --batches 1 \
         --quantization fp8 --hf "" --steps 32 --rounds 2 ;;
     step_search)  # the one-row launches chosen by the step's time (fp8), then the step with them

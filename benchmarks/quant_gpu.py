@@ -15,7 +15,8 @@ bytes over 4.3 TB/s.
 
 ``--step-search SCHEME`` chooses the swapped 8-bit kernel's one-row launches by this step
 rather than by each layer alone (``swap_gpu.py --search``): one shape class at a time (q/k/v,
-o, gate/up, down), every candidate of :data:`STEP_CANDIDATES` timed in the whole step with the
+o, gate/up, down), every candidate of :data:`STEP_CANDIDATES` (block fp8:
+:data:`STEP_CANDIDATES_BLOCK`) timed in the whole step with the
 other classes at their best so far; it prints each class's table and writes the best
 launches as ``--launches`` reads them.
 
@@ -155,6 +156,19 @@ STEP_CANDIDATES = {
              (64, 512, 4, 4, 3), (128, 512, 4, 8, 3), (64, 1024, 1, 4, 3), (128, 512, 2, 4, 3)],
 }
 
+#: the same for block fp8 (BLOCK_K is the scale block's; a sixth element: scale blocks an
+#: iteration)
+STEP_CANDIDATES_BLOCK = {
+    "tall": [(128, 128, 8, 4, 4), (64, 128, 8, 4, 4), (64, 128, 4, 4, 4, 2),
+             (128, 128, 4, 4, 3, 2), (64, 128, 2, 4, 4, 4), (64, 128, 1, 4, 4, 4)],
+    "square": [(128, 128, 8, 4, 4), (64, 128, 8, 4, 4), (64, 128, 4, 4, 4, 2),
+               (128, 128, 4, 4, 3, 2), (64, 128, 2, 4, 4, 4), (64, 128, 4, 4, 3, 4)],
+    "wide": [(128, 128, 2, 4, 3), (64, 128, 1, 4, 4, 4), (64, 128, 2, 4, 3, 2),
+             (128, 128, 1, 4, 3, 2), (64, 128, 1, 4, 3, 4), (128, 128, 1, 4, 4)],
+    "deep": [(64, 128, 8, 4, 3, 2), (64, 128, 4, 4, 4, 4), (128, 128, 8, 4, 3, 2),
+             (64, 128, 8, 4, 4, 2), (64, 128, 2, 4, 3, 4), (128, 128, 4, 4, 3, 4)],
+}
+
 
 def step_search(scheme: str, copies: int, path: str | None) -> None:
     """Coordinate search of the one-row launches by the step's time (module docstring)."""
@@ -163,10 +177,12 @@ def step_search(scheme: str, copies: int, path: str | None) -> None:
     from engine.runtime import swap_triton
 
     codes = "int8" if "int8" in scheme else "fp8"
+    kind = "block" if "block" in scheme else "a8"
     layers = {k: build(scheme, k) for k in SHAPES}
     best = {}
-    for cls, launches in STEP_CANDIDATES.items():
-        key = (codes, "a8", cls, 1)
+    table = STEP_CANDIDATES_BLOCK if kind == "block" else STEP_CANDIDATES
+    for cls, launches in table.items():
+        key = (codes, kind, cls, 1)
         rows = []
         for launch in launches:
             swap_triton.SMALL[key] = launch

@@ -391,9 +391,10 @@ CORE = _core_calls()
 
 
 def test_one_row_swap_epilogue_on_the_row_alone_is_shorter(monkeypatch):
-    """``ENGINE_SWAP_ROW_EPILOGUE=1``: at o's one-row launch of Llama-3-8B (K in 4 slices) the
-    epilogue takes the row out of the padded block first, which leaves the kernel at least
-    200 instructions shorter (about 350 in the Triton of the H200's image), without spills."""
+    """The one-row epilogue (the default; ``ENGINE_SWAP_ROW_EPILOGUE=0``: the padded block's):
+    at o's one-row launch of Llama-3-8B (K in 4 slices) it takes the row out of the padded
+    block first, which leaves the kernel at least 200 instructions shorter (about 350 in the
+    Triton of the H200's image), without spills."""
     import torch
 
     from engine.runtime import swap_triton

@@ -334,12 +334,11 @@ def swap_class(n: int, k: int) -> str:
     return cls
 
 
-def row_epilogue(act: str | None) -> bool:
-    """Whether one row's epilogue takes the row out of the padded block first: with dynamic
-    row scales (``act`` "token"), where it measured faster on an H200 (static scales: no
-    gain); ``ENGINE_SWAP_ROW_EPILOGUE=1`` / ``0``: always / never."""
-    flag = os.environ.get("ENGINE_SWAP_ROW_EPILOGUE")
-    return act == "token" if flag is None else flag == "1"
+def row_epilogue() -> bool:
+    """Whether one row's epilogue takes the row out of the padded block first (the default:
+    faster on an H200 with every kind of activation scale; ``ENGINE_SWAP_ROW_EPILOGUE=0``:
+    the padded block's epilogue, for A/B runs)."""
+    return os.environ.get("ENGINE_SWAP_ROW_EPILOGUE") != "0"
 
 
 def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
@@ -391,6 +390,6 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
-                   ROW_EPILOGUE=row_epilogue(act), GRID=x.device.type != "cuda",
+                   ROW_EPILOGUE=row_epilogue(), GRID=x.device.type != "cuda",
                    **launch_options(x.device))
     return y
