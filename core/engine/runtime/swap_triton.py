@@ -66,10 +66,13 @@ def _as_codes(ptr, FP8: tl.constexpr):
 
 
 @triton.jit
-def _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K: tl.constexpr, FP8: tl.constexpr):
+def _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
+            EVEN: tl.constexpr = False):
     """The weight codes [BLOCK_N, BLOCK_K] of columns ``k0 ..`` (zeros from ``k_hi`` on and
-    past N)."""
+    past N; EVEN: every tile whole, no masks)."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
+    if EVEN:
+        return tl.load(_as_codes(w_rows, FP8) + offs_k[None, :])
     return tl.load(_as_codes(w_rows, FP8) + offs_k[None, :],
                    mask=n_ok[:, None] & (offs_k < k_hi)[None, :], other=0.0)
 
@@ -86,7 +89,7 @@ def _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K: tl.constexpr):
 def _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT: tl.constexpr,
               FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ROW1: tl.constexpr,
-              GRID: tl.constexpr = True):
+              GRID: tl.constexpr = True, EVEN: tl.constexpr = False):
     """The activation operand [BLOCK_M, BLOCK_K] of the tile at ``k0`` and its per-row group
     scales [BLOCK_M] (ACT 2; ones otherwise). ACT 0: ``x`` itself; 1 and 3: ``x`` quantized
     with the row scales ``xs`` (reciprocals ``xr``; ROW1: the one row's ``s1``, ``r1``); 2:
@@ -102,7 +105,9 @@ def _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT: tl.con
         a = tl.load(_as_codes(x_rows, FP8) + offs_k[None, :],
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
     else:
-        if ROW1:  # (loaded as [1, BLOCK_K]: the padded operand then keeps the load's layout,
+        if ROW1 and EVEN:
+            x = tl.load(x_ptr + offs_k[None, :]).to(tl.float32)
+        elif ROW1:  # (loaded as [1, BLOCK_K]: the padded operand then keeps the load's layout,
             # a few contiguous codes a thread and row stored together, not one byte a store)
             x = tl.load(x_ptr + offs_k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
         else:
@@ -140,12 +145,13 @@ def _tile_product(w, a, ACT: tl.constexpr, INT: tl.constexpr):
 def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
               ACT: tl.constexpr, INT: tl.constexpr, TILE_SCALE: tl.constexpr, FP8: tl.constexpr,
               QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_K: tl.constexpr, ROW1: tl.constexpr, GRID: tl.constexpr = True):
+              BLOCK_K: tl.constexpr, ROW1: tl.constexpr, GRID: tl.constexpr = True,
+              EVEN: tl.constexpr = False):
     """``acc`` [BLOCK_N, BLOCK_M] plus the tile at ``k0``: the weight codes ``w`` times the
     activations' operand (:func:`_act_tile`), scaled per tile by the weights' block scales
     ``wsb`` and the rows' group scales when TILE_SCALE."""
     a, sg = _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT, FP8, QMAX,
-                      MANT, EMIN, BLOCK_M, BLOCK_K, ROW1, GRID)
+                      MANT, EMIN, BLOCK_M, BLOCK_K, ROW1, GRID, EVEN)
     part = _tile_product(w, a, ACT, INT)
     if TILE_SCALE:
         return acc + part.to(tl.float32) * (wsb[:, None] * sg[None, :])
@@ -160,7 +166,8 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
              SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
-             ROW_EPILOGUE: tl.constexpr = False, GRID: tl.constexpr = True):
+             ROW_EPILOGUE: tl.constexpr = False, GRID: tl.constexpr = True,
+             EVEN: tl.constexpr = False):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
@@ -171,7 +178,9 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     scales: more weight bytes in flight per iteration than one scale block's). With
     PDL the first tile's weights are asked into L2 before the wait for the previous kernel,
     and a static activation scale (ACT 3, a constant of the step) is read; nothing else is
-    read, and nothing written, before it. ROW_EPILOGUE (ROW1): the one row's sums are taken
+    read, and nothing written, before it. EVEN: every weight tile lies inside the weights
+    and its slice (N a multiple of BLOCK_N, slices of whole steps), so its loads (and the one
+    row's) take no masks. ROW_EPILOGUE (ROW1): the one row's sums are taken
     out of the padded [BLOCK_N, BLOCK_M] block before the epilogue, which then handles them as
     a block of one row (``_finish`` with BLOCK_M 1) instead of the whole block. GRID false
     (compiled for a GPU): the activations' fp8 codes rounded by the conversion instruction
@@ -220,14 +229,14 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     for k00 in range(k_lo, k_hi, BLOCK_K * SUB):
         for j in tl.static_range(SUB):  # (tiles past the slice: masked, zero products)
             k0 = k00 + j * BLOCK_K
-            w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8)
+            w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8, EVEN)
             if W_BLOCK_N > 0:
                 wsb = _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K)
             else:
                 wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
             acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
                             ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K,
-                            ROW1, GRID)
+                            ROW1, GRID, EVEN)
     if PER_ROW:
         row_s = xs[:, None]
     else:
@@ -334,6 +343,13 @@ def swap_class(n: int, k: int) -> str:
     return cls
 
 
+def even() -> bool:
+    """Whether products whose weights split into whole tiles (N a multiple of BLOCK_N, every K
+    slice of whole BLOCK_K * SUB steps) load their weight tiles, and one row its tiles, without
+    masks (``ENGINE_SWAP_EVEN=1``, an A/B until it is measured)."""
+    return os.environ.get("ENGINE_SWAP_EVEN") == "1"
+
+
 def row_epilogue() -> bool:
     """Whether one row's epilogue takes the row out of the padded block first (the default:
     faster on an H200 with every kind of activation scale; ``ENGINE_SWAP_ROW_EPILOGUE=0``:
@@ -391,5 +407,6 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
                    ROW_EPILOGUE=row_epilogue(), GRID=x.device.type != "cuda",
+                   EVEN=even() and n % bn == 0 and k % (bk * sub * split) == 0,
                    **launch_options(x.device))
     return y
