@@ -14,7 +14,8 @@
 #     instruction, checks and the step; static_epilogue: the row epilogue with static
 #     scales, A/B, a step search with it, the fp8 model; final_quant: GPU checks of the
 #     quantized products, the step, block fp8's step search, the fp8 model; even: whole
-#     tiles loaded without masks (ENGINE_SWAP_EVEN=1), A/B; ncu:
+#     tiles loaded without masks (ENGINE_SWAP_EVEN=1) and weight tiles through tensor
+#     descriptors (ENGINE_SWAP_TMA=1), checks and the four combinations; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
@@ -122,13 +123,16 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         benchmarks/quant_gpu.py --step-search fp8_tensor --write-launches "$OUT/epilogue.json"
       TAIL=8 step 200 fp8_e2e python3 benchmarks/e2e_gpu.py --backends triton --batches 1 \
         --quantization fp8 --hf "" --steps 32 --rounds 2 ;;
-    even)  # whole tiles loaded without masks (ENGINE_SWAP_EVEN=1): GPU checks, the step A/B
+    even)  # whole tiles loaded without masks (ENGINE_SWAP_EVEN=1) and weight tiles through
+      # tensor descriptors (ENGINE_SWAP_TMA=1): GPU checks, the step, the four combinations twice
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_swap_kernels.py
       W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
-      for v in 0 1 0 1; do
-        ENGINE_SWAP_EVEN=$v TAIL=7 step 90 "even_$v" python3 benchmarks/quant_gpu.py \
-          --batches 1 --schemes $W8
+      for r in 1 2; do
+        for v in 00 10 01 11; do
+          ENGINE_SWAP_EVEN=${v:0:1} ENGINE_SWAP_TMA=${v:1:1} TAIL=7 step 90 "even_tma_${v}_$r" \
+            python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
+        done
       done ;;
     final_quant)  # the session's end state: GPU checks of every format's routing, the step,
       # block fp8's launches chosen by the step, the fp8 model at batch 1

@@ -27,17 +27,19 @@ ONE_SLICE = (64, 128, 1, 4, 2)
 def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int = 130,
           k: int = 320, block: tuple | None = None, config: tuple | None = ONE_SLICE,
           bias: bool = False, out: str = "float32", quant_rows_from: int | None = None,
-          amax_unroll: int | None = None, row_epilogue: bool = False, even: bool = False):
+          amax_unroll: int | None = None, row_epilogue: bool = False, even: bool = False,
+          tma: bool = False):
     """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
     ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
     dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
     kernel), ``amax_unroll``: ``AMAX_UNROLL`` for the case (0: one row's scale read in a
     loop), ``row_epilogue``: one row's epilogue on the row alone
     (``ENGINE_SWAP_ROW_EPILOGUE=1``; else ``0``), ``even``: whole tiles loaded without masks
-    where the shape allows (``ENGINE_SWAP_EVEN=1``)."""
+    where the shape allows (``ENGINE_SWAP_EVEN=1``), ``tma``: weight tiles through tensor
+    descriptors where the GPU allows (``ENGINE_SWAP_TMA=1``; the interpreter: never)."""
     return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
                       out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll,
-                      row_epilogue=row_epilogue, even=even)
+                      row_epilogue=row_epilogue, even=even, tma=tma)
 
 
 CASES = dict(
@@ -108,6 +110,13 @@ CASES = dict(
        _case("even fp8 token m=5", 5, n=128, k=256, even=True),
        _case("even asked, N not whole tiles e5m2 static m=1", 1, fmt=E5M2, act="static",
              even=True),
+       _case("tma fp8 token m=1 (N and K not whole tiles) split 3 bias", 1, bias=True,
+             config=(64, 64, 3, 4, 2), tma=True),
+       _case("tma int8 static m=1", 1, fmt="int8", act="static", tma=True),
+       _case("tma e5m2 token m=3, two tiles an iteration", 3, fmt=E5M2, k=2500, n=70,
+             config=(64, 64, 2, 4, 2, 2), tma=True),
+       _case("tma and even fp8 static m=1 split 2", 1, act="static", n=128, k=256,
+             config=(64, 64, 2, 4, 2), tma=True, even=True),
        _case("default launch fp8 token m=4", 4, n=64, k=384, config=None),
        _case("default launch fp8 none m=1 wide", 1, act=None, n=256, k=64, config=None),
        _case("default launch block group m=2", 2, act="group", n=128, k=384, block=(128, 128),
@@ -184,6 +193,7 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
     st.AMAX_UNROLL = saved[1] if p["amax_unroll"] is None else p["amax_unroll"]
     os.environ["ENGINE_SWAP_ROW_EPILOGUE"] = "1" if p["row_epilogue"] else "0"
     os.environ["ENGINE_SWAP_EVEN"] = "1" if p["even"] else "0"
+    os.environ["ENGINE_SWAP_TMA"] = "1" if p["tma"] else "0"
     try:
         y = st.w8_swap(dev(x), dev(w), dev(ws), config=p["config"],
                        **kw).cpu()
@@ -191,6 +201,7 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
         st.QUANT_ROWS_FROM, st.AMAX_UNROLL = saved
         os.environ.pop("ENGINE_SWAP_ROW_EPILOGUE")
         os.environ.pop("ENGINE_SWAP_EVEN")
+        os.environ.pop("ENGINE_SWAP_TMA")
     mm = qt.w8_mm(dev(x), dev(w), dev(ws), **kw).cpu()
     want, exact = _reference(x, w, ws, p["act"], p["block"], x_scale)
     if bias is not None:

@@ -159,7 +159,7 @@ def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1
 
 
 @triton.jit
-def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w_desc,
              M, N, K, stride_xm, stride_wn, stride_wsn, stride_ym, split_k,
              ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
              MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -167,7 +167,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
              AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
              SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
              ROW_EPILOGUE: tl.constexpr = False, GRID: tl.constexpr = True,
-             EVEN: tl.constexpr = False):
+             EVEN: tl.constexpr = False, TMA: tl.constexpr = False):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
@@ -178,7 +178,9 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     scales: more weight bytes in flight per iteration than one scale block's). With
     PDL the first tile's weights are asked into L2 before the wait for the previous kernel,
     and a static activation scale (ACT 3, a constant of the step) is read; nothing else is
-    read, and nothing written, before it. EVEN: every weight tile lies inside the weights
+    read, and nothing written, before it. TMA (one scale per output): the weight tiles come
+    through the tensor descriptor ``w_desc`` of ``w`` with [BLOCK_N, BLOCK_K] boxes (Hopper's
+    bulk copies, zeros past N and K: no address per 16 bytes and thread). EVEN: every weight tile lies inside the weights
     and its slice (N a multiple of BLOCK_N, slices of whole steps), so its loads (and the one
     row's) take no masks. ROW_EPILOGUE (ROW1): the one row's sums are taken
     out of the padded [BLOCK_N, BLOCK_M] block before the epilogue, which then handles them as
@@ -229,7 +231,10 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     for k00 in range(k_lo, k_hi, BLOCK_K * SUB):
         for j in tl.static_range(SUB):  # (tiles past the slice: masked, zero products)
             k0 = k00 + j * BLOCK_K
-            w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8, EVEN)
+            if TMA:
+                w = w_desc.load([pid_n * BLOCK_N, k0])
+            else:
+                w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8, EVEN)
             if W_BLOCK_N > 0:
                 wsb = _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K)
             else:
@@ -343,6 +348,34 @@ def swap_class(n: int, k: int) -> str:
     return cls
 
 
+def tma() -> bool:
+    """Whether one-scale-an-output products read their weight tiles through tensor
+    descriptors where the GPU and the weights allow (``ENGINE_SWAP_TMA=1``, an A/B until it is
+    measured)."""
+    return os.environ.get("ENGINE_SWAP_TMA") == "1"
+
+
+#: tensor descriptors of weights by (address, shape, row stride, dtype, box): a descriptor
+#: holds only these, so one made for a freed weight still describes whatever takes its place
+_descriptors: dict = {}
+
+
+def _w_descriptor(w: torch.Tensor, bn: int, bk: int):
+    """A tensor descriptor of ``w`` [N, K] with [bn, bk] boxes, or None where TMA cannot read
+    it (not a GPU of compute capability 9 or later, rows not contiguous, start or row stride
+    not a multiple of 16 bytes)."""
+    if (w.device.type != "cuda" or torch.cuda.get_device_capability(w.device)[0] < 9
+            or w.stride(1) != 1 or w.data_ptr() % 16 or w.stride(0) * w.element_size() % 16):
+        return None
+    key = (w.data_ptr(), tuple(w.shape), w.stride(0), w.dtype, bn, bk)
+    desc = _descriptors.get(key)
+    if desc is None:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        desc = _descriptors[key] = TensorDescriptor.from_tensor(w, [bn, bk])
+    return desc
+
+
 def even() -> bool:
     """Whether products whose weights split into whole tiles (N a multiple of BLOCK_N, every K
     slice of whole BLOCK_K * SUB steps) load their weight tiles, and one row its tiles, without
@@ -398,8 +431,9 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     unroll = code == 1 and m == 1 and triton.cdiv(k, amax_block) <= AMAX_UNROLL
     part, cnt = _workspace(x.device)
     grid = (triton.cdiv(n, bn), split)
+    desc = _w_descriptor(w, bn, bk) if tma() and block is None and code != 0 else None
     _w8_swap[grid](_bits(x), x_scale if x_scale is not None else w_scale, _bits(w), w_scale,
-                   bias if bias is not None else y, y, part, cnt, m, n, k, x.stride(0),
+                   bias if bias is not None else y, y, part, cnt, desc, m, n, k, x.stride(0),
                    w.stride(0), w_scale.stride(0), y.stride(0), split, ACT=code,
                    W_BLOCK_N=block[0] if block else 0, FP8=fp8, QMAX=qmax, MANT=mant,
                    EMIN=emin, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn,
@@ -408,5 +442,6 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
                    ROW_EPILOGUE=row_epilogue(), GRID=x.device.type != "cuda",
                    EVEN=even() and n % bn == 0 and k % (bk * sub * split) == 0,
+                   TMA=desc is not None,
                    **launch_options(x.device))
     return y
