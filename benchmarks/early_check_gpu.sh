@@ -15,7 +15,8 @@
 #     scales, A/B, a step search with it, the fp8 model; final_quant: GPU checks of the
 #     quantized products, the step, block fp8's step search, the fp8 model; even: whole
 #     tiles loaded without masks (ENGINE_SWAP_EVEN=1) and weight tiles through tensor
-#     descriptors (ENGINE_SWAP_TMA=1), checks and the four combinations; ncu:
+#     descriptors (ENGINE_SWAP_TMA=1), checks and the four combinations; lean_search: a step
+#     search with both on; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
@@ -134,6 +135,15 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
             python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
         done
       done ;;
+    lean_search)  # the one-row launches chosen by the step with the opt-in forms on (EVEN and
+      # TMA, and 8 warps on 64 outputs among the candidates), then the step with them
+      export ENGINE_SWAP_EVEN=1 ENGINE_SWAP_TMA=1
+      W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
+      TAIL=70 step 330 lean_search python3 benchmarks/quant_gpu.py --step-search fp8_tensor \
+        --write-launches "$OUT/lean.json"
+      TAIL=7 step 90 lean_searched python3 benchmarks/quant_gpu.py --batches 1 \
+        --schemes $W8 --launches "$OUT/lean.json"
+      unset ENGINE_SWAP_EVEN ENGINE_SWAP_TMA ;;
     final_quant)  # the session's end state: GPU checks of every format's routing, the step,
       # block fp8's launches chosen by the step, the fp8 model at batch 1
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \

@@ -137,7 +137,7 @@ def default_config(fmt: str, n: int, k: int, rows: int) -> tuple:
 
 #: the sweep's axes (``--splits``, ``--block-k``, ``--stages``, ``--block-n`` replace them):
 #: (BLOCK_N, warps) pairs, SPLIT_K, BLOCK_K, stages
-BLOCK_NS = ((64, 4), (128, 4), (128, 8))
+BLOCK_NS = ((64, 4), (64, 8), (128, 4), (128, 8))
 SPLITS, BLOCK_KS, STAGES = (1, 2, 4, 8), (64, 128, 256), (3, 4, 5, 6)
 
 
