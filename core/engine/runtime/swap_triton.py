@@ -180,11 +180,12 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
     and a static activation scale (ACT 3, a constant of the step) is read; nothing else is
     read, and nothing written, before it. TMA (one scale per output): the weight tiles come
     through the tensor descriptor ``w_desc`` of ``w`` with [BLOCK_N, BLOCK_K] boxes (Hopper's
-    bulk copies, zeros past N and K: no address per 16 bytes and thread). EVEN: every weight tile lies inside the weights
-    and its slice (N a multiple of BLOCK_N, slices of whole steps), so its loads (and the one
-    row's) take no masks. ROW_EPILOGUE (ROW1): the one row's sums are taken
-    out of the padded [BLOCK_N, BLOCK_M] block before the epilogue, which then handles them as
-    a block of one row (``_finish`` with BLOCK_M 1) instead of the whole block. GRID false
+    bulk copies, zeros past N and K: no address per 16 bytes and thread). EVEN: every weight
+    tile lies inside the weights and its slice (N a multiple of BLOCK_N, slices of whole
+    steps), so its loads (and the one row's) take no masks. ROW_EPILOGUE (ROW1): the one
+    row's sums are taken out of the padded [BLOCK_N, BLOCK_M] block before the epilogue,
+    which then handles them as a block of one row (``_finish`` with BLOCK_M 1) instead of
+    the whole block. GRID false
     (compiled for a GPU): the activations' fp8 codes rounded by the conversion instruction
     alone (:func:`engine.runtime.quant_triton._quantize`)."""
     pdl_trigger(PDL)
@@ -297,9 +298,10 @@ SMALL = {
     ("fp8", "block", "square", 1): (128, 128, 8, 4, 4),
     ("fp8", "block", "wide", 1): (128, 128, 2, 4, 3), ("fp8", "block", "deep", 1): (64, 128, 8, 4, 3, 2),
 }
-# one row of 8-bit codes into more outputs than inputs (q/k/v): 64 outputs a program, found by
-# ``swap_gpu.py --search`` (fp8 9.6 us, int8 10.1, against the square launch's 13.4 and 13.3
-# at Llama-3-8B's 6144 x 4096); other buckets: the square launches
+# one row of 8-bit codes into more outputs than inputs (q/k/v): all of K a program, found by
+# ``swap_gpu.py --search`` and kept by ``quant_gpu.py --step-search`` (fp8 and int8 9.5 us at
+# Llama-3-8B's 6144 x 4096, where the square launches take K in slices); other buckets: the
+# square launches
 SMALL[("fp8", "a8", "tall", 1)] = (64, 512, 1, 4, 4)
 SMALL[("int8", "a8", "tall", 1)] = (64, 512, 1, 4, 4)
 for _key in [key for key in SMALL if key[2] == "square"]:
@@ -390,6 +392,12 @@ def row_epilogue() -> bool:
     return os.environ.get("ENGINE_SWAP_ROW_EPILOGUE") != "0"
 
 
+def _rne_cast(device: torch.device) -> bool:
+    """Whether fp8 casts in kernels on ``device`` round to nearest even (an NVIDIA GPU's
+    conversion instruction), so the kernels may skip their float32 grid rounding."""
+    return device.type == "cuda" and torch.version.hip is None
+
+
 def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
             x_scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
             out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None,
@@ -440,7 +448,7 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
-                   ROW_EPILOGUE=row_epilogue(), GRID=x.device.type != "cuda",
+                   ROW_EPILOGUE=row_epilogue(), GRID=not _rne_cast(x.device),
                    EVEN=even() and n % bn == 0 and k % (bk * sub * split) == 0,
                    TMA=desc is not None,
                    **launch_options(x.device))
