@@ -16,7 +16,8 @@
 #     quantized products, the step, block fp8's step search, the fp8 model; even: whole
 #     tiles loaded without masks (ENGINE_SWAP_EVEN=1) and weight tiles through tensor
 #     descriptors (ENGINE_SWAP_TMA=1), checks and the four combinations; lean_search: a step
-#     search with both on; ncu:
+#     search with both on; group_codes: block fp8's rows quantized first, A/B and a step
+#     search; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
@@ -135,6 +136,16 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
             python3 benchmarks/quant_gpu.py --batches 1 --schemes $W8
         done
       done ;;
+    group_codes)  # block fp8's rows quantized first (ENGINE_SWAP_GROUP_CODES=1): A/B, then
+      # block fp8's launches chosen by the step with it
+      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_swap_kernels.py
+      for v in 0 1 0 1; do
+        ENGINE_SWAP_GROUP_CODES=$v TAIL=3 step 60 "group_codes_$v" python3 \
+          benchmarks/quant_gpu.py --batches 1,4,16 --schemes fp8_block
+      done
+      ENGINE_SWAP_GROUP_CODES=1 TAIL=40 step 200 group_codes_search python3 \
+        benchmarks/quant_gpu.py --step-search fp8_block --write-launches "$OUT/group.json" ;;
     lean_search)  # the one-row launches chosen by the step with the opt-in forms on (EVEN and
       # TMA, and 8 warps on 64 outputs among the candidates), then the step with them
       export ENGINE_SWAP_EVEN=1 ENGINE_SWAP_TMA=1

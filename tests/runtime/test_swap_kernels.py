@@ -28,7 +28,7 @@ def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int 
           k: int = 320, block: tuple | None = None, config: tuple | None = ONE_SLICE,
           bias: bool = False, out: str = "float32", quant_rows_from: int | None = None,
           amax_unroll: int | None = None, row_epilogue: bool = False, even: bool = False,
-          tma: bool = False):
+          tma: bool = False, group_codes: bool = False):
     """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
     ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
     dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
@@ -36,10 +36,12 @@ def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int 
     loop), ``row_epilogue``: one row's epilogue on the row alone
     (``ENGINE_SWAP_ROW_EPILOGUE=1``; else ``0``), ``even``: whole tiles loaded without masks
     where the shape allows (``ENGINE_SWAP_EVEN=1``), ``tma``: weight tiles through tensor
-    descriptors where the GPU allows (``ENGINE_SWAP_TMA=1``; the interpreter: never)."""
+    descriptors where the GPU allows (``ENGINE_SWAP_TMA=1``; the interpreter: never),
+    ``group_codes``: rows quantized per group first (``ENGINE_SWAP_GROUP_CODES=1``)."""
     return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
                       out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll,
-                      row_epilogue=row_epilogue, even=even, tma=tma)
+                      row_epilogue=row_epilogue, even=even, tma=tma,
+                      group_codes=group_codes)
 
 
 CASES = dict(
@@ -117,6 +119,15 @@ CASES = dict(
              config=(64, 64, 2, 4, 2, 2), tma=True),
        _case("tma and even fp8 static m=1 split 2", 1, act="static", n=128, k=256,
              config=(64, 64, 2, 4, 2), tma=True, even=True),
+       _case("group codes block m=1 split 2", 1, act="group", n=200, block=(128, 128),
+             config=(64, 0, 2, 4, 2), group_codes=True),
+       _case("group codes block m=5, two blocks an iteration", 5, act="group", n=256, k=512,
+             block=(128, 128), config=(64, 0, 1, 4, 2, 2), group_codes=True),
+       _case("group codes block m=1 bias half, row epilogue", 1, act="group", n=130, k=384,
+             block=(64, 128), config=(64, 0, 1, 4, 2), bias=True, out="float16",
+             group_codes=True, row_epilogue=True),
+       _case("group codes asked, K not whole groups m=1", 1, act="group", n=200,
+             block=(128, 128), config=(64, 0, 2, 4, 2), group_codes=True),
        _case("default launch fp8 token m=4", 4, n=64, k=384, config=None),
        _case("default launch fp8 none m=1 wide", 1, act=None, n=256, k=64, config=None),
        _case("default launch block group m=2", 2, act="group", n=128, k=384, block=(128, 128),
@@ -194,6 +205,7 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
     os.environ["ENGINE_SWAP_ROW_EPILOGUE"] = "1" if p["row_epilogue"] else "0"
     os.environ["ENGINE_SWAP_EVEN"] = "1" if p["even"] else "0"
     os.environ["ENGINE_SWAP_TMA"] = "1" if p["tma"] else "0"
+    os.environ["ENGINE_SWAP_GROUP_CODES"] = "1" if p["group_codes"] else "0"
     try:
         y = st.w8_swap(dev(x), dev(w), dev(ws), config=p["config"],
                        **kw).cpu()
@@ -202,6 +214,7 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
         os.environ.pop("ENGINE_SWAP_ROW_EPILOGUE")
         os.environ.pop("ENGINE_SWAP_EVEN")
         os.environ.pop("ENGINE_SWAP_TMA")
+        os.environ.pop("ENGINE_SWAP_GROUP_CODES")
     mm = qt.w8_mm(dev(x), dev(w), dev(ws), **kw).cpu()
     want, exact = _reference(x, w, ws, p["act"], p["block"], x_scale)
     if bias is not None:
@@ -260,11 +273,34 @@ def _activation_codes(device: str) -> list[str]:
             if not torch.equal(got, want):
                 failures.append(f"{dtype} m={m}: {(got - want).abs().max().item():.3g} apart")
     failures += _ties(device)
+    failures += _group_codes(device)
     try:
         st.w8_swap(x, w, ws, act="codes", x_scale=xs)
         failures.append("float rows as codes: no ValueError")
     except ValueError:
         pass
+    return failures
+
+
+def _group_codes(device: str) -> list[str]:
+    """Rows quantized per group first (``ENGINE_SWAP_GROUP_CODES=1``: ``quant_groups``, then
+    the product of codes and group scales) give the product that quantizes each tile itself,
+    bit for bit (float32 out, one slice; one row and three)."""
+    from engine.runtime import swap_triton as st
+
+    gen, failures = torch.Generator().manual_seed(4), []
+    w = (torch.randn(130, 384, generator=gen) * 40).clamp(-120, 120).to(torch.float8_e4m3fn)
+    ws = torch.rand(2, 3, generator=gen) * 0.01 + 1e-4
+    for m in (1, 3):
+        x = torch.randn(m, 384, generator=gen).to(device)
+        ys = []
+        for flag in ("0", "1"):
+            os.environ["ENGINE_SWAP_GROUP_CODES"] = flag
+            ys.append(st.w8_swap(x, w.to(device), ws.to(device), act="group", block=(128, 128),
+                                 out_dtype=torch.float32, config=(64, 128, 1, 4, 2)).cpu())
+        os.environ.pop("ENGINE_SWAP_GROUP_CODES")
+        if not torch.equal(ys[0], ys[1]):
+            failures.append(f"group codes m={m}: {(ys[0] - ys[1]).abs().max().item():.3g} apart")
     return failures
 
 

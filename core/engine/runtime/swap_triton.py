@@ -35,7 +35,7 @@ import triton.language as tl
 
 from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantize, _row1_scale,
                                          _row_scales, _slice, _split, _workspace,
-                                         quant_rows, shape_class)
+                                         quant_groups, quant_rows, shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger, pdl_wait,
                                       prefetch_l2)
 
@@ -86,14 +86,16 @@ def _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT: tl.constexpr,
-              FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ROW1: tl.constexpr,
-              GRID: tl.constexpr = True, EVEN: tl.constexpr = False):
+def _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, gs_rows, gs_stride,
+              ACT: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr,
+              EMIN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+              ROW1: tl.constexpr, GRID: tl.constexpr = True, EVEN: tl.constexpr = False):
     """The activation operand [BLOCK_M, BLOCK_K] of the tile at ``k0`` and its per-row group
-    scales [BLOCK_M] (ACT 2; ones otherwise). ACT 0: ``x`` itself; 1 and 3: ``x`` quantized
-    with the row scales ``xs`` (reciprocals ``xr``; ROW1: the one row's ``s1``, ``r1``); 2:
-    quantized by each row's absolute maximum over the tile; 4: ``x`` holds the codes. ROW1:
+    scales [BLOCK_M] (ACT 2 and 5; ones otherwise). ACT 0: ``x`` itself; 1 and 3: ``x``
+    quantized with the row scales ``xs`` (reciprocals ``xr``; ROW1: the one row's ``s1``,
+    ``r1``); 2: quantized by each row's absolute maximum over the tile; 4: ``x`` holds the
+    codes; 5: ``x`` holds the codes, their group scales at ``gs_rows`` + group * ``gs_stride``
+    (as :func:`engine.runtime.quant_triton.quant_groups` writes them). ROW1:
     only the first row is loaded and quantized, the others are zeros. GRID: as
     :func:`engine.runtime.quant_triton._quantize`'s."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -101,9 +103,11 @@ def _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT: tl.con
     sg = tl.full((BLOCK_M,), 1.0, tl.float32)
     if ACT == 0:
         a = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-    elif ACT == 4:
+    elif ACT == 4 or ACT == 5:
         a = tl.load(_as_codes(x_rows, FP8) + offs_k[None, :],
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if ACT == 5:
+            sg = tl.load(gs_rows + (k0 // BLOCK_K) * gs_stride, mask=m_ok, other=0.0)
     else:
         if ROW1 and EVEN:
             x = tl.load(x_ptr + offs_k[None, :]).to(tl.float32)
@@ -142,16 +146,17 @@ def _tile_product(w, a, ACT: tl.constexpr, INT: tl.constexpr):
 
 
 @triton.jit
-def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
-              ACT: tl.constexpr, INT: tl.constexpr, TILE_SCALE: tl.constexpr, FP8: tl.constexpr,
+def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, gs_rows,
+              gs_stride, ACT: tl.constexpr, INT: tl.constexpr, TILE_SCALE: tl.constexpr, FP8: tl.constexpr,
               QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_K: tl.constexpr, ROW1: tl.constexpr, GRID: tl.constexpr = True,
               EVEN: tl.constexpr = False):
     """``acc`` [BLOCK_N, BLOCK_M] plus the tile at ``k0``: the weight codes ``w`` times the
     activations' operand (:func:`_act_tile`), scaled per tile by the weights' block scales
     ``wsb`` and the rows' group scales when TILE_SCALE."""
-    a, sg = _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, ACT, FP8, QMAX,
-                      MANT, EMIN, BLOCK_M, BLOCK_K, ROW1, GRID, EVEN)
+    a, sg = _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, gs_rows,
+                      gs_stride, ACT, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K, ROW1, GRID,
+                      EVEN)
     part = _tile_product(w, a, ACT, INT)
     if TILE_SCALE:
         return acc + part.to(tl.float32) * (wsb[:, None] * sg[None, :])
@@ -170,7 +175,8 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
              EVEN: tl.constexpr = False, TMA: tl.constexpr = False):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
-    BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``. W_BLOCK_N
+    BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``, 5 codes
+    with per-row and BLOCK_K-column scales ``xs`` [K / BLOCK_K, M]. W_BLOCK_N
     0: one weight scale per output (applied at the end); else block scales
     ``ws[n // W_BLOCK_N, k // BLOCK_K]``. ROW1: one row, quantized here once per tile (its
     dynamic scale read in AMAX_CHUNKS unrolled blocks, or a loop when 0). SUB: tiles of
@@ -198,7 +204,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     INT: tl.constexpr = FP8 == 0 and ACT != 0
-    TILE_SCALE: tl.constexpr = ACT == 2 or W_BLOCK_N > 0
+    TILE_SCALE: tl.constexpr = ACT == 2 or ACT == 5 or W_BLOCK_N > 0
     PER_ROW: tl.constexpr = ACT == 1 or ACT == 3 or ACT == 4
     k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K * SUB, SPLIT)
     if W_BLOCK_N > 0:
@@ -241,7 +247,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
             else:
                 wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
             acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
-                            ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K,
+                            xs_ptr + offs_m, M, ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K,
                             ROW1, GRID, EVEN)
     if PER_ROW:
         row_s = xs[:, None]
@@ -350,6 +356,14 @@ def swap_class(n: int, k: int) -> str:
     return cls
 
 
+def group_codes() -> bool:
+    """Whether rows quantized per group (block fp8) are quantized first, by
+    :func:`engine.runtime.quant_triton.quant_groups` (one more launch), and the product reads
+    codes and group scales instead of quantizing each tile with a reduction across the
+    program (``ENGINE_SWAP_GROUP_CODES=1``, an A/B until it is measured)."""
+    return os.environ.get("ENGINE_SWAP_GROUP_CODES") == "1"
+
+
 def tma() -> bool:
     """Whether one-scale-an-output products read their weight tiles through tensor
     descriptors where the GPU and the weights allow (``ENGINE_SWAP_TMA=1``, an A/B until it is
@@ -432,6 +446,9 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     if code in (1, 3) and m >= QUANT_ROWS_FROM:  # the rows' codes first
         x, x_scale = quant_rows(x, w.dtype, static=x_scale if code == 3 else None)
         code = 4
+    elif code == 2 and group_codes() and k % bk == 0 and bk == triton.next_power_of_2(bk):
+        x, x_scale = quant_groups(x, w.dtype, bk)  # (scales [K / bk, M] in memory)
+        code = 5
     bm = rows_block(m)
     split = _split(split, n, bn, bm)
     amax_block = min(1024 if m == 1 else 512, triton.next_power_of_2(k))
