@@ -393,27 +393,41 @@ def _core_calls():
 CORE = _core_calls()
 
 
+def _swap_ab(monkeypatch, flag: str, n: int, k: int, config: tuple, act: str = "token",
+             block: tuple | None = None, param: str | None = None) -> list:
+    """``swap_triton.w8_swap`` of one bf16 row of width ``k`` by fp8 weights [n, k] at
+    ``config``, with the environment variable ``flag`` at 0 and then 1: the two builds of
+    its last launch (each checked: the kernel's ``param`` constexpr follows the flag, no
+    register spills)."""
+    import torch
+
+    from engine.runtime import swap_triton
+
+    kw = {"x_scale": torch.ones(1)} if act == "static" else {}
+    scales = torch.ones(n // block[0], k // block[1]) if block else torch.ones(n)
+    built = []
+    for value in ("0", "1"):
+        monkeypatch.setenv(flag, value)
+        launches = _launches(lambda: swap_triton.w8_swap(
+            torch.empty(1, k, dtype=torch.bfloat16), torch.zeros(n, k).to(torch.float8_e4m3fn),
+            scales, act=act, block=block, config=config, **kw))
+        if param:
+            assert launches[-1][1][param] is (value == "1")
+        compiled = _build_launch(*launches[-1])
+        assert stack_bytes(compiled) == 0
+        built.append((compiled, launches))
+    return built
+
+
 def test_one_row_swap_epilogue_on_the_row_alone_is_shorter(monkeypatch):
     """The one-row epilogue (the default; ``ENGINE_SWAP_ROW_EPILOGUE=0``: the padded block's):
     at o's one-row launch of Llama-3-8B (K in 4 slices) it takes the row out of the padded
     block first, which leaves the kernel at least 200 instructions shorter (about 350 in the
     Triton of the H200's image), without spills."""
-    import torch
-
-    from engine.runtime import swap_triton
-
-    sizes = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv("ENGINE_SWAP_ROW_EPILOGUE", flag)
-        launches = _launches(lambda: swap_triton.w8_swap(
-            torch.empty(1, 4096, dtype=torch.bfloat16),
-            torch.zeros(4096, 4096).to(torch.float8_e4m3fn), torch.ones(4096), act="token",
-            config=(128, 256, 4, 4, 4)))
-        assert launches[0][1]["ROW_EPILOGUE"] is (flag == "1")
-        compiled = _build_launch(*launches[0])
-        assert stack_bytes(compiled) == 0
-        sizes.append(len(sass_ops(compiled)))
-    assert sizes[1] < sizes[0] - 200, sizes
+    off, on = (len(sass_ops(c)) for c, _ in _swap_ab(
+        monkeypatch, "ENGINE_SWAP_ROW_EPILOGUE", 4096, 4096, (128, 256, 4, 4, 4),
+        param="ROW_EPILOGUE"))
+    assert on < off - 200, (off, on)
 
 
 @pytest.mark.parametrize("act", ["token", "static"])
@@ -443,50 +457,28 @@ def test_one_row_swap_of_whole_tiles_loads_without_masks(act, monkeypatch):
     whole tiles) the loads take no masks, which leaves the K loop at least 20 instructions
     shorter (33 in the Triton of the H200's image) and the kernel at least 60 (112), without
     spills."""
-    import torch
-
-    from engine.runtime import swap_triton
-
-    kw = {"x_scale": torch.ones(1)} if act == "static" else {}
-    sizes = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv("ENGINE_SWAP_EVEN", flag)
-        launches = _launches(lambda: swap_triton.w8_swap(
-            torch.empty(1, 4096, dtype=torch.bfloat16),
-            torch.zeros(6144, 4096).to(torch.float8_e4m3fn), torch.ones(6144), act=act,
-            config=(64, 512, 1, 4, 4), **kw))
-        assert launches[0][1]["EVEN"] is (flag == "1")
-        compiled = _build_launch(*launches[0])
-        assert stack_bytes(compiled) == 0
-        sizes.append((len(loop_ops(compiled)), len(sass_ops(compiled))))
-    assert sizes[1][0] < sizes[0][0] - 20 and sizes[1][1] < sizes[0][1] - 60, sizes
+    (off, _), (on, _) = _swap_ab(monkeypatch, "ENGINE_SWAP_EVEN", 6144, 4096,
+                                 (64, 512, 1, 4, 4), act=act, param="EVEN")
+    assert len(loop_ops(on)) < len(loop_ops(off)) - 20
+    assert len(sass_ops(on)) < len(sass_ops(off)) - 60
 
 
 def test_one_row_swap_through_tensor_descriptors(monkeypatch):
     """``ENGINE_SWAP_TMA=1`` (where the GPU and weights allow; here as if on an H200): at
     q/k/v's one-row launch of Llama-3-8B the weight tiles come by bulk copies (no 16-byte
     copies a thread left), which shortens the kernel, without spills."""
-    import torch
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from engine.runtime import swap_triton
 
     monkeypatch.setattr(swap_triton, "_w_descriptor",
                         lambda w, bn, bk: TensorDescriptor.from_tensor(w, [bn, bk]))
-    built = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv("ENGINE_SWAP_TMA", flag)
-        launches = _launches(lambda: swap_triton.w8_swap(
-            torch.empty(1, 4096, dtype=torch.bfloat16),
-            torch.zeros(6144, 4096).to(torch.float8_e4m3fn), torch.ones(6144), act="static",
-            x_scale=torch.ones(1), config=(64, 512, 1, 4, 4)))
-        assert launches[0][1]["TMA"] is (flag == "1")
-        compiled = _build_launch(*launches[0])
-        assert stack_bytes(compiled) == 0
-        built.append(sass_ops(compiled))
-    assert not any(op.startswith("LDGSTS.E.BYPASS") for op in built[1])
-    assert any(op.startswith("UTMALDG") for op in built[1])
-    assert len(built[1]) < len(built[0]), (len(built[1]), len(built[0]))
+    off, on = (sass_ops(c) for c, _ in _swap_ab(
+        monkeypatch, "ENGINE_SWAP_TMA", 6144, 4096, (64, 512, 1, 4, 4), act="static",
+        param="TMA"))
+    assert not any(op.startswith("LDGSTS.E.BYPASS") for op in on)
+    assert any(op.startswith("UTMALDG") for op in on)
+    assert len(on) < len(off), (len(on), len(off))
 
 
 def test_one_row_block_fp8_from_group_codes(monkeypatch):
@@ -494,24 +486,13 @@ def test_one_row_block_fp8_from_group_codes(monkeypatch):
     model, two scale blocks an iteration) is quantized first (``quant_groups``), and the
     product's K loop, which then reads codes and group scales, is at least 100 instructions
     shorter (156 in the Triton of the H200's image), without spills."""
-    import torch
-
-    from engine.runtime import swap_triton
-
-    lengths = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv("ENGINE_SWAP_GROUP_CODES", flag)
-        launches = _launches(lambda: swap_triton.w8_swap(
-            torch.empty(1, 7168, dtype=torch.bfloat16),
-            torch.zeros(4096, 7168).to(torch.float8_e4m3fn), torch.ones(32, 56), act="group",
-            block=(128, 128), config=(64, 128, 8, 4, 3, 2)))
-        names = [kernel.fn.__name__ for kernel, _, _ in launches]
-        assert names == (["_quant_groups", "_w8_swap"] if flag == "1" else ["_w8_swap"])
-        assert launches[-1][1]["ACT"] == (5 if flag == "1" else 2)
-        compiled = _build_launch(*launches[-1])
-        assert stack_bytes(compiled) == 0
-        lengths.append(len(loop_ops(compiled)))
-    assert 0 < lengths[1] < lengths[0] - 100, lengths
+    (off, off_launches), (on, on_launches) = _swap_ab(
+        monkeypatch, "ENGINE_SWAP_GROUP_CODES", 4096, 7168, (64, 128, 8, 4, 3, 2), act="group",
+        block=(128, 128))
+    assert [kernel.fn.__name__ for kernel, _, _ in off_launches] == ["_w8_swap"]
+    assert [kernel.fn.__name__ for kernel, _, _ in on_launches] == ["_quant_groups", "_w8_swap"]
+    assert (off_launches[-1][1]["ACT"], on_launches[-1][1]["ACT"]) == (2, 5)
+    assert 0 < len(loop_ops(on)) < len(loop_ops(off)) - 100
 
 
 def test_one_row_swap_reads_a_static_scale_over_the_wait():
