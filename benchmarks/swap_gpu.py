@@ -270,8 +270,8 @@ def main() -> None:
     ap.add_argument("--splits", help="SPLIT_K values of the sweep (default 1,2,4,8)")
     ap.add_argument("--block-k", help="BLOCK_K values of the sweep (default 64,128,256)")
     ap.add_argument("--stages", help="pipeline stages of the sweep (default 3,4,5,6)")
-    ap.add_argument("--block-n", help="BLOCK_N:warps pairs of the sweep (default 64:4,128:4,"
-                    "128:8)")
+    ap.add_argument("--block-n", help="BLOCK_N:warps pairs of the sweep (default 64:4,64:8,"
+                    "128:4,128:8)")
     ap.add_argument("--write-launches", metavar="FILE",
                     help="with --search: the best launch of each (format, layer's class, rows) "
                     "as JSON, for quant_gpu.py --launches (the faster of two layers of one class)")

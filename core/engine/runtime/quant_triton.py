@@ -163,17 +163,6 @@ def _codes(q, FP8: tl.constexpr):
 
 
 @triton.jit
-def _store_codes(ptr, v, s, r, ok, FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr,
-                 EMIN: tl.constexpr):
-    """float32 ``v`` quantized by the scale ``s`` (reciprocal ``r``) and stored at ``ptr``
-    where ``ok``: int8 codes, or fp8 codes as their uint8 bit patterns."""
-    q = _codes(_quantize(v, s, r, FP8, QMAX, MANT, EMIN), FP8)
-    if FP8 != 0:
-        q = q.to(tl.uint8, bitcast=True)
-    tl.store(ptr, q, mask=ok)
-
-
-@triton.jit
 def _row_scales(x_rows, m_ok, K, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
                 AMAX_BLOCK: tl.constexpr):
     """Dynamic per-row scales: each row's absolute maximum over QMAX (at least 1e-12), correctly
@@ -363,7 +352,10 @@ def _quant_rows(x_ptr, xq_ptr, xs_ptr, static_ptr, K, stride_xm, stride_qm,
     for k0 in range(0, K, BLOCK):
         offs = k0 + tl.arange(0, BLOCK)
         v = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-        _store_codes(xq_ptr + row * stride_qm + offs, v, s, r, offs < K, FP8, QMAX, MANT, EMIN)
+        q = _codes(_quantize(v, s, r, FP8, QMAX, MANT, EMIN), FP8)
+        if FP8 != 0:
+            q = q.to(tl.uint8, bitcast=True)
+        tl.store(xq_ptr + row * stride_qm + offs, q, mask=offs < K)
     tl.store(xs_ptr + row, s)
 
 

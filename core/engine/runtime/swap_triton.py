@@ -147,10 +147,10 @@ def _tile_product(w, a, ACT: tl.constexpr, INT: tl.constexpr):
 
 @triton.jit
 def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, gs_rows,
-              gs_stride, ACT: tl.constexpr, INT: tl.constexpr, TILE_SCALE: tl.constexpr, FP8: tl.constexpr,
-              QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_K: tl.constexpr, ROW1: tl.constexpr, GRID: tl.constexpr = True,
-              EVEN: tl.constexpr = False):
+              gs_stride, ACT: tl.constexpr, INT: tl.constexpr, TILE_SCALE: tl.constexpr,
+              FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ROW1: tl.constexpr,
+              GRID: tl.constexpr = True, EVEN: tl.constexpr = False):
     """``acc`` [BLOCK_N, BLOCK_M] plus the tile at ``k0``: the weight codes ``w`` times the
     activations' operand (:func:`_act_tile`), scaled per tile by the weights' block scales
     ``wsb`` and the rows' group scales when TILE_SCALE."""
@@ -247,8 +247,8 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
             else:
                 wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
             acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
-                            xs_ptr + offs_m, M, ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K,
-                            ROW1, GRID, EVEN)
+                            xs_ptr + offs_m, M, ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN,
+                            BLOCK_M, BLOCK_K, ROW1, GRID, EVEN)
     if PER_ROW:
         row_s = xs[:, None]
     else:
