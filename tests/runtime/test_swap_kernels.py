@@ -20,6 +20,9 @@ import pytest
 import torch
 
 E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
+#: a case's kernel forms (``_case``'s flags) -> the environment variable that asks for each
+FORMS = {"row_epilogue": "ENGINE_SWAP_ROW_EPILOGUE", "even": "ENGINE_SWAP_EVEN",
+         "tma": "ENGINE_SWAP_TMA", "group_codes": "ENGINE_SWAP_GROUP_CODES"}
 #: tile launches (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) small enough for the interpreter
 ONE_SLICE = (64, 128, 1, 4, 2)
 
@@ -202,19 +205,15 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
     saved = st.QUANT_ROWS_FROM, st.AMAX_UNROLL
     st.QUANT_ROWS_FROM = p["quant_rows_from"] or saved[0]
     st.AMAX_UNROLL = saved[1] if p["amax_unroll"] is None else p["amax_unroll"]
-    os.environ["ENGINE_SWAP_ROW_EPILOGUE"] = "1" if p["row_epilogue"] else "0"
-    os.environ["ENGINE_SWAP_EVEN"] = "1" if p["even"] else "0"
-    os.environ["ENGINE_SWAP_TMA"] = "1" if p["tma"] else "0"
-    os.environ["ENGINE_SWAP_GROUP_CODES"] = "1" if p["group_codes"] else "0"
+    for form, flag in FORMS.items():
+        os.environ[flag] = "1" if p[form] else "0"
     try:
         y = st.w8_swap(dev(x), dev(w), dev(ws), config=p["config"],
                        **kw).cpu()
     finally:
         st.QUANT_ROWS_FROM, st.AMAX_UNROLL = saved
-        os.environ.pop("ENGINE_SWAP_ROW_EPILOGUE")
-        os.environ.pop("ENGINE_SWAP_EVEN")
-        os.environ.pop("ENGINE_SWAP_TMA")
-        os.environ.pop("ENGINE_SWAP_GROUP_CODES")
+        for flag in FORMS.values():
+            os.environ.pop(flag)
     mm = qt.w8_mm(dev(x), dev(w), dev(ws), **kw).cpu()
     want, exact = _reference(x, w, ws, p["act"], p["block"], x_scale)
     if bias is not None:
