@@ -16,7 +16,8 @@
 #     quantized products, the step, block fp8's step search, the fp8 model; even: whole
 #     tiles loaded without masks (ENGINE_SWAP_EVEN=1) and weight tiles through tensor
 #     descriptors (ENGINE_SWAP_TMA=1), checks and the four combinations; lean_search: a step
-#     search with both on; group_codes: block fp8's rows quantized first, A/B and a step
+#     search with both on (now the defaults); group_ab: block fp8's rows quantized first, A/B
+#     alone; group_codes: block fp8's rows quantized first, A/B and a step
 #     search; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
@@ -146,15 +147,20 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       done
       ENGINE_SWAP_GROUP_CODES=1 TAIL=40 step 200 group_codes_search python3 \
         benchmarks/quant_gpu.py --step-search fp8_block --write-launches "$OUT/group.json" ;;
-    lean_search)  # the one-row launches chosen by the step with the opt-in forms on (EVEN and
-      # TMA, and 8 warps on 64 outputs among the candidates), then the step with them
-      export ENGINE_SWAP_EVEN=1 ENGINE_SWAP_TMA=1
+    lean_search)  # the one-row launches chosen by the step with whole tiles unmasked and fp8
+      # weight tiles through tensor descriptors (the defaults) and 8 warps on 64 outputs among
+      # the candidates, then the step with them
       W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
-      TAIL=70 step 330 lean_search python3 benchmarks/quant_gpu.py --step-search fp8_tensor \
+      TAIL=70 step 240 lean_search python3 benchmarks/quant_gpu.py --step-search fp8_tensor \
         --write-launches "$OUT/lean.json"
       TAIL=7 step 90 lean_searched python3 benchmarks/quant_gpu.py --batches 1 \
-        --schemes $W8 --launches "$OUT/lean.json"
-      unset ENGINE_SWAP_EVEN ENGINE_SWAP_TMA ;;
+        --schemes $W8 --launches "$OUT/lean.json" ;;
+    group_ab)  # block fp8's rows quantized first (ENGINE_SWAP_GROUP_CODES=1) against the
+      # product that quantizes each tile, at 1, 4 and 16 rows, twice
+      for v in 0 1 0 1; do
+        ENGINE_SWAP_GROUP_CODES=$v TAIL=3 step 60 "group_codes_$v" python3 \
+          benchmarks/quant_gpu.py --batches 1,4,16 --schemes fp8_block
+      done ;;
     final_quant)  # the session's end state: GPU checks of every format's routing, the step,
       # block fp8's launches chosen by the step, the fp8 model at batch 1
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
