@@ -17,8 +17,9 @@
 #     tiles loaded without masks (ENGINE_SWAP_EVEN=1) and weight tiles through tensor
 #     descriptors (ENGINE_SWAP_TMA=1), checks and the four combinations; lean_search: a step
 #     search with both on (now the defaults); group_ab: block fp8's rows quantized first, A/B
-#     alone; group_codes: block fp8's rows quantized first, A/B and a step
-#     search; ncu:
+#     alone; moe_overlap: the MoE model at batch 1 with the next step built during this
+#     one; w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
+#     fp8's rows quantized first, A/B and a step search; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
@@ -161,6 +162,14 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         ENGINE_SWAP_GROUP_CODES=$v TAIL=3 step 60 "group_codes_$v" python3 \
           benchmarks/quant_gpu.py --batches 1,4,16 --schemes fp8_block
       done ;;
+    moe_overlap)  # the MoE model at batch 1 as the server runs it (the next step built while
+      # the GPU runs this one, the overlap scheduler's way) and with the host waiting, twice
+      TAIL=6 step 300 moe_overlap python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners triton,triton --overlap ;;
+    w4_sync)  # one row of 4-bit codes: the swapped affine kernel's launches of 16-32 outputs a
+      # program (mma.sync, no warp-group waits) against 64-128 (warp-group products)
+      TAIL=40 step 300 w4_sync python3 benchmarks/swap_affine_gpu.py --search --rows 1 \
+        --block-n 16:1,32:1,32:2,64:4,128:4 ;;
     final_quant)  # the session's end state: GPU checks of every format's routing, the step,
       # block fp8's launches chosen by the step, the fp8 model at batch 1
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \

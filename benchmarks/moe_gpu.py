@@ -245,7 +245,12 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]
 
 
 def model_rows(batches: list[int], layers: int, hf: list[str],
-               runners: tuple[str, ...] = ("triton", "torch")) -> list[list]:
+               runners: tuple[str, ...] = ("triton", "torch"),
+               overlap: bool = False) -> list[list]:
+    """Decode ms/step of the model under each runner: the host reading each step's tokens
+    before it builds the next; with ``overlap`` also the tokens left on the device and the next
+    step built while the GPU runs this one, as the server's overlap scheduler (its default on a
+    GPU) does."""
     from e2e_gpu import hf_decode, time_decode
     from engine.config import ServerConfig
     from engine.runtime.model_runner import ModelRunner
@@ -271,9 +276,11 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
                                json_model_override_args=override, random_seed=0)
             runner = ModelRunner(cfg)
             graphs = runner.decode_graphs is not None
-            for b in batches:
-                rows.append([f"ours, {spec} runner" + (" + graphs" if graphs else ""),
-                             b, round(time_decode(runner, b, 20)[0], 2)])
+            for b, ahead in [(b, o) for b in batches
+                             for o in ((False, True) if overlap and graphs else (False,))]:
+                rows.append([f"ours, {spec} runner" + (" + graphs" if graphs else "")
+                             + (", overlapped" if ahead else ""),
+                             b, round(time_decode(runner, b, 20, ahead)[0], 2)])
                 print(rows[-1], flush=True)
             del runner
         except Exception:
@@ -320,6 +327,9 @@ def main() -> None:
     ap.add_argument("--shape", default=None,
                     help="E,top_k,H,I of the layer for the kit-free sections (default: "
                          "Qwen3-30B-A3B's 128,8,2048,768), e.g. 8,2,4096,14336 for Mixtral")
+    ap.add_argument("--overlap", action="store_true",
+                    help="model decode: also time each batch with the next step built while "
+                    "the GPU runs this one (the overlap scheduler's way, the server's default)")
     ap.add_argument("--skip", default="", help="sections to skip: kit,kernel,chain,model")
     ap.add_argument("--chain-layers", type=int, default=8,
                     help="layers (own weights) in the chained kernel timing")
@@ -366,7 +376,7 @@ def main() -> None:
         batches = [int(b) for b in args.batches.split(",")]
         out["model"] = model_rows(batches, args.layers,
                                   [m for m in args.hf.split(",") if m],
-                                  tuple(args.runners.split(",")))
+                                  tuple(args.runners.split(",")), args.overlap)
         out["roofline_ms_batch1"] = round(roofline_ms(args.layers), 2)
         table(f"decode ms/step, Qwen3-30B-A3B shape ({args.layers} layers, dummy bf16); "
               f"batch-1 bandwidth roofline of the active parameters "
