@@ -17,8 +17,9 @@
 #     tiles loaded without masks (ENGINE_SWAP_EVEN=1) and weight tiles through tensor
 #     descriptors (ENGINE_SWAP_TMA=1), checks and the four combinations; lean_search: a step
 #     search with both on (now the defaults); group_ab: block fp8's rows quantized first, A/B
-#     alone; moe_overlap: the MoE model at batch 1 with the next step built during this
-#     one; w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
+#     alone; block_tma: block fp8's weight tiles through tensor descriptors, A/B;
+#     moe_overlap: the MoE model at batch 1 with the next step built during this one;
+#     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
@@ -162,6 +163,14 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         ENGINE_SWAP_GROUP_CODES=$v TAIL=3 step 60 "group_codes_$v" python3 \
           benchmarks/quant_gpu.py --batches 1,4,16 --schemes fp8_block
       done ;;
+    block_tma)  # block fp8's weight tiles through tensor descriptors (ENGINE_SWAP_TMA=1) against
+      # its pointer loads (the default), at 1, 4 and 16 rows, twice
+      for v in d 1 d 1; do
+        if [ $v = 1 ]; then export ENGINE_SWAP_TMA=1; else unset ENGINE_SWAP_TMA; fi
+        TAIL=3 step 60 "block_tma_$v" python3 benchmarks/quant_gpu.py --batches 1,4,16 \
+          --schemes fp8_block
+      done
+      unset ENGINE_SWAP_TMA ;;
     moe_overlap)  # the MoE model at batch 1 as the server runs it (the next step built while
       # the GPU runs this one, the overlap scheduler's way) and with the host waiting, twice
       TAIL=6 step 300 moe_overlap python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \

@@ -184,7 +184,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
     scales: more weight bytes in flight per iteration than one scale block's). With
     PDL the first tile's weights are asked into L2 before the wait for the previous kernel,
     and a static activation scale (ACT 3, a constant of the step) is read; nothing else is
-    read, and nothing written, before it. TMA (one scale per output): the weight tiles come
+    read, and nothing written, before it. TMA: the weight tiles come
     through the tensor descriptor ``w_desc`` of ``w`` with [BLOCK_N, BLOCK_K] boxes (Hopper's
     bulk copies, zeros past N and K: no address per 16 bytes and thread). EVEN: every weight
     tile lies inside the weights and its slice (N a multiple of BLOCK_N, slices of whole
@@ -366,14 +366,17 @@ def group_codes() -> bool:
     return os.environ.get("ENGINE_SWAP_GROUP_CODES") != "0"
 
 
-def tma(w_dtype: torch.dtype) -> bool:
-    """Whether one-scale-an-output products of ``w_dtype`` codes read their weight tiles
-    through tensor descriptors where the GPU and the weights allow: fp8 codes by default (on an
-    H200 the Llama-3-8B step's one-row fp8 products took 1.93 ms with them against 1.95
-    without; int8's 2.10 against 2.08, so int8 keeps its pointer loads). ``ENGINE_SWAP_TMA``
-    1: every kind of codes, 0: none (A/B runs)."""
+def tma(w_dtype: torch.dtype, block: tuple[int, int] | None = None) -> bool:
+    """Whether products of ``w_dtype`` codes (``block``: their block scales) read their weight
+    tiles through tensor descriptors where the GPU and the weights allow: fp8 codes with one
+    scale an output by default (on an H200 the Llama-3-8B step's one-row fp8 products took
+    1.93 ms with them against 1.95 without; int8's 2.10 against 2.08, so int8 keeps its
+    pointer loads). ``ENGINE_SWAP_TMA`` 1: every kind of codes and scales (block fp8's not yet
+    timed), 0: none (A/B runs)."""
     flag = os.environ.get("ENGINE_SWAP_TMA")
-    return flag == "1" if flag in ("0", "1") else w_dtype != torch.int8
+    if flag in ("0", "1"):
+        return flag == "1"
+    return w_dtype != torch.int8 and block is None
 
 
 #: tensor descriptors of weights by (address, shape, row stride, dtype, box): a descriptor
@@ -462,7 +465,7 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     unroll = code == 1 and m == 1 and triton.cdiv(k, amax_block) <= AMAX_UNROLL
     part, cnt = _workspace(x.device)
     grid = (triton.cdiv(n, bn), split)
-    desc = _w_descriptor(w, bn, bk) if tma(w.dtype) and block is None and code != 0 else None
+    desc = _w_descriptor(w, bn, bk) if tma(w.dtype, block) and code != 0 else None
     _w8_swap[grid](_bits(x), x_scale if x_scale is not None else w_scale, _bits(w), w_scale,
                    bias if bias is not None else y, y, part, cnt, desc, m, n, k, x.stride(0),
                    w.stride(0), w_scale.stride(0), y.stride(0), split, ACT=code,
