@@ -18,6 +18,7 @@
 #     descriptors (ENGINE_SWAP_TMA=1), checks and the four combinations; lean_search: a step
 #     search with both on (now the defaults); group_ab: block fp8's rows quantized first, A/B
 #     alone; block_tma: block fp8's weight tiles through tensor descriptors, A/B;
+#     scales_ahead: block fp8's scales loaded an iteration ahead, checks and A/B;
 #     moe_overlap: the MoE model at batch 1 with the next step built during this one;
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
@@ -171,6 +172,14 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
           --schemes fp8_block
       done
       unset ENGINE_SWAP_TMA ;;
+    scales_ahead)  # block fp8's scales loaded an iteration ahead (ENGINE_SWAP_SCALES_AHEAD=1):
+      # the GPU checks, then A/B at 1, 4 and 16 rows, twice
+      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_swap_kernels.py
+      for v in 0 1 0 1; do
+        ENGINE_SWAP_SCALES_AHEAD=$v TAIL=3 step 60 "scales_ahead_$v" python3 \
+          benchmarks/quant_gpu.py --batches 1,4,16 --schemes fp8_block
+      done ;;
     moe_overlap)  # the MoE model at batch 1 as the server runs it (the next step built while
       # the GPU runs this one, the overlap scheduler's way) and with the host waiting, twice
       TAIL=6 step 300 moe_overlap python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \

@@ -503,6 +503,24 @@ def test_one_row_block_fp8_from_group_codes(monkeypatch):
     assert 0 < len(loop_ops(on)) < len(loop_ops(off)) - 100
 
 
+@pytest.mark.parametrize("n, k, config", [(4096, 14336, (64, 128, 8, 4, 3, 2)),
+                                           (28672, 4096, (128, 128, 2, 4, 3))])
+def test_one_row_block_fp8_scales_an_iteration_ahead(monkeypatch, n, k, config):
+    """``ENGINE_SWAP_SCALES_AHEAD=1``: one row of block fp8 from group codes (down's launch of
+    a 7168-wide model, two scale blocks an iteration; gate/up's, one) loads the next
+    iteration's block and group scales (each value then has an iteration to arrive, not the
+    time between its load and its tile's product) before the iteration's first product waits,
+    with no more barriers in the loop (no layout conversion through shared memory), a few
+    more instructions at most, and no spills."""
+    (off, _), (on, _) = _swap_ab(monkeypatch, "ENGINE_SWAP_SCALES_AHEAD", n, k, config,
+                                 act="group", block=(128, 128), param="AHEAD")
+    loops = [loop_ops(c) for c in (off, on)]
+    loads = [i for i, op in enumerate(loops[1]) if op.startswith("LDG.")]
+    assert loads and max(loads) < loops[1].index("WARPGROUP.DEPBAR.LE"), loads
+    assert [ops.count("BAR.SYNC.DEFER_BLOCKING") for ops in loops] == [2, 2]
+    assert len(loops[1]) < len(loops[0]) + 20, (len(loops[0]), len(loops[1]))
+
+
 def test_one_row_swap_reads_a_static_scale_over_the_wait():
     """A static activation scale (a constant of the step) is read before the wait for the
     previous kernel, so the loop's first loads do not wait for it."""

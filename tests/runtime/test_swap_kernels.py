@@ -22,7 +22,8 @@ import torch
 E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
 #: a case's kernel forms (``_case``'s flags) -> the environment variable that asks for each
 FORMS = {"row_epilogue": "ENGINE_SWAP_ROW_EPILOGUE", "even": "ENGINE_SWAP_EVEN",
-         "tma": "ENGINE_SWAP_TMA", "group_codes": "ENGINE_SWAP_GROUP_CODES"}
+         "tma": "ENGINE_SWAP_TMA", "group_codes": "ENGINE_SWAP_GROUP_CODES",
+         "scales_ahead": "ENGINE_SWAP_SCALES_AHEAD"}
 #: tile launches (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) small enough for the interpreter
 ONE_SLICE = (64, 128, 1, 4, 2)
 
@@ -31,7 +32,7 @@ def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int 
           k: int = 320, block: tuple | None = None, config: tuple | None = ONE_SLICE,
           bias: bool = False, out: str = "float32", quant_rows_from: int | None = None,
           amax_unroll: int | None = None, row_epilogue: bool = False, even: bool = False,
-          tma: bool = False, group_codes: bool = False):
+          tma: bool = False, group_codes: bool = False, scales_ahead: bool = False):
     """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
     ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
     dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
@@ -40,11 +41,13 @@ def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int 
     (``ENGINE_SWAP_ROW_EPILOGUE=1``; else ``0``), ``even``: whole tiles loaded without masks
     where the shape allows (``ENGINE_SWAP_EVEN=1``), ``tma``: weight tiles through tensor
     descriptors where the GPU allows (``ENGINE_SWAP_TMA=1``; the interpreter: never),
-    ``group_codes``: rows quantized per group first (``ENGINE_SWAP_GROUP_CODES=1``)."""
+    ``group_codes``: rows quantized per group first (``ENGINE_SWAP_GROUP_CODES=1``),
+    ``scales_ahead``: with them, each iteration's scales loaded by the iteration before
+    (``ENGINE_SWAP_SCALES_AHEAD=1``)."""
     return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
                       out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll,
                       row_epilogue=row_epilogue, even=even, tma=tma,
-                      group_codes=group_codes)
+                      group_codes=group_codes, scales_ahead=scales_ahead)
 
 
 CASES = dict(
@@ -124,8 +127,20 @@ CASES = dict(
              config=(64, 64, 2, 4, 2), tma=True, even=True),
        _case("tma block group m=1 (N not whole tiles), two blocks an iteration, split 2", 1,
              act="group", n=200, k=512, block=(128, 128), config=(64, 0, 2, 4, 2, 2), tma=True),
-       _case("tma block group m=3", 3, act="group", n=256, k=384, block=(128, 128),
-             config=(128, 0, 1, 4, 2), tma=True, even=True),
+       _case("tma block group codes m=3", 3, act="group", n=256, k=384, block=(128, 128),
+             config=(128, 0, 1, 4, 2), tma=True, even=True, group_codes=True),
+       _case("scales ahead block m=1 (N not whole tiles), two blocks an iteration, split 2", 1,
+             act="group", n=200, k=768, block=(128, 128), config=(64, 0, 2, 4, 2, 2),
+             group_codes=True, scales_ahead=True),
+       _case("scales ahead block m=5, four blocks an iteration (the last partly past K)", 5,
+             act="group", n=128, k=640, block=(64, 128), config=(64, 0, 1, 4, 2, 4),
+             group_codes=True, scales_ahead=True, even=True),
+       _case("scales ahead block m=1 bias, row epilogue, two weight blocks a program", 1,
+             act="group", n=256, k=384, block=(64, 128), config=(128, 0, 1, 4, 2),
+             bias=True, group_codes=True, scales_ahead=True, row_epilogue=True),
+       _case("scales ahead block m=2 tma split 3", 2, act="group", n=128, k=1024,
+             block=(128, 128), config=(64, 0, 3, 4, 2, 2), group_codes=True,
+             scales_ahead=True, tma=True),
        _case("group codes block m=1 split 2", 1, act="group", n=200, block=(128, 128),
              config=(64, 0, 2, 4, 2), group_codes=True),
        _case("group codes block m=5, two blocks an iteration", 5, act="group", n=256, k=512,

@@ -86,6 +86,37 @@ def _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _tile_scales(ws_rows, gs_rows, k0, k_hi, offs_n, offs_m, N, M, BLOCK_K: tl.constexpr):
+    """The weight block scales [BLOCK_N] and the rows' group scales [BLOCK_M] (as
+    :func:`engine.runtime.quant_triton.quant_groups` writes them: [K / BLOCK_K, M]) of the tile
+    at ``k0``, zeros past the slice."""
+    kb = k0 // BLOCK_K
+    return (tl.load(ws_rows + kb, mask=(offs_n < N) & (offs_n * 0 + k0 < k_hi), other=0.0),
+            tl.load(gs_rows + kb * M, mask=(offs_m < M) & (offs_m * 0 + k0 < k_hi), other=0.0))
+
+
+@triton.jit
+def _iteration_scales(ws_rows, gs_rows, k0, k_hi, offs_n, offs_m, N, M, BLOCK_N: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr):
+    """(weight block scales, group scales) of the SUB (at most 4) tiles from ``k0``, as a flat
+    tuple of four pairs (zeros for the pairs past SUB): an iteration's scales, loaded by the
+    iteration before (separate vectors, each in the layout its product wants)."""
+    zw, zg = tl.zeros((BLOCK_N,), tl.float32), tl.zeros((BLOCK_M,), tl.float32)
+    w0, g0 = _tile_scales(ws_rows, gs_rows, k0, k_hi, offs_n, offs_m, N, M, BLOCK_K)
+    w1, g1, w2, g2, w3, g3 = zw, zg, zw, zg, zw, zg
+    if SUB > 1:
+        w1, g1 = _tile_scales(ws_rows, gs_rows, k0 + BLOCK_K, k_hi, offs_n, offs_m, N, M,
+                              BLOCK_K)
+    if SUB > 2:
+        w2, g2 = _tile_scales(ws_rows, gs_rows, k0 + 2 * BLOCK_K, k_hi, offs_n, offs_m, N, M,
+                              BLOCK_K)
+    if SUB > 3:
+        w3, g3 = _tile_scales(ws_rows, gs_rows, k0 + 3 * BLOCK_K, k_hi, offs_n, offs_m, N, M,
+                              BLOCK_K)
+    return w0, g0, w1, g1, w2, g2, w3, g3
+
+
+@triton.jit
 def _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, gs_rows, gs_stride,
               ACT: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr,
               EMIN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -150,13 +181,17 @@ def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1
               gs_stride, ACT: tl.constexpr, INT: tl.constexpr, TILE_SCALE: tl.constexpr,
               FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ROW1: tl.constexpr,
-              GRID: tl.constexpr = True, EVEN: tl.constexpr = False):
+              GRID: tl.constexpr = True, EVEN: tl.constexpr = False, sg_given=None,
+              SG_GIVEN: tl.constexpr = False):
     """``acc`` [BLOCK_N, BLOCK_M] plus the tile at ``k0``: the weight codes ``w`` times the
     activations' operand (:func:`_act_tile`), scaled per tile by the weights' block scales
-    ``wsb`` and the rows' group scales when TILE_SCALE."""
+    ``wsb`` and the rows' group scales when TILE_SCALE (SG_GIVEN: ``sg_given``, loaded
+    before, instead of the operand's)."""
     a, sg = _act_tile(x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1, gs_rows,
                       gs_stride, ACT, FP8, QMAX, MANT, EMIN, BLOCK_M, BLOCK_K, ROW1, GRID,
                       EVEN)
+    if SG_GIVEN:
+        sg = sg_given
     part = _tile_product(w, a, ACT, INT)
     if TILE_SCALE:
         return acc + part.to(tl.float32) * (wsb[:, None] * sg[None, :])
@@ -172,7 +207,8 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
              AMAX_BLOCK: tl.constexpr, AMAX_CHUNKS: tl.constexpr, ROW1: tl.constexpr,
              SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
              ROW_EPILOGUE: tl.constexpr = False, GRID: tl.constexpr = True,
-             EVEN: tl.constexpr = False, TMA: tl.constexpr = False):
+             EVEN: tl.constexpr = False, TMA: tl.constexpr = False,
+             AHEAD: tl.constexpr = False):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``, 5 codes
@@ -188,7 +224,10 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
     through the tensor descriptor ``w_desc`` of ``w`` with [BLOCK_N, BLOCK_K] boxes (Hopper's
     bulk copies, zeros past N and K: no address per 16 bytes and thread). EVEN: every weight
     tile lies inside the weights and its slice (N a multiple of BLOCK_N, slices of whole
-    steps), so its loads (and the one row's) take no masks. ROW_EPILOGUE (ROW1): the one
+    steps), so its loads (and the one row's) take no masks. AHEAD (block scales, ACT 5): each
+    iteration's block and group scales are loaded by the iteration before
+    (:func:`_iteration_scales`;
+    SUB at most 4), not after its first product. ROW_EPILOGUE (ROW1): the one
     row's sums are taken out of the padded [BLOCK_N, BLOCK_M] block before the epilogue,
     which then handles them as a block of one row (``_finish`` with BLOCK_M 1) instead of
     the whole block. GRID false
@@ -235,20 +274,30 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if AHEAD:  # the first iteration's scales
+        nxt = _iteration_scales(ws_rows, xs_ptr + offs_m, k_lo, k_hi, offs_n, offs_m, N, M,
+                                BLOCK_N, BLOCK_M, BLOCK_K, SUB)
     for k00 in range(k_lo, k_hi, BLOCK_K * SUB):
+        if AHEAD:  # this iteration's scales; the next iteration's asked for
+            now = nxt
+            nxt = _iteration_scales(ws_rows, xs_ptr + offs_m, k00 + BLOCK_K * SUB, k_hi, offs_n,
+                                    offs_m, N, M, BLOCK_N, BLOCK_M, BLOCK_K, SUB)
         for j in tl.static_range(SUB):  # (tiles past the slice: masked, zero products)
             k0 = k00 + j * BLOCK_K
             if TMA:
                 w = w_desc.load([pid_n * BLOCK_N, k0])
             else:
                 w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8, EVEN)
-            if W_BLOCK_N > 0:
+            sg = tl.full((BLOCK_M,), 1.0, tl.float32)
+            if AHEAD:
+                wsb, sg = now[2 * j], now[2 * j + 1]
+            elif W_BLOCK_N > 0:
                 wsb = _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K)
             else:
                 wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
             acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
                             xs_ptr + offs_m, M, ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN,
-                            BLOCK_M, BLOCK_K, ROW1, GRID, EVEN)
+                            BLOCK_M, BLOCK_K, ROW1, GRID, EVEN, sg, AHEAD)
     if PER_ROW:
         row_s = xs[:, None]
     else:
@@ -408,6 +457,13 @@ def even() -> bool:
     return os.environ.get("ENGINE_SWAP_EVEN") != "0"
 
 
+def scales_ahead() -> bool:
+    """Whether block fp8 products from group codes load each iteration's block and group
+    scales an iteration ahead (``ENGINE_SWAP_SCALES_AHEAD=1``, an A/B until it is measured;
+    up to 4 tiles an iteration)."""
+    return os.environ.get("ENGINE_SWAP_SCALES_AHEAD") == "1"
+
+
 def row_epilogue() -> bool:
     """Whether one row's epilogue takes the row out of the padded block first (the default:
     faster on an H200 with every kind of activation scale; ``ENGINE_SWAP_ROW_EPILOGUE=0``:
@@ -477,5 +533,6 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    ROW_EPILOGUE=row_epilogue(), GRID=not _rne_cast(x.device),
                    EVEN=even() and n % bn == 0 and k % (bk * sub * split) == 0,
                    TMA=desc is not None,
+                   AHEAD=code == 5 and scales_ahead() and sub <= 4,
                    **launch_options(x.device))
     return y
