@@ -19,6 +19,7 @@
 #     search with both on (now the defaults); group_ab: block fp8's rows quantized first, A/B
 #     alone; block_tma: block fp8's weight tiles through tensor descriptors, A/B;
 #     scales_ahead: block fp8's scales loaded an iteration ahead, checks and A/B;
+#     block_spread: one row of block fp8 with a column of products a scale group, A/B;
 #     moe_overlap: the MoE model at batch 1 with the next step built during this one;
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
@@ -179,6 +180,18 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       for v in 0 1 0 1; do
         ENGINE_SWAP_SCALES_AHEAD=$v TAIL=3 step 60 "scales_ahead_$v" python3 \
           benchmarks/quant_gpu.py --batches 1,4,16 --schemes fp8_block
+      done ;;
+    block_spread)  # one row of block fp8 with each scale group's sums in their own column
+      # (ENGINE_SWAP_BLOCK_SPREAD=1, _block_row) against the per-tile form, with the scales
+      # ahead too: GPU checks, then the step at 1 and 4 rows (4: the per-tile form both times)
+      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_swap_kernels.py
+      for r in 1 2; do
+        for v in 00 10 01; do
+          ENGINE_SWAP_BLOCK_SPREAD=${v:0:1} ENGINE_SWAP_SCALES_AHEAD=${v:1:1} TAIL=3 step 60 \
+            "block_spread_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1,4 \
+            --schemes fp8_block
+        done
       done ;;
     moe_overlap)  # the MoE model at batch 1 as the server runs it (the next step built while
       # the GPU runs this one, the overlap scheduler's way) and with the host waiting, twice
