@@ -75,6 +75,17 @@ def _as_fp8(bits, FP8: tl.constexpr):
 
 
 @triton.jit
+def _first_tile_to_l2(w_ptr, offs_n, N, K, k_lo, stride_wn, BLOCK_K: tl.constexpr,
+                      PDL: tl.constexpr):
+    """With PDL: the program's first weight tile (constants of the step) asked into L2 before
+    the wait for the previous kernel, one address a line."""
+    if PDL:
+        line = tl.minimum(k_lo + line_offsets(w_ptr, BLOCK_K), K - 1)
+        prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
+                    + line[None, :], PDL)
+
+
+@triton.jit
 def _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
             EVEN: tl.constexpr = False):
     """The weight codes [BLOCK_N, BLOCK_K] of columns ``k0 ..`` (zeros from ``k_hi`` on and
@@ -257,10 +268,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
     k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K * SUB, SPLIT)
     if W_BLOCK_N > 0:
         ws_rows = ws_ptr + (offs_n // W_BLOCK_N).to(tl.int64) * stride_wsn
-    if PDL:  # the first tile's weights (constants of the step) asked into L2, one address a line
-        line = tl.minimum(k_lo + line_offsets(w_ptr, BLOCK_K), K - 1)
-        prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
-                    + line[None, :], PDL)
+    _first_tile_to_l2(w_ptr, offs_n, N, K, k_lo, stride_wn, BLOCK_K, PDL)
     # the rows' scales (s1, r1: the one row's, for ROW1)
     s1 = tl.full((), 1.0, tl.float32)
     if ACT == 3:  # (a constant of the step: read over the wait)
@@ -353,10 +361,7 @@ def _block_row(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K, SPLIT)
     g_lo = k_lo // GROUP_K
-    if PDL:  # the first tile's weights (constants of the step) asked into L2, one address a line
-        line = tl.minimum(k_lo + line_offsets(w_ptr, BLOCK_K), K - 1)
-        prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
-                    + line[None, :], PDL)
+    _first_tile_to_l2(w_ptr, offs_n, N, K, k_lo, stride_wn, BLOCK_K, PDL)
     pdl_wait(PDL)
     acc = tl.zeros((BLOCK_N, COLS), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):  # (one product a tile: the operand, made in
