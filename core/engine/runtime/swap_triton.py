@@ -244,10 +244,9 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
     through the tensor descriptor ``w_desc`` of ``w`` with [BLOCK_N, BLOCK_K] boxes (Hopper's
     bulk copies, zeros past N and K: no address per 16 bytes and thread). EVEN: every weight
     tile lies inside the weights and its slice (N a multiple of BLOCK_N, slices of whole
-    steps), so its loads (and the one row's) take no masks. AHEAD (block scales, ACT 5): each
-    iteration's block and group scales are loaded by the iteration before
-    (:func:`_iteration_scales`;
-    SUB at most 4), not after its first product. ROW_EPILOGUE (ROW1): the one
+    steps), so its loads (and the one row's) take no masks. AHEAD (block scales, ACT 5, SUB at
+    most 4): each iteration's block and group scales are loaded by the iteration before
+    (:func:`_iteration_scales`), not after its first product. ROW_EPILOGUE (ROW1): the one
     row's sums are taken out of the padded [BLOCK_N, BLOCK_M] block before the epilogue,
     which then handles them as a block of one row (``_finish`` with BLOCK_M 1) instead of
     the whole block. GRID false
@@ -349,9 +348,10 @@ def _block_row(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     ``pid_k`` of ``split_k`` (whole tiles; BLOCK_K a multiple of GROUP_K). The row's codes of
     the slice's group j go to column j of the [BLOCK_K, COLS] operand, zeros elsewhere, so one
     product accumulated over the whole slice keeps each group's sums in its own column: the
-    loop is the one-scale product's (no per-tile scaling, nothing waits for a tile's product),
-    and the block and group scales are applied once, after it, before the columns are added
-    up. The tensor cores do COLS columns of work where the padded row does 16."""
+    loop is the one-scale product's (one wait an iteration of BLOCK_K columns, for the
+    operand's buffer, where scaling each group's product waits for every group), and the block
+    and group scales are applied once, after it, before the columns are added up. The tensor
+    cores do COLS columns of work where the padded row does 16."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -549,20 +549,19 @@ def block_spread() -> bool:
 
 
 def _spread_row(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-                block: tuple[int, int], y: torch.Tensor, bias: torch.Tensor | None,
-                config: tuple | None = None) -> bool:
+                block: tuple[int, int], y: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """One row of group codes ``x`` [1, K] (their scales ``x_scale`` [1, K / block[1]]) by
-    block fp8 ``w`` into ``y`` through :func:`_block_row` at ``config`` (else
-    :data:`SPREAD`'s); False (nothing done) where a slice would hold more than 64 scale groups
-    or the launch's tiles do not hold whole groups."""
+    block fp8 ``w`` into ``y`` through :func:`_block_row` at :data:`SPREAD`'s launch; False
+    (nothing done) where a slice would hold more than 64 scale groups or the launch's tiles do
+    not hold whole groups."""
     n, k = w.shape
-    bn, bk, split, warps, stages = config or SPREAD[swap_class(n, k)]
+    bn, bk, split, warps, stages = SPREAD[swap_class(n, k)]
     split = _split(split, n, bn, 1)
     groups = triton.cdiv(triton.cdiv(k, bk), split) * bk // block[1]
     if bk % block[1] or groups > 64:
         return False
     part, cnt = _workspace(x.device)
-    desc = _w_descriptor(w, bn, bk) if tma(w.dtype) else None
+    desc = _w_descriptor(w, bn, bk) if tma(w.dtype, block) else None
     _block_row[(triton.cdiv(n, bn), split)](
         _bits(x), x_scale, _bits(w), w_scale, bias if bias is not None else y, y, part, cnt,
         desc, n, k, w.stride(0), w_scale.stride(0), x_scale.stride(1), y.stride(0), split,
