@@ -183,7 +183,8 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       done ;;
     block_spread)  # one row of block fp8 with each scale group's sums in their own column
       # (ENGINE_SWAP_BLOCK_SPREAD=1, _block_row) against the per-tile form, with the scales
-      # ahead too: GPU checks, then the step at 1 and 4 rows (4: the per-tile form both times)
+      # ahead too: GPU checks, then the step at 1 and 4 rows (the column form serves one row;
+      # at 4 rows the scales ahead still differ)
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_swap_kernels.py
       for r in 1 2; do
