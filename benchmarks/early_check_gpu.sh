@@ -20,6 +20,7 @@
 #     alone; block_tma: block fp8's weight tiles through tensor descriptors, A/B;
 #     scales_ahead: block fp8's scales loaded an iteration ahead, checks and A/B;
 #     block_spread: one row of block fp8 with a column of products a scale group, A/B;
+#     spread_search: its launches chosen by the step;
 #     moe_overlap: the MoE model at batch 1 with the next step built during this one;
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
@@ -194,6 +195,9 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
             --schemes fp8_block
         done
       done ;;
+    spread_search)  # _block_row's one-row launches chosen by the step (ENGINE_SWAP_BLOCK_SPREAD=1)
+      ENGINE_SWAP_BLOCK_SPREAD=1 TAIL=40 step 240 spread_search python3 \
+        benchmarks/quant_gpu.py --step-search fp8_block --write-launches "$OUT/spread.json" ;;
     moe_overlap)  # the MoE model at batch 1 as the server runs it (the next step built while
       # the GPU runs this one, the overlap scheduler's way) and with the host waiting, twice
       TAIL=6 step 300 moe_overlap python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
