@@ -203,9 +203,10 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=6 step 300 moe_overlap python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners triton,triton --overlap ;;
     w4_sync)  # one row of 4-bit codes: the swapped affine kernel's launches of 16-32 outputs a
-      # program (mma.sync, no warp-group waits) against 64-128 (warp-group products)
-      TAIL=40 step 300 w4_sync python3 benchmarks/swap_affine_gpu.py --search --rows 1 \
-        --block-n 16:1,32:1,32:2,64:4,128:4 ;;
+      # program (mma.sync, no warp-group waits) against 128 (warp-group products, the
+      # shipped launches' width); alone in a call (a few hundred launches to build)
+      TAIL=40 step 450 w4_sync python3 benchmarks/swap_affine_gpu.py --search --rows 1 \
+        --block-n 16:1,32:1,32:2,128:4 ;;
     final_quant)  # the session's end state: GPU checks of every format's routing, the step,
       # block fp8's launches chosen by the step, the fp8 model at batch 1
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
