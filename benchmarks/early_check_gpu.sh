@@ -20,7 +20,8 @@
 #     alone; block_tma: block fp8's weight tiles through tensor descriptors, A/B;
 #     scales_ahead: block fp8's scales loaded an iteration ahead, checks and A/B;
 #     block_spread: one row of block fp8 with a column of products a scale group, A/B;
-#     spread_search: its launches chosen by the step;
+#     spread_search: its launches chosen by the step; late_scale: one row's dynamic scale
+#     taken after the first weight tiles are asked for, A/B;
 #     moe_overlap: the MoE model at batch 1 with the next step built during this one;
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
@@ -198,6 +199,15 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
     spread_search)  # _block_row's one-row launches chosen by the step (ENGINE_SWAP_BLOCK_SPREAD=1)
       ENGINE_SWAP_BLOCK_SPREAD=1 TAIL=40 step 240 spread_search python3 \
         benchmarks/quant_gpu.py --step-search fp8_block --write-launches "$OUT/spread.json" ;;
+    late_scale)  # one row's dynamic scale taken after the first weight tiles are asked for
+      # (ENGINE_SWAP_LATE_SCALE=1): GPU checks, then the step with dynamic per-row fp8 and
+      # int8 (static fp8 as the control), off and on twice
+      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_swap_kernels.py
+      for v in 0 1 0 1; do
+        ENGINE_SWAP_LATE_SCALE=$v TAIL=5 step 60 "late_scale_$v" python3 \
+          benchmarks/quant_gpu.py --batches 1 --schemes fp8_tensor,ct_fp8_dynamic,ct_w8a8_int8
+      done ;;
     moe_overlap)  # the MoE model at batch 1 as the server runs it (the next step built while
       # the GPU runs this one, the overlap scheduler's way) and with the host waiting, twice
       TAIL=6 step 300 moe_overlap python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \

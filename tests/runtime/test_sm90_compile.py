@@ -545,6 +545,29 @@ def test_one_row_block_fp8_spread_over_columns(monkeypatch, n, k):
     assert 0 < len(ops) < 450, len(ops)
 
 
+@pytest.mark.parametrize("n, k, config", [(6144, 4096, (64, 512, 1, 4, 4)),
+                                           (4096, 14336, (128, 256, 4, 4, 4))])
+def test_one_row_dynamic_scale_after_the_first_tiles_are_asked_for(monkeypatch, n, k, config):
+    """``ENGINE_SWAP_LATE_SCALE=1``: one row with a dynamic scale (q/k/v's launch of
+    Llama-3-8B, and down's, K in slices) asks for its first weight tiles (the pipeliner's
+    copies) right after the wait and reads the row for its maximum after them; before, the
+    copies waited for the row's maximum (its loads and two cross-warp reductions). No
+    spills; the maximum's code sits in the loop behind a branch that only the first iteration
+    takes (the loop's code about doubles, what a later iteration runs does not)."""
+    (off, _), (on, _) = _swap_ab(monkeypatch, "ENGINE_SWAP_LATE_SCALE", n, k, config,
+                                 act="token", param="LATE")
+
+    def first(ops, prefix):
+        return next(i for i, op in enumerate(ops) if op.startswith(prefix))
+
+    before, after = sass_ops(off), sass_ops(on)
+    assert first(before, "LDG.E.128") < first(before, "LDGSTS")
+    assert first(after, "LDGSTS") < first(after, "LDG.E.128")
+    loops = [loop_ops(c) for c in (off, on)]
+    assert [ops.count("SHFL.BFLY") > 0 for ops in loops] == [False, True]
+    assert "BRA" in loops[1][:4], loops[1][:4]  # (the first iteration's branch, at the top)
+
+
 def test_one_row_swap_reads_a_static_scale_over_the_wait():
     """A static activation scale (a constant of the step) is read before the wait for the
     previous kernel, so the loop's first loads do not wait for it."""

@@ -23,7 +23,8 @@ E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
 #: a case's kernel forms (``_case``'s flags) -> the environment variable that asks for each
 FORMS = {"row_epilogue": "ENGINE_SWAP_ROW_EPILOGUE", "even": "ENGINE_SWAP_EVEN",
          "tma": "ENGINE_SWAP_TMA", "group_codes": "ENGINE_SWAP_GROUP_CODES",
-         "scales_ahead": "ENGINE_SWAP_SCALES_AHEAD", "spread": "ENGINE_SWAP_BLOCK_SPREAD"}
+         "scales_ahead": "ENGINE_SWAP_SCALES_AHEAD", "spread": "ENGINE_SWAP_BLOCK_SPREAD",
+         "late_scale": "ENGINE_SWAP_LATE_SCALE"}
 #: tile launches (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) small enough for the interpreter
 ONE_SLICE = (64, 128, 1, 4, 2)
 
@@ -33,7 +34,7 @@ def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int 
           bias: bool = False, out: str = "float32", quant_rows_from: int | None = None,
           amax_unroll: int | None = None, row_epilogue: bool = False, even: bool = False,
           tma: bool = False, group_codes: bool = False, scales_ahead: bool = False,
-          spread: tuple | None = None):
+          spread: tuple | None = None, late_scale: bool = False):
     """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
     ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
     dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
@@ -45,11 +46,14 @@ def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int 
     ``group_codes``: rows quantized per group first (``ENGINE_SWAP_GROUP_CODES=1``),
     ``scales_ahead``: with them, each iteration's scales loaded by the iteration before
     (``ENGINE_SWAP_SCALES_AHEAD=1``), ``spread``: with them, one row through ``_block_row``
-    at this launch (``ENGINE_SWAP_BLOCK_SPREAD=1``; the case fails if it is not taken)."""
+    at this launch (``ENGINE_SWAP_BLOCK_SPREAD=1``; the case fails if it is not taken),
+    ``late_scale``: one row's dynamic scale taken in the first iteration
+    (``ENGINE_SWAP_LATE_SCALE=1``)."""
     return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
                       out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll,
                       row_epilogue=row_epilogue, even=even, tma=tma,
-                      group_codes=group_codes, scales_ahead=scales_ahead, spread=spread)
+                      group_codes=group_codes, scales_ahead=scales_ahead, spread=spread,
+                      late_scale=late_scale)
 
 
 CASES = dict(
@@ -163,6 +167,14 @@ CASES = dict(
        _case("spread block m=1, 18 groups a slice (32 columns), split 2, half out", 1,
              act="group", n=64, k=4352, block=(128, 128), out="float16", group_codes=True,
              even=True, spread=(64, 256, 2, 4, 2)),
+       _case("late scale fp8 token m=1 split 4 (the last slice empty)", 1,
+             config=(64, 64, 4, 4, 2), late_scale=True),
+       _case("late scale int8 token m=1 bias, half out", 1, fmt="int8", bias=True,
+             out="float16", late_scale=True),
+       _case("late scale e5m2 token m=1 whole tiles split 2, row epilogue", 1, fmt=E5M2,
+             n=128, k=256, config=(64, 64, 2, 4, 2), even=True, row_epilogue=True,
+             late_scale=True),
+       _case("late scale asked, 3 rows fp8 token", 3, late_scale=True),
        _case("default launch fp8 token m=4", 4, n=64, k=384, config=None),
        _case("default launch fp8 none m=1 wide", 1, act=None, n=256, k=64, config=None),
        _case("default launch block group m=2", 2, act="group", n=128, k=384, block=(128, 128),

@@ -228,7 +228,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
              SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
              ROW_EPILOGUE: tl.constexpr = False, GRID: tl.constexpr = True,
              EVEN: tl.constexpr = False, TMA: tl.constexpr = False,
-             AHEAD: tl.constexpr = False):
+             AHEAD: tl.constexpr = False, LATE: tl.constexpr = False):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``, 5 codes
@@ -273,7 +273,9 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
     if ACT == 3:  # (a constant of the step: read over the wait)
         s1 = tl.load(xs_ptr)
     pdl_wait(PDL)
-    if ACT == 1 and ROW1:
+    if ACT == 1 and ROW1 and LATE:  # (the scale in the first iteration, below)
+        xs = tl.full((BLOCK_M,), 1.0, tl.float32)
+    elif ACT == 1 and ROW1:
         s1 = _row1_scale(x_ptr, K, QMAX, AMAX_BLOCK, AMAX_CHUNKS)
         xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + s1
     elif ACT == 1:
@@ -294,6 +296,10 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
         nxt = _iteration_scales(ws_rows, xs_ptr + offs_m, k_lo, k_hi, offs_n, offs_m, N, M,
                                 BLOCK_N, BLOCK_M, BLOCK_K, SUB)
     for k00 in range(k_lo, k_hi, BLOCK_K * SUB):
+        if ACT == 1 and ROW1 and LATE:
+            if k00 == k_lo:  # (after the pipeliner has asked for the first weight tiles)
+                s1 = _row1_scale(x_ptr, K, QMAX, AMAX_BLOCK, AMAX_CHUNKS)
+                r1 = tl.math.div_rn(1.0, s1)
         if AHEAD:  # this iteration's scales; the next iteration's asked for
             now = nxt
             nxt = _iteration_scales(ws_rows, xs_ptr + offs_m, k00 + BLOCK_K * SUB, k_hi, offs_n,
@@ -314,6 +320,10 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
             acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
                             xs_ptr + offs_m, M, ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN,
                             BLOCK_M, BLOCK_K, ROW1, GRID, EVEN, sg, AHEAD)
+    if ACT == 1 and ROW1 and LATE:
+        if k_lo >= k_hi:  # (an empty slice: its program may still finish the others' sums)
+            s1 = _row1_scale(x_ptr, K, QMAX, AMAX_BLOCK, AMAX_CHUNKS)
+        xs = tl.zeros((BLOCK_M,), dtype=tl.float32) + s1
     if PER_ROW:
         row_s = xs[:, None]
     else:
@@ -541,6 +551,14 @@ def scales_ahead() -> bool:
     return os.environ.get("ENGINE_SWAP_SCALES_AHEAD") == "1"
 
 
+def late_scale() -> bool:
+    """Whether one row's dynamic scale is taken in the K loop's first iteration, after the
+    software pipeliner has asked for the first weight tiles, instead of before the loop, whose
+    tiles are then asked for only once the row's maximum is known
+    (``ENGINE_SWAP_LATE_SCALE=1``, an A/B until it is measured)."""
+    return os.environ.get("ENGINE_SWAP_LATE_SCALE") == "1"
+
+
 def block_spread() -> bool:
     """Whether one row of block fp8 from group codes goes to :func:`_block_row` (each scale
     group's sums in their own column of the product, scaled once after the loop;
@@ -644,5 +662,6 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    EVEN=even() and n % bn == 0 and k % (bk * sub * split) == 0,
                    TMA=desc is not None,
                    AHEAD=code == 5 and scales_ahead() and sub <= 4,
+                   LATE=code == 1 and m == 1 and late_scale(),
                    **launch_options(x.device))
     return y
