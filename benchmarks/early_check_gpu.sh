@@ -21,7 +21,8 @@
 #     scales_ahead: block fp8's scales loaded an iteration ahead, checks and A/B;
 #     block_spread: one row of block fp8 with a column of products a scale group, A/B;
 #     spread_search: its launches chosen by the step; late_scale: one row's dynamic scale
-#     taken after the first weight tiles are asked for, A/B;
+#     taken after the first weight tiles are asked for, A/B; quant_ab: the GPU checks once,
+#     then block_spread's, block_tma's and late_scale's A/Bs;
 #     moe_overlap: the MoE model at batch 1 with the next step built during this one;
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
@@ -33,6 +34,50 @@
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
 OUT=${OUT:-/tmp/early_check}
 source benchmarks/gpu_step.sh
+swap_tests() {  # the swapped 8-bit kernel's GPU checks (every form on and off)
+  TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/runtime/test_swap_kernels.py
+}
+ab_block_tma() {  # block fp8's weight tiles through tensor descriptors (ENGINE_SWAP_TMA=1)
+  # against its pointer loads (the default), at 1, 4 and 16 rows, twice
+  for r in 1 2; do
+    for v in d 1; do
+      if [ $v = 1 ]; then export ENGINE_SWAP_TMA=1; else unset ENGINE_SWAP_TMA; fi
+      TAIL=3 step 60 "block_tma_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1,4,16 \
+        --schemes fp8_block
+    done
+  done
+  unset ENGINE_SWAP_TMA
+}
+ab_scales_ahead() {  # block fp8's scales loaded an iteration ahead (ENGINE_SWAP_SCALES_AHEAD=1),
+  # at 1, 4 and 16 rows, twice
+  for r in 1 2; do
+    for v in 0 1; do
+      ENGINE_SWAP_SCALES_AHEAD=$v TAIL=3 step 60 "scales_ahead_${v}_$r" python3 \
+        benchmarks/quant_gpu.py --batches 1,4,16 --schemes fp8_block
+    done
+  done
+}
+ab_block_spread() {  # one row of block fp8 with each scale group's sums in their own column
+  # (ENGINE_SWAP_BLOCK_SPREAD=1, _block_row) and the scales ahead, against the per-tile form, at
+  # 1 and 4 rows (the column form serves one row; at 4 rows the scales ahead still differ)
+  for r in 1 2; do
+    for v in 00 10 01; do
+      ENGINE_SWAP_BLOCK_SPREAD=${v:0:1} ENGINE_SWAP_SCALES_AHEAD=${v:1:1} TAIL=3 step 60 \
+        "block_spread_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1,4 \
+        --schemes fp8_block
+    done
+  done
+}
+ab_late_scale() {  # one row's dynamic scale taken after the first weight tiles are asked for
+  # (ENGINE_SWAP_LATE_SCALE=1): dynamic per-row fp8 and int8, static fp8 as the control, twice
+  for r in 1 2; do
+    for v in 0 1; do
+      ENGINE_SWAP_LATE_SCALE=$v TAIL=5 step 60 "late_scale_${v}_$r" python3 \
+        benchmarks/quant_gpu.py --batches 1 --schemes fp8_tensor,ct_fp8_dynamic,ct_w8a8_int8
+    done
+  done
+}
 steps=("${@:-checks chain e2e moe quant}")
 for s in ${steps[*]}; do
   case $s in
@@ -167,47 +212,14 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         ENGINE_SWAP_GROUP_CODES=$v TAIL=3 step 60 "group_codes_$v" python3 \
           benchmarks/quant_gpu.py --batches 1,4,16 --schemes fp8_block
       done ;;
-    block_tma)  # block fp8's weight tiles through tensor descriptors (ENGINE_SWAP_TMA=1) against
-      # its pointer loads (the default), at 1, 4 and 16 rows, twice
-      for v in d 1 d 1; do
-        if [ $v = 1 ]; then export ENGINE_SWAP_TMA=1; else unset ENGINE_SWAP_TMA; fi
-        TAIL=3 step 60 "block_tma_$v" python3 benchmarks/quant_gpu.py --batches 1,4,16 \
-          --schemes fp8_block
-      done
-      unset ENGINE_SWAP_TMA ;;
-    scales_ahead)  # block fp8's scales loaded an iteration ahead (ENGINE_SWAP_SCALES_AHEAD=1):
-      # the GPU checks, then A/B at 1, 4 and 16 rows, twice
-      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/runtime/test_swap_kernels.py
-      for v in 0 1 0 1; do
-        ENGINE_SWAP_SCALES_AHEAD=$v TAIL=3 step 60 "scales_ahead_$v" python3 \
-          benchmarks/quant_gpu.py --batches 1,4,16 --schemes fp8_block
-      done ;;
-    block_spread)  # one row of block fp8 with each scale group's sums in their own column
-      # (ENGINE_SWAP_BLOCK_SPREAD=1, _block_row) against the per-tile form, with the scales
-      # ahead too: GPU checks, then the step at 1 and 4 rows (the column form serves one row;
-      # at 4 rows the scales ahead still differ)
-      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/runtime/test_swap_kernels.py
-      for r in 1 2; do
-        for v in 00 10 01; do
-          ENGINE_SWAP_BLOCK_SPREAD=${v:0:1} ENGINE_SWAP_SCALES_AHEAD=${v:1:1} TAIL=3 step 60 \
-            "block_spread_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1,4 \
-            --schemes fp8_block
-        done
-      done ;;
+    block_tma) ab_block_tma ;;  # block fp8's weight tiles through descriptors, A/B
+    scales_ahead) swap_tests; ab_scales_ahead ;;  # block fp8's scales an iteration ahead
+    block_spread) swap_tests; ab_block_spread ;;  # a column of products a scale group, A/B
     spread_search)  # _block_row's one-row launches chosen by the step (ENGINE_SWAP_BLOCK_SPREAD=1)
       ENGINE_SWAP_BLOCK_SPREAD=1 TAIL=40 step 240 spread_search python3 \
         benchmarks/quant_gpu.py --step-search fp8_block --write-launches "$OUT/spread.json" ;;
-    late_scale)  # one row's dynamic scale taken after the first weight tiles are asked for
-      # (ENGINE_SWAP_LATE_SCALE=1): GPU checks, then the step with dynamic per-row fp8 and
-      # int8 (static fp8 as the control), off and on twice
-      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/runtime/test_swap_kernels.py
-      for v in 0 1 0 1; do
-        ENGINE_SWAP_LATE_SCALE=$v TAIL=5 step 60 "late_scale_$v" python3 \
-          benchmarks/quant_gpu.py --batches 1 --schemes fp8_tensor,ct_fp8_dynamic,ct_w8a8_int8
-      done ;;
+    late_scale) swap_tests; ab_late_scale ;;  # one row's dynamic scale after the first tiles
+    quant_ab) swap_tests; ab_block_spread; ab_block_tma; ab_late_scale ;;  # all three, one call
     moe_overlap)  # the MoE model at batch 1 as the server runs it (the next step built while
       # the GPU runs this one, the overlap scheduler's way) and with the host waiting, twice
       TAIL=6 step 300 moe_overlap python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
