@@ -42,7 +42,7 @@ def random_blocks(qtype: str, rows: int, cols: int, gen: np.random.Generator) ->
 @pytest.mark.parametrize("qtype", sorted(kernels.QTYPES))
 @pytest.mark.parametrize("rows,cols", [(1, 32), (37, 96), (64, 576)])
 def test_kernel_matches_float64_reference(qtype, rows, cols):
-    gen = np.random.default_rng()
+    gen = np.random.default_rng(101)
     w = random_blocks(qtype, rows, cols, gen)
     dense = w.dequantize().double()
     for m in (1, 2, 5, 8, 9, 17):  # register-block sizes and their remainders
@@ -56,7 +56,7 @@ def test_kernel_matches_float64_reference(qtype, rows, cols):
 
 @pytest.mark.parametrize("qtype", sorted(kernels.QTYPES))
 def test_dequantize_is_bit_identical_to_the_gguf_package(qtype):
-    w = random_blocks(qtype, 37, 96, np.random.default_rng())
+    w = random_blocks(qtype, 37, 96, np.random.default_rng(102))
     got = kernels.dequantize(kernels.QTYPES[qtype], w.data, 37, 96)
     assert torch.equal(got, w.dequantize())
 
@@ -66,7 +66,7 @@ def test_kernel_rows_are_batch_invariant(kind, qtype):
     """A token's output does not depend on the other rows of its batch (float32 and int8
     activations)."""
     matmul = kernels.matmul if kind == "float32" else kernels.matmul_q8
-    w = random_blocks(qtype, 48, 128, np.random.default_rng())
+    w = random_blocks(qtype, 48, 128, np.random.default_rng(103))
     x = torch.randn(13, 128)
     together = matmul(kernels.QTYPES[qtype], w.data, 48, x)
     for i in (0, 7, 12):
@@ -110,7 +110,8 @@ def q8_reference(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("qtype", sorted(kernels.QTYPES))
 @pytest.mark.parametrize("rows,cols", [(1, 32), (37, 96), (64, 576), (20, 288)])
 def test_int8_kernel_matches_quantized_activation_reference(qtype, rows, cols):
-    gen = np.random.default_rng()
+    gen = np.random.default_rng(rows * 1000 + cols)
+    torch.manual_seed(rows + cols)
     w = random_blocks(qtype, rows, cols, gen)
     dense = w.dequantize()
     for m in (1, 2, 5, 8, 9, 17):
@@ -121,15 +122,16 @@ def test_int8_kernel_matches_quantized_activation_reference(qtype, rows, cols):
         assert y.shape == (m, rows) and y.dtype == torch.float32
         tol = 1e-5 * (x.double().abs() @ dense.double().abs().T).max().item() + 1e-6
         assert (y.double() - ref).abs().max().item() <= tol, (qtype, m)
-        # and within int8 rounding of the exact product (over 8 outputs or more: one output
-        # alone can be near zero, and its relative error then anything)
+        # and within int8 rounding of the exact product: each activation moves by at most half
+        # its block's step (amax / 254), so each output by at most that times |w| summed
         exact = x.double() @ dense.double().T
-        if y.numel() >= 8:
-            assert (y.double() - exact).norm().item() <= 2e-2 * exact.norm().item() + 1e-6
+        step = x.double().reshape(m, -1, 32).abs().amax(-1) / 254
+        bound = step @ dense.double().abs().reshape(rows, -1, 32).sum(-1).T
+        assert ((y.double() - exact).abs() <= bound * (1 + 1e-4) + tol).all(), (qtype, m)
 
 
 def test_int8_kernel_writes_into_slices():
-    w = random_blocks("Q4_0", 48, 128, np.random.default_rng())
+    w = random_blocks("Q4_0", 48, 128, np.random.default_rng(104))
     x = torch.randn(13, 128)
     together = kernels.matmul_q8(kernels.QTYPES["Q4_0"], w.data, 48, x)
     wide = torch.zeros(13, 60)
@@ -138,7 +140,7 @@ def test_int8_kernel_writes_into_slices():
 
 
 def test_method_float32_path_exact_products_dense_copy_for_large_batches():
-    gen = np.random.default_rng()
+    gen = np.random.default_rng(105)
     shards = [random_blocks("Q4_1", 24, 64, gen), random_blocks("Q4_1", 8, 64, gen)]
     layer = fused_layer(shards, max_rows=8, bias=True)
     assert layer.gguf_blocks is not None and layer.gguf_blocks.shape == (32, 40)
@@ -155,7 +157,7 @@ def test_method_float32_path_exact_products_dense_copy_for_large_batches():
 
 
 def test_method_int8_path_every_batch_size_from_the_blocks():
-    gen = np.random.default_rng()
+    gen = np.random.default_rng(106)
     shards = [random_blocks("Q8_0", 24, 64, gen), random_blocks("Q8_0", 8, 64, gen)]
     layer = fused_layer(shards, max_rows=8, bias=True, activations="int8")
     dense = torch.cat([s.dequantize() for s in shards])
@@ -167,7 +169,7 @@ def test_method_int8_path_every_batch_size_from_the_blocks():
 
 @pytest.mark.parametrize("activations", ["float32", "int8"])
 def test_method_mixed_types_run_per_shard_unsupported_types_stay_dense(activations, caplog):
-    gen = np.random.default_rng()
+    gen = np.random.default_rng(107)
     shards = [random_blocks("Q4_1", 8, 64, gen), random_blocks("Q8_0", 8, 64, gen)]
     mixed = fused_layer(shards, activations=activations)
     assert mixed.gguf_blocks is None and mixed.weight is None  # no dense copy is kept
