@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantize, _row1_scale,
-                                         _row_scales, _slice, _split, _workspace,
+                                         _row_scales, _slice, _split, _workspace, fp8_from_bits,
                                          quant_groups, quant_rows, shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger, pdl_wait,
                                       prefetch_l2)
@@ -63,15 +63,6 @@ def _as_codes(ptr, FP8: tl.constexpr):
         return ptr.to(tl.pointer_type(tl.float8e5), bitcast=True)
     else:
         return ptr
-
-
-@triton.jit
-def _as_fp8(bits, FP8: tl.constexpr):
-    """uint8 bit patterns as the fp8 codes they are (FP8 1: e4m3, 2: e5m2)."""
-    if FP8 == 1:
-        return bits.to(tl.float8e4nv, bitcast=True)
-    else:
-        return bits.to(tl.float8e5, bitcast=True)
 
 
 @triton.jit
@@ -110,9 +101,9 @@ def _tile_scales(ws_rows, gs_rows, k0, k_hi, offs_n, offs_m, N, M, BLOCK_K: tl.c
     """The weight block scales [BLOCK_N] and the rows' group scales [BLOCK_M] (as
     :func:`engine.runtime.quant_triton.quant_groups` writes them: [K / BLOCK_K, M]) of the tile
     at ``k0``, zeros past the slice."""
-    kb = k0 // BLOCK_K
-    return (tl.load(ws_rows + kb, mask=(offs_n < N) & (offs_n * 0 + k0 < k_hi), other=0.0),
-            tl.load(gs_rows + kb * M, mask=(offs_m < M) & (offs_m * 0 + k0 < k_hi), other=0.0))
+    return (_w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K),
+            tl.load(gs_rows + (k0 // BLOCK_K) * M, mask=(offs_m < M) & (offs_m * 0 + k0 < k_hi),
+                    other=0.0))
 
 
 @triton.jit
@@ -385,7 +376,7 @@ def _block_row(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
         else:
             codes = tl.load(x_ptr + offs_k[None, :], mask=(offs_k < k_hi)[None, :], other=0)
         spread = tl.where(cols[:, None] == (offs_k // GROUP_K - g_lo)[None, :], codes, 0)
-        acc = tl.dot(w, tl.trans(_as_fp8(spread, FP8)), acc)
+        acc = tl.dot(w, tl.trans(fp8_from_bits(spread, FP8)), acc)
     g = g_lo + cols
     g_ok = g * GROUP_K < k_hi
     ws = tl.load(ws_ptr + (offs_n // GROUP_N).to(tl.int64)[:, None] * stride_wsn + g[None, :],
