@@ -111,6 +111,10 @@ def sampler(dev: str) -> None:
     rows[1].sampling_params = SamplingParams(temperature=0.0, repetition_penalty=1.5)
     check(s(x.clone(), rows, given).token_ids != [5, 6],
           "a penalised row's logits change: the graph's tokens must not be taken")
+    forced = SamplingParams(temperature=0.8, logit_bias={"11": 100}).validate()
+    rows[1].sampling_params = SamplingParams(temperature=0.0)
+    check(s(x.clone(), [rows[0], Row(forced, 4, 2)], given).token_ids == [int(
+        draw(x, rows)[0]), 11], "a biased row's logits change: its token is drawn from them")
     lp = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=2)
     out = s(x[:1].clone(), [Row(lp)], given[:1])
     want = float(torch.log_softmax(x[:1].float(), -1)[0, 5])

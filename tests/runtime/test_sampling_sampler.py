@@ -269,3 +269,63 @@ def test_a_row_whose_preparation_raises_is_reported_and_the_others_are_unaffecte
     out = Sampler()(logits.clone(), rows)
     assert list(out.errors) == [1] and "boom" in str(out.errors[1])
     assert [out.token_ids[0], out.token_ids[2]] == alone
+
+
+def test_logit_bias_is_added_before_penalties_and_changes_the_choice() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    r = row(temperature=0.0, logit_bias={"2": 5.0, 3: -100}, repetition_penalty=2.0, out=[2])
+    out = Sampler()(logits, [r])
+    # token 2: 0 + 5 = 5, then (generated) divided by 2 -> 2.5 beats token 0's 2.0
+    assert logits.tolist() == [[2.0, 1.0, 2.5, -101.0]]
+    assert out.token_ids == [2]
+
+
+def test_logit_bias_can_ban_or_force_a_token_in_a_sampled_row() -> None:
+    logits = torch.zeros(2, 8)
+    banned = row(seed=3, temperature=1.0, logit_bias={str(t): -100 for t in range(7)})
+    forced = row(seed=4, temperature=1.0, logit_bias={"5": 100})
+    for _ in range(20):
+        assert Sampler()(logits.clone(), [banned, forced]).token_ids == [7, 5]
+
+
+def test_logit_bias_applies_to_its_row_alone_and_reaches_the_logprobs() -> None:
+    logits = torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
+    biased = row(temperature=0.0, logit_bias={0: 3.0}, logprobs=True)
+    plain = row(temperature=0.0, logprobs=True)
+    out = Sampler()(logits.clone(), [biased, plain])
+    assert out.token_ids == [0, 1]
+    expected = torch.log_softmax(torch.tensor([3.0, 1.0, 0.0]), 0)[0].item()
+    assert out.logprobs[0] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("bias, message", [
+    ({"7": 100.5}, "must be a number in [-100, 100]"),
+    ({"7": float("nan")}, "must be a number"),
+    ({"7": "5"}, "must be a number"),
+    ({"7": True}, "must be a number"),
+    ({"-1": 1}, "keys must be token ids"),
+    ({"seven": 1}, "keys must be token ids"),
+    ({"1.5": 1}, "keys must be token ids"),
+    ([1, 2], "must be an object"),
+])
+def test_invalid_logit_bias_names_the_field(bias: object, message: str) -> None:
+    with pytest.raises(InvalidParam, match=r"logit_bias") as info:
+        SamplingParams.from_dict({"logit_bias": bias})
+    assert info.value.param == "logit_bias"
+    assert message in str(info.value)
+
+
+def test_logit_bias_keys_are_checked_against_the_vocabulary() -> None:
+    sp = SamplingParams.from_dict({"logit_bias": {"9": 1, "10": -2}})
+    assert sp.logit_bias == {9: 1.0, 10: -2.0}
+    sp.validate(vocab_size=11)
+    with pytest.raises(InvalidParam, match="below the vocabulary size 10"):
+        sp.validate(vocab_size=10)
+    assert SamplingParams.from_dict({"logit_bias": None}).logit_bias == {}
+
+
+def test_logit_bias_beyond_the_logits_fails_its_row_alone() -> None:
+    logits = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    out = Sampler()(logits, [row(temperature=0.0, logit_bias={5: 1.0}), row(temperature=0.0)])
+    assert set(out.errors) == {0} and "logit_bias" in str(out.errors[0])
+    assert out.token_ids[1] == 0

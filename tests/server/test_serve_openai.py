@@ -82,3 +82,29 @@ def test_unknown_model_is_404(client) -> None:
         client.chat.completions.create(model="no-such-model", max_tokens=2,
                                        messages=[{"role": "user", "content": "Hi"}])
     assert "no-such-model" in str(exc.value)
+
+
+def test_logit_bias_bans_and_forces_tokens(client, model, main_server) -> None:
+    import httpx
+
+    body = {"input_ids": [1, 504, 3485, 314], "sampling_params": {
+        "temperature": 0, "max_new_tokens": 4, "ignore_eos": True}}
+    with httpx.Client(base_url=main_server.url, timeout=60) as c:
+        plain = c.post("/generate", json=body).json()["output_ids"]
+        body["sampling_params"]["logit_bias"] = {str(plain[0]): -100}
+        banned = c.post("/generate", json=body).json()["output_ids"]
+        body["sampling_params"]["logit_bias"] = {"1000": 100}
+        forced = c.post("/generate", json=body).json()["output_ids"]
+    assert banned[0] != plain[0] and plain[0] not in banned
+    assert forced == [1000] * 4
+    # the OpenAI endpoints: the completion's first token is the one the bias forces
+    kw = dict(model=model, prompt="The sky is", max_tokens=2, temperature=0, logprobs=1)
+    r = client.completions.create(**kw)
+    first = r.choices[0].logprobs.tokens[0]
+    other = client.completions.create(**kw, logit_bias={"1000": 100})
+    forced_text = other.choices[0].logprobs.tokens[0]
+    assert forced_text != first
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0,
+        logit_bias={"1000": 100})
+    assert chat.choices[0].message.content == forced_text * 2

@@ -87,13 +87,23 @@ def one_by_one(server) -> list[list[int]]:
         return [generate(c, p)["output_ids"] for p in prompts()]
 
 
+def banned(client: httpx.Client, ids: list[int]) -> dict[str, Any]:
+    """The first prompt, greedy, with the second token of its plain output ``ids`` banned by a
+    logit bias (a grounded prompt: n-gram drafts keep proposing the banned token)."""
+    return generate(client, prompts()[0], sampling_params={
+        "temperature": 0, "max_new_tokens": MAX_TOKENS, "logit_bias": {str(ids[1]): -100}})
+
+
 @pytest.fixture(scope="module")
-def references() -> tuple[list[list[int]], list[list[int]]]:
-    """The plain server's ids: the prompts, then the constrained records."""
+def references() -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """The plain server's ids: the prompts, the constrained records, the biased request."""
     with running(start_server("plain", "--max-running-requests", "16")) as s:
+        plain = one_by_one(s["plain"])
         with s["plain"].client(timeout=600) as c:
             json_ids = [constrained(c, r)["output_ids"] for r in RECORDS]
-        return one_by_one(s["plain"]), json_ids
+            biased = banned(c, plain[0])["output_ids"]
+        assert biased[0] == plain[0][0] and plain[0][1] not in biased
+        return plain, json_ids, biased
 
 
 @pytest.fixture(scope="module")
@@ -145,12 +155,14 @@ def check_plumbing(server, reference: list[list[int]]) -> list[dict[str, Any]]:
 
 
 def test_ngram_is_lossless_and_accepts_drafts_on_grounded_prompts(
-        reference, constrained_reference):
+        reference, constrained_reference, references):
     with running(start_server("ngram", "--max-running-requests", "16",
                               "--speculative-algorithm", "NGRAM")) as s:
         alone = check_lossless(s["ngram"], reference)
         with s["ngram"].client(timeout=600) as c:
             json_outs = [constrained(c, r) for r in RECORDS]
+            biased = banned(c, reference[0])
+    assert biased["output_ids"] == references[2]  # a logit bias holds on every draft node
     grounded = alone[:4]
     accepted = sum(r["meta_info"]["spec_accepted_tokens"] for r in grounded)
     assert accepted >= len(grounded) * MAX_TOKENS // 3

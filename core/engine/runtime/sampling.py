@@ -11,11 +11,17 @@ be finite (``inf``/``nan`` are refused), and:
 * ``frequency_penalty``/``presence_penalty`` in ``[-2, 2]``, ``top_p`` in ``(0, 1]``,
   ``min_p`` in ``[0, 1]``;
 * ``seed`` a signed 64-bit integer (``-2**63 <= seed < 2**63``); ``n`` at least 1 (how many
-  sequences one request may ask for is the server's ``--max-sequences-per-request``).
+  sequences one request may ask for is the server's ``--max-sequences-per-request``);
+* ``logit_bias`` maps token ids (integers, or their decimal strings as JSON objects carry them)
+  below the vocabulary size to finite biases in ``[-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]``
+  (OpenAI's -100 .. 100), at most ``MAX_LOGIT_BIAS_TOKENS`` of them.
 
 :class:`Sampler` turns one float32 logits row per request into one token, in this order:
 
-1. penalties: ``repetition_penalty`` over prompt and generated tokens (a positive logit is
+1. ``logit_bias``: each listed token's bias is added to its logit (OpenAI's definition: -100
+   in effect bans a token, 100 forces it; it reads no generated token, so it is applied
+   alike at every step and in every draft node of speculative decoding); then penalties:
+   ``repetition_penalty`` over prompt and generated tokens (a positive logit is
    divided by it, a negative one multiplied); ``frequency_penalty`` times each token's count in
    the generated tokens and ``presence_penalty`` once per generated token are subtracted
    (OpenAI's definition); ``min_new_tokens`` masks the stop/eos tokens until reached; a row's
@@ -62,6 +68,8 @@ GREEDY_TEMPERATURE = 1e-5  #: a lower temperature means greedy
 MAX_TEMPERATURE = 1e4
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-4, 1e4
 SEED_RANGE = (-2**63, 2**63 - 1)  #: inclusive
+MAX_LOGIT_BIAS = 100.0  #: a bias's largest magnitude (OpenAI's range)
+MAX_LOGIT_BIAS_TOKENS = 1 << 16  #: the most tokens one request may bias
 
 
 class InvalidParam(ValueError):
@@ -93,6 +101,8 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     skip_special_tokens: bool = True
+    #: token id -> bias added to its logit before penalties (keys may arrive as strings)
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "SamplingParams":
@@ -154,6 +164,7 @@ class SamplingParams:
         if vocab_size is not None and any(t >= vocab_size for t in self.stop_token_ids):
             raise InvalidParam("stop_token_ids", f"stop_token_ids must be below the vocabulary "
                                f"size {vocab_size}")
+        self.logit_bias = _checked_bias(self.logit_bias, vocab_size)
         return self
 
     @property
@@ -167,6 +178,46 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def bias_tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """``logit_bias`` as (token ids int64, biases float32) on ``device`` and the largest
+        id, built once per device (a request's params do not change once it is admitted)."""
+        cached = self.__dict__.get("_bias_cache")
+        if cached is None or cached[0].device != device:
+            ids, vals = zip(*sorted(self.logit_bias.items()))
+            cached = (torch.tensor(ids, dtype=torch.long, device=device),
+                      torch.tensor(vals, dtype=torch.float32, device=device), ids[-1])
+            self.__dict__["_bias_cache"] = cached
+        return cached
+
+
+def _checked_bias(bias: Any, vocab_size: int | None) -> dict[int, float]:
+    """``logit_bias`` with integer keys and float values, or :class:`InvalidParam`."""
+    if not isinstance(bias, dict):
+        raise InvalidParam("logit_bias", "logit_bias must be an object mapping token ids to "
+                           "biases")
+    if len(bias) > MAX_LOGIT_BIAS_TOKENS:
+        raise InvalidParam("logit_bias", f"logit_bias may list at most {MAX_LOGIT_BIAS_TOKENS} "
+                           f"tokens, got {len(bias)}")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        tok = key
+        if isinstance(key, str):
+            try:
+                tok = int(key)
+            except ValueError:
+                pass
+        if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0 or (
+                vocab_size is not None and tok >= vocab_size):
+            limit = f" below the vocabulary size {vocab_size}" if vocab_size is not None else ""
+            raise InvalidParam("logit_bias", f"logit_bias keys must be token ids{limit}, got "
+                               f"{key!r}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+                not math.isfinite(value) or abs(value) > MAX_LOGIT_BIAS:
+            raise InvalidParam("logit_bias", f"logit_bias[{key!r}] must be a number in "
+                               f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {value!r}")
+        out[tok] = float(value)
+    return out
 
 
 def _check_int(p: SamplingParams, name: str, lo: int | None, hi: int | None = None, *,
@@ -383,7 +434,7 @@ class Sampler:
         prepared = False  # whether any row's logits were penalised or masked
         for i, row in enumerate(rows):
             sp = row.sampling_params
-            if sp.has_penalties or sp.min_new_tokens:
+            if sp.has_penalties or sp.min_new_tokens or sp.logit_bias:
                 prepared = True
                 try:
                     _prepare_row(logits[i], row, vocab)
@@ -514,8 +565,14 @@ def _constrain(logits: torch.Tensor, rows: Sequence[SamplingRow], idx: list[int]
 
 
 def _prepare_row(logits: torch.Tensor, row: SamplingRow, vocab: int) -> None:
-    """Apply one row's penalties and its ``min_new_tokens`` mask, in place."""
+    """Apply one row's logit bias, penalties and ``min_new_tokens`` mask, in place."""
     sp = row.sampling_params
+    if sp.logit_bias:
+        ids, vals, last = sp.bias_tensors(logits.device)
+        if last >= vocab:  # (checked against the tokenizer's vocabulary on arrival)
+            raise InvalidParam("logit_bias", f"logit_bias lists token {last}, beyond the "
+                               f"model's {vocab} logits")
+        logits.index_add_(0, ids, vals)
     if sp.has_penalties:
         _apply_penalties(logits, row, vocab)
     if sp.min_new_tokens and len(row.output_ids) < sp.min_new_tokens and row.stop_ids:

@@ -2,8 +2,8 @@
 
 :func:`parse_body` turns the bytes of a body into one of the request models, or a
 :class:`RequestError` (HTTP 400) that says what is wrong and names the field. Unknown fields are
-ignored (clients send vendor extensions); fields this server cannot honour (``logit_bias``,
-``best_of``) are refused rather than ignored. :func:`constraint` reads a request's one
+ignored (clients send vendor extensions); a field this server cannot honour (``best_of``
+above 1) is refused rather than ignored. :func:`constraint` reads a request's one
 structured-output constraint (``response_format``, or SGLang's ``json_schema``/``regex``/
 ``ebnf``). Range
 checks live in :meth:`SamplingParams.validate`, whose field names are mapped back to the API's
@@ -109,8 +109,8 @@ class _SamplingFields(_Body):
     # a named custom logit processor (--enable-custom-logit-processor) and its parameters
     custom_logit_processor: Any = None
     custom_params: Any = None
-    # no logit bias: refused, never ignored
-    logit_bias: Annotated[dict[str, Any] | None, _unsupported({})] = None
+    #: token id (as a string, as JSON objects carry it) -> bias in [-100, 100]
+    logit_bias: dict[str, Any] | None = None
 
     def sampling_dict(self) -> dict[str, Any]:
         out = {
@@ -121,7 +121,7 @@ class _SamplingFields(_Body):
             "top_k": self.top_k, "min_p": self.min_p,
             "repetition_penalty": self.repetition_penalty, "min_new_tokens": self.min_tokens,
             "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
-            "skip_special_tokens": self.skip_special_tokens,
+            "skip_special_tokens": self.skip_special_tokens, "logit_bias": self.logit_bias,
         }
         return {k: v for k, v in out.items() if v is not None or k == "max_new_tokens"}
 
