@@ -10,7 +10,7 @@ radix cache evicts, paths the KV bar then covers). Then:
 3. the soak: ``--clients`` concurrent clients send requests back to back for ``--minutes``:
    the three generation routes, streamed or not; prompts of a few words to ~2000 tokens, some
    sharing a long prefix; greedy, temperature/top_p/top_k or penalised sampling, stop strings,
-   seeds, ``n=2`` and logprobs now and then, 1..128 new tokens; about one request in ten
+   seeds, ``n=2``, logprobs and logit biases now and then, 1..128 new tokens; about one request in ten
    leaves early (a stream after a few events, a plain request after a short wait);
 4. once the server is idle: its RSS again, the KV pool (used minus cached tokens is 0; after
    ``/flush_cache`` nothing is used), and the four greedy requests again.
@@ -98,6 +98,9 @@ def sampling(rng: random.Random) -> dict[str, Any]:
         sp["n"] = 2
     if rng.random() < 0.1:
         sp["logprobs"] = rng.randint(0, 5)
+    if rng.random() < 0.1:  # a few tokens banned or pushed (ids of the default model's vocabulary)
+        sp["logit_bias"] = {str(rng.randrange(49152)): rng.choice([-100, -5, 5, 100])
+                            for _ in range(rng.randint(1, 4))}
     return sp
 
 
