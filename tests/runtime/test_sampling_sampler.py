@@ -306,6 +306,8 @@ def test_logit_bias_applies_to_its_row_alone_and_reaches_the_logprobs() -> None:
     ({"-1": 1}, "keys must be token ids"),
     ({"seven": 1}, "keys must be token ids"),
     ({"1.5": 1}, "keys must be token ids"),
+    ({"1_0": 1}, "keys must be token ids"),
+    ({" 7": 1}, "keys must be token ids"),
     ([1, 2], "must be an object"),
 ])
 def test_invalid_logit_bias_names_the_field(bias: object, message: str) -> None:

@@ -201,12 +201,7 @@ def _checked_bias(bias: Any, vocab_size: int | None) -> dict[int, float]:
                            f"tokens, got {len(bias)}")
     out: dict[int, float] = {}
     for key, value in bias.items():
-        tok = key
-        if isinstance(key, str):
-            try:
-                tok = int(key)
-            except ValueError:
-                pass
+        tok = int(key) if isinstance(key, str) and key.isascii() and key.isdecimal() else key
         if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0 or (
                 vocab_size is not None and tok >= vocab_size):
             limit = f" below the vocabulary size {vocab_size}" if vocab_size is not None else ""
