@@ -108,3 +108,29 @@ def test_logit_bias_bans_and_forces_tokens(client, model, main_server) -> None:
         model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0,
         logit_bias={"1000": 100})
     assert chat.choices[0].message.content == forced_text * 2
+
+
+def test_echo_with_logprobs_scores_the_prompt(client, model) -> None:
+    """What evaluation harnesses send (echo, logprobs, max_tokens 0): every prompt token
+    scored, the first null; the score of a token equals the logprob it had when generated."""
+    made = client.completions.create(model=model, prompt="The sky is", max_tokens=2,
+                                     temperature=0, logprobs=1)
+    scored = client.completions.create(model=model, prompt="The sky is" + made.choices[0].text,
+                                       max_tokens=0, echo=True, logprobs=1)
+    lp = scored.choices[0].logprobs
+    assert scored.choices[0].text == "The sky is" + made.choices[0].text
+    assert "".join(lp.tokens) == scored.choices[0].text and len(lp.tokens) == 5
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[3:] == pytest.approx(made.choices[0].logprobs.token_logprobs,
+                                                  abs=1e-4)
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    assert lp.text_offset == [0, 3, 7, 10, 12]
+    # streamed: the prompt's scores come with the first event, the offsets run on
+    events = list(client.completions.create(model=model, prompt="The sky is", max_tokens=2,
+                                            echo=True, logprobs=1, temperature=0,
+                                            stream=True))
+    first = events[0].choices[0].logprobs
+    assert first.tokens[:3] == ["The", " sky", " is"] and first.token_logprobs[0] is None
+    tail = [t for e in events[1:] if e.choices and e.choices[0].logprobs
+            for t in e.choices[0].logprobs.text_offset]
+    assert (first.text_offset + tail)[3:] == [10, 12]

@@ -214,6 +214,10 @@ class Runtime:
             input_ids = self.truncate(input_ids, params)
         self.check_prompt(input_ids, param=param)
         params.validate(self.vocab_size)
+        if params.logprob_start_len >= len(input_ids):
+            raise RequestError(f"logprob_start_len is {params.logprob_start_len}, but the "
+                               f"prompt has {len(input_ids)} tokens (positions from 0)",
+                               param="logprob_start_len")
         limit = self.max_new_tokens(len(input_ids), params, max_tokens_param)
         stop_ids = frozenset(params.stop_token_ids)
         if not params.ignore_eos:

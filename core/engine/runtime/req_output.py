@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from engine.runtime import prompt_logprobs
 from engine.runtime.grammar import GrammarDeadEnd
 from engine.runtime.request import Req, ReqOutput
 from engine.runtime.sampling import SampleOutput
@@ -23,6 +24,7 @@ def next_output(req: Req, out: SampleOutput, i: int, now: float, max_context_len
         req.finish_reason = {"type": "length"}
         delta = ReqOutput(rid=req.rid)
         fill_counts(req, delta)
+        _prompt_logprobs(req, delta)
         return delta
     tok = out.token_ids[i]
     if req.unresolved:  # the oldest placeholder is this token's
@@ -42,7 +44,15 @@ def next_output(req: Req, out: SampleOutput, i: int, now: float, max_context_len
     check_finish(req, tok, max_context_len)
     delta.text = new_text(req)
     fill_counts(req, delta)
+    _prompt_logprobs(req, delta)
     return delta
+
+
+def _prompt_logprobs(req: Req, delta: ReqOutput) -> None:
+    """The prompt's log-probabilities on ``req``'s first output, where it asked for them."""
+    taken = prompt_logprobs.take(req)
+    if taken is not None:
+        delta.input_token_ids, delta.input_logprobs, delta.input_top_logprobs = taken
 
 
 def error_output(req: Req, message: str) -> ReqOutput:

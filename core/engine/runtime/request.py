@@ -49,14 +49,22 @@ class ReqOutput:
     #: on the last output: the scheduler's times of the request (``time.monotonic()``):
     #: ``arrival``, ``scheduled`` (first admitted), ``first_token`` (on the host)
     time_stats: dict[str, float | None] | None = None
+    #: on the first output of a request that asked for them: the prompt tokens from its
+    #: ``logprob_start_len`` on, their log-probabilities (None for token 0) and alternatives
+    input_token_ids: list[int] | None = None
+    input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 def merge_outputs(first: ReqOutput, then: ReqOutput) -> ReqOutput:
     """Two consecutive outputs of one sequence as one (the later one's state and counts)."""
+    prompt = first if first.input_logprobs is not None else then
     return dataclasses.replace(
         then, text=first.text + then.text, token_ids=first.token_ids + then.token_ids,
         logprobs=first.logprobs + then.logprobs,
-        top_logprobs=first.top_logprobs + then.top_logprobs)
+        top_logprobs=first.top_logprobs + then.top_logprobs,
+        input_token_ids=prompt.input_token_ids, input_logprobs=prompt.input_logprobs,
+        input_top_logprobs=prompt.input_top_logprobs)
 
 
 Sink = Callable[[ReqOutput], None]
@@ -169,6 +177,11 @@ class Req:
     num_retractions: int = 0
     spec_verify_ct: int = 0  #: speculative verify forwards it took part in
     spec_accepted_tokens: int = 0  #: draft tokens of it the target accepted
+    #: its prompt's log-probabilities recorded so far (``logprob_start_len`` >= 0:
+    #: :mod:`engine.runtime.prompt_logprobs`), their alternatives, and whether they went out
+    input_logprobs: list[float] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    input_logprobs_sent: bool = False
 
     @property
     def fill_ids(self) -> list[int]:

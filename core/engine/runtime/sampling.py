@@ -103,6 +103,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     #: token id -> bias added to its logit before penalties (keys may arrive as strings)
     logit_bias: dict[int, float] = field(default_factory=dict)
+    #: >= 0: also the log-probabilities of the prompt's tokens from this position on
+    #: (:mod:`engine.runtime.prompt_logprobs`); -1: none
+    logprob_start_len: int = -1
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "SamplingParams":
@@ -150,6 +153,7 @@ class SamplingParams:
         _check_int(self, "seed", SEED_RANGE[0], SEED_RANGE[1], allow_none=True)
         _check_int(self, "n", 1)
         _check_int(self, "top_logprobs", 0, 20)
+        _check_int(self, "logprob_start_len", -1)
         for name in ("ignore_eos", "logprobs", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidParam(name, f"{name} must be a boolean")

@@ -87,7 +87,7 @@ from typing import Any, Callable
 import torch
 
 from engine.config import ServerConfig
-from engine.runtime import cpu_threads
+from engine.runtime import cpu_threads, prompt_logprobs
 from engine.runtime.allocator import PageAllocator, ReqToTokenRows
 from engine.runtime.batch import Batch, ForwardMode, pack_to_device, to_device
 from engine.runtime.grammar import MaskPrefetcher
@@ -467,9 +467,9 @@ class Scheduler:
 
     def _extend_amount(self, req: Req, budget: int) -> int:
         remaining = req.seq_len - req.kv_len
-        if self.chunk_size is None:
-            return remaining  # whole prompts (the budget only limits how many are packed)
-        return min(remaining, budget)
+        if self.chunk_size is not None:  # (else whole prompts: the budget limits how many)
+            remaining = min(remaining, budget)
+        return prompt_logprobs.chunk_cap(req, req.kv_len, remaining)
 
     def _order_waiting(self) -> None:
         cfg = self.config
@@ -486,7 +486,9 @@ class Scheduler:
     def _admit(self, req: Req, budget: int) -> tuple[Req, int, list[int]] | None:
         """Give ``req`` a row, its cached prefix and its first chunk's slots; None if no room."""
         fill = req.fill_ids
-        hit = self.cache.admit(fill[:-1], req.priority, req.prefetch)
+        limit = prompt_logprobs.cache_limit(req)  # (positions it scores are computed again)
+        key = fill[:-1] if limit is None else fill[:min(len(fill) - 1, limit)]
+        hit = self.cache.admit(key, req.priority, req.prefetch)
         req.prefetch = None
         cached, node = hit.slots, hit.node
         self.cache.inc_lock(node)
@@ -545,9 +547,12 @@ class Scheduler:
         extend_lens: list[int] = []
         logits_idx: list[int] = []
         sampled: list[Req] = []
+        scored: list[tuple[Req, range]] = []  # prompt positions whose logits score a token
+        score_idx: list[int] = []
         for req, n, slots in plan:
             start = req.kv_len
             fill = req.fill_ids
+            base = len(input_ids)
             input_ids.extend(fill[start:start + n])
             positions.extend(range(start, start + n))
             locs.extend(slots)
@@ -556,20 +561,36 @@ class Scheduler:
             if start + n == len(fill):
                 logits_idx.append(len(input_ids) - 1)
                 sampled.append(req)
+            picked = prompt_logprobs.rows(req, start, n)
+            if picked:
+                scored.append((req, picked))
+                score_idx.extend(base + q - start for q in picked)
         reqs = [item[0] for item in plan]
         self.timer.mark("schedule")
         batch = self._batch(ForwardMode.EXTEND, reqs, input_ids, positions, locs, prefix_lens,
-                            extend_lens, logits_idx)
+                            extend_lens, logits_idx + score_idx)
         self.timer.mark("batch")
         logits = self.runner.forward(batch)
         self.timer.mark("forward")
         for req, n in zip(reqs, extend_lens):
             req.kv_len += n
         self._counted = True
+        if scored:  # (the sampled rows first, then the scored ones)
+            self._score_prompts(scored, logits[len(logits_idx):])
+            logits = logits[:len(logits_idx)]
         if sampled:
             self._process(sampled, logits, batch)
             already = set(map(id, running or ()))
             self.running.extend(r for r in sampled if not r.finished and id(r) not in already)
+
+    def _score_prompts(self, scored: list[tuple[Req, range]], logits: torch.Tensor) -> None:
+        """Record the prompt tokens' log-probabilities that ``logits`` give (one row per
+        position of ``scored``); a request for which that raises fails alone."""
+        try:
+            prompt_logprobs.record(scored, logits)
+        except Exception as exc:  # noqa: BLE001 - their requests fail, the step goes on
+            for req, _ in scored:
+                self._fail(req, failure("while scoring its prompt", exc))
 
     def _run_mixed(self) -> tuple[str, int]:
         """The running requests' next tokens and a small prefill in one forward (a plain decode

@@ -415,6 +415,7 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
         sp = to_sampling_params(fields, names={}, defaults=runtime.sampling_defaults)
         if body.return_logprob:
             sp.logprobs, sp.top_logprobs = True, body.top_logprobs_num
+            sp.logprob_start_len = body.logprob_start_len
         params.append(sp.validate())
     grammars = await grammar_matchers(state, constraints, params)
     gen = Generation(state, prompts, params, request, rid=body.rid, prompt_param=param,
@@ -439,6 +440,11 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
                                              zip(s.logprobs, s.token_ids)]
             meta["output_top_logprobs"] = [[[v, t, None] for t, v in top]
                                            for top in s.top_logprobs]
+            if s.input_logprobs is not None and (delta is None or delta.input_logprobs):
+                meta["input_token_logprobs"] = [[lp, t, None] for lp, t in
+                                                zip(s.input_logprobs, s.input_token_ids or [])]
+                meta["input_top_logprobs"] = [[[v, t, None] for t, v in top] or None
+                                              for top in s.input_top_logprobs or []]
         text, ids = (delta.text, delta.token_ids) if delta is not None else (s.text, s.token_ids)
         out = {"text": text, "output_ids": list(ids), "meta_info": meta}
         if batched or len(gen.seqs) > 1:

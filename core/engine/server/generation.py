@@ -101,6 +101,11 @@ class SeqState:
     first_token_at: float | None = None
     last_token_at: float | None = None
     embedding: list[float] | None = None  #: the prompt's embedding (``--is-embedding``)
+    #: the prompt's tokens from ``logprob_start_len`` on, their log-probabilities (None for
+    #: token 0) and alternatives, where the request asked for them
+    input_token_ids: list[int] | None = None
+    input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 def check_limits(config: ServerConfig, params: list[SamplingParams], prompt_param: str) -> None:
@@ -296,6 +301,10 @@ class Generation:
         s.token_ids.extend(out.token_ids)
         s.logprobs.extend(out.logprobs)
         s.top_logprobs.extend(out.top_logprobs)
+        if out.input_logprobs is not None:
+            s.input_token_ids = out.input_token_ids
+            s.input_logprobs = out.input_logprobs
+            s.input_top_logprobs = out.input_top_logprobs
         if out.embedding is not None:
             s.embedding = out.embedding
         if out.finished:

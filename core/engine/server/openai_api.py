@@ -130,6 +130,8 @@ class OpenAIServing:
         data = body.sampling_dict()
         if body.logprobs is not None:
             data.update(logprobs=True, top_logprobs=body.logprobs)
+            if body.echo:  # the echoed prompt's tokens are scored too (as evaluation asks)
+                data["logprob_start_len"] = 0
         sp = to_sampling_params(data, defaults=self.state.runtime.sampling_defaults)
         found = constraint(body.model_dump(include=set(CONSTRAINT_FIELDS)), body.response_format)
         processor = self._processor(body)
@@ -146,7 +148,8 @@ class OpenAIServing:
         if failed:
             raise RequestError(failed, status=500, type="internal_error")
         choices = [{"index": s.index, "text": echo[s.prompt_index] + s.text,
-                    "logprobs": self._completion_logprobs(s) if sp.logprobs else None,
+                    "logprobs": self._completion_logprobs(s, echo=echo[s.prompt_index])
+                    if sp.logprobs else None,
                     "finish_reason": finish_reason(s),
                     "matched_stop": (s.finish_reason or {}).get("matched")} for s in states]
         return JSONResponse({"id": cid, "object": "text_completion", "created": created,
@@ -164,15 +167,36 @@ class OpenAIServing:
                                "token ids", param="suffix")
         return [template.format(p, suffix) for p in prompts]  # type: ignore[arg-type]
 
-    def _completion_logprobs(self, s: SeqState, start: int = 0) -> dict[str, Any]:
-        tokens = [self._token_text(t) for t in s.token_ids[start:]]
-        offsets, pos = [], 0
-        for t in tokens:
+    def _completion_logprobs(self, s: SeqState, start: int = 0, echo: str = "",
+                             with_prompt: bool = True) -> dict[str, Any]:
+        """OpenAI's ``logprobs`` of the generated tokens from ``start`` on; ``echo``: the
+        prompt's text that the choice's text begins with, preceded (``with_prompt``) by the
+        prompt's own tokens, scored (the first one null). ``text_offset`` counts characters
+        from the start of the choice's text."""
+        tokens: list[str] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        if echo and with_prompt and s.input_logprobs is not None:
+            pos = 0
+            for t, lp, top in zip(s.input_token_ids or [], s.input_logprobs,
+                                  s.input_top_logprobs or []):
+                text = self._token_text(t)
+                tokens.append(text)
+                values.append(lp)
+                tops.append({self._token_text(a): v for a, v in top} if lp is not None
+                            else None)
+                offsets.append(pos)
+                pos += len(text)
+        pos = len(echo) + sum(len(self._token_text(t)) for t in s.token_ids[:start])
+        for t, lp, top in zip(s.token_ids[start:], s.logprobs[start:], s.top_logprobs[start:]):
+            text = self._token_text(t)
+            tokens.append(text)
+            values.append(lp)
+            tops.append({self._token_text(a): v for a, v in top})
             offsets.append(pos)
-            pos += len(t)
-        return {"tokens": tokens, "token_logprobs": s.logprobs[start:],
-                "top_logprobs": [{self._token_text(t): lp for t, lp in top}
-                                 for top in s.top_logprobs[start:]],
+            pos += len(text)
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
                 "text_offset": offsets}
 
     async def _stream_completions(self, gen: Generation, body: CompletionRequest, model: str,
@@ -182,14 +206,16 @@ class OpenAIServing:
         sent_echo: set[int] = set()
         async for s, out in gen:
             text = out.text
-            if echo[s.prompt_index] and s.index not in sent_echo:
+            first = bool(echo[s.prompt_index]) and s.index not in sent_echo
+            if first:
                 sent_echo.add(s.index)
                 text = echo[s.prompt_index] + text
             if not text and not out.finished and not out.logprobs:
                 continue
             lp = None
-            if out.logprobs:
-                lp = self._completion_logprobs(s, len(s.token_ids) - len(out.token_ids))
+            if out.logprobs or (first and out.input_logprobs is not None):
+                lp = self._completion_logprobs(s, len(s.token_ids) - len(out.token_ids),
+                                               echo[s.prompt_index], with_prompt=first)
             choice = {"index": s.index, "text": text, "logprobs": lp,
                       "finish_reason": finish_reason(s) if out.finished else None}
             if out.finished and internal_failure([s]):

@@ -184,6 +184,8 @@ class GenerateRequest(_Body):
     routing_key: str | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    #: with ``return_logprob``: also the prompt tokens' log-probabilities from this position
+    logprob_start_len: int = -1
     custom_logit_processor: Any = None  #: one, or one per input
 
 

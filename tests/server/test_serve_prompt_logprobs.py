@@ -1,0 +1,45 @@
+"""Through a real server: the prompt's own log-probabilities (``/generate``'s
+``logprob_start_len``) do not depend on the radix cache or on how the prompt is chunked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PROMPT = ("Write a long story about a lighthouse keeper who counts the ships that pass. " * 40)
+
+
+def score(c, text: str, start: int, top: int = 0, **extra: Any) -> dict[str, Any]:
+    r = c.post("/generate", json={"text": text, "return_logprob": True,
+                                  "logprob_start_len": start, "top_logprobs_num": top,
+                                  "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                                  **extra})
+    assert r.status_code == 200, r.text
+    return r.json()["meta_info"]
+
+
+def test_prompt_scores_are_the_same_cached_or_not_and_across_chunks(main_server) -> None:
+    with main_server.client(timeout=600) as c:
+        c.post("/flush_cache")
+        whole = score(c, PROMPT, 0, top=2)
+        n = whole["prompt_tokens"]
+        assert n > 2 * 256  # (scored over several steps of at most 256 rows)
+        pairs = whole["input_token_logprobs"]
+        assert len(pairs) == n and pairs[0][0] is None
+        assert all(isinstance(v, float) and v <= 0 for v, _, _ in pairs[1:])
+        tops = whole["input_top_logprobs"]
+        assert len(tops) == n and all(len(t) == 2 and t[0][0] >= t[1][0] for t in tops[1:])
+        again = score(c, PROMPT, 0)  # its prefix is in the cache now; scored all the same
+        assert [p[0] for p in again["input_token_logprobs"][1:]] == pytest.approx(
+            [p[0] for p in pairs[1:]], abs=2e-4)
+        tail = score(c, PROMPT, n - 5)  # the cache supplies all but the last few positions
+        assert [t for _, t, _ in tail["input_token_logprobs"]] == [t for _, t, _ in pairs[-5:]]
+        assert [p[0] for p in tail["input_token_logprobs"]] == pytest.approx(
+            [p[0] for p in pairs[-5:]], abs=2e-4)
+        assert tail["cached_tokens"] >= n - 6 - 16  # (whole pages of the cached prefix)
+        bad = c.post("/generate", json={"text": "a b", "return_logprob": True,
+                                        "logprob_start_len": 50})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprob_start_len"
