@@ -34,7 +34,8 @@ def prompts(runner):
 
 @pytest.fixture(scope="module")
 def reference(runner, prompts):
-    """transformers' greedy ids and last-position logits for every prompt."""
+    """transformers' greedy ids, last-position logits and the log-probabilities of each
+    prompt's tokens 1.. for every prompt."""
     from transformers import AutoModelForCausalLM
 
     mc = runner.model_config
@@ -44,17 +45,18 @@ def reference(runner, prompts):
     with torch.no_grad():
         for ids in prompts:
             x = torch.tensor([ids])
-            logits = hf(x).logits[0, -1]
+            every = hf(x).logits[0]
+            scores = torch.log_softmax(every[:-1], -1).gather(1, x[0, 1:, None])[:, 0]
             gen = hf.generate(x, max_new_tokens=STEPS, do_sample=False, eos_token_id=None,
                               pad_token_id=0, attention_mask=torch.ones_like(x))
-            out.append((gen[0, len(ids):].tolist(), logits))
+            out.append((gen[0, len(ids):].tolist(), every[-1], scores))
     return out
 
 
 def test_greedy_64_tokens_match_transformers_one_at_a_time(runner, prompts, reference):
     for i, ids in enumerate(prompts):
         ours, logits = greedy(runner, [ids], STEPS)
-        want, want_logits = reference[i]
+        want, want_logits, _ = reference[i]
         assert ours[0] == want, f"prompt {i}: {runner.tokenizer.decode(ours[0])!r} != " \
                                 f"{runner.tokenizer.decode(want)!r}"
         assert torch.allclose(logits[0], want_logits, atol=LOGITS_ATOL, rtol=0), \
@@ -66,6 +68,21 @@ def test_batched_ragged_decode_matches_transformers(runner, prompts, reference):
     for i in range(len(prompts)):
         assert ours[i] == reference[i][0], f"prompt {i} differs when batched"
         assert torch.allclose(logits[i], reference[i][1], atol=LOGITS_ATOL, rtol=0)
+
+
+def test_prompt_logprobs_match_transformers(runner, prompts, reference):
+    """The prompt's own log-probabilities (``logprob_start_len`` 0), scored over chunks of 5
+    tokens by the scheduler, are transformers' on every position."""
+    from engine import Engine
+
+    engine = Engine(runner=runner, disable_radix_cache=True, chunked_prefill_size=5)
+    outs = engine.generate(prompts, {"max_new_tokens": 0, "logprob_start_len": 0})
+    for i, (ids, out) in enumerate(zip(prompts, outs)):
+        meta = out["meta_info"]
+        assert meta["input_token_ids"] == ids and meta["input_token_logprobs"][0] is None
+        got = torch.tensor(meta["input_token_logprobs"][1:])
+        assert torch.allclose(got, reference[i][2], atol=2 * LOGITS_ATOL, rtol=0), \
+            (got - reference[i][2]).abs().max()
 
 
 def test_chunked_extend_equals_one_extend(runner, prompts):

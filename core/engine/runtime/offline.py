@@ -47,7 +47,9 @@ class Engine:
         ``n > 1`` a prompt yields ``n`` consecutive results. Each result holds ``text``,
         ``output_ids``, ``finish_reason`` (``{"type": "stop"|"length"|"abort", ...}``) and
         ``meta_info`` (``prompt_tokens``, ``completion_tokens``, ``cached_tokens``, and
-        ``output_token_logprobs``/``output_top_logprobs`` when asked for).
+        ``output_token_logprobs``/``output_top_logprobs`` when asked for; with
+        ``logprob_start_len`` >= 0 also ``input_token_ids``, ``input_token_logprobs`` (None for
+        token 0) and ``input_top_logprobs``: the prompt's own, from that position on).
         """
         batch = _as_prompt_list(prompts)
         if isinstance(sampling_params, (list, tuple)):
@@ -66,6 +68,10 @@ class Engine:
             res["output_ids"].extend(out.token_ids)
             res["meta_info"]["output_token_logprobs"].extend(out.logprobs)
             res["meta_info"]["output_top_logprobs"].extend(out.top_logprobs)
+            if out.input_logprobs is not None:
+                res["meta_info"].update(input_token_ids=out.input_token_ids,
+                                        input_token_logprobs=out.input_logprobs,
+                                        input_top_logprobs=out.input_top_logprobs)
             if out.finished:
                 res["finish_reason"] = out.finish_reason
                 res["meta_info"].update(prompt_tokens=out.prompt_tokens,
