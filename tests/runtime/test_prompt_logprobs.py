@@ -44,13 +44,13 @@ def test_recorded_positions_are_not_asked_for_again_after_a_retraction() -> None
     assert list(pl.rows(r, 0, 10)) == [4, 5, 6, 7, 8]  # (prefilled again from 0)
 
 
-def test_a_chunk_asks_for_at_most_max_rows(monkeypatch) -> None:
-    monkeypatch.setattr(pl, "MAX_ROWS", 3)
+def test_a_chunk_asks_for_at_most_the_rows_left() -> None:
     r = req(10, 0)
-    assert pl.chunk_cap(r, 0, 10) == 3
-    assert pl.chunk_cap(req(10, 7), 0, 10) == 10  # rows 6, 7, 8: three
-    assert pl.chunk_cap(req(10, 4), 0, 10) == 6  # rows 3 .. 8: cut after row 5
-    assert pl.chunk_cap(req(10, -1), 0, 10) == 10
+    assert pl.chunk_cap(r, 0, 10, 3) == 3
+    assert pl.chunk_cap(req(10, 7), 0, 10, 3) == 10  # rows 6, 7, 8: three
+    assert pl.chunk_cap(req(10, 4), 0, 10, 3) == 6  # rows 3 .. 8: cut after row 5
+    assert pl.chunk_cap(req(10, 4), 0, 10, 0) == 4  # (always one row's progress)
+    assert pl.chunk_cap(req(10, -1), 0, 10, 0) == 10
 
 
 def test_record_and_take_give_the_model_distribution_once() -> None:

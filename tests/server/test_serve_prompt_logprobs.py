@@ -43,3 +43,26 @@ def test_prompt_scores_are_the_same_cached_or_not_and_across_chunks(main_server)
         bad = c.post("/generate", json={"text": "a b", "return_logprob": True,
                                         "logprob_start_len": 50})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprob_start_len"
+
+
+def test_a_batch_of_prompts_scored_together_equals_each_alone(main_server) -> None:
+    """Four prompts of ~150 tokens in one completions request (echo, logprobs, max_tokens 0:
+    an evaluation harness's batch): more scored rows than one step computes, so the prompts
+    are cut across steps; each prompt's scores equal its own, scored alone."""
+    prompts = [f"Item {i}: " + "the quick brown fox jumps over the lazy dog. " * 15
+               for i in range(4)]
+
+    def scores(c, batch: list[str]) -> list[list[float | None]]:
+        r = c.post("/v1/completions", json={"prompt": batch, "max_tokens": 0, "echo": True,
+                                            "logprobs": 1})
+        assert r.status_code == 200, r.text
+        choices = sorted(r.json()["choices"], key=lambda ch: ch["index"])
+        return [ch["logprobs"]["token_logprobs"] for ch in choices]
+
+    with main_server.client(timeout=600) as c:
+        together = scores(c, prompts)
+        alone = [scores(c, [p])[0] for p in prompts]
+    assert sum(len(s) for s in together) > 256
+    for t, a in zip(together, alone):
+        assert t[0] is None and a[0] is None and len(t) == len(a) > 100
+        assert t[1:] == pytest.approx(a[1:], abs=2e-4)

@@ -10,9 +10,10 @@ position ``p - 1``, so:
 
 * the prefix cache may supply at most ``max(start, 1) - 1`` tokens of such a request
   (:func:`cache_limit`): the positions from there on are computed again;
-* each extend step asks for the logits of the positions of its chunk that predict a prompt
-  token (:func:`rows`), beside the row that draws the first output token; a chunk is cut to at
-  most :data:`MAX_ROWS` of them, so the float32 logits of one step stay bounded;
+* each extend step asks for the logits of the positions of its chunks that predict a prompt
+  token (:func:`rows`), beside the rows that draw first output tokens; chunks are cut so that
+  a step asks for at most :data:`MAX_ROWS` of them in all (:func:`chunk_cap`), so the float32
+  logits of one step stay bounded;
 * :func:`record` turns those rows into each request's values (and its ``top_logprobs``
   alternatives), on the host; they go out with the request's first output
   (:func:`take`), and a retracted request that prefills again does not record a position
@@ -25,7 +26,8 @@ from typing import Any, Sequence
 
 import torch
 
-#: most prompt positions whose logits one extend step computes for one request
+#: most prompt positions whose logits one extend step computes to score them (all of its
+#: requests together)
 MAX_ROWS = 256
 
 
@@ -54,14 +56,15 @@ def rows(req: Any, start: int, n: int) -> range:
     return range(lo, max(lo, hi))
 
 
-def chunk_cap(req: Any, start: int, n: int) -> int:
-    """``n`` cut so that the chunk from ``start`` asks for at most :data:`MAX_ROWS` rows."""
+def chunk_cap(req: Any, start: int, n: int, left: int) -> int:
+    """``n`` cut so that the chunk from ``start`` asks for at most ``left`` rows (at least
+    one: ``left`` >= 1 where a request that scores is admitted into the step)."""
     if not wanted(req):
         return n
     first = rows(req, start, n)
-    if len(first) <= MAX_ROWS:
+    if len(first) <= left:
         return n
-    return first.start + MAX_ROWS - start
+    return first.start + max(left, 1) - start
 
 
 def record(picked: Sequence[tuple[Any, range]], logits: torch.Tensor) -> None:

@@ -187,6 +187,7 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None
+        self._score_left = prompt_logprobs.MAX_ROWS  #: (reset by each prefill plan)
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._queued = 0
         self._queued_lock = threading.Lock()
@@ -388,6 +389,7 @@ class Scheduler:
     def _schedule_prefill(self) -> list[tuple[Req, int, list[int]]]:
         """Pick the extend batch: ``(request, new tokens, their slots)``, slots already taken."""
         budget = self.chunk_size or self.max_prefill_tokens
+        self._score_left = prompt_logprobs.MAX_ROWS  # prompt positions the step may score
         plan: list[tuple[Req, int, list[int]]] = []
         if self.chunked is not None:
             req = self.chunked
@@ -411,7 +413,8 @@ class Scheduler:
         for req in self.waiting:
             if budget <= 0 or len(self.running) + len(plan) >= self.max_running:
                 break
-            if self.rows.num_free == 0:
+            if self.rows.num_free == 0 or (self._score_left <= 0
+                                           and prompt_logprobs.wanted(req)):
                 break
             if req.prefetch is not None and self._read_storage_again(req):
                 self._deferred = True
@@ -469,7 +472,9 @@ class Scheduler:
         remaining = req.seq_len - req.kv_len
         if self.chunk_size is not None:  # (else whole prompts: the budget limits how many)
             remaining = min(remaining, budget)
-        return prompt_logprobs.chunk_cap(req, req.kv_len, remaining)
+        n = prompt_logprobs.chunk_cap(req, req.kv_len, remaining, self._score_left)
+        self._score_left -= len(prompt_logprobs.rows(req, req.kv_len, n))
+        return n
 
     def _order_waiting(self) -> None:
         cfg = self.config
