@@ -10,7 +10,8 @@ radix cache evicts, paths the KV bar then covers). Then:
 3. the soak: ``--clients`` concurrent clients send requests back to back for ``--minutes``:
    the three generation routes, streamed or not; prompts of a few words to ~2000 tokens, some
    sharing a long prefix; greedy, temperature/top_p/top_k or penalised sampling, stop strings,
-   seeds, ``n=2``, logprobs and logit biases now and then, 1..128 new tokens; about one request in ten
+   seeds, ``n=2``, logprobs (half of them with the prompt's own: ``echo``, or
+   ``logprob_start_len``) and logit biases now and then, 1..128 new tokens; about one request in ten
    leaves early (a stream after a few events, a plain request after a short wait);
 4. once the server is idle: its RSS again, the KV pool (used minus cached tokens is 0; after
    ``/flush_cache`` nothing is used), and the four greedy requests again.
@@ -120,15 +121,20 @@ def make_spec(rng: random.Random) -> Spec:
     if rng.random() < 0.1:
         leave_after = rng.randint(1, 8) if stream else rng.uniform(0.2, 3.0)
     top = sp.pop("logprobs", None)
+    score = top is not None and rng.random() < 0.5  # the prompt's own logprobs too
     if path == GEN:
         sp["max_new_tokens"] = sp.pop("max_tokens")
         body = {"text": prompt_text(rng), "sampling_params": sp, "stream": stream}
         if top is not None:
             body.update(return_logprob=True, top_logprobs_num=top)
+        if score:
+            body["logprob_start_len"] = rng.choice([0, 1])
     elif path == COMPL:
         body = {"prompt": prompt_text(rng), "stream": stream, **sp}
         if top is not None:
             body["logprobs"] = top
+        if score:  # (an evaluation harness's request: the echoed prompt scored, often alone)
+            body.update(echo=True, max_tokens=rng.choice([0, body["max_tokens"]]))
     else:
         turns = [{"role": "user", "content": prompt_text(rng)}]
         if rng.random() < 0.3:
