@@ -134,3 +134,25 @@ def test_echo_with_logprobs_scores_the_prompt(client, model) -> None:
     tail = [t for e in events[1:] if e.choices and e.choices[0].logprobs
             for t in e.choices[0].logprobs.text_offset]
     assert (first.text_offset + tail)[3:] == [10, 12]
+
+
+def test_tokenize_and_detokenize(main_server) -> None:
+    import httpx
+
+    with httpx.Client(base_url=main_server.url, timeout=60) as c:
+        one = c.post("/tokenize", json={"prompt": "The sky is blue"}).json()
+        assert one["count"] == len(one["tokens"]) > 2 and one["max_model_len"] == 8192
+        many = c.post("/v1/tokenize", json={"prompt": ["a b", "The sky is blue"],
+                                             "add_special_tokens": False}).json()
+        assert many["tokens"][1] == one["tokens"] and many["count"] == [len(many["tokens"][0]),
+                                                                        one["count"]]
+        back = c.post("/detokenize", json={"tokens": one["tokens"]}).json()
+        assert back == {"text": "The sky is blue"}
+        both = c.post("/v1/detokenize", json={"tokens": many["tokens"]}).json()
+        assert both == {"text": ["a b", "The sky is blue"]}
+        assert c.post("/detokenize", json={"tokens": []}).json() == {"text": ""}
+        bad = c.post("/detokenize", json={"tokens": [1, 10 ** 9]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+        assert c.post("/tokenize", json={}).json()["error"]["param"] == "prompt"
+        other = c.post("/tokenize", json={"prompt": "x", "model": "gpt-9"})
+        assert other.status_code == 404 and other.json()["error"]["param"] == "model"

@@ -35,6 +35,8 @@ def test_token_ids_in_token_ids_out(servers):
     ("/generate", {"text": "hello"}, "text"),
     ("/v1/completions", {"prompt": "hello"}, "prompt"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "messages"),
+    ("/tokenize", {"prompt": "hello"}, "prompt"),
+    ("/v1/detokenize", {"tokens": [1, 2]}, "tokens"),
 ])
 def test_text_inputs_are_refused_naming_the_field(servers, path, body, param):
     with servers["skip"].client() as c:

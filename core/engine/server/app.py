@@ -44,8 +44,8 @@ from engine.server.generation import (ClientGone, Generation, SeqState, grammar_
 from engine.server.metrics import Metrics
 from engine.server.openai_api import OpenAIServing, error_body, sse, sse_response
 from engine.server.protocol import (GENERATE_CONSTRAINT_FIELDS, ChatCompletionRequest,
-                                    CompletionRequest, EmbeddingRequest, GenerateRequest,
-                                    constraint, parse_body,
+                                    CompletionRequest, DetokenizeRequest, EmbeddingRequest,
+                                    GenerateRequest, TokenizeRequest, constraint, parse_body,
                                     to_sampling_params)
 from engine.server.state import RETRY_AFTER_S, Drain, ServerState
 
@@ -331,6 +331,37 @@ def create_app(state: ServerState) -> FastAPI:
         await asyncio.get_running_loop().run_in_executor(None, done.wait, 30)
         return PlainTextResponse("Cache flushed.\n")
 
+    @app.post("/tokenize")
+    @app.post("/v1/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        """Token ids of a text (or of each text of a list), their count, and the context
+        length; no model work."""
+        body = parse_body(await request.body(), TokenizeRequest)
+        tok = _tokenizer_for(runtime, "prompt", body.model, state.model_name)
+        texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        ids = [tok.encode(t, add_special_tokens=body.add_special_tokens) for t in texts]
+        one = isinstance(body.prompt, str)
+        return {"tokens": ids[0] if one else ids,
+                "count": len(ids[0]) if one else [len(i) for i in ids],
+                "max_model_len": runtime.context_len}
+
+    @app.post("/detokenize")
+    @app.post("/v1/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        """The text of a list of token ids (or of each list of a list)."""
+        body = parse_body(await request.body(), DetokenizeRequest)
+        tok = _tokenizer_for(runtime, "tokens", body.model, state.model_name)
+        one = not body.tokens or isinstance(body.tokens[0], int)
+        lists = [body.tokens] if one else body.tokens
+        vocab = runtime.vocab_size
+        for ids in lists:
+            if any(t < 0 or t >= vocab for t in ids):  # type: ignore[operator]
+                raise RequestError(f"token ids must be integers in [0, {vocab})",
+                                   param="tokens")
+        texts = [tok.decode(ids, skip_special_tokens=body.skip_special_tokens)
+                 for ids in lists]
+        return {"text": texts[0] if one else texts}
+
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
@@ -368,6 +399,19 @@ def create_app(state: ServerState) -> FastAPI:
         return await oai.embeddings(parse_body(await request.body(), EmbeddingRequest), request)
 
     return app
+
+
+def _tokenizer_for(runtime: Any, param: str, model: str | None, served: str) -> Any:
+    """The server's tokenizer for ``/tokenize`` and ``/detokenize`` (a 404 for another
+    ``model``, a 400 naming ``param`` without a tokenizer)."""
+    if model is not None and model != served:
+        raise RequestError(f"the model '{model}' does not exist; this server serves "
+                           f"'{served}'", status=404, type="not_found_error", param="model",
+                           code="model_not_found")
+    if runtime.tokenizer is None:
+        raise RequestError("this server runs with --skip-tokenizer-init: it has no tokenizer",
+                           param=param)
+    return runtime.tokenizer
 
 
 async def _native_generate(state: ServerState, body: GenerateRequest, request: Request) -> Any:

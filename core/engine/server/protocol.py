@@ -189,6 +189,22 @@ class GenerateRequest(_Body):
     custom_logit_processor: Any = None  #: one, or one per input
 
 
+class TokenizeRequest(_Body):
+    """``/tokenize`` (SGLang's and vLLM's): one text or a list of texts."""
+
+    prompt: str | list[str]
+    model: str | None = None
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(_Body):
+    """``/detokenize``: one list of token ids or a list of them."""
+
+    tokens: TokenIds | list[TokenIds]
+    model: str | None = None
+    skip_special_tokens: bool = True
+
+
 #: SGLang's constraint fields, on the OpenAI bodies and in ``/generate``'s sampling_params
 CONSTRAINT_FIELDS = ("json_schema", "regex", "ebnf")
 #: ``/generate``'s sampling_params also take ``structural_tag`` (its JSON text, as SGLang)
