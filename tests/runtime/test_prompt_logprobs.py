@@ -42,6 +42,9 @@ def test_recorded_positions_are_not_asked_for_again_after_a_retraction() -> None
     pl.record([(r, pl.rows(r, 0, 4))], torch.zeros(4, 32))
     assert len(r.input_logprobs) == 4
     assert list(pl.rows(r, 0, 10)) == [4, 5, 6, 7, 8]  # (prefilled again from 0)
+    assert pl.cache_limit(r) == 4  # (the cache may supply what was scored)
+    pl.record([(r, pl.rows(r, 4, 6))], torch.zeros(5, 32))
+    assert pl.cache_limit(r) is None and list(pl.rows(r, 0, 10)) == []
 
 
 def test_a_chunk_asks_for_at_most_the_rows_left() -> None:

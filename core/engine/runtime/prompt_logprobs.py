@@ -42,8 +42,12 @@ def _first_row(req: Any) -> int:
 
 
 def cache_limit(req: Any) -> int | None:
-    """The most prompt tokens the prefix cache may supply to ``req`` (None: no limit)."""
-    return _first_row(req) if wanted(req) else None
+    """The most prompt tokens the prefix cache may supply to ``req`` (None: no limit, also
+    once every position is scored: a retracted request need not compute its prompt again)."""
+    if not wanted(req):
+        return None
+    first = _first_row(req) + len(req.input_logprobs)
+    return first if first < len(req.origin_input_ids) - 1 else None
 
 
 def rows(req: Any, start: int, n: int) -> range:
