@@ -18,12 +18,13 @@ class Req:
     sampling_params: SamplingParams
     input_logprobs: list[float] = field(default_factory=list)
     input_top_logprobs: list = field(default_factory=list)
+    input_ids_logprobs: list = field(default_factory=list)
     input_logprobs_sent: bool = False
 
 
-def req(n: int, start: int, top: int = 0) -> Req:
-    return Req(list(range(10, 10 + n)), SamplingParams(logprob_start_len=start,
-                                                       top_logprobs=top).validate())
+def req(n: int, start: int, top: int = 0, ids: list[int] | None = None) -> Req:
+    return Req(list(range(10, 10 + n)), SamplingParams(
+        logprob_start_len=start, top_logprobs=top, token_ids_logprob=ids or []).validate())
 
 
 def test_positions_whose_logits_score_a_prompt_token() -> None:
@@ -68,14 +69,18 @@ def test_record_and_take_give_the_model_distribution_once() -> None:
                                                                             .item())),
                                        (int(best.indices[1]), pytest.approx(best.values[1]
                                                                             .item()))]
-    ids, values, tops = pl.take(r)
+    ids, values, tops, picked = pl.take(r)
     assert ids == r.origin_input_ids and values[0] is None and tops[0] == []
-    assert values[1:] == r.input_logprobs and len(tops) == 5
+    assert values[1:] == r.input_logprobs and len(tops) == 5 and picked == [[]] * 5
     assert pl.take(r) is None  # (only with the first output)
-    later = req(5, 3)
-    pl.record([(later, pl.rows(later, 2, 3))], torch.zeros(2, 32))
-    ids, values, _ = pl.take(later)
+    later = req(5, 3, ids=[7, 3])
+    logits = torch.randn(2, 32)
+    pl.record([(later, pl.rows(later, 2, 3))], logits)
+    ids, values, _, picked = pl.take(later)
     assert ids == [13, 14] and len(values) == 2 and None not in values
+    lp = torch.log_softmax(logits, -1)
+    assert [[t for t, _ in p] for p in picked] == [[7, 3], [7, 3]]
+    assert [v for _, v in picked[1]] == pytest.approx([lp[1, 7].item(), lp[1, 3].item()])
 
 
 def test_logprob_start_len_is_checked() -> None:

@@ -331,3 +331,19 @@ def test_logit_bias_beyond_the_logits_fails_its_row_alone() -> None:
     out = Sampler()(logits, [row(temperature=0.0, logit_bias={5: 1.0}), row(temperature=0.0)])
     assert set(out.errors) == {0} and "logit_bias" in str(out.errors[0])
     assert out.token_ids[1] == 0
+
+
+def test_token_ids_logprob_reports_the_chosen_tokens_of_each_row() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0], [3.0, 2.0, 1.0, 0.0]])
+    rows = [row(temperature=0.0, logprobs=True, token_ids_logprob=[0, 2]), row(temperature=0.0)]
+    out = Sampler()(logits.clone(), rows)
+    lp = torch.log_softmax(logits, -1)
+    assert [t for t, _ in out.ids_logprobs[0]] == [0, 2]
+    assert [v for _, v in out.ids_logprobs[0]] == pytest.approx([lp[0, 0].item(),
+                                                                 lp[0, 2].item()])
+    merged = Sampler(batch_invariant=True)(logits.clone(), rows)
+    assert merged.ids_logprobs[0] == out.ids_logprobs[0] and merged.ids_logprobs[1] == []
+    with pytest.raises(InvalidParam, match="token_ids_logprob"):
+        SamplingParams(token_ids_logprob=[1, 99]).validate(vocab_size=50)
+    with pytest.raises(InvalidParam, match="token_ids_logprob"):
+        SamplingParams.from_dict({"token_ids_logprob": [-1]})

@@ -66,3 +66,28 @@ def test_a_batch_of_prompts_scored_together_equals_each_alone(main_server) -> No
     for t, a in zip(together, alone):
         assert t[0] is None and a[0] is None and len(t) == len(a) > 100
         assert t[1:] == pytest.approx(a[1:], abs=2e-4)
+
+
+def test_token_ids_logprob_on_the_prompt_and_the_output(main_server) -> None:
+    """SGLang's ``token_ids_logprob``: the chosen tokens' log-probabilities at each generated
+    position and, with ``logprob_start_len``, at each prompt position; the generated token's
+    own value is among them when chosen."""
+    with main_server.client(timeout=600) as c:
+        plain = c.post("/generate", json={"text": "The sky is", "return_logprob": True,
+                                          "sampling_params": {"max_new_tokens": 3,
+                                                              "temperature": 0}}).json()
+        first = plain["output_ids"][0]
+        got = c.post("/generate", json={
+            "text": "The sky is", "return_logprob": True, "logprob_start_len": 0,
+            "token_ids_logprob": [first, 5], "sampling_params": {"max_new_tokens": 3,
+                                                                 "temperature": 0}}).json()
+        meta = got["meta_info"]
+        out = meta["output_token_ids_logprobs"]
+        assert len(out) == 3 and [t for _, t, _ in out[0]] == [first, 5]
+        assert out[0][0][0] == pytest.approx(meta["output_token_logprobs"][0][0], abs=1e-6)
+        prompt = meta["input_token_ids_logprobs"]
+        assert prompt[0] is None and len(prompt) == meta["prompt_tokens"]
+        assert all([t for _, t, _ in pos] == [first, 5] for pos in prompt[1:])
+        bad = c.post("/generate", json={"text": "a", "return_logprob": True,
+                                        "token_ids_logprob": [10 ** 9]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "token_ids_logprob"

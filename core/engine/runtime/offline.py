@@ -47,9 +47,11 @@ class Engine:
         ``n > 1`` a prompt yields ``n`` consecutive results. Each result holds ``text``,
         ``output_ids``, ``finish_reason`` (``{"type": "stop"|"length"|"abort", ...}``) and
         ``meta_info`` (``prompt_tokens``, ``completion_tokens``, ``cached_tokens``, and
-        ``output_token_logprobs``/``output_top_logprobs`` when asked for; with
+        ``output_token_logprobs``/``output_top_logprobs`` when asked for, and
+        ``output_token_ids_logprobs``: (id, log-probability) pairs of ``token_ids_logprob``; with
         ``logprob_start_len`` >= 0 also ``input_token_ids``, ``input_token_logprobs`` (None for
-        token 0) and ``input_top_logprobs``: the prompt's own, from that position on).
+        token 0), ``input_top_logprobs`` and ``input_token_ids_logprobs``: the prompt's own,
+        from that position on).
         """
         batch = _as_prompt_list(prompts)
         if isinstance(sampling_params, (list, tuple)):
@@ -68,10 +70,14 @@ class Engine:
             res["output_ids"].extend(out.token_ids)
             res["meta_info"]["output_token_logprobs"].extend(out.logprobs)
             res["meta_info"]["output_top_logprobs"].extend(out.top_logprobs)
+            if out.ids_logprobs:
+                res["meta_info"].setdefault("output_token_ids_logprobs", []).extend(
+                    out.ids_logprobs)
             if out.input_logprobs is not None:
                 res["meta_info"].update(input_token_ids=out.input_token_ids,
                                         input_token_logprobs=out.input_logprobs,
-                                        input_top_logprobs=out.input_top_logprobs)
+                                        input_top_logprobs=out.input_top_logprobs,
+                                        input_token_ids_logprobs=out.input_ids_logprobs)
             if out.finished:
                 res["finish_reason"] = out.finish_reason
                 res["meta_info"].update(prompt_tokens=out.prompt_tokens,

@@ -26,6 +26,8 @@ from typing import Any, Sequence
 
 import torch
 
+from engine.runtime.sampling import pick_logprobs
+
 #: most prompt positions whose logits one extend step computes to score them (all of its
 #: requests together)
 MAX_ROWS = 256
@@ -87,6 +89,9 @@ def record(picked: Sequence[tuple[Any, range]], logits: torch.Tensor) -> None:
     if k > 0:
         vals, idx = lp.topk(min(k, lp.shape[1]), dim=-1)
         top_v, top_i = vals.tolist(), idx.tolist()
+    ids = [list(req.sampling_params.token_ids_logprob) for req, positions in picked
+           for _ in positions]
+    chosen_ids = pick_logprobs(lp, ids).tolist() if any(ids) else []
     at = 0
     for req, positions in picked:
         want = req.sampling_params.top_logprobs
@@ -94,17 +99,22 @@ def record(picked: Sequence[tuple[Any, range]], logits: torch.Tensor) -> None:
             req.input_logprobs.append(chosen[j])
             req.input_top_logprobs.append(list(zip(top_i[j][:want], top_v[j][:want]))
                                           if want else [])
+            req.input_ids_logprobs.append(list(zip(ids[j], chosen_ids[j])) if ids[j] else [])
         at += len(positions)
 
 
-def take(req: Any) -> tuple[list[int], list[float | None], list[list[tuple[int, float]]]] | None:
+Pairs = list[list[tuple[int, float]]]
+
+
+def take(req: Any) -> tuple[list[int], list[float | None], Pairs, Pairs] | None:
     """Once, with ``req``'s first output: (the prompt tokens from ``logprob_start_len`` on,
-    their log-probabilities, their alternatives; token 0's are None and []), else None."""
+    their log-probabilities, their alternatives, their ``token_ids_logprob`` values; token
+    0's are None, [] and []), else None."""
     if not wanted(req) or req.input_logprobs_sent:
         return None
     req.input_logprobs_sent = True
     start = min(req.sampling_params.logprob_start_len, len(req.origin_input_ids))
     head: list[float | None] = [None] if start == 0 else []
-    tops: list[list[tuple[int, float]]] = [[]] if start == 0 else []
+    none: Pairs = [[]] if start == 0 else []
     return (list(req.origin_input_ids[start:]), head + list(req.input_logprobs),
-            tops + list(req.input_top_logprobs))
+            none + list(req.input_top_logprobs), none + list(req.input_ids_logprobs))

@@ -41,6 +41,8 @@ def next_output(req: Req, out: SampleOutput, i: int, now: float, max_context_len
                                      or req.sampling_params.top_logprobs):
         delta.logprobs = [out.logprobs[i]]
         delta.top_logprobs = [out.top_logprobs[i]] if out.top_logprobs else [[]]
+        if req.sampling_params.token_ids_logprob and out.ids_logprobs is not None:
+            delta.ids_logprobs = [out.ids_logprobs[i]]
     check_finish(req, tok, max_context_len)
     delta.text = new_text(req)
     fill_counts(req, delta)
@@ -52,7 +54,8 @@ def _prompt_logprobs(req: Req, delta: ReqOutput) -> None:
     """The prompt's log-probabilities on ``req``'s first output, where it asked for them."""
     taken = prompt_logprobs.take(req)
     if taken is not None:
-        delta.input_token_ids, delta.input_logprobs, delta.input_top_logprobs = taken
+        (delta.input_token_ids, delta.input_logprobs, delta.input_top_logprobs,
+         delta.input_ids_logprobs) = taken
 
 
 def error_output(req: Req, message: str) -> ReqOutput:

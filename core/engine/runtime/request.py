@@ -34,6 +34,8 @@ class ReqOutput:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    #: per token: the request's ``token_ids_logprob`` as (id, log-probability) pairs
+    ids_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finished: bool = False
     finish_reason: dict[str, Any] | None = None
     prompt_tokens: int = 0
@@ -54,6 +56,7 @@ class ReqOutput:
     input_token_ids: list[int] | None = None
     input_logprobs: list[float | None] | None = None
     input_top_logprobs: list[list[tuple[int, float]]] | None = None
+    input_ids_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 def merge_outputs(first: ReqOutput, then: ReqOutput) -> ReqOutput:
@@ -63,8 +66,10 @@ def merge_outputs(first: ReqOutput, then: ReqOutput) -> ReqOutput:
         then, text=first.text + then.text, token_ids=first.token_ids + then.token_ids,
         logprobs=first.logprobs + then.logprobs,
         top_logprobs=first.top_logprobs + then.top_logprobs,
+        ids_logprobs=first.ids_logprobs + then.ids_logprobs,
         input_token_ids=prompt.input_token_ids, input_logprobs=prompt.input_logprobs,
-        input_top_logprobs=prompt.input_top_logprobs)
+        input_top_logprobs=prompt.input_top_logprobs,
+        input_ids_logprobs=prompt.input_ids_logprobs)
 
 
 Sink = Callable[[ReqOutput], None]
@@ -181,6 +186,7 @@ class Req:
     #: :mod:`engine.runtime.prompt_logprobs`), their alternatives, and whether they went out
     input_logprobs: list[float] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    input_ids_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_logprobs_sent: bool = False
 
     @property

@@ -70,6 +70,7 @@ MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-4, 1e4
 SEED_RANGE = (-2**63, 2**63 - 1)  #: inclusive
 MAX_LOGIT_BIAS = 100.0  #: a bias's largest magnitude (OpenAI's range)
 MAX_LOGIT_BIAS_TOKENS = 1 << 16  #: the most tokens one request may bias
+MAX_TOKEN_IDS_LOGPROB = 1024  #: the most tokens whose log-probabilities a request may ask for
 
 
 class InvalidParam(ValueError):
@@ -106,6 +107,9 @@ class SamplingParams:
     #: >= 0: also the log-probabilities of the prompt's tokens from this position on
     #: (:mod:`engine.runtime.prompt_logprobs`); -1: none
     logprob_start_len: int = -1
+    #: tokens whose log-probabilities every scored position reports (SGLang's
+    #: ``token_ids_logprob``: e.g. a classifier's label tokens), with ``logprobs``
+    token_ids_logprob: list[int] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "SamplingParams":
@@ -154,6 +158,13 @@ class SamplingParams:
         _check_int(self, "n", 1)
         _check_int(self, "top_logprobs", 0, 20)
         _check_int(self, "logprob_start_len", -1)
+        ids = self.token_ids_logprob
+        if not isinstance(ids, list) or len(ids) > MAX_TOKEN_IDS_LOGPROB or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 and (
+                    vocab_size is None or t < vocab_size) for t in ids):
+            below = f" below the vocabulary size {vocab_size}" if vocab_size is not None else ""
+            raise InvalidParam("token_ids_logprob", f"token_ids_logprob must be a list of at "
+                               f"most {MAX_TOKEN_IDS_LOGPROB} token ids{below}")
         for name in ("ignore_eos", "logprobs", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidParam(name, f"{name} must be a boolean")
@@ -279,6 +290,8 @@ class SampleOutput:
     token_ids: list[int]
     logprobs: list[float] | None = None  #: set when any row asked for logprobs
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    #: each row's ``token_ids_logprob`` as (id, log-probability) pairs, when any row asked
+    ids_logprobs: list[list[tuple[int, float]]] | None = None
     #: rows whose own preparation or draw raised (their ``token_ids`` entry means nothing)
     errors: dict[int, Exception] = field(default_factory=dict)
 
@@ -297,6 +310,8 @@ class Drawn:
     logprobs: torch.Tensor | None = None  #: [B] float32, when any row asked for logprobs
     top: tuple[torch.Tensor, torch.Tensor] | None = None  #: values, ids [B, k]
     top_n: list[int] = field(default_factory=list)  #: each row's own ``top_logprobs``
+    picked: torch.Tensor | None = None  #: [B, P] log-probabilities of each row's chosen ids
+    picked_ids: list[list[int]] = field(default_factory=list)  #: each row's chosen ids
     errors: dict[int, Exception] = field(default_factory=dict)
     event: Any = None  #: the CUDA event after the host copy (set by ``to_host``)
     _host: list[torch.Tensor] | None = None
@@ -307,6 +322,8 @@ class Drawn:
             out.append(self.logprobs)
         if self.top is not None:
             out += list(self.top)
+        if self.picked is not None:
+            out.append(self.picked)
         return out
 
     def to_host(self) -> "Drawn":
@@ -333,6 +350,9 @@ class Drawn:
                 for i, n in enumerate(self.top_n):
                     out.top_logprobs[i] = [(t, v) for t, v in zip(idx_l[i][:n], vals_l[i][:n])
                                            if v != -math.inf]
+        if self.picked is not None:
+            values = host[-1].tolist()
+            out.ids_logprobs = [list(zip(ids, row)) for ids, row in zip(self.picked_ids, values)]
         return out
 
 
@@ -450,7 +470,8 @@ class Sampler:
         if constrained:
             _constrain(logits, rows, constrained, errors)
 
-        want_lp = [r.sampling_params.logprobs or r.sampling_params.top_logprobs > 0 for r in rows]
+        want_lp = [r.sampling_params.logprobs or r.sampling_params.top_logprobs > 0
+                   or bool(r.sampling_params.token_ids_logprob) for r in rows]
         logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
 
         if self._uses_kernel(logits):
@@ -501,7 +522,17 @@ def _with_logprobs(out: Drawn, logprobs: torch.Tensor | None,
         if k > 0:
             vals, idx = logprobs.topk(k, dim=-1)
             out.top = (vals, idx)
+        if any(r.sampling_params.token_ids_logprob for r in rows):
+            out.picked_ids = [list(r.sampling_params.token_ids_logprob) for r in rows]
+            out.picked = pick_logprobs(logprobs, out.picked_ids)
     return out
+
+
+def pick_logprobs(logprobs: torch.Tensor, ids: list[list[int]]) -> torch.Tensor:
+    """``logprobs`` [B, V] at each row's ``ids`` (rows padded to the longest: [B, P])."""
+    width = max(map(len, ids))
+    flat = [t for row in ids for t in row + [0] * (width - len(row))]
+    return logprobs.gather(1, to_device(flat, logprobs.device).view(len(ids), width))
 
 
 def _merge(outs: list[SampleOutput]) -> SampleOutput:
@@ -511,6 +542,8 @@ def _merge(outs: list[SampleOutput]) -> SampleOutput:
     if any(o.logprobs is not None for o in outs):
         merged.logprobs = [o.logprobs[0] if o.logprobs is not None else math.nan for o in outs]
         merged.top_logprobs = [o.top_logprobs[0] if o.top_logprobs else [] for o in outs]
+    if any(o.ids_logprobs is not None for o in outs):
+        merged.ids_logprobs = [o.ids_logprobs[0] if o.ids_logprobs else [] for o in outs]
     merged.errors = {i: o.errors[0] for i, o in enumerate(outs) if o.errors}
     return merged
 

@@ -449,8 +449,15 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
                                param="custom_logit_processor")
     else:
         chosen = [chosen] * len(prompts)
+    picks = body.token_ids_logprob or []
+    if picks and isinstance(picks[0], list):
+        if len(picks) != len(prompts):
+            raise RequestError(f"{len(picks)} token_ids_logprob lists for {len(prompts)} "
+                               "inputs", param="token_ids_logprob")
+    else:
+        picks = [picks] * len(prompts)
     params, constraints, processors = [], [], []
-    for r, proc in zip(raws, chosen):
+    for r, proc, pick in zip(raws, chosen, picks):
         fields = dict(r)
         constraints.append(constraint({k: fields.pop(k, None)
                                        for k in GENERATE_CONSTRAINT_FIELDS}))
@@ -460,6 +467,7 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
         if body.return_logprob:
             sp.logprobs, sp.top_logprobs = True, body.top_logprobs_num
             sp.logprob_start_len = body.logprob_start_len
+            sp.token_ids_logprob = list(pick)
         params.append(sp.validate())
     grammars = await grammar_matchers(state, constraints, params)
     gen = Generation(state, prompts, params, request, rid=body.rid, prompt_param=param,
@@ -489,6 +497,14 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
                                                 zip(s.input_logprobs, s.input_token_ids or [])]
                 meta["input_top_logprobs"] = [[[v, t, None] for t, v in top] or None
                                               for top in s.input_top_logprobs or []]
+            picked = s.ids_logprobs if delta is None else delta.ids_logprobs
+            if any(picked):
+                meta["output_token_ids_logprobs"] = [[[v, t, None] for t, v in pos]
+                                                     for pos in picked]
+            if s.input_ids_logprobs and any(s.input_ids_logprobs) and (
+                    delta is None or delta.input_logprobs):
+                meta["input_token_ids_logprobs"] = [[[v, t, None] for t, v in pos] or None
+                                                    for pos in s.input_ids_logprobs]
         text, ids = (delta.text, delta.token_ids) if delta is not None else (s.text, s.token_ids)
         out = {"text": text, "output_ids": list(ids), "meta_info": meta}
         if batched or len(gen.seqs) > 1:

@@ -91,6 +91,7 @@ class SeqState:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    ids_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -106,6 +107,7 @@ class SeqState:
     input_token_ids: list[int] | None = None
     input_logprobs: list[float | None] | None = None
     input_top_logprobs: list[list[tuple[int, float]]] | None = None
+    input_ids_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 def check_limits(config: ServerConfig, params: list[SamplingParams], prompt_param: str) -> None:
@@ -301,10 +303,12 @@ class Generation:
         s.token_ids.extend(out.token_ids)
         s.logprobs.extend(out.logprobs)
         s.top_logprobs.extend(out.top_logprobs)
+        s.ids_logprobs.extend(out.ids_logprobs)
         if out.input_logprobs is not None:
             s.input_token_ids = out.input_token_ids
             s.input_logprobs = out.input_logprobs
             s.input_top_logprobs = out.input_top_logprobs
+            s.input_ids_logprobs = out.input_ids_logprobs
         if out.embedding is not None:
             s.embedding = out.embedding
         if out.finished:

@@ -186,6 +186,9 @@ class GenerateRequest(_Body):
     top_logprobs_num: int = 0
     #: with ``return_logprob``: also the prompt tokens' log-probabilities from this position
     logprob_start_len: int = -1
+    #: with ``return_logprob``: these tokens' log-probabilities at every scored position (one
+    #: list for all inputs, or one per input)
+    token_ids_logprob: list[int] | list[list[int]] | None = None
     custom_logit_processor: Any = None  #: one, or one per input
 
 
