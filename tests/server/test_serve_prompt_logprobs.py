@@ -91,3 +91,38 @@ def test_token_ids_logprob_on_the_prompt_and_the_output(main_server) -> None:
         bad = c.post("/generate", json={"text": "a", "return_logprob": True,
                                         "token_ids_logprob": [10 ** 9]})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "token_ids_logprob"
+
+
+def test_score_gives_each_items_label_probabilities(main_server) -> None:
+    """``/v1/score``: per item, the label tokens' probabilities as the next token after query +
+    item, equal to ``/generate``'s ``token_ids_logprob`` on the same ids; with apply_softmax
+    renormalized over the labels."""
+    import math
+
+    query, items, labels = [1, 504, 3485], [[314, 253], [314, 5284]], [253, 314, 29]
+    with main_server.client(timeout=600) as c:
+        raw = c.post("/v1/score", json={"query": query, "items": items,
+                                        "label_token_ids": labels})
+        assert raw.status_code == 200, raw.text
+        body = raw.json()
+        assert body["object"] == "scoring" and len(body["scores"]) == 2
+        assert body["usage"]["prompt_tokens"] == 10
+        for item, scores in zip(items, body["scores"]):
+            meta = c.post("/generate", json={
+                "input_ids": query + item, "return_logprob": True, "token_ids_logprob": labels,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).json()["meta_info"]
+            want = [math.exp(v) for v, _, _ in meta["output_token_ids_logprobs"][0]]
+            assert scores == pytest.approx(want, rel=1e-5)
+        soft = c.post("/v1/score", json={"query": query, "items": items, "item_first": True,
+                                         "label_token_ids": labels, "apply_softmax": True})
+        assert all(sum(s) == pytest.approx(1.0) for s in soft.json()["scores"])
+        text = c.post("/v1/score", json={"query": "The sky is", "items": [" blue", " green"],
+                                         "label_token_ids": labels}).json()
+        assert len(text["scores"]) == 2 and all(0 < v < 1 for s in text["scores"] for v in s)
+        for bad, param in [({"query": "a", "items": [[1]], "label_token_ids": [1]}, "items"),
+                           ({"query": [1], "items": [[1]], "label_token_ids": []},
+                            "label_token_ids"),
+                           ({"query": [1], "items": [[1]], "label_token_ids": [10 ** 9]},
+                            "label_token_ids")]:
+            r = c.post("/v1/score", json=bad)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -45,8 +45,8 @@ from engine.server.metrics import Metrics
 from engine.server.openai_api import OpenAIServing, error_body, sse, sse_response
 from engine.server.protocol import (GENERATE_CONSTRAINT_FIELDS, ChatCompletionRequest,
                                     CompletionRequest, DetokenizeRequest, EmbeddingRequest,
-                                    GenerateRequest, TokenizeRequest, constraint, parse_body,
-                                    to_sampling_params)
+                                    GenerateRequest, ScoreRequest, TokenizeRequest,
+                                    constraint, parse_body, to_sampling_params)
 from engine.server.state import RETRY_AFTER_S, Drain, ServerState
 
 log = logging.getLogger("engine.serve")
@@ -390,6 +390,11 @@ def create_app(state: ServerState) -> FastAPI:
         generating("/generate")
         return await _native_generate(state, parse_body(await request.body(), GenerateRequest),
                                       request)
+
+    @app.post("/v1/score")
+    async def score(request: Request) -> Any:
+        generating("/v1/score")
+        return await oai.score(parse_body(await request.body(), ScoreRequest), request)
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Any:

@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any, AsyncIterator
 
+import torch
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
@@ -28,10 +29,10 @@ from engine.runtime.grammar import GrammarUnavailable
 from engine.runtime.logit_processors import choose as choose_processor
 from engine.server.generation import (ClientGone, Generation, SeqState, grammar_matchers,
                                       internal_failure, usage)
-from engine.runtime.sampling import SamplingParams
+from engine.runtime.sampling import InvalidParam, SamplingParams
 from engine.server.protocol import (API_NAMES, CONSTRAINT_FIELDS, ChatCompletionRequest,
-                                    CompletionRequest, EmbeddingRequest, constraint,
-                                    to_sampling_params)
+                                    CompletionRequest, EmbeddingRequest, ScoreRequest,
+                                    constraint, to_sampling_params)
 
 log = logging.getLogger("engine.serve")
 
@@ -225,6 +226,50 @@ class OpenAIServing:
         if include_usage:
             yield sse({**head, "choices": [], "usage": self._usage(gen.states)})
         yield sse("[DONE]")
+
+    # ------------------------------------------------------------------ scoring
+
+    async def score(self, body: ScoreRequest, request: Request) -> Any:
+        """Per item, the probabilities of ``label_token_ids`` as the next token after the
+        query joined with the item (text joined as text, then tokenized; ids joined as ids):
+        the labels' own probabilities, or with ``apply_softmax`` renormalized over the labels.
+        One prefill per item; the token it draws is dropped."""
+        model = self._check_model(body.model)
+        items = [body.items] if isinstance(body.items, str) else list(body.items)
+        if not items:
+            raise RequestError("items must not be empty", param="items")
+        texts = isinstance(body.query, str)
+        if any(isinstance(i, str) != texts for i in items):
+            raise RequestError("query and items must all be text or all be token ids",
+                               param="items")
+        if texts:
+            self._need_tokenizer("query")
+            joined = [i + body.query if body.item_first else body.query + i for i in items]
+            prompts = [self.tok.encode(t) for t in joined]  # type: ignore[operator]
+        else:
+            prompts = [list(i) + list(body.query) if body.item_first  # type: ignore[arg-type]
+                       else list(body.query) + list(i) for i in items]  # type: ignore[arg-type]
+        sp = SamplingParams(max_new_tokens=1, temperature=0.0, logprobs=True,
+                            token_ids_logprob=list(body.label_token_ids))
+        try:
+            sp.validate(self.state.runtime.vocab_size)
+        except InvalidParam as exc:
+            raise RequestError(str(exc).replace("token_ids_logprob", "label_token_ids"),
+                               param="label_token_ids") from None
+        gen = Generation(self.state, prompts, [sp] * len(prompts), request, rid=body.rid,
+                         prompt_param="items", priority=body.priority)
+        states = await gen.collect()
+        failed = internal_failure(states)
+        if failed:
+            raise RequestError(failed, status=500, type="internal_error")
+        scores = []
+        for s in sorted(states, key=lambda st: st.prompt_index):
+            lp = torch.tensor([v for _, v in s.ids_logprobs[0]], dtype=torch.float64)
+            scores.append((torch.softmax(lp, 0) if body.apply_softmax else lp.exp()).tolist())
+        prompt_tokens = sum(s.prompt_tokens for s in states)
+        return JSONResponse({"scores": scores, "model": model, "object": "scoring",
+                             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0,
+                                       "total_tokens": prompt_tokens}})
 
     # ------------------------------------------------------------------ embeddings
 

@@ -192,6 +192,20 @@ class GenerateRequest(_Body):
     custom_logit_processor: Any = None  #: one, or one per input
 
 
+class ScoreRequest(_Body):
+    """``/v1/score`` (SGLang's decoder-only scoring): how likely each label token is to come
+    next after ``query`` + each item (``item`` + ``query`` with ``item_first``)."""
+
+    query: str | TokenIds
+    items: str | list[str] | list[TokenIds]
+    label_token_ids: TokenIds = Field(min_length=1)
+    apply_softmax: bool = False
+    item_first: bool = False
+    model: str | None = None
+    rid: str | None = None
+    priority: int | None = None
+
+
 class TokenizeRequest(_Body):
     """``/tokenize`` (SGLang's and vLLM's): one text or a list of texts."""
 
