@@ -229,11 +229,14 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       # shipped launches' width); alone in a call (a few hundred launches to build)
       TAIL=40 step 450 w4_sync python3 benchmarks/swap_affine_gpu.py --search --rows 1 \
         --block-n 16:1,32:1,32:2,128:4 ;;
-    final_quant)  # the session's end state: GPU checks of every format's routing, the step,
-      # block fp8's launches chosen by the step, the fp8 model at batch 1
+    final_quant)  # the session's end state: GPU checks of every format's routing, the sampling
+      # kernel's (a biased row included), the step, block fp8's launches chosen by the step,
+      # the fp8 model at batch 1
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_swap_kernels.py
       TAIL=4 step 200 quant_checks python3 tests/runtime/quant_kernel_checks.py cuda
+      TAIL=3 step 120 sample_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_sample_kernel.py
       TAIL=9 step 100 final_step python3 benchmarks/quant_gpu.py --batches 1 --schemes \
         fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
       TAIL=40 step 200 block_search python3 benchmarks/quant_gpu.py --step-search fp8_block \
