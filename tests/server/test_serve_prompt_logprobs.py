@@ -126,3 +126,19 @@ def test_score_gives_each_items_label_probabilities(main_server) -> None:
                             "label_token_ids")]:
             r = c.post("/v1/score", json=bad)
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_return_text_in_logprobs_names_each_token(main_server) -> None:
+    with main_server.client(timeout=600) as c:
+        meta_text = c.post("/generate", json={
+            "text": "The sky is", "return_logprob": True, "logprob_start_len": 0,
+            "top_logprobs_num": 2, "return_text_in_logprobs": True,
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0}}).json()
+        meta = meta_text["meta_info"]
+        assert "".join(e[2] for e in meta["output_token_logprobs"]) == meta_text["text"]
+        assert "".join(e[2] for e in meta["input_token_logprobs"]) == "The sky is"
+        assert all(isinstance(e[2], str) for top in meta["output_top_logprobs"] for e in top)
+        plain = c.post("/generate", json={
+            "text": "The sky is", "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).json()
+        assert plain["meta_info"]["output_token_logprobs"][0][2] is None

@@ -480,6 +480,13 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
                      routing_key=body.routing_key, grammars=grammars,
                      logit_processors=processors)
 
+    tok = runtime.tokenizer if body.return_text_in_logprobs else None
+
+    def lp_entry(lp: float | None, t: int) -> list[Any]:
+        """SGLang's [logprob, token id, token text] (text null unless
+        ``return_text_in_logprobs``)."""
+        return [lp, t, tok.decode([t]) if tok is not None else None]
+
     def item(s: SeqState, delta: Any = None) -> dict[str, Any]:
         """The response item of sequence ``s``: all of its text and ids, or only those of
         ``delta`` (``--incremental-streaming-output``)."""
@@ -493,22 +500,22 @@ async def _native_generate(state: ServerState, body: GenerateRequest, request: R
             meta["spec_verify_ct"] = s.spec_verify_ct
             meta["spec_accepted_tokens"] = s.spec_accepted_tokens
         if body.return_logprob:
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in
+            meta["output_token_logprobs"] = [lp_entry(lp, t) for lp, t in
                                              zip(s.logprobs, s.token_ids)]
-            meta["output_top_logprobs"] = [[[v, t, None] for t, v in top]
+            meta["output_top_logprobs"] = [[lp_entry(v, t) for t, v in top]
                                            for top in s.top_logprobs]
             if s.input_logprobs is not None and (delta is None or delta.input_logprobs):
-                meta["input_token_logprobs"] = [[lp, t, None] for lp, t in
+                meta["input_token_logprobs"] = [lp_entry(lp, t) for lp, t in
                                                 zip(s.input_logprobs, s.input_token_ids or [])]
-                meta["input_top_logprobs"] = [[[v, t, None] for t, v in top] or None
+                meta["input_top_logprobs"] = [[lp_entry(v, t) for t, v in top] or None
                                               for top in s.input_top_logprobs or []]
             picked = s.ids_logprobs if delta is None else delta.ids_logprobs
             if any(picked):
-                meta["output_token_ids_logprobs"] = [[[v, t, None] for t, v in pos]
+                meta["output_token_ids_logprobs"] = [[lp_entry(v, t) for t, v in pos]
                                                      for pos in picked]
             if s.input_ids_logprobs and any(s.input_ids_logprobs) and (
                     delta is None or delta.input_logprobs):
-                meta["input_token_ids_logprobs"] = [[[v, t, None] for t, v in pos] or None
+                meta["input_token_ids_logprobs"] = [[lp_entry(v, t) for t, v in pos] or None
                                                     for pos in s.input_ids_logprobs]
         text, ids = (delta.text, delta.token_ids) if delta is not None else (s.text, s.token_ids)
         out = {"text": text, "output_ids": list(ids), "meta_info": meta}

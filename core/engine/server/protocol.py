@@ -189,6 +189,8 @@ class GenerateRequest(_Body):
     #: with ``return_logprob``: these tokens' log-probabilities at every scored position (one
     #: list for all inputs, or one per input)
     token_ids_logprob: list[int] | list[list[int]] | None = None
+    #: the logprob entries' third element: the token's text (else null)
+    return_text_in_logprobs: bool = False
     custom_logit_processor: Any = None  #: one, or one per input
 
 
