@@ -495,15 +495,16 @@ def group_codes() -> bool:
 
 def tma(w_dtype: torch.dtype, block: tuple[int, int] | None = None) -> bool:
     """Whether products of ``w_dtype`` codes (``block``: their block scales) read their weight
-    tiles through tensor descriptors where the GPU and the weights allow: fp8 codes with one
-    scale an output by default (on an H200 the Llama-3-8B step's one-row fp8 products took
-    1.93 ms with them against 1.95 without; int8's 2.10 against 2.08, so int8 keeps its
-    pointer loads). ``ENGINE_SWAP_TMA`` 1: every kind of codes and scales (block fp8's not yet
-    timed), 0: none (A/B runs)."""
+    tiles through tensor descriptors where the GPU and the weights allow: fp8 codes by default,
+    with one scale an output or block scales (on an H200 the Llama-3-8B step's one-row fp8
+    products took 1.93 ms with them against 1.95 without, block fp8's 2.45 against 2.54 at one
+    row, 2.69 against 2.76 at 4 and 3.13 against 3.20 at 16; int8's 2.10 against 2.08, so int8
+    keeps its pointer loads). ``ENGINE_SWAP_TMA`` 1: every kind of codes, 0: none (A/B
+    runs)."""
     flag = os.environ.get("ENGINE_SWAP_TMA")
     if flag in ("0", "1"):
         return flag == "1"
-    return w_dtype != torch.int8 and block is None
+    return w_dtype != torch.int8
 
 
 #: tensor descriptors of weights by (address, shape, row stride, dtype, box): a descriptor
@@ -537,17 +538,23 @@ def even() -> bool:
 
 def scales_ahead() -> bool:
     """Whether block fp8 products from group codes load each iteration's block and group
-    scales an iteration ahead (``ENGINE_SWAP_SCALES_AHEAD=1``, an A/B until it is measured;
-    up to 4 tiles an iteration)."""
-    return os.environ.get("ENGINE_SWAP_SCALES_AHEAD") == "1"
+    scales an iteration ahead (up to 4 tiles an iteration; the default: on an H200 the
+    Llama-3-8B step's block fp8 products took 2.47 ms with it against 2.54 at one row, 2.73
+    against 2.76 at 4; ``ENGINE_SWAP_SCALES_AHEAD=0`` turns it off, for A/B runs)."""
+    return os.environ.get("ENGINE_SWAP_SCALES_AHEAD") != "0"
 
 
-def late_scale() -> bool:
+def late_scale(w_dtype: torch.dtype) -> bool:
     """Whether one row's dynamic scale is taken in the K loop's first iteration, after the
     software pipeliner has asked for the first weight tiles, instead of before the loop, whose
-    tiles are then asked for only once the row's maximum is known
-    (``ENGINE_SWAP_LATE_SCALE=1``, an A/B until it is measured)."""
-    return os.environ.get("ENGINE_SWAP_LATE_SCALE") == "1"
+    tiles are then asked for only once the row's maximum is known: fp8 codes by default (on an
+    H200 the Llama-3-8B step's dynamic fp8 products took 2.06 ms with it against 2.10; int8's
+    2.20 against 2.10, so int8 keeps the scale before the loop). ``ENGINE_SWAP_LATE_SCALE`` 1:
+    every kind, 0: none (A/B runs)."""
+    flag = os.environ.get("ENGINE_SWAP_LATE_SCALE")
+    if flag in ("0", "1"):
+        return flag == "1"
+    return w_dtype != torch.int8
 
 
 def block_spread() -> bool:
@@ -653,6 +660,6 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    EVEN=even() and n % bn == 0 and k % (bk * sub * split) == 0,
                    TMA=desc is not None,
                    AHEAD=code == 5 and scales_ahead() and sub <= 4,
-                   LATE=code == 1 and m == 1 and late_scale(),
+                   LATE=code == 1 and m == 1 and late_scale(w.dtype),
                    **launch_options(x.device))
     return y
