@@ -38,11 +38,11 @@ swap_tests() {  # the swapped 8-bit kernel's GPU checks (every form on and off)
   TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/runtime/test_swap_kernels.py
 }
-ab_block_tma() {  # block fp8's weight tiles through tensor descriptors (ENGINE_SWAP_TMA=1)
-  # against its pointer loads (the default), at 1, 4 and 16 rows, twice
+ab_block_tma() {  # block fp8's weight tiles through tensor descriptors (the default since
+  # 2026-12-05) against pointer loads (ENGINE_SWAP_TMA=0), at 1, 4 and 16 rows, twice
   for r in 1 2; do
-    for v in d 1; do
-      if [ $v = 1 ]; then export ENGINE_SWAP_TMA=1; else unset ENGINE_SWAP_TMA; fi
+    for v in 0 d; do
+      if [ $v = 0 ]; then export ENGINE_SWAP_TMA=0; else unset ENGINE_SWAP_TMA; fi
       TAIL=3 step 60 "block_tma_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1,4,16 \
         --schemes fp8_block
     done
