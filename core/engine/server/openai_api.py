@@ -169,11 +169,13 @@ class OpenAIServing:
         return [template.format(p, suffix) for p in prompts]  # type: ignore[arg-type]
 
     def _completion_logprobs(self, s: SeqState, start: int = 0, echo: str = "",
-                             with_prompt: bool = True) -> dict[str, Any]:
+                             with_prompt: bool = True, done: int = 0) -> dict[str, Any]:
         """OpenAI's ``logprobs`` of the generated tokens from ``start`` on; ``echo``: the
         prompt's text that the choice's text begins with, preceded (``with_prompt``) by the
         prompt's own tokens, scored (the first one null). ``text_offset`` counts characters
-        from the start of the choice's text."""
+        from the start of the choice's text; ``done``: the characters of the generated tokens
+        before ``start`` (a stream keeps the count, so no event decodes the earlier tokens
+        again)."""
         tokens: list[str] = []
         values: list[float | None] = []
         tops: list[dict[str, float] | None] = []
@@ -189,7 +191,7 @@ class OpenAIServing:
                             else None)
                 offsets.append(pos)
                 pos += len(text)
-        pos = len(echo) + sum(len(self._token_text(t)) for t in s.token_ids[:start])
+        pos = len(echo) + done
         for t, lp, top in zip(s.token_ids[start:], s.logprobs[start:], s.top_logprobs[start:]):
             text = self._token_text(t)
             tokens.append(text)
@@ -205,6 +207,7 @@ class OpenAIServing:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         head = {"id": cid, "object": "text_completion", "created": created, "model": model}
         sent_echo: set[int] = set()
+        done: dict[int, int] = {}  # characters of each choice's tokens already reported
         async for s, out in gen:
             text = out.text
             first = bool(echo[s.prompt_index]) and s.index not in sent_echo
@@ -215,8 +218,11 @@ class OpenAIServing:
                 continue
             lp = None
             if out.logprobs or (first and out.input_logprobs is not None):
-                lp = self._completion_logprobs(s, len(s.token_ids) - len(out.token_ids),
-                                               echo[s.prompt_index], with_prompt=first)
+                n = len(out.token_ids)
+                lp = self._completion_logprobs(s, len(s.token_ids) - n, echo[s.prompt_index],
+                                               with_prompt=first, done=done.get(s.index, 0))
+                done[s.index] = done.get(s.index, 0) + sum(
+                    len(t) for t in lp["tokens"][len(lp["tokens"]) - n:])
             choice = {"index": s.index, "text": text, "logprobs": lp,
                       "finish_reason": finish_reason(s) if out.finished else None}
             if out.finished and internal_failure([s]):
