@@ -19,10 +19,8 @@
 #     search with both on (now the defaults); group_ab: block fp8's rows quantized first, A/B
 #     alone; block_tma: block fp8's weight tiles through tensor descriptors, A/B;
 #     scales_ahead: block fp8's scales loaded an iteration ahead, checks and A/B;
-#     block_spread: one row of block fp8 with a column of products a scale group, A/B;
-#     spread_search: its launches chosen by the step; late_scale: one row's dynamic scale
-#     taken after the first weight tiles are asked for, A/B; quant_ab: the GPU checks once,
-#     then block_spread's, block_tma's and late_scale's A/Bs;
+#     late_scale: one row's dynamic scale taken after the first weight tiles are asked for,
+#     A/B; quant_ab: the GPU checks once, then block_tma's and late_scale's A/Bs;
 #     moe_overlap: the MoE model at batch 1 with the next step built during this one;
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
@@ -55,17 +53,6 @@ ab_scales_ahead() {  # block fp8's scales loaded an iteration ahead (ENGINE_SWAP
     for v in 0 1; do
       ENGINE_SWAP_SCALES_AHEAD=$v TAIL=3 step 60 "scales_ahead_${v}_$r" python3 \
         benchmarks/quant_gpu.py --batches 1,4,16 --schemes fp8_block
-    done
-  done
-}
-ab_block_spread() {  # one row of block fp8 with each scale group's sums in their own column
-  # (ENGINE_SWAP_BLOCK_SPREAD=1, _block_row) and the scales ahead, against the per-tile form, at
-  # 1 and 4 rows (the column form serves one row; at 4 rows the scales ahead still differ)
-  for r in 1 2; do
-    for v in 00 10 01; do
-      ENGINE_SWAP_BLOCK_SPREAD=${v:0:1} ENGINE_SWAP_SCALES_AHEAD=${v:1:1} TAIL=3 step 60 \
-        "block_spread_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1,4 \
-        --schemes fp8_block
     done
   done
 }
@@ -214,12 +201,8 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       done ;;
     block_tma) ab_block_tma ;;  # block fp8's weight tiles through descriptors, A/B
     scales_ahead) swap_tests; ab_scales_ahead ;;  # block fp8's scales an iteration ahead
-    block_spread) swap_tests; ab_block_spread ;;  # a column of products a scale group, A/B
-    spread_search)  # _block_row's one-row launches chosen by the step (ENGINE_SWAP_BLOCK_SPREAD=1)
-      ENGINE_SWAP_BLOCK_SPREAD=1 TAIL=40 step 240 spread_search python3 \
-        benchmarks/quant_gpu.py --step-search fp8_block --write-launches "$OUT/spread.json" ;;
     late_scale) swap_tests; ab_late_scale ;;  # one row's dynamic scale after the first tiles
-    quant_ab) swap_tests; ab_block_spread; ab_block_tma; ab_late_scale ;;  # all three, one call
+    quant_ab) swap_tests; ab_block_tma; ab_late_scale ;;  # both, one call
     moe_overlap)  # the MoE model at batch 1 as the server runs it (the next step built while
       # the GPU runs this one, the overlap scheduler's way) and with the host waiting, twice
       TAIL=6 step 300 moe_overlap python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \

@@ -16,10 +16,8 @@ bytes over 4.3 TB/s.
 ``--step-search SCHEME`` chooses the swapped 8-bit kernel's one-row launches by this step
 rather than by each layer alone (``swap_gpu.py --search``): one shape class at a time (q/k/v,
 o, gate/up, down), every candidate of :data:`STEP_CANDIDATES` (block fp8:
-:data:`STEP_CANDIDATES_BLOCK`; with ``ENGINE_SWAP_BLOCK_SPREAD=1`` the launches of
-``_block_row``, :data:`STEP_CANDIDATES_SPREAD`, keyed "fp8,spread,class,1") timed in the
-whole step with the other classes at their best so far; it prints each class's table and
-writes the best launches as ``--launches`` reads them.
+:data:`STEP_CANDIDATES_BLOCK`) timed in the whole step with the other classes at their best so
+far; it prints each class's table and writes the best launches as ``--launches`` reads them.
 
 (The launch configurations of the few-row kernels come from ``benchmarks/gemv_gpu.py
 --search``.)
@@ -173,20 +171,6 @@ STEP_CANDIDATES_BLOCK = {
 }
 
 
-#: the same for one row of block fp8 through ``_block_row`` (``ENGINE_SWAP_BLOCK_SPREAD=1``:
-#: :data:`engine.runtime.swap_triton.SPREAD`): any tile width; at most 64 scale groups a slice
-STEP_CANDIDATES_SPREAD = {
-    "tall": [(64, 512, 2, 4, 4), (64, 512, 2, 4, 3), (64, 256, 2, 4, 4), (128, 512, 2, 4, 3),
-             (64, 512, 4, 4, 4), (128, 256, 2, 4, 4), (64, 512, 1, 4, 4)],
-    "square": [(64, 512, 2, 4, 4), (64, 512, 2, 4, 3), (64, 256, 2, 4, 4), (128, 512, 2, 4, 3),
-               (64, 512, 4, 4, 4), (128, 256, 4, 4, 4), (64, 512, 1, 4, 4)],
-    "wide": [(64, 512, 2, 4, 3), (64, 512, 2, 4, 4), (128, 512, 2, 4, 3), (128, 256, 2, 4, 4),
-             (64, 256, 2, 4, 5), (64, 512, 1, 4, 3)],
-    "deep": [(128, 256, 8, 4, 4), (64, 512, 8, 4, 4), (128, 512, 8, 4, 3), (64, 256, 8, 4, 4),
-             (128, 256, 16, 4, 4), (64, 512, 4, 4, 4)],
-}
-
-
 def step_search(scheme: str, copies: int, path: str | None) -> None:
     """Coordinate search of the one-row launches by the step's time (module docstring)."""
     import json
@@ -195,24 +179,20 @@ def step_search(scheme: str, copies: int, path: str | None) -> None:
 
     codes = "int8" if "int8" in scheme else "fp8"
     kind = "block" if "block" in scheme else "a8"
-    if kind == "block" and swap_triton.block_spread():
-        kind = "spread"
     layers = {k: build(scheme, k) for k in SHAPES}
     best = {}
-    table = {"block": STEP_CANDIDATES_BLOCK, "spread": STEP_CANDIDATES_SPREAD}.get(
-        kind, STEP_CANDIDATES)
+    table = STEP_CANDIDATES_BLOCK if kind == "block" else STEP_CANDIDATES
     for cls, launches in table.items():
         key = (codes, kind, cls, 1)
-        where, at = (swap_triton.SPREAD, cls) if kind == "spread" else (swap_triton.SMALL, key)
         rows = []
         for launch in launches:
-            where[at] = launch
+            swap_triton.SMALL[key] = launch
             try:
                 rows.append((step_ms(layers, 1, copies), launch))
             except Exception as exc:  # noqa: BLE001 - a launch that does not fit: skipped
                 print(f"{cls} {launch}: {type(exc).__name__}", flush=True)
         rows.sort()
-        where[at] = best[key] = rows[0][1]
+        swap_triton.SMALL[key] = best[key] = rows[0][1]
         print(f"\n| {scheme} {cls} launch | step ms |\n|---|---|")
         for ms, launch in rows:
             print(f"| {launch} | {ms:.3f} |", flush=True)
@@ -251,10 +231,7 @@ def main() -> None:
         from engine.runtime import swap_triton
 
         for key, launch in read_launches(args.launches).items():
-            if key[1] == "spread":  # (one row of block fp8 through _block_row)
-                swap_triton.SPREAD[key[2]] = launch
-            else:
-                swap_triton.SMALL[key] = launch
+            swap_triton.SMALL[key] = launch
     if not torch.cuda.is_available():
         print("skipped: needs a CUDA GPU")
         return

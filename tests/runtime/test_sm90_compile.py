@@ -526,30 +526,6 @@ def test_one_row_block_fp8_scales_an_iteration_ahead(monkeypatch, n, k, config):
     assert len(loops[1]) < len(loops[0]) + 20, (len(loops[0]), len(loops[1]))
 
 
-@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 14336)])
-def test_one_row_block_fp8_spread_over_columns(monkeypatch, n, k):
-    """``ENGINE_SWAP_BLOCK_SPREAD=1``: one row of block fp8 from group codes (Llama-3-8B's
-    q/k/v, down) goes to ``_block_row`` at its :data:`SPREAD` launch: 16 columns of products
-    (one a scale group of the slice), one warp-group wait an iteration of 256-512 columns
-    (the per-tile form waits once every 128), no byte-wide shared stores, no spills, and a
-    loop under 450 instructions (389 and 210 in the Triton of the H200's image)."""
-    import torch
-
-    from engine.runtime import swap_triton
-
-    monkeypatch.setenv("ENGINE_SWAP_BLOCK_SPREAD", "1")
-    launches = _launches(lambda: swap_triton.w8_swap(
-        torch.empty(1, k, dtype=torch.bfloat16), torch.zeros(n, k).to(torch.float8_e4m3fn),
-        torch.ones(n // 128, k // 128), act="group", block=(128, 128)))
-    assert [kernel.fn.__name__ for kernel, _, _ in launches] == ["_quant_groups", "_block_row"]
-    assert launches[-1][1]["COLS"] == 16
-    compiled = _build_launch(*launches[-1])
-    assert stack_bytes(compiled) == 0
-    ops = loop_ops(compiled)
-    assert ops.count("WARPGROUP.DEPBAR.LE") == 1 and "STS.U8" not in ops
-    assert 0 < len(ops) < 450, len(ops)
-
-
 @pytest.mark.parametrize("n, k, config", [(6144, 4096, (64, 512, 1, 4, 4)),
                                            (4096, 14336, (128, 256, 4, 4, 4))])
 def test_one_row_dynamic_scale_after_the_first_tiles_are_asked_for(monkeypatch, n, k, config):

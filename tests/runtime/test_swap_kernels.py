@@ -23,8 +23,7 @@ E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
 #: a case's kernel forms (``_case``'s flags) -> the environment variable that asks for each
 FORMS = {"row_epilogue": "ENGINE_SWAP_ROW_EPILOGUE", "even": "ENGINE_SWAP_EVEN",
          "tma": "ENGINE_SWAP_TMA", "group_codes": "ENGINE_SWAP_GROUP_CODES",
-         "scales_ahead": "ENGINE_SWAP_SCALES_AHEAD", "spread": "ENGINE_SWAP_BLOCK_SPREAD",
-         "late_scale": "ENGINE_SWAP_LATE_SCALE"}
+         "scales_ahead": "ENGINE_SWAP_SCALES_AHEAD", "late_scale": "ENGINE_SWAP_LATE_SCALE"}
 #: tile launches (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) small enough for the interpreter
 ONE_SLICE = (64, 128, 1, 4, 2)
 
@@ -34,7 +33,7 @@ def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int 
           bias: bool = False, out: str = "float32", quant_rows_from: int | None = None,
           amax_unroll: int | None = None, row_epilogue: bool = False, even: bool = False,
           tma: bool = False, group_codes: bool = False, scales_ahead: bool = False,
-          spread: tuple | None = None, late_scale: bool = False):
+          late_scale: bool = False):
     """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
     ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
     dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
@@ -45,14 +44,12 @@ def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int 
     descriptors where the GPU allows (``ENGINE_SWAP_TMA=1``; the interpreter: never),
     ``group_codes``: rows quantized per group first (``ENGINE_SWAP_GROUP_CODES=1``),
     ``scales_ahead``: with them, each iteration's scales loaded by the iteration before
-    (``ENGINE_SWAP_SCALES_AHEAD=1``), ``spread``: with them, one row through ``_block_row``
-    at this launch (``ENGINE_SWAP_BLOCK_SPREAD=1``; the case fails if it is not taken),
-    ``late_scale``: one row's dynamic scale taken in the first iteration
+    (``ENGINE_SWAP_SCALES_AHEAD=1``), ``late_scale``: one row's dynamic scale taken in the first iteration
     (``ENGINE_SWAP_LATE_SCALE=1``)."""
     return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
                       out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll,
                       row_epilogue=row_epilogue, even=even, tma=tma,
-                      group_codes=group_codes, scales_ahead=scales_ahead, spread=spread,
+                      group_codes=group_codes, scales_ahead=scales_ahead,
                       late_scale=late_scale)
 
 
@@ -156,17 +153,6 @@ CASES = dict(
              group_codes=True, row_epilogue=True),
        _case("group codes asked, K not whole groups m=1", 1, act="group", n=200,
              block=(128, 128), config=(64, 0, 2, 4, 2), group_codes=True),
-       _case("spread block m=1, one slice of 3 groups (N not whole tiles)", 1, act="group",
-             n=200, k=384, block=(128, 128), group_codes=True, spread=(64, 128, 1, 4, 2)),
-       _case("spread block m=1 e5m2, tiles of 2 groups, split 2 (a slice past K), bias", 1,
-             fmt=E5M2, act="group", n=128, k=640, block=(128, 128), bias=True,
-             group_codes=True, spread=(64, 256, 2, 4, 2)),
-       _case("spread block m=1, weight blocks of 64 rows, two a program, whole tiles, tma", 1,
-             act="group", n=256, k=512, block=(64, 128), group_codes=True, even=True,
-             tma=True, spread=(128, 256, 2, 4, 3)),
-       _case("spread block m=1, 18 groups a slice (32 columns), split 2, half out", 1,
-             act="group", n=64, k=4352, block=(128, 128), out="float16", group_codes=True,
-             even=True, spread=(64, 256, 2, 4, 2)),
        _case("late scale fp8 token m=1 split 4 (the last slice empty)", 1,
              config=(64, 64, 4, 4, 2), late_scale=True),
        _case("late scale int8 token m=1 bias, half out", 1, fmt="int8", bias=True,
@@ -246,24 +232,18 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
     dev = lambda t: t.to(device) if t is not None else None  # noqa: E731
     kw = dict(act=p["act"], x_scale=dev(x_scale) if p["act"] == "static" else None,
               block=p["block"], out_dtype=out, bias=dev(bias))
-    saved = st.QUANT_ROWS_FROM, st.AMAX_UNROLL, st.SPREAD, st._spread_row
+    saved = st.QUANT_ROWS_FROM, st.AMAX_UNROLL
     st.QUANT_ROWS_FROM = p["quant_rows_from"] or saved[0]
     st.AMAX_UNROLL = saved[1] if p["amax_unroll"] is None else p["amax_unroll"]
-    spread = []  # what _spread_row answered
-    if p["spread"]:
-        st.SPREAD = dict.fromkeys(saved[2], p["spread"])
-        st._spread_row = lambda *a, **k: spread.append(saved[3](*a, **k)) or spread[-1]
     for form, flag in FORMS.items():
         os.environ[flag] = "1" if p[form] else "0"
     try:
         y = st.w8_swap(dev(x), dev(w), dev(ws), config=p["config"],
                        **kw).cpu()
     finally:
-        st.QUANT_ROWS_FROM, st.AMAX_UNROLL, st.SPREAD, st._spread_row = saved
+        st.QUANT_ROWS_FROM, st.AMAX_UNROLL = saved
         for flag in FORMS.values():
             os.environ.pop(flag)
-    if p["spread"] and spread != [True]:
-        return [f"{name}: the row did not go through _block_row ({spread})"]
     mm = qt.w8_mm(dev(x), dev(w), dev(ws), **kw).cpu()
     want, exact = _reference(x, w, ws, p["act"], p["block"], x_scale)
     if bias is not None:

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantize, _row1_scale,
-                                         _row_scales, _slice, _split, _workspace, fp8_from_bits,
+                                         _row_scales, _slice, _split, _workspace,
                                          quant_groups, quant_rows, shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger, pdl_wait,
                                       prefetch_l2)
@@ -336,59 +336,6 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
                 SPLIT)
 
 
-@triton.jit
-def _block_row(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w_desc,
-               N, K, stride_wn, stride_wsn, stride_xs, stride_ym, split_k,
-               GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, FP8: tl.constexpr,
-               HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               COLS: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr,
-               TMA: tl.constexpr, PDL: tl.constexpr):
-    """One row of fp8 codes ``x`` [K] (group scales at ``xs_ptr + group * stride_xs``, as
-    :func:`engine.runtime.quant_triton.quant_groups` writes them) times block fp8 weights
-    [N, K] (scales ``ws[n // GROUP_N, k // GROUP_K]``). One program: BLOCK_N outputs, K slice
-    ``pid_k`` of ``split_k`` (whole tiles; BLOCK_K a multiple of GROUP_K). The row's codes of
-    the slice's group j go to column j of the [BLOCK_K, COLS] operand, zeros elsewhere, so one
-    product accumulated over the whole slice keeps each group's sums in its own column: the
-    loop is the one-scale product's (one wait an iteration of BLOCK_K columns, for the
-    operand's buffer, where scaling each group's product waits for every group), and the block
-    and group scales are applied once, after it, before the columns are added up. The tensor
-    cores do COLS columns of work where the padded row does 16."""
-    pdl_trigger(PDL)
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
-    cols = tl.arange(0, COLS)
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K, SPLIT)
-    g_lo = k_lo // GROUP_K
-    _first_tile_to_l2(w_ptr, offs_n, N, K, k_lo, stride_wn, BLOCK_K, PDL)
-    pdl_wait(PDL)
-    acc = tl.zeros((BLOCK_N, COLS), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):  # (one product a tile: the operand, made in
-        if TMA:  # registers, goes to shared memory once an iteration)
-            w = w_desc.load([pid_n * BLOCK_N, k0])
-        else:
-            w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8, EVEN)
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        if EVEN:
-            codes = tl.load(x_ptr + offs_k[None, :])
-        else:
-            codes = tl.load(x_ptr + offs_k[None, :], mask=(offs_k < k_hi)[None, :], other=0)
-        spread = tl.where(cols[:, None] == (offs_k // GROUP_K - g_lo)[None, :], codes, 0)
-        acc = tl.dot(w, tl.trans(fp8_from_bits(spread, FP8)), acc)
-    g = g_lo + cols
-    g_ok = g * GROUP_K < k_hi
-    ws = tl.load(ws_ptr + (offs_n // GROUP_N).to(tl.int64)[:, None] * stride_wsn + g[None, :],
-                 mask=n_ok[:, None] & g_ok[None, :], other=0.0)
-    xs = tl.load(xs_ptr + g * stride_xs, mask=g_ok, other=0.0)
-    row = tl.sum(acc * ws * xs[None, :], axis=1)[None, :]
-    one = tl.arange(0, 1)
-    _finish(row, tl.full((1, 1), 1.0, tl.float32), tl.full((1, BLOCK_N), 1.0, tl.float32),
-            pid_n, pid_k, one, offs_n, one < 1, n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N,
-            stride_ym, split_k, HAS_BIAS, 1, SPLIT)
-
-
 # ---------------------------------------------------------------- launch configurations
 
 #: (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) by (activations: "a16" unquantized, "a8" per
@@ -442,14 +389,6 @@ for _bucket in (32, 64, 128):
     for _key in [key for key in SMALL if key[3] == 16]:
         bn, *rest = SMALL[_key]
         SMALL[(*_key[:3], _bucket)] = (min(bn, 64) if _bucket == 128 else bn, *rest)
-
-
-#: launches (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) of :func:`_block_row` (one row of block
-#: fp8 from group codes, ``ENGINE_SWAP_BLOCK_SPREAD=1``) by shape class, until a search on an
-#: H200 has chosen them: the one-scale fp8 one-row tiles, K split so that a slice holds at
-#: most 16 groups of Llama-3-8B's 128 columns (16 columns of products, as the padded row's)
-SPREAD = {"tall": (64, 512, 2, 4, 4), "square": (64, 512, 2, 4, 4), "wide": (64, 512, 2, 4, 3),
-          "deep": (128, 256, 8, 4, 4)}
 
 
 def rows_block(m: int) -> int:
@@ -557,37 +496,6 @@ def late_scale(w_dtype: torch.dtype) -> bool:
     return w_dtype != torch.int8
 
 
-def block_spread() -> bool:
-    """Whether one row of block fp8 from group codes goes to :func:`_block_row` (each scale
-    group's sums in their own column of the product, scaled once after the loop;
-    ``ENGINE_SWAP_BLOCK_SPREAD=1``, an A/B until it is measured)."""
-    return os.environ.get("ENGINE_SWAP_BLOCK_SPREAD") == "1"
-
-
-def _spread_row(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-                block: tuple[int, int], y: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """One row of group codes ``x`` [1, K] (their scales ``x_scale`` [1, K / block[1]]) by
-    block fp8 ``w`` into ``y`` through :func:`_block_row` at :data:`SPREAD`'s launch; False
-    (nothing done) where a slice would hold more than 64 scale groups or the launch's tiles do
-    not hold whole groups."""
-    n, k = w.shape
-    bn, bk, split, warps, stages = SPREAD[swap_class(n, k)]
-    split = _split(split, n, bn, 1)
-    groups = triton.cdiv(triton.cdiv(k, bk), split) * bk // block[1]
-    if bk % block[1] or groups > 64:
-        return False
-    part, cnt = _workspace(x.device)
-    desc = _w_descriptor(w, bn, bk) if tma(w.dtype, block) else None
-    _block_row[(triton.cdiv(n, bn), split)](
-        _bits(x), x_scale, _bits(w), w_scale, bias if bias is not None else y, y, part, cnt,
-        desc, n, k, w.stride(0), w_scale.stride(0), x_scale.stride(1), y.stride(0), split,
-        GROUP_N=block[0], GROUP_K=block[1], FP8=_kind(w.dtype)[0], HAS_BIAS=bias is not None,
-        BLOCK_N=bn, BLOCK_K=bk, COLS=max(16, triton.next_power_of_2(groups)), SPLIT=split > 1,
-        EVEN=even() and n % bn == 0 and k % (bk * split) == 0, TMA=desc is not None,
-        num_warps=warps, num_stages=stages, **launch_options(x.device))
-    return True
-
-
 def row_epilogue() -> bool:
     """Whether one row's epilogue takes the row out of the padded block first (the default:
     faster on an H200 with every kind of activation scale; ``ENGINE_SWAP_ROW_EPILOGUE=0``:
@@ -638,8 +546,6 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     elif code == 2 and group_codes() and k % bk == 0 and bk == triton.next_power_of_2(bk):
         x, x_scale = quant_groups(x, w.dtype, bk)  # (scales [K / bk, M] in memory)
         code = 5
-        if m == 1 and block_spread() and _spread_row(x, x_scale, w, w_scale, block, y, bias):
-            return y
     bm = rows_block(m)
     split = _split(split, n, bn, bm)
     amax_block = min(1024 if m == 1 else 512, triton.next_power_of_2(k))
