@@ -81,8 +81,7 @@ def record(picked: Sequence[tuple[Any, range]], logits: torch.Tensor) -> None:
     for req, positions in picked:
         targets.extend(req.origin_input_ids[q + 1] for q in positions)
     lp = torch.log_softmax(logits.float(), dim=-1)
-    dev = lp.device
-    chosen = lp.gather(1, torch.tensor(targets, device=dev)[:, None]).squeeze(1).tolist()
+    chosen = pick_logprobs(lp, [[t] for t in targets])[:, 0].tolist()
     k = max(req.sampling_params.top_logprobs for req, _ in picked)
     top_v: list[list[float]] = []
     top_i: list[list[int]] = []

@@ -180,10 +180,9 @@ class OpenAIServing:
         values: list[float | None] = []
         tops: list[dict[str, float] | None] = []
         offsets: list[int] = []
-        if echo and with_prompt and s.input_logprobs is not None:
-            pos = 0
-            for t, lp, top in zip(s.input_token_ids or [], s.input_logprobs,
-                                  s.input_top_logprobs or []):
+
+        def add(ids, lps, alts, pos: int) -> None:  # (a null value has no alternatives)
+            for t, lp, top in zip(ids, lps, alts):
                 text = self._token_text(t)
                 tokens.append(text)
                 values.append(lp)
@@ -191,14 +190,10 @@ class OpenAIServing:
                             else None)
                 offsets.append(pos)
                 pos += len(text)
-        pos = len(echo) + done
-        for t, lp, top in zip(s.token_ids[start:], s.logprobs[start:], s.top_logprobs[start:]):
-            text = self._token_text(t)
-            tokens.append(text)
-            values.append(lp)
-            tops.append({self._token_text(a): v for a, v in top})
-            offsets.append(pos)
-            pos += len(text)
+
+        if echo and with_prompt and s.input_logprobs is not None:
+            add(s.input_token_ids or [], s.input_logprobs, s.input_top_logprobs or [], 0)
+        add(s.token_ids[start:], s.logprobs[start:], s.top_logprobs[start:], len(echo) + done)
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
                 "text_offset": offsets}
 
