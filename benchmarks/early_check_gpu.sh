@@ -13,7 +13,8 @@
 #     chosen by the step's time; cvt: one row's fp8 codes rounded by the conversion
 #     instruction, checks and the step; static_epilogue: the row epilogue with static
 #     scales, A/B, a step search with it, the fp8 model; final_quant: GPU checks of the
-#     quantized products, the step, block fp8's step search, the fp8 model; even: whole
+#     quantized products, the step, the fp8 model; block_search: block fp8's one-row
+#     launches chosen by the step, then A/B against the shipped ones; even: whole
 #     tiles loaded without masks (ENGINE_SWAP_EVEN=1) and weight tiles through tensor
 #     descriptors (ENGINE_SWAP_TMA=1), checks and the four combinations; lean_search: a step
 #     search with both on (now the defaults); group_ab: block fp8's rows quantized first, A/B
@@ -213,8 +214,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=40 step 450 w4_sync python3 benchmarks/swap_affine_gpu.py --search --rows 1 \
         --block-n 16:1,32:1,32:2,128:4 ;;
     final_quant)  # the session's end state: GPU checks of every format's routing, the sampling
-      # kernel's (a biased row included), the step, block fp8's launches chosen by the step,
-      # the fp8 model at batch 1
+      # kernel's (a biased row included), the step, the fp8 model at batch 1
       TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_swap_kernels.py
       TAIL=4 step 200 quant_checks python3 tests/runtime/quant_kernel_checks.py cuda
@@ -222,10 +222,18 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         tests/runtime/test_sample_kernel.py
       TAIL=9 step 100 final_step python3 benchmarks/quant_gpu.py --batches 1 --schemes \
         fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
-      TAIL=40 step 200 block_search python3 benchmarks/quant_gpu.py --step-search fp8_block \
-        --write-launches "$OUT/block.json"
       TAIL=8 step 200 fp8_e2e python3 benchmarks/e2e_gpu.py --backends triton --batches 1 \
         --quantization fp8 --hf "" --steps 32 --rounds 2 ;;
+    block_search)  # block fp8's one-row launches chosen by the step (16-32 outputs a program,
+      # mma.sync, among them), then the step at 1 row with them and without, twice
+      TAIL=80 step 400 block_search python3 benchmarks/quant_gpu.py --step-search fp8_block \
+        --write-launches "$OUT/block.json"
+      for r in 1 2; do
+        TAIL=3 step 60 "block_shipped_$r" python3 benchmarks/quant_gpu.py --batches 1 \
+          --schemes fp8_block
+        TAIL=3 step 60 "block_searched_$r" python3 benchmarks/quant_gpu.py --batches 1 \
+          --schemes fp8_block --launches "$OUT/block.json"
+      done ;;
     step_search)  # the one-row launches chosen by the step's time (fp8), then the step with them
       W8=fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
       TAIL=60 step 330 step_search python3 benchmarks/quant_gpu.py --step-search fp8_tensor \

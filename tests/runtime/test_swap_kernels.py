@@ -153,6 +153,13 @@ CASES = dict(
              group_codes=True, row_epilogue=True),
        _case("group codes asked, K not whole groups m=1", 1, act="group", n=200,
              block=(128, 128), config=(64, 0, 2, 4, 2), group_codes=True),
+       _case("block m=1, 32 outputs a program, 1 warp (mma.sync on a GPU), split 2, scales "
+             "ahead, tma, row epilogue", 1, act="group", n=200, k=512, block=(128, 128),
+             config=(32, 0, 2, 1, 2), group_codes=True, scales_ahead=True, tma=True,
+             row_epilogue=True),
+       _case("block m=3, 16 outputs a program, 1 warp, two blocks an iteration", 3,
+             act="group", n=160, k=512, block=(128, 128), config=(16, 0, 1, 1, 2, 2),
+             group_codes=True, scales_ahead=True),
        _case("late scale fp8 token m=1 split 4 (the last slice empty)", 1,
              config=(64, 64, 4, 4, 2), late_scale=True),
        _case("late scale int8 token m=1 bias, half out", 1, fmt="int8", bias=True,
