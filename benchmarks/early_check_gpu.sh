@@ -13,7 +13,8 @@
 #     chosen by the step's time; cvt: one row's fp8 codes rounded by the conversion
 #     instruction, checks and the step; static_epilogue: the row epilogue with static
 #     scales, A/B, a step search with it, the fp8 model; final_quant: GPU checks of the
-#     quantized products, the step, the fp8 model; block_search: block fp8's one-row
+#     quantized products, the step, the fp8 model; swap_tests: the swapped kernel's GPU
+#     checks (once a call, whichever step asks first); block_search: block fp8's one-row
 #     launches chosen by the step, then A/B against the shipped ones; even: whole
 #     tiles loaded without masks (ENGINE_SWAP_EVEN=1) and weight tiles through tensor
 #     descriptors (ENGINE_SWAP_TMA=1), checks and the four combinations; lean_search: a step
@@ -33,7 +34,9 @@
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
 OUT=${OUT:-/tmp/early_check}
 source benchmarks/gpu_step.sh
-swap_tests() {  # the swapped 8-bit kernel's GPU checks (every form on and off)
+swap_tests() {  # the swapped 8-bit kernel's GPU checks (every form on and off), once a call
+  [ -n "$SWAP_TESTED" ] && return
+  SWAP_TESTED=1
   TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/runtime/test_swap_kernels.py
 }
@@ -215,8 +218,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --block-n 16:1,32:1,32:2,128:4 ;;
     final_quant)  # the session's end state: GPU checks of every format's routing, the sampling
       # kernel's (a biased row included), the step, the fp8 model at batch 1
-      TAIL=3 step 150 swap_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/runtime/test_swap_kernels.py
+      swap_tests
       TAIL=4 step 200 quant_checks python3 tests/runtime/quant_kernel_checks.py cuda
       TAIL=3 step 120 sample_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_sample_kernel.py
@@ -224,6 +226,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         fp8_tensor,ct_fp8_dynamic,modelopt_fp8,fp8_block,ct_w8a8_int8
       TAIL=8 step 200 fp8_e2e python3 benchmarks/e2e_gpu.py --backends triton --batches 1 \
         --quantization fp8 --hf "" --steps 32 --rounds 2 ;;
+    swap_tests) swap_tests ;;
     block_search)  # block fp8's one-row launches chosen by the step (16-32 outputs a program,
       # mma.sync, among them), then the step at 1 row with them and without, twice
       TAIL=80 step 400 block_search python3 benchmarks/quant_gpu.py --step-search fp8_block \
