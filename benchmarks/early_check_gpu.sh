@@ -227,6 +227,20 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=8 step 200 fp8_e2e python3 benchmarks/e2e_gpu.py --backends triton --batches 1 \
         --quantization fp8 --hf "" --steps 32 --rounds 2 ;;
     swap_tests) swap_tests ;;
+    block_rows)  # block fp8's launches from the step search against those before, 1-16 rows
+      python3 - "$OUT/block_before.json" <<'PY'
+import json, sys
+old = {"tall": [128, 128, 8, 4, 4], "square": [128, 128, 8, 4, 4],
+       "wide": [128, 128, 2, 4, 3], "deep": [64, 128, 8, 4, 3, 2]}
+json.dump({f"fp8,block,{c},{b}": v for c, v in old.items() for b in (1, 4, 16)},
+          open(sys.argv[1], "w"))
+PY
+      for r in 1 2; do
+        TAIL=3 step 60 "block_before_$r" python3 benchmarks/quant_gpu.py --batches 1,4,16 \
+          --schemes fp8_block --launches "$OUT/block_before.json"
+        TAIL=3 step 60 "block_now_$r" python3 benchmarks/quant_gpu.py --batches 1,4,16 \
+          --schemes fp8_block
+      done ;;
     block_search)  # block fp8's one-row launches chosen by the step (16-32 outputs a program,
       # mma.sync, among them), then the step at 1 row with them and without, twice
       TAIL=80 step 400 block_search python3 benchmarks/quant_gpu.py --step-search fp8_block \
