@@ -15,7 +15,8 @@
 #     scales, A/B, a step search with it, the fp8 model; final_quant: GPU checks of the
 #     quantized products, the step, the fp8 model; swap_tests: the swapped kernel's GPU
 #     checks (once a call, whichever step asks first); block_search: block fp8's one-row
-#     launches chosen by the step, then A/B against the shipped ones; even: whole
+#     launches chosen by the step, then A/B against the shipped ones; block_rows: block
+#     fp8's launches from that search against those before, at 1-16 rows; even: whole
 #     tiles loaded without masks (ENGINE_SWAP_EVEN=1) and weight tiles through tensor
 #     descriptors (ENGINE_SWAP_TMA=1), checks and the four combinations; lean_search: a step
 #     search with both on (now the defaults); group_ab: block fp8's rows quantized first, A/B
