@@ -369,12 +369,12 @@ SMALL = {
     ("int8", "a8", "square", 1): (128, 256, 4, 4, 4),
     ("int8", "a8", "wide", 1): (64, 512, 1, 4, 3), ("int8", "a8", "deep", 1): (128, 256, 4, 4, 4),
     # block fp8: chosen by the step (quant_gpu.py --step-search fp8_block; 2.23 ms against 2.39
-    # at the launches before); q/k/v ("tall") keeps (128, 128, 8, 4, 4), set below
+    # at the launches before)
+    ("fp8", "block", "tall", 1): (128, 128, 8, 4, 4),
     ("fp8", "block", "square", 1): (64, 128, 4, 4, 4, 2),
     ("fp8", "block", "wide", 1): (128, 128, 1, 4, 3, 2),
     ("fp8", "block", "deep", 1): (128, 128, 8, 4, 3, 2),
 }
-SMALL[("fp8", "block", "tall", 1)] = (128, 128, 8, 4, 4)
 # one row of 8-bit codes into more outputs than inputs (q/k/v): all of K a program, found by
 # ``swap_gpu.py --search`` and kept by ``quant_gpu.py --step-search`` (fp8 and int8 9.5 us at
 # Llama-3-8B's 6144 x 4096, where the square launches take K in slices); other buckets: the
@@ -422,9 +422,16 @@ def swap_class(n: int, k: int) -> str:
     """:func:`shape_class`, with "square" weights of more outputs than inputs (fused q/k/v)
     their own class "tall" (``ENGINE_SWAP_TALL=0``: square, the launches before)."""
     cls = shape_class(n, k)
-    if cls == "square" and n > k and os.environ.get("ENGINE_SWAP_TALL") != "0":
+    if cls == "square" and n > k and _flag("ENGINE_SWAP_TALL", True):
         return "tall"
     return cls
+
+
+def _flag(name: str, default: bool) -> bool:
+    """The environment's choice of one of this kernel's forms, for A/B runs: ``name`` "1" on,
+    "0" off, anything else (or unset) ``default``."""
+    value = os.environ.get(name)
+    return value == "1" if value in ("0", "1") else default
 
 
 def group_codes() -> bool:
@@ -434,21 +441,17 @@ def group_codes() -> bool:
     program (the default: on an H200 the Llama-3-8B step's block fp8 products took 2.54 ms
     against 2.59 at one row, 2.76 against 3.18 at 4 rows; ``ENGINE_SWAP_GROUP_CODES=0``: each
     tile quantized in the product, for A/B runs)."""
-    return os.environ.get("ENGINE_SWAP_GROUP_CODES") != "0"
+    return _flag("ENGINE_SWAP_GROUP_CODES", True)
 
 
-def tma(w_dtype: torch.dtype, block: tuple[int, int] | None = None) -> bool:
-    """Whether products of ``w_dtype`` codes (``block``: their block scales) read their weight
-    tiles through tensor descriptors where the GPU and the weights allow: fp8 codes by default,
-    with one scale an output or block scales (on an H200 the Llama-3-8B step's one-row fp8
-    products took 1.93 ms with them against 1.95 without, block fp8's 2.45 against 2.54 at one
-    row, 2.69 against 2.76 at 4 and 3.13 against 3.20 at 16; int8's 2.10 against 2.08, so int8
-    keeps its pointer loads). ``ENGINE_SWAP_TMA`` 1: every kind of codes, 0: none (A/B
-    runs)."""
-    flag = os.environ.get("ENGINE_SWAP_TMA")
-    if flag in ("0", "1"):
-        return flag == "1"
-    return w_dtype != torch.int8
+def tma(w_dtype: torch.dtype) -> bool:
+    """Whether products of ``w_dtype`` codes read their weight tiles through tensor descriptors
+    where the GPU and the weights allow: fp8 codes by default, with one scale an output or block
+    scales (on an H200 the Llama-3-8B step's one-row fp8 products took 1.93 ms with them against
+    1.95 without, block fp8's 2.45 against 2.54 at one row, 2.69 against 2.76 at 4 and 3.13
+    against 3.20 at 16; int8's 2.10 against 2.08, so int8 keeps its pointer loads).
+    ``ENGINE_SWAP_TMA`` 1: every kind of codes, 0: none (A/B runs)."""
+    return _flag("ENGINE_SWAP_TMA", w_dtype != torch.int8)
 
 
 #: tensor descriptors of weights by (address, shape, row stride, dtype, box): a descriptor
@@ -477,7 +480,7 @@ def even() -> bool:
     slice of whole BLOCK_K * SUB steps) load their weight tiles, and one row its tiles, without
     masks (the default: as fast or faster on an H200 for every format; ``ENGINE_SWAP_EVEN=0``:
     masked loads everywhere, for A/B runs)."""
-    return os.environ.get("ENGINE_SWAP_EVEN") != "0"
+    return _flag("ENGINE_SWAP_EVEN", True)
 
 
 def scales_ahead() -> bool:
@@ -485,7 +488,7 @@ def scales_ahead() -> bool:
     scales an iteration ahead (up to 4 tiles an iteration; the default: on an H200 the
     Llama-3-8B step's block fp8 products took 2.47 ms with it against 2.54 at one row, 2.73
     against 2.76 at 4; ``ENGINE_SWAP_SCALES_AHEAD=0`` turns it off, for A/B runs)."""
-    return os.environ.get("ENGINE_SWAP_SCALES_AHEAD") != "0"
+    return _flag("ENGINE_SWAP_SCALES_AHEAD", True)
 
 
 def late_scale(w_dtype: torch.dtype) -> bool:
@@ -495,17 +498,14 @@ def late_scale(w_dtype: torch.dtype) -> bool:
     H200 the Llama-3-8B step's dynamic fp8 products took 2.06 ms with it against 2.10; int8's
     2.20 against 2.10, so int8 keeps the scale before the loop). ``ENGINE_SWAP_LATE_SCALE`` 1:
     every kind, 0: none (A/B runs)."""
-    flag = os.environ.get("ENGINE_SWAP_LATE_SCALE")
-    if flag in ("0", "1"):
-        return flag == "1"
-    return w_dtype != torch.int8
+    return _flag("ENGINE_SWAP_LATE_SCALE", w_dtype != torch.int8)
 
 
 def row_epilogue() -> bool:
     """Whether one row's epilogue takes the row out of the padded block first (the default:
     faster on an H200 with every kind of activation scale; ``ENGINE_SWAP_ROW_EPILOGUE=0``:
     the padded block's epilogue, for A/B runs)."""
-    return os.environ.get("ENGINE_SWAP_ROW_EPILOGUE") != "0"
+    return _flag("ENGINE_SWAP_ROW_EPILOGUE", True)
 
 
 def _rne_cast(device: torch.device) -> bool:
@@ -558,7 +558,7 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     unroll = code == 1 and m == 1 and triton.cdiv(k, amax_block) <= AMAX_UNROLL
     part, cnt = _workspace(x.device)
     grid = (triton.cdiv(n, bn), split)
-    desc = _w_descriptor(w, bn, bk) if tma(w.dtype, block) and code != 0 else None
+    desc = _w_descriptor(w, bn, bk) if tma(w.dtype) and code != 0 else None
     _w8_swap[grid](_bits(x), x_scale if x_scale is not None else w_scale, _bits(w), w_scale,
                    bias if bias is not None else y, y, part, cnt, desc, m, n, k, x.stride(0),
                    w.stride(0), w_scale.stride(0), y.stride(0), split, ACT=code,
