@@ -28,6 +28,7 @@
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
+#     int4pack: 4-bit products through PyTorch's own int4 kernel against ours;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
@@ -228,6 +229,19 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=8 step 200 fp8_e2e python3 benchmarks/e2e_gpu.py --backends triton --batches 1 \
         --quantization fp8 --hf "" --steps 32 --rounds 2 ;;
     swap_tests) swap_tests ;;
+    int4pack)  # 4-bit weight-only products through torch._weight_int4pack_mm against ours and
+      # bf16, per layer at 1-32 rows, checked against float32 first; its GPU tests; the step
+      # of gptq and awq with the layout (ENGINE_W4_INT4PACK=1) and without, twice
+      TAIL=30 step 240 int4pack python3 benchmarks/int4pack_gpu.py
+      TAIL=3 step 120 int4pack_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/quant/test_int4pack.py
+      for r in 1 2; do
+        for v in 0 1; do
+          ENGINE_PACKED_WEIGHT_ONLY=1 ENGINE_W4_INT4PACK=$v TAIL=5 step 120 \
+            "int4pack_step_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1,32 \
+            --schemes gptq,awq
+        done
+      done ;;
     block_rows)  # block fp8's launches from the step search against those before, 1-16 rows
       python3 - "$OUT/block_before.json" <<'PY'
 import json, sys

@@ -299,7 +299,7 @@ class AffineWeight:
         self.q = quant_triton.pack_affine(codes, bits, self.sub)
         self.scale = scale.to(torch.float32).t().contiguous()
         self.bias = bias.to(torch.float32).t().contiguous()
-        self.bits, self.group = bits, group
+        self.bits, self.group, (self.n, self.k) = bits, group, codes.shape
         self.perm = perm.to(torch.int32).contiguous() if perm is not None else None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -313,16 +313,76 @@ class AffineWeight:
 
 class AffineShards:
     """Fused shards whose columns are permuted differently (act-order shards quantized
-    apart): one :class:`AffineWeight` each, their outputs side by side."""
+    apart): one :class:`AffineWeight` (or :class:`Int4PackWeight`) each, their outputs side
+    by side."""
 
-    def __init__(self, parts: list[AffineWeight]) -> None:
+    def __init__(self, parts: list[AffineWeight | Int4PackWeight]) -> None:
         self.parts = parts
-        self.widths = [p.q.shape[0] for p in parts]
+        self.widths = [p.n for p in parts]
         self.bits = parts[0].bits
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         biases = bias.split(self.widths) if bias is not None else [None] * len(self.parts)
         return torch.cat([p.matmul(x, b) for p, b in zip(self.parts, biases)], -1)
+
+
+class Int4PackWeight:
+    """A 4-bit :class:`AffineWeight` in PyTorch's own tiled int4 layout, multiplied by
+    ``torch._weight_int4pack_mm`` (the CUDA kernel of torchao's int4 weight-only path; on the
+    CPU its ``_for_cpu`` twin, for tests). That kernel computes ``W = (q - 8) * scale + zero``
+    from bfloat16 (scale, zero) pairs [K / group, N, 2], so the canonical ``q * s + b`` maps
+    onto it as ``zero = b + 8 s``: exact for symmetric codes (``b = -8 s``), otherwise ``zero``
+    rounded to bfloat16 (at most 2^-9 of ``|b + 8 s|`` per weight). Scales round to bfloat16
+    too (GPTQ and AWQ store them in float16: 2^-9 relative at most)."""
+
+    bits = 4
+
+    def __init__(self, aw: AffineWeight, tiles: int) -> None:
+        from engine.runtime import quant_triton
+
+        codes = quant_triton.unpack_affine(aw.q, 4, aw.sub, aw.k)  # [N, K]
+        if codes.is_cuda:
+            pairs = ((codes[:, ::2] << 4) | codes[:, 1::2]).to(torch.uint8)
+            self.w = torch._convert_weight_to_int4pack(pairs, tiles)
+        else:
+            self.w = torch._convert_weight_to_int4pack_for_cpu(codes, tiles)
+        self.sz = torch.stack([aw.scale, aw.bias + 8 * aw.scale], 2).to(torch.bfloat16)
+        self.sz = self.sz.contiguous()
+        self.group, self.perm, self.n = aw.group, aw.perm, codes.shape[0]
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        if self.perm is not None:
+            x = x.index_select(1, self.perm)
+        x = x.contiguous()
+        mm = torch._weight_int4pack_mm if x.is_cuda else torch._weight_int4pack_mm_for_cpu
+        y = mm(x, self.w, self.group, self.sz)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*shape[:-1], self.n)
+
+
+#: inner K tiles of :class:`Int4PackWeight`'s layout (``torch._convert_weight_to_int4pack``
+#: takes 2, 4 or 8; K must be a multiple of 16 times it)
+INT4PACK_TILES = 8
+
+
+def int4pack_form(packed: AffineWeight | AffineShards, dtype: torch.dtype
+                  ) -> AffineWeight | AffineShards | Int4PackWeight:
+    """``packed`` as an :class:`Int4PackWeight` (each shard of an :class:`AffineShards`) where
+    ``ENGINE_W4_INT4PACK=1`` asks for PyTorch's int4 kernel and it serves the weight: 4-bit
+    codes in groups of 32, 64, 128 or 256, bfloat16 activations, N a multiple of 8 and K of
+    16 x :data:`INT4PACK_TILES`; otherwise ``packed`` as it is. Off by default: the Triton
+    kernels of :func:`engine.runtime.quant_triton.affine_mm` serve."""
+    if os.environ.get("ENGINE_W4_INT4PACK") != "1" or dtype != torch.bfloat16:
+        return packed
+    parts = packed.parts if isinstance(packed, AffineShards) else [packed]
+    if not all(p.bits == 4 and p.group in (32, 64, 128, 256) and p.q.shape[0] % 8 == 0
+               and p.k % (16 * INT4PACK_TILES) == 0 and p.k % p.group == 0 for p in parts):
+        return packed
+    forms = [Int4PackWeight(p, INT4PACK_TILES) for p in parts]
+    return AffineShards(forms) if isinstance(packed, AffineShards) else forms[0]
 
 
 def act_order(g_idx: torch.Tensor, group: int) -> tuple[bool, torch.Tensor | None]:
@@ -376,6 +436,8 @@ class DequantizedMethod(LayerMethod):
             packed = self.affine(layer) if quant_triton.affine_sub(group) else None
             if packed is not None and not pack_weight_only(device, packed.bits):
                 packed = None
+            if packed is not None:
+                packed = int4pack_form(packed, layer.quant_dtype)
         w = self.dense_weight(layer) if packed is None else None
         drop_checkpoint_params(layer)
         layer.packed = packed
