@@ -258,8 +258,9 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     rows = []
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+combine (the combine in the down projection), triton+chained (both
-    # projections in one launch), torch
-    variants = {"combine": "ENGINE_MOE_FUSED_COMBINE", "chained": "ENGINE_MOE_CHAINED"}
+    # projections in one launch), triton+evict (weights read "evict_first"), torch
+    variants = {"combine": "ENGINE_MOE_FUSED_COMBINE", "chained": "ENGINE_MOE_CHAINED",
+                "evict": "ENGINE_MOE_EVICT_FIRST"}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"
@@ -323,6 +324,7 @@ def main() -> None:
     ap.add_argument("--runners", default="triton,torch",
                     help="model decode: triton, triton+combine (the combine inside the down "
                     "projection), triton+chained (both projections in one launch), "
+                    "triton+evict (the experts' weights read with L2 policy evict_first), "
                     "torch; a runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,
                     help="E,top_k,H,I of the layer for the kit-free sections (default: "

@@ -225,20 +225,28 @@ def test_extend_tree_and_split_kernels_build(attention):
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=4, BLOCK_G=4, BLOCK_D=128, PDL=True))
 
 
-@pytest.mark.parametrize("prefetch,combine,nxt", [(False, False, False), (True, False, False),
-                                                  (True, True, True)])
-def test_moe_pair_kernels_build(prefetch, combine, nxt):
+@pytest.mark.parametrize("prefetch,combine,nxt,evict", [
+    (False, False, False, ""), (True, False, False, ""), (True, True, True, ""),
+    (True, False, True, "evict_first")])
+def test_moe_pair_kernels_build(prefetch, combine, nxt, evict):
+    """The matrix-vector path's kernels; with EVICT "evict_first" every weight load of both
+    projections carries the L2 policy (a ``createpolicy`` and ``.L2::cache_hint`` loads)."""
     from engine_moe_triton import kernels
 
     types = {"x_ptr": "*bf16", "gu_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
              "ids_ptr": "*i32", "weights_ptr": "*fp32", "down_ptr": "*bf16", "y_ptr": "*bf16",
              "cnt_ptr": "*i32"}
-    build(kernels._pair_gemv_up, types, dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256, ACC2D=False,
-                                             NEXT=nxt, PDL=True))
-    build(kernels._pair_gemv_down, types, dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256, ACC2D=False,
-                                               PREFETCH=prefetch, COMBINE=combine, NEXT=nxt,
-                                               PDL=True))
+    up = build(kernels._pair_gemv_up, types, dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256,
+                                                  ACC2D=False, NEXT=nxt, EVICT=evict, PDL=True))
+    down = build(kernels._pair_gemv_down, types, dict(
+        TOP_K=8, BLOCK_N=16, BLOCK_K=256, ACC2D=False, PREFETCH=prefetch, COMBINE=combine,
+        NEXT=nxt, EVICT=evict, PDL=True))
     build(kernels._combine_pairs, types, dict(TOP_K=8, BLOCK=1024, PDL=True))
+    for compiled in (up, down):
+        ptx = compiled.asm["ptx"]
+        hinted = re.findall(r"ld\.global[^ ]*L2::cache_hint[^ ]*", ptx)
+        assert ("createpolicy.fractional.L2::evict_first" in ptx) == bool(evict)
+        assert bool(hinted) == bool(evict)
 
 
 @pytest.mark.parametrize("down_block_n", [8, 16, 32])

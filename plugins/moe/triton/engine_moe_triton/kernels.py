@@ -158,22 +158,26 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> None:
 
 
 @triton.jit
-def _w_rows_tile(w_rows, k0, n_ok, K, BLOCK_K: tl.constexpr):
+def _w_rows_tile(w_rows, k0, n_ok, K, BLOCK_K: tl.constexpr, EVICT: tl.constexpr = ""):
     """Columns ``k0 ..`` of the weight rows ``w_rows`` [BLOCK_N, 1] (zeros from ``K`` on and
-    past N: a tile wholly past K loads nothing)."""
+    past N: a tile wholly past K loads nothing), with the cache eviction policy EVICT ("":
+    the default; "evict_first": lines read once, the first the L2 lets go)."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     return tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & (offs_k < K)[None, :],
-                   other=0.0)
+                   other=0.0, eviction_policy=EVICT)
 
 
 @triton.jit
 def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, stride_wn,
                   stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  ACC2D: tl.constexpr, NEXT: tl.constexpr, PDL: tl.constexpr):
+                  ACC2D: tl.constexpr, NEXT: tl.constexpr, EVICT: tl.constexpr,
+                  PDL: tl.constexpr):
     """ACC2D: products accumulate elementwise over the K loop and are summed once at the end
     (else each tile's products are summed as they come). NEXT: each iteration loads the next
     iteration's weight tile before it uses its own (two tiles in flight a program: Triton's
-    pipeliner leaves loads that feed no ``tl.dot`` alone). With PDL the next kernel (the down
+    pipeliner leaves loads that feed no ``tl.dot`` alone). EVICT: the weights' cache eviction
+    policy (``_w_rows_tile``; "evict_first" keeps this kernel's stream of weights, each read
+    once, from pushing the down projection's prefetched rows out of L2). With PDL the next kernel (the down
     projection) may launch only once every program has waited here, so the router's expert
     ids are final when it starts, and it can bring its experts' weights into L2 while this
     kernel runs (``_pair_gemv_down``)."""
@@ -190,16 +194,16 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
     x_row = x_ptr + (pair // TOP_K) * stride_x
     w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
     if NEXT:
-        w_next = _w_rows_tile(w_rows, 0, n_ok, K, BLOCK_K)
+        w_next = _w_rows_tile(w_rows, 0, n_ok, K, BLOCK_K, EVICT)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
         x = tl.load(x_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         if NEXT:
             w = w_next
-            w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, K, BLOCK_K)
+            w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, K, BLOCK_K, EVICT)
         else:
-            w = _w_rows_tile(w_rows, k0, n_ok, K, BLOCK_K)
+            w = _w_rows_tile(w_rows, k0, n_ok, K, BLOCK_K, EVICT)
         if ACC2D:
             acc2 += w.to(tl.float32) * x[None, :]
         else:
@@ -214,7 +218,7 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
                     stride_gu, stride_we, stride_wn, stride_o, stride_y,
                     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     ACC2D: tl.constexpr, PREFETCH: tl.constexpr, COMBINE: tl.constexpr,
-                    NEXT: tl.constexpr, PDL: tl.constexpr):
+                    NEXT: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
     from the gate/up row of the pair. ACC2D and NEXT as in ``_pair_gemv_up``. With PDL this
     kernel starts only once every program of the up projection has waited for the router
@@ -224,7 +228,8 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
     COMBINE: the combine too (``_combine_pairs``' sums, in the same order from the same
     rounded rows): each program counts itself in at its token's output block
     (``cnt``, zeros, one per (token, block)), and the last of the token's TOP_K pairs to
-    arrive sums their rows into ``y[token]`` and resets the counter."""
+    arrive sums their rows into ``y[token]`` and resets the counter. EVICT: the weights' cache
+    eviction policy as in ``_pair_gemv_up``."""
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -253,7 +258,7 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
         w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
         i_hi = I
     if NEXT:
-        w_next = _w_rows_tile(w_rows, 0, n_ok, i_hi, BLOCK_K)
+        w_next = _w_rows_tile(w_rows, 0, n_ok, i_hi, BLOCK_K, EVICT)
     for k0 in range(0, i_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < I
@@ -262,9 +267,9 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
         act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
         if NEXT:
             w = w_next
-            w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, i_hi, BLOCK_K)
+            w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, i_hi, BLOCK_K, EVICT)
         else:
-            w = _w_rows_tile(w_rows, k0, n_ok, I, BLOCK_K)
+            w = _w_rows_tile(w_rows, k0, n_ok, I, BLOCK_K, EVICT)
         if ACC2D:
             acc2 += w.to(tl.float32) * act[None, :]
         else:
@@ -423,12 +428,15 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
              block_n: int = 32, block_k: int = 128, warps: int = 4,
              down_block_n: int | None = None, down_block_k: int | None = None,
              acc2d: bool = False, combined: torch.Tensor | None = None,
-             next_tile: bool = False) -> bool:
+             next_tile: bool = False, evict_first: bool = False) -> bool:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
     ``-1`` ids). ``acc2d``: sum each output's products once at the end of its K loop.
     ``combined`` [T, H]: the down projection also writes each token's sum of its pairs there
     (as :func:`combine_pairs`) where the counters suffice; returns whether it did.
-    ``next_tile``: each K iteration loads the next one's weights first (``NEXT``)."""
+    ``next_tile``: each K iteration loads the next one's weights first (``NEXT``).
+    ``evict_first``: both projections read their weights with the L2 eviction policy
+    "evict_first" (``EVICT``)."""
+    evict = "evict_first" if evict_first else ""
     t, k = topk_ids.shape
     pairs = t * k
     _, n13, h = w13.shape
@@ -437,7 +445,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     _pair_gemv_up[(pairs, triton.cdiv(n13, block_n))](
         x, w13, gate_up, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1),
         gate_up.stride(0), TOP_K=k, BLOCK_N=block_n, BLOCK_K=block_k, ACC2D=acc2d,
-        NEXT=next_tile, num_warps=warps, **launch_options(x.device))
+        NEXT=next_tile, EVICT=evict, num_warps=warps, **launch_options(x.device))
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
     tiles = triton.cdiv(h, dbn)
     combine = combined is not None and t * tiles <= COMBINE_COUNTERS
@@ -448,7 +456,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         combined.stride(0) if combine else 0, TOP_K=k, BLOCK_N=dbn,
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
         PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
-        COMBINE=combine, NEXT=next_tile,
+        COMBINE=combine, NEXT=next_tile, EVICT=evict,
         num_warps=warps, **launch_options(x.device))
     return combine
 
