@@ -11,6 +11,7 @@ replayed CUDA graph); each route is checked against the float32 product of the d
 weight first. Prints per (layer, rows) the us of each route, and the step (x 32 layers).
 
     python3 benchmarks/int4pack_gpu.py [--rows 1,4,16,32] [--tiles 2,4,8]
+    TRITON_INTERPRET=1 python3 benchmarks/int4pack_gpu.py --dry   (CPU: the checks alone)
 """
 
 from __future__ import annotations
@@ -26,40 +27,35 @@ from gemv_gpu import LAYERS, SHAPES, time_us  # noqa: E402
 from gemv_gpu import L2_BYTES  # noqa: E402
 
 GROUP = 128
+#: ``--dry``: one small layer on the CPU (the Triton interpreter, PyTorch's CPU twin), checks only
+DRY_SHAPES = {"dry": (256, 512)}
 
 
-def make(n: int, k: int, tiles: tuple[int, ...]) -> dict:
-    """One layer: our packed codes, float32 scales/biases (symmetric: b = -8 s, as GPTQ), the
-    dense bf16 weight they stand for, and PyTorch's packing at each ``inner_k_tiles``."""
-    from engine.runtime import quant_triton as qt
+def make(n: int, k: int, tiles: tuple[int, ...], device: str) -> dict:
+    """One layer: the canonical affine weight (symmetric codes, b = -8 s as GPTQ's, scales
+    that bfloat16 holds exactly) and its :class:`Int4PackWeight` at each ``inner_k_tiles``."""
+    from engine.runtime.quant_methods import AffineWeight, Int4PackWeight
 
-    codes = torch.randint(0, 16, (n, k), device="cuda", dtype=torch.int32)
-    s = (torch.rand(k // GROUP, n, device="cuda") * 0.01).to(torch.bfloat16).float()
-    b = -8 * s
-    t = {"q": qt.pack_affine(codes, 4, 32), "s": s, "b": b}
-    u8 = ((codes[:, ::2] << 4) | codes[:, 1::2]).to(torch.uint8)
-    for it in tiles:
-        t[f"p{it}"] = torch._convert_weight_to_int4pack(u8, it)
-    t["sz"] = torch.stack([s, b + 8 * s], dim=2).to(torch.bfloat16).contiguous()
-    return t
+    codes = torch.randint(0, 16, (n, k), device=device, dtype=torch.int32)
+    s = (torch.rand(n, k // GROUP, device=device) * 0.01).to(torch.bfloat16).float()
+    aw = AffineWeight(codes, s, -8 * s, 4, GROUP)
+    return {"ours": aw, **{f"torch k{it}": Int4PackWeight(aw, it) for it in tiles}}
 
 
-def weight(t: dict, k: int) -> torch.Tensor:
+def weight(t: dict) -> torch.Tensor:
     """The dense float32 weight [N, K] of ``t`` (from our packed form)."""
     from engine.runtime import quant_triton as qt
 
-    return qt.dequant_affine(t["q"], t["s"], t["b"], 4, GROUP, 32, k, torch.float32)
+    aw = t["ours"]
+    return qt.dequant_affine(aw.q, aw.scale, aw.bias, 4, GROUP, aw.sub, aw.k, torch.float32)
 
 
 def routes(tiles: tuple[int, ...], dense: dict) -> dict:
     from engine.runtime import gemv_triton as gt
-    from engine.runtime import quant_triton as qt
 
-    out = {"ours": lambda x, t: qt.affine_mm(x, t["q"], t["s"], t["b"], 4, GROUP, 32)}
-    for it in tiles:
-        out[f"torch k{it}"] = (lambda it_: lambda x, t: torch._weight_int4pack_mm(
-            x, t[f"p{it_}"], GROUP, t["sz"]))(it)
-    out["bf16"] = lambda x, t: (gt.gemv(x, dense[id(t)]) if x.shape[0] == 1
+    out = {name: (lambda name_: lambda x, t: t[name_].matmul(x, None))(name)
+           for name in ["ours"] + [f"torch k{it}" for it in tiles]}
+    out["bf16"] = lambda x, t: (gt.gemv(x, dense[id(t)]) if x.shape[0] == 1 and x.is_cuda
                                 else torch.nn.functional.linear(x, dense[id(t)]))
     return out
 
@@ -69,19 +65,23 @@ def main() -> None:
     ap.add_argument("--rows", default="1,4,16,32")
     ap.add_argument("--tiles", default="2,4,8")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--dry", action="store_true",
+                    help="one small layer on the CPU under TRITON_INTERPRET=1: checks, no timing")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
+    if not args.dry and not torch.cuda.is_available():
         print("skipped: needs a CUDA GPU")
         return
     torch.manual_seed(0)
+    device = "cpu" if args.dry else "cuda"
     tiles = tuple(int(t) for t in args.tiles.split(","))
     rows = [int(r) for r in args.rows.split(",")]
     names = None
     step: dict = {}
-    for layer, (n, k) in SHAPES.items():
-        count = max(2, -(-L2_BYTES // (n * k // 2)))  # each route's codes: more than the L2
-        sets = [make(n, k, tiles) for _ in range(count)]
-        dense = {id(t): weight(t, k).to(torch.bfloat16) for t in sets}
+    for layer, (n, k) in (DRY_SHAPES if args.dry else SHAPES).items():
+        # each route's codes together more than the L2 (one set for a dry run)
+        count = 1 if args.dry else max(2, -(-L2_BYTES // (n * k // 2)))
+        sets = [make(n, k, tiles, device) for _ in range(count)]
+        dense = {id(t): weight(t).to(torch.bfloat16) for t in sets}
         rs = routes(tiles, dense)
         if names is None:
             names = list(rs)
@@ -89,14 +89,14 @@ def main() -> None:
                   + " / ".join(names) + " |")
             print("|---|---|" + "---|" * (len(names) + 1))
         for m in rows:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            want = x.float() @ weight(sets[0], k).t()
+            x = torch.randn(m, k, device=device).to(torch.bfloat16)
+            want = x.float() @ weight(sets[0]).t()
             errs, times = [], []
             for name, fn in rs.items():
                 try:
                     got = fn(x, sets[0]).float()
                     errs.append(f"{((got - want).abs().max() / want.abs().max()).item():.1e}")
-                    us = time_us(fn, sets, x, args.iters)
+                    us = float("nan") if args.dry else time_us(fn, sets, x, args.iters)
                 except Exception as e:  # noqa: BLE001 (a route this torch lacks: say why)
                     errs.append(type(e).__name__)
                     us = float("nan")
@@ -106,7 +106,8 @@ def main() -> None:
             print(f"| {layer} | {m} | " + " | ".join(f"{t:.1f}" for t in times) + " | "
                   + " / ".join(errs) + " |", flush=True)
         del sets, dense
-        torch.cuda.empty_cache()
+        if not args.dry:
+            torch.cuda.empty_cache()
     print("\n| rows | " + " | ".join(f"{r} ms (x bf16)" for r in names) + " |")
     print("|---|" + "---|" * len(names))
     for m in rows:
