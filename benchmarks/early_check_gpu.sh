@@ -242,7 +242,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=10 step 300 moe_evict_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners triton,triton+evict,triton,triton+evict --overlap ;;
     int4pack)  # 4-bit weight-only products through torch._weight_int4pack_mm against ours and
-      # bf16, per layer at 1-32 rows, checked against float32 first; its GPU tests; the step
+      # bf16, per layer at 1-2048 rows, checked against float32 first; its GPU tests; the step
       # of gptq and awq with the layout (ENGINE_W4_INT4PACK=1) and without, twice
       TAIL=30 step 240 int4pack python3 benchmarks/int4pack_gpu.py
       TAIL=3 step 120 int4pack_tests python3 -m pytest -q -p no:cacheprovider -m gpu \

@@ -10,7 +10,7 @@ other GPU benchmarks time them (distinct copies of the layer, together more than
 replayed CUDA graph); each route is checked against the float32 product of the dequantized
 weight first. Prints per (layer, rows) the us of each route, and the step (x 32 layers).
 
-    python3 benchmarks/int4pack_gpu.py [--rows 1,4,16,32] [--tiles 2,4,8]
+    python3 benchmarks/int4pack_gpu.py [--rows 1,4,16,32,128,2048] [--tiles 2,4,8]
     TRITON_INTERPRET=1 python3 benchmarks/int4pack_gpu.py --dry   (CPU: the checks alone)
 """
 
@@ -62,7 +62,7 @@ def routes(tiles: tuple[int, ...], dense: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", default="1,4,16,32")
+    ap.add_argument("--rows", default="1,4,16,32,128,2048")
     ap.add_argument("--tiles", default="2,4,8")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--dry", action="store_true",
