@@ -28,8 +28,8 @@
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
-#     int4pack: 4-bit products through PyTorch's own int4 kernel against ours; moe_evict:
-#     the experts' weights read with the L2 policy evict_first, A/B;
+#     int4pack: 4-bit products through PyTorch's own int4 kernel against ours; moe_hints:
+#     the experts' weights read with L2 cache hints, A/B;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
@@ -230,17 +230,19 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=8 step 200 fp8_e2e python3 benchmarks/e2e_gpu.py --backends triton --batches 1 \
         --quantization fp8 --hf "" --steps 32 --rounds 2 ;;
     swap_tests) swap_tests ;;
-    moe_evict)  # the experts' weights read with the L2 policy evict_first
-      # (ENGINE_MOE_EVICT_FIRST=1) against without: the layer in a chain of 8 at 1 and 8 tokens,
-      # alternating twice, then the model at batch 1 (synchronous and overlapped), twice
+    moe_hints)  # the experts' weights read with L2 cache hints (ENGINE_MOE_L2_HINTS: 1, weights
+      # evict_first; 2, also the down projection's prefetch evict_last) against none: the layer
+      # in a chain of 8 at 1 and 8 tokens, the three alternating twice, then the model at batch
+      # 1 (synchronous and overlapped)
       for r in 1 2; do
-        for v in 0 1; do
-          ENGINE_MOE_EVICT_FIRST=$v TAIL=4 step 150 "moe_evict_chain_${v}_$r" python3 \
+        for v in 0 1 2; do
+          ENGINE_MOE_L2_HINTS=$v TAIL=4 step 150 "moe_hints_chain_${v}_$r" python3 \
             benchmarks/moe_gpu.py --skip kit,kernel,model --chain-tokens 1,8
         done
       done
-      TAIL=10 step 300 moe_evict_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
-        --batches 1 --runners triton,triton+evict,triton,triton+evict --overlap ;;
+      TAIL=10 step 300 moe_hints_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners triton,triton+hints,triton+keep,triton,triton+hints,triton+keep \
+        --overlap ;;
     int4pack)  # 4-bit weight-only products through torch._weight_int4pack_mm against ours and
       # bf16, per layer at 1-2048 rows, checked against float32 first; its GPU tests; the step
       # of gptq and awq with the layout (ENGINE_W4_INT4PACK=1) and without, twice

@@ -258,16 +258,18 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     rows = []
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+combine (the combine in the down projection), triton+chained (both
-    # projections in one launch), triton+evict (weights read "evict_first"), torch
-    variants = {"combine": "ENGINE_MOE_FUSED_COMBINE", "chained": "ENGINE_MOE_CHAINED",
-                "evict": "ENGINE_MOE_EVICT_FIRST"}
+    # projections in one launch), triton+hints / triton+keep (L2 cache hints 1 / 2), torch
+    variants = {"combine": ("ENGINE_MOE_FUSED_COMBINE", "1"),
+                "chained": ("ENGINE_MOE_CHAINED", "1"),
+                "hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2")}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"
-        for env in variants.values():
+        for env, _ in variants.values():
             os.environ.pop(env, None)
         if variant in variants:
-            os.environ[variants[variant]] = "1"
+            env, value = variants[variant]
+            os.environ[env] = value
         try:
             cfg = ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype="bfloat16",
                                skip_tokenizer_init=True, attention_backend=attention,
@@ -286,7 +288,7 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
             del runner
         except Exception:
             traceback.print_exc()
-        for env in variants.values():
+        for env, _ in variants.values():
             os.environ.pop(env, None)
         gc.collect()
         torch.cuda.empty_cache()
@@ -324,7 +326,8 @@ def main() -> None:
     ap.add_argument("--runners", default="triton,torch",
                     help="model decode: triton, triton+combine (the combine inside the down "
                     "projection), triton+chained (both projections in one launch), "
-                    "triton+evict (the experts' weights read with L2 policy evict_first), "
+                    "triton+hints (the experts' weights read with L2 policy evict_first), "
+                    "triton+keep (hints, and the down projection's prefetch evict_last), "
                     "torch; a runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,
                     help="E,top_k,H,I of the layer for the kit-free sections (default: "

@@ -225,28 +225,33 @@ def test_extend_tree_and_split_kernels_build(attention):
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=4, BLOCK_G=4, BLOCK_D=128, PDL=True))
 
 
-@pytest.mark.parametrize("prefetch,combine,nxt,evict", [
-    (False, False, False, ""), (True, False, False, ""), (True, True, True, ""),
-    (True, False, True, "evict_first")])
-def test_moe_pair_kernels_build(prefetch, combine, nxt, evict):
-    """The matrix-vector path's kernels; with EVICT "evict_first" every weight load of both
-    projections carries the L2 policy (a ``createpolicy`` and ``.L2::cache_hint`` loads)."""
+@pytest.mark.parametrize("prefetch,combine,nxt,hints", [
+    (False, False, False, 0), (True, False, False, 0), (True, True, True, 0),
+    (True, False, True, 1), (True, False, True, 2)])
+def test_moe_pair_kernels_build(prefetch, combine, nxt, hints):
+    """The matrix-vector path's kernels; with L2 hints every weight load of both projections
+    carries the policy "evict_first" (a ``createpolicy`` and ``.L2::cache_hint`` loads), and
+    at 2 the down projection's prefetch asks for its rows "evict_last"."""
     from engine_moe_triton import kernels
 
     types = {"x_ptr": "*bf16", "gu_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
              "ids_ptr": "*i32", "weights_ptr": "*fp32", "down_ptr": "*bf16", "y_ptr": "*bf16",
              "cnt_ptr": "*i32"}
+    evict = "evict_first" if hints else ""
     up = build(kernels._pair_gemv_up, types, dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256,
                                                   ACC2D=False, NEXT=nxt, EVICT=evict, PDL=True))
     down = build(kernels._pair_gemv_down, types, dict(
         TOP_K=8, BLOCK_N=16, BLOCK_K=256, ACC2D=False, PREFETCH=prefetch, COMBINE=combine,
-        NEXT=nxt, EVICT=evict, PDL=True))
+        NEXT=nxt, EVICT=evict, KEEP=hints >= 2, PDL=True))
     build(kernels._combine_pairs, types, dict(TOP_K=8, BLOCK=1024, PDL=True))
     for compiled in (up, down):
         ptx = compiled.asm["ptx"]
         hinted = re.findall(r"ld\.global[^ ]*L2::cache_hint[^ ]*", ptx)
-        assert ("createpolicy.fractional.L2::evict_first" in ptx) == bool(evict)
-        assert bool(hinted) == bool(evict)
+        assert ("createpolicy.fractional.L2::evict_first" in ptx) == bool(hints)
+        assert bool(hinted) == bool(hints)
+    assert ("prefetch.global.L2::evict_last" in down.asm["ptx"]) == (hints >= 2)
+    if prefetch:
+        assert "prefetch.global.L2" in down.asm["ptx"]
 
 
 @pytest.mark.parametrize("down_block_n", [8, 16, 32])

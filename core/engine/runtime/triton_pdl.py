@@ -93,14 +93,19 @@ def pdl_trigger(PDL: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l2(ptrs, PDL: tl.constexpr):
+def prefetch_l2(ptrs, PDL: tl.constexpr, KEEP: tl.constexpr = False):
     """Ask for the 128-byte lines at ``ptrs`` (any shape; one address per line is enough) to be
     brought into the L2 cache, without waiting for them: a kernel's first weight tiles, issued
     before :func:`pdl_wait` so that their reads overlap the previous kernel's tail (nothing
-    without PDL)."""
+    without PDL). KEEP: with the eviction priority ``evict_last`` (the last lines the L2 lets
+    go), for lines asked for well ahead of their use."""
     if PDL:
-        tl.inline_asm_elementwise("mov.b32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+        if KEEP:
+            tl.inline_asm_elementwise("mov.b32 $0, 0;\n\tprefetch.global.L2::evict_last [$1];",
+                                      "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise("mov.b32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l",
+                                      [ptrs], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

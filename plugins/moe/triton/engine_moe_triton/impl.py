@@ -91,10 +91,11 @@ class TritonRunner(MoERunner):
         #: both projections of the matrix-vector path in one launch (the down projection's
         #: weights loaded while the up projection finishes); opt-in, ``ENGINE_MOE_CHAINED=1``
         self.chained = os.environ.get("ENGINE_MOE_CHAINED") == "1"
-        #: the matrix-vector path's weights read with the L2 policy "evict_first", so the up
-        #: projection's stream leaves the down projection's prefetched rows in L2; opt-in,
-        #: ``ENGINE_MOE_EVICT_FIRST=1`` (or a launch's ``evict_first``)
-        self.evict_first = os.environ.get("ENGINE_MOE_EVICT_FIRST") == "1"
+        #: cache hints of the matrix-vector path (``pair_moe``'s ``l2_hints``): 1, weights read
+        #: with the L2 policy "evict_first", so the up projection's stream leaves the down
+        #: projection's prefetched rows in L2; 2, those rows also asked for "evict_last";
+        #: opt-in, ``ENGINE_MOE_L2_HINTS=1|2`` (or a launch's ``l2_hints``)
+        self.l2_hints = int(os.environ.get("ENGINE_MOE_L2_HINTS", "0") or 0)
 
     def supports(self, experts: ExpertWeights) -> str | None:
         if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -132,7 +133,7 @@ class TritonRunner(MoERunner):
                 launch = {"acc2d": launch.get("acc2d", False), "block_n": 16, "block_k": 16,
                           "next_tile": launch.get("next_tile", False),
                           "chained": launch.get("chained", False),
-                          "evict_first": launch.get("evict_first", False)}
+                          "l2_hints": launch.get("l2_hints", 0)}
             down_bn = launch.get("down_block_n") or launch["block_n"]
             if (self.chained or launch.get("chained")) and not self.fused_combine \
                     and chained_serves(t * k, inter, down_bn):
@@ -145,7 +146,7 @@ class TritonRunner(MoERunner):
             out = (torch.empty(t, h, dtype=hidden.dtype, device=x.device)
                    if self.fused_combine else None)
             options = {k_: v for k_, v in launch.items() if k_ != "chained"}
-            options["evict_first"] = self.evict_first or launch.get("evict_first", False)
+            options["l2_hints"] = self.l2_hints or launch.get("l2_hints", 0)
             if pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                         topk_weights.float().contiguous(), gate_up, down, combined=out,
                         **options):

@@ -158,7 +158,7 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> None:
 
 
 @triton.jit
-def _w_rows_tile(w_rows, k0, n_ok, K, BLOCK_K: tl.constexpr, EVICT: tl.constexpr = ""):
+def _w_rows_tile(w_rows, k0, n_ok, K, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
     """Columns ``k0 ..`` of the weight rows ``w_rows`` [BLOCK_N, 1] (zeros from ``K`` on and
     past N: a tile wholly past K loads nothing), with the cache eviction policy EVICT ("":
     the default; "evict_first": lines read once, the first the L2 lets go)."""
@@ -218,7 +218,8 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
                     stride_gu, stride_we, stride_wn, stride_o, stride_y,
                     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     ACC2D: tl.constexpr, PREFETCH: tl.constexpr, COMBINE: tl.constexpr,
-                    NEXT: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr):
+                    NEXT: tl.constexpr, EVICT: tl.constexpr, KEEP: tl.constexpr,
+                    PDL: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
     from the gate/up row of the pair. ACC2D and NEXT as in ``_pair_gemv_up``. With PDL this
     kernel starts only once every program of the up projection has waited for the router
@@ -229,7 +230,8 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
     rounded rows): each program counts itself in at its token's output block
     (``cnt``, zeros, one per (token, block)), and the last of the token's TOP_K pairs to
     arrive sums their rows into ``y[token]`` and resets the counter. EVICT: the weights' cache
-    eviction policy as in ``_pair_gemv_up``."""
+    eviction policy as in ``_pair_gemv_up``; KEEP: the prefetch asks for its rows with the
+    priority ``evict_last``."""
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -240,7 +242,8 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
             lines = line_offsets(w_ptr, BLOCK_K)
             rows = w_ptr + expert * stride_we + tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
             for k0 in range(0, I, BLOCK_K):
-                prefetch_l2(rows[:, None] + tl.minimum(k0 + lines, I - 1)[None, :], PDL)
+                prefetch_l2(rows[:, None] + tl.minimum(k0 + lines, I - 1)[None, :], PDL,
+                            KEEP)
     pdl_wait(PDL)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     if not COMBINE and expert < 0:  # another rank's expert: this pair contributes zeros
@@ -330,15 +333,15 @@ def _pair_moe_chained(x_ptr, w13_ptr, w2_ptr, gu_ptr, out_ptr, ids_ptr, weights_
             w_rows = w13_ptr + expert * stride_w13e \
                 + offs_n.to(tl.int64)[:, None] * stride_w13n
             if NEXT:
-                w_next = _w_rows_tile(w_rows, 0, n_ok, H, BLOCK_K)
+                w_next = _w_rows_tile(w_rows, 0, n_ok, H, BLOCK_K, "")
             for k0 in range(0, H, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 xv = tl.load(x_row + offs_k, mask=offs_k < H, other=0.0).to(tl.float32)
                 if NEXT:
                     w = w_next
-                    w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, H, BLOCK_K)
+                    w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, H, BLOCK_K, "")
                 else:
-                    w = _w_rows_tile(w_rows, k0, n_ok, H, BLOCK_K)
+                    w = _w_rows_tile(w_rows, k0, n_ok, H, BLOCK_K, "")
                 acc += tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
             tl.store(gu_ptr + pair * stride_gu + offs_n, acc.to(gu_ptr.dtype.element_ty),
                      mask=n_ok)
@@ -428,15 +431,16 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
              block_n: int = 32, block_k: int = 128, warps: int = 4,
              down_block_n: int | None = None, down_block_k: int | None = None,
              acc2d: bool = False, combined: torch.Tensor | None = None,
-             next_tile: bool = False, evict_first: bool = False) -> bool:
+             next_tile: bool = False, l2_hints: int = 0) -> bool:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
     ``-1`` ids). ``acc2d``: sum each output's products once at the end of its K loop.
     ``combined`` [T, H]: the down projection also writes each token's sum of its pairs there
     (as :func:`combine_pairs`) where the counters suffice; returns whether it did.
     ``next_tile``: each K iteration loads the next one's weights first (``NEXT``).
-    ``evict_first``: both projections read their weights with the L2 eviction policy
-    "evict_first" (``EVICT``)."""
-    evict = "evict_first" if evict_first else ""
+    ``l2_hints``: 1, both projections read their weights with the L2 eviction policy
+    "evict_first" (``EVICT``); 2, the down projection's prefetch also asks for its rows with
+    the priority "evict_last" (``KEEP``); 0, neither."""
+    evict = "evict_first" if l2_hints else ""
     t, k = topk_ids.shape
     pairs = t * k
     _, n13, h = w13.shape
@@ -456,7 +460,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         combined.stride(0) if combine else 0, TOP_K=k, BLOCK_N=dbn,
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
         PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
-        COMBINE=combine, NEXT=next_tile, EVICT=evict,
+        COMBINE=combine, NEXT=next_tile, EVICT=evict, KEEP=l2_hints >= 2,
         num_warps=warps, **launch_options(x.device))
     return combine
 
