@@ -346,8 +346,8 @@ class Int4PackWeight:
             self.w = torch._convert_weight_to_int4pack(pairs, tiles)
         else:
             self.w = torch._convert_weight_to_int4pack_for_cpu(codes, tiles)
-        self.sz = torch.stack([aw.scale, aw.bias + 8 * aw.scale], 2).to(torch.bfloat16)
-        self.sz = self.sz.contiguous()
+        self.sz = torch.stack([aw.scale, aw.bias + 8 * aw.scale], 2).to(torch.bfloat16) \
+            .contiguous()  # [K / group, N, 2]
         self.group, self.perm, self.n = aw.group, aw.perm, codes.shape[0]
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -378,7 +378,7 @@ def int4pack_form(packed: AffineWeight | AffineShards, dtype: torch.dtype
     if os.environ.get("ENGINE_W4_INT4PACK") != "1" or dtype != torch.bfloat16:
         return packed
     parts = packed.parts if isinstance(packed, AffineShards) else [packed]
-    if not all(p.bits == 4 and p.group in (32, 64, 128, 256) and p.q.shape[0] % 8 == 0
+    if not all(p.bits == 4 and p.group in (32, 64, 128, 256) and p.n % 8 == 0
                and p.k % (16 * INT4PACK_TILES) == 0 and p.k % p.group == 0 for p in parts):
         return packed
     forms = [Int4PackWeight(p, INT4PACK_TILES) for p in parts]

@@ -177,10 +177,10 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
     iteration's weight tile before it uses its own (two tiles in flight a program: Triton's
     pipeliner leaves loads that feed no ``tl.dot`` alone). EVICT: the weights' cache eviction
     policy (``_w_rows_tile``; "evict_first" keeps this kernel's stream of weights, each read
-    once, from pushing the down projection's prefetched rows out of L2). With PDL the next kernel (the down
-    projection) may launch only once every program has waited here, so the router's expert
-    ids are final when it starts, and it can bring its experts' weights into L2 while this
-    kernel runs (``_pair_gemv_down``)."""
+    once, from pushing the down projection's prefetched rows out of L2). With PDL the next
+    kernel (the down projection) may launch only once every program has waited here, so the
+    router's expert ids are final when it starts, and it can bring its experts' weights into
+    L2 while this kernel runs (``_pair_gemv_down``)."""
     pdl_wait(PDL)
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
