@@ -28,8 +28,8 @@
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
-#     int4pack: 4-bit products through PyTorch's own int4 kernel against ours; moe_hints:
-#     the experts' weights read with L2 cache hints, A/B;
+#     int4pack: 4-bit products through PyTorch's own int4 kernel against ours; moe_hints,
+#     moe_hints_model: the experts' weights read with L2 cache hints, A/B (layer; model);
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
@@ -232,15 +232,17 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
     swap_tests) swap_tests ;;
     moe_hints)  # the experts' weights read with L2 cache hints (ENGINE_MOE_L2_HINTS: 1, weights
       # evict_first; 2, also the down projection's prefetch evict_last) against none: the layer
-      # in a chain of 8 at 1 and 8 tokens, the three alternating twice, then the model at batch
-      # 1 (synchronous and overlapped)
+      # in a chain of 8 at 1 and 8 tokens, the three alternating twice (moe_hints_model: the
+      # model; a call each)
       for r in 1 2; do
         for v in 0 1 2; do
           ENGINE_MOE_L2_HINTS=$v TAIL=4 step 150 "moe_hints_chain_${v}_$r" python3 \
             benchmarks/moe_gpu.py --skip kit,kernel,model --chain-tokens 1,8
         done
-      done
-      TAIL=10 step 300 moe_hints_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+      done ;;
+    moe_hints_model)  # the model at batch 1 (synchronous and overlapped) with the hints at 0,
+      # 1 and 2, alternating twice
+      TAIL=14 step 540 moe_hints_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners triton,triton+hints,triton+keep,triton,triton+hints,triton+keep \
         --overlap ;;
     int4pack)  # 4-bit weight-only products through torch._weight_int4pack_mm against ours and
