@@ -74,8 +74,11 @@ def test_weight_only_logits_equal_the_dequantized_float32_model(dense, tmp_path,
     ours, runner = logits(str(tmp_path / "q"))
     want, _ = logits(reference_dir(str(tmp_path), {**state, "__path__": path}, ref))
     assert runner.model.quant_method is not None
-    # the same float32 weights through the same dense product: equal up to summation order
-    assert torch.allclose(ours, want, atol=1e-5, rtol=0), (ours - want).abs().max()
+    # the same float32 weights (4-bit codes multiplied packed for a few rows, the rest through
+    # the dense product): equal up to the order of additions, a few units in the last place of
+    # the largest logit
+    tol = 1e-6 * want.abs().max().item()
+    assert torch.allclose(ours, want, atol=tol, rtol=0), (ours - want).abs().max()
 
 
 @pytest.mark.parametrize("choice", [None, "auto-round"])

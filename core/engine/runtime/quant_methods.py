@@ -385,6 +385,64 @@ def int4pack_form(packed: AffineWeight | AffineShards, dtype: torch.dtype
     return AffineShards(forms) if isinstance(packed, AffineShards) else forms[0]
 
 
+#: rows up to which a float32 CPU layer with 4-bit affine codes multiplies them packed
+#: (:class:`CpuAffineWeight`), and up to which a layer of at least :data:`CPU_AFFINE_LARGE`
+#: weights does; more rows take the layer's dense copy. This machine class (2 cores, weights
+#: read cold as in a decode step; ``benchmarks/affine_cpu.py``, docs/benchmarks/quantization.md):
+#: the packed product 0.32-0.51x of the dense one at 1 row, 0.45-0.67x at 4; at 8 rows
+#: 0.59-0.76x from 4M weights, 0.74-1.01x below
+CPU_AFFINE_ROWS, CPU_AFFINE_ROWS_LARGE, CPU_AFFINE_LARGE = 4, 8, 1 << 21
+
+
+def cpu_affine_rows(weights: int) -> int:
+    """Rows up to which a CPU layer of ``weights`` 4-bit weights multiplies its codes."""
+    return CPU_AFFINE_ROWS_LARGE if weights >= CPU_AFFINE_LARGE else CPU_AFFINE_ROWS
+
+
+class CpuAffineWeight:
+    """A 4-bit :class:`AffineWeight` for the CPU's packed product
+    (:func:`engine.runtime.fused_cpu.affine4`): codes as nibbles in 32-column blocks, float32
+    scales and biases [N, K / group]. Exact weights in float32, the dequantized weight's product
+    up to the order of additions, an eighth of the dense float32 bytes read per product."""
+
+    bits = 4
+
+    def __init__(self, aw: AffineWeight) -> None:
+        from engine.runtime import quant_triton
+
+        codes = quant_triton.unpack_affine(aw.q, 4, aw.sub, aw.k).to(torch.uint8)
+        c = codes.reshape(aw.n, aw.k // 32, 2, 16)
+        self.nibbles = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(aw.n, aw.k // 2).contiguous()
+        self.scale, self.bias = aw.scale.t().contiguous(), aw.bias.t().contiguous()
+        self.group, self.perm, self.n = aw.group, aw.perm, aw.n
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        from engine.runtime import fused_cpu
+
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm)
+        return fused_cpu.affine4(x, self.nibbles, self.scale, self.bias, self.group, bias)
+
+
+def cpu_affine_form(packed: AffineWeight | AffineShards | None, device: torch.device,
+                    dtype: torch.dtype) -> CpuAffineWeight | AffineShards | None:
+    """The packed CPU form of a weight-only layer's affine weight (each shard of an
+    :class:`AffineShards`): a float32 model on the CPU with the C kernels available, 4-bit
+    codes in groups of 32 to 1024 columns (a multiple of 32); ``None`` otherwise, or with
+    ``ENGINE_CPU_PACKED_AFFINE=0``."""
+    from engine.runtime import fused_cpu
+
+    if (packed is None or device.type != "cpu" or dtype != torch.float32
+            or os.environ.get("ENGINE_CPU_PACKED_AFFINE") == "0" or not fused_cpu.available()):
+        return None
+    parts = packed.parts if isinstance(packed, AffineShards) else [packed]
+    if not all(p.bits == 4 and p.group % 32 == 0 and p.group <= 1024 and p.k % p.group == 0
+               for p in parts):
+        return None
+    forms = [CpuAffineWeight(p) for p in parts]
+    return AffineShards(forms) if isinstance(packed, AffineShards) else forms[0]
+
+
 def act_order(g_idx: torch.Tensor, group: int) -> tuple[bool, torch.Tensor | None]:
     """(servable, permutation) for a per-column group index: ``(True, None)`` when the groups
     are the plain ``k // group``; ``(True, perm)`` when sorting the columns by group makes every
@@ -405,7 +463,10 @@ class DequantizedMethod(LayerMethod):
     On the CPU (and for formats with no :meth:`affine` form) the tensors are replaced after
     loading by a dense ``weight`` in the model dtype and the product is the dense model's
     (:func:`~engine.runtime.linear.dense_linear`: exact against the float reference, and as
-    fast as the dense model). On a GPU (:func:`packed_kernels`) a format with an
+    fast as the dense model). A float32 CPU model whose format has a 4-bit :meth:`affine` form
+    also keeps its codes packed (:func:`cpu_affine_form`) and multiplies a few rows (decode:
+    :func:`cpu_affine_rows`) with them, reading an eighth of the dense bytes; more rows
+    (prefill) take the dense copy. On a GPU (:func:`packed_kernels`) a format with an
     :meth:`affine` form keeps its codes packed where :func:`pack_weight_only` says so and
     multiplies them in a Triton kernel that dequantizes as it reads, so a decode step reads
     the packed bytes only."""
@@ -428,7 +489,7 @@ class DequantizedMethod(LayerMethod):
         return self.dense_weight(layer)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        packed, group = None, getattr(layer, "group", None)
+        packed, cpu, group = None, None, getattr(layer, "group", None)
         device = next((p.device for p in layer.parameters()), torch.device("cpu"))
         if group and packed_kernels(layer) and pack_weight_only(device):
             from engine.runtime import quant_triton  # (Triton only where its kernels run)
@@ -438,15 +499,23 @@ class DequantizedMethod(LayerMethod):
                 packed = None
             if packed is not None:
                 packed = int4pack_form(packed, layer.quant_dtype)
+        elif group and group % 32 == 0 and device.type == "cpu":
+            # the CPU keeps the dense copy too: many rows (prefill) multiply it faster
+            cpu = cpu_affine_form(self.affine(layer), device, layer.quant_dtype)
         w = self.dense_weight(layer) if packed is None else None
         drop_checkpoint_params(layer)
-        layer.packed = packed
+        layer.packed, layer.cpu_packed = packed, cpu
+        layer.cpu_rows = cpu_affine_rows(layer.in_features * layer.out_features)
         if w is not None:
             layer.weight = nn.Parameter(w, requires_grad=False)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if layer.packed is not None:
             return layer.packed.matmul(x, bias)
+        cpu = getattr(layer, "cpu_packed", None)
+        if cpu is not None and x.dtype == torch.float32 and \
+                x.numel() <= layer.cpu_rows * x.shape[-1]:
+            return cpu.matmul(x, bias)
         return dense_linear(x, layer.weight, bias)
 
 
