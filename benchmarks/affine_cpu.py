@@ -1,11 +1,12 @@
-"""One weight-only 4-bit layer on the CPU: the packed product (``fused_cpu.affine4``: codes,
-float32 scales and biases, an eighth of the dense bytes) against the dense float32 product
+"""One weight-only 4- or 8-bit layer on the CPU: the packed product (``fused_cpu.affine``:
+codes, float32 scales and biases, an eighth or a quarter of the dense bytes) against the dense
+float32 product
 (``fused_cpu.gemv``) of the same weight, per layer shape and row count. Each shape is timed
 over distinct copies of the weight, together more than the L3 cache, one after the other (as a
 decode step reads its layers: every weight cold); the table prints the microseconds of each
 and their ratio (best of three runs).
 
-    python benchmarks/affine_cpu.py [--rows 1,4,8,12] [--threads 2]
+    python benchmarks/affine_cpu.py [--rows 1,4,8,12] [--bits 4] [--threads 2]
 """
 
 from __future__ import annotations
@@ -36,18 +37,21 @@ def per_call_us(fn, sets: list, iters: int) -> float:
     return best
 
 
-def make(n: int, k: int, group: int) -> tuple:
-    codes = torch.randint(0, 16, (n, k))
-    c = codes.to(torch.uint8).reshape(n, k // 32, 2, 16)
-    nibbles = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+def make(n: int, k: int, group: int, bits: int) -> tuple:
+    codes = torch.randint(0, 1 << bits, (n, k))
+    packed = codes.to(torch.uint8)
+    if bits == 4:
+        c = packed.reshape(n, k // 32, 2, 16)
+        packed = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, k // 2)
     scale, bias = torch.rand(n, k // group) * 0.01, torch.randn(n, k // group) * 0.01
     dense = codes.float() * scale.repeat_interleave(group, 1) + bias.repeat_interleave(group, 1)
-    return nibbles, scale, bias, dense.contiguous()
+    return packed.contiguous(), scale, bias, dense.contiguous()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1,4,8,12")
+    ap.add_argument("--bits", type=int, default=4, choices=(4, 8))
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     if not fused_cpu.available():
@@ -56,18 +60,19 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     rows = [int(r) for r in args.rows.split(",")]
-    print(f"{args.threads} threads; us per product (packed / dense float32, ratio)\n")
+    print(f"{args.bits}-bit codes, {args.threads} threads; us per product (packed / dense "
+          "float32, ratio)\n")
     print("| N x K (group) | copies | " + " | ".join(f"{m} rows" for m in rows) + " |")
     print("|---|---|" + "---|" * len(rows))
     for n, k, group in SHAPES:
         count = max(2, COPY_BYTES // (n * k * 4))
-        sets = [make(n, k, group) for _ in range(count)]
+        sets = [make(n, k, group, args.bits) for _ in range(count)]
         iters = max(1, 2_000_000_000 // (count * n * k * 8))
         cells = []
         for m in rows:
             x = torch.randn(m, k)
-            packed = per_call_us(lambda t: fused_cpu.affine4(x, t[0], t[1], t[2], group, None),
-                                 sets, iters)
+            packed = per_call_us(lambda t: fused_cpu.affine(x, t[0], args.bits, t[1], t[2],
+                                                            group, None), sets, iters)
             dense = per_call_us(lambda t: fused_cpu.gemv(x, t[3], None), sets, iters)
             cells.append(f"{packed:.0f} / {dense:.0f} ({packed / dense:.2f})")
         print(f"| {n} x {k} ({group}) | {count} | " + " | ".join(cells) + " |", flush=True)

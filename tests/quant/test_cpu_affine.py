@@ -1,5 +1,5 @@
-"""4-bit weight-only layers on the CPU multiply their packed codes for a few rows
-(:class:`CpuAffineWeight`, ``fused_cpu.affine4``): the dequantized weight's float32 product up
+"""4- and 8-bit weight-only layers on the CPU multiply their packed codes for a few rows
+(:class:`CpuAffineWeight`, ``fused_cpu.affine``): the dequantized weight's float32 product up
 to the order of additions, each row's result independent of the others, the dense copy for
 many rows, and the layers that keep it dense."""
 
@@ -23,21 +23,27 @@ def _nibbles(codes: torch.Tensor) -> torch.Tensor:
     return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
 
 
+def _packed(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    return _nibbles(codes) if bits == 4 else codes.to(torch.uint8).contiguous()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("n,k,group,rows", [(64, 256, 32, 1), (48, 512, 128, 3), (100, 1024, 64, 5),
-                                            (33, 4096, 128, 12)])
-def test_affine4_is_the_dequantized_product(n, k, group, rows):
+                                            (33, 4096, 128, 12), (16, 2048, 2048, 2)])
+def test_affine_is_the_dequantized_product(n, k, group, rows, bits):
     gen = torch.Generator().manual_seed(n)
-    codes = torch.randint(0, 16, (n, k), generator=gen)
+    codes = torch.randint(0, 1 << bits, (n, k), generator=gen)
     scale = torch.rand(n, k // group, generator=gen) * 0.02
     bias_ = torch.randn(n, k // group, generator=gen) * 0.05
     w = codes.double() * scale.double().repeat_interleave(group, 1) \
         + bias_.double().repeat_interleave(group, 1)
     x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
-    got = fused_cpu.affine4(x, _nibbles(codes), scale, bias_, group, bias)
+    q = _packed(codes, bits)
+    got = fused_cpu.affine(x, q, bits, scale, bias_, group, bias)
     want = x.double() @ w.t() + bias.double()
     assert (got.double() - want).abs().max() <= 1e-6 * want.abs().max()
     # each row alone gives its row of the batch, bit for bit
-    alone = torch.cat([fused_cpu.affine4(x[i:i + 1], _nibbles(codes), scale, bias_, group, bias)
+    alone = torch.cat([fused_cpu.affine(x[i:i + 1], q, bits, scale, bias_, group, bias)
                        for i in range(rows)])
     assert torch.equal(got, alone)
 
@@ -61,9 +67,11 @@ def _layer(scheme: str, monkeypatch, parts: dict[str, int] | None = None, **kw):
 
 @pytest.mark.parametrize("scheme,kw", [("gptq", {"group": 64}),
                                        ("gptq", {"group": 128, "desc_act": True}),
+                                       ("gptq", {"group": 64, "bits": 8}),
                                        ("awq", {"group": 64, "sym": False}),
-                                       ("ct_wna16", {"group": 32}), ("mlx4", {"group": 64})])
-def test_four_bit_layers_multiply_their_codes_for_a_few_rows(monkeypatch, scheme, kw):
+                                       ("ct_wna16", {"group": 32}), ("mlx4", {"group": 64}),
+                                       ("mlx8", {"group": 32}), ("ct_w8a16", {})])
+def test_layers_multiply_their_codes_for_a_few_rows(monkeypatch, scheme, kw):
     layer, w = _layer(scheme, monkeypatch, **kw)
     form = layer.cpu_packed
     assert all(isinstance(p, CpuAffineWeight) for p in getattr(form, "parts", [form]))
@@ -89,7 +97,7 @@ def test_the_packed_form_is_off_on_request_and_for_other_widths(monkeypatch):
     monkeypatch.setenv("ENGINE_CPU_PACKED_AFFINE", "0")
     assert _layer("gptq", monkeypatch, group=64)[0].cpu_packed is None
     monkeypatch.delenv("ENGINE_CPU_PACKED_AFFINE")
-    assert _layer("gptq", monkeypatch, group=64, bits=8)[0].cpu_packed is None
+    assert _layer("gptq", monkeypatch, group=64, bits=2)[0].cpu_packed is None
     assert _layer("gptq", monkeypatch, group=16)[0].cpu_packed is None  # groups of 32 and up
 
 
@@ -108,8 +116,8 @@ def test_act_order_shards_quantized_apart_each_take_the_form():
     x = torch.randn(2, 128, generator=gen)
     got = form.matmul(x, None)
     for part, (lo, hi) in zip(form.parts, ((0, 32), (32, 48))):
-        codes = torch.stack([(part.nibbles.reshape(-1, 4, 16) & 15),
-                             (part.nibbles.reshape(-1, 4, 16) >> 4)], 2).reshape(-1, 128)
+        codes = torch.stack([(part.codes.reshape(-1, 4, 16) & 15),
+                             (part.codes.reshape(-1, 4, 16) >> 4)], 2).reshape(-1, 128)
         w = codes.double() * part.scale.double().repeat_interleave(64, 1) \
             + part.bias.double().repeat_interleave(64, 1)
         want = x.double()[:, part.perm.long()] @ w.t()

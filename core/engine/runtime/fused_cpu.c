@@ -891,18 +891,27 @@ void engine_cpu_fq_gemv_f32(const float *w, int64_t n, int64_t k, const float *x
     if (xq != stack) free(xq);
 }
 
-/* ---------------------------------------------------------------- 4-bit affine weights
+/* ---------------------------------------------------------------- 4- and 8-bit affine weights
  *
  * W[r, c] = q[r, c] * s[r, g] + b[r, g] with g = c / group (group a multiple of 32), unsigned
- * 4-bit codes q stored as 32-column blocks of 16 bytes: byte j holds column j (low nibble) and
- * column j + 16 (high nibble). s and b are float32 [n, k / group]. The product of a row of x
- * is sum_g s[r, g] * (x_g . q_g) + sum_g b[r, g] * sum(x_g): the codes are exact in float32,
- * so this is the dequantized weight's product up to the order of additions, which is fixed
- * per row (four chains of eight lanes per group, the groups' sums in order), whatever the
- * number of rows in the call. */
+ * codes q: 8-bit, one byte a column; 4-bit, 32-column blocks of 16 bytes, byte j holding
+ * column j (low nibble) and column j + 16 (high nibble). s and b are float32 [n, k / group].
+ * The product of a row of x is sum_g s[r, g] * (x_g . q_g) + sum_g b[r, g] * sum(x_g): the
+ * codes are exact in float32, so this is the dequantized weight's product up to the order of
+ * additions, which is fixed per row (four chains of eight lanes per group, the groups' sums
+ * in order), whatever the number of rows in the call. */
 
-static inline __attribute__((always_inline)) void nibbles32(const uint8_t *p, __m256 v[4]) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
+/* the 32 codes of columns col .. col + 31 of a row of ``bits``-bit codes, as floats */
+static inline __attribute__((always_inline)) void codes32(const uint8_t *q, int64_t col,
+                                                          const int bits, __m256 v[4]) {
+    if (bits == 8) {
+        for (int t = 0; t < 4; t++)
+            v[t] = _mm256_cvtepi32_ps(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + col + 8 * t))));
+        return;
+    }
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(q + col / 2));
+    const __m128i mask = _mm_set1_epi8(0x0F);
     const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
     v[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
     v[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
@@ -910,13 +919,13 @@ static inline __attribute__((always_inline)) void nibbles32(const uint8_t *p, __
     v[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
 }
 
-/* The weight row ``q`` (k / 2 bytes) with its scales s and biases b (k / group each) against
- * ``rows`` (1 or 2) rows of x (row stride sx) whose group sums are xs (row stride ng): the
- * outputs into out[0], out[so]. Each row has four chains of eight lanes per group, whatever
- * the other row. */
-static inline __attribute__((always_inline)) void affine4_row(
-    const uint8_t *q, const float *s, const float *b, int64_t k, int64_t group, const float *x,
-    int64_t sx, const float *xs, int64_t ng, const int rows, float *out, int64_t so) {
+/* The weight row ``q`` with its scales s and biases b (k / group each) against ``rows`` (1 or
+ * 2) rows of x (row stride sx) whose group sums are xs (row stride ng): the outputs into
+ * out[0], out[so]. Each row has four chains of eight lanes per group, whatever the other row. */
+static inline __attribute__((always_inline)) void affine_row(
+    const uint8_t *q, const int bits, const float *s, const float *b, int64_t group,
+    const float *x, int64_t sx, const float *xs, int64_t ng, const int rows, float *out,
+    int64_t so) {
     const int64_t per = group / 32;
     __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0; g < ng; g++) {
@@ -926,7 +935,7 @@ static inline __attribute__((always_inline)) void affine4_row(
         for (int64_t blk = 0; blk < per; blk++) {
             const int64_t col = (g * per + blk) * 32;
             __m256 v[4];
-            nibbles32(q + col / 2, v);
+            codes32(q, col, bits, v);
             for (int j = 0; j < rows; j++) {
                 const float *xj = x + j * sx + col;
                 for (int t = 0; t < 4; t++)
@@ -945,12 +954,30 @@ static inline __attribute__((always_inline)) void affine4_row(
     }
 }
 
+/* the weight rows [r0, r1) against the m rows of x, two at a time */
+static inline __attribute__((always_inline)) void affine_rows(
+    const uint8_t *q, const int bits, const float *s, const float *b, int64_t r, int64_t k,
+    int64_t group, const float *x, int64_t sx, const float *xs, int64_t m, float *out,
+    int64_t so) {
+    const int64_t ng = k / group;
+    const uint8_t *qr = q + r * (k * bits / 8);
+    const float *sr = s + r * ng, *br = b + r * ng;
+    int64_t i = 0;
+    for (; i + 2 <= m; i += 2)
+        affine_row(qr, bits, sr, br, group, x + i * sx, sx, xs + i * ng, ng, 2,
+                   out + i * so + r, so);
+    if (i < m)
+        affine_row(qr, bits, sr, br, group, x + i * sx, sx, xs + i * ng, ng, 1,
+                   out + i * so + r, so);
+}
+
 /* out[i, r] = x[i, :] . W[r, :] (+ bias[r]) for the m rows of x [m, k] (row stride sx) and the
- * n rows of the 4-bit affine weight above; out row stride so. Each weight row is read once
- * for all m rows (two at a time); outputs split across threads for a large weight. */
-void engine_cpu_affine4_f32(const uint8_t *q, const float *s, const float *b, int64_t n,
-                            int64_t k, int64_t group, const float *x, int64_t sx, int64_t m,
-                            const float *bias, float *out, int64_t so) {
+ * n rows of the ``bits``-bit (4 or 8) affine weight above; out row stride so. Each weight row
+ * is read once for all m rows (two at a time); outputs split across threads for a large
+ * weight. */
+void engine_cpu_affine_f32(const uint8_t *q, int64_t bits, const float *s, const float *b,
+                           int64_t n, int64_t k, int64_t group, const float *x, int64_t sx,
+                           int64_t m, const float *bias, float *out, int64_t so) {
     const int64_t ng = k / group;
     float stack[1024];
     float *xs = m * ng <= 1024 ? stack : (float *)malloc((size_t)(m * ng) * sizeof(float));
@@ -963,15 +990,10 @@ void engine_cpu_affine4_f32(const uint8_t *q, const float *s, const float *b, in
         }
 #pragma omp parallel for schedule(static) if (n * k >= PAR_GEMV_FLOATS)
     for (int64_t r = 0; r < n; r++) {
-        const uint8_t *qr = q + r * (k / 2);
-        const float *sr = s + r * ng, *br = b + r * ng;
-        int64_t i = 0;
-        for (; i + 2 <= m; i += 2)
-            affine4_row(qr, sr, br, k, group, x + i * sx, sx, xs + i * ng, ng, 2,
-                        out + i * so + r, so);
-        if (i < m)
-            affine4_row(qr, sr, br, k, group, x + i * sx, sx, xs + i * ng, ng, 1,
-                        out + i * so + r, so);
+        if (bits == 8)
+            affine_rows(q, 8, s, b, r, k, group, x, sx, xs, m, out, so);
+        else
+            affine_rows(q, 4, s, b, r, k, group, x, sx, xs, m, out, so);
         if (bias)
             for (int64_t j = 0; j < m; j++) out[j * so + r] += bias[r];
     }

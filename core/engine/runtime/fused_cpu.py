@@ -56,8 +56,8 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_fake_quant_nvfp4_rows.restype = None
     lib.engine_cpu_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _I, _P, _P, _I]
     lib.engine_cpu_gemv_f32.restype = None
-    lib.engine_cpu_affine4_f32.argtypes = [_P, _P, _P, _I, _I, _I, _P, _I, _I, _P, _P, _I]
-    lib.engine_cpu_affine4_f32.restype = None
+    lib.engine_cpu_affine_f32.argtypes = [_P, _I, _P, _P, _I, _I, _I, _P, _I, _I, _P, _P, _I]
+    lib.engine_cpu_affine_f32.restype = None
     lib.engine_cpu_fq_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _P, _P, _I, _F, _F, _I, _I]
     lib.engine_cpu_fq_gemv_f32.restype = None
     lib.engine_cpu_moe_f32.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P,
@@ -221,25 +221,26 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     return out.reshape(*x.shape[:-1], n)
 
 
-def affine4(x: torch.Tensor, nibbles: torch.Tensor, scale: torch.Tensor, bias_: torch.Tensor,
-            group: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x`` float32 [..., K] @ W^T for a 4-bit affine weight ``W[r, c] = q[r, c] * scale[r, g]
-    + bias_[r, g]`` (``g = c // group``, group a multiple of 32): ``nibbles`` uint8 [N, K / 2]
-    in 32-column blocks (byte j: column j in the low nibble, column j + 16 in the high one),
-    ``scale``/``bias_`` float32 [N, K / group], all contiguous. Each weight row is read once
-    for all rows of x; a row's result does not depend on the others (its own fixed order of
-    additions: equal to the dequantized weight's product within float32 rounding)."""
+def affine(x: torch.Tensor, codes: torch.Tensor, bits: int, scale: torch.Tensor,
+           bias_: torch.Tensor, group: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` float32 [..., K] @ W^T for a ``bits``-bit (4 or 8) affine weight ``W[r, c] =
+    q[r, c] * scale[r, g] + bias_[r, g]`` (``g = c // group``, group a multiple of 32): 8-bit
+    ``codes`` uint8 [N, K]; 4-bit uint8 [N, K / 2] in 32-column blocks (byte j: column j in
+    the low nibble, column j + 16 in the high one); ``scale``/``bias_`` float32 [N, K / group];
+    all contiguous. Each weight row is read once for all rows of x; a row's result does not
+    depend on the others (its own fixed order of additions: equal to the dequantized weight's
+    product within float32 rounding)."""
     flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
-    n, k = nibbles.shape[0], flat.shape[1]
+    n, k = codes.shape[0], flat.shape[1]
     out = torch.empty(flat.shape[0], n, dtype=torch.float32)
     if bias is not None:
         bias = bias.to(torch.float32).contiguous()
-    _library().engine_cpu_affine4_f32(nibbles.data_ptr(), scale.data_ptr(), bias_.data_ptr(), n,
-                                      k, group, flat.data_ptr(), flat.stride(0), flat.shape[0],
-                                      bias.data_ptr() if bias is not None else None,
-                                      out.data_ptr(), n)
+    _library().engine_cpu_affine_f32(codes.data_ptr(), bits, scale.data_ptr(), bias_.data_ptr(),
+                                     n, k, group, flat.data_ptr(), flat.stride(0), flat.shape[0],
+                                     bias.data_ptr() if bias is not None else None,
+                                     out.data_ptr(), n)
     return out.reshape(*x.shape[:-1], n)
 
 

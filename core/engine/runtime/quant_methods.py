@@ -385,12 +385,12 @@ def int4pack_form(packed: AffineWeight | AffineShards, dtype: torch.dtype
     return AffineShards(forms) if isinstance(packed, AffineShards) else forms[0]
 
 
-#: rows up to which a float32 CPU layer with 4-bit affine codes multiplies them packed
+#: rows up to which a float32 CPU layer with 4- or 8-bit affine codes multiplies them packed
 #: (:class:`CpuAffineWeight`), and up to which a layer of at least :data:`CPU_AFFINE_LARGE`
 #: weights does; more rows take the layer's dense copy. This machine class (2 cores, weights
 #: read cold as in a decode step; ``benchmarks/affine_cpu.py``, docs/benchmarks/quantization.md):
-#: the packed product 0.32-0.51x of the dense one at 1 row, 0.45-0.67x at 4; at 8 rows
-#: 0.59-0.76x from 4M weights, 0.74-1.01x below
+#: the packed product 0.28-0.52x of the dense one at 1 row, 0.40-0.80x at 4; at 8 rows
+#: 0.56-0.88x from 4M weights, 0.77-1.00x below
 CPU_AFFINE_ROWS, CPU_AFFINE_ROWS_LARGE, CPU_AFFINE_LARGE = 4, 8, 1 << 21
 
 
@@ -400,35 +400,37 @@ def cpu_affine_rows(weights: int) -> int:
 
 
 class CpuAffineWeight:
-    """A 4-bit :class:`AffineWeight` for the CPU's packed product
-    (:func:`engine.runtime.fused_cpu.affine4`): codes as nibbles in 32-column blocks, float32
-    scales and biases [N, K / group]. Exact weights in float32, the dequantized weight's product
-    up to the order of additions, an eighth of the dense float32 bytes read per product."""
-
-    bits = 4
+    """A 4- or 8-bit :class:`AffineWeight` for the CPU's packed product
+    (:func:`engine.runtime.fused_cpu.affine`): 8-bit codes as bytes, 4-bit ones as nibbles in
+    32-column blocks, float32 scales and biases [N, K / group]. Exact weights in float32, the
+    dequantized weight's product up to the order of additions, reading a quarter (8-bit) or an
+    eighth (4-bit) of the dense float32 bytes."""
 
     def __init__(self, aw: AffineWeight) -> None:
         from engine.runtime import quant_triton
 
-        codes = quant_triton.unpack_affine(aw.q, 4, aw.sub, aw.k).to(torch.uint8)
-        c = codes.reshape(aw.n, aw.k // 32, 2, 16)
-        self.nibbles = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(aw.n, aw.k // 2).contiguous()
+        codes = quant_triton.unpack_affine(aw.q, aw.bits, aw.sub, aw.k).to(torch.uint8)
+        if aw.bits == 4:
+            c = codes.reshape(aw.n, aw.k // 32, 2, 16)
+            codes = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(aw.n, aw.k // 2)
+        self.codes = codes.contiguous()
         self.scale, self.bias = aw.scale.t().contiguous(), aw.bias.t().contiguous()
-        self.group, self.perm, self.n = aw.group, aw.perm, aw.n
+        self.bits, self.group, self.perm, self.n = aw.bits, aw.group, aw.perm, aw.n
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         from engine.runtime import fused_cpu
 
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
-        return fused_cpu.affine4(x, self.nibbles, self.scale, self.bias, self.group, bias)
+        return fused_cpu.affine(x, self.codes, self.bits, self.scale, self.bias, self.group,
+                                bias)
 
 
 def cpu_affine_form(packed: AffineWeight | AffineShards | None, device: torch.device,
                     dtype: torch.dtype) -> CpuAffineWeight | AffineShards | None:
     """The packed CPU form of a weight-only layer's affine weight (each shard of an
-    :class:`AffineShards`): a float32 model on the CPU with the C kernels available, 4-bit
-    codes in groups of 32 to 1024 columns (a multiple of 32); ``None`` otherwise, or with
+    :class:`AffineShards`): a float32 model on the CPU with the C kernels available, 4- or
+    8-bit codes in groups of a multiple of 32 columns; ``None`` otherwise, or with
     ``ENGINE_CPU_PACKED_AFFINE=0``."""
     from engine.runtime import fused_cpu
 
@@ -436,8 +438,7 @@ def cpu_affine_form(packed: AffineWeight | AffineShards | None, device: torch.de
             or os.environ.get("ENGINE_CPU_PACKED_AFFINE") == "0" or not fused_cpu.available()):
         return None
     parts = packed.parts if isinstance(packed, AffineShards) else [packed]
-    if not all(p.bits == 4 and p.group % 32 == 0 and p.group <= 1024 and p.k % p.group == 0
-               for p in parts):
+    if not all(p.bits in (4, 8) and p.group % 32 == 0 and p.k % p.group == 0 for p in parts):
         return None
     forms = [CpuAffineWeight(p) for p in parts]
     return AffineShards(forms) if isinstance(packed, AffineShards) else forms[0]
@@ -463,13 +464,13 @@ class DequantizedMethod(LayerMethod):
     On the CPU (and for formats with no :meth:`affine` form) the tensors are replaced after
     loading by a dense ``weight`` in the model dtype and the product is the dense model's
     (:func:`~engine.runtime.linear.dense_linear`: exact against the float reference, and as
-    fast as the dense model). A float32 CPU model whose format has a 4-bit :meth:`affine` form
-    also keeps its codes packed (:func:`cpu_affine_form`) and multiplies a few rows (decode:
-    :func:`cpu_affine_rows`) with them, reading an eighth of the dense bytes; more rows
-    (prefill) take the dense copy. On a GPU (:func:`packed_kernels`) a format with an
-    :meth:`affine` form keeps its codes packed where :func:`pack_weight_only` says so and
-    multiplies them in a Triton kernel that dequantizes as it reads, so a decode step reads
-    the packed bytes only."""
+    fast as the dense model). A float32 CPU model whose format has a 4- or 8-bit :meth:`affine`
+    form also keeps its codes packed (:func:`cpu_affine_form`) and multiplies a few rows
+    (decode: :func:`cpu_affine_rows`) with them, reading an eighth or a quarter of the dense
+    bytes; more rows (prefill) take the dense copy. On a GPU (:func:`packed_kernels`) a format
+    with an :meth:`affine` form keeps its codes packed where :func:`pack_weight_only` says so
+    and multiplies them in a Triton kernel that dequantizes as it reads, so a decode step
+    reads the packed bytes only."""
 
     serves_experts = True
 
