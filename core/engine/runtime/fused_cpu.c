@@ -974,13 +974,14 @@ static inline __attribute__((always_inline)) void affine_rows(
 /* out[i, r] = x[i, :] . W[r, :] (+ bias[r]) for the m rows of x [m, k] (row stride sx) and the
  * n rows of the ``bits``-bit (4 or 8) affine weight above; out row stride so. Each weight row
  * is read once for all m rows (two at a time); outputs split across threads for a large
- * weight. */
-void engine_cpu_affine_f32(const uint8_t *q, int64_t bits, const float *s, const float *b,
-                           int64_t n, int64_t k, int64_t group, const float *x, int64_t sx,
-                           int64_t m, const float *bias, float *out, int64_t so) {
+ * weight. Returns 0, or -2 without scratch memory. */
+int engine_cpu_affine_f32(const uint8_t *q, int64_t bits, const float *s, const float *b,
+                          int64_t n, int64_t k, int64_t group, const float *x, int64_t sx,
+                          int64_t m, const float *bias, float *out, int64_t so) {
     const int64_t ng = k / group;
     float stack[1024];
     float *xs = m * ng <= 1024 ? stack : (float *)malloc((size_t)(m * ng) * sizeof(float));
+    if (!xs) return -2;
     for (int64_t i = 0; i < m; i++)
         for (int64_t g = 0; g < ng; g++) {
             const float *xg = x + i * sx + g * group;
@@ -998,4 +999,5 @@ void engine_cpu_affine_f32(const uint8_t *q, int64_t bits, const float *s, const
             for (int64_t j = 0; j < m; j++) out[j * so + r] += bias[r];
     }
     if (xs != stack) free(xs);
+    return 0;
 }

@@ -57,7 +57,7 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _I, _P, _P, _I]
     lib.engine_cpu_gemv_f32.restype = None
     lib.engine_cpu_affine_f32.argtypes = [_P, _I, _P, _P, _I, _I, _I, _P, _I, _I, _P, _P, _I]
-    lib.engine_cpu_affine_f32.restype = None
+    lib.engine_cpu_affine_f32.restype = ctypes.c_int
     lib.engine_cpu_fq_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _P, _P, _I, _F, _F, _I, _I]
     lib.engine_cpu_fq_gemv_f32.restype = None
     lib.engine_cpu_moe_f32.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P,
@@ -237,10 +237,13 @@ def affine(x: torch.Tensor, codes: torch.Tensor, bits: int, scale: torch.Tensor,
     out = torch.empty(flat.shape[0], n, dtype=torch.float32)
     if bias is not None:
         bias = bias.to(torch.float32).contiguous()
-    _library().engine_cpu_affine_f32(codes.data_ptr(), bits, scale.data_ptr(), bias_.data_ptr(),
-                                     n, k, group, flat.data_ptr(), flat.stride(0), flat.shape[0],
-                                     bias.data_ptr() if bias is not None else None,
-                                     out.data_ptr(), n)
+    rc = _library().engine_cpu_affine_f32(codes.data_ptr(), bits, scale.data_ptr(),
+                                          bias_.data_ptr(), n, k, group, flat.data_ptr(),
+                                          flat.stride(0), flat.shape[0],
+                                          bias.data_ptr() if bias is not None else None,
+                                          out.data_ptr(), n)
+    if rc != 0:
+        raise MemoryError("fused_cpu.affine: no scratch memory for the rows' group sums")
     return out.reshape(*x.shape[:-1], n)
 
 
