@@ -390,12 +390,12 @@ def int4pack_form(packed: AffineWeight | AffineShards, dtype: torch.dtype
 #: weights does; more rows take the layer's dense copy. This machine class (2 cores, weights
 #: read cold as in a decode step; ``benchmarks/affine_cpu.py``, docs/benchmarks/quantization.md):
 #: the packed product 0.28-0.52x of the dense one at 1 row, 0.40-0.80x at 4; at 8 rows
-#: 0.56-0.88x from 4M weights, 0.77-1.00x below
+#: 0.56-0.88x for the layers of 4M weights and more, 0.77-1.00x for those below 2M
 CPU_AFFINE_ROWS, CPU_AFFINE_ROWS_LARGE, CPU_AFFINE_LARGE = 4, 8, 1 << 21
 
 
 def cpu_affine_rows(weights: int) -> int:
-    """Rows up to which a CPU layer of ``weights`` 4-bit weights multiplies its codes."""
+    """Rows up to which a CPU layer of ``weights`` 4- or 8-bit weights multiplies its codes."""
     return CPU_AFFINE_ROWS_LARGE if weights >= CPU_AFFINE_LARGE else CPU_AFFINE_ROWS
 
 
