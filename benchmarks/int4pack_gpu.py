@@ -39,7 +39,8 @@ def make(n: int, k: int, tiles: tuple[int, ...], device: str) -> dict:
     codes = torch.randint(0, 16, (n, k), device=device, dtype=torch.int32)
     s = (torch.rand(n, k // GROUP, device=device) * 0.01).to(torch.bfloat16).float()
     aw = AffineWeight(codes, s, -8 * s, 4, GROUP)
-    return {"ours": aw, **{f"torch k{it}": Int4PackWeight(aw, it) for it in tiles}}
+    forms = {f"torch k{it}": Int4PackWeight(aw, it) for it in tiles}
+    return {"ours": aw.pack(), **forms}
 
 
 def weight(t: dict) -> torch.Tensor:

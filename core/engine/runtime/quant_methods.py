@@ -288,19 +288,34 @@ class AffineWeight:
     """A weight-only integer weight in the canonical form of
     :func:`engine.runtime.quant_triton.affine_mm`: ``W[n, k] = codes[n, k] * scale[n, k // group]
     + bias[n, k // group]`` with unsigned ``bits``-bit codes, columns taken in the order
-    ``perm`` (act-order checkpoints: groups made contiguous) when given. Packed for the kernel
-    (scales stored [groups, N])."""
+    ``perm`` (act-order checkpoints: groups made contiguous) when given; scales stored
+    [groups, N]. It holds the codes [N, K] as given until :meth:`pack` packs them for the
+    kernel (:attr:`q`); the other forms (:class:`Int4PackWeight`, :class:`CpuAffineWeight`)
+    are made from the codes, never packed."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, bits: int,
                  group: int, perm: torch.Tensor | None = None) -> None:
         from engine.runtime import quant_triton
 
         self.sub = quant_triton.affine_sub(group)
-        self.q = quant_triton.pack_affine(codes, bits, self.sub)
+        self.codes: torch.Tensor | None = codes
         self.scale = scale.to(torch.float32).t().contiguous()
         self.bias = bias.to(torch.float32).t().contiguous()
         self.bits, self.group, (self.n, self.k) = bits, group, codes.shape
         self.perm = perm.to(torch.int32).contiguous() if perm is not None else None
+
+    @functools.cached_property
+    def q(self) -> torch.Tensor:
+        """The codes packed for the kernel (:func:`~engine.runtime.quant_triton.pack_affine`)."""
+        from engine.runtime import quant_triton
+
+        return quant_triton.pack_affine(self.codes, self.bits, self.sub)
+
+    def pack(self) -> "AffineWeight":
+        """This weight as the GPU kernels keep it: the codes packed, the unpacked ones let go."""
+        self.q  # noqa: B018 (computed and cached)
+        self.codes = None
+        return self
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         from engine.runtime import quant_triton
@@ -321,6 +336,12 @@ class AffineShards:
         self.widths = [p.n for p in parts]
         self.bits = parts[0].bits
 
+    def pack(self) -> "AffineShards":
+        """Each shard as :meth:`AffineWeight.pack` keeps it."""
+        for p in self.parts:
+            p.pack()
+        return self
+
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         biases = bias.split(self.widths) if bias is not None else [None] * len(self.parts)
         return torch.cat([p.matmul(x, b) for p, b in zip(self.parts, biases)], -1)
@@ -338,9 +359,7 @@ class Int4PackWeight:
     bits = 4
 
     def __init__(self, aw: AffineWeight, tiles: int) -> None:
-        from engine.runtime import quant_triton
-
-        codes = quant_triton.unpack_affine(aw.q, 4, aw.sub, aw.k)  # [N, K]
+        codes = aw.codes.to(torch.int32)  # [N, K]
         if codes.is_cuda:
             pairs = ((codes[:, ::2] << 4) | codes[:, 1::2]).to(torch.uint8)
             self.w = torch._convert_weight_to_int4pack(pairs, tiles)
@@ -369,18 +388,19 @@ INT4PACK_TILES = 8
 
 
 def int4pack_form(packed: AffineWeight | AffineShards, dtype: torch.dtype
-                  ) -> AffineWeight | AffineShards | Int4PackWeight:
-    """``packed`` as an :class:`Int4PackWeight` (each shard of an :class:`AffineShards`) where
-    ``ENGINE_W4_INT4PACK=1`` asks for PyTorch's int4 kernel and it serves the weight: 4-bit
-    codes in groups of 32, 64, 128 or 256, bfloat16 activations, N a multiple of 8 and K of
-    16 x :data:`INT4PACK_TILES`; otherwise ``packed`` as it is. Off by default: the Triton
-    kernels of :func:`engine.runtime.quant_triton.affine_mm` serve."""
+                  ) -> Int4PackWeight | AffineShards | None:
+    """``packed`` (not yet :meth:`~AffineWeight.pack`-ed) as an :class:`Int4PackWeight` (each
+    shard of an :class:`AffineShards`) where ``ENGINE_W4_INT4PACK=1`` asks for PyTorch's int4
+    kernel and it serves the weight: 4-bit codes in groups of 32, 64, 128 or 256, bfloat16
+    activations, N a multiple of 8 and K of 16 x :data:`INT4PACK_TILES`; otherwise ``None``.
+    Off by default: the Triton kernels of :func:`engine.runtime.quant_triton.affine_mm`
+    serve."""
     if os.environ.get("ENGINE_W4_INT4PACK") != "1" or dtype != torch.bfloat16:
-        return packed
+        return None
     parts = packed.parts if isinstance(packed, AffineShards) else [packed]
     if not all(p.bits == 4 and p.group in (32, 64, 128, 256) and p.n % 8 == 0
                and p.k % (16 * INT4PACK_TILES) == 0 and p.k % p.group == 0 for p in parts):
-        return packed
+        return None
     forms = [Int4PackWeight(p, INT4PACK_TILES) for p in parts]
     return AffineShards(forms) if isinstance(packed, AffineShards) else forms[0]
 
@@ -407,9 +427,7 @@ class CpuAffineWeight:
     eighth (4-bit) of the dense float32 bytes."""
 
     def __init__(self, aw: AffineWeight) -> None:
-        from engine.runtime import quant_triton
-
-        codes = quant_triton.unpack_affine(aw.q, aw.bits, aw.sub, aw.k).to(torch.uint8)
+        codes = aw.codes.to(torch.uint8)
         if aw.bits == 4:
             c = codes.reshape(aw.n, aw.k // 32, 2, 16)
             codes = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(aw.n, aw.k // 2)
@@ -428,10 +446,10 @@ class CpuAffineWeight:
 
 def cpu_affine_form(packed: AffineWeight | AffineShards | None, device: torch.device,
                     dtype: torch.dtype) -> CpuAffineWeight | AffineShards | None:
-    """The packed CPU form of a weight-only layer's affine weight (each shard of an
-    :class:`AffineShards`): a float32 model on the CPU with the C kernels available, 4- or
-    8-bit codes in groups of a multiple of 32 columns; ``None`` otherwise, or with
-    ``ENGINE_CPU_PACKED_AFFINE=0``."""
+    """The packed CPU form of a weight-only layer's affine weight (not yet
+    :meth:`~AffineWeight.pack`-ed; each shard of an :class:`AffineShards`): a float32 model on
+    the CPU with the C kernels available, 4- or 8-bit codes in groups of a multiple of 32
+    columns; ``None`` otherwise, or with ``ENGINE_CPU_PACKED_AFFINE=0``."""
     from engine.runtime import fused_cpu
 
     if (packed is None or device.type != "cpu" or dtype != torch.float32
@@ -499,7 +517,7 @@ class DequantizedMethod(LayerMethod):
             if packed is not None and not pack_weight_only(device, packed.bits):
                 packed = None
             if packed is not None:
-                packed = int4pack_form(packed, layer.quant_dtype)
+                packed = int4pack_form(packed, layer.quant_dtype) or packed.pack()
         elif group and group % 32 == 0 and device.type == "cpu":
             # the CPU keeps the dense copy too: many rows (prefill) multiply it faster
             cpu = cpu_affine_form(self.affine(layer), device, layer.quant_dtype)

@@ -554,15 +554,6 @@ def pack_affine(codes: torch.Tensor, bits: int, sub: int) -> torch.Tensor:
     return words.reshape(n, -1).to(torch.int32).contiguous()
 
 
-def unpack_affine(q: torch.Tensor, bits: int, sub: int, k: int) -> torch.Tensor:
-    """The int32 codes [N, k] that :func:`pack_affine` packed into ``q`` (its inverse)."""
-    per = 32 // bits
-    words = q.to(torch.int64).reshape(q.shape[0], -1, 1, sub) & 0xFFFFFFFF
-    shifts = (torch.arange(per, device=q.device, dtype=torch.int64) * bits).reshape(1, 1, per, 1)
-    codes = (words >> shifts) & ((1 << bits) - 1)  # [N, tiles, per, sub]
-    return codes.reshape(q.shape[0], -1)[:, :k].to(torch.int32).contiguous()
-
-
 def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torch.Tensor,
               bits: int, group: int, sub: int, perm: torch.Tensor | None = None,
               bias: torch.Tensor | None = None) -> torch.Tensor:
