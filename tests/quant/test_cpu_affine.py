@@ -75,7 +75,7 @@ def test_layers_multiply_their_codes_for_a_few_rows(monkeypatch, scheme, kw):
     layer, w = _layer(scheme, monkeypatch, **kw)
     form = layer.cpu_packed
     assert all(isinstance(p, CpuAffineWeight) for p in getattr(form, "parts", [form]))
-    assert layer.cpu_rows == CPU_AFFINE_ROWS  # a small layer
+    assert cpu_affine_rows(layer.in_features * layer.out_features) == CPU_AFFINE_ROWS  # small
     x = torch.randn(CPU_AFFINE_ROWS + 4, 256, generator=torch.Generator().manual_seed(1))
     want = x.double() @ w.double().t()
     for rows in (1, 3, CPU_AFFINE_ROWS, CPU_AFFINE_ROWS + 1, CPU_AFFINE_ROWS + 4):
@@ -102,7 +102,7 @@ def test_the_packed_form_is_off_on_request_and_for_other_widths(monkeypatch):
 
 
 def test_act_order_shards_quantized_apart_each_take_the_form():
-    from engine.runtime.quant_methods import AffineWeight, cpu_affine_form
+    from engine.runtime.quant_methods import AffineWeight, cpu_affine_form, cpu_affine_serves
 
     gen = torch.Generator().manual_seed(3)
     parts = []
@@ -111,7 +111,8 @@ def test_act_order_shards_quantized_apart_each_take_the_form():
         parts.append(AffineWeight(torch.randint(0, 16, (n, 128), generator=gen),
                                   torch.rand(n, 2, generator=gen), torch.rand(n, 2, generator=gen),
                                   4, 64, perm))
-    form = cpu_affine_form(AffineShards(parts), torch.device("cpu"), torch.float32)
+    assert cpu_affine_serves(torch.device("cpu"), torch.float32)
+    form = cpu_affine_form(AffineShards(parts))
     assert isinstance(form, AffineShards) and form.widths == [32, 16]
     x = torch.randn(2, 128, generator=gen)
     got = form.matmul(x, None)

@@ -444,16 +444,23 @@ class CpuAffineWeight:
                                 bias)
 
 
-def cpu_affine_form(packed: AffineWeight | AffineShards | None, device: torch.device,
-                    dtype: torch.dtype) -> CpuAffineWeight | AffineShards | None:
-    """The packed CPU form of a weight-only layer's affine weight (not yet
-    :meth:`~AffineWeight.pack`-ed; each shard of an :class:`AffineShards`): a float32 model on
-    the CPU with the C kernels available, 4- or 8-bit codes in groups of a multiple of 32
-    columns; ``None`` otherwise, or with ``ENGINE_CPU_PACKED_AFFINE=0``."""
+def cpu_affine_serves(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether weight-only layers of a ``dtype`` model on ``device`` may keep a packed CPU form
+    (:func:`cpu_affine_form`): a float32 model on the CPU with the C kernels available, unless
+    ``ENGINE_CPU_PACKED_AFFINE=0``."""
     from engine.runtime import fused_cpu
 
-    if (packed is None or device.type != "cpu" or dtype != torch.float32
-            or os.environ.get("ENGINE_CPU_PACKED_AFFINE") == "0" or not fused_cpu.available()):
+    return (device.type == "cpu" and dtype == torch.float32
+            and os.environ.get("ENGINE_CPU_PACKED_AFFINE") != "0" and fused_cpu.available())
+
+
+def cpu_affine_form(packed: AffineWeight | AffineShards | None
+                    ) -> CpuAffineWeight | AffineShards | None:
+    """The packed CPU form of a weight-only layer's affine weight (not yet
+    :meth:`~AffineWeight.pack`-ed; each shard of an :class:`AffineShards`), for a model
+    :func:`cpu_affine_serves` serves: 4- or 8-bit codes in groups of a multiple of 32 columns;
+    ``None`` otherwise."""
+    if packed is None:
         return None
     parts = packed.parts if isinstance(packed, AffineShards) else [packed]
     if not all(p.bits in (4, 8) and p.group % 32 == 0 and p.k % p.group == 0 for p in parts):
@@ -518,13 +525,12 @@ class DequantizedMethod(LayerMethod):
                 packed = None
             if packed is not None:
                 packed = int4pack_form(packed, layer.quant_dtype) or packed.pack()
-        elif group and group % 32 == 0 and device.type == "cpu":
+        elif group and group % 32 == 0 and cpu_affine_serves(device, layer.quant_dtype):
             # the CPU keeps the dense copy too: many rows (prefill) multiply it faster
-            cpu = cpu_affine_form(self.affine(layer), device, layer.quant_dtype)
+            cpu = cpu_affine_form(self.affine(layer))
         w = self.dense_weight(layer) if packed is None else None
         drop_checkpoint_params(layer)
         layer.packed, layer.cpu_packed = packed, cpu
-        layer.cpu_rows = cpu_affine_rows(layer.in_features * layer.out_features)
         if w is not None:
             layer.weight = nn.Parameter(w, requires_grad=False)
 
@@ -532,8 +538,8 @@ class DequantizedMethod(LayerMethod):
         if layer.packed is not None:
             return layer.packed.matmul(x, bias)
         cpu = getattr(layer, "cpu_packed", None)
-        if cpu is not None and x.dtype == torch.float32 and \
-                x.numel() <= layer.cpu_rows * x.shape[-1]:
+        if cpu is not None and x.dtype == torch.float32 and x.numel() <= x.shape[-1] * \
+                cpu_affine_rows(layer.in_features * layer.out_features):
             return cpu.matmul(x, bias)
         return dense_linear(x, layer.weight, bias)
 
