@@ -954,7 +954,7 @@ static inline __attribute__((always_inline)) void affine_row(
     }
 }
 
-/* the weight rows [r0, r1) against the m rows of x, two at a time */
+/* weight row r against the m rows of x, two at a time */
 static inline __attribute__((always_inline)) void affine_rows(
     const uint8_t *q, const int bits, const float *s, const float *b, int64_t r, int64_t k,
     int64_t group, const float *x, int64_t sx, const float *xs, int64_t m, float *out,
