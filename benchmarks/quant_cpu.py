@@ -6,7 +6,10 @@ steps after a 64-token prompt), next to the dense float32 checkpoint in the same
 (interleaved rounds: dense, then each format, then dense again...). The bar the quantization
 plugins are held to on CPU: no format slower than dense.
 
-    python benchmarks/quant_cpu.py [--rounds 2] [--steps 24] [scheme ...]
+    python benchmarks/quant_cpu.py [--rounds 2] [--steps 24] [--per-op] [scheme ...]
+
+``--per-op`` also times each model with ``ENGINE_CPU_DECODE_PLAN=0`` (every layer's operations
+called from Python, not the whole-forward decode plan), in the same rounds.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from engine.testing import quant as tq  # noqa: E402
 from engine.testing.batches import BatchBuilder  # noqa: E402
 
 
-def decode_ms(path: str, batch: int, steps: int) -> float:
+def decode_ms(path: str, batch: int, steps: int, per_op: bool = False) -> float:
+    os.environ["ENGINE_CPU_DECODE_PLAN"] = "0" if per_op else "1"  # (read as the model is made)
     runner = ModelRunner(ServerConfig(model_path=path, device="cpu", dtype="float32",
                                       skip_tokenizer_init=True, attention_backend="torch_native",
                                       max_total_tokens=4096, max_running_requests=8))
@@ -54,6 +58,8 @@ def main() -> int:
     p.add_argument("schemes", nargs="*")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--per-op", action="store_true",
+                   help="also time each model without the decode plan")
     args = p.parse_args()
     names = args.schemes or list(qa.SCHEMES)
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,11 +70,15 @@ def main() -> int:
             qdir = os.path.join(tmp, name)
             tq.write_checkpoint(dense, qdir, name, input_amax=qa.INPUT_AMAX, **qa.SCHEMES[name])
             paths[f"{name} ({tq.CHOICE[name]})"] = qdir
+        if args.per_op:
+            paths = {k: v for label, path in paths.items()
+                     for k, v in ((label, path), (f"{label}, per-op", path))}
         results: dict[str, dict[int, list[float]]] = {k: {1: [], 8: []} for k in paths}
         for r in range(args.rounds):
             for label, path in paths.items():
                 for batch in (1, 8):
-                    results[label][batch].append(decode_ms(path, batch, args.steps))
+                    results[label][batch].append(
+                        decode_ms(path, batch, args.steps, label.endswith(", per-op")))
                 print(f"round {r + 1}: {label}: {results[label][1][-1]:.1f} ms/token, "
                       f"{results[label][8][-1]:.1f} ms/step at 8", flush=True)
     base = {b: statistics.median(results["dense float32 (unquant)"][b]) for b in (1, 8)}

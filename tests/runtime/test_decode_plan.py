@@ -87,3 +87,80 @@ def test_plan_declines_what_it_does_not_cover(runner):
         assert runner.model._decode_plan(None, None, torch.zeros(1)) is None
     finally:
         runner.model.feature_sink = None
+
+
+def _float32_runner(path: str) -> ModelRunner:
+    return ModelRunner(ServerConfig(model_path=path, device="cpu", dtype="float32",
+                                    skip_tokenizer_init=True, attention_backend="torch_native",
+                                    max_total_tokens=2048, max_running_requests=16, page_size=4))
+
+
+@pytest.fixture(scope="module")
+def float32_models(tmp_path_factory) -> dict[str, str]:
+    """A random Llama at the default model's widths, float32, dense; a Qwen3 variant of it
+    (q/k norms); and GPTQ (act order: one permutation per fused shard) and asymmetric AWQ
+    checkpoints of it."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.testing import quant as tq
+
+    root = tmp_path_factory.mktemp("plan")
+    dense = str(root / "dense")
+    tq.tiny_llama(dense)
+    qwen3 = str(root / "qwen3")
+    tq.tiny_llama(qwen3)
+    state = load_file(f"{qwen3}/model.safetensors")
+    gen = torch.Generator().manual_seed(3)
+    for i in range(2):
+        for n in ("q_norm", "k_norm"):
+            state[f"model.layers.{i}.self_attn.{n}.weight"] = 1 + 0.1 * torch.randn(64,
+                                                                                   generator=gen)
+    save_file(state, f"{qwen3}/model.safetensors")
+    with open(f"{qwen3}/config.json") as f:
+        cfg = json.load(f)
+    cfg.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=64)
+    with open(f"{qwen3}/config.json", "w") as f:
+        json.dump(cfg, f)
+    paths = {"dense": dense, "qwen3": qwen3}
+    for scheme, kw in (("gptq", {"desc_act": True, "group": 64}),
+                       ("awq", {"sym": False, "group": 64})):
+        paths[scheme] = str(root / scheme)
+        tq.write_checkpoint(dense, paths[scheme], scheme, **kw)
+    return paths
+
+
+@pytest.mark.parametrize("model", ["dense", "qwen3", "gptq", "awq"])
+def test_plan_serves_float32_models_bit_identical_to_the_op_path(float32_models, model,
+                                                                 monkeypatch):
+    """A float32 model's dense layers (the weight-streaming product) and a weight-only format's
+    packed codes (the dense copy beyond the rows the codes serve) run in the plan, up to the
+    rows the per-operation path streams the weights for (``fused_cpu.GEMV_ROWS``); a larger
+    batch takes the per-operation path."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    runner = _float32_runner(float32_models[model])
+    gen = torch.Generator().manual_seed(5)
+    for batch in (1, 6, fused_cpu.GEMV_ROWS, fused_cpu.GEMV_ROWS + 1):
+        prompts = [torch.randint(0, 512, (int(n),), generator=gen).tolist()
+                   for n in torch.randint(2, 11, (batch,), generator=gen)]
+        with_plan, used = decode(runner, prompts, 3, plan=True)
+        without, _ = decode(runner, prompts, 3, plan=False)
+        assert used == (batch <= fused_cpu.GEMV_ROWS), batch
+        assert torch.equal(with_plan, without)
+
+
+def test_plan_steps_aside_for_forward_hooks(float32_models, monkeypatch):
+    """A layer with a forward hook (a LoRA adapter's deltas) at this forward: the
+    per-operation path runs, and the hook's change is in the result."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    runner = _float32_runner(float32_models["dense"])
+    plain, used = decode(runner, [[5, 6, 7]], 2, plan=True)
+    assert used
+    layer = runner.model.model.layers[1].mlp.down_proj
+    handle = layer.register_forward_hook(lambda mod, inputs, out: out * 0.5)
+    try:
+        hooked, used = decode(runner, [[5, 6, 7]], 2, plan=True)
+    finally:
+        handle.remove()
+    assert not used and not torch.equal(plain, hooked)

@@ -18,8 +18,8 @@ choice read this checkpoint: conflicts and missing configs as one-line errors), 
 
 from engine.models.parsing import release_pages
 from engine.runtime import quant_formats as formats
-from engine.runtime.linear import (Linear, PackedWeight, QuantMethod, UnquantizedMethod,
-                                   dense_linear, rowwise)
+from engine.runtime.linear import (Linear, NativeKernel, PackedWeight, QuantMethod,
+                                   UnquantizedMethod, dense_linear, rowwise)
 from engine.runtime.quant_readers import (MXFP4_DTYPES, awq_method, compressed_tensors_scheme, fp8_method,
                                           gptq_exclusions, gptq_method, modelopt_scheme,
                                           quark_scheme)
@@ -41,7 +41,7 @@ __all__ = ["fake_quant_fp8_rows", "fake_quant_nvfp4_rows", "ModelSlimDynamicMeth
            "excluding", "fp8_method", "gptq_exclusions", "gptq_method", "mlx_dense_embeddings", "modelopt_scheme",
            "quark_scheme", "DequantizedMethod", "Fp8Method", "Int8Method", "LayerMethod", "Linear",
            "MXFP4Method", "MXFP8Method", "MXMethod",
-           "PackedWeight", "QuantMethod", "UnquantizedMethod", "add_param", "check_group",
+           "NativeKernel", "PackedWeight", "QuantMethod", "UnquantizedMethod", "add_param", "check_group",
            "checkpoint_names", "claim", "config_value", "dense_linear", "drop_checkpoint_params",
            "formats", "is_excluded",
            "packed_extent", "release_pages", "rowwise", "unsupported"]

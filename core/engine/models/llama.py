@@ -545,6 +545,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings and head_method is None else Linear(
             cfg.hidden_size, cfg.vocab_size, dtype=dtype, quant_method=head_method)
         self._plans: dict[int, Any] = {}  # KV pool id -> CPU decode plan (False: none fits)
+        self._no_plan = os.environ.get("ENGINE_CPU_DECODE_PLAN") == "0"
         # a packed (quantized GGUF) embedding table stays packed unless the head reads it dense
         self.model.embed_tokens.keep_packed = self.lm_head is not None
         self.fused_rope = all(layer.self_attn.fusable for layer in self.model.layers) and \
@@ -600,15 +601,17 @@ class LlamaForCausalLM(nn.Module):
     def _decode_plan(self, batch: Batch, attn: AttentionBackend, h: torch.Tensor) -> Any:
         """The CPU decode plan serving this forward (built once per KV pool), or ``None``: a
         float32 CPU decode batch whose attention backend decodes straight from the pool, no
-        feature sink, and a model every layer of which the plan covers."""
-        if self.feature_sink is not None or not (
+        feature sink, a model every layer of which the plan covers, and a batch it serves
+        (:meth:`~engine.runtime.fused_cpu.DecodePlan.serves`). ``ENGINE_CPU_DECODE_PLAN=0``:
+        never (the per-operation path, for comparisons)."""
+        if self.feature_sink is not None or self._no_plan or not (
                 batch.is_decode and h.dtype is torch.float32 and h.device.type == "cpu"
                 and attn.decodes_from_pool(batch)):
             return None
         plan = self._plans.get(id(attn.pool))
         if plan is None:
             plan = self._plans[id(attn.pool)] = self._build_plan(attn.pool) or False
-        return plan or None
+        return plan if plan and plan.serves(h.shape[0]) else None
 
     def _build_plan(self, pool: Any) -> Any:
         from engine.runtime import fused_cpu
@@ -617,7 +620,7 @@ class LlamaForCausalLM(nn.Module):
         if not (self.fused_rope and fused_cpu.available() and cfg.hidden_act == "silu"
                 and pool.dtype in fused_cpu.KV_TYPES):  # (the plan writes K/V itself)
             return None
-        rows = []
+        rows, modules = [], []
         for layer in m.layers:
             at, mlp = layer.self_attn, layer.mlp
             if not isinstance(mlp, MLP) or mlp.act is not F.silu or \
@@ -629,6 +632,7 @@ class LlamaForCausalLM(nn.Module):
             kernels = [lin.quant_method.native_kernel(lin) for lin in linears]
             if any(k is None for k in kernels):
                 return None
+            modules += linears
             qn, kn = at.q_norm, at.k_norm
             rows.append((layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                          qn.weight if qn is not None else None,
@@ -639,7 +643,7 @@ class LlamaForCausalLM(nn.Module):
                                     num_kv_heads=cfg.num_key_value_heads,
                                     head_dim=cfg.head_dim, intermediate=cfg.intermediate_size,
                                     eps=cfg.rms_norm_eps, cos_cache=m.rotary.cos_cache,
-                                    sin_cache=m.rotary.sin_cache)
+                                    sin_cache=m.rotary.sin_cache, modules=tuple(modules))
 
     #: when set (speculative drafts that read the target's hidden states), every forward
     #: writes each new token's features at its KV slot: ``sink.layers`` empty: the final

@@ -1001,3 +1001,51 @@ int engine_cpu_affine_f32(const uint8_t *q, int64_t bits, const float *s, const 
     if (xs != stack) free(xs);
     return 0;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Decode-plan matmuls (the matmul_fn signature above) for float32 models. */
+
+/* A dense float32 weight w [n, k]: engine_cpu_gemv_f32, as the per-operation path multiplies
+ * a few rows. */
+int engine_cpu_dense_mm(int type, const uint8_t *w, int64_t n, int64_t k, const float *x,
+                        int64_t m, float *y, int64_t ldy) {
+    (void)type;
+    engine_cpu_gemv_f32((const float *)w, n, k, x, k, m, NULL, y, ldy);
+    return 0;
+}
+
+/* A weight-only layer's packed affine form. desc (int64): the number of parts, the rows up to
+ * which the codes are multiplied, the dense float32 copy [n, k] that more rows multiply (0:
+ * none), then per part (its outputs side by side in y): width, codes, bits, scale, bias, group,
+ * column permutation (int64 [k], 0: none; the rows' columns are gathered through it first).
+ * Returns 0, -2 without scratch memory, -3 for more rows than the form serves. */
+int engine_cpu_affine_mm(int type, const uint8_t *desc, int64_t n, int64_t k, const float *x,
+                         int64_t m, float *y, int64_t ldy) {
+    (void)type;
+    const int64_t *d = (const int64_t *)desc;
+    if (m > d[1]) {
+        if (!d[2]) return -3;
+        engine_cpu_gemv_f32(PTR(const float *, d[2]), n, k, x, k, m, NULL, y, ldy);
+        return 0;
+    }
+    float *gathered = NULL;
+    int rc = 0;
+    for (int64_t p = 0, col = 0; p < d[0] && rc == 0; p++) {
+        const int64_t *f = d + 3 + 7 * p;
+        const float *xs = x;
+        if (f[6]) {
+            const int64_t *perm = PTR(const int64_t *, f[6]);
+            if (!gathered && !(gathered = (float *)malloc(sizeof(float) * (size_t)(m * k))))
+                return -2;
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t c = 0; c < k; c++) gathered[i * k + c] = x[i * k + perm[c]];
+            xs = gathered;
+        }
+        rc = engine_cpu_affine_f32(PTR(const uint8_t *, f[1]), f[2], PTR(const float *, f[3]),
+                                   PTR(const float *, f[4]), f[0], k, f[5], xs, k, m, NULL,
+                                   y + col, ldy);
+        col += f[0];
+    }
+    free(gathered);
+    return rc;
+}

@@ -60,6 +60,8 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_affine_f32.restype = ctypes.c_int
     lib.engine_cpu_fq_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _P, _P, _I, _F, _F, _I, _I]
     lib.engine_cpu_fq_gemv_f32.restype = None
+    for name in ("engine_cpu_dense_mm", "engine_cpu_affine_mm"):  # (decode-plan matmuls)
+        getattr(lib, name).restype = ctypes.c_int
     lib.engine_cpu_moe_f32.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P,
                                        ctypes.c_int]
     lib.engine_cpu_moe_f32.restype = None
@@ -67,6 +69,11 @@ def _library() -> ctypes.CDLL | None:
                                               _P, _P, _P, _P]
     lib.engine_cpu_moe_routed_f32.restype = None
     return lib
+
+
+def address(name: str) -> int:
+    """The address of the library's C function ``name`` (a decode plan's matmul)."""
+    return ctypes.cast(getattr(_library(), name), ctypes.c_void_p).value
 
 
 def available() -> bool:
@@ -396,20 +403,25 @@ class DecodePlan:
     order are those of the per-operation path, so results are bit-identical to it.
 
     ``layers``: (input norm weight, post-attention norm weight, q norm weight or None, k norm
-    weight or None, (qkv, o, gate_up, down) native kernels as (function address, type, weight
-    address), K pool, V pool) per layer.
+    weight or None, (qkv, o, gate_up, down) native kernels
+    (:class:`~engine.runtime.linear.NativeKernel`), K pool, V pool) per layer. ``max_rows``:
+    the largest batch every kernel serves bit-identically (None: any). ``modules``: the
+    layers whose products the kernels compute (see :meth:`serves`).
     """
 
     def __init__(self, layers: list[tuple], *, hidden: int, num_q_heads: int, num_kv_heads: int,
                  head_dim: int, intermediate: int, eps: float, cos_cache: torch.Tensor,
-                 sin_cache: torch.Tensor) -> None:
+                 sin_cache: torch.Tensor, modules: tuple[torch.nn.Module, ...] = ()) -> None:
         rows = []
         for in_w, post_w, qn, kn, kernels, k_pool, v_pool in layers:
             row = [in_w.data_ptr(), post_w.data_ptr(), qn.data_ptr() if qn is not None else 0,
                    kn.data_ptr() if kn is not None else 0]
-            for fn, qtype, weight in kernels:
+            for fn, qtype, weight, *_ in kernels:
                 row += [fn, qtype, weight]
             rows.append(row + [k_pool.data_ptr(), v_pool.data_ptr()])
+        bounds = [k[3] for *_, kernels, _, _ in layers for k in kernels
+                  if len(k) > 3 and k[3] is not None]
+        self.max_rows = min(bounds) if bounds else None
         self.plan = torch.tensor(rows, dtype=torch.int64)
         assert self.plan.shape[1] == PLAN_FIELDS
         self._layers = layers  # the tensors whose addresses the plan holds stay alive with it
@@ -417,6 +429,15 @@ class DecodePlan:
         self.dims = (len(layers), hidden, num_q_heads, num_kv_heads, head_dim, intermediate)
         self.eps, self.scale = eps, head_dim ** -0.5
         self.cos, self.sin = cos_cache, sin_cache
+        self.modules = modules
+
+    def serves(self, rows: int) -> bool:
+        """Whether the plan computes a decode of ``rows`` requests as the per-operation path
+        would: within :attr:`max_rows`, and none of ``modules`` (the layers whose products the
+        plan replaces) has forward hooks (a LoRA adapter's deltas) at this forward."""
+        if self.max_rows is not None and rows > self.max_rows:
+            return False
+        return not any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
 
     def run(self, h: torch.Tensor, positions: torch.Tensor, out_cache_loc: torch.Tensor,
             req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,

@@ -12,7 +12,7 @@ import os
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,19 @@ from torch import nn
 #: an activation-quantized format's rounding of the rows a routed expert multiplies, per row:
 #: (the rows its gate/up projection multiplies, the rows its down projection multiplies)
 ActQuant = tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+
+
+class NativeKernel(NamedTuple):
+    """A C function computing a layer's product on the CPU (:meth:`QuantMethod.native_kernel`):
+    ``int fn(int type, const uint8_t *weight, int64_t n, int64_t k, const float *x, int64_t m,
+    float *y, int64_t ldy)`` (y [m, n], rows ``ldy`` apart, = x [m, k] @ W^T; 0 on success),
+    called with ``type`` and ``weight`` (an address). ``rows``: the most rows of x for which
+    it equals :meth:`QuantMethod.apply` bit for bit (``None``: any)."""
+
+    fn: int
+    type: int
+    weight: int
+    rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -174,13 +187,11 @@ class QuantMethod(ABC):
         ``lm_head``...); ``None`` keeps that layer dense. Default: this method everywhere."""
         return self
 
-    def native_kernel(self, layer: "Linear") -> tuple[int, int, int] | None:
-        """A C function that computes this layer's product on the CPU, for callers that run a
-        whole forward in C (:class:`engine.runtime.fused_cpu.DecodePlan`): ``(address, type,
-        weight address)`` of ``int f(int type, const uint8_t *weight, int64_t n, int64_t k,
-        const float *x, int64_t m, float *y, int64_t ldy)`` (y [m, n] rows ``ldy`` apart = x
-        [m, k] @ W^T; 0 on success), equal to :meth:`apply` on float32 input; or ``None``
-        (default) where there is none."""
+    def native_kernel(self, layer: "Linear") -> NativeKernel | None:
+        """A C function that computes this layer's product on the CPU (:class:`NativeKernel`),
+        equal to :meth:`apply` on float32 input without a bias, for callers that run a whole
+        forward in C (:class:`engine.runtime.fused_cpu.DecodePlan`); or ``None`` (default)
+        where there is none."""
         return None
 
     @abstractmethod
@@ -219,6 +230,22 @@ class UnquantizedMethod(QuantMethod):
     def apply(self, layer: "Linear", x: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
         return dense_linear(x, layer.weight, bias)
+
+    def native_kernel(self, layer: "Linear") -> NativeKernel | None:
+        return dense_native_kernel(layer.weight)
+
+
+def dense_native_kernel(weight: torch.Tensor) -> NativeKernel | None:
+    """The native kernel of :func:`dense_linear` on a CPU float32 ``weight``: the
+    weight-streaming product, for the rows :func:`dense_linear` gives it; ``None`` where
+    :func:`dense_linear` would not use it."""
+    from engine.runtime import fused_cpu
+
+    if not (weight.device.type == "cpu" and fused_cpu.gemv_applies(
+            torch.empty(1, weight.shape[-1]), weight)):
+        return None
+    return NativeKernel(fused_cpu.address("engine_cpu_dense_mm"), 0, weight.data_ptr(),
+                        fused_cpu.GEMV_ROWS)
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor,

@@ -26,7 +26,8 @@ from torch import nn
 
 from engine.errors import ConfigError
 from engine.runtime import quant_formats as qf
-from engine.runtime.linear import ActQuant, Linear, QuantMethod, UnquantizedMethod, dense_linear
+from engine.runtime.linear import (ActQuant, Linear, NativeKernel, QuantMethod, UnquantizedMethod,
+                                   dense_linear, dense_native_kernel)
 
 #: row counts up to which fp8 layers with a cuBLAS path (row-wise scales) use the Triton product
 #: (its swapped-operand kernel, up to ``quant_triton.SWAP_ROWS``; on an H200 the step's linear
@@ -542,6 +543,33 @@ class DequantizedMethod(LayerMethod):
                 cpu_affine_rows(layer.in_features * layer.out_features):
             return cpu.matmul(x, bias)
         return dense_linear(x, layer.weight, bias)
+
+    def native_kernel(self, layer: Linear) -> NativeKernel | None:
+        if layer.packed is not None:
+            return None
+        dense = dense_native_kernel(layer.weight)
+        cpu = getattr(layer, "cpu_packed", None)
+        return dense if cpu is None else cpu_affine_native(layer, cpu, dense)
+
+
+def cpu_affine_native(layer: Linear, form: CpuAffineWeight | AffineShards,
+                      dense: NativeKernel | None) -> NativeKernel:
+    """The native kernel of a layer's packed CPU form (``engine_cpu_affine_mm`` in
+    fused_cpu.c): its codes for the rows :meth:`DequantizedMethod.apply` multiplies them with,
+    the dense copy's kernel (``dense``) beyond; its descriptor stays alive with the layer."""
+    from engine.runtime import fused_cpu
+
+    rows = cpu_affine_rows(layer.in_features * layer.out_features)
+    parts = form.parts if isinstance(form, AffineShards) else [form]
+    perms = [p.perm.to("cpu", torch.int64).contiguous() if p.perm is not None else None
+             for p in parts]
+    desc = [len(parts), rows, dense.weight if dense is not None else 0]
+    for p, perm in zip(parts, perms):
+        desc += [p.n, p.codes.data_ptr(), p.bits, p.scale.data_ptr(), p.bias.data_ptr(),
+                 p.group, perm.data_ptr() if perm is not None else 0]
+    layer.cpu_native = (torch.tensor(desc, dtype=torch.int64), perms)
+    return NativeKernel(fused_cpu.address("engine_cpu_affine_mm"), 0,
+                        layer.cpu_native[0].data_ptr(), dense.rows if dense is not None else rows)
 
 
 # ---------------------------------------------------------------- fp8

@@ -27,9 +27,8 @@ from torch import nn
 
 from engine.api import ConfigError, PluginError
 from engine.api import hookimpl
-from engine.api.quant import (Linear, PackedWeight, QuantMethod, UnquantizedMethod,
-                              dense_linear, release_pages,
-                              rowwise)
+from engine.api.quant import (Linear, NativeKernel, PackedWeight, QuantMethod,
+                              UnquantizedMethod, dense_linear, release_pages, rowwise)
 
 from engine_quant_gguf import kernels
 
@@ -183,17 +182,19 @@ class GGUFMethod(QuantMethod):
             y += bias
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
-    def native_kernel(self, layer: Linear) -> tuple[int, int, int] | None:
+    def native_kernel(self, layer: Linear) -> NativeKernel | None:
         if not self.int8 or (layer.gguf_blocks is None and not layer.gguf_parts):
             return None
         if layer.gguf_blocks is not None:
-            return self._address(layer.gguf_qtype), layer.gguf_qtype, layer.gguf_blocks.data_ptr()
+            return NativeKernel(self._address(layer.gguf_qtype), layer.gguf_qtype,
+                                layer.gguf_blocks.data_ptr())
         table = torch.tensor([[offset, size, self._address(qtype), qtype, data.data_ptr()]
                               for offset, size, qtype, data in layer.gguf_parts],
                              dtype=torch.int64)
         layer.gguf_part_table = table  # kept alive with the layer
         fn = kernels.library().engine_gguf_matmul_parts
-        return ctypes.cast(fn, ctypes.c_void_p).value, len(layer.gguf_parts), table.data_ptr()
+        return NativeKernel(ctypes.cast(fn, ctypes.c_void_p).value, len(layer.gguf_parts),
+                            table.data_ptr())
 
     def _address(self, qtype: int) -> int:
         """The address of the int8 kernel for blocks of ``qtype`` (one signature for all)."""
