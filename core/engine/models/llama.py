@@ -798,10 +798,10 @@ class LlamaForCausalLM(nn.Module):
                 yield "lm_head.weight", tensor
 
     def process_weights_after_loading(self) -> None:
-        """Let every linear layer's quant method, and the MoE runner for every sparse layer,
-        repack its weights (once, after loading)."""
+        """Let every linear layer's quant method, the embeddings, and the MoE runner for every
+        sparse layer, repack its weights (once, after loading)."""
         for module in self.modules():
-            if isinstance(module, Linear):
+            if isinstance(module, (Linear, Embedding)):
                 module.process_weights_after_loading()
             elif isinstance(module, SparseMoeBlock):
                 module.runner.process_weights_after_loading(module.experts)

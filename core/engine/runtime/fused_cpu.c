@@ -19,6 +19,51 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Storage types of the pool's K/V and of dense weights: float32, IEEE half, bfloat16 (16-bit
+ * values converted to float32 as they are read, exactly; products and sums stay float32), and,
+ * in the pool only and read only, the fp8 formats (e4m3fn, e5m2; their per-layer scales are
+ * the caller's). An fp8 byte becomes a half by its bits alone: e5m2 is a half's top byte, and
+ * e4m3fn's sign, exponent and mantissa moved into a half's fields give its value times 2^-8
+ * (normal or subnormal), which the caller's scales take back. */
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2, KV_E4M3 = 3, KV_E5M2 = 4 };
+
+static inline size_t kv_size(const int t) {
+    return t == KV_F32 ? 4 : t == KV_E4M3 || t == KV_E5M2 ? 1 : 2;
+}
+
+static inline uint16_t fp8_half(uint8_t b, const int t) {
+    if (t == KV_E5M2) return (uint16_t)(b << 8);
+    return (uint16_t)(((b & 0x80) << 8) | ((b & 0x7f) << 7));
+}
+
+static inline __attribute__((always_inline)) __m256 kv_load8(const void *p, int64_t i,
+                                                              const int t) {
+    if (t == KV_F32) return _mm256_loadu_ps((const float *)p + i);
+    if (t == KV_E4M3 || t == KV_E5M2) {
+        const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)p
+                                                                                + i)));
+        if (t == KV_E5M2) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
+        const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
+                                       _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7));
+        return _mm256_cvtph_ps(h);
+    }
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (t == KV_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline __attribute__((always_inline)) float kv_load1(const void *p, int64_t i,
+                                                            const int t) {
+    if (t == KV_F32) return ((const float *)p)[i];
+    if (t == KV_E4M3 || t == KV_E5M2) return _cvtsh_ss(fp8_half(((const uint8_t *)p)[i], t));
+    const uint16_t h = ((const uint16_t *)p)[i];
+    if (t == KV_F16) return _cvtsh_ss(h);
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* the scalar tail of a dot product, from i on (one function: every caller sums alike) */
 static inline __attribute__((always_inline)) float dot_tail(float s, const float *a,
                                                             const float *b, int64_t i,
@@ -37,58 +82,85 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return dot_tail(hsum8(_mm256_add_ps(acc0, acc1)), a, b, i, n);
 }
 
-/* dot(w, x0, k) and dot(w, x1, k) at once, each in dot's order of additions: w is loaded once
- * for both rows, and four accumulator chains run side by side. */
-static inline void dot2(const float *w, const float *x0, const float *x1, int64_t k, float *o) {
+/* Weight rows below are of storage type t (float32, half or bfloat16), widened exactly as they
+ * are read: every function sums in dot's order, so a half weight's product is bit for bit its
+ * float32 copy's. The functions are always inlined, so each type gets its own loop. */
+#define AI static inline __attribute__((always_inline))
+
+/* the weight row r of w [., k] */
+AI const void *w_row(const void *w, int64_t r, int64_t k, const int t) {
+    return (const char *)w + (size_t)(r * k) * kv_size(t);
+}
+
+/* dot's scalar tail with a typed weight row */
+AI float w_tail(float s, const void *w, const float *x, int64_t i, int64_t n, const int t) {
+    for (; i < n; i++) s += kv_load1(w, i, t) * x[i];
+    return s;
+}
+
+/* dot(w, x, k) for a weight row of type t */
+AI float w_dot(const void *w, const float *x, int64_t k, const int t) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        acc0 = _mm256_fmadd_ps(kv_load8(w, i, t), _mm256_loadu_ps(x + i), acc0);
+        acc1 = _mm256_fmadd_ps(kv_load8(w, i + 8, t), _mm256_loadu_ps(x + i + 8), acc1);
+    }
+    return w_tail(hsum8(_mm256_add_ps(acc0, acc1)), w, x, i, k, t);
+}
+
+/* w_dot(w, x0, k) and w_dot(w, x1, k) at once: w is loaded once for both rows, and four
+ * accumulator chains run side by side. */
+AI void dot2(const void *w, const float *x0, const float *x1, int64_t k, float *o, const int t) {
     __m256 a0 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(),
            b1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
-        const __m256 wa = _mm256_loadu_ps(w + i), wb = _mm256_loadu_ps(w + i + 8);
+        const __m256 wa = kv_load8(w, i, t), wb = kv_load8(w, i + 8, t);
         a0 = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x0 + i), a0);
         b0 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x0 + i + 8), b0);
         a1 = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x1 + i), a1);
         b1 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x1 + i + 8), b1);
     }
-    o[0] = dot_tail(hsum8(_mm256_add_ps(a0, b0)), w, x0, i, k);
-    o[1] = dot_tail(hsum8(_mm256_add_ps(a1, b1)), w, x1, i, k);
+    o[0] = w_tail(hsum8(_mm256_add_ps(a0, b0)), w, x0, i, k, t);
+    o[1] = w_tail(hsum8(_mm256_add_ps(a1, b1)), w, x1, i, k, t);
 }
 
-/* dot(w + r * k, x, k) for the four rows r = 0..3 of w at once, in the same order of additions
- * as dot: each x vector is loaded once for the four rows. */
-static inline void dot4(const float *w, int64_t k, const float *x, float *o) {
-    const float *w1 = w + k, *w2 = w1 + k, *w3 = w2 + k;
+/* w_dot(row r of w, x, k) for the four rows r = 0..3 of w at once: each x vector is loaded
+ * once for the four rows. */
+AI void dot4(const void *w, int64_t k, const float *x, float *o, const int t) {
+    const void *w1 = w_row(w, 1, k, t), *w2 = w_row(w, 2, k, t), *w3 = w_row(w, 3, k, t);
     __m256 a0 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(),
            b1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(),
            a3 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
         const __m256 xa = _mm256_loadu_ps(x + i), xb = _mm256_loadu_ps(x + i + 8);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), xa, a0);
-        b0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), xb, b0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i), xa, a1);
-        b1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i + 8), xb, b1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i), xa, a2);
-        b2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i + 8), xb, b2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i), xa, a3);
-        b3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i + 8), xb, b3);
+        a0 = _mm256_fmadd_ps(kv_load8(w, i, t), xa, a0);
+        b0 = _mm256_fmadd_ps(kv_load8(w, i + 8, t), xb, b0);
+        a1 = _mm256_fmadd_ps(kv_load8(w1, i, t), xa, a1);
+        b1 = _mm256_fmadd_ps(kv_load8(w1, i + 8, t), xb, b1);
+        a2 = _mm256_fmadd_ps(kv_load8(w2, i, t), xa, a2);
+        b2 = _mm256_fmadd_ps(kv_load8(w2, i + 8, t), xb, b2);
+        a3 = _mm256_fmadd_ps(kv_load8(w3, i, t), xa, a3);
+        b3 = _mm256_fmadd_ps(kv_load8(w3, i + 8, t), xb, b3);
     }
-    o[0] = dot_tail(hsum8(_mm256_add_ps(a0, b0)), w, x, i, k);
-    o[1] = dot_tail(hsum8(_mm256_add_ps(a1, b1)), w1, x, i, k);
-    o[2] = dot_tail(hsum8(_mm256_add_ps(a2, b2)), w2, x, i, k);
-    o[3] = dot_tail(hsum8(_mm256_add_ps(a3, b3)), w3, x, i, k);
+    o[0] = w_tail(hsum8(_mm256_add_ps(a0, b0)), w, x, i, k, t);
+    o[1] = w_tail(hsum8(_mm256_add_ps(a1, b1)), w1, x, i, k, t);
+    o[2] = w_tail(hsum8(_mm256_add_ps(a2, b2)), w2, x, i, k, t);
+    o[3] = w_tail(hsum8(_mm256_add_ps(a3, b3)), w3, x, i, k, t);
 }
 
-/* dot(w, x + j * sx, k) for j = 0..3 at once, each in dot's order of additions: w is loaded once
- * for the four rows, and eight accumulator chains run side by side. */
-static inline void dotx4(const float *w, const float *x, int64_t sx, int64_t k, float *o) {
+/* w_dot(w, x + j * sx, k) for j = 0..3 at once: w is loaded once for the four rows, and eight
+ * accumulator chains run side by side. */
+AI void dotx4(const void *w, const float *x, int64_t sx, int64_t k, float *o, const int t) {
     const float *x1 = x + sx, *x2 = x1 + sx, *x3 = x2 + sx;
     __m256 a0 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(),
            b1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(),
            a3 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
-        const __m256 wa = _mm256_loadu_ps(w + i), wb = _mm256_loadu_ps(w + i + 8);
+        const __m256 wa = kv_load8(w, i, t), wb = kv_load8(w, i + 8, t);
         a0 = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x + i), a0);
         b0 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x + i + 8), b0);
         a1 = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x1 + i), a1);
@@ -98,35 +170,80 @@ static inline void dotx4(const float *w, const float *x, int64_t sx, int64_t k, 
         a3 = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x3 + i), a3);
         b3 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x3 + i + 8), b3);
     }
-    o[0] = dot_tail(hsum8(_mm256_add_ps(a0, b0)), w, x, i, k);
-    o[1] = dot_tail(hsum8(_mm256_add_ps(a1, b1)), w, x1, i, k);
-    o[2] = dot_tail(hsum8(_mm256_add_ps(a2, b2)), w, x2, i, k);
-    o[3] = dot_tail(hsum8(_mm256_add_ps(a3, b3)), w, x3, i, k);
+    o[0] = w_tail(hsum8(_mm256_add_ps(a0, b0)), w, x, i, k, t);
+    o[1] = w_tail(hsum8(_mm256_add_ps(a1, b1)), w, x1, i, k, t);
+    o[2] = w_tail(hsum8(_mm256_add_ps(a2, b2)), w, x2, i, k, t);
+    o[3] = w_tail(hsum8(_mm256_add_ps(a3, b3)), w, x3, i, k, t);
 }
 
-/* out[i * so] = dot(w, x + i * sx, k) for the rows i in [i0, i0 + n) of x, four or two rows at
- * a time (dotx4, dot2: each row summed as dot sums it) */
-static inline void dots(const float *w, const float *x, int64_t sx, int64_t k, int64_t i0,
-                        int64_t n, float *out, int64_t so) {
+/* out[i * so] = w_dot(w, x + i * sx, k) for the rows i in [i0, i0 + n) of x, four or two rows
+ * at a time (dotx4, dot2: each row summed as w_dot sums it) */
+AI void dots(const void *w, const float *x, int64_t sx, int64_t k, int64_t i0, int64_t n,
+             float *out, int64_t so, const int t) {
     int64_t i = i0;
     for (; i + 4 <= i0 + n; i += 4) {
         float o[4];
-        dotx4(w, x + i * sx, sx, k, o);
+        dotx4(w, x + i * sx, sx, k, o, t);
         for (int j = 0; j < 4; j++) out[(i + j) * so] = o[j];
     }
     for (; i + 2 <= i0 + n; i += 2) {
         float o[2];
-        dot2(w, x + i * sx, x + (i + 1) * sx, k, o);
+        dot2(w, x + i * sx, x + (i + 1) * sx, k, o, t);
         out[i * so] = o[0];
         out[(i + 1) * so] = o[1];
     }
-    if (i < i0 + n) out[i * so] = dot(w, x + i * sx, k);
+    if (i < i0 + n) out[i * so] = w_dot(w, x + i * sx, k, t);
 }
 
 #define PAR_ROWS 16 /* rows from which a call splits its rows across threads */
 #define PAR_GEMV_FLOATS (1 << 16) /* weights from which a product splits its outputs */
 #define GEMV_BLOCK_ROWS 4          /* rows of x from which ... */
 #define GEMV_BLOCK_FLOATS (1 << 24) /* ... a weight smaller than this goes four rows at a time */
+
+/* engine_cpu_gemv_f32 for a weight of type t */
+AI void gemv(const void *w, int64_t n, int64_t k, const float *x, int64_t sx, int64_t m,
+             const float *bias, float *out, int64_t so, const int t) {
+    if (m >= GEMV_BLOCK_ROWS && n * k < GEMV_BLOCK_FLOATS) {
+        /* several rows of a weight that is not huge: four weight rows at a time, so each x
+         * vector is loaded once for four of them (the dot products stay the same); 16-bit
+         * rows are widened into a float32 block once for all the rows of x */
+        const int64_t nb = n / 4;
+#pragma omp parallel if (n * k >= PAR_GEMV_FLOATS)
+        {
+            float *wide = t == KV_F32 ? NULL : (float *)malloc(sizeof(float) * (size_t)(4 * k));
+#pragma omp for schedule(static)
+            for (int64_t q = 0; q < nb; q++) {
+                const void *rows = w_row(w, 4 * q, k, t);
+                if (wide) {
+                    int64_t c = 0;
+                    for (; c + 8 <= 4 * k; c += 8) _mm256_storeu_ps(wide + c, kv_load8(rows, c, t));
+                    for (; c < 4 * k; c++) wide[c] = kv_load1(rows, c, t);
+                }
+                float o[4];
+                for (int64_t i = 0; i < m; i++) {
+                    if (wide)
+                        dot4(wide, k, x + i * sx, o, KV_F32);
+                    else
+                        dot4(rows, k, x + i * sx, o, t);
+                    for (int j = 0; j < 4; j++)
+                        out[i * so + 4 * q + j] = o[j] + (bias ? bias[4 * q + j] : 0.0f);
+                }
+            }
+            free(wide);
+        }
+        for (int64_t r = 4 * nb; r < n; r++)
+            for (int64_t i = 0; i < m; i++)
+                out[i * so + r] = w_dot(w_row(w, r, k, t), x + i * sx, k, t) +
+                                  (bias ? bias[r] : 0.0f);
+        return;
+    }
+#pragma omp parallel for schedule(static) if (n * k >= PAR_GEMV_FLOATS)
+    for (int64_t r = 0; r < n; r++) {
+        dots(w_row(w, r, k, t), x, sx, k, 0, m, out + r, so, t);
+        if (bias)
+            for (int64_t i = 0; i < m; i++) out[i * so + r] += bias[r];
+    }
+}
 
 /* out[i, r] = x[i, :] . w[r, :] (+ bias[r]) for the m rows of x [m, k] (row stride sx) and
  * the n rows of w [n, k] (contiguous); out row stride so. Each weight row is read once for
@@ -136,30 +253,17 @@ static inline void dots(const float *w, const float *x, int64_t sx, int64_t k, i
  * the other rows. */
 void engine_cpu_gemv_f32(const float *w, int64_t n, int64_t k, const float *x, int64_t sx,
                          int64_t m, const float *bias, float *out, int64_t so) {
-    if (m >= GEMV_BLOCK_ROWS && n * k < GEMV_BLOCK_FLOATS) {
-        /* several rows of a weight that is not huge: four weight rows at a time, so each x
-         * vector is loaded once for four of them (the dot products stay the same) */
-        const int64_t nb = n / 4;
-#pragma omp parallel for schedule(static) if (n * k >= PAR_GEMV_FLOATS)
-        for (int64_t q = 0; q < nb; q++) {
-            float o[4];
-            for (int64_t i = 0; i < m; i++) {
-                dot4(w + 4 * q * k, k, x + i * sx, o);
-                for (int j = 0; j < 4; j++)
-                    out[i * so + 4 * q + j] = o[j] + (bias ? bias[4 * q + j] : 0.0f);
-            }
-        }
-        for (int64_t r = 4 * nb; r < n; r++)
-            for (int64_t i = 0; i < m; i++)
-                out[i * so + r] = dot(w + r * k, x + i * sx, k) + (bias ? bias[r] : 0.0f);
-        return;
-    }
-#pragma omp parallel for schedule(static) if (n * k >= PAR_GEMV_FLOATS)
-    for (int64_t r = 0; r < n; r++) {
-        dots(w + r * k, x, sx, k, 0, m, out + r, so);
-        if (bias)
-            for (int64_t i = 0; i < m; i++) out[i * so + r] += bias[r];
-    }
+    gemv(w, n, k, x, sx, m, bias, out, so, KV_F32);
+}
+
+/* engine_cpu_gemv_f32 for a weight w stored as half (t = 1) or bfloat16 (t = 2): the same
+ * result, bit for bit, as the product of its float32 copy, reading half the bytes. */
+void engine_cpu_gemv_half(const void *w, int64_t t, int64_t n, int64_t k, const float *x,
+                          int64_t sx, int64_t m, const float *bias, float *out, int64_t so) {
+    if (t == KV_F16)
+        gemv(w, n, k, x, sx, m, bias, out, so, KV_F16);
+    else
+        gemv(w, n, k, x, sx, m, bias, out, so, KV_BF16);
 }
 
 /* out = rms_norm(x + res) * w and res_out = x + res (res may be NULL: then out = rms_norm(x) *
@@ -298,7 +402,7 @@ void engine_cpu_moe_f32(const float *x, int64_t hidden, int64_t inter, const int
             const int64_t o1 = o0 + MOE_CHUNK < n1 ? o0 + MOE_CHUNK : n1;
             const float *w = w13 + eid[r] * n1 * hidden;
             for (int64_t o = o0; o < o1; o++)
-                dots(w + o * hidden, x, hidden, hidden, start[r], count[r], gu + o, n1);
+                dots(w + o * hidden, x, hidden, hidden, start[r], count[r], gu + o, n1, KV_F32);
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < (phases & 1 ? rows : 0); i++)
@@ -309,7 +413,7 @@ void engine_cpu_moe_f32(const float *x, int64_t hidden, int64_t inter, const int
             const int64_t o1 = o0 + MOE_CHUNK < hidden ? o0 + MOE_CHUNK : hidden;
             const float *w = w2 + eid[r] * hidden * inter;
             for (int64_t o = o0; o < o1; o++)
-                dots(w + o * inter, mid, inter, inter, start[r], count[r], y + o, hidden);
+                dots(w + o * inter, mid, inter, inter, start[r], count[r], y + o, hidden, KV_F32);
         }
     }
 }
@@ -362,49 +466,6 @@ void engine_cpu_moe_routed_f32(const float *x, int64_t t, int64_t k, int64_t hid
             for (int64_t c = 0; c < hidden; c++) o[c] += wj * yr[c];
         }
     }
-}
-
-/* K/V storage types of the pool: float32, IEEE half, bfloat16 (16-bit values converted to
- * float32 as they are read; products and sums stay float32), and the fp8 formats read only
- * (e4m3fn, e5m2; their per-layer scales are the caller's). An fp8 byte becomes a half by its
- * bits alone: e5m2 is a half's top byte, and e4m3fn's sign, exponent and mantissa moved into a
- * half's fields give its value times 2^-8 (normal or subnormal), which the caller's scales
- * take back. */
-enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2, KV_E4M3 = 3, KV_E5M2 = 4 };
-
-static inline size_t kv_size(const int t) {
-    return t == KV_F32 ? 4 : t == KV_E4M3 || t == KV_E5M2 ? 1 : 2;
-}
-
-static inline uint16_t fp8_half(uint8_t b, const int t) {
-    if (t == KV_E5M2) return (uint16_t)(b << 8);
-    return (uint16_t)(((b & 0x80) << 8) | ((b & 0x7f) << 7));
-}
-
-static inline __m256 kv_load8(const void *p, int64_t i, const int t) {
-    if (t == KV_F32) return _mm256_loadu_ps((const float *)p + i);
-    if (t == KV_E4M3 || t == KV_E5M2) {
-        const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)p
-                                                                                + i)));
-        if (t == KV_E5M2) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
-        const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
-                                       _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7));
-        return _mm256_cvtph_ps(h);
-    }
-    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-    if (t == KV_F16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-static inline float kv_load1(const void *p, int64_t i, const int t) {
-    if (t == KV_F32) return ((const float *)p)[i];
-    if (t == KV_E4M3 || t == KV_E5M2) return _cvtsh_ss(fp8_half(((const uint8_t *)p)[i], t));
-    const uint16_t h = ((const uint16_t *)p)[i];
-    if (t == KV_F16) return _cvtsh_ss(h);
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 static inline float kv_dot(const float *a, const void *b, int64_t n, const int t) {
@@ -1005,12 +1066,14 @@ int engine_cpu_affine_f32(const uint8_t *q, int64_t bits, const float *s, const 
 /* ------------------------------------------------------------------------------------------ */
 /* Decode-plan matmuls (the matmul_fn signature above) for float32 models. */
 
-/* A dense float32 weight w [n, k]: engine_cpu_gemv_f32, as the per-operation path multiplies
- * a few rows. */
+/* A dense weight w [n, k] of storage type `type` (float32, half, bfloat16):
+ * engine_cpu_gemv_f32 / _half, as the per-operation path multiplies a few rows. */
 int engine_cpu_dense_mm(int type, const uint8_t *w, int64_t n, int64_t k, const float *x,
                         int64_t m, float *y, int64_t ldy) {
-    (void)type;
-    engine_cpu_gemv_f32((const float *)w, n, k, x, k, m, NULL, y, ldy);
+    if (type == KV_F32)
+        engine_cpu_gemv_f32((const float *)w, n, k, x, k, m, NULL, y, ldy);
+    else
+        engine_cpu_gemv_half(w, type, n, k, x, k, m, NULL, y, ldy);
     return 0;
 }
 

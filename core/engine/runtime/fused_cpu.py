@@ -56,6 +56,8 @@ def _library() -> ctypes.CDLL | None:
     lib.engine_cpu_fake_quant_nvfp4_rows.restype = None
     lib.engine_cpu_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _I, _P, _P, _I]
     lib.engine_cpu_gemv_f32.restype = None
+    lib.engine_cpu_gemv_half.argtypes = [_P, _I, _I, _I, _P, _I, _I, _P, _P, _I]
+    lib.engine_cpu_gemv_half.restype = None
     lib.engine_cpu_affine_f32.argtypes = [_P, _I, _P, _P, _I, _I, _I, _P, _I, _I, _P, _P, _I]
     lib.engine_cpu_affine_f32.restype = ctypes.c_int
     lib.engine_cpu_fq_gemv_f32.argtypes = [_P, _I, _I, _P, _I, _P, _P, _I, _F, _F, _I, _I]
@@ -202,11 +204,16 @@ GEMV_ROWS = 12
 GEMV_MIN_FLOATS = 1 << 17
 
 
+#: weight storage types :func:`gemv` reads (16-bit weights widened exactly as they are read)
+WEIGHT_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`gemv` serves ``x @ weight.T``: float32 CPU tensors, a contiguous 2-D
-    weight of at least :data:`GEMV_MIN_FLOATS`, at most :data:`GEMV_ROWS` rows of ``x``."""
+    """Whether :func:`gemv` serves ``x @ weight.T``: float32 CPU rows, a contiguous 2-D weight
+    (float32, or a 16-bit type of :data:`WEIGHT_TYPES`) of at least :data:`GEMV_MIN_FLOATS`,
+    at most :data:`GEMV_ROWS` rows of ``x``."""
     return (x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and weight.dim() == 2
+            and weight.dtype in WEIGHT_TYPES and weight.dim() == 2
             and x.shape[-1] == weight.shape[1] and 0 < x.numel() <= GEMV_ROWS * x.shape[-1]
             and weight.numel() >= GEMV_MIN_FLOATS and weight.is_contiguous() and available())
 
@@ -214,7 +221,8 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a few rows (:func:`gemv_applies`), reading each weight
     row once for all of them. Each output is one dot product (its own order of additions:
-    equal to torch's within float32 rounding, not bit for bit)."""
+    equal to torch's within float32 rounding, not bit for bit). A 16-bit weight gives its
+    float32 copy's result bit for bit, reading half the bytes."""
     flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
@@ -222,9 +230,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     out = torch.empty(flat.shape[0], n, dtype=torch.float32)
     if bias is not None:
         bias = bias.to(torch.float32).contiguous()
-    _library().engine_cpu_gemv_f32(weight.data_ptr(), n, k, flat.data_ptr(), flat.stride(0),
-                                   flat.shape[0], bias.data_ptr() if bias is not None else None,
-                                   out.data_ptr(), n)
+    args = (n, k, flat.data_ptr(), flat.stride(0), flat.shape[0],
+            bias.data_ptr() if bias is not None else None, out.data_ptr(), n)
+    if weight.dtype == torch.float32:
+        _library().engine_cpu_gemv_f32(weight.data_ptr(), *args)
+    else:
+        _library().engine_cpu_gemv_half(weight.data_ptr(), WEIGHT_TYPES[weight.dtype], *args)
     return out.reshape(*x.shape[:-1], n)
 
 

@@ -137,10 +137,19 @@ class Embedding(nn.Module):
             raise ConfigError(f"shape {tuple(tensor.shape)}, expected {expected}")
         param.data.copy_(tensor)
 
+    def process_weights_after_loading(self) -> None:
+        """Keep a float32 CPU table whose values are all 16-bit ones in that type
+        (:func:`cpu_half_weight`): a tied head reads it through :func:`dense_linear`, and a
+        lookup widens its rows exactly."""
+        half = cpu_half_weight(self.weight) if self.packed is None else None
+        if half is not None:
+            self.weight = nn.Parameter(half, requires_grad=False)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         packed = self.packed
         if packed is None:
-            return F.embedding(ids, self.weight)
+            rows = F.embedding(ids, self.weight)
+            return rows if rows.dtype == self._dtype else rows.to(self._dtype)
         rows = packed.rows(ids.to(packed.data.device)).to(device=ids.device, dtype=self._dtype)
         return rows.reshape(*ids.shape, self.embedding_dim)
 
@@ -231,33 +240,64 @@ class UnquantizedMethod(QuantMethod):
               bias: torch.Tensor | None) -> torch.Tensor:
         return dense_linear(x, layer.weight, bias)
 
+    def process_weights_after_loading(self, layer: "Linear") -> None:
+        half = cpu_half_weight(layer.weight)
+        if half is not None:
+            layer.weight = nn.Parameter(half, requires_grad=False)
+
     def native_kernel(self, layer: "Linear") -> NativeKernel | None:
         return dense_native_kernel(layer.weight)
 
 
+def cpu_half_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """A float32 CPU weight that the weight-streaming product reads
+    (:func:`~engine.runtime.fused_cpu.gemv_applies`) and whose every value is a bfloat16 (or
+    else an IEEE half) value, in that 16-bit type: a half or bfloat16 checkpoint served in
+    float32 keeps half the bytes, and every product is still the float32 one bit for bit (the
+    kernel widens as it reads; more rows widen the weight for ``F.linear``). ``None`` where it
+    stays float32 (``ENGINE_CPU_HALF_WEIGHTS=0``: always)."""
+    from engine.runtime import fused_cpu
+
+    if not (weight.device.type == "cpu" and weight.dtype == torch.float32
+            and os.environ.get("ENGINE_CPU_HALF_WEIGHTS") != "0"
+            and fused_cpu.gemv_applies(torch.empty(1, weight.shape[-1]), weight)):
+        return None
+    head = weight[0]
+    for dtype in (torch.bfloat16, torch.float16):
+        if torch.equal(head.to(dtype).float(), head):  # (most float32 weights fail here)
+            half = weight.to(dtype)
+            if torch.equal(half.float(), weight):
+                return half
+    return None
+
+
 def dense_native_kernel(weight: torch.Tensor) -> NativeKernel | None:
-    """The native kernel of :func:`dense_linear` on a CPU float32 ``weight``: the
-    weight-streaming product, for the rows :func:`dense_linear` gives it; ``None`` where
-    :func:`dense_linear` would not use it."""
+    """The native kernel of :func:`dense_linear` on a CPU ``weight`` (float32, or kept in 16
+    bits) for float32 rows: the weight-streaming product, for the rows :func:`dense_linear`
+    gives it; ``None`` where :func:`dense_linear` would not use it."""
     from engine.runtime import fused_cpu
 
     if not (weight.device.type == "cpu" and fused_cpu.gemv_applies(
             torch.empty(1, weight.shape[-1]), weight)):
         return None
-    return NativeKernel(fused_cpu.address("engine_cpu_dense_mm"), 0, weight.data_ptr(),
+    return NativeKernel(fused_cpu.address("engine_cpu_dense_mm"),
+                        fused_cpu.WEIGHT_TYPES[weight.dtype], weight.data_ptr(),
                         fused_cpu.GEMV_ROWS)
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``; on CPU in float32 for at most ``fused_cpu.GEMV_ROWS`` rows, the
-    weight-streaming product; on a GPU in half precision for at most
+    weight-streaming product (a float32 model's weight may be kept in 16 bits:
+    :func:`cpu_half_weight`); on a GPU in half precision for at most
     ``gemv_triton.dense_rows(device)`` rows, the Triton matrix-vector kernel."""
     if x.device.type == "cpu":
         from engine.runtime import fused_cpu
 
         if fused_cpu.gemv_applies(x, weight):
             return fused_cpu.gemv(x, weight, bias)
+        if weight.dtype != x.dtype and x.dtype == torch.float32:
+            weight = weight.float()  # kept in 16 bits (cpu_half_weight): widened exactly
     elif x.is_cuda and weight.dtype in (torch.bfloat16, torch.float16):
         from engine.runtime import gemv_triton
 
