@@ -97,8 +97,8 @@ def _float32_runner(path: str) -> ModelRunner:
 
 @pytest.fixture(scope="module")
 def float32_models(tmp_path_factory) -> dict[str, str]:
-    """A random Llama at the default model's widths, float32, dense; a Qwen3 variant of it
-    (q/k norms); and GPTQ (act order: one permutation per fused shard) and asymmetric AWQ
+    """A random Llama at the default model's widths, float32, dense; Qwen3 (q/k norms) and
+    Qwen2 (q/k/v biases) variants of it; and GPTQ (act order: one permutation per fused shard) and asymmetric AWQ
     checkpoints of it."""
     import json
 
@@ -123,7 +123,19 @@ def float32_models(tmp_path_factory) -> dict[str, str]:
     cfg.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=64)
     with open(f"{qwen3}/config.json", "w") as f:
         json.dump(cfg, f)
-    paths = {"dense": dense, "qwen3": qwen3}
+    qwen2 = str(root / "qwen2")  # q/k/v biases
+    tq.tiny_llama(qwen2)
+    state = load_file(f"{qwen2}/model.safetensors")
+    for i in range(2):
+        for n, width in (("q_proj", 576), ("k_proj", 192), ("v_proj", 192)):
+            state[f"model.layers.{i}.self_attn.{n}.bias"] = torch.randn(width, generator=gen)
+    save_file(state, f"{qwen2}/model.safetensors")
+    with open(f"{qwen2}/config.json") as f:
+        cfg = json.load(f)
+    cfg.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+    with open(f"{qwen2}/config.json", "w") as f:
+        json.dump(cfg, f)
+    paths = {"dense": dense, "qwen3": qwen3, "qwen2": qwen2}
     for scheme, kw in (("gptq", {"desc_act": True, "group": 64}),
                        ("awq", {"sym": False, "group": 64})):
         paths[scheme] = str(root / scheme)
@@ -131,10 +143,11 @@ def float32_models(tmp_path_factory) -> dict[str, str]:
     return paths
 
 
-@pytest.mark.parametrize("model", ["dense", "qwen3", "gptq", "awq"])
+@pytest.mark.parametrize("model", ["dense", "qwen3", "qwen2", "gptq", "awq"])
 def test_plan_serves_float32_models_bit_identical_to_the_op_path(float32_models, model,
                                                                  monkeypatch):
-    """A float32 model's dense layers (the weight-streaming product) and a weight-only format's
+    """A float32 model's dense layers (the weight-streaming product, biases added after it) and
+    a weight-only format's
     packed codes (the dense copy beyond the rows the codes serve) run in the plan, up to the
     rows the per-operation path streams the weights for (``fused_cpu.GEMV_ROWS``); a larger
     batch takes the per-operation path."""

@@ -627,7 +627,9 @@ class LlamaForCausalLM(nn.Module):
                     mlp.inter != cfg.intermediate_size:
                 return None
             linears = (at.qkv_proj, at.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            if any(lin.bias is not None or lin.row_by_row for lin in linears):
+            if any(lin.row_by_row or (lin.bias is not None and (
+                    lin.bias.dtype != torch.float32 or not lin.bias.is_contiguous()))
+                   for lin in linears):
                 return None
             kernels = [lin.quant_method.native_kernel(lin) for lin in linears]
             if any(k is None for k in kernels):
@@ -637,7 +639,8 @@ class LlamaForCausalLM(nn.Module):
             rows.append((layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                          qn.weight if qn is not None else None,
                          kn.weight if kn is not None else None, kernels,
-                         pool.k[at.spec.layer_id], pool.v[at.spec.layer_id]))
+                         [lin.bias for lin in linears], pool.k[at.spec.layer_id],
+                         pool.v[at.spec.layer_id]))
         return fused_cpu.DecodePlan(rows, hidden=cfg.hidden_size,
                                     num_q_heads=cfg.num_attention_heads,
                                     num_kv_heads=cfg.num_key_value_heads,

@@ -749,19 +749,26 @@ void engine_cpu_decode_attention_fp4(const float *q, const uint8_t *kp, const ui
  * result is bit-identical to it; only the Python between them is gone.
  *
  * plan: PLAN_FIELDS int64 per layer (pointers as integers): the two norm weights, the q/k norm
- * weights (0: none), then for qkv, o, gate_up and down a matmul (function, type, weight), then
- * the layer's K and V pools [slots, hk, d] (storage type kv_type). A matmul function computes y [m, n] (rows ldy apart)
- * = x [m, k] @ W^T from its packed weight (the quantization method's kernel). */
+ * weights (0: none), then for qkv, o, gate_up and down a matmul (function, type, weight) and
+ * its float32 bias (0: none), then the layer's K and V pools [slots, hk, d] (storage type
+ * kv_type). A matmul function computes y [m, n] (rows ldy apart) = x [m, k] @ W^T from its
+ * packed weight (the quantization method's kernel); the bias is added to its result, one
+ * addition per output as the per-operation path adds it. */
 typedef int (*matmul_fn)(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
                          int64_t m, float *y, int64_t ldy);
 
-enum { P_IN_NORM, P_POST_NORM, P_Q_NORM, P_K_NORM, P_QKV, P_O = P_QKV + 3, P_GU = P_O + 3,
-       P_DOWN = P_GU + 3, P_KPOOL = P_DOWN + 3, P_VPOOL, PLAN_FIELDS };
+enum { P_IN_NORM, P_POST_NORM, P_Q_NORM, P_K_NORM, P_QKV, P_O = P_QKV + 4, P_GU = P_O + 4,
+       P_DOWN = P_GU + 4, P_KPOOL = P_DOWN + 4, P_VPOOL, PLAN_FIELDS };
 
 static int call_mm(const int64_t *f, int64_t n, int64_t k, const float *x, int64_t m,
                    float *y) {
-    return ((matmul_fn)(intptr_t)f[0])((int)f[1], (const uint8_t *)(intptr_t)f[2], n, k, x, m,
-                                       y, n);
+    const int rc = ((matmul_fn)(intptr_t)f[0])((int)f[1], (const uint8_t *)(intptr_t)f[2], n,
+                                               k, x, m, y, n);
+    const float *bias = (const float *)(intptr_t)f[3];
+    if (rc == 0 && bias)
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) y[i * n + j] += bias[j];
+    return rc;
 }
 
 #define PTR(T, v) ((T)(intptr_t)(v))

@@ -404,7 +404,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 #: int64 fields per layer of a decode plan (see ``engine_cpu_decode_layers`` in fused_cpu.c)
-PLAN_FIELDS = 18
+PLAN_FIELDS = 22
 
 
 class DecodePlan:
@@ -415,7 +415,8 @@ class DecodePlan:
 
     ``layers``: (input norm weight, post-attention norm weight, q norm weight or None, k norm
     weight or None, (qkv, o, gate_up, down) native kernels
-    (:class:`~engine.runtime.linear.NativeKernel`), K pool, V pool) per layer. ``max_rows``:
+    (:class:`~engine.runtime.linear.NativeKernel`), their float32 biases (None: none), K pool,
+    V pool) per layer. ``max_rows``:
     the largest batch every kernel serves bit-identically (None: any). ``modules``: the
     layers whose products the kernels compute (see :meth:`serves`).
     """
@@ -424,19 +425,19 @@ class DecodePlan:
                  head_dim: int, intermediate: int, eps: float, cos_cache: torch.Tensor,
                  sin_cache: torch.Tensor, modules: tuple[torch.nn.Module, ...] = ()) -> None:
         rows = []
-        for in_w, post_w, qn, kn, kernels, k_pool, v_pool in layers:
+        for in_w, post_w, qn, kn, kernels, biases, k_pool, v_pool in layers:
             row = [in_w.data_ptr(), post_w.data_ptr(), qn.data_ptr() if qn is not None else 0,
                    kn.data_ptr() if kn is not None else 0]
-            for fn, qtype, weight, *_ in kernels:
-                row += [fn, qtype, weight]
+            for (fn, qtype, weight, *_), bias in zip(kernels, biases):
+                row += [fn, qtype, weight, bias.data_ptr() if bias is not None else 0]
             rows.append(row + [k_pool.data_ptr(), v_pool.data_ptr()])
-        bounds = [k[3] for *_, kernels, _, _ in layers for k in kernels
+        bounds = [k[3] for *_, kernels, _, _, _ in layers for k in kernels
                   if len(k) > 3 and k[3] is not None]
         self.max_rows = min(bounds) if bounds else None
         self.plan = torch.tensor(rows, dtype=torch.int64)
         assert self.plan.shape[1] == PLAN_FIELDS
         self._layers = layers  # the tensors whose addresses the plan holds stay alive with it
-        self.kv_type = KV_TYPES[layers[0][5].dtype] if layers else 0
+        self.kv_type = KV_TYPES[layers[0][6].dtype] if layers else 0
         self.dims = (len(layers), hidden, num_q_heads, num_kv_heads, head_dim, intermediate)
         self.eps, self.scale = eps, head_dim ** -0.5
         self.cos, self.sin = cos_cache, sin_cache
