@@ -98,8 +98,8 @@ def _float32_runner(path: str) -> ModelRunner:
 @pytest.fixture(scope="module")
 def float32_models(tmp_path_factory) -> dict[str, str]:
     """A random Llama at the default model's widths, float32, dense; Qwen3 (q/k norms) and
-    Qwen2 (q/k/v biases) variants of it; and GPTQ (act order: one permutation per fused shard) and asymmetric AWQ
-    checkpoints of it."""
+    Qwen2 (q/k/v biases) variants of it; and GPTQ (act order: one permutation per fused
+    shard) and asymmetric AWQ checkpoints of it."""
     import json
 
     from safetensors.torch import load_file, save_file
