@@ -203,33 +203,20 @@ AI void dots(const void *w, const float *x, int64_t sx, int64_t k, int64_t i0, i
 /* engine_cpu_gemv_f32 for a weight of type t */
 AI void gemv(const void *w, int64_t n, int64_t k, const float *x, int64_t sx, int64_t m,
              const float *bias, float *out, int64_t so, const int t) {
-    if (m >= GEMV_BLOCK_ROWS && n * k < GEMV_BLOCK_FLOATS) {
-        /* several rows of a weight that is not huge: four weight rows at a time, so each x
-         * vector is loaded once for four of them (the dot products stay the same); 16-bit
-         * rows are widened into a float32 block once for all the rows of x */
+    if (t == KV_F32 && m >= GEMV_BLOCK_ROWS && n * k < GEMV_BLOCK_FLOATS) {
+        /* several rows of a float32 weight that is not huge: four weight rows at a time, so
+         * each x vector is loaded once for four of them (the dot products stay the same). A
+         * 16-bit weight stays one row against four input rows below (dotx4): each weight
+         * vector is widened once for four rows, which measured faster than widening blocks. */
         const int64_t nb = n / 4;
-#pragma omp parallel if (n * k >= PAR_GEMV_FLOATS)
-        {
-            float *wide = t == KV_F32 ? NULL : (float *)malloc(sizeof(float) * (size_t)(4 * k));
-#pragma omp for schedule(static)
-            for (int64_t q = 0; q < nb; q++) {
-                const void *rows = w_row(w, 4 * q, k, t);
-                if (wide) {
-                    int64_t c = 0;
-                    for (; c + 8 <= 4 * k; c += 8) _mm256_storeu_ps(wide + c, kv_load8(rows, c, t));
-                    for (; c < 4 * k; c++) wide[c] = kv_load1(rows, c, t);
-                }
-                float o[4];
-                for (int64_t i = 0; i < m; i++) {
-                    if (wide)
-                        dot4(wide, k, x + i * sx, o, KV_F32);
-                    else
-                        dot4(rows, k, x + i * sx, o, t);
-                    for (int j = 0; j < 4; j++)
-                        out[i * so + 4 * q + j] = o[j] + (bias ? bias[4 * q + j] : 0.0f);
-                }
+#pragma omp parallel for schedule(static) if (n * k >= PAR_GEMV_FLOATS)
+        for (int64_t q = 0; q < nb; q++) {
+            float o[4];
+            for (int64_t i = 0; i < m; i++) {
+                dot4(w_row(w, 4 * q, k, t), k, x + i * sx, o, t);
+                for (int j = 0; j < 4; j++)
+                    out[i * so + 4 * q + j] = o[j] + (bias ? bias[4 * q + j] : 0.0f);
             }
-            free(wide);
         }
         for (int64_t r = 4 * nb; r < n; r++)
             for (int64_t i = 0; i < m; i++)
