@@ -562,12 +562,14 @@ static inline __attribute__((always_inline)) void decode_attention_t(
         int64_t batch, int64_t hq, int64_t hk, int64_t d, float scale, int64_t max_len,
         float v_mul, const int t) {
     const int64_t group = hq / hk, items = batch * hk;
-    /* one scores buffer per thread (not per work item: an extend batch has T * hk items) */
+    /* one scores buffer per thread (not per work item: an extend batch has T * hk items);
+     * items dealt round-robin: an extend's token t reads t + 1 keys, so contiguous halves
+     * would leave one thread most of the work */
 #pragma omp parallel if (items > 1 && batch * max_len >= 256)
     {
         float *sc = (float *)malloc(sizeof(float) * (size_t)(max_len > 0 ? max_len : 1) *
                                     (size_t)group);
-#pragma omp for schedule(static)
+#pragma omp for schedule(static, 1)
         for (int64_t it = 0; it < items; it++) {
             if (!sc) continue;
             const int64_t b = it / hk, kh = it % hk, len = seq_lens[b];
@@ -695,7 +697,7 @@ void engine_cpu_decode_attention_fp4(const float *q, const uint8_t *kp, const ui
         float *sc = (float *)malloc(sizeof(float) * (size_t)(max_len > 0 ? max_len : 1) *
                                     (size_t)group);
         float *row = (float *)malloc(sizeof(float) * (size_t)d);
-#pragma omp for schedule(static)
+#pragma omp for schedule(static, 1)
         for (int64_t it = 0; it < items; it++) {
             if (!sc || !row) continue;
             const int64_t b = it / hk, kh = it % hk, len = seq_lens[b];
