@@ -4,6 +4,11 @@ transformers on the same random weights, same run, interleaved rounds. Also chec
 produce the same greedy tokens.
 
     python benchmarks/moe_cpu.py [--steps 24] [--rounds 3] [--layers 4] [--hidden 512]
+                                 [--bf16-checkpoint]
+
+``--bf16-checkpoint`` writes the weights in bfloat16 (both sides still compute in float32): ours
+then keeps its weights in 16 bits, and is also timed with them widened to float32 at load
+(``ENGINE_CPU_HALF_WEIGHTS=0``) in the same rounds.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from decode_cpu import ours, transformers_side  # noqa: E402
 
 
-def make_checkpoint(layers: int, hidden: int) -> str:
+def make_checkpoint(layers: int, hidden: int, dtype: torch.dtype = torch.float32) -> str:
     from transformers import OlmoeConfig, OlmoeForCausalLM
 
     cfg = OlmoeConfig(vocab_size=50304, hidden_size=hidden, intermediate_size=hidden // 2,
@@ -30,7 +35,7 @@ def make_checkpoint(layers: int, hidden: int) -> str:
                       eos_token_id=50279, bos_token_id=None, tie_word_embeddings=False)
     torch.manual_seed(0)
     path = tempfile.mkdtemp(prefix="olmoe-bench-")
-    OlmoeForCausalLM(cfg).save_pretrained(path)
+    OlmoeForCausalLM(cfg).to(dtype).save_pretrained(path)
     return path
 
 
@@ -43,13 +48,16 @@ def main() -> None:
     ap.add_argument("--quantization", nargs="*", default=[],
                     help="online choices also timed against ours dense, in the same rounds "
                          "(fp8, nvfp4_online, quark_int4fp8_moe, mxfp4...)")
+    ap.add_argument("--bf16-checkpoint", action="store_true",
+                    help="bfloat16 weights in the file; also time ours with them widened")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
     from engine.config import ServerConfig
     from engine.runtime.model_runner import ModelRunner
 
-    path = make_checkpoint(args.layers, args.hidden)
+    path = make_checkpoint(args.layers, args.hidden,
+                           torch.bfloat16 if args.bf16_checkpoint else torch.float32)
     def build(quantization=None):
         return ModelRunner(ServerConfig(model_path=path, device="cpu", dtype="float32",
                                         skip_tokenizer_init=True,
@@ -58,6 +66,10 @@ def main() -> None:
 
     runner = build()
     quantized = {q: build(q) for q in args.quantization}
+    if args.bf16_checkpoint:  # the same file, its weights widened to float32 at load
+        os.environ["ENGINE_CPU_HALF_WEIGHTS"] = "0"
+        quantized["(none) float32 weights"] = build()
+        del os.environ["ENGINE_CPU_HALF_WEIGHTS"]
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompt = torch.randint(0, 50000, (64,), generator=torch.Generator().manual_seed(1)).tolist()
 

@@ -25,6 +25,7 @@ from _tiny import ARCHS, checkpoint, hf_model, stacked_checkpoint  # noqa: E402
 from engine.config import ServerConfig  # noqa: E402
 from engine.errors import ConfigError  # noqa: E402
 from engine.runtime.model_runner import ModelRunner  # noqa: E402
+from engine.testing.batches import BatchBuilder  # noqa: E402
 
 STEPS = 12
 PROMPTS = [[5, 17, 99, 3, 42, 7, 200, 31], [9, 8, 7], [150, 151, 2, 60, 61, 62, 63, 64, 65, 66,
@@ -279,9 +280,9 @@ def test_online_quantized_experts_keep_the_formats_values(choice):
     h = torch.randn(6, 64, generator=torch.Generator().manual_seed(1))
     topk_w, ids = route(block.gate(h), block.top_k, block.renormalize)
     got = block.runner.apply(block.experts, h, ids, topk_w)
-    want = torch_reference(block.experts.w13, block.experts.w2, h, ids, topk_w,
-                           act=(rows, rows) if rows else None)
-    plain = torch_reference(block.experts.w13, block.experts.w2, h, ids, topk_w)
+    w13, w2 = block.experts.w13.float(), block.experts.w2.float()
+    want = torch_reference(w13, w2, h, ids, topk_w, act=(rows, rows) if rows else None)
+    plain = torch_reference(w13, w2, h, ids, topk_w)
     assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
     assert (block.experts.act_quant is None) == (rows is None)
     if rows is not None:
@@ -303,7 +304,8 @@ def test_activation_quantized_expert_checkpoints_load(tmp_path, scheme, kw):
     experts = runner.model.model.layers[1].mlp.experts
     for e in (0, 3):
         want = ref[f"model.layers.1.mlp.experts.{e}.down_proj.weight"]
-        assert torch.allclose(experts.w2[e], want, atol=1e-6, rtol=0), e
+        # (float32 or, where every value is one, 16-bit: keep_16bit_on_cpu)
+        assert torch.allclose(experts.w2[e].float(), want, atol=1e-6, rtol=0), e
     assert experts.act_quant is not None
     ids_out, _ = greedy(runner, [PROMPTS[0]], 4)
     assert len(ids_out[0]) == 4
@@ -395,3 +397,31 @@ def test_an_all_to_all_that_needs_several_ranks_is_refused_with_its_reason():
         parse_config(["--moe-a2a-backend", "deepep"], Registry())
     with pytest.raises(ConfigError, match=r"--ep-size"):
         parse_config(["--ep-size", "2"], Registry())
+
+
+@pytest.mark.parametrize("arch", ["Qwen2MoeForCausalLM", "MixtralForCausalLM"])
+def test_16_bit_experts_in_a_float32_model_give_the_float32_logits(tmp_path, monkeypatch, arch):
+    """A bfloat16 checkpoint served in float32 on the CPU keeps its routed experts in bfloat16
+    (the CPU expert kernels widen them exactly as they read): the same logits, bit for bit, as
+    with the experts widened to float32 at load (``ENGINE_CPU_HALF_WEIGHTS=0``)."""
+    from engine.runtime import fused_cpu
+
+    if not fused_cpu.available():
+        pytest.skip("needs the CPU kernels")
+    path = str(tmp_path / "bf16")
+    hf_model(arch).to(torch.bfloat16).save_pretrained(path)
+    results = {}
+    for keep in ("1", "0"):
+        monkeypatch.setenv("ENGINE_CPU_HALF_WEIGHTS", keep)
+        runner = runner_for(path)
+        experts = [m for m in runner.model.modules() if hasattr(m, "keep_16bit_on_cpu")]
+        assert experts and {e.w13.dtype for e in experts} == {
+            torch.bfloat16 if keep == "1" else torch.float32}
+        b = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
+        rows = [b.new_request() for _ in PROMPTS]
+        logits = [runner.forward(b.extend(list(zip(rows, PROMPTS))))]
+        for _ in range(4):
+            toks = logits[-1].argmax(-1).tolist()
+            logits.append(runner.forward(b.decode(list(zip(rows, toks)))))
+        results[keep] = torch.cat(logits)
+    assert torch.equal(results["1"], results["0"])

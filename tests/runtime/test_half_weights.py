@@ -35,6 +35,26 @@ def test_gemv_of_16_bit_weights_is_the_float32_copys_bit_for_bit(dtype, n, k):
         assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_expert_kernels_read_16_bit_experts_as_their_float32_copies(dtype):
+    gen = torch.Generator().manual_seed(2)
+    e, hidden, inter, k = 6, 72, 40, 2
+    w13 = torch.randn(e, 2 * inter, hidden, generator=gen).to(dtype)
+    w2 = torch.randn(e, hidden, inter, generator=gen).to(dtype)
+    w13f, w2f = w13.float().contiguous(), w2.float().contiguous()
+    for t in (1, 3, 9):
+        x = torch.randn(t, hidden, generator=gen)
+        ids = torch.randint(0, e, (t, k), generator=gen)
+        ids[0, 1] = -1  # another rank's expert
+        tw = torch.rand(t, k, generator=gen)
+        got = fused_cpu.moe_routed(x, ids, tw, w13, w2)
+        assert torch.equal(got, fused_cpu.moe_routed(x, ids, tw, w13f, w2f))
+        counts = torch.tensor([t, 0, 2, 0, 0, 1])
+        rows = torch.randn(int(counts.sum()), hidden, generator=gen)
+        assert torch.equal(fused_cpu.moe_experts(rows, counts, w13, w2),
+                           fused_cpu.moe_experts(rows, counts, w13f, w2f))
+
+
 def test_which_weights_are_kept_in_16_bits(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(512, 576, generator=gen)

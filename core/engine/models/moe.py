@@ -8,6 +8,7 @@ a shared expert scaled by ``sigmoid(shared_expert_gate(x))``.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ConfigError
-from engine.runtime.linear import ActQuant, dense_linear
+from engine.runtime.linear import ActQuant, dense_linear, exact_16bit
 
 if TYPE_CHECKING:
     from engine.api.moe import MoEAllToAll, MoERunner
@@ -82,6 +83,23 @@ class ExpertWeights(nn.Module):
                                             dtype=dtype), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size,
                                            dtype=dtype), requires_grad=False)
+
+    def keep_16bit_on_cpu(self) -> bool:
+        """Keep float32 CPU experts whose values are all bfloat16 (or half) values in that type
+        (a 16-bit checkpoint served in float32: half the bytes), for a runner whose products
+        read them (the core's CPU expert kernels widen them exactly as they read). Whether it
+        did; ``ENGINE_CPU_HALF_WEIGHTS=0``: never."""
+        from engine.runtime import fused_cpu
+
+        if not (self.w13.device.type == "cpu" and self.w13.dtype == torch.float32
+                and os.environ.get("ENGINE_CPU_HALF_WEIGHTS") != "0" and fused_cpu.available()):
+            return False
+        narrow = exact_16bit(self.w13.data, self.w2.data)
+        if narrow is None:
+            return False
+        self.w13 = nn.Parameter(narrow[0], requires_grad=False)
+        self.w2 = nn.Parameter(narrow[1], requires_grad=False)
+        return True
 
     def expected(self, param: str) -> int:
         """How many checkpoint pieces fill ``param`` (per-expert gate and up, or down)."""

@@ -373,10 +373,10 @@ void engine_cpu_silu_and_mul(const float *x, int64_t sx, float *out, int64_t so,
  * caller that rounds mid in between makes two calls). */
 #define MOE_CHUNK 16
 
-void engine_cpu_moe_f32(const float *x, int64_t hidden, int64_t inter, const int64_t *eid,
-                        const int64_t *start, const int64_t *count, int64_t runs,
-                        const float *w13, const float *w2, float *gu, float *mid, float *y,
-                        int phases) {
+AI void moe_experts_t(const float *x, int64_t hidden, int64_t inter, const int64_t *eid,
+                      const int64_t *start, const int64_t *count, int64_t runs,
+                      const void *w13, const void *w2, float *gu, float *mid, float *y,
+                      int phases, const int t) {
     const int64_t n1 = 2 * inter, c1 = (n1 + MOE_CHUNK - 1) / MOE_CHUNK;
     const int64_t c2 = (hidden + MOE_CHUNK - 1) / MOE_CHUNK;
     int64_t rows = 0;
@@ -387,9 +387,9 @@ void engine_cpu_moe_f32(const float *x, int64_t hidden, int64_t inter, const int
         for (int64_t it = 0; it < (phases & 1 ? runs * c1 : 0); it++) {
             const int64_t r = it / c1, o0 = (it % c1) * MOE_CHUNK;
             const int64_t o1 = o0 + MOE_CHUNK < n1 ? o0 + MOE_CHUNK : n1;
-            const float *w = w13 + eid[r] * n1 * hidden;
             for (int64_t o = o0; o < o1; o++)
-                dots(w + o * hidden, x, hidden, hidden, start[r], count[r], gu + o, n1, KV_F32);
+                dots(w_row(w13, eid[r] * n1 + o, hidden, t), x, hidden, hidden, start[r],
+                     count[r], gu + o, n1, t);
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < (phases & 1 ? rows : 0); i++)
@@ -398,22 +398,37 @@ void engine_cpu_moe_f32(const float *x, int64_t hidden, int64_t inter, const int
         for (int64_t it = 0; it < (phases & 2 ? runs * c2 : 0); it++) {
             const int64_t r = it / c2, o0 = (it % c2) * MOE_CHUNK;
             const int64_t o1 = o0 + MOE_CHUNK < hidden ? o0 + MOE_CHUNK : hidden;
-            const float *w = w2 + eid[r] * hidden * inter;
             for (int64_t o = o0; o < o1; o++)
-                dots(w + o * inter, mid, inter, inter, start[r], count[r], y + o, hidden, KV_F32);
+                dots(w_row(w2, eid[r] * hidden + o, inter, t), mid, inter, inter, start[r],
+                     count[r], y + o, hidden, t);
         }
     }
+}
+
+/* w13 / w2 of storage type wt: float32, or half / bfloat16 widened exactly as read (the
+ * float32 copy's result bit for bit) */
+void engine_cpu_moe_f32(const float *x, int64_t hidden, int64_t inter, const int64_t *eid,
+                        const int64_t *start, const int64_t *count, int64_t runs,
+                        const void *w13, const void *w2, float *gu, float *mid, float *y,
+                        int phases, int64_t wt) {
+#define MOE_EXPERTS(T) \
+    moe_experts_t(x, hidden, inter, eid, start, count, runs, w13, w2, gu, mid, y, phases, T)
+    if (wt == KV_F16) MOE_EXPERTS(KV_F16);
+    else if (wt == KV_BF16) MOE_EXPERTS(KV_BF16);
+    else MOE_EXPERTS(KV_F32);
+#undef MOE_EXPERTS
 }
 
 /* A whole routed-experts layer from the router's choice: topk_ids / topk_w [t, k] (ids < 0:
  * not an expert of this rank, skipped). The (token, slot) pairs are sorted by expert (stable
  * counting sort), their rows gathered, engine_cpu_moe_f32 runs every expert, and
  * out[t] = sum over slots, in slot order, of w[t, j] * y[pair]. Scratch: xs [t*k, hidden],
- * gu [t*k, 2 * inter], mid [t*k, inter], y [t*k, hidden]; ints [4 * e + 2 * t * k]. */
+ * gu [t*k, 2 * inter], mid [t*k, inter], y [t*k, hidden]; ints [4 * e + 2 * t * k]. Weights
+ * of storage type wt (as engine_cpu_moe_f32). */
 void engine_cpu_moe_routed_f32(const float *x, int64_t t, int64_t k, int64_t hidden,
                                int64_t inter, int64_t e, const int64_t *ids, const float *tw,
-                               const float *w13, const float *w2, float *xs, float *gu,
-                               float *mid, float *y, int64_t *ints, float *out) {
+                               const void *w13, const void *w2, float *xs, float *gu,
+                               float *mid, float *y, int64_t *ints, float *out, int64_t wt) {
     int64_t *cnt = ints, *eid = ints + e, *start = ints + 2 * e, *count = ints + 3 * e;
     int64_t *pos = ints + 4 * e, *src = pos + t * k;
     for (int64_t i = 0; i < e; i++) cnt[i] = 0;
@@ -440,7 +455,7 @@ void engine_cpu_moe_routed_f32(const float *x, int64_t t, int64_t k, int64_t hid
 #pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
     for (int64_t i = 0; i < rows; i++)
         memcpy(xs + i * hidden, x + src[i] * hidden, (size_t)hidden * sizeof(float));
-    engine_cpu_moe_f32(xs, hidden, inter, eid, start, count, runs, w13, w2, gu, mid, y, 3);
+    engine_cpu_moe_f32(xs, hidden, inter, eid, start, count, runs, w13, w2, gu, mid, y, 3, wt);
 #pragma omp parallel for schedule(static) if (t >= PAR_ROWS)
     for (int64_t i = 0; i < t; i++) {
         float *o = out + i * hidden;

@@ -65,10 +65,10 @@ def _library() -> ctypes.CDLL | None:
     for name in ("engine_cpu_dense_mm", "engine_cpu_affine_mm"):  # (decode-plan matmuls)
         getattr(lib, name).restype = ctypes.c_int
     lib.engine_cpu_moe_f32.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P,
-                                       ctypes.c_int]
+                                       ctypes.c_int, _I]
     lib.engine_cpu_moe_f32.restype = None
     lib.engine_cpu_moe_routed_f32.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P,
-                                              _P, _P, _P, _P]
+                                              _P, _P, _P, _P, _I]
     lib.engine_cpu_moe_routed_f32.restype = None
     return lib
 
@@ -266,8 +266,9 @@ def affine(x: torch.Tensor, codes: torch.Tensor, bits: int, scale: torch.Tensor,
 
 
 def _experts_apply(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
-    """Whether the expert kernels serve these: float32 CPU tensors, contiguous weights."""
-    return (enabled(x) and w13.dtype == torch.float32 and w2.dtype == torch.float32
+    """Whether the expert kernels serve these: float32 CPU rows, contiguous CPU weights of one
+    type of :data:`WEIGHT_TYPES` (16-bit ones widened exactly as they are read)."""
+    return (enabled(x) and w13.dtype in WEIGHT_TYPES and w2.dtype == w13.dtype
             and w13.device.type == "cpu" and w13.is_contiguous() and w2.is_contiguous())
 
 
@@ -299,7 +300,8 @@ def moe_experts(x: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor, w2: to
         _library().engine_cpu_moe_f32(x.data_ptr(), hidden, inter, eid.data_ptr(),
                                       start.data_ptr(), n.data_ptr(), eid.numel(),
                                       w13.data_ptr(), w2.data_ptr(), gu.data_ptr(),
-                                      mid.data_ptr(), y.data_ptr(), phases)
+                                      mid.data_ptr(), y.data_ptr(), phases,
+                                      WEIGHT_TYPES[w13.dtype])
     if round_mid is None:
         call(mid, 3)
     else:
@@ -334,7 +336,7 @@ def moe_routed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     _library().engine_cpu_moe_routed_f32(
         x.data_ptr(), t, k, hidden, inter, e, ids.data_ptr(), tw.data_ptr(), w13.data_ptr(),
         w2.data_ptr(), xs.data_ptr(), gu.data_ptr(), mid.data_ptr(), y.data_ptr(),
-        ints.data_ptr(), out.data_ptr())
+        ints.data_ptr(), out.data_ptr(), WEIGHT_TYPES[w13.dtype])
     return out
 
 

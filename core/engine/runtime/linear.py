@@ -262,12 +262,21 @@ def cpu_half_weight(weight: torch.Tensor) -> torch.Tensor | None:
             and os.environ.get("ENGINE_CPU_HALF_WEIGHTS") != "0"
             and fused_cpu.gemv_applies(torch.empty(1, weight.shape[-1]), weight)):
         return None
-    head = weight[0]
+    return exact_16bit(weight)
+
+
+def exact_16bit(*tensors: torch.Tensor) -> list[torch.Tensor] | torch.Tensor | None:
+    """The float32 ``tensors`` in bfloat16, or else in half, when every value of every one of
+    them is a value of that type (the conversion loses nothing); ``None`` otherwise. One
+    tensor: that tensor, several: the list."""
     for dtype in (torch.bfloat16, torch.float16):
-        if torch.equal(head.to(dtype).float(), head):  # (most float32 weights fail here)
-            half = weight.to(dtype)
-            if torch.equal(half.float(), weight):
-                return half
+        # (most float32 weights fail on their first row already)
+        if not all(torch.equal(t.reshape(-1)[:4096].to(dtype).float(), t.reshape(-1)[:4096])
+                   for t in tensors):
+            continue
+        narrow = [t.to(dtype) for t in tensors]
+        if all(torch.equal(n.float(), t) for n, t in zip(narrow, tensors)):
+            return narrow[0] if len(narrow) == 1 else narrow
     return None
 
 

@@ -40,6 +40,8 @@ def _grouped_ok(experts: ExpertWeights) -> bool:
 
 class TorchRunner(MoERunner):
     def process_weights_after_loading(self, experts: ExpertWeights) -> None:
+        # a 16-bit checkpoint in float32 on the CPU: the C products read 16-bit experts
+        experts.keep_16bit_on_cpu()
         experts.grouped = _grouped_ok(experts)
 
     def apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
@@ -71,11 +73,14 @@ class TorchRunner(MoERunner):
         # C above): every expert in two C calls around the format's rounding
         y = (cpu_expert_products(x, counts, experts.w13, experts.w2, act[1])
              if act is not None and n_valid and hidden.device.type == "cpu" else None)
+        w13, w2 = experts.w13, experts.w2
+        if y is None and w13.dtype != x.dtype:  # 16-bit experts (keep_16bit_on_cpu) the C
+            w13, w2 = w13.to(x.dtype), w2.to(x.dtype)  # products did not take
         if y is None and grouped:
             offs = counts.cumsum(0).to(torch.int32)
-            gu = _grouped_mm(x, experts.w13.transpose(1, 2), offs=offs)
+            gu = _grouped_mm(x, w13.transpose(1, 2), offs=offs)
             mid = F.silu(gu[:, :inter]) * gu[:, inter:]
-            y = _grouped_mm(mid if act is None else act[1](mid), experts.w2.transpose(1, 2),
+            y = _grouped_mm(mid if act is None else act[1](mid), w2.transpose(1, 2),
                             offs=offs)
         elif y is None:  # (a few rows on CPU: the weight-streaming product); every expert's
             # gate/up first, so a format's rounding of the down inputs is one call
@@ -83,12 +88,12 @@ class TorchRunner(MoERunner):
             mid = torch.empty((x.shape[0], inter), dtype=x.dtype, device=x.device)
             start = 0
             for e, n in runs:
-                gu = dense_linear(x[start:start + n], experts.w13[e])
+                gu = dense_linear(x[start:start + n], w13[e])
                 mid[start:start + n] = F.silu(gu[:, :inter]) * gu[:, inter:]
                 start += n
             mid, y, start = mid if act is None else act[1](mid), torch.empty_like(x), 0
             for e, n in runs:
-                y[start:start + n] = dense_linear(mid[start:start + n], experts.w2[e])
+                y[start:start + n] = dense_linear(mid[start:start + n], w2[e])
                 start += n
         # back to (token, slot) order, then a weighted sum over the slots (a scatter-add with
         # repeated indices is serialised on the CPU: far slower than this)
