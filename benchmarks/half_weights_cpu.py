@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import quant_accuracy as qa  # noqa: E402
+from quant_cpu import step_ms  # noqa: E402
 
 from engine.config import ServerConfig  # noqa: E402
 from engine.runtime.model_runner import ModelRunner  # noqa: E402
@@ -38,18 +39,7 @@ def measure(path: str, kept: bool, steps: int) -> dict[str, float]:
                      for p in runner.model.parameters()) / 1e9}
     gen = torch.Generator().manual_seed(0)
     for batch in (1, 8):
-        builder = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
-        rows = [builder.new_request() for _ in range(batch)]
-        prompts = [torch.randint(0, 32000, (64,), generator=gen).tolist() for _ in rows]
-        tokens = runner.forward(builder.extend(list(zip(rows, prompts)))).argmax(-1).tolist()
-        times = []
-        for _ in range(steps + 2):
-            t0 = time.perf_counter()
-            tokens = runner.forward(builder.decode(list(zip(rows, tokens)))).argmax(-1).tolist()
-            times.append(time.perf_counter() - t0)
-        out[f"decode{batch}"] = statistics.median(times[2:]) * 1000
-        for r in rows:
-            builder.free(r)
+        out[f"decode{batch}"] = step_ms(runner, batch, steps, gen)
     builder = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
     row = builder.new_request()
     prompt = torch.randint(0, 32000, (512,), generator=gen).tolist()

@@ -38,8 +38,16 @@ def decode_ms(path: str, batch: int, steps: int, per_op: bool = False) -> float:
     runner = ModelRunner(ServerConfig(model_path=path, device="cpu", dtype="float32",
                                       skip_tokenizer_init=True, attention_backend="torch_native",
                                       max_total_tokens=4096, max_running_requests=8))
+    ms = step_ms(runner, batch, steps, torch.Generator().manual_seed(batch))
+    del runner
+    gc.collect()
+    return ms
+
+
+def step_ms(runner: ModelRunner, batch: int, steps: int, gen: torch.Generator) -> float:
+    """Median ms of a decode step of ``batch`` requests after random 64-token prompts (the
+    first two steps not counted); the requests are freed after."""
     builder = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
-    gen = torch.Generator().manual_seed(batch)
     rows = [builder.new_request() for _ in range(batch)]
     prompts = [torch.randint(0, 32000, (64,), generator=gen).tolist() for _ in rows]
     tokens = runner.forward(builder.extend(list(zip(rows, prompts)))).argmax(-1).tolist()
@@ -48,8 +56,8 @@ def decode_ms(path: str, batch: int, steps: int, per_op: bool = False) -> float:
         t0 = time.perf_counter()
         tokens = runner.forward(builder.decode(list(zip(rows, tokens)))).argmax(-1).tolist()
         times.append(time.perf_counter() - t0)
-    del runner, builder
-    gc.collect()
+    for r in rows:
+        builder.free(r)
     return statistics.median(times[2:]) * 1000
 
 
