@@ -41,7 +41,8 @@ __all__ = ["fake_quant_fp8_rows", "fake_quant_nvfp4_rows", "ModelSlimDynamicMeth
            "excluding", "fp8_method", "gptq_exclusions", "gptq_method", "mlx_dense_embeddings", "modelopt_scheme",
            "quark_scheme", "DequantizedMethod", "Fp8Method", "Int8Method", "LayerMethod", "Linear",
            "MXFP4Method", "MXFP8Method", "MXMethod",
-           "NativeKernel", "PackedWeight", "QuantMethod", "UnquantizedMethod", "add_param", "check_group",
+           "NativeKernel", "PackedWeight", "QuantMethod", "UnquantizedMethod", "add_param",
+           "check_group",
            "checkpoint_names", "claim", "config_value", "dense_linear", "drop_checkpoint_params",
            "formats", "is_excluded",
            "packed_extent", "release_pages", "rowwise", "unsupported"]

@@ -270,7 +270,7 @@ def exact_16bit(*tensors: torch.Tensor) -> list[torch.Tensor] | torch.Tensor | N
     them is a value of that type (the conversion loses nothing); ``None`` otherwise. One
     tensor: that tensor, several: the list."""
     for dtype in (torch.bfloat16, torch.float16):
-        # (most float32 weights fail on their first row already)
+        # (most float32 weights fail within their first 4096 values)
         if not all(torch.equal(t.reshape(-1)[:4096].to(dtype).float(), t.reshape(-1)[:4096])
                    for t in tensors):
             continue

@@ -560,6 +560,8 @@ def cpu_affine_native(layer: Linear, form: CpuAffineWeight | AffineShards,
     from engine.runtime import fused_cpu
 
     rows = cpu_affine_rows(layer.in_features * layer.out_features)
+    if dense is not None and dense.type != fused_cpu.WEIGHT_TYPES[torch.float32]:
+        dense = None  # (the descriptor's dense copy is float32)
     parts = form.parts if isinstance(form, AffineShards) else [form]
     perms = [p.perm.to("cpu", torch.int64).contiguous() if p.perm is not None else None
              for p in parts]
