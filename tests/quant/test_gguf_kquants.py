@@ -405,3 +405,64 @@ def test_decode_plan_runs_mixed_type_layers_bit_identically(tmp_path):
     model._decode_plan = lambda *a: None
     _, without = greedy(runner, prompts, 5)
     assert all(torch.equal(a, b) for a, b in zip(with_plan, without))
+
+
+def test_f16_gguf_keeps_16_bit_weights_and_runs_the_decode_plan(tmp_path, monkeypatch):
+    """An F16 GGUF on the CPU: its dense layers and embedding table stay in half
+    (``cpu_half_weight``), decode runs through the decode plan, and every logit equals the
+    model's with the weights widened to float32 at load (``ENGINE_CPU_HALF_WEIGHTS=0``) and with
+    the per-operation path."""
+    from engine.runtime import fused_cpu
+    from engine.runtime.model_runner import ModelRunner
+
+    if not fused_cpu.available():
+        pytest.skip("needs the CPU fused kernels")
+    hidden, ffn, heads, kv_heads, vocab = 512, 1024, 4, 2, 512
+    rng = np.random.default_rng(7)
+    path = str(tmp_path / "tiny-f16.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    for key, value in (("block_count", 2), ("embedding_length", hidden),
+                       ("feed_forward_length", ffn), ("attention.head_count", heads),
+                       ("attention.head_count_kv", kv_heads), ("context_length", 256),
+                       ("vocab_size", vocab)):
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_float32("llama.rope.freq_base", 10000.0)
+
+    def f16(name: str, rows: int, cols: int) -> None:
+        writer.add_tensor(name, (rng.standard_normal((rows, cols)) / cols ** 0.5)
+                          .astype(np.float16))
+
+    kv = kv_heads * hidden // heads
+    f16("token_embd.weight", vocab, hidden)
+    for i in range(2):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        for name, rows, cols in (("attn_q", hidden, hidden), ("attn_k", kv, hidden),
+                                 ("attn_v", kv, hidden), ("attn_output", hidden, hidden),
+                                 ("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden),
+                                 ("ffn_down", hidden, ffn)):
+            f16(f"blk.{i}.{name}.weight", rows, cols)
+    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    prompts = [[1, 17, 300, 42, 9, 77, 5], [1] + list(range(100, 111))]
+    results = {}
+    for keep in ("1", "0"):
+        monkeypatch.setenv("ENGINE_CPU_HALF_WEIGHTS", keep)
+        runner = ModelRunner(ServerConfig(model_path=path, skip_tokenizer_init=True,
+                                          device="cpu", max_total_tokens=512,
+                                          attention_backend="torch_native",
+                                          max_running_requests=4))
+        model = runner.model
+        types = {p.dtype for p in model.parameters() if p.dim() == 2}
+        assert types == ({torch.float16} if keep == "1" else {torch.float32})
+        _, results[keep] = greedy(runner, prompts, 5)
+        assert any(model._plans.values())  # the dense layers have native kernels
+        model._decode_plan = lambda *a: None
+        _, without = greedy(runner, prompts, 5)
+        assert all(torch.equal(a, b) for a, b in zip(results[keep], without))
+    assert all(torch.equal(a, b) for a, b in zip(results["1"], results["0"]))

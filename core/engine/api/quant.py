@@ -19,7 +19,8 @@ choice read this checkpoint: conflicts and missing configs as one-line errors), 
 from engine.models.parsing import release_pages
 from engine.runtime import quant_formats as formats
 from engine.runtime.linear import (Linear, NativeKernel, PackedWeight, QuantMethod,
-                                   UnquantizedMethod, dense_linear, rowwise)
+                                   UnquantizedMethod, cpu_half_weight, dense_linear,
+                                   dense_native_kernel, rowwise)
 from engine.runtime.quant_readers import (MXFP4_DTYPES, awq_method, compressed_tensors_scheme, fp8_method,
                                           gptq_exclusions, gptq_method, modelopt_scheme,
                                           quark_scheme)
@@ -43,6 +44,7 @@ __all__ = ["fake_quant_fp8_rows", "fake_quant_nvfp4_rows", "ModelSlimDynamicMeth
            "MXFP4Method", "MXFP8Method", "MXMethod",
            "NativeKernel", "PackedWeight", "QuantMethod", "UnquantizedMethod", "add_param",
            "check_group",
-           "checkpoint_names", "claim", "config_value", "dense_linear", "drop_checkpoint_params",
+           "checkpoint_names", "claim", "config_value", "cpu_half_weight", "dense_linear",
+           "dense_native_kernel", "drop_checkpoint_params",
            "formats", "is_excluded",
            "packed_extent", "release_pages", "rowwise", "unsupported"]

@@ -28,7 +28,8 @@ from torch import nn
 from engine.api import ConfigError, PluginError
 from engine.api import hookimpl
 from engine.api.quant import (Linear, NativeKernel, PackedWeight, QuantMethod,
-                              UnquantizedMethod, dense_linear, release_pages, rowwise)
+                              UnquantizedMethod, cpu_half_weight, dense_linear,
+                              dense_native_kernel, release_pages, rowwise)
 
 from engine_quant_gguf import kernels
 
@@ -41,7 +42,8 @@ class GGUFMethod(QuantMethod):
     different packed types (Q4_K_M files: attn_q/attn_k in Q4_K, attn_v in Q6_K) keeps
     ``gguf_parts`` (row offset, rows, type id, blocks), one per run of shards of one type, and
     runs one kernel call per part into its columns of the output; any other layer gets a dense
-    float32 ``weight`` built from its shards (packed ones dequantized) once loading ends.
+    float32 ``weight`` built from its shards (packed ones dequantized) once loading ends, kept
+    in 16 bits where its values allow (``cpu_half_weight``: F16 / BF16 tensors).
 
     ``activations``: ``"int8"`` (default) quantizes each activation row per block of 32 and
     multiplies integers, for every batch size; ``"float32"`` keeps activations and sums float32
@@ -138,7 +140,8 @@ class GGUFMethod(QuantMethod):
                 s = (kernels.dequantize(qtype, s.data, *s.shape) if qtype is not None
                      else s.dequantize())
             dense.narrow(0, offset, s.shape[0]).copy_(s)
-        layer.weight = nn.Parameter(dense, requires_grad=False)
+        half = cpu_half_weight(dense)  # an F16 / BF16 tensor's values: kept in 16 bits
+        layer.weight = nn.Parameter(dense if half is None else half, requires_grad=False)
 
     def dense_weight(self, layer: Linear) -> torch.Tensor:
         """The layer's float32 weight (made now from the blocks of a packed layer)."""
@@ -183,7 +186,9 @@ class GGUFMethod(QuantMethod):
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
     def native_kernel(self, layer: Linear) -> NativeKernel | None:
-        if not self.int8 or (layer.gguf_blocks is None and not layer.gguf_parts):
+        if layer.gguf_blocks is None and not layer.gguf_parts:  # a dense layer (F16, F32...)
+            return dense_native_kernel(layer.weight) if layer.weight is not None else None
+        if not self.int8:
             return None
         if layer.gguf_blocks is not None:
             return NativeKernel(self._address(layer.gguf_qtype), layer.gguf_qtype,
