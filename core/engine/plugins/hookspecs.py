@@ -84,9 +84,11 @@ def engine_create_quant_method(model_config: Any, config: Any, quant_config: Any
     :param device: the ``torch.device`` the model is built on
     :return: an :class:`engine.api.quant.QuantMethod`: ``for_layer(name)`` (the method per
         layer, or None for a dense layer), ``create_weights(layer, ...)``,
-        ``process_weights_after_loading(layer)``, ``apply(layer, x, bias)``. Raise
-        :class:`engine.api.PluginError` with the reason when it cannot serve this model on
-        this device. Quantized GGUF tensors reach a parameter's ``weight_loader`` as
+        ``process_weights_after_loading(layer)``, ``apply(layer, x, bias)``; optionally
+        ``native_kernel(layer)`` (an :class:`engine.api.quant.NativeKernel`: a C function equal
+        to ``apply`` for up to its ``rows`` float32 rows, which lets the CPU decode plan run the
+        layer). Raise :class:`engine.api.PluginError` with the reason when it cannot serve this
+        model on this device. Quantized GGUF tensors reach a parameter's ``weight_loader`` as
         :class:`engine.api.quant.PackedWeight` blocks.
     """
 
