@@ -515,6 +515,37 @@ static inline __m256 kv_dot8(const float *q, const void *const *r, int64_t n, co
     return sum;
 }
 
+/* For G heads (scores p [G, len], outputs o [G, d], scales inv [G]): o[h, c] = inv[h] * sum_l
+ * p[h, l] v_l[c] for the columns c < c_end (a multiple of 32), 32 at a time: each head's
+ * element is an FMA chain over l in order, its V vector loaded once for the G heads. */
+AI void pv_heads(const float *p, int64_t len, const int64_t *slots, int64_t hk, int64_t kh,
+                 const void *vp, int64_t d, int64_t c_end, float *o, const float *inv,
+                 const int G, const int t) {
+    const size_t elem = kv_size(t);
+    for (int64_t c = 0; c < c_end; c += 32) {
+        __m256 acc[4][4];
+        for (int h = 0; h < G; h++)
+            for (int v = 0; v < 4; v++) acc[h][v] = _mm256_setzero_ps();
+        for (int64_t l = 0; l < len; l++) {
+            const void *vv = (const char *)vp + (size_t)((slots[l] * hk + kh) * d + c) * elem;
+            const __m256 v0 = kv_load8(vv, 0, t), v1 = kv_load8(vv, 8, t),
+                         v2 = kv_load8(vv, 16, t), v3 = kv_load8(vv, 24, t);
+            for (int h = 0; h < G; h++) {
+                const __m256 p8 = _mm256_set1_ps(p[h * len + l]);
+                acc[h][0] = _mm256_fmadd_ps(p8, v0, acc[h][0]);
+                acc[h][1] = _mm256_fmadd_ps(p8, v1, acc[h][1]);
+                acc[h][2] = _mm256_fmadd_ps(p8, v2, acc[h][2]);
+                acc[h][3] = _mm256_fmadd_ps(p8, v3, acc[h][3]);
+            }
+        }
+        for (int h = 0; h < G; h++) {
+            const __m256 s8 = _mm256_set1_ps(inv[h]);
+            for (int v = 0; v < 4; v++)
+                _mm256_storeu_ps(o + h * d + c + 8 * v, _mm256_mul_ps(acc[h][v], s8));
+        }
+    }
+}
+
 /* The scores s [len] replaced by exp(s - max s); returns their sum (vectors of 8, then the
  * rest one by one: the same order for every caller). */
 static inline float exp_sum(float *s, int64_t len) {
@@ -610,38 +641,22 @@ static inline __attribute__((always_inline)) void decode_attention_t(
             }
             float inv[group];
             for (int64_t j = 0; j < group; j++) inv[j] = v_mul / exp_sum(sc + j * len, len);
-            /* o = sum_l p_l v_l, each element in the order of l: a head's 64-column chunk of
-             * o stays in registers through the keys (8 vectors) */
+            /* o = sum_l p_l v_l, each element in the order of l: 32 columns of up to four
+             * heads stay in registers through the keys, each V vector read once for them */
+            const int64_t c_end = d - d % 32;
+#define PV(G) pv_heads(sc + j * len, len, slots, hk, kh, vp, d, c_end, og + j * d, inv + j, G, t)
+            for (int64_t j = 0; j < group; j += 4) {
+                const int64_t g = group - j < 4 ? group - j : 4;
+                if (g == 4) PV(4);
+                else if (g == 3) PV(3);
+                else if (g == 2) PV(2);
+                else PV(1);
+            }
+#undef PV
             for (int64_t j = 0; j < group; j++) {
                 const float *p = sc + j * len;
                 float *o = og + j * d;
-                int64_t c = 0;
-                for (; c + 64 <= d; c += 64) {
-                    __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0,
-                           o5 = o0, o6 = o0, o7 = o0;
-                    for (int64_t l = 0; l < len; l++) {
-                        const int64_t at = (slots[l] * hk + kh) * d + c;
-                        const void *vv = (const char *)vp + at * elem;
-                        const __m256 p8 = _mm256_set1_ps(p[l]);
-                        o0 = _mm256_fmadd_ps(p8, kv_load8(vv, 0, t), o0);
-                        o1 = _mm256_fmadd_ps(p8, kv_load8(vv, 8, t), o1);
-                        o2 = _mm256_fmadd_ps(p8, kv_load8(vv, 16, t), o2);
-                        o3 = _mm256_fmadd_ps(p8, kv_load8(vv, 24, t), o3);
-                        o4 = _mm256_fmadd_ps(p8, kv_load8(vv, 32, t), o4);
-                        o5 = _mm256_fmadd_ps(p8, kv_load8(vv, 40, t), o5);
-                        o6 = _mm256_fmadd_ps(p8, kv_load8(vv, 48, t), o6);
-                        o7 = _mm256_fmadd_ps(p8, kv_load8(vv, 56, t), o7);
-                    }
-                    const __m256 s8 = _mm256_set1_ps(inv[j]);
-                    _mm256_storeu_ps(o + c, _mm256_mul_ps(o0, s8));
-                    _mm256_storeu_ps(o + c + 8, _mm256_mul_ps(o1, s8));
-                    _mm256_storeu_ps(o + c + 16, _mm256_mul_ps(o2, s8));
-                    _mm256_storeu_ps(o + c + 24, _mm256_mul_ps(o3, s8));
-                    _mm256_storeu_ps(o + c + 32, _mm256_mul_ps(o4, s8));
-                    _mm256_storeu_ps(o + c + 40, _mm256_mul_ps(o5, s8));
-                    _mm256_storeu_ps(o + c + 48, _mm256_mul_ps(o6, s8));
-                    _mm256_storeu_ps(o + c + 56, _mm256_mul_ps(o7, s8));
-                }
+                const int64_t c = c_end;
                 if (c < d) {  /* columns past the last whole chunk, one vector or value each */
                     memset(o + c, 0, sizeof(float) * (size_t)(d - c));
                     for (int64_t l = 0; l < len; l++) {
