@@ -289,16 +289,30 @@ def tiny_kquant_gguf(tmp_path_factory) -> str:
     return write_tiny_kquant(str(tmp_path_factory.mktemp("kq") / "tiny-kq.gguf"), "Q5_0")
 
 
-def write_tiny_kquant(path: str, second_o_proj: str) -> str:
-    rng = np.random.default_rng(2024)
+def llama_writer(path: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int,
+                 vocab: int) -> "gguf.GGUFWriter":
+    """A GGUF writer with a llama model's header fields set (tensors still to add)."""
     writer = gguf.GGUFWriter(path, "llama")
-    for key, value in (("block_count", LAYERS), ("embedding_length", HIDDEN),
-                       ("feed_forward_length", FFN), ("attention.head_count", HEADS),
-                       ("attention.head_count_kv", KV_HEADS), ("context_length", 256),
-                       ("vocab_size", VOCAB)):
+    for key, value in (("block_count", layers), ("embedding_length", hidden),
+                       ("feed_forward_length", ffn), ("attention.head_count", heads),
+                       ("attention.head_count_kv", kv_heads), ("context_length", 256),
+                       ("vocab_size", vocab)):
         writer.add_uint32(f"llama.{key}", value)
     writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     writer.add_float32("llama.rope.freq_base", 10000.0)
+    return writer
+
+
+def finish(writer: "gguf.GGUFWriter") -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def write_tiny_kquant(path: str, second_o_proj: str) -> str:
+    rng = np.random.default_rng(2024)
+    writer = llama_writer(path, LAYERS, HIDDEN, FFN, HEADS, KV_HEADS, VOCAB)
     writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
     writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
     head_dim = HIDDEN // HEADS
@@ -330,10 +344,7 @@ def write_tiny_kquant(path: str, second_o_proj: str) -> str:
         quant(f"blk.{i}.ffn_down.weight", "Q6_K", HIDDEN, FFN, 0.15)
     norm("output_norm.weight", HIDDEN)
     quant("output.weight", "Q6_K", VOCAB, HIDDEN, 1.5)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     return path
 
 
@@ -420,14 +431,7 @@ def test_f16_gguf_keeps_16_bit_weights_and_runs_the_decode_plan(tmp_path, monkey
     hidden, ffn, heads, kv_heads, vocab = 512, 1024, 4, 2, 512
     rng = np.random.default_rng(7)
     path = str(tmp_path / "tiny-f16.gguf")
-    writer = gguf.GGUFWriter(path, "llama")
-    for key, value in (("block_count", 2), ("embedding_length", hidden),
-                       ("feed_forward_length", ffn), ("attention.head_count", heads),
-                       ("attention.head_count_kv", kv_heads), ("context_length", 256),
-                       ("vocab_size", vocab)):
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_float32("llama.rope.freq_base", 10000.0)
+    writer = llama_writer(path, 2, hidden, ffn, heads, kv_heads, vocab)
 
     def f16(name: str, rows: int, cols: int) -> None:
         writer.add_tensor(name, (rng.standard_normal((rows, cols)) / cols ** 0.5)
@@ -444,10 +448,7 @@ def test_f16_gguf_keeps_16_bit_weights_and_runs_the_decode_plan(tmp_path, monkey
                                  ("ffn_down", hidden, ffn)):
             f16(f"blk.{i}.{name}.weight", rows, cols)
     writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
 
     prompts = [[1, 17, 300, 42, 9, 77, 5], [1] + list(range(100, 111))]
     results = {}
