@@ -549,9 +549,15 @@ AI void pv_heads(const float *p, int64_t len, const int64_t *slots, int64_t hk, 
 /* The scores s [len] replaced by exp(s - max s); returns their sum (vectors of 8, then the
  * rest one by one: the same order for every caller). */
 static inline float exp_sum(float *s, int64_t len) {
-    float mx = -INFINITY;
-    for (int64_t l = 0; l < len; l++) mx = s[l] > mx ? s[l] : mx;
+    __m256 m = _mm256_set1_ps(-INFINITY);  /* the largest score, 8 lanes at a time */
     int64_t l = 0;
+    for (; l + 8 <= len; l += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + l));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float mx = _mm_cvtss_f32(h);
+    for (; l < len; l++) mx = s[l] > mx ? s[l] : mx;
+    l = 0;
     const __m256 m8 = _mm256_set1_ps(mx);
     __m256 s8 = _mm256_setzero_ps();
     for (; l + 8 <= len; l += 8) {
