@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -71,9 +72,7 @@ def main() -> int:
             os.makedirs(path)
             for f in os.listdir(dense):
                 if f != "model.safetensors":
-                    with open(os.path.join(dense, f), "rb") as src, \
-                            open(os.path.join(path, f), "wb") as dst:
-                        dst.write(src.read())
+                    shutil.copy(os.path.join(dense, f), path)
             save_file({k: v.to(dtype) for k, v in state.items()},
                       os.path.join(path, "model.safetensors"))
             for r in range(args.rounds):

@@ -8,7 +8,6 @@ a shared expert scaled by ``sigmoid(shared_expert_gate(x))``.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -88,12 +87,7 @@ class ExpertWeights(nn.Module):
         """Keep float32 CPU experts whose values are all bfloat16 (or half) values in that type
         (a 16-bit checkpoint served in float32: half the bytes), for a runner whose products
         read them (the core's CPU expert kernels widen them exactly as they read). Whether it
-        did; ``ENGINE_CPU_HALF_WEIGHTS=0``: never."""
-        from engine.runtime import fused_cpu
-
-        if not (self.w13.device.type == "cpu" and self.w13.dtype == torch.float32
-                and os.environ.get("ENGINE_CPU_HALF_WEIGHTS") != "0" and fused_cpu.available()):
-            return False
+        did; ``ENGINE_CPU_HALF_WEIGHTS=0``: never (:func:`exact_16bit`)."""
         narrow = exact_16bit(self.w13.data, self.w2.data)
         if narrow is None:
             return False

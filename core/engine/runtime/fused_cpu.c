@@ -64,41 +64,24 @@ static inline __attribute__((always_inline)) float kv_load1(const void *p, int64
     return f;
 }
 
-/* the scalar tail of a dot product, from i on (one function: every caller sums alike) */
-static inline __attribute__((always_inline)) float dot_tail(float s, const float *a,
-                                                            const float *b, int64_t i,
-                                                            int64_t n) {
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-static inline float dot(const float *a, const float *b, int64_t n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    }
-    return dot_tail(hsum8(_mm256_add_ps(acc0, acc1)), a, b, i, n);
-}
-
-/* Weight rows below are of storage type t (float32, half or bfloat16), widened exactly as they
- * are read: every function sums in dot's order, so a half weight's product is bit for bit its
- * float32 copy's. The functions are always inlined, so each type gets its own loop. */
+/* Rows of storage type t (float32, half or bfloat16 weights; a pool's K rows) are widened
+ * exactly as they are read: every function below sums in w_dot's order, so a 16-bit row's
+ * product is bit for bit its float32 copy's. The functions are always inlined, so each type
+ * gets its own loop. */
 #define AI static inline __attribute__((always_inline))
 
-/* the weight row r of w [., k] */
+/* the row r of w [., k] */
 AI const void *w_row(const void *w, int64_t r, int64_t k, const int t) {
     return (const char *)w + (size_t)(r * k) * kv_size(t);
 }
 
-/* dot's scalar tail with a typed weight row */
+/* w_dot's scalar tail, from i on (one function: every caller sums alike) */
 AI float w_tail(float s, const void *w, const float *x, int64_t i, int64_t n, const int t) {
     for (; i < n; i++) s += kv_load1(w, i, t) * x[i];
     return s;
 }
 
-/* dot(w, x, k) for a weight row of type t */
+/* w . x for a row w of type t and float32 x [k] */
 AI float w_dot(const void *w, const float *x, int64_t k, const int t) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
@@ -107,6 +90,10 @@ AI float w_dot(const void *w, const float *x, int64_t k, const int t) {
         acc1 = _mm256_fmadd_ps(kv_load8(w, i + 8, t), _mm256_loadu_ps(x + i + 8), acc1);
     }
     return w_tail(hsum8(_mm256_add_ps(acc0, acc1)), w, x, i, k, t);
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    return w_dot(a, b, n, KV_F32);
 }
 
 /* w_dot(w, x0, k) and w_dot(w, x1, k) at once: w is loaded once for both rows, and four
@@ -470,19 +457,6 @@ void engine_cpu_moe_routed_f32(const float *x, int64_t t, int64_t k, int64_t hid
     }
 }
 
-static inline float kv_dot(const float *a, const void *b, int64_t n, const int t) {
-    if (t == KV_F32) return dot(a, (const float *)b, n);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), kv_load8(b, i, t), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), kv_load8(b, i + 8, t), acc1);
-    }
-    float s = hsum8(_mm256_add_ps(acc0, acc1));
-    for (; i < n; i++) s += a[i] * kv_load1(b, i, t);
-    return s;
-}
-
 /* The dot products of q [n] with the 8 rows at r[0..7] (storage type t), in one vector: the
  * 8 sums accumulate side by side and are reduced together (a transpose of adds), where 8
  * single dot products would each end in a horizontal sum. */
@@ -642,7 +616,7 @@ static inline __attribute__((always_inline)) void decode_attention_t(
             for (; l < len; l++) {
                 const int64_t at = (slots[l] * hk + kh) * d;
                 for (int64_t j = 0; j < group; j++)
-                    sc[j * len + l] = kv_dot(qg + j * d, (const char *)kp + at * elem, d, t) *
+                    sc[j * len + l] = w_dot((const char *)kp + at * elem, qg + j * d, d, t) *
                                       scale;
             }
             float inv[group];

@@ -258,17 +258,21 @@ def cpu_half_weight(weight: torch.Tensor) -> torch.Tensor | None:
     stays float32 (``ENGINE_CPU_HALF_WEIGHTS=0``: always)."""
     from engine.runtime import fused_cpu
 
-    if not (weight.device.type == "cpu" and weight.dtype == torch.float32
-            and os.environ.get("ENGINE_CPU_HALF_WEIGHTS") != "0"
-            and fused_cpu.gemv_applies(torch.empty(1, weight.shape[-1]), weight)):
+    if not fused_cpu.gemv_applies(torch.empty(1, weight.shape[-1]), weight):
         return None
     return exact_16bit(weight)
 
 
 def exact_16bit(*tensors: torch.Tensor) -> list[torch.Tensor] | torch.Tensor | None:
-    """The float32 ``tensors`` in bfloat16, or else in half, when every value of every one of
-    them is a value of that type (the conversion loses nothing); ``None`` otherwise. One
-    tensor: that tensor, several: the list."""
+    """Float32 CPU ``tensors`` in bfloat16, or else in half, when every value of every one of
+    them is a value of that type (the conversion loses nothing) and the CPU kernels, which
+    widen them as they read, are there; ``None`` otherwise (``ENGINE_CPU_HALF_WEIGHTS=0``:
+    always). One tensor: that tensor, several: the list."""
+    from engine.runtime import fused_cpu
+
+    if not (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and os.environ.get("ENGINE_CPU_HALF_WEIGHTS") != "0" and fused_cpu.available()):
+        return None
     for dtype in (torch.bfloat16, torch.float16):
         # (most float32 weights fail within their first 4096 values)
         if not all(torch.equal(t.reshape(-1)[:4096].to(dtype).float(), t.reshape(-1)[:4096])
