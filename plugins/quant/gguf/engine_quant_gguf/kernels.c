@@ -15,6 +15,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGML type ids */
 
@@ -404,4 +405,272 @@ int engine_gguf_matmul_parts(int nparts, const uint8_t *table, int64_t n, int64_
         if (rc) return rc;
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Panels: the integer path over weights repacked at load (AVX512-VNNI only; see
+ * engine_gguf_panel_path). A panel is PANEL = 16 consecutive weight rows; its blocks are
+ * stored one after another, each block holding the 16 rows' codes interleaved so that one
+ * 512-bit register carries 4 consecutive codes of every row (row j in 32-bit lane j):
+ *   Q4_0 / Q4_1: 4 x 64 bytes of nibbles, register t: low nibbles codes 8t..8t+3, high nibbles
+ *                codes 8t+4..8t+7 of each row; then 16 fp16 scales d, then (Q4_1) 16 fp16 m;
+ *   Q8_0:        8 x 64 bytes, register s: codes 4s..4s+3 of each row plus 128 (unsigned);
+ *                then 16 fp16 scales.
+ * One dpbusd per 4 codes of 16 rows, with an activation row's 4 int8 codes broadcast, leaves
+ * each lane's block dot product, exact, in 8 steps; the zero points fold in as integers:
+ *   Q4_0: <q - 8, x> = <q, x> - 8 sum(x)        Q8_0: <w, x> = <w + 128, x> - 128 sum(x)
+ * and each block adds cvt(dot) * (d_w d_x) (+ m s_x for Q4_1) to its row's float sum, block
+ * by block in order. Every output is computed by that fixed sequence whatever the batch, so a
+ * row's result never depends on the other rows. Rows past n (padding of the last panel) have
+ * zero scales and are never stored. */
+
+#if WIDE
+#define PANEL 16
+#define PANEL_MR 8 /* activation rows per register-blocked pass */
+
+static inline int panel_block_bytes(int qtype) {
+    return qtype == Q4_1 ? 320 : qtype == Q4_0 ? 288 : 544;
+}
+
+static inline int panel_codes_bytes(int qtype) { return qtype == Q8_0 ? 512 : 256; }
+
+/* Four activation codes as one 32-bit lane for every lane (the broadcast operand of dpbusd). */
+static inline __m512i codes4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* One row of activations -> int8 codes q [k], per block scale d, d * sum(q) in s and sum(q) in
+ * si (as quantize_row_q8, which this extends by si). */
+static void quantize_row_q8i(const float *x, int64_t k, int8_t *q, float *d, float *s,
+                             int32_t *si) {
+    quantize_row_q8(x, k, q, d, s);
+    for (int64_t b = 0; b < k / 32; b++) {
+        const int8_t *qb = q + b * 32;
+        __m256i acc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qb));
+        for (int j = 1; j < 4; j++)
+            acc = _mm256_add_epi32(
+                acc, _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * j))));
+        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc),
+                                        _mm256_extracti128_si256(acc, 1));
+        const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        si[b] = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xb1)));
+    }
+}
+
+static inline __attribute__((always_inline)) void panel_rows(int qtype, int MR,
+                                                             const uint8_t *pan, int64_t nb,
+                                                             const int8_t *xq, const float *xd,
+                                                             const float *xs, const int32_t *xi,
+                                                             int64_t k, float *y, int64_t ldy,
+                                                             __mmask16 cols) {
+    const int pb = panel_block_bytes(qtype), cb = panel_codes_bytes(qtype);
+    const int zp = qtype == Q4_0 ? -8 : qtype == Q8_0 ? -128 : 0;
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    __m512 acc[PANEL_MR];
+    for (int m = 0; m < MR; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = pan + b * pb;
+        __m512i dot[PANEL_MR];
+        for (int m = 0; m < MR; m++)
+            dot[m] = zp ? _mm512_set1_epi32(zp * xi[m * nb + b]) : _mm512_setzero_si512();
+        if (qtype == Q8_0) {
+            for (int s = 0; s < 8; s++) {
+                const __m512i w = _mm512_loadu_si512((const void *)(blk + 64 * s));
+                for (int m = 0; m < MR; m++) {
+                    const int8_t *xb = xq + m * k + b * 32 + 4 * s;
+                    dot[m] = _mm512_dpbusd_epi32(dot[m], w, codes4(xb));
+                }
+            }
+        } else {
+            for (int t = 0; t < 4; t++) {
+                const __m512i z = _mm512_loadu_si512((const void *)(blk + 64 * t));
+                const __m512i lo = _mm512_and_si512(z, nib);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+                for (int m = 0; m < MR; m++) {
+                    const int8_t *xb = xq + m * k + b * 32 + 8 * t;
+                    dot[m] = _mm512_dpbusd_epi32(dot[m], lo, codes4(xb));
+                    dot[m] = _mm512_dpbusd_epi32(dot[m], hi, codes4(xb + 4));
+                }
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + cb)));
+        if (qtype == Q4_1) {
+            const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + cb + 32)));
+            for (int m = 0; m < MR; m++) {
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]),
+                                         _mm512_mul_ps(dw, _mm512_set1_ps(xd[m * nb + b])), acc[m]);
+                acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[m * nb + b]), acc[m]);
+            }
+        } else {
+            for (int m = 0; m < MR; m++)
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]),
+                                         _mm512_mul_ps(dw, _mm512_set1_ps(xd[m * nb + b])), acc[m]);
+        }
+    }
+    for (int m = 0; m < MR; m++) _mm512_mask_storeu_ps(y + m * ldy, cols, acc[m]);
+}
+
+#define PANEL_DISPATCH_MR(QT, ...)                                                          \
+    switch (mr) {                                                                            \
+    case 1: panel_rows(QT, 1, __VA_ARGS__); break;                                           \
+    case 2: panel_rows(QT, 2, __VA_ARGS__); break;                                           \
+    case 3: panel_rows(QT, 3, __VA_ARGS__); break;                                           \
+    case 4: panel_rows(QT, 4, __VA_ARGS__); break;                                           \
+    case 5: panel_rows(QT, 5, __VA_ARGS__); break;                                           \
+    case 6: panel_rows(QT, 6, __VA_ARGS__); break;                                           \
+    case 7: panel_rows(QT, 7, __VA_ARGS__); break;                                           \
+    default: panel_rows(QT, 8, __VA_ARGS__); break;                                          \
+    }
+
+static void panel_tile(int qtype, int mr, const uint8_t *pan, int64_t nb, const int8_t *xq,
+                       const float *xd, const float *xs, const int32_t *xi, int64_t k, float *y,
+                       int64_t ldy, __mmask16 cols) {
+    if (qtype == Q4_1) {
+        PANEL_DISPATCH_MR(Q4_1, pan, nb, xq, xd, xs, xi, k, y, ldy, cols)
+    } else if (qtype == Q4_0) {
+        PANEL_DISPATCH_MR(Q4_0, pan, nb, xq, xd, xs, xi, k, y, ldy, cols)
+    } else {
+        PANEL_DISPATCH_MR(Q8_0, pan, nb, xq, xd, xs, xi, k, y, ldy, cols)
+    }
+}
+#endif
+
+/* 1 where the panel kernels were compiled (AVX512-VNNI), else 0. */
+int engine_gguf_panel_path(void) { return WIDE; }
+
+/* Bytes of the panel form of an [n, k] weight of qtype (0 where there is none). */
+int64_t engine_gguf_panel_bytes(int qtype, int64_t n, int64_t k) {
+#if WIDE
+    if ((qtype != Q4_0 && qtype != Q4_1 && qtype != Q8_0) || k % 32 != 0) return 0;
+    return (n + PANEL - 1) / PANEL * (k / 32) * panel_block_bytes(qtype);
+#else
+    (void)qtype, (void)n, (void)k;
+    return 0;
+#endif
+}
+
+/* GGUF blocks w [n, k] of qtype -> the panel form in out (engine_gguf_panel_bytes bytes).
+ * Returns 0, or -1 (no panel form). */
+int engine_gguf_panelize(int qtype, const uint8_t *w, int64_t n, int64_t k, uint8_t *out) {
+#if WIDE
+    if (!engine_gguf_panel_bytes(qtype, n, k)) return -1;
+    const int64_t nb = k / 32, panels = (n + PANEL - 1) / PANEL;
+    const int bb = block_bytes(qtype), pb = panel_block_bytes(qtype);
+    const int cb = panel_codes_bytes(qtype);
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = out + (p * nb + b) * pb;
+            for (int j = 0; j < PANEL; j++) {
+                const int64_t row = p * PANEL + j;
+                uint8_t q[32], d[2] = {0, 0}, mn[2] = {0, 0};
+                if (row < n) {
+                    const uint8_t *blk = w + (row * nb + b) * bb;
+                    d[0] = blk[0], d[1] = blk[1];
+                    if (qtype == Q8_0) {
+                        for (int e = 0; e < 32; e++) q[e] = (uint8_t)((int8_t)blk[2 + e] + 128);
+                    } else {
+                        const uint8_t *nibbles = blk + (qtype == Q4_1 ? 4 : 2);
+                        if (qtype == Q4_1) mn[0] = blk[2], mn[1] = blk[3];
+                        for (int e = 0; e < 16; e++) {
+                            q[e] = nibbles[e] & 0x0F;
+                            q[e + 16] = nibbles[e] >> 4;
+                        }
+                    }
+                } else {
+                    for (int e = 0; e < 32; e++) q[e] = qtype == Q8_0 ? 128 : 0;
+                }
+                if (qtype == Q8_0) {
+                    for (int s = 0; s < 8; s++)
+                        for (int i = 0; i < 4; i++) o[64 * s + 4 * j + i] = q[4 * s + i];
+                } else {
+                    for (int t = 0; t < 4; t++)
+                        for (int i = 0; i < 4; i++)
+                            o[64 * t + 4 * j + i] =
+                                (uint8_t)(q[8 * t + i] | q[8 * t + 4 + i] << 4);
+                }
+                o[cb + 2 * j] = d[0], o[cb + 2 * j + 1] = d[1];
+                if (qtype == Q4_1) o[cb + 32 + 2 * j] = mn[0], o[cb + 32 + 2 * j + 1] = mn[1];
+            }
+        }
+    return 0;
+#else
+    (void)qtype, (void)w, (void)n, (void)k, (void)out;
+    return -1;
+#endif
+}
+
+/* The inverse of engine_gguf_panelize: the GGUF blocks [n, k] of qtype back from the panel
+ * form (the same bytes, for the dequantizers). Returns 0, or -1 (no panel form). */
+int engine_gguf_unpanelize(int qtype, const uint8_t *pan, int64_t n, int64_t k, uint8_t *w) {
+#if WIDE
+    if (!engine_gguf_panel_bytes(qtype, n, k)) return -1;
+    const int64_t nb = k / 32;
+    const int bb = block_bytes(qtype), pb = panel_block_bytes(qtype);
+    const int cb = panel_codes_bytes(qtype);
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < n; row++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int j = (int)(row % PANEL);
+            const uint8_t *o = pan + ((row / PANEL) * nb + b) * pb;
+            uint8_t *blk = w + (row * nb + b) * bb;
+            blk[0] = o[cb + 2 * j], blk[1] = o[cb + 2 * j + 1];
+            if (qtype == Q8_0) {
+                for (int e = 0; e < 32; e++)
+                    blk[2 + e] = (uint8_t)(int8_t)(o[64 * (e / 4) + 4 * j + e % 4] - 128);
+            } else {
+                uint8_t q[32];
+                for (int t = 0; t < 4; t++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t v = o[64 * t + 4 * j + i];
+                        q[8 * t + i] = v & 0x0F;
+                        q[8 * t + 4 + i] = v >> 4;
+                    }
+                uint8_t *nibbles = blk + (qtype == Q4_1 ? 4 : 2);
+                if (qtype == Q4_1) blk[2] = o[cb + 32 + 2 * j], blk[3] = o[cb + 32 + 2 * j + 1];
+                for (int e = 0; e < 16; e++) nibbles[e] = (uint8_t)(q[e] | q[e + 16] << 4);
+            }
+        }
+    return 0;
+#else
+    (void)qtype, (void)pan, (void)n, (void)k, (void)w;
+    return -1;
+#endif
+}
+
+/* y [m, n] = x [m, k] @ W^T from W's panel form (engine_gguf_panelize), 8-bit activations;
+ * the arguments of engine_gguf_matmul_q8. Returns 0, -1 (no panel form) or -2 (no memory). */
+int engine_gguf_panel_q8(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
+                         int64_t m, float *y, int64_t ldy) {
+#if WIDE
+    if (!engine_gguf_panel_bytes(qtype, n, k)) return -1;
+    const int64_t nb = k / 32, panels = (n + PANEL - 1) / PANEL;
+    const int pb = panel_block_bytes(qtype);
+    int8_t *xq = (int8_t *)malloc((size_t)(m * k) + 3 * 4 * (size_t)(m * nb) + 64);
+    if (!xq) return -2;
+    float *xd = (float *)(((uintptr_t)(xq + m * k) + 63) & ~(uintptr_t)63);
+    float *xs = xd + m * nb;
+    int32_t *xi = (int32_t *)(xs + m * nb);
+#pragma omp parallel for schedule(static) if (m > 8)
+    for (int64_t r = 0; r < m; r++)
+        quantize_row_q8i(x + r * k, k, xq + r * k, xd + r * nb, xs + r * nb, xi + r * nb);
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        const int64_t n0 = p * PANEL;
+        const __mmask16 cols = n - n0 >= PANEL ? (__mmask16)0xFFFF
+                                               : (__mmask16)((1u << (n - n0)) - 1);
+        for (int64_t r = 0; r < m; r += PANEL_MR) {
+            const int mr = (int)(m - r < PANEL_MR ? m - r : PANEL_MR);
+            panel_tile(qtype, mr, w + p * nb * pb, nb, xq + r * k, xd + r * nb, xs + r * nb,
+                       xi + r * nb, k, y + r * ldy + n0, ldy, cols);
+        }
+    }
+    free(xq);
+    return 0;
+#else
+    (void)qtype, (void)w, (void)n, (void)k, (void)x, (void)m, (void)y, (void)ldy;
+    return -1;
+#endif
 }
