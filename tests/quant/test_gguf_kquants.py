@@ -31,6 +31,11 @@ from engine_quant_gguf.impl import GGUFMethod, engine_create_quant_method  # noq
 from test_gguf import fused_layer as gguf_fused_layer  # noqa: E402
 
 TYPES = sorted(kernels.KQTYPES)
+#: the row kernels, and the panel form's where this CPU has them (Q4_K, Q5_K, Q6_K)
+PANELS = [False] + ([True] if kernels.panel_path() else [])
+PANEL_TYPES = {"Q4_K", "Q5_K", "Q6_K"}
+#: (type, panel form) pairs the kernels have
+KERNELS = [(t, p) for t in TYPES for p in PANELS if t in PANEL_TYPES or not p]
 #: byte offsets of the fp16 super-block scale (and minimum scale) in each type's block
 FP16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
                "Q6_K": (208,)}
@@ -68,6 +73,14 @@ def q8k_values(x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy((q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape))
 
 
+def product(qid: int, w: PackedWeight, x: torch.Tensor, panels: bool,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w^T by the row kernel, or (``panels``) from w's panel form."""
+    n, k = w.shape
+    data = kernels.panelize(qid, w.data, n, k) if panels else w.data
+    return kernels.matmul(qid, data, n, x, out=out, panels=panels)
+
+
 def check_product(y: torch.Tensor, x: torch.Tensor, w: PackedWeight, what: object) -> None:
     """``y`` = the kernels' x @ w^T: float32 summation error away from the written-out 8-bit
     arithmetic; from the exact product, at most the activations' rounding (half a step per
@@ -96,69 +109,89 @@ def test_dequantize_is_bit_identical_to_the_gguf_package(qtype, rows, cols):
     assert torch.equal(got, w.dequantize())
 
 
-@pytest.mark.parametrize("qtype", TYPES)
-def test_matmul_against_float64(qtype):
+@pytest.mark.parametrize("qtype,panels", KERNELS)
+def test_matmul_against_float64(qtype, panels):
+    """The row kernels, and the panel form's (16 rows a panel: 1, 8, 37 and 130 rows pad the
+    last one) for the types that have one."""
     rng = np.random.default_rng(sum(map(ord, qtype)))
     torch.manual_seed(0)
     for n, k in ((1, 256), (8, 768), (37, 512), (130, 256)):
         w = kquant_blocks(qtype, n, k, rng)
-        for m in (1, 3, 17):  # register blocks of 4 rows and their remainders
+        for m in (1, 3, 6, 7, 17):  # register blocks of 4 and 6 rows and their remainders
             x = torch.randn(m, k)
-            y = kernels.matmul(kernels.KQTYPES[qtype], w.data, n, x)
+            y = product(kernels.KQTYPES[qtype], w, x, panels)
             assert y.shape == (m, n) and y.dtype == torch.float32
             check_product(y, x, w, (qtype, n, k, m))
 
 
-def test_matmul_zero_and_outlier_activations():
+@pytest.mark.skipif(not kernels.panel_path(), reason="the panel kernels need AVX512-VNNI")
+@pytest.mark.parametrize("qtype", sorted(PANEL_TYPES))
+def test_panel_form_holds_the_same_fields(qtype):
+    """The panel form rearranges the codes, scales and minimums: back to the GGUF bytes bit for
+    bit (the 6-bit scales packed again), and the gguf package's dequantization from it."""
+    qid = kernels.KQTYPES[qtype]
+    w = kquant_blocks(qtype, 37, 512, np.random.default_rng(12))
+    panels = kernels.panelize(qid, w.data, 37, 512)
+    assert panels.shape[0] == 3  # 16 rows a panel, the last padded
+    assert torch.equal(kernels.unpanelize(qid, panels, 37, 512), w.data)
+    assert torch.equal(kernels.dequantize(qid, panels, 37, 512, panels=True), w.dequantize())
+    with pytest.raises(ValueError, match="not the panel form"):
+        kernels.matmul(qid, panels[:2], 37, torch.zeros(1, 512), panels=True)
+
+
+@pytest.mark.parametrize("panels", PANELS)
+def test_matmul_zero_and_outlier_activations(panels):
     """An all-zero super-block of a row gives zeros; one large value sets that block's scale."""
     w = kquant_blocks("Q4_K", 16, 512, np.random.default_rng(1))
     x = torch.randn(2, 512)
     x[0, :256] = 0
     x[1, 300] = 1000.0
-    y = kernels.matmul(kernels.KQTYPES["Q4_K"], w.data, 16, x)
+    y = product(kernels.KQTYPES["Q4_K"], w, x, panels)
     check_product(y, x, w, "zero / outlier")
 
 
-def test_non_finite_activations_give_nan_rows():
+@pytest.mark.parametrize("panels", PANELS)
+def test_non_finite_activations_give_nan_rows(panels):
     """A NaN or an infinity makes its row's outputs NaN (as a dense product would make them
     non-finite); the other rows are unaffected."""
     w = kquant_blocks("Q6_K", 8, 512, np.random.default_rng(4))
     x = torch.randn(3, 512)
-    clean = kernels.matmul(kernels.KQTYPES["Q6_K"], w.data, 8, x)
+    clean = product(kernels.KQTYPES["Q6_K"], w, x, panels)
     x[0, 5], x[2, 400] = float("nan"), float("inf")
-    y = kernels.matmul(kernels.KQTYPES["Q6_K"], w.data, 8, x)
+    y = product(kernels.KQTYPES["Q6_K"], w, x, panels)
     assert y[0].isnan().all() and y[2].isnan().all()
     assert torch.equal(y[1], clean[1])
 
 
-@pytest.mark.parametrize("qtype", TYPES)
-def test_rows_are_batch_invariant(qtype):
+@pytest.mark.parametrize("qtype,panels", KERNELS)
+def test_rows_are_batch_invariant(qtype, panels):
     """A row's output is the same bits alone, in a batch of 5 or 17, on one thread or two."""
     w = kquant_blocks(qtype, 40, 768, np.random.default_rng(7))
     qid = kernels.KQTYPES[qtype]
     x = torch.randn(17, 768, generator=torch.Generator().manual_seed(3))
-    five = kernels.matmul(qid, w.data, 40, x[:5].contiguous())
-    seventeen = kernels.matmul(qid, w.data, 40, x)
+    five = product(qid, w, x[:5].contiguous(), panels)
+    seventeen = product(qid, w, x, panels)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one_thread = kernels.matmul(qid, w.data, 40, x)
+        one_thread = product(qid, w, x, panels)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one_thread, seventeen)
     for i in range(17):
-        alone = kernels.matmul(qid, w.data, 40, x[i:i + 1].contiguous())
+        alone = product(qid, w, x[i:i + 1].contiguous(), panels)
         assert torch.equal(alone[0], seventeen[i]), i
         if i < 5:
             assert torch.equal(alone[0], five[i]), i
 
 
-def test_matmul_writes_into_a_column_slice():
+@pytest.mark.parametrize("panels", PANELS)
+def test_matmul_writes_into_a_column_slice(panels):
     w = kquant_blocks("Q6_K", 24, 512, np.random.default_rng(2))
     x = torch.randn(3, 512)
-    want = kernels.matmul(kernels.KQTYPES["Q6_K"], w.data, 24, x)
+    want = product(kernels.KQTYPES["Q6_K"], w, x, panels)
     wide = torch.full((3, 40), 7.0)
-    got = kernels.matmul(kernels.KQTYPES["Q6_K"], w.data, 24, x, out=wide[:, 10:34])
+    got = product(kernels.KQTYPES["Q6_K"], w, x, panels, out=wide[:, 10:34])
     assert torch.equal(got, want) and torch.equal(wide[:, 10:34], want)
     assert (wide[:, :10] == 7).all() and (wide[:, 34:] == 7).all()
 
@@ -242,16 +275,18 @@ def test_fused_layer_of_mixed_q4_k_and_q6_k_shards(activations):
     got = layer(x)
     want = F.linear(x.double(), dense.double(), layer.bias.double())
     assert (got.double() - want).norm() <= 0.02 * want.norm()
-    parts = torch.cat([kernels.matmul(q, s.data, s.shape[0], x) for s, q in
+    panels = kernels.panel_path()
+    assert layer.gguf_panels == panels
+    parts = torch.cat([product(q, s, x, panels) for s, q in
                        zip(shards, (12, 12, 14))], dim=1) + layer.bias
-    assert torch.equal(got, parts)
+    assert torch.equal(got, parts)  # (a row's panel arithmetic does not depend on its panel)
     for i in range(5):  # batch-invariant through the layer too
         assert torch.equal(layer(x[i:i + 1])[0], got[i])
     big = torch.randn(9, 512)  # above max_rows
     if activations == "float32":  # a dequantized copy for the call: exactly F.linear
         assert torch.equal(layer(big), F.linear(big, dense, layer.bias))
     else:  # int8: the kernels for every batch size
-        want = torch.cat([kernels.matmul(q, s.data, s.shape[0], big) for s, q in
+        want = torch.cat([product(q, s, big, panels) for s, q in
                           zip(shards, (12, 12, 14))], dim=1) + layer.bias
         assert torch.equal(layer(big), want)
     assert layer(torch.randn(2, 3, 512)).shape == (2, 3, 128)
@@ -261,11 +296,16 @@ def test_single_type_k_quant_layer_keeps_one_block_tensor():
     rng = np.random.default_rng(6)
     shards = [kquant_blocks("Q4_K", 48, 256, rng), kquant_blocks("Q4_K", 48, 256, rng)]
     layer = fused_layer(shards)
-    assert layer.gguf_blocks is not None and layer.gguf_blocks.shape == (96, 144)
+    panels = kernels.panel_path()
+    shape = (6, 2368) if panels else (96, 144)  # 16 rows a panel, 2368 bytes a block
+    assert layer.gguf_blocks is not None and layer.gguf_blocks.shape == shape
     assert layer.gguf_qtype == 12 and not layer.gguf_parts and layer.weight is None
+    assert layer.gguf_panels == panels
     x = torch.randn(3, 256)
-    assert torch.equal(layer(x), kernels.matmul(12, layer.gguf_blocks, 96, x))
-    assert torch.equal(layer(x[None]), kernels.matmul(12, layer.gguf_blocks, 96, x)[None])
+    want = kernels.matmul(12, layer.gguf_blocks, 96, x, panels=panels)
+    assert torch.equal(layer(x), want) and torch.equal(layer(x[None]), want[None])
+    rows = torch.cat([s.data for s in shards])
+    assert torch.allclose(want, kernels.matmul(12, rows, 96, x), rtol=1e-5, atol=1e-4)
 
 
 def test_hook_selects_the_plugin_for_a_k_quant_file():

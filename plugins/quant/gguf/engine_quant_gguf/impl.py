@@ -128,7 +128,7 @@ class GGUFMethod(QuantMethod):
                 layer.gguf_parts = parts
             del layer.weight
             layer.weight = None  # the blocks are the weight
-            if self.int8 and kernels.panel_path():
+            if kernels.panel_path():
                 self._panelize(layer, file_view=len(shards) == 1)
             return
         dense = torch.zeros((layer.out_features, layer.in_features), dtype=layer.weight.dtype)
@@ -146,14 +146,18 @@ class GGUFMethod(QuantMethod):
         half = cpu_half_weight(dense)  # an F16 / BF16 tensor's values: kept in 16 bits
         layer.weight = nn.Parameter(dense if half is None else half, requires_grad=False)
 
-    @staticmethod
-    def _panelize(layer: Linear, file_view: bool) -> None:
-        """Blocks of the panel types into the panel form (kernels.panelize: the same bytes, the
-        8-bit products 2-4x cheaper); ``file_view``: the blocks were the mapped file's own pages,
-        released from the process once copied."""
+    def _panel_type(self, qtype: int) -> bool:
+        """Whether blocks of ``qtype`` take the panel form: the 8-bit products' types (every
+        K-quant product is one; Q4_0/Q4_1/Q8_0 with 8-bit activations)."""
+        return qtype in kernels.PANEL_TYPES and (self.int8 or qtype in kernels.KQ_IDS)
+
+    def _panelize(self, layer: Linear, file_view: bool) -> None:
+        """Blocks of the panel types into the panel form (kernels.panelize: about the same
+        bytes, the 8-bit products 2-4x cheaper); ``file_view``: the blocks were the mapped
+        file's own pages, released from the process once copied."""
         k = layer.in_features
         if layer.gguf_blocks is not None:
-            if layer.gguf_qtype not in kernels.PANEL_TYPES:
+            if not self._panel_type(layer.gguf_qtype):
                 return
             blocks = layer.gguf_blocks
             layer.gguf_blocks = kernels.panelize(layer.gguf_qtype, blocks, layer.out_features,
@@ -161,8 +165,10 @@ class GGUFMethod(QuantMethod):
             if file_view:
                 release_pages(blocks)
         else:
+            if not any(self._panel_type(q) for _, _, q, _ in layer.gguf_parts):
+                return
             layer.gguf_parts = [(o, r, q, kernels.panelize(q, d, r, k)
-                                 if q in kernels.PANEL_TYPES else d)
+                                 if self._panel_type(q) else d)
                                 for o, r, q, d in layer.gguf_parts]
         layer.gguf_panels = True
 
@@ -225,20 +231,20 @@ class GGUFMethod(QuantMethod):
         return NativeKernel(ctypes.cast(fn, ctypes.c_void_p).value, len(layer.gguf_parts),
                             table.data_ptr())
 
-    @staticmethod
-    def _panel(layer: Linear, qtype: int) -> bool:
+    def _panel(self, layer: Linear, qtype: int) -> bool:
         """Whether the layer's blocks of ``qtype`` are in the panel form."""
-        return layer.gguf_panels and qtype in kernels.PANEL_TYPES
+        return layer.gguf_panels and self._panel_type(qtype)
 
     def _matmul(self, layer: Linear, qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
                 out: torch.Tensor | None = None) -> torch.Tensor:
-        if self.int8:
-            return kernels.matmul_q8(qtype, blocks, n, x, out, self._panel(layer, qtype))
-        return kernels.matmul(qtype, blocks, n, x, out)
+        matmul = kernels.matmul_q8 if self.int8 else kernels.matmul
+        return matmul(qtype, blocks, n, x, out, self._panel(layer, qtype))
 
     def _kernel(self, qtype: int, panel: bool):
         """The int8 kernel for blocks of ``qtype`` (one signature for all)."""
-        return self._kq if qtype in kernels.KQ_IDS else self._pq8 if panel else self._q8
+        if qtype in kernels.KQ_IDS:
+            return self._pkq if panel else self._kq
+        return self._pq8 if panel else self._q8
 
     def _address(self, layer: Linear, qtype: int) -> int:
         """The address of :meth:`_kernel` for the layer's blocks of ``qtype``."""
@@ -256,6 +262,10 @@ class GGUFMethod(QuantMethod):
     @functools.cached_property
     def _kq(self):  # the arguments of engine_gguf_matmul_q8
         return kernels.library().engine_gguf_kq_matmul_ld
+
+    @functools.cached_property
+    def _pkq(self):  # the same, blocks in the panel form
+        return kernels.library().engine_gguf_kq_panel_q8
 
 
 class GGUFDequantized(UnquantizedMethod):

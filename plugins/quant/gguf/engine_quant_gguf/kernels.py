@@ -1,10 +1,11 @@
 """Build (once, cached) and call the C kernels of ``kernels.c`` (Q4_0/Q4_1/Q8_0) and ``kquants.c``
 (the K-quants Q2_K..Q6_K) through ctypes.
 
-On a CPU with AVX512-VNNI the 8-bit-activation products of Q4_0/Q4_1/Q8_0 read the weights in
-a *panel* form made once at load (:func:`panelize`: 16 rows' codes interleaved so that one
-integer dot-product instruction serves 4 codes of 16 rows; kernels.c says how): the same bytes
-a row, 2-4x fewer instructions a product than the row-by-row kernel.
+On a CPU with AVX512-VNNI the 8-bit-activation products of Q4_0/Q4_1/Q8_0 and Q4_K/Q5_K/Q6_K
+read the weights in a *panel* form made once at load (:func:`panelize`: 16 rows' codes
+interleaved so that one integer dot-product instruction serves 4 codes of 16 rows; kernels.c
+and kquants.c say how): about the bytes of the GGUF rows, 2-4x fewer instructions a product
+than the row-by-row kernels.
 
 The shared library is compiled once by :func:`engine.api.native.load_library` (cached under the
 engine cache directory, built for this CPU). It links OpenMP; inside a process that imported
@@ -37,7 +38,7 @@ _BLOCK_BYTES = {2: 18, 3: 20, 8: 34}
 #: bytes of one 256-value super-block of each K-quant type id
 _KQ_BLOCK_BYTES = {10: 84, 11: 110, 12: 144, 13: 176, 14: 210}
 #: type ids that have a panel form (where the CPU has the panel kernels: :func:`panel_path`)
-PANEL_TYPES = frozenset(QTYPES.values())
+PANEL_TYPES = frozenset(QTYPES.values()) | frozenset((12, 13, 14))
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,34 +66,55 @@ def library() -> ctypes.CDLL:
         getattr(lib, name).restype = ctypes.c_int
     lib.engine_gguf_panel_path.argtypes = []
     lib.engine_gguf_panel_path.restype = ctypes.c_int
+    lib.engine_gguf_kq_panel_bytes.argtypes = lib.engine_gguf_panel_bytes.argtypes
+    lib.engine_gguf_kq_panel_bytes.restype = ctypes.c_int64
+    lib.engine_gguf_kq_repack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                          ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    lib.engine_gguf_kq_repack.restype = ctypes.c_int
+    lib.engine_gguf_kq_panel_q8.argtypes = lib.engine_gguf_matmul_q8.argtypes
+    lib.engine_gguf_kq_panel_q8.restype = ctypes.c_int
     return declare_kquants(lib)
 
 
 def panel_path() -> bool:
     """Whether 8-bit-activation products of :data:`PANEL_TYPES` run from the panel form: the
     library has the panel kernels (AVX512-VNNI) and ``ENGINE_GGUF_PANELS`` is not ``0``."""
+    lib = library()
     return os.environ.get("ENGINE_GGUF_PANELS", "1") != "0" and \
-        library().engine_gguf_panel_path() == 1
+        lib.engine_gguf_panel_path() == 1 and lib.engine_gguf_kq_panel_bytes(12, 16, 256) > 0
+
+
+def _row_bytes(qtype: int, k: int) -> int:
+    """Bytes of one GGUF row of ``k`` values of ``qtype`` (0 for a type the kernels lack)."""
+    if qtype in KQ_IDS:
+        return k // 256 * _KQ_BLOCK_BYTES[qtype]
+    return k // 32 * _BLOCK_BYTES.get(qtype, 0)
 
 
 def panelize(qtype: int, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """The panel form (uint8 [ceil(n / 16), bytes a panel]) of the GGUF blocks ``blocks`` [n, k]
     of ``qtype`` (one of :data:`PANEL_TYPES`; needs :func:`panel_path`)."""
     lib = library()
-    size = lib.engine_gguf_panel_bytes(qtype, n, k)
-    if size <= 0 or not blocks.is_contiguous() or blocks.numel() != n * k // 32 * \
-            _BLOCK_BYTES.get(qtype, 0):
+    kq = qtype in KQ_IDS
+    size = (lib.engine_gguf_kq_panel_bytes if kq else lib.engine_gguf_panel_bytes)(qtype, n, k)
+    if size <= 0 or not blocks.is_contiguous() or blocks.numel() != n * _row_bytes(qtype, k):
         raise ValueError(f"gguf kernel: no panel form for type {qtype} [{n}, {k}]")
     out = torch.empty(((n + 15) // 16, size // ((n + 15) // 16)), dtype=torch.uint8)
-    if lib.engine_gguf_panelize(qtype, blocks.data_ptr(), n, k, out.data_ptr()) != 0:
+    rc = (lib.engine_gguf_kq_repack(qtype, blocks.data_ptr(), n, k, out.data_ptr(), 1) if kq
+          else lib.engine_gguf_panelize(qtype, blocks.data_ptr(), n, k, out.data_ptr()))
+    if rc != 0:
         raise ValueError(f"gguf kernel: no panel form for type {qtype} [{n}, {k}]")
     return out
 
 
 def unpanelize(qtype: int, panels: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """The GGUF blocks [n, row bytes] back from :func:`panelize`'s form (the same bytes)."""
-    out = torch.empty((n, k // 32 * _BLOCK_BYTES[qtype]), dtype=torch.uint8)
-    if library().engine_gguf_unpanelize(qtype, panels.data_ptr(), n, k, out.data_ptr()) != 0:
+    out = torch.empty((n, _row_bytes(qtype, k)), dtype=torch.uint8)
+    lib = library()
+    rc = (lib.engine_gguf_kq_repack(qtype, out.data_ptr(), n, k, panels.data_ptr(), 0)
+          if qtype in KQ_IDS else
+          lib.engine_gguf_unpanelize(qtype, panels.data_ptr(), n, k, out.data_ptr()))
+    if rc != 0:
         raise ValueError(f"gguf kernel: no panel form for type {qtype} [{n}, {k}]")
     return out
 
@@ -113,16 +135,19 @@ def declare_kquants(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, panels: bool = False) -> torch.Tensor:
     """``x`` float32 [M, K] (contiguous) @ the packed weight [n, K]^T -> float32 [M, n].
 
     ``blocks`` is the uint8 [n, row_bytes] GGUF layout of type ``qtype`` (a value of PACKED;
     K-quants quantize the activations to 8 bits, see :func:`matmul_q8`). ``out``: a float32
     [M, n] tensor to write into and return, whose rows may be strided (a column slice of a
-    wider output). The call releases the GIL while it runs.
+    wider output). The call releases the GIL while it runs. ``panels``: ``blocks`` is
+    :func:`panelize`'s form (K-quants only: the other types' float32 kernel reads GGUF rows).
     """
     if qtype in KQ_IDS:
-        return _kq_matmul(qtype, blocks, n, x, out)
+        return _kq_matmul(qtype, blocks, n, x, out, panels)
+    if panels:
+        raise ValueError("gguf kernel: the float32 kernel reads GGUF rows, not panels")
     if out is not None:
         return out.copy_(matmul(qtype, blocks, n, x))
     m, k = x.shape
@@ -142,7 +167,7 @@ def matmul_q8(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
     kquants.c). ``out``: a float32 [M, >=n] view whose rows are contiguous (e.g. a column slice
     of a wider output) to write into. ``panels``: ``blocks`` is :func:`panelize`'s form."""
     if qtype in KQ_IDS:
-        return _kq_matmul(qtype, blocks, n, x, out)
+        return _kq_matmul(qtype, blocks, n, x, out, panels)
     m, k = x.shape
     y = torch.empty((m, n), dtype=torch.float32) if out is None else out
     if y.stride(-1) != 1 or y.shape[0] != m or y.shape[1] != n:
@@ -163,17 +188,22 @@ def _check_kq_blocks(qtype: int, blocks: torch.Tensor, n: int, k: int) -> None:
 
 
 def _kq_matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
-               out: torch.Tensor | None) -> torch.Tensor:
+               out: torch.Tensor | None, panels: bool = False) -> torch.Tensor:
     m, k = x.shape
     if x.dtype != torch.float32 or not x.is_contiguous():
         raise ValueError("gguf kernel: x must be contiguous float32")
-    _check_kq_blocks(qtype, blocks, n, k)
+    if panels:
+        if blocks.numel() != library().engine_gguf_kq_panel_bytes(qtype, n, k):
+            raise ValueError(f"gguf kernel: {blocks.numel()} bytes are not the panel form of "
+                             f"a [{n}, {k}] weight of type {qtype}")
+    else:
+        _check_kq_blocks(qtype, blocks, n, k)
     y = torch.empty((m, n), dtype=torch.float32) if out is None else out
     if y.shape != (m, n) or y.dtype != torch.float32 or (n > 1 and y.stride(1) != 1):
         raise ValueError(f"gguf kernel: out must be float32 [{m}, {n}] with contiguous rows")
     ldy = y.stride(0) if m > 1 else n
-    rc = library().engine_gguf_kq_matmul_ld(qtype, blocks.data_ptr(), n, k, x.data_ptr(), m,
-                                            y.data_ptr(), ldy)
+    fn = library().engine_gguf_kq_panel_q8 if panels else library().engine_gguf_kq_matmul_ld
+    rc = fn(qtype, blocks.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr(), ldy)
     if rc != 0:
         raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k}; K must be a "
                          "multiple of 256)")

@@ -450,3 +450,364 @@ int engine_gguf_kq_dequantize(int qtype, const uint8_t *w, int64_t n, int64_t k,
     }
     return 0;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Panels (AVX512-VNNI only): Q4_K, Q5_K and Q6_K weights repacked at load, 16 rows a panel, as
+ * kernels.c does for Q4_0/Q4_1/Q8_0. A panel's super-block (one after another along K) holds:
+ *   NIB  2048 B: unit u (values 32u..32u+31) in 4 registers of 64 B; register t, row j in
+ *                32-bit lane j, byte i: low nibble = code 32u+8t+i, high nibble = code
+ *                32u+8t+4+i (low 4 bits of each code);
+ *   HIGH Q5_K 512 B, unit u one register: byte (j, i) bit s = bit 4 of code 32u+4s+i;
+ *        Q6_K 1024 B, unit u two registers v: byte (j, i) bits 2r..2r+1 = bits 4..5 of code
+ *        32u+4(4v+r)+i;
+ *   SC   Q4_K / Q5_K 8 x 16 B: scale of sub-block g (32 values) for row j (6 bits);
+ *        Q6_K 16 x 16 B: scale of sub-block g (16 values), int8;
+ *   MN   Q4_K / Q5_K 4 x 32 B: minimums m_2p, m_2p+1 of row j as two bytes;
+ *   D    16 fp16 (d); DMIN (Q4_K / Q5_K) 16 fp16.
+ * One dpbusd serves 4 codes of 16 rows (an activation row's 4 codes broadcast). Per output and
+ * super-block the sums are exact integers, scales and minimums included:
+ *   Q4_K / Q5_K: T = sum_g sc_g <q_g, x_g>, M = sum_g m_g sum(x_g);  y += T d d_x - M dmin d_x
+ *   Q6_K:        T = sum_g sc_g (<q_g, x_g> - 32 sum(x_g));           y += T d d_x
+ * super-block by super-block in order: a row's result never depends on the other rows. */
+
+#if KQ_PATH == 2 && defined(__AVX512F__) && defined(__AVX512BW__)
+#define KQ_PANELS 1
+#define KP 16  /* rows a panel */
+#define KP_MR 6 /* activation rows per register-blocked pass */
+
+static int kp_high_bytes(int T) { return T == Q5_K ? 512 : T == Q6_K ? 1024 : 0; }
+static int kp_sc_bytes(int T) { return T == Q6_K ? 256 : 128; }
+static int kp_block_bytes(int T) {
+    return 2048 + kp_high_bytes(T) + kp_sc_bytes(T) + (T == Q6_K ? 32 : 128 + 64);
+}
+static int kp_known(int T) { return T == Q4_K || T == Q5_K || T == Q6_K; }
+
+/* One super-block's 256 codes (unsigned: Q6_K's are q + 32), scales, minimums and d, dmin as
+ * their fp16 bytes. */
+typedef struct {
+    uint8_t q[256];
+    uint8_t sc[16], mn[8];
+    uint8_t d[2], dmin[2];
+} kp_fields;
+
+static void kp_decode(int T, const uint8_t *b, kp_fields *f) {
+    if (T == Q6_K) {
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 32; j++) {
+                const uint8_t l0 = b[64 * h + j], l1 = b[64 * h + 32 + j], qh = b[128 + 32 * h + j];
+                f->q[128 * h + j] = (uint8_t)((l0 & 0x0F) | (qh & 3) << 4);
+                f->q[128 * h + 32 + j] = (uint8_t)((l1 & 0x0F) | (qh >> 2 & 3) << 4);
+                f->q[128 * h + 64 + j] = (uint8_t)((l0 >> 4) | (qh >> 4 & 3) << 4);
+                f->q[128 * h + 96 + j] = (uint8_t)((l1 >> 4) | (qh >> 6 & 3) << 4);
+            }
+        memcpy(f->sc, b + 192, 16);
+        f->d[0] = b[208], f->d[1] = b[209];
+        return;
+    }
+    f->d[0] = b[0], f->d[1] = b[1], f->dmin[0] = b[2], f->dmin[1] = b[3];
+    uint32_t u[4];
+    kq_scale_min_k4(b + 4, u);
+    memcpy(f->sc, u, 8);
+    memcpy(f->mn, (const uint8_t *)u + 8, 8);
+    const uint8_t *qs = b + (T == Q4_K ? 16 : 48);
+    for (int h = 0; h < 4; h++)
+        for (int j = 0; j < 32; j++) {
+            f->q[64 * h + j] = qs[32 * h + j] & 0x0F;
+            f->q[64 * h + 32 + j] = qs[32 * h + j] >> 4;
+        }
+    if (T == Q5_K)
+        for (int v = 0; v < 256; v++) f->q[v] |= (uint8_t)((b[16 + v % 32] >> (v / 32) & 1) << 4);
+}
+
+static void kp_encode(int T, const kp_fields *f, uint8_t *b) {
+    if (T == Q6_K) {
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 32; j++) {
+                const uint8_t *q = f->q + 128 * h;
+                b[64 * h + j] = (uint8_t)((q[j] & 0x0F) | (q[64 + j] & 0x0F) << 4);
+                b[64 * h + 32 + j] = (uint8_t)((q[32 + j] & 0x0F) | (q[96 + j] & 0x0F) << 4);
+                b[128 + 32 * h + j] = (uint8_t)((q[j] >> 4) | (q[32 + j] >> 4) << 2 |
+                                                (q[64 + j] >> 4) << 4 | (q[96 + j] >> 4) << 6);
+            }
+        memcpy(b + 192, f->sc, 16);
+        b[208] = f->d[0], b[209] = f->d[1];
+        return;
+    }
+    b[0] = f->d[0], b[1] = f->d[1], b[2] = f->dmin[0], b[3] = f->dmin[1];
+    for (int j = 0; j < 4; j++) { /* the inverse of kq_scale_min_k4 */
+        b[4 + j] = (uint8_t)(f->sc[j] | (f->sc[j + 4] >> 4) << 6);
+        b[8 + j] = (uint8_t)(f->mn[j] | (f->mn[j + 4] >> 4) << 6);
+        b[12 + j] = (uint8_t)((f->sc[j + 4] & 0x0F) | (f->mn[j + 4] & 0x0F) << 4);
+    }
+    uint8_t *qs = b + (T == Q4_K ? 16 : 48);
+    for (int h = 0; h < 4; h++)
+        for (int j = 0; j < 32; j++)
+            qs[32 * h + j] =
+                (uint8_t)((f->q[64 * h + j] & 0x0F) | (f->q[64 * h + 32 + j] & 0x0F) << 4);
+    if (T == Q5_K)
+        for (int j = 0; j < 32; j++) {
+            uint8_t h = 0;
+            for (int g = 0; g < 8; g++) h |= (uint8_t)((f->q[32 * g + j] >> 4 & 1) << g);
+            b[16 + j] = h;
+        }
+}
+
+/* Row j's fields into (put) or out of (!put) a panel's super-block p. */
+static void kp_place(int T, uint8_t *p, int j, kp_fields *f, int put) {
+    const int hb = kp_high_bytes(T), sb = kp_sc_bytes(T);
+    uint8_t *high = p + 2048, *sc = high + hb, *mn = sc + sb;
+    uint8_t *d = T == Q6_K ? mn : mn + 128, *dmin = d + 32;
+    for (int u = 0; u < 8; u++)
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < 4; i++) {
+                uint8_t *o = p + 64 * (4 * u + t) + 4 * j + i;
+                uint8_t *a = f->q + 32 * u + 8 * t + i, *c = a + 4;
+                if (put) {
+                    *o = (uint8_t)((*a & 0x0F) | (*c & 0x0F) << 4);
+                } else {
+                    *a = *o & 0x0F;
+                    *c = *o >> 4;
+                }
+            }
+    for (int u = 0; u < 8; u++)
+        for (int i = 0; i < 4; i++) {
+            if (T == Q5_K) {
+                uint8_t *o = high + 64 * u + 4 * j + i;
+                if (put) *o = 0;
+                for (int s = 0; s < 8; s++) {
+                    uint8_t *q = f->q + 32 * u + 4 * s + i;
+                    if (put) *o |= (uint8_t)((*q >> 4 & 1) << s);
+                    else *q |= (uint8_t)((*o >> s & 1) << 4);
+                }
+            } else if (T == Q6_K) {
+                for (int v = 0; v < 2; v++) {
+                    uint8_t *o = high + 128 * u + 64 * v + 4 * j + i;
+                    if (put) *o = 0;
+                    for (int r = 0; r < 4; r++) {
+                        uint8_t *q = f->q + 32 * u + 4 * (4 * v + r) + i;
+                        if (put) *o |= (uint8_t)((*q >> 4 & 3) << (2 * r));
+                        else *q |= (uint8_t)((*o >> (2 * r) & 3) << 4);
+                    }
+                }
+            }
+        }
+    const int subs = T == Q6_K ? 16 : 8;
+    for (int g = 0; g < subs; g++) {
+        if (put) sc[16 * g + j] = f->sc[g];
+        else f->sc[g] = sc[16 * g + j];
+    }
+    if (T != Q6_K)
+        for (int g = 0; g < 8; g++) {
+            uint8_t *o = mn + 32 * (g / 2) + 2 * j + g % 2;
+            if (put) *o = f->mn[g];
+            else f->mn[g] = *o;
+        }
+    for (int i = 0; i < 2; i++) {
+        if (put) {
+            d[2 * j + i] = f->d[i];
+            if (T != Q6_K) dmin[2 * j + i] = f->dmin[i];
+        } else {
+            f->d[i] = d[2 * j + i];
+            if (T != Q6_K) f->dmin[i] = dmin[2 * j + i];
+        }
+    }
+}
+
+/* Code vector of step s (codes 4s..4s+3 of each row) from the nibbles (lo / hi of register
+ * s / 2) and, for Q5_K / Q6_K, the unit's high-bit registers h0, h1. */
+static ALWAYS_INLINE __m512i kp_codes(int T, int s, __m512i nib, __m512i h0, __m512i h1) {
+    if (T == Q5_K) {
+        const __m512i h = s < 4 ? _mm512_slli_epi16(h0, 4 - s)
+                          : s > 4 ? _mm512_srli_epi16(h0, s - 4) : h0;
+        return _mm512_or_si512(nib, _mm512_and_si512(h, _mm512_set1_epi8(0x10)));
+    }
+    if (T == Q6_K) {
+        const __m512i v = s < 4 ? h0 : h1;
+        const int r = s % 4;
+        const __m512i h = r == 0 ? _mm512_slli_epi16(v, 4) : r == 1 ? _mm512_slli_epi16(v, 2)
+                          : r == 2 ? v : _mm512_srli_epi16(v, 2);
+        return _mm512_or_si512(nib, _mm512_and_si512(h, _mm512_set1_epi8(0x30)));
+    }
+    return nib;
+}
+
+static ALWAYS_INLINE __m512i kp_four(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+static ALWAYS_INLINE void kp_rows(int T, int MR, const uint8_t *pan, int64_t nb, const q8k *xq,
+                                  float *y, int64_t ldy, __mmask16 cols) {
+    const int pb = kp_block_bytes(T), hb = kp_high_bytes(T), sb = kp_sc_bytes(T);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[KP_MR];
+    for (int m = 0; m < MR; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = pan + b * pb, *high = p + 2048, *sc = high + hb, *mn = sc + sb;
+        const uint8_t *d = T == Q6_K ? mn : mn + 128;
+        __m512i tot[KP_MR], dot[KP_MR];
+        for (int m = 0; m < MR; m++) tot[m] = dot[m] = _mm512_setzero_si512();
+        for (int u = 0; u < 8; u++) {
+            __m512i h0 = _mm512_setzero_si512(), h1 = h0;
+            if (T == Q5_K) h0 = _mm512_loadu_si512((const void *)(high + 64 * u));
+            if (T == Q6_K) {
+                h0 = _mm512_loadu_si512((const void *)(high + 128 * u));
+                h1 = _mm512_loadu_si512((const void *)(high + 128 * u + 64));
+            }
+            for (int t = 0; t < 4; t++) {
+                if (t == 0 || (T == Q6_K && t == 2)) { /* a sub-block starts */
+                    const int g = T == Q6_K ? 2 * u + t / 2 : u;
+                    for (int m = 0; m < MR; m++) {
+                        if (T == Q6_K) {
+                            const q8k *a = xq + m * nb + b;
+                            const int bs = a->bsums[g / 2 + 8 * (g % 2)];
+                            dot[m] = _mm512_set1_epi32(-32 * bs);
+                        } else {
+                            dot[m] = _mm512_setzero_si512();
+                        }
+                    }
+                }
+                const __m512i z = _mm512_loadu_si512((const void *)(p + 64 * (4 * u + t)));
+                const __m512i c0 = kp_codes(T, 2 * t, _mm512_and_si512(z, m4), h0, h1);
+                const __m512i c1 = kp_codes(T, 2 * t + 1,
+                                            _mm512_and_si512(_mm512_srli_epi16(z, 4), m4), h0, h1);
+                for (int m = 0; m < MR; m++) {
+                    const int8_t *x = xq[m * nb + b].qs + 32 * u + 8 * t;
+                    dot[m] = _mm512_dpbusd_epi32(dot[m], c0, kp_four(x));
+                    dot[m] = _mm512_dpbusd_epi32(dot[m], c1, kp_four(x + 4));
+                }
+                if (t == 3 || (T == Q6_K && t == 1)) { /* a sub-block ends: times its scale */
+                    const int g = T == Q6_K ? 2 * u + t / 2 : u;
+                    const __m128i s8 = _mm_loadu_si128((const __m128i *)(sc + 16 * g));
+                    const __m512i s =
+                        T == Q6_K ? _mm512_cvtepi8_epi32(s8) : _mm512_cvtepu8_epi32(s8);
+                    for (int m = 0; m < MR; m++)
+                        tot[m] = _mm512_add_epi32(tot[m], _mm512_mullo_epi32(dot[m], s));
+                }
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d));
+        if (T == Q6_K) {
+            for (int m = 0; m < MR; m++) {
+                const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(xq[m * nb + b].d));
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[m]), dd, acc[m]);
+            }
+        } else {
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + 32)));
+            __m512i pairs[4];
+            for (int q = 0; q < 4; q++)
+                pairs[q] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(mn + 32 * q)));
+            for (int m = 0; m < MR; m++) {
+                const q8k *a = xq + m * nb + b;
+                __m512i ms = _mm512_setzero_si512();
+                for (int q = 0; q < 4; q++) {
+                    int32_t two;
+                    memcpy(&two, a->bsums32 + 2 * q, 4);
+                    ms = _mm512_dpwssd_epi32(ms, pairs[q], _mm512_set1_epi32(two));
+                }
+                const __m512 dx = _mm512_set1_ps(a->d);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[m]), _mm512_mul_ps(dw, dx), acc[m]);
+                acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmin, dx), acc[m]);
+            }
+        }
+    }
+    for (int m = 0; m < MR; m++) _mm512_mask_storeu_ps(y + m * ldy, cols, acc[m]);
+}
+
+#define KP_DISPATCH_MR(T)                                                                     \
+    switch (mr) {                                                                             \
+    case 1: kp_rows(T, 1, pan, nb, xq, y, ldy, cols); break;                                  \
+    case 2: kp_rows(T, 2, pan, nb, xq, y, ldy, cols); break;                                  \
+    case 3: kp_rows(T, 3, pan, nb, xq, y, ldy, cols); break;                                  \
+    case 4: kp_rows(T, 4, pan, nb, xq, y, ldy, cols); break;                                  \
+    case 5: kp_rows(T, 5, pan, nb, xq, y, ldy, cols); break;                                  \
+    default: kp_rows(T, 6, pan, nb, xq, y, ldy, cols); break;                                 \
+    }
+
+static void kp_tile(int T, int mr, const uint8_t *pan, int64_t nb, const q8k *xq, float *y,
+                    int64_t ldy, __mmask16 cols) {
+    if (T == Q4_K) {
+        KP_DISPATCH_MR(Q4_K)
+    } else if (T == Q5_K) {
+        KP_DISPATCH_MR(Q5_K)
+    } else {
+        KP_DISPATCH_MR(Q6_K)
+    }
+}
+#else
+#define KQ_PANELS 0
+#endif
+
+/* Bytes of the panel form of an [n, k] weight of a K-quant type (0 where there is none). */
+int64_t engine_gguf_kq_panel_bytes(int qtype, int64_t n, int64_t k) {
+#if KQ_PANELS
+    if (!kp_known(qtype) || k <= 0 || k % 256 != 0 || n <= 0) return 0;
+    return (n + KP - 1) / KP * (k / 256) * kp_block_bytes(qtype);
+#else
+    (void)qtype, (void)n, (void)k;
+    return 0;
+#endif
+}
+
+/* GGUF super-blocks w [n, k] <-> the panel form pan (to_panels: w -> pan). Returns 0 or -1. */
+int engine_gguf_kq_repack(int qtype, const uint8_t *w, int64_t n, int64_t k, uint8_t *pan,
+                          int to_panels) {
+#if KQ_PANELS
+    if (!engine_gguf_kq_panel_bytes(qtype, n, k)) return -1;
+    const int64_t nb = k / 256, panels = (n + KP - 1) / KP;
+    const int bb = kq_block_bytes(qtype), pb = kp_block_bytes(qtype);
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = pan + (p * nb + b) * pb;
+            for (int j = 0; j < KP; j++) {
+                const int64_t row = p * KP + j;
+                kp_fields f;
+                memset(&f, 0, sizeof f);
+                if (to_panels) {
+                    if (row < n) kp_decode(qtype, w + (row * nb + b) * bb, &f);
+                    kp_place(qtype, o, j, &f, 1); /* padding rows: zero scales */
+                } else if (row < n) {
+                    kp_place(qtype, o, j, &f, 0);
+                    kp_encode(qtype, &f, (uint8_t *)w + (row * nb + b) * bb);
+                }
+            }
+        }
+    return 0;
+#else
+    (void)qtype, (void)w, (void)n, (void)k, (void)pan, (void)to_panels;
+    return -1;
+#endif
+}
+
+/* y [m, n] (row stride ldy) = x [m, k] @ W^T from W's panel form: the arguments of
+ * engine_gguf_kq_matmul_ld. Returns 0, -1 (no panel form) or -2 (no memory). */
+int engine_gguf_kq_panel_q8(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
+                            int64_t m, float *y, int64_t ldy) {
+#if KQ_PANELS
+    if (!engine_gguf_kq_panel_bytes(qtype, n, k) || m < 0 || ldy < n) return -1;
+    if (m == 0) return 0;
+    const int64_t nb = k / 256, panels = (n + KP - 1) / KP;
+    const int pb = kp_block_bytes(qtype);
+    const size_t bytes = (sizeof(q8k) * (size_t)(m * nb) + 63) & ~(size_t)63;
+    q8k *xq = (q8k *)aligned_alloc(64, bytes);
+    if (!xq) return -2;
+#pragma omp parallel for schedule(static) if (m * nb >= 64)
+    for (int64_t i = 0; i < m * nb; i++) kq_quantize_block(x + i * 256, xq + i);
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        const int64_t n0 = p * KP;
+        const __mmask16 cols = n - n0 >= KP ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - n0)) - 1);
+        for (int64_t r = 0; r < m; r += KP_MR) {
+            const int mr = (int)(m - r < KP_MR ? m - r : KP_MR);
+            kp_tile(qtype, mr, w + p * nb * pb, nb, xq + r * nb, y + r * ldy + n0, ldy, cols);
+        }
+    }
+    free(xq);
+    return 0;
+#else
+    (void)qtype, (void)w, (void)n, (void)k, (void)x, (void)m, (void)y, (void)ldy;
+    return -1;
+#endif
+}
