@@ -27,7 +27,7 @@ import torch.nn.functional as F
 SHAPES = [(576, 1536), (1536, 768)]
 #: byte offsets of the fp16 super-block scale (and minimum scale) in each type's block
 FP16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-               "Q6_K": (208,), "Q4_0": (0,), "Q8_0": (0,)}
+               "Q6_K": (208,), "Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,)}
 
 
 def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> torch.Tensor:

@@ -9,6 +9,10 @@ K-quant layers (Q2_K..Q6_K) always quantize activations to 8 bits per 256 values
 there is no float32 K-quant kernel). Types the kernels do not read (Q5_0, Q5_1, IQ*...) are
 dequantized at load.
 
+Where the CPU has AVX512-VNNI, the blocks of every layer whose products are 8-bit ones
+(Q4_0/Q4_1/Q8_0 with int8 activations, Q4_K/Q5_K/Q6_K always) are rearranged at load into the
+kernels' panel form (``kernels.panelize``; ``ENGINE_GGUF_PANELS=0`` keeps GGUF rows).
+
 With int8 activations, ``--kv-cache-dtype auto`` stores the KV cache in float16 (as llama.cpp
 does: half the float32 cache's memory; the attention kernels widen it as they read); with
 float32 activations it stays float32.
