@@ -551,96 +551,65 @@ int64_t engine_gguf_panel_bytes(int qtype, int64_t n, int64_t k) {
 #endif
 }
 
-/* GGUF blocks w [n, k] of qtype -> the panel form in out (engine_gguf_panel_bytes bytes).
- * Returns 0, or -1 (no panel form). */
-int engine_gguf_panelize(int qtype, const uint8_t *w, int64_t n, int64_t k, uint8_t *out) {
+/* One row's block (GGUF bytes at blk; NULL: a padding row) into lane j of a panel's block p
+ * (to_panels), or back out of it. */
+static void panel_row(int qtype, uint8_t *p, int j, uint8_t *blk, int to_panels) {
+#if WIDE
+    const int cb = panel_codes_bytes(qtype), off = qtype == Q4_1 ? 4 : 2;
+    uint8_t q[32];
+    if (to_panels) {
+        for (int e = 0; e < 32; e++) q[e] = qtype == Q8_0 ? 128 : 0; /* padding: zero codes */
+        if (blk && qtype == Q8_0) {
+            for (int e = 0; e < 32; e++) q[e] = (uint8_t)((int8_t)blk[2 + e] + 128);
+        } else if (blk) {
+            for (int e = 0; e < 16; e++) q[e] = blk[off + e] & 0x0F, q[e + 16] = blk[off + e] >> 4;
+        }
+        for (int s = 0; s < 8; s++) /* Q8_0: register s; Q4: register s / 2, nibble s % 2 */
+            for (int i = 0; i < 4; i++) {
+                uint8_t *o = qtype == Q8_0 ? p + 64 * s + 4 * j + i : p + 64 * (s / 2) + 4 * j + i;
+                if (qtype == Q8_0) *o = q[4 * s + i];
+                else if (s % 2 == 0) *o = q[4 * s + i];
+                else *o |= (uint8_t)(q[4 * s + i] << 4);
+            }
+        for (int i = 0; i < off; i++) /* d (and Q4_1's m) as fp16 bytes; zeros for padding */
+            p[cb + 32 * (i / 2) + 2 * j + i % 2] = blk ? blk[i] : 0;
+        return;
+    }
+    for (int s = 0; s < 8; s++)
+        for (int i = 0; i < 4; i++) {
+            const uint8_t v = qtype == Q8_0 ? p[64 * s + 4 * j + i] : p[64 * (s / 2) + 4 * j + i];
+            q[4 * s + i] = qtype == Q8_0 ? v : s % 2 ? v >> 4 : v & 0x0F;
+        }
+    for (int e = 0; e < 32; e++)
+        if (qtype == Q8_0) blk[2 + e] = (uint8_t)(int8_t)(q[e] - 128);
+    if (qtype != Q8_0)
+        for (int e = 0; e < 16; e++) blk[off + e] = (uint8_t)(q[e] | q[e + 16] << 4);
+    for (int i = 0; i < off; i++) blk[i] = p[cb + 32 * (i / 2) + 2 * j + i % 2];
+#else
+    (void)qtype, (void)p, (void)j, (void)blk, (void)to_panels;
+#endif
+}
+
+/* The shared driver of kquants.c: every row's blocks into (or out of) their panels. */
+int engine_gguf_repack_rows(int qtype, uint8_t *w, int64_t n, int64_t nb, int bb, int pb,
+                            uint8_t *pan, int to_panels,
+                            void (*row)(int, uint8_t *, int, uint8_t *, int));
+
+/* GGUF blocks w [n, k] of qtype <-> the panel form pan (engine_gguf_panel_bytes bytes;
+ * to_panels: w -> pan). Returns 0, or -1 (no panel form). */
+int engine_gguf_repack(int qtype, uint8_t *w, int64_t n, int64_t k, uint8_t *pan,
+                       int to_panels) {
 #if WIDE
     if (!engine_gguf_panel_bytes(qtype, n, k)) return -1;
-    const int64_t nb = k / 32, panels = (n + PANEL - 1) / PANEL;
-    const int bb = block_bytes(qtype), pb = panel_block_bytes(qtype);
-    const int cb = panel_codes_bytes(qtype);
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; p++)
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t *o = out + (p * nb + b) * pb;
-            for (int j = 0; j < PANEL; j++) {
-                const int64_t row = p * PANEL + j;
-                uint8_t q[32], d[2] = {0, 0}, mn[2] = {0, 0};
-                if (row < n) {
-                    const uint8_t *blk = w + (row * nb + b) * bb;
-                    d[0] = blk[0], d[1] = blk[1];
-                    if (qtype == Q8_0) {
-                        for (int e = 0; e < 32; e++) q[e] = (uint8_t)((int8_t)blk[2 + e] + 128);
-                    } else {
-                        const uint8_t *nibbles = blk + (qtype == Q4_1 ? 4 : 2);
-                        if (qtype == Q4_1) mn[0] = blk[2], mn[1] = blk[3];
-                        for (int e = 0; e < 16; e++) {
-                            q[e] = nibbles[e] & 0x0F;
-                            q[e + 16] = nibbles[e] >> 4;
-                        }
-                    }
-                } else {
-                    for (int e = 0; e < 32; e++) q[e] = qtype == Q8_0 ? 128 : 0;
-                }
-                if (qtype == Q8_0) {
-                    for (int s = 0; s < 8; s++)
-                        for (int i = 0; i < 4; i++) o[64 * s + 4 * j + i] = q[4 * s + i];
-                } else {
-                    for (int t = 0; t < 4; t++)
-                        for (int i = 0; i < 4; i++)
-                            o[64 * t + 4 * j + i] =
-                                (uint8_t)(q[8 * t + i] | q[8 * t + 4 + i] << 4);
-                }
-                o[cb + 2 * j] = d[0], o[cb + 2 * j + 1] = d[1];
-                if (qtype == Q4_1) o[cb + 32 + 2 * j] = mn[0], o[cb + 32 + 2 * j + 1] = mn[1];
-            }
-        }
-    return 0;
+    return engine_gguf_repack_rows(qtype, w, n, k / 32, block_bytes(qtype),
+                                   panel_block_bytes(qtype), pan, to_panels, panel_row);
 #else
-    (void)qtype, (void)w, (void)n, (void)k, (void)out;
+    (void)qtype, (void)w, (void)n, (void)k, (void)pan, (void)to_panels;
     return -1;
 #endif
 }
 
-/* The inverse of engine_gguf_panelize: the GGUF blocks [n, k] of qtype back from the panel
- * form (the same bytes, for the dequantizers). Returns 0, or -1 (no panel form). */
-int engine_gguf_unpanelize(int qtype, const uint8_t *pan, int64_t n, int64_t k, uint8_t *w) {
-#if WIDE
-    if (!engine_gguf_panel_bytes(qtype, n, k)) return -1;
-    const int64_t nb = k / 32;
-    const int bb = block_bytes(qtype), pb = panel_block_bytes(qtype);
-    const int cb = panel_codes_bytes(qtype);
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < n; row++)
-        for (int64_t b = 0; b < nb; b++) {
-            const int j = (int)(row % PANEL);
-            const uint8_t *o = pan + ((row / PANEL) * nb + b) * pb;
-            uint8_t *blk = w + (row * nb + b) * bb;
-            blk[0] = o[cb + 2 * j], blk[1] = o[cb + 2 * j + 1];
-            if (qtype == Q8_0) {
-                for (int e = 0; e < 32; e++)
-                    blk[2 + e] = (uint8_t)(int8_t)(o[64 * (e / 4) + 4 * j + e % 4] - 128);
-            } else {
-                uint8_t q[32];
-                for (int t = 0; t < 4; t++)
-                    for (int i = 0; i < 4; i++) {
-                        const uint8_t v = o[64 * t + 4 * j + i];
-                        q[8 * t + i] = v & 0x0F;
-                        q[8 * t + 4 + i] = v >> 4;
-                    }
-                uint8_t *nibbles = blk + (qtype == Q4_1 ? 4 : 2);
-                if (qtype == Q4_1) blk[2] = o[cb + 32 + 2 * j], blk[3] = o[cb + 32 + 2 * j + 1];
-                for (int e = 0; e < 16; e++) nibbles[e] = (uint8_t)(q[e] | q[e + 16] << 4);
-            }
-        }
-    return 0;
-#else
-    (void)qtype, (void)pan, (void)n, (void)k, (void)w;
-    return -1;
-#endif
-}
-
-/* y [m, n] = x [m, k] @ W^T from W's panel form (engine_gguf_panelize), 8-bit activations;
+/* y [m, n] = x [m, k] @ W^T from W's panel form (engine_gguf_repack), 8-bit activations;
  * the arguments of engine_gguf_matmul_q8. Returns 0, -1 (no panel form) or -2 (no memory). */
 int engine_gguf_panel_q8(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
                          int64_t m, float *y, int64_t ldy) {

@@ -60,17 +60,14 @@ def library() -> ctypes.CDLL:
     lib.engine_gguf_panel_q8.restype = ctypes.c_int
     lib.engine_gguf_panel_bytes.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     lib.engine_gguf_panel_bytes.restype = ctypes.c_int64
-    for name in ("engine_gguf_panelize", "engine_gguf_unpanelize"):
-        getattr(lib, name).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
-                                       ctypes.c_int64, ctypes.c_void_p]
-        getattr(lib, name).restype = ctypes.c_int
     lib.engine_gguf_panel_path.argtypes = []
     lib.engine_gguf_panel_path.restype = ctypes.c_int
     lib.engine_gguf_kq_panel_bytes.argtypes = lib.engine_gguf_panel_bytes.argtypes
     lib.engine_gguf_kq_panel_bytes.restype = ctypes.c_int64
-    lib.engine_gguf_kq_repack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
-                                          ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
-    lib.engine_gguf_kq_repack.restype = ctypes.c_int
+    for name in ("engine_gguf_repack", "engine_gguf_kq_repack"):
+        getattr(lib, name).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+        getattr(lib, name).restype = ctypes.c_int
     lib.engine_gguf_kq_panel_q8.argtypes = lib.engine_gguf_matmul_q8.argtypes
     lib.engine_gguf_kq_panel_q8.restype = ctypes.c_int
     return declare_kquants(lib)
@@ -100,8 +97,8 @@ def panelize(qtype: int, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
     if size <= 0 or not blocks.is_contiguous() or blocks.numel() != n * _row_bytes(qtype, k):
         raise ValueError(f"gguf kernel: no panel form for type {qtype} [{n}, {k}]")
     out = torch.empty(((n + 15) // 16, size // ((n + 15) // 16)), dtype=torch.uint8)
-    rc = (lib.engine_gguf_kq_repack(qtype, blocks.data_ptr(), n, k, out.data_ptr(), 1) if kq
-          else lib.engine_gguf_panelize(qtype, blocks.data_ptr(), n, k, out.data_ptr()))
+    repack = lib.engine_gguf_kq_repack if kq else lib.engine_gguf_repack
+    rc = repack(qtype, blocks.data_ptr(), n, k, out.data_ptr(), 1)
     if rc != 0:
         raise ValueError(f"gguf kernel: no panel form for type {qtype} [{n}, {k}]")
     return out
@@ -111,9 +108,8 @@ def unpanelize(qtype: int, panels: torch.Tensor, n: int, k: int) -> torch.Tensor
     """The GGUF blocks [n, row bytes] back from :func:`panelize`'s form (the same bytes)."""
     out = torch.empty((n, _row_bytes(qtype, k)), dtype=torch.uint8)
     lib = library()
-    rc = (lib.engine_gguf_kq_repack(qtype, out.data_ptr(), n, k, panels.data_ptr(), 0)
-          if qtype in KQ_IDS else
-          lib.engine_gguf_unpanelize(qtype, panels.data_ptr(), n, k, out.data_ptr()))
+    repack = lib.engine_gguf_kq_repack if qtype in KQ_IDS else lib.engine_gguf_repack
+    rc = repack(qtype, out.data_ptr(), n, k, panels.data_ptr(), 0)
     if rc != 0:
         raise ValueError(f"gguf kernel: no panel form for type {qtype} [{n}, {k}]")
     return out

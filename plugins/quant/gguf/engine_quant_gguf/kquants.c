@@ -750,31 +750,46 @@ int64_t engine_gguf_kq_panel_bytes(int qtype, int64_t n, int64_t k) {
 #endif
 }
 
+/* Every row's blocks (GGUF bytes, nb a row of bb bytes) into their panels of 16 rows (pb
+ * bytes a block) through row(qtype, panel block, lane, GGUF block or NULL for a padding row,
+ * to_panels), or (!to_panels) back out into w. Returns 0. */
+int engine_gguf_repack_rows(int qtype, uint8_t *w, int64_t n, int64_t nb, int bb, int pb,
+                            uint8_t *pan, int to_panels,
+                            void (*row)(int, uint8_t *, int, uint8_t *, int)) {
+    const int64_t panels = (n + 15) / 16;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t b = 0; b < nb; b++)
+            for (int j = 0; j < 16; j++) {
+                const int64_t r = p * 16 + j;
+                if (r < n || to_panels)
+                    row(qtype, pan + (p * nb + b) * pb, j, r < n ? w + (r * nb + b) * bb : NULL,
+                        to_panels);
+            }
+    return 0;
+}
+
+#if KQ_PANELS
+static void kp_row(int qtype, uint8_t *p, int j, uint8_t *blk, int to_panels) {
+    kp_fields f;
+    memset(&f, 0, sizeof f); /* a padding row: zero codes and scales */
+    if (to_panels) {
+        if (blk) kp_decode(qtype, blk, &f);
+        kp_place(qtype, p, j, &f, 1);
+    } else {
+        kp_place(qtype, p, j, &f, 0);
+        kp_encode(qtype, &f, blk);
+    }
+}
+#endif
+
 /* GGUF super-blocks w [n, k] <-> the panel form pan (to_panels: w -> pan). Returns 0 or -1. */
-int engine_gguf_kq_repack(int qtype, const uint8_t *w, int64_t n, int64_t k, uint8_t *pan,
+int engine_gguf_kq_repack(int qtype, uint8_t *w, int64_t n, int64_t k, uint8_t *pan,
                           int to_panels) {
 #if KQ_PANELS
     if (!engine_gguf_kq_panel_bytes(qtype, n, k)) return -1;
-    const int64_t nb = k / 256, panels = (n + KP - 1) / KP;
-    const int bb = kq_block_bytes(qtype), pb = kp_block_bytes(qtype);
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; p++)
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t *o = pan + (p * nb + b) * pb;
-            for (int j = 0; j < KP; j++) {
-                const int64_t row = p * KP + j;
-                kp_fields f;
-                memset(&f, 0, sizeof f);
-                if (to_panels) {
-                    if (row < n) kp_decode(qtype, w + (row * nb + b) * bb, &f);
-                    kp_place(qtype, o, j, &f, 1); /* padding rows: zero scales */
-                } else if (row < n) {
-                    kp_place(qtype, o, j, &f, 0);
-                    kp_encode(qtype, &f, (uint8_t *)w + (row * nb + b) * bb);
-                }
-            }
-        }
-    return 0;
+    return engine_gguf_repack_rows(qtype, w, n, k / 256, kq_block_bytes(qtype),
+                                   kp_block_bytes(qtype), pan, to_panels, kp_row);
 #else
     (void)qtype, (void)w, (void)n, (void)k, (void)pan, (void)to_panels;
     return -1;
