@@ -178,6 +178,50 @@ def test_panel_form_holds_the_same_bytes(qtype):
 
 
 @needs_panels
+@pytest.mark.parametrize("qtype", sorted(kernels.QTYPES))
+def test_int16_kernel_is_within_a_16_bit_step_of_the_exact_product(qtype):
+    """The head's product (int16 activations per block of 32, from the panel form): each
+    activation moves by at most half its block's step (amax / 65534), so each output by at most
+    that times |w| summed; the rows are batch-invariant."""
+    w = random_blocks(qtype, 37, 96, np.random.default_rng(110))
+    qt = kernels.QTYPES[qtype]
+    panels = kernels.panelize(qt, w.data, 37, 96)
+    dense = w.dequantize().double()
+    x = torch.randn(11, 96)
+    x[0, :32] = 0  # an all-zero block has scale 0
+    y = kernels.matmul_q16(qt, panels, 37, x)
+    exact = x.double() @ dense.T
+    step = x.double().reshape(11, -1, 32).abs().amax(-1) / 65534
+    bound = step @ dense.abs().reshape(37, -1, 32).sum(-1).T
+    tol = 1e-5 * (x.double().abs() @ dense.abs().T).max().item()
+    assert ((y.double() - exact).abs() <= bound * (1 + 1e-4) + tol).all()
+    for i in (0, 8, 10):
+        assert torch.equal(kernels.matmul_q16(qt, panels, 37, x[i:i + 1].contiguous())[0], y[i])
+    with pytest.raises(ValueError, match="no 16-bit product"):
+        kernels.matmul_q16(12, panels, 37, x)
+
+
+def test_head_of_an_int8_model_keeps_wide_activations():
+    """An 8-bit model's logits head: 16-bit activations from the panel form where the CPU has
+    the panel kernels, else float32 (exact products); any other layer keeps the model's."""
+    method = GGUFMethod(8, activations="int8")
+    head = method.for_layer("lm_head")
+    assert method.for_layer("model.layers.0.mlp.down_proj") is method
+    assert head is method.for_layer("lm_head") and not head.int8
+    assert head.int16 == kernels.panel_path()
+    w = random_blocks("Q8_0", 40, 64, np.random.default_rng(111))
+    layer = Linear(64, 40, quant_method=head)
+    layer.weight.weight_loader(layer.weight, w, 0, 40)
+    layer.process_weights_after_loading()
+    assert layer.gguf_panels == kernels.panel_path()
+    x = torch.randn(3, 64)
+    exact = F.linear(x, w.dequantize())
+    assert (layer(x) - exact).abs().max() <= 1e-4 * exact.abs().max()
+    if head.int16:
+        assert torch.equal(layer(x), kernels.matmul_q16(8, layer.gguf_blocks, 40, x))
+
+
+@needs_panels
 def test_method_keeps_int8_layers_in_the_panel_form(monkeypatch):
     """With 8-bit activations a layer of a panel type holds the panel form (no dense copy);
     float32 activations and ENGINE_GGUF_PANELS=0 keep the GGUF rows. Either way the layer's

@@ -459,15 +459,60 @@ static void quantize_row_q8i(const float *x, int64_t k, int8_t *q, float *d, flo
     }
 }
 
-static inline __attribute__((always_inline)) void panel_rows(int qtype, int MR,
+/* One row of activations -> int16 codes q [k] per block of 32 (d = max|x| / 32767, q =
+ * round(x / d)), d, d * sum(q) in s and sum(q) in si: the activations of the 16-bit products
+ * (the logits head's; their rounding is ~1e-5 of a block's largest value). */
+static void quantize_row_q16(const float *x, int64_t k, int16_t *q, float *d, float *s,
+                             int32_t *si) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (int64_t b = 0; b < k / 32; b++) {
+        const __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
+        const float am = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0),
+                                                            _mm512_andnot_ps(sign, v1)));
+        const float db = am / 32767.0f, id = am > 0.0f ? 32767.0f / am : 0.0f;
+        const __m512 mul = _mm512_set1_ps(id);
+        const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        const __m512i i0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, mul), r));
+        const __m512i i1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v1, mul), r));
+        _mm256_storeu_si256((__m256i *)(q + b * 32), _mm512_cvtsepi32_epi16(i0));
+        _mm256_storeu_si256((__m256i *)(q + b * 32 + 16), _mm512_cvtsepi32_epi16(i1));
+        const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        d[b] = db;
+        s[b] = db * (float)sum;
+        si[b] = sum;
+    }
+}
+
+/* dot + step s's codes (4 a row, unsigned bytes of each 32-bit lane) times the activation row's
+ * codes 4s..4s+3 at xa: int8 activations (A16 0) by one dpbusd; int16 (A16 1) by two dpwssd on
+ * the codes widened to 16-bit pairs (c0: codes 0 and 1 of each lane, c1: codes 2 and 3). */
+static inline __attribute__((always_inline)) __m512i panel_step(int A16, __m512i dot,
+                                                                __m512i c, __m512i c0,
+                                                                __m512i c1, const void *xa) {
+    if (!A16) return _mm512_dpbusd_epi32(dot, c, codes4((const int8_t *)xa));
+    int32_t two[2];
+    memcpy(two, xa, 8);
+    dot = _mm512_dpwssd_epi32(dot, c0, _mm512_set1_epi32(two[0]));
+    return _mm512_dpwssd_epi32(dot, c1, _mm512_set1_epi32(two[1]));
+}
+
+/* The 16 rows of a panel against MR activation rows (int8 codes, or int16 with A16) from xa
+ * (row m at element m * k), their per-block scales xd, d * sums xs and sums xi. */
+static inline __attribute__((always_inline)) void panel_rows(int qtype, int A16, int MR,
                                                              const uint8_t *pan, int64_t nb,
-                                                             const int8_t *xq, const float *xd,
+                                                             const void *xa, const float *xd,
                                                              const float *xs, const int32_t *xi,
                                                              int64_t k, float *y, int64_t ldy,
                                                              __mmask16 cols) {
-    const int pb = panel_block_bytes(qtype), cb = panel_codes_bytes(qtype);
+    const int pb = panel_block_bytes(qtype), cb = panel_codes_bytes(qtype), es = A16 ? 2 : 1;
     const int zp = qtype == Q4_0 ? -8 : qtype == Q8_0 ? -128 : 0;
     const __m512i nib = _mm512_set1_epi8(0x0F);
+    /* per 32-bit lane [b0 b1 b2 b3] -> int16 pairs (b0, b1) and (b2, b3), zero-extended */
+    const __m512i w01 = _mm512_set4_epi32((int)0x800d800c, (int)0x80098008, (int)0x80058004,
+                                          (int)0x80018000);
+    const __m512i w23 = _mm512_set4_epi32((int)0x800f800e, (int)0x800b800a, (int)0x80078006,
+                                          (int)0x80038002);
+    const char *x0 = (const char *)xa;
     __m512 acc[PANEL_MR];
     for (int m = 0; m < MR; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -475,25 +520,19 @@ static inline __attribute__((always_inline)) void panel_rows(int qtype, int MR,
         __m512i dot[PANEL_MR];
         for (int m = 0; m < MR; m++)
             dot[m] = zp ? _mm512_set1_epi32(zp * xi[m * nb + b]) : _mm512_setzero_si512();
-        if (qtype == Q8_0) {
-            for (int s = 0; s < 8; s++) {
-                const __m512i w = _mm512_loadu_si512((const void *)(blk + 64 * s));
-                for (int m = 0; m < MR; m++) {
-                    const int8_t *xb = xq + m * k + b * 32 + 4 * s;
-                    dot[m] = _mm512_dpbusd_epi32(dot[m], w, codes4(xb));
-                }
+        for (int s = 0; s < 8; s++) {
+            __m512i c;
+            if (qtype == Q8_0) {
+                c = _mm512_loadu_si512((const void *)(blk + 64 * s));
+            } else {
+                const __m512i z = _mm512_loadu_si512((const void *)(blk + 64 * (s / 2)));
+                c = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(z, 4) : z, nib);
             }
-        } else {
-            for (int t = 0; t < 4; t++) {
-                const __m512i z = _mm512_loadu_si512((const void *)(blk + 64 * t));
-                const __m512i lo = _mm512_and_si512(z, nib);
-                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
-                for (int m = 0; m < MR; m++) {
-                    const int8_t *xb = xq + m * k + b * 32 + 8 * t;
-                    dot[m] = _mm512_dpbusd_epi32(dot[m], lo, codes4(xb));
-                    dot[m] = _mm512_dpbusd_epi32(dot[m], hi, codes4(xb + 4));
-                }
-            }
+            const __m512i c0 = A16 ? _mm512_shuffle_epi8(c, w01) : c;
+            const __m512i c1 = A16 ? _mm512_shuffle_epi8(c, w23) : c;
+            for (int m = 0; m < MR; m++)
+                dot[m] = panel_step(A16, dot[m], c, c0, c1,
+                                    x0 + es * (m * k + b * 32 + 4 * s));
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + cb)));
         if (qtype == Q4_1) {
@@ -512,27 +551,34 @@ static inline __attribute__((always_inline)) void panel_rows(int qtype, int MR,
     for (int m = 0; m < MR; m++) _mm512_mask_storeu_ps(y + m * ldy, cols, acc[m]);
 }
 
-#define PANEL_DISPATCH_MR(QT, ...)                                                          \
+#define PANEL_DISPATCH_MR(QT, A16, ...)                                                     \
     switch (mr) {                                                                            \
-    case 1: panel_rows(QT, 1, __VA_ARGS__); break;                                           \
-    case 2: panel_rows(QT, 2, __VA_ARGS__); break;                                           \
-    case 3: panel_rows(QT, 3, __VA_ARGS__); break;                                           \
-    case 4: panel_rows(QT, 4, __VA_ARGS__); break;                                           \
-    case 5: panel_rows(QT, 5, __VA_ARGS__); break;                                           \
-    case 6: panel_rows(QT, 6, __VA_ARGS__); break;                                           \
-    case 7: panel_rows(QT, 7, __VA_ARGS__); break;                                           \
-    default: panel_rows(QT, 8, __VA_ARGS__); break;                                          \
+    case 1: panel_rows(QT, A16, 1, __VA_ARGS__); break;                                      \
+    case 2: panel_rows(QT, A16, 2, __VA_ARGS__); break;                                      \
+    case 3: panel_rows(QT, A16, 3, __VA_ARGS__); break;                                      \
+    case 4: panel_rows(QT, A16, 4, __VA_ARGS__); break;                                      \
+    case 5: panel_rows(QT, A16, 5, __VA_ARGS__); break;                                      \
+    case 6: panel_rows(QT, A16, 6, __VA_ARGS__); break;                                      \
+    case 7: panel_rows(QT, A16, 7, __VA_ARGS__); break;                                      \
+    default: panel_rows(QT, A16, 8, __VA_ARGS__); break;                                     \
     }
 
-static void panel_tile(int qtype, int mr, const uint8_t *pan, int64_t nb, const int8_t *xq,
-                       const float *xd, const float *xs, const int32_t *xi, int64_t k, float *y,
-                       int64_t ldy, __mmask16 cols) {
-    if (qtype == Q4_1) {
-        PANEL_DISPATCH_MR(Q4_1, pan, nb, xq, xd, xs, xi, k, y, ldy, cols)
-    } else if (qtype == Q4_0) {
-        PANEL_DISPATCH_MR(Q4_0, pan, nb, xq, xd, xs, xi, k, y, ldy, cols)
+#define PANEL_DISPATCH(A16)                                                                 \
+    if (qtype == Q4_1) {                                                                     \
+        PANEL_DISPATCH_MR(Q4_1, A16, pan, nb, xa, xd, xs, xi, k, y, ldy, cols)               \
+    } else if (qtype == Q4_0) {                                                              \
+        PANEL_DISPATCH_MR(Q4_0, A16, pan, nb, xa, xd, xs, xi, k, y, ldy, cols)               \
+    } else {                                                                                 \
+        PANEL_DISPATCH_MR(Q8_0, A16, pan, nb, xa, xd, xs, xi, k, y, ldy, cols)               \
+    }
+
+static void panel_tile(int qtype, int a16, int mr, const uint8_t *pan, int64_t nb,
+                       const void *xa, const float *xd, const float *xs, const int32_t *xi,
+                       int64_t k, float *y, int64_t ldy, __mmask16 cols) {
+    if (a16) {
+        PANEL_DISPATCH(1)
     } else {
-        PANEL_DISPATCH_MR(Q8_0, pan, nb, xq, xd, xs, xi, k, y, ldy, cols)
+        PANEL_DISPATCH(0)
     }
 }
 #endif
@@ -609,22 +655,28 @@ int engine_gguf_repack(int qtype, uint8_t *w, int64_t n, int64_t k, uint8_t *pan
 #endif
 }
 
-/* y [m, n] = x [m, k] @ W^T from W's panel form (engine_gguf_repack), 8-bit activations;
- * the arguments of engine_gguf_matmul_q8. Returns 0, -1 (no panel form) or -2 (no memory). */
-int engine_gguf_panel_q8(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
-                         int64_t m, float *y, int64_t ldy) {
+/* y [m, n] = x [m, k] @ W^T from W's panel form (engine_gguf_repack), the activations
+ * quantized per block of 32 to int8 (a16 0) or int16 (a16 1). */
+static int panel_matmul(int qtype, int a16, const uint8_t *w, int64_t n, int64_t k,
+                        const float *x, int64_t m, float *y, int64_t ldy) {
 #if WIDE
     if (!engine_gguf_panel_bytes(qtype, n, k)) return -1;
     const int64_t nb = k / 32, panels = (n + PANEL - 1) / PANEL;
-    const int pb = panel_block_bytes(qtype);
-    int8_t *xq = (int8_t *)malloc((size_t)(m * k) + 3 * 4 * (size_t)(m * nb) + 64);
-    if (!xq) return -2;
-    float *xd = (float *)(((uintptr_t)(xq + m * k) + 63) & ~(uintptr_t)63);
+    const int pb = panel_block_bytes(qtype), es = a16 ? 2 : 1;
+    char *xa = (char *)malloc((size_t)(m * k * es) + 3 * 4 * (size_t)(m * nb) + 64);
+    if (!xa) return -2;
+    float *xd = (float *)(((uintptr_t)(xa + m * k * es) + 63) & ~(uintptr_t)63);
     float *xs = xd + m * nb;
     int32_t *xi = (int32_t *)(xs + m * nb);
 #pragma omp parallel for schedule(static) if (m > 8)
-    for (int64_t r = 0; r < m; r++)
-        quantize_row_q8i(x + r * k, k, xq + r * k, xd + r * nb, xs + r * nb, xi + r * nb);
+    for (int64_t r = 0; r < m; r++) {
+        if (a16)
+            quantize_row_q16(x + r * k, k, (int16_t *)xa + r * k, xd + r * nb, xs + r * nb,
+                             xi + r * nb);
+        else
+            quantize_row_q8i(x + r * k, k, (int8_t *)xa + r * k, xd + r * nb, xs + r * nb,
+                             xi + r * nb);
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < panels; p++) {
         const int64_t n0 = p * PANEL;
@@ -632,14 +684,27 @@ int engine_gguf_panel_q8(int qtype, const uint8_t *w, int64_t n, int64_t k, cons
                                                : (__mmask16)((1u << (n - n0)) - 1);
         for (int64_t r = 0; r < m; r += PANEL_MR) {
             const int mr = (int)(m - r < PANEL_MR ? m - r : PANEL_MR);
-            panel_tile(qtype, mr, w + p * nb * pb, nb, xq + r * k, xd + r * nb, xs + r * nb,
-                       xi + r * nb, k, y + r * ldy + n0, ldy, cols);
+            panel_tile(qtype, a16, mr, w + p * nb * pb, nb, xa + r * k * es, xd + r * nb,
+                       xs + r * nb, xi + r * nb, k, y + r * ldy + n0, ldy, cols);
         }
     }
-    free(xq);
+    free(xa);
     return 0;
 #else
-    (void)qtype, (void)w, (void)n, (void)k, (void)x, (void)m, (void)y, (void)ldy;
+    (void)qtype, (void)a16, (void)w, (void)n, (void)k, (void)x, (void)m, (void)y, (void)ldy;
     return -1;
 #endif
+}
+
+/* The 8-bit-activation product from the panel form: the arguments of engine_gguf_matmul_q8.
+ * Returns 0, -1 (no panel form) or -2 (no memory). */
+int engine_gguf_panel_q8(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
+                         int64_t m, float *y, int64_t ldy) {
+    return panel_matmul(qtype, 0, w, n, k, x, m, y, ldy);
+}
+
+/* The same with 16-bit activations (the logits head of a model served with 8-bit ones). */
+int engine_gguf_panel_q16(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x,
+                          int64_t m, float *y, int64_t ldy) {
+    return panel_matmul(qtype, 1, w, n, k, x, m, y, ldy);
 }

@@ -56,8 +56,9 @@ def library() -> ctypes.CDLL:
                                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                                           ctypes.c_void_p, ctypes.c_int64]
     lib.engine_gguf_matmul_q8.restype = ctypes.c_int
-    lib.engine_gguf_panel_q8.argtypes = lib.engine_gguf_matmul_q8.argtypes
-    lib.engine_gguf_panel_q8.restype = ctypes.c_int
+    for name in ("engine_gguf_panel_q8", "engine_gguf_panel_q16"):
+        getattr(lib, name).argtypes = lib.engine_gguf_matmul_q8.argtypes
+        getattr(lib, name).restype = ctypes.c_int
     lib.engine_gguf_panel_bytes.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     lib.engine_gguf_panel_bytes.restype = ctypes.c_int64
     lib.engine_gguf_panel_path.argtypes = []
@@ -170,6 +171,25 @@ def matmul_q8(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
         raise ValueError("gguf kernel: out must be [M, n] with contiguous rows")
     fn = library().engine_gguf_panel_q8 if panels else library().engine_gguf_matmul_q8
     rc = fn(qtype, blocks.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr(), y.stride(0))
+    if rc != 0:
+        raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k}; K must be a "
+                         "multiple of 32)")
+    return y
+
+
+def matmul_q16(qtype: int, panels: torch.Tensor, n: int, x: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """As :func:`matmul_q8` from the panel form of a Q4_0/Q4_1/Q8_0 weight, with the activations
+    quantized per block of 32 to int16 (their rounding ~1e-5 of a block's largest value, where
+    int8's is ~4e-3): the logits head of a model served with 8-bit activations."""
+    m, k = x.shape
+    if qtype in KQ_IDS or qtype not in PANEL_TYPES:
+        raise ValueError(f"gguf kernel: no 16-bit product for type {qtype}")
+    y = torch.empty((m, n), dtype=torch.float32) if out is None else out
+    if y.stride(-1) != 1 or y.shape[0] != m or y.shape[1] != n:
+        raise ValueError("gguf kernel: out must be [M, n] with contiguous rows")
+    rc = library().engine_gguf_panel_q16(qtype, panels.data_ptr(), n, k, x.data_ptr(), m,
+                                         y.data_ptr(), y.stride(0))
     if rc != 0:
         raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k}; K must be a "
                          "multiple of 32)")
