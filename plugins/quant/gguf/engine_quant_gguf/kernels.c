@@ -434,11 +434,29 @@ static inline int panel_block_bytes(int qtype) {
 
 static inline int panel_codes_bytes(int qtype) { return qtype == Q8_0 ? 512 : 256; }
 
-/* Four activation codes as one 32-bit lane for every lane (the broadcast operand of dpbusd). */
-static inline __m512i codes4(const int8_t *p) {
+/* acc + the products of u's unsigned bytes with the 4 signed bytes at p (the same 4 in every
+ * lane): one dpbusd with p as its broadcast memory operand (a separate broadcast would double
+ * the inner loops' instructions); dpwssd_4: 16-bit pairs, the 2 signed 16-bit values at p. */
+static inline __m512i dpbusd_4(__m512i acc, __m512i u, const void *p) {
+#if defined(__GNUC__)
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+    return acc;
+#else
     int32_t v;
     memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
+    return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(v));
+#endif
+}
+
+static inline __m512i dpwssd_4(__m512i acc, __m512i a, const void *p) {
+#if defined(__GNUC__)
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)p));
+    return acc;
+#else
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_dpwssd_epi32(acc, a, _mm512_set1_epi32(v));
+#endif
 }
 
 /* One row of activations -> int8 codes q [k], per block scale d, d * sum(q) in s and sum(q) in
@@ -489,11 +507,8 @@ static void quantize_row_q16(const float *x, int64_t k, int16_t *q, float *d, fl
 static inline __attribute__((always_inline)) __m512i panel_step(int A16, __m512i dot,
                                                                 __m512i c, __m512i c0,
                                                                 __m512i c1, const void *xa) {
-    if (!A16) return _mm512_dpbusd_epi32(dot, c, codes4((const int8_t *)xa));
-    int32_t two[2];
-    memcpy(two, xa, 8);
-    dot = _mm512_dpwssd_epi32(dot, c0, _mm512_set1_epi32(two[0]));
-    return _mm512_dpwssd_epi32(dot, c1, _mm512_set1_epi32(two[1]));
+    if (!A16) return dpbusd_4(dot, c, xa);
+    return dpwssd_4(dpwssd_4(dot, c0, xa), c1, (const char *)xa + 4);
 }
 
 /* The 16 rows of a panel against MR activation rows (int8 codes, or int16 with A16) from xa
