@@ -616,35 +616,39 @@ int64_t engine_gguf_panel_bytes(int qtype, int64_t n, int64_t k) {
  * (to_panels), or back out of it. */
 static void panel_row(int qtype, uint8_t *p, int j, uint8_t *blk, int to_panels) {
 #if WIDE
+    /* 32-bit words: a Q8_0 register s holds codes 4s..4s+3 (+ 128); a Q4 register t holds
+     * codes 8t..8t+3 (low nibbles) and 8t+4..8t+7 (high). GGUF nibble byte e holds code e (low)
+     * and code e + 16 (high), so with words A, B, C, D = nibble bytes 0-3, 4-7, 8-11, 12-15:
+     * t0 = lo(A) | lo(B) << 4, t1 = lo(C) | lo(D) << 4, t2 = hi(A) | hi(B) << 4, t3 = hi(C) |
+     * hi(D) << 4. */
+    const uint32_t lo = 0x0F0F0F0Fu, hi = 0xF0F0F0F0u, flip = 0x80808080u;
     const int cb = panel_codes_bytes(qtype), off = qtype == Q4_1 ? 4 : 2;
-    uint8_t q[32];
+    uint32_t v[8];
     if (to_panels) {
-        for (int e = 0; e < 32; e++) q[e] = qtype == Q8_0 ? 128 : 0; /* padding: zero codes */
-        if (blk && qtype == Q8_0) {
-            for (int e = 0; e < 32; e++) q[e] = (uint8_t)((int8_t)blk[2 + e] + 128);
-        } else if (blk) {
-            for (int e = 0; e < 16; e++) q[e] = blk[off + e] & 0x0F, q[e + 16] = blk[off + e] >> 4;
+        if (qtype == Q8_0) {
+            for (int r = 0; r < 8; r++) v[r] = flip; /* padding: zero codes */
+            if (blk) memcpy(v, blk + 2, 32);
+            for (int r = 0; r < 8; r++) v[r] ^= blk ? flip : 0;
+        } else {
+            uint32_t w[4] = {0, 0, 0, 0};
+            if (blk) memcpy(w, blk + off, 16);
+            v[0] = (w[0] & lo) | (w[1] & lo) << 4, v[1] = (w[2] & lo) | (w[3] & lo) << 4;
+            v[2] = (w[0] >> 4 & lo) | (w[1] & hi), v[3] = (w[2] >> 4 & lo) | (w[3] & hi);
         }
-        for (int s = 0; s < 8; s++) /* Q8_0: register s; Q4: register s / 2, nibble s % 2 */
-            for (int i = 0; i < 4; i++) {
-                uint8_t *o = qtype == Q8_0 ? p + 64 * s + 4 * j + i : p + 64 * (s / 2) + 4 * j + i;
-                if (qtype == Q8_0) *o = q[4 * s + i];
-                else if (s % 2 == 0) *o = q[4 * s + i];
-                else *o |= (uint8_t)(q[4 * s + i] << 4);
-            }
+        for (int r = 0; r < (qtype == Q8_0 ? 8 : 4); r++) memcpy(p + 64 * r + 4 * j, v + r, 4);
         for (int i = 0; i < off; i++) /* d (and Q4_1's m) as fp16 bytes; zeros for padding */
             p[cb + 32 * (i / 2) + 2 * j + i % 2] = blk ? blk[i] : 0;
         return;
     }
-    for (int s = 0; s < 8; s++)
-        for (int i = 0; i < 4; i++) {
-            const uint8_t v = qtype == Q8_0 ? p[64 * s + 4 * j + i] : p[64 * (s / 2) + 4 * j + i];
-            q[4 * s + i] = qtype == Q8_0 ? v : s % 2 ? v >> 4 : v & 0x0F;
-        }
-    for (int e = 0; e < 32; e++)
-        if (qtype == Q8_0) blk[2 + e] = (uint8_t)(int8_t)(q[e] - 128);
-    if (qtype != Q8_0)
-        for (int e = 0; e < 16; e++) blk[off + e] = (uint8_t)(q[e] | q[e + 16] << 4);
+    for (int r = 0; r < (qtype == Q8_0 ? 8 : 4); r++) memcpy(v + r, p + 64 * r + 4 * j, 4);
+    if (qtype == Q8_0) {
+        for (int r = 0; r < 8; r++) v[r] ^= flip;
+        memcpy(blk + 2, v, 32);
+    } else {
+        const uint32_t w[4] = {(v[0] & lo) | (v[2] << 4 & hi), (v[0] >> 4 & lo) | (v[2] & hi),
+                               (v[1] & lo) | (v[3] << 4 & hi), (v[1] >> 4 & lo) | (v[3] & hi)};
+        memcpy(blk + off, w, 16);
+    }
     for (int i = 0; i < off; i++) blk[i] = p[cb + 32 * (i / 2) + 2 * j + i % 2];
 #else
     (void)qtype, (void)p, (void)j, (void)blk, (void)to_panels;
