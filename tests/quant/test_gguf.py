@@ -197,8 +197,15 @@ def test_int16_kernel_is_within_a_16_bit_step_of_the_exact_product(qtype):
     assert ((y.double() - exact).abs() <= bound * (1 + 1e-4) + tol).all()
     for i in (0, 8, 10):
         assert torch.equal(kernels.matmul_q16(qt, panels, 37, x[i:i + 1].contiguous())[0], y[i])
+    x[3, 40], x[5, 1] = float("nan"), float("inf")  # non-finite rows: NaN out, as float32
+    y = kernels.matmul_q16(qt, panels, 37, x)
+    assert y[3].isnan().all() and y[5].isnan().all() and not y[4].isnan().any()
     with pytest.raises(ValueError, match="no 16-bit product"):
         kernels.matmul_q16(12, panels, 37, x)
+    with pytest.raises(ValueError, match="not the panel form"):
+        kernels.matmul_q16(qt, panels[:2], 37, x)
+    with pytest.raises(ValueError, match="not the panel form"):
+        kernels.matmul_q8(qt, w.data, 37, x, panels=True)  # GGUF rows are not panels
 
 
 def test_head_of_an_int8_model_keeps_wide_activations():

@@ -12,7 +12,9 @@
  * batch. Rows of W are split across the OpenMP threads of the process (the runtime that torch
  * itself uses, so torch.set_num_threads applies).
  */
+#include <float.h>
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -487,7 +489,11 @@ static void quantize_row_q16(const float *x, int64_t k, int16_t *q, float *d, fl
         const __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
         const float am = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0),
                                                             _mm512_andnot_ps(sign, v1)));
-        const float db = am / 32767.0f, id = am > 0.0f ? 32767.0f / am : 0.0f;
+        /* a NaN or an infinity: scale NaN, so the block's products are NaN (as float32's) */
+        const int bad = _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) |
+                        _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q) || !(am <= FLT_MAX);
+        const float db = bad ? NAN : am / 32767.0f;
+        const float id = !bad && am > 0.0f ? 32767.0f / am : 0.0f;
         const __m512 mul = _mm512_set1_ps(id);
         const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
         const __m512i i0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, mul), r));

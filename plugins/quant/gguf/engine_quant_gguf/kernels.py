@@ -38,7 +38,8 @@ _BLOCK_BYTES = {2: 18, 3: 20, 8: 34}
 #: bytes of one 256-value super-block of each K-quant type id
 _KQ_BLOCK_BYTES = {10: 84, 11: 110, 12: 144, 13: 176, 14: 210}
 #: type ids that have a panel form (where the CPU has the panel kernels: :func:`panel_path`)
-PANEL_TYPES = frozenset(QTYPES.values()) | frozenset((12, 13, 14))
+PANEL_TYPES = frozenset(QTYPES.values()) | frozenset(KQTYPES[t] for t in ("Q4_K", "Q5_K",
+                                                                          "Q6_K"))
 
 
 @functools.lru_cache(maxsize=1)
@@ -169,6 +170,8 @@ def matmul_q8(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
     y = torch.empty((m, n), dtype=torch.float32) if out is None else out
     if y.stride(-1) != 1 or y.shape[0] != m or y.shape[1] != n:
         raise ValueError("gguf kernel: out must be [M, n] with contiguous rows")
+    if panels:
+        _check_panels(qtype, blocks, n, k)
     fn = library().engine_gguf_panel_q8 if panels else library().engine_gguf_matmul_q8
     rc = fn(qtype, blocks.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr(), y.stride(0))
     if rc != 0:
@@ -185,6 +188,9 @@ def matmul_q16(qtype: int, panels: torch.Tensor, n: int, x: torch.Tensor,
     m, k = x.shape
     if qtype in KQ_IDS or qtype not in PANEL_TYPES:
         raise ValueError(f"gguf kernel: no 16-bit product for type {qtype}")
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        raise ValueError("gguf kernel: x must be contiguous float32")
+    _check_panels(qtype, panels, n, k)
     y = torch.empty((m, n), dtype=torch.float32) if out is None else out
     if y.stride(-1) != 1 or y.shape[0] != m or y.shape[1] != n:
         raise ValueError("gguf kernel: out must be [M, n] with contiguous rows")
@@ -194,6 +200,16 @@ def matmul_q16(qtype: int, panels: torch.Tensor, n: int, x: torch.Tensor,
         raise ValueError(f"gguf kernel: bad arguments (type {qtype}, K={k}; K must be a "
                          "multiple of 32)")
     return y
+
+
+def _check_panels(qtype: int, panels: torch.Tensor, n: int, k: int) -> None:
+    """The panel kernels read the panel form of an [n, k] weight: refuse any other buffer."""
+    lib = library()
+    size = (lib.engine_gguf_kq_panel_bytes if qtype in KQ_IDS else
+            lib.engine_gguf_panel_bytes)(qtype, n, k)
+    if not panels.is_contiguous() or panels.numel() != size:
+        raise ValueError(f"gguf kernel: {panels.numel()} bytes are not the panel form of a "
+                         f"[{n}, {k}] weight of type {qtype}")
 
 
 def _check_kq_blocks(qtype: int, blocks: torch.Tensor, n: int, k: int) -> None:
@@ -209,9 +225,7 @@ def _kq_matmul(qtype: int, blocks: torch.Tensor, n: int, x: torch.Tensor,
     if x.dtype != torch.float32 or not x.is_contiguous():
         raise ValueError("gguf kernel: x must be contiguous float32")
     if panels:
-        if blocks.numel() != library().engine_gguf_kq_panel_bytes(qtype, n, k):
-            raise ValueError(f"gguf kernel: {blocks.numel()} bytes are not the panel form of "
-                             f"a [{n}, {k}] weight of type {qtype}")
+        _check_panels(qtype, blocks, n, k)
     else:
         _check_kq_blocks(qtype, blocks, n, k)
     y = torch.empty((m, n), dtype=torch.float32) if out is None else out
