@@ -20,6 +20,7 @@
 #include <string.h>
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGML type ids */
+enum { KQ_FIRST = 10, KQ_LAST = 14 }; /* Q2_K..Q6_K, kquants.c's type ids */
 
 #define ROW_TILE 16 /* weight rows per task: their blocks stay in L1 while row chunks reuse them */
 #define MAX_MB 8    /* activation rows per register-blocked pass */
@@ -227,8 +228,10 @@ static inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
-/* One row of activations -> int8 blocks q [k], scales d [k/32] and d * sum(q) in s [k/32]. */
-static void quantize_row_q8(const float *x, int64_t k, int8_t *q, float *d, float *s) {
+/* One row of activations -> int8 blocks q [k], scales d [k/32] and d * sum(q) in s [k/32];
+ * with si, the integer sums of the stored codes too (the panel kernels' zero points). */
+static void quantize_row_q8(const float *x, int64_t k, int8_t *q, float *d, float *s,
+                            int32_t *si) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < k / 32; b++) {
         const float *xb = x + b * 32;
@@ -255,6 +258,16 @@ static void quantize_row_q8(const float *x, int64_t k, int8_t *q, float *d, floa
         _mm256_storeu_si256((__m256i *)(q + b * 32), p);
         d[b] = db;
         s[b] = db * (float)hsum(_mm256_cvtepi32_ps(sum));
+        if (si) { /* the codes as stored (the packs saturate to int8) */
+            const __m256i lo = _mm256_set1_epi32(-128), hi = _mm256_set1_epi32(127);
+            __m256i c = _mm256_setzero_si256();
+            for (int j = 0; j < 4; j++)
+                c = _mm256_add_epi32(c, _mm256_max_epi32(_mm256_min_epi32(i[j], hi), lo));
+            const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(c),
+                                            _mm256_extracti128_si256(c, 1));
+            const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+            si[b] = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xb1)));
+        }
     }
 }
 
@@ -375,7 +388,7 @@ int engine_gguf_matmul_q8(int qtype, const uint8_t *w, int64_t n, int64_t k, con
     float *xs = xd + m * nb;
 #pragma omp parallel for schedule(static) if (m > 8)
     for (int64_t r = 0; r < m; r++) quantize_row_q8(x + r * k, k, xq + r * k, xd + r * nb,
-                                                     xs + r * nb);
+                                                     xs + r * nb, NULL);
     const int64_t tiles = (n + ROW_TILE - 1) / ROW_TILE;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
@@ -459,24 +472,6 @@ static inline __m512i dpwssd_4(__m512i acc, __m512i a, const void *p) {
     memcpy(&v, p, 4);
     return _mm512_dpwssd_epi32(acc, a, _mm512_set1_epi32(v));
 #endif
-}
-
-/* One row of activations -> int8 codes q [k], per block scale d, d * sum(q) in s and sum(q) in
- * si (as quantize_row_q8, which this extends by si). */
-static void quantize_row_q8i(const float *x, int64_t k, int8_t *q, float *d, float *s,
-                             int32_t *si) {
-    quantize_row_q8(x, k, q, d, s);
-    for (int64_t b = 0; b < k / 32; b++) {
-        const int8_t *qb = q + b * 32;
-        __m256i acc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qb));
-        for (int j = 1; j < 4; j++)
-            acc = _mm256_add_epi32(
-                acc, _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * j))));
-        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc),
-                                        _mm256_extracti128_si256(acc, 1));
-        const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-        si[b] = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xb1)));
-    }
 }
 
 /* One row of activations -> int16 codes q [k] per block of 32 (d = max|x| / 32767, q =
@@ -607,8 +602,15 @@ static void panel_tile(int qtype, int a16, int mr, const uint8_t *pan, int64_t n
 /* 1 where the panel kernels were compiled (AVX512-VNNI), else 0. */
 int engine_gguf_panel_path(void) { return WIDE; }
 
-/* Bytes of the panel form of an [n, k] weight of qtype (0 where there is none). */
+/* kquants.c's panel forms (Q4_K, Q5_K, Q6_K), behind the two entry points below. */
+int64_t engine_gguf_kq_panel_bytes(int qtype, int64_t n, int64_t k);
+int engine_gguf_kq_repack(int qtype, uint8_t *w, int64_t n, int64_t k, uint8_t *pan,
+                          int to_panels);
+
+/* Bytes of the panel form of an [n, k] weight of qtype, either family (0 where there is
+ * none). */
 int64_t engine_gguf_panel_bytes(int qtype, int64_t n, int64_t k) {
+    if (qtype >= KQ_FIRST && qtype <= KQ_LAST) return engine_gguf_kq_panel_bytes(qtype, n, k);
 #if WIDE
     if ((qtype != Q4_0 && qtype != Q4_1 && qtype != Q8_0) || k % 32 != 0) return 0;
     return (n + PANEL - 1) / PANEL * (k / 32) * panel_block_bytes(qtype);
@@ -666,10 +668,12 @@ int engine_gguf_repack_rows(int qtype, uint8_t *w, int64_t n, int64_t nb, int bb
                             uint8_t *pan, int to_panels,
                             void (*row)(int, uint8_t *, int, uint8_t *, int));
 
-/* GGUF blocks w [n, k] of qtype <-> the panel form pan (engine_gguf_panel_bytes bytes;
- * to_panels: w -> pan). Returns 0, or -1 (no panel form). */
+/* GGUF blocks w [n, k] of qtype (either family) <-> the panel form pan
+ * (engine_gguf_panel_bytes bytes; to_panels: w -> pan). Returns 0, or -1 (no panel form). */
 int engine_gguf_repack(int qtype, uint8_t *w, int64_t n, int64_t k, uint8_t *pan,
                        int to_panels) {
+    if (qtype >= KQ_FIRST && qtype <= KQ_LAST)
+        return engine_gguf_kq_repack(qtype, w, n, k, pan, to_panels);
 #if WIDE
     if (!engine_gguf_panel_bytes(qtype, n, k)) return -1;
     return engine_gguf_repack_rows(qtype, w, n, k / 32, block_bytes(qtype),
@@ -699,8 +703,8 @@ static int panel_matmul(int qtype, int a16, const uint8_t *w, int64_t n, int64_t
             quantize_row_q16(x + r * k, k, (int16_t *)xa + r * k, xd + r * nb, xs + r * nb,
                              xi + r * nb);
         else
-            quantize_row_q8i(x + r * k, k, (int8_t *)xa + r * k, xd + r * nb, xs + r * nb,
-                             xi + r * nb);
+            quantize_row_q8(x + r * k, k, (int8_t *)xa + r * k, xd + r * nb, xs + r * nb,
+                            xi + r * nb);
     }
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < panels; p++) {

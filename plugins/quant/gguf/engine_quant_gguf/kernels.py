@@ -64,12 +64,9 @@ def library() -> ctypes.CDLL:
     lib.engine_gguf_panel_bytes.restype = ctypes.c_int64
     lib.engine_gguf_panel_path.argtypes = []
     lib.engine_gguf_panel_path.restype = ctypes.c_int
-    lib.engine_gguf_kq_panel_bytes.argtypes = lib.engine_gguf_panel_bytes.argtypes
-    lib.engine_gguf_kq_panel_bytes.restype = ctypes.c_int64
-    for name in ("engine_gguf_repack", "engine_gguf_kq_repack"):
-        getattr(lib, name).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+    lib.engine_gguf_repack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
-        getattr(lib, name).restype = ctypes.c_int
+    lib.engine_gguf_repack.restype = ctypes.c_int
     lib.engine_gguf_kq_panel_q8.argtypes = lib.engine_gguf_matmul_q8.argtypes
     lib.engine_gguf_kq_panel_q8.restype = ctypes.c_int
     return declare_kquants(lib)
@@ -80,7 +77,7 @@ def panel_path() -> bool:
     library has the panel kernels (AVX512-VNNI) and ``ENGINE_GGUF_PANELS`` is not ``0``."""
     lib = library()
     return os.environ.get("ENGINE_GGUF_PANELS", "1") != "0" and \
-        lib.engine_gguf_panel_path() == 1 and lib.engine_gguf_kq_panel_bytes(12, 16, 256) > 0
+        lib.engine_gguf_panel_path() == 1 and lib.engine_gguf_panel_bytes(12, 16, 256) > 0
 
 
 def _row_bytes(qtype: int, k: int) -> int:
@@ -94,13 +91,11 @@ def panelize(qtype: int, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """The panel form (uint8 [ceil(n / 16), bytes a panel]) of the GGUF blocks ``blocks`` [n, k]
     of ``qtype`` (one of :data:`PANEL_TYPES`; needs :func:`panel_path`)."""
     lib = library()
-    kq = qtype in KQ_IDS
-    size = (lib.engine_gguf_kq_panel_bytes if kq else lib.engine_gguf_panel_bytes)(qtype, n, k)
+    size = lib.engine_gguf_panel_bytes(qtype, n, k)
     if size <= 0 or not blocks.is_contiguous() or blocks.numel() != n * _row_bytes(qtype, k):
         raise ValueError(f"gguf kernel: no panel form for type {qtype} [{n}, {k}]")
     out = torch.empty(((n + 15) // 16, size // ((n + 15) // 16)), dtype=torch.uint8)
-    repack = lib.engine_gguf_kq_repack if kq else lib.engine_gguf_repack
-    rc = repack(qtype, blocks.data_ptr(), n, k, out.data_ptr(), 1)
+    rc = lib.engine_gguf_repack(qtype, blocks.data_ptr(), n, k, out.data_ptr(), 1)
     if rc != 0:
         raise ValueError(f"gguf kernel: no panel form for type {qtype} [{n}, {k}]")
     return out
@@ -109,9 +104,7 @@ def panelize(qtype: int, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
 def unpanelize(qtype: int, panels: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """The GGUF blocks [n, row bytes] back from :func:`panelize`'s form (the same bytes)."""
     out = torch.empty((n, _row_bytes(qtype, k)), dtype=torch.uint8)
-    lib = library()
-    repack = lib.engine_gguf_kq_repack if qtype in KQ_IDS else lib.engine_gguf_repack
-    rc = repack(qtype, out.data_ptr(), n, k, panels.data_ptr(), 0)
+    rc = library().engine_gguf_repack(qtype, out.data_ptr(), n, k, panels.data_ptr(), 0)
     if rc != 0:
         raise ValueError(f"gguf kernel: no panel form for type {qtype} [{n}, {k}]")
     return out
@@ -204,9 +197,7 @@ def matmul_q16(qtype: int, panels: torch.Tensor, n: int, x: torch.Tensor,
 
 def _check_panels(qtype: int, panels: torch.Tensor, n: int, k: int) -> None:
     """The panel kernels read the panel form of an [n, k] weight: refuse any other buffer."""
-    lib = library()
-    size = (lib.engine_gguf_kq_panel_bytes if qtype in KQ_IDS else
-            lib.engine_gguf_panel_bytes)(qtype, n, k)
+    size = library().engine_gguf_panel_bytes(qtype, n, k)
     if not panels.is_contiguous() or panels.numel() != size:
         raise ValueError(f"gguf kernel: {panels.numel()} bytes are not the panel form of a "
                          f"[{n}, {k}] weight of type {qtype}")
