@@ -1,15 +1,20 @@
 """The core's CPU attention kernel read straight from the pool (``fused_cpu.decode_attention``,
 what torch_native runs on the CPU for float32 / 16-bit pools), at the default model's shape (9
 query heads on 3 KV heads of 64) over scattered slots: an extend of T tokens (token t sees t + 1
-keys, as a prefill) and one decode token over a long context. Prints a markdown table, the best
-of ``--rounds`` timings each.
+keys, as a prefill) and ``--batch`` decode tokens over a long context. Prints a markdown table,
+the best of ``--rounds`` timings each (a decode timing: the median of 20 calls in a row).
+``--against FILE`` builds another version of ``fused_cpu.c`` (an earlier revision: ``git show
+REV:core/engine/runtime/fused_cpu.c > FILE``) and times the two alternately in the same
+process, a row each.
 
     python benchmarks/attention_cpu.py [--tokens 1000] [--context 1000,4000] [--rounds 5]
+        [--batch 1] [--dtypes float32,float16,bfloat16] [--against FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -27,13 +32,34 @@ def best(fn, rounds: int) -> float:
     return min(times)
 
 
+def steady(fn, calls: int) -> float:
+    """The median of ``calls`` back-to-back calls after a first one (its data in cache, as a
+    decode step's layers find their pool rows when the context fits the caches)."""
+    fn()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=1000, help="extend tokens (a prefill)")
     ap.add_argument("--context", default="1000,4000", help="decode context lengths")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--heads", default="9,3,64", help="query heads, KV heads, head dim")
+    ap.add_argument("--batch", type=int, default=1, help="decode requests (same context)")
+    ap.add_argument("--dtypes", default="float32,float16,bfloat16")
+    ap.add_argument("--against", default=None, help="another fused_cpu.c to time alongside")
     args = ap.parse_args()
+    builds = {"this": fused_cpu._library()}
+    if args.against:
+        fused_cpu._library.cache_clear()
+        shipped, fused_cpu._SOURCE = fused_cpu._SOURCE, args.against
+        builds[args.against] = fused_cpu._library()
+        fused_cpu._SOURCE = shipped
     hq, hk, d = (int(x) for x in args.heads.split(","))
     contexts = [int(c) for c in args.context.split(",") if c]
     longest = max([args.tokens, *contexts])
@@ -41,24 +67,34 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     kp, vp = torch.randn(slots, hk, d, generator=gen), torch.randn(slots, hk, d, generator=gen)
     table = (torch.randperm(slots - 1, generator=gen)[:longest] + 1)[None, :].contiguous()
-    q = torch.randn(max(args.tokens, 1), hq, d, generator=gen)
-    print(f"| pool dtype | extend {args.tokens} tokens (ms) | "
-          + " | ".join(f"decode, {c} keys (us)" for c in contexts) + " |")
-    print("|---|---|" + "---|" * len(contexts))
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+    q = torch.randn(max(args.tokens, args.batch, 1), hq, d, generator=gen)
+    head = "| pool dtype | " + ("build | " if args.against else "")
+    print(head + f"extend {args.tokens} tokens (ms) | "
+          + " | ".join(f"decode x{args.batch}, {c} keys (us)" for c in contexts) + " |")
+    print("|---|---|" + "---|" * (len(contexts) + bool(args.against)))
+    n = args.batch
+    for name in args.dtypes.split(","):
+        dtype = getattr(torch, name)
         k, v = kp.to(dtype), vp.to(dtype)
         t = args.tokens
-        rows = torch.zeros(t, dtype=torch.int64)
+        rows = torch.zeros(max(t, n), dtype=torch.int64)
         lens = torch.arange(1, t + 1)
-        ext = best(lambda: fused_cpu.decode_attention(q[:t], k, v, table, rows, lens, t,
-                                                      d ** -0.5), args.rounds)
-        dec = []
-        for c in contexts:
-            lc = torch.tensor([c])
-            dec.append(best(lambda lc=lc, c=c: fused_cpu.decode_attention(
-                q[:1], k, v, table, rows[:1], lc, c, d ** -0.5), args.rounds * 4))
-        print(f"| {str(dtype).removeprefix('torch.')} | {ext * 1e3:.1f} | "
-              + " | ".join(f"{x * 1e6:.0f}" for x in dec) + " |", flush=True)
+        times: dict[str, list[float]] = {b: [] for b in builds}
+        for _ in range(args.rounds):  # the builds alternate, each timing the best of a few
+            for b, lib in builds.items():
+                fused_cpu._library = lambda lib=lib: lib
+                ext = best(lambda: fused_cpu.decode_attention(q[:t], k, v, table, rows[:t], lens,
+                                                              t, d ** -0.5), 1)
+                dec = []
+                for c in contexts:
+                    lc = torch.full((n,), c)
+                    dec.append(steady(lambda lc=lc, c=c: fused_cpu.decode_attention(
+                        q[:n], k, v, table, rows[:n], lc, c, d ** -0.5), 20))
+                times[b].append([ext, *dec])
+        for b, rounds in times.items():
+            cols = [min(r[i] for r in rounds) for i in range(len(contexts) + 1)]
+            print(f"| {name} | " + (f"{b} | " if args.against else "") + f"{cols[0] * 1e3:.1f} | "
+                  + " | ".join(f"{x * 1e6:.0f}" for x in cols[1:]) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -75,10 +75,11 @@ def main() -> None:
     from engine.runtime.model_runner import ModelRunner
 
     runners, loads = {}, {}
+    slots = max(4096, 8 * (args.prompt_len + args.steps + 16))  # (batch 8's KV)
     for label, quant in (("gguf", None), ("unquant", "unquant")):
         t0 = time.perf_counter()
         runners[label] = ModelRunner(ServerConfig(device="cpu", dtype="float32",
-                                                  max_total_tokens=4096, quantization=quant,
+                                                  max_total_tokens=slots, quantization=quant,
                                                   attention_backend="torch_native"))
         loads[label] = time.perf_counter() - t0
     runner = runners["gguf"]
@@ -88,7 +89,8 @@ def main() -> None:
                                               dtype=torch.float32,
                                               attn_implementation="sdpa").eval()
     load_hf = time.perf_counter() - t0
-    text = "The history of the city begins with a small settlement on the river, " * 20
+    text = ("The history of the city begins with a small settlement on the river, "
+            * (20 + args.prompt_len // 10))
     prompt = runner.tokenizer.encode(text)[: args.prompt_len]
 
     rows = []

@@ -116,6 +116,32 @@ def test_decode_attention_reads_scattered_pages(hq, hk, d, dtype):
         assert torch.allclose(got[b].double(), want, atol=tol, rtol=1e-5), b
 
 
+@pytest.mark.parametrize("hq,hk", [(9, 3), (8, 1), (12, 2)])
+def test_decode_attention_is_batch_invariant(hq, hk):
+    """A few KV heads (one request's decode) are shared out by query head, a KV head's group
+    possibly split between threads; many go whole, one (request, KV head) at a time. Either
+    way each head's arithmetic is the same, so a request's output is bit-identical alone and
+    in a batch of other lengths."""
+    d, slots, batch = 64, 4096, 10
+    gen = torch.Generator().manual_seed(3)
+    k_pool = torch.randn(slots, hk, d, generator=gen).half()
+    v_pool = torch.randn(slots, hk, d, generator=gen).half()
+    req_to_token = torch.randperm(slots - 1, generator=gen)[:batch * 400].reshape(batch, 400) + 1
+    q = torch.randn(batch, hq, d, generator=gen)
+    lens = torch.randint(1, 401, (batch,), generator=gen)
+    lens[0] = 400
+
+    def run(idx):
+        idx = torch.tensor(idx)
+        return fused_cpu.decode_attention(q[idx], k_pool, v_pool, req_to_token, idx, lens[idx],
+                                          int(lens[idx].max()), d ** -0.5)
+
+    batched = run(list(range(batch)))
+    for b in range(batch):
+        assert torch.equal(run([b])[0], batched[b]), b
+    assert torch.equal(run([3, 0])[1], batched[0])
+
+
 @pytest.mark.parametrize("hq,hk,d", [(9, 3, 64), (8, 2, 128)])
 def test_decode_attention_unpacks_fp4_rows_exactly(hq, hk, d):
     """fp4_mx_block16 pools against a float64 reference over their unpacked values

@@ -8,6 +8,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -489,6 +490,13 @@ static inline __m256 kv_dot8(const float *q, const void *const *r, int64_t n, co
     return sum;
 }
 
+#define KV_AHEAD 8 /* keys between a K or V row's prefetch and its use */
+
+/* Asks for the cache lines of bytes [p, p + n) (a row read a few iterations on). */
+AI void prefetch_row(const char *p, size_t n) {
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
 /* For G heads (scores p [G, len], outputs o [G, d], scales inv [G]): o[h, c] = inv[h] * sum_l
  * p[h, l] v_l[c] for the columns c < c_end (a multiple of 32), 32 at a time: each head's
  * element is an FMA chain over l in order, its V vector loaded once for the G heads. */
@@ -502,6 +510,9 @@ AI void pv_heads(const float *p, int64_t len, const int64_t *slots, int64_t hk, 
             for (int v = 0; v < 4; v++) acc[h][v] = _mm256_setzero_ps();
         for (int64_t l = 0; l < len; l++) {
             const void *vv = (const char *)vp + (size_t)((slots[l] * hk + kh) * d + c) * elem;
+            if (l + KV_AHEAD < len)
+                prefetch_row((const char *)vp + (size_t)((slots[l + KV_AHEAD] * hk + kh) * d + c)
+                             * elem, 32 * elem);
             const __m256 v0 = kv_load8(vv, 0, t), v1 = kv_load8(vv, 8, t),
                          v2 = kv_load8(vv, 16, t), v3 = kv_load8(vv, 24, t);
             for (int h = 0; h < G; h++) {
@@ -576,18 +587,138 @@ static inline void kv_store(void *pool, int64_t off, const float *x, int64_t n, 
  * softmax(scale q.k) weighted sum of V over the request's seq_lens[b] slots, read through
  * req_to_token[req_pool_indices[b]] (no gather). q/out [B, hq, d] float32; k/v pools
  * [slots, hk, d] of storage type kv_type; query head h reads KV head h / (hq / hk). Work items
- * are (request, KV head) pairs, split across threads when there are several: an item takes the
- * group's query heads together, so each K row is read once for all of them; a head's scores
- * come 8 keys at a time (kv_dot8; single dot products for the last len % 8), and its weighted
- * sum of V keeps 64 columns of the output in registers through the keys. Every head's
- * arithmetic depends only on its query, its keys and their count (never on the grouping or the
- * batch), so a token's output is the same decoded or prefilled, alone or batched. */
+ * are (request, KV head) pairs, dealt round-robin to the threads: an item takes the group's
+ * query heads together, so each K row is read (and widened) once for all of them; a head's
+ * scores come 8 keys at a time (kv_dot8; single dot products for the last len % 8), and its
+ * weighted sum of V keeps 32 columns of up to four heads in registers through the keys; K and V
+ * rows are prefetched KV_AHEAD keys ahead (the slots are scattered). When there are few items
+ * (one request's decode: 3 KV heads on 2 threads would leave one thread two of them), each
+ * thread takes a contiguous run of the query heads instead, a group possibly split between two
+ * threads. Every head's arithmetic depends only on its query, its keys and their count (never
+ * on the grouping, the threads or the batch), so a token's output is the same decoded or
+ * prefilled, alone or batched. */
+
+/* The query heads [j0, j1) of request b's KV head kh (q/out rows of d), over the request's
+ * len keys at slots; sc: scratch for (j1 - j0) * len scores. Heads taken together share
+ * each K and V row read; each head's arithmetic is the same whichever heads it is taken with. */
+AI void attend_heads(const float *q, const void *kp, const void *vp, const int64_t *slots,
+                     int64_t len, int64_t hq, int64_t hk, int64_t b, int64_t kh, int64_t j0,
+                     int64_t j1, int64_t d, float scale, float v_mul, float *out, float *sc,
+                     const int t) {
+    const int64_t group = j1 - j0, first = b * hq + kh * (hq / hk) + j0;
+    const float *qg = q + first * d;  /* the heads' queries, one after another */
+    float *og = out + first * d;
+    const size_t elem = kv_size(t);
+    int64_t l = 0;
+    /* 16-bit and fp8 rows read by several heads are widened once, into a float32 tile (the
+     * same values: the sums are the same bits) */
+    const int widen = t != KV_F32 && group > 1;
+    float tile[widen ? 8 * d : 1];
+    for (; l + 8 <= len; l += 8) {  /* 8 keys at a time, each row read once */
+        const void *rows[8];
+        for (int k = 0; k < 8; k++)
+            rows[k] = (const char *)kp + (size_t)((slots[l + k] * hk + kh) * d) * elem;
+        if (l + 8 + KV_AHEAD <= len)  /* rows KV_AHEAD keys on asked for now */
+            for (int k = KV_AHEAD; k < 8 + KV_AHEAD; k++)
+                prefetch_row((const char *)kp + (size_t)((slots[l + k] * hk + kh) * d) * elem,
+                             d * elem);
+        const __m256 sc8 = _mm256_set1_ps(scale);
+        if (widen) {
+            for (int k = 0; k < 8; k++) {
+                int64_t i = 0;
+                for (; i + 8 <= d; i += 8) _mm256_storeu_ps(tile + k * d + i,
+                                                            kv_load8(rows[k], i, t));
+                for (; i < d; i++) tile[k * d + i] = kv_load1(rows[k], i, t);
+                rows[k] = tile + k * d;
+            }
+            for (int64_t j = 0; j < group; j++)
+                _mm256_storeu_ps(sc + j * len + l,
+                                 _mm256_mul_ps(kv_dot8(qg + j * d, rows, d, KV_F32), sc8));
+        } else {
+            for (int64_t j = 0; j < group; j++)
+                _mm256_storeu_ps(sc + j * len + l,
+                                 _mm256_mul_ps(kv_dot8(qg + j * d, rows, d, t), sc8));
+        }
+    }
+    for (; l < len; l++) {
+        const int64_t at = (slots[l] * hk + kh) * d;
+        for (int64_t j = 0; j < group; j++)
+            sc[j * len + l] = w_dot((const char *)kp + at * elem, qg + j * d, d, t) * scale;
+    }
+    float inv[group];
+    for (int64_t j = 0; j < group; j++) inv[j] = v_mul / exp_sum(sc + j * len, len);
+    /* o = sum_l p_l v_l, each element in the order of l: 32 columns of up to four heads stay
+     * in registers through the keys, each V vector read once for them */
+    const int64_t c_end = d - d % 32;
+#define PV(G) pv_heads(sc + j * len, len, slots, hk, kh, vp, d, c_end, og + j * d, inv + j, G, t)
+    for (int64_t j = 0; j < group; j += 4) {
+        const int64_t g = group - j < 4 ? group - j : 4;
+        if (g == 4) PV(4);
+        else if (g == 3) PV(3);
+        else if (g == 2) PV(2);
+        else PV(1);
+    }
+#undef PV
+    for (int64_t j = 0; j < group; j++) {
+        const float *p = sc + j * len;
+        float *o = og + j * d;
+        const int64_t c = c_end;
+        if (c < d) {  /* columns past the last whole chunk, one vector or value each */
+            memset(o + c, 0, sizeof(float) * (size_t)(d - c));
+            for (int64_t l = 0; l < len; l++) {
+                const int64_t at = (slots[l] * hk + kh) * d;
+                const void *vv = (const char *)vp + at * elem;
+                const __m256 p8 = _mm256_set1_ps(p[l]);
+                int64_t i = c;
+                for (; i + 8 <= d; i += 8)
+                    _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p8, kv_load8(vv, i, t),
+                                                            _mm256_loadu_ps(o + i)));
+                for (; i < d; i++) o[i] += p[l] * kv_load1(vv, i, t);
+            }
+            for (int64_t i = c; i < d; i++) o[i] *= inv[j];
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void decode_attention_t(
         const float *q, const void *kp, const void *vp, const int64_t *req_to_token,
         int64_t rt_stride, const int64_t *req_idx, const int64_t *seq_lens, float *out,
         int64_t batch, int64_t hq, int64_t hk, int64_t d, float scale, int64_t max_len,
         float v_mul, const int t) {
     const int64_t group = hq / hk, items = batch * hk;
+    const int threads = omp_get_max_threads();
+    int64_t total = 0;  /* the keys all query heads read */
+    for (int64_t b = 0; b < batch; b++) total += seq_lens[b] * hq;
+    if (items < 4 * threads && group > 1 && threads > 1 && total >= 256 * hq) {
+        /* Few KV heads (one request's decode): each thread takes a contiguous run of the
+         * query heads, weighed by their keys, so that a KV head's group may be split between
+         * two threads (its K and V rows read by both) instead of a whole group left to one */
+#pragma omp parallel
+        {
+            const int64_t n = omp_get_num_threads(), me = omp_get_thread_num();
+            float *sc = (float *)malloc(sizeof(float) * (size_t)(max_len > 0 ? max_len : 1) *
+                                        (size_t)group);
+            int64_t before = 0;  /* the keys of the heads ahead of this one */
+            for (int64_t b = 0; b < batch && sc; b++) {
+                const int64_t len = seq_lens[b];
+                const int64_t *slots = req_to_token + req_idx[b] * rt_stride;
+                for (int64_t kh = 0; kh < hk; kh++) {
+                    int64_t j0 = -1, j1 = -1;  /* this thread's heads of the group */
+                    for (int64_t j = 0; j < group; j++, before += len) {
+                        /* a head is its thread's whose share its middle key falls in */
+                        if ((2 * before + len) * n / (2 * total) != me) continue;
+                        if (j0 < 0) j0 = j;
+                        j1 = j + 1;
+                    }
+                    if (j0 >= 0)
+                        attend_heads(q, kp, vp, slots, len, hq, hk, b, kh, j0, j1, d, scale,
+                                     v_mul, out, sc, t);
+                }
+            }
+            free(sc);
+        }
+        return;
+    }
     /* one scores buffer per thread (not per work item: an extend batch has T * hk items);
      * items dealt round-robin: an extend's token t reads t + 1 keys, so contiguous halves
      * would leave one thread most of the work */
@@ -598,60 +729,9 @@ static inline __attribute__((always_inline)) void decode_attention_t(
 #pragma omp for schedule(static, 1)
         for (int64_t it = 0; it < items; it++) {
             if (!sc) continue;
-            const int64_t b = it / hk, kh = it % hk, len = seq_lens[b];
-            const int64_t *slots = req_to_token + req_idx[b] * rt_stride;
-            const float *qg = q + (b * hq + kh * group) * d;  /* the group's query heads */
-            float *og = out + (b * hq + kh * group) * d;
-            const size_t elem = kv_size(t);
-            int64_t l = 0;
-            for (; l + 8 <= len; l += 8) {  /* 8 keys at a time, each row read once */
-                const void *rows[8];
-                for (int k = 0; k < 8; k++)
-                    rows[k] = (const char *)kp + (size_t)((slots[l + k] * hk + kh) * d) * elem;
-                const __m256 sc8 = _mm256_set1_ps(scale);
-                for (int64_t j = 0; j < group; j++)
-                    _mm256_storeu_ps(sc + j * len + l,
-                                     _mm256_mul_ps(kv_dot8(qg + j * d, rows, d, t), sc8));
-            }
-            for (; l < len; l++) {
-                const int64_t at = (slots[l] * hk + kh) * d;
-                for (int64_t j = 0; j < group; j++)
-                    sc[j * len + l] = w_dot((const char *)kp + at * elem, qg + j * d, d, t) *
-                                      scale;
-            }
-            float inv[group];
-            for (int64_t j = 0; j < group; j++) inv[j] = v_mul / exp_sum(sc + j * len, len);
-            /* o = sum_l p_l v_l, each element in the order of l: 32 columns of up to four
-             * heads stay in registers through the keys, each V vector read once for them */
-            const int64_t c_end = d - d % 32;
-#define PV(G) pv_heads(sc + j * len, len, slots, hk, kh, vp, d, c_end, og + j * d, inv + j, G, t)
-            for (int64_t j = 0; j < group; j += 4) {
-                const int64_t g = group - j < 4 ? group - j : 4;
-                if (g == 4) PV(4);
-                else if (g == 3) PV(3);
-                else if (g == 2) PV(2);
-                else PV(1);
-            }
-#undef PV
-            for (int64_t j = 0; j < group; j++) {
-                const float *p = sc + j * len;
-                float *o = og + j * d;
-                const int64_t c = c_end;
-                if (c < d) {  /* columns past the last whole chunk, one vector or value each */
-                    memset(o + c, 0, sizeof(float) * (size_t)(d - c));
-                    for (int64_t l = 0; l < len; l++) {
-                        const int64_t at = (slots[l] * hk + kh) * d;
-                        const void *vv = (const char *)vp + at * elem;
-                        const __m256 p8 = _mm256_set1_ps(p[l]);
-                        int64_t i = c;
-                        for (; i + 8 <= d; i += 8)
-                            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p8, kv_load8(vv, i, t),
-                                                                    _mm256_loadu_ps(o + i)));
-                        for (; i < d; i++) o[i] += p[l] * kv_load1(vv, i, t);
-                    }
-                    for (int64_t i = c; i < d; i++) o[i] *= inv[j];
-                }
-            }
+            const int64_t b = it / hk, kh = it % hk;
+            attend_heads(q, kp, vp, req_to_token + req_idx[b] * rt_stride, seq_lens[b], hq, hk,
+                         b, kh, 0, group, d, scale, v_mul, out, sc, t);
         }
         free(sc);
     }
