@@ -1,14 +1,15 @@
 """The core's CPU attention kernel read straight from the pool (``fused_cpu.decode_attention``,
 what torch_native runs on the CPU for float32 / 16-bit pools), at the default model's shape (9
 query heads on 3 KV heads of 64) over scattered slots: an extend of T tokens (token t sees t + 1
-keys, as a prefill) and ``--batch`` decode tokens over a long context. Prints a markdown table,
+keys, as a prefill) and ``--batch`` decode tokens over a long context (through ``--layers``
+pools in turn, as a model's step does). Prints a markdown table,
 the best of ``--rounds`` timings each (a decode timing: the median of 20 calls in a row).
 ``--against FILE`` builds another version of ``fused_cpu.c`` (an earlier revision: ``git show
 REV:core/engine/runtime/fused_cpu.c > FILE``) and times the two alternately in the same
 process, a row each.
 
     python benchmarks/attention_cpu.py [--tokens 1000] [--context 1000,4000] [--rounds 5]
-        [--batch 1] [--dtypes float32,float16,bfloat16] [--against FILE]
+        [--batch 1] [--dtypes float32,float16,bfloat16] [--layers 1] [--against FILE]
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1, help="decode requests (same context)")
     ap.add_argument("--dtypes", default="float32,float16,bfloat16")
     ap.add_argument("--against", default=None, help="another fused_cpu.c to time alongside")
+    ap.add_argument("--layers", type=int, default=1,
+                    help="decode through this many pools in turn (a model's layers: from 30, "
+                         "their rows no longer all in cache), us per layer")
     args = ap.parse_args()
     builds = {"this": fused_cpu._library()}
     if args.against:
@@ -76,6 +80,8 @@ def main() -> None:
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
         k, v = kp.to(dtype), vp.to(dtype)
+        pools = [(k, v)] + [(torch.randn_like(kp).to(dtype), torch.randn_like(vp).to(dtype))
+                            for _ in range(args.layers - 1)]
         t = args.tokens
         rows = torch.zeros(max(t, n), dtype=torch.int64)
         lens = torch.arange(1, t + 1)
@@ -88,8 +94,9 @@ def main() -> None:
                 dec = []
                 for c in contexts:
                     lc = torch.full((n,), c)
-                    dec.append(steady(lambda lc=lc, c=c: fused_cpu.decode_attention(
-                        q[:n], k, v, table, rows[:n], lc, c, d ** -0.5), 20))
+                    dec.append(steady(lambda lc=lc, c=c: [fused_cpu.decode_attention(
+                        q[:n], kl, vl, table, rows[:n], lc, c, d ** -0.5) for kl, vl in pools],
+                        20) / len(pools))
                 times[b].append([ext, *dec])
         for b, rounds in times.items():
             cols = [min(r[i] for r in rounds) for i in range(len(contexts) + 1)]

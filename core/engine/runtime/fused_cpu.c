@@ -490,7 +490,7 @@ static inline __m256 kv_dot8(const float *q, const void *const *r, int64_t n, co
     return sum;
 }
 
-#define KV_AHEAD 8 /* keys between a K or V row's prefetch and its use */
+#define KV_AHEAD 16 /* keys between a K or V row's prefetch and its use */
 
 /* Asks for the cache lines of bytes [p, p + n) (a row read a few iterations on). */
 AI void prefetch_row(const char *p, size_t n) {
