@@ -10,6 +10,9 @@ time; the CPU's flags in the hash keep a cache shared between machines correct.
 
 The library links OpenMP; inside a process that imported torch it shares torch's own OpenMP
 runtime, so ``torch.set_num_threads`` sets its thread count too.
+
+:func:`weight_buffer` gives the memory for weights such kernels stream every step (a CPU
+decode step reads every weight once): 2 MiB pages where the kernel has transparent huge pages.
 """
 
 from __future__ import annotations
@@ -17,12 +20,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import mmap
 import os
 import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from engine.errors import PluginError
+
+if TYPE_CHECKING:
+    import torch
 
 #: flags every library is built with (``extra`` flags are appended)
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
@@ -92,3 +101,63 @@ def load_library(name: str, sources: Sequence[str],
     """The loaded library of ``sources`` (built on first use, then cached on disk and in this
     process). Declare each function's ``argtypes``/``restype`` on the result before calling."""
     return _load(name, tuple(sources), tuple(extra_flags))
+
+
+#: the size of a transparent huge page (x86-64, aarch64 with 4 KiB base pages)
+HUGE_PAGE = 2 << 20
+#: bytes of each anonymous map weight buffers are cut from
+_CHUNK = 32 << 20
+
+
+class _WeightArena:
+    """Cuts weight buffers from anonymous maps aligned to :data:`HUGE_PAGE` and advised
+    ``MADV_HUGEPAGE``: pages come on first touch, 2 MiB at a time. Each buffer is a view that
+    keeps its map alive; a map goes when its last buffer does (the arena keeps only the map it
+    is filling)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: torch.Tensor | None = None  # the rest of the map being filled
+
+    @staticmethod
+    def _map(size: int) -> torch.Tensor:
+        """``size`` bytes (a multiple of HUGE_PAGE) of a new map, starting at a huge page."""
+        import torch
+
+        buf = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        flat = torch.frombuffer(buf, dtype=torch.uint8)  # (holds a reference to buf)
+        start = -flat.data_ptr() % HUGE_PAGE  # (a multiple of the base page: maps start on one)
+        buf.madvise(mmap.MADV_HUGEPAGE, start, size)
+        return flat[start:start + size]
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """``nbytes`` bytes (uint8, 64-byte aligned; contents undefined)."""
+        need = -(-max(nbytes, 1) // 64) * 64
+        with self._lock:
+            if need > _CHUNK // 4:  # a large weight: a map of its own
+                return self._map(-(-need // HUGE_PAGE) * HUGE_PAGE)[:nbytes]
+            if self._free is None or self._free.numel() < need:
+                self._free = self._map(_CHUNK)
+            out, self._free = self._free[:nbytes], self._free[need:]
+            return out
+
+
+_ARENA = _WeightArena() if hasattr(mmap, "MADV_HUGEPAGE") else None
+
+
+def weight_buffer(shape: Sequence[int], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialized CPU tensor (``dtype``: uint8 by default) for weights a kernel streams
+    every step, in memory advised for transparent huge pages where the platform has them
+    (``ENGINE_HUGE_PAGES=0``: plain ``torch.empty``). A decode step that reads ~100 MB of
+    weights through 4 KiB pages misses the TLB ~25,000 times; through 2 MiB pages ~50 times,
+    and the weights stream faster (docs/benchmarks/decode-cpu.md)."""
+    import torch
+
+    shape, dtype = tuple(shape), dtype or torch.uint8
+    if _ARENA is None or os.environ.get("ENGINE_HUGE_PAGES") == "0":
+        return torch.empty(shape, dtype=dtype)
+    count = 1
+    for n in shape:
+        count *= n
+    elem = torch.empty((), dtype=dtype).element_size()
+    return _ARENA.take(count * elem).view(dtype).view(shape)

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from engine.api.native import load_library
+from engine.api.native import load_library, weight_buffer
 
 #: GGML type ids the kernels of kernels.c read (blocks of 32 values)
 QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
@@ -94,7 +94,7 @@ def panelize(qtype: int, blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
     size = lib.engine_gguf_panel_bytes(qtype, n, k)
     if size <= 0 or not blocks.is_contiguous() or blocks.numel() != n * _row_bytes(qtype, k):
         raise ValueError(f"gguf kernel: no panel form for type {qtype} [{n}, {k}]")
-    out = torch.empty(((n + 15) // 16, size // ((n + 15) // 16)), dtype=torch.uint8)
+    out = weight_buffer(((n + 15) // 16, size // ((n + 15) // 16)))  # (streamed every step)
     rc = lib.engine_gguf_repack(qtype, blocks.data_ptr(), n, k, out.data_ptr(), 1)
     if rc != 0:
         raise ValueError(f"gguf kernel: no panel form for type {qtype} [{n}, {k}]")
