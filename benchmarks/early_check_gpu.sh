@@ -28,7 +28,8 @@
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
-#     int4pack: 4-bit products through PyTorch's own int4 kernel against ours; moe_hints,
+#     int4pack: 4-bit products through PyTorch's own int4 kernel against ours (int4pack_step:
+#     its GPU tests and the step A/B alone); moe_hints,
 #     moe_hints_model: the experts' weights read with L2 cache hints, A/B (layer; model);
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
@@ -245,10 +246,24 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=14 step 540 moe_hints_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners triton,triton+hints,triton+keep,triton,triton+hints,triton+keep \
         --overlap ;;
+    moe_hints_default)  # the model at batch 1 with the one-token default (hints 1) against
+      # none, alternating twice
+      TAIL=10 step 400 moe_hints_default python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners triton,triton+nohints,triton,triton+nohints --overlap ;;
     int4pack)  # 4-bit weight-only products through torch._weight_int4pack_mm against ours and
       # bf16, per layer at 1-2048 rows, checked against float32 first; its GPU tests; the step
       # of gptq and awq with the layout (ENGINE_W4_INT4PACK=1) and without, twice
       TAIL=30 step 240 int4pack python3 benchmarks/int4pack_gpu.py
+      TAIL=3 step 120 int4pack_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/quant/test_int4pack.py
+      for r in 1 2; do
+        for v in 0 1; do
+          ENGINE_PACKED_WEIGHT_ONLY=1 ENGINE_W4_INT4PACK=$v TAIL=5 step 120 \
+            "int4pack_step_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1,32 \
+            --schemes gptq,awq
+        done
+      done ;;
+    int4pack_step)  # the layout's GPU tests and the gptq / awq step with it and without, twice
       TAIL=3 step 120 int4pack_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/quant/test_int4pack.py
       for r in 1 2; do

@@ -258,10 +258,12 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     rows = []
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+combine (the combine in the down projection), triton+chained (both
-    # projections in one launch), triton+hints / triton+keep (L2 cache hints 1 / 2), torch
+    # projections in one launch), triton+hints / triton+keep / triton+nohints (L2 cache hints
+    # 1 / 2 / 0; the one-token launch's default is 1), torch
     variants = {"combine": ("ENGINE_MOE_FUSED_COMBINE", "1"),
                 "chained": ("ENGINE_MOE_CHAINED", "1"),
-                "hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2")}
+                "hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
+                "nohints": ("ENGINE_MOE_L2_HINTS", "0")}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"
@@ -328,6 +330,7 @@ def main() -> None:
                     "projection), triton+chained (both projections in one launch), "
                     "triton+hints (the experts' weights read with L2 policy evict_first), "
                     "triton+keep (hints, and the down projection's prefetch evict_last), "
+                    "triton+nohints (none; the one-token default is evict_first), "
                     "torch; a runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,
                     help="E,top_k,H,I of the layer for the kit-free sections (default: "

@@ -86,11 +86,15 @@ def test_the_switch_takes_served_weights_only(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("sym,rows", [(True, 1), (False, 4), (True, 32), (False, 200)])
-def test_cuda_kernel_against_the_reference_and_the_triton_product(sym, rows):
+@pytest.mark.parametrize("sym,rows,strided", [(True, 1, False), (False, 4, True),
+                                               (True, 32, False), (False, 200, True)])
+def test_cuda_kernel_against_the_reference_and_the_triton_product(sym, rows, strided):
+    """``strided``: the codes a transposed view, as a checkpoint's unpacked codes can be."""
     torch.manual_seed(0)
     aw = _affine(1024, 4096, 128, sym)
-    aw = AffineWeight(aw.codes.cuda(), aw.scale.t().cuda(), aw.bias.t().cuda(), 4, 128)
+    codes = aw.codes.cuda()
+    codes = codes.t().contiguous().t() if strided else codes
+    aw = AffineWeight(codes, aw.scale.t().cuda(), aw.bias.t().cuda(), 4, 128)
     x = torch.randn(rows, 4096, device="cuda").to(torch.bfloat16)
     want = _reference(aw, x)
     got = Int4PackWeight(aw, 8).matmul(x, None).float()

@@ -360,9 +360,9 @@ class Int4PackWeight:
     bits = 4
 
     def __init__(self, aw: AffineWeight, tiles: int) -> None:
-        codes = aw.codes.to(torch.int32)  # [N, K]
+        codes = aw.codes.to(torch.int32).contiguous()  # [N, K] (a checkpoint's may be a view)
         if codes.is_cuda:
-            pairs = ((codes[:, ::2] << 4) | codes[:, 1::2]).to(torch.uint8)
+            pairs = ((codes[:, ::2] << 4) | codes[:, 1::2]).to(torch.uint8).contiguous()
             self.w = torch._convert_weight_to_int4pack(pairs, tiles)
         else:
             self.w = torch._convert_weight_to_int4pack_for_cpu(codes, tiles)

@@ -50,7 +50,7 @@ GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8, acc2d=False)  # best of th
 #: the down projection; the best of two H200 sweeps at one token (26.5 and 27.4 us against
 #: 30.7 for GEMV_DEFAULT, docs/benchmarks/moe.md), not measured at more tokens
 GEMV_ONE_TOKEN = dict(block_n=16, block_k=256, warps=4, down_block_n=32, down_block_k=256,
-                      acc2d=False, next_tile=True)
+                      acc2d=False, next_tile=True, l2_hints=1)
 
 
 def table_name(num_experts: int, width: int, device: str, dtype: torch.dtype) -> str:
@@ -93,9 +93,10 @@ class TritonRunner(MoERunner):
         self.chained = os.environ.get("ENGINE_MOE_CHAINED") == "1"
         #: cache hints of the matrix-vector path (``pair_moe``'s ``l2_hints``): 1, weights read
         #: with the L2 policy "evict_first", so the up projection's stream leaves the down
-        #: projection's prefetched rows in L2; 2, those rows also asked for "evict_last";
-        #: opt-in, ``ENGINE_MOE_L2_HINTS=1|2`` (or a launch's ``l2_hints``)
-        self.l2_hints = int(os.environ.get("ENGINE_MOE_L2_HINTS", "0") or 0)
+        #: projection's prefetched rows in L2; 2, those rows also asked for "evict_last". The
+        #: launch's own (``GEMV_ONE_TOKEN``: 1) unless ``ENGINE_MOE_L2_HINTS=0|1|2`` says
+        hints = os.environ.get("ENGINE_MOE_L2_HINTS")
+        self.l2_hints: int | None = int(hints) if hints else None
 
     def supports(self, experts: ExpertWeights) -> str | None:
         if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -146,7 +147,8 @@ class TritonRunner(MoERunner):
             out = (torch.empty(t, h, dtype=hidden.dtype, device=x.device)
                    if self.fused_combine else None)
             options = {k_: v for k_, v in launch.items() if k_ != "chained"}
-            options["l2_hints"] = self.l2_hints or launch.get("l2_hints", 0)
+            options["l2_hints"] = (self.l2_hints if self.l2_hints is not None
+                                   else launch.get("l2_hints", 0))
             if pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                         topk_weights.float().contiguous(), gate_up, down, combined=out,
                         **options):
