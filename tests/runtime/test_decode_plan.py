@@ -75,6 +75,16 @@ def test_plan_serves_default_decode_bit_identical_to_the_op_path(runner):
     assert torch.equal(with_plan, without)
 
 
+def test_plan_computes_the_default_models_logits_in_its_call(runner):
+    """The final norm and the head (the 16-bit panel kernel) run in the plan's C call: its
+    logits equal the per-operation path's (above); the hidden-state form is still served."""
+    plan = runner.model._build_plan(runner.pool)
+    assert plan is not None and plan.head is not None
+    norm_w, kernel, bias, vocab = plan.head
+    assert norm_w is runner.model.model.norm.weight and vocab == runner.model.config.vocab_size
+    assert runner.model.lm_head in plan.modules  # (a LoRA hook on it: the op path)
+
+
 def test_plan_declines_what_it_does_not_cover(runner):
     tok = runner.tokenizer
     # float32 activations: the gguf method offers no native kernel for the plan

@@ -47,11 +47,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        ops = fused.for_tensor(x) if x.dim() == 2 else None
+        if ops is not None:  # one kernel (float32 on the CPU: the decode plan's, row by row)
+            return ops.add_rms_norm(x, None, self.weight, self.eps)[0]
         if dtype == torch.float32:  # one fused op, the same arithmetic
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        ops = fused.for_tensor(x) if x.dim() == 2 else None
-        if ops is not None:  # one kernel, the same arithmetic
-            return ops.add_rms_norm(x, None, self.weight, self.eps)[0]
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
@@ -552,19 +552,28 @@ class LlamaForCausalLM(nn.Module):
             cfg.head_dim % 2 == 0 and (cfg.head_dim // 2) & (cfg.head_dim // 2 - 1) == 0
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Batch,
-                attn: AttentionBackend, logits_indices: torch.Tensor) -> torch.Tensor:
+                attn: AttentionBackend, logits_indices: torch.Tensor,
+                logits: bool = False) -> torch.Tensor:
+        """The final (normed) hidden states of the rows ``logits_indices``; with ``logits``,
+        their float32 logits (:meth:`compute_logits`), which the CPU decode plan computes in
+        its own call."""
         pool = getattr(attn, "pool", None)
         loads = pool.take_loads() if pool is not None else None
         try:
-            return self._layers(input_ids, positions, batch, attn, logits_indices, loads)
+            out, is_logits = self._layers(input_ids, positions, batch, attn, logits_indices,
+                                          loads, logits)
+            return out if is_logits or not logits else self.compute_logits(out).float()
         finally:
             if loads is not None:  # (what an error left unwaited: later work comes after it)
                 loads.wait_all()
 
     def _layers(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Batch,
-                attn: AttentionBackend, logits_indices: torch.Tensor, loads: Any) -> torch.Tensor:
-        """The forward; ``loads``: copies into the KV pool still in flight (the pool's
-        :attr:`~engine.runtime.attention.KVPool.loads`), waited for layer by layer."""
+                attn: AttentionBackend, logits_indices: torch.Tensor, loads: Any,
+                logits: bool = False) -> tuple[torch.Tensor, bool]:
+        """The forward: (the rows' final hidden states, False), or (their logits, True) where
+        ``logits`` asks and the decode plan computes them. ``loads``: copies into the KV pool
+        still in flight (the pool's :attr:`~engine.runtime.attention.KVPool.loads`), waited
+        for layer by layer."""
         m = self.model
         h = m.embed_tokens(input_ids)
         plan = self._decode_plan(batch, attn, h)
@@ -574,8 +583,11 @@ class LlamaForCausalLM(nn.Module):
             seq = batch.seq_lens_cpu
             h = plan.run(h, positions, batch.out_cache_loc, batch.req_to_token,
                          batch.req_pool_indices, batch.seq_lens,
-                         max(seq) if seq else int(batch.seq_lens.max()))
-            return m.norm(h.index_select(0, logits_indices))
+                         max(seq) if seq else int(batch.seq_lens.max()),
+                         logits_indices if logits and plan.head is not None else None)
+            if logits and plan.head is not None:
+                return h, True
+            return m.norm(h.index_select(0, logits_indices)), False
         ops = fused.for_tensor(h) if self.fused_rope else None
         if ops is not None:
             rope = RopeInputs(positions, m.rotary, ops=ops)
@@ -596,7 +608,7 @@ class LlamaForCausalLM(nn.Module):
             # hidden_states, which feature-trained drafts were trained on)
             aux.extend([m.norm(h)] * sink.layers.count(len(m.layers)))
             sink.write(batch, torch.cat(aux, -1) if sink.layers else m.norm(h))
-        return m.norm(h.index_select(0, logits_indices))
+        return m.norm(h.index_select(0, logits_indices)), False
 
     def _decode_plan(self, batch: Batch, attn: AttentionBackend, h: torch.Tensor) -> Any:
         """The CPU decode plan serving this forward (built once per KV pool), or ``None``: a
@@ -641,12 +653,22 @@ class LlamaForCausalLM(nn.Module):
                          kn.weight if kn is not None else None, kernels,
                          [lin.bias for lin in linears], pool.k[at.spec.layer_id],
                          pool.v[at.spec.layer_id]))
+        head, lm = None, self.lm_head  # the final norm and the head too, where they fit
+        norm_w = m.norm.weight
+        kernel = lm.quant_method.native_kernel(lm) if lm is not None and not lm.row_by_row \
+            and os.environ.get("ENGINE_CPU_PLAN_HEAD") != "0" else None  # (=0: for comparisons)
+        if kernel is not None and norm_w.dtype == torch.float32 and norm_w.is_contiguous() \
+                and m.norm.eps == cfg.rms_norm_eps and (lm.bias is None or (
+                    lm.bias.dtype == torch.float32 and lm.bias.is_contiguous())):
+            head = (norm_w, kernel, lm.bias, cfg.vocab_size)
+            modules += [lm, m.norm]
         return fused_cpu.DecodePlan(rows, hidden=cfg.hidden_size,
                                     num_q_heads=cfg.num_attention_heads,
                                     num_kv_heads=cfg.num_key_value_heads,
                                     head_dim=cfg.head_dim, intermediate=cfg.intermediate_size,
                                     eps=cfg.rms_norm_eps, cos_cache=m.rotary.cos_cache,
-                                    sin_cache=m.rotary.sin_cache, modules=tuple(modules))
+                                    sin_cache=m.rotary.sin_cache, modules=tuple(modules),
+                                    head=head)
 
     #: when set (speculative drafts that read the target's hidden states), every forward
     #: writes each new token's features at its KV slot: ``sink.layers`` empty: the final

@@ -852,15 +852,19 @@ static int call_mm(const int64_t *f, int64_t n, int64_t k, const float *x, int64
 
 #define PTR(T, v) ((T)(intptr_t)(v))
 
-/* h [B, hidden]: the embeddings in, the last layer's output plus the residual out. Returns 0,
- * a matmul's nonzero code, or -2 without scratch memory. */
+/* h [B, hidden]: the embeddings in, the last layer's output plus the residual out. With a
+ * head (its product's 4 fields as a layer's, the final norm's weight, the vocabulary), the rows
+ * rows[0..n_rows) of that output are normed and multiplied into logits [n_rows, vocab] too.
+ * Returns 0, a matmul's nonzero code, or -2 without scratch memory. */
 int engine_cpu_decode_layers(const int64_t *plan, int64_t layers, int64_t batch, int64_t hidden,
                              int64_t hq, int64_t hk, int64_t d, int64_t inter, float eps,
                              float scale, const float *cos_c, const float *sin_c,
                              const int64_t *pos, const int64_t *out_loc,
                              const int64_t *req_to_token, int64_t rt_stride,
                              const int64_t *req_idx, const int64_t *seq_lens, int64_t max_len,
-                             int64_t kv_type, float *h) {
+                             int64_t kv_type, float *h, const int64_t *head,
+                             const float *norm_w, const int64_t *rows, int64_t n_rows,
+                             int64_t vocab, float *logits) {
     const int64_t qkv_n = (hq + 2 * hk) * d, B = batch;
     const size_t floats = (size_t)(B * (3 * hidden + qkv_n + 2 * hq * d + 3 * inter));
     float *buf = (float *)malloc(sizeof(float) * floats);
@@ -902,6 +906,12 @@ int engine_cpu_decode_layers(const int64_t *plan, int64_t layers, int64_t batch,
     }
     if (rc == 0)
         for (int64_t i = 0; i < B * hidden; i++) h[i] = x[i] + res[i];
+    if (rc == 0 && head) {  /* the final norm of the rows asked for (n_rows <= B), the head */
+        for (int64_t r = 0; r < n_rows; r++)
+            memcpy(x + r * hidden, h + rows[r] * hidden, sizeof(float) * (size_t)hidden);
+        engine_cpu_add_rms_norm(x, hidden, NULL, 0, NULL, norm_w, normed, n_rows, hidden, eps);
+        rc = call_mm(head, vocab, hidden, normed, n_rows, logits);
+    }
     free(buf);
     return rc;
 }

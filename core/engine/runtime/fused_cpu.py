@@ -48,7 +48,8 @@ def _library() -> ctypes.CDLL | None:
                lib.engine_cpu_decode_attention_fp4):
         fn.restype = None
     lib.engine_cpu_decode_layers.argtypes = [_P, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P,
-                                             _P, _P, _I, _P, _P, _I, _I, _P]
+                                             _P, _P, _I, _P, _P, _I, _I, _P, _P, _P, _P, _I,
+                                             _I, _P]
     lib.engine_cpu_decode_layers.restype = ctypes.c_int
     lib.engine_cpu_fake_quant_fp8.argtypes = [_P, _P, _I, _I, _I, _F, _F, _I, _I]
     lib.engine_cpu_fake_quant_fp8.restype = None
@@ -418,14 +419,17 @@ class DecodePlan:
     ``layers``: (input norm weight, post-attention norm weight, q norm weight or None, k norm
     weight or None, (qkv, o, gate_up, down) native kernels
     (:class:`~engine.runtime.linear.NativeKernel`), their float32 biases (None: none), K pool,
-    V pool) per layer. ``max_rows``:
-    the largest batch every kernel serves bit-identically (None: any). ``modules``: the
-    layers whose products the kernels compute (see :meth:`serves`).
+    V pool) per layer. ``head``: (the final norm's float32 weight, the logits head's native
+    kernel, its float32 bias or None, the vocabulary) to compute the logits in the same call
+    (None: the caller does). ``max_rows``: the largest batch every kernel serves
+    bit-identically (None: any). ``modules``: the layers whose products the kernels compute
+    (see :meth:`serves`).
     """
 
     def __init__(self, layers: list[tuple], *, hidden: int, num_q_heads: int, num_kv_heads: int,
                  head_dim: int, intermediate: int, eps: float, cos_cache: torch.Tensor,
-                 sin_cache: torch.Tensor, modules: tuple[torch.nn.Module, ...] = ()) -> None:
+                 sin_cache: torch.Tensor, modules: tuple[torch.nn.Module, ...] = (),
+                 head: tuple | None = None) -> None:
         rows = []
         for in_w, post_w, qn, kn, kernels, biases, k_pool, v_pool in layers:
             row = [in_w.data_ptr(), post_w.data_ptr(), qn.data_ptr() if qn is not None else 0,
@@ -433,8 +437,15 @@ class DecodePlan:
             for (fn, qtype, weight, *_), bias in zip(kernels, biases):
                 row += [fn, qtype, weight, bias.data_ptr() if bias is not None else 0]
             rows.append(row + [k_pool.data_ptr(), v_pool.data_ptr()])
-        bounds = [k[3] for *_, kernels, _, _, _ in layers for k in kernels
-                  if len(k) > 3 and k[3] is not None]
+        kernels = [k for *_, ks, _, _, _ in layers for k in ks]
+        self.head, self._head_fields = head, None
+        if head is not None:
+            _, (fn, qtype, weight, *_), bias, _ = head
+            kernels.append(head[1])
+            self._head_fields = torch.tensor(
+                [fn, qtype, weight, bias.data_ptr() if bias is not None else 0],
+                dtype=torch.int64)
+        bounds = [k[3] for k in kernels if len(k) > 3 and k[3] is not None]
         self.max_rows = min(bounds) if bounds else None
         self.plan = torch.tensor(rows, dtype=torch.int64)
         assert self.plan.shape[1] == PLAN_FIELDS
@@ -455,18 +466,28 @@ class DecodePlan:
 
     def run(self, h: torch.Tensor, positions: torch.Tensor, out_cache_loc: torch.Tensor,
             req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-            max_len: int) -> torch.Tensor:
+            max_len: int, logits_rows: torch.Tensor | None = None) -> torch.Tensor:
         """``h`` [B, hidden] embeddings of one token per request -> the last layer's output
-        plus the residual (a new tensor), writing each layer's K/V at ``out_cache_loc``."""
+        plus the residual (a new tensor), writing each layer's K/V at ``out_cache_loc``. With
+        ``logits_rows`` (row indices; a plan with a ``head``): the logits of those rows
+        [len(logits_rows), vocab] instead, the final norm and the head in the same call."""
         h = h.contiguous().clone()
         n, hidden, hq, hk, d, inter = self.dims
         pos, loc = positions.contiguous(), out_cache_loc.contiguous()
         idx, lens = req_pool_indices.contiguous(), seq_lens.contiguous()
+        head = self.head if logits_rows is not None else None
+        logits = rows = None
+        if head is not None:
+            rows = logits_rows.to(torch.int64).contiguous()
+            logits = torch.empty((rows.numel(), head[3]), dtype=torch.float32)
         rc = _library().engine_cpu_decode_layers(
             self.plan.data_ptr(), n, h.shape[0], hidden, hq, hk, d, inter, self.eps, self.scale,
             self.cos.data_ptr(), self.sin.data_ptr(), pos.data_ptr(), loc.data_ptr(),
             req_to_token.data_ptr(), req_to_token.stride(0), idx.data_ptr(), lens.data_ptr(),
-            max_len, self.kv_type, h.data_ptr())
+            max_len, self.kv_type, h.data_ptr(),
+            self._head_fields.data_ptr() if head else None, head[0].data_ptr() if head else None,
+            rows.data_ptr() if head else None, rows.numel() if head else 0,
+            head[3] if head else 0, logits.data_ptr() if head else None)
         if rc != 0:
             raise RuntimeError(f"CPU decode plan: a kernel failed ({rc})")
-        return h
+        return logits if head is not None else h

@@ -472,14 +472,20 @@ class ModelRunner:
         event.synchronize()
 
     def _forward(self, batch: Batch, prepare: bool = True) -> torch.Tensor:
-        return self._logits(self._hidden(batch, prepare))
+        if self.config.is_embedding:
+            return self._logits(self._hidden(batch, prepare))
+        return self._hidden(batch, prepare, logits=True)
 
-    def _hidden(self, batch: Batch, prepare: bool = True) -> torch.Tensor:
-        """The final hidden states of the rows of ``batch.logits_indices``."""
+    def _hidden(self, batch: Batch, prepare: bool = True, logits: bool = False) -> torch.Tensor:
+        """The final hidden states of the rows of ``batch.logits_indices`` (``logits``: their
+        float32 logits, which a model may compute in the same call)."""
         backend = (self.decode_backend if batch.is_decode else self.verify_backend
                    if batch.mode is ForwardMode.VERIFY else self.prefill_backend)
         if prepare:
             backend.prepare(batch)
+        if logits:
+            return self.model(batch.input_ids, batch.positions, batch, backend,
+                              batch.logits_rows(), logits=True)
         return self.model(batch.input_ids, batch.positions, batch, backend, batch.logits_rows())
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

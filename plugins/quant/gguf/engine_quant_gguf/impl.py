@@ -226,6 +226,13 @@ class GGUFMethod(QuantMethod):
     def native_kernel(self, layer: Linear) -> NativeKernel | None:
         if layer.gguf_blocks is None and not layer.gguf_parts:  # a dense layer (F16, F32...)
             return dense_native_kernel(layer.weight) if layer.weight is not None else None
+        if self.int16:  # the head: the 16-bit panel kernel, up to max_rows rows (as apply)
+            qtype = layer.gguf_qtype
+            if layer.gguf_blocks is None or not self._panel(layer, qtype) \
+                    or qtype in kernels.KQ_IDS:
+                return None
+            fn = ctypes.cast(kernels.library().engine_gguf_panel_q16, ctypes.c_void_p).value
+            return NativeKernel(fn, qtype, layer.gguf_blocks.data_ptr(), self.max_rows)
         if not self.int8:
             return None
         if layer.gguf_blocks is not None:
