@@ -23,18 +23,8 @@ import torch
 from engine.runtime import fused_cpu
 
 
-def best(fn, rounds: int) -> float:
-    fn()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def steady(fn, calls: int) -> float:
-    """The median of ``calls`` back-to-back calls after a first one (its data in cache, as a
+def timings(fn, calls: int) -> list[float]:
+    """Seconds of ``calls`` back-to-back calls after a first one (its data then in cache, as a
     decode step's layers find their pool rows when the context fits the caches)."""
     fn()
     times = []
@@ -42,7 +32,7 @@ def steady(fn, calls: int) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
 
 
 def main() -> None:
@@ -89,14 +79,18 @@ def main() -> None:
         for _ in range(args.rounds):  # the builds alternate, each timing the best of a few
             for b, lib in builds.items():
                 fused_cpu._library = lambda lib=lib: lib
-                ext = best(lambda: fused_cpu.decode_attention(q[:t], k, v, table, rows[:t], lens,
-                                                              t, d ** -0.5), 1)
+                ext = min(timings(lambda: fused_cpu.decode_attention(
+                    q[:t], k, v, table, rows[:t], lens, t, d ** -0.5), 1))
                 dec = []
                 for c in contexts:
                     lc = torch.full((n,), c)
-                    dec.append(steady(lambda lc=lc, c=c: [fused_cpu.decode_attention(
-                        q[:n], kl, vl, table, rows[:n], lc, c, d ** -0.5) for kl, vl in pools],
-                        20) / len(pools))
+
+                    def step(lc=lc, c=c):  # every pool (layer) in turn
+                        for kl, vl in pools:
+                            fused_cpu.decode_attention(q[:n], kl, vl, table, rows[:n], lc, c,
+                                                       d ** -0.5)
+
+                    dec.append(statistics.median(timings(step, 20)) / len(pools))
                 times[b].append([ext, *dec])
         for b, rounds in times.items():
             cols = [min(r[i] for r in rounds) for i in range(len(contexts) + 1)]

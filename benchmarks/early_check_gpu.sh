@@ -73,6 +73,18 @@ ab_late_scale() {  # one row's dynamic scale taken after the first weight tiles 
     done
   done
 }
+int4pack_steps() {  # the int4 layout's GPU tests, then the gptq / awq step with the layout
+  # (ENGINE_W4_INT4PACK=1) and without, twice
+  TAIL=3 step 120 int4pack_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/quant/test_int4pack.py
+  for r in 1 2; do
+    for v in 0 1; do
+      ENGINE_PACKED_WEIGHT_ONLY=1 ENGINE_W4_INT4PACK=$v TAIL=5 step 120 \
+        "int4pack_step_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1,32 \
+        --schemes gptq,awq
+    done
+  done
+}
 steps=("${@:-checks chain e2e moe quant}")
 for s in ${steps[*]}; do
   case $s in
@@ -254,25 +266,8 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       # bf16, per layer at 1-2048 rows, checked against float32 first; its GPU tests; the step
       # of gptq and awq with the layout (ENGINE_W4_INT4PACK=1) and without, twice
       TAIL=30 step 240 int4pack python3 benchmarks/int4pack_gpu.py
-      TAIL=3 step 120 int4pack_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/quant/test_int4pack.py
-      for r in 1 2; do
-        for v in 0 1; do
-          ENGINE_PACKED_WEIGHT_ONLY=1 ENGINE_W4_INT4PACK=$v TAIL=5 step 120 \
-            "int4pack_step_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1,32 \
-            --schemes gptq,awq
-        done
-      done ;;
-    int4pack_step)  # the layout's GPU tests and the gptq / awq step with it and without, twice
-      TAIL=3 step 120 int4pack_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/quant/test_int4pack.py
-      for r in 1 2; do
-        for v in 0 1; do
-          ENGINE_PACKED_WEIGHT_ONLY=1 ENGINE_W4_INT4PACK=$v TAIL=5 step 120 \
-            "int4pack_step_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1,32 \
-            --schemes gptq,awq
-        done
-      done ;;
+      int4pack_steps ;;
+    int4pack_step) int4pack_steps ;;  # the layout's GPU tests and the step A/B alone
     block_rows)  # block fp8's launches from the step search against those before, 1-16 rows
       python3 - "$OUT/block_before.json" <<'PY'
 import json, sys

@@ -83,6 +83,10 @@ def test_plan_computes_the_default_models_logits_in_its_call(runner):
     norm_w, kernel, bias, vocab = plan.head
     assert norm_w is runner.model.model.norm.weight and vocab == runner.model.config.vocab_size
     assert runner.model.lm_head in plan.modules  # (a LoRA hook on it: the op path)
+    # the head's own row bound limits only the head (beyond it the caller multiplies it)
+    assert plan.head_rows == kernel.rows and plan.head_serves(1)
+    plan.head_rows = 2
+    assert plan.head_serves(2) and not plan.head_serves(3)
 
 
 def test_plan_declines_what_it_does_not_cover(runner):

@@ -581,11 +581,12 @@ class LlamaForCausalLM(nn.Module):
             if loads is not None:
                 loads.wait_all()
             seq = batch.seq_lens_cpu
+            head = logits and plan.head_serves(h.shape[0])
             h = plan.run(h, positions, batch.out_cache_loc, batch.req_to_token,
                          batch.req_pool_indices, batch.seq_lens,
                          max(seq) if seq else int(batch.seq_lens.max()),
-                         logits_indices if logits and plan.head is not None else None)
-            if logits and plan.head is not None:
+                         logits_indices if head else None)
+            if head:
                 return h, True
             return m.norm(h.index_select(0, logits_indices)), False
         ops = fused.for_tensor(h) if self.fused_rope else None

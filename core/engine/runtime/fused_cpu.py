@@ -437,16 +437,17 @@ class DecodePlan:
             for (fn, qtype, weight, *_), bias in zip(kernels, biases):
                 row += [fn, qtype, weight, bias.data_ptr() if bias is not None else 0]
             rows.append(row + [k_pool.data_ptr(), v_pool.data_ptr()])
-        kernels = [k for *_, ks, _, _, _ in layers for k in ks]
-        self.head, self._head_fields = head, None
+        bounds = [k[3] for *_, kernels, _, _, _ in layers for k in kernels
+                  if len(k) > 3 and k[3] is not None]
+        self.max_rows = min(bounds) if bounds else None
+        #: the head's bound (:meth:`head_serves`)
+        self.head, self._head_fields, self.head_rows = head, None, None
         if head is not None:
-            _, (fn, qtype, weight, *_), bias, _ = head
-            kernels.append(head[1])
+            _, (fn, qtype, weight, *rest), bias, _ = head
+            self.head_rows = rest[0] if rest else None
             self._head_fields = torch.tensor(
                 [fn, qtype, weight, bias.data_ptr() if bias is not None else 0],
                 dtype=torch.int64)
-        bounds = [k[3] for k in kernels if len(k) > 3 and k[3] is not None]
-        self.max_rows = min(bounds) if bounds else None
         self.plan = torch.tensor(rows, dtype=torch.int64)
         assert self.plan.shape[1] == PLAN_FIELDS
         self._layers = layers  # the tensors whose addresses the plan holds stay alive with it
@@ -464,18 +465,23 @@ class DecodePlan:
             return False
         return not any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
 
+    def head_serves(self, rows: int) -> bool:
+        """Whether :meth:`run` can give the logits of ``rows`` rows (a head, within its
+        kernel's bound; the caller multiplies the head otherwise)."""
+        return self.head is not None and (self.head_rows is None or rows <= self.head_rows)
+
     def run(self, h: torch.Tensor, positions: torch.Tensor, out_cache_loc: torch.Tensor,
             req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
             max_len: int, logits_rows: torch.Tensor | None = None) -> torch.Tensor:
         """``h`` [B, hidden] embeddings of one token per request -> the last layer's output
         plus the residual (a new tensor), writing each layer's K/V at ``out_cache_loc``. With
-        ``logits_rows`` (row indices; a plan with a ``head``): the logits of those rows
-        [len(logits_rows), vocab] instead, the final norm and the head in the same call."""
+        ``logits_rows`` (row indices) where :meth:`head_serves` the batch: the logits of those
+        rows [len(logits_rows), vocab] instead, the final norm and the head in the same call."""
         h = h.contiguous().clone()
         n, hidden, hq, hk, d, inter = self.dims
         pos, loc = positions.contiguous(), out_cache_loc.contiguous()
         idx, lens = req_pool_indices.contiguous(), seq_lens.contiguous()
-        head = self.head if logits_rows is not None else None
+        head = self.head if logits_rows is not None and self.head_serves(h.shape[0]) else None
         logits = rows = None
         if head is not None:
             rows = logits_rows.to(torch.int64).contiguous()

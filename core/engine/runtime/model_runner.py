@@ -483,10 +483,8 @@ class ModelRunner:
                    if batch.mode is ForwardMode.VERIFY else self.prefill_backend)
         if prepare:
             backend.prepare(batch)
-        if logits:
-            return self.model(batch.input_ids, batch.positions, batch, backend,
-                              batch.logits_rows(), logits=True)
-        return self.model(batch.input_ids, batch.positions, batch, backend, batch.logits_rows())
+        return self.model(batch.input_ids, batch.positions, batch, backend, batch.logits_rows(),
+                          logits=logits)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.config.is_embedding:  # last-token pooling of the final norm's output

@@ -48,7 +48,8 @@ def default_config(tokens: int, num_experts: int, dtype: torch.dtype) -> dict[st
 GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8, acc2d=False)  # best of the H200 sweep
 #: one token (batch-1 decode): the next K tile's weights loaded first, 32 outputs a program in
 #: the down projection; the best of two H200 sweeps at one token (26.5 and 27.4 us against
-#: 30.7 for GEMV_DEFAULT, docs/benchmarks/moe.md), not measured at more tokens
+#: 30.7 for GEMV_DEFAULT, docs/benchmarks/moe.md), not measured at more tokens; the weights
+#: read with L2 evict_first (2-3 % off the model's synchronous batch-1 step on an H100)
 GEMV_ONE_TOKEN = dict(block_n=16, block_k=256, warps=4, down_block_n=32, down_block_k=256,
                       acc2d=False, next_tile=True, l2_hints=1)
 
