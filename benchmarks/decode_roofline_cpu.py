@@ -9,7 +9,7 @@ step time that rate allows next to the measured one (median of ``--steps`` steps
 ``ModelRunner``, after one prompt of each context length).
 
     python benchmarks/decode_roofline_cpu.py [--contexts 64,1500] [--steps 60] [--probe-mib 1024]
-        [--ab VAR=VALUE --rounds 4]
+        [--quantization unquant] [--ab VAR=VALUE --rounds 4]
 
 ``--ab VAR=VALUE`` compares an environment setting read while the model loads: two runners in
 this process, built with and without it, their steps alternating (``--rounds`` blocks).
@@ -60,6 +60,8 @@ def main() -> None:
     ap.add_argument("--contexts", default="64,1500")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--probe-mib", type=int, default=1024)
+    ap.add_argument("--quantization", default=None,
+                    help="as engine serve's (unquant: the file dequantized to float32)")
     ap.add_argument("--ab", default=None, help="VAR=VALUE: with against without, alternating")
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
@@ -73,7 +75,8 @@ def main() -> None:
     contexts = [int(c) for c in args.contexts.split(",")]
     runner = ModelRunner(ServerConfig(device="cpu", dtype="float32",
                                       max_total_tokens=max(contexts) + args.steps + 64,
-                                      attention_backend="torch_native"))
+                                      attention_backend="torch_native",
+                                      quantization=args.quantization))
     pool = runner.pool
     weights = weight_bytes(runner.model)
     kv_row = 2 * pool.num_kv_heads * pool.head_dim * pool.k[0].element_size()  # K and V, a token
@@ -125,7 +128,7 @@ def compare(args: argparse.Namespace) -> None:
             os.environ[var] = value
         runners[side] = ModelRunner(ServerConfig(
             device="cpu", dtype="float32", max_total_tokens=max(contexts) + args.steps + 64,
-            attention_backend="torch_native"))
+            attention_backend="torch_native", quantization=args.quantization))
     text = "The history of the city begins with a small settlement on the river, " * 400
     tokens = next(iter(runners.values())).tokenizer.encode(text)
     print(f"| round | context | {' | '.join(runners)} (ms/step, median) | ratio |")
