@@ -58,8 +58,9 @@ def _compiler_version(cc: str, name: str) -> str:
 
 
 def build(name: str, sources: Sequence[str], extra_flags: Sequence[str] = ()) -> str:
-    """Compile ``sources`` (paths of C files) into ``<cache>/native/<name>-<hash>.so`` unless that
-    file exists; returns its path. Raises :class:`PluginError` with the compiler's message."""
+    """Compile ``sources`` (paths of C files, and of the headers they include: ``.h`` paths are
+    hashed, not compiled) into ``<cache>/native/<name>-<hash>.so`` unless that file exists;
+    returns its path. Raises :class:`PluginError` with the compiler's message."""
     from engine.plugins import cache_dir
 
     cc = os.environ.get("CC", "cc")
@@ -82,7 +83,8 @@ def build(name: str, sources: Sequence[str], extra_flags: Sequence[str] = ()) ->
         raise PluginError(f"{name}: cannot write the kernel cache {folder}: {exc} "
                           "(set ENGINE_CACHE_DIR)") from None
     os.close(fd)
-    proc = subprocess.run([cc, *flags, *sources, "-o", tmp, "-lm"], capture_output=True,
+    units = [path for path in sources if not path.endswith(".h")]
+    proc = subprocess.run([cc, *flags, *units, "-o", tmp, "-lm"], capture_output=True,
                           text=True)
     if proc.returncode != 0:
         os.unlink(tmp)

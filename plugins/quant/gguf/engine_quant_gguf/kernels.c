@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "panel_ops.h"
+
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGML type ids */
 enum { KQ_FIRST = 10, KQ_LAST = 14 }; /* Q2_K..Q6_K, kquants.c's type ids */
 
@@ -448,31 +450,6 @@ static inline int panel_block_bytes(int qtype) {
 }
 
 static inline int panel_codes_bytes(int qtype) { return qtype == Q8_0 ? 512 : 256; }
-
-/* acc + the products of u's unsigned bytes with the 4 signed bytes at p (the same 4 in every
- * lane): one dpbusd with p as its broadcast memory operand (a separate broadcast would double
- * the inner loops' instructions); dpwssd_4: 16-bit pairs, the 2 signed 16-bit values at p. */
-static inline __m512i dpbusd_4(__m512i acc, __m512i u, const void *p) {
-#if defined(__GNUC__)
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
-    return acc;
-#else
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(v));
-#endif
-}
-
-static inline __m512i dpwssd_4(__m512i acc, __m512i a, const void *p) {
-#if defined(__GNUC__)
-    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)p));
-    return acc;
-#else
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_dpwssd_epi32(acc, a, _mm512_set1_epi32(v));
-#endif
-}
 
 /* One row of activations -> int16 codes q [k] per block of 32 (d = max|x| / 32767, q =
  * round(x / d)), d, d * sum(q) in s and sum(q) in si: the activations of the 16-bit products

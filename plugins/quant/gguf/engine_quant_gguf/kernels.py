@@ -30,8 +30,8 @@ QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 KQTYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 #: every type served packed
 PACKED = {**QTYPES, **KQTYPES}
-SOURCES = (os.path.join(os.path.dirname(__file__), "kernels.c"),
-           os.path.join(os.path.dirname(__file__), "kquants.c"))
+SOURCES = tuple(os.path.join(os.path.dirname(__file__), name)
+                for name in ("kernels.c", "kquants.c", "panel_ops.h"))
 KQ_IDS = frozenset(KQTYPES.values())
 #: bytes of one 32-value block of each type id of kernels.c
 _BLOCK_BYTES = {2: 18, 3: 20, 8: 34}

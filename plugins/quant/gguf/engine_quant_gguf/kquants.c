@@ -33,6 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "panel_ops.h"
+
 enum { Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14 }; /* GGML type ids */
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -631,19 +633,6 @@ static ALWAYS_INLINE __m512i kp_codes(int T, int s, __m512i nib, __m512i h0, __m
     return nib;
 }
 
-/* acc + the products of u's unsigned bytes with the 4 signed bytes at p in every lane: one
- * dpbusd with p as its broadcast memory operand (as kernels.c's dpbusd_4). */
-static ALWAYS_INLINE __m512i kp_dpbusd_4(__m512i acc, __m512i u, const int8_t *p) {
-#if defined(__GNUC__)
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
-    return acc;
-#else
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(v));
-#endif
-}
-
 static ALWAYS_INLINE void kp_rows(int T, int MR, const uint8_t *pan, int64_t nb, const q8k *xq,
                                   float *y, int64_t ldy, __mmask16 cols) {
     const int pb = kp_block_bytes(T), hb = kp_high_bytes(T), sb = kp_sc_bytes(T);
@@ -681,8 +670,8 @@ static ALWAYS_INLINE void kp_rows(int T, int MR, const uint8_t *pan, int64_t nb,
                                             _mm512_and_si512(_mm512_srli_epi16(z, 4), m4), h0, h1);
                 for (int m = 0; m < MR; m++) {
                     const int8_t *x = xq[m * nb + b].qs + 32 * u + 8 * t;
-                    dot[m] = kp_dpbusd_4(dot[m], c0, x);
-                    dot[m] = kp_dpbusd_4(dot[m], c1, x + 4);
+                    dot[m] = dpbusd_4(dot[m], c0, x);
+                    dot[m] = dpbusd_4(dot[m], c1, x + 4);
                 }
                 if (t == 3 || (T == Q6_K && t == 1)) { /* a sub-block ends: times its scale */
                     const int g = T == Q6_K ? 2 * u + t / 2 : u;
