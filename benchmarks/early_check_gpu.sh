@@ -31,6 +31,7 @@
 #     int4pack: 4-bit products through PyTorch's own int4 kernel against ours (int4pack_step:
 #     its GPU tests and the step A/B alone); moe_hints,
 #     moe_hints_model: the experts' weights read with L2 cache hints, A/B (layer; model);
+#     moe_wide: one-token expert launches with few outputs a program and whole-row tiles;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
@@ -267,7 +268,26 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       # of gptq and awq with the layout (ENGINE_W4_INT4PACK=1) and without, twice
       TAIL=30 step 240 int4pack python3 benchmarks/int4pack_gpu.py
       int4pack_steps ;;
-    int4pack_step) int4pack_steps ;;  # the layout's GPU tests and the step A/B alone
+    int4pack_step) int4pack_steps ;;
+    moe_wide)  # one-token launches of 2-8 outputs a program and whole-row K tiles in the chain
+      # of 8 layers, then the model at batch 1 with the fastest against the default, twice
+      TAIL=60 step 420 moe_wide python3 benchmarks/moe_gpu.py --skip kit,kernel \
+        --chain-tokens 1 --wide-sweep --batches 1 --overlap \
+        --runners triton,triton+best,triton,triton+best ;;
+    moe_one_token)  # the one-token launch as shipped: the runner kit on CUDA, the sparse chain's
+      # checks, where the MoE model's batch-1 step goes, the model at batch 1
+      TAIL=8 step 200 moe_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model \
+        --runners triton
+      TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
+      TAIL=30 step 120 moe_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
+        --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
+      TAIL=6 step 150 moe python3 benchmarks/moe_gpu.py --skip kit,kernel,chain --batches 1 \
+        --runners triton,triton --overlap ;;
+    moe_narrow)  # around moe_wide's best: 1-4 outputs a program, whole rows, each projection's
+      # own warps; then the model at batch 1 with the fastest against the default, twice
+      TAIL=60 step 480 moe_narrow python3 benchmarks/moe_gpu.py --skip kit,kernel \
+        --chain-tokens 1 --wide-sweep narrow --batches 1 --overlap \
+        --runners triton,triton+best,triton,triton+best ;;  # the layout's GPU tests and the step A/B alone
     block_rows)  # block fp8's launches from the step search against those before, 1-16 rows
       python3 - "$OUT/block_before.json" <<'PY'
 import json, sys

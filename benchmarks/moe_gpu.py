@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "plugins" / "moe" / "torch"))
 from engine.api.moe import ExpertWeights, route  # noqa: E402
 from engine.testing.moe import runner_failures  # noqa: E402
 from engine_moe_torch.impl import TorchRunner  # noqa: E402
+import engine_moe_triton.impl as impl  # noqa: E402
 from engine_moe_triton.impl import GEMV_DEFAULT, TritonRunner, table_name  # noqa: E402
 
 MODEL_DIR = str(ROOT / "tests" / "data" / "qwen3-30b-a3b-dummy")
@@ -189,7 +190,32 @@ def sweep_gemv(tokens_list: list[int]) -> list[list]:
     return rows
 
 
-def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]:
+#: the fastest launch of a one-token sweep in the chain (``--chain-sweep``, ``--wide-sweep``),
+#: which the model section's ``triton+best`` runner serves with
+BEST_ONE_TOKEN: dict | None = None
+
+
+def wide_launches() -> list[dict]:
+    """One-token launches with few outputs a program and long K tiles (whole 4 KB rows of
+    ``w13`` at 2048: one tile, every load of a program asked for at once)."""
+    return [dict(block_n=bn, block_k=bk, warps=wp, down_block_n=dbn, down_block_k=dbk,
+                 next_tile=bk < H, l2_hints=1)
+            for bn in (2, 4, 8) for bk in (1024, 2048) for wp in (4, 8)
+            for dbn, dbk in ((8, 1024), (16, 1024), (32, 256))]
+
+
+def narrow_launches() -> list[dict]:
+    """Around the best of :func:`wide_launches` on the H200 (2 outputs a program, whole rows,
+    4 warps; the down projection 8 outputs a program, whole rows): 1-4 outputs a program,
+    2-8 warps, the down projection 2-16 outputs with its own warps."""
+    return [dict(block_n=bn, block_k=H, warps=wp, down_block_n=dbn, down_block_k=1024,
+                 down_warps=dw, next_tile=False, l2_hints=1)
+            for bn in (1, 2, 4) for wp in (2, 4, 8) for dbn in (2, 4, 8, 16)
+            for dw in (2, 4, 8) if not (dbn >= 8 and dw == 2)]
+
+
+def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
+               wide: str = "") -> list[list]:
     """The sparse layer as the model runs it: ``n_layers`` layers with their own weights (past
     L2), each layer's output the next one's input, in one CUDA graph (with PDL each kernel
     starts while the previous one finishes, as in a decode step); µs and TB/s per layer,
@@ -218,6 +244,9 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]
                                    next_tile=True, chained=True))
                          for bn in (16, 32) for bk in (256, 512) for wp in (4, 8)
                          for dbn in (8, 16, 32)]
+        if wide and m == 1:
+            launches += [("", cfg) for cfg in
+                         (narrow_launches() if wide == "narrow" else wide_launches())]
         scores = []
         for label, cfg in launches:
             saved = tri.gemv_one, tri.gemv
@@ -232,7 +261,10 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool) -> list[list]
             except Exception:  # a launch the compiler rejects
                 pass
             tri.gemv_one, tri.gemv = saved
-        best = sorted(scores[2:])[:3]
+        best = sorted(scores[2:])[:5 if wide else 3]
+        if best and m == 1:
+            global BEST_ONE_TOKEN
+            BEST_ONE_TOKEN = json.loads(best[0][2])
         for t_chain, t_one, label in scores[:2] + best:
             rows.append([m, active, n_layers, round(t_chain * 1e3, 1),
                          round(bytes_ / (t_chain * 1e-3) / 1e12, 2),
@@ -272,6 +304,14 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
         if variant in variants:
             env, value = variants[variant]
             os.environ[env] = value
+        one_token = impl.GEMV_ONE_TOKEN
+        if variant == "best":  # the chain sweep's fastest one-token launch
+            if BEST_ONE_TOKEN is None:
+                print("triton+best: no chain sweep ran", flush=True)
+                continue
+            impl.GEMV_ONE_TOKEN = {k: v for k, v in BEST_ONE_TOKEN.items() if k != "chained"}
+            if BEST_ONE_TOKEN.get("chained"):
+                os.environ["ENGINE_MOE_CHAINED"] = "1"
         try:
             cfg = ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype="bfloat16",
                                skip_tokenizer_init=True, attention_backend=attention,
@@ -292,6 +332,7 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
             traceback.print_exc()
         for env, _ in variants.values():
             os.environ.pop(env, None)
+        impl.GEMV_ONE_TOKEN = one_token
         gc.collect()
         torch.cuda.empty_cache()
     for mode in hf:
@@ -331,6 +372,7 @@ def main() -> None:
                     "triton+hints (the experts' weights read with L2 policy evict_first), "
                     "triton+keep (hints, and the down projection's prefetch evict_last), "
                     "triton+nohints (none; the one-token default is evict_first), "
+                    "triton+best (the fastest one-token launch of the chain sweep), "
                     "torch; a runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,
                     help="E,top_k,H,I of the layer for the kit-free sections (default: "
@@ -344,6 +386,11 @@ def main() -> None:
     ap.add_argument("--chain-tokens", default="1,8")
     ap.add_argument("--chain-sweep", action="store_true",
                     help="also time a grid of one-token launches in the chain")
+    ap.add_argument("--wide-sweep", nargs="?", const="wide", default="",
+                    choices=("wide", "narrow"),
+                    help="also time one-token launches of 2-8 outputs a program and 1024-2048"
+                    " long K tiles in the chain (narrow: 1-4 outputs, whole rows, each "
+                    "projection's own warps); the fastest then serves triton+best")
     args = ap.parse_args()
     if args.shape:
         global E, K, H, I
@@ -375,7 +422,8 @@ def main() -> None:
               out["kernel"])
     if "chain" not in skip:
         out["chain"] = chain_rows([int(x) for x in args.chain_tokens.split(",")],
-                                  args.chain_layers, args.chain_sweep)
+                                  args.chain_layers, args.chain_sweep, args.wide_sweep)
+        out["best_one_token"] = BEST_ONE_TOKEN
         table(f"the sparse layer in a chain of {args.chain_layers} (own weights, one CUDA graph;"
               f" E={E}, top-{K}, H={H}, I={I}, bf16) against one layer replayed alone",
               ["tokens", "active experts", "layers", "chain us/layer", "chain TB/s",

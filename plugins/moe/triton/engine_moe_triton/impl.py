@@ -46,12 +46,13 @@ def default_config(tokens: int, num_experts: int, dtype: torch.dtype) -> dict[st
 #: (acc2d, summing each output once after its K loop, is in the sweep but not yet measured on
 #: an H200)
 GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8, acc2d=False)  # best of the H200 sweep
-#: one token (batch-1 decode): the next K tile's weights loaded first, 32 outputs a program in
-#: the down projection; the best of two H200 sweeps at one token (26.5 and 27.4 us against
-#: 30.7 for GEMV_DEFAULT, docs/benchmarks/moe.md), not measured at more tokens; the weights
-#: read with L2 evict_first (2-3 % off the model's synchronous batch-1 step on an H100)
-GEMV_ONE_TOKEN = dict(block_n=16, block_k=256, warps=4, down_block_n=32, down_block_k=256,
-                      acc2d=False, next_tile=True, l2_hints=1)
+#: one token (batch-1 decode): two outputs a program over whole 4 KB rows of ``w13`` (every load
+#: of a program asked for at once), the down projection eight outputs a program over whole
+#: rows; the weights read with L2 evict_first. The fastest of two H200 sweeps in a chain of 8
+#: layers (24.0-24.2 us a layer, 73 % of 4.3 TB/s, against 26.6 for the launch before: 16
+#: outputs, 256-column tiles, the next tile loaded first; docs/benchmarks/moe.md)
+GEMV_ONE_TOKEN = dict(block_n=2, block_k=2048, warps=4, down_block_n=8, down_block_k=1024,
+                      down_warps=4, acc2d=False, next_tile=False, l2_hints=1)
 
 
 def table_name(num_experts: int, width: int, device: str, dtype: torch.dtype) -> str:

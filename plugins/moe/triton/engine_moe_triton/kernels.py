@@ -430,13 +430,15 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
              topk_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, *,
              block_n: int = 32, block_k: int = 128, warps: int = 4,
              down_block_n: int | None = None, down_block_k: int | None = None,
-             acc2d: bool = False, combined: torch.Tensor | None = None,
-             next_tile: bool = False, l2_hints: int = 0) -> bool:
+             down_warps: int | None = None, acc2d: bool = False,
+             combined: torch.Tensor | None = None, next_tile: bool = False,
+             l2_hints: int = 0) -> bool:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
     ``-1`` ids). ``acc2d``: sum each output's products once at the end of its K loop.
     ``combined`` [T, H]: the down projection also writes each token's sum of its pairs there
     (as :func:`combine_pairs`) where the counters suffice; returns whether it did.
     ``next_tile``: each K iteration loads the next one's weights first (``NEXT``).
+    ``down_warps``: the down projection's warps a program (default ``warps``).
     ``l2_hints``: 1, both projections read their weights with the L2 eviction policy
     "evict_first" (``EVICT``); 2, the down projection's prefetch also asks for its rows with
     the priority "evict_last" (``KEEP``); 0, neither."""
@@ -448,8 +450,9 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     ids = topk_ids.reshape(-1)
     _pair_gemv_up[(pairs, triton.cdiv(n13, block_n))](
         x, w13, gate_up, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1),
-        gate_up.stride(0), TOP_K=k, BLOCK_N=block_n, BLOCK_K=block_k, ACC2D=acc2d,
-        NEXT=next_tile, EVICT=evict, num_warps=warps, **launch_options(x.device))
+        gate_up.stride(0), TOP_K=k, BLOCK_N=block_n,
+        BLOCK_K=min(block_k, triton.next_power_of_2(h)), ACC2D=acc2d, NEXT=next_tile,
+        EVICT=evict, num_warps=warps, **launch_options(x.device))
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
     tiles = triton.cdiv(h, dbn)
     combine = combined is not None and t * tiles <= COMBINE_COUNTERS
@@ -461,7 +464,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
         PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
         COMBINE=combine, NEXT=next_tile, EVICT=evict, KEEP=l2_hints >= 2,
-        num_warps=warps, **launch_options(x.device))
+        num_warps=down_warps or warps, **launch_options(x.device))
     return combine
 
 
