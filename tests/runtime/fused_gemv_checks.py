@@ -1,7 +1,7 @@
 """The matrix-vector kernels that make their input in their own loads (residual add + RMSNorm,
 SiLU-and-mul: engine.runtime.gemv_triton.gemv_norm / gemv_silu) against the separate kernels,
 the chained one-row products (gemv_chain, the normed row it writes for a sparse layer's
-experts), and a tiny Llama and a tiny dense-then-sparse Qwen2-MoE decoding with them
+experts, the router's top-k in its last program), and a tiny Llama and a tiny dense-then-sparse Qwen2-MoE decoding with them
 (ENGINE_FUSED_GEMV=1; ENGINE_GEMV_CHAIN 1, the default, against 0) against the same model
 without: run
 under TRITON_INTERPRET=1 on a CPU, or on a GPU. Prints one JSON list of failures."""
@@ -148,6 +148,20 @@ def normed_row(dtype: torch.dtype) -> None:
             failures.append(f"gemv_chain normed row {dtype} {k}x{n}: {err:.3g}")
         if not torch.equal(y, gemv_triton.gemv_early(out, w)[0]):
             failures.append(f"gemv_chain normed row's product {dtype} {k}x{n}")
+        # the router's last program routes its logits as route_topk does (and leaves its
+        # counter at zero for the next launch: three launches in a row)
+        for top_k, renorm in ((1, False), (2, True), (min(n, 8), False), (min(n, 8), True)):
+            for _ in range(3):
+                out2 = torch.empty_like(x)
+                y2, (tw, ids) = gemv_triton.gemv_chain(x, w, sumsq=ss, norm_w=nw, eps=1e-6,
+                                                       normed_out=out2, route=(top_k, renorm))
+                want_w, want_ids = fused_triton.route_topk(y2, top_k, renorm)
+                if not (torch.equal(y2, y) and torch.equal(out2, out)
+                        and torch.equal(ids, want_ids) and torch.equal(tw, want_w)):
+                    failures.append(f"gemv_chain route {dtype} {k}x{n} top-{top_k} "
+                                    f"renorm={renorm}: {ids.tolist()} / {want_ids.tolist()}")
+        if gemv_triton._route_counter(x.device).item() != 0:
+            failures.append("gemv_chain route: its counter is not back at zero")
 
 
 os.environ.setdefault("ENGINE_GEMV_DENSE_ROWS", "4")  # (on a CPU the interpreter serves them)
@@ -161,6 +175,10 @@ for dt in ((torch.bfloat16, torch.float16) if device == "cuda" else (torch.float
     # per decode step: the dense first layer 3 (o, gate/up, down), each sparse layer its o and
     # router, the second also its q/k/v (from the dense layer's sums of squares)
     model(dt, "ENGINE_GEMV_CHAIN", QWEN2_MOE, 2 * 8)
+    # the sparse layers' top-k in a kernel of its own after the router
+    os.environ["ENGINE_SPARSE_ROUTE"] = "0"
+    model(dt, "ENGINE_GEMV_CHAIN", QWEN2_MOE, 2 * 8)
+    os.environ.pop("ENGINE_SPARSE_ROUTE")
     # with ENGINE_SPARSE_CHAIN=0 only the dense layer chains: its 3 products a step
     os.environ["ENGINE_SPARSE_CHAIN"] = "0"
     model(dt, "ENGINE_GEMV_CHAIN", QWEN2_MOE, 2 * 3)

@@ -580,7 +580,8 @@ def test_one_row_swap_reads_a_static_scale_over_the_wait():
 
 @pytest.mark.parametrize("form", ["qkv (norm from sums of squares)", "o (residual add)",
                                   "gate/up (norm, SiLU-and-mul)", "down (residual add)",
-                                  "router (norm, the normed row)"])
+                                  "router (norm, the normed row)",
+                                  "router (norm, the normed row, top-8)"])
 def test_chained_layer_products_build_without_spills(form):
     """The chained one-row layer (``gemv_triton.gemv_chain``) at the Llama-3-8B shapes, and a
     sparse layer's router at Qwen3-30B-A3B's (128 experts, 2,048 inputs): one ``_gemv_early``
@@ -604,6 +605,10 @@ def test_chained_layer_products_build_without_spills(form):
         "router (norm, the normed row)": lambda: gemv_triton.gemv_chain(
             torch.empty(1, 2048, **bf), torch.empty(128, 2048, **bf), sumsq=ss,
             norm_w=torch.empty(2048, **bf), eps=1e-6, normed_out=torch.empty(1, 2048, **bf)),
+        "router (norm, the normed row, top-8)": lambda: gemv_triton.gemv_chain(
+            torch.empty(1, 2048, **bf), torch.empty(128, 2048, **bf), sumsq=ss,
+            norm_w=torch.empty(2048, **bf), eps=1e-6, normed_out=torch.empty(1, 2048, **bf),
+            route=(8, True)),
     }
     launches = _launches(calls[form])
     assert [kernel.fn.__name__ for kernel, _, _ in launches] == ["_gemv_early"]

@@ -403,17 +403,25 @@ class DecoderLayer(nn.Module):
         """A sparse layer at one row, its attention half chained as the dense layer's: the
         output projection adds the residual in its epilogue and leaves partial sums of
         squares, from which the router norms its input and writes the normed row for the
-        experts (no norm kernel between them). Returns (the experts' output, the residual
-        stream before them)."""
+        experts (no norm kernel between them), and its last program routes the logits
+        (``ENGINE_SPARSE_ROUTE=0``: a top-k kernel after it). Returns (the experts' output,
+        the residual stream before them)."""
+        from engine.runtime import gemv_triton
         from engine.runtime.gemv_triton import gemv_chain
 
         mlp, ln2 = self.mlp, self.post_attention_layernorm
         wqkv, wo, wgate = weights
         h2, ss = self._chained_attention(h, residual, rope, batch, attn, wqkv, wo)
         normed = torch.empty_like(h2)
-        logits = gemv_chain(h2, wgate, sumsq=ss, norm_w=ln2.weight, eps=ln2.eps,
-                            normed_out=normed)[0]
-        return mlp(normed, router_logits=logits), h2
+        if os.environ.get("ENGINE_SPARSE_ROUTE") == "0" \
+                or wgate.shape[0] > gemv_triton.ROUTE_MAX:
+            logits = gemv_chain(h2, wgate, sumsq=ss, norm_w=ln2.weight, eps=ln2.eps,
+                                normed_out=normed)[0]
+            return mlp(normed, router_logits=logits), h2
+        # the router's last program routes too (no top-k kernel between it and the experts)
+        logits, routed = gemv_chain(h2, wgate, sumsq=ss, norm_w=ln2.weight, eps=ln2.eps,
+                                    normed_out=normed, route=(mlp.top_k, mlp.renormalize))
+        return mlp(normed, router_logits=logits, routed=routed), h2
 
 
 def _chain_row(h: torch.Tensor) -> bool:

@@ -164,15 +164,19 @@ class SparseMoeBlock(nn.Module):
         if reason:
             raise ConfigError(f"--moe-runner-backend: cannot serve {self.experts.name}: {reason}")
 
-    def forward(self, x: torch.Tensor, router_logits: torch.Tensor | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor | None = None,
+                routed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``router_logits``: the router's product of ``x`` where the caller made it (the
-        chained sparse layer: in the kernel that normed ``x``)."""
-        # the router through the model's own few-row product (on a GPU the Triton
-        # matrix-vector kernel, which launches with its neighbours under PDL)
-        logits = (dense_linear(x, self.gate.weight) if router_logits is None
-                  else router_logits)
-        weights, ids = route(logits, self.top_k, self.renormalize)
+        chained sparse layer: in the kernel that normed ``x``); ``routed``: its (weights,
+        ids) too, as :func:`route` makes them (that kernel's last program routed them)."""
+        if routed is not None:
+            weights, ids = routed
+        else:
+            # the router through the model's own few-row product (on a GPU the Triton
+            # matrix-vector kernel, which launches with its neighbours under PDL)
+            logits = (dense_linear(x, self.gate.weight) if router_logits is None
+                      else router_logits)
+            weights, ids = route(logits, self.top_k, self.renormalize)
         h, local_ids, local_w, handle = self.a2a.dispatch(x, ids, weights)
         out = self.a2a.combine(self.runner.apply(self.experts, h, local_ids, local_w), handle)
         if self.shared_expert is not None:
