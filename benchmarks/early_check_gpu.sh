@@ -276,15 +276,15 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --runners triton,triton+best,triton,triton+best ;;
     moe_one_token)  # the one-token launch as shipped: the runner kit on CUDA, the sparse chain's
       # checks, where the MoE model's batch-1 step goes, the model at batch 1 with the router's
-      # top-k in its last program against a top-k kernel (ENGINE_SPARSE_ROUTE=0) and against
-      # the combine inside the down projection, twice
+      # top-k in its last program against a top-k kernel (ENGINE_SPARSE_ROUTE=0) and the
+      # residual added in the combine against a norm kernel's add (ENGINE_SPARSE_RESIDUAL=0)
       TAIL=8 step 200 moe_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model \
         --runners triton
       TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       TAIL=30 step 120 moe_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
         --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
       TAIL=14 step 300 moe python3 benchmarks/moe_gpu.py --skip kit,kernel,chain --batches 1 \
-        --runners triton,triton+noroute,triton+combine,triton,triton+noroute,triton+combine \
+        --runners triton,triton+noroute,triton+noresidual,triton,triton+noroute,triton+noresidual \
         --overlap ;;
     moe_narrow)  # around moe_wide's best: 1-4 outputs a program, whole rows, each projection's
       # own warps; then the model at batch 1 with the fastest against the default, twice

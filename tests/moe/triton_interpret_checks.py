@@ -79,6 +79,20 @@ if not torch.equal(combined, want):
     failures.append(f"fused combine differs: {(combined - want).abs().max():.3g}")
 if kernels.combine_counters(x.device).any():
     failures.append("combine counters not reset")
+# the combine with the residual added (each rounded as a separate add rounds: the sum to the
+# output dtype, then the total) and the sums of squares of the rows' pieces (float16: the
+# interpreter truncates float32 to bfloat16 where a GPU and torch round)
+for dtype, width in ((torch.float32, h), (torch.float16, 2500)):
+    d = torch.randn(t * k, width, generator=gen).to(dtype)
+    r = torch.randn(t, width, generator=gen).to(dtype)
+    got, ss = kernels.combine_pairs(d, k, dtype, r)
+    want = (kernels.combine_pairs(d, k, dtype).float() + r.float()).to(dtype)
+    if not torch.equal(got, want):
+        failures.append(f"combine with residual {dtype}: {(got - want).abs().max():.3g}")
+    total = (want.float() ** 2).sum(dim=1)
+    if ss.shape != (t, -(-width // 1024)) or \
+            not torch.allclose(ss.sum(dim=1), total, rtol=1e-5):
+        failures.append(f"combine with residual {dtype}: sums of squares {ss.shape}")
 # the one-launch form: the same rows as the two launches (whole rows of I summed at once, so
 # within float32 rounding), a -1 pair's rows zero, and its counters zero again afterwards
 gu2, down2 = torch.empty(t * k, 2 * inter), torch.full((t * k, h), float("nan"))

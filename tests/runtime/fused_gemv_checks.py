@@ -6,6 +6,7 @@ experts, the router's top-k in its last program), and a tiny Llama and a tiny de
 without: run
 under TRITON_INTERPRET=1 on a CPU, or on a GPU. Prints one JSON list of failures."""
 
+import contextlib
 import json
 import os
 import sys
@@ -86,9 +87,15 @@ QWEN2_MOE = {**LLAMA, "architectures": ["Qwen2MoeForCausalLM"], "model_type": "q
              "shared_expert_intermediate_size": 48, "mlp_only_layers": [0],
              "decoder_sparse_step": 1}
 
+#: two sparse layers, no shared expert (q/k norms, renormalised top-2): the runner adds the
+#: residual in its combine, and the second layer's q/k/v projection norms from its sums
+QWEN3_MOE = {**LLAMA, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+             "head_dim": 16, "moe_intermediate_size": 32, "num_experts": 4,
+             "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1}
+
 
 def model(dtype: torch.dtype, flag_name: str, config: dict = LLAMA,
-          chained_calls: int = 2 * 7) -> None:
+          chained_calls: int = 2 * 7, moe_runner: str = "auto") -> None:
     """Greedy decode steps of a tiny dummy model (``config``): logits with the fused kernels
     (``flag_name`` set to 1) close to those without; with the chained layers, ``gemv_chain``
     called ``chained_calls`` times over the two decode steps."""
@@ -110,7 +117,8 @@ def model(dtype: torch.dtype, flag_name: str, config: dict = LLAMA,
         cfg = ServerConfig(model_path=tmp, load_format="dummy", dtype=str(dtype).split(".")[1],
                            skip_tokenizer_init=True, attention_backend="torch_native",
                            max_total_tokens=512, max_running_requests=2, context_length=128,
-                           random_seed=0, disable_cuda_graph=True)
+                           random_seed=0, disable_cuda_graph=True,
+                           moe_runner_backend=moe_runner)
         runner = ModelRunner(cfg)
         bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
         row = bb.new_request()
@@ -164,6 +172,30 @@ def normed_row(dtype: torch.dtype) -> None:
             failures.append("gemv_chain route: its counter is not back at zero")
 
 
+RESIDUAL_RUNNER = "triton" if device == "cuda" else "torch"
+
+
+@contextlib.contextmanager
+def residual_runner():
+    """On a CPU, the torch runner's ``apply_residual`` as ``MoERunner``'s contract states it
+    (the triton runner's own is checked by the runner kit); on a GPU, nothing changes."""
+    if device == "cuda":
+        yield
+        return
+    from engine_moe_torch.impl import TorchRunner
+
+    def apply_residual(self, experts, hidden, ids, weights, residual):
+        total = (self.apply(experts, hidden, ids, weights).float() + residual.float())
+        total = total.to(hidden.dtype)
+        return total, (total.float() ** 2).sum(dim=1, keepdim=True)
+
+    TorchRunner.apply_residual = apply_residual
+    try:
+        yield
+    finally:
+        del TorchRunner.apply_residual
+
+
 os.environ.setdefault("ENGINE_GEMV_DENSE_ROWS", "4")  # (on a CPU the interpreter serves them)
 # the interpreter truncates float32 -> bfloat16 where a GPU rounds: float16 on a CPU
 for dt in ((torch.bfloat16, torch.float16) if device == "cuda" else (torch.float16,)):
@@ -175,6 +207,15 @@ for dt in ((torch.bfloat16, torch.float16) if device == "cuda" else (torch.float
     # per decode step: the dense first layer 3 (o, gate/up, down), each sparse layer its o and
     # router, the second also its q/k/v (from the dense layer's sums of squares)
     model(dt, "ENGINE_GEMV_CHAIN", QWEN2_MOE, 2 * 8)
+    # no shared expert, a runner that adds the residual itself (the triton runner's combine;
+    # on a CPU, where that runner is not offered, the torch runner given the same capability
+    # by torch ops): the second layer's q/k/v chains too (2 + 3 products a step); without
+    # that, 2 + 2
+    with residual_runner():
+        model(dt, "ENGINE_GEMV_CHAIN", QWEN3_MOE, 2 * 5, moe_runner=RESIDUAL_RUNNER)
+        os.environ["ENGINE_SPARSE_RESIDUAL"] = "0"
+        model(dt, "ENGINE_GEMV_CHAIN", QWEN3_MOE, 2 * 4, moe_runner=RESIDUAL_RUNNER)
+        os.environ.pop("ENGINE_SPARSE_RESIDUAL")
     # the sparse layers' top-k in a kernel of its own after the router
     os.environ["ENGINE_SPARSE_ROUTE"] = "0"
     model(dt, "ENGINE_GEMV_CHAIN", QWEN2_MOE, 2 * 8)

@@ -236,14 +236,15 @@ def test_moe_pair_kernels_build(prefetch, combine, nxt, hints):
 
     types = {"x_ptr": "*bf16", "gu_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
              "ids_ptr": "*i32", "weights_ptr": "*fp32", "down_ptr": "*bf16", "y_ptr": "*bf16",
-             "cnt_ptr": "*i32"}
+             "cnt_ptr": "*i32", "res_ptr": "*bf16", "ss_ptr": "*fp32"}
     evict = "evict_first" if hints else ""
     up = build(kernels._pair_gemv_up, types, dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256,
                                                   ACC2D=False, NEXT=nxt, EVICT=evict, PDL=True))
     down = build(kernels._pair_gemv_down, types, dict(
         TOP_K=8, BLOCK_N=16, BLOCK_K=256, ACC2D=False, PREFETCH=prefetch, COMBINE=combine,
         NEXT=nxt, EVICT=evict, KEEP=hints >= 2, PDL=True))
-    build(kernels._combine_pairs, types, dict(TOP_K=8, BLOCK=1024, PDL=True))
+    for res in (False, True):  # (with the residual added and the sums of squares)
+        build(kernels._combine_pairs, types, dict(TOP_K=8, BLOCK=1024, RES=res, PDL=True))
     for compiled in (up, down):
         ptx = compiled.asm["ptx"]
         hinted = re.findall(r"ld\.global[^ ]*L2::cache_hint[^ ]*", ptx)

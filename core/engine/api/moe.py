@@ -58,6 +58,16 @@ class MoERunner(ABC):
         ``hidden``'s dtype, ``expert(x) = w2 @ (silu(gate(x)) * up(x))`` with ``gate``/``up``
         the two halves of ``w13``."""
 
+    def apply_residual(self, experts: ExpertWeights, hidden: torch.Tensor,
+                       topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                       residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where the runner can add the residual stream in its own last kernel: (``apply``'s
+        output + ``residual`` [T, H], the sum rounded to ``hidden``'s dtype and then the total,
+        as the model's separate add rounds; the float32 sums of squares of each output row's
+        pieces [T, P], from which the next layer's first product norms its input). The
+        default, None: the model adds (a kernel of its own)."""
+        return None
+
 
 class MoEAllToAll(ABC):
     """Token movement across expert-parallel ranks around a :class:`MoERunner`.
@@ -69,6 +79,9 @@ class MoEAllToAll(ABC):
 
     #: experts of the model owned by this rank: ``range(first_expert, first_expert + n)``
     first_expert: int = 0
+    #: dispatch and combine are the identity (every expert local): the runner's output is the
+    #: layer's, so the runner may add the residual to it (``MoERunner.apply_residual``)
+    identity: bool = False
 
     @abstractmethod
     def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
@@ -87,6 +100,8 @@ class MoEAllToAll(ABC):
 
 class LocalAllToAll(MoEAllToAll):
     """Every expert on this rank (ep = 1): dispatch and combine are the identity."""
+
+    identity = True
 
     def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
                  topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,

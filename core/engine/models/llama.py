@@ -405,7 +405,10 @@ class DecoderLayer(nn.Module):
         squares, from which the router norms its input and writes the normed row for the
         experts (no norm kernel between them), and its last program routes the logits
         (``ENGINE_SPARSE_ROUTE=0``: a top-k kernel after it). Returns (the experts' output,
-        the residual stream before them)."""
+        the residual stream before them), or, where the runner adds the residual in its
+        combine (``MoERunner.apply_residual``; ``ENGINE_SPARSE_RESIDUAL=0``: never), (the
+        residual stream after the layer, :class:`SumSq` of its pieces) as the dense chained
+        layer returns."""
         from engine.runtime import gemv_triton
         from engine.runtime.gemv_triton import gemv_chain
 
@@ -421,6 +424,12 @@ class DecoderLayer(nn.Module):
         # the router's last program routes too (no top-k kernel between it and the experts)
         logits, routed = gemv_chain(h2, wgate, sumsq=ss, norm_w=ln2.weight, eps=ln2.eps,
                                     normed_out=normed, route=(mlp.top_k, mlp.renormalize))
+        if os.environ.get("ENGINE_SPARSE_RESIDUAL") != "0":
+            # the runner adds the residual and leaves the sums of squares that the next
+            # layer's q/k/v projection norms from (no add + norm kernel before it)
+            done = mlp.forward_residual(normed, h2, routed)
+            if done is not None:
+                return done[0], SumSq(done[1].reshape(-1))
         return mlp(normed, router_logits=logits, routed=routed), h2
 
 

@@ -164,6 +164,17 @@ class SparseMoeBlock(nn.Module):
         if reason:
             raise ConfigError(f"--moe-runner-backend: cannot serve {self.experts.name}: {reason}")
 
+    def forward_residual(self, x: torch.Tensor, residual: torch.Tensor,
+                         routed: tuple[torch.Tensor, torch.Tensor]
+                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(``forward(x, routed=routed) + residual``, the sums of squares of its rows' pieces)
+        where the runner adds the residual in its own last kernel (its ``apply_residual``; no
+        shared expert, every expert local), else None."""
+        if self.shared_expert is not None or not getattr(self.a2a, "identity", False):
+            return None
+        weights, ids = routed
+        return self.runner.apply_residual(self.experts, x, ids, weights, residual)
+
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor | None = None,
                 routed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``router_logits``: the router's product of ``x`` where the caller made it (the

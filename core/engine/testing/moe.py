@@ -105,6 +105,20 @@ def run_case(runner: Any, case: Case, dtype: torch.dtype, device: torch.device) 
     err = ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
     if not err <= tolerance(dtype):
         return f"{case.name} ({dtype}): max error {err:.2e} relative to the largest output"
+    # where the runner adds a residual in its own last kernel: the same output plus the
+    # residual, rounded as a separate add rounds, and the sums of squares of each row
+    residual = torch.randn(x.shape, generator=torch.Generator().manual_seed(7)).to(device, dtype)
+    added = runner.apply_residual(experts, x, ids, weights, residual)
+    if added is not None:
+        total, ss = added
+        want = (out.float() + residual.float()).to(dtype)
+        if not torch.equal(total, want):
+            return f"{case.name} ({dtype}): apply_residual differs from apply + residual by " \
+                   f"{(total.float() - want.float()).abs().max().item():.2e}"
+        sums = (want.float() ** 2).sum(dim=1)
+        if ss.dim() != 2 or ss.shape[0] != x.shape[0] \
+                or not torch.allclose(ss.sum(dim=1), sums, rtol=1e-4, atol=1e-6):
+            return f"{case.name} ({dtype}): apply_residual's sums of squares are wrong"
     return None
 
 

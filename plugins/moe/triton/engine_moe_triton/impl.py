@@ -121,6 +121,19 @@ class TritonRunner(MoERunner):
 
     def apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
               topk_weights: torch.Tensor) -> torch.Tensor:
+        return self._apply(experts, hidden, topk_ids, topk_weights)
+
+    def apply_residual(self, experts: ExpertWeights, hidden: torch.Tensor,
+                       topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                       residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The residual added in the combine kernel (not where the down projection combines:
+        ``ENGINE_MOE_FUSED_COMBINE=1``)."""
+        if self.fused_combine:
+            return None
+        return self._apply(experts, hidden, topk_ids, topk_weights, residual)
+
+    def _apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
+               topk_weights: torch.Tensor, residual: torch.Tensor | None = None):
         from .kernels import (align_by_expert, chained_serves, combine_pairs, grouped_gemm,
                               pair_moe, pair_moe_chained, silu_and_mul)
 
@@ -145,9 +158,9 @@ class TritonRunner(MoERunner):
                                  block_n=launch["block_n"], block_k=launch["block_k"],
                                  warps=launch.get("warps", 4), down_block_n=down_bn,
                                  next_tile=launch.get("next_tile", False))
-                return combine_pairs(down, k, hidden.dtype)
+                return combine_pairs(down, k, hidden.dtype, residual)
             out = (torch.empty(t, h, dtype=hidden.dtype, device=x.device)
-                   if self.fused_combine else None)
+                   if self.fused_combine and residual is None else None)
             options = {k_: v for k_, v in launch.items() if k_ != "chained"}
             options["l2_hints"] = (self.l2_hints if self.l2_hints is not None
                                    else launch.get("l2_hints", 0))
@@ -155,7 +168,7 @@ class TritonRunner(MoERunner):
                         topk_weights.float().contiguous(), gate_up, down, combined=out,
                         **options):
                 return out
-            return combine_pairs(down, k, hidden.dtype)
+            return combine_pairs(down, k, hidden.dtype, residual)
         block = self.config_for(experts, t)
         sorted_ids, block_expert, num_padded = align_by_expert(
             topk_ids, block["BLOCK_SIZE_M"], experts.num_experts)
@@ -174,7 +187,7 @@ class TritonRunner(MoERunner):
         down = torch.zeros(pairs, h, dtype=x.dtype, device=x.device)  # -1 ids stay zero
         grouped_gemm(act, experts.w2, down, weights, sorted_ids, block_expert, num_padded,
                      top_k=1, mul_weight=True, block=block)
-        return combine_pairs(down, k, hidden.dtype)
+        return combine_pairs(down, k, hidden.dtype, residual)
 
 
 @hookimpl

@@ -477,31 +477,50 @@ def _l2_budget(device: torch.device) -> int:
 
 
 @triton.jit
-def _combine_pairs(down_ptr, out_ptr, H, stride_d, stride_o, TOP_K: tl.constexpr,
-                   BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _combine_pairs(down_ptr, out_ptr, H, stride_d, stride_o, res_ptr, ss_ptr, stride_r,
+                   TOP_K: tl.constexpr, BLOCK: tl.constexpr, RES: tl.constexpr,
+                   PDL: tl.constexpr):
     """``out[t] = sum_j down[t * TOP_K + j]`` in float32 (slots in order), rounded to out's
-    dtype; grid ``(T, cdiv(H, BLOCK))``."""
+    dtype; grid ``(T, cdiv(H, BLOCK))``. RES: that sum plus ``res[t]``, rounded again (as a
+    separate residual add rounds it), with the sum of squares of the program's outputs at
+    ``ss[t, program]`` (a row's pieces, which the next layer's first product norms from)."""
     pdl_trigger(PDL)
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < H
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    if RES:
+        res = tl.load(res_ptr + t * stride_r + offs, mask=ok, other=0.0).to(tl.float32)
     for j in tl.static_range(TOP_K):
         acc += tl.load(down_ptr + (t * TOP_K + j) * stride_d + offs, mask=ok,
                        other=0.0).to(tl.float32)
-    tl.store(out_ptr + t * stride_o + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    if RES:
+        acc = (acc.to(dt).to(tl.float32) + res).to(dt).to(tl.float32)
+        tl.store(ss_ptr + t * tl.num_programs(1) + tl.program_id(1),
+                 tl.sum(tl.where(ok, acc * acc, 0.0), axis=0))
+    tl.store(out_ptr + t * stride_o + offs, acc.to(dt), mask=ok)
 
 
-def combine_pairs(down: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+def combine_pairs(down: torch.Tensor, top_k: int, dtype: torch.dtype,
+                  residual: torch.Tensor | None = None
+                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The combine: each token's ``top_k`` weighted expert rows of ``down`` [T * top_k, H]
     summed in float32, as ``dtype`` [T, H]. A Triton kernel rather than a torch reduction so
-    that, under PDL, it launches while the down projection finishes."""
+    that, under PDL, it launches while the down projection finishes. With ``residual`` [T, H]:
+    (that sum plus the residual, each rounded to ``dtype``; the float32 sums of squares of its
+    rows' pieces [T, pieces])."""
     pairs, h = down.shape
     t = pairs // top_k
     out = torch.empty((t, h), dtype=dtype, device=down.device)
     block = min(1024, triton.next_power_of_2(h))
-    _combine_pairs[(t, triton.cdiv(h, block))](down, out, h, down.stride(0), out.stride(0),
-                                                TOP_K=top_k, BLOCK=block, num_warps=4,
-                                                **launch_options(down.device))
-    return out
+    pieces = triton.cdiv(h, block)
+    ss = (torch.empty((t, pieces), dtype=torch.float32, device=down.device)
+          if residual is not None else out)
+    _combine_pairs[(t, pieces)](down, out, h, down.stride(0), out.stride(0),
+                                residual if residual is not None else out, ss,
+                                residual.stride(0) if residual is not None else 0,
+                                TOP_K=top_k, BLOCK=block, RES=residual is not None,
+                                num_warps=4, **launch_options(down.device))
+    return out if residual is None else (out, ss)
