@@ -276,7 +276,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --runners triton,triton+best,triton,triton+best ;;
     moe_one_token)  # the one-token launch as shipped: the runner kit on CUDA, the sparse chain's
       # checks, where the MoE model's batch-1 step goes, the model at batch 1 with the router's
-      # top-k in its last program against a top-k kernel (ENGINE_SPARSE_ROUTE=0) and the
+      # top-k in its last program (ENGINE_SPARSE_ROUTE=1) against a top-k kernel and the
       # residual added in the combine against a norm kernel's add (ENGINE_SPARSE_RESIDUAL=0)
       TAIL=8 step 200 moe_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model \
         --runners triton
@@ -284,8 +284,18 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=30 step 120 moe_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
         --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
       TAIL=14 step 300 moe python3 benchmarks/moe_gpu.py --skip kit,kernel,chain --batches 1 \
-        --runners triton,triton+noroute,triton+noresidual,triton,triton+noroute,triton+noresidual \
+        --runners triton+route,triton,triton+noresidual,triton+route,triton,triton+noresidual \
         --overlap ;;
+    moe_fusions)  # the router's ranked top-k and the combine's residual: the chain checks, then
+      # the model at batch 1 with both, with the second (the default), without it, three times
+      TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
+      R=triton+route,triton,triton+noresidual
+      TAIL=20 step 450 moe_fusions python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners $R,$R,$R --overlap ;;
+    moe_residual)  # the combine's residual (the default) against the norm kernel's add, 3 times
+      R=triton,triton+noresidual
+      TAIL=14 step 400 moe_residual python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners $R,$R,$R --overlap ;;
     moe_narrow)  # around moe_wide's best: 1-4 outputs a program, whole rows, each projection's
       # own warps; then the model at batch 1 with the fastest against the default, twice
       TAIL=60 step 480 moe_narrow python3 benchmarks/moe_gpu.py --skip kit,kernel \

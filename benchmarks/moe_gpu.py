@@ -296,7 +296,7 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
                 "chained": ("ENGINE_MOE_CHAINED", "1"),
                 "hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
                 "nohints": ("ENGINE_MOE_L2_HINTS", "0"),
-                "noroute": ("ENGINE_SPARSE_ROUTE", "0"),
+                "route": ("ENGINE_SPARSE_ROUTE", "1"),
                 "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0")}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
@@ -375,7 +375,7 @@ def main() -> None:
                     "triton+keep (hints, and the down projection's prefetch evict_last), "
                     "triton+nohints (none; the one-token default is evict_first), "
                     "triton+best (the fastest one-token launch of the chain sweep), "
-                    "triton+noroute (the router's top-k in a kernel of its own), "
+                    "triton+route (the top-k in the router's last program), "
                     "triton+noresidual (the residual added by the next layer's norm kernel), "
                     "torch; a runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,

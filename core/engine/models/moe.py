@@ -164,6 +164,10 @@ class SparseMoeBlock(nn.Module):
         if reason:
             raise ConfigError(f"--moe-runner-backend: cannot serve {self.experts.name}: {reason}")
 
+    def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights float32 [T, k], ids int32 [T, k]) of the router's logits."""
+        return route(router_logits, self.top_k, self.renormalize)
+
     def forward_residual(self, x: torch.Tensor, residual: torch.Tensor,
                          routed: tuple[torch.Tensor, torch.Tensor]
                          ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -187,7 +191,7 @@ class SparseMoeBlock(nn.Module):
             # matrix-vector kernel, which launches with its neighbours under PDL)
             logits = (dense_linear(x, self.gate.weight) if router_logits is None
                       else router_logits)
-            weights, ids = route(logits, self.top_k, self.renormalize)
+            weights, ids = self.route(logits)
         h, local_ids, local_w, handle = self.a2a.dispatch(x, ids, weights)
         out = self.a2a.combine(self.runner.apply(self.experts, h, local_ids, local_w), handle)
         if self.shared_expert is not None:

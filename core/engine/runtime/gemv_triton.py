@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.runtime.fused_triton import _round, _route_row
+from engine.runtime.fused_triton import _round, _route_row_ranked
 from engine.runtime.quant_triton import (_bits, _finish, _group_affine, _kind, _quantize,
                                          _row_scales, _slice, _split, _workspace,
                                          _x_slice, fp8_from_bits, shape_class)
@@ -590,7 +590,7 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
         if EPI == 3:
             tl.debug_barrier()  # every thread's outputs stored before the release below
             if tl.atomic_add(rcnt_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-                _route_row(y_ptr, tw_ptr, ids_ptr, N, TOP_K, RENORM, BLOCK_E, True)
+                _route_row_ranked(y_ptr, tw_ptr, ids_ptr, N, TOP_K, RENORM, BLOCK_E)
                 tl.atomic_xchg(rcnt_ptr, 0)
 
 
@@ -712,8 +712,9 @@ def gemv_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     return y, ((tw, ids) if route else ss_out)
 
 
-#: the most logits :func:`gemv_chain` routes in its last program
-ROUTE_MAX = 1024
+#: the most logits :func:`gemv_chain` routes in its last program (a comparison of every pair
+#: of them: at 256 the sm_90 build spills)
+ROUTE_MAX = 128
 _route_counters: dict[torch.device, torch.Tensor] = {}
 
 
