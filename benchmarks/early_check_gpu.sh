@@ -296,6 +296,12 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       R=triton,triton+noresidual
       TAIL=14 step 400 moe_residual python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners $R,$R,$R --overlap ;;
+    moe_final)  # where the MoE model's batch-1 step goes, then moe_residual
+      TAIL=30 step 120 moe_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
+        --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
+      R=triton,triton+noresidual
+      TAIL=14 step 400 moe_residual python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners $R,$R,$R --overlap ;;
     moe_narrow)  # around moe_wide's best: 1-4 outputs a program, whole rows, each projection's
       # own warps; then the model at batch 1 with the fastest against the default, twice
       TAIL=60 step 480 moe_narrow python3 benchmarks/moe_gpu.py --skip kit,kernel \

@@ -183,7 +183,8 @@ class SparseMoeBlock(nn.Module):
                 routed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``router_logits``: the router's product of ``x`` where the caller made it (the
         chained sparse layer: in the kernel that normed ``x``); ``routed``: its (weights,
-        ids) too, as :func:`route` makes them (that kernel's last program routed them)."""
+        ids) too, as :meth:`route` makes them (the chained layer routes before it asks the
+        runner whether it adds the residual itself)."""
         if routed is not None:
             weights, ids = routed
         else:
