@@ -498,13 +498,14 @@ AI void prefetch_row(const char *p, size_t n) {
 }
 
 /* For G heads (scores p [G, len], outputs o [G, d], scales inv [G]): o[h, c] = inv[h] * sum_l
- * p[h, l] v_l[c] for the columns c < c_end (a multiple of 32), 32 at a time: each head's
- * element is an FMA chain over l in order, its V vector loaded once for the G heads. */
+ * p[h, l] v_l[c] for the columns c0 <= c < c_end (c_end - c0 a multiple of 32), 32 at a time:
+ * each head's element is an FMA chain over l in order, its V vector loaded once for the G
+ * heads. */
 AI void pv_heads(const float *p, int64_t len, const int64_t *slots, int64_t hk, int64_t kh,
-                 const void *vp, int64_t d, int64_t c_end, float *o, const float *inv,
-                 const int G, const int t) {
+                 const void *vp, int64_t d, int64_t c0, int64_t c_end, float *o,
+                 const float *inv, const int G, const int t) {
     const size_t elem = kv_size(t);
-    for (int64_t c = 0; c < c_end; c += 32) {
+    for (int64_t c = c0; c < c_end; c += 32) {
         __m256 acc[4][4];
         for (int h = 0; h < G; h++)
             for (int v = 0; v < 4; v++) acc[h][v] = _mm256_setzero_ps();
@@ -530,6 +531,50 @@ AI void pv_heads(const float *p, int64_t len, const int64_t *slots, int64_t hk, 
         }
     }
 }
+
+#ifdef __AVX512F__
+/* 16 values of a pool row from element i, widened to float32 (kv_load8's values) */
+AI __m512 kv_load16(const void *p, int64_t i, const int t) {
+    if (t == KV_F32) return _mm512_loadu_ps((const float *)p + i);
+    return _mm512_castpd_ps(_mm512_insertf64x4(
+        _mm512_castpd256_pd512(_mm256_castps_pd(kv_load8(p, i, t))),
+        _mm256_castps_pd(kv_load8(p, i + 8, t)), 1));
+}
+
+/* pv_heads for the columns c < c_end (a multiple of 64), 64 at a time in 16-lane vectors: a
+ * 64-column head dimension reads each V row once instead of in two halves. Every element is
+ * the same FMA chain over l as pv_heads' (lanes are independent): the same bits. */
+AI void pv_heads64(const float *p, int64_t len, const int64_t *slots, int64_t hk, int64_t kh,
+                   const void *vp, int64_t d, int64_t c_end, float *o, const float *inv,
+                   const int G, const int t) {
+    const size_t elem = kv_size(t);
+    for (int64_t c = 0; c < c_end; c += 64) {
+        __m512 acc[4][4];
+        for (int h = 0; h < G; h++)
+            for (int v = 0; v < 4; v++) acc[h][v] = _mm512_setzero_ps();
+        for (int64_t l = 0; l < len; l++) {
+            const void *vv = (const char *)vp + (size_t)((slots[l] * hk + kh) * d + c) * elem;
+            if (l + KV_AHEAD < len)
+                prefetch_row((const char *)vp + (size_t)((slots[l + KV_AHEAD] * hk + kh) * d + c)
+                             * elem, 64 * elem);
+            const __m512 v0 = kv_load16(vv, 0, t), v1 = kv_load16(vv, 16, t),
+                         v2 = kv_load16(vv, 32, t), v3 = kv_load16(vv, 48, t);
+            for (int h = 0; h < G; h++) {
+                const __m512 p16 = _mm512_set1_ps(p[h * len + l]);
+                acc[h][0] = _mm512_fmadd_ps(p16, v0, acc[h][0]);
+                acc[h][1] = _mm512_fmadd_ps(p16, v1, acc[h][1]);
+                acc[h][2] = _mm512_fmadd_ps(p16, v2, acc[h][2]);
+                acc[h][3] = _mm512_fmadd_ps(p16, v3, acc[h][3]);
+            }
+        }
+        for (int h = 0; h < G; h++) {
+            const __m512 s16 = _mm512_set1_ps(inv[h]);
+            for (int v = 0; v < 4; v++)
+                _mm512_storeu_ps(o + h * d + c + 16 * v, _mm512_mul_ps(acc[h][v], s16));
+        }
+    }
+}
+#endif
 
 /* The scores s [len] replaced by exp(s - max s); returns their sum (vectors of 8, then the
  * rest one by one: the same order for every caller). */
@@ -650,7 +695,17 @@ AI void attend_heads(const float *q, const void *kp, const void *vp, const int64
     /* o = sum_l p_l v_l, each element in the order of l: 32 columns of up to four heads stay
      * in registers through the keys, each V vector read once for them */
     const int64_t c_end = d - d % 32;
-#define PV(G) pv_heads(sc + j * len, len, slots, hk, kh, vp, d, c_end, og + j * d, inv + j, G, t)
+#ifdef __AVX512F__
+    const int64_t c64 = d - d % 64;  /* 64 columns at a time first (pv_heads64) */
+#define PV(G) do { \
+        pv_heads64(sc + j * len, len, slots, hk, kh, vp, d, c64, og + j * d, inv + j, G, t); \
+        pv_heads(sc + j * len, len, slots, hk, kh, vp, d, c64, c_end, og + j * d, inv + j, G, \
+                 t); \
+    } while (0)
+#else
+#define PV(G) pv_heads(sc + j * len, len, slots, hk, kh, vp, d, 0, c_end, og + j * d, inv + j, \
+                       G, t)
+#endif
     for (int64_t j = 0; j < group; j += 4) {
         const int64_t g = group - j < 4 ? group - j : 4;
         if (g == 4) PV(4);
