@@ -31,7 +31,11 @@
 #     int4pack: 4-bit products through PyTorch's own int4 kernel against ours (int4pack_step:
 #     its GPU tests and the step A/B alone); moe_hints,
 #     moe_hints_model: the experts' weights read with L2 cache hints, A/B (layer; model);
-#     moe_wide: one-token expert launches with few outputs a program and whole-row tiles;
+#     moe_wide, moe_narrow: one-token expert launches with few outputs a program and whole-row
+#     tiles (a sweep in the chain of layers, then the model with the fastest); moe_one_token:
+#     the shipped launch's GPU checks, profile and model; moe_fusions: the router's top-k in its
+#     last program and the residual in the combine, A/B; moe_residual: the latter alone;
+#     moe_final: the MoE step's profile, then moe_residual;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
