@@ -55,6 +55,21 @@ def read_rate(mib: int) -> float:
     return x.nbytes / best
 
 
+#: the prompts' text (cut to each context's token count)
+TEXT = "The history of the city begins with a small settlement on the river, " * 400
+
+
+def make_runner(args: argparse.Namespace, contexts: list[int]):
+    """The default model's runner for these contexts (``--quantization`` as serve's)."""
+    from engine.config import ServerConfig
+    from engine.runtime.model_runner import ModelRunner
+
+    return ModelRunner(ServerConfig(device="cpu", dtype="float32",
+                                    max_total_tokens=max(contexts) + args.steps + 64,
+                                    attention_backend="torch_native",
+                                    quantization=args.quantization))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", default="64,1500")
@@ -68,21 +83,15 @@ def main() -> None:
     if args.ab:
         return compare(args)
 
-    from engine.config import ServerConfig
-    from engine.runtime.model_runner import ModelRunner
     from engine.testing.batches import BatchBuilder
 
     contexts = [int(c) for c in args.contexts.split(",")]
-    runner = ModelRunner(ServerConfig(device="cpu", dtype="float32",
-                                      max_total_tokens=max(contexts) + args.steps + 64,
-                                      attention_backend="torch_native",
-                                      quantization=args.quantization))
+    runner = make_runner(args, contexts)
     pool = runner.pool
     weights = weight_bytes(runner.model)
     kv_row = 2 * pool.num_kv_heads * pool.head_dim * pool.k[0].element_size()  # K and V, a token
     rate = read_rate(args.probe_mib)
-    text = "The history of the city begins with a small settlement on the river, " * 400
-    tokens = runner.tokenizer.encode(text)
+    tokens = runner.tokenizer.encode(TEXT)
     builder = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
     print(f"threads={torch.get_num_threads()} weights read a step: {weights / 1e6:.1f} MB; "
           f"memory read rate {rate / 1e9:.1f} GB/s (sum over {args.probe_mib} MiB)")
@@ -111,8 +120,6 @@ def compare(args: argparse.Namespace) -> None:
     """Two runners of the default model in this process, the first built with ``args.ab`` set
     in the environment, the second without; their decode steps alternate (the same machine
     state for both), ``--rounds`` blocks of ``--steps`` steps at each context."""
-    from engine.config import ServerConfig
-    from engine.runtime.model_runner import ModelRunner
     from engine.testing.batches import BatchBuilder
 
     var, _, value = args.ab.partition("=")
@@ -126,11 +133,8 @@ def compare(args: argparse.Namespace) -> None:
                 os.environ[var] = saved
         else:
             os.environ[var] = value
-        runners[side] = ModelRunner(ServerConfig(
-            device="cpu", dtype="float32", max_total_tokens=max(contexts) + args.steps + 64,
-            attention_backend="torch_native", quantization=args.quantization))
-    text = "The history of the city begins with a small settlement on the river, " * 400
-    tokens = next(iter(runners.values())).tokenizer.encode(text)
+        runners[side] = make_runner(args, contexts)
+    tokens = next(iter(runners.values())).tokenizer.encode(TEXT)
     print(f"| round | context | {' | '.join(runners)} (ms/step, median) | ratio |")
     print("|---|---|---|---|---|")
     for r in range(args.rounds):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import mmap
 import os
 import subprocess
@@ -158,8 +159,4 @@ def weight_buffer(shape: Sequence[int], dtype: torch.dtype | None = None) -> tor
     shape, dtype = tuple(shape), dtype or torch.uint8
     if _ARENA is None or os.environ.get("ENGINE_HUGE_PAGES") == "0":
         return torch.empty(shape, dtype=dtype)
-    count = 1
-    for n in shape:
-        count *= n
-    elem = torch.empty((), dtype=dtype).element_size()
-    return _ARENA.take(count * elem).view(dtype).view(shape)
+    return _ARENA.take(math.prod(shape) * dtype.itemsize).view(dtype).view(shape)
