@@ -33,9 +33,9 @@
 #     moe_hints_model: the experts' weights read with L2 cache hints, A/B (layer; model);
 #     moe_wide, moe_narrow: one-token expert launches with few outputs a program and whole-row
 #     tiles (a sweep in the chain of layers, then the model with the fastest); moe_one_token:
-#     the shipped launch's GPU checks, profile and model; moe_fusions: the router's top-k in its
-#     last program and the residual in the combine, A/B; moe_residual: the latter alone;
-#     moe_final: the MoE step's profile, then moe_residual;
+#     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
+#     the combine, A/B; moe_final: the MoE step's profile, then moe_residual; moe_ahead: the
+#     up projection asking the down weights into L2, kit, A/B and profile;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
@@ -279,23 +279,26 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --chain-tokens 1 --wide-sweep --batches 1 --overlap \
         --runners triton,triton+best,triton,triton+best ;;
     moe_one_token)  # the one-token launch as shipped: the runner kit on CUDA, the sparse chain's
-      # checks, where the MoE model's batch-1 step goes, the model at batch 1 with the router's
-      # top-k in its last program (ENGINE_SPARSE_ROUTE=1) against a top-k kernel and the
-      # residual added in the combine against a norm kernel's add (ENGINE_SPARSE_RESIDUAL=0)
+      # checks, where the MoE model's batch-1 step goes, the model at batch 1 with the residual
+      # added in the combine against a norm kernel's add (ENGINE_SPARSE_RESIDUAL=0)
       TAIL=8 step 200 moe_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model \
         --runners triton
       TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       TAIL=30 step 120 moe_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
         --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
       TAIL=14 step 300 moe python3 benchmarks/moe_gpu.py --skip kit,kernel,chain --batches 1 \
-        --runners triton+route,triton,triton+noresidual,triton+route,triton,triton+noresidual \
-        --overlap ;;
-    moe_fusions)  # the router's ranked top-k and the combine's residual: the chain checks, then
-      # the model at batch 1 with both, with the second (the default), without it, three times
-      TAIL=3 step 150 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
-      R=triton+route,triton,triton+noresidual
-      TAIL=20 step 450 moe_fusions python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
-        --batches 1 --runners $R,$R,$R --overlap ;;
+        --runners triton,triton+noresidual,triton,triton+noresidual --overlap ;;
+    moe_ahead)  # the up projection asking the down weights into L2 (ENGINE_MOE_DOWN_AHEAD=1):
+      # the runner kit with it on, the model at batch 1 against the default (three times),
+      # where the step goes with it
+      ENGINE_MOE_DOWN_AHEAD=1 TAIL=8 step 200 moe_kit_ahead python3 benchmarks/moe_gpu.py \
+        --skip kernel,chain,model --runners triton
+      R=triton,triton+ahead
+      TAIL=14 step 240 moe_ahead python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners $R,$R,$R --overlap
+      ENGINE_MOE_DOWN_AHEAD=1 TAIL=16 step 120 moe_profile_ahead python3 \
+        benchmarks/profile_decode_gpu.py --batch 1 --steps 20 \
+        --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table ;;
     moe_residual)  # the combine's residual (the default) against the norm kernel's add, 3 times
       R=triton,triton+noresidual
       TAIL=14 step 400 moe_residual python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \

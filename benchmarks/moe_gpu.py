@@ -291,13 +291,14 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+combine (the combine in the down projection), triton+chained (both
     # projections in one launch), triton+hints / triton+keep / triton+nohints (L2 cache hints
-    # 1 / 2 / 0; the one-token launch's default is 1), torch
+    # 1 / 2 / 0; the one-token launch's default is 1), triton+ahead (the up projection asks the
+    # down weights into L2), torch
     variants = {"combine": ("ENGINE_MOE_FUSED_COMBINE", "1"),
                 "chained": ("ENGINE_MOE_CHAINED", "1"),
                 "hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
                 "nohints": ("ENGINE_MOE_L2_HINTS", "0"),
-                "route": ("ENGINE_SPARSE_ROUTE", "1"),
-                "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0")}
+                "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0"),
+                "ahead": ("ENGINE_MOE_DOWN_AHEAD", "1")}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"
@@ -375,7 +376,7 @@ def main() -> None:
                     "triton+keep (hints, and the down projection's prefetch evict_last), "
                     "triton+nohints (none; the one-token default is evict_first), "
                     "triton+best (the fastest one-token launch of the chain sweep), "
-                    "triton+route (the top-k in the router's last program), "
+                    "triton+ahead (the up projection asks the down weights into L2), "
                     "triton+noresidual (the residual added by the next layer's norm kernel), "
                     "torch; a runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,

@@ -1,7 +1,7 @@
 """The matrix-vector kernels that make their input in their own loads (residual add + RMSNorm,
 SiLU-and-mul: engine.runtime.gemv_triton.gemv_norm / gemv_silu) against the separate kernels,
 the chained one-row products (gemv_chain, the normed row it writes for a sparse layer's
-experts, the router's top-k in its last program), and a tiny Llama and a tiny dense-then-sparse Qwen2-MoE decoding with them
+experts), and a tiny Llama and a tiny dense-then-sparse Qwen2-MoE decoding with them
 (ENGINE_FUSED_GEMV=1; ENGINE_GEMV_CHAIN 1, the default, against 0) against the same model
 without: run
 under TRITON_INTERPRET=1 on a CPU, or on a GPU. Prints one JSON list of failures."""
@@ -156,32 +156,6 @@ def normed_row(dtype: torch.dtype) -> None:
             failures.append(f"gemv_chain normed row {dtype} {k}x{n}: {err:.3g}")
         if not torch.equal(y, gemv_triton.gemv_early(out, w)[0]):
             failures.append(f"gemv_chain normed row's product {dtype} {k}x{n}")
-        # the router's last program routes its logits as route_topk does (and leaves its
-        # counter at zero for the next launch: three launches in a row)
-        for top_k, renorm in ((1, False), (2, True), (min(n, 8), False), (min(n, 8), True)):
-            for _ in range(3):
-                out2 = torch.empty_like(x)
-                y2, (tw, ids) = gemv_triton.gemv_chain(x, w, sumsq=ss, norm_w=nw, eps=1e-6,
-                                                       normed_out=out2, route=(top_k, renorm))
-                want_w, want_ids = fused_triton.route_topk(y2, top_k, renorm)
-                # (the softmax's and the renormalisation's sums in another order: the
-                # weights to a unit or two in the last place)
-                if not (torch.equal(y2, y) and torch.equal(out2, out)
-                        and torch.equal(ids, want_ids)
-                        and torch.allclose(tw, want_w, rtol=1e-6, atol=0)):
-                    failures.append(f"gemv_chain route {dtype} {k}x{n} top-{top_k} "
-                                    f"renorm={renorm}: {ids.tolist()} / {want_ids.tolist()}, "
-                                    f"{tw.tolist()} / {want_w.tolist()}")
-        # ties go to the lower id, as torch.topk's: equal logits
-        w_tie = w.clone()
-        w_tie[1::2] = w_tie[0::2] if n % 2 == 0 else w_tie[1::2]
-        y3, (_, ids3) = gemv_triton.gemv_chain(x, w_tie, sumsq=ss, norm_w=nw, eps=1e-6,
-                                               normed_out=torch.empty_like(x),
-                                               route=(min(n, 4), True))
-        if not torch.equal(ids3, fused_triton.route_topk(y3, min(n, 4), True)[1]):
-            failures.append(f"gemv_chain route ties {dtype} {k}x{n}: {ids3.tolist()}")
-        if gemv_triton._route_counter(x.device).item() != 0:
-            failures.append("gemv_chain route: its counter is not back at zero")
 
 
 RESIDUAL_RUNNER = "triton" if device == "cuda" else "torch"
@@ -228,13 +202,6 @@ for dt in ((torch.bfloat16, torch.float16) if device == "cuda" else (torch.float
         os.environ["ENGINE_SPARSE_RESIDUAL"] = "0"
         model(dt, "ENGINE_GEMV_CHAIN", QWEN3_MOE, 2 * 4, moe_runner=RESIDUAL_RUNNER)
         os.environ.pop("ENGINE_SPARSE_RESIDUAL")
-    # the sparse layers' top-k in the router's last program (opt-in), with the residual added
-    # by the runner (a Qwen3-MoE) and without (a Qwen2-MoE: its shared expert)
-    os.environ["ENGINE_SPARSE_ROUTE"] = "1"
-    model(dt, "ENGINE_GEMV_CHAIN", QWEN2_MOE, 2 * 8)
-    with residual_runner():
-        model(dt, "ENGINE_GEMV_CHAIN", QWEN3_MOE, 2 * 5, moe_runner=RESIDUAL_RUNNER)
-    os.environ.pop("ENGINE_SPARSE_ROUTE")
     # with ENGINE_SPARSE_CHAIN=0 only the dense layer chains: its 3 products a step
     os.environ["ENGINE_SPARSE_CHAIN"] = "0"
     model(dt, "ENGINE_GEMV_CHAIN", QWEN2_MOE, 2 * 3)

@@ -403,29 +403,20 @@ class DecoderLayer(nn.Module):
         """A sparse layer at one row, its attention half chained as the dense layer's: the
         output projection adds the residual in its epilogue and leaves partial sums of
         squares, from which the router norms its input and writes the normed row for the
-        experts (no norm kernel between them); with ``ENGINE_SPARSE_ROUTE=1`` its last program
-        routes the logits too (else a top-k kernel after it). Returns (the experts' output,
+        experts (no norm kernel between them), then a top-k kernel. Returns (the experts' output,
         the residual stream before them), or, where the runner adds the residual in its
         combine (``MoERunner.apply_residual``; ``ENGINE_SPARSE_RESIDUAL=0``: never), (the
         residual stream after the layer, :class:`SumSq` of its pieces) as the dense chained
         layer returns."""
-        from engine.runtime import gemv_triton
         from engine.runtime.gemv_triton import gemv_chain
 
         mlp, ln2 = self.mlp, self.post_attention_layernorm
         wqkv, wo, wgate = weights
         h2, ss = self._chained_attention(h, residual, rope, batch, attn, wqkv, wo)
         normed = torch.empty_like(h2)
-        if os.environ.get("ENGINE_SPARSE_ROUTE") == "1" \
-                and wgate.shape[0] <= gemv_triton.ROUTE_MAX:
-            # the router's last program routes too (no top-k kernel between it and the
-            # experts; slower on an H100, so opt-in)
-            logits, routed = gemv_chain(h2, wgate, sumsq=ss, norm_w=ln2.weight, eps=ln2.eps,
-                                        normed_out=normed, route=(mlp.top_k, mlp.renormalize))
-        else:
-            logits = gemv_chain(h2, wgate, sumsq=ss, norm_w=ln2.weight, eps=ln2.eps,
-                                normed_out=normed)[0]
-            routed = mlp.route(logits)
+        logits = gemv_chain(h2, wgate, sumsq=ss, norm_w=ln2.weight, eps=ln2.eps,
+                            normed_out=normed)[0]
+        routed = mlp.route(logits)
         if os.environ.get("ENGINE_SPARSE_RESIDUAL") != "0":
             # the runner adds the residual and leaves the sums of squares that the next
             # layer's q/k/v projection norms from (no add + norm kernel before it)

@@ -169,34 +169,6 @@ def _route_row(logits_ptr, w_ptr, ids_ptr, E, K: tl.constexpr, RENORM: tl.conste
 
 
 @triton.jit
-def _route_row_ranked(logits_ptr, w_ptr, ids_ptr, E, K: tl.constexpr, RENORM: tl.constexpr,
-                      BLOCK_E: tl.constexpr):
-    """:func:`_route_row` by ranks instead of K passes of argmax (the logits read past L1:
-    other programs of the same kernel wrote them), for the router's own product: each
-    expert's rank is the number of experts ahead of it (a larger probability, or an equal one
-    and a lower id: ``torch.topk``'s order), and the K first go to their rank's slot. A few
-    reductions over a [BLOCK_E, BLOCK_E] comparison, not 2 K, each of which costs a trip
-    through shared memory in a program of several warps. The renormalising sum is added in
-    another order than :func:`_route_row`'s (the same to a unit in the last place)."""
-    offs = tl.arange(0, BLOCK_E)
-    ok = offs < E
-    x = tl.load(logits_ptr + offs, mask=ok, other=-float("inf"), cache_modifier=".cg")
-    x = x.to(tl.float32)
-    p = tl.exp(x - tl.max(x, axis=0))
-    p = p / tl.sum(p, axis=0)
-    p = tl.where(ok, p, -1.0)
-    ahead = (p[None, :] > p[:, None]) | ((p[None, :] == p[:, None])
-                                         & (offs[None, :] < offs[:, None]))
-    rank = tl.sum(ahead.to(tl.int32), axis=1)
-    chosen = ok & (rank < K)
-    w = p
-    if RENORM:
-        w = p / tl.sum(tl.where(chosen, p, 0.0), axis=0)
-    tl.store(w_ptr + rank, w, mask=chosen)
-    tl.store(ids_ptr + rank, offs.to(tl.int32), mask=chosen)
-
-
-@triton.jit
 def _route_topk(logits_ptr, w_ptr, ids_ptr, E, stride_l, K: tl.constexpr,
                 RENORM: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)

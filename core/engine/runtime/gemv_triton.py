@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.runtime.fused_triton import _round, _route_row_ranked
+from engine.runtime.fused_triton import _round
 from engine.runtime.quant_triton import (_bits, _finish, _group_affine, _kind, _quantize,
                                          _row_scales, _slice, _split, _workspace,
                                          _x_slice, fp8_from_bits, shape_class)
@@ -502,9 +502,7 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
                 PRE: tl.constexpr, HAS_RES: tl.constexpr, NORM_BLOCK: tl.constexpr,
                 PDL: tl.constexpr, ss_in_ptr=None, n_ss=0, ss_out_ptr=None,
                 SS_BLOCK: tl.constexpr = 1, EPI: tl.constexpr = 0, xn_ptr=None,
-                STORE_X: tl.constexpr = False, tw_ptr=None, ids_ptr=None, rcnt_ptr=None,
-                TOP_K: tl.constexpr = 1, RENORM: tl.constexpr = False,
-                BLOCK_E: tl.constexpr = 1):
+                STORE_X: tl.constexpr = False):
     """One row of float weights: program (n, k) loads all of its weights, ``BLOCK_N`` outputs x
     KC columns from column ``k * KC`` on, into registers *before* it waits for the previous
     kernel, then reads x and sums. Under PDL the programs resident while the previous kernels
@@ -524,9 +522,7 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
     and its own sum of squares of those outputs at ``ss_out[pid_n]``. EPI needs one slice of
     K (SPLIT false). STORE_X (PRE 3, one slice): the programs of the first outputs also store
     the normed input row at ``xn`` (what ``add_rms_norm`` would have written: a sparse layer's
-    experts read it after its router). EPI 3, a router's top-k: the last program to store its
-    outputs (the counter ``rcnt``, zero between launches) routes the row of N logits as
-    ``route_topk`` does, into ``tw`` / ``ids`` [TOP_K]."""
+    experts read it after its router)."""
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -587,11 +583,6 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
             y = _round(y + res, dt)
             tl.store(ss_out_ptr + pid_n, tl.sum(tl.where(n_ok, y * y, 0.0), axis=0))
         tl.store(y_ptr + offs_n, y.to(dt), mask=n_ok)
-        if EPI == 3:
-            tl.debug_barrier()  # every thread's outputs stored before the release below
-            if tl.atomic_add(rcnt_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-                _route_row_ranked(y_ptr, tw_ptr, ids_ptr, N, TOP_K, RENORM, BLOCK_E)
-                tl.atomic_xchg(rcnt_ptr, 0)
 
 
 #: (BLOCK_N, KC columns a program, warps) of :func:`_gemv_early` by shape class
@@ -650,7 +641,7 @@ def chain_serves(n: int, k: int, glu: bool = False) -> bool:
 def gemv_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                sumsq: torch.Tensor | None = None, norm_w: torch.Tensor | None = None,
                eps: float = 0.0, glu: bool = False, residual: torch.Tensor | None = None,
-               normed_out: torch.Tensor | None = None, route: tuple[int, bool] | None = None
+               normed_out: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One product of a decoder layer chained at one row (``_gemv_early``'s PRE 3 / EPI 1-2):
     ``x`` [1, K] and float ``w`` [N, K] (N = 2 x inter with ``glu``), returns (y, the sums of
@@ -661,22 +652,15 @@ def gemv_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     - ``glu``: y = ``silu(gate) * up`` [1, N / 2] of the product's two halves;
     - ``residual`` [1, N]: y = product + ``residual`` (the next residual stream), with its
       partial sums of squares for the next call's norm;
-    - ``normed_out`` [1, K] (with ``sumsq``): also filled with the normed input row;
-    - ``route`` = (top_k, renormalize): y is a router's logits [1, N] (N <= ``ROUTE_MAX``), and
-      the kernel routes them too (``fused_triton.route_topk``'s softmax, top-k and
-      renormalisation, in its last program); returns (y, (weights float32 [1, top_k], ids
-      int32 [1, top_k])).
+    - ``normed_out`` [1, K] (with ``sumsq``): also filled with the normed input row.
 
     Each matches the separate kernels' rounding (:func:`engine.runtime.fused_triton.
     add_rms_norm`, ``silu_and_mul``); the norm's sum is added in another order."""
     n, k = w.shape
     if x.shape[0] != 1 or x.stride(-1) != 1 or w.stride(-1) != 1 or not chain_serves(n, k, glu):
         raise ValueError(f"gemv_chain does not serve x {tuple(x.shape)} @ w {tuple(w.shape)}")
-    if (glu, residual is not None, route is not None).count(True) > 1:
-        raise ValueError("gemv_chain ends in one of SiLU-and-mul, a residual add, a route")
-    if route is not None and not 1 <= route[0] <= n <= ROUTE_MAX:
-        raise ValueError(f"gemv_chain routes 1..{ROUTE_MAX} logits to a top-k of at most "
-                         f"their number, got {n} and {route[0]}")
+    if glu and residual is not None:
+        raise ValueError("gemv_chain ends in one of SiLU-and-mul, a residual add")
     if normed_out is not None and (sumsq is None or normed_out.shape != x.shape
                                    or normed_out.dtype != x.dtype
                                    or not normed_out.is_contiguous()):
@@ -693,9 +677,6 @@ def gemv_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
               if residual is not None else None)
     n_ss = sumsq.numel() if sumsq is not None else 0
     part, cnt = _workspace(x.device)
-    top_k, renorm = route or (1, False)
-    tw = torch.empty((1, top_k), dtype=torch.float32, device=x.device) if route else y
-    ids = torch.empty((1, top_k), dtype=torch.int32, device=x.device) if route else y
     _gemv_early[(programs, 1)](
         x, w, bias if bias is not None else y, y, part, cnt, out_n, k, w.stride(0), 1,
         residual if residual is not None else y, norm_w if norm_w is not None else y, y, eps,
@@ -704,27 +685,10 @@ def gemv_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         ss_in_ptr=sumsq if sumsq is not None else y, n_ss=n_ss,
         ss_out_ptr=ss_out if ss_out is not None else y,
         SS_BLOCK=triton.next_power_of_2(max(1, n_ss)),
-        EPI=1 if glu else 2 if ss_out is not None else 3 if route else 0,
+        EPI=1 if glu else 2 if ss_out is not None else 0,
         xn_ptr=normed_out if normed_out is not None else y, STORE_X=normed_out is not None,
-        tw_ptr=tw, ids_ptr=ids, rcnt_ptr=_route_counter(x.device) if route else cnt,
-        TOP_K=top_k, RENORM=renorm, BLOCK_E=triton.next_power_of_2(n) if route else 1,
         num_warps=warps, **launch_options(x.device))
-    return y, ((tw, ids) if route else ss_out)
-
-
-#: the most logits :func:`gemv_chain` routes in its last program (a comparison of every pair
-#: of them: at 256 the sm_90 build spills)
-ROUTE_MAX = 128
-_route_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _route_counter(device: torch.device) -> torch.Tensor:
-    """The routing product's counter on ``device`` (one int32, zero between launches: the
-    last program resets it)."""
-    cnt = _route_counters.get(device)
-    if cnt is None:
-        cnt = _route_counters[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return cnt
+    return y, ss_out
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, *,
