@@ -193,11 +193,13 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     if expert < 0:
         return
-    if DOWN_CHUNK > 0:
+    if DOWN_CHUNK > 0:  # (one element a thread of four warps, only the first asks)
         ELEM: tl.constexpr = w2_ptr.dtype.element_ty.primitive_bitwidth // 8
-        start = tl.program_id(1).to(tl.int64) * DOWN_CHUNK + tl.arange(0, 1)
-        prefetch_bulk_l2(w2_ptr + expert * stride_w2e + start // ELEM,
-                         tl.minimum(w2_bytes - start, DOWN_CHUNK).to(tl.int32))
+        start = tl.program_id(1).to(tl.int64) * DOWN_CHUNK
+        first = tl.arange(0, 128) == 0
+        prefetch_bulk_l2(w2_ptr + expert * stride_w2e + start // ELEM + tl.arange(0, 128) * 0,
+                         tl.where(first, tl.minimum(w2_bytes - start, DOWN_CHUNK), 0)
+                         .to(tl.int32))
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     x_row = x_ptr + (pair // TOP_K) * stride_x
