@@ -289,10 +289,12 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=14 step 300 moe python3 benchmarks/moe_gpu.py --skip kit,kernel,chain --batches 1 \
         --runners triton,triton+noresidual,triton,triton+noresidual --overlap ;;
     moe_ahead)  # the up projection asking the down weights into L2 (ENGINE_MOE_DOWN_AHEAD=1):
-      # the runner kit with it on, the model at batch 1 against the default (three times),
-      # where the step goes with it
+      # the runner kit with it on, the layer in a chain of 8 with and without, the model at
+      # batch 1 against the default (three times), where the step goes with it
       ENGINE_MOE_DOWN_AHEAD=1 TAIL=8 step 200 moe_kit_ahead python3 benchmarks/moe_gpu.py \
         --skip kernel,chain,model --runners triton
+      TAIL=8 step 150 moe_chain_ahead python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
+        --chain-tokens 1
       R=triton,triton+ahead
       TAIL=14 step 240 moe_ahead python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners $R,$R,$R --overlap
