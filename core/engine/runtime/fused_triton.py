@@ -142,40 +142,30 @@ def _silu_and_mul(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _route_row(logits_ptr, w_ptr, ids_ptr, E, K: tl.constexpr, RENORM: tl.constexpr,
-               BLOCK_E: tl.constexpr):
-    """One row of router logits ``logits_ptr`` [E]: softmax in float32, its top K (descending;
-    ties: the lower id, as ``torch.topk``) to ``w_ptr`` / ``ids_ptr`` [K], renormalised over the K
-    with RENORM."""
+def _route_topk(logits_ptr, w_ptr, ids_ptr, E, stride_l, K: tl.constexpr,
+                RENORM: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     ok = offs < E
-    x = tl.load(logits_ptr + offs, mask=ok, other=-float("inf"))
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
+    x = tl.load(logits_ptr + t * stride_l + offs, mask=ok, other=-float("inf"))
     x = x.to(tl.float32)
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(p, axis=0)
     left = tl.where(ok, p, -1.0)
     total = 0.0
-    for i in tl.static_range(K):  # k passes of argmax
+    for i in tl.static_range(K):  # k passes of argmax (ties: the lower id, as topk)
         best = tl.max(left, axis=0)
         idx = tl.min(tl.where(left == best, offs, BLOCK_E), axis=0)
-        tl.store(w_ptr + i, best)
-        tl.store(ids_ptr + i, idx.to(tl.int32))
+        tl.store(w_ptr + t * K + i, best)
+        tl.store(ids_ptr + t * K + i, idx.to(tl.int32))
         total += best
         left = tl.where(offs == idx, -1.0, left)
     if RENORM:
         for i in tl.static_range(K):
-            w = tl.load(w_ptr + i)
-            tl.store(w_ptr + i, w / total)
-
-
-@triton.jit
-def _route_topk(logits_ptr, w_ptr, ids_ptr, E, stride_l, K: tl.constexpr,
-                RENORM: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    pdl_trigger(PDL)
-    pdl_wait(PDL)
-    _route_row(logits_ptr + t * stride_l, w_ptr + t * K, ids_ptr + t * K, E, K, RENORM,
-               BLOCK_E)
+            w = tl.load(w_ptr + t * K + i)
+            tl.store(w_ptr + t * K + i, w / total)
 
 
 def route_topk(logits: torch.Tensor, top_k: int,

@@ -579,7 +579,7 @@ def _gemv_early(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K, stride_w
             if HAS_BIAS:
                 up += tl.load(bias_ptr + N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
             y = _round(y * tl.sigmoid(y), dt) * _round(up, dt)
-        elif EPI == 2:  # the residual stream and its sum of squares over these outputs
+        else:  # the residual stream and its sum of squares over these outputs
             y = _round(y + res, dt)
             tl.store(ss_out_ptr + pid_n, tl.sum(tl.where(n_ok, y * y, 0.0), axis=0))
         tl.store(y_ptr + offs_n, y.to(dt), mask=n_ok)
@@ -660,7 +660,7 @@ def gemv_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     if x.shape[0] != 1 or x.stride(-1) != 1 or w.stride(-1) != 1 or not chain_serves(n, k, glu):
         raise ValueError(f"gemv_chain does not serve x {tuple(x.shape)} @ w {tuple(w.shape)}")
     if glu and residual is not None:
-        raise ValueError("gemv_chain ends in one of SiLU-and-mul, a residual add")
+        raise ValueError("gemv_chain ends in SiLU-and-mul or in a residual add, not both")
     if normed_out is not None and (sumsq is None or normed_out.shape != x.shape
                                    or normed_out.dtype != x.dtype
                                    or not normed_out.is_contiguous()):

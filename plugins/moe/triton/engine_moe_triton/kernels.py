@@ -462,10 +462,11 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     inter = n13 // 2
     ids = topk_ids.reshape(-1)
     up_tiles = triton.cdiv(n13, block_n)
-    fits = pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device)
-    chunk = _down_chunk(w2, up_tiles) if down_ahead and fits else 0
-    ahead = dict(w2_ptr=w2, w2_bytes=w2[0].numel() * w2.element_size(),
-                 stride_w2e=w2.stride(0), DOWN_CHUNK=chunk) if chunk else {}
+    expert_bytes = w2[0].numel() * w2.element_size()
+    fits = pairs * expert_bytes <= _l2_budget(x.device)
+    chunk = _down_chunk(w2, expert_bytes, up_tiles) if down_ahead and fits else 0
+    ahead = dict(w2_ptr=w2, w2_bytes=expert_bytes, stride_w2e=w2.stride(0),
+                 DOWN_CHUNK=chunk) if chunk else {}
     _pair_gemv_up[(pairs, up_tiles)](
         x, w13, gate_up, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1),
         gate_up.stride(0), TOP_K=k, BLOCK_N=block_n,
@@ -485,12 +486,11 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     return combine
 
 
-def _down_chunk(w2: torch.Tensor, programs: int) -> int:
-    """Bytes of one expert's down weights each of ``programs`` up-projection programs asks
-    into L2 (:func:`pair_moe`'s ``down_ahead``; a power of two, at least 16), or 0 where the
-    bulk prefetch cannot take them (not a CUDA sm_90+ device, experts not contiguous or not
-    16-byte aligned)."""
-    nbytes = w2[0].numel() * w2.element_size()
+def _down_chunk(w2: torch.Tensor, nbytes: int, programs: int) -> int:
+    """Bytes of one expert's down weights (``nbytes`` each) each of ``programs``
+    up-projection programs asks into L2 (:func:`pair_moe`'s ``down_ahead``; a power of two, at
+    least 16), or 0 where the bulk prefetch cannot take them (not a CUDA sm_90+ device, experts
+    not contiguous or not 16-byte aligned)."""
     if (w2.device.type != "cuda" or torch.cuda.get_device_capability(w2.device) < (9, 0)
             or not w2.is_contiguous() or w2.data_ptr() % 16 or nbytes % 16):
         return 0
