@@ -34,8 +34,7 @@
 #     moe_wide, moe_narrow: one-token expert launches with few outputs a program and whole-row
 #     tiles (a sweep in the chain of layers, then the model with the fastest); moe_one_token:
 #     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
-#     the combine, A/B; moe_final: the MoE step's profile, then moe_residual; moe_ahead: the
-#     up projection asking the down weights into L2, kit, A/B and profile;
+#     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
@@ -288,19 +287,6 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
       TAIL=14 step 300 moe python3 benchmarks/moe_gpu.py --skip kit,kernel,chain --batches 1 \
         --runners triton,triton+noresidual,triton,triton+noresidual --overlap ;;
-    moe_ahead)  # the up projection asking the down weights into L2 (ENGINE_MOE_DOWN_AHEAD=1):
-      # the runner kit with it on, the layer in a chain of 8 with and without, the model at
-      # batch 1 against the default (three times), where the step goes with it
-      ENGINE_MOE_DOWN_AHEAD=1 TAIL=8 step 200 moe_kit_ahead python3 benchmarks/moe_gpu.py \
-        --skip kernel,chain,model --runners triton
-      TAIL=8 step 150 moe_chain_ahead python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
-        --chain-tokens 1
-      R=triton,triton+ahead
-      TAIL=14 step 240 moe_ahead python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
-        --batches 1 --runners $R,$R,$R --overlap
-      ENGINE_MOE_DOWN_AHEAD=1 TAIL=16 step 120 moe_profile_ahead python3 \
-        benchmarks/profile_decode_gpu.py --batch 1 --steps 20 \
-        --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table ;;
     moe_residual)  # the combine's residual (the default) against the norm kernel's add, 3 times
       R=triton,triton+noresidual
       TAIL=14 step 400 moe_residual python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \

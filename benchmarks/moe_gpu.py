@@ -220,9 +220,8 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
     L2), each layer's output the next one's input, in one CUDA graph (with PDL each kernel
     starts while the previous one finishes, as in a decode step); µs and TB/s per layer,
     against one layer replayed alone. Rows: the default launch, the same with both projections
-    in one launch (``pair_moe_chained``), the same with the up projection asking the down
-    weights into L2 (``down_ahead``), and with ``sweep`` the best three of a grid of one-launch
-    forms at one token."""
+    in one launch (``pair_moe_chained``), and with ``sweep`` the best three of a grid of
+    one-launch forms at one token."""
     exs = [layer()[0] for _ in range(n_layers)]
     _, router = layer()
     tri = TritonRunner(None)
@@ -239,8 +238,7 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
             return y
 
         one = dict(tri.gemv_one if m == 1 else tri.gemv)
-        launches = [("the default", None), ("the default, chained", dict(one, chained=True)),
-                    ("the default, down weights ahead", dict(one, down_ahead=True))]
+        launches = [("the default", None), ("the default, chained", dict(one, chained=True))]
         if sweep and m == 1:  # both projections in one launch (pair_moe_chained)
             launches += [("", dict(block_n=bn, block_k=bk, warps=wp, down_block_n=dbn,
                                    next_tile=True, chained=True))
@@ -294,14 +292,12 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+combine (the combine in the down projection), triton+chained (both
     # projections in one launch), triton+hints / triton+keep / triton+nohints (L2 cache hints
-    # 1 / 2 / 0; the one-token launch's default is 1), triton+ahead (the up projection asks the
-    # down weights into L2), torch
+    # 1 / 2 / 0; the one-token launch's default is 1), torch
     variants = {"combine": ("ENGINE_MOE_FUSED_COMBINE", "1"),
                 "chained": ("ENGINE_MOE_CHAINED", "1"),
                 "hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
                 "nohints": ("ENGINE_MOE_L2_HINTS", "0"),
-                "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0"),
-                "ahead": ("ENGINE_MOE_DOWN_AHEAD", "1")}
+                "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0")}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"
@@ -379,7 +375,6 @@ def main() -> None:
                     "triton+keep (hints, and the down projection's prefetch evict_last), "
                     "triton+nohints (none; the one-token default is evict_first), "
                     "triton+best (the fastest one-token launch of the chain sweep), "
-                    "triton+ahead (the up projection asks the down weights into L2), "
                     "triton+noresidual (the residual added by the next layer's norm kernel), "
                     "torch; a runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,

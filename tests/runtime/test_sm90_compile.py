@@ -225,26 +225,21 @@ def test_extend_tree_and_split_kernels_build(attention):
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=4, BLOCK_G=4, BLOCK_D=128, PDL=True))
 
 
-@pytest.mark.parametrize("prefetch,combine,nxt,hints,ahead", [
-    (False, False, False, 0, 0), (True, False, False, 0, 0), (True, True, True, 0, 0),
-    (True, False, True, 1, 0), (True, False, True, 2, 0), (False, False, False, 1, 4096)])
-def test_moe_pair_kernels_build(prefetch, combine, nxt, hints, ahead):
+@pytest.mark.parametrize("prefetch,combine,nxt,hints", [
+    (False, False, False, 0), (True, False, False, 0), (True, True, True, 0),
+    (True, False, True, 1), (True, False, True, 2)])
+def test_moe_pair_kernels_build(prefetch, combine, nxt, hints):
     """The matrix-vector path's kernels; with L2 hints every weight load of both projections
     carries the policy "evict_first" (a ``createpolicy`` and ``.L2::cache_hint`` loads), and
-    at 2 the down projection's prefetch asks for its rows "evict_last"; ``ahead``: the up
-    projection asks that many bytes of its expert's down weights into L2, one bulk prefetch a
-    program."""
+    at 2 the down projection's prefetch asks for its rows "evict_last"."""
     from engine_moe_triton import kernels
 
     types = {"x_ptr": "*bf16", "gu_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
              "ids_ptr": "*i32", "weights_ptr": "*fp32", "down_ptr": "*bf16", "y_ptr": "*bf16",
-             "cnt_ptr": "*i32", "res_ptr": "*bf16", "ss_ptr": "*fp32", "w2_ptr": "*bf16",
-             "w2_bytes": "i64", "stride_w2e": "i64"}
+             "cnt_ptr": "*i32", "res_ptr": "*bf16", "ss_ptr": "*fp32"}
     evict = "evict_first" if hints else ""
     up = build(kernels._pair_gemv_up, types, dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256,
-                                                  ACC2D=False, NEXT=nxt, EVICT=evict, PDL=True,
-                                                  DOWN_CHUNK=ahead))
-    assert ("cp.async.bulk.prefetch.L2" in up.asm["ptx"]) == bool(ahead)
+                                                  ACC2D=False, NEXT=nxt, EVICT=evict, PDL=True))
     down = build(kernels._pair_gemv_down, types, dict(
         TOP_K=8, BLOCK_N=16, BLOCK_K=256, ACC2D=False, PREFETCH=prefetch, COMBINE=combine,
         NEXT=nxt, EVICT=evict, KEEP=hints >= 2, PDL=True))

@@ -11,8 +11,7 @@ contract): a kernel that takes ``PDL: tl.constexpr`` calls ``pdl_trigger(PDL)`` 
 ``pdl_wait(PDL)`` once on every path before it reads what earlier kernels write or stores
 anything, and is launched with ``**launch_options(device)``; ``prefetch_l2(ptrs, PDL)`` asks
 for weight lines ahead of the wait, ``line_offsets(ptr, N)`` the offsets of the lines that
-cover N elements (one address each); ``prefetch_bulk_l2(ptrs, sizes)`` asks for whole byte
-ranges (sm_90).
+cover N elements (one address each).
 
 ``index_load(ptrs, ASM)`` (:mod:`engine.runtime.triton_loads`): a table entry that a pipelined
 loop's tile loads take their addresses from, read outside the software pipeliner so that the
@@ -22,7 +21,7 @@ tile loads keep ``num_stages - 1`` iterations ahead.
 from engine.runtime.quant_triton import fp8_from_bits, fp8_kind
 from engine.runtime.triton_loads import index_load
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_enabled, pdl_trigger,
-                                       pdl_wait, prefetch_bulk_l2, prefetch_l2)
+                                       pdl_wait, prefetch_l2)
 
 __all__ = ["fp8_from_bits", "fp8_kind", "index_load", "launch_options", "line_offsets",
-           "pdl_enabled", "pdl_trigger", "pdl_wait", "prefetch_bulk_l2", "prefetch_l2"]
+           "pdl_enabled", "pdl_trigger", "pdl_wait", "prefetch_l2"]

@@ -99,9 +99,6 @@ class TritonRunner(MoERunner):
         #: launch's own (``GEMV_ONE_TOKEN``: 1) unless ``ENGINE_MOE_L2_HINTS=0|1|2`` says
         hints = os.environ.get("ENGINE_MOE_L2_HINTS")
         self.l2_hints: int | None = int(hints) if hints else None
-        #: the up projection's programs ask their experts' down weights into L2 (``pair_moe``'s
-        #: ``down_ahead``; sm_90); opt-in, ``ENGINE_MOE_DOWN_AHEAD=1``
-        self.down_ahead = os.environ.get("ENGINE_MOE_DOWN_AHEAD") == "1"
 
     def supports(self, experts: ExpertWeights) -> str | None:
         if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -167,7 +164,6 @@ class TritonRunner(MoERunner):
             options = {k_: v for k_, v in launch.items() if k_ != "chained"}
             options["l2_hints"] = (self.l2_hints if self.l2_hints is not None
                                    else launch.get("l2_hints", 0))
-            options["down_ahead"] = self.down_ahead or launch.get("down_ahead", False)
             if pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                         topk_weights.float().contiguous(), gate_up, down, combined=out,
                         **options):

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from engine.api.triton import (launch_options, line_offsets, pdl_trigger, pdl_wait,
-                               prefetch_bulk_l2, prefetch_l2)
+                               prefetch_l2)
 
 
 def align_by_expert(topk_ids: torch.Tensor, block_m: int,
@@ -171,8 +171,7 @@ def _w_rows_tile(w_rows, k0, n_ok, K, BLOCK_K: tl.constexpr, EVICT: tl.constexpr
 def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, stride_wn,
                   stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   ACC2D: tl.constexpr, NEXT: tl.constexpr, EVICT: tl.constexpr,
-                  PDL: tl.constexpr, w2_ptr=None, w2_bytes=0, stride_w2e=0,
-                  DOWN_CHUNK: tl.constexpr = 0):
+                  PDL: tl.constexpr):
     """ACC2D: products accumulate elementwise over the K loop and are summed once at the end
     (else each tile's products are summed as they come). NEXT: each iteration loads the next
     iteration's weight tile before it uses its own (two tiles in flight a program: Triton's
@@ -181,10 +180,7 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
     once, from pushing the down projection's prefetched rows out of L2). With PDL the next
     kernel (the down projection) may launch only once every program has waited here, so the
     router's expert ids are final when it starts, and it can bring its experts' weights into
-    L2 while this kernel runs (``_pair_gemv_down``). DOWN_CHUNK (bytes, sm_90): instead, each
-    program asks its share of its expert's down weights ``w2[e]`` (``w2_bytes`` contiguous
-    bytes, ``stride_w2e`` elements apart) into L2 in one bulk prefetch, so they stream in
-    beside this kernel's own weights from its start."""
+    L2 while this kernel runs (``_pair_gemv_down``)."""
     pdl_wait(PDL)
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
@@ -193,13 +189,6 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     if expert < 0:
         return
-    if DOWN_CHUNK > 0:  # (one element a thread of four warps, only the first asks)
-        ELEM: tl.constexpr = w2_ptr.dtype.element_ty.primitive_bitwidth // 8
-        start = tl.program_id(1).to(tl.int64) * DOWN_CHUNK
-        first = tl.arange(0, 128) == 0
-        prefetch_bulk_l2(w2_ptr + expert * stride_w2e + start // ELEM + tl.arange(0, 128) * 0,
-                         tl.where(first, tl.minimum(w2_bytes - start, DOWN_CHUNK), 0)
-                         .to(tl.int32))
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     x_row = x_ptr + (pair // TOP_K) * stride_x
@@ -443,7 +432,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
              down_block_n: int | None = None, down_block_k: int | None = None,
              down_warps: int | None = None, acc2d: bool = False,
              combined: torch.Tensor | None = None, next_tile: bool = False,
-             l2_hints: int = 0, down_ahead: bool = False) -> bool:
+             l2_hints: int = 0) -> bool:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
     ``-1`` ids). ``acc2d``: sum each output's products once at the end of its K loop.
     ``combined`` [T, H]: the down projection also writes each token's sum of its pairs there
@@ -452,26 +441,18 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     ``down_warps``: the down projection's warps a program (default ``warps``).
     ``l2_hints``: 1, both projections read their weights with the L2 eviction policy
     "evict_first" (``EVICT``); 2, the down projection's prefetch also asks for its rows with
-    the priority "evict_last" (``KEEP``); 0, neither. ``down_ahead``: the up projection's
-    programs ask the down weights of their experts into L2 (``DOWN_CHUNK``), not the down
-    projection's own programs (which start only as the up projection's last ones finish)."""
+    the priority "evict_last" (``KEEP``); 0, neither."""
     evict = "evict_first" if l2_hints else ""
     t, k = topk_ids.shape
     pairs = t * k
     _, n13, h = w13.shape
     inter = n13 // 2
     ids = topk_ids.reshape(-1)
-    up_tiles = triton.cdiv(n13, block_n)
-    expert_bytes = w2[0].numel() * w2.element_size()
-    fits = pairs * expert_bytes <= _l2_budget(x.device)
-    chunk = _down_chunk(w2, expert_bytes, up_tiles) if down_ahead and fits else 0
-    ahead = dict(w2_ptr=w2, w2_bytes=expert_bytes, stride_w2e=w2.stride(0),
-                 DOWN_CHUNK=chunk) if chunk else {}
-    _pair_gemv_up[(pairs, up_tiles)](
+    _pair_gemv_up[(pairs, triton.cdiv(n13, block_n))](
         x, w13, gate_up, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1),
         gate_up.stride(0), TOP_K=k, BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(h)), ACC2D=acc2d, NEXT=next_tile,
-        EVICT=evict, num_warps=warps, **ahead, **launch_options(x.device))
+        EVICT=evict, num_warps=warps, **launch_options(x.device))
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
     tiles = triton.cdiv(h, dbn)
     combine = combined is not None and t * tiles <= COMBINE_COUNTERS
@@ -481,20 +462,10 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         h, inter, gate_up.stride(0), w2.stride(0), w2.stride(1), down.stride(0),
         combined.stride(0) if combine else 0, TOP_K=k, BLOCK_N=dbn,
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
-        PREFETCH=fits and not chunk, COMBINE=combine, NEXT=next_tile, EVICT=evict,
-        KEEP=l2_hints >= 2, num_warps=down_warps or warps, **launch_options(x.device))
+        PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
+        COMBINE=combine, NEXT=next_tile, EVICT=evict, KEEP=l2_hints >= 2,
+        num_warps=down_warps or warps, **launch_options(x.device))
     return combine
-
-
-def _down_chunk(w2: torch.Tensor, nbytes: int, programs: int) -> int:
-    """Bytes of one expert's down weights (``nbytes`` each) each of ``programs``
-    up-projection programs asks into L2 (:func:`pair_moe`'s ``down_ahead``; a power of two, at
-    least 16), or 0 where the bulk prefetch cannot take them (not a CUDA sm_90+ device, experts
-    not contiguous or not 16-byte aligned)."""
-    if (w2.device.type != "cuda" or torch.cuda.get_device_capability(w2.device) < (9, 0)
-            or not w2.is_contiguous() or w2.data_ptr() % 16 or nbytes % 16):
-        return 0
-    return max(16, triton.next_power_of_2(triton.cdiv(nbytes, programs)))
 
 
 @functools.lru_cache(maxsize=None)
