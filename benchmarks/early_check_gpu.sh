@@ -35,6 +35,8 @@
 #     tiles (a sweep in the chain of layers, then the model with the fastest); moe_one_token:
 #     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
+#     block_cols: one row of block fp8 with each scale block's sums in a padding column, A/B
+#     (block_cols_search: a step search of its launches);
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
@@ -315,6 +317,26 @@ PY
           --schemes fp8_block --launches "$OUT/block_before.json"
         TAIL=3 step 60 "block_now_$r" python3 benchmarks/quant_gpu.py --batches 1,4,16 \
           --schemes fp8_block
+      done ;;
+    block_cols)  # one row of block fp8 with each scale block's sums in a padding column
+      # (ENGINE_SWAP_BLOCK_COLS=1): the GPU checks, the step A/B alternating twice
+      swap_tests
+      for r in 1 2; do
+        for v in 0 1; do
+          ENGINE_SWAP_BLOCK_COLS=$v TAIL=4 step 60 "cols_${v}_$r" python3 \
+            benchmarks/quant_gpu.py --batches 1 --schemes fp8_block,fp8_tensor
+        done
+      done
+      ;;
+    block_cols_search)  # the step search of block fp8's one-row launches with the padding
+      # columns on, then the step at the launches found against the default, twice
+      ENGINE_SWAP_BLOCK_COLS=1 TAIL=40 step 400 cols_search python3 benchmarks/quant_gpu.py \
+        --step-search fp8_block --write-launches "$OUT/cols.json"
+      for r in 1 2; do
+        TAIL=3 step 60 "cols_default_$r" python3 benchmarks/quant_gpu.py --batches 1 \
+          --schemes fp8_block
+        ENGINE_SWAP_BLOCK_COLS=1 TAIL=3 step 60 "cols_searched_$r" python3 \
+          benchmarks/quant_gpu.py --batches 1 --schemes fp8_block --launches "$OUT/cols.json"
       done ;;
     block_search)  # block fp8's one-row launches chosen by the step (16-32 outputs a program,
       # mma.sync, among them), then the step at 1 row with them and without, twice

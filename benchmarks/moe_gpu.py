@@ -43,11 +43,9 @@ def kit() -> list[list]:
     rows = []
     dev = torch.device("cuda")
     for name, runner in (("torch", TorchRunner()), ("triton (gemv for small)", TritonRunner(None)),
-                         ("triton (grouped only)", TritonRunner(None)),
-                         ("triton (gemv chained: one launch)", TritonRunner(None))):
+                         ("triton (grouped only)", TritonRunner(None))):
         if name == "triton (grouped only)":
             runner.gemv_max_pairs = 0
-        runner.chained = "chained" in name
         fails = list(runner_failures(runner, dev))
         rows.append([name, len(fails), "; ".join(fails)[:200]])
     return rows
@@ -102,27 +100,19 @@ def time_fn(fn, iters: int = 100, graph: bool = True) -> float:
 
 def kernel_rows(tokens_list: list[int]) -> list[list]:
     ex, router = layer()
-    tri, tch, fused = TritonRunner(None), TorchRunner(), TritonRunner(None)
-    fused.fused_combine = True  # the combine inside the down projection (small batches)
-    for r in (tri, tch, fused):
+    tri, tch = TritonRunner(None), TorchRunner()
+    for r in (tri, tch):
         r.process_weights_after_loading(ex)
     rows = []
     for m in tokens_list:
         x, w, ids, active, bytes_ = routed(m, router)
         flops = 2 * m * K * 3 * H * I
-        # (the two triton variants alternate, three timings each: the median)
-        t_tri, t_fused = [], []
-        for _ in range(3):
-            t_tri.append(time_fn(lambda: tri.apply(ex, x, ids, w)))
-            t_fused.append(time_fn(lambda: fused.apply(ex, x, ids, w)))
-        t_tri, t_fused = sorted(t_tri)[1], sorted(t_fused)[1]
+        t_tri = sorted(time_fn(lambda: tri.apply(ex, x, ids, w)) for _ in range(3))[1]
         t_tch = time_fn(lambda: tch.apply(ex, x, ids, w), graph=False)
         ref = tch.apply(ex, x, ids, w).float()
         err = ((tri.apply(ex, x, ids, w).float() - ref).abs().max() / ref.abs().max()).item()
-        same = torch.equal(fused.apply(ex, x, ids, w), tri.apply(ex, x, ids, w))
         roof = max(bytes_ / BW, flops / FLOPS) * 1e3
-        rows.append([m, active, round(t_tri * 1e3, 1),
-                     f"{t_fused * 1e3:.1f}" + ("" if same else " (DIFFERS)"), round(t_tch * 1e3, 1),
+        rows.append([m, active, round(t_tri * 1e3, 1), round(t_tch * 1e3, 1),
                      round(bytes_ / (t_tri * 1e-3) / 1e12, 2),
                      round(flops / (t_tri * 1e-3) / 1e12, 1), round(roof * 1e3, 1),
                      f"{err:.1e}"])
@@ -219,9 +209,8 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
     """The sparse layer as the model runs it: ``n_layers`` layers with their own weights (past
     L2), each layer's output the next one's input, in one CUDA graph (with PDL each kernel
     starts while the previous one finishes, as in a decode step); µs and TB/s per layer,
-    against one layer replayed alone. Rows: the default launch, the same with both projections
-    in one launch (``pair_moe_chained``), and with ``sweep`` the best three of a grid of
-    one-launch forms at one token."""
+    against one layer replayed alone. Rows: the default launch and, with ``sweep``, the best
+    three of a grid of one-token launches."""
     exs = [layer()[0] for _ in range(n_layers)]
     _, router = layer()
     tri = TritonRunner(None)
@@ -237,12 +226,11 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
                 y = tri.apply(ex, y, ids, w)
             return y
 
-        one = dict(tri.gemv_one if m == 1 else tri.gemv)
-        launches = [("the default", None), ("the default, chained", dict(one, chained=True))]
-        if sweep and m == 1:  # both projections in one launch (pair_moe_chained)
+        launches = [("the default", None)]
+        if sweep and m == 1:
             launches += [("", dict(block_n=bn, block_k=bk, warps=wp, down_block_n=dbn,
-                                   next_tile=True, chained=True))
-                         for bn in (16, 32) for bk in (256, 512) for wp in (4, 8)
+                                   next_tile=True, l2_hints=1))
+                         for bn in (2, 16, 32) for bk in (256, 2048) for wp in (4, 8)
                          for dbn in (8, 16, 32)]
         if wide and m == 1:
             launches += [("", cfg) for cfg in
@@ -290,12 +278,9 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
 
     rows = []
     override = json.dumps({"num_hidden_layers": layers})
-    # triton, triton+combine (the combine in the down projection), triton+chained (both
-    # projections in one launch), triton+hints / triton+keep / triton+nohints (L2 cache hints
-    # 1 / 2 / 0; the one-token launch's default is 1), torch
-    variants = {"combine": ("ENGINE_MOE_FUSED_COMBINE", "1"),
-                "chained": ("ENGINE_MOE_CHAINED", "1"),
-                "hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
+    # triton, triton+hints / triton+keep / triton+nohints (L2 cache hints 1 / 2 / 0; the
+    # one-token launch's default is 1), torch
+    variants = {"hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
                 "nohints": ("ENGINE_MOE_L2_HINTS", "0"),
                 "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0")}
     for spec in runners:
@@ -311,9 +296,7 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
             if BEST_ONE_TOKEN is None:
                 print("triton+best: no chain sweep ran", flush=True)
                 continue
-            impl.GEMV_ONE_TOKEN = {k: v for k, v in BEST_ONE_TOKEN.items() if k != "chained"}
-            if BEST_ONE_TOKEN.get("chained"):
-                os.environ["ENGINE_MOE_CHAINED"] = "1"
+            impl.GEMV_ONE_TOKEN = dict(BEST_ONE_TOKEN)
         try:
             cfg = ServerConfig(model_path=MODEL_DIR, load_format="dummy", dtype="bfloat16",
                                skip_tokenizer_init=True, attention_backend=attention,
@@ -369,9 +352,7 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--sweep-gemv", action="store_true")
     ap.add_argument("--runners", default="triton,torch",
-                    help="model decode: triton, triton+combine (the combine inside the down "
-                    "projection), triton+chained (both projections in one launch), "
-                    "triton+hints (the experts' weights read with L2 policy evict_first), "
+                    help="model decode: triton, triton+hints (the experts' weights read with L2 policy evict_first), "
                     "triton+keep (hints, and the down projection's prefetch evict_last), "
                     "triton+nohints (none; the one-token default is evict_first), "
                     "triton+best (the fastest one-token launch of the chain sweep), "
@@ -419,8 +400,7 @@ def main() -> None:
     if "kernel" not in skip:
         out["kernel"] = kernel_rows([int(x) for x in args.kernel_tokens.split(",")])
         table(f"one sparse layer (E={E}, top-{K}, H={H}, I={I}, bf16): triton in a CUDA graph, "
-              "torch eager", ["tokens", "active experts", "triton us",
-                              "triton, combine in the down projection us", "torch us",
+              "torch eager", ["tokens", "active experts", "triton us", "torch us",
                               "triton TB/s", "triton TFLOP/s", "roofline us", "max rel err"],
               out["kernel"])
     if "chain" not in skip:

@@ -225,24 +225,23 @@ def test_extend_tree_and_split_kernels_build(attention):
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=4, BLOCK_G=4, BLOCK_D=128, PDL=True))
 
 
-@pytest.mark.parametrize("prefetch,combine,nxt,hints", [
-    (False, False, False, 0), (True, False, False, 0), (True, True, True, 0),
-    (True, False, True, 1), (True, False, True, 2)])
-def test_moe_pair_kernels_build(prefetch, combine, nxt, hints):
+@pytest.mark.parametrize("prefetch,nxt,hints", [
+    (False, False, 0), (True, False, 0), (True, True, 0), (True, True, 1), (True, True, 2)])
+def test_moe_pair_kernels_build(prefetch, nxt, hints):
     """The matrix-vector path's kernels; with L2 hints every weight load of both projections
     carries the policy "evict_first" (a ``createpolicy`` and ``.L2::cache_hint`` loads), and
     at 2 the down projection's prefetch asks for its rows "evict_last"."""
     from engine_moe_triton import kernels
 
     types = {"x_ptr": "*bf16", "gu_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
-             "ids_ptr": "*i32", "weights_ptr": "*fp32", "down_ptr": "*bf16", "y_ptr": "*bf16",
-             "cnt_ptr": "*i32", "res_ptr": "*bf16", "ss_ptr": "*fp32"}
+             "ids_ptr": "*i32", "weights_ptr": "*fp32", "down_ptr": "*bf16", "res_ptr": "*bf16",
+             "ss_ptr": "*fp32"}
     evict = "evict_first" if hints else ""
     up = build(kernels._pair_gemv_up, types, dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256,
                                                   ACC2D=False, NEXT=nxt, EVICT=evict, PDL=True))
     down = build(kernels._pair_gemv_down, types, dict(
-        TOP_K=8, BLOCK_N=16, BLOCK_K=256, ACC2D=False, PREFETCH=prefetch, COMBINE=combine,
-        NEXT=nxt, EVICT=evict, KEEP=hints >= 2, PDL=True))
+        BLOCK_N=16, BLOCK_K=256, ACC2D=False, PREFETCH=prefetch, NEXT=nxt, EVICT=evict,
+        KEEP=hints >= 2, PDL=True))
     for res in (False, True):  # (with the residual added and the sums of squares)
         build(kernels._combine_pairs, types, dict(TOP_K=8, BLOCK=1024, RES=res, PDL=True))
     for compiled in (up, down):
@@ -253,19 +252,6 @@ def test_moe_pair_kernels_build(prefetch, combine, nxt, hints):
     assert ("prefetch.global.L2::evict_last" in down.asm["ptx"]) == (hints >= 2)
     if prefetch:
         assert "prefetch.global.L2" in down.asm["ptx"]
-
-
-@pytest.mark.parametrize("down_block_n", [8, 16, 32])
-def test_moe_chained_kernel_builds(down_block_n):
-    """Both projections in one launch, at the one-token launches the H200 sweep tries (the up
-    and down items' tiles of different widths in the two branches)."""
-    from engine_moe_triton import kernels
-
-    types = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "w2_ptr": "*bf16", "gu_ptr": "*bf16",
-             "out_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "cnt_ptr": "*i32"}
-    build(kernels._pair_moe_chained, types, dict(
-        TOP_K=8, UP_TILES=96, DOWN_TILES=2048 // down_block_n, BLOCK_N=16, BLOCK_K=256,
-        DOWN_BLOCK_N=down_block_n, DOWN_I=1024, NEXT=True, PDL=True))
 
 
 # ------------------------------------------------------------- the core's kernels, by launch
@@ -538,6 +524,22 @@ def test_one_row_block_fp8_scales_an_iteration_ahead(monkeypatch, n, k, config):
     assert loads and max(loads) < loops[1].index("WARPGROUP.DEPBAR.LE"), loads
     assert [ops.count("BAR.SYNC.DEFER_BLOCKING") for ops in loops] == [2, 2]
     assert len(loops[1]) < len(loops[0]) + 20, (len(loops[0]), len(loops[1]))
+
+
+@pytest.mark.parametrize("n, k, config", [(28672, 4096, (128, 128, 1, 4, 3, 2)),
+                                           (4096, 14336, (128, 128, 8, 4, 3, 2)),
+                                           (6144, 4096, (128, 128, 8, 4, 4))])
+def test_one_row_block_fp8_sums_its_blocks_in_the_padding_columns(monkeypatch, n, k, config):
+    """``ENGINE_SWAP_BLOCK_COLS=1``: one row of block fp8 from group codes (Llama-3-8B's
+    gate/up, down and q/k/v launches: 32, 14 and 4 scale blocks a slice) accumulates every
+    tile into one accumulator, each scale block in a padding column of its own, so its K loop
+    waits on no tile's product and scales nothing: a shorter loop, no spills."""
+    (off, _), (on, launches) = _swap_ab(monkeypatch, "ENGINE_SWAP_BLOCK_COLS", n, k, config,
+                                        act="group", block=(128, 128), param="COLS")
+    loops = [loop_ops(c) for c in (off, on)]
+    assert launches[-1][1]["BLOCK_M"] == (32 if k // 128 // config[2] > 16 else 16)
+    assert len(loops[1]) < len(loops[0]) - 20, (len(loops[0]), len(loops[1]))
+    assert loops[1].count("WARPGROUP.DEPBAR.LE") == 1  # (one an iteration, SUB tiles)
 
 
 @pytest.mark.parametrize("n, k, config", [(6144, 4096, (64, 512, 1, 4, 4)),

@@ -87,12 +87,6 @@ class TritonRunner(MoERunner):
         self.gemv: dict[str, int] = dict(GEMV_DEFAULT)
         #: the launch for a single token, or None (``gemv`` serves it too)
         self.gemv_one: dict[str, Any] | None = dict(GEMV_ONE_TOKEN)
-        #: the matrix-vector path's down projection also sums each token's pairs (no separate
-        #: combine kernel); opt-in, ``ENGINE_MOE_FUSED_COMBINE=1``
-        self.fused_combine = os.environ.get("ENGINE_MOE_FUSED_COMBINE") == "1"
-        #: both projections of the matrix-vector path in one launch (the down projection's
-        #: weights loaded while the up projection finishes); opt-in, ``ENGINE_MOE_CHAINED=1``
-        self.chained = os.environ.get("ENGINE_MOE_CHAINED") == "1"
         #: cache hints of the matrix-vector path (``pair_moe``'s ``l2_hints``): 1, weights read
         #: with the L2 policy "evict_first", so the up projection's stream leaves the down
         #: projection's prefetched rows in L2; 2, those rows also asked for "evict_last". The
@@ -126,16 +120,12 @@ class TritonRunner(MoERunner):
     def apply_residual(self, experts: ExpertWeights, hidden: torch.Tensor,
                        topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                        residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The residual added in the combine kernel (not where the down projection combines:
-        ``ENGINE_MOE_FUSED_COMBINE=1``)."""
-        if self.fused_combine:
-            return None
+        """The residual added in the combine kernel."""
         return self._apply(experts, hidden, topk_ids, topk_weights, residual)
 
     def _apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
                topk_weights: torch.Tensor, residual: torch.Tensor | None = None):
-        from .kernels import (align_by_expert, chained_serves, combine_pairs, grouped_gemm,
-                              pair_moe, pair_moe_chained, silu_and_mul)
+        from .kernels import align_by_expert, combine_pairs, grouped_gemm, pair_moe, silu_and_mul
 
         t, k = topk_ids.shape
         inter, h = experts.intermediate_size, experts.hidden_size
@@ -148,26 +138,12 @@ class TritonRunner(MoERunner):
             if interpreting():
                 launch = {"acc2d": launch.get("acc2d", False), "block_n": 16, "block_k": 16,
                           "next_tile": launch.get("next_tile", False),
-                          "chained": launch.get("chained", False),
                           "l2_hints": launch.get("l2_hints", 0)}
-            down_bn = launch.get("down_block_n") or launch["block_n"]
-            if (self.chained or launch.get("chained")) and not self.fused_combine \
-                    and chained_serves(t * k, inter, down_bn):
-                pair_moe_chained(x, experts.w13, experts.w2, topk_ids.contiguous(),
-                                 topk_weights.float().contiguous(), gate_up, down,
-                                 block_n=launch["block_n"], block_k=launch["block_k"],
-                                 warps=launch.get("warps", 4), down_block_n=down_bn,
-                                 next_tile=launch.get("next_tile", False))
-                return combine_pairs(down, k, hidden.dtype, residual)
-            out = (torch.empty(t, h, dtype=hidden.dtype, device=x.device)
-                   if self.fused_combine and residual is None else None)
-            options = {k_: v for k_, v in launch.items() if k_ != "chained"}
+            options = dict(launch)
             options["l2_hints"] = (self.l2_hints if self.l2_hints is not None
                                    else launch.get("l2_hints", 0))
-            if pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
-                        topk_weights.float().contiguous(), gate_up, down, combined=out,
-                        **options):
-                return out
+            pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
+                     topk_weights.float().contiguous(), gate_up, down, **options)
             return combine_pairs(down, k, hidden.dtype, residual)
         block = self.config_for(experts, t)
         sorted_ids, block_expert, num_padded = align_by_expert(

@@ -214,10 +214,10 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
 
 
 @triton.jit
-def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr, N, I,
-                    stride_gu, stride_we, stride_wn, stride_o, stride_y,
-                    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    ACC2D: tl.constexpr, PREFETCH: tl.constexpr, COMBINE: tl.constexpr,
+def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
+                    stride_gu, stride_we, stride_wn, stride_o,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    ACC2D: tl.constexpr, PREFETCH: tl.constexpr,
                     NEXT: tl.constexpr, EVICT: tl.constexpr, KEEP: tl.constexpr,
                     PDL: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
@@ -226,12 +226,8 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
     (which wrote ``ids``), so it reads its expert before its own wait and asks that expert's
     rows of ``w2`` into L2 (one address a line) while the up projection still runs (PREFETCH:
     only where the pairs' rows of ``w2`` fit in L2; more would evict each other before use).
-    COMBINE: the combine too (``_combine_pairs``' sums, in the same order from the same
-    rounded rows): each program counts itself in at its token's output block
-    (``cnt``, zeros, one per (token, block)), and the last of the token's TOP_K pairs to
-    arrive sums their rows into ``y[token]`` and resets the counter. EVICT: the weights' cache
-    eviction policy as in ``_pair_gemv_up``; KEEP: the prefetch asks for its rows with the
-    priority ``evict_last``."""
+    EVICT: the weights' cache eviction policy as in ``_pair_gemv_up``; KEEP: the prefetch asks
+    for its rows with the priority ``evict_last``."""
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -246,23 +242,17 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
                             KEEP)
     pdl_wait(PDL)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
-    if not COMBINE and expert < 0:  # another rank's expert: this pair contributes zeros
+    if expert < 0:  # another rank's expert: this pair contributes zeros
         tl.store(out_ptr + pair * stride_o + offs_n,
                  tl.zeros((BLOCK_N,), dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=n_ok)
         return
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     gu_row = gu_ptr + pair * stride_gu
-    if COMBINE:  # a -1 pair still counts itself in: no K loop, zeros
-        w_rows = w_ptr + tl.maximum(expert, 0) * stride_we \
-            + offs_n.to(tl.int64)[:, None] * stride_wn
-        i_hi = tl.where(expert >= 0, I, 0)
-    else:
-        w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
-        i_hi = I
+    w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
     if NEXT:
-        w_next = _w_rows_tile(w_rows, 0, n_ok, i_hi, BLOCK_K, EVICT)
-    for k0 in range(0, i_hi, BLOCK_K):
+        w_next = _w_rows_tile(w_rows, 0, n_ok, I, BLOCK_K, EVICT)
+    for k0 in range(0, I, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < I
         g = tl.load(gu_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
@@ -270,7 +260,7 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
         act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
         if NEXT:
             w = w_next
-            w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, i_hi, BLOCK_K, EVICT)
+            w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, I, BLOCK_K, EVICT)
         else:
             w = _w_rows_tile(w_rows, k0, n_ok, I, BLOCK_K, EVICT)
         if ACC2D:
@@ -279,164 +269,19 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, y_ptr, cnt_ptr
             acc += tl.sum(w.to(tl.float32) * act[None, :], axis=1)
     if ACC2D:
         acc = tl.sum(acc2, axis=1)
-    if COMBINE:
-        acc = tl.where(expert >= 0, acc * tl.load(weights_ptr + pair), 0.0)
-    else:
-        acc = acc * tl.load(weights_ptr + pair)
+    acc = acc * tl.load(weights_ptr + pair)
     tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
-    if COMBINE:
-        tok = pair // TOP_K
-        cnt = cnt_ptr + tok * tl.num_programs(1) + tl.program_id(1)
-        tl.debug_barrier()  # every thread's row stored before the release below
-        if tl.atomic_add(cnt, 1, sem="acq_rel") == TOP_K - 1:
-            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for j in tl.static_range(TOP_K):
-                total += tl.load(out_ptr + (tok * TOP_K + j) * stride_o + offs_n, mask=n_ok,
-                                 other=0.0, cache_modifier=".cg").to(tl.float32)
-            tl.store(y_ptr + tok * stride_y + offs_n, total.to(y_ptr.dtype.element_ty),
-                     mask=n_ok)
-            tl.atomic_xchg(cnt, 0)
-
-
-@triton.jit
-def _pair_moe_chained(x_ptr, w13_ptr, w2_ptr, gu_ptr, out_ptr, ids_ptr, weights_ptr, cnt_ptr,
-                      pairs, H, I, stride_x, stride_w13e, stride_w13n, stride_gu, stride_w2e,
-                      stride_w2n, stride_o, TOP_K: tl.constexpr, UP_TILES: tl.constexpr,
-                      DOWN_TILES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      DOWN_BLOCK_N: tl.constexpr, DOWN_I: tl.constexpr, NEXT: tl.constexpr,
-                      PDL: tl.constexpr):
-    """Both projections of the matrix-vector path in one launch. Programs take work items in
-    the order they start (a ticket drawn from ``cnt[0]``): the first ``pairs * UP_TILES`` items
-    are the up projection's tiles (as ``_pair_gemv_up``), each counted in at its pair when
-    stored (``cnt[1 + pair]``); the rest are the down projection's (``DOWN_BLOCK_N`` outputs of
-    one pair, all of its ``I`` inputs, ``DOWN_I`` = I rounded up to a power of two), which load
-    their weights first and only then wait for their pair's UP_TILES up tiles. So the down
-    projection's weights stream in while the up projection finishes, and every waiting program
-    waits on items that started before it (no deadlock whatever the GPU runs at once). The
-    last down item of a pair resets its counters (``cnt[1 + pairs + pair]`` counts them), the
-    last ticket the ticket counter: all zeros again for the next call."""
-    pdl_wait(PDL)
-    pdl_trigger(PDL)
-    up_items = pairs * UP_TILES
-    total = up_items + pairs * DOWN_TILES
-    item = tl.atomic_add(cnt_ptr, 1, sem="relaxed")
-    if item == total - 1:
-        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
-    if item < up_items:
-        pair = (item // UP_TILES).to(tl.int64)
-        offs_n = (item % UP_TILES) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < 2 * I
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        if expert >= 0:
-            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            x_row = x_ptr + (pair // TOP_K) * stride_x
-            w_rows = w13_ptr + expert * stride_w13e \
-                + offs_n.to(tl.int64)[:, None] * stride_w13n
-            if NEXT:
-                w_next = _w_rows_tile(w_rows, 0, n_ok, H, BLOCK_K, "")
-            for k0 in range(0, H, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                xv = tl.load(x_row + offs_k, mask=offs_k < H, other=0.0).to(tl.float32)
-                if NEXT:
-                    w = w_next
-                    w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, H, BLOCK_K, "")
-                else:
-                    w = _w_rows_tile(w_rows, k0, n_ok, H, BLOCK_K, "")
-                acc += tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
-            tl.store(gu_ptr + pair * stride_gu + offs_n, acc.to(gu_ptr.dtype.element_ty),
-                     mask=n_ok)
-        tl.debug_barrier()  # every thread's part of the tile stored before the release
-        tl.atomic_add(cnt_ptr + 1 + pair, 1, sem="release")
-    else:
-        d = item - up_items
-        d_pair = (d // DOWN_TILES).to(tl.int64)
-        d_offs = (d % DOWN_TILES) * DOWN_BLOCK_N + tl.arange(0, DOWN_BLOCK_N)
-        d_ok = d_offs < H
-        d_i = tl.arange(0, DOWN_I)
-        d_expert = tl.load(ids_ptr + d_pair).to(tl.int64)
-        di_ok = d_i < tl.where(d_expert >= 0, I, 0)  # another rank's expert: zeros
-        dw = tl.load(w2_ptr + tl.maximum(d_expert, 0) * stride_w2e
-                     + d_offs.to(tl.int64)[:, None] * stride_w2n + d_i[None, :],
-                     mask=d_ok[:, None] & di_ok[None, :], other=0.0)
-        while tl.atomic_add(cnt_ptr + 1 + d_pair, 0, sem="acquire") < UP_TILES:
-            pass
-        d_gu = gu_ptr + d_pair * stride_gu
-        g = tl.load(d_gu + d_i, mask=di_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-        u = tl.load(d_gu + I + d_i, mask=di_ok, other=0.0,
-                    cache_modifier=".cg").to(tl.float32)
-        act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
-        d_acc = tl.sum(dw.to(tl.float32) * act[None, :], axis=1)
-        d_acc = tl.where(d_expert >= 0, d_acc * tl.load(weights_ptr + d_pair), 0.0)
-        tl.store(out_ptr + d_pair * stride_o + d_offs, d_acc.to(out_ptr.dtype.element_ty),
-                 mask=d_ok)
-        if tl.atomic_add(cnt_ptr + 1 + pairs + d_pair, 1, sem="acq_rel") == DOWN_TILES - 1:
-            tl.atomic_xchg(cnt_ptr + 1 + d_pair, 0, sem="relaxed")
-            tl.atomic_xchg(cnt_ptr + 1 + pairs + d_pair, 0, sem="relaxed")
-
-
-#: elements of one down item's weight tile that :func:`pair_moe_chained` keeps in registers
-#: (DOWN_BLOCK_N x I rounded up to a power of two); wider experts take :func:`pair_moe`
-CHAINED_TILE = 16384
-_chain_counters: dict = {}
-
-
-def chained_serves(pairs: int, inter: int, down_block_n: int) -> bool:
-    """Whether :func:`pair_moe_chained` takes ``pairs`` pairs of experts ``inter`` wide."""
-    return (down_block_n * triton.next_power_of_2(inter) <= CHAINED_TILE
-            and 1 + 2 * pairs <= COMBINE_COUNTERS)
-
-
-def pair_moe_chained(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                     topk_ids: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor,
-                     down: torch.Tensor, *, block_n: int = 16, block_k: int = 256,
-                     warps: int = 4, down_block_n: int = 16, next_tile: bool = True,
-                     **_) -> None:
-    """:func:`pair_moe` (without its combine) in one launch (``_pair_moe_chained``): where
-    :func:`chained_serves` says so."""
-    t, k = topk_ids.shape
-    pairs = t * k
-    _, n13, h = w13.shape
-    inter = n13 // 2
-    cnt = _chain_counters.get(x.device)
-    if cnt is None:  # (the first call comes before any graph capture)
-        cnt = _chain_counters[x.device] = torch.zeros(COMBINE_COUNTERS, dtype=torch.int32,
-                                                      device=x.device)
-    up_tiles, down_tiles = triton.cdiv(n13, block_n), triton.cdiv(h, down_block_n)
-    _pair_moe_chained[(pairs * (up_tiles + down_tiles),)](
-        x, w13, w2, gate_up, down, topk_ids.reshape(-1), topk_weights.reshape(-1), cnt, pairs,
-        h, inter, x.stride(0), w13.stride(0), w13.stride(1), gate_up.stride(0), w2.stride(0),
-        w2.stride(1), down.stride(0), TOP_K=k, UP_TILES=up_tiles, DOWN_TILES=down_tiles,
-        BLOCK_N=block_n, BLOCK_K=block_k, DOWN_BLOCK_N=down_block_n,
-        DOWN_I=triton.next_power_of_2(inter), NEXT=next_tile, num_warps=warps,
-        **launch_options(x.device))
-
-
-#: (token, output block) counters of the down projection's combine, per device (zeros; each
-#: use leaves them zero); more blocks than this: the separate combine kernel
-COMBINE_COUNTERS = 1 << 16
-_counters: dict = {}
-
-
-def combine_counters(device: torch.device) -> torch.Tensor:
-    """The device's counters for :func:`pair_moe`'s combine (allocated at the first call,
-    before any graph capture)."""
-    cnt = _counters.get(device)
-    if cnt is None:
-        cnt = _counters[device] = torch.zeros(COMBINE_COUNTERS, dtype=torch.int32, device=device)
-    return cnt
 
 
 def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
              topk_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, *,
              block_n: int = 32, block_k: int = 128, warps: int = 4,
              down_block_n: int | None = None, down_block_k: int | None = None,
-             down_warps: int | None = None, acc2d: bool = False,
-             combined: torch.Tensor | None = None, next_tile: bool = False,
-             l2_hints: int = 0) -> bool:
+             down_warps: int | None = None, acc2d: bool = False, next_tile: bool = False,
+             l2_hints: int = 0) -> None:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
-    ``-1`` ids). ``acc2d``: sum each output's products once at the end of its K loop.
-    ``combined`` [T, H]: the down projection also writes each token's sum of its pairs there
-    (as :func:`combine_pairs`) where the counters suffice; returns whether it did.
+    ``-1`` ids; :func:`combine_pairs` sums a token's pairs). ``acc2d``: sum each output's
+    products once at the end of its K loop.
     ``next_tile``: each K iteration loads the next one's weights first (``NEXT``).
     ``down_warps``: the down projection's warps a program (default ``warps``).
     ``l2_hints``: 1, both projections read their weights with the L2 eviction policy
@@ -454,18 +299,13 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         BLOCK_K=min(block_k, triton.next_power_of_2(h)), ACC2D=acc2d, NEXT=next_tile,
         EVICT=evict, num_warps=warps, **launch_options(x.device))
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
-    tiles = triton.cdiv(h, dbn)
-    combine = combined is not None and t * tiles <= COMBINE_COUNTERS
-    cnt = combine_counters(x.device) if combine else ids
-    _pair_gemv_down[(pairs, tiles)](
-        gate_up, w2, down, ids, topk_weights.reshape(-1), combined if combine else down, cnt,
-        h, inter, gate_up.stride(0), w2.stride(0), w2.stride(1), down.stride(0),
-        combined.stride(0) if combine else 0, TOP_K=k, BLOCK_N=dbn,
+    _pair_gemv_down[(pairs, triton.cdiv(h, dbn))](
+        gate_up, w2, down, ids, topk_weights.reshape(-1), h, inter, gate_up.stride(0),
+        w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=dbn,
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
         PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
-        COMBINE=combine, NEXT=next_tile, EVICT=evict, KEEP=l2_hints >= 2,
-        num_warps=down_warps or warps, **launch_options(x.device))
-    return combine
+        NEXT=next_tile, EVICT=evict, KEEP=l2_hints >= 2, num_warps=down_warps or warps,
+        **launch_options(x.device))
 
 
 @functools.lru_cache(maxsize=None)
