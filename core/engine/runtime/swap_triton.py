@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantize, _row1_scale,
-                                         _row_scales, _signed, _slice, _split, _workspace,
+                                         _row_scales, _slice, _split, _workspace,
                                          quant_groups, quant_rows, shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger, pdl_wait,
                                       prefetch_l2)
@@ -210,28 +210,6 @@ def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1
 
 
 @triton.jit
-def _slice_groups(x_ptr, codes_ptr, ws_ptr, stride_wsn, pid_n, offs_m, k_lo, k_hi,
-                  FP8: tl.constexpr, QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_BLOCK_N: tl.constexpr):
-    """The one row's groups of BLOCK_K columns in [k_lo, k_hi) (group j of the slice in row j
-    of a [BLOCK_M, BLOCK_K] block) quantized as ``quant_groups`` does: their codes stored at
-    ``codes_ptr`` (visible to the whole program on return), and each group's scale times the
-    program's weight block scale returned [BLOCK_M] (zeros past the slice)."""
-    blk = k_lo // BLOCK_K + offs_m
-    b_ok = k_lo + offs_m * BLOCK_K < k_hi
-    col = blk[:, None] * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
-    v = tl.load(x_ptr + col, mask=b_ok[:, None], other=0.0).to(tl.float32)
-    s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v), axis=1), 1e-12), QMAX)
-    r = tl.math.div_rn(tl.zeros_like(s) + 1.0, s)
-    q = _codes(_signed(_quantize(v, s[:, None], r[:, None], FP8, QMAX, MANT, EMIN), v), FP8)
-    tl.store(codes_ptr + col, q.to(tl.uint8, bitcast=True), mask=b_ok[:, None])
-    tl.debug_barrier()  # (every thread's codes stored before any thread's loop reads them)
-    ws = tl.load(ws_ptr + ((pid_n * BLOCK_N) // W_BLOCK_N) * stride_wsn + blk, mask=b_ok,
-                 other=0.0)
-    return ws * s
-
-
-@triton.jit
 def _cols_acc(acc, w, x_ptr, offs_m, k0, k_lo, k_hi, FP8: tl.constexpr, BLOCK_K: tl.constexpr,
               EVEN: tl.constexpr):
     """``acc`` [BLOCK_N, BLOCK_M] plus ``w`` [BLOCK_N, BLOCK_K] times the one row's codes at
@@ -249,7 +227,7 @@ def _cols_acc(acc, w, x_ptr, offs_m, k0, k_lo, k_hi, FP8: tl.constexpr, BLOCK_K:
 
 
 @triton.jit
-def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w_desc, codes_ptr,
+def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w_desc,
              M, N, K, stride_xm, stride_wn, stride_wsn, stride_ym, split_k,
              ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
              MANT: tl.constexpr, EMIN: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -280,15 +258,13 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
     (:func:`_iteration_scales`), not after its first product. ROW_EPILOGUE (ROW1): the one
     row's sums are taken out of the padded [BLOCK_N, BLOCK_M] block before the epilogue,
     which then handles them as a block of one row (``_finish`` with BLOCK_M 1) instead of
-    the whole block. COLS (ROW1, ACT 2, block scales, BLOCK_N dividing W_BLOCK_N, at most
-    BLOCK_M scale blocks in a slice, K whole blocks): the program quantizes its slice of the
-    row itself, group by group (as ``quant_groups`` does, no kernel of its own), into the
-    scratch row ``codes_ptr``, keeping the group scales; then the padding columns carry the
-    scale blocks: the codes of the slice's j-th block go into column j of the activation
-    operand (zeros elsewhere), so one accumulator [BLOCK_N, BLOCK_M] holds every block's sums
-    apart with no scaling between tiles (no wait on each tile's product); after the loop
-    column j is scaled by its weight block scale times its group scale and the columns are
-    summed. (Programs of one slice write the same codes to the same bytes.) GRID false
+    the whole block. COLS (ROW1, ACT 5, block scales, BLOCK_N dividing W_BLOCK_N, at most
+    BLOCK_M scale blocks in a slice): the padding columns carry the scale blocks. The one
+    row's codes of the slice's j-th block go into column j of the activation operand (zeros
+    elsewhere), so one accumulator [BLOCK_N, BLOCK_M] holds every block's sums apart with no
+    scaling between tiles (the products as the per-tensor kernel's: no wait on each tile's
+    product); after the loop column j is scaled by its weight block scale times the row's
+    group scale and the columns are summed. GRID false
     (compiled for a GPU): the activations' fp8 codes rounded by the conversion instruction
     alone (:func:`engine.runtime.quant_triton._quantize`)."""
     pdl_trigger(PDL)
@@ -327,9 +303,11 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
         xs = tl.full((BLOCK_M,), 1.0, tl.float32)
     xr = tl.math.div_rn(tl.zeros((BLOCK_M,), dtype=tl.float32) + 1.0, xs)
     r1 = tl.math.div_rn(1.0, s1)
-    if COLS:  # the slice's codes and group scales; column j's scale
-        col_scale = _slice_groups(x_ptr, codes_ptr, ws_ptr, stride_wsn, pid_n, offs_m, k_lo,
-                                  k_hi, FP8, QMAX, MANT, EMIN, BLOCK_N, BLOCK_K, W_BLOCK_N)
+    if COLS:  # column j's scale: the program's weight block scale times the row's group scale
+        blk = k_lo // BLOCK_K + offs_m
+        b_ok = k_lo + offs_m * BLOCK_K < k_hi
+        col_scale = tl.load(ws_ptr + ((pid_n * BLOCK_N) // W_BLOCK_N) * stride_wsn + blk,
+                            mask=b_ok, other=0.0) * tl.load(xs_ptr + blk, mask=b_ok, other=0.0)
     if INT and not TILE_SCALE:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
     else:
@@ -353,7 +331,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
             else:
                 w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8, EVEN)
             if COLS:  # the row's codes in column (k0 - k_lo) / BLOCK_K, zeros elsewhere
-                acc = _cols_acc(acc, w, codes_ptr, offs_m, k0, k_lo, k_hi, FP8, BLOCK_K, EVEN)
+                acc = _cols_acc(acc, w, x_ptr, offs_m, k0, k_lo, k_hi, FP8, BLOCK_K, EVEN)
             else:
                 sg = tl.full((BLOCK_M,), 1.0, tl.float32)
                 if AHEAD:
@@ -562,40 +540,23 @@ def late_scale(w_dtype: torch.dtype) -> bool:
 
 
 def block_cols() -> bool:
-    """Whether one row of block fp8 is quantized per group by the product's own programs (no
-    ``quant_groups`` launch) and keeps each scale block's sums in a padding column of its own
-    (``_w8_swap``'s COLS) where its launch allows; opt-in until timed on an H200,
-    ``ENGINE_SWAP_BLOCK_COLS=1``."""
+    """Whether one row of block fp8 (from group codes) keeps each scale block's sums in a
+    padding column of its own (``_w8_swap``'s COLS) where its launch allows; opt-in until
+    timed on an H200, ``ENGINE_SWAP_BLOCK_COLS=1``."""
     return _flag("ENGINE_SWAP_BLOCK_COLS", False)
 
 
 def _cols(m: int, code: int, block: tuple[int, int] | None, k: int, bn: int, bk: int,
           sub: int, split: int) -> int:
     """Columns (a power of two, 16 to 64) for :func:`block_cols`'s form of a launch, or 0
-    where it does not apply: one row quantized per group (``code`` 2), K whole groups of a
-    power of two and at most :data:`COLS_MAX_K`, BLOCK_N dividing the scale block's rows, at
-    most 64 scale blocks in a K slice."""
-    if not (m == 1 and code == 2 and block is not None and block[0] % bn == 0
-            and k % bk == 0 and bk == triton.next_power_of_2(bk) and k <= COLS_MAX_K
+    where it does not apply: one row, group codes, BLOCK_N dividing the scale block's rows,
+    at most 64 scale blocks in a K slice."""
+    if not (m == 1 and code == 5 and block is not None and block[0] % bn == 0
             and block_cols()):
         return 0
     steps = triton.cdiv(triton.cdiv(k, bk * sub), split)
     cols = max(16, triton.next_power_of_2(steps * sub))
     return cols if cols <= 64 else 0
-
-
-#: the longest row :func:`block_cols`'s form quantizes into its scratch row of codes
-COLS_MAX_K = 1 << 16
-_scratch: dict = {}
-
-
-def _codes_scratch(device: torch.device) -> torch.Tensor:
-    """The device's scratch row of activation codes (allocated at the first call, before any
-    graph capture; each product writes it after its wait for the kernel before)."""
-    buf = _scratch.get(device)
-    if buf is None:
-        buf = _scratch[device] = torch.zeros(COLS_MAX_K, dtype=torch.uint8, device=device)
-    return buf
 
 
 def row_epilogue() -> bool:
@@ -645,13 +606,12 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     if code in (1, 3) and m >= QUANT_ROWS_FROM:  # the rows' codes first
         x, x_scale = quant_rows(x, w.dtype, static=x_scale if code == 3 else None)
         code = 4
+    elif code == 2 and group_codes() and k % bk == 0 and bk == triton.next_power_of_2(bk):
+        x, x_scale = quant_groups(x, w.dtype, bk)  # (scales [K / bk, M] in memory)
+        code = 5
     bm = rows_block(m)
     split = _split(split, n, bn, bm)
     cols = _cols(m, code, block, k, bn, bk, sub, split)
-    if code == 2 and not cols and group_codes() and k % bk == 0 \
-            and bk == triton.next_power_of_2(bk):
-        x, x_scale = quant_groups(x, w.dtype, bk)  # (scales [K / bk, M] in memory)
-        code = 5
     bm = cols or bm
     amax_block = min(1024 if m == 1 else 512, triton.next_power_of_2(k))
     # one row's scale: its whole row read in one go where that is at most AMAX_UNROLL blocks
@@ -660,8 +620,7 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     grid = (triton.cdiv(n, bn), split)
     desc = _w_descriptor(w, bn, bk) if tma(w.dtype) and code != 0 else None
     _w8_swap[grid](_bits(x), x_scale if x_scale is not None else w_scale, _bits(w), w_scale,
-                   bias if bias is not None else y, y, part, cnt, desc,
-                   _codes_scratch(x.device) if cols else cnt, m, n, k, x.stride(0),
+                   bias if bias is not None else y, y, part, cnt, desc, m, n, k, x.stride(0),
                    w.stride(0), w_scale.stride(0), y.stride(0), split, ACT=code,
                    W_BLOCK_N=block[0] if block else 0, FP8=fp8, QMAX=qmax, MANT=mant,
                    EMIN=emin, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn,
