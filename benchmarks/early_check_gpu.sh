@@ -35,6 +35,7 @@
 #     tiles (a sweep in the chain of layers, then the model with the fastest); moe_one_token:
 #     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
+#     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
 #     block_cols: one row of block fp8 with each scale block's sums in a padding column, A/B
 #     (block_cols_search: a step search of its launches);
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
@@ -364,6 +365,13 @@ PY
       KEYS="launch |^  _|Duration|DRAM Throughput|SM Active Cycles|Elapsed Cycles|Grid Size"
       KEYS="$KEYS|Block Size|Registers Per|Dynamic Shared|Achieved Occupancy|Warp Cycles Per Iss"
       grep -E "$KEYS" "$OUT/ncu.log" ;;
+    ncu_moe)  # Nsight Compute's full sections for the one-token MoE layer's kernels alone
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      TAIL=1 step 200 ncu_moe "$NCU" --clock-control none -k 'regex:_pair|_combine' \
+        --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+        python3 benchmarks/ncu_products_gpu.py --formats moe --repeat 1
+      grep -vE "^==PROF==|^ +-+ |^$" "$OUT/ncu_moe.log" | grep -vE "^ +(OPT|INF) " | head -200 ;;
     sparse_chain)  # the sparse layer's attention half chained (ENGINE_SPARSE_CHAIN=0: off), A/B
       TAIL=3 step 200 layer_checks python3 tests/runtime/fused_gemv_checks.py cuda
       for v in 0 1 0 1; do
