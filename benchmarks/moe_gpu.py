@@ -209,9 +209,8 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
     """The sparse layer as the model runs it: ``n_layers`` layers with their own weights (past
     L2), each layer's output the next one's input, in one CUDA graph (with PDL each kernel
     starts while the previous one finishes, as in a decode step); µs and TB/s per layer,
-    against one layer replayed alone. Rows: the default launch, at one token the same with the
-    down projection's tiles unrolled, and with ``sweep`` the best three of a grid of one-token
-    launches."""
+    against one layer replayed alone. Rows: the default launch and, with ``sweep``, the best
+    three of a grid of one-token launches."""
     exs = [layer()[0] for _ in range(n_layers)]
     _, router = layer()
     tri = TritonRunner(None)
@@ -227,11 +226,7 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
                 y = tri.apply(ex, y, ids, w)
             return y
 
-        one = dict(tri.gemv_one if m == 1 else tri.gemv)
         launches = [("the default", None)]
-        if m == 1:
-            launches += [("the default, down projection unrolled", dict(
-                one, down_unroll=True, down_block_k=256))]
         if sweep and m == 1:
             launches += [("", dict(block_n=bn, block_k=bk, warps=wp, down_block_n=dbn,
                                    next_tile=True, l2_hints=1))
@@ -284,9 +279,8 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     rows = []
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+hints / triton+keep / triton+nohints (L2 cache hints 1 / 2 / 0; the
-    # one-token launch's default is 1), triton+unroll (the one-token down projection's tiles
-    # unrolled), torch
-    variants = {"unroll": ("ENGINE_MOE_DOWN_UNROLL", "1"), "hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
+    # one-token launch's default is 1), torch
+    variants = {"hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
                 "nohints": ("ENGINE_MOE_L2_HINTS", "0"),
                 "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0")}
     for spec in runners:
@@ -358,8 +352,7 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--sweep-gemv", action="store_true")
     ap.add_argument("--runners", default="triton,torch",
-                    help="model decode: triton, triton+unroll (the one-token down projection's "
-                    "tiles unrolled), triton+hints (the experts' weights read with L2 policy evict_first), "
+                    help="model decode: triton, triton+hints (the experts' weights read with L2 policy evict_first), "
                     "triton+keep (hints, and the down projection's prefetch evict_last), "
                     "triton+nohints (none; the one-token default is evict_first), "
                     "triton+best (the fastest one-token launch of the chain sweep), "

@@ -11,7 +11,6 @@ H200). Skipped where the installed Triton lacks the NVIDIA backend.
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import shutil
@@ -45,9 +44,6 @@ def build(kernel, types: dict[str, str], constexprs: dict, warps: int = 4, stage
     aligned, and the strides of these layouts are multiples of 16): without that, stores and
     loads are built one element at a time."""
     sig, attrs = {}, {}
-    constexprs = {**{p.name: p.default for p in kernel.params  # (defaults, as a launch has)
-                     if p.is_constexpr and p.default is not inspect.Parameter.empty},
-                  **constexprs}
     for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
             sig[name] = "constexpr"
@@ -256,23 +252,6 @@ def test_moe_pair_kernels_build(prefetch, nxt, hints):
     assert ("prefetch.global.L2::evict_last" in down.asm["ptx"]) == (hints >= 2)
     if prefetch:
         assert "prefetch.global.L2" in down.asm["ptx"]
-
-
-def test_moe_one_token_down_projection_unrolled_builds_shorter():
-    """The one-token down projection with its 768 inputs unrolled in 256-wide tiles (UNROLL):
-    no spills, and fewer instructions than the whole-row launch (8 outputs, 1,024-wide tile:
-    a quarter of its lanes past the inputs, a reduction a tile)."""
-    from engine_moe_triton import kernels
-
-    types = {"gu_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "ids_ptr": "*i32",
-             "weights_ptr": "*fp32"}
-    base = dict(BLOCK_N=8, ACC2D=False, PREFETCH=True, NEXT=False, EVICT="evict_first",
-                KEEP=False, PDL=True)
-    whole = build(kernels._pair_gemv_down, types, dict(base, BLOCK_K=1024))
-    unrolled = build(kernels._pair_gemv_down, types, dict(base, BLOCK_K=256, UNROLL=True,
-                                                          I_C=768))
-    assert stack_bytes(unrolled) == 0
-    assert len(sass_ops(unrolled)) < 0.8 * len(sass_ops(whole))
 
 
 # ------------------------------------------------------------- the core's kernels, by launch

@@ -93,9 +93,6 @@ class TritonRunner(MoERunner):
         #: launch's own (``GEMV_ONE_TOKEN``: 1) unless ``ENGINE_MOE_L2_HINTS=0|1|2`` says
         hints = os.environ.get("ENGINE_MOE_L2_HINTS")
         self.l2_hints: int | None = int(hints) if hints else None
-        #: the one-token down projection with its inputs unrolled in 256-wide tiles
-        #: (``pair_moe``'s ``down_unroll``); opt-in until timed, ``ENGINE_MOE_DOWN_UNROLL=1``
-        self.down_unroll = os.environ.get("ENGINE_MOE_DOWN_UNROLL") == "1"
 
     def supports(self, experts: ExpertWeights) -> str | None:
         if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -145,9 +142,6 @@ class TritonRunner(MoERunner):
             options = dict(launch)
             options["l2_hints"] = (self.l2_hints if self.l2_hints is not None
                                    else launch.get("l2_hints", 0))
-            if self.down_unroll and t == 1:
-                options.update(down_unroll=True, down_block_k=min(
-                    options.get("down_block_k") or 256, 256))
             pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                      topk_weights.float().contiguous(), gate_up, down, **options)
             return combine_pairs(down, k, hidden.dtype, residual)

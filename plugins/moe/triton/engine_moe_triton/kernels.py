@@ -214,27 +214,14 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
 
 
 @triton.jit
-def _act_tile(gu_row, k0, I, BLOCK_K: tl.constexpr):
-    """silu(gate) * up of inputs ``k0 ..`` of a pair's gate/up row (zeros from I on), rounded to
-    the row's dtype as a separate activation kernel would store it, as float32."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    k_ok = offs_k < I
-    g = tl.load(gu_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-    u = tl.load(gu_row + I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-    return (g * tl.sigmoid(g) * u).to(gu_row.dtype.element_ty).to(tl.float32)
-
-
-@triton.jit
 def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
                     stride_gu, stride_we, stride_wn, stride_o,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     ACC2D: tl.constexpr, PREFETCH: tl.constexpr,
                     NEXT: tl.constexpr, EVICT: tl.constexpr, KEEP: tl.constexpr,
-                    PDL: tl.constexpr, UNROLL: tl.constexpr = False, I_C: tl.constexpr = 0):
+                    PDL: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
-    from the gate/up row of the pair. ACC2D and NEXT as in ``_pair_gemv_up``. UNROLL: the
-    inputs known when compiled (``I_C`` = I), their tiles unrolled (every load asked for at
-    once, no tile past I), the products summed elementwise and reduced once. With PDL this
+    from the gate/up row of the pair. ACC2D and NEXT as in ``_pair_gemv_up``. With PDL this
     kernel starts only once every program of the up projection has waited for the router
     (which wrote ``ids``), so it reads its expert before its own wait and asks that expert's
     rows of ``w2`` into L2 (one address a line) while the up projection still runs (PREFETCH:
@@ -263,27 +250,25 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
     acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     gu_row = gu_ptr + pair * stride_gu
     w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
-    if UNROLL:
-        for k0 in tl.static_range(0, I_C, BLOCK_K):
-            acc2 += _w_rows_tile(w_rows, k0, n_ok, I_C, BLOCK_K, EVICT).to(tl.float32) \
-                * _act_tile(gu_row, k0, I_C, BLOCK_K)[None, :]
-        acc = tl.sum(acc2, axis=1)
-    else:
+    if NEXT:
+        w_next = _w_rows_tile(w_rows, 0, n_ok, I, BLOCK_K, EVICT)
+    for k0 in range(0, I, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < I
+        g = tl.load(gu_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        u = tl.load(gu_row + I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
         if NEXT:
-            w_next = _w_rows_tile(w_rows, 0, n_ok, I, BLOCK_K, EVICT)
-        for k0 in range(0, I, BLOCK_K):
-            act = _act_tile(gu_row, k0, I, BLOCK_K)
-            if NEXT:
-                w = w_next
-                w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, I, BLOCK_K, EVICT)
-            else:
-                w = _w_rows_tile(w_rows, k0, n_ok, I, BLOCK_K, EVICT)
-            if ACC2D:
-                acc2 += w.to(tl.float32) * act[None, :]
-            else:
-                acc += tl.sum(w.to(tl.float32) * act[None, :], axis=1)
+            w = w_next
+            w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, I, BLOCK_K, EVICT)
+        else:
+            w = _w_rows_tile(w_rows, k0, n_ok, I, BLOCK_K, EVICT)
         if ACC2D:
-            acc = tl.sum(acc2, axis=1)
+            acc2 += w.to(tl.float32) * act[None, :]
+        else:
+            acc += tl.sum(w.to(tl.float32) * act[None, :], axis=1)
+    if ACC2D:
+        acc = tl.sum(acc2, axis=1)
     acc = acc * tl.load(weights_ptr + pair)
     tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
@@ -293,7 +278,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
              block_n: int = 32, block_k: int = 128, warps: int = 4,
              down_block_n: int | None = None, down_block_k: int | None = None,
              down_warps: int | None = None, acc2d: bool = False, next_tile: bool = False,
-             l2_hints: int = 0, down_unroll: bool = False) -> None:
+             l2_hints: int = 0) -> None:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
     ``-1`` ids; :func:`combine_pairs` sums a token's pairs). ``acc2d``: sum each output's
     products once at the end of its K loop.
@@ -301,8 +286,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     ``down_warps``: the down projection's warps a program (default ``warps``).
     ``l2_hints``: 1, both projections read their weights with the L2 eviction policy
     "evict_first" (``EVICT``); 2, the down projection's prefetch also asks for its rows with
-    the priority "evict_last" (``KEEP``); 0, neither. ``down_unroll``: the down projection's
-    tiles unrolled over the experts' inputs (``UNROLL``)."""
+    the priority "evict_last" (``KEEP``); 0, neither."""
     evict = "evict_first" if l2_hints else ""
     t, k = topk_ids.shape
     pairs = t * k
@@ -321,7 +305,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
         PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
         NEXT=next_tile, EVICT=evict, KEEP=l2_hints >= 2, num_warps=down_warps or warps,
-        UNROLL=down_unroll, I_C=inter if down_unroll else 0, **launch_options(x.device))
+        **launch_options(x.device))
 
 
 @functools.lru_cache(maxsize=None)
