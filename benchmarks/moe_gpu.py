@@ -229,7 +229,7 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
         one = dict(tri.gemv_one if m == 1 else tri.gemv)
         launches = [("the default", None)]
         if m == 1:  # (register caps: more programs resident, fewer waves)
-            launches += [(f"the default, registers up {u or '-'} / down {d or '-'}",
+            launches += [(f"the default, registers up {u} / down {d}",
                           dict(one, up_maxnreg=u, down_maxnreg=d))
                          for u, d in ((None, 32), (32, 32), (32, None))]
         if sweep and m == 1:
