@@ -285,24 +285,6 @@ def _launches(call) -> list[tuple]:
     return seen
 
 
-def test_moe_one_token_register_caps_reach_the_launches():
-    """``pair_moe``'s ``up_maxnreg`` / ``down_maxnreg`` (``ENGINE_MOE_MAXNREG``) become the
-    ``maxnreg`` of the projection they name, and only of it."""
-    import torch
-
-    from engine_moe_triton import kernels
-
-    e, h, inter, k = 4, 64, 32, 2
-    args = (torch.empty(1, h), torch.empty(e, 2 * inter, h), torch.empty(e, h, inter),
-            torch.zeros(1, k, dtype=torch.int32), torch.ones(1, k), torch.empty(k, 2 * inter),
-            torch.empty(k, h))
-    for up, down in ((None, 32), (40, None), (32, 48)):
-        launches = _launches(lambda: kernels.pair_moe(*args, up_maxnreg=up, down_maxnreg=down))
-        names = [kernel.fn.__name__ for kernel, _, _ in launches]
-        assert names == ["_pair_gemv_up", "_pair_gemv_down"]
-        assert [options.get("maxnreg") for _, _, options in launches] == [up, down]
-
-
 def _build_launch(kernel, bound: dict, options: dict):
     """One recorded launch compiled for sm_90 as the GPU's wrapper launches it: PDL on, and
     GRID off (the conversion instruction rounds fp8 codes), where the kernel takes them."""
