@@ -35,7 +35,6 @@
 #     tiles (a sweep in the chain of layers, then the model with the fastest); moe_one_token:
 #     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
-#     moe_regs: the one-token expert kernels under register caps, chain and model A/B;
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
 #     block_cols: one row of block fp8 with each scale block's sums in a padding column, A/B
 #     (block_cols_search: a step search of its launches);
@@ -291,13 +290,6 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
       TAIL=14 step 300 moe python3 benchmarks/moe_gpu.py --skip kit,kernel,chain --batches 1 \
         --runners triton,triton+noresidual,triton,triton+noresidual --overlap ;;
-    moe_regs)  # the one-token expert kernels under register caps (more programs resident):
-      # the layer in a chain of 8, then the model at batch 1, A/B/C twice
-      TAIL=10 step 150 moe_chain_regs python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
-        --chain-tokens 1
-      R=triton,triton+regs,triton+regs2
-      TAIL=14 step 300 moe_regs python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
-        --batches 1 --runners $R,$R --overlap ;;
     moe_residual)  # the combine's residual (the default) against the norm kernel's add, 3 times
       R=triton,triton+noresidual
       TAIL=14 step 400 moe_residual python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \

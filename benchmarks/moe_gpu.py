@@ -226,12 +226,7 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
                 y = tri.apply(ex, y, ids, w)
             return y
 
-        one = dict(tri.gemv_one if m == 1 else tri.gemv)
         launches = [("the default", None)]
-        if m == 1:  # (register caps: more programs resident, fewer waves)
-            launches += [(f"the default, registers up {u} / down {d}",
-                          dict(one, up_maxnreg=u, down_maxnreg=d))
-                         for u, d in ((None, 32), (32, 32), (32, None))]
         if sweep and m == 1:
             launches += [("", dict(block_n=bn, block_k=bk, warps=wp, down_block_n=dbn,
                                    next_tile=True, l2_hints=1))
@@ -285,8 +280,7 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+hints / triton+keep / triton+nohints (L2 cache hints 1 / 2 / 0; the
     # one-token launch's default is 1), torch
-    variants = {"regs": ("ENGINE_MOE_MAXNREG", "0,32"), "regs2": ("ENGINE_MOE_MAXNREG", "32,32"),
-                "hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
+    variants = {"hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
                 "nohints": ("ENGINE_MOE_L2_HINTS", "0"),
                 "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0")}
     for spec in runners:
@@ -358,8 +352,7 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--sweep-gemv", action="store_true")
     ap.add_argument("--runners", default="triton,torch",
-                    help="model decode: triton, triton+regs / triton+regs2 (the one-token "
-                    "down / both projections at 32 registers a thread), triton+hints (the experts' weights read with L2 policy evict_first), "
+                    help="model decode: triton, triton+hints (the experts' weights read with L2 policy evict_first), "
                     "triton+keep (hints, and the down projection's prefetch evict_last), "
                     "triton+nohints (none; the one-token default is evict_first), "
                     "triton+best (the fastest one-token launch of the chain sweep), "

@@ -93,10 +93,6 @@ class TritonRunner(MoERunner):
         #: launch's own (``GEMV_ONE_TOKEN``: 1) unless ``ENGINE_MOE_L2_HINTS=0|1|2`` says
         hints = os.environ.get("ENGINE_MOE_L2_HINTS")
         self.l2_hints: int | None = int(hints) if hints else None
-        #: the one-token launch's register caps (``pair_moe``'s ``up_maxnreg`` and
-        #: ``down_maxnreg``): ``ENGINE_MOE_MAXNREG=UP,DOWN`` (0: none), for A/B runs
-        caps = os.environ.get("ENGINE_MOE_MAXNREG")
-        self.maxnreg = tuple(int(c) or None for c in caps.split(",")) if caps else None
 
     def supports(self, experts: ExpertWeights) -> str | None:
         if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -146,8 +142,6 @@ class TritonRunner(MoERunner):
             options = dict(launch)
             options["l2_hints"] = (self.l2_hints if self.l2_hints is not None
                                    else launch.get("l2_hints", 0))
-            if self.maxnreg and t == 1 and not interpreting():
-                options["up_maxnreg"], options["down_maxnreg"] = self.maxnreg
             pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                      topk_weights.float().contiguous(), gate_up, down, **options)
             return combine_pairs(down, k, hidden.dtype, residual)

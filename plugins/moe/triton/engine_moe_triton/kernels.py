@@ -278,8 +278,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
              block_n: int = 32, block_k: int = 128, warps: int = 4,
              down_block_n: int | None = None, down_block_k: int | None = None,
              down_warps: int | None = None, acc2d: bool = False, next_tile: bool = False,
-             l2_hints: int = 0, up_maxnreg: int | None = None,
-             down_maxnreg: int | None = None) -> None:
+             l2_hints: int = 0) -> None:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
     ``-1`` ids; :func:`combine_pairs` sums a token's pairs). ``acc2d``: sum each output's
     products once at the end of its K loop.
@@ -287,8 +286,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     ``down_warps``: the down projection's warps a program (default ``warps``).
     ``l2_hints``: 1, both projections read their weights with the L2 eviction policy
     "evict_first" (``EVICT``); 2, the down projection's prefetch also asks for its rows with
-    the priority "evict_last" (``KEEP``); 0, neither. ``up_maxnreg`` / ``down_maxnreg``: the
-    most registers a thread of that projection may take (more programs resident at once)."""
+    the priority "evict_last" (``KEEP``); 0, neither."""
     evict = "evict_first" if l2_hints else ""
     t, k = topk_ids.shape
     pairs = t * k
@@ -299,7 +297,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         x, w13, gate_up, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1),
         gate_up.stride(0), TOP_K=k, BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(h)), ACC2D=acc2d, NEXT=next_tile,
-        EVICT=evict, num_warps=warps, **_regs(up_maxnreg), **launch_options(x.device))
+        EVICT=evict, num_warps=warps, **launch_options(x.device))
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
     _pair_gemv_down[(pairs, triton.cdiv(h, dbn))](
         gate_up, w2, down, ids, topk_weights.reshape(-1), h, inter, gate_up.stride(0),
@@ -307,12 +305,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
         PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
         NEXT=next_tile, EVICT=evict, KEEP=l2_hints >= 2, num_warps=down_warps or warps,
-        **_regs(down_maxnreg), **launch_options(x.device))
-
-
-def _regs(maxnreg: int | None) -> dict:
-    """A launch's register cap (``maxnreg``), where one is asked for."""
-    return {} if maxnreg is None else {"maxnreg": maxnreg}
+        **launch_options(x.device))
 
 
 @functools.lru_cache(maxsize=None)
