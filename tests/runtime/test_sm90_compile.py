@@ -533,7 +533,8 @@ def test_one_row_block_fp8_sums_its_blocks_in_the_padding_columns(monkeypatch, n
     """``ENGINE_SWAP_BLOCK_COLS=1``: one row of block fp8 from group codes (Llama-3-8B's
     gate/up, down and q/k/v launches: 32, 14 and 4 scale blocks a slice) accumulates every
     tile into one accumulator, each scale block in a padding column of its own, so its K loop
-    waits on no tile's product and scales nothing: a shorter loop, no spills."""
+    scales nothing and waits once an iteration, whatever its tiles: a shorter loop, no
+    spills."""
     (off, _), (on, launches) = _swap_ab(monkeypatch, "ENGINE_SWAP_BLOCK_COLS", n, k, config,
                                         act="group", block=(128, 128), param="COLS")
     loops = [loop_ops(c) for c in (off, on)]

@@ -262,8 +262,8 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
     BLOCK_M scale blocks in a slice): the padding columns carry the scale blocks. The one
     row's codes of the slice's j-th block go into column j of the activation operand (zeros
     elsewhere), so one accumulator [BLOCK_N, BLOCK_M] holds every block's sums apart with no
-    scaling between tiles (the products as the per-tensor kernel's: no wait on each tile's
-    product); after the loop column j is scaled by its weight block scale times the row's
+    scaling between tiles (the products as the per-tensor kernel's: one wait an iteration,
+    not one a tile); after the loop column j is scaled by its weight block scale times the row's
     group scale and the columns are summed. GRID false
     (compiled for a GPU): the activations' fp8 codes rounded by the conversion instruction
     alone (:func:`engine.runtime.quant_triton._quantize`)."""

@@ -109,17 +109,6 @@ def prefetch_l2(ptrs, PDL: tl.constexpr, KEEP: tl.constexpr = False):
 
 
 @triton.jit
-def prefetch_bulk_l2(ptrs, sizes):
-    """Ask the L2 cache for ``sizes`` bytes at each of ``ptrs`` (16-byte aligned addresses,
-    sizes multiples of 16; a size <= 0 asks nothing) in one bulk prefetch each
-    (``cp.async.bulk.prefetch.L2``, sm_90), without waiting for them."""
-    tl.inline_asm_elementwise(
-        "{\n\t.reg .pred p;\n\tsetp.gt.s32 p, $2, 0;\n\tmov.b32 $0, 0;\n\t"
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2;\n\t}",
-        "=r,l,r", [ptrs, sizes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def line_offsets(ptr, N: tl.constexpr):
     """Element offsets of the 128-byte lines that cover ``N`` elements of ``ptr``'s type from
     a line's start: one address per line for :func:`prefetch_l2`."""
@@ -144,7 +133,11 @@ def _l2_prefetch(ptr, nbytes, CHUNK: tl.constexpr, PER_PROGRAM: tl.constexpr,
     completes before its predecessor, so the ordering of the stream stays transitive)."""
     pdl_trigger(PDL)
     offs = (tl.program_id(0) * PER_PROGRAM + tl.arange(0, PER_PROGRAM)).to(tl.int64) * CHUNK
-    prefetch_bulk_l2(ptr + offs, tl.minimum(nbytes - offs, CHUNK).to(tl.int32))
+    size = tl.minimum(nbytes - offs, CHUNK).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{\n\t.reg .pred p;\n\tsetp.gt.s32 p, $2, 0;\n\tmov.b32 $0, 0;\n\t"
+        "@p cp.async.bulk.prefetch.L2.global [$1], $2;\n\t}",
+        "=r,l,r", [ptr + offs, size], dtype=tl.int32, is_pure=False, pack=1)
     pdl_wait(PDL)
 
 
