@@ -276,8 +276,9 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         done
       done
       ;;
-    moe_act_model)  # the model at batch 1 overlapped: default / act / both, alternating twice
-      R=triton,triton+act,triton+actid
+    moe_act_model)  # the model at batch 1 overlapped: default / both / both and the router's
+      # top-k over packed keys (ENGINE_ROUTE_PACKED=1), alternating twice
+      R=triton,triton+actid,triton+actidpk
       TAIL=14 step 540 moe_act_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners $R,$R --overlap ;;
     moe_hints_model)  # the model at batch 1 (synchronous and overlapped) with the hints at 0,

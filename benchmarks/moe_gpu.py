@@ -281,12 +281,15 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     # triton, triton+hints / triton+keep / triton+nohints (L2 cache hints 1 / 2 / 0; the
     # one-token launch's default is 1), torch
     # triton+act: the activation written by the up projection; triton+actid: that and the
-    # down projection's expert read before its wait
+    # down projection's expert read before its wait; +pk: the router's top-k over packed keys
     variants = {"hints": {"ENGINE_MOE_L2_HINTS": "1"}, "keep": {"ENGINE_MOE_L2_HINTS": "2"},
                 "nohints": {"ENGINE_MOE_L2_HINTS": "0"},
                 "noresidual": {"ENGINE_SPARSE_RESIDUAL": "0"},
                 "act": {"ENGINE_MOE_ACT_IN_UP": "1"},
-                "actid": {"ENGINE_MOE_ACT_IN_UP": "1", "ENGINE_MOE_EARLY_ID": "1"}}
+                "actid": {"ENGINE_MOE_ACT_IN_UP": "1", "ENGINE_MOE_EARLY_ID": "1"},
+                "pk": {"ENGINE_ROUTE_PACKED": "1"},
+                "actidpk": {"ENGINE_MOE_ACT_IN_UP": "1", "ENGINE_MOE_EARLY_ID": "1",
+                            "ENGINE_ROUTE_PACKED": "1"}}
     names = {env for envs in variants.values() for env in envs}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
@@ -361,7 +364,8 @@ def main() -> None:
                     "triton+best (the fastest one-token launch of the chain sweep), "
                     "triton+noresidual (the residual added by the next layer's norm kernel), "
                     "triton+act (the up projection writes the activation), triton+actid (and "
-                    "the down projection uses the expert read before its wait), "
+                    "the down projection uses the expert read before its wait), triton+pk (the "
+                    "router's top-k over packed keys), triton+actidpk (all three), "
                     "torch; a runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,
                     help="E,top_k,H,I of the layer for the kit-free sections (default: "

@@ -159,6 +159,23 @@ for dtype in dtypes:
             failures.append(f"route_topk weights {dtype} {t}x{e} top-{k}: "
                             f"{(w - rw).abs().max():.2e}")
 
+# the top-k's passes over packed keys (ENGINE_ROUTE_PACKED=1): the same weights and ids, bit for
+# bit, ties among half-precision logits included
+
+for dtype in dtypes:
+    for t, e, k, renorm in ((1, 8, 2, True), (7, 128, 8, True), (5, 60, 4, False),
+                            (3, 6, 1, True), (4, 128, 8, False)):
+        logits = (torch.randn(t, e, generator=g) * 2).to(device, dtype)
+        logits[:, 1::7] = logits[:, 0:1]  # equal logits in every row
+        got = []
+        for packed in ("0", "1"):
+            os.environ["ENGINE_ROUTE_PACKED"] = packed
+            got.append(fused.route_topk(logits, k, renorm))
+        os.environ.pop("ENGINE_ROUTE_PACKED")
+        if not (torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])):
+            failures.append(f"route_topk packed {dtype} {t}x{e} top-{k}: ids "
+                            f"{got[1][1].tolist()} against {got[0][1].tolist()}")
+
 # the KV row copy between pools (the host tier's kernel I/O): every layer's K and V in one launch
 
 from engine.runtime.fused_triton import copy_rows  # noqa: E402

@@ -255,6 +255,27 @@ def test_moe_pair_kernels_build(prefetch, nxt, hints):
         assert "prefetch.global.L2" in down.asm["ptx"]
 
 
+def test_route_topk_over_packed_keys_takes_one_warp_reduction_a_pass():
+    """The router's top-k with packed keys (``PACKED``): each of its k passes is warp
+    reductions of the key's two halves (no shuffle ladders: only the softmax's two remain),
+    and the k weights and ids leave in one store each, with no loads after the stores."""
+    from engine.runtime import fused_triton
+
+    types = {"logits_ptr": "*bf16", "w_ptr": "*fp32", "ids_ptr": "*i32"}
+    ops = {}
+    for packed in (False, True):
+        compiled = build(fused_triton._route_topk, types, dict(
+            K=8, RENORM=True, BLOCK_E=128, PDL=True, PACKED=packed, BLOCK_K=8), warps=1)
+        assert stack_bytes(compiled) == 0
+        ops[packed] = sass_ops(compiled)
+    count = {p: {name: sum(op.startswith(name) for op in o) for name in ("SHFL", "STG", "LDG")}
+             for p, o in ops.items()}
+    assert count[True]["SHFL"] == 10 < count[False]["SHFL"]
+    assert count[True]["STG"] == 2 < count[False]["STG"]
+    assert count[True]["LDG"] < count[False]["LDG"]
+    assert sum(op.startswith("REDUX.MAX") for op in ops[True]) == 16
+
+
 def test_moe_activation_in_the_up_projection_shortens_the_down_projection():
     """The up projection writing each feature's activation (ACT) and the down projection
     reading it (ACT_IN) with the expert it read before its wait (EARLY_ID), at the one-token
