@@ -37,7 +37,8 @@
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
 #     moe_act: the up projection writing the activation and the down projection's early
-#     expert id, kit and chain A/B (moe_act_model: the model A/B);
+#     expert id, kit and chain A/B (moe_act_model: the model A/B; moe_act_ab: the kit and the
+#     model A/B with the packed top-k in one call);
 #     block_cols: one row of block fp8 with each scale block's sums in a padding column, A/B
 #     (block_cols_search: a step search of its launches);
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
@@ -276,6 +277,14 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         done
       done
       ;;
+    moe_act_ab)  # one call: the runner kit on CUDA with the activation in the up projection
+      # and the early expert id, then the model at batch 1 overlapped: default / those two and
+      # the packed top-k / the packed top-k alone, alternating twice
+      ENGINE_MOE_ACT_IN_UP=1 ENGINE_MOE_EARLY_ID=1 ENGINE_ROUTE_PACKED=1 TAIL=8 step 150 \
+        moe_act_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model --runners triton
+      R=triton,triton+actidpk,triton+pk
+      TAIL=14 step 400 moe_act_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners $R,$R --overlap ;;
     moe_act_model)  # the model at batch 1 overlapped: default / both / both and the router's
       # top-k over packed keys (ENGINE_ROUTE_PACKED=1), alternating twice
       R=triton,triton+actid,triton+actidpk
