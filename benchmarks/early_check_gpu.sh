@@ -282,6 +282,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       # the packed top-k / the packed top-k alone, alternating twice
       ENGINE_MOE_ACT_IN_UP=1 ENGINE_MOE_EARLY_ID=1 ENGINE_ROUTE_PACKED=1 TAIL=8 step 150 \
         moe_act_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model --runners triton
+      TAIL=3 step 100 fused_checks python3 tests/runtime/fused_checks.py cuda
       R=triton,triton+actidpk,triton+pk
       TAIL=14 step 400 moe_act_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners $R,$R --overlap ;;
