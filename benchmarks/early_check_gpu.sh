@@ -36,9 +36,6 @@
 #     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
-#     moe_act: the up projection writing the activation and the down projection's early
-#     expert id, kit and chain A/B (moe_act_model: the model A/B; moe_act_ab: the kit and the
-#     model A/B with the packed top-k in one call);
 #     block_cols: one row of block fp8 with each scale block's sums in a padding column, A/B
 #     (block_cols_search: a step search of its launches);
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
@@ -263,34 +260,6 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
             benchmarks/moe_gpu.py --skip kit,kernel,model --chain-tokens 1,8
         done
       done ;;
-    moe_act)  # the up projection writing the activation (ENGINE_MOE_ACT_IN_UP=1) and the down
-      # projection using the expert read before its wait (ENGINE_MOE_EARLY_ID=1): the runner
-      # kit on CUDA with both on, the layer in a chain of 8 at 1 token (0 / act / both,
-      # alternating twice; moe_act_model: the model)
-      ENGINE_MOE_ACT_IN_UP=1 ENGINE_MOE_EARLY_ID=1 TAIL=8 step 200 moe_act_kit python3 \
-        benchmarks/moe_gpu.py --skip kernel,chain,model --runners triton
-      for r in 1 2; do
-        for v in 00 10 11; do
-          ENGINE_MOE_ACT_IN_UP=${v:0:1} ENGINE_MOE_EARLY_ID=${v:1:1} TAIL=4 step 150 \
-            "moe_act_chain_${v}_$r" python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
-            --chain-tokens 1
-        done
-      done
-      ;;
-    moe_act_ab)  # one call: the runner kit on CUDA with the activation in the up projection
-      # and the early expert id, then the model at batch 1 overlapped: default / those two and
-      # the packed top-k / the packed top-k alone, alternating twice
-      ENGINE_MOE_ACT_IN_UP=1 ENGINE_MOE_EARLY_ID=1 ENGINE_ROUTE_PACKED=1 TAIL=8 step 150 \
-        moe_act_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model --runners triton
-      TAIL=3 step 100 fused_checks python3 tests/runtime/fused_checks.py cuda
-      R=triton,triton+actidpk,triton+pk
-      TAIL=14 step 400 moe_act_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
-        --batches 1 --runners $R,$R --overlap ;;
-    moe_act_model)  # the model at batch 1 overlapped: default / both / both and the router's
-      # top-k over packed keys (ENGINE_ROUTE_PACKED=1), alternating twice
-      R=triton,triton+actid,triton+actidpk
-      TAIL=14 step 540 moe_act_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
-        --batches 1 --runners $R,$R --overlap ;;
     moe_hints_model)  # the model at batch 1 (synchronous and overlapped) with the hints at 0,
       # 1 and 2, alternating twice
       TAIL=14 step 540 moe_hints_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \

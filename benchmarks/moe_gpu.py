@@ -280,23 +280,17 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+hints / triton+keep / triton+nohints (L2 cache hints 1 / 2 / 0; the
     # one-token launch's default is 1), torch
-    # triton+act: the activation written by the up projection; triton+actid: that and the
-    # down projection's expert read before its wait; +pk: the router's top-k over packed keys
-    variants = {"hints": {"ENGINE_MOE_L2_HINTS": "1"}, "keep": {"ENGINE_MOE_L2_HINTS": "2"},
-                "nohints": {"ENGINE_MOE_L2_HINTS": "0"},
-                "noresidual": {"ENGINE_SPARSE_RESIDUAL": "0"},
-                "act": {"ENGINE_MOE_ACT_IN_UP": "1"},
-                "actid": {"ENGINE_MOE_ACT_IN_UP": "1", "ENGINE_MOE_EARLY_ID": "1"},
-                "pk": {"ENGINE_ROUTE_PACKED": "1"},
-                "actidpk": {"ENGINE_MOE_ACT_IN_UP": "1", "ENGINE_MOE_EARLY_ID": "1",
-                            "ENGINE_ROUTE_PACKED": "1"}}
-    names = {env for envs in variants.values() for env in envs}
+    variants = {"hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
+                "nohints": ("ENGINE_MOE_L2_HINTS", "0"),
+                "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0")}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"
-        for env in names:
+        for env, _ in variants.values():
             os.environ.pop(env, None)
-        os.environ.update(variants.get(variant, {}))
+        if variant in variants:
+            env, value = variants[variant]
+            os.environ[env] = value
         one_token = impl.GEMV_ONE_TOKEN
         if variant == "best":  # the chain sweep's fastest one-token launch
             if BEST_ONE_TOKEN is None:
@@ -321,7 +315,7 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
             del runner
         except Exception:
             traceback.print_exc()
-        for env in names:
+        for env, _ in variants.values():
             os.environ.pop(env, None)
         impl.GEMV_ONE_TOKEN = one_token
         gc.collect()
@@ -363,9 +357,6 @@ def main() -> None:
                     "triton+nohints (none; the one-token default is evict_first), "
                     "triton+best (the fastest one-token launch of the chain sweep), "
                     "triton+noresidual (the residual added by the next layer's norm kernel), "
-                    "triton+act (the up projection writes the activation), triton+actid (and "
-                    "the down projection uses the expert read before its wait), triton+pk (the "
-                    "router's top-k over packed keys), triton+actidpk (all three), "
                     "torch; a runner may be named twice (order effects)")
     ap.add_argument("--shape", default=None,
                     help="E,top_k,H,I of the layer for the kit-free sections (default: "

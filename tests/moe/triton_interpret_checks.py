@@ -73,35 +73,6 @@ for p in range(t * k):
         want = wts.view(-1)[p] * (w2[e_] @ (torch.nn.functional.silu(g) * u))
     if not torch.allclose(down[p], want, atol=1e-5, rtol=1e-4):
         failures.append(f"pair {p}: rows differ by {(down[p] - want).abs().max():.3g}")
-# the activation written by the up projection (ACT, ACT_IN) and the down projection's expert
-# read before its wait (EARLY_ID): the same rows bit for bit (float16, so that rounding shows),
-# at a feature count no program's half divides, one feature a program, and a -1 pair
-for bn, inter_, dt in ((8, 22, torch.float16), (2, 22, torch.float16), (16, 24, torch.float32)):
-    x_ = torch.randn(t, h, generator=gen).to(dt)
-    w13_ = (torch.randn(e, 2 * inter_, h, generator=gen) / 4).to(dt)
-    w2_ = (torch.randn(e, h, inter_, generator=gen) / 4).to(dt)
-    rows = []
-    for act_up, early in ((False, False), (True, False), (True, True)):
-        gu_ = torch.full((t * k, 2 * inter_), float("nan"), dtype=dt)
-        out_ = torch.full((t * k, h), float("nan"), dtype=dt)
-        kernels.pair_moe(x_, w13_, w2_, ids, wts, gu_, out_, block_n=bn, block_k=16,
-                         down_block_n=16, act_in_up=act_up, early_id=early)
-        rows.append(out_)
-    for i, got in enumerate(rows[1:]):
-        if not torch.equal(got, rows[0]):
-            failures.append(f"act in up ({bn}, {inter_}, {dt}, form {i}): rows differ by "
-                            f"{(got.float() - rows[0].float()).abs().max():.3g}")
-# an odd block_n cannot pair gate and up rows
-try:
-    kernels.pair_moe(x, w13, w2, ids, wts, gu, down, block_n=3, block_k=16, act_in_up=True)
-    failures.append("act in up took an odd block_n")
-except ValueError:
-    pass
-# the runner with both on (ENGINE_MOE_ACT_IN_UP, ENGINE_MOE_EARLY_ID)
-both = triton_runner(64)
-both.act_in_up = both.early_id = True
-failures += [f"act in up runner: {f}" for f in runner_failures(
-    both, torch.device("cpu"), small=True, dtypes=(torch.float32,))]
 # the combine with the residual added (each rounded as a separate add rounds: the sum to the
 # output dtype, then the total) and the sums of squares of the rows' pieces (float16: the
 # interpreter truncates float32 to bfloat16 where a GPU and torch round)

@@ -238,11 +238,10 @@ def test_moe_pair_kernels_build(prefetch, nxt, hints):
              "ss_ptr": "*fp32"}
     evict = "evict_first" if hints else ""
     up = build(kernels._pair_gemv_up, types, dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256,
-                                                  ACC2D=False, NEXT=nxt, EVICT=evict, PDL=True,
-                                                  ACT=False))
+                                                  ACC2D=False, NEXT=nxt, EVICT=evict, PDL=True))
     down = build(kernels._pair_gemv_down, types, dict(
         BLOCK_N=16, BLOCK_K=256, ACC2D=False, PREFETCH=prefetch, NEXT=nxt, EVICT=evict,
-        KEEP=hints >= 2, PDL=True, ACT_IN=False, EARLY_ID=False))
+        KEEP=hints >= 2, PDL=True))
     for res in (False, True):  # (with the residual added and the sums of squares)
         build(kernels._combine_pairs, types, dict(TOP_K=8, BLOCK=1024, RES=res, PDL=True))
     for compiled in (up, down):
@@ -255,59 +254,22 @@ def test_moe_pair_kernels_build(prefetch, nxt, hints):
         assert "prefetch.global.L2" in down.asm["ptx"]
 
 
-def test_route_topk_over_packed_keys_takes_one_warp_reduction_a_pass():
-    """The router's top-k with packed keys (``PACKED``): each of its k passes is warp
-    reductions of the key's two halves (no shuffle ladders: only the softmax's two remain),
-    and the k weights and ids leave in one store each, with no loads after the stores."""
+def test_route_topk_takes_one_warp_reduction_a_pass():
+    """The router's top-k (E = 128, k = 8, one warp): each pass is one warp reduction of each
+    half of the packed key (no shuffle ladders: only the softmax's two, 5 shuffles each), and
+    the k weights and ids leave in one store each, with nothing read back."""
     from engine.runtime import fused_triton
 
-    types = {"logits_ptr": "*bf16", "w_ptr": "*fp32", "ids_ptr": "*i32"}
-    ops = {}
-    for packed in (False, True):
-        compiled = build(fused_triton._route_topk, types, dict(
-            K=8, RENORM=True, BLOCK_E=128, PDL=True, PACKED=packed, BLOCK_K=8), warps=1)
-        assert stack_bytes(compiled) == 0
-        ops[packed] = sass_ops(compiled)
-    count = {p: {name: sum(op.startswith(name) for op in o) for name in ("SHFL", "STG", "LDG")}
-             for p, o in ops.items()}
-    assert count[True]["SHFL"] == 10 < count[False]["SHFL"]
-    assert count[True]["STG"] == 2 < count[False]["STG"]
-    assert count[True]["LDG"] < count[False]["LDG"]
-    assert sum(op.startswith("REDUX.MAX") for op in ops[True]) == 16
-
-
-def test_moe_activation_in_the_up_projection_shortens_the_down_projection():
-    """The up projection writing each feature's activation (ACT) and the down projection
-    reading it (ACT_IN) with the expert it read before its wait (EARLY_ID), at the one-token
-    launch: both build without spills, and the down projection's code after its wait has no
-    exponentials left and fewer loads and instructions than the form that reads gate/up rows."""
-    from engine_moe_triton import kernels
-
-    types = {"x_ptr": "*bf16", "gu_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
-             "ids_ptr": "*i32", "weights_ptr": "*fp32"}
-
-    def aligned(kernel):
-        return {n for n in kernel.arg_names
-                if n.endswith("_ptr") or n.startswith("stride") or n in ("N", "I", "K")}
-
-    def after_wait(act, early):
-        down = build(kernels._pair_gemv_down, types, dict(
-            BLOCK_N=8, BLOCK_K=1024, ACC2D=False, PREFETCH=True, NEXT=False,
-            EVICT="evict_first", KEEP=False, PDL=True, ACT_IN=act, EARLY_ID=early),
-            aligned=aligned(kernels._pair_gemv_down))
-        assert stack_bytes(down) == 0
-        ops = sass_ops(down)
-        return ops[ops.index("ACQBULK"):]
-
-    up = build(kernels._pair_gemv_up, types, dict(
-        TOP_K=8, BLOCK_N=2, BLOCK_K=2048, ACC2D=False, NEXT=False, EVICT="evict_first",
-        PDL=True, ACT=True), aligned=aligned(kernels._pair_gemv_up))
-    assert stack_bytes(up) == 0
-    before, now = after_wait(False, False), after_wait(True, True)
-    assert any(op.startswith("MUFU.EX2") for op in before)
-    assert not any(op.startswith("MUFU") for op in now)
-    loads = [sum(op.startswith("LDG") for op in ops) for ops in (before, now)]
-    assert loads[1] < loads[0] and len(now) < len(before)
+    compiled = build(fused_triton._route_topk, {"logits_ptr": "*bf16", "w_ptr": "*fp32",
+                                                "ids_ptr": "*i32"},
+                     dict(K=8, RENORM=True, BLOCK_E=128, BLOCK_K=8, PDL=True), warps=1)
+    ops = sass_ops(compiled)
+    assert stack_bytes(compiled) == 0
+    assert sum(op.startswith("SHFL") for op in ops) == 10
+    assert sum(op.startswith("REDUX.MAX") for op in ops) == 2 * 8
+    stores = [i for i, op in enumerate(ops) if op.startswith("STG")]
+    assert len(stores) == 2
+    assert not any(op.startswith("LDG") for op in ops[stores[0]:])
 
 
 # ------------------------------------------------------------- the core's kernels, by launch

@@ -3,8 +3,6 @@ Triton interpreter) needs them: a CPU server never loads Triton (~0.1 s and ~70 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -145,12 +143,13 @@ def _silu_and_mul(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr
 
 @triton.jit
 def _route_topk(logits_ptr, w_ptr, ids_ptr, E, stride_l, K: tl.constexpr,
-                RENORM: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr,
-                PACKED: tl.constexpr, BLOCK_K: tl.constexpr):
-    """PACKED: each pass takes the maximum of one int64 key a probability (its float bits
-    above, ``BLOCK_E - 1 - id`` below: the lower id wins a tie) instead of a maximum and then
-    the lowest id holding it, and the k weights and ids stay in registers until one store
-    each (``BLOCK_K``: k rounded up to a power of two); the same selection and arithmetic."""
+                RENORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                PDL: tl.constexpr):
+    """k passes, each the maximum of one int64 key a probability: its float bits above (the
+    probabilities are >= 0, so their bits order as integers), ``BLOCK_E - 1 - id`` below (a
+    tie goes to the lower id, as ``torch.topk``), a warp reduction of the two halves rather
+    than a maximum and then the lowest id holding it. The k weights and ids stay in registers
+    (``BLOCK_K``: k rounded up to a power of two) until one store each."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     ok = offs < E
@@ -160,54 +159,38 @@ def _route_topk(logits_ptr, w_ptr, ids_ptr, E, stride_l, K: tl.constexpr,
     x = x.to(tl.float32)
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(p, axis=0)
-    if PACKED:  # probabilities are >= 0, so their bits order as integers
-        key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - offs)
-        key = tl.where(ok, key, -1)
-        slots = tl.arange(0, BLOCK_K)
-        weights = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
-        total = 0.0
-        for i in tl.static_range(K):
-            best = tl.max(key, axis=0)
-            idx = BLOCK_E - 1 - (best & 0xFFFFFFFF).to(tl.int32)
-            w = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-            weights = tl.where(slots == i, w, weights)
-            ids = tl.where(slots == i, idx, ids)
-            total += w
-            key = tl.where(offs == idx, -1, key)
-        if RENORM:
-            weights = weights / total
-        tl.store(w_ptr + t * K + slots, weights, mask=slots < K)
-        tl.store(ids_ptr + t * K + slots, ids, mask=slots < K)
-        return
-    left = tl.where(ok, p, -1.0)
+    key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - offs)
+    key = tl.where(ok, key, -1)
+    slots = tl.arange(0, BLOCK_K)
+    weights = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
     total = 0.0
-    for i in tl.static_range(K):  # k passes of argmax (ties: the lower id, as topk)
-        best = tl.max(left, axis=0)
-        idx = tl.min(tl.where(left == best, offs, BLOCK_E), axis=0)
-        tl.store(w_ptr + t * K + i, best)
-        tl.store(ids_ptr + t * K + i, idx.to(tl.int32))
-        total += best
-        left = tl.where(offs == idx, -1.0, left)
+    for i in tl.static_range(K):
+        best = tl.max(key, axis=0)
+        idx = BLOCK_E - 1 - (best & 0xFFFFFFFF).to(tl.int32)
+        w = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        weights = tl.where(slots == i, w, weights)
+        ids = tl.where(slots == i, idx, ids)
+        total += w
+        key = tl.where(offs == idx, -1, key)
     if RENORM:
-        for i in tl.static_range(K):
-            w = tl.load(w_ptr + t * K + i)
-            tl.store(w_ptr + t * K + i, w / total)
+        weights = weights / total
+    tl.store(w_ptr + t * K + slots, weights, mask=slots < K)
+    tl.store(ids_ptr + t * K + slots, ids, mask=slots < K)
 
 
 def route_topk(logits: torch.Tensor, top_k: int,
                renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over each row of router ``logits`` [T, E] in float32, its top-k (descending) and,
     with ``renormalize``, the k weights divided by their sum: (weights float32 [T, k], ids int32
-    [T, k]) in one kernel (``ENGINE_ROUTE_PACKED=1``: its passes over packed keys)."""
+    [T, k]) in one kernel."""
     t, e = logits.shape
     weights = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(t, top_k, dtype=torch.int32, device=logits.device)
     if t:
-        packed = os.environ.get("ENGINE_ROUTE_PACKED", "0") == "1"
         _route_topk[(t,)](logits, weights, ids, e, logits.stride(0), K=top_k,
                           RENORM=renormalize, BLOCK_E=triton.next_power_of_2(e),
-                          PACKED=packed, BLOCK_K=triton.next_power_of_2(top_k),
+                          BLOCK_K=triton.next_power_of_2(top_k),
                           num_warps=1 if e <= 256 else 4, **launch_options(logits.device))
     return weights, ids
 

@@ -93,11 +93,6 @@ class TritonRunner(MoERunner):
         #: launch's own (``GEMV_ONE_TOKEN``: 1) unless ``ENGINE_MOE_L2_HINTS=0|1|2`` says
         hints = os.environ.get("ENGINE_MOE_L2_HINTS")
         self.l2_hints: int | None = int(hints) if hints else None
-        #: the up projection writes the activation row and the down projection reads it
-        #: (``pair_moe``'s ``act_in_up``; ``ENGINE_MOE_ACT_IN_UP=1``); the down projection uses
-        #: the expert it read before its wait (``early_id``; ``ENGINE_MOE_EARLY_ID=1``)
-        self.act_in_up = os.environ.get("ENGINE_MOE_ACT_IN_UP", "0") == "1"
-        self.early_id = os.environ.get("ENGINE_MOE_EARLY_ID", "0") == "1"
 
     def supports(self, experts: ExpertWeights) -> str | None:
         if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -147,7 +142,6 @@ class TritonRunner(MoERunner):
             options = dict(launch)
             options["l2_hints"] = (self.l2_hints if self.l2_hints is not None
                                    else launch.get("l2_hints", 0))
-            options.update(act_in_up=self.act_in_up, early_id=self.early_id)
             pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                      topk_weights.float().contiguous(), gate_up, down, **options)
             return combine_pairs(down, k, hidden.dtype, residual)

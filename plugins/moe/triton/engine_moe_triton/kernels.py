@@ -171,7 +171,7 @@ def _w_rows_tile(w_rows, k0, n_ok, K, BLOCK_K: tl.constexpr, EVICT: tl.constexpr
 def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, stride_wn,
                   stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   ACC2D: tl.constexpr, NEXT: tl.constexpr, EVICT: tl.constexpr,
-                  PDL: tl.constexpr, ACT: tl.constexpr):
+                  PDL: tl.constexpr):
     """ACC2D: products accumulate elementwise over the K loop and are summed once at the end
     (else each tile's products are summed as they come). NEXT: each iteration loads the next
     iteration's weight tile before it uses its own (two tiles in flight a program: Triton's
@@ -180,22 +180,12 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
     once, from pushing the down projection's prefetched rows out of L2). With PDL the next
     kernel (the down projection) may launch only once every program has waited here, so the
     router's expert ids are final when it starts, and it can bring its experts' weights into
-    L2 while this kernel runs (``_pair_gemv_down``). ACT: the program's rows are BLOCK_N / 2
-    gate rows and the same features' up rows, and it stores their activation
-    ``silu(gate) * up`` (each rounded to out's dtype first, as a stored gate/up row is) at
-    ``out[pair, feature]`` instead of the rows themselves."""
+    L2 while this kernel runs (``_pair_gemv_down``)."""
     pdl_wait(PDL)
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
-    HALF: tl.constexpr = BLOCK_N // 2
-    if ACT:  # row h of the tile: gate row j * HALF + h, then up row N / 2 + j * HALF + h
-        half = tl.arange(0, BLOCK_N)
-        feat = tl.program_id(1) * HALF + half % HALF
-        n_ok = feat < N // 2
-        offs_n = feat + (half // HALF) * (N // 2)
-    else:
-        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     if expert < 0:
         return
@@ -220,15 +210,7 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     if ACC2D:
         acc = tl.sum(acc2, axis=1)
-    dt: tl.constexpr = out_ptr.dtype.element_ty
-    if ACT:
-        gate, up = tl.split(tl.permute(tl.reshape(acc, (2, HALF)), (1, 0)))
-        gate = gate.to(dt).to(tl.float32)
-        act = gate * tl.sigmoid(gate) * up.to(dt).to(tl.float32)
-        offs_f = tl.program_id(1) * HALF + tl.arange(0, HALF)
-        tl.store(out_ptr + pair * stride_o + offs_f, act.to(dt), mask=offs_f < N // 2)
-    else:
-        tl.store(out_ptr + pair * stride_o + offs_n, acc.to(dt), mask=n_ok)
+    tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
@@ -237,8 +219,7 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     ACC2D: tl.constexpr, PREFETCH: tl.constexpr,
                     NEXT: tl.constexpr, EVICT: tl.constexpr, KEEP: tl.constexpr,
-                    PDL: tl.constexpr, ACT_IN: tl.constexpr,
-                    EARLY_ID: tl.constexpr):
+                    PDL: tl.constexpr):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
     from the gate/up row of the pair. ACC2D and NEXT as in ``_pair_gemv_up``. With PDL this
     kernel starts only once every program of the up projection has waited for the router
@@ -246,15 +227,11 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
     rows of ``w2`` into L2 (one address a line) while the up projection still runs (PREFETCH:
     only where the pairs' rows of ``w2`` fit in L2; more would evict each other before use).
     EVICT: the weights' cache eviction policy as in ``_pair_gemv_up``; KEEP: the prefetch asks
-    for its rows with the priority ``evict_last``. ACT_IN: ``gu`` holds each pair's activation
-    row (``_pair_gemv_up``'s ACT), not its gate/up row. EARLY_ID: the expert read before the
-    wait (final by then, as above) is the one used after it, not read again."""
+    for its rows with the priority ``evict_last``."""
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    if EARLY_ID:
-        early = tl.load(ids_ptr + pair).to(tl.int64)
     if PDL and PREFETCH:
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         if expert >= 0:
@@ -264,10 +241,7 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
                 prefetch_l2(rows[:, None] + tl.minimum(k0 + lines, I - 1)[None, :], PDL,
                             KEEP)
     pdl_wait(PDL)
-    if EARLY_ID:
-        expert = early
-    else:
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
     if expert < 0:  # another rank's expert: this pair contributes zeros
         tl.store(out_ptr + pair * stride_o + offs_n,
                  tl.zeros((BLOCK_N,), dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=n_ok)
@@ -281,12 +255,9 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
     for k0 in range(0, I, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < I
-        if ACT_IN:
-            act = tl.load(gu_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        else:
-            g = tl.load(gu_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-            u = tl.load(gu_row + I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-            act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
+        g = tl.load(gu_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        u = tl.load(gu_row + I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
         if NEXT:
             w = w_next
             w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, I, BLOCK_K, EVICT)
@@ -307,7 +278,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
              block_n: int = 32, block_k: int = 128, warps: int = 4,
              down_block_n: int | None = None, down_block_k: int | None = None,
              down_warps: int | None = None, acc2d: bool = False, next_tile: bool = False,
-             l2_hints: int = 0, act_in_up: bool = False, early_id: bool = False) -> None:
+             l2_hints: int = 0) -> None:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
     ``-1`` ids; :func:`combine_pairs` sums a token's pairs). ``acc2d``: sum each output's
     products once at the end of its K loop.
@@ -315,32 +286,26 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     ``down_warps``: the down projection's warps a program (default ``warps``).
     ``l2_hints``: 1, both projections read their weights with the L2 eviction policy
     "evict_first" (``EVICT``); 2, the down projection's prefetch also asks for its rows with
-    the priority "evict_last" (``KEEP``); 0, neither. ``act_in_up``: the up projection's
-    programs take ``block_n / 2`` features' gate and up rows and write their activation into
-    ``gate_up``'s first half (``ACT``), which the down projection reads (``ACT_IN``).
-    ``early_id``: the down projection uses the expert it read before its wait (``EARLY_ID``)."""
+    the priority "evict_last" (``KEEP``); 0, neither."""
     evict = "evict_first" if l2_hints else ""
     t, k = topk_ids.shape
     pairs = t * k
     _, n13, h = w13.shape
     inter = n13 // 2
     ids = topk_ids.reshape(-1)
-    if act_in_up and block_n % 2:
-        raise ValueError(f"act_in_up needs an even block_n (gate and up rows), not {block_n}")
-    up_grid = triton.cdiv(inter, block_n // 2) if act_in_up else triton.cdiv(n13, block_n)
-    _pair_gemv_up[(pairs, up_grid)](
+    _pair_gemv_up[(pairs, triton.cdiv(n13, block_n))](
         x, w13, gate_up, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1),
         gate_up.stride(0), TOP_K=k, BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(h)), ACC2D=acc2d, NEXT=next_tile,
-        EVICT=evict, ACT=act_in_up, num_warps=warps, **launch_options(x.device))
+        EVICT=evict, num_warps=warps, **launch_options(x.device))
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
     _pair_gemv_down[(pairs, triton.cdiv(h, dbn))](
         gate_up, w2, down, ids, topk_weights.reshape(-1), h, inter, gate_up.stride(0),
         w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=dbn,
         BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
         PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
-        NEXT=next_tile, EVICT=evict, KEEP=l2_hints >= 2, ACT_IN=act_in_up, EARLY_ID=early_id,
-        num_warps=down_warps or warps, **launch_options(x.device))
+        NEXT=next_tile, EVICT=evict, KEEP=l2_hints >= 2, num_warps=down_warps or warps,
+        **launch_options(x.device))
 
 
 @functools.lru_cache(maxsize=None)
