@@ -36,6 +36,7 @@
 #     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
+#     topk_profile: the router's top-k's GPU checks and the MoE step's profile;
 #     block_cols: one row of block fp8 with each scale block's sums in a padding column, A/B
 #     (block_cols_search: a step search of its launches);
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
@@ -319,6 +320,11 @@ PY
         TAIL=3 step 60 "block_now_$r" python3 benchmarks/quant_gpu.py --batches 1,4,16 \
           --schemes fp8_block
       done ;;
+    topk_profile)  # the router's top-k over packed keys: the fused kernels' GPU checks, where the
+      # MoE model's batch-1 step goes (the top-k kernel's figure against the profiles before)
+      TAIL=3 step 100 fused_checks python3 tests/runtime/fused_checks.py cuda
+      TAIL=30 step 120 moe_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
+        --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table ;;
     block_cols)  # one row of block fp8 with each scale block's sums in a padding column
       # (ENGINE_SWAP_BLOCK_COLS=1): the GPU checks, the step A/B alternating twice
       swap_tests
