@@ -354,7 +354,7 @@ def _decode_split_kernel(
             arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
             if arrived == NUM_SPLITS - 1:
                 final = _fold_splits(part_rows, lse_rows, stride_ps, used, hd_mask, h_mask,
-                                     BLOCK_H, BLOCK_D, ".cg")
+                                     BLOCK_H, BLOCK_D, ".cg", NUM_SPLITS, True)
                 tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                          final.to(out_ptr.dtype.element_ty), mask=hd_mask)
                 tl.atomic_xchg(cnt, 0)
@@ -367,14 +367,16 @@ def _decode_merge_kernel(
     split_len_fixed,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    FIXED_TILE: tl.constexpr, PDL: tl.constexpr = False,
+    FIXED_TILE: tl.constexpr, PDL: tl.constexpr = False, UNROLL: tl.constexpr = True,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
     pdl_trigger(PDL)
-    pdl_wait(PDL)
+    # the lengths are the step's own (written before its first kernel, as the split kernel
+    # reads them before its wait too): read over the wait
     seq_len = tl.load(seq_lens_ptr + b)
     _, used = _splits(seq_len, split_len_fixed, NUM_SPLITS, BLOCK_N, FIXED_TILE)
+    pdl_wait(PDL)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     heads = g * GROUP + offs_g
@@ -383,33 +385,52 @@ def _decode_merge_kernel(
     # in split order: the result depends on this request alone
     out = _fold_splits(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph
                        + offs_d[None, :], part_lse_ptr + b * stride_lb + heads * stride_lh,
-                       stride_ps, used, gd_mask, g_mask, BLOCK_G, BLOCK_D, "")
+                       stride_ps, used, gd_mask, g_mask, BLOCK_G, BLOCK_D, "", NUM_SPLITS,
+                       UNROLL)
     tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=gd_mask)
 
 
 @triton.jit
 def _fold_splits(part_ptrs, lse_ptrs, stride_ps, count, gd_mask, g_mask,
-                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
-    """The first ``count`` split partial outputs ([G, D] at ``part_ptrs + s * stride_ps``,
-    log-sum-exps at ``lse_ptrs + s``) folded in split order with a running log-sum-exp; a
-    split with no key (``-inf``) adds nothing, wherever it is. CACHE: the loads' cache
-    modifier (".cg": from L2, for partials other programs of the same kernel wrote)."""
+                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr,
+                 NUM: tl.constexpr, UNROLL: tl.constexpr):
+    """The first ``count`` (of at most NUM) split partial outputs ([G, D] at ``part_ptrs + s *
+    stride_ps``, log-sum-exps at ``lse_ptrs + s``) folded in split order with a running
+    log-sum-exp; a split with no key (``-inf``) adds nothing, wherever it is. The NUM steps
+    are unrolled, those past ``count`` masked (they add exactly nothing), so every split's
+    loads are asked for at once rather than one trip to L2 a split (UNROLL False: a loop of
+    ``count`` steps, the form before). CACHE: the loads' cache modifier (".cg": from L2, for
+    partials other programs of the same kernel wrote)."""
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for s in range(0, count):
-        lse = tl.load(lse_ptrs + s, mask=g_mask, other=float("-inf"), cache_modifier=CACHE)
-        part = tl.load(part_ptrs + s * stride_ps, mask=gd_mask, other=0.0,
-                       cache_modifier=CACHE)
-        m_new = tl.maximum(m, lse)
-        live = m_new > float("-inf")
-        alpha = tl.where(live, tl.exp2(m - m_new), 1.0)
-        w = tl.where(live, tl.exp2(lse - m_new), 0.0)
-        acc = acc * alpha[:, None] + part.to(tl.float32) * w[:, None]
-        total = total * alpha + w
-        m = m_new
+    if UNROLL:
+        for s in tl.static_range(NUM):
+            here = s < count
+            m, total, acc = _fold_step(m, total, acc, part_ptrs, lse_ptrs, stride_ps, s,
+                                       tl.where(here, gd_mask, False),
+                                       tl.where(here, g_mask, False), CACHE)
+    else:
+        for s in range(0, count):
+            m, total, acc = _fold_step(m, total, acc, part_ptrs, lse_ptrs, stride_ps, s,
+                                       gd_mask, g_mask, CACHE)
     return acc * (1.0 / tl.where(total > 0, total, 1.0))[:, None]
+
+
+@triton.jit
+def _fold_step(m, total, acc, part_ptrs, lse_ptrs, stride_ps, s, gd_mask, g_mask,
+               CACHE: tl.constexpr):
+    """Split ``s`` folded into the running (maximum, total, accumulator)."""
+    lse = tl.load(lse_ptrs + s, mask=g_mask, other=float("-inf"), cache_modifier=CACHE)
+    part = tl.load(part_ptrs + s * stride_ps, mask=gd_mask, other=0.0, cache_modifier=CACHE)
+    m_new = tl.maximum(m, lse)
+    live = m_new > float("-inf")
+    alpha = tl.where(live, tl.exp2(m - m_new), 1.0)
+    w = tl.where(live, tl.exp2(lse - m_new), 0.0)
+    acc = acc * alpha[:, None] + part.to(tl.float32) * w[:, None]
+    total = total * alpha + w
+    return m_new, total, acc
 
 
 @triton.jit
@@ -624,6 +645,7 @@ def _extend_merge_kernel(
     gd_mask = g_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
     out = _fold_splits(part_out_ptr + tok * stride_pt + heads[:, None] * stride_ph
                        + offs_d[None, :], part_lse_ptr + tok * stride_lt + heads * stride_lh,
-                       stride_ps, NUM_SPLITS, gd_mask, g_mask, BLOCK_G, BLOCK_D, "")
+                       stride_ps, NUM_SPLITS, gd_mask, g_mask, BLOCK_G, BLOCK_D, "",
+                       NUM_SPLITS, True)
     tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=gd_mask)
