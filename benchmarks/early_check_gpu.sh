@@ -323,7 +323,7 @@ PY
       done ;;
     merge_unroll)  # the decode merge asking for every split's partials at once (unrolled; the
       # default) against its loop (ENGINE_TRITON_MERGE_UNROLL=0): the attention GPU tests, the
-      # MoE step's profile with each (alternating twice), the dense model A/B at 1 and 32
+      # MoE step's profile with each (alternating twice); merge_e2e: the dense model A/B
       TAIL=3 step 200 attn_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/attention/test_triton_attention.py tests/runtime/test_triton_pdl.py
       for r in 1 2; do
@@ -332,7 +332,8 @@ PY
             benchmarks/profile_decode_gpu.py --batch 1 --steps 20 \
             --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
         done
-      done
+      done ;;
+    merge_e2e)  # the dense model at 1 and 32 with the merge unrolled and as a loop, twice
       TAIL=14 step 300 merge_e2e python3 benchmarks/e2e_gpu.py --backends \
         triton,triton:mergeloop,triton,triton:mergeloop --batches 1,32 --hf "" --steps 32 \
         --overlap ;;
