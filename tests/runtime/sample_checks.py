@@ -122,10 +122,34 @@ def sampler(dev: str) -> None:
           "log-probabilities of the graph's token")
 
 
+def unrolled(dev: str) -> None:
+    """Several blocks a pass (``UNROLL``, the last pass partly past the row's end) draw the
+    tokens one block a pass draws, greedy (a tie and the maximum in later blocks) and sampled
+    (top-k, top-p, min-p), here with 16-column blocks over 200 columns."""
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(6, 200, generator=gen) * 2).to(dev)
+    x[0, 150] = x[0, 182] = 30.0  # a tie in the last pass, in one lane two blocks apart
+    x[1, 3] = float("nan")
+    rows = [Row(SamplingParams(temperature=0.0)), Row(SamplingParams(temperature=0.0))]
+    rows += [Row(SamplingParams(temperature=0.9, **case), 5 + i, 3)
+             for i, case in enumerate(CASES[1:])]
+    saved = sample_triton.BLOCK, sample_triton.UNROLL
+    try:
+        sample_triton.BLOCK = 16
+        got = {}
+        for unroll in (1, 8):
+            sample_triton.UNROLL = unroll
+            got[unroll] = draw(x, rows)
+    finally:
+        sample_triton.BLOCK, sample_triton.UNROLL = saved
+    check(got[8] == got[1], f"unrolled passes drew {got[8]}, one block a pass {got[1]}")
+    check(got[1][0] == 150, f"the first of two tied maxima: {got[1][0]}")
+
+
 def main() -> None:
     dev = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     draws = int(sys.argv[2]) if len(sys.argv) > 2 else 200
-    for fn in (greedy, determinism, sampler):
+    for fn in (greedy, determinism, sampler, unrolled):
         fn(dev)
     distribution(dev, draws)
     print(json.dumps(FAILURES))

@@ -247,6 +247,34 @@ def test_extend_tree_and_split_kernels_build(attention):
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=4, BLOCK_G=4, BLOCK_D=128, PDL=True))
 
 
+def test_sampling_passes_ask_for_several_blocks_at_once():
+    """The sampling kernel at a large vocabulary (2048-column blocks, 8 warps, float32
+    logits): with UNROLL 8 (the default) each of its passes' loops asks for 8 blocks a trip
+    (8 times the loads of one block a trip), without spilling registers."""
+    from engine.runtime import sample_triton
+
+    types = {"logits_ptr": "*fp32", "temp_ptr": "*i64", "topk_ptr": "*i64", "topp_ptr": "*i64",
+             "minp_ptr": "*i64", "seed_ptr": "*i64", "pos_ptr": "*i64", "out_ptr": "*i64"}
+    loads = {}
+    for unroll in (1, sample_triton.UNROLL):
+        compiled = build(sample_triton._sample_rows, types, dict(
+            GREEDY=sample_triton.GREEDY_TEMPERATURE, BLOCK=2048, UNROLL=unroll), warps=8)
+        assert stack_bytes(compiled) == 0
+        text = cuobjdump(compiled, "--dump-sass")
+        lines = re.findall(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)"
+                           r"([^;]*)", text, re.M)
+        addrs = [int(addr, 16) for addr, _, _ in lines]
+        loops = []
+        for i, (addr, op, rest) in enumerate(lines):
+            jump = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+            if jump and int(jump.group(1), 16) < int(addr, 16):
+                body = lines[addrs.index(int(jump.group(1), 16)):i + 1]
+                loops.append(sum(o.startswith("LDG") for _, o, _ in body))
+        loads[unroll] = loops
+    assert sample_triton.UNROLL == 8 and len(loads[8]) == len(loads[1]) >= 4
+    assert all(n == 8 * m for n, m in zip(loads[8], loads[1]))
+
+
 @pytest.mark.parametrize("prefetch,nxt,hints", [
     (False, False, 0), (True, False, 0), (True, True, 0), (True, True, 1), (True, True, 2)])
 def test_moe_pair_kernels_build(prefetch, nxt, hints):
