@@ -38,6 +38,7 @@
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
 #     topk_profile: the router's top-k's GPU checks and the MoE step's profile;
 #     merge_unroll: the decode merge unrolled against its loop (tests, profiles, A/B);
+#     sample_unroll: the sampling kernel's 8 blocks a trip against one (tests, profiles);
 #     block_cols: one row of block fp8 with each scale block's sums in a padding column, A/B
 #     (block_cols_search: a step search of its launches);
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
@@ -337,6 +338,17 @@ PY
       TAIL=14 step 300 merge_e2e python3 benchmarks/e2e_gpu.py --backends \
         triton,triton:mergeloop,triton,triton:mergeloop --batches 1,32 --hf "" --steps 32 \
         --overlap ;;
+    sample_unroll)  # the sampling kernel reading 8 blocks a trip (the default) against one
+      # (ENGINE_SAMPLE_UNROLL=1): its GPU tests, then the MoE step's profile with each, twice
+      TAIL=3 step 150 sample_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_sample_kernel.py
+      for r in 1 2; do
+        for v in 8 1; do
+          ENGINE_SAMPLE_UNROLL=$v TAIL=30 step 120 "sample_profile_${v}_$r" python3 \
+            benchmarks/profile_decode_gpu.py --batch 1 --steps 20 \
+            --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
+        done
+      done ;;
     topk_profile)  # the router's top-k over packed keys: the fused kernels' GPU checks, where the
       # MoE model's batch-1 step goes (the top-k kernel's figure against the profiles before)
       TAIL=3 step 100 fused_checks python3 tests/runtime/fused_checks.py cuda
