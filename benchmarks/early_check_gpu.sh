@@ -83,6 +83,17 @@ ab_late_scale() {  # one row's dynamic scale taken after the first weight tiles 
     done
   done
 }
+ab_moe_profile() {  # where the MoE model's batch-1 step goes with the variable $1 at $2 and at
+  # $3, alternating twice (logs $4_VALUE_ROUND)
+  for r in 1 2; do
+    for v in "$2" "$3"; do
+      export "$1=$v"
+      TAIL=30 step 120 "${4}_${v}_$r" python3 benchmarks/profile_decode_gpu.py --batch 1 \
+        --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
+    done
+  done
+  unset "$1"
+}
 int4pack_steps() {  # the int4 layout's GPU tests, then the gptq / awq step with the layout
   # (ENGINE_W4_INT4PACK=1) and without, twice
   TAIL=3 step 120 int4pack_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
@@ -327,13 +338,7 @@ PY
       # MoE step's profile with each (alternating twice); merge_e2e: the dense model A/B
       TAIL=3 step 200 attn_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/attention/test_triton_attention.py tests/runtime/test_triton_pdl.py
-      for r in 1 2; do
-        for v in 1 0; do
-          ENGINE_TRITON_MERGE_UNROLL=$v TAIL=30 step 120 "merge_profile_${v}_$r" python3 \
-            benchmarks/profile_decode_gpu.py --batch 1 --steps 20 \
-            --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
-        done
-      done ;;
+      ab_moe_profile ENGINE_TRITON_MERGE_UNROLL 1 0 merge_profile ;;
     merge_e2e)  # the dense model at 1 and 32 with the merge unrolled and as a loop, twice
       TAIL=14 step 300 merge_e2e python3 benchmarks/e2e_gpu.py --backends \
         triton,triton:mergeloop,triton,triton:mergeloop --batches 1,32 --hf "" --steps 32 \
@@ -342,13 +347,7 @@ PY
       # (ENGINE_SAMPLE_UNROLL=1): its GPU tests, then the MoE step's profile with each, twice
       TAIL=3 step 150 sample_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_sample_kernel.py
-      for r in 1 2; do
-        for v in 8 1; do
-          ENGINE_SAMPLE_UNROLL=$v TAIL=30 step 120 "sample_profile_${v}_$r" python3 \
-            benchmarks/profile_decode_gpu.py --batch 1 --steps 20 \
-            --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
-        done
-      done ;;
+      ab_moe_profile ENGINE_SAMPLE_UNROLL 8 1 sample_profile ;;
     topk_profile)  # the router's top-k over packed keys: the fused kernels' GPU checks, where the
       # MoE model's batch-1 step goes (the top-k kernel's figure against the profiles before)
       TAIL=3 step 100 fused_checks python3 tests/runtime/fused_checks.py cuda
