@@ -305,9 +305,10 @@ def test_moe_pair_kernels_build(prefetch, nxt, hints):
 
 
 def test_route_topk_takes_one_warp_reduction_a_pass():
-    """The router's top-k (E = 128, k = 8, one warp): each pass is one warp reduction of each
-    half of the packed key (no shuffle ladders: only the softmax's two, 5 shuffles each), and
-    the k weights and ids leave in one store each, with nothing read back."""
+    """The router's top-k (E = 128, k = 8, one warp): each pass is one reduction of the packed
+    key (Triton 3.9: a warp ``REDUX`` of each half, so the only shuffles are the softmax's two
+    ladders of 5; Triton 3.6: one ladder of 5 paired shuffles a pass, 90 in all), and the k
+    weights and ids leave in one store each, with nothing read back."""
     from engine.runtime import fused_triton
 
     compiled = build(fused_triton._route_topk, {"logits_ptr": "*bf16", "w_ptr": "*fp32",
@@ -315,8 +316,8 @@ def test_route_topk_takes_one_warp_reduction_a_pass():
                      dict(K=8, RENORM=True, BLOCK_E=128, BLOCK_K=8, PDL=True), warps=1)
     ops = sass_ops(compiled)
     assert stack_bytes(compiled) == 0
-    assert sum(op.startswith("SHFL") for op in ops) == 10
-    assert sum(op.startswith("REDUX.MAX") for op in ops) == 2 * 8
+    shuffles = sum(op.startswith("SHFL") for op in ops)
+    assert (shuffles, sum(op.startswith("REDUX.MAX") for op in ops)) in {(10, 16), (90, 0)}
     stores = [i for i, op in enumerate(ops) if op.startswith("STG")]
     assert len(stores) == 2
     assert not any(op.startswith("LDG") for op in ops[stores[0]:])
