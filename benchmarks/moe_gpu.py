@@ -352,7 +352,8 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--sweep-gemv", action="store_true")
     ap.add_argument("--runners", default="triton,torch",
-                    help="model decode: triton, triton+hints (the experts' weights read with L2 policy evict_first), "
+                    help="model decode: triton, triton+hints (the experts' weights read with "
+                    "L2 policy evict_first), "
                     "triton+keep (hints, and the down projection's prefetch evict_last), "
                     "triton+nohints (none; the one-token default is evict_first), "
                     "triton+best (the fastest one-token launch of the chain sweep), "

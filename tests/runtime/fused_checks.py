@@ -139,8 +139,12 @@ for dtype in dtypes:
 
 # the router: softmax + top-k (+ renormalise) in one kernel, against the torch ops
 
+#: (tokens, experts, k, renormalised)
+ROUTE_CASES = ((1, 8, 2, True), (7, 128, 8, True), (5, 60, 4, False), (3, 6, 1, True),
+               (4, 128, 8, False))
+
 for dtype in dtypes:
-    for t, e, k, renorm in ((1, 8, 2, True), (7, 128, 8, True), (5, 60, 4, False), (3, 6, 1, True)):
+    for t, e, k, renorm in ROUTE_CASES:
         logits = torch.randn(t, e, generator=g).to(device, dtype)
         w, ids = fused.route_topk(logits, k, renorm)
         probs = torch.softmax(logits.float(), dim=-1)
@@ -164,8 +168,7 @@ for dtype in dtypes:
 # torch.topk on a CPU orders them), with the weights of those experts
 
 for dtype in dtypes:
-    for t, e, k, renorm in ((1, 8, 2, True), (7, 128, 8, True), (5, 60, 4, False),
-                            (3, 6, 1, True), (4, 128, 8, False)):
+    for t, e, k, renorm in ROUTE_CASES:
         logits = (torch.randint(0, 6, (t, e), generator=g) * 0.75).to(device, dtype)
         w, ids = fused.route_topk(logits, k, renorm)
         want = torch.tensor([sorted(range(e), key=lambda j: (-row[j], j))[:k]

@@ -84,20 +84,27 @@ def sass_ops(compiled) -> list[str]:
                       re.M)
 
 
-def loop_ops(compiled) -> list[str]:
-    """The opcodes (with their modifiers) of the compiled kernel's longest loop that holds
-    warp-group products (the K loop of the swapped 8-bit kernel)."""
+def sass_loops(compiled) -> list[list[str]]:
+    """The opcodes (with their modifiers) of each loop of the compiled kernel's SASS (the
+    instructions from a backward branch's target to the branch), in the order of the
+    branches."""
     text = cuobjdump(compiled, "--dump-sass")
     lines = [line for line in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16) for line in lines]
-    best: list[str] = []
+    ops = [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", q).group(1) for q in lines]
+    loops = []
     for i, line in enumerate(lines):
         jump = re.search(r"BRA\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)", line)
         if jump and int(jump.group(1), 16) < addr[i]:
-            body = lines[addr.index(int(jump.group(1), 16)):i + 1]
-            if any("GMMA" in q for q in body) and len(body) > len(best):
-                best = body
-    return [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", q).group(1) for q in best]
+            loops.append(ops[addr.index(int(jump.group(1), 16)):i + 1])
+    return loops
+
+
+def loop_ops(compiled) -> list[str]:
+    """The opcodes (with their modifiers) of the compiled kernel's longest loop that holds
+    warp-group products (the K loop of the swapped 8-bit kernel)."""
+    loops = [body for body in sass_loops(compiled) if any("GMMA" in op for op in body)]
+    return max(loops, key=len, default=[])
 
 
 def kv_buffers(compiled, rows: int, dim: int) -> list[int]:
@@ -147,15 +154,10 @@ def test_decode_merge_asks_for_every_split_at_once(attention, unroll):
     compiled = build(attention._decode_merge_kernel, ATTN_PTRS, dict(
         GROUP=8, HEAD_DIM=128, NUM_SPLITS=8, BLOCK_G=8, BLOCK_D=128, BLOCK_N=64,
         FIXED_TILE=False, PDL=True, UNROLL=unroll))
-    text = cuobjdump(compiled, "--dump-sass")
-    lines = re.findall(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*)",
-                       text, re.M)
-    ops = [op for _, op, _ in lines]
+    ops = sass_ops(compiled)
     wait = ops.index("ACQBULK")
     assert any(op.startswith("LDG") for op in ops[:wait])  # the length, over the wait
-    loops = [addr for addr, op, rest in lines[wait:] if op.startswith("BRA")
-             and int(re.search(r"0x([0-9a-f]+)", rest).group(1), 16) < int(addr, 16)]
-    assert bool(loops) == (not unroll)
+    assert bool(sass_loops(compiled)) == (not unroll)
     if unroll:
         first_exp = next(i for i, op in enumerate(ops) if op.startswith("MUFU.EX2"))
         assert sum(op.startswith("LDG") for op in ops[wait:first_exp]) >= 8
@@ -260,17 +262,8 @@ def test_sampling_passes_ask_for_several_blocks_at_once():
         compiled = build(sample_triton._sample_rows, types, dict(
             GREEDY=sample_triton.GREEDY_TEMPERATURE, BLOCK=2048, UNROLL=unroll), warps=8)
         assert stack_bytes(compiled) == 0
-        text = cuobjdump(compiled, "--dump-sass")
-        lines = re.findall(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)"
-                           r"([^;]*)", text, re.M)
-        addrs = [int(addr, 16) for addr, _, _ in lines]
-        loops = []
-        for i, (addr, op, rest) in enumerate(lines):
-            jump = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
-            if jump and int(jump.group(1), 16) < int(addr, 16):
-                body = lines[addrs.index(int(jump.group(1), 16)):i + 1]
-                loops.append(sum(o.startswith("LDG") for _, o, _ in body))
-        loads[unroll] = loops
+        loads[unroll] = [sum(op.startswith("LDG") for op in body)
+                         for body in sass_loops(compiled)]
     assert sample_triton.UNROLL == 8 and len(loads[8]) == len(loads[1]) >= 4
     assert all(n == 8 * m for n, m in zip(loads[8], loads[1]))
 
