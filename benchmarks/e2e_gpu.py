@@ -45,8 +45,7 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"},
          "odesc": {"ENGINE_TRITON_O_DESC": "1"},
          "late": {"ENGINE_GEMV_EARLY": "0", "ENGINE_GEMV_CHAIN": "0"},
          "unchained": {"ENGINE_GEMV_CHAIN": "0"},
-         "nopreload": {"ENGINE_TRITON_DECODE_PRELOAD": "0"},
-         "mergeloop": {"ENGINE_TRITON_MERGE_UNROLL": "0"}}
+         "nopreload": {"ENGINE_TRITON_DECODE_PRELOAD": "0"}}
 GEN_STEPS = 16
 
 
@@ -72,8 +71,7 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
     ``:qptr``: the triton extend loads its query tile by pointers, not a descriptor;
     ``:odesc``: it stores its output tiles through a descriptor too; ``:unchained``: the
     one-row layer not as four chained products (``ENGINE_GEMV_CHAIN=0``); ``:nopreload``: the
-    triton decode kernel reads its first key tile after its wait; ``:mergeloop``: the triton
-    decode merge folds its splits in a loop, one trip to L2 a split; modes joined by ``+``
+    triton decode kernel reads its first key tile after its wait; modes joined by ``+``
     combine;
     set by the caller through
     the environment, :data:`MODES`);
@@ -266,7 +264,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
                     help="backend[:eager|:nopdl|:fused|:fmerge|:mergek|:rows|:pool|:l2|:qptr"
-                    "|:odesc|:late|:unchained|:nopreload|:mergeloop, modes joined by +]; "
+                    "|:odesc|:late|:unchained|:nopreload, modes joined by +]; "
                     "CUDA graphs are used for decode where the backend supports them unless "
                     ":eager; :nopdl launches without PDL; :fused folds the norms and "
                     "SiLU-and-mul into the one-row products; :fmerge folds the triton decode "
@@ -279,8 +277,7 @@ def main() -> None:
                     "float products load their weights after their wait (the kernel before); "
                     ":unchained: the one-row layer not as four chained products (norms, "
                     "residual adds and SiLU-and-mul in their own kernels); :nopreload: the "
-                    "triton decode kernel reads its first key tile after its wait; "
-                    ":mergeloop: the triton decode merge's splits folded in a loop")
+                    "triton decode kernel reads its first key tile after its wait")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--overlap", action="store_true",
                     help="also time each batch with the tokens kept on the device, the host "

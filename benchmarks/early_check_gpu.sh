@@ -37,8 +37,6 @@
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
 #     topk_profile: the router's top-k's GPU checks and the MoE step's profile;
-#     merge_unroll: the decode merge unrolled against its loop (tests, profiles, A/B);
-#     sample_unroll: the sampling kernel's 8 blocks a trip against one (tests, profiles);
 #     block_cols: one row of block fp8 with each scale block's sums in a padding column, A/B
 #     (block_cols_search: a step search of its launches);
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
@@ -333,21 +331,6 @@ PY
         TAIL=3 step 60 "block_now_$r" python3 benchmarks/quant_gpu.py --batches 1,4,16 \
           --schemes fp8_block
       done ;;
-    merge_unroll)  # the decode merge asking for every split's partials at once (unrolled; the
-      # default) against its loop (ENGINE_TRITON_MERGE_UNROLL=0): the attention GPU tests, the
-      # MoE step's profile with each (alternating twice); merge_e2e: the dense model A/B
-      TAIL=3 step 200 attn_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/attention/test_triton_attention.py tests/runtime/test_triton_pdl.py
-      ab_moe_profile ENGINE_TRITON_MERGE_UNROLL 1 0 merge_profile ;;
-    merge_e2e)  # the dense model at 1 and 32 with the merge unrolled and as a loop, twice
-      TAIL=14 step 300 merge_e2e python3 benchmarks/e2e_gpu.py --backends \
-        triton,triton:mergeloop,triton,triton:mergeloop --batches 1,32 --hf "" --steps 32 \
-        --overlap ;;
-    sample_unroll)  # the sampling kernel reading 8 blocks a trip (the default) against one
-      # (ENGINE_SAMPLE_UNROLL=1): its GPU tests, then the MoE step's profile with each, twice
-      TAIL=3 step 150 sample_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/runtime/test_sample_kernel.py
-      ab_moe_profile ENGINE_SAMPLE_UNROLL 8 1 sample_profile ;;
     topk_profile)  # the router's top-k over packed keys: the fused kernels' GPU checks, where the
       # MoE model's batch-1 step goes (the top-k kernel's figure against the profiles before)
       TAIL=3 step 100 fused_checks python3 tests/runtime/fused_checks.py cuda

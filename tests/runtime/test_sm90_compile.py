@@ -143,24 +143,21 @@ def test_decode_kernels_build(attention, fused, fp8, fp4, preload):
         assert stack_bytes(split) == 0
     build(attention._decode_merge_kernel, ATTN_PTRS, dict(
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=8, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
-        FIXED_TILE=False, PDL=True, UNROLL=True))
+        FIXED_TILE=False, PDL=True))
 
 
-@pytest.mark.parametrize("unroll", [True, False])
-def test_decode_merge_asks_for_every_split_at_once(attention, unroll):
+def test_decode_merge_asks_for_every_split_at_once(attention):
     """The decode merge (8 splits, a GQA group of 8) reads the request's length before its
-    wait; unrolled (the default) it has no loop, so every split's partials are asked for
-    before the first is folded; the loop form (UNROLL False) folds one split a trip."""
+    wait and has no loop: every split's partials are asked for before the first is folded."""
     compiled = build(attention._decode_merge_kernel, ATTN_PTRS, dict(
         GROUP=8, HEAD_DIM=128, NUM_SPLITS=8, BLOCK_G=8, BLOCK_D=128, BLOCK_N=64,
-        FIXED_TILE=False, PDL=True, UNROLL=unroll))
+        FIXED_TILE=False, PDL=True))
     ops = sass_ops(compiled)
     wait = ops.index("ACQBULK")
     assert any(op.startswith("LDG") for op in ops[:wait])  # the length, over the wait
-    assert bool(sass_loops(compiled)) == (not unroll)
-    if unroll:
-        first_exp = next(i for i, op in enumerate(ops) if op.startswith("MUFU.EX2"))
-        assert sum(op.startswith("LDG") for op in ops[wait:first_exp]) >= 8
+    assert not sass_loops(compiled)
+    first_exp = next(i for i, op in enumerate(ops) if op.startswith("MUFU.EX2"))
+    assert sum(op.startswith("LDG") for op in ops[wait:first_exp]) >= 8
 
 
 def _extend(attention, page: int, tma: bool, heads: int, index_asm: bool, tree: bool = False,

