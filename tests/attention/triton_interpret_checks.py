@@ -20,7 +20,6 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 
-from engine.config import ServerConfig  # noqa: E402
 from engine.runtime.attention import AttentionLayerSpec, KVPool  # noqa: E402
 from engine.runtime.batch import Batch, ForwardMode  # noqa: E402
 from engine.testing import attention as kit  # noqa: E402
@@ -35,15 +34,15 @@ def run_kit(pages: str, ratios: str, dims: str, tiles: str = "") -> list[str]:
     kit.PAGE_SIZES = tuple(int(x) for x in pages.split(","))
     kit.GQA_RATIOS = tuple(int(x) for x in ratios.split(","))
     kit.HEAD_DIMS = tuple(int(x) for x in dims.split(","))
-    make = kit.plugin_backend("triton")
     if tiles:
         bm, bn, tma = (int(x) for x in tiles.split(","))
         cfg = KernelConfig(extend_block_m=bm, extend_block_n=bn, extend_tma=bool(tma))
 
-        def make(pool, model_config, config):  # noqa: ARG001 - the hook's keywords
+        def tiled(pool, model_config, config):  # noqa: ARG001 - the hook's keywords
             group = model_config.num_attention_heads // model_config.num_key_value_heads
             return TritonBackend(pool, group, kernel_config=cfg)
-    return kit.check("triton", make, device="cpu")
+    return kit.check("triton", tiled if tiles else kit.plugin_backend("triton"),
+                     device="cpu")
 
 
 class Rig:
