@@ -36,6 +36,8 @@
 #     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
+#     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
+#     the one-row 4-bit product, as CSV;
 #     topk_profile: the router's top-k's GPU checks and the MoE step's profile;
 #     block_cols: one row of block fp8 with each scale block's sums in a padding column, A/B
 #     (block_cols_search: a step search of its launches);
@@ -382,6 +384,21 @@ PY
       KEYS="launch |^  _|Duration|DRAM Throughput|SM Active Cycles|Elapsed Cycles|Grid Size"
       KEYS="$KEYS|Block Size|Registers Per|Dynamic Shared|Achieved Occupancy|Warp Cycles Per Iss"
       grep -E "$KEYS" "$OUT/ncu.log" ;;
+    ncu_source)  # Nsight Compute's per-instruction counters (SASS, warp stall samples) for
+      # the one-token MoE layer's projections and the one-row 4-bit product: one report, then
+      # its source page as CSV, one file a kernel launch ($OUT/ncu_source_*.csv)
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      TAIL=4 step 300 ncu_source_run "$NCU" --clock-control none -k 'regex:_pair_gemv|_affine' \
+        --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+        --section LaunchStats -f -o "$OUT/ncu_source" python3 benchmarks/ncu_products_gpu.py \
+        --formats moe,int4 --repeat 1
+      for k in _pair_gemv_up _pair_gemv_down _gemv_affine; do
+        TAIL=2 step 120 "ncu_source_$k" "$NCU" --import "$OUT/ncu_source.ncu-rep" \
+          -k "$k" --page source --print-source sass --csv
+        cp "$OUT/ncu_source_$k.log" "$OUT/ncu_source_$k.csv"
+      done
+      TAIL=60 step 60 ncu_source_details "$NCU" --import "$OUT/ncu_source.ncu-rep" \
+        --page details ;;
     ncu_moe)  # Nsight Compute's full sections for the one-token MoE layer's kernels alone
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       TAIL=1 step 200 ncu_moe "$NCU" --clock-control none -k 'regex:_pair|_combine' \
