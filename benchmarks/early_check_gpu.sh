@@ -385,14 +385,17 @@ PY
       KEYS="$KEYS|Block Size|Registers Per|Dynamic Shared|Achieved Occupancy|Warp Cycles Per Iss"
       grep -E "$KEYS" "$OUT/ncu.log" ;;
     ncu_source)  # Nsight Compute's per-instruction counters (SASS, warp stall samples) for
-      # the one-token MoE layer's projections and the one-row 4-bit product: one report, then
-      # its source page as CSV, one file a kernel launch ($OUT/ncu_source_*.csv)
+      # the one-token MoE layer's projections and the one-row 4-bit product (NCU_FORMATS,
+      # NCU_KERNELS: others): one report, then its source page as CSV, one file a kernel
+      # ($OUT/ncu_source_*.csv)
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      TAIL=4 step 300 ncu_source_run "$NCU" --clock-control none -k 'regex:_pair_gemv|_affine' \
+      KERNELS=${NCU_KERNELS:-_pair_gemv_up _pair_gemv_down _gemv_affine}
+      TAIL=4 step 300 ncu_source_run "$NCU" --clock-control none \
+        -k "regex:$(echo $KERNELS | tr ' ' '|')" \
         --section SpeedOfLight --section WarpStateStats --section SourceCounters \
         --section LaunchStats -f -o "$OUT/ncu_source" python3 benchmarks/ncu_products_gpu.py \
-        --formats moe,int4 --repeat 1
-      for k in _pair_gemv_up _pair_gemv_down _gemv_affine; do
+        --formats "${NCU_FORMATS:-moe,int4}" --repeat 1
+      for k in $KERNELS; do
         TAIL=2 step 120 "ncu_source_$k" "$NCU" --import "$OUT/ncu_source.ncu-rep" \
           -k "$k" --page source --print-source sass --csv
         cp "$OUT/ncu_source_$k.log" "$OUT/ncu_source_$k.csv"

@@ -40,6 +40,12 @@ def route(fmt: str):
         return lambda x, t: gt.gemv(x, t["w"])
     if fmt == "int4":
         return lambda x, t: qt.affine_mm(x, t["q"], t["s"], t["b"], 4, 128, 32)
+    if fmt == "int4swap":  # the swapped-operand 4-bit kernel at its one-row launch
+        from engine.runtime.swap_affine import affine_swap
+
+        return lambda x, t: affine_swap(x, t["q"], t["s"], t["b"], 4, 128, 32)
+    if fmt == "fp8_block":
+        return lambda x, t: qt.w8_mm(x, t["w"], t["s"], act="group", block=(128, 128))
     return lambda x, t: qt.w8_mm(x, t["w"], t["s"], act="token")
 
 

@@ -2,7 +2,8 @@
 ``gemv``, fp8 ``w8_mm`` with dynamic per-row activations, 4-bit ``affine_mm``), and ``moe``:
 one token through Qwen3-30B-A3B's routed experts (128 x 768 x 2048, top 8) with the triton
 runner's one-token launch (``_pair_gemv_up``, ``_pair_gemv_down``, the combine), run eagerly a
-few times each, for a kernel profiler to read (Nsight Compute's counters: time, DRAM
+few times each (``int4swap``: 4-bit codes through the swapped-operand kernel at its one-row
+launch; ``fp8_block``: fp8 in 128 x 128 blocks), for a kernel profiler to read (Nsight Compute's counters: time, DRAM
 throughput, occupancy and its limits, warp stalls). Prints each launch's layer and format in
 order, so the profiler's rows can be matched to them.
 
@@ -61,7 +62,7 @@ def main() -> None:
             continue
         fn = route(fmt)
         for layer, (n, k) in SHAPES.items():
-            t = make(fmt, n, k)
+            t = make("int4" if fmt == "int4swap" else fmt, n, k)
             x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
             for r in range(args.repeat):
                 fn(x, t)
