@@ -39,8 +39,6 @@
 #     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
 #     the one-row 4-bit product, as CSV;
 #     topk_profile: the router's top-k's GPU checks and the MoE step's profile;
-#     block_cols: one row of block fp8 with each scale block's sums in a padding column, A/B
-#     (block_cols_search: a step search of its launches);
 #     sparse_chain: the MoE model at batch 1 with its layers' attention half chained, A/B;
 #     layer: the chained one-row layer (gemv_triton.gemv_chain, the default; ENGINE_GEMV_CHAIN=0
 #     off; chain_profile, chain_default the later runs): its
@@ -338,26 +336,6 @@ PY
       TAIL=3 step 100 fused_checks python3 tests/runtime/fused_checks.py cuda
       TAIL=30 step 120 moe_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
         --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table ;;
-    block_cols)  # one row of block fp8 with each scale block's sums in a padding column
-      # (ENGINE_SWAP_BLOCK_COLS=1): the GPU checks, the step A/B alternating twice
-      swap_tests
-      for r in 1 2; do
-        for v in 0 1; do
-          ENGINE_SWAP_BLOCK_COLS=$v TAIL=4 step 60 "cols_${v}_$r" python3 \
-            benchmarks/quant_gpu.py --batches 1 --schemes fp8_block,fp8_tensor
-        done
-      done
-      ;;
-    block_cols_search)  # the step search of block fp8's one-row launches with the padding
-      # columns on, then the step at the launches found against the default, twice
-      ENGINE_SWAP_BLOCK_COLS=1 TAIL=40 step 400 cols_search python3 benchmarks/quant_gpu.py \
-        --step-search fp8_block --write-launches "$OUT/cols.json"
-      for r in 1 2; do
-        TAIL=3 step 60 "cols_default_$r" python3 benchmarks/quant_gpu.py --batches 1 \
-          --schemes fp8_block
-        ENGINE_SWAP_BLOCK_COLS=1 TAIL=3 step 60 "cols_searched_$r" python3 \
-          benchmarks/quant_gpu.py --batches 1 --schemes fp8_block --launches "$OUT/cols.json"
-      done ;;
     block_search)  # block fp8's one-row launches chosen by the step (16-32 outputs a program,
       # mma.sync, among them), then the step at 1 row with them and without, twice
       TAIL=80 step 400 block_search python3 benchmarks/quant_gpu.py --step-search fp8_block \

@@ -585,23 +585,6 @@ def test_one_row_block_fp8_scales_an_iteration_ahead(monkeypatch, n, k, config):
     assert len(loops[1]) < len(loops[0]) + 20, (len(loops[0]), len(loops[1]))
 
 
-@pytest.mark.parametrize("n, k, config", [(28672, 4096, (128, 128, 1, 4, 3, 2)),
-                                           (4096, 14336, (128, 128, 8, 4, 3, 2)),
-                                           (6144, 4096, (128, 128, 8, 4, 4))])
-def test_one_row_block_fp8_sums_its_blocks_in_the_padding_columns(monkeypatch, n, k, config):
-    """``ENGINE_SWAP_BLOCK_COLS=1``: one row of block fp8 from group codes (Llama-3-8B's
-    gate/up, down and q/k/v launches: 32, 14 and 4 scale blocks a slice) accumulates every
-    tile into one accumulator, each scale block in a padding column of its own, so its K loop
-    scales nothing and waits once an iteration, whatever its tiles: a shorter loop, no
-    spills."""
-    (off, _), (on, launches) = _swap_ab(monkeypatch, "ENGINE_SWAP_BLOCK_COLS", n, k, config,
-                                        act="group", block=(128, 128), param="COLS")
-    loops = [loop_ops(c) for c in (off, on)]
-    assert launches[-1][1]["BLOCK_M"] == (32 if k // 128 // config[2] > 16 else 16)
-    assert len(loops[1]) < len(loops[0]) - 20, (len(loops[0]), len(loops[1]))
-    assert loops[1].count("WARPGROUP.DEPBAR.LE") == 1  # (one an iteration, SUB tiles)
-
-
 @pytest.mark.parametrize("n, k, config", [(6144, 4096, (64, 512, 1, 4, 4)),
                                            (4096, 14336, (128, 256, 4, 4, 4))])
 def test_one_row_dynamic_scale_after_the_first_tiles_are_asked_for(monkeypatch, n, k, config):

@@ -23,8 +23,7 @@ E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
 #: a case's kernel forms (``_case``'s flags) -> the environment variable that asks for each
 FORMS = {"row_epilogue": "ENGINE_SWAP_ROW_EPILOGUE", "even": "ENGINE_SWAP_EVEN",
          "tma": "ENGINE_SWAP_TMA", "group_codes": "ENGINE_SWAP_GROUP_CODES",
-         "scales_ahead": "ENGINE_SWAP_SCALES_AHEAD", "late_scale": "ENGINE_SWAP_LATE_SCALE",
-         "block_cols": "ENGINE_SWAP_BLOCK_COLS"}
+         "scales_ahead": "ENGINE_SWAP_SCALES_AHEAD", "late_scale": "ENGINE_SWAP_LATE_SCALE"}
 #: tile launches (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) small enough for the interpreter
 ONE_SLICE = (64, 128, 1, 4, 2)
 
@@ -34,7 +33,7 @@ def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int 
           bias: bool = False, out: str = "float32", quant_rows_from: int | None = None,
           amax_unroll: int | None = None, row_epilogue: bool = False, even: bool = False,
           tma: bool = False, group_codes: bool = False, scales_ahead: bool = False,
-          late_scale: bool = False, block_cols: bool = False):
+          late_scale: bool = False):
     """(name, parameters) of one case: ``m`` rows, weight ``fmt`` [n, k], ``act`` as
     ``w8_swap``'s, ``block`` scales, launch ``config`` (BLOCK_K 0: the block's), ``out``
     dtype, ``quant_rows_from``: ``QUANT_ROWS_FROM`` for the case (17: rows quantized in the
@@ -45,14 +44,13 @@ def _case(name: str, m: int, fmt: str = E4M3, act: str | None = "token", n: int 
     descriptors where the GPU allows (``ENGINE_SWAP_TMA=1``; the interpreter: never),
     ``group_codes``: rows quantized per group first (``ENGINE_SWAP_GROUP_CODES=1``),
     ``scales_ahead``: with them, each iteration's scales loaded by the iteration before
-    (``ENGINE_SWAP_SCALES_AHEAD=1``), ``late_scale``: one row's dynamic scale taken in the first iteration
-    (``ENGINE_SWAP_LATE_SCALE=1``), ``block_cols``: one row of block fp8 with each scale
-    block's sums in a padding column (``ENGINE_SWAP_BLOCK_COLS=1``)."""
+    (``ENGINE_SWAP_SCALES_AHEAD=1``), ``late_scale``: one row's dynamic scale taken in the
+    first iteration (``ENGINE_SWAP_LATE_SCALE=1``)."""
     return name, dict(m=m, fmt=fmt, act=act, n=n, k=k, block=block, config=config, bias=bias,
                       out=out, quant_rows_from=quant_rows_from, amax_unroll=amax_unroll,
                       row_epilogue=row_epilogue, even=even, tma=tma,
                       group_codes=group_codes, scales_ahead=scales_ahead,
-                      late_scale=late_scale, block_cols=block_cols)
+                      late_scale=late_scale)
 
 
 CASES = dict(
@@ -170,22 +168,6 @@ CASES = dict(
              n=128, k=256, config=(64, 64, 2, 4, 2), even=True, row_epilogue=True,
              late_scale=True),
        _case("late scale asked, 3 rows fp8 token", 3, late_scale=True),
-       _case("block cols m=1 (N not whole tiles) split 2", 1, act="group", n=200, k=512,
-             block=(128, 128), config=(64, 0, 2, 4, 2), group_codes=True, block_cols=True),
-       _case("block cols m=1 bias half, two blocks an iteration, whole tiles", 1,
-             act="group", n=256, k=1024, block=(128, 128), config=(128, 0, 1, 4, 2, 2),
-             bias=True, out="float16", group_codes=True, even=True, block_cols=True),
-       _case("block cols m=1, 18 blocks in 32 columns, four an iteration (the last two past "
-             "K)", 1, act="group", n=64, k=2304, block=(128, 128), config=(64, 0, 1, 4, 2, 4),
-             group_codes=True, block_cols=True),
-       _case("block cols e5m2 m=1 split 3 (slices of 3, 3 and 2 blocks), tma", 1, fmt=E5M2,
-             act="group", n=128, k=1024, block=(128, 128), config=(64, 0, 3, 4, 2),
-             group_codes=True, tma=True, block_cols=True),
-       _case("block cols asked, 128 outputs a program over scale blocks of 64 rows", 1,
-             act="group", n=256, k=384, block=(64, 128), config=(128, 0, 1, 4, 2),
-             group_codes=True, block_cols=True),
-       _case("block cols asked, 3 rows", 3, act="group", n=200, k=512, block=(128, 128),
-             config=(64, 0, 2, 4, 2), group_codes=True, block_cols=True),
        _case("default launch fp8 token m=4", 4, n=64, k=384, config=None),
        _case("default launch fp8 none m=1 wide", 1, act=None, n=256, k=64, config=None),
        _case("default launch block group m=2", 2, act="group", n=128, k=384, block=(128, 128),

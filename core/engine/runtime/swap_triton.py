@@ -210,23 +210,6 @@ def _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1
 
 
 @triton.jit
-def _cols_acc(acc, w, x_ptr, offs_m, k0, k_lo, k_hi, FP8: tl.constexpr, BLOCK_K: tl.constexpr,
-              EVEN: tl.constexpr):
-    """``acc`` [BLOCK_N, BLOCK_M] plus ``w`` [BLOCK_N, BLOCK_K] times the one row's codes at
-    ``k0`` (bit patterns at ``x_ptr``) placed in column (k0 - k_lo) / BLOCK_K of the operand
-    (the other columns zeros): each scale block's sums in a column of their own. The operand
-    is one masked load (the other rows' lanes masked off), which the software pipeliner
-    copies into shared memory ahead of use like any tile."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    mask = (offs_m == (k0 - k_lo) // BLOCK_K)[:, None]
-    if not EVEN:
-        mask = mask & (offs_k < k_hi)[None, :]
-    a = tl.load(_as_codes(x_ptr, FP8) + (offs_m * 0)[:, None] + offs_k[None, :], mask=mask,
-                other=0.0)
-    return tl.dot(w, tl.trans(a), acc)
-
-
-@triton.jit
 def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w_desc,
              M, N, K, stride_xm, stride_wn, stride_wsn, stride_ym, split_k,
              ACT: tl.constexpr, W_BLOCK_N: tl.constexpr, FP8: tl.constexpr, QMAX: tl.constexpr,
@@ -236,8 +219,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
              SPLIT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr,
              ROW_EPILOGUE: tl.constexpr = False, GRID: tl.constexpr = True,
              EVEN: tl.constexpr = False, TMA: tl.constexpr = False,
-             AHEAD: tl.constexpr = False, LATE: tl.constexpr = False,
-             COLS: tl.constexpr = False):
+             AHEAD: tl.constexpr = False, LATE: tl.constexpr = False):
     """One program: BLOCK_N outputs of every row (at most BLOCK_M), K slice ``pid_k`` of
     ``split_k``. ACT as ``_w8_mm``'s: 0 unquantized, 1 dynamic per row, 2 per row and
     BLOCK_K columns (fp8), 3 static ``xs[0]``, 4 codes with per-row scales ``xs``, 5 codes
@@ -258,13 +240,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
     (:func:`_iteration_scales`), not after its first product. ROW_EPILOGUE (ROW1): the one
     row's sums are taken out of the padded [BLOCK_N, BLOCK_M] block before the epilogue,
     which then handles them as a block of one row (``_finish`` with BLOCK_M 1) instead of
-    the whole block. COLS (ROW1, ACT 5, block scales, BLOCK_N dividing W_BLOCK_N, at most
-    BLOCK_M scale blocks in a slice): the padding columns carry the scale blocks. The one
-    row's codes of the slice's j-th block go into column j of the activation operand (zeros
-    elsewhere), so one accumulator [BLOCK_N, BLOCK_M] holds every block's sums apart with no
-    scaling between tiles (the products as the per-tensor kernel's: one wait an iteration,
-    not one a tile); after the loop column j is scaled by its weight block scale times the row's
-    group scale and the columns are summed. GRID false
+    the whole block. GRID false
     (compiled for a GPU): the activations' fp8 codes rounded by the conversion instruction
     alone (:func:`engine.runtime.quant_triton._quantize`)."""
     pdl_trigger(PDL)
@@ -277,7 +253,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     INT: tl.constexpr = FP8 == 0 and ACT != 0
-    TILE_SCALE: tl.constexpr = (ACT == 2 or ACT == 5 or W_BLOCK_N > 0) and not COLS
+    TILE_SCALE: tl.constexpr = ACT == 2 or ACT == 5 or W_BLOCK_N > 0
     PER_ROW: tl.constexpr = ACT == 1 or ACT == 3 or ACT == 4
     k_lo, k_hi = _slice(K, pid_k, split_k, BLOCK_K * SUB, SPLIT)
     if W_BLOCK_N > 0:
@@ -303,11 +279,6 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
         xs = tl.full((BLOCK_M,), 1.0, tl.float32)
     xr = tl.math.div_rn(tl.zeros((BLOCK_M,), dtype=tl.float32) + 1.0, xs)
     r1 = tl.math.div_rn(1.0, s1)
-    if COLS:  # column j's scale: the program's weight block scale times the row's group scale
-        blk = k_lo // BLOCK_K + offs_m
-        b_ok = k_lo + offs_m * BLOCK_K < k_hi
-        col_scale = tl.load(ws_ptr + ((pid_n * BLOCK_N) // W_BLOCK_N) * stride_wsn + blk,
-                            mask=b_ok, other=0.0) * tl.load(xs_ptr + blk, mask=b_ok, other=0.0)
     if INT and not TILE_SCALE:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
     else:
@@ -330,19 +301,16 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
                 w = w_desc.load([pid_n * BLOCK_N, k0])
             else:
                 w = _w_tile(w_rows, k0, k_hi, n_ok, BLOCK_K, FP8, EVEN)
-            if COLS:  # the row's codes in column (k0 - k_lo) / BLOCK_K, zeros elsewhere
-                acc = _cols_acc(acc, w, x_ptr, offs_m, k0, k_lo, k_hi, FP8, BLOCK_K, EVEN)
+            sg = tl.full((BLOCK_M,), 1.0, tl.float32)
+            if AHEAD:
+                wsb, sg = now[2 * j], now[2 * j + 1]
+            elif W_BLOCK_N > 0:
+                wsb = _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K)
             else:
-                sg = tl.full((BLOCK_M,), 1.0, tl.float32)
-                if AHEAD:
-                    wsb, sg = now[2 * j], now[2 * j + 1]
-                elif W_BLOCK_N > 0:
-                    wsb = _w_block_scales(ws_rows, k0, k_hi, offs_n, N, BLOCK_K)
-                else:
-                    wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
-                acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1,
-                                r1, xs_ptr + offs_m, M, ACT, INT, TILE_SCALE, FP8, QMAX, MANT,
-                                EMIN, BLOCK_M, BLOCK_K, ROW1, GRID, EVEN, sg, AHEAD)
+                wsb = tl.full((BLOCK_N,), 1.0, tl.float32)
+            acc = _tile_acc(acc, w, wsb, x_ptr, x_rows, offs_m, m_ok, k0, k_hi, xs, xr, s1, r1,
+                            xs_ptr + offs_m, M, ACT, INT, TILE_SCALE, FP8, QMAX, MANT, EMIN,
+                            BLOCK_M, BLOCK_K, ROW1, GRID, EVEN, sg, AHEAD)
     if ACT == 1 and ROW1 and LATE:
         if k_lo >= k_hi:  # (an empty slice: its program may still finish the others' sums)
             s1 = _row1_scale(x_ptr, K, QMAX, AMAX_BLOCK, AMAX_CHUNKS)
@@ -355,13 +323,7 @@ def _w8_swap(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, w
         col_s = tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
     else:
         col_s = tl.full((1, BLOCK_N), 1.0, tl.float32)
-    if COLS:  # the blocks' sums scaled and added up: the one row, finished as such
-        one = tl.arange(0, 1)
-        row = tl.sum(acc * col_scale[None, :], axis=1)[None, :]
-        _finish(row, tl.full((1, 1), 1.0, tl.float32), tl.full((1, BLOCK_N), 1.0, tl.float32),
-                pid_n, pid_k, one, offs_n, one < 1, n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N,
-                stride_ym, split_k, HAS_BIAS, 1, SPLIT)
-    elif ROW1 and ROW_EPILOGUE:  # the one row's sums out of the padded block, then finished
+    if ROW1 and ROW_EPILOGUE:  # the one row's sums out of the padded block, then finished
         first = offs_m == 0  # (as a block of one row: the workspace holds a row a slice)
         one = tl.arange(0, 1)
         row = tl.sum(tl.where(first[None, :], acc, 0), axis=1)[None, :]
@@ -539,26 +501,6 @@ def late_scale(w_dtype: torch.dtype) -> bool:
     return _flag("ENGINE_SWAP_LATE_SCALE", w_dtype != torch.int8)
 
 
-def block_cols() -> bool:
-    """Whether one row of block fp8 (from group codes) keeps each scale block's sums in a
-    padding column of its own (``_w8_swap``'s COLS) where its launch allows; opt-in until
-    timed on an H200, ``ENGINE_SWAP_BLOCK_COLS=1``."""
-    return _flag("ENGINE_SWAP_BLOCK_COLS", False)
-
-
-def _cols(m: int, code: int, block: tuple[int, int] | None, k: int, bn: int, bk: int,
-          sub: int, split: int) -> int:
-    """Columns (a power of two, 16 to 64) for :func:`block_cols`'s form of a launch, or 0
-    where it does not apply: one row, group codes, BLOCK_N dividing the scale block's rows,
-    at most 64 scale blocks in a K slice."""
-    if not (m == 1 and code == 5 and block is not None and block[0] % bn == 0
-            and block_cols()):
-        return 0
-    steps = triton.cdiv(triton.cdiv(k, bk * sub), split)
-    cols = max(16, triton.next_power_of_2(steps * sub))
-    return cols if cols <= 64 else 0
-
-
 def row_epilogue() -> bool:
     """Whether one row's epilogue takes the row out of the padded block first (the default:
     faster on an H200 with every kind of activation scale; ``ENGINE_SWAP_ROW_EPILOGUE=0``:
@@ -611,8 +553,6 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
         code = 5
     bm = rows_block(m)
     split = _split(split, n, bn, bm)
-    cols = _cols(m, code, block, k, bn, bk, sub, split)
-    bm = cols or bm
     amax_block = min(1024 if m == 1 else 512, triton.next_power_of_2(k))
     # one row's scale: its whole row read in one go where that is at most AMAX_UNROLL blocks
     unroll = code == 1 and m == 1 and triton.cdiv(k, amax_block) <= AMAX_UNROLL
@@ -630,7 +570,7 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    ROW_EPILOGUE=row_epilogue(), GRID=not _rne_cast(x.device),
                    EVEN=even() and n % bn == 0 and k % (bk * sub * split) == 0,
                    TMA=desc is not None,
-                   AHEAD=code == 5 and scales_ahead() and sub <= 4 and not cols,
-                   LATE=code == 1 and m == 1 and late_scale(w.dtype), COLS=cols > 0,
+                   AHEAD=code == 5 and scales_ahead() and sub <= 4,
+                   LATE=code == 1 and m == 1 and late_scale(w.dtype),
                    **launch_options(x.device))
     return y
