@@ -36,8 +36,6 @@
 #     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
-#     affine_ahead: one row of 4-bit codes with each tile's constants loaded a tile ahead,
-#     tests, layers and the step A/B;
 #     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
 #     the one-row 4-bit product, as CSV;
 #     topk_profile: the router's top-k's GPU checks and the MoE step's profile;
@@ -364,26 +362,6 @@ PY
       KEYS="launch |^  _|Duration|DRAM Throughput|SM Active Cycles|Elapsed Cycles|Grid Size"
       KEYS="$KEYS|Block Size|Registers Per|Dynamic Shared|Achieved Occupancy|Warp Cycles Per Iss"
       grep -E "$KEYS" "$OUT/ncu.log" ;;
-    affine_ahead)  # one row of 4-bit codes through the swapped kernel with each tile's
-      # constants loaded a tile ahead (ENGINE_AFFINE_AHEAD=1): its GPU tests, the layers at one
-      # row with it off and on (alternating twice; the gemv, the current one-row path, in the
-      # same tables), then the step through the plugins with one row on the swapped kernel
-      # (ENGINE_AFFINE_SWAP_ROW1=1) and the constants ahead, against the default
-      TAIL=3 step 200 affine_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/runtime/test_swap_affine.py
-      for r in 1 2; do
-        for v in 0 1; do
-          ENGINE_AFFINE_AHEAD=$v TAIL=12 step 120 "affine_ahead_${v}_$r" python3 \
-            benchmarks/swap_affine_gpu.py --rows 1
-        done
-      done
-      for r in 1 2; do
-        ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=5 step 90 "affine_step_default_$r" python3 \
-          benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
-        ENGINE_PACKED_WEIGHT_ONLY=1 ENGINE_AFFINE_SWAP_ROW1=1 ENGINE_AFFINE_AHEAD=1 TAIL=5 \
-          step 90 "affine_step_ahead_$r" python3 benchmarks/quant_gpu.py --batches 1 \
-          --schemes gptq,awq
-      done ;;
     ncu_source)  # Nsight Compute's per-instruction counters (SASS, warp stall samples) for
       # the one-token MoE layer's projections and the one-row 4-bit product (NCU_FORMATS,
       # NCU_KERNELS: others): one report, then its source page as CSV, one file a kernel

@@ -585,34 +585,6 @@ def test_one_row_block_fp8_scales_an_iteration_ahead(monkeypatch, n, k, config):
     assert len(loops[1]) < len(loops[0]) + 20, (len(loops[0]), len(loops[1]))
 
 
-AFFINE_PTRS = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*fp32", "b_ptr": "*fp32",
-               "perm_ptr": "*i32", "bias_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
-               "cnt_ptr": "*i32"}
-
-
-@pytest.mark.parametrize("group, bits", [(128, 4), (64, 4), (128, 8)])
-def test_one_row_affine_constants_a_tile_ahead(group, bits):
-    """``ENGINE_AFFINE_AHEAD=1``: one row of 4- or 8-bit codes through the swapped kernel
-    (gate/up's one-row launch: 128 outputs a program, 4 warps, 3 stages; 1, 2 or 4 folds a
-    tile) loads each tile's scales, biases and row of x in the tile before: every global load
-    of its K loop comes before the loop's first warp-group wait (the next tile's; none is
-    used in the tile that asks for it), no spills, no longer loop."""
-    from engine.runtime import swap_affine
-
-    fixed = dict(BITS=bits, GROUP=group, SUB=32, F16=False, OFFSET=128.0, HAS_PERM=False,
-                 HAS_BIAS=False, BLOCK_N=128, XSUM=0, ROW1=True, EVEN=True, SPLIT=True,
-                 HALVES=True, ASM=True, F32=False, BLOCK_M=16, PDL=True)
-    aligned = {name for name in swap_affine._affine_swap.arg_names
-               if name in AFFINE_PTRS or name.startswith("stride")} | {"N", "K"}
-    builds = [build(swap_affine._affine_swap, AFFINE_PTRS, dict(fixed, AHEAD=on),
-                    aligned=aligned) for on in (False, True)]
-    assert [stack_bytes(c) for c in builds] == [0, 0]
-    loops = [loop_ops(c) for c in builds]
-    loads = [i for i, op in enumerate(loops[1]) if op.startswith("LDG.")]
-    assert loads and max(loads) < loops[1].index("WARPGROUP.DEPBAR.LE"), loads
-    assert len(loops[1]) <= len(loops[0]) + 10, (len(loops[0]), len(loops[1]))
-
-
 @pytest.mark.parametrize("n, k, config", [(6144, 4096, (64, 512, 1, 4, 4)),
                                            (4096, 14336, (128, 256, 4, 4, 4))])
 def test_one_row_dynamic_scale_after_the_first_tiles_are_asked_for(monkeypatch, n, k, config):

@@ -15,7 +15,6 @@ object: case name -> failures.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 
@@ -28,13 +27,11 @@ ONE = (64, 1, 4, 2, 0)
 
 
 def _case(name: str, m: int, bits: int = 4, group: int = 128, n: int = 100, k: int = 512,
-          dtype: str = BF16, perm: bool = False, bias: bool = False, config: tuple | None = ONE,
-          ahead: bool = False):
+          dtype: str = BF16, perm: bool = False, bias: bool = False, config: tuple | None = ONE):
     """(name, parameters) of one case: ``m`` rows of ``dtype``, ``bits``-bit codes in groups of
-    ``group`` of a weight [n, k], launch ``config`` (None: the default table's), ``ahead``: each
-    tile's chunk constants loaded by the tile before (``ENGINE_AFFINE_AHEAD=1``)."""
+    ``group`` of a weight [n, k], launch ``config`` (None: the default table's)."""
     return name, dict(m=m, bits=bits, group=group, n=n, k=k, dtype=dtype, perm=perm, bias=bias,
-                      config=config, ahead=ahead)
+                      config=config)
 
 
 CASES = dict(
@@ -79,18 +76,7 @@ CASES = dict(
              config=(256, 1, 8, 2, 0)),
        _case("int4 row sums by the matrix unit, a block of 32 rows m=30", 30, k=256,
              config=(64, 1, 4, 2, 1)),
-       _case("default launch m=70 wide half", 70, n=512, k=128, dtype=F16, config=None),
-       # one row's chunk constants loaded a tile ahead (2 chunks a tile; 4; 1; refused at 8)
-       _case("ahead int4 g128 m=1", 1, ahead=True),
-       _case("ahead int4 g64 split 3 m=1 half", 1, group=64, k=768, dtype=F16,
-             config=(64, 3, 4, 2, 0), ahead=True),
-       _case("ahead int4 K=320 (a partial tile) m=1 bias", 1, k=320, bias=True, ahead=True),
-       _case("ahead int4 act-order m=1", 1, group=64, perm=True, ahead=True),
-       _case("ahead int4 split 4 (an empty slice) m=1 BLOCK_N 128", 1, n=200, k=768,
-             config=(128, 4, 4, 2, 0), ahead=True),
-       _case("ahead int8 g128 m=1 half", 1, bits=8, dtype=F16, ahead=True),
-       _case("ahead asked, int4 g32 (8 chunks a tile) m=1", 1, group=32, k=320, ahead=True),
-       _case("ahead asked, m=3", 3, ahead=True)])
+       _case("default launch m=70 wide half", 70, n=512, k=128, dtype=F16, config=None)])
 
 
 # ---------------------------------------------------------------- the checks (child process)
@@ -124,15 +110,7 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
     packed = qt.pack_affine(codes, p["bits"], sub)
     dev = lambda t: t.to(device) if t is not None else None  # noqa: E731
     args = (dev(x), dev(packed), dev(scale), dev(bias_), p["bits"], p["group"], sub)
-    saved = os.environ.get("ENGINE_AFFINE_AHEAD")
-    os.environ["ENGINE_AFFINE_AHEAD"] = "1" if p["ahead"] else "0"
-    try:
-        y = sa.affine_swap(*args, perm=dev(perm), bias=dev(bias), config=p["config"]).cpu()
-    finally:
-        if saved is None:
-            del os.environ["ENGINE_AFFINE_AHEAD"]
-        else:
-            os.environ["ENGINE_AFFINE_AHEAD"] = saved
+    y = sa.affine_swap(*args, perm=dev(perm), bias=dev(bias), config=p["config"]).cpu()
     if y.shape != (p["m"], p["n"]) or y.dtype != x.dtype or not torch.isfinite(y).all():
         return [f"{name}: shape {tuple(y.shape)} dtype {y.dtype}, or not finite"]
     xs = x.double()[:, perm.long()] if perm is not None else x.double()

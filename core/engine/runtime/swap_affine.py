@@ -208,54 +208,6 @@ def _prefetch_affine(s_ptr, b_ptr, t_lo, t_hi, n_groups, N, nc, PACK: tl.constex
 
 
 @triton.jit
-def _chunk_consts(x_ptr, perm_ptr, s_ptr, b_ptr, k0, n_groups, N, K, n0, GROUP: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HALVES: tl.constexpr, WIDTH: tl.constexpr,
-                  HAS_PERM: tl.constexpr, EVEN: tl.constexpr):
-    """(s, b, the one row's x [WIDTH]) of the chunk of WIDTH columns from ``k0``, as loaded:
-    what the chunk's fold needs besides its product (used a tile later, so nothing here
-    waits for its loads)."""
-    g = tl.minimum(k0 // GROUP, n_groups - 1) * N
-    cols = k0 + tl.arange(0, WIDTH)
-    src = _x_cols(perm_ptr, cols, K, HAS_PERM, EVEN)
-    return (_per_output(s_ptr + g, n0, N, BLOCK_N, HALVES),
-            _per_output(b_ptr + g, n0, N, BLOCK_N, HALVES), _x_row(x_ptr, src, cols, K, EVEN))
-
-
-@triton.jit
-def _tile_consts(x_ptr, perm_ptr, s_ptr, b_ptr, t, n_tiles, n_groups, N, K, n0,
-                 PACK: tl.constexpr, WIDTH: tl.constexpr, NCH: tl.constexpr,
-                 GROUP: tl.constexpr, BLOCK_N: tl.constexpr, HALVES: tl.constexpr,
-                 HAS_PERM: tl.constexpr, EVEN: tl.constexpr):
-    """The NCH (1, 2 or 4) chunks' :func:`_chunk_consts` of tile ``t`` (the last tile for any
-    past it: loads that stay in bounds, whose values go unused) as a flat tuple of four
-    triples (zeros past NCH): a tile's constants, loaded by the tile before."""
-    k0 = tl.minimum(t, n_tiles - 1) * PACK
-    zn = tl.zeros((BLOCK_N,), tl.float32)
-    zx = tl.zeros((WIDTH,), tl.float32)
-    s0, b0, x0 = _chunk_consts(x_ptr, perm_ptr, s_ptr, b_ptr, k0, n_groups, N, K, n0, GROUP,
-                               BLOCK_N, HALVES, WIDTH, HAS_PERM, EVEN)
-    s1, b1, x1, s2, b2, x2, s3, b3, x3 = zn, zn, zx, zn, zn, zx, zn, zn, zx
-    if NCH > 1:
-        s1, b1, x1 = _chunk_consts(x_ptr, perm_ptr, s_ptr, b_ptr, k0 + WIDTH, n_groups, N, K,
-                                   n0, GROUP, BLOCK_N, HALVES, WIDTH, HAS_PERM, EVEN)
-    if NCH > 2:
-        s2, b2, x2 = _chunk_consts(x_ptr, perm_ptr, s_ptr, b_ptr, k0 + 2 * WIDTH, n_groups, N,
-                                   K, n0, GROUP, BLOCK_N, HALVES, WIDTH, HAS_PERM, EVEN)
-        s3, b3, x3 = _chunk_consts(x_ptr, perm_ptr, s_ptr, b_ptr, k0 + 3 * WIDTH, n_groups, N,
-                                   K, n0, GROUP, BLOCK_N, HALVES, WIDTH, HAS_PERM, EVEN)
-    return s0, b0, x0, s1, b1, x1, s2, b2, x2, s3, b3, x3
-
-
-@triton.jit
-def _fold_ahead(acc, part, now, C: tl.constexpr, OFFSET: tl.constexpr):
-    """``acc`` plus chunk C's product ``part`` folded with the constants ``now`` (a tuple of
-    :func:`_tile_consts`): ``s part + (b - OFFSET s) sum(x)``."""
-    s = now[3 * C]
-    return acc + s[:, None] * part + (now[3 * C + 1] - OFFSET * s)[:, None] * tl.sum(
-        now[3 * C + 2], axis=0)
-
-
-@triton.jit
 def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
                  M, N, K, stride_xm, stride_qn, stride_ym, split_k,
                  BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
@@ -263,7 +215,7 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, XSUM: tl.constexpr,
                  ROW1: tl.constexpr, EVEN: tl.constexpr, SPLIT: tl.constexpr,
                  HALVES: tl.constexpr, ASM: tl.constexpr, F32: tl.constexpr,
-                 BLOCK_M: tl.constexpr, PDL: tl.constexpr, AHEAD: tl.constexpr = False):
+                 BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     """One program: BLOCK_N outputs of BLOCK_M rows (block ``pid_m``; SPLIT only with one block),
     the packed tiles of slice ``pid_k`` of ``split_k``. A tile is SUB words per output,
     32/BITS slices of SUB columns; slices fold into the accumulator a chunk at a time (CHUNK
@@ -272,10 +224,7 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
     tile (no masks on x). Rows past M and outputs past N repeat the last one (no masks on
     loads; never stored). HALVES: the scales load BLOCK_N / 2 at a time
     (:func:`_per_output`; BLOCK_N at least the threads). ASM: compiled for the GPU (inline
-    PTX, L2 prefetches); else the interpreter's forms (F32: bfloat16 products in float32).
-    AHEAD (ROW1, XSUM 0, at most 4 chunks a tile): each tile's chunk constants (scales,
-    offsets and the row's sums of x, :func:`_tile_consts`) are loaded by the tile before, so
-    no fold waits on a load asked for in its own tile."""
+    PTX, L2 prefetches); else the interpreter's forms (F32: bfloat16 products in float32)."""
     PER: tl.constexpr = 32 // BITS
     PACK: tl.constexpr = PER * SUB
     GS: tl.constexpr = GROUP // SUB
@@ -302,44 +251,31 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
     x_rows = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     ones = tl.full((BLOCK_N, SUB), 1.0, DTYPE)
-    NCH: tl.constexpr = PER // CHUNK
-    if AHEAD:  # the first tile's constants
-        nxt = _tile_consts(x_ptr, perm_ptr, s_ptr, b_ptr, t_lo, n_tiles, n_groups, N, K,
-                           pid_n * BLOCK_N, PACK, CHUNK * SUB, NCH, GROUP, BLOCK_N, HALVES,
-                           HAS_PERM, EVEN)
     for t in range(t_lo, t_hi):
-        if AHEAD:  # this tile's constants; the next tile's asked for
-            now = nxt
-            nxt = _tile_consts(x_ptr, perm_ptr, s_ptr, b_ptr, t + 1, n_tiles, n_groups, N, K,
-                               pid_n * BLOCK_N, PACK, CHUNK * SUB, NCH, GROUP, BLOCK_N, HALVES,
-                               HAS_PERM, EVEN)
         words = tl.load(q_rows + t * SUB)
         for j in tl.static_range(PER):
             cols = t * PACK + j * SUB + offs_i
             src = _x_cols(perm_ptr, cols, K, HAS_PERM, EVEN)
             x = _x_tile(x_rows, src, cols, K, EVEN)
             if j % CHUNK == 0:  # the chunk's affine loads here, is used at its end
-                if not AHEAD:
-                    s, c = _chunk_affine(s_ptr, b_ptr, t * PACK + j * SUB, n_groups, N,
-                                         pid_n * BLOCK_N, GROUP, OFFSET, BLOCK_N, HALVES)
+                s, c = _chunk_affine(s_ptr, b_ptr, t * PACK + j * SUB, n_groups, N,
+                                     pid_n * BLOCK_N, GROUP, OFFSET, BLOCK_N, HALVES)
                 part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
                 if XSUM == 1:
                     xp = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                elif ROW1 and not AHEAD:
+                elif ROW1:
                     xv = tl.zeros((SUB,), dtype=tl.float32)
-                elif not ROW1:
+                else:
                     xg = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)
             part = _slice_product(words, x, part, j, BITS, F16, ASM, F32)
             if XSUM == 1:
                 xp = _mma(ones, x, xp, F32)
-            elif ROW1 and not AHEAD:
+            elif ROW1:
                 xv += _x_row(x_ptr, src, cols, K, EVEN)
-            elif not ROW1:
+            else:
                 xg += x.to(tl.float32)
             if j % CHUNK == CHUNK - 1:
-                if AHEAD:
-                    acc = _fold_ahead(acc, part, now, j // CHUNK, OFFSET)
-                elif XSUM == 1:
+                if XSUM == 1:
                     acc += s[:, None] * part + c[:, None] * xp
                 elif ROW1:
                     acc += s[:, None] * part + c[:, None] * tl.sum(xv, axis=0)
@@ -370,12 +306,6 @@ CONFIGS = {("deep", 1): (128, 8, 8, 3, 1), ("deep", 4): (128, 8, 8, 3, 0),
 BUCKETS = (1, 4, 16, 32, 64, MAX_ROWS)
 
 
-def _chunk(group: int, sub: int, bits: int) -> int:
-    """Slices a fold spans (``_affine_swap``'s CHUNK)."""
-    gs = group // sub
-    return min(gs & -gs, 32 // bits)
-
-
 def rows_bucket(m: int) -> int:
     """The launch table's row bucket of ``m`` rows: the least of :data:`BUCKETS` holding ``m``
     (:data:`MAX_ROWS` for any more)."""
@@ -391,12 +321,6 @@ def rows_block(m: int) -> int:
 def default_config(n: int, k: int, m: int) -> tuple:
     """The launch :data:`CONFIGS` gives ``m`` rows of a weight [n, k]."""
     return CONFIGS[(shape_class(n, k), rows_bucket(m))]
-
-
-def ahead() -> bool:
-    """Whether one row's launches load each tile's chunk constants in the tile before
-    (``_affine_swap``'s AHEAD; opt-in until timed on a GPU, ``ENGINE_AFFINE_AHEAD=1``)."""
-    return os.environ.get("ENGINE_AFFINE_AHEAD") == "1"
 
 
 def code_offset(bits: int, dtype: torch.dtype) -> int:
@@ -437,7 +361,6 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
     interpret = _interpreting()
     f16 = x.dtype == torch.float16
     grid = (triton.cdiv(n, bn), split, blocks)
-    consts_ahead = m == 1 and xsum == 0 and 32 // bits // _chunk(group, sub, bits) <= 4 and ahead()
     _affine_swap[grid](x, q, scale, bias_, perm if perm is not None else q,
                        bias if bias is not None else y, y, part, cnt, m, n, k, x.stride(0),
                        q.stride(0), y.stride(0), split, BITS=bits, GROUP=group, SUB=sub,
@@ -447,5 +370,5 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
                        HALVES=bn >= 32 * warps,
                        ASM=not interpret and hasattr(triton, "constexpr_function"),
                        F32=interpret and not f16, BLOCK_M=bm, num_warps=warps, num_stages=stages,
-                       AHEAD=consts_ahead, **launch_options(x.device))
+                       **launch_options(x.device))
     return y
