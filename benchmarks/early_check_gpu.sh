@@ -316,7 +316,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       # own warps; then the model at batch 1 with the fastest against the default, twice
       TAIL=60 step 480 moe_narrow python3 benchmarks/moe_gpu.py --skip kit,kernel \
         --chain-tokens 1 --wide-sweep narrow --batches 1 --overlap \
-        --runners triton,triton+best,triton,triton+best ;;  # the layout's GPU tests and the step A/B alone
+        --runners triton,triton+best,triton,triton+best ;;
     block_rows)  # block fp8's launches from the step search against those before, 1-16 rows
       python3 - "$OUT/block_before.json" <<'PY'
 import json, sys

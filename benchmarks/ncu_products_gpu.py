@@ -3,14 +3,15 @@
 one token through Qwen3-30B-A3B's routed experts (128 x 768 x 2048, top 8) with the triton
 runner's one-token launch (``_pair_gemv_up``, ``_pair_gemv_down``, the combine), run eagerly a
 few times each (``int4swap``: 4-bit codes through the swapped-operand kernel at its one-row
-launch; ``fp8_block``: fp8 in 128 x 128 blocks), for a kernel profiler to read (Nsight Compute's counters: time, DRAM
-throughput, occupancy and its limits, warp stalls). Prints each launch's layer and format in
-order, so the profiler's rows can be matched to them.
+launch; ``fp8_block``: fp8 in 128 x 128 blocks), for a kernel profiler to read (Nsight
+Compute's counters: time, DRAM throughput, occupancy and its limits, warp stalls). Prints each
+launch's layer and format in order, so the profiler's rows can be matched to them.
 
     ncu --clock-control none -k regex:'_gemv|_w8_swap|_affine|_pair|_combine' \\
         --section SpeedOfLight --section Occupancy --section LaunchStats \\
         --section WarpStateStats \\
-        python3 benchmarks/ncu_products_gpu.py [--formats bf16,fp8,int4,moe] [--repeat 2]
+        python3 benchmarks/ncu_products_gpu.py [--formats bf16,fp8,int4,moe,int4swap,fp8_block]
+        [--repeat 2]
 """
 
 from __future__ import annotations
