@@ -36,6 +36,7 @@
 #     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
+#     moe_onewarp: one-warp one-token launches in the chain;
 #     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
 #     the one-row 4-bit product, as CSV;
 #     topk_profile: the router's top-k's GPU checks and the MoE step's profile;
@@ -362,6 +363,10 @@ PY
       KEYS="launch |^  _|Duration|DRAM Throughput|SM Active Cycles|Elapsed Cycles|Grid Size"
       KEYS="$KEYS|Block Size|Registers Per|Dynamic Shared|Achieved Occupancy|Warp Cycles Per Iss"
       grep -E "$KEYS" "$OUT/ncu.log" ;;
+    moe_onewarp)  # one-token launches of one-warp programs (no reduction across warps) in
+      # either projection, in the chain of 8 layers, beside the shipped launch
+      TAIL=14 step 140 moe_onewarp python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
+        --chain-tokens 1 --wide-sweep onewarp ;;
     ncu_source)  # Nsight Compute's per-instruction counters (SASS, warp stall samples) for
       # the one-token MoE layer's projections and the one-row 4-bit product (NCU_FORMATS,
       # NCU_KERNELS: others): one report, then its source page as CSV, one file a kernel

@@ -204,6 +204,17 @@ def narrow_launches() -> list[dict]:
             for dw in (2, 4, 8) if not (dbn >= 8 and dw == 2)]
 
 
+def one_warp_launches() -> list[dict]:
+    """One-token launches whose programs are one warp (each output's sum stays inside the warp:
+    no reduction across warps through shared memory, which Nsight Compute showed the down
+    projection's 4-warp programs waiting at for a fifth of its samples), in either projection
+    or both, beside the shipped 4-warp ones (1-8 outputs a program, whole rows)."""
+    return [dict(block_n=bn, block_k=H, warps=wp, down_block_n=dbn, down_block_k=1024,
+                 down_warps=dw, next_tile=False, l2_hints=1)
+            for bn, wp in ((2, 4), (1, 1), (2, 1)) for dbn, dw in ((8, 4), (2, 1), (4, 1), (8, 1))
+            if wp == 1 or dw == 1]
+
+
 def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
                wide: str = "") -> list[list]:
     """The sparse layer as the model runs it: ``n_layers`` layers with their own weights (past
@@ -233,8 +244,9 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
                          for bn in (2, 16, 32) for bk in (256, 2048) for wp in (4, 8)
                          for dbn in (8, 16, 32)]
         if wide and m == 1:
-            launches += [("", cfg) for cfg in
-                         (narrow_launches() if wide == "narrow" else wide_launches())]
+            launches += [("", cfg) for cfg in {"narrow": narrow_launches,
+                                                "onewarp": one_warp_launches}.get(
+                                                    wide, wide_launches)()]
         scores = []
         for label, cfg in launches:
             saved = tri.gemv_one, tri.gemv
@@ -372,10 +384,11 @@ def main() -> None:
     ap.add_argument("--chain-sweep", action="store_true",
                     help="also time a grid of one-token launches in the chain")
     ap.add_argument("--wide-sweep", nargs="?", const="wide", default="",
-                    choices=("wide", "narrow"),
+                    choices=("wide", "narrow", "onewarp"),
                     help="also time one-token launches of 2-8 outputs a program and 1024-2048"
                     " long K tiles in the chain (narrow: 1-4 outputs, whole rows, each "
-                    "projection's own warps); the fastest then serves triton+best")
+                    "projection's own warps; onewarp: programs of one warp in either "
+                    "projection); the fastest then serves triton+best")
     args = ap.parse_args()
     if args.shape:
         global E, K, H, I
