@@ -104,7 +104,9 @@ from engine.runtime import quant_formats as qf
 from engine.runtime import quant_triton as qt
 
 gen = torch.Generator().manual_seed(0)
-for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+for fp8, per in ((torch.float8_e4m3fn, 32), (torch.float8_e5m2, 32),
+                 (torch.float8_e4m3fn, 2)):
+    qt.GROUPS_PER_PROGRAM = per  # (2: a row's groups over several programs, one ragged)
     for m, k in ((5, 512), (3, 384), (16, 128)):
         x = torch.randn(m, k, generator=gen) * 4
         x[:, ::7] *= 1e-6  # values that round to zero, of both signs
@@ -121,7 +123,8 @@ print("ok")
 def test_group_quantizer_makes_the_torch_quantizers_codes_and_scales():
     """``quant_triton.quant_groups`` (the block-scaled fp8 product's activations: codes per row
     and 128 columns, scales column-major) equals ``quantize_fp8_groups`` bit for bit, -0 and
-    a ragged count of groups included, under the interpreter."""
+    a ragged count of groups included, with a row's groups in one program or spread over
+    several (``GROUPS_PER_PROGRAM``), under the interpreter."""
     import subprocess
     import sys
 

@@ -71,6 +71,11 @@ DEQUANT_ROWS: dict[int, int] = {4: 129}
 #: 128)
 PACKED_BITS: frozenset[int] = frozenset()
 
+#: groups of a row one program of :func:`quant_groups` quantizes, at most (a row of 4096
+#: columns in groups of 128: one program; ``ENGINE_QUANT_GROUPS_PER`` for A/B runs: fewer a
+#: program spread one row's groups over more programs, each a shorter chain of loads and
+#: reductions)
+GROUPS_PER_PROGRAM = int(os.environ.get("ENGINE_QUANT_GROUPS_PER", "32"))
 #: code dtype -> (kernel FP8 flag, mantissa bits, smallest normal exponent, largest value)
 _KINDS = {torch.int8: (0, 0, 0, 127.0), torch.float8_e4m3fn: (1, 3, -6, 448.0),
           torch.float8_e5m2: (2, 2, -14, 57344.0)}
@@ -658,7 +663,7 @@ def quant_groups(x: torch.Tensor, dtype: torch.dtype,
     fp8, mant, emin, qmax = _kind(dtype)
     xq = torch.empty((m, k), dtype=dtype, device=x.device)
     xs = torch.empty((k // group, m), dtype=torch.float32, device=x.device)
-    per = max(1, min(k // group, 4096 // group))
+    per = max(1, min(k // group, 4096 // group, GROUPS_PER_PROGRAM))
     _quant_groups[(m, triton.cdiv(k // group, per))](
         x, _bits(xq), xs, m, k, x.stride(0), xq.stride(0), FP8=fp8, QMAX=qmax, MANT=mant,
         EMIN=emin, GROUP=group, GROUPS=triton.next_power_of_2(per), num_warps=4,
