@@ -48,6 +48,9 @@
 source benchmarks/gpu_env.sh >/dev/null 2>&1 || { echo "gpu_env.sh failed"; exit 1; }
 OUT=${OUT:-/tmp/early_check}
 source benchmarks/gpu_step.sh
+ncu_bin() {  # Nsight Compute's command line: on the PATH, else the first install found
+  command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1
+}
 swap_tests() {  # the swapped 8-bit kernel's GPU checks (every form on and off), once a call
   [ -n "$SWAP_TESTED" ] && return
   SWAP_TESTED=1
@@ -355,8 +358,7 @@ PY
       TAIL=7 step 90 step_searched python3 benchmarks/quant_gpu.py --batches 1 \
         --schemes $W8 --launches "$OUT/step_search.json" ;;
     ncu)  # Nsight Compute's counters for the one-row products and the one-token MoE layer
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      TAIL=1 step 300 ncu "$NCU" --clock-control none \
+      TAIL=1 step 300 ncu "$(ncu_bin)" --clock-control none \
         -k 'regex:_gemv|_w8_swap|_affine|_pair|_combine' --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats \
         --section MemoryWorkloadAnalysis python3 benchmarks/ncu_products_gpu.py \
@@ -381,23 +383,21 @@ PY
       # the one-token MoE layer's projections and the one-row 4-bit product (NCU_FORMATS,
       # NCU_KERNELS: others): one report, then its source page as CSV, one file a kernel
       # ($OUT/ncu_source_*.csv)
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       KERNELS=${NCU_KERNELS:-_pair_gemv_up _pair_gemv_down _gemv_affine}
-      TAIL=4 step 300 ncu_source_run "$NCU" --clock-control none \
+      TAIL=4 step 300 ncu_source_run "$(ncu_bin)" --clock-control none \
         -k "regex:$(echo $KERNELS | tr ' ' '|')" \
         --section SpeedOfLight --section WarpStateStats --section SourceCounters \
         --section LaunchStats -f -o "$OUT/ncu_source" python3 benchmarks/ncu_products_gpu.py \
         --formats "${NCU_FORMATS:-moe,int4}" --repeat 1
       for k in $KERNELS; do
-        TAIL=2 step 120 "ncu_source_$k" "$NCU" --import "$OUT/ncu_source.ncu-rep" \
+        TAIL=2 step 120 "ncu_source_$k" "$(ncu_bin)" --import "$OUT/ncu_source.ncu-rep" \
           -k "$k" --page source --print-source sass --csv
-        cp "$OUT/ncu_source_$k.log" "$OUT/ncu_source_$k.csv"
+        mv "$OUT/ncu_source_$k.log" "$OUT/ncu_source_$k.csv"
       done
-      TAIL=60 step 60 ncu_source_details "$NCU" --import "$OUT/ncu_source.ncu-rep" \
+      TAIL=60 step 60 ncu_source_details "$(ncu_bin)" --import "$OUT/ncu_source.ncu-rep" \
         --page details ;;
     ncu_moe)  # Nsight Compute's full sections for the one-token MoE layer's kernels alone
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      TAIL=1 step 200 ncu_moe "$NCU" --clock-control none -k 'regex:_pair|_combine' \
+      TAIL=1 step 200 ncu_moe "$(ncu_bin)" --clock-control none -k 'regex:_pair|_combine' \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         python3 benchmarks/ncu_products_gpu.py --formats moe --repeat 1

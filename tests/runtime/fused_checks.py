@@ -3,7 +3,6 @@ under TRITON_INTERPRET=1 on a CPU, or on a GPU. Prints one JSON list of failures
 
 import itertools
 import json
-import os
 import sys
 
 import torch
