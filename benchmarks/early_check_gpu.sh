@@ -36,8 +36,8 @@
 #     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
-#     moe_onewarp: one-warp one-token launches in the chain; groups_per: block fp8's group
-#     quantization over more programs, A/B;
+#     moe_onewarp: one-warp one-token launches in the chain; group_bound: block fp8's group
+#     quantization at one program a row against the default, and the step without it (a bound);
 #     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
 #     the one-row 4-bit product, as CSV;
 #     topk_profile: the router's top-k's GPU checks and the MoE step's profile;
@@ -370,13 +370,14 @@ PY
       # either projection, in the chain of 8 layers, beside the shipped launch
       TAIL=14 step 140 moe_onewarp python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
         --chain-tokens 1 --wide-sweep onewarp ;;
-    groups_per)  # block fp8's one-row group quantization spread over more programs
-      # (ENGINE_QUANT_GROUPS_PER: 32 groups a program, the default, against 8 and 2), the
-      # step at 1 and 4 rows, alternating twice
+    group_bound)  # block fp8's one-row group quantization: one program a row (32 groups)
+      # against the default (8 a program), and the step with the codes made once outside the
+      # graph (a bound: what the step would cost if the kernels before wrote them); per-tensor
+      # fp8 the control; alternating twice
       for r in 1 2; do
-        for v in 32 8 2; do
-          ENGINE_QUANT_GROUPS_PER=$v TAIL=3 step 60 "groups_per_${v}_$r" python3 \
-            benchmarks/quant_gpu.py --batches 1,4 --schemes fp8_block
+        for v in "--groups-per 32" "" "--cached-group-codes"; do
+          TAIL=4 step 90 "group_bound_$(echo "${v:-default}" | tr -d ' -')_$r" python3 \
+            benchmarks/quant_gpu.py --batches 1,4 --schemes fp8_block,fp8_tensor $v
         done
       done ;;
     ncu_source)  # Nsight Compute's per-instruction counters (SASS, warp stall samples) for

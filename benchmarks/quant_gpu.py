@@ -12,12 +12,20 @@ bytes over 4.3 TB/s.
 
     python benchmarks/quant_gpu.py [--schemes a,b] [--batches 1,32] [--launches FILE]
     python benchmarks/quant_gpu.py --step-search fp8_tensor [--write-launches FILE]
+    python benchmarks/quant_gpu.py --schemes fp8_block --groups-per 32 [--cached-group-codes]
 
 ``--step-search SCHEME`` chooses the swapped 8-bit kernel's one-row launches by this step
 rather than by each layer alone (``swap_gpu.py --search``): one shape class at a time (q/k/v,
 o, gate/up, down), every candidate of :data:`STEP_CANDIDATES` (block fp8:
 :data:`STEP_CANDIDATES_BLOCK`) timed in the whole step with the other classes at their best so
 far; it prints each class's table and writes the best launches as ``--launches`` reads them.
+
+``--groups-per N`` sets how many 128-column groups one program of block fp8's group
+quantization takes (``quant_triton.GROUPS_PER_PROGRAM``). ``--cached-group-codes`` is a bound,
+not a product: each input's group codes are made once, at the warm-up outside the graph, and
+handed back afterwards, so the replayed step runs block fp8's products without their
+quantization launches (what the step would cost if the kernels before the products wrote the
+codes).
 
 (The launch configurations of the few-row kernels come from ``benchmarks/gemv_gpu.py
 --search``.)
@@ -180,6 +188,23 @@ STEP_CANDIDATES_BLOCK = {
 }
 
 
+def cache_group_codes() -> None:
+    """``--cached-group-codes``: the swapped kernel's group quantization answered from a cache
+    filled by the first call for each input (module docstring)."""
+    from engine.runtime import swap_triton
+
+    made = swap_triton.quant_groups
+    cache: dict = {}
+
+    def cached(x, dtype, group):
+        key = (x.data_ptr(), tuple(x.shape), dtype, group)
+        if key not in cache:
+            cache[key] = made(x, dtype, group)
+        return cache[key]
+
+    swap_triton.quant_groups = cached
+
+
 def step_search(scheme: str, copies: int, path: str | None) -> None:
     """Coordinate search of the one-row launches by the step's time (module docstring)."""
     import json
@@ -235,7 +260,17 @@ def main() -> None:
     ap.add_argument("--step-search", metavar="SCHEME",
                     help="choose the one-row launches of SCHEME by the step (module docstring)")
     ap.add_argument("--write-launches", help="with --step-search: where the launches go")
+    ap.add_argument("--groups-per", type=int, help="groups a program of block fp8's group "
+                    "quantization takes")
+    ap.add_argument("--cached-group-codes", action="store_true",
+                    help="a bound: block fp8's group codes made once, outside the graph")
     args = ap.parse_args()
+    if args.groups_per:
+        from engine.runtime import quant_triton
+
+        quant_triton.GROUPS_PER_PROGRAM = args.groups_per
+    if args.cached_group_codes:
+        cache_group_codes()
     if args.launches:
         from engine.runtime import swap_triton
 
