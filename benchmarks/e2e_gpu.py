@@ -45,7 +45,8 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"},
          "odesc": {"ENGINE_TRITON_O_DESC": "1"},
          "late": {"ENGINE_GEMV_EARLY": "0", "ENGINE_GEMV_CHAIN": "0"},
          "unchained": {"ENGINE_GEMV_CHAIN": "0"},
-         "nopreload": {"ENGINE_TRITON_DECODE_PRELOAD": "0"}}
+         "nopreload": {"ENGINE_TRITON_DECODE_PRELOAD": "0"},
+         "codes": {"ENGINE_PRODUCER_CODES": "1"}}
 GEN_STEPS = 16
 
 
@@ -71,7 +72,8 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
     ``:qptr``: the triton extend loads its query tile by pointers, not a descriptor;
     ``:odesc``: it stores its output tiles through a descriptor too; ``:unchained``: the
     one-row layer not as four chained products (``ENGINE_GEMV_CHAIN=0``); ``:nopreload``: the
-    triton decode kernel reads its first key tile after its wait; modes joined by ``+``
+    triton decode kernel reads its first key tile after its wait; ``:codes``: block fp8's
+    inputs written as group codes by the norm and SiLU-and-mul kernels; modes joined by ``+``
     combine;
     set by the caller through
     the environment, :data:`MODES`);
@@ -290,6 +292,8 @@ def main() -> None:
                     help="timing rounds; every runner is kept and the rounds go over them in "
                     "turn (a rotated order each round), so that the GPU's state drifting "
                     "during the run weighs on all alike; the median is reported")
+    ap.add_argument("--model-dir", default=MODEL_DIR,
+                    help="the dummy config's folder (a quantization_config in it: dummy codes)")
     ap.add_argument("--quantization", default=None,
                     help="a --quantization choice applied to the dummy weights at load")
     ap.add_argument("--kv-cache-dtype", default="auto",
@@ -310,7 +314,7 @@ def main() -> None:
         try:
             t0 = time.perf_counter()
             runner = make_runner(backend, max(batches + [len(PROMPT_LENS)]), args.quantization,
-                                 kv_cache_dtype=args.kv_cache_dtype)
+                                 args.model_dir, kv_cache_dtype=args.kv_cache_dtype)
             print(f"{backend}: decode CUDA graphs "
                   f"{'on' if runner.decode_graphs is not None else 'off'}", flush=True)
             startup = time.perf_counter() - t0

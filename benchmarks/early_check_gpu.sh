@@ -38,6 +38,8 @@
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
 #     moe_onewarp: one-warp one-token launches in the chain; group_bound: block fp8's group
 #     quantization at one program a row against the default, and the step without it (a bound);
+#     producer_codes: block fp8's inputs as group codes from the norm and SiLU kernels, checks
+#     and the model A/B;
 #     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
 #     the one-row 4-bit product, as CSV;
 #     topk_profile: the router's top-k's GPU checks and the MoE step's profile;
@@ -370,6 +372,17 @@ PY
       # either projection, in the chain of 8 layers, beside the shipped launch
       TAIL=14 step 140 moe_onewarp python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
         --chain-tokens 1 --wide-sweep onewarp ;;
+    producer_codes)  # block fp8's inputs written as group codes by the norm and SiLU-and-mul
+      # kernels (ENGINE_PRODUCER_CODES=1, e2e mode :codes): the GPU checks, then the dummy
+      # block fp8 Llama-3-8B with and without at batch 1 and 4 (rounds rotate the two), and
+      # the dense model in the same call for the ratio
+      TAIL=3 step 200 producer_codes_tests python3 -m pytest -q -m gpu \
+        tests/runtime/test_group_codes.py
+      TAIL=30 step 300 producer_codes_e2e python3 benchmarks/e2e_gpu.py --backends \
+        triton,triton:codes --model-dir tests/data/llama3-8b-fp8-block-dummy --batches 1,4 \
+        --hf "" --steps 32 --rounds 4
+      TAIL=12 step 200 producer_codes_bf16 python3 benchmarks/e2e_gpu.py --backends triton \
+        --batches 1,4 --hf "" --steps 32 --rounds 2 ;;
     group_bound)  # block fp8's one-row group quantization: one program a row (32 groups)
       # against the default (8 a program), and the step with the codes made once outside the
       # graph (a bound: what the step would cost if the kernels before wrote them); per-tensor

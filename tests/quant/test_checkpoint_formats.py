@@ -497,3 +497,34 @@ def test_online_fp8_keeps_the_parameters_on_the_weights_device():
     layer.process_weights_after_loading()
     assert {p.device.type for p in layer.parameters()} == {"meta"}
     assert layer.weight.shape == (32, 64)  # (off a GPU it is kept dequantized)
+
+
+def test_dummy_weights_of_a_quantized_config_are_codes_with_unit_scales(dense, tmp_path):
+    """``--load-format dummy`` on quantized configs (no weights read): block fp8 codes drawn
+    from Normal(0, 0.02) with unit block scales, the same for the same seed; a GPTQ config's
+    integer codes zeros (its float scales drawn); both serve a forward."""
+    from engine.runtime.model_runner import ModelRunner
+    from engine.testing.batches import BatchBuilder
+
+    path, _ = dense
+    weights = []
+    for scheme, kw, seed in (("fp8_block", {"block": (64, 64)}, 0),
+                             ("fp8_block", {"block": (64, 64)}, 0), ("gptq", {}, 0)):
+        tq.write_checkpoint(path, str(tmp_path / scheme), scheme, **kw)
+        os.remove(tmp_path / scheme / "model.safetensors")
+        runner = ModelRunner(ServerConfig(model_path=str(tmp_path / scheme), device="cpu",
+                                          load_format="dummy", random_seed=seed,
+                                          skip_tokenizer_init=True, max_total_tokens=64,
+                                          attention_backend="torch_native",
+                                          max_running_requests=1))
+        builder = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
+        out = runner.forward(builder.extend([(builder.new_request(), IDS[0])]))
+        assert torch.isfinite(out).all(), scheme
+        # (float32 on the CPU: each layer dequantized at load)
+        weights.append(runner.model.model.layers[0].mlp.down_proj.weight)
+    w = weights[0]
+    assert w.dtype == torch.float32 and 0.015 < w.std().item() < 0.025
+    assert torch.equal(w, w.to(torch.float8_e4m3fn).float())  # each value an fp8 code
+    assert torch.equal(weights[0], weights[1])
+    # zero codes: each group of a GPTQ row one value (its zero point times its scale)
+    assert torch.equal(weights[2][:, :128], weights[2][:, :1].expand(-1, 128))

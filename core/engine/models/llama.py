@@ -29,7 +29,7 @@ from engine.models.moe import ExpertWeights, SparseMoeBlock
 from engine.runtime.attention import AttentionBackend, AttentionLayerSpec
 from engine.runtime import fused
 from engine.runtime.batch import Batch
-from engine.runtime.linear import (Embedding, Linear, PackedWeight, QuantMethod,
+from engine.runtime.linear import (Embedding, GroupCodes, Linear, PackedWeight, QuantMethod,
                                    UnquantizedMethod, dense_linear, fused_gemv_weight, rowwise,
                                    weight_tensors)
 
@@ -56,12 +56,18 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
 
-    def add_forward(self, x: torch.Tensor,
-                    residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                    codes: tuple[torch.dtype, int] | None = None
+                    ) -> "tuple[torch.Tensor | GroupCodes, torch.Tensor]":
         """(norm(x + residual), x + residual); one kernel where :func:`fused.for_tensor` has
-        one (half precision on a GPU, float32 on the CPU)."""
+        one (half precision on a GPU, float32 on the CPU). ``codes`` (the next layer's
+        :meth:`Linear.group_codes`): the normed rows as its :class:`GroupCodes` where that
+        kernel makes them."""
         ops = fused.for_tensor(x) if x.dim() == 2 else None
         if ops is not None:
+            make = getattr(ops, "add_rms_norm_groups", None) if codes else None
+            if make is not None:
+                return make(x, residual, self.weight, self.eps, *codes)
             return ops.add_rms_norm(x, residual, self.weight, self.eps)
         total = x if residual is None else x + residual
         return self(total), total
@@ -257,6 +263,10 @@ class MLP(nn.Module):
                 from engine.runtime.gemv_triton import gemv_silu
 
                 return gemv_silu(gate_up, w, self.down_proj.bias)
+            codes = self.down_proj.group_codes(gate_up[:, :self.inter])
+            make = getattr(ops, "silu_and_mul_groups", None) if codes else None
+            if make is not None:  # the activations as the down projection's input codes
+                return self.down_proj(make(gate_up, *codes))
             return self.down_proj(ops.silu_and_mul(gate_up))
         gate, up = gate_up.split([self.inter, self.inter], dim=-1)
         return self.down_proj(self.act(gate) * up)
@@ -315,14 +325,17 @@ class DecoderLayer(nn.Module):
         if qkv is not None:  # the norm inside the q/k/v projection's loads
             h = at.attend_qkv(qkv, rope, batch, attn)
         else:
-            normed, residual = self.input_layernorm.add_forward(h, residual)
+            normed, residual = self.input_layernorm.add_forward(
+                h, residual, codes=at.qkv_proj.group_codes(h))
             h = at(normed, rope, batch, attn)
+        codes = None
         if isinstance(mlp, MLP):
             gate_up, residual_mlp = _norm_linear(self.post_attention_layernorm,
                                                  mlp.gate_up_proj, h, residual)
             if gate_up is not None:
                 return mlp.from_gate_up(gate_up), residual_mlp
-        normed, residual = self.post_attention_layernorm.add_forward(h, residual)
+            codes = mlp.gate_up_proj.group_codes(h)
+        normed, residual = self.post_attention_layernorm.add_forward(h, residual, codes=codes)
         return mlp(normed), residual
 
     def _chain_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, ...] | None:

@@ -160,18 +160,32 @@ def pt_weights(cfg: ModelConfig) -> Weights:
 def dummy_init(model: torch.nn.Module, seed: int) -> None:
     """Normal(0, 0.02) weights, ones for norms, zeros for biases; reproducible from ``seed`` on
     a given device kind (values are drawn on the parameter's device, so an 8B model initializes
-    in seconds on a GPU)."""
+    in seconds on a GPU). A quantized layout (a config's ``quantization_config``): fp8 codes
+    drawn so, the scales of floating-point formats ones (each weight then what its codes say),
+    integer codes and their parameters zeros."""
     gens: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
+        data = param.data
         if name.endswith("norm.weight"):
-            param.data.fill_(1.0)
-        elif name.endswith(".bias"):
-            param.data.zero_()
+            data.fill_(1.0)
+        elif name.endswith(".bias") or not data.is_floating_point():
+            data.zero_()
+        elif _SCALE.search(name):
+            data.fill_(1.0)
         else:
             dev = param.device
             if dev not in gens:
                 gens[dev] = torch.Generator(device=dev).manual_seed(seed)
-            param.data.normal_(0.0, 0.02, generator=gens[dev])
+            if data.element_size() == 1:  # fp8 codes: drawn in float32, then rounded
+                data.copy_(torch.empty(data.shape, device=dev).normal_(0.0, 0.02,
+                                                                       generator=gens[dev]))
+            else:
+                data.normal_(0.0, 0.02, generator=gens[dev])
+
+
+#: parameters that scale a layer's codes (``weight_scale``, ``weight_scale_inv``,
+#: ``input_scale``, ``k_scale``...)
+_SCALE = re.compile(r"(^|[._])(weight|input|k|v|output)_scale(_inv|_2)?$")
 
 
 def weights_iterator(cfg: ModelConfig, load_format: str) -> Weights:

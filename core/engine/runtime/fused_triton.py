@@ -7,7 +7,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.runtime.quant_triton import _bits, _codes, _kind, _quantize, _signed
+from engine.runtime.linear import GroupCodes
+from engine.runtime.quant_triton import (_bits, _codes, _kind, _quantize, _signed,
+                                         _store_group_codes)
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
 from engine.runtime.triton_pdl import (l2_prefetch,  # noqa: F401  (the models' entry)
                                       l2_prefetch_enabled)
@@ -19,13 +21,14 @@ def _round(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _add_rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, stride_x, stride_r,
-                  stride_o, stride_ro, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
-                  PDL: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, n, stride_x, stride_r, stride_ro, eps,
+              HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """One row's ``rms_norm(x + res) * w`` [BLOCK] in float32 (to be rounded to x's dtype;
+    masked lanes 0), the sum ``x + res`` stored; both norm kernels' arithmetic, so that they
+    agree bit for bit."""
     offs = tl.arange(0, BLOCK)
     ok = offs < n
-    dt = out_ptr.dtype.element_ty
+    dt = x_ptr.dtype.element_ty
     pdl_trigger(PDL)
     w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     pdl_wait(PDL)
@@ -36,8 +39,37 @@ def _add_rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, stride_x, stri
         tl.store(res_out_ptr + row * stride_ro + offs, x.to(dt), mask=ok)
     var = tl.sum(x * x, axis=0) / n
     rstd = 1.0 / tl.sqrt(var + eps)
-    y = _round(x * rstd, dt) * w
-    tl.store(out_ptr + row * stride_o + offs, y.to(dt), mask=ok)
+    return _round(x * rstd, dt) * w
+
+
+@triton.jit
+def _add_rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, stride_x, stride_r,
+                  stride_o, stride_ro, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    y = _norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, n, stride_x, stride_r, stride_ro,
+                  eps, HAS_RES, BLOCK, PDL)
+    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=offs < n)
+
+
+@triton.jit
+def _add_rms_norm_groups(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, n, M, stride_x,
+                         stride_r, stride_q, stride_ro, eps, HAS_RES: tl.constexpr,
+                         BLOCK: tl.constexpr, GROUP: tl.constexpr, FP8: tl.constexpr,
+                         QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+                         PDL: tl.constexpr):
+    """:func:`_add_rms_norm` writing the normed row as fp8 codes per group of GROUP columns
+    and their scales ([n / GROUP, M]) instead of the row: what ``quant_groups`` makes of the
+    row the other kernel stores."""
+    row = tl.program_id(0).to(tl.int64)
+    y = _norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, n, stride_x, stride_r, stride_ro,
+                  eps, HAS_RES, BLOCK, PDL)
+    y = tl.reshape(_round(y, x_ptr.dtype.element_ty), (BLOCK // GROUP, GROUP))
+    g = tl.arange(0, BLOCK // GROUP)[:, None]
+    col = g * GROUP + tl.arange(0, GROUP)[None, :]
+    _store_group_codes(y, q_ptr + row * stride_q + col, col < n, s_ptr + g * M + row,
+                       g * GROUP < n, FP8, QMAX, MANT, EMIN)
 
 
 @triton.jit
@@ -142,6 +174,28 @@ def _silu_and_mul(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr
 
 
 @triton.jit
+def _silu_and_mul_groups(x_ptr, q_ptr, s_ptr, inter, M, stride_x, stride_q,
+                         BLOCK: tl.constexpr, GROUP: tl.constexpr, FP8: tl.constexpr,
+                         QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+                         PDL: tl.constexpr):
+    """:func:`_silu_and_mul` writing its BLOCK columns as fp8 codes per group of GROUP
+    columns and their scales ([inter / GROUP, M]), as ``quant_groups`` makes them of the row
+    the other kernel stores."""
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1) * (BLOCK // GROUP) + tl.arange(0, BLOCK // GROUP)[:, None]
+    col = g * GROUP + tl.arange(0, GROUP)[None, :]
+    ok = col < inter
+    dt = x_ptr.dtype.element_ty
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
+    gate = tl.load(x_ptr + row * stride_x + col, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + inter + col, mask=ok, other=0.0).to(tl.float32)
+    act = _round(_round(gate * tl.sigmoid(gate), dt) * up, dt)
+    _store_group_codes(act, q_ptr + row * stride_q + col, ok, s_ptr + g * M + row,
+                       g * GROUP < inter, FP8, QMAX, MANT, EMIN)
+
+
+@triton.jit
 def _route_topk(logits_ptr, w_ptr, ids_ptr, E, stride_l, K: tl.constexpr,
                 RENORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
                 PDL: tl.constexpr):
@@ -210,6 +264,28 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, res_out
 
 
+def add_rms_norm_groups(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                        eps: float, dtype: torch.dtype,
+                        group: int) -> tuple[GroupCodes, torch.Tensor]:
+    """(:func:`add_rms_norm`'s normed rows as ``dtype`` (fp8) codes per row and group of
+    ``group`` columns, x + residual): the codes and scales ``quant_triton.quant_groups`` makes
+    of the rows :func:`add_rms_norm` returns, bit for bit, in one kernel."""
+    t, n = x.shape
+    if n % group or group != triton.next_power_of_2(group):
+        raise ValueError(f"{n} columns in groups of {group}: not whole power-of-two groups")
+    fp8, mant, emin, qmax = _kind(dtype)
+    codes = torch.empty((t, n), dtype=dtype, device=x.device)
+    scales = torch.empty((n // group, t), dtype=torch.float32, device=x.device)
+    res_out = torch.empty_like(x) if residual is not None else x
+    res = residual if residual is not None else x
+    _add_rms_norm_groups[(t,)](x, res, weight, _bits(codes), scales, res_out, n, t, x.stride(0),
+                               res.stride(0), codes.stride(0), res_out.stride(0), eps,
+                               HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n),
+                               GROUP=group, FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin,
+                               num_warps=4 if n <= 4096 else 8, **launch_options(x.device))
+    return GroupCodes(codes, scales.t(), group, x.dtype), res_out
+
+
 def qk_norm_rope(qk: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
@@ -269,6 +345,25 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         _silu_and_mul[(t, triton.cdiv(inter, block))](x, out, inter, x.stride(0), out.stride(0),
                                                       BLOCK=block, **launch_options(x.device))
     return out
+
+
+def silu_and_mul_groups(x: torch.Tensor, dtype: torch.dtype, group: int) -> GroupCodes:
+    """:func:`silu_and_mul`'s rows as ``dtype`` (fp8) codes per row and group of ``group``
+    columns: the codes and scales ``quant_triton.quant_groups`` makes of them, bit for bit, in
+    one kernel."""
+    t, two_i = x.shape
+    inter = two_i // 2
+    if inter % group or group != triton.next_power_of_2(group):
+        raise ValueError(f"{inter} columns in groups of {group}: not whole power-of-two groups")
+    fp8, mant, emin, qmax = _kind(dtype)
+    codes = torch.empty((t, inter), dtype=dtype, device=x.device)
+    scales = torch.empty((inter // group, t), dtype=torch.float32, device=x.device)
+    block = max(group, min(1024, triton.next_power_of_2(inter)))
+    if t:
+        _silu_and_mul_groups[(t, triton.cdiv(inter, block))](
+            x, _bits(codes), scales, inter, t, x.stride(0), codes.stride(0), BLOCK=block,
+            GROUP=group, FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin, **launch_options(x.device))
+    return GroupCodes(codes, scales.t(), group, x.dtype)
 
 
 @triton.jit

@@ -24,6 +24,20 @@ from torch import nn
 ActQuant = tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
 
 
+@dataclass(frozen=True)
+class GroupCodes:
+    """A linear layer's input handed over already quantized per row and group of ``group``
+    columns by the kernel that wrote it (:meth:`QuantMethod.group_codes`): fp8 ``codes`` [M, K]
+    and float32 ``scales`` [M, K / group], column-major (as
+    :func:`engine.runtime.quant_triton.quant_groups` makes them); ``dtype`` the activations'
+    own dtype, the product's output dtype."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    group: int
+    dtype: torch.dtype
+
+
 class NativeKernel(NamedTuple):
     """A C function computing a layer's product on the CPU (:meth:`QuantMethod.native_kernel`):
     ``int fn(int type, const uint8_t *weight, int64_t n, int64_t k, const float *x, int64_t m,
@@ -196,6 +210,13 @@ class QuantMethod(ABC):
         ``lm_head``...); ``None`` keeps that layer dense. Default: this method everywhere."""
         return self
 
+    def group_codes(self, layer: "Linear", x: torch.Tensor) -> tuple[torch.dtype, int] | None:
+        """(fp8 dtype, group) where :meth:`apply` takes ``x``'s rows as :class:`GroupCodes`
+        (made by the kernel before the product: the codes and scales the method's own kernel
+        would make from ``x``, bit for bit) instead of ``x``; ``None`` (default): it takes
+        ``x``."""
+        return None
+
     def native_kernel(self, layer: "Linear") -> NativeKernel | None:
         """A C function that computes this layer's product on the CPU (:class:`NativeKernel`),
         equal to :meth:`apply` on float32 input without a bias, for callers that run a whole
@@ -345,6 +366,15 @@ class Linear(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         self.quant_method.process_weights_after_loading(self)
+
+    def group_codes(self, x: torch.Tensor) -> tuple[torch.dtype, int] | None:
+        """The format in which this layer takes ``x``'s rows already quantized
+        (:meth:`QuantMethod.group_codes`), where nothing between the caller and the method
+        (a forward hook, row-by-row products) needs ``x`` itself; else ``None``."""
+        if (self.row_by_row and not self.quant_method.batch_invariant) \
+                or self._forward_hooks or self._forward_pre_hooks:
+            return None
+        return self.quant_method.group_codes(self, x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.row_by_row and not self.quant_method.batch_invariant:

@@ -26,8 +26,8 @@ from torch import nn
 
 from engine.errors import ConfigError
 from engine.runtime import quant_formats as qf
-from engine.runtime.linear import (ActQuant, Linear, NativeKernel, QuantMethod, UnquantizedMethod,
-                                   dense_linear, dense_native_kernel)
+from engine.runtime.linear import (ActQuant, GroupCodes, Linear, NativeKernel, QuantMethod,
+                                   UnquantizedMethod, dense_linear, dense_native_kernel)
 
 #: row counts up to which fp8 layers with a cuBLAS path (row-wise scales) use the Triton product
 #: (its swapped-operand kernel, up to ``quant_triton.SWAP_ROWS``; on an H200 the step's linear
@@ -751,7 +751,40 @@ class Fp8Method(LayerMethod):
         return qt.w8_mm(x2, layer.w_q, layer.w_scale, act=act, x_scale=static, block=block,
                         bias=bias)
 
+    def group_codes(self, layer: Linear, x: torch.Tensor) -> tuple[torch.dtype, int] | None:
+        """Block fp8 with activations per group of a scale block's columns, a few rows on the
+        Triton kernel that reads group codes (``swap_triton.takes_group_codes``), where the
+        kernels before may write them (``swap_triton.producer_codes``)."""
+        if not (getattr(layer, "kernel", False) and self.weight_scheme == "block"
+                and self.act == "dynamic" and self.act_group == self.block[1]
+                and x.dim() == 2 and x.shape[0] <= KERNEL_ROWS
+                and not (layer.block_scaled and x.shape[0] > BLOCK_SCALED_ROWS)):
+            return None
+        from engine.runtime import swap_triton
+
+        if not (swap_triton.producer_codes()
+                and swap_triton.takes_group_codes(layer.w_q, self.block, x.shape[0])):
+            return None
+        return self.fp8, self.act_group
+
+    def _codes_apply(self, layer: Linear, x: GroupCodes,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+        """The product from codes the kernel before made (:meth:`group_codes`)."""
+        from engine.runtime import swap_triton
+
+        if x.group != self.act_group or x.codes.dtype != self.fp8:
+            raise ValueError(f"group codes of {x.codes.dtype} in groups of {x.group} for a "
+                             f"layer of {self.fp8} in groups of {self.act_group}")
+        w = layer.w_q
+        launch = swap_triton.small_config(w.dtype, "group", self.block, *w.shape,
+                                          x.codes.shape[0])  # (w8_mm's launch for x's rows)
+        return swap_triton.w8_swap(x.codes, w, layer.w_scale, act="group_codes",
+                                   x_scale=x.scales, block=self.block, out_dtype=x.dtype,
+                                   bias=bias, config=launch)
+
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if isinstance(x, GroupCodes):
+            return self._codes_apply(layer, x, bias)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if layer.block_scaled and x2.shape[0] > BLOCK_SCALED_ROWS:

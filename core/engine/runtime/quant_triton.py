@@ -642,13 +642,25 @@ def _quant_groups(x_ptr, xq_ptr, xs_ptr, M, K, stride_xm, stride_qm, FP8: tl.con
     col = g * GROUP + tl.arange(0, GROUP)[None, :]
     ok = col < K
     v = tl.load(x_ptr + row * stride_xm + col, mask=ok, other=0.0).to(tl.float32)
+    _store_group_codes(v, xq_ptr + row * stride_qm + col, ok, xs_ptr + g * M + row,
+                       g * GROUP < K, FP8, QMAX, MANT, EMIN)
+
+
+@triton.jit
+def _store_group_codes(v, q_ptrs, ok, s_ptrs, s_ok, FP8: tl.constexpr, QMAX: tl.constexpr,
+                       MANT: tl.constexpr, EMIN: tl.constexpr):
+    """Quantize float32 ``v`` [GROUPS, GROUP] (one group a row, masked lanes 0) as
+    :func:`_quant_groups` does (and the torch quantizer: each group's scale its absolute
+    maximum over QMAX, correctly rounded; -0 kept) and store its codes at ``q_ptrs`` and its
+    scales [GROUPS, 1] at ``s_ptrs``: the kernels that write a layer's input (norm, SiLU-and-mul)
+    and :func:`quant_groups` share it, so their codes agree bit for bit."""
     s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v), axis=1), 1e-12), QMAX)[:, None]
     r = tl.math.div_rn(1.0, s)
     q = _codes(_signed(_quantize(v, s, r, FP8, QMAX, MANT, EMIN), v), FP8)
     if FP8 != 0:
         q = q.to(tl.uint8, bitcast=True)
-    tl.store(xq_ptr + row * stride_qm + col, q, mask=ok)
-    tl.store(xs_ptr + g * M + row, s, mask=g * GROUP < K)
+    tl.store(q_ptrs, q, mask=ok)
+    tl.store(s_ptrs, s, mask=s_ok)
 
 
 def quant_groups(x: torch.Tensor, dtype: torch.dtype,

@@ -444,6 +444,28 @@ def group_codes() -> bool:
     return _flag("ENGINE_SWAP_GROUP_CODES", True)
 
 
+def producer_codes() -> bool:
+    """Whether a decoder's norm and SiLU-and-mul kernels write block fp8 products' inputs as
+    group codes (:meth:`engine.runtime.linear.QuantMethod.group_codes`) where the product
+    would quantize them first (:func:`takes_group_codes`), so no quantization launch runs
+    between them (``ENGINE_PRODUCER_CODES=1``; off by default until timed)."""
+    return _flag("ENGINE_PRODUCER_CODES", False)
+
+
+def takes_group_codes(w: torch.Tensor, block: tuple[int, int], m: int) -> bool:
+    """Whether ``m`` rows of a product of block-scaled ``w`` (activations quantized per group
+    of ``block[1]`` columns), as :func:`engine.runtime.quant_triton.w8_mm` routes them, run
+    here from group codes made first (:func:`group_codes`), so that codes made by the kernel
+    before (act ``"group_codes"``) are what the product reads either way."""
+    from engine.runtime import quant_triton
+
+    n, k = w.shape
+    bk = block[1]
+    return (m <= min(quant_triton.SWAP_ROWS, MAX_ROWS) and group_codes() and k % bk == 0
+            and bk == triton.next_power_of_2(bk)
+            and small_config(w.dtype, "group", block, n, k, m) is not None)
+
+
 def tma(w_dtype: torch.dtype) -> bool:
     """Whether products of ``w_dtype`` codes read their weight tiles through tensor descriptors
     where the GPU and the weights allow: fp8 codes by default, with one scale an output or block
@@ -540,9 +562,13 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     sub = rest[0] if rest else 1
     if block is not None:
         bk = block[1]
-    code = {None: 0, "token": 1, "group": 2, "static": 3, "codes": 4}[act]
-    if code == 4 and (x.dtype != w.dtype or x_scale is None):
-        raise ValueError("activation codes need the weights' dtype and their row scales")
+    code = {None: 0, "token": 1, "group": 2, "static": 3, "codes": 4, "group_codes": 5}[act]
+    if code in (4, 5) and (x.dtype != w.dtype or x_scale is None):
+        raise ValueError("activation codes need the weights' dtype and their scales")
+    if code == 5 and (block is None or out_dtype is None or k % bk
+                      or x_scale.shape != (m, k // bk) or x_scale.stride() != (1, m)):
+        raise ValueError("group codes need block weight scales, an output dtype and their "
+                         "scales [M, K / group] column-major")
     y = torch.empty((m, n), dtype=out_dtype or (torch.bfloat16 if code == 4 else x.dtype),
                     device=x.device)
     if code in (1, 3) and m >= QUANT_ROWS_FROM:  # the rows' codes first
