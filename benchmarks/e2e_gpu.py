@@ -46,7 +46,7 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"},
          "late": {"ENGINE_GEMV_EARLY": "0", "ENGINE_GEMV_CHAIN": "0"},
          "unchained": {"ENGINE_GEMV_CHAIN": "0"},
          "nopreload": {"ENGINE_TRITON_DECODE_PRELOAD": "0"},
-         "codes": {"ENGINE_PRODUCER_CODES": "1"}}
+         "nocodes": {"ENGINE_PRODUCER_CODES": "0"}}
 GEN_STEPS = 16
 
 
@@ -72,8 +72,9 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
     ``:qptr``: the triton extend loads its query tile by pointers, not a descriptor;
     ``:odesc``: it stores its output tiles through a descriptor too; ``:unchained``: the
     one-row layer not as four chained products (``ENGINE_GEMV_CHAIN=0``); ``:nopreload``: the
-    triton decode kernel reads its first key tile after its wait; ``:codes``: block fp8's
-    inputs written as group codes by the norm and SiLU-and-mul kernels; modes joined by ``+``
+    triton decode kernel reads its first key tile after its wait; ``:nocodes``: block fp8's
+    inputs not written as group codes by the norm and SiLU-and-mul kernels (each product's
+    rows quantized by ``quant_groups``); modes joined by ``+``
     combine;
     set by the caller through
     the environment, :data:`MODES`);

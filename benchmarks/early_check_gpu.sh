@@ -36,8 +36,8 @@
 #     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
-#     moe_onewarp: one-warp one-token launches in the chain; group_bound: block fp8's group
-#     quantization at one program a row against the default, and the step without it (a bound);
+#     moe_onewarp: one-warp one-token launches in the chain; group_bound: the block fp8 step as
+#     shipped, with the inputs the decoder hands over, and without quantization (a bound);
 #     producer_codes: block fp8's inputs as group codes from the norm and SiLU kernels, checks
 #     and the model A/B;
 #     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
@@ -373,22 +373,23 @@ PY
       TAIL=14 step 140 moe_onewarp python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
         --chain-tokens 1 --wide-sweep onewarp ;;
     producer_codes)  # block fp8's inputs written as group codes by the norm and SiLU-and-mul
-      # kernels (ENGINE_PRODUCER_CODES=1, e2e mode :codes): the GPU checks, then the dummy
+      # kernels (the default; e2e mode :nocodes without): the GPU checks, then the dummy
       # block fp8 Llama-3-8B with and without at batch 1 and 4 (rounds rotate the two), and
       # the dense model in the same call for the ratio
       TAIL=3 step 200 producer_codes_tests python3 -m pytest -q -m gpu \
         tests/runtime/test_group_codes.py
       TAIL=30 step 300 producer_codes_e2e python3 benchmarks/e2e_gpu.py --backends \
-        triton,triton:codes --model-dir tests/data/llama3-8b-fp8-block-dummy --batches 1,4 \
+        triton:nocodes,triton --model-dir tests/data/llama3-8b-fp8-block-dummy --batches 1,4 \
         --hf "" --steps 32 --rounds 4
       TAIL=12 step 200 producer_codes_bf16 python3 benchmarks/e2e_gpu.py --backends triton \
         --batches 1,4 --hf "" --steps 32 --rounds 2 ;;
-    group_bound)  # block fp8's one-row group quantization: one program a row (32 groups)
-      # against the default (8 a program), and the step with the codes made once outside the
-      # graph (a bound: what the step would cost if the kernels before wrote them); per-tensor
-      # fp8 the control; alternating twice
+    group_bound)  # block fp8's one-row group quantization: the step as shipped, the step with
+      # the inputs as the decoder hands them over (group codes from the norm and SiLU kernels
+      # where the layer takes them, made outside the graph), and with no quantization at all (a
+      # bound: the codes made once outside the graph); per-tensor fp8 the control;
+      # alternating twice
       for r in 1 2; do
-        for v in "--groups-per 32" "" "--cached-group-codes"; do
+        for v in "" "--model-inputs" "--cached-group-codes"; do
           TAIL=4 step 90 "group_bound_$(echo "${v:-default}" | tr -d ' -')_$r" python3 \
             benchmarks/quant_gpu.py --batches 1,4 --schemes fp8_block,fp8_tensor $v
         done

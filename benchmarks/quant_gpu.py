@@ -13,6 +13,7 @@ bytes over 4.3 TB/s.
     python benchmarks/quant_gpu.py [--schemes a,b] [--batches 1,32] [--launches FILE]
     python benchmarks/quant_gpu.py --step-search fp8_tensor [--write-launches FILE]
     python benchmarks/quant_gpu.py --schemes fp8_block --groups-per 32 [--cached-group-codes]
+    python benchmarks/quant_gpu.py --schemes fp8_block --model-inputs
 
 ``--step-search SCHEME`` chooses the swapped 8-bit kernel's one-row launches by this step
 rather than by each layer alone (``swap_gpu.py --search``): one shape class at a time (q/k/v,
@@ -25,7 +26,10 @@ quantization takes (``quant_triton.GROUPS_PER_PROGRAM``). ``--cached-group-codes
 not a product: each input's group codes are made once, at the warm-up outside the graph, and
 handed back afterwards, so the replayed step runs block fp8's products without their
 quantization launches (what the step would cost if the kernels before the products wrote the
-codes).
+codes). ``--model-inputs``: each layer gets its input as the decoder hands it over, group
+codes where the layer asks for them (``Linear.group_codes``) and the kernel before it writes
+them (the norms and SiLU-and-mul: q/k/v, gate/up, down), made outside the graph, as the norm
+kernels make them in the model (there in place of the row they write otherwise).
 
 (The launch configurations of the few-row kernels come from ``benchmarks/gemv_gpu.py
 --search``.)
@@ -111,11 +115,27 @@ def build(scheme: str | None, key: str) -> Linear:
                                    k, torch.bfloat16)
 
 
+#: layers whose input the decoder's kernels before them write as group codes where the layer
+#: takes them (``--model-inputs``): after a norm (q/k/v, gate/up) or SiLU-and-mul (down); the
+#: output projection's input is attention's output
+WRITTEN_AS_CODES = ("self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj")
+MODEL_INPUTS = False
+
+
 def step_ms(layers: dict[str, Linear], batch: int, copies: int, iters: int = 20) -> float:
     sets = [layers] + [{k: copy.deepcopy(v) for k, v in layers.items()}
                        for _ in range(copies - 1)]
     xs = {key: torch.randn(batch, SHAPES[key][0], dtype=torch.bfloat16, device="cuda")
           for key in layers}
+    if MODEL_INPUTS:  # (the codes made here, outside the graph: in the model the norm makes them)
+        from engine.runtime import quant_triton
+        from engine.runtime.linear import GroupCodes
+
+        for key in WRITTEN_AS_CODES:
+            fmt = layers[key].group_codes(xs[key])
+            if fmt is not None:
+                xs[key] = GroupCodes(*quant_triton.quant_groups(xs[key], *fmt), fmt[1],
+                                     xs[key].dtype)
 
     def run():
         for s in sets:
@@ -264,7 +284,11 @@ def main() -> None:
                     "quantization takes")
     ap.add_argument("--cached-group-codes", action="store_true",
                     help="a bound: block fp8's group codes made once, outside the graph")
+    ap.add_argument("--model-inputs", action="store_true",
+                    help="inputs as the decoder hands them over (group codes where asked)")
     args = ap.parse_args()
+    global MODEL_INPUTS
+    MODEL_INPUTS = args.model_inputs
     if args.groups_per:
         from engine.runtime import quant_triton
 
