@@ -434,6 +434,15 @@ def _core_calls():
             torch.ones(2, 4), act="group", block=(128, 128), config=(128, 128, 1, 4, 3, 2)),
         "quant_groups (fp8, 1 x 128)": lambda: quant_triton.quant_groups(
             torch.randn(4, 512, **bf), torch.float8_e4m3fn, 128),
+        "w8_swap (block fp8, one row from group codes made before)": lambda: swap_triton.w8_swap(
+            *quant_triton.quant_groups(torch.randn(1, 512, **bf), torch.float8_e4m3fn, 128)[:1],
+            torch.randn(256, 512).to(torch.float8_e4m3fn), torch.ones(2, 4), act="group_codes",
+            x_scale=torch.ones(4, 1).t(), block=(128, 128), out_dtype=torch.bfloat16),
+        "add_rms_norm_groups (fp8 codes, 4096 columns)": lambda: fused_triton.add_rms_norm_groups(
+            torch.randn(1, 4096, **bf), torch.randn(1, 4096, **bf), torch.ones(4096, **bf), 1e-6,
+            torch.float8_e4m3fn, 128),
+        "silu_and_mul_groups (fp8 codes)": lambda: fused_triton.silu_and_mul_groups(
+            torch.randn(1, 2 * 1536, **bf), torch.float8_e4m3fn, 128),
         "l2_prefetch": _l2_prefetch_call,
         "add_rms_norm": lambda: fused_triton.add_rms_norm(x, x, torch.ones(256, **bf), 1e-6),
         "qk_norm_rope": lambda: fused_triton.qk_norm_rope(qkv, 4, 2, 64, pos, cos, sin, norm,
