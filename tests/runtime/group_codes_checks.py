@@ -1,4 +1,5 @@
-"""Block fp8 inputs written as group codes by the kernels before the product: the norm and the
+"""Block fp8 inputs written as group codes by the kernels before the product: ``quant_groups``
+against the torch quantizer; the norm and the
 SiLU-and-mul kernels that write fp8 codes and scales per 128 columns
 (engine.runtime.fused_triton.add_rms_norm_groups / silu_and_mul_groups) against the plain
 kernels followed by quant_triton.quant_groups, bit for bit; the swapped product from codes
@@ -32,6 +33,23 @@ def same_codes(name: str, got, codes: torch.Tensor, scales: torch.Tensor) -> Non
     if got.scales.shape != scales.shape or got.scales.stride() != scales.stride() \
             or not torch.equal(got.scales.cpu(), scales.cpu()):
         failures.append(f"{name}: scales differ ({tuple(got.scales.stride())})")
+
+
+def torch_codes() -> None:
+    """``quant_groups`` (rounding by the conversion instruction on a GPU, in software under the
+    interpreter) against the torch quantizer, -0 and values rounding to zero included."""
+    from engine.runtime import quant_formats as qf
+
+    for dtype in DTYPES:
+        for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+            x = (torch.randn(3, 640, generator=gen) * 5).to(dtype)
+            x[:, ::7] *= 1e-5
+            x[0, 3] = -0.0
+            codes, scales = qt.quant_groups(x.to(device), fp8, 128)
+            want_codes, want_scales = qf.quantize_fp8_groups(x, fp8, 128)
+            if not (torch.equal(codes.view(torch.uint8).cpu(), want_codes.view(torch.uint8))
+                    and torch.equal(scales.cpu(), want_scales)):
+                failures.append(f"quant_groups {dtype} {fp8}: not the torch quantizer's codes")
 
 
 def norms() -> None:
@@ -125,6 +143,7 @@ def model() -> None:
         failures.append(f"tiny block fp8 Llama: logits differ by {err:.3g}")
 
 
+torch_codes()
 norms()
 silu()
 product()

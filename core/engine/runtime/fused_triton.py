@@ -9,7 +9,7 @@ import triton.language as tl
 
 from engine.runtime.linear import GroupCodes
 from engine.runtime.quant_triton import (_bits, _codes, _kind, _quantize, _signed,
-                                         _store_group_codes)
+                                         _store_group_codes, rne_cast)
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
 from engine.runtime.triton_pdl import (l2_prefetch,  # noqa: F401  (the models' entry)
                                       l2_prefetch_enabled)
@@ -58,7 +58,7 @@ def _add_rms_norm_groups(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, n, M,
                          stride_r, stride_q, stride_ro, eps, HAS_RES: tl.constexpr,
                          BLOCK: tl.constexpr, GROUP: tl.constexpr, FP8: tl.constexpr,
                          QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
-                         PDL: tl.constexpr):
+                         GRID: tl.constexpr, PDL: tl.constexpr):
     """:func:`_add_rms_norm` writing the normed row as fp8 codes per group of GROUP columns
     and their scales ([n / GROUP, M]) instead of the row: what ``quant_groups`` makes of the
     row the other kernel stores."""
@@ -69,7 +69,7 @@ def _add_rms_norm_groups(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, n, M,
     g = tl.arange(0, BLOCK // GROUP)[:, None]
     col = g * GROUP + tl.arange(0, GROUP)[None, :]
     _store_group_codes(y, q_ptr + row * stride_q + col, col < n, s_ptr + g * M + row,
-                       g * GROUP < n, FP8, QMAX, MANT, EMIN)
+                       g * GROUP < n, FP8, QMAX, MANT, EMIN, GRID)
 
 
 @triton.jit
@@ -177,7 +177,7 @@ def _silu_and_mul(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr
 def _silu_and_mul_groups(x_ptr, q_ptr, s_ptr, inter, M, stride_x, stride_q,
                          BLOCK: tl.constexpr, GROUP: tl.constexpr, FP8: tl.constexpr,
                          QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
-                         PDL: tl.constexpr):
+                         GRID: tl.constexpr, PDL: tl.constexpr):
     """:func:`_silu_and_mul` writing its BLOCK columns as fp8 codes per group of GROUP
     columns and their scales ([inter / GROUP, M]), as ``quant_groups`` makes them of the row
     the other kernel stores."""
@@ -192,7 +192,7 @@ def _silu_and_mul_groups(x_ptr, q_ptr, s_ptr, inter, M, stride_x, stride_q,
     up = tl.load(x_ptr + row * stride_x + inter + col, mask=ok, other=0.0).to(tl.float32)
     act = _round(_round(gate * tl.sigmoid(gate), dt) * up, dt)
     _store_group_codes(act, q_ptr + row * stride_q + col, ok, s_ptr + g * M + row,
-                       g * GROUP < inter, FP8, QMAX, MANT, EMIN)
+                       g * GROUP < inter, FP8, QMAX, MANT, EMIN, GRID)
 
 
 @triton.jit
@@ -282,7 +282,8 @@ def add_rms_norm_groups(x: torch.Tensor, residual: torch.Tensor | None, weight: 
                                res.stride(0), codes.stride(0), res_out.stride(0), eps,
                                HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n),
                                GROUP=group, FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin,
-                               num_warps=4 if n <= 4096 else 8, **launch_options(x.device))
+                               GRID=not rne_cast(x.device), num_warps=4 if n <= 4096 else 8,
+                               **launch_options(x.device))
     return GroupCodes(codes, scales.t(), group, x.dtype), res_out
 
 
@@ -362,7 +363,8 @@ def silu_and_mul_groups(x: torch.Tensor, dtype: torch.dtype, group: int) -> Grou
     if t:
         _silu_and_mul_groups[(t, triton.cdiv(inter, block))](
             x, _bits(codes), scales, inter, t, x.stride(0), codes.stride(0), BLOCK=block,
-            GROUP=group, FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin, **launch_options(x.device))
+            GROUP=group, FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin, GRID=not rne_cast(x.device),
+            **launch_options(x.device))
     return GroupCodes(codes, scales.t(), group, x.dtype)
 
 

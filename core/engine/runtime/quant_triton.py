@@ -80,6 +80,17 @@ _KINDS = {torch.int8: (0, 0, 0, 127.0), torch.float8_e4m3fn: (1, 3, -6, 448.0),
           torch.float8_e5m2: (2, 2, -14, 57344.0)}
 
 
+#: round to the fp8 grid in software on every device (for A/B runs: see :func:`rne_cast`)
+SOFTWARE_GRID = False
+
+
+def rne_cast(device: torch.device) -> bool:
+    """Whether fp8 casts in kernels on ``device`` round to nearest even (an NVIDIA GPU's
+    conversion instruction), so the kernels may skip their float32 grid rounding (the same
+    codes; the interpreter's cast truncates)."""
+    return device.type == "cuda" and torch.version.hip is None and not SOFTWARE_GRID
+
+
 def _kind(dtype: torch.dtype) -> tuple[int, int, int, float]:
     try:
         return _KINDS[dtype]
@@ -630,7 +641,8 @@ def quant_rows(x: torch.Tensor, dtype: torch.dtype, static: torch.Tensor | None 
 @triton.jit
 def _quant_groups(x_ptr, xq_ptr, xs_ptr, M, K, stride_xm, stride_qm, FP8: tl.constexpr,
                   QMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
-                  GROUP: tl.constexpr, GROUPS: tl.constexpr, PDL: tl.constexpr):
+                  GROUP: tl.constexpr, GROUPS: tl.constexpr, GRID: tl.constexpr,
+                  PDL: tl.constexpr):
     """Program (row, b): groups ``b * GROUPS ..`` of ``GROUP`` columns of one row: each
     group's scale (its absolute maximum over QMAX, correctly rounded) into ``xs`` [K / GROUP,
     M] (so that xs.t() is the [M, K / GROUP] column-major operand of a block-scaled product)
@@ -643,20 +655,21 @@ def _quant_groups(x_ptr, xq_ptr, xs_ptr, M, K, stride_xm, stride_qm, FP8: tl.con
     ok = col < K
     v = tl.load(x_ptr + row * stride_xm + col, mask=ok, other=0.0).to(tl.float32)
     _store_group_codes(v, xq_ptr + row * stride_qm + col, ok, xs_ptr + g * M + row,
-                       g * GROUP < K, FP8, QMAX, MANT, EMIN)
+                       g * GROUP < K, FP8, QMAX, MANT, EMIN, GRID)
 
 
 @triton.jit
 def _store_group_codes(v, q_ptrs, ok, s_ptrs, s_ok, FP8: tl.constexpr, QMAX: tl.constexpr,
-                       MANT: tl.constexpr, EMIN: tl.constexpr):
+                       MANT: tl.constexpr, EMIN: tl.constexpr, GRID: tl.constexpr):
     """Quantize float32 ``v`` [GROUPS, GROUP] (one group a row, masked lanes 0) as
     :func:`_quant_groups` does (and the torch quantizer: each group's scale its absolute
     maximum over QMAX, correctly rounded; -0 kept) and store its codes at ``q_ptrs`` and its
     scales [GROUPS, 1] at ``s_ptrs``: the kernels that write a layer's input (norm, SiLU-and-mul)
-    and :func:`quant_groups` share it, so their codes agree bit for bit."""
+    and :func:`quant_groups` share it, so their codes agree bit for bit. GRID: the codes
+    rounded to the fp8 grid in software (else by the cast: :func:`rne_cast`)."""
     s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v), axis=1), 1e-12), QMAX)[:, None]
     r = tl.math.div_rn(1.0, s)
-    q = _codes(_signed(_quantize(v, s, r, FP8, QMAX, MANT, EMIN), v), FP8)
+    q = _codes(_signed(_quantize(v, s, r, FP8, QMAX, MANT, EMIN, GRID), v), FP8)
     if FP8 != 0:
         q = q.to(tl.uint8, bitcast=True)
     tl.store(q_ptrs, q, mask=ok)
@@ -677,8 +690,8 @@ def quant_groups(x: torch.Tensor, dtype: torch.dtype,
     per = max(1, min(k // group, 4096 // group, GROUPS_PER_PROGRAM))
     _quant_groups[(m, triton.cdiv(k // group, per))](
         x, _bits(xq), xs, m, k, x.stride(0), xq.stride(0), FP8=fp8, QMAX=qmax, MANT=mant,
-        EMIN=emin, GROUP=group, GROUPS=triton.next_power_of_2(per), num_warps=4,
-        **launch_options(x.device))
+        EMIN=emin, GROUP=group, GROUPS=triton.next_power_of_2(per),
+        GRID=not rne_cast(x.device), num_warps=4, **launch_options(x.device))
     return xq, xs.t()
 
 

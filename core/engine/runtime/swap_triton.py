@@ -35,7 +35,7 @@ import triton.language as tl
 
 from engine.runtime.quant_triton import (_bits, _codes, _finish, _kind, _quantize, _row1_scale,
                                          _row_scales, _slice, _split, _workspace,
-                                         quant_groups, quant_rows, shape_class)
+                                         quant_groups, quant_rows, rne_cast, shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_trigger, pdl_wait,
                                       prefetch_l2)
 
@@ -532,12 +532,6 @@ def row_epilogue() -> bool:
     return _flag("ENGINE_SWAP_ROW_EPILOGUE", True)
 
 
-def _rne_cast(device: torch.device) -> bool:
-    """Whether fp8 casts in kernels on ``device`` round to nearest even (an NVIDIA GPU's
-    conversion instruction), so the kernels may skip their float32 grid rounding."""
-    return device.type == "cuda" and torch.version.hip is None
-
-
 def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str | None = None,
             x_scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
             out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None,
@@ -595,7 +589,7 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
                    BLOCK_K=bk, AMAX_BLOCK=amax_block,
                    AMAX_CHUNKS=triton.cdiv(k, amax_block) if unroll else 0, ROW1=m == 1,
                    SPLIT=split > 1, SUB=sub, num_warps=warps, num_stages=stages,
-                   ROW_EPILOGUE=row_epilogue(), GRID=not _rne_cast(x.device),
+                   ROW_EPILOGUE=row_epilogue(), GRID=not rne_cast(x.device),
                    EVEN=even() and n % bn == 0 and k % (bk * sub * split) == 0,
                    TMA=desc is not None,
                    AHEAD=code == 5 and scales_ahead() and sub <= 4,
