@@ -254,7 +254,46 @@ def own_checks() -> list[str]:
         batch = rig.builder.decode([(r, 2) for r in rows])
         out, want, _, _ = rig.step(backend, batch, rows)
         failures += close(f"fp8 ({fmt}) split decode", out, want)
-    return failures + paged_tile_checks()
+    return failures + output_codes_checks() + paged_tile_checks()
+
+
+def output_codes_checks() -> list[str]:
+    """A decode's output written by the merge kernel as fp8 codes per head
+    (``attend_codes``, a block fp8 output projection's input): what ``quant_groups`` makes of
+    the output rows, bit for bit; declined (``None``) where no merge kernel runs or the group
+    is not a head."""
+    from engine.runtime import quant_triton as qt
+
+    failures: list[str] = []
+    rig = Rig(page=16, ratio=4, dim=64, seed=21, dtype=torch.float16)
+    backend = TritonBackend(rig.pool, 4, num_kv_splits=4,
+                            kernel_config=KernelConfig(decode_block_n=16))
+    rows = [rig.builder.new_request() for _ in range(3)]
+    rig.step(backend, rig.builder.extend([(r, [1] * n) for r, n in zip(rows, (1, 17, 70))]),
+             rows, q=rig.rand(88, 8, 64).half(), kv=(rig.rand(88, 2, 64).half(),
+                                                     rig.rand(88, 2, 64).half()))
+    batch = rig.builder.decode([(r, 2) for r in rows])
+    q = rig.rand(3, 8, 64).half()
+    out, _, _, _ = rig.step(backend, batch, rows, q=q, kv=(rig.rand(3, 2, 64).half(),
+                                                           rig.rand(3, 2, 64).half()))
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+        got = backend.attend_codes(q, rig.spec, batch, (fp8, 64))
+        want_codes, want_scales = qt.quant_groups(out.reshape(3, -1), fp8, 64)
+        if got is None:
+            failures.append(f"output codes {fp8}: declined")
+            continue
+        if not (torch.equal(got.codes.view(torch.uint8), want_codes.view(torch.uint8))
+                and torch.equal(got.scales, want_scales) and got.scales.stride() == (1, 3)
+                and got.dtype == torch.float16 and got.group == 64):
+            failures.append(f"output codes {fp8}: not quant_groups' of the output")
+    if backend.attend_codes(q, rig.spec, batch, (torch.float8_e4m3fn, 32)) is not None:
+        failures.append("output codes in groups of half a head: not declined")
+    one = TritonBackend(rig.pool, 4, num_kv_splits=1,
+                        kernel_config=KernelConfig(decode_block_n=16))
+    one.prepare(batch)
+    if one.attend_codes(q, rig.spec, batch, (torch.float8_e4m3fn, 64)) is not None:
+        failures.append("output codes without a merge kernel: not declined")
+    return failures
 
 
 def paged_tile_checks() -> list[str]:

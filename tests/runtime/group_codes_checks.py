@@ -4,7 +4,8 @@ SiLU-and-mul kernels that write fp8 codes and scales per 128 columns
 (engine.runtime.fused_triton.add_rms_norm_groups / silu_and_mul_groups) against the plain
 kernels followed by quant_triton.quant_groups, bit for bit; the swapped product from codes
 made before it (act "group_codes") against the product that makes them itself; and a tiny
-block fp8 Llama decoding with them (ENGINE_PRODUCER_CODES=1) against the same model without,
+block fp8 Llama decoding with them (ENGINE_PRODUCER_CODES=1: the triton attention backend's
+merge kernel writing the output projection's codes too) against the same model without,
 logits equal: run under TRITON_INTERPRET=1 on a CPU, or on a GPU. Prints one JSON list of
 failures."""
 
@@ -99,17 +100,19 @@ def product() -> None:
         pass
 
 
-def model() -> None:
-    """A tiny Llama (widths whole 128-column groups) quantized to block fp8: prefill and two
-    decode steps with the producers writing codes against the same model without, logits
-    equal, the producers called in each of its layers."""
+def model(backend: str) -> None:
+    """A tiny Llama (widths whole 128-column groups, heads of 128) quantized to block fp8:
+    prefill and two decode steps with the kernels before the products writing their codes
+    against the same model without, logits equal, the norm and SiLU kernels writing codes in
+    each of its layers (and, with the triton attention backend, its merge kernel for the
+    output projection at each decode step)."""
     from engine.config import ServerConfig
     from engine.runtime.model_runner import ModelRunner
     from engine.testing import quant as tq
     from engine.testing.batches import BatchBuilder
 
     tmp = tempfile.mkdtemp()
-    tq.tiny_llama(os.path.join(tmp, "dense"), hidden=512, heads=8, kv_heads=2,
+    tq.tiny_llama(os.path.join(tmp, "dense"), hidden=512, heads=4, kv_heads=2,
                   intermediate=1024, vocab=256)
     tq.write_checkpoint(os.path.join(tmp, "dense"), os.path.join(tmp, "fp8"), "fp8_block",
                         block=(128, 128))
@@ -117,17 +120,29 @@ def model() -> None:
     made = fused_triton.add_rms_norm_groups, fused_triton.silu_and_mul_groups
     fused_triton.add_rms_norm_groups = lambda *a: calls.append("norm") or made[0](*a)
     fused_triton.silu_and_mul_groups = lambda *a: calls.append("silu") or made[1](*a)
+    attend = None
+    if backend == "triton":
+        from engine_attention_triton.impl import TritonBackend
+
+        attend = TritonBackend.attend_codes
+
+        def counted(self, *a):
+            got = attend(self, *a)
+            if got is not None:
+                calls.append("attention")
+            return got
+        TritonBackend.attend_codes = counted
     logits = {}
     for flag in ("0", "1"):
         os.environ["ENGINE_PRODUCER_CODES"] = flag
         cfg = ServerConfig(model_path=os.path.join(tmp, "fp8"), dtype="float16",
-                           skip_tokenizer_init=True, attention_backend="torch_native",
-                           max_total_tokens=256, max_running_requests=2, context_length=64,
+                           skip_tokenizer_init=True, attention_backend=backend,
+                           max_total_tokens=512, max_running_requests=2, context_length=256,
                            random_seed=0, disable_cuda_graph=True)
         runner = ModelRunner(cfg)
         bb = BatchBuilder(runner.req_to_token, runner.pool.num_slots, runner.page_size)
         row = bb.new_request()
-        out = runner.forward(bb.extend([(row, [5, 9, 17])]))
+        out = runner.forward(bb.extend([(row, list(range(3, 3 + PROMPT)))]))
         steps = [out]
         for _ in range(2):
             out = runner.forward(bb.decode([(row, int(out[-1].argmax()))]))
@@ -135,17 +150,28 @@ def model() -> None:
         logits[flag] = torch.cat(steps).float().cpu()
     os.environ.pop("ENGINE_PRODUCER_CODES")
     fused_triton.add_rms_norm_groups, fused_triton.silu_and_mul_groups = made
-    # each forward: two norms and one SiLU a layer (2 layers), three forwards
-    if calls.count("norm") != 3 * 2 * 2 or calls.count("silu") != 3 * 2:
-        failures.append(f"tiny block fp8 Llama: producers called {calls}")
+    if attend is not None:
+        TritonBackend.attend_codes = attend
+    # each forward: two norms and one SiLU a layer (2 layers), three forwards; the merge
+    # kernel at the two decode steps (the prefill has no merge)
+    want = {"norm": 3 * 2 * 2, "silu": 3 * 2, "attention": 2 * 2 if backend == "triton" else 0}
+    if {k: calls.count(k) for k in want} != want:
+        failures.append(f"tiny block fp8 Llama ({backend}): codes written {calls}")
     if not torch.equal(logits["0"], logits["1"]):
         err = (logits["1"] - logits["0"]).abs().max().item()
-        failures.append(f"tiny block fp8 Llama: logits differ by {err:.3g}")
+        failures.append(f"tiny block fp8 Llama ({backend}): logits differ by {err:.3g}")
+
+
+#: the tiny model's prompt length (on the GPU long enough for the triton backend to split its
+#: decode over several programs: the merge kernel writes the codes)
+PROMPT = 200 if device == "cuda" else 3
 
 
 torch_codes()
 norms()
 silu()
 product()
-model()
+model("torch_native")
+if device == "cuda":  # (the triton backend refuses a CPU; its codes kernel is checked under the
+    model("triton")  # interpreter in tests/attention/triton_interpret_checks.py)
 print(json.dumps(failures))

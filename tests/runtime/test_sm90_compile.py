@@ -11,6 +11,7 @@ H200). Skipped where the installed Triton lacks the NVIDIA backend.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shutil
@@ -38,12 +39,17 @@ FLOATS = {"scale", "v_scale", "eps"}
 
 def build(kernel, types: dict[str, str], constexprs: dict, warps: int = 4, stages: int = 3,
           aligned: set[str] | None = None):
-    """``kernel`` compiled for sm_90 with launch-time PDL (the compiled kernel). The arguments
+    """``kernel`` compiled for sm_90 with launch-time PDL (the compiled kernel; constexprs not in
+    ``constexprs`` at their defaults). The arguments
     ``aligned`` names (by default the pointers and the ``stride*`` integers) are marked
     multiples of 16, as a launch on the GPU specializes them (torch's allocations are
     aligned, and the strides of these layouts are multiples of 16): without that, stores and
     loads are built one element at a time."""
     sig, attrs = {}, {}
+    # constexprs not given take the kernel's defaults, as a launch that leaves them out does
+    constexprs = {**{p.name: p.default for p in kernel.params
+                     if p.is_constexpr and p.default is not inspect.Parameter.empty},
+                  **constexprs}
     for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
             sig[name] = "constexpr"
@@ -125,7 +131,7 @@ ATTN_PTRS = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*
              "prefix_lens_ptr": "*i64", "extend_lens_ptr": "*i64", "qo_start_ptr": "*i64",
              "tile_req_ptr": "*i32", "tile_start_ptr": "*i32", "tree_ptr": "*u8",
              "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "cnt_ptr": "*i32",
-             "k_desc": "*bf16", "v_desc": "*bf16"}
+             "k_desc": "*bf16", "v_desc": "*bf16", "codes_ptr": "*u8", "scales_ptr": "*fp32"}
 
 
 @pytest.mark.parametrize("fused, fp8, fp4, preload", [
@@ -144,6 +150,16 @@ def test_decode_kernels_build(attention, fused, fp8, fp4, preload):
     build(attention._decode_merge_kernel, ATTN_PTRS, dict(
         GROUP=4, HEAD_DIM=128, NUM_SPLITS=8, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
         FIXED_TILE=False, PDL=True))
+
+
+def test_decode_merge_writing_fp8_codes_builds(attention):
+    """The decode merge writing its output as fp8 codes per head (a block fp8 output
+    projection's input) builds for sm_90 without spills, and still has no loop."""
+    compiled = build(attention._decode_merge_kernel, ATTN_PTRS, dict(
+        GROUP=4, HEAD_DIM=128, NUM_SPLITS=8, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
+        FIXED_TILE=False, PDL=True, CODES=True, FP8=1, QMAX=448.0, MANT=3, EMIN=-6,
+        GRID=False))
+    assert stack_bytes(compiled) == 0 and not sass_loops(compiled)
 
 
 def test_decode_merge_asks_for_every_split_at_once(attention):

@@ -14,13 +14,16 @@ whether a token's output is independent of the rest of the batch
 ``supports_fp8_kv_cache`` / ``supports_fp4_kv_cache`` whether it reads a pool of fp8 values
 with per-layer scales / of ``fp4_mx_block16`` rows (``KVPool.gather`` unpacks both). :func:`attend_from_pool` / :func:`decode_from_pool` are the core's CPU kernel over a
 float32 pool (each token alone: batch- and prefill/decode-invariant). :mod:`engine.testing.attention` is the conformance suite.
+``attend_codes(q, layer, batch, fmt)`` may write the output as the next layer's fp8 group
+codes (:class:`GroupCodes`) where the backend's kernel makes them; the default declines.
 """
 
 from engine.runtime.attention import (AttentionBackend, AttentionLayerSpec, KVPool,
                                       attend_from_pool, attend_per_token, decode_from_pool,
                                       pool_attention_applies)
 from engine.runtime.batch import Batch, ForwardMode, to_device
+from engine.runtime.linear import GroupCodes
 
-__all__ = ["AttentionBackend", "AttentionLayerSpec", "Batch", "ForwardMode", "KVPool",
-           "attend_from_pool", "attend_per_token", "decode_from_pool",
+__all__ = ["AttentionBackend", "AttentionLayerSpec", "Batch", "ForwardMode", "GroupCodes",
+           "KVPool", "attend_from_pool", "attend_per_token", "decode_from_pool",
            "pool_attention_applies", "to_device"]

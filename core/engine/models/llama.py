@@ -178,11 +178,19 @@ class Attention(nn.Module):
                    attn: AttentionBackend, project: bool = True) -> torch.Tensor:
         """The layer's output from its q/k/v projection ``qkv`` [T, q + 2 kv] (``project``
         false: attention's output [T, q], before the output projection)."""
-        out = self._attend(qkv, rope, batch, attn).reshape(qkv.shape[0], self.q_size)
+        codes = self.o_proj.group_codes(qkv[:, :self.q_size]) if project else None
+        out = self._attend(qkv, rope, batch, attn, codes)
+        if isinstance(out, GroupCodes):  # written by attention's own kernel
+            return self.o_proj(out)
+        out = out.reshape(qkv.shape[0], self.q_size)
         return self.o_proj(out) if project else out
 
     def _attend(self, qkv: torch.Tensor, rope: "RopeInputs", batch: Batch,
-                attn: AttentionBackend) -> torch.Tensor:
+                attn: AttentionBackend, codes: tuple[torch.dtype, int] | None = None
+                ) -> "torch.Tensor | GroupCodes":
+        """Attention's output [T, Hq, D]; with ``codes`` (the output projection's
+        :meth:`Linear.group_codes`) its :class:`GroupCodes` where the backend writes them
+        (:meth:`AttentionBackend.attend_codes`)."""
         t = qkv.shape[0]
         if rope.cos is None:  # the fused path (see LlamaForCausalLM.forward)
             qn, kn = self.q_norm, self.k_norm
@@ -203,7 +211,8 @@ class Attention(nn.Module):
                           kn.weight if kn is not None else None, qn.eps if qn is not None else 0.0,
                           attn.pool.k[lid], attn.pool.v[lid], batch.out_cache_loc,
                           attn.pool.k_scale[lid], attn.pool.v_scale[lid])
-                return attn.attend(q, self.spec, batch)
+                written = attn.attend_codes(q, self.spec, batch, codes) if codes else None
+                return written if written is not None else attn.attend(q, self.spec, batch)
             q, k = rope.ops.qk_norm_rope(qkv, self.hq, self.hkv, self.d, rope.positions,
                                       rope.rotary.cos_cache, rope.rotary.sin_cache,
                                       qn.weight if qn is not None else None,

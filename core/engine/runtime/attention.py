@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from engine.runtime import kv_fp4
 from engine.runtime.batch import Batch
+
+if TYPE_CHECKING:
+    from engine.runtime.linear import GroupCodes
 
 
 @dataclass
@@ -251,6 +254,15 @@ class AttentionBackend(ABC):
         if batch.is_decode:
             return self.forward_decode(q, layer, batch)
         return self.forward_extend(q, layer, batch)
+
+    def attend_codes(self, q: torch.Tensor, layer: AttentionLayerSpec, batch: Batch,
+                     fmt: tuple[torch.dtype, int]) -> "GroupCodes | None":
+        """:meth:`attend`, its output [T, Hq * D] written as the next layer's input codes
+        ``fmt`` (fp8 dtype, group of columns: :meth:`engine.runtime.linear.Linear.group_codes`)
+        by this backend's own kernel, bit for bit what ``quant_triton.quant_groups`` makes of
+        :meth:`attend`'s output; or ``None`` (the default) where it does not write them, having
+        done nothing: the caller then calls :meth:`attend`."""
+        return None
 
     @abstractmethod
     def forward_extend(self, q: torch.Tensor, layer: AttentionLayerSpec,

@@ -26,7 +26,7 @@ import torch
 from engine.api import ConfigError, PluginError
 from engine.api import hookimpl
 from engine.api.attention import AttentionBackend, AttentionLayerSpec, KVPool
-from engine.api.attention import Batch, to_device
+from engine.api.attention import Batch, GroupCodes, to_device
 
 LOG2E = 1.4426950408889634
 
@@ -290,8 +290,26 @@ class TritonBackend(AttentionBackend):
             raise ValueError("req_to_token must have unit stride along tokens")
         return q if q.stride(-1) == 1 else q.contiguous()
 
+    def attend_codes(self, q: torch.Tensor, layer: AttentionLayerSpec, batch: Batch,
+                     fmt: tuple[torch.dtype, int]) -> GroupCodes | None:
+        """A decode whose splits the merge kernel folds writes its output as fp8 codes per
+        head (``fmt``'s group a head's width), in that kernel; else ``None``."""
+        md = batch.attn_metadata
+        if not (batch.is_decode and isinstance(md, DecodeMetadata) and md.num_splits > 1
+                and fmt[1] == layer.head_dim and q.dtype in (torch.float16, torch.bfloat16)
+                and not self._folds_merge(md.num_splits, q.shape[0], layer)):
+            return None
+        return self.forward_decode(q, layer, batch, codes=fmt[0])
+
+    def _folds_merge(self, splits: int, bsz: int, layer: AttentionLayerSpec) -> bool:
+        """Whether the split kernel folds the merge itself (no merge kernel runs)."""
+        return (self.cfg.decode_fused_merge and splits > 1
+                and bsz * layer.num_kv_heads <= MERGE_COUNTERS)
+
     def forward_decode(self, q: torch.Tensor, layer: AttentionLayerSpec,
-                       batch: Batch) -> torch.Tensor:
+                       batch: Batch, codes: torch.dtype | None = None) -> Any:
+        """The decode's output, or with ``codes`` (an fp8 dtype; only where the merge kernel
+        runs: :meth:`attend_codes`) its :class:`GroupCodes` per head."""
         md: DecodeMetadata = batch.attn_metadata
         q = self._check(q, layer, batch)
         k_buf, v_buf, fp8, k_scale, v_scale = self._kv(layer)
@@ -305,7 +323,7 @@ class TritonBackend(AttentionBackend):
         out = torch.empty_like(q)
         cfg, r2t = self.cfg, batch.req_to_token
         prec = "ieee" if q.dtype == torch.float32 else None
-        fused = cfg.decode_fused_merge and splits > 1 and bsz * hkv <= MERGE_COUNTERS
+        fused = self._folds_merge(splits, bsz, layer)
         self.kernels._decode_split_kernel[(bsz, hkv, splits)](
             q, k_buf, v_buf, r2t, batch.req_pool_indices, batch.seq_lens, part_out, part_lse, out,
             self._counters if fused else out,  # (a placeholder when not folded)
@@ -321,13 +339,29 @@ class TritonBackend(AttentionBackend):
             num_warps=cfg.decode_warps,
             num_stages=cfg.decode_stages, **self._pdl)
         if splits > 1 and not fused:
+            xq = xs = None
+            fmt: dict[str, Any] = {}
+            if codes is not None:  # (the rows [bsz, hq * dim] in groups of a head)
+                from engine.api.triton import fp8_limits, rne_cast
+
+                xq = torch.empty((bsz, hq * dim), dtype=codes, device=q.device)
+                xs = torch.empty((hq, bsz), dtype=torch.float32, device=q.device)
+                fp8_flag, mant, emin, qmax = fp8_limits(codes)
+                fmt = dict(CODES=True, FP8=fp8_flag, QMAX=qmax, MANT=mant, EMIN=emin,
+                           GRID=not rne_cast(q.device))
             self.kernels._decode_merge_kernel[(bsz, hkv)](
                 part_out, part_lse, out, batch.seq_lens, part_out.stride(0),
                 part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-                out.stride(0), out.stride(1), md.split_tile, GROUP=group, HEAD_DIM=dim,
+                out.stride(0), out.stride(1), md.split_tile,
+                xq.view(torch.uint8) if xq is not None else out, xs if xs is not None else out,
+                bsz, xq.stride(0) if xq is not None else 0, GROUP=group, HEAD_DIM=dim,
                 NUM_SPLITS=splits, BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim),
                 BLOCK_N=cfg.decode_block_n, FIXED_TILE=md.split_tile > 0, num_warps=4,
-                **self._pdl)
+                **fmt, **self._pdl)
+            if xq is not None:
+                return GroupCodes(xq, xs.t(), dim, q.dtype)
+        elif codes is not None:
+            raise ValueError("decode output codes need the merge kernel (attend_codes)")
         return out
 
     def forward_extend(self, q: torch.Tensor, layer: AttentionLayerSpec, batch: Batch,

@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 
 from engine.api.triton import (fp8_from_bits, index_load, line_offsets, pdl_trigger, pdl_wait,
-                               prefetch_l2)
+                               prefetch_l2, store_group_codes)
 
 
 #: growth of a running maximum (base 2) that a LAZY tile step tolerates before it rescales
@@ -364,11 +364,18 @@ def _decode_split_kernel(
 def _decode_merge_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, seq_lens_ptr,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
-    split_len_fixed,
+    split_len_fixed, codes_ptr, scales_ptr, tokens, stride_ct,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    FIXED_TILE: tl.constexpr, PDL: tl.constexpr = False,
+    FIXED_TILE: tl.constexpr, PDL: tl.constexpr = False, CODES: tl.constexpr = False,
+    FP8: tl.constexpr = 1, QMAX: tl.constexpr = 448.0, MANT: tl.constexpr = 3,
+    EMIN: tl.constexpr = -6, GRID: tl.constexpr = True,
 ):
+    """Fold each (request, KV head)'s split partials into its query heads' outputs. CODES: the
+    outputs written instead as fp8 codes per head (a group of HEAD_DIM columns: the next
+    layer's input, rows of ``tokens`` codes at ``codes_ptr``, scales [heads, tokens] at
+    ``scales_ptr``), as ``quant_groups`` makes them of the rows written otherwise; ``out_ptr``
+    then only gives the rows' dtype."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     pdl_trigger(PDL)
@@ -386,8 +393,14 @@ def _decode_merge_kernel(
     out = _fold_splits(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph
                        + offs_d[None, :], part_lse_ptr + b * stride_lb + heads * stride_lh,
                        stride_ps, used, gd_mask, g_mask, BLOCK_G, BLOCK_D, "", NUM_SPLITS)
-    tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+    if CODES:
+        rows = tl.where(gd_mask, out.to(out_ptr.dtype.element_ty).to(tl.float32), 0.0)
+        store_group_codes(rows, codes_ptr + b * stride_ct + heads[:, None] * HEAD_DIM
+                          + offs_d[None, :], gd_mask, scales_ptr + heads[:, None] * tokens + b,
+                          g_mask[:, None], FP8, QMAX, MANT, EMIN, GRID)
+    else:
+        tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=gd_mask)
 
 
 @triton.jit
