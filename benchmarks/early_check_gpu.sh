@@ -373,14 +373,15 @@ PY
       TAIL=14 step 140 moe_onewarp python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
         --chain-tokens 1 --wide-sweep onewarp ;;
     producer_codes)  # block fp8's inputs written as group codes by the norm and SiLU-and-mul
-      # kernels (the default; e2e mode :nocodes without): the GPU checks, then the dummy
-      # block fp8 Llama-3-8B with and without at batch 1 and 4 (rounds rotate the two), and
-      # the dense model in the same call for the ratio
+      # kernels (the default; e2e mode :nocodes without; :ocodes the output projection's by
+      # the triton decode merge too): the GPU checks, then the dummy block fp8 Llama-3-8B in
+      # the three forms at batch 1 and 4 (rounds rotate them), and the dense model in the
+      # same call for the ratio
       TAIL=3 step 200 producer_codes_tests python3 -m pytest -q -m gpu \
         tests/runtime/test_group_codes.py
-      TAIL=30 step 300 producer_codes_e2e python3 benchmarks/e2e_gpu.py --backends \
-        triton:nocodes,triton --model-dir tests/data/llama3-8b-fp8-block-dummy --batches 1,4 \
-        --hf "" --steps 32 --rounds 4
+      TAIL=30 step 360 producer_codes_e2e python3 benchmarks/e2e_gpu.py --backends \
+        triton:nocodes,triton,triton:ocodes --model-dir tests/data/llama3-8b-fp8-block-dummy \
+        --batches 1,4 --hf "" --steps 32 --rounds 4
       TAIL=12 step 200 producer_codes_bf16 python3 benchmarks/e2e_gpu.py --backends triton \
         --batches 1,4 --hf "" --steps 32 --rounds 2 ;;
     group_bound)  # block fp8's one-row group quantization: the step as shipped, the step with
@@ -388,10 +389,14 @@ PY
       # where the layer takes them, made outside the graph), and with no quantization at all (a
       # bound: the codes made once outside the graph); per-tensor fp8 the control;
       # alternating twice
+      # (ocodes: the inputs with the output projection's codes from the decode merge too)
       for r in 1 2; do
-        for v in "" "--model-inputs" "--cached-group-codes"; do
-          TAIL=4 step 90 "group_bound_$(echo "${v:-default}" | tr -d ' -')_$r" python3 \
-            benchmarks/quant_gpu.py --batches 1,4 --schemes fp8_block,fp8_tensor $v
+        for v in "" "--model-inputs" "ocodes" "--cached-group-codes"; do
+          o=0; a=$v
+          if [ "$v" = ocodes ]; then o=1; a=--model-inputs; fi
+          ENGINE_TRITON_OUTPUT_CODES=$o TAIL=4 step 90 \
+            "group_bound_$(echo "${v:-default}" | tr -d ' -')_$r" python3 \
+            benchmarks/quant_gpu.py --batches 1,4 --schemes fp8_block,fp8_tensor $a
         done
       done ;;
     ncu_source)  # Nsight Compute's per-instruction counters (SASS, warp stall samples) for

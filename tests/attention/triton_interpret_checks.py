@@ -265,6 +265,7 @@ def output_codes_checks() -> list[str]:
     from engine.runtime import quant_triton as qt
 
     failures: list[str] = []
+    os.environ["ENGINE_TRITON_OUTPUT_CODES"] = "1"
     rig = Rig(page=16, ratio=4, dim=64, seed=21, dtype=torch.float16)
     backend = TritonBackend(rig.pool, 4, num_kv_splits=4,
                             kernel_config=KernelConfig(decode_block_n=16))
@@ -293,6 +294,9 @@ def output_codes_checks() -> list[str]:
     one.prepare(batch)
     if one.attend_codes(q, rig.spec, batch, (torch.float8_e4m3fn, 64)) is not None:
         failures.append("output codes without a merge kernel: not declined")
+    os.environ.pop("ENGINE_TRITON_OUTPUT_CODES")
+    if backend.attend_codes(q, rig.spec, batch, (torch.float8_e4m3fn, 64)) is not None:
+        failures.append("output codes without ENGINE_TRITON_OUTPUT_CODES=1: not declined")
     return failures
 
 

@@ -4,8 +4,9 @@ SiLU-and-mul kernels that write fp8 codes and scales per 128 columns
 (engine.runtime.fused_triton.add_rms_norm_groups / silu_and_mul_groups) against the plain
 kernels followed by quant_triton.quant_groups, bit for bit; the swapped product from codes
 made before it (act "group_codes") against the product that makes them itself; and a tiny
-block fp8 Llama decoding with them (ENGINE_PRODUCER_CODES=1: the triton attention backend's
-merge kernel writing the output projection's codes too) against the same model without,
+block fp8 Llama decoding with them (ENGINE_PRODUCER_CODES=1; with the triton attention
+backend and ENGINE_TRITON_OUTPUT_CODES=1 its merge kernel writing the output projection's codes
+too) against the same model without,
 logits equal: run under TRITON_INTERPRET=1 on a CPU, or on a GPU. Prints one JSON list of
 failures."""
 
@@ -133,6 +134,7 @@ def model(backend: str) -> None:
             return got
         TritonBackend.attend_codes = counted
     logits = {}
+    os.environ["ENGINE_TRITON_OUTPUT_CODES"] = "1"
     for flag in ("0", "1"):
         os.environ["ENGINE_PRODUCER_CODES"] = flag
         cfg = ServerConfig(model_path=os.path.join(tmp, "fp8"), dtype="float16",
@@ -149,6 +151,7 @@ def model(backend: str) -> None:
             steps.append(out)
         logits[flag] = torch.cat(steps).float().cpu()
     os.environ.pop("ENGINE_PRODUCER_CODES")
+    os.environ.pop("ENGINE_TRITON_OUTPUT_CODES")
     fused_triton.add_rms_norm_groups, fused_triton.silu_and_mul_groups = made
     if attend is not None:
         TritonBackend.attend_codes = attend
