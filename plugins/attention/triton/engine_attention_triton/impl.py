@@ -296,7 +296,8 @@ class TritonBackend(AttentionBackend):
         head (``fmt``'s group a head's width), in that kernel, with
         ``ENGINE_TRITON_OUTPUT_CODES=1`` (off until timed on a GPU); else ``None``."""
         md = batch.attn_metadata
-        if not (os.environ.get("ENGINE_TRITON_OUTPUT_CODES") == "1" and batch.is_decode and isinstance(md, DecodeMetadata) and md.num_splits > 1
+        if not (os.environ.get("ENGINE_TRITON_OUTPUT_CODES") == "1" and batch.is_decode
+                and isinstance(md, DecodeMetadata) and md.num_splits > 1
                 and fmt[1] == layer.head_dim and q.dtype in (torch.float16, torch.bfloat16)
                 and not self._folds_merge(md.num_splits, q.shape[0], layer)):
             return None
