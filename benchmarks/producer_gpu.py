@@ -22,26 +22,12 @@ from engine.runtime import quant_triton as qt
 FP8 = torch.float8_e4m3fn
 
 
-def replay_us(run, reps: int, iters: int = 50) -> float:
-    """``run`` captured ``reps`` times in one CUDA graph: us a repetition of the replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            run()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters / reps
+def replay_us(run, reps: int) -> float:
+    """``run`` captured ``reps`` times in one CUDA graph (``quant_gpu.replay_ms``): us a
+    repetition of the replay."""
+    from quant_gpu import replay_ms
+
+    return replay_ms(lambda: [run() for _ in range(reps)], iters=50) * 1e3 / reps
 
 
 def cases() -> dict:

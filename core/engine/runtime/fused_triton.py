@@ -159,18 +159,25 @@ def _head_launch(tokens: int, heads: int, head_dim: int) -> tuple[int, int, int]
 
 
 @triton.jit
+def _silu_mul(x_ptr, row, stride_x, inter, cols, ok, PDL: tl.constexpr):
+    """``silu(gate) * up`` at columns ``cols`` of one row of ``x`` [T, 2 * inter], in float32
+    (to be rounded to x's dtype); both SiLU-and-mul kernels' arithmetic."""
+    dt = x_ptr.dtype.element_ty
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
+    g = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + row * stride_x + inter + cols, mask=ok, other=0.0).to(tl.float32)
+    return _round(g * tl.sigmoid(g), dt) * u  # silu(gate) is rounded before the product
+
+
+@triton.jit
 def _silu_and_mul(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr,
                   PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < inter
-    dt = out_ptr.dtype.element_ty
-    pdl_trigger(PDL)
-    pdl_wait(PDL)
-    g = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(x_ptr + row * stride_x + inter + offs, mask=ok, other=0.0).to(tl.float32)
-    act = _round(g * tl.sigmoid(g), dt)  # silu(gate) is rounded before the product
-    tl.store(out_ptr + row * stride_o + offs, (act * u).to(dt), mask=ok)
+    act = _silu_mul(x_ptr, row, stride_x, inter, offs, ok, PDL)
+    tl.store(out_ptr + row * stride_o + offs, act.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -185,12 +192,8 @@ def _silu_and_mul_groups(x_ptr, q_ptr, s_ptr, inter, M, stride_x, stride_q,
     g = tl.program_id(1) * (BLOCK // GROUP) + tl.arange(0, BLOCK // GROUP)[:, None]
     col = g * GROUP + tl.arange(0, GROUP)[None, :]
     ok = col < inter
-    dt = x_ptr.dtype.element_ty
-    pdl_trigger(PDL)
-    pdl_wait(PDL)
-    gate = tl.load(x_ptr + row * stride_x + col, mask=ok, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + inter + col, mask=ok, other=0.0).to(tl.float32)
-    act = _round(_round(gate * tl.sigmoid(gate), dt) * up, dt)
+    act = _round(_silu_mul(x_ptr, row, stride_x, inter, col, ok, PDL),
+                 x_ptr.dtype.element_ty)
     _store_group_codes(act, q_ptr + row * stride_q + col, ok, s_ptr + g * M + row,
                        g * GROUP < inter, FP8, QMAX, MANT, EMIN, GRID)
 
