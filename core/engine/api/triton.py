@@ -16,21 +16,20 @@ cover N elements (one address each).
 ``store_group_codes(v, q_ptrs, ok, s_ptrs, s_ok, FP8, QMAX, MANT, EMIN, GRID)`` quantizes float32
 ``v`` [groups, group] per row into fp8 codes and scales as ``quant_triton.quant_groups`` does (bit
 for bit: the kernel writing a layer's input as :class:`engine.api.attention.GroupCodes`);
-``fp8_limits(dtype)`` its (FP8, QMAX, MANT, EMIN) for a torch fp8 dtype, and ``rne_cast(device)``
-whether GRID may be false there (the conversion instruction rounds to the grid).
+``group_code_buffers(m, k, dtype, group, device)`` allocates its codes and scales and gives those
+constexprs for a launch.
 
 ``index_load(ptrs, ASM)`` (:mod:`engine.runtime.triton_loads`): a table entry that a pipelined
 loop's tile loads take their addresses from, read outside the software pipeliner so that the
 tile loads keep ``num_stages - 1`` iterations ahead.
 """
 
-from engine.runtime.quant_triton import _kind as fp8_limits
 from engine.runtime.quant_triton import _store_group_codes as store_group_codes
-from engine.runtime.quant_triton import fp8_from_bits, fp8_kind, rne_cast
+from engine.runtime.quant_triton import fp8_from_bits, fp8_kind, group_code_buffers
 from engine.runtime.triton_loads import index_load
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_enabled, pdl_trigger,
                                        pdl_wait, prefetch_l2)
 
-__all__ = ["fp8_from_bits", "fp8_kind", "fp8_limits", "index_load", "launch_options",
-           "line_offsets", "pdl_enabled", "pdl_trigger", "pdl_wait", "prefetch_l2", "rne_cast",
+__all__ = ["fp8_from_bits", "fp8_kind", "group_code_buffers", "index_load", "launch_options",
+           "line_offsets", "pdl_enabled", "pdl_trigger", "pdl_wait", "prefetch_l2",
            "store_group_codes"]

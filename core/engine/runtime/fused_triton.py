@@ -9,7 +9,7 @@ import triton.language as tl
 
 from engine.runtime.linear import GroupCodes
 from engine.runtime.quant_triton import (_bits, _codes, _kind, _quantize, _signed,
-                                         _store_group_codes, rne_cast)
+                                         _store_group_codes, group_code_buffers)
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
 from engine.runtime.triton_pdl import (l2_prefetch,  # noqa: F401  (the models' entry)
                                       l2_prefetch_enabled)
@@ -274,18 +274,13 @@ def add_rms_norm_groups(x: torch.Tensor, residual: torch.Tensor | None, weight: 
     ``group`` columns, x + residual): the codes and scales ``quant_triton.quant_groups`` makes
     of the rows :func:`add_rms_norm` returns, bit for bit, in one kernel."""
     t, n = x.shape
-    if n % group or group != triton.next_power_of_2(group):
-        raise ValueError(f"{n} columns in groups of {group}: not whole power-of-two groups")
-    fp8, mant, emin, qmax = _kind(dtype)
-    codes = torch.empty((t, n), dtype=dtype, device=x.device)
-    scales = torch.empty((n // group, t), dtype=torch.float32, device=x.device)
+    codes, scales, fmt = group_code_buffers(t, n, dtype, group, x.device)
     res_out = torch.empty_like(x) if residual is not None else x
     res = residual if residual is not None else x
     _add_rms_norm_groups[(t,)](x, res, weight, _bits(codes), scales, res_out, n, t, x.stride(0),
                                res.stride(0), codes.stride(0), res_out.stride(0), eps,
                                HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n),
-                               GROUP=group, FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin,
-                               GRID=not rne_cast(x.device), num_warps=4 if n <= 4096 else 8,
+                               GROUP=group, num_warps=4 if n <= 4096 else 8, **fmt,
                                **launch_options(x.device))
     return GroupCodes(codes, scales.t(), group, x.dtype), res_out
 
@@ -357,17 +352,12 @@ def silu_and_mul_groups(x: torch.Tensor, dtype: torch.dtype, group: int) -> Grou
     one kernel."""
     t, two_i = x.shape
     inter = two_i // 2
-    if inter % group or group != triton.next_power_of_2(group):
-        raise ValueError(f"{inter} columns in groups of {group}: not whole power-of-two groups")
-    fp8, mant, emin, qmax = _kind(dtype)
-    codes = torch.empty((t, inter), dtype=dtype, device=x.device)
-    scales = torch.empty((inter // group, t), dtype=torch.float32, device=x.device)
+    codes, scales, fmt = group_code_buffers(t, inter, dtype, group, x.device)
     block = max(group, min(1024, triton.next_power_of_2(inter)))
     if t:
         _silu_and_mul_groups[(t, triton.cdiv(inter, block))](
             x, _bits(codes), scales, inter, t, x.stride(0), codes.stride(0), BLOCK=block,
-            GROUP=group, FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin, GRID=not rne_cast(x.device),
-            **launch_options(x.device))
+            GROUP=group, **fmt, **launch_options(x.device))
     return GroupCodes(codes, scales.t(), group, x.dtype)
 
 

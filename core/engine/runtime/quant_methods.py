@@ -757,7 +757,7 @@ class Fp8Method(LayerMethod):
         kernels before may write them (``swap_triton.producer_codes``)."""
         if not (getattr(layer, "kernel", False) and self.weight_scheme == "block"
                 and self.act == "dynamic" and self.act_group == self.block[1]
-                and x.dim() == 2 and x.shape[0] <= KERNEL_ROWS
+                and x.dim() == 2  # (the rows apply would hand to the Triton kernels)
                 and not (layer.block_scaled and x.shape[0] > BLOCK_SCALED_ROWS)):
             return None
         from engine.runtime import swap_triton

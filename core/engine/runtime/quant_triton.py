@@ -676,6 +676,22 @@ def _store_group_codes(v, q_ptrs, ok, s_ptrs, s_ok, FP8: tl.constexpr, QMAX: tl.
     tl.store(s_ptrs, s, mask=s_ok)
 
 
+def group_code_buffers(m: int, k: int, dtype: torch.dtype, group: int,
+                       device: torch.device) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Room for ``m`` rows of ``k`` columns as ``dtype`` (fp8) codes per group of ``group``
+    columns (``k`` whole power-of-two groups): the codes [m, k], the float32 scales [k / group,
+    m] (their ``.t()`` the column-major [m, k / group] a product reads), and the constexprs
+    (FP8, QMAX, MANT, EMIN, GRID) of :func:`_store_group_codes` for a kernel on ``device``;
+    every kernel that writes group codes allocates and launches through it."""
+    if k % group or group != triton.next_power_of_2(group):
+        raise ValueError(f"{k} columns in groups of {group}: not whole power-of-two groups")
+    fp8, mant, emin, qmax = _kind(dtype)
+    codes = torch.empty((m, k), dtype=dtype, device=device)
+    scales = torch.empty((k // group, m), dtype=torch.float32, device=device)
+    return codes, scales, dict(FP8=fp8, QMAX=qmax, MANT=mant, EMIN=emin,
+                               GRID=not rne_cast(device))
+
+
 def quant_groups(x: torch.Tensor, dtype: torch.dtype,
                  group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes [M, K] of the fp8 ``dtype``, float32 scales [M, K / group] column-major) of
@@ -684,14 +700,11 @@ def quant_groups(x: torch.Tensor, dtype: torch.dtype,
     kernel."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
-    fp8, mant, emin, qmax = _kind(dtype)
-    xq = torch.empty((m, k), dtype=dtype, device=x.device)
-    xs = torch.empty((k // group, m), dtype=torch.float32, device=x.device)
+    xq, xs, fmt = group_code_buffers(m, k, dtype, group, x.device)
     per = max(1, min(k // group, 4096 // group, GROUPS_PER_PROGRAM))
     _quant_groups[(m, triton.cdiv(k // group, per))](
-        x, _bits(xq), xs, m, k, x.stride(0), xq.stride(0), FP8=fp8, QMAX=qmax, MANT=mant,
-        EMIN=emin, GROUP=group, GROUPS=triton.next_power_of_2(per),
-        GRID=not rne_cast(x.device), num_warps=4, **launch_options(x.device))
+        x, _bits(xq), xs, m, k, x.stride(0), xq.stride(0), GROUP=group,
+        GROUPS=triton.next_power_of_2(per), num_warps=4, **fmt, **launch_options(x.device))
     return xq, xs.t()
 
 

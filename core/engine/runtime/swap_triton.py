@@ -434,14 +434,15 @@ def _flag(name: str, default: bool) -> bool:
     return value == "1" if value in ("0", "1") else default
 
 
-def group_codes() -> bool:
-    """Whether rows quantized per group (block fp8) are quantized first, by
-    :func:`engine.runtime.quant_triton.quant_groups` (one more launch), and the product reads
-    codes and group scales instead of quantizing each tile with a reduction across the
-    program (the default: on an H200 the Llama-3-8B step's block fp8 products took 2.54 ms
-    against 2.59 at one row, 2.76 against 3.18 at 4 rows; ``ENGINE_SWAP_GROUP_CODES=0``: each
-    tile quantized in the product, for A/B runs)."""
-    return _flag("ENGINE_SWAP_GROUP_CODES", True)
+def group_codes(k: int, bk: int) -> bool:
+    """Whether rows of ``k`` columns quantized per group of ``bk`` (block fp8) are quantized
+    first, by :func:`engine.runtime.quant_triton.quant_groups` (one more launch; whole
+    power-of-two groups), and the product reads codes and group scales instead of quantizing
+    each tile with a reduction across the program (the default: on an H200 the Llama-3-8B
+    step's block fp8 products took 2.54 ms against 2.59 at one row, 2.76 against 3.18 at 4
+    rows; ``ENGINE_SWAP_GROUP_CODES=0``: each tile quantized in the product, for A/B runs)."""
+    return (_flag("ENGINE_SWAP_GROUP_CODES", True) and k % bk == 0
+            and bk == triton.next_power_of_2(bk))
 
 
 def producer_codes() -> bool:
@@ -463,8 +464,7 @@ def takes_group_codes(w: torch.Tensor, block: tuple[int, int], m: int) -> bool:
 
     n, k = w.shape
     bk = block[1]
-    return (m <= min(quant_triton.SWAP_ROWS, MAX_ROWS) and group_codes() and k % bk == 0
-            and bk == triton.next_power_of_2(bk)
+    return (m <= min(quant_triton.SWAP_ROWS, MAX_ROWS) and group_codes(k, bk)
             and small_config(w.dtype, "group", block, n, k, m) is not None)
 
 
@@ -570,7 +570,7 @@ def w8_swap(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, act: str
     if code in (1, 3) and m >= QUANT_ROWS_FROM:  # the rows' codes first
         x, x_scale = quant_rows(x, w.dtype, static=x_scale if code == 3 else None)
         code = 4
-    elif code == 2 and group_codes() and k % bk == 0 and bk == triton.next_power_of_2(bk):
+    elif code == 2 and group_codes(k, bk):
         x, x_scale = quant_groups(x, w.dtype, bk)  # (scales [K / bk, M] in memory)
         code = 5
     bm = rows_block(m)

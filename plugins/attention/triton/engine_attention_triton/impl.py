@@ -344,13 +344,10 @@ class TritonBackend(AttentionBackend):
             xq = xs = None
             fmt: dict[str, Any] = {}
             if codes is not None:  # (the rows [bsz, hq * dim] in groups of a head)
-                from engine.api.triton import fp8_limits, rne_cast
+                from engine.api.triton import group_code_buffers
 
-                xq = torch.empty((bsz, hq * dim), dtype=codes, device=q.device)
-                xs = torch.empty((hq, bsz), dtype=torch.float32, device=q.device)
-                fp8_flag, mant, emin, qmax = fp8_limits(codes)
-                fmt = dict(CODES=True, FP8=fp8_flag, QMAX=qmax, MANT=mant, EMIN=emin,
-                           GRID=not rne_cast(q.device))
+                xq, xs, fmt = group_code_buffers(bsz, hq * dim, codes, dim, q.device)
+                fmt["CODES"] = True
             self.kernels._decode_merge_kernel[(bsz, hkv)](
                 part_out, part_lse, out, batch.seq_lens, part_out.stride(0),
                 part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
