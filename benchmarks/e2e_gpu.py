@@ -47,7 +47,8 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"},
          "unchained": {"ENGINE_GEMV_CHAIN": "0"},
          "nopreload": {"ENGINE_TRITON_DECODE_PRELOAD": "0"},
          "nocodes": {"ENGINE_PRODUCER_CODES": "0"},
-         "ocodes": {"ENGINE_TRITON_OUTPUT_CODES": "1"}}
+         "ocodes": {"ENGINE_TRITON_OUTPUT_CODES": "1"},
+         "noocodes": {"ENGINE_TRITON_OUTPUT_CODES": "0"}}
 GEN_STEPS = 16
 
 

@@ -38,6 +38,7 @@
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
 #     moe_onewarp: one-warp one-token launches in the chain; group_bound: the block fp8 step as
 #     shipped, with the inputs the decoder hands over, and without quantization (a bound);
+#     affine_cols: one row of 4-bit codes with the groups in the product's columns;
 #     producer_codes: block fp8's inputs as group codes from the norm and SiLU kernels, checks
 #     and the model A/B;
 #     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
@@ -384,6 +385,24 @@ PY
         --batches 1,4 --hf "" --steps 32 --rounds 4
       TAIL=12 step 200 producer_codes_bf16 python3 benchmarks/e2e_gpu.py --backends triton \
         --batches 1,4 --hf "" --steps 32 --rounds 2 ;;
+    affine_cols)  # one row of 4-bit codes with the groups in the product's columns (the
+      # swapped kernel's XSUM 2, its one-row launches): its GPU checks, then the step of gptq
+      # and awq with one row on the gemv (ENGINE_AFFINE_SWAP_FIRST=2) and on the swapped
+      # kernel, alternating twice
+      TAIL=3 step 200 affine_cols_tests python3 -m pytest -q -m gpu \
+        tests/runtime/test_swap_affine.py
+      for r in 1 2; do
+        for v in gemv swap; do
+          first=1
+          if [ $v = gemv ]; then first=2; fi
+          ENGINE_AFFINE_SWAP_FIRST=$first ENGINE_PACKED_WEIGHT_ONLY=1 \
+            TAIL=4 step 90 "affine_cols_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 \
+            --schemes gptq,awq
+        done
+      done ;;
+    affine_cols_search)  # the one-row launch search of the swapped 4-bit kernel (XSUM 0-2)
+      TAIL=30 step 500 affine_cols_search python3 benchmarks/swap_affine_gpu.py --search \
+        --rows 1 ;;
     group_bound)  # block fp8's one-row group quantization: the step as shipped, the step with
       # the inputs as the decoder hands them over (group codes from the norm and SiLU kernels
       # where the layer takes them, made outside the graph), and with no quantization at all (a
@@ -393,7 +412,7 @@ PY
       for r in 1 2; do
         for v in "" "--model-inputs" "ocodes" "--cached-group-codes"; do
           o=0; a=$v
-          if [ "$v" = ocodes ]; then o=1; a=--model-inputs; fi
+          if [ "$v" = ocodes ]; then o=1; a=--model-inputs; fi  # (o=0: not the merge's)
           ENGINE_TRITON_OUTPUT_CODES=$o TAIL=4 step 90 \
             "group_bound_$(echo "${v:-default}" | tr -d ' -')_$r" python3 \
             benchmarks/quant_gpu.py --batches 1,4 --schemes fp8_block,fp8_tensor $a

@@ -28,8 +28,8 @@ handed back afterwards, so the replayed step runs block fp8's products without t
 quantization launches (what the step would cost if the kernels before the products wrote the
 codes). ``--model-inputs``: each layer gets its input as the decoder hands it over, group
 codes where the layer asks for them (``Linear.group_codes``) and the kernel before it writes
-them (the norms, SiLU-and-mul, and with ``ENGINE_TRITON_OUTPUT_CODES=1`` the triton attention
-backend's decode merge), made outside the graph, as those kernels make them in the model
+them (the norms, SiLU-and-mul, and the triton attention backend's decode merge;
+``ENGINE_TRITON_OUTPUT_CODES=0``: not the merge), made outside the graph, as those kernels make them in the model
 (there in place of the row they write otherwise).
 
 (The launch configurations of the few-row kernels come from ``benchmarks/gemv_gpu.py
@@ -119,9 +119,9 @@ def build(scheme: str | None, key: str) -> Linear:
 
 #: layers whose input the decoder's kernels before them write as group codes where the layer
 #: takes them (``--model-inputs``): after a norm (q/k/v, gate/up) or SiLU-and-mul (down); and
-#: with ``ENGINE_TRITON_OUTPUT_CODES=1`` after the triton attention backend's decode merge (o)
+#: after the triton attention backend's decode merge (o; ``ENGINE_TRITON_OUTPUT_CODES=0``: not)
 WRITTEN_AS_CODES = ("self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj") + (
-    ("self_attn.o_proj",) if os.environ.get("ENGINE_TRITON_OUTPUT_CODES") == "1" else ())
+    ("self_attn.o_proj",) if os.environ.get("ENGINE_TRITON_OUTPUT_CODES") != "0" else ())
 MODEL_INPUTS = False
 
 

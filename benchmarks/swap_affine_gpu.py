@@ -151,7 +151,8 @@ def candidates(n: int, k: int, rows: int) -> list[tuple]:
     (4 or 8 warps), and for 32-64 rows 256 (8 warps: each program's activation slices, which
     grow with the rows, then serve twice the weights; with 128 rows it spills registers); SPLIT_K 1-8 with at least two tiles a
     slice and at most 8 programs a multiprocessor; 2-5 stages, no more buffered tiles than a
-    slice has, fitting :data:`SMEM`; the row sums from registers or from the matrix unit."""
+    slice has, fitting :data:`SMEM`; the row sums from registers or from the matrix unit (one
+    row: or the groups in the product's columns)."""
     pack = 32 // BITS * SUB
     tiles = triton.cdiv(k, pack)
     out = []
@@ -168,7 +169,8 @@ def candidates(n: int, k: int, rows: int) -> list[tuple]:
                 tile_bytes = bn * SUB * 4 + 32 // BITS * sa.rows_block(rows) * SUB * 2
                 if stages - 1 > per_slice or (stages - 1) * tile_bytes + SMEM_OTHER > SMEM:
                     continue
-                out += [(bn, split, warps, stages, xsum) for xsum in (0, 1)]
+                out += [(bn, split, warps, stages, xsum)
+                        for xsum in ((0, 1, 2) if rows == 1 else (0, 1))]
     return out
 
 

@@ -294,9 +294,10 @@ def output_codes_checks() -> list[str]:
     one.prepare(batch)
     if one.attend_codes(q, rig.spec, batch, (torch.float8_e4m3fn, 64)) is not None:
         failures.append("output codes without a merge kernel: not declined")
-    os.environ.pop("ENGINE_TRITON_OUTPUT_CODES")
+    os.environ["ENGINE_TRITON_OUTPUT_CODES"] = "0"
     if backend.attend_codes(q, rig.spec, batch, (torch.float8_e4m3fn, 64)) is not None:
-        failures.append("output codes without ENGINE_TRITON_OUTPUT_CODES=1: not declined")
+        failures.append("output codes with ENGINE_TRITON_OUTPUT_CODES=0: not declined")
+    os.environ.pop("ENGINE_TRITON_OUTPUT_CODES")
     return failures
 
 

@@ -59,8 +59,10 @@ SWAP_ROWS = min(128, int(os.environ.get("ENGINE_SWAP_ROWS", "64")))
 #: linear layers, 2026-12-03): swapped 2.14 / 2.35 / 2.71 / 4.30 / 7.78 ms at 1 / 16 / 32 / 64 /
 #: 128 rows; the gemv 2.13 at 1 row (4.65 at 4); ``tl.dot`` 21.96 at 16; dequantize + cuBLAS
 #: 9.89 at 128, 11.05 at 256 (swapped: 19.97); dense bf16 3.82-4.36. Widths not listed keep
-#: the gemv and ``tl.dot`` kernels.
-AFFINE_SWAP = {4: (2, 128)}
+#: the gemv and ``tl.dot`` kernels. One row since its launches with the groups in the
+#: product's columns (an H100, 2026-12-06: the step's 4-bit products 2.21-2.25 ms against the
+#: gemv's 2.30-2.40); ``ENGINE_AFFINE_SWAP_FIRST=2`` gives one row to the gemv (A/B runs).
+AFFINE_SWAP = {4: (int(os.environ.get("ENGINE_AFFINE_SWAP_FIRST", "1")), 128)}
 #: rows from which :func:`affine_mm` dequantizes the weight into a temporary in x's dtype and
 #: hands the product to cuBLAS, by code width (prefill: the weight's bytes are then small
 #: beside the product's work; 45.7 against 39.6 ms of dense bf16 at 2048 rows on the H200)

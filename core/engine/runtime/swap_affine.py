@@ -34,9 +34,13 @@ values.
 
 The row sums ``sum_k x_k`` come from the activations in registers (XSUM 0: summed over the
 chunk elementwise, reduced once per chunk; one row: a scalar) or from the matrix unit (XSUM 1:
-ones times the same activations). With ``SPLIT_K > 1`` each of that many programs per output
-block takes a slice of the packed tiles and the last to finish adds the slices up
-(:func:`engine.runtime.quant_triton._finish`).
+ones times the same activations). One row (XSUM 2) puts the groups of a program's slice of K
+in the product's columns instead: the operand's column c carries the row's activations on the
+columns of the slice's c-th group and zeros elsewhere, so one accumulator keeps every group's
+sum apart through the whole slice (no scale or row sum inside the loop: they come in once, at
+the end), and the slice is cut to at most 16 groups (:func:`_cols_product`). With ``SPLIT_K >
+1`` each of that many programs per output block takes a slice of the packed tiles and the last
+to finish adds the slices up (:func:`engine.runtime.quant_triton._finish`).
 
 Launched with programmatic dependent launch (:mod:`engine.runtime.triton_pdl`): every program
 lets the next kernel launch at once, asks for its first tile of packed words and for the scales
@@ -50,6 +54,7 @@ bfloat16 operands as their raw bits); the products are exact either way.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -208,6 +213,54 @@ def _prefetch_affine(s_ptr, b_ptr, t_lo, t_hi, n_groups, N, nc, PACK: tl.constex
 
 
 @triton.jit
+def _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n_ok, nc, t_lo,
+                  t_hi, n_groups, N, K, bias_ptr, y_ptr, part_ptr, cnt_ptr, stride_ym, split_k,
+                  BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
+                  F16: tl.constexpr, OFFSET: tl.constexpr, HAS_PERM: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
+                  SPLIT: tl.constexpr, ASM: tl.constexpr, F32: tl.constexpr,
+                  BLOCK_M: tl.constexpr):
+    """XSUM 2, one row: the groups of the program's slice of K in the product's columns. Column
+    c of the operand x^T holds the row's activations on the columns of group ``g_lo + c`` and
+    zeros elsewhere, so one accumulator [BLOCK_N, BLOCK_M] collects every group's sum
+    ``sum_k x_k (OFFSET + q_k)`` apart, through the whole slice with no fold inside the loop;
+    the groups' scales and offsets and the row's sums per group come in once, after it
+    (:func:`affine_swap` takes this form where a slice spans at most BLOCK_M groups)."""
+    PER: tl.constexpr = 32 // BITS
+    PACK: tl.constexpr = PER * SUB
+    offs_i = tl.arange(0, SUB)
+    cols_c = tl.arange(0, BLOCK_M)
+    g_lo = (t_lo * PACK) // GROUP
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    xg = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)
+    for t in range(t_lo, t_hi):
+        words = tl.load(q_rows + t * SUB)
+        for j in tl.static_range(PER):
+            cols = t * PACK + j * SUB + offs_i
+            src = _x_cols(perm_ptr, cols, K, HAS_PERM, EVEN)
+            mine = (cols_c == (t * PACK + j * SUB) // GROUP - g_lo)[:, None]
+            if EVEN:
+                x = tl.load(x_ptr + src[None, :] + cols_c[:, None] * 0, mask=mine, other=0.0)
+            else:
+                x = tl.load(x_ptr + src[None, :] + cols_c[:, None] * 0,
+                            mask=mine & (cols < K)[None, :], other=0.0)
+            acc = _slice_product(words, x, acc, j, BITS, F16, ASM, F32)
+            xg += x.to(tl.float32)
+    xs = tl.sum(xg, axis=1)  # [BLOCK_M]: the row's sum over each group's columns in the slice
+    g = g_lo + cols_c
+    at = g[None, :] * N + nc[:, None]
+    g_ok = (g < n_groups)[None, :]
+    s = tl.load(s_ptr + at, mask=g_ok, other=0.0)
+    c = tl.load(b_ptr + at, mask=g_ok, other=0.0) - OFFSET * s
+    y = tl.sum(acc * s + xs[None, :] * c, axis=1)  # [BLOCK_N]
+    out = tl.broadcast_to(y[:, None], (BLOCK_N, BLOCK_M))
+    one = tl.full((1, 1), 1.0, tl.float32)
+    offs_m = tl.arange(0, BLOCK_M)
+    _finish(tl.trans(out), one, one, pid_n, pid_k, offs_m, offs_n, offs_m < 1, n_ok, bias_ptr,
+            y_ptr, part_ptr, cnt_ptr, N, stride_ym, split_k, HAS_BIAS, BLOCK_M, SPLIT)
+
+
+@triton.jit
 def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
                  M, N, K, stride_xm, stride_qn, stride_ym, split_k,
                  BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
@@ -220,9 +273,10 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
     the packed tiles of slice ``pid_k`` of ``split_k``. A tile is SUB words per output,
     32/BITS slices of SUB columns; slices fold into the accumulator a chunk at a time (CHUNK
     slices inside one group, at most a tile). XSUM 0: row sums from x in registers (ROW1:
-    only the first row, as a scalar); 1: from the matrix unit. EVEN: K a multiple of the
-    tile (no masks on x). Rows past M and outputs past N repeat the last one (no masks on
-    loads; never stored). HALVES: the scales load BLOCK_N / 2 at a time
+    only the first row, as a scalar); 1: from the matrix unit; 2 (one row): the slice's
+    groups in the product's columns, no folds in the loop (:func:`_cols_product`). EVEN: K a
+    multiple of the tile (no masks on x). Rows past M and outputs past N repeat the last one
+    (no masks on loads; never stored). HALVES: the scales load BLOCK_N / 2 at a time
     (:func:`_per_output`; BLOCK_N at least the threads). ASM: compiled for the GPU (inline
     PTX, L2 prefetches); else the interpreter's forms (F32: bfloat16 products in float32)."""
     PER: tl.constexpr = 32 // BITS
@@ -250,6 +304,12 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     x_rows = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if XSUM == 2:
+        _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n_ok, nc,
+                      t_lo, t_hi, n_groups, N, K, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+                      stride_ym, split_k, BITS, GROUP, SUB, F16, OFFSET, HAS_PERM, HAS_BIAS,
+                      BLOCK_N, EVEN, SPLIT, ASM, F32, BLOCK_M)
+        return
     ones = tl.full((BLOCK_N, SUB), 1.0, DTYPE)
     for t in range(t_lo, t_hi):
         words = tl.load(q_rows + t * SUB)
@@ -290,14 +350,16 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
 
 #: (BLOCK_N, SPLIT_K, warps, stages, XSUM) by (:func:`shape_class`, :func:`rows_bucket`),
 #: chosen on an H200 by ``benchmarks/swap_affine_gpu.py --search`` (Llama-3-8B's layers, int4
-#: in groups of 128; the launch with the least summed time over the class's layers).
-CONFIGS = {("deep", 1): (128, 8, 8, 3, 1), ("deep", 4): (128, 8, 8, 3, 0),
+#: in groups of 128; the launch with the least summed time over the class's layers); the
+#: one-row launches (the groups in the product's columns, XSUM 2) by the same search on an
+#: H100.
+CONFIGS = {("deep", 1): (128, 8, 4, 5, 2), ("deep", 4): (128, 8, 8, 3, 0),
            ("deep", 16): (128, 8, 4, 5, 0), ("deep", 32): (128, 8, 4, 3, 0),
            ("deep", 64): (128, 8, 4, 3, 0), ("deep", 128): (128, 4, 8, 3, 0),
-           ("square", 1): (128, 8, 4, 2, 0), ("square", 4): (128, 8, 4, 2, 0),
+           ("square", 1): (128, 8, 4, 2, 2), ("square", 4): (128, 8, 4, 2, 0),
            ("square", 16): (128, 8, 4, 2, 0), ("square", 32): (64, 4, 4, 3, 0),
            ("square", 64): (64, 4, 4, 2, 0), ("square", 128): (64, 4, 4, 2, 0),
-           ("wide", 1): (128, 4, 4, 3, 0), ("wide", 4): (128, 4, 4, 3, 0),
+           ("wide", 1): (64, 1, 4, 2, 2), ("wide", 4): (128, 4, 4, 3, 0),
            ("wide", 16): (128, 1, 4, 5, 0), ("wide", 32): (128, 1, 4, 3, 0),
            ("wide", 64): (128, 4, 4, 3, 0), ("wide", 128): (128, 2, 8, 3, 0)}
 
@@ -316,6 +378,24 @@ def rows_block(m: int) -> int:
     """Rows of one program for ``m`` rows: 16 up to 16 (the matrix unit's narrowest side), then
     the bucket."""
     return max(16, rows_bucket(m))
+
+
+@functools.lru_cache(maxsize=None)
+def _cols_split(k: int, pack: int, group: int, split: int, cols: int) -> int | None:
+    """The least split of K, from ``split`` up, whose every slice (whole tiles of ``pack``
+    columns, as the kernel cuts them) spans at most ``cols`` groups; None past the tiles."""
+    tiles = triton.cdiv(k, pack)
+    for s in range(max(split, 1), tiles + 1):
+        steps = triton.cdiv(tiles, s)
+        widest = 0
+        for p in range(s):
+            lo = p * steps * pack
+            hi = min(tiles * pack, lo + steps * pack)
+            if lo < hi:
+                widest = max(widest, (hi - 1) // group - lo // group + 1)
+        if widest <= cols:
+            return s
+    return None
 
 
 def default_config(n: int, k: int, m: int) -> tuple:
@@ -356,6 +436,12 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
     bm = rows_block(m)
     blocks = triton.cdiv(m, bm)
     split = 1 if blocks > 1 else _split(min(split, triton.cdiv(k, pack)), n, bn, bm)
+    if xsum == 2:  # (one row, slices of at most BLOCK_M groups; else the folds in registers)
+        cols_split = _cols_split(k, pack, group, split, bm) if m == 1 else None
+        if cols_split and _split(cols_split, n, bn, bm) == cols_split:
+            split = cols_split
+        else:
+            xsum = 0
     part, cnt = _workspace(x.device)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     interpret = _interpreting()

@@ -293,10 +293,10 @@ class TritonBackend(AttentionBackend):
     def attend_codes(self, q: torch.Tensor, layer: AttentionLayerSpec, batch: Batch,
                      fmt: tuple[torch.dtype, int]) -> GroupCodes | None:
         """A decode whose splits the merge kernel folds writes its output as fp8 codes per
-        head (``fmt``'s group a head's width), in that kernel, with
-        ``ENGINE_TRITON_OUTPUT_CODES=1`` (off until timed on a GPU); else ``None``."""
+        head (``fmt``'s group a head's width), in that kernel (``ENGINE_TRITON_OUTPUT_CODES=0``:
+        never, for A/B runs); else ``None``."""
         md = batch.attn_metadata
-        if not (os.environ.get("ENGINE_TRITON_OUTPUT_CODES") == "1" and batch.is_decode
+        if not (os.environ.get("ENGINE_TRITON_OUTPUT_CODES") != "0" and batch.is_decode
                 and isinstance(md, DecodeMetadata) and md.num_splits > 1
                 and fmt[1] == layer.head_dim and q.dtype in (torch.float16, torch.bfloat16)
                 and not self._folds_merge(md.num_splits, q.shape[0], layer)):
