@@ -38,6 +38,8 @@
 #     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
 #     moe_onewarp: one-warp one-token launches in the chain; group_bound: the block fp8 step as
 #     shipped, with the inputs the decoder hands over, and without quantization (a bound);
+#     targets: the step of the formats with a target, as shipped (fp8 block and per tensor,
+#     gptq and awq with one row on the gemv and on the swapped kernel);
 #     affine_cols: one row of 4-bit codes with the groups in the product's columns;
 #     producer_codes: block fp8's inputs as group codes from the norm and SiLU kernels, checks
 #     and the model A/B;
@@ -397,6 +399,18 @@ PY
           if [ $v = gemv ]; then first=2; fi
           ENGINE_AFFINE_SWAP_FIRST=$first ENGINE_PACKED_WEIGHT_ONLY=1 \
             TAIL=4 step 90 "affine_cols_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 \
+            --schemes gptq,awq
+        done
+      done ;;
+    targets)  # the step of the formats with an H200 target at one row, as shipped: block and
+      # per-tensor fp8 (every quantization launch written by the kernels before), then gptq
+      # and awq with one row on the gemv (before) and on the swapped kernel; twice
+      for r in 1 2; do
+        TAIL=4 step 90 "targets_fp8_$r" python3 benchmarks/quant_gpu.py --batches 1 \
+          --schemes fp8_block,fp8_tensor --model-inputs
+        for first in 2 1; do
+          ENGINE_AFFINE_SWAP_FIRST=$first ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 \
+            "targets_w4_${first}_$r" python3 benchmarks/quant_gpu.py --batches 1 \
             --schemes gptq,awq
         done
       done ;;
