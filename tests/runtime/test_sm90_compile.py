@@ -708,3 +708,35 @@ def test_core_kernels_build(name):
     assert launches, f"{name} launched no Triton kernel"
     for kernel, bound, options in launches:
         _build_launch(kernel, bound, options)
+
+
+@pytest.mark.parametrize("layer", [(6144, 4096), (28672, 4096), (4096, 14336)])
+def test_one_row_affine_groups_in_columns_loads_nothing_in_its_loop(layer):
+    """One row of 4-bit codes (Llama-3-8B's q/k/v, gate/up and down, groups of 128) at the
+    swapped kernel's one-row launches, the groups in the product's columns (XSUM 2): the K loop
+    waits on no global load (the packed words and the activation tiles come by the pipeliner's
+    copies; no scale, offset or activation row loads there), and nothing spills; the folds'
+    form of the same launch loads in its loop."""
+    import torch
+
+    from engine.runtime import quant_triton, swap_affine
+
+    n, k = layer
+    q = torch.zeros(n, k // 8, dtype=torch.int32)
+    s = torch.ones(k // 128, n)
+
+    def ops(config):
+        launches = _launches(lambda: swap_affine.affine_swap(
+            torch.empty(1, k, dtype=torch.bfloat16), q, s, s, 4, 128,
+            quant_triton.affine_sub(128), config=config))
+        assert launches[-1][1]["XSUM"] == config[4]
+        compiled = _build_launch(*launches[-1])
+        assert stack_bytes(compiled) == 0
+        return loop_ops(compiled)
+
+    config = swap_affine.default_config(n, k, 1)
+    assert config[4] == 2
+    cols = ops(config)
+    assert cols and not [op for op in cols if op.startswith("LDG.")], cols
+    folds = ops(config[:4] + (0,))
+    assert [op for op in folds if op.startswith("LDG.")]

@@ -208,6 +208,28 @@ def _emulate(asm: str, a: int, b: int) -> int:
     return regs["$0"]
 
 
+def test_groups_in_columns_split_covers_at_most_the_columns():
+    """The split the one-row columns form takes: the least, from the launch's, whose slices (as
+    the kernel cuts whole tiles) each span at most 16 groups; None where one tile spans more."""
+    pytest.importorskip("triton")
+    from engine.runtime.swap_affine import _cols_split
+
+    def widest(k, pack, group, split):
+        tiles = -(-k // pack)
+        steps = -(-tiles // split)
+        spans = [(min(tiles * pack, lo + steps * pack) - 1) // group - lo // group + 1
+                 for lo in range(0, tiles * pack, steps * pack)]
+        return max(spans)
+
+    for k, group, split in ((4096, 128, 1), (4096, 128, 4), (14336, 128, 8), (768, 16, 1),
+                            (1024, 512, 3), (320, 32, 2), (4096, 4096, 1), (14336, 64, 2)):
+        got = _cols_split(k, 256, group, split, 16)
+        assert got is not None and got >= split and widest(k, 256, group, got) <= 16
+        assert got == split or widest(k, 256, group, got - 1) > 16, (k, group, split, got)
+    assert _cols_split(4096, 256, 128, 1, 16) == 2  # 32 groups: two slices of 16
+    assert _cols_split(4096, 256, 8, 1, 16) is None  # one tile alone spans 32 groups
+
+
 @pytest.mark.parametrize("form", [(4, 0x4300), (4, 0x6400), (2, 0x4300), (8, 0x6400),
                                   (8, 0x4300)])
 def test_inline_ptx_matches_the_elementwise_form(form):
