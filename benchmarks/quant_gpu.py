@@ -29,8 +29,8 @@ quantization launches (what the step would cost if the kernels before the produc
 codes). ``--model-inputs``: each layer gets its input as the decoder hands it over, group
 codes where the layer asks for them (``Linear.group_codes``) and the kernel before it writes
 them (the norms, SiLU-and-mul, and the triton attention backend's decode merge;
-``ENGINE_TRITON_OUTPUT_CODES=0``: not the merge), made outside the graph, as those kernels make them in the model
-(there in place of the row they write otherwise).
+``ENGINE_TRITON_OUTPUT_CODES=0``: not the merge), made outside the graph, as those kernels
+make them in the model (there in place of the row they write otherwise).
 
 (The launch configurations of the few-row kernels come from ``benchmarks/gemv_gpu.py
 --search``.)
