@@ -14,6 +14,7 @@ four layers x 32 (the linear layers of one decode step) for each path.
 
     python benchmarks/swap_affine_gpu.py [--rows 1,4,16] [--layers qkv,o] [--group 128]
     python benchmarks/swap_affine_gpu.py --search [--rows 1,4] [--block-n 16:1,32:1,32:2]
+        [--splits 1,2,4,8,16] [--min-tiles 1] [--max-warps 64]
     python benchmarks/swap_affine_gpu.py --dry-run   # the correctness part, tiny shapes, on a CPU
     python benchmarks/swap_affine_gpu.py --offline   # compile for sm_90 without a GPU, report
 
@@ -144,6 +145,9 @@ def correctness(rows_list, layers, shapes, group, device, dtype) -> list[list]:
 #: a program take the synchronous matrix instructions, ``mma.sync``, instead of the warp-group
 #: ones); None: the default shapes below
 BLOCK_NS: tuple | None = None
+#: splits of K the sweep tries, the fewest tiles a slice may hold, and the most warps of
+#: programs a multiprocessor (``--splits``, ``--min-tiles``, ``--max-warps``)
+SPLITS, MIN_TILES, MAX_WARPS = (1, 2, 4, 8), 2, 32
 
 
 def candidates(n: int, k: int, rows: int) -> list[tuple]:
@@ -159,10 +163,11 @@ def candidates(n: int, k: int, rows: int) -> list[tuple]:
     shapes = BLOCK_NS or ((64, 4), (128, 4), (128, 8)) + (((256, 8),) if 32 <= rows <= 64
                                                           else ())
     for bn, warps in shapes:
-        for split in (1, 2, 4, 8):
+        for split in SPLITS:
             per_slice = triton.cdiv(tiles, split)
-            # (at most 32 warps of programs a multiprocessor)
-            if split > 1 and per_slice < 2 or triton.cdiv(n, bn) * split * warps > 32 * SMS:
+            # (at most MAX_WARPS warps of programs a multiprocessor)
+            if (split > 1 and per_slice < MIN_TILES
+                    or triton.cdiv(n, bn) * split * warps > MAX_WARPS * SMS):
                 continue
             for stages in (2, 3, 4, 5):
                 # per stage: BLOCK_N words a row, and a block of rows of x for each slice
@@ -354,15 +359,21 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--search", action="store_true", help="sweep affine_swap's launches")
     ap.add_argument("--block-n", help="BLOCK_N:warps pairs of the sweep, e.g. 16:1,32:1,32:2")
+    ap.add_argument("--splits", default="1,2,4,8", help="splits of K the sweep tries")
+    ap.add_argument("--min-tiles", type=int, default=2, help="fewest tiles a split slice holds")
+    ap.add_argument("--max-warps", type=int, default=32,
+                    help="most warps of a launch's programs a multiprocessor")
     ap.add_argument("--iters", type=int, default=20, help="graph replays per timing")
     ap.add_argument("--dry-run", action="store_true",
                     help="correctness on tiny shapes under the Triton interpreter (CPU)")
     ap.add_argument("--offline", action="store_true",
                     help="compile the default launches for sm_90 without a GPU and report")
     args = ap.parse_args()
+    global BLOCK_NS, SPLITS, MIN_TILES, MAX_WARPS
     if args.block_n:
-        global BLOCK_NS
         BLOCK_NS = tuple(tuple(int(v) for v in p.split(":")) for p in args.block_n.split(","))
+    SPLITS = tuple(int(v) for v in args.splits.split(","))
+    MIN_TILES, MAX_WARPS = args.min_tiles, args.max_warps
     rows_list = [int(r) for r in (args.rows or ("1,4" if args.search
                                                 else "1,4,16,32,64,128,512,2048")).split(",")]
     layers = args.layers.split(",")
