@@ -47,7 +47,6 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"},
          "unchained": {"ENGINE_GEMV_CHAIN": "0"},
          "nopreload": {"ENGINE_TRITON_DECODE_PRELOAD": "0"},
          "nocodes": {"ENGINE_PRODUCER_CODES": "0"},
-         "ocodes": {"ENGINE_TRITON_OUTPUT_CODES": "1"},
          "noocodes": {"ENGINE_TRITON_OUTPUT_CODES": "0"}}
 GEN_STEPS = 16
 
@@ -76,8 +75,9 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
     one-row layer not as four chained products (``ENGINE_GEMV_CHAIN=0``); ``:nopreload``: the
     triton decode kernel reads its first key tile after its wait; ``:nocodes``: block fp8's
     inputs not written as group codes by the norm and SiLU-and-mul kernels (each product's
-    rows quantized by ``quant_groups``; ``:ocodes``: the output projection's codes written by
-    the triton decode merge too); modes joined by ``+``
+    rows quantized by ``quant_groups``); ``:noocodes``: those, but the output projection's
+    rows quantized by ``quant_groups`` (not written by the triton decode merge); modes joined
+    by ``+``
     combine;
     set by the caller through
     the environment, :data:`MODES`);

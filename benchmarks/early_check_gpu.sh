@@ -376,14 +376,14 @@ PY
       TAIL=14 step 140 moe_onewarp python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
         --chain-tokens 1 --wide-sweep onewarp ;;
     producer_codes)  # block fp8's inputs written as group codes by the norm and SiLU-and-mul
-      # kernels (the default; e2e mode :nocodes without; :ocodes the output projection's by
-      # the triton decode merge too): the GPU checks, then the dummy block fp8 Llama-3-8B in
+      # kernels and the output projection's by the triton decode merge (the default; e2e
+      # mode :nocodes without any, :noocodes without the merge's): the GPU checks, then the dummy block fp8 Llama-3-8B in
       # the three forms at batch 1 and 4 (rounds rotate them), and the dense model in the
       # same call for the ratio
       TAIL=3 step 200 producer_codes_tests python3 -m pytest -q -m gpu \
         tests/runtime/test_group_codes.py
       TAIL=30 step 360 producer_codes_e2e python3 benchmarks/e2e_gpu.py --backends \
-        triton:nocodes,triton,triton:ocodes --model-dir tests/data/llama3-8b-fp8-block-dummy \
+        triton:nocodes,triton:noocodes,triton --model-dir tests/data/llama3-8b-fp8-block-dummy \
         --batches 1,4 --hf "" --steps 32 --rounds 4
       TAIL=12 step 200 producer_codes_bf16 python3 benchmarks/e2e_gpu.py --backends triton \
         --batches 1,4 --hf "" --steps 32 --rounds 2 ;;
