@@ -25,6 +25,7 @@
 #     late_scale: one row's dynamic scale taken after the first weight tiles are asked for,
 #     A/B; quant_ab: the GPU checks once, then block_tma's and late_scale's A/Bs;
 #     moe_overlap: the MoE model at batch 1 with the next step built during this one;
+#     moe_even: the one-token down projection over unrolled whole tiles, alone and in the model;
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
@@ -252,6 +253,15 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
     scales_ahead) swap_tests; ab_scales_ahead ;;  # block fp8's scales an iteration ahead
     late_scale) swap_tests; ab_late_scale ;;  # one row's dynamic scale after the first tiles
     quant_ab) swap_tests; ab_block_tma; ab_late_scale ;;  # both, one call
+    moe_even)  # the one-token down projection over unrolled whole tiles (even_down): the
+      # launches alone (weights in L2 / in memory / after the up projection), the runner kit on
+      # CUDA, then the model at batch 1 against the whole-row launch (triton+noeven), twice
+      TAIL=24 step 200 moe_down python3 benchmarks/moe_down_gpu.py --variants \
+        ${MOE_DOWN_VARIANTS:-p16x128x4,n16x128x4,16x128x2,16x128x8,32x128x4,8x128x4,16x64x4}
+      TAIL=6 step 200 moe_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model \
+        --runners triton
+      TAIL=10 step 400 moe_even_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners triton,triton+noeven,triton,triton+noeven --overlap ;;
     moe_overlap)  # the MoE model at batch 1 as the server runs it (the next step built while
       # the GPU runs this one, the overlap scheduler's way) and with the host waiting, twice
       TAIL=6 step 300 moe_overlap python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \

@@ -291,10 +291,12 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     rows = []
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+hints / triton+keep / triton+nohints (L2 cache hints 1 / 2 / 0; the
-    # one-token launch's default is 1), torch
+    # one-token launch's default is 1), triton+noeven (the one-token down projection over
+    # whole rows, not unrolled whole tiles), torch
     variants = {"hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
                 "nohints": ("ENGINE_MOE_L2_HINTS", "0"),
-                "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0")}
+                "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0"),
+                "noeven": ("ENGINE_MOE_EVEN_DOWN", "0")}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"

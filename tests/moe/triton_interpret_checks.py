@@ -73,6 +73,26 @@ for p in range(t * k):
         want = wts.view(-1)[p] * (w2[e_] @ (torch.nn.functional.silu(g) * u))
     if not torch.allclose(down[p], want, atol=1e-5, rtol=1e-4):
         failures.append(f"pair {p}: rows differ by {(down[p] - want).abs().max():.3g}")
+# the down projection over whole tiles (``even_down``: unrolled, no masks) where the widths
+# allow it, and the loop where they do not (24 inputs are no whole tiles of 16)
+for h2, inter2 in ((48, 32), (40, 24)):
+    x2 = torch.randn(1, h2, generator=gen)
+    w13b = torch.randn(e, 2 * inter2, h2, generator=gen) / 8
+    w2b = torch.randn(e, h2, inter2, generator=gen) / 8
+    ids2 = torch.tensor([[4, -1, 1]], dtype=torch.int32)
+    wts2 = torch.rand(1, k, generator=gen)
+    gu2, down2 = torch.empty(k, 2 * inter2), torch.full((k, h2), float("nan"))
+    kernels.pair_moe(x2, w13b, w2b, ids2, wts2, gu2, down2, block_n=16, block_k=16,
+                     even_down=(16, 16, 4))
+    for p in range(k):
+        e_ = int(ids2.view(-1)[p])
+        want = torch.zeros(h2)
+        if e_ >= 0:
+            g, u = (w13b[e_] @ x2[0]).split(inter2)
+            want = wts2.view(-1)[p] * (w2b[e_] @ (torch.nn.functional.silu(g) * u))
+        if not torch.allclose(down2[p], want, atol=1e-5, rtol=1e-4):
+            failures.append(f"even_down {h2}x{inter2} pair {p}: rows differ by "
+                            f"{(down2[p] - want).abs().max():.3g}")
 # the combine with the residual added (each rounded as a separate add rounds: the sum to the
 # output dtype, then the total) and the sums of squares of the rows' pieces (float16: the
 # interpreter truncates float32 to bfloat16 where a GPU and torch round)

@@ -51,8 +51,23 @@ GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8, acc2d=False)  # best of th
 #: rows; the weights read with L2 evict_first. The fastest of two H200 sweeps in a chain of 8
 #: layers (24.0-24.2 us a layer, 73 % of 4.3 TB/s, against 26.6 for the launch before: 16
 #: outputs, 256-column tiles, the next tile loaded first; docs/benchmarks/moe.md)
+#: Where the intermediate width is whole tiles of 128 (at most ``EVEN_DOWN_TILES``), the down
+#: projection takes 16 outputs a program over unrolled [16, 128] tiles with no masks
+#: (``even_down``; ``ENGINE_MOE_EVEN_DOWN=0`` off, or "BLOCK_N,BLOCK_K,warps"): on an H100 its
+#: one-token kernel alone 5.7 us with its weights in L2 against 8.5 for the whole-row tile
+#: (a third of the instructions), 10.1 against 11.1-11.4 with them in memory.
 GEMV_ONE_TOKEN = dict(block_n=2, block_k=2048, warps=4, down_block_n=8, down_block_k=1024,
-                      down_warps=4, acc2d=False, next_tile=False, l2_hints=1)
+                      down_warps=4, acc2d=False, next_tile=False, l2_hints=1,
+                      even_down=(16, 128, 4))
+
+
+def _even_down_env(launch: dict[str, Any]) -> dict[str, Any]:
+    """``launch`` with ``even_down`` as ``ENGINE_MOE_EVEN_DOWN`` says (unset: as it is)."""
+    env = os.environ.get("ENGINE_MOE_EVEN_DOWN")
+    if env is None:
+        return launch
+    even = None if env == "0" else tuple(int(v) for v in env.split(","))
+    return dict(launch, even_down=even)
 
 
 def table_name(num_experts: int, width: int, device: str, dtype: torch.dtype) -> str:
@@ -86,7 +101,7 @@ class TritonRunner(MoERunner):
         #: its launch parameters (benchmarks/moe_gpu.py --sweep-gemv measures them)
         self.gemv: dict[str, int] = dict(GEMV_DEFAULT)
         #: the launch for a single token, or None (``gemv`` serves it too)
-        self.gemv_one: dict[str, Any] | None = dict(GEMV_ONE_TOKEN)
+        self.gemv_one: dict[str, Any] | None = _even_down_env(dict(GEMV_ONE_TOKEN))
         #: cache hints of the matrix-vector path (``pair_moe``'s ``l2_hints``): 1, weights read
         #: with the L2 policy "evict_first", so the up projection's stream leaves the down
         #: projection's prefetched rows in L2; 2, those rows also asked for "evict_last". The

@@ -219,7 +219,7 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     ACC2D: tl.constexpr, PREFETCH: tl.constexpr,
                     NEXT: tl.constexpr, EVICT: tl.constexpr, KEEP: tl.constexpr,
-                    PDL: tl.constexpr):
+                    PDL: tl.constexpr, TILES: tl.constexpr = 0):
     """``out[pair] = weight * w2[e] @ (silu(gate) * up)``: the activation is computed on the fly
     from the gate/up row of the pair. ACC2D and NEXT as in ``_pair_gemv_up``. With PDL this
     kernel starts only once every program of the up projection has waited for the router
@@ -227,7 +227,10 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
     rows of ``w2`` into L2 (one address a line) while the up projection still runs (PREFETCH:
     only where the pairs' rows of ``w2`` fit in L2; more would evict each other before use).
     EVICT: the weights' cache eviction policy as in ``_pair_gemv_up``; KEEP: the prefetch asks
-    for its rows with the priority ``evict_last``."""
+    for its rows with the priority ``evict_last``. TILES > 0: the I inputs are exactly TILES
+    tiles of BLOCK_K and N a multiple of BLOCK_N, so the loop is unrolled over whole tiles
+    with no masks and the products accumulate elementwise, summed once (a third of the
+    instructions of a masked loop at one token's launch)."""
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -250,6 +253,17 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
     acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     gu_row = gu_ptr + pair * stride_gu
     w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    if TILES > 0:  # whole tiles: unrolled, no masks, one sum at the end
+        for t in tl.static_range(TILES):
+            offs_k = t * BLOCK_K + tl.arange(0, BLOCK_K)
+            w = tl.load(w_rows + offs_k[None, :], eviction_policy=EVICT)
+            g = tl.load(gu_row + offs_k).to(tl.float32)
+            u = tl.load(gu_row + I + offs_k).to(tl.float32)
+            act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
+            acc2 += w.to(tl.float32) * act[None, :]
+        acc = tl.sum(acc2, axis=1) * tl.load(weights_ptr + pair)
+        tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty))
+        return
     if NEXT:
         w_next = _w_rows_tile(w_rows, 0, n_ok, I, BLOCK_K, EVICT)
     for k0 in range(0, I, BLOCK_K):
@@ -278,7 +292,7 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
              block_n: int = 32, block_k: int = 128, warps: int = 4,
              down_block_n: int | None = None, down_block_k: int | None = None,
              down_warps: int | None = None, acc2d: bool = False, next_tile: bool = False,
-             l2_hints: int = 0) -> None:
+             l2_hints: int = 0, even_down: tuple[int, int, int] | None = None) -> None:
     """The small-batch path: ``down[pair]`` = the pair's weighted expert output (zeros for
     ``-1`` ids; :func:`combine_pairs` sums a token's pairs). ``acc2d``: sum each output's
     products once at the end of its K loop.
@@ -286,7 +300,10 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     ``down_warps``: the down projection's warps a program (default ``warps``).
     ``l2_hints``: 1, both projections read their weights with the L2 eviction policy
     "evict_first" (``EVICT``); 2, the down projection's prefetch also asks for its rows with
-    the priority "evict_last" (``KEEP``); 0, neither."""
+    the priority "evict_last" (``KEEP``); 0, neither.
+    ``even_down``: (BLOCK_N, BLOCK_K, warps) of the down projection where its inputs are whole
+    tiles of BLOCK_K, at most :data:`EVEN_DOWN_TILES` of them, and its outputs whole blocks of
+    BLOCK_N (``TILES``: unrolled, no masks); else the launch above."""
     evict = "evict_first" if l2_hints else ""
     t, k = topk_ids.shape
     pairs = t * k
@@ -299,13 +316,21 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         BLOCK_K=min(block_k, triton.next_power_of_2(h)), ACC2D=acc2d, NEXT=next_tile,
         EVICT=evict, num_warps=warps, **launch_options(x.device))
     dbn, dbk = down_block_n or block_n, down_block_k or block_k
+    dbk, dw, tiles = min(dbk, triton.next_power_of_2(inter)), down_warps or warps, 0
+    if even_down is not None:
+        ebn, ebk, ew = even_down
+        if inter % ebk == 0 and h % ebn == 0 and inter // ebk <= EVEN_DOWN_TILES:
+            dbn, dbk, dw, tiles = ebn, ebk, ew, inter // ebk
     _pair_gemv_down[(pairs, triton.cdiv(h, dbn))](
         gate_up, w2, down, ids, topk_weights.reshape(-1), h, inter, gate_up.stride(0),
-        w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=dbn,
-        BLOCK_K=min(dbk, triton.next_power_of_2(inter)), ACC2D=acc2d,
+        w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=dbn, BLOCK_K=dbk, ACC2D=acc2d,
         PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
-        NEXT=next_tile, EVICT=evict, KEEP=l2_hints >= 2, num_warps=down_warps or warps,
+        NEXT=next_tile, EVICT=evict, KEEP=l2_hints >= 2, num_warps=dw, TILES=tiles,
         **launch_options(x.device))
+
+
+#: the most whole input tiles :func:`pair_moe`'s ``even_down`` launch unrolls (more: the loop)
+EVEN_DOWN_TILES = 12
 
 
 @functools.lru_cache(maxsize=None)
