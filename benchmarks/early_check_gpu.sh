@@ -257,7 +257,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       # launches alone (weights in L2 / in memory / after the up projection), the runner kit on
       # CUDA, then the model at batch 1 against the whole-row launch (triton+noeven), twice
       TAIL=24 step 200 moe_down python3 benchmarks/moe_down_gpu.py --variants \
-        ${MOE_DOWN_VARIANTS:-p16x128x4,n16x128x4,16x128x2,16x128x8,32x128x4,8x128x4,16x64x4}
+        ${MOE_DOWN_VARIANTS:-p16x128x4,n16x128x4,16x128x2,32x128x4,16x64x4,u2x2048x4,u4x2048x4,u8x2048x8,u4x1024x4,u8x1024x4,u2x1024x2}
       TAIL=6 step 200 moe_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model \
         --runners triton
       TAIL=10 step 400 moe_even_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \

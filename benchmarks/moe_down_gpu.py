@@ -14,6 +14,7 @@ down projections of BLOCK_N outputs x BLOCK_K-column tiles x warps a program, th
 unrolled over whole tiles with no masks (``e``: the weights loaded before the wait, from the
 expert id read before it), each alone (hot, cold) and after the shipped up projection (cold),
 beside the shipped down projection; same values (checked against it in the run).
+"uBNxBKxWARPS": up projections of the same form, alone and before the ``--up-down`` launch.
 """
 
 from __future__ import annotations
@@ -107,6 +108,38 @@ def _down_variant(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, stride_gu, strid
     tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _up_variant(x_ptr, w_ptr, out_ptr, ids_ptr, stride_we, stride_wn, stride_o,
+                K: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr):
+    """The up projection of the shipped kernel's math over whole [BLOCK_N, BLOCK_K] tiles of
+    the K inputs, unrolled, no masks, one sum at the end."""
+    pdl_wait(PDL)
+    pdl_trigger(PDL)
+    pair = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    x_row = x_ptr + (pair // TOP_K) * K
+    w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for t in tl.static_range(K // BLOCK_K):
+        offs_k = t * BLOCK_K + tl.arange(0, BLOCK_K)
+        w = tl.load(w_rows + offs_k[None, :], eviction_policy=EVICT)
+        x = tl.load(x_row + offs_k).to(tl.float32)
+        acc2 += w.to(tl.float32) * x[None, :]
+    tl.store(out_ptr + pair * stride_o + offs_n, tl.sum(acc2, axis=1).to(out_ptr.dtype.element_ty))
+
+
+def up_variant(ex, x, gate_up, ids, spec: str):
+    """The up projection of launch ``spec`` = "uBNxBKxWARPS"."""
+    bn, bk, warps = (int(v) for v in spec[1:].split("x"))
+    flat = ids.reshape(-1)
+    _up_variant[(flat.numel(), 2 * I // bn)](
+        x, ex.w13, gate_up, flat, ex.w13.stride(0), ex.w13.stride(1), gate_up.stride(0), K=H,
+        TOP_K=K, BLOCK_N=bn, BLOCK_K=bk, EVICT="evict_first", num_warps=warps,
+        **launch_options(x.device))
+
+
 def down_variant(ex, gate_up, down, ids, weights, spec: str):
     """The down projection of launch ``spec`` = "BNxBKxWARPS[e]"; "pBNxBKxWARPS": the shipped
     kernel's whole-tile form (``TILES``) with its prefetch before the wait, "n" without."""
@@ -159,6 +192,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--study", action="store_true")
     ap.add_argument("--variants", default="")
+    ap.add_argument("--up-down", default="p16x128x4",
+                    help="the down launch timed after each up launch (uBNxBKxWARPS variants)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -201,9 +236,18 @@ def main() -> None:
 def variants(args, ex, sets, x, weights, gate_up, down) -> None:
     """Each down launch alone (hot, cold) and after the shipped up projection (cold), the
     shipped one first, ``--rounds`` times in turn; values checked against the shipped one."""
-    specs = ["shipped"] + args.variants.split(",")
+    specs = ["shipped"] + [v for v in args.variants.split(",") if v[0] != "u"]
+    ups = [v for v in args.variants.split(",") if v[0] == "u"]
     launches(ex, x, gate_up, down, sets[0], weights, "both", 1)
+    want_gu = gate_up.float().clone()
     want = down.float().clone()
+    for spec in ups:
+        gate_up.zero_()
+        up_variant(ex, x, gate_up, sets[0], spec)
+        err = (gate_up.float() - want_gu).abs().max().item()
+        print(f"{spec}: max |difference| from the shipped up projection {err:.3e} "
+              f"(largest output {want_gu.abs().max().item():.3e})")
+    launches(ex, x, gate_up, down, sets[0], weights, "up", 1)
     for spec in specs[1:]:
         down.zero_()
         down_variant(ex, gate_up, down, sets[0], weights, spec)
@@ -232,6 +276,29 @@ def variants(args, ex, sets, x, weights, gate_up, down) -> None:
     print("|---|---|---|---|")
     for spec in specs:
         cols = [" / ".join(f"{t[j]:.2f}" for t in res[spec]) for j in range(3)]
+        print(f"| {spec} | " + " | ".join(cols) + " |")
+    if not ups:
+        return
+    down_spec = args.up_down
+    up_res: dict[str, list] = {s: [] for s in ["shipped"] + ups}
+    for _ in range(args.rounds):
+        for spec in up_res:
+            def up_fn(i, spec=spec):
+                ids = sets[i % sets.shape[0]]
+                if spec == "shipped":
+                    launches(ex, x, gate_up, down, ids, weights, "up", 1)
+                else:
+                    up_variant(ex, x, gate_up, ids, spec)
+
+            def pair_fn(i, up_fn=up_fn):
+                up_fn(i)
+                down_variant(ex, gate_up, down, sets[i % sets.shape[0]], weights, down_spec)
+            up_res[spec].append((time_calls(up_fn, args.calls),
+                                 time_calls(pair_fn, args.calls)))
+    print(f"| up launch (BLOCK_N x BLOCK_K x warps) | up cold, us | up + {down_spec} cold, us |")
+    print("|---|---|---|")
+    for spec, t in up_res.items():
+        cols = [" / ".join(f"{v[j]:.2f}" for v in t) for j in range(2)]
         print(f"| {spec} | " + " | ".join(cols) + " |")
 
 
