@@ -65,11 +65,14 @@ def launches(ex: ExpertWeights, x, gate_up, down, ids, weights, which: str, hint
 def _down_variant(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, stride_gu, stride_we,
                   stride_wn, stride_o, I: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, EVICT: tl.constexpr, EARLY: tl.constexpr,
-                  PDL: tl.constexpr):
+                  PDL: tl.constexpr, NEG: tl.constexpr = 0):
     """The down projection of the shipped kernel's math (``weight * w2[e] @ (silu(g) * u)``,
     the activation rounded to the row's type) over whole [BLOCK_N, BLOCK_K] tiles of the I
     inputs, unrolled, no masks (N a multiple of BLOCK_N, I of BLOCK_K). EARLY: the tiles loaded
-    before the wait with the expert id read before it (a timing experiment only)."""
+    before the wait with the expert id read before it (a timing experiment only). NEG, how a
+    pair of another rank's expert (-1) would be served: 0 not at all; 1 a branch to zeros after
+    the id's load; 2 the weights' loads masked off and the row zeroed; 3 expert 0's weights
+    read and the row zeroed."""
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -87,7 +90,15 @@ def _down_variant(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, stride_gu, strid
     pdl_wait(PDL)
     if not EARLY:
         expert = tl.load(ids_ptr + pair).to(tl.int64)
-        w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+        if NEG == 1:
+            if expert < 0:
+                tl.store(out_ptr + pair * stride_o + offs_n,
+                         tl.zeros((BLOCK_N,), tl.float32).to(out_ptr.dtype.element_ty))
+                return
+        mine = expert >= 0
+        owned = (tl.zeros((BLOCK_N, BLOCK_K), tl.int64) + expert) >= 0  # (as a block)
+        e = tl.maximum(expert, 0) if NEG >= 2 else expert
+        w_rows = w_ptr + e * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
     gu_row = gu_ptr + pair * stride_gu
     acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for t in tl.static_range(TILES):
@@ -98,6 +109,8 @@ def _down_variant(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, stride_gu, strid
             w = w1
         elif EARLY and t == 2:
             w = w2
+        elif NEG == 2:
+            w = tl.load(w_rows + offs_k[None, :], mask=owned, other=0.0, eviction_policy=EVICT)
         else:
             w = tl.load(w_rows + offs_k[None, :], eviction_policy=EVICT)
         g = tl.load(gu_row + offs_k).to(tl.float32)
@@ -105,6 +118,8 @@ def _down_variant(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, stride_gu, strid
         act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
         acc2 += w.to(tl.float32) * act[None, :]
     acc = tl.sum(acc2, axis=1) * tl.load(weights_ptr + pair)
+    if NEG >= 2:
+        acc = tl.where(mine, acc, 0.0)
     tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty))
 
 
@@ -152,13 +167,17 @@ def down_variant(ex, gate_up, down, ids, weights, spec: str):
             ACC2D=False, PREFETCH=spec[0] == "p", NEXT=False, EVICT="evict_first", KEEP=False,
             num_warps=warps, TILES=I // bk, **launch_options(gate_up.device))
         return
+    neg = 0
+    if spec[-2:-1] == "-":  # "...-N": a -1 pair served as NEG N says
+        spec, neg = spec[:-2], int(spec[-1])
     early = spec.endswith("e")
     bn, bk, warps = (int(v) for v in spec.rstrip("e").split("x"))
     flat = ids.reshape(-1)
     _down_variant[(flat.numel(), H // bn)](
         gate_up, ex.w2, down, flat, weights.reshape(-1), gate_up.stride(0), ex.w2.stride(0),
         ex.w2.stride(1), down.stride(0), I=I, BLOCK_N=bn, BLOCK_K=bk, EVICT="evict_first",
-        EARLY=early and bk * 3 >= I, num_warps=warps, **launch_options(gate_up.device))
+        EARLY=early and bk * 3 >= I, NEG=neg, num_warps=warps,
+        **launch_options(gate_up.device))
 
 
 def time_calls(fn, calls: int) -> float:

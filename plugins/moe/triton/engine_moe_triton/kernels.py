@@ -245,25 +245,33 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
                             KEEP)
     pdl_wait(PDL)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
+    gu_row = gu_ptr + pair * stride_gu
+    if TILES > 0:  # whole tiles: unrolled, no masks, one sum at the end. No branch on the
+        # expert, so the gate/up row's loads go out with the id's: another rank's expert (-1)
+        # reads expert 0's rows and its row is zeroed (a branch measured 0.4 us slower at one
+        # token, masked loads 2 us)
+        IC: tl.constexpr = TILES * BLOCK_K  # (== I: the up half's offset a constant)
+        w_rows = (w_ptr + tl.maximum(expert, 0) * stride_we
+                  + offs_n.to(tl.int64)[:, None] * stride_wn)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for t in tl.static_range(TILES):
+            offs_k = t * BLOCK_K + tl.arange(0, BLOCK_K)
+            w = tl.load(w_rows + offs_k[None, :], eviction_policy=EVICT)
+            g = tl.load(gu_row + offs_k).to(tl.float32)
+            u = tl.load(gu_row + IC + offs_k).to(tl.float32)
+            act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
+            acc2 += w.to(tl.float32) * act[None, :]
+        acc = tl.sum(acc2, axis=1) * tl.load(weights_ptr + pair)
+        acc = tl.where(expert >= 0, acc, 0.0)
+        tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty))
+        return
     if expert < 0:  # another rank's expert: this pair contributes zeros
         tl.store(out_ptr + pair * stride_o + offs_n,
                  tl.zeros((BLOCK_N,), dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=n_ok)
         return
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    gu_row = gu_ptr + pair * stride_gu
     w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
-    if TILES > 0:  # whole tiles: unrolled, no masks, one sum at the end
-        for t in tl.static_range(TILES):
-            offs_k = t * BLOCK_K + tl.arange(0, BLOCK_K)
-            w = tl.load(w_rows + offs_k[None, :], eviction_policy=EVICT)
-            g = tl.load(gu_row + offs_k).to(tl.float32)
-            u = tl.load(gu_row + I + offs_k).to(tl.float32)
-            act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
-            acc2 += w.to(tl.float32) * act[None, :]
-        acc = tl.sum(acc2, axis=1) * tl.load(weights_ptr + pair)
-        tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty))
-        return
     if NEXT:
         w_next = _w_rows_tile(w_rows, 0, n_ok, I, BLOCK_K, EVICT)
     for k0 in range(0, I, BLOCK_K):
@@ -303,7 +311,8 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     the priority "evict_last" (``KEEP``); 0, neither.
     ``even_down``: (BLOCK_N, BLOCK_K, warps) of the down projection where its inputs are whole
     tiles of BLOCK_K, at most :data:`EVEN_DOWN_TILES` of them, and its outputs whole blocks of
-    BLOCK_N (``TILES``: unrolled, no masks); else the launch above."""
+    BLOCK_N (``TILES``: unrolled, no masks, and no prefetch before the wait: measured slower
+    with it); else the launch above."""
     evict = "evict_first" if l2_hints else ""
     t, k = topk_ids.shape
     pairs = t * k
@@ -324,7 +333,8 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
     _pair_gemv_down[(pairs, triton.cdiv(h, dbn))](
         gate_up, w2, down, ids, topk_weights.reshape(-1), h, inter, gate_up.stride(0),
         w2.stride(0), w2.stride(1), down.stride(0), BLOCK_N=dbn, BLOCK_K=dbk, ACC2D=acc2d,
-        PREFETCH=pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device),
+        PREFETCH=(tiles == 0
+                  and pairs * w2[0].numel() * w2.element_size() <= _l2_budget(x.device)),
         NEXT=next_tile, EVICT=evict, KEEP=l2_hints >= 2, num_warps=dw, TILES=tiles,
         **launch_options(x.device))
 
