@@ -53,9 +53,9 @@ GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8, acc2d=False)  # best of th
 #: outputs, 256-column tiles, the next tile loaded first; docs/benchmarks/moe.md)
 #: Where the intermediate width is whole tiles of 128 (at most ``EVEN_DOWN_TILES``), the down
 #: projection takes 16 outputs a program over unrolled [16, 128] tiles with no masks
-#: (``even_down``; ``ENGINE_MOE_EVEN_DOWN=0`` off, or "BLOCK_N,BLOCK_K,warps"): on an H100 its
-#: one-token kernel alone 5.7 us with its weights in L2 against 8.5 for the whole-row tile
-#: (a third of the instructions), 10.1 against 11.1-11.4 with them in memory.
+#: (``even_down``; ``ENGINE_MOE_EVEN_DOWN=0`` off, or "BLOCK_N,BLOCK_K,warps"): a third of
+#: the instructions a weight; on an H100 the one-token kernel alone 9.9 us against 11.1-11.4
+#: for the whole-row tile, after the up projection 27.5 against 28.2-29.0.
 GEMV_ONE_TOKEN = dict(block_n=2, block_k=2048, warps=4, down_block_n=8, down_block_k=1024,
                       down_warps=4, acc2d=False, next_tile=False, l2_hints=1,
                       even_down=(16, 128, 4))
