@@ -26,6 +26,7 @@
 #     A/B; quant_ab: the GPU checks once, then block_tma's and late_scale's A/Bs;
 #     moe_overlap: the MoE model at batch 1 with the next step built during this one;
 #     moe_even: the one-token down projection over unrolled whole tiles, alone and in the model;
+#     decode_sweep: the decode kernel's launch at batch 1 in the MoE model's profile;
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
@@ -262,6 +263,14 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --runners triton
       TAIL=10 step 400 moe_even_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners triton,triton+noeven,triton,triton+noeven --overlap ;;
+    decode_sweep)  # the decode kernel's launch (BLOCK_N, warps, stages) at batch 1 in the MoE
+      # model's step: the attention kernels' figures of its profile for each (DECODE_LAUNCHES)
+      for c in ${DECODE_LAUNCHES:-64,4,3 32,4,3 32,2,1 16,2,1 128,4,3}; do
+        ENGINE_TRITON_DECODE_LAUNCH=$c TAIL=0 step 150 "decode_$c" python3 \
+          benchmarks/profile_decode_gpu.py --batch 1 --steps 20 \
+          --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
+        grep -E "step .* ms wall|the chain|_decode|_qk|norm" "$OUT/decode_$c.log" | head -8
+      done ;;
     moe_overlap)  # the MoE model at batch 1 as the server runs it (the next step built while
       # the GPU runs this one, the overlap scheduler's way) and with the host waiting, twice
       TAIL=6 step 300 moe_overlap python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \

@@ -18,7 +18,7 @@ and splits would only add partial outputs and a merge), ``triton_attention_split
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import torch
@@ -107,15 +107,23 @@ TMA_PAGE_LAUNCH = dict(extend_block_m=64, extend_block_n=64, extend_warps=4, ext
 def default_config(page_size: int, interpreted: bool | None = None) -> KernelConfig:
     """The launch a backend over pages of ``page_size`` slots gets when none is given (the
     environment read per backend: ``ENGINE_TRITON_NEW_KV=0`` keeps the new K/V in the pool
-    everywhere, ``=1`` reads them as rows at page sizes of whole 64-key tiles too)."""
+    everywhere, ``=1`` reads them as rows at page sizes of whole 64-key tiles too;
+    ``ENGINE_TRITON_DECODE_LAUNCH=BLOCK_N,warps,stages`` sets the decode kernel's, for
+    sweeps)."""
     if interpreting() if interpreted is None else interpreted:
         return INTERPRETER_CONFIG
     rows = os.environ.get("ENGINE_TRITON_NEW_KV")
     if page_size % TMA_PAGE_LAUNCH["extend_block_n"] == 0:
-        return KernelConfig(**TMA_PAGE_LAUNCH, extend_new_kv=rows == "1")  # type: ignore
-    if rows != "0":
-        return KernelConfig(**NEW_KV_LAUNCH)  # type: ignore[arg-type]
-    return KernelConfig()
+        cfg = KernelConfig(**TMA_PAGE_LAUNCH, extend_new_kv=rows == "1")  # type: ignore
+    elif rows != "0":
+        cfg = KernelConfig(**NEW_KV_LAUNCH)  # type: ignore[arg-type]
+    else:
+        cfg = KernelConfig()
+    decode = os.environ.get("ENGINE_TRITON_DECODE_LAUNCH")
+    if decode:
+        bn, warps, stages = (int(v) for v in decode.split(","))
+        cfg = replace(cfg, decode_block_n=bn, decode_warps=warps, decode_stages=stages)
+    return cfg
 
 
 #: (request, KV head) pairs the fused merge's counters cover (more: the merge kernel)
