@@ -113,10 +113,7 @@ def _down_variant(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, stride_gu, strid
             w = tl.load(w_rows + offs_k[None, :], mask=owned, other=0.0, eviction_policy=EVICT)
         else:
             w = tl.load(w_rows + offs_k[None, :], eviction_policy=EVICT)
-        g = tl.load(gu_row + offs_k).to(tl.float32)
-        u = tl.load(gu_row + I + offs_k).to(tl.float32)
-        act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
-        acc2 += w.to(tl.float32) * act[None, :]
+        acc2 += w.to(tl.float32) * mk.silu_tile(gu_row, offs_k, I)[None, :]
     acc = tl.sum(acc2, axis=1) * tl.load(weights_ptr + pair)
     if NEG >= 2:
         acc = tl.where(mine, acc, 0.0)

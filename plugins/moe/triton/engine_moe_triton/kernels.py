@@ -168,6 +168,16 @@ def _w_rows_tile(w_rows, k0, n_ok, K, BLOCK_K: tl.constexpr, EVICT: tl.constexpr
 
 
 @triton.jit
+def silu_tile(gu_row, offs_k, I):
+    """``silu(gate) * up`` at columns ``offs_k`` of the gate/up row ``gu_row`` (the up half ``I``
+    columns on), rounded to the row's type as a stored activation is, in float32 (whole
+    columns: no mask)."""
+    g = tl.load(gu_row + offs_k).to(tl.float32)
+    u = tl.load(gu_row + I + offs_k).to(tl.float32)
+    return (g * tl.sigmoid(g) * u).to(gu_row.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
 def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, stride_wn,
                   stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   ACC2D: tl.constexpr, NEXT: tl.constexpr, EVICT: tl.constexpr,
@@ -257,10 +267,7 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
         for t in tl.static_range(TILES):
             offs_k = t * BLOCK_K + tl.arange(0, BLOCK_K)
             w = tl.load(w_rows + offs_k[None, :], eviction_policy=EVICT)
-            g = tl.load(gu_row + offs_k).to(tl.float32)
-            u = tl.load(gu_row + IC + offs_k).to(tl.float32)
-            act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
-            acc2 += w.to(tl.float32) * act[None, :]
+            acc2 += w.to(tl.float32) * silu_tile(gu_row, offs_k, IC)[None, :]
         acc = tl.sum(acc2, axis=1) * tl.load(weights_ptr + pair)
         acc = tl.where(expert >= 0, acc, 0.0)
         tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty))
