@@ -27,6 +27,7 @@
 #     moe_overlap: the MoE model at batch 1 with the next step built during this one;
 #     moe_even: the one-token down projection over unrolled whole tiles, alone and in the model;
 #     decode_sweep: the decode kernel's launch at batch 1 in the MoE model's profile;
+#     h200_targets: on an H200 only, the figures of the open targets, shortest first;
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
@@ -263,6 +264,21 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --runners triton
       TAIL=10 step 400 moe_even_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners triton,triton+noeven,triton,triton+noeven --overlap ;;
+    h200_targets)  # what an H200 call should take first, shortest first: the MoE model at batch
+      # 1 with the whole-tile down projection against the whole-row one, then the quantized
+      # steps of every format with a target (the targets step), then where the MoE step goes
+      nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || {
+        echo "not an H200"; exit 3; }
+      TAIL=10 step 300 moe_even_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners triton,triton+noeven,triton,triton+noeven --overlap
+      for r in 1 2; do
+        TAIL=4 step 90 "targets_fp8_$r" python3 benchmarks/quant_gpu.py --batches 1 \
+          --schemes fp8_block,fp8_tensor --model-inputs
+        ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 "targets_w4_$r" python3 \
+          benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
+      done
+      TAIL=30 step 120 moe_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
+        --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table ;;
     decode_sweep)  # the decode kernel's launch (BLOCK_N, warps, stages) at batch 1 in the MoE
       # model's step: the attention kernels' figures of its profile for each (DECODE_LAUNCHES)
       for c in ${DECODE_LAUNCHES:-64,4,3 32,4,3 32,2,1 16,2,1 128,4,3}; do
