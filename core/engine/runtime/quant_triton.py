@@ -63,6 +63,13 @@ SWAP_ROWS = min(128, int(os.environ.get("ENGINE_SWAP_ROWS", "64")))
 #: product's columns (an H100, 2026-12-06: the step's 4-bit products 2.21-2.25 ms against the
 #: gemv's 2.30-2.40); ``ENGINE_AFFINE_SWAP_FIRST=2`` gives one row to the gemv (A/B runs).
 AFFINE_SWAP = {4: (int(os.environ.get("ENGINE_AFFINE_SWAP_FIRST", "1")), 128)}
+#: weights [n, k] whose one row stays on the gemv although :data:`AFFINE_SWAP` takes one row,
+#: by code width: where the swapped launch's programs fill less than a wave (an H100,
+#: 2026-12-06, ``benchmarks/int4pack_gpu.py --rows 1``, us a layer, swapped / gemv: o 9.1 /
+#: 7.4, down 18.9 / 18.6; q/k/v 9.8 / 11.6 and gate/up 32.2 / 34.4 stay swapped);
+#: ``ENGINE_AFFINE_ONE_ROW_GEMV=0`` takes none
+AFFINE_ONE_ROW_GEMV = ({} if os.environ.get("ENGINE_AFFINE_ONE_ROW_GEMV") == "0"
+                       else {4: {(4096, 4096), (4096, 14336)}})
 #: rows from which :func:`affine_mm` dequantizes the weight into a temporary in x's dtype and
 #: hands the product to cuBLAS, by code width (prefill: the weight's bytes are then small
 #: beside the product's work; 45.7 against 39.6 ms of dense bf16 at 2048 rows on the H200)
@@ -584,6 +591,8 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
         w = dequant_affine(q, scale, bias_, bits, group, sub, k, x.dtype)
         return torch.nn.functional.linear(x, w, bias)
     first, last = AFFINE_SWAP.get(bits, (0, -1))
+    if m == 1 and (q.shape[0], k) in AFFINE_ONE_ROW_GEMV.get(bits, ()):
+        first = 2
     if (first <= m <= last and x.dtype in (torch.bfloat16, torch.float16) and sub in (16, 32)
             and group % sub == 0):
         from engine.runtime.swap_affine import affine_swap
