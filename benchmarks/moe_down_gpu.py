@@ -9,12 +9,16 @@ come from (the case for asking them into L2 earlier); if not, by its own program
         [--variants 8x256x4,16x256x4,8x256x4e,p16x128x4]
 
 Each figure is us a call: ``--calls`` launches captured in one CUDA graph, replayed 20 times.
-``--study``: the shipped kernels hot and cold, with and without PDL and L2 hints. ``--variants``:
+"shipped" is the whole-row launch (``GEMV_ONE_TOKEN``'s 8 outputs over [8, 1024] tiles with
+the rows prefetched before the wait: the one-token down projection before ``even_down``).
+``--study``: those kernels hot and cold, with and without PDL and L2 hints. ``--variants``:
 down projections of BLOCK_N outputs x BLOCK_K-column tiles x warps a program, the K loop
 unrolled over whole tiles with no masks (``e``: the weights loaded before the wait, from the
-expert id read before it), each alone (hot, cold) and after the shipped up projection (cold),
-beside the shipped down projection; same values (checked against it in the run).
-"uBNxBKxWARPS": up projections of the same form, alone and before the ``--up-down`` launch.
+expert id read before it; ``-N``: a -1 pair served as ``_down_variant``'s NEG says; a leading
+``p`` / ``n``: the runner's own kernel, ``TILES``, with / without the prefetch), each alone
+(hot, cold) and after the shipped up projection (cold), beside the shipped down projection;
+same values (checked against it in the run). "uBNxBKxWARPS": up projections of the same form,
+alone and before the ``--up-down`` launch.
 """
 
 from __future__ import annotations
