@@ -591,10 +591,9 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
         w = dequant_affine(q, scale, bias_, bits, group, sub, k, x.dtype)
         return torch.nn.functional.linear(x, w, bias)
     first, last = AFFINE_SWAP.get(bits, (0, -1))
-    if m == 1 and (q.shape[0], k) in AFFINE_ONE_ROW_GEMV.get(bits, ()):
-        first = 2
-    if (first <= m <= last and x.dtype in (torch.bfloat16, torch.float16) and sub in (16, 32)
-            and group % sub == 0):
+    one_row_gemv = m == 1 and (q.shape[0], k) in AFFINE_ONE_ROW_GEMV.get(bits, ())
+    if (first <= m <= last and not one_row_gemv and x.dtype in (torch.bfloat16, torch.float16)
+            and sub in (16, 32) and group % sub == 0):
         from engine.runtime.swap_affine import affine_swap
 
         return affine_swap(x, q, scale, bias_, bits, group, sub, perm=perm, bias=bias)

@@ -168,12 +168,17 @@ def _w_rows_tile(w_rows, k0, n_ok, K, BLOCK_K: tl.constexpr, EVICT: tl.constexpr
 
 
 @triton.jit
-def silu_tile(gu_row, offs_k, I):
+def silu_tile(gu_row, offs_k, I, MASKED: tl.constexpr = False):
     """``silu(gate) * up`` at columns ``offs_k`` of the gate/up row ``gu_row`` (the up half ``I``
-    columns on), rounded to the row's type as a stored activation is, in float32 (whole
-    columns: no mask)."""
-    g = tl.load(gu_row + offs_k).to(tl.float32)
-    u = tl.load(gu_row + I + offs_k).to(tl.float32)
+    columns on), rounded to the row's type as a stored activation is, in float32 (MASKED:
+    zeros from column I on; else whole columns, no mask)."""
+    if MASKED:
+        k_ok = offs_k < I
+        g = tl.load(gu_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        u = tl.load(gu_row + I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    else:
+        g = tl.load(gu_row + offs_k).to(tl.float32)
+        u = tl.load(gu_row + I + offs_k).to(tl.float32)
     return (g * tl.sigmoid(g) * u).to(gu_row.dtype.element_ty).to(tl.float32)
 
 
@@ -282,11 +287,7 @@ def _pair_gemv_down(gu_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, I,
     if NEXT:
         w_next = _w_rows_tile(w_rows, 0, n_ok, I, BLOCK_K, EVICT)
     for k0 in range(0, I, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < I
-        g = tl.load(gu_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        u = tl.load(gu_row + I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        act = (g * tl.sigmoid(g) * u).to(gu_ptr.dtype.element_ty).to(tl.float32)
+        act = silu_tile(gu_row, k0 + tl.arange(0, BLOCK_K), I, True)
         if NEXT:
             w = w_next
             w_next = _w_rows_tile(w_rows, k0 + BLOCK_K, n_ok, I, BLOCK_K, EVICT)
@@ -331,8 +332,8 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         gate_up.stride(0), TOP_K=k, BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(h)), ACC2D=acc2d, NEXT=next_tile,
         EVICT=evict, num_warps=warps, **launch_options(x.device))
-    dbn, dbk = down_block_n or block_n, down_block_k or block_k
-    dbk, dw, tiles = min(dbk, triton.next_power_of_2(inter)), down_warps or warps, 0
+    dbn, dw, tiles = down_block_n or block_n, down_warps or warps, 0
+    dbk = min(down_block_k or block_k, triton.next_power_of_2(inter))
     if even_down is not None:
         ebn, ebk, ew = even_down
         if inter % ebk == 0 and h % ebn == 0 and inter // ebk <= EVEN_DOWN_TILES:
