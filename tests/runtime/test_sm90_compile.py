@@ -763,3 +763,37 @@ def test_one_row_affine_groups_in_columns_loads_nothing_in_its_loop(layer):
     assert cols and not [op for op in cols if op.startswith("LDG.")], cols
     folds = ops(config[:4] + (0,))
     assert [op for op in folds if op.startswith("LDG.")]
+
+
+@pytest.mark.parametrize("group, ct, depth, f16", [(128, 4, 3, False), (32, 1, 1, True),
+                                                   (256, 8, 2, False)])
+def test_one_row_affine_on_registers_builds_a_loop_without_shared_memory(group, ct, depth, f16):
+    """The Gluon one-row 4-bit kernel (:mod:`engine.runtime.affine_mma`) builds for sm_90: the
+    changes of layout between the loaded words and x and the matrix instruction's operands are
+    proven free (``assert_trivial``: the build fails otherwise); its K loop holds 16
+    synchronous matrix instructions a tile of 256 columns a warp, 16-byte loads, and no shared
+    memory or barrier (the groups' sums too stay in registers); nothing spills."""
+    from engine.runtime import affine_mma
+
+    if not affine_mma.available():
+        pytest.skip("this Triton has no Gluon")
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = affine_mma._affine_mma
+    types = {"x_ptr": "*fp16" if f16 else "*bf16", "q_ptr": "*i32", "s_ptr": "*fp32",
+             "b_ptr": "*fp32", "bias_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
+             "cnt_ptr": "*i32"}
+    ce = dict(GROUP=group, CT=ct, F16=f16, HAS_BIAS=True, MR=1, D=depth, SPLIT=True, PDL=True)
+    sig = {name: "constexpr" if name in ce else types.get(name, "i32")
+           for name in kernel.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+             if sig[name].startswith("*") or name in ("K", "stride_qn")}
+    src = GluonASTSource(fn=kernel, signature=sig, constexprs=ce, attrs=attrs)
+    compiled = triton.compile(src, target=SM90, options={"num_warps": 4, "launch_pdl": True})
+    assert stack_bytes(compiled) == 0
+    loops = [body for body in sass_loops(compiled) if any(op.startswith("HMMA") for op in body)]
+    assert len(loops) == 1
+    body = loops[0]
+    assert sum(op.startswith("HMMA.16816.F32") for op in body) == 16 * depth
+    assert [op for op in body if op.startswith("LDG.E.128")]
+    assert not [op for op in body if op.startswith(("LDS", "STS", "BAR"))], body

@@ -70,6 +70,10 @@ AFFINE_SWAP = {4: (int(os.environ.get("ENGINE_AFFINE_SWAP_FIRST", "1")), 128)}
 #: ``ENGINE_AFFINE_ONE_ROW_GEMV=0`` takes none
 AFFINE_ONE_ROW_GEMV = ({} if os.environ.get("ENGINE_AFFINE_ONE_ROW_GEMV") == "0"
                        else {4: {(4096, 4096), (4096, 14336)}})
+#: one row of 4-bit codes through :func:`engine.runtime.affine_mma.affine_mma` (the matrix
+#: unit's synchronous instruction with both operands in registers) where it serves the product
+#: (``ENGINE_AFFINE_MMA=1``; off by default until measured on the step)
+AFFINE_MMA = os.environ.get("ENGINE_AFFINE_MMA", "0") == "1"
 #: rows from which :func:`affine_mm` dequantizes the weight into a temporary in x's dtype and
 #: hands the product to cuBLAS, by code width (prefill: the weight's bytes are then small
 #: beside the product's work; 45.7 against 39.6 ms of dense bf16 at 2048 rows on the H200)
@@ -587,6 +591,11 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
         x, perm = x.index_select(1, perm), None
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
+    if m == 1 and AFFINE_MMA and x.is_cuda:
+        from engine.runtime import affine_mma as am
+
+        if am.supported(x, bits, group, sub, k):
+            return am.affine_mma(x, q, scale, bias_, group, bias=bias)
     if m >= DEQUANT_ROWS.get(bits, 1 << 62):
         w = dequant_affine(q, scale, bias_, bits, group, sub, k, x.dtype)
         return torch.nn.functional.linear(x, w, bias)
