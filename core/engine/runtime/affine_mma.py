@@ -164,6 +164,23 @@ if gluon is not None:
         return gl.convert_layout(x2, B, assert_trivial=True)
 
     @gluon.jit
+    def _chunk_constants(s_ptr, b_ptr, x_ptr, g0, n_groups, N, rows, cm, gi, gj,
+                         GPC: gl.constexpr, GROUP: gl.constexpr, OFFSET: gl.constexpr):
+        """The scales s and offsets ``c = b - OFFSET s`` [BN, 8] of the chunk's groups ``g0 ..
+        g0 + GPC - 1`` (zeros past them and past the weight) and the row's sums of x over them
+        [8], in the accumulator's layout."""
+        g = g0 + cm
+        g_ok = (cm < GPC) & (g < n_groups)
+        at = g[None, :] * N + rows[:, None]
+        s = gl.load(s_ptr + at, mask=g_ok[None, :], other=0.0)
+        c = gl.load(b_ptr + at, mask=g_ok[None, :], other=0.0) - OFFSET * s
+        xg_ok = (gi < GPC) & (g0 + gi < n_groups)
+        xg = gl.load(x_ptr + (g0 + gi)[:, None] * GROUP + gj[None, :], mask=xg_ok[:, None],
+                     other=0.0).to(gl.float32)
+        xs = gl.convert_layout(gl.sum(xg, axis=1), cm.type.layout, assert_trivial=True)
+        return s, c, xs
+
+    @gluon.jit
     def _affine_mma(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K,
                     stride_qn, split_k, GROUP: gl.constexpr, CT: gl.constexpr,
                     F16: gl.constexpr, HAS_BIAS: gl.constexpr, MR: gl.constexpr,
@@ -216,6 +233,8 @@ if gluon is not None:
         if D > 3:
             w3 = gl.load(q_rows + gl.minimum(t_first + 3, last) * 32)
         _pdl_wait(PDL)
+        s_c, c_c, xs_c = _chunk_constants(s_ptr, b_ptr, x_ptr, t_lo * 256 // GROUP, n_groups, N,
+                                          rn_c, cm, gi, gj, GPC, GROUP, OFFSET)
         y = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, MMA))
         acc = gl.zeros([BN, 8], gl.float32, layout=MMA)
         for t0 in range(t_lo, t_hi, D):
@@ -239,19 +258,12 @@ if gluon is not None:
                                 GROUP, B)
                 acc = mma_v2(_a_operand(w, MAGIC, F16, A), xt, acc)
                 if t < t_hi and ((t - t_lo) % CT == CT - 1 or t == t_hi - 1):
-                    g0 = c0 * 256 // GROUP  # the chunk's groups fold in
-                    g = g0 + cm
-                    g_ok = (cm < GPC) & (g < n_groups)
-                    at = g[None, :] * N + rn_c[:, None]
-                    s = gl.load(s_ptr + at, mask=g_ok[None, :], other=0.0)
-                    c = gl.load(b_ptr + at, mask=g_ok[None, :], other=0.0) - OFFSET * s
-                    xg_ok = (gi < GPC) & (g0 + gi < n_groups)
-                    xg = gl.load(x_ptr + (g0 + gi)[:, None] * GROUP + gj[None, :],
-                                 mask=xg_ok[:, None], other=0.0).to(gl.float32)
-                    xs = gl.convert_layout(gl.sum(xg, axis=1), gl.SliceLayout(0, MMA),
-                                           assert_trivial=True)
-                    y += gl.sum(acc * s + c * xs[None, :], axis=1)
+                    # the chunk's groups fold in; the next chunk's constants are asked for
+                    y += gl.sum(acc * s_c + c_c * xs_c[None, :], axis=1)
                     acc = gl.zeros([BN, 8], gl.float32, layout=MMA)
+                    s_c, c_c, xs_c = _chunk_constants(
+                        s_ptr, b_ptr, x_ptr, (c0 + CT) * 256 // GROUP, n_groups, N, rn_c, cm,
+                        gi, gj, GPC, GROUP, OFFSET)
         n_ok = rn_m < N
         if SPLIT:
             gl.store(part_ptr + pid_k * N + rn_m, y, mask=n_ok)
