@@ -113,7 +113,7 @@ if gluon is not None:
         spread over a warp's lanes as the accumulator spreads its columns (every warp loads them
         all), so their sums need no shared memory."""
         per = group // 8
-        reg = [[1, 0]] + [[0, 1 << i] for i in range(per.bit_length() - 1)]
+        reg = [[0, 1 << i] for i in range(per.bit_length() - 1)] + [[1, 0]]
         lane = [[2, 0], [4, 0], [0, per], [0, 2 * per], [0, 4 * per]]
         warp = [[0, 0]] * (warps.bit_length() - 1)
         return gl.DistributedLinearLayout(reg, lane, warp, [], [8, group])
