@@ -299,7 +299,7 @@ def default_config(n: int, k: int, group: int) -> tuple[int, int, int, int, int]
     """(MR, warps, CT, split, D) for a weight [n, k]: chunks of 8 groups, the split that gives
     the grid about two programs a multiprocessor's worth (at most the chunks), D tiles of
     words in flight a warp."""
-    mr, warps, depth = 1, 4, 3
+    mr, warps, depth = 1, 4, 2
     ct = 8 * group // TILE
     blocks = triton.cdiv(n, 16 * warps * mr)
     chunks = triton.cdiv(k // TILE, ct)
