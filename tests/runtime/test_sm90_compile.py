@@ -783,7 +783,8 @@ def test_one_row_affine_on_registers_builds_a_loop_without_shared_memory(group, 
     types = {"x_ptr": "*fp16" if f16 else "*bf16", "q_ptr": "*i32", "s_ptr": "*fp32",
              "b_ptr": "*fp32", "bias_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
              "cnt_ptr": "*i32"}
-    ce = dict(GROUP=group, CT=ct, F16=f16, HAS_BIAS=True, MR=1, D=depth, SPLIT=True, PDL=True)
+    ce = dict(GROUP=group, CT=ct, F16=f16, HAS_BIAS=True, MR=1, D=depth, XA=depth < 3,
+              WCACHE=".cg", SPLIT=True, PDL=True)
     sig = {name: "constexpr" if name in ce else types.get(name, "i32")
            for name in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)

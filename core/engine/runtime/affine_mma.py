@@ -184,7 +184,8 @@ if gluon is not None:
     def _affine_mma(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K,
                     stride_qn, split_k, GROUP: gl.constexpr, CT: gl.constexpr,
                     F16: gl.constexpr, HAS_BIAS: gl.constexpr, MR: gl.constexpr,
-                    D: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr):
+                    D: gl.constexpr, XA: gl.constexpr, WCACHE: gl.constexpr,
+                    SPLIT: gl.constexpr, PDL: gl.constexpr):
         """One program: 16 * warps * MR outputs, slice ``pid_k`` of ``split_k`` (whole chunks
         of CT tiles of 256 columns; a chunk spans at most 8 groups)."""
         W: gl.constexpr = gl.num_warps()
@@ -225,37 +226,45 @@ if gluon is not None:
         gj = gl.arange(0, GROUP, layout=gl.SliceLayout(0, GL))
         n_groups = K // GROUP
         last = gl.maximum(t_hi - 1, t_first)
-        w0 = gl.load(q_rows + t_first * 32)
+        w0 = gl.load(q_rows + t_first * 32, cache_modifier=WCACHE)
         if D > 1:
-            w1 = gl.load(q_rows + gl.minimum(t_first + 1, last) * 32)
+            w1 = gl.load(q_rows + gl.minimum(t_first + 1, last) * 32, cache_modifier=WCACHE)
         if D > 2:
-            w2 = gl.load(q_rows + gl.minimum(t_first + 2, last) * 32)
+            w2 = gl.load(q_rows + gl.minimum(t_first + 2, last) * 32, cache_modifier=WCACHE)
         if D > 3:
-            w3 = gl.load(q_rows + gl.minimum(t_first + 3, last) * 32)
+            w3 = gl.load(q_rows + gl.minimum(t_first + 3, last) * 32, cache_modifier=WCACHE)
         _pdl_wait(PDL)
         s_c, c_c, xs_c = _chunk_constants(s_ptr, b_ptr, x_ptr, t_lo * 256 // GROUP, n_groups, N,
                                           rn_c, cm, gi, gj, GPC, GROUP, OFFSET)
         y = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, MMA))
         acc = gl.zeros([BN, 8], gl.float32, layout=MMA)
+        if XA:  # x's tile a tile ahead
+            xa = _b_operand(x_ptr, x_offs, nib32, cols, t_first, t_first, t_lo < t_hi, GROUP, B)
         for t0 in range(t_lo, t_hi, D):
             for j in gl.static_range(D):
                 t = t0 + j
                 nxt = gl.minimum(t + D, last)
                 if j == 0:
                     w = w0
-                    w0 = gl.load(q_rows + nxt * 32)
+                    w0 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
                 elif j == 1:
                     w = w1
-                    w1 = gl.load(q_rows + nxt * 32)
+                    w1 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
                 elif j == 2:
                     w = w2
-                    w2 = gl.load(q_rows + nxt * 32)
+                    w2 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
                 else:
                     w = w3
-                    w3 = gl.load(q_rows + nxt * 32)
+                    w3 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
                 c0 = t_lo + ((t - t_lo) // CT) * CT
-                xt = _b_operand(x_ptr, x_offs, nib32, cols, gl.minimum(t, last), c0, t < t_hi,
-                                GROUP, B)
+                if XA:
+                    xt = xa
+                    c1 = t_lo + ((t + 1 - t_lo) // CT) * CT
+                    xa = _b_operand(x_ptr, x_offs, nib32, cols, gl.minimum(t + 1, last), c1,
+                                    t + 1 < t_hi, GROUP, B)
+                else:
+                    xt = _b_operand(x_ptr, x_offs, nib32, cols, gl.minimum(t, last), c0,
+                                    t < t_hi, GROUP, B)
                 acc = mma_v2(_a_operand(w, MAGIC, F16, A), xt, acc)
                 if t < t_hi and ((t - t_lo) % CT == CT - 1 or t == t_hi - 1):
                     # the chunk's groups fold in; the next chunk's constants are asked for
@@ -295,31 +304,34 @@ def supported(x: torch.Tensor, bits: int, group: int, sub: int, k: int) -> bool:
             and os.environ.get("TRITON_INTERPRET") != "1")
 
 
-def default_config(n: int, k: int, group: int) -> tuple[int, int, int, int, int]:
-    """(MR, warps, CT, split, D) for a weight [n, k]: chunks of 8 groups, the split that gives
-    the grid about two programs a multiprocessor's worth (at most the chunks), D tiles of
-    words in flight a warp."""
+def default_config(n: int, k: int, group: int) -> tuple[int, ...]:
+    """(MR, warps, CT, split, D, XA, CG) for a weight [n, k]: chunks of 8 groups, the split
+    that gives the grid about two programs a multiprocessor's worth (at most the chunks), D
+    tiles of words in flight a warp, x's tile a tile ahead (XA), the words read through L2
+    only (CG)."""
     mr, warps, depth = 1, 4, 2
     ct = 8 * group // TILE
     blocks = triton.cdiv(n, 16 * warps * mr)
     chunks = triton.cdiv(k // TILE, ct)
     split = max(1, min(chunks, triton.cdiv(512, blocks)))
-    return mr, warps, ct, split, depth
+    return mr, warps, ct, split, depth, 1, 1
 
 
 def affine_mma(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torch.Tensor,
                group: int, bias: torch.Tensor | None = None,
-               config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+               config: tuple[int, ...] | None = None) -> torch.Tensor:
     """``x`` [1, K] @ W^T for 4-bit codes ``q`` [N, K / 256 * 32] packed by
     :func:`engine.runtime.quant_triton.pack_affine` (slices of 32), ``scale``/``bias_`` float32
-    [K / group, N] (see :func:`supported`). ``config``: (MR, warps, CT, split, D), else
+    [K / group, N] (see :func:`supported`). ``config``: (MR, warps, CT, split, D[, XA,
+    CG]), else
     :func:`default_config`'s."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     k = x.shape[1]
     n = q.shape[0]
     if q.shape[1] != k // TILE * 32:
         raise ValueError(f"codes of {q.shape[1]} words a row do not pack {k} columns")
-    mr, warps, ct, split, depth = config or default_config(n, k, group)
+    mr, warps, ct, split, depth, xa, cg = (tuple(config or ()) + default_config(n, k, group)[
+        len(config or ()):])
     if ct < 1 or ct * TILE > 8 * group or (ct * TILE) % group:
         raise ValueError(f"a chunk of {ct} tiles does not hold whole groups of {group} (<= 8)")
     bn = 16 * warps * mr
@@ -329,5 +341,6 @@ def affine_mma(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: tor
     _affine_mma[(triton.cdiv(n, bn), split)](
         x, q, scale, bias_, bias if bias is not None else y, y, part, cnt, n, k, q.stride(0),
         split, GROUP=group, CT=ct, F16=x.dtype == torch.float16, HAS_BIAS=bias is not None,
-        MR=mr, D=depth, SPLIT=split > 1, num_warps=warps, **launch_options(x.device))
+        MR=mr, D=depth, XA=bool(xa), WCACHE=".cg" if cg else "", SPLIT=split > 1,
+        num_warps=warps, **launch_options(x.device))
     return y
