@@ -44,6 +44,8 @@
 #     targets: the step of the formats with a target, as shipped (fp8 block and per tensor,
 #     gptq and awq with one row on the gemv and on the swapped kernel);
 #     affine_cols: one row of 4-bit codes with the groups in the product's columns;
+#     affine_mma: one row of 4-bit codes on the matrix unit from registers (Gluon): checks,
+#     launches per layer, the gptq/awq step with it off and on;
 #     producer_codes: block fp8's inputs as group codes from the norm and SiLU kernels, checks
 #     and the model A/B;
 #     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
@@ -422,6 +424,22 @@ PY
         --batches 1,4 --hf "" --steps 32 --rounds 4
       TAIL=12 step 200 producer_codes_bf16 python3 benchmarks/e2e_gpu.py --backends triton \
         --batches 1,4 --hf "" --steps 32 --rounds 2 ;;
+    affine_mma)  # one row of 4-bit codes on the matrix unit from registers (Gluon,
+      # engine.runtime.affine_mma; ENGINE_AFFINE_MMA=1): its GPU checks, its launches against
+      # the shipped route per layer (x a tile ahead or at use, words through L2 or L1, 1-2
+      # tiles of words in flight), then the step of gptq and awq with it off and on, twice
+      TAIL=1 step 90 affine_mma_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_affine_mma.py
+      configs="1,4,4,2,2,0,1;1,4,4,2,2,1,1;1,4,4,2,1,1,1;2,4,2,4,1,1,1;2,4,2,4,1,1,0"
+      configs="$configs;1,4,2,8,1,1,1;1,4,4,4,1,1,1;1,8,4,4,2,0,1;1,4,4,8,2,0,1"
+      TAIL=9 step 240 affine_mma_layers python3 benchmarks/affine_mma_gpu.py --skip-checks \
+        --configs "${AFFINE_MMA_CONFIGS:-$configs}"
+      for r in 1 2; do
+        for v in 0 1; do
+          ENGINE_AFFINE_MMA=$v ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 step 90 "affine_mma_${v}_$r" \
+            python3 benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
+        done
+      done ;;
     affine_cols)  # one row of 4-bit codes with the groups in the product's columns (the
       # swapped kernel's XSUM 2, its one-row launches): its GPU checks, then the step of gptq
       # and awq with one row on the gemv (ENGINE_AFFINE_SWAP_FIRST=2) and on the swapped
