@@ -26,10 +26,14 @@ once at the chunk's end with the row's sums over its groups::
 
     sum_k x_k w_k = s * product + c * sum_k x_k
 
-The packed words of the next tile are asked for before the current one is used (one tile in
-flight a warp, in registers). With ``split > 1`` each of that many programs of an output block
-takes a slice of whole chunks, and the last to finish adds the slices up
-(:func:`engine.runtime.quant_triton._finish`'s scheme).
+The packed words of the D tiles after the current one are in flight a warp, in registers (the
+loop unrolled D times, so no register is copied; read through L2 only with CG), x's next tile
+too with XA, and a chunk's scales, offsets and x sums are asked for a chunk ahead. With
+``split > 1`` each of that many programs of an output block takes a slice of whole chunks, and
+the last to finish adds the slices up (:func:`engine.runtime.quant_triton._finish`'s scheme).
+Measured against the shipped one-row route on an H100 it is even per layer and slower in the
+step (docs/benchmarks/quantization.md), so :func:`engine.runtime.quant_triton.affine_mm` takes
+it only with ``ENGINE_AFFINE_MMA=1``.
 
 Gluon kernels do not run under the Triton interpreter: the CPU tests check the index maps
 (:func:`logical_columns`) and build the kernel for sm_90; the GPU tests check it against the
@@ -187,7 +191,8 @@ if gluon is not None:
                     D: gl.constexpr, XA: gl.constexpr, WCACHE: gl.constexpr,
                     SPLIT: gl.constexpr, PDL: gl.constexpr):
         """One program: 16 * warps * MR outputs, slice ``pid_k`` of ``split_k`` (whole chunks
-        of CT tiles of 256 columns; a chunk spans at most 8 groups)."""
+        of CT tiles of 256 columns; a chunk spans at most 8 groups). D: tiles of words in
+        flight a warp (1-4); XA: x's tile a tile ahead; WCACHE: the words' cache modifier."""
         W: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = 16 * W * MR
         GPC: gl.constexpr = CT * 256 // GROUP  # groups a chunk
