@@ -48,7 +48,7 @@ import torch
 import triton
 
 from engine.runtime.quant_triton import _split, _workspace
-from engine.runtime.triton_pdl import launch_options
+from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
 
 try:
     from triton.experimental import gluon
@@ -123,18 +123,6 @@ if gluon is not None:
         return gl.DistributedLinearLayout(reg, lane, warp, [], [8, group])
 
     @gluon.jit
-    def _pdl_wait(PDL: gl.constexpr):
-        if PDL:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [],
-                                      dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
-    def _pdl_trigger(PDL: gl.constexpr):
-        if PDL:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                                      dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
     def _a_operand(w, MAGIC: gl.constexpr, F16: gl.constexpr, A: gl.constexpr):
         """The words [BN, 4, 8] of a tile -> the weight operand [BN, 256] (K in the order of
         :func:`logical_columns`)."""
@@ -205,7 +193,7 @@ if gluon is not None:
         WL: gl.constexpr = _words_layout(W, MR)
         XL: gl.constexpr = _x_layout(W)
         GL: gl.constexpr = _sums_layout(W, GROUP)
-        _pdl_trigger(PDL)
+        pdl_trigger(PDL)
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
         n_tiles = K // 256
@@ -238,7 +226,7 @@ if gluon is not None:
             w2 = gl.load(q_rows + gl.minimum(t_first + 2, last) * 32, cache_modifier=WCACHE)
         if D > 3:
             w3 = gl.load(q_rows + gl.minimum(t_first + 3, last) * 32, cache_modifier=WCACHE)
-        _pdl_wait(PDL)
+        pdl_wait(PDL)
         s_c, c_c, xs_c = _chunk_constants(s_ptr, b_ptr, x_ptr, t_lo * 256 // GROUP, n_groups, N,
                                           rn_c, cm, gi, gj, GPC, GROUP, OFFSET)
         y = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, MMA))
@@ -327,9 +315,8 @@ def affine_mma(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: tor
                config: tuple[int, ...] | None = None) -> torch.Tensor:
     """``x`` [1, K] @ W^T for 4-bit codes ``q`` [N, K / 256 * 32] packed by
     :func:`engine.runtime.quant_triton.pack_affine` (slices of 32), ``scale``/``bias_`` float32
-    [K / group, N] (see :func:`supported`). ``config``: (MR, warps, CT, split, D[, XA,
-    CG]), else
-    :func:`default_config`'s."""
+    [K / group, N] (see :func:`supported`). ``config``: (MR, warps, CT, split, D[, XA, CG]);
+    the fields it leaves out are :func:`default_config`'s."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     k = x.shape[1]
     n = q.shape[0]
