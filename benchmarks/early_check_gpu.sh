@@ -45,8 +45,7 @@
 #     gptq and awq with one row on the gemv and on the swapped kernel);
 #     affine_cols: one row of 4-bit codes with the groups in the product's columns;
 #     affine_mma: one row of 4-bit codes on the matrix unit from registers (Gluon): checks,
-#     launches per layer, the gptq/awq step with it off and on; affine_early: the same with
-#     each program's words all loaded before the wait;
+#     launches per layer, the gptq/awq step with it off and on;
 #     producer_codes: block fp8's inputs as group codes from the norm and SiLU kernels, checks
 #     and the model A/B;
 #     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
@@ -438,22 +437,6 @@ PY
       for r in 1 2; do
         for v in 0 1; do
           ENGINE_AFFINE_MMA=$v ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 step 90 "affine_mma_${v}_$r" \
-            python3 benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
-        done
-      done ;;
-    affine_early)  # the Gluon one-row 4-bit kernel with each program's words all loaded
-      # before the wait (EARLY, its default launch now): its GPU checks, launches per layer
-      # (4 or 2 tiles a program, x ahead or at use, through L2 or L1, 4 or 8 warps) against the
-      # shipped route, then the gptq/awq step with it off and on, twice
-      TAIL=1 step 120 affine_mma_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/runtime/test_affine_mma.py
-      configs="1,4,4,64,4,1,1;1,4,4,64,4,0,1;1,4,4,64,4,1,0;1,4,2,64,2,1,1"
-      configs="$configs;1,8,4,64,4,1,1;1,4,4,2,2,1,1"
-      TAIL=9 step 200 affine_early_layers python3 benchmarks/affine_mma_gpu.py --skip-checks \
-        --configs "${AFFINE_MMA_CONFIGS:-$configs}"
-      for r in 1 2; do
-        for v in 0 1; do
-          ENGINE_AFFINE_MMA=$v ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 step 90 "affine_early_${v}_$r" \
             python3 benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
         done
       done ;;

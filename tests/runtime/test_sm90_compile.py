@@ -765,8 +765,14 @@ def test_one_row_affine_groups_in_columns_loads_nothing_in_its_loop(layer):
     assert [op for op in folds if op.startswith("LDG.")]
 
 
-def _affine_mma_loop(group: int, ct: int, depth: int, f16: bool, early: bool = False):
-    """The sm_90 build of the Gluon one-row 4-bit kernel and its K loop's SASS ops."""
+@pytest.mark.parametrize("group, ct, depth, f16", [(128, 4, 3, False), (32, 1, 1, True),
+                                                   (256, 8, 2, False)])
+def test_one_row_affine_on_registers_builds_a_loop_without_shared_memory(group, ct, depth, f16):
+    """The Gluon one-row 4-bit kernel (:mod:`engine.runtime.affine_mma`) builds for sm_90: the
+    changes of layout between the loaded words and x and the matrix instruction's operands are
+    proven free (``assert_trivial``: the build fails otherwise); its K loop holds 16
+    synchronous matrix instructions a tile of 256 columns a warp, 16-byte loads, and no shared
+    memory or barrier (the groups' sums too stay in registers); nothing spills."""
     from engine.runtime import affine_mma
 
     if not affine_mma.available():
@@ -778,7 +784,7 @@ def _affine_mma_loop(group: int, ct: int, depth: int, f16: bool, early: bool = F
              "b_ptr": "*fp32", "bias_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
              "cnt_ptr": "*i32"}
     ce = dict(GROUP=group, CT=ct, F16=f16, HAS_BIAS=True, MR=1, D=depth, XA=depth < 3,
-              WCACHE=".cg", EARLY=early, SPLIT=True, PDL=True)
+              WCACHE=".cg", SPLIT=True, PDL=True)
     sig = {name: "constexpr" if name in ce else types.get(name, "i32")
            for name in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
@@ -788,29 +794,7 @@ def _affine_mma_loop(group: int, ct: int, depth: int, f16: bool, early: bool = F
     assert stack_bytes(compiled) == 0
     loops = [body for body in sass_loops(compiled) if any(op.startswith("HMMA") for op in body)]
     assert len(loops) == 1
-    return loops[0]
-
-
-@pytest.mark.parametrize("group, ct, depth, f16", [(128, 4, 3, False), (32, 1, 1, True),
-                                                   (256, 8, 2, False)])
-def test_one_row_affine_on_registers_builds_a_loop_without_shared_memory(group, ct, depth, f16):
-    """The Gluon one-row 4-bit kernel (:mod:`engine.runtime.affine_mma`) builds for sm_90: the
-    changes of layout between the loaded words and x and the matrix instruction's operands are
-    proven free (``assert_trivial``: the build fails otherwise); its K loop holds 16
-    synchronous matrix instructions a tile of 256 columns a warp, 16-byte loads, and no shared
-    memory or barrier (the groups' sums too stay in registers); nothing spills."""
-    body = _affine_mma_loop(group, ct, depth, f16)
+    body = loops[0]
     assert sum(op.startswith("HMMA.16816.F32") for op in body) == 16 * depth
     assert [op for op in body if op.startswith("LDG.E.128")]
     assert not [op for op in body if op.startswith(("LDS", "STS", "BAR"))], body
-
-
-def test_one_row_affine_on_registers_early_asks_for_no_words_in_its_loop():
-    """With EARLY (a program's slice no longer than its tiles in flight) every word loads
-    before the wait: the loop keeps its matrix instructions and x's loads and drops the four
-    16-byte word loads a tile a thread (two rows of eight words)."""
-    late = _affine_mma_loop(128, 4, 4, False)
-    early = _affine_mma_loop(128, 4, 4, False, early=True)
-    assert sum(op.startswith("HMMA.16816.F32") for op in early) == 16 * 4
-    count = [sum(op.startswith("LDG.E.128") for op in body) for body in (late, early)]
-    assert count[1] and count[0] - count[1] == 4 * 4, count

@@ -177,12 +177,10 @@ if gluon is not None:
                     stride_qn, split_k, GROUP: gl.constexpr, CT: gl.constexpr,
                     F16: gl.constexpr, HAS_BIAS: gl.constexpr, MR: gl.constexpr,
                     D: gl.constexpr, XA: gl.constexpr, WCACHE: gl.constexpr,
-                    EARLY: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr):
+                    SPLIT: gl.constexpr, PDL: gl.constexpr):
         """One program: 16 * warps * MR outputs, slice ``pid_k`` of ``split_k`` (whole chunks
         of CT tiles of 256 columns; a chunk spans at most 8 groups). D: tiles of words in
-        flight a warp (1-4); XA: x's tile a tile ahead; WCACHE: the words' cache modifier;
-        EARLY: the slice is at most D tiles, so all of its words load before the wait and the
-        loop asks for no more."""
+        flight a warp (1-4); XA: x's tile a tile ahead; WCACHE: the words' cache modifier."""
         W: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = 16 * W * MR
         GPC: gl.constexpr = CT * 256 // GROUP  # groups a chunk
@@ -241,20 +239,16 @@ if gluon is not None:
                 nxt = gl.minimum(t + D, last)
                 if j == 0:
                     w = w0
-                    if not EARLY:
-                        w0 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
+                    w0 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
                 elif j == 1:
                     w = w1
-                    if not EARLY:
-                        w1 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
+                    w1 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
                 elif j == 2:
                     w = w2
-                    if not EARLY:
-                        w2 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
+                    w2 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
                 else:
                     w = w3
-                    if not EARLY:
-                        w3 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
+                    w3 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
                 c0 = t_lo + ((t - t_lo) // CT) * CT
                 if XA:
                     xt = xa
@@ -304,12 +298,16 @@ def supported(x: torch.Tensor, bits: int, group: int, sub: int, k: int) -> bool:
 
 
 def default_config(n: int, k: int, group: int) -> tuple[int, ...]:
-    """(MR, warps, CT, split, D, XA, CG) for a weight [n, k]: each program one chunk of at
-    most 8 groups and 4 tiles, all of whose words are in flight before the wait (D = CT, the
-    split as many as the chunks: EARLY), x's tile a tile ahead (XA), the words read through L2
+    """(MR, warps, CT, split, D, XA, CG) for a weight [n, k]: chunks of 8 groups, the split
+    that gives the grid about two programs a multiprocessor's worth (at most the chunks), D
+    tiles of words in flight a warp, x's tile a tile ahead (XA), the words read through L2
     only (CG)."""
-    ct = max(1, min(4, 8 * group // TILE))
-    return 1, 4, ct, triton.cdiv(k // TILE, ct), ct, 1, 1
+    mr, warps, depth = 1, 4, 2
+    ct = 8 * group // TILE
+    blocks = triton.cdiv(n, 16 * warps * mr)
+    chunks = triton.cdiv(k // TILE, ct)
+    split = max(1, min(chunks, triton.cdiv(512, blocks)))
+    return mr, warps, ct, split, depth, 1, 1
 
 
 def affine_mma(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torch.Tensor,
@@ -330,13 +328,11 @@ def affine_mma(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: tor
         raise ValueError(f"a chunk of {ct} tiles does not hold whole groups of {group} (<= 8)")
     bn = 16 * warps * mr
     split = _split(max(1, min(split, triton.cdiv(k // TILE, ct))), n, bn, 1)
-    per = triton.cdiv(triton.cdiv(k // TILE, ct), split) * ct  # tiles a program
     part, cnt = _workspace(x.device)
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _affine_mma[(triton.cdiv(n, bn), split)](
         x, q, scale, bias_, bias if bias is not None else y, y, part, cnt, n, k, q.stride(0),
         split, GROUP=group, CT=ct, F16=x.dtype == torch.float16, HAS_BIAS=bias is not None,
-        MR=mr, D=depth, XA=bool(xa), WCACHE=".cg" if cg else "", EARLY=depth >= per,
-        SPLIT=split > 1,
+        MR=mr, D=depth, XA=bool(xa), WCACHE=".cg" if cg else "", SPLIT=split > 1,
         num_warps=warps, **launch_options(x.device))
     return y
