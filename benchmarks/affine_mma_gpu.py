@@ -6,7 +6,8 @@ every split), then the us of each route per layer (distinct copies of the layer,
 than the L2, in one replayed CUDA graph, as the other GPU benchmarks time them) and the step's
 products (x 32 layers).
 
-    python3 benchmarks/affine_mma_gpu.py [--configs MR,W,CT,SPLIT,D;...] [--iters 20]
+    python3 benchmarks/affine_mma_gpu.py [--configs MR,W,CT,SPLIT,D[,XA,CG,S];...]
+        [--iters 20] [--skip-checks | --light-checks]
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ def rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-9)).item()
 
 
-def checks(configs: list) -> int:
+def checks(configs: list, light: bool = False) -> int:
+    """Failures of the kernel against the float32 product: the default launch and
+    ``configs`` on every layer, group, dtype and bias, and every split and depth on the small
+    shapes (``light``: only ``configs``, groups of 128, with a bias)."""
     from engine.runtime.affine_mma import affine_mma
 
     bad = 0
@@ -52,7 +56,7 @@ def checks(configs: list) -> int:
     print("| layer | group | dtype | bias | config | max rel err |")
     print("|---|---|---|---|---|---|")
     for layer, (n, k) in shapes.items():
-        for group in (128, 64, 32, 256):
+        for group in (128,) if light else (128, 64, 32, 256):
             if k % group:
                 continue
             t = make(n, k, group)
@@ -61,12 +65,12 @@ def checks(configs: list) -> int:
             for dtype in (torch.bfloat16, torch.float16):
                 x = torch.randn(1, k, device="cuda").to(dtype)
                 bias = torch.randn(n, device="cuda").to(dtype)
-                for with_bias in (False, True):
+                for with_bias in (True,) if light else (False, True):
                     want = x.float() @ w.t() + (bias.float() if with_bias else 0)
                     ct_max = 8 * group // 256
-                    cfgs = [None] + [c for c in configs if c[2] <= ct_max
-                                     and (c[2] * 256) % group == 0]
-                    if layer in CHECK_SHAPES:  # every split of the small ones
+                    cfgs = [None] * (not light) + [c for c in configs if c[2] <= ct_max
+                                                   and (c[2] * 256) % group == 0]
+                    if layer in CHECK_SHAPES and not light:  # every split of the small ones
                         cfgs += [(1, 4, 1, s, d) for s in (1, 2, 3, 5, k // 256 + 2)
                                  for d in (1, 2, 3, 4)]
                     for cfg in cfgs:
@@ -87,9 +91,12 @@ def checks(configs: list) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default="",
-                    help="extra launches MR,W,CT,SPLIT,D separated by ';' (timed and checked)")
+                    help="extra launches MR,W,CT,SPLIT,D[,XA,CG,S] separated by ';' (timed and "
+                         "checked)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--light-checks", action="store_true",
+                    help="check only --configs (groups of 128, with a bias) before timing")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("skipped: needs a CUDA GPU")
@@ -101,7 +108,7 @@ def main() -> None:
     torch.manual_seed(0)
     configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";") if c]
     print(f"device: {torch.cuda.get_device_name()}")
-    if not args.skip_checks and checks(configs):
+    if not args.skip_checks and checks(configs, args.light_checks):
         print("checks FAILED")
         sys.exit(1)
     routes = {"bf16 gemv": lambda x, t: gt.gemv(x, t["w"]),

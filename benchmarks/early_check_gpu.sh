@@ -45,7 +45,8 @@
 #     gptq and awq with one row on the gemv and on the swapped kernel);
 #     affine_cols: one row of 4-bit codes with the groups in the product's columns;
 #     affine_mma: one row of 4-bit codes on the matrix unit from registers (Gluon): checks,
-#     launches per layer, the gptq/awq step with it off and on;
+#     launches per layer, the gptq/awq step with it off and on; affine_stages: the same
+#     kernel with its words through stages of shared memory;
 #     producer_codes: block fp8's inputs as group codes from the norm and SiLU kernels, checks
 #     and the model A/B;
 #     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
@@ -440,6 +441,21 @@ PY
             python3 benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
         done
       done ;;
+    affine_stages)  # the Gluon one-row 4-bit kernel with its words through stages of shared
+      # memory (asynchronous copies, S - 1 tiles in flight a warp): its launches checked
+      # (groups of 128) and timed per layer, then the gptq/awq step with the shipped route and
+      # with the kernel at 4 stages (ENGINE_AFFINE_MMA_STAGES=4)
+      configs="1,4,4,1,1,1,1,4;1,4,4,2,1,1,1,4;1,4,4,2,1,1,1,8;1,4,4,1,1,1,1,8"
+      configs="$configs;1,4,2,4,1,1,1,4;2,4,4,1,1,1,1,4"
+      TAIL=12 step 300 affine_stages_layers python3 benchmarks/affine_mma_gpu.py \
+        --light-checks --configs "${AFFINE_MMA_CONFIGS:-$configs}"
+      for v in 0 1; do
+        ENGINE_AFFINE_MMA=$v ENGINE_AFFINE_MMA_STAGES=4 ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 \
+          step 90 "affine_stages_$v" python3 benchmarks/quant_gpu.py --batches 1 \
+          --schemes gptq,awq
+      done
+      TAIL=2 step 300 affine_stages_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_affine_mma.py ;;
     affine_cols)  # one row of 4-bit codes with the groups in the product's columns (the
       # swapped kernel's XSUM 2, its one-row launches): its GPU checks, then the step of gptq
       # and awq with one row on the gemv (ENGINE_AFFINE_SWAP_FIRST=2) and on the swapped

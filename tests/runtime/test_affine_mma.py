@@ -8,7 +8,8 @@ must equal the float64 product of the dequantized weight for any groups, ragged 
 sizes; and :func:`logical_columns` is the permutation both operands follow. Built for sm_90 (the
 compiler proves the operands' layout changes free, or the build fails): in
 ``tests/runtime/test_sm90_compile.py``. On a GPU: the kernel itself against the float32 product
-(bfloat16 and float16, a bias, every split and depth), and its routing in ``affine_mm``.
+(bfloat16 and float16, a bias, every split and depth, the words through 2-8 stages of
+shared memory), and its routing in ``affine_mm``.
 """
 
 from __future__ import annotations
@@ -131,6 +132,19 @@ def test_supported_refuses_what_it_does_not_serve():
         assert not am.supported(xc[:, :320], 4, 64, 32, 320)  # K not whole tiles
 
 
+@pytest.mark.parametrize("stages, depth", [(3, 1), (16, 1), (2, 2), (1, 1)])
+def test_launch_refuses_stages_it_cannot_build(stages, depth):
+    """Shared-memory stages are a power of two from 2 to 8, with one tile of words a warp in
+    registers (depth 1): anything else is refused before a launch, naming both."""
+    from engine.runtime import affine_mma as am
+
+    codes, s, b = _weight(64, 512, 128)
+    q = qt.pack_affine(codes, 4, 32)
+    x = torch.zeros(1, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=f"stages {stages} with depth {depth}"):
+        am.affine_mma(x, q, s.float(), b.float(), 128, config=(1, 4, 4, 1, depth, 1, 1, stages))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -148,8 +162,10 @@ def test_gpu_kernel_equals_the_float32_product(dtype, n, k, group):
     bias = torch.randn(n).to(dtype).cuda()
     want = _reference(x.cpu(), codes, s.float().double(), b.float().double(), group)
     ct_max = 8 * group // 256
-    for cfg in [None] + [(1, 4, ct, split, d) for ct in {1, ct_max} for split in (1, 3)
-                         for d in (1, 2, 3)]:
+    staged = [(1, 4, ct, split, 1, 1, 1, st) for ct in {1, ct_max} for split in (1, 3)
+              for st in (2, 4, 8)]
+    for cfg in [None] + staged + [(1, 4, ct, split, d) for ct in {1, ct_max}
+                                  for split in (1, 3) for d in (1, 2, 3)]:
         got = am.affine_mma(x, q, sf, bf, group, config=cfg).double().cpu()
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
         got = am.affine_mma(x, q, sf, bf, group, bias=bias, config=cfg).double().cpu()

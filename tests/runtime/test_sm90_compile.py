@@ -765,14 +765,9 @@ def test_one_row_affine_groups_in_columns_loads_nothing_in_its_loop(layer):
     assert [op for op in folds if op.startswith("LDG.")]
 
 
-@pytest.mark.parametrize("group, ct, depth, f16", [(128, 4, 3, False), (32, 1, 1, True),
-                                                   (256, 8, 2, False)])
-def test_one_row_affine_on_registers_builds_a_loop_without_shared_memory(group, ct, depth, f16):
-    """The Gluon one-row 4-bit kernel (:mod:`engine.runtime.affine_mma`) builds for sm_90: the
-    changes of layout between the loaded words and x and the matrix instruction's operands are
-    proven free (``assert_trivial``: the build fails otherwise); its K loop holds 16
-    synchronous matrix instructions a tile of 256 columns a warp, 16-byte loads, and no shared
-    memory or barrier (the groups' sums too stay in registers); nothing spills."""
+def _affine_mma_loop(group: int, ct: int, depth: int, f16: bool, stages: int = 0):
+    """The SASS ops of the K loop of the Gluon one-row 4-bit kernel's sm_90 build (which
+    must not spill)."""
     from engine.runtime import affine_mma
 
     if not affine_mma.available():
@@ -784,7 +779,7 @@ def test_one_row_affine_on_registers_builds_a_loop_without_shared_memory(group, 
              "b_ptr": "*fp32", "bias_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
              "cnt_ptr": "*i32"}
     ce = dict(GROUP=group, CT=ct, F16=f16, HAS_BIAS=True, MR=1, D=depth, XA=depth < 3,
-              WCACHE=".cg", SPLIT=True, PDL=True)
+              WCACHE=".cg", S=stages, SPLIT=True, PDL=True)
     sig = {name: "constexpr" if name in ce else types.get(name, "i32")
            for name in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
@@ -794,7 +789,32 @@ def test_one_row_affine_on_registers_builds_a_loop_without_shared_memory(group, 
     assert stack_bytes(compiled) == 0
     loops = [body for body in sass_loops(compiled) if any(op.startswith("HMMA") for op in body)]
     assert len(loops) == 1
-    body = loops[0]
+    return loops[0]
+
+
+@pytest.mark.parametrize("group, ct, depth, f16", [(128, 4, 3, False), (32, 1, 1, True),
+                                                   (256, 8, 2, False)])
+def test_one_row_affine_on_registers_builds_a_loop_without_shared_memory(group, ct, depth, f16):
+    """The Gluon one-row 4-bit kernel (:mod:`engine.runtime.affine_mma`) builds for sm_90: the
+    changes of layout between the loaded words and x and the matrix instruction's operands are
+    proven free (``assert_trivial``: the build fails otherwise); its K loop holds 16
+    synchronous matrix instructions a tile of 256 columns a warp, 16-byte loads, and no shared
+    memory or barrier (the groups' sums too stay in registers); nothing spills."""
+    body = _affine_mma_loop(group, ct, depth, f16)
     assert sum(op.startswith("HMMA.16816.F32") for op in body) == 16 * depth
     assert [op for op in body if op.startswith("LDG.E.128")]
     assert not [op for op in body if op.startswith(("LDS", "STS", "BAR"))], body
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_one_row_affine_stages_its_words_through_shared_memory(stages):
+    """With S stages the words of a tile come by four 16-byte asynchronous copies a thread
+    (through L2 only) and four 16-byte reads of shared memory, in place of four 16-byte loads
+    into registers; the matrix instructions stay, nothing spills."""
+    regs = _affine_mma_loop(128, 4, 1, False)
+    staged = _affine_mma_loop(128, 4, 1, False, stages)
+    assert sum(op.startswith("HMMA.16816.F32") for op in staged) == 16
+    assert sum(op == "LDGSTS.E.BYPASS.128" for op in staged) == 4
+    assert sum(op == "LDS.128" for op in staged) == 4
+    loads = [sum(op.startswith("LDG.E.128") for op in body) for body in (regs, staged)]
+    assert loads[0] - loads[1] == 4, loads

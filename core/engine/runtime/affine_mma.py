@@ -28,7 +28,10 @@ once at the chunk's end with the row's sums over its groups::
 
 The packed words of the D tiles after the current one are in flight a warp, in registers (the
 loop unrolled D times, so no register is copied; read through L2 only with CG), x's next tile
-too with XA, and a chunk's scales, offsets and x sums are asked for a chunk ahead. With
+too with XA, and a chunk's scales, offsets and x sums are asked for a chunk ahead. Or (S
+stages) the words come by asynchronous copies into S stages of shared memory, S - 1 tiles in
+flight a warp without their registers; each thread reads back only what its own copies
+wrote. With
 ``split > 1`` each of that many programs of an output block takes a slice of whole chunks, and
 the last to finish adds the slices up (:func:`engine.runtime.quant_triton._finish`'s scheme).
 Measured against the shipped one-row route on an H100 it is even per layer and slower in the
@@ -53,14 +56,21 @@ from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
     #: the block-wide barrier (``thread_barrier`` up to Triton 3.6, ``barrier`` later)
     _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    #: the asynchronous copy into shared memory (``async_copy_global_to_shared`` up to Triton
+    #: 3.6, ``async_load`` later)
+    _async_load = (getattr(async_copy, "async_load", None)
+                   or async_copy.async_copy_global_to_shared)
 except ImportError:  # a Triton without Gluon: nothing here launches
-    gluon = gl = mma_v2 = _barrier = None
+    gluon = gl = async_copy = mma_v2 = _barrier = _async_load = None
 
 #: columns of a packed tile (32 words of eight 4-bit codes a row)
 TILE = 256
+#: stages of shared memory the default launch passes the words through (0: none, the words
+#: in registers; ``ENGINE_AFFINE_MMA_STAGES``, for A/B runs)
+STAGES = int(os.environ.get("ENGINE_AFFINE_MMA_STAGES", "0"))
 
 
 def available() -> bool:
@@ -101,6 +111,16 @@ if gluon is not None:
         lane = [[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
         warp = [[16 * (1 << i), 0, 0] for i in range(warps.bit_length() - 1)]
         return gl.DistributedLinearLayout(reg, lane, warp, [], [16 * warps * mr, 4, 8])
+
+    @gluon.constexpr_function
+    def _rows_layout(warps, mr):
+        """[16 warps mr rows, 32 words]: :func:`_words_layout` with its last two dimensions as
+        one (the layout of the copies into shared memory and of the reads back)."""
+        reg = [[0, 1], [0, 2], [0, 4], [8, 0]]
+        reg += [[16 * warps * (1 << i), 0] for i in range(mr.bit_length() - 1)]
+        lane = [[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]]
+        warp = [[16 * (1 << i), 0] for i in range(warps.bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [16 * warps * mr, 32])
 
     @gluon.constexpr_function
     def _x_layout(warps):
@@ -173,14 +193,38 @@ if gluon is not None:
         return s, c, xs
 
     @gluon.jit
+    def _copy_words(buf, q_tiles, t, last, S: gl.constexpr, WCACHE: gl.constexpr):
+        """Ask for tile ``min(t, last)``'s words into stage ``t % S`` of ``buf`` (one group of
+        asynchronous copies)."""
+        _async_load(buf.index(t % S), q_tiles + gl.minimum(t, last) * 32,
+                    cache_modifier=WCACHE)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _staged_words(buf, q_tiles, t, last, S: gl.constexpr, WCACHE: gl.constexpr,
+                      WL: gl.constexpr):
+        """Tile t's words [BN, 4, 8] from stage ``t % S`` once their copies have landed, the
+        copies of tile ``t + S - 1`` asked for into the stage read a tile ago. Each thread reads
+        back only what its own copies wrote, so waiting for its own copies is enough (no
+        barrier)."""
+        async_copy.wait_group(S - 2)
+        RL: gl.constexpr = q_tiles.type.layout
+        w2 = buf.index(t % S).load(RL)
+        _copy_words(buf, q_tiles, t + S - 1, last, S, WCACHE)
+        BN: gl.constexpr = w2.shape[0]
+        return gl.convert_layout(gl.reshape(w2, (BN, 4, 8)), WL, assert_trivial=True)
+
+    @gluon.jit
     def _affine_mma(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K,
                     stride_qn, split_k, GROUP: gl.constexpr, CT: gl.constexpr,
                     F16: gl.constexpr, HAS_BIAS: gl.constexpr, MR: gl.constexpr,
                     D: gl.constexpr, XA: gl.constexpr, WCACHE: gl.constexpr,
-                    SPLIT: gl.constexpr, PDL: gl.constexpr):
+                    S: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr):
         """One program: 16 * warps * MR outputs, slice ``pid_k`` of ``split_k`` (whole chunks
         of CT tiles of 256 columns; a chunk spans at most 8 groups). D: tiles of words in
-        flight a warp (1-4); XA: x's tile a tile ahead; WCACHE: the words' cache modifier."""
+        flight a warp in registers (1-4); XA: x's tile a tile ahead; WCACHE: the words' cache
+        modifier; S > 0 (2, 4 or 8; D 1): the words come through S stages of shared memory
+        instead, S - 1 tiles of asynchronous copies in flight a warp."""
         W: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = 16 * W * MR
         GPC: gl.constexpr = CT * 256 // GROUP  # groups a chunk
@@ -219,7 +263,18 @@ if gluon is not None:
         gj = gl.arange(0, GROUP, layout=gl.SliceLayout(0, GL))
         n_groups = K // GROUP
         last = gl.maximum(t_hi - 1, t_first)
-        w0 = gl.load(q_rows + t_first * 32, cache_modifier=WCACHE)
+        if S > 0:
+            RL: gl.constexpr = _rows_layout(W, MR)
+            buf = gl.allocate_shared_memory(gl.int32, [S, BN, 32],
+                                            gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
+            r2 = gl.arange(0, BN, layout=gl.SliceLayout(1, RL))
+            c2 = gl.arange(0, 32, layout=gl.SliceLayout(0, RL))
+            rows2 = gl.minimum(pid_n * BN + r2, N - 1).to(gl.int64) * stride_qn
+            q_tiles = q_ptr + rows2[:, None] + c2[None, :]
+            for i in gl.static_range(S - 1):
+                _copy_words(buf, q_tiles, t_lo + i, last, S, WCACHE)
+        else:
+            w0 = gl.load(q_rows + t_first * 32, cache_modifier=WCACHE)
         if D > 1:
             w1 = gl.load(q_rows + gl.minimum(t_first + 1, last) * 32, cache_modifier=WCACHE)
         if D > 2:
@@ -237,7 +292,9 @@ if gluon is not None:
             for j in gl.static_range(D):
                 t = t0 + j
                 nxt = gl.minimum(t + D, last)
-                if j == 0:
+                if S > 0:
+                    w = _staged_words(buf, q_tiles, t, last, S, WCACHE, WL)
+                elif j == 0:
                     w = w0
                     w0 = gl.load(q_rows + nxt * 32, cache_modifier=WCACHE)
                 elif j == 1:
@@ -298,16 +355,19 @@ def supported(x: torch.Tensor, bits: int, group: int, sub: int, k: int) -> bool:
 
 
 def default_config(n: int, k: int, group: int) -> tuple[int, ...]:
-    """(MR, warps, CT, split, D, XA, CG) for a weight [n, k]: chunks of 8 groups, the split
-    that gives the grid about two programs a multiprocessor's worth (at most the chunks), D
-    tiles of words in flight a warp, x's tile a tile ahead (XA), the words read through L2
-    only (CG)."""
+    """(MR, warps, CT, split, D, XA, CG, S) for a weight [n, k]: chunks of 8 groups, the
+    split that gives the grid about two programs a multiprocessor's worth (at most the chunks),
+    D tiles of words in flight a warp in registers, x's tile a tile ahead (XA), the words read
+    through L2 only (CG), no stages of shared memory (S 0; :data:`STAGES` stages at D 1
+    when set)."""
     mr, warps, depth = 1, 4, 2
     ct = 8 * group // TILE
     blocks = triton.cdiv(n, 16 * warps * mr)
     chunks = triton.cdiv(k // TILE, ct)
     split = max(1, min(chunks, triton.cdiv(512, blocks)))
-    return mr, warps, ct, split, depth, 1, 1
+    if STAGES:
+        return mr, warps, ct, split, 1, 1, 1, STAGES
+    return mr, warps, ct, split, depth, 1, 1, 0
 
 
 def affine_mma(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torch.Tensor,
@@ -315,15 +375,18 @@ def affine_mma(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: tor
                config: tuple[int, ...] | None = None) -> torch.Tensor:
     """``x`` [1, K] @ W^T for 4-bit codes ``q`` [N, K / 256 * 32] packed by
     :func:`engine.runtime.quant_triton.pack_affine` (slices of 32), ``scale``/``bias_`` float32
-    [K / group, N] (see :func:`supported`). ``config``: (MR, warps, CT, split, D[, XA, CG]);
+    [K / group, N] (see :func:`supported`). ``config``: (MR, warps, CT, split, D[, XA, CG, S]);
     the fields it leaves out are :func:`default_config`'s."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     k = x.shape[1]
     n = q.shape[0]
     if q.shape[1] != k // TILE * 32:
         raise ValueError(f"codes of {q.shape[1]} words a row do not pack {k} columns")
-    mr, warps, ct, split, depth, xa, cg = (tuple(config or ()) + default_config(n, k, group)[
-        len(config or ()):])
+    mr, warps, ct, split, depth, xa, cg, stages = (tuple(config or ()) + default_config(
+        n, k, group)[len(config or ()):])
+    if stages not in (0, 2, 4, 8) or (stages and depth != 1):
+        raise ValueError(f"stages {stages} with depth {depth}: 0 (words in registers, depth "
+                         "1-4) or 2, 4 or 8 stages of shared memory at depth 1")
     if ct < 1 or ct * TILE > 8 * group or (ct * TILE) % group:
         raise ValueError(f"a chunk of {ct} tiles does not hold whole groups of {group} (<= 8)")
     bn = 16 * warps * mr
@@ -333,6 +396,6 @@ def affine_mma(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: tor
     _affine_mma[(triton.cdiv(n, bn), split)](
         x, q, scale, bias_, bias if bias is not None else y, y, part, cnt, n, k, q.stride(0),
         split, GROUP=group, CT=ct, F16=x.dtype == torch.float16, HAS_BIAS=bias is not None,
-        MR=mr, D=depth, XA=bool(xa), WCACHE=".cg" if cg else "", SPLIT=split > 1,
+        MR=mr, D=depth, XA=bool(xa), WCACHE=".cg" if cg else "", S=stages, SPLIT=split > 1,
         num_warps=warps, **launch_options(x.device))
     return y
