@@ -205,8 +205,8 @@ if gluon is not None:
                       WL: gl.constexpr):
         """Tile t's words [BN, 4, 8] from stage ``t % S`` once their copies have landed, the
         copies of tile ``t + S - 1`` asked for into the stage read a tile ago. Each thread reads
-        back only what its own copies wrote, so waiting for its own copies is enough (no
-        barrier)."""
+        back only what its own copies wrote, so waiting for its own copies would be enough;
+        Triton's lowering of the wait adds a block barrier all the same."""
         async_copy.wait_group(S - 2)
         RL: gl.constexpr = q_tiles.type.layout
         w2 = buf.index(t % S).load(RL)
