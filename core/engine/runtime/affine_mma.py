@@ -116,11 +116,13 @@ if gluon is not None:
     def _rows_layout(warps, mr):
         """[16 warps mr rows, 32 words]: :func:`_words_layout` with its last two dimensions as
         one (the layout of the copies into shared memory and of the reads back)."""
-        reg = [[0, 1], [0, 2], [0, 4], [8, 0]]
-        reg += [[16 * warps * (1 << i), 0] for i in range(mr.bit_length() - 1)]
-        lane = [[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]]
-        warp = [[16 * (1 << i), 0] for i in range(warps.bit_length() - 1)]
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [16 * warps * mr, 32])
+        words = _words_layout(warps, mr)
+
+        def flat(bases):
+            return [[row, 8 * km + word] for row, km, word in bases]
+
+        return gl.DistributedLinearLayout(flat(words.reg_bases), flat(words.lane_bases),
+                                          flat(words.warp_bases), [], [words.shape[0], 32])
 
     @gluon.constexpr_function
     def _x_layout(warps):
