@@ -46,7 +46,8 @@
 #     affine_cols: one row of 4-bit codes with the groups in the product's columns;
 #     affine_mma: one row of 4-bit codes on the matrix unit from registers (Gluon): checks,
 #     launches per layer, the gptq/awq step with it off and on; affine_stages: the same
-#     kernel with its words through stages of shared memory;
+#     kernel with its words through stages of shared memory; affine_route: the fused gate/up
+#     weight's one row alone through that kernel at 4 stages, the step A/B and a launch sweep;
 #     producer_codes: block fp8's inputs as group codes from the norm and SiLU kernels, checks
 #     and the model A/B;
 #     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
@@ -271,7 +272,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       # 1 with the whole-tile down projection against the whole-row one, then the quantized
       # steps of every format with a target (the targets step), then where the MoE step goes
       nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || {
-        echo "not an H200"; exit 3; }
+        echo "not an H200: h200_targets skipped"; continue; }
       TAIL=10 step 300 moe_even_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners triton,triton+noeven,triton,triton+noeven --overlap
       for r in 1 2; do
@@ -456,6 +457,24 @@ PY
       done
       TAIL=2 step 300 affine_stages_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_affine_mma.py ;;
+    affine_route)  # the fused gate/up weight's one row alone through the Gluon kernel at 4
+      # stages of shared memory (ENGINE_AFFINE_MMA_ROUTE), every other product as shipped: the
+      # kernel's GPU tests, the gptq/awq step A/B twice, then gate/up launches near that one
+      TAIL=2 step 200 affine_route_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_affine_mma.py
+      for r in 1 2; do
+        for v in shipped route; do
+          route=""
+          if [ $v = route ]; then route=${AFFINE_ROUTE:-28672x4096:1,4,4,1,1,1,1,4}; fi
+          ENGINE_AFFINE_MMA_ROUTE=$route ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 \
+            step 90 "affine_route_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 \
+            --schemes gptq,awq
+        done
+      done
+      configs="1,4,4,1,1,1,1,2;1,8,4,1,1,1,1,4;1,2,4,1,1,1,1,4;2,4,4,1,1,1,1,4"
+      configs="$configs;1,4,8,1,1,1,1,4;1,8,8,1,1,1,1,4;1,4,4,1,1,1,1,4"
+      TAIL=12 step 240 affine_route_layers python3 benchmarks/affine_mma_gpu.py \
+        --skip-checks --configs "${AFFINE_MMA_CONFIGS:-$configs}" ;;
     affine_cols)  # one row of 4-bit codes with the groups in the product's columns (the
       # swapped kernel's XSUM 2, its one-row launches): its GPU checks, then the step of gptq
       # and awq with one row on the gemv (ENGINE_AFFINE_SWAP_FIRST=2) and on the swapped

@@ -119,6 +119,12 @@ def test_logical_columns_is_what_the_operands_hold():
     assert torch.equal(_b_operand(x, 0, 0, 256)[:, 0], cols.double())
 
 
+def test_route_spec_names_shapes_and_their_launches():
+    route = qt._mma_route("28672x4096:1,4,4,1,1,1,1,4;6144x4096:1,4,4,2")
+    assert route == {(28672, 4096): (1, 4, 4, 1, 1, 1, 1, 4), (6144, 4096): (1, 4, 4, 2)}
+    assert qt._mma_route("") == {}
+
+
 def test_supported_refuses_what_it_does_not_serve():
     from engine.runtime import affine_mma as am
 
@@ -193,3 +199,7 @@ def test_gpu_affine_mm_routes_one_row_here(monkeypatch):
     calls.clear()
     qt.affine_mm(x, q, s.float().cuda(), b.float().cuda(), 4, 128, 32)
     assert not calls
+    monkeypatch.setattr(qt, "AFFINE_MMA_ROUTE", {(512, 1024): (1, 4, 4, 1, 1, 1, 1, 4)})
+    y2 = qt.affine_mm(x, q, s.float().cuda(), b.float().cuda(), 4, 128, 32)
+    assert calls
+    torch.testing.assert_close(y2, y, rtol=2e-2, atol=2e-2 * y.abs().max().item())

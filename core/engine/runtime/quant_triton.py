@@ -75,6 +75,23 @@ AFFINE_ONE_ROW_GEMV = ({} if os.environ.get("ENGINE_AFFINE_ONE_ROW_GEMV") == "0"
 #: (``ENGINE_AFFINE_MMA=1``; off by default: on an H100 the gptq/awq step took 2.46-2.50 ms
 #: through it against 2.24-2.29 through the swapped kernel and the gemv)
 AFFINE_MMA = os.environ.get("ENGINE_AFFINE_MMA", "0") == "1"
+
+
+def _mma_route(spec: str) -> dict[tuple[int, int], tuple[int, ...]]:
+    """``"NxK:MR,warps,CT,split,D,XA,CG,S;..."`` -> {(N, K): config}."""
+    route = {}
+    for item in filter(None, spec.split(";")):
+        shape, _, config = item.partition(":")
+        n, k = (int(v) for v in shape.split("x"))
+        route[(n, k)] = tuple(int(v) for v in config.split(",") if v)
+    return route
+
+
+#: weights [n, k] whose one row of 4-bit codes goes to
+#: :func:`engine.runtime.affine_mma.affine_mma` with the launch config given, whatever
+#: :data:`AFFINE_MMA` says (``ENGINE_AFFINE_MMA_ROUTE="28672x4096:1,4,4,1,1,1,1,4"``: the
+#: fused gate/up weight through 4 stages of shared memory; empty by default, for A/B runs)
+AFFINE_MMA_ROUTE = _mma_route(os.environ.get("ENGINE_AFFINE_MMA_ROUTE", ""))
 #: rows from which :func:`affine_mm` dequantizes the weight into a temporary in x's dtype and
 #: hands the product to cuBLAS, by code width (prefill: the weight's bytes are then small
 #: beside the product's work; 45.7 against 39.6 ms of dense bf16 at 2048 rows on the H200)
@@ -592,11 +609,12 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
         x, perm = x.index_select(1, perm), None
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
-    if m == 1 and AFFINE_MMA and x.is_cuda:
+    if m == 1 and x.is_cuda and (AFFINE_MMA or (q.shape[0], k) in AFFINE_MMA_ROUTE):
         from engine.runtime import affine_mma as am
 
         if am.supported(x, bits, group, sub, k):
-            return am.affine_mma(x, q, scale, bias_, group, bias=bias)
+            return am.affine_mma(x, q, scale, bias_, group, bias=bias,
+                                 config=AFFINE_MMA_ROUTE.get((q.shape[0], k)))
     if m >= DEQUANT_ROWS.get(bits, 1 << 62):
         w = dequant_affine(q, scale, bias_, bits, group, sub, k, x.dtype)
         return torch.nn.functional.linear(x, w, bias)
