@@ -347,6 +347,146 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
         **launch_options(x.device))
 
 
+# ---------------------------------------------------------------- slices (one launch, no wait)
+#
+# The two-kernel form above makes the down projection wait for every program of the up
+# projection (each down output needs the pair's whole activation row). Here program
+# (pair, j) takes the intermediate features j*F*S .. (j+1)*F*S of its pair's expert through
+# both projections: their gate and up rows of ``w13`` against x, the activation, then the same
+# features' rows of ``w2t`` (``w2`` stored [E, I, H]: whole contiguous rows) times it, a
+# partial down product over all H outputs in float32. No program waits for another; a small
+# kernel sums the slices of each pair and the pairs of each token (the combine).
+
+
+@triton.jit
+def _pair_slices(x_ptr, w13_ptr, w2t_ptr, part_ptr, ids_ptr, H, I, stride_x, stride_13e,
+                 stride_13n, stride_2e, stride_2f, TOP_K: tl.constexpr, F: tl.constexpr,
+                 S: tl.constexpr, NB: tl.constexpr, BLOCK_K: tl.constexpr,
+                 BLOCK_H: tl.constexpr, EVICT: tl.constexpr, EARLY: tl.constexpr,
+                 PDL: tl.constexpr):
+    """Program (pair, j) of :func:`slice_moe`: S steps of F features each; a step's gate and
+    up sums are rounded to x's dtype (as the two-kernel form stores its gate/up row), the
+    activation ``silu(g) * u`` likewise, and its [F, H] rows of ``w2t`` (BLOCK_H >= H: every
+    output at once) times the activation accumulate into the program's outputs, stored at
+    ``part[pair, j]`` (NB slices a pair). Another rank's expert (-1) stores nothing (the sum
+    kernel skips the pair). EARLY: a step's ``w2t`` rows are asked for before its gate/up
+    loop (held in registers through it) rather than after."""
+    pdl_wait(PDL)
+    pdl_trigger(PDL)
+    pair = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    if expert < 0:
+        return
+    dt: tl.constexpr = x_ptr.dtype.element_ty
+    x_row = x_ptr + (pair // TOP_K) * stride_x
+    offs_h = tl.arange(0, BLOCK_H)
+    h_ok = offs_h < H
+    out = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for step in tl.static_range(S):
+        offs_f = (j * S + step) * F + tl.arange(0, F)
+        f_ok = offs_f < I
+        g_rows = w13_ptr + expert * stride_13e + offs_f.to(tl.int64)[:, None] * stride_13n
+        u_rows = g_rows + I * stride_13n
+        w_rows = w2t_ptr + expert * stride_2e + offs_f.to(tl.int64)[:, None] * stride_2f
+        if EARLY:
+            w = tl.load(w_rows + offs_h[None, :], mask=f_ok[:, None] & h_ok[None, :],
+                        other=0.0, eviction_policy=EVICT)
+        acc_g = tl.zeros((F, BLOCK_K), dtype=tl.float32)
+        acc_u = tl.zeros((F, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = offs_k < H
+            xk = tl.load(x_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            m = f_ok[:, None] & k_ok[None, :]
+            acc_g += tl.load(g_rows + offs_k[None, :], mask=m, other=0.0,
+                             eviction_policy=EVICT).to(tl.float32) * xk[None, :]
+            acc_u += tl.load(u_rows + offs_k[None, :], mask=m, other=0.0,
+                             eviction_policy=EVICT).to(tl.float32) * xk[None, :]
+        g = tl.sum(acc_g, axis=1).to(dt).to(tl.float32)
+        u = tl.sum(acc_u, axis=1).to(dt).to(tl.float32)
+        act = tl.where(f_ok, (g * tl.sigmoid(g) * u).to(dt).to(tl.float32), 0.0)
+        if not EARLY:
+            w = tl.load(w_rows + offs_h[None, :], mask=f_ok[:, None] & h_ok[None, :],
+                        other=0.0, eviction_policy=EVICT)
+        out += tl.sum(w.to(tl.float32) * act[:, None], axis=0)
+    tl.store(part_ptr + (pair * NB + j) * H + offs_h, out, mask=h_ok)
+
+
+@triton.jit
+def _sum_slices(part_ptr, ids_ptr, weights_ptr, out_ptr, H, stride_o, res_ptr, ss_ptr,
+                stride_r, TOP_K: tl.constexpr, NB: tl.constexpr, NBP: tl.constexpr,
+                BLOCK: tl.constexpr, RES: tl.constexpr, PDL: tl.constexpr):
+    """``out[t]``: for each of the token's pairs in slot order, its NB slices summed in float32
+    times its router weight and rounded to out's dtype (the row the two-kernel form's down
+    projection stores), those rows summed in float32 and rounded (:func:`combine_pairs`;
+    RES as there). A -1 pair adds nothing. Grid ``(T, cdiv(H, BLOCK))``."""
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < H
+    slices = tl.arange(0, NBP)
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    if RES:
+        res = tl.load(res_ptr + t * stride_r + offs, mask=ok, other=0.0).to(tl.float32)
+    for s in tl.static_range(TOP_K):
+        pair = t * TOP_K + s
+        used = tl.where(tl.load(ids_ptr + pair) >= 0, NB, 0)  # slices stored
+        p = tl.load(part_ptr + (pair * NB + slices[:, None]) * H + offs[None, :],
+                    mask=(slices < used)[:, None] & ok[None, :], other=0.0)
+        row = tl.sum(p, axis=0) * tl.load(weights_ptr + pair)
+        acc += row.to(dt).to(tl.float32)
+    if RES:
+        acc = (acc.to(dt).to(tl.float32) + res).to(dt).to(tl.float32)
+        tl.store(ss_ptr + t * tl.num_programs(1) + tl.program_id(1),
+                 tl.sum(tl.where(ok, acc * acc, 0.0), axis=0))
+    tl.store(out_ptr + t * stride_o + offs, acc.to(dt), mask=ok)
+
+
+def slice_moe(x: torch.Tensor, w13: torch.Tensor, w2t: torch.Tensor, topk_ids: torch.Tensor,
+              topk_weights: torch.Tensor, out_dtype: torch.dtype,
+              residual: torch.Tensor | None = None, *, features: int = 8, steps: int = 2,
+              block_k: int = 512, warps: int = 4, early: bool = False, sum_block: int = 32,
+              l2_hints: int = 1) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The experts of ``topk_ids`` [T, k] for rows ``x`` [T, H] (x's dtype that of the
+    weights and of ``out_dtype``), ``w2t`` the down weights stored [E, I, H]: the combined
+    output [T, H], or with ``residual`` what :func:`combine_pairs` returns with one. Launch:
+    ``features`` F a step and ``steps`` S a program (NB = ceil(I / (F S)) slices a pair),
+    gate/up tiles of ``block_k`` columns, ``warps``, ``early`` (``EARLY``); the sum kernel
+    ``sum_block`` outputs a program. ``l2_hints``: weights read "evict_first"."""
+    if x.dtype != out_dtype:
+        raise ValueError(f"slices sum in the weights' dtype {x.dtype}, not {out_dtype}")
+    t, k = topk_ids.shape
+    e, n13, h = w13.shape
+    inter = n13 // 2
+    if w2t.shape != (e, inter, h) or w2t.stride(2) != 1:
+        raise ValueError(f"w2t {tuple(w2t.shape)} is not [E, I, H] = [{e}, {inter}, {h}] "
+                         "with whole rows")
+    nb = triton.cdiv(inter, features * steps)
+    ids = topk_ids.reshape(-1)
+    part = torch.empty((t * k, nb, h), dtype=torch.float32, device=x.device)
+    _pair_slices[(t * k, nb)](
+        x, w13, w2t, part, ids, h, inter, x.stride(0), w13.stride(0), w13.stride(1),
+        w2t.stride(0), w2t.stride(1), TOP_K=k, F=features, S=steps, NB=nb,
+        BLOCK_K=min(block_k, triton.next_power_of_2(h)), BLOCK_H=triton.next_power_of_2(h),
+        EVICT="evict_first" if l2_hints else "", EARLY=early, num_warps=warps,
+        **launch_options(x.device))
+    out = torch.empty((t, h), dtype=out_dtype, device=x.device)
+    block = min(sum_block, triton.next_power_of_2(h))
+    pieces = triton.cdiv(h, block)
+    ss = (torch.empty((t, pieces), dtype=torch.float32, device=x.device)
+          if residual is not None else out)
+    _sum_slices[(t, pieces)](part, ids, topk_weights.reshape(-1), out, h, out.stride(0),
+                             residual if residual is not None else out, ss,
+                             residual.stride(0) if residual is not None else 0, TOP_K=k,
+                             NB=nb, NBP=triton.next_power_of_2(nb), BLOCK=block,
+                             RES=residual is not None, num_warps=4,
+                             **launch_options(x.device))
+    return out if residual is None else (out, ss)
+
+
 #: the most whole input tiles :func:`pair_moe`'s ``even_down`` launch unrolls (more: the loop)
 EVEN_DOWN_TILES = 12
 
