@@ -462,9 +462,12 @@ PY
       # intermediate features through both projections, no wait between them): the runner kit
       # on CUDA with it, a launch sweep in the chain of 8 layers, then the model at batch 1 with
       # the fastest launch against the shipped two-kernel form, twice (overlapped and not)
+      # (the form keeps a second copy of the down weights: 36 of the 48 layers on an 80 GB card)
+      layers=48
+      nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || layers=36
       TAIL=8 step 240 moe_slices_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model
       TAIL=40 step 480 moe_slices_model python3 benchmarks/moe_gpu.py --skip kit,kernel \
-        --chain-tokens 1 --wide-sweep slices --batches 1 --overlap \
+        --chain-tokens 1 --wide-sweep slices --batches 1 --overlap --layers $layers \
         --runners triton,triton+slices,triton,triton+slices ;;
     affine_route)  # the fused gate/up weight's one row alone through the Gluon kernel at 4
       # stages of shared memory (ENGINE_AFFINE_MMA_ROUTE), every other product as shipped: the
