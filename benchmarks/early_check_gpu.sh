@@ -484,7 +484,7 @@ PY
         done
       done
       configs="1,4,4,1,1,1,1,2;1,8,4,1,1,1,1,4;1,2,4,1,1,1,1,4;2,4,4,1,1,1,1,4"
-      configs="$configs;1,4,8,1,1,1,1,4;1,8,8,1,1,1,1,4;1,4,4,1,1,1,1,4"
+      configs="$configs;1,4,2,1,1,1,1,4;1,8,2,1,1,1,1,4;1,4,4,1,1,1,1,4"
       TAIL=12 step 240 affine_route_layers python3 benchmarks/affine_mma_gpu.py \
         --skip-checks --configs "${AFFINE_MMA_CONFIGS:-$configs}" ;;
     affine_cols)  # one row of 4-bit codes with the groups in the product's columns (the
