@@ -48,7 +48,6 @@
 #     launches per layer, the gptq/awq step with it off and on; affine_stages: the same
 #     kernel with its words through stages of shared memory; affine_route: the fused gate/up
 #     weight's one row alone through that kernel at 4 stages, the step A/B and a launch sweep;
-#     moe_slices: the one-launch MoE form for one token, the kit, a chain sweep and the model A/B;
 #     producer_codes: block fp8's inputs as group codes from the norm and SiLU kernels, checks
 #     and the model A/B;
 #     ncu_source: per-instruction counters (SASS, stall samples) of the MoE projections and
@@ -458,17 +457,6 @@ PY
       done
       TAIL=2 step 300 affine_stages_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_affine_mma.py ;;
-    moe_slices)  # the one-launch MoE form for one token (kernels.slice_moe: slices of the
-      # intermediate features through both projections, no wait between them): the runner kit
-      # on CUDA with it, a launch sweep in the chain of 8 layers, then the model at batch 1 with
-      # the fastest launch against the shipped two-kernel form, twice (overlapped and not)
-      # (the form keeps a second copy of the down weights: 36 of the 48 layers on an 80 GB card)
-      layers=48
-      nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || layers=36
-      TAIL=8 step 240 moe_slices_kit python3 benchmarks/moe_gpu.py --skip kernel,chain,model
-      TAIL=40 step 480 moe_slices_model python3 benchmarks/moe_gpu.py --skip kit,kernel \
-        --chain-tokens 1 --wide-sweep slices --batches 1 --overlap --layers $layers \
-        --runners triton,triton+slices,triton,triton+slices ;;
     affine_route)  # the fused gate/up weight's one row alone through the Gluon kernel at 4
       # stages of shared memory (ENGINE_AFFINE_MMA_ROUTE), every other product as shipped: the
       # kernel's GPU tests, the gptq/awq step A/B twice, then gate/up launches near that one

@@ -43,12 +43,9 @@ def kit() -> list[list]:
     rows = []
     dev = torch.device("cuda")
     for name, runner in (("torch", TorchRunner()), ("triton (gemv for small)", TritonRunner(None)),
-                         ("triton (grouped only)", TritonRunner(None)),
-                         ("triton (slices for one token)", TritonRunner(None))):
+                         ("triton (grouped only)", TritonRunner(None))):
         if name == "triton (grouped only)":
             runner.gemv_max_pairs = 0
-        if name.startswith("triton (slices"):
-            runner.slices = runner.slices or dict(impl.SLICES_DEFAULT)
         fails = list(runner_failures(runner, dev))
         rows.append([name, len(fails), "; ".join(fails)[:200]])
     return rows
@@ -218,17 +215,6 @@ def one_warp_launches() -> list[dict]:
             if wp == 1 or dw == 1]
 
 
-def slice_launches() -> list[dict]:
-    """The one-launch form's launches for one token (:func:`kernels.slice_moe`: F features a
-    step, S steps a program, K tiles, warps, the down rows asked for before the gate/up loop),
-    each under 230 registers a thread without spills in the sm_90 build."""
-    return [{"slices": dict(features=f, steps=s, block_k=bk, warps=wp, early=bool(e))}
-            for f, s, bk, wp, e in ((8, 2, 512, 4, 0), (8, 2, 512, 4, 1), (4, 4, 1024, 4, 1),
-                                    (4, 4, 512, 4, 0), (16, 1, 256, 8, 0), (16, 1, 256, 8, 1),
-                                    (16, 2, 256, 8, 0), (8, 1, 512, 4, 0), (8, 2, 256, 4, 0),
-                                    (4, 2, 1024, 4, 0), (8, 4, 256, 8, 0), (16, 1, 512, 8, 0))]
-
-
 def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
                wide: str = "") -> list[list]:
     """The sparse layer as the model runs it: ``n_layers`` layers with their own weights (past
@@ -239,7 +225,6 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
     exs = [layer()[0] for _ in range(n_layers)]
     _, router = layer()
     tri = TritonRunner(None)
-    tri.keep_w2t = wide == "slices"  # the down weights [E, I, H] too, for the slices' launches
     for ex in exs:
         tri.process_weights_after_loading(ex)
     rows = []
@@ -260,15 +245,12 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
                          for dbn in (8, 16, 32)]
         if wide and m == 1:
             launches += [("", cfg) for cfg in {"narrow": narrow_launches,
-                                                "onewarp": one_warp_launches,
-                                                "slices": slice_launches}.get(
+                                                "onewarp": one_warp_launches}.get(
                                                     wide, wide_launches)()]
         scores = []
         for label, cfg in launches:
-            saved = tri.gemv_one, tri.gemv, tri.slices
-            if isinstance(cfg, dict) and "slices" in cfg:
-                tri.slices = cfg["slices"]
-            elif isinstance(cfg, dict) and m == 1:
+            saved = tri.gemv_one, tri.gemv
+            if isinstance(cfg, dict) and m == 1:
                 tri.gemv_one = cfg
             elif isinstance(cfg, dict):
                 tri.gemv = cfg
@@ -278,7 +260,7 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
                 scores.append((t_chain, t_one, label or json.dumps(cfg)))
             except Exception:  # a launch the compiler rejects
                 pass
-            tri.gemv_one, tri.gemv, tri.slices = saved
+            tri.gemv_one, tri.gemv = saved
         fixed = sum(1 for s in scores if s[2].startswith("the default"))
         best = sorted(scores[fixed:])[:5 if wide else 3]
         if best and m == 1:
@@ -310,14 +292,11 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+hints / triton+keep / triton+nohints (L2 cache hints 1 / 2 / 0; the
     # one-token launch's default is 1), triton+noeven (the one-token down projection over
-    # whole rows, not unrolled whole tiles), triton+slices (one launch through both projections:
-    # the chain sweep's fastest slices launch where `--wide-sweep slices` ran, else the
-    # default), torch
+    # whole rows, not unrolled whole tiles), torch
     variants = {"hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
                 "nohints": ("ENGINE_MOE_L2_HINTS", "0"),
                 "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0"),
-                "noeven": ("ENGINE_MOE_EVEN_DOWN", "0"),
-                "slices": ("ENGINE_MOE_SLICES", "1")}
+                "noeven": ("ENGINE_MOE_EVEN_DOWN", "0")}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"
@@ -326,10 +305,6 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
         if variant in variants:
             env, value = variants[variant]
             os.environ[env] = value
-        if variant == "slices" and BEST_ONE_TOKEN and "slices" in BEST_ONE_TOKEN:
-            sl = BEST_ONE_TOKEN["slices"]  # the chain sweep's fastest slices launch
-            os.environ["ENGINE_MOE_SLICES"] = ",".join(str(int(sl[k])) for k in (
-                "features", "steps", "block_k", "warps", "early"))
         one_token = impl.GEMV_ONE_TOKEN
         if variant == "best":  # the chain sweep's fastest one-token launch
             if BEST_ONE_TOKEN is None:
@@ -411,7 +386,7 @@ def main() -> None:
     ap.add_argument("--chain-sweep", action="store_true",
                     help="also time a grid of one-token launches in the chain")
     ap.add_argument("--wide-sweep", nargs="?", const="wide", default="",
-                    choices=("wide", "narrow", "onewarp", "slices"),
+                    choices=("wide", "narrow", "onewarp"),
                     help="also time one-token launches of 2-8 outputs a program and 1024-2048"
                     " long K tiles in the chain (narrow: 1-4 outputs, whole rows, each "
                     "projection's own warps; onewarp: programs of one warp in either "

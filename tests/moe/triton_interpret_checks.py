@@ -93,34 +93,6 @@ for h2, inter2 in ((48, 32), (40, 24)):
         if not torch.allclose(down2[p], want, atol=1e-5, rtol=1e-4):
             failures.append(f"even_down {h2}x{inter2} pair {p}: rows differ by "
                             f"{(down2[p] - want).abs().max():.3g}")
-# the one-launch form (slices of the intermediate features through both projections, the
-# down weights kept [E, I, H]): the kit's cases, then its rows against the two-kernel form's
-# (several steps a program, a -1 pair, a slice past I, the residual)
-sliced = TritonRunner(None)
-sliced.slices = dict(features=4, steps=2, block_k=16, warps=4)
-failures += [f"slices: {f}" for f in runner_failures(
-    sliced, torch.device("cpu"), small=True, dtypes=(torch.float32,))]
-for tt, kk, inter3, feat, steps in ((1, 3, 24, 4, 2), (2, 2, 20, 8, 1), (3, 3, 32, 16, 1)):
-    x3 = torch.randn(tt, h, generator=gen)
-    w13c = torch.randn(e, 2 * inter3, h, generator=gen) / 8
-    w2c = torch.randn(e, h, inter3, generator=gen) / 8
-    ids3 = torch.randint(0, e, (tt, kk), generator=gen, dtype=torch.int32)
-    ids3[0, 1] = -1
-    wts3 = torch.rand(tt, kk, generator=gen)
-    gu3, down3 = torch.empty(tt * kk, 2 * inter3), torch.empty(tt * kk, h)
-    kernels.pair_moe(x3, w13c, w2c, ids3, wts3, gu3, down3, block_n=16, block_k=16)
-    want = kernels.combine_pairs(down3, kk, torch.float32)
-    res3 = torch.randn(tt, h, generator=gen)
-    w2t = w2c.transpose(1, 2).contiguous()
-    got = kernels.slice_moe(x3, w13c, w2t, ids3, wts3, torch.float32, features=feat,
-                            steps=steps, block_k=16, sum_block=16)
-    got_r, ss3 = kernels.slice_moe(x3, w13c, w2t, ids3, wts3, torch.float32, res3,
-                                   features=feat, steps=steps, block_k=16, sum_block=16)
-    if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
-        failures.append(f"slices {tt}x{kk} I={inter3}: {(got - want).abs().max():.3g}")
-    if not torch.equal(got_r, got + res3) or ss3.shape != (tt, -(-h // 16)) or \
-            not torch.allclose(ss3.sum(dim=1), (got_r ** 2).sum(dim=1), rtol=1e-5):
-        failures.append(f"slices {tt}x{kk} I={inter3}: the residual or its sums of squares")
 # the combine with the residual added (each rounded as a separate add rounds: the sum to the
 # output dtype, then the total) and the sums of squares of the rows' pieces (float16: the
 # interpreter truncates float32 to bfloat16 where a GPU and torch round)
@@ -137,7 +109,7 @@ for dtype, width in ((torch.float32, h), (torch.float16, 2500)):
         failures.append(f"combine with residual {dtype}: sums of squares {ss.shape}")
 cfg = read_hf_dir(checkpoint("Qwen3MoeForCausalLM"))
 outs = []
-for runner in (TorchRunner(), triton_runner(0), triton_runner(64), sliced):
+for runner in (TorchRunner(), triton_runner(0), triton_runner(64)):
     model = load_model(cfg, ServerConfig(), torch.device("cpu"), torch.float32,
                        experts=(runner, LocalAllToAll()))
     x = torch.randn(11, cfg.hidden_size, generator=torch.Generator().manual_seed(1))

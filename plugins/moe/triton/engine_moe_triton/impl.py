@@ -70,23 +70,6 @@ def _even_down_env(launch: dict[str, Any]) -> dict[str, Any]:
     return dict(launch, even_down=even)
 
 
-#: the one-launch form for one token (:func:`.kernels.slice_moe`: each program takes a slice of
-#: the intermediate features through both projections, the down weights kept [E, I, H] as well):
-#: off by default, for A/B runs; ``ENGINE_MOE_SLICES="F,S,BLOCK_K,warps,early"`` (or ``1``:
-#: :data:`SLICES_DEFAULT`) turns it on
-SLICES_DEFAULT = dict(features=8, steps=2, block_k=512, warps=4)
-
-
-def _slices_env() -> dict[str, int] | None:
-    env = os.environ.get("ENGINE_MOE_SLICES", "0")
-    if env == "0":
-        return None
-    if env == "1":
-        return dict(SLICES_DEFAULT)
-    keys = ("features", "steps", "block_k", "warps", "early")
-    return dict(SLICES_DEFAULT, **dict(zip(keys, (int(v) for v in env.split(",")))))
-
-
 def table_name(num_experts: int, width: int, device: str, dtype: torch.dtype) -> str:
     name = f"E{num_experts}_N{width}_{device.replace(' ', '_')}"
     if dtype == torch.float32:
@@ -125,14 +108,6 @@ class TritonRunner(MoERunner):
         #: launch's own (``GEMV_ONE_TOKEN``: 1) unless ``ENGINE_MOE_L2_HINTS=0|1|2`` says
         hints = os.environ.get("ENGINE_MOE_L2_HINTS")
         self.l2_hints: int | None = int(hints) if hints else None
-        #: the one-launch form's launch for one token (``ENGINE_MOE_SLICES``), or None; its
-        #: down weights [E, I, H] are made at load time where this is set (or ``keep_w2t``)
-        self.slices: dict[str, int] | None = _slices_env()
-        self.keep_w2t = False
-
-    def process_weights_after_loading(self, experts: ExpertWeights) -> None:
-        if self.slices is not None or self.keep_w2t:
-            experts.w2t = experts.w2.data.transpose(1, 2).contiguous()
 
     def supports(self, experts: ExpertWeights) -> str | None:
         if experts.w13.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -165,21 +140,11 @@ class TritonRunner(MoERunner):
 
     def _apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
                topk_weights: torch.Tensor, residual: torch.Tensor | None = None):
-        from .kernels import (align_by_expert, combine_pairs, grouped_gemm, pair_moe,
-                              silu_and_mul, slice_moe)
+        from .kernels import align_by_expert, combine_pairs, grouped_gemm, pair_moe, silu_and_mul
 
         t, k = topk_ids.shape
         inter, h = experts.intermediate_size, experts.hidden_size
         act_quant = experts.act_quant  # a format's rounding of the rows (torch ops between GEMMs)
-        w2t = getattr(experts, "w2t", None)
-        if (t == 1 and self.slices is not None and w2t is not None and act_quant is None
-                and hidden.dtype == experts.w13.dtype):
-            launch = dict(self.slices)
-            if interpreting():
-                launch.update(block_k=16)
-            return slice_moe(hidden, experts.w13, w2t, topk_ids.contiguous(),
-                             topk_weights.float().contiguous(), hidden.dtype, residual,
-                             **launch)
         if t * k <= self.gemv_max_pairs and act_quant is None:
             launch = self.gemv_one if t == 1 and self.gemv_one is not None else self.gemv
             x = hidden.to(experts.w13.dtype)
