@@ -38,7 +38,8 @@
 #     tiles (a sweep in the chain of layers, then the model with the fastest); moe_one_token:
 #     the shipped launch's GPU checks, profile and model; moe_residual: the residual added in
 #     the combine, A/B; moe_final: the MoE step's profile, then moe_residual;
-#     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone;
+#     ncu_moe: Nsight Compute's sections for the one-token MoE layer's kernels alone; ncu_attn:
+#     the same for the MoE model's decode attention kernels at batch 1;
 #     moe_onewarp: one-warp one-token launches in the chain; group_bound: the block fp8 step as
 #     shipped, with the inputs the decoder hands over, and without quantization (a bound);
 #     targets: the step of the formats with a target, as shipped (fp8 block and per tensor,
@@ -537,6 +538,16 @@ PY
       done
       TAIL=60 step 60 ncu_source_details "$(ncu_bin)" --import "$OUT/ncu_source.ncu-rep" \
         --page details ;;
+    ncu_attn)  # Nsight Compute's sections for the MoE model's decode attention kernels at
+      # batch 1 (q/k norm + RoPE, the split kernel, the merge), each alone (graph nodes of the
+      # timed steps, after the warm-up's launches), against the ~5 us each adds in the chain
+      TAIL=1 step 300 ncu_attn "$(ncu_bin)" --clock-control none \
+        -k 'regex:_decode_split|_decode_merge|_qk_norm_rope' --launch-skip 1500 \
+        --launch-count 6 --section SpeedOfLight --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats --section Occupancy \
+        python3 benchmarks/profile_decode_gpu.py --batch 1 --steps 20 --plain \
+        --model-dir tests/data/qwen3-30b-a3b-dummy
+      grep -vE "^==PROF==|^ +-+ |^$" "$OUT/ncu_attn.log" | grep -vE "^ +(OPT|INF) " | head -150 ;;
     ncu_moe)  # Nsight Compute's full sections for the one-token MoE layer's kernels alone
       TAIL=1 step 200 ncu_moe "$(ncu_bin)" --clock-control none -k 'regex:_pair|_combine' \
         --section SpeedOfLight --section Occupancy --section LaunchStats \

@@ -44,6 +44,9 @@ def main() -> int:
                    "(e.g. fp8)")
     p.add_argument("--no-kernel-table", action="store_true",
                    help="print only the chain table")
+    p.add_argument("--plain", action="store_true",
+                   help="time the steps only, without torch.profiler (for a kernel profiler "
+                   "such as Nsight Compute to read them)")
     args = p.parse_args()
 
     runner = make_runner(args.backend, max(args.batch, 4), args.quantization,
@@ -62,6 +65,9 @@ def main() -> int:
         last = runner.forward(bb.decode(list(zip(rows, last)))).argmax(-1).tolist()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) * 1000 / args.steps
+    if args.plain:
+        print(f"batch {args.batch}, backend {args.backend}: step {wall:.3f} ms wall")
+        return 0
 
     from torch.profiler import ProfilerActivity, profile
 
