@@ -123,6 +123,8 @@ def test_route_spec_names_shapes_and_their_launches():
     route = qt._mma_route("28672x4096:1,4,4,1,1,1,1,4;6144x4096:1,4,4,2")
     assert route == {(28672, 4096): (1, 4, 4, 1, 1, 1, 1, 4), (6144, 4096): (1, 4, 4, 2)}
     assert qt._mma_route("") == {}
+    with pytest.raises(ValueError, match="ENGINE_AFFINE_MMA_ROUTE: '4096:1,4' is not NxK"):
+        qt._mma_route("4096:1,4")
 
 
 def test_supported_refuses_what_it_does_not_serve():

@@ -82,8 +82,12 @@ def _mma_route(spec: str) -> dict[tuple[int, int], tuple[int, ...]]:
     route = {}
     for item in filter(None, spec.split(";")):
         shape, _, config = item.partition(":")
-        n, k = (int(v) for v in shape.split("x"))
-        route[(n, k)] = tuple(int(v) for v in config.split(",") if v)
+        try:
+            n, k = (int(v) for v in shape.split("x"))
+            route[(n, k)] = tuple(int(v) for v in config.split(",") if v)
+        except ValueError:
+            raise ValueError(f"ENGINE_AFFINE_MMA_ROUTE: {item!r} is not "
+                             "NxK:MR,warps,CT,split[,D,XA,CG,S]") from None
     return route
 
 
