@@ -28,6 +28,8 @@
 #     moe_even: the one-token down projection over unrolled whole tiles, alone and in the model;
 #     decode_sweep: the decode kernel's launch at batch 1 in the MoE model's profile;
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
+#     h200_next: on an H200 only, the open questions there, most telling first (fp8 targets,
+#     the gate/up-only 4-bit route, the decode kernel at 8 warps, the MoE down projection);
 #     w4_sync: one row of 4-bit codes at 16-32 outputs a program; group_codes: block
 #     fp8's rows quantized first, A/B and a step search; ncu:
 #     Nsight Compute's counters for the one-row products and the one-token MoE layer;
@@ -284,6 +286,31 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       done
       TAIL=30 step 120 moe_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
         --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table ;;
+    h200_next)  # the open H200 questions, most telling first, each short: block and per-tensor
+      # fp8's step (twice), the gptq/awq step shipped and with gate/up alone through the
+      # staged Gluon kernel (twice), the MoE model's decode kernel at 4 and 8 warps, then
+      # the MoE model with the whole-tile down projection against the whole-row one
+      nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || {
+        echo "not an H200: h200_next skipped"; continue; }
+      for r in 1 2; do
+        TAIL=4 step 90 "next_fp8_$r" python3 benchmarks/quant_gpu.py --batches 1 \
+          --schemes fp8_block,fp8_tensor --model-inputs
+        for v in shipped route; do
+          route=""
+          if [ $v = route ]; then route=28672x4096:1,4,4,1,1,1,1,4; fi
+          ENGINE_AFFINE_MMA_ROUTE=$route ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 \
+            step 90 "next_w4_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 \
+            --schemes gptq,awq
+        done
+      done
+      for c in 64,4,3 64,8,3; do
+        ENGINE_TRITON_DECODE_LAUNCH=$c TAIL=0 step 150 "next_decode_$c" python3 \
+          benchmarks/profile_decode_gpu.py --batch 1 --steps 20 \
+          --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
+        grep -E "step .* ms wall|the chain|_decode|_qk" "$OUT/next_decode_$c.log" | head -8
+      done
+      TAIL=10 step 300 next_moe_even python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --runners triton,triton+noeven,triton,triton+noeven --overlap ;;
     decode_sweep)  # the decode kernel's launch (BLOCK_N, warps, stages) at batch 1 in the MoE
       # model's step: the attention kernels' figures of its profile for each (DECODE_LAUNCHES)
       for c in ${DECODE_LAUNCHES:-64,4,3 32,4,3 32,2,1 16,2,1 128,4,3}; do
