@@ -83,6 +83,22 @@ ab_block_tma() {  # block fp8's weight tiles through tensor descriptors (the def
   done
   unset ENGINE_SWAP_TMA
 }
+w4_route_step() {  # NAME ROUTE: the gptq/awq step at one row with ENGINE_AFFINE_MMA_ROUTE=ROUTE
+  # ("": every product as shipped)
+  ENGINE_AFFINE_MMA_ROUTE=$2 ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 step 90 "$1" python3 \
+    benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
+}
+decode_profiles() {  # PREFIX LAUNCH...: the MoE model's batch-1 profile with each decode
+  # launch (ENGINE_TRITON_DECODE_LAUNCH=BLOCK_N,warps,stages), its attention rows printed
+  local prefix=$1 c
+  shift
+  for c in "$@"; do
+    ENGINE_TRITON_DECODE_LAUNCH=$c TAIL=0 step 150 "${prefix}_$c" python3 \
+      benchmarks/profile_decode_gpu.py --batch 1 --steps 20 \
+      --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
+    grep -E "step .* ms wall|the chain|_decode|_qk|norm" "$OUT/${prefix}_$c.log" | head -8
+  done
+}
 ab_scales_ahead() {  # block fp8's scales loaded an iteration ahead (ENGINE_SWAP_SCALES_AHEAD=1),
   # at 1, 4 and 16 rows, twice
   for r in 1 2; do
@@ -295,30 +311,15 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       for r in 1 2; do
         TAIL=4 step 90 "next_fp8_$r" python3 benchmarks/quant_gpu.py --batches 1 \
           --schemes fp8_block,fp8_tensor --model-inputs
-        for v in shipped route; do
-          route=""
-          if [ $v = route ]; then route=28672x4096:1,4,4,1,1,1,1,4; fi
-          ENGINE_AFFINE_MMA_ROUTE=$route ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 \
-            step 90 "next_w4_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 \
-            --schemes gptq,awq
-        done
+        w4_route_step "next_w4_shipped_$r" ""
+        w4_route_step "next_w4_route_$r" 28672x4096:1,4,4,1,1,1,1,4
       done
-      for c in 64,4,3 64,8,3; do
-        ENGINE_TRITON_DECODE_LAUNCH=$c TAIL=0 step 150 "next_decode_$c" python3 \
-          benchmarks/profile_decode_gpu.py --batch 1 --steps 20 \
-          --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
-        grep -E "step .* ms wall|the chain|_decode|_qk" "$OUT/next_decode_$c.log" | head -8
-      done
+      decode_profiles next_decode 64,4,3 64,8,3
       TAIL=10 step 300 next_moe_even python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners triton,triton+noeven,triton,triton+noeven --overlap ;;
     decode_sweep)  # the decode kernel's launch (BLOCK_N, warps, stages) at batch 1 in the MoE
       # model's step: the attention kernels' figures of its profile for each (DECODE_LAUNCHES)
-      for c in ${DECODE_LAUNCHES:-64,4,3 32,4,3 32,2,1 16,2,1 128,4,3}; do
-        ENGINE_TRITON_DECODE_LAUNCH=$c TAIL=0 step 150 "decode_$c" python3 \
-          benchmarks/profile_decode_gpu.py --batch 1 --steps 20 \
-          --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table
-        grep -E "step .* ms wall|the chain|_decode|_qk|norm" "$OUT/decode_$c.log" | head -8
-      done ;;
+      decode_profiles decode ${DECODE_LAUNCHES:-64,4,3 32,4,3 32,2,1 16,2,1 128,4,3} ;;
     moe_overlap)  # the MoE model at batch 1 as the server runs it (the next step built while
       # the GPU runs this one, the overlap scheduler's way) and with the host waiting, twice
       TAIL=6 step 300 moe_overlap python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
@@ -491,13 +492,8 @@ PY
       TAIL=2 step 200 affine_route_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_affine_mma.py
       for r in 1 2; do
-        for v in shipped route; do
-          route=""
-          if [ $v = route ]; then route=${AFFINE_ROUTE:-28672x4096:1,4,4,1,1,1,1,4}; fi
-          ENGINE_AFFINE_MMA_ROUTE=$route ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 \
-            step 90 "affine_route_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 \
-            --schemes gptq,awq
-        done
+        w4_route_step "affine_route_shipped_$r" ""
+        w4_route_step "affine_route_route_$r" "${AFFINE_ROUTE:-28672x4096:1,4,4,1,1,1,1,4}"
       done
       configs="1,4,4,1,1,1,1,2;1,8,4,1,1,1,1,4;1,2,4,1,1,1,1,4;2,4,4,1,1,1,1,4"
       configs="$configs;1,4,2,1,1,1,1,4;1,8,2,1,1,1,1,4;1,4,4,1,1,1,1,4"

@@ -613,12 +613,12 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
         x, perm = x.index_select(1, perm), None
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
-    if m == 1 and x.is_cuda and (AFFINE_MMA or (q.shape[0], k) in AFFINE_MMA_ROUTE):
+    launch = AFFINE_MMA_ROUTE.get((q.shape[0], k)) if AFFINE_MMA_ROUTE else None
+    if m == 1 and x.is_cuda and (AFFINE_MMA or launch is not None):
         from engine.runtime import affine_mma as am
 
         if am.supported(x, bits, group, sub, k):
-            return am.affine_mma(x, q, scale, bias_, group, bias=bias,
-                                 config=AFFINE_MMA_ROUTE.get((q.shape[0], k)))
+            return am.affine_mma(x, q, scale, bias_, group, bias=bias, config=launch)
     if m >= DEQUANT_ROWS.get(bits, 1 << 62):
         w = dequant_affine(q, scale, bias_, bits, group, sub, k, x.dtype)
         return torch.nn.functional.linear(x, w, bias)
