@@ -292,11 +292,17 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     override = json.dumps({"num_hidden_layers": layers})
     # triton, triton+hints / triton+keep / triton+nohints (L2 cache hints 1 / 2 / 0; the
     # one-token launch's default is 1), triton+noeven (the one-token down projection over
-    # whole rows, not unrolled whole tiles), torch
+    # whole rows, not unrolled whole tiles), triton+token (one down launch through the token's
+    # pairs with their combine, kernels.token_moe: token2 / token8 other launches, tokenp its
+    # rows asked into L2 before its wait), torch
     variants = {"hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
                 "nohints": ("ENGINE_MOE_L2_HINTS", "0"),
                 "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0"),
-                "noeven": ("ENGINE_MOE_EVEN_DOWN", "0")}
+                "noeven": ("ENGINE_MOE_EVEN_DOWN", "0"),
+                "token": ("ENGINE_MOE_TOKEN_DOWN", "4,256,4"),
+                "token2": ("ENGINE_MOE_TOKEN_DOWN", "2,256,4"),
+                "token8": ("ENGINE_MOE_TOKEN_DOWN", "8,128,4"),
+                "tokenp": ("ENGINE_MOE_TOKEN_DOWN", "4,256,4,p")}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"

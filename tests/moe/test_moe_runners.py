@@ -35,6 +35,18 @@ def test_triton_kernels_under_the_interpreter():
                       env={"TRITON_INTERPRET": "1"}) == []
 
 
+def test_one_token_down_launch_with_its_combine_under_the_interpreter():
+    """``kernels.token_moe`` against the pair launches + combine and float32 (residual, a -1
+    pair), the runner routing one token to it, and its switch's parsing."""
+    assert run_checks(os.path.join(HERE, "token_moe_checks.py"), "cpu",
+                      env={"TRITON_INTERPRET": "1"}) == []
+
+
+@pytest.mark.gpu
+def test_one_token_down_launch_with_its_combine_on_the_gpu():
+    assert run_checks(os.path.join(HERE, "token_moe_checks.py"), "cuda") == []
+
+
 def test_triton_hook_refuses_a_cpu_without_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     from engine_moe_triton.impl import engine_create_moe_runner

@@ -304,6 +304,35 @@ def test_moe_down_over_whole_tiles_is_shorter():
     assert per_weight < 0.45 * before, (per_weight, before)
 
 
+@pytest.mark.parametrize("launch,prefetch", [((4, 256, 4), False), ((2, 256, 4), False),
+                                            ((8, 128, 4), False), ((4, 256, 4), True)])
+def test_moe_token_down_builds_without_loops_or_spills(launch, prefetch):
+    """One token's down projection through its 8 pairs with their combine and the residual
+    (``_token_down``, Qwen3-30B-A3B's 2048 x 768 experts): unrolled (no loop), no spills; each
+    pair's weights and activation are one 16-byte load a thread a [4, 256] tile (24 tiles);
+    the up projection's GLU form (gate and up rows side by side, the activation stored) builds
+    too."""
+    from engine_moe_triton import kernels
+
+    types = {"act_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "ids_ptr": "*i32",
+             "weights_ptr": "*fp32", "res_ptr": "*bf16", "ss_ptr": "*fp32", "x_ptr": "*bf16"}
+    bn, bk, warps = launch
+    down = build(kernels._token_down, types, dict(
+        TOP_K=8, I=768, BLOCK_N=bn, BLOCK_K=bk, RES=True, EVICT="evict_first",
+        PREFETCH=prefetch, PDL=True), warps=warps)
+    assert stack_bytes(down) == 0 and sass_loops(down) == []
+    ops = sass_ops(down)
+    if launch == (4, 256, 4) and not prefetch:
+        assert sum(op.startswith("LDG.E.128") or op.startswith("LDG.E.EF.128")
+                   for op in ops) >= 24
+    if prefetch:
+        assert "prefetch.global.L2" in down.asm["ptx"]
+    up = build(kernels._pair_gemv_up, types, dict(
+        TOP_K=8, BLOCK_N=2, BLOCK_K=2048, ACC2D=False, NEXT=False, EVICT="evict_first",
+        PDL=True, GLU=True))
+    assert stack_bytes(up) == 0
+
+
 @pytest.mark.parametrize("prefetch,nxt,hints", [
     (False, False, 0), (True, False, 0), (True, True, 0), (True, True, 1), (True, True, 2)])
 def test_moe_pair_kernels_build(prefetch, nxt, hints):

@@ -56,18 +56,36 @@ GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8, acc2d=False)  # best of th
 #: (``even_down``; ``ENGINE_MOE_EVEN_DOWN=0`` off, or "BLOCK_N,BLOCK_K,warps"): a third of
 #: the instructions a weight; on an H100 the one-token kernel alone 9.9 us against 11.1-11.4
 #: for the whole-row tile, after the up projection 27.5 against 28.2-29.0.
+#: ``token_down`` (BLOCK_N, BLOCK_K, warps): the up projection stores each pair's activation
+#: and one down launch takes all the token's pairs with their combine and the residual
+#: (``kernels.token_moe``: no combine kernel); None: the pair launches above and the combine.
+#: Off until timed on a GPU: ``ENGINE_MOE_TOKEN_DOWN=4,256,4`` (or ``...,p``: its rows asked
+#: into L2 before its wait) turns it on.
 GEMV_ONE_TOKEN = dict(block_n=2, block_k=2048, warps=4, down_block_n=8, down_block_k=1024,
                       down_warps=4, acc2d=False, next_tile=False, l2_hints=1,
-                      even_down=(16, 128, 4))
+                      even_down=(16, 128, 4), token_down=None)
 
 
-def _even_down_env(launch: dict[str, Any]) -> dict[str, Any]:
-    """``launch`` with ``even_down`` as ``ENGINE_MOE_EVEN_DOWN`` says (unset: as it is)."""
-    env = os.environ.get("ENGINE_MOE_EVEN_DOWN")
+def _env_launch(launch: dict[str, Any], name: str, key: str) -> dict[str, Any]:
+    """``launch`` with ``key`` as the variable ``name`` says ("0": None; else its
+    comma-separated integers; unset: as it is)."""
+    env = os.environ.get(name)
     if env is None:
         return launch
-    even = None if env == "0" else tuple(int(v) for v in env.split(","))
-    return dict(launch, even_down=even)
+    return dict(launch, **{key: None if env == "0" else env.split(",")})
+
+
+def _one_token_launch() -> dict[str, Any]:
+    """:data:`GEMV_ONE_TOKEN` as ``ENGINE_MOE_EVEN_DOWN`` and ``ENGINE_MOE_TOKEN_DOWN`` say."""
+    launch = _env_launch(dict(GEMV_ONE_TOKEN), "ENGINE_MOE_EVEN_DOWN", "even_down")
+    launch = _env_launch(launch, "ENGINE_MOE_TOKEN_DOWN", "token_down")
+    for key in ("even_down", "token_down"):
+        value = launch[key]
+        if value is not None:
+            launch[key] = tuple(int(v) for v in value if v != "p")
+            if key == "token_down" and "p" in value:
+                launch["prefetch"] = True
+    return launch
 
 
 def table_name(num_experts: int, width: int, device: str, dtype: torch.dtype) -> str:
@@ -101,7 +119,7 @@ class TritonRunner(MoERunner):
         #: its launch parameters (benchmarks/moe_gpu.py --sweep-gemv measures them)
         self.gemv: dict[str, int] = dict(GEMV_DEFAULT)
         #: the launch for a single token, or None (``gemv`` serves it too)
-        self.gemv_one: dict[str, Any] | None = _even_down_env(dict(GEMV_ONE_TOKEN))
+        self.gemv_one: dict[str, Any] | None = _one_token_launch()
         #: cache hints of the matrix-vector path (``pair_moe``'s ``l2_hints``): 1, weights read
         #: with the L2 policy "evict_first", so the up projection's stream leaves the down
         #: projection's prefetched rows in L2; 2, those rows also asked for "evict_last". The
@@ -140,7 +158,8 @@ class TritonRunner(MoERunner):
 
     def _apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
                topk_weights: torch.Tensor, residual: torch.Tensor | None = None):
-        from .kernels import align_by_expert, combine_pairs, grouped_gemm, pair_moe, silu_and_mul
+        from .kernels import (align_by_expert, combine_pairs, grouped_gemm, pair_moe,
+                              silu_and_mul, token_down_fits, token_moe)
 
         t, k = topk_ids.shape
         inter, h = experts.intermediate_size, experts.hidden_size
@@ -148,6 +167,11 @@ class TritonRunner(MoERunner):
         if t * k <= self.gemv_max_pairs and act_quant is None:
             launch = self.gemv_one if t == 1 and self.gemv_one is not None else self.gemv
             x = hidden.to(experts.w13.dtype)
+            down_launch = launch.get("token_down") if t == 1 else None
+            if (down_launch and hidden.dtype == x.dtype
+                    and token_down_fits(k, h, inter, *down_launch[:2])):
+                return self._one_token(experts, x, topk_ids, topk_weights, residual, launch,
+                                       token_moe)
             gate_up = torch.empty(t * k, 2 * inter, dtype=x.dtype, device=x.device)
             down = torch.empty(t * k, h, dtype=x.dtype, device=x.device)
             if interpreting():
@@ -179,6 +203,27 @@ class TritonRunner(MoERunner):
         grouped_gemm(act, experts.w2, down, weights, sorted_ids, block_expert, num_padded,
                      top_k=1, mul_weight=True, block=block)
         return combine_pairs(down, k, hidden.dtype, residual)
+
+    def _one_token(self, experts: ExpertWeights, x: torch.Tensor, topk_ids: torch.Tensor,
+                   topk_weights: torch.Tensor, residual: torch.Tensor | None,
+                   launch: dict[str, Any], token_moe: Any):
+        """One token through ``kernels.token_moe`` (the launch's ``token_down``): the output
+        in ``x``'s dtype, or with ``residual`` (that plus it, the sums of squares of its
+        pieces [1, pieces])."""
+        k = topk_ids.shape[1]
+        inter, h = experts.intermediate_size, experts.hidden_size
+        act = torch.empty(k, inter, dtype=x.dtype, device=x.device)
+        out = torch.empty(1, h, dtype=x.dtype, device=x.device)
+        options = dict(launch)
+        options["l2_hints"] = (self.l2_hints if self.l2_hints is not None
+                               else launch.get("l2_hints", 0))
+        if interpreting():  # (small tiles: each program costs the interpreter time)
+            options.update(block_n=4, block_k=16)
+        ss = (torch.empty(h // launch["token_down"][0], dtype=torch.float32, device=x.device)
+              if residual is not None else None)
+        token_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
+                  topk_weights.float().contiguous(), act, out, residual, ss, **options)
+        return out if residual is None else (out, ss.view(1, -1))
 
 
 @hookimpl

@@ -186,8 +186,12 @@ def silu_tile(gu_row, offs_k, I, MASKED: tl.constexpr = False):
 def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, stride_wn,
                   stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   ACC2D: tl.constexpr, NEXT: tl.constexpr, EVICT: tl.constexpr,
-                  PDL: tl.constexpr):
-    """ACC2D: products accumulate elementwise over the K loop and are summed once at the end
+                  PDL: tl.constexpr, GLU: tl.constexpr = False):
+    """GLU: a program's BLOCK_N rows are BLOCK_N / 2 features' gate and up rows (feature f's
+    at rows f and f + N / 2, side by side), and it stores their ``silu(gate) * up`` at
+    ``out[pair, f]`` (each rounded as the gate/up row and then the activation are when
+    stored), not the rows. ACC2D: products accumulate elementwise over the K loop and are
+    summed once at the end
     (else each tile's products are summed as they come). NEXT: each iteration loads the next
     iteration's weight tile before it uses its own (two tiles in flight a program: Triton's
     pipeliner leaves loads that feed no ``tl.dot`` alone). EVICT: the weights' cache eviction
@@ -199,8 +203,15 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
     pdl_wait(PDL)
     pdl_trigger(PDL)
     pair = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+    if GLU:  # (gate f, up f) side by side
+        HALF: tl.constexpr = BLOCK_N // 2
+        lane = tl.arange(0, BLOCK_N)
+        feat = tl.program_id(1) * HALF + lane // 2
+        offs_n = feat + (lane % 2) * (N // 2)
+        n_ok = feat < N // 2
+    else:
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     if expert < 0:
         return
@@ -225,7 +236,14 @@ def _pair_gemv_up(x_ptr, w_ptr, out_ptr, ids_ptr, N, K, stride_x, stride_we, str
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     if ACC2D:
         acc = tl.sum(acc2, axis=1)
-    tl.store(out_ptr + pair * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    if GLU:
+        gate, up = tl.split(tl.reshape(acc.to(dt).to(tl.float32), [HALF, 2]))
+        act = (gate * tl.sigmoid(gate) * up).to(dt)
+        feats = tl.program_id(1) * HALF + tl.arange(0, HALF)
+        tl.store(out_ptr + pair * stride_o + feats, act, mask=feats < N // 2)
+    else:
+        tl.store(out_ptr + pair * stride_o + offs_n, acc.to(dt), mask=n_ok)
 
 
 @triton.jit
@@ -349,6 +367,98 @@ def pair_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: tor
 
 #: the most whole input tiles :func:`pair_moe`'s ``even_down`` launch unrolls (more: the loop)
 EVEN_DOWN_TILES = 12
+
+
+@triton.jit
+def _token_down(act_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, res_ptr, ss_ptr, stride_a,
+                stride_we, stride_wn, TOP_K: tl.constexpr, I: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RES: tl.constexpr,
+                EVICT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+    """One token's down projection through all its TOP_K pairs, with their combine: program p's
+    BLOCK_N outputs are ``sum_j round(w_j * w2[e_j] @ act[j])`` (float32, slots in order, each
+    pair's row rounded to out's dtype as a stored row is), rounded; RES: plus ``res``, rounded
+    again, and the sum of squares of the program's outputs at ``ss[p]``. ``act`` [TOP_K, I]:
+    the pairs' activations (``_pair_gemv_up``'s GLU form). I is whole tiles of BLOCK_K and the
+    outputs whole blocks of BLOCK_N (no masks); the loops are unrolled, so every tile's loads
+    may go out at once. A -1 id (another rank's expert) adds nothing. The ids, weights and
+    residual are final when this launches (every up-projection program has waited for the
+    router's top-k, which waited for the products before it): read before the wait; PREFETCH:
+    the pairs' rows of ``w2`` asked into L2 then too."""
+    pdl_trigger(PDL)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if RES:
+        res = tl.load(res_ptr + offs_n).to(tl.float32)
+    if PREFETCH:
+        lines = line_offsets(w_ptr, BLOCK_K)
+        for j in tl.static_range(TOP_K):
+            rows = (w_ptr + tl.maximum(tl.load(ids_ptr + j), 0).to(tl.int64) * stride_we
+                    + offs_n.to(tl.int64) * stride_wn)
+            for k0 in tl.static_range(0, I, BLOCK_K):
+                prefetch_l2(rows[:, None] + tl.minimum(k0 + lines, I - 1)[None, :], PDL)
+    pdl_wait(PDL)
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        expert = tl.load(ids_ptr + j)
+        rows = (w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
+                + offs_n.to(tl.int64)[:, None] * stride_wn)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in tl.static_range(0, I, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            w = tl.load(rows + offs_k[None, :], eviction_policy=EVICT)
+            a = tl.load(act_ptr + j * stride_a + offs_k).to(tl.float32)
+            acc2 += w.to(tl.float32) * a[None, :]
+        part = tl.sum(acc2, axis=1) * tl.load(weights_ptr + j)
+        total += tl.where(expert >= 0, part, 0.0).to(dt).to(tl.float32)
+    if RES:
+        total = (total.to(dt).to(tl.float32) + res).to(dt).to(tl.float32)
+        tl.store(ss_ptr + tl.program_id(0), tl.sum(total * total, axis=0))
+    tl.store(out_ptr + offs_n, total.to(dt))
+
+
+#: the most tiles (pairs x input tiles) :func:`token_moe`'s down projection unrolls
+TOKEN_DOWN_TILES = 64
+
+
+def token_down_fits(top_k: int, hidden: int, inter: int, block_n: int, block_k: int) -> bool:
+    """Whether :func:`token_moe` serves these widths with this down launch."""
+    return (hidden % block_n == 0 and inter % block_k == 0
+            and top_k * (inter // block_k) <= TOKEN_DOWN_TILES)
+
+
+def token_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+              topk_weights: torch.Tensor, act: torch.Tensor, out: torch.Tensor,
+              residual: torch.Tensor | None = None, ss: torch.Tensor | None = None, *,
+              block_n: int = 2, block_k: int = 2048, warps: int = 4,
+              token_down: tuple[int, int, int] = (4, 256, 4), l2_hints: int = 0,
+              prefetch: bool = False, **_: object) -> None:
+    """One token (``x`` [1, H]) through its k experts in two launches: the up projection
+    storing each pair's activation (``act`` [k, I]; ``block_n`` rows a program, half of them
+    gate rows and half the same features' up rows), then the down projection of all k pairs
+    with their combine (``token_down`` = (BLOCK_N, BLOCK_K, warps); :func:`token_down_fits`
+    must hold): ``out`` [1, H] (``residual`` [1, H]: plus it, with ``ss`` [H / BLOCK_N] the
+    sums of squares of the output's pieces). ``prefetch``: the down projection asks its rows
+    into L2 before its wait. No combine kernel."""
+    k = topk_ids.numel()
+    _, n13, h = w13.shape
+    inter = n13 // 2
+    ids = topk_ids.reshape(-1)
+    evict = "evict_first" if l2_hints else ""
+    block_n = max(2, block_n)
+    _pair_gemv_up[(k, triton.cdiv(inter, block_n // 2))](
+        x, w13, act, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        TOP_K=k, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(h)),
+        ACC2D=False, NEXT=False, EVICT=evict, GLU=True, num_warps=warps,
+        **launch_options(x.device))
+    dbn, dbk, dw = token_down
+    if not token_down_fits(k, h, inter, dbn, dbk):
+        raise ValueError(f"token_moe: down launch {token_down} does not fit H={h}, I={inter}")
+    _token_down[(h // dbn,)](
+        act, w2, out, ids, topk_weights.reshape(-1),
+        residual if residual is not None else out, ss if ss is not None else out,
+        act.stride(0), w2.stride(0), w2.stride(1), TOP_K=k, I=inter, BLOCK_N=dbn,
+        BLOCK_K=dbk, RES=residual is not None, EVICT=evict, PREFETCH=prefetch, num_warps=dw,
+        **launch_options(x.device))
 
 
 @functools.lru_cache(maxsize=None)
