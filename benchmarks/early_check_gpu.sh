@@ -27,6 +27,8 @@
 #     moe_overlap: the MoE model at batch 1 with the next step built during this one;
 #     moe_even: the one-token down projection over unrolled whole tiles, alone and in the model;
 #     decode_sweep: the decode kernel's launch at batch 1 in the MoE model's profile;
+#     token_down: one token's down projection through all its pairs with their combine, GPU
+#     checks and the model A/B;
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
 #     h200_next: on an H200 only, the open questions there, most telling first (fp8 targets,
 #     the gate/up-only 4-bit route, the decode kernel at 8 warps, the MoE down projection);
@@ -287,6 +289,13 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         --runners triton
       TAIL=10 step 400 moe_even_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --runners triton,triton+noeven,triton,triton+noeven --overlap ;;
+    token_down)  # one token's down projection through all its pairs with their combine
+      # (ENGINE_MOE_TOKEN_DOWN): its GPU checks, then the model at batch 1 against the pair
+      # launches + combine kernel (TOKEN_RUNNERS: other launches, e.g. triton+token2)
+      TAIL=4 step 150 token_checks python3 tests/moe/token_moe_checks.py cuda
+      TAIL=12 step 420 token_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+        --batches 1 --overlap --runners \
+        ${TOKEN_RUNNERS:-triton,triton+token,triton+tokenp,triton,triton+token} ;;
     h200_targets)  # what an H200 call should take first, shortest first: the MoE model at batch
       # 1 with the whole-tile down projection against the whole-row one, then the quantized
       # steps of every format with a target (the targets step), then where the MoE step goes
