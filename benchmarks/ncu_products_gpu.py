@@ -40,7 +40,8 @@ def moe_layer():
     weights = torch.rand(1, k, device="cuda")
     gate_up = torch.empty(k, 2 * inter, device="cuda", dtype=torch.bfloat16)
     down = torch.empty(k, h, device="cuda", dtype=torch.bfloat16)
-    launch = dict(GEMV_ONE_TOKEN)
+    launch = {key: value for key, value in GEMV_ONE_TOKEN.items()
+              if key not in ("token_down", "prefetch")}  # (pair_moe's options)
 
     def run():
         pair_moe(x, w13, w2, ids, weights, gate_up, down, **launch)

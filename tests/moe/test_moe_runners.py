@@ -42,6 +42,39 @@ def test_one_token_down_launch_with_its_combine_under_the_interpreter():
                       env={"TRITON_INTERPRET": "1"}) == []
 
 
+@pytest.mark.parametrize("tokens,token_down", [(1, None), (2, None), (1, (4, 16, 4))])
+def test_triton_runner_hands_each_kernel_only_its_own_launch_options(monkeypatch, tokens,
+                                                                    token_down):
+    """Off the interpreter the runner passes its launch table itself (the interpreter swaps in
+    small tiles): every key it hands ``pair_moe`` / ``token_moe`` must be one of theirs."""
+    import inspect
+
+    from engine.api.moe import ExpertWeights
+    from engine_moe_triton import impl, kernels
+
+    accepted = {name: set(inspect.signature(getattr(kernels, name)).parameters)
+                for name in ("pair_moe", "token_moe")}
+    calls = {}
+
+    def recorder(name):
+        def record(*args, **kwargs):
+            calls[name] = kwargs
+        return record
+
+    monkeypatch.setattr(impl, "interpreting", lambda: False)
+    for name in ("pair_moe", "token_moe"):
+        monkeypatch.setattr(kernels, name, recorder(name))
+    monkeypatch.setattr(kernels, "combine_pairs", lambda down, k, dtype, residual=None: down)
+    runner = impl.TritonRunner(None)
+    runner.gemv_one = dict(runner.gemv_one, token_down=token_down)
+    experts = ExpertWeights(4, 64, 32, torch.float32)
+    ids = torch.zeros(tokens, 2, dtype=torch.int32)
+    runner.apply(experts, torch.zeros(tokens, 64), ids, torch.ones(tokens, 2))
+    (name, kwargs), = calls.items()
+    assert name == ("token_moe" if token_down else "pair_moe")
+    assert set(kwargs) <= accepted[name], set(kwargs) - accepted[name]
+
+
 @pytest.mark.gpu
 def test_one_token_down_launch_with_its_combine_on_the_gpu():
     assert run_checks(os.path.join(HERE, "token_moe_checks.py"), "cuda") == []

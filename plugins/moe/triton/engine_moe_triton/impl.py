@@ -80,7 +80,7 @@ def _one_token_launch() -> dict[str, Any]:
     launch = _env_launch(dict(GEMV_ONE_TOKEN), "ENGINE_MOE_EVEN_DOWN", "even_down")
     launch = _env_launch(launch, "ENGINE_MOE_TOKEN_DOWN", "token_down")
     for key in ("even_down", "token_down"):
-        value = launch[key]
+        value = launch.get(key)
         if value is not None:
             launch[key] = tuple(int(v) for v in value if v != "p")
             if key == "token_down" and "p" in value:
@@ -178,7 +178,8 @@ class TritonRunner(MoERunner):
                 launch = {"acc2d": launch.get("acc2d", False), "block_n": 16, "block_k": 16,
                           "next_tile": launch.get("next_tile", False),
                           "l2_hints": launch.get("l2_hints", 0)}
-            options = dict(launch)
+            options = {key: value for key, value in launch.items()
+                       if key not in ("token_down", "prefetch")}  # (token_moe's own)
             options["l2_hints"] = (self.l2_hints if self.l2_hints is not None
                                    else launch.get("l2_hints", 0))
             pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
@@ -214,7 +215,8 @@ class TritonRunner(MoERunner):
         inter, h = experts.intermediate_size, experts.hidden_size
         act = torch.empty(k, inter, dtype=x.dtype, device=x.device)
         out = torch.empty(1, h, dtype=x.dtype, device=x.device)
-        options = dict(launch)
+        options = {key: launch[key] for key in ("block_n", "block_k", "warps", "token_down",
+                                                "prefetch") if key in launch}
         options["l2_hints"] = (self.l2_hints if self.l2_hints is not None
                                else launch.get("l2_hints", 0))
         if interpreting():  # (small tiles: each program costs the interpreter time)

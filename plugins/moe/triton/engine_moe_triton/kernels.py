@@ -431,7 +431,7 @@ def token_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: to
               residual: torch.Tensor | None = None, ss: torch.Tensor | None = None, *,
               block_n: int = 2, block_k: int = 2048, warps: int = 4,
               token_down: tuple[int, int, int] = (4, 256, 4), l2_hints: int = 0,
-              prefetch: bool = False, **_: object) -> None:
+              prefetch: bool = False) -> None:
     """One token (``x`` [1, H]) through its k experts in two launches: the up projection
     storing each pair's activation (``act`` [k, I]; ``block_n`` rows a program, half of them
     gate rows and half the same features' up rows), then the down projection of all k pairs
