@@ -28,7 +28,8 @@
 #     moe_even: the one-token down projection over unrolled whole tiles, alone and in the model;
 #     decode_sweep: the decode kernel's launch at batch 1 in the MoE model's profile;
 #     token_down: one token's down projection through all its pairs with their combine, GPU
-#     checks and the model A/B;
+#     checks and the model A/B; next_call: that, the decode kernel at 8 warps, and on an H200
+#     the fp8 step, in one call;
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
 #     h200_next: on an H200 only, the open questions there, most telling first (fp8 targets,
 #     the gate/up-only 4-bit route, the decode kernel at 8 warps, the MoE down projection);
@@ -296,6 +297,22 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=12 step 420 token_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
         --batches 1 --overlap --runners \
         ${TOKEN_RUNNERS:-triton,triton+token,triton+tokenp,triton,triton+token} ;;
+    next_call)  # the open questions in one call of ~9 minutes, on either card: the one-token
+      # down launch with its combine (checks, model A/B), the decode kernel at 4 and 8 warps in
+      # the MoE step's profile; on an H200 also block and per-tensor fp8's step (H100: the
+      # token_down A/B takes two more launches instead)
+      TAIL=4 step 120 token_checks python3 tests/moe/token_moe_checks.py cuda
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        TAIL=12 step 240 token_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+          --batches 1 --overlap --runners triton,triton+token,triton,triton+token
+        TAIL=4 step 90 next_fp8 python3 benchmarks/quant_gpu.py --batches 1 \
+          --schemes fp8_block,fp8_tensor --model-inputs
+      else
+        TAIL=12 step 320 token_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+          --batches 1 --overlap --runners \
+          triton,triton+token,triton+token2,triton,triton+token,triton+token8
+      fi
+      decode_profiles next_decode 64,4,3 64,8,3 ;;
     h200_targets)  # what an H200 call should take first, shortest first: the MoE model at batch
       # 1 with the whole-tile down projection against the whole-row one, then the quantized
       # steps of every format with a target (the targets step), then where the MoE step goes
