@@ -182,6 +182,22 @@ def residual_runner():
         del TorchRunner.apply_residual
 
 
+def token_down(dtype: torch.dtype) -> None:
+    """The tiny Qwen3-MoE chained and not, its one-token experts through ``token_moe``."""
+    from engine_moe_triton import kernels as moe_kernels
+
+    token_moe, calls = moe_kernels.token_moe, []
+    moe_kernels.token_moe = lambda *a, **kw: calls.append(1) or token_moe(*a, **kw)
+    os.environ["ENGINE_MOE_TOKEN_DOWN"] = "4,16,4"
+    try:
+        model(dtype, "ENGINE_GEMV_CHAIN", QWEN3_MOE, 2 * 5, moe_runner="triton")
+    finally:
+        os.environ.pop("ENGINE_MOE_TOKEN_DOWN")
+        moe_kernels.token_moe = token_moe
+    if len(calls) != 2 * 2 * 2:  # (two decode steps of two sparse layers, chained or not)
+        failures.append(f"token_down {dtype}: {len(calls)} one-token launches")
+
+
 os.environ.setdefault("ENGINE_GEMV_DENSE_ROWS", "4")  # (on a CPU the interpreter serves them)
 # the interpreter truncates float32 -> bfloat16 where a GPU rounds: float16 on a CPU
 for dt in ((torch.bfloat16, torch.float16) if device == "cuda" else (torch.float16,)):
@@ -202,6 +218,12 @@ for dt in ((torch.bfloat16, torch.float16) if device == "cuda" else (torch.float
         os.environ["ENGINE_SPARSE_RESIDUAL"] = "0"
         model(dt, "ENGINE_GEMV_CHAIN", QWEN3_MOE, 2 * 4, moe_runner=RESIDUAL_RUNNER)
         os.environ.pop("ENGINE_SPARSE_RESIDUAL")
+    # the triton runner's one-token launch through all pairs with their combine (token_down):
+    # its output and the sums of squares of its pieces, which the next q/k/v norms from,
+    # against the same runner's output added and normed by the separate kernels (a GPU: the
+    # runner is not offered on a CPU)
+    if device == "cuda":
+        token_down(dt)
     # with ENGINE_SPARSE_CHAIN=0 only the dense layer chains: its 3 products a step
     os.environ["ENGINE_SPARSE_CHAIN"] = "0"
     model(dt, "ENGINE_GEMV_CHAIN", QWEN2_MOE, 2 * 3)
