@@ -382,8 +382,8 @@ def _token_down(act_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, res_ptr, ss_ptr, 
     outputs whole blocks of BLOCK_N (no masks); the loops are unrolled, so every tile's loads
     may go out at once. A -1 id (another rank's expert) adds nothing. The ids, weights and
     residual are final when this launches (every up-projection program has waited for the
-    router's top-k, which waited for the products before it): read before the wait; PREFETCH:
-    the pairs' rows of ``w2`` asked into L2 then too."""
+    router's top-k, which waited for the products before it): the residual is read before the
+    wait; PREFETCH: the pairs' ids too, and their rows of ``w2`` asked into L2 then."""
     pdl_trigger(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     if RES:
