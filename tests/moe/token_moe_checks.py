@@ -49,10 +49,11 @@ for h, inter, e, k in shapes:
             block_n=16, block_k=16)))
         shipped, shipped_ss = kernels.combine_pairs(down, k, dtype, res)
         exact = torch_reference(w13, w2, x, ids, wts) + res.float()
-        for launch, prefetch in launches:
-            if not kernels.token_down_fits(k, h, inter, *launch[:2]):
-                failures.append(f"{h}x{inter} {launch}: does not fit")
-                continue
+        fitting = [(launch, prefetch) for launch, prefetch in launches
+                   if kernels.token_down_fits(k, h, inter, *launch[:2])]
+        if not fitting:  # (1408 inputs are no whole tiles of 256: the 128-wide launch only)
+            failures.append(f"{h}x{inter}: no launch fits")
+        for launch, prefetch in fitting:
             for residual in (None, res):
                 act = torch.full((k, inter), float("nan"), dtype=dtype, device=device)
                 out = torch.empty(1, h, dtype=dtype, device=device)
@@ -83,7 +84,7 @@ for h, inter, e, k in shapes:
 # the runner: one token routed to token_moe (the kit's cases; the ones whose widths the
 # launch does not fit keep the pair launches)
 runner = TritonRunner(None)
-runner.gemv_one = dict(runner.gemv_one, token_down=(4, 16, 4) if not gpu else (4, 256, 4))
+runner.gemv_one = dict(runner.gemv_one, token_down=(4, 16, 4))  # (the kit's widths are small)
 failures += [f"runner with token_down: {f}" for f in runner_failures(
     runner, device, small=not gpu, dtypes=(torch.float32,) if not gpu else
     (torch.float32, torch.bfloat16))]
