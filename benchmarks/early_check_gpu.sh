@@ -91,6 +91,15 @@ w4_route_step() {  # NAME ROUTE: the gptq/awq step at one row with ENGINE_AFFINE
   ENGINE_AFFINE_MMA_ROUTE=$2 ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 step 90 "$1" python3 \
     benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
 }
+token_ab() {  # LIMIT RUNNERS: the one-token down launch's GPU checks (once a call), then the
+  # MoE model at batch 1 with each runner (moe_gpu.py's triton+token variants)
+  if [ -z "$TOKEN_CHECKED" ]; then
+    TOKEN_CHECKED=1
+    TAIL=4 step 150 token_checks python3 tests/moe/token_moe_checks.py cuda
+  fi
+  TAIL=12 step "$1" token_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
+    --batches 1 --overlap --runners "$2"
+}
 decode_profiles() {  # PREFIX LAUNCH...: the MoE model's batch-1 profile with each decode
   # launch (ENGINE_TRITON_DECODE_LAUNCH=BLOCK_N,warps,stages), its attention rows printed
   local prefix=$1 c
@@ -293,24 +302,17 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
     token_down)  # one token's down projection through all its pairs with their combine
       # (ENGINE_MOE_TOKEN_DOWN): its GPU checks, then the model at batch 1 against the pair
       # launches + combine kernel (TOKEN_RUNNERS: other launches, e.g. triton+token2)
-      TAIL=4 step 150 token_checks python3 tests/moe/token_moe_checks.py cuda
-      TAIL=12 step 420 token_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
-        --batches 1 --overlap --runners \
-        ${TOKEN_RUNNERS:-triton,triton+token,triton+tokenp,triton,triton+token} ;;
+      token_ab 420 "${TOKEN_RUNNERS:-triton,triton+token,triton+tokenp,triton,triton+token}" ;;
     next_call)  # the open questions in one call of ~9 minutes, on either card: the one-token
       # down launch with its combine (checks, model A/B), the decode kernel at 4 and 8 warps in
       # the MoE step's profile; on an H200 also block and per-tensor fp8's step (H100: the
       # token_down A/B takes two more launches instead)
-      TAIL=4 step 120 token_checks python3 tests/moe/token_moe_checks.py cuda
       if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        TAIL=12 step 240 token_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
-          --batches 1 --overlap --runners triton,triton+token,triton,triton+token
+        token_ab 240 triton,triton+token,triton,triton+token
         TAIL=4 step 90 next_fp8 python3 benchmarks/quant_gpu.py --batches 1 \
           --schemes fp8_block,fp8_tensor --model-inputs
       else
-        TAIL=12 step 320 token_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
-          --batches 1 --overlap --runners \
-          triton,triton+token,triton+token2,triton,triton+token,triton+token8
+        token_ab 320 triton,triton+token,triton+token2,triton,triton+token,triton+token8
       fi
       decode_profiles next_decode 64,4,3 64,8,3 ;;
     h200_targets)  # what an H200 call should take first, shortest first: the MoE model at batch

@@ -29,7 +29,7 @@ from gemv_gpu import SHAPES, make  # noqa: E402
 
 def moe_layer():
     """(run, description): one token through a Qwen3-30B-A3B layer's routed experts."""
-    from engine_moe_triton.impl import GEMV_ONE_TOKEN
+    from engine_moe_triton.impl import GEMV_ONE_TOKEN, pair_launch
     from engine_moe_triton.kernels import combine_pairs, pair_moe
 
     e, h, inter, k = 128, 2048, 768, 8
@@ -40,8 +40,7 @@ def moe_layer():
     weights = torch.rand(1, k, device="cuda")
     gate_up = torch.empty(k, 2 * inter, device="cuda", dtype=torch.bfloat16)
     down = torch.empty(k, h, device="cuda", dtype=torch.bfloat16)
-    launch = {key: value for key, value in GEMV_ONE_TOKEN.items()
-              if key not in ("token_down", "prefetch")}  # (pair_moe's options)
+    launch = pair_launch(GEMV_ONE_TOKEN)
 
     def run():
         pair_moe(x, w13, w2, ids, weights, gate_up, down, **launch)

@@ -66,25 +66,29 @@ GEMV_ONE_TOKEN = dict(block_n=2, block_k=2048, warps=4, down_block_n=8, down_blo
                       even_down=(16, 128, 4), token_down=None)
 
 
-def _env_launch(launch: dict[str, Any], name: str, key: str) -> dict[str, Any]:
-    """``launch`` with ``key`` as the variable ``name`` says ("0": None; else its
-    comma-separated integers; unset: as it is)."""
-    env = os.environ.get(name)
-    if env is None:
-        return launch
-    return dict(launch, **{key: None if env == "0" else env.split(",")})
+#: the keys of a one-token launch that only :func:`.kernels.token_moe` takes
+TOKEN_KEYS = ("token_down", "prefetch")
+
+
+def pair_launch(launch: dict[str, Any]) -> dict[str, Any]:
+    """``launch`` without :data:`TOKEN_KEYS`: the options :func:`.kernels.pair_moe` takes."""
+    return {key: value for key, value in launch.items() if key not in TOKEN_KEYS}
 
 
 def _one_token_launch() -> dict[str, Any]:
-    """:data:`GEMV_ONE_TOKEN` as ``ENGINE_MOE_EVEN_DOWN`` and ``ENGINE_MOE_TOKEN_DOWN`` say."""
-    launch = _env_launch(dict(GEMV_ONE_TOKEN), "ENGINE_MOE_EVEN_DOWN", "even_down")
-    launch = _env_launch(launch, "ENGINE_MOE_TOKEN_DOWN", "token_down")
-    for key in ("even_down", "token_down"):
-        value = launch.get(key)
-        if value is not None:
-            launch[key] = tuple(int(v) for v in value if v != "p")
-            if key == "token_down" and "p" in value:
-                launch["prefetch"] = True
+    """:data:`GEMV_ONE_TOKEN` as ``ENGINE_MOE_EVEN_DOWN`` and ``ENGINE_MOE_TOKEN_DOWN`` say
+    (unset: as it is; "0": None; else the launch's comma-separated integers, and for the
+    latter a last ``p``: ``prefetch``)."""
+    launch = dict(GEMV_ONE_TOKEN)
+    for name, key in (("ENGINE_MOE_EVEN_DOWN", "even_down"),
+                      ("ENGINE_MOE_TOKEN_DOWN", "token_down")):
+        env = os.environ.get(name)
+        if env is None:
+            continue
+        values = env.split(",")
+        launch[key] = None if env == "0" else tuple(int(v) for v in values if v != "p")
+        if key == "token_down" and "p" in values:
+            launch["prefetch"] = True
     return launch
 
 
@@ -159,7 +163,7 @@ class TritonRunner(MoERunner):
     def _apply(self, experts: ExpertWeights, hidden: torch.Tensor, topk_ids: torch.Tensor,
                topk_weights: torch.Tensor, residual: torch.Tensor | None = None):
         from .kernels import (align_by_expert, combine_pairs, grouped_gemm, pair_moe,
-                              silu_and_mul, token_down_fits, token_moe)
+                              silu_and_mul, token_down_fits)
 
         t, k = topk_ids.shape
         inter, h = experts.intermediate_size, experts.hidden_size
@@ -167,21 +171,18 @@ class TritonRunner(MoERunner):
         if t * k <= self.gemv_max_pairs and act_quant is None:
             launch = self.gemv_one if t == 1 and self.gemv_one is not None else self.gemv
             x = hidden.to(experts.w13.dtype)
+            hints = self.l2_hints if self.l2_hints is not None else launch.get("l2_hints", 0)
             down_launch = launch.get("token_down") if t == 1 else None
             if (down_launch and hidden.dtype == x.dtype
                     and token_down_fits(k, h, inter, *down_launch[:2])):
                 return self._one_token(experts, x, topk_ids, topk_weights, residual, launch,
-                                       token_moe)
+                                       hints)
             gate_up = torch.empty(t * k, 2 * inter, dtype=x.dtype, device=x.device)
             down = torch.empty(t * k, h, dtype=x.dtype, device=x.device)
             if interpreting():
                 launch = {"acc2d": launch.get("acc2d", False), "block_n": 16, "block_k": 16,
-                          "next_tile": launch.get("next_tile", False),
-                          "l2_hints": launch.get("l2_hints", 0)}
-            options = {key: value for key, value in launch.items()
-                       if key not in ("token_down", "prefetch")}  # (token_moe's own)
-            options["l2_hints"] = (self.l2_hints if self.l2_hints is not None
-                                   else launch.get("l2_hints", 0))
+                          "next_tile": launch.get("next_tile", False)}
+            options = dict(pair_launch(launch), l2_hints=hints)
             pair_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
                      topk_weights.float().contiguous(), gate_up, down, **options)
             return combine_pairs(down, k, hidden.dtype, residual)
@@ -207,24 +208,25 @@ class TritonRunner(MoERunner):
 
     def _one_token(self, experts: ExpertWeights, x: torch.Tensor, topk_ids: torch.Tensor,
                    topk_weights: torch.Tensor, residual: torch.Tensor | None,
-                   launch: dict[str, Any], token_moe: Any):
-        """One token through ``kernels.token_moe`` (the launch's ``token_down``): the output
-        in ``x``'s dtype, or with ``residual`` (that plus it, the sums of squares of its
-        pieces [1, pieces])."""
+                   launch: dict[str, Any], hints: int):
+        """One token through ``kernels.token_moe`` (the launch's ``token_down``, L2 ``hints``):
+        the output in ``x``'s dtype, or with ``residual`` (that plus it, the sums of squares
+        of its pieces [1, pieces])."""
+        from .kernels import token_moe
+
         k = topk_ids.shape[1]
         inter, h = experts.intermediate_size, experts.hidden_size
         act = torch.empty(k, inter, dtype=x.dtype, device=x.device)
         out = torch.empty(1, h, dtype=x.dtype, device=x.device)
-        options = {key: launch[key] for key in ("block_n", "block_k", "warps", "token_down",
-                                                "prefetch") if key in launch}
-        options["l2_hints"] = (self.l2_hints if self.l2_hints is not None
-                               else launch.get("l2_hints", 0))
+        options = {key: launch[key] for key in ("block_n", "block_k", "warps", *TOKEN_KEYS)
+                   if key in launch}
         if interpreting():  # (small tiles: each program costs the interpreter time)
             options.update(block_n=4, block_k=16)
         ss = (torch.empty(h // launch["token_down"][0], dtype=torch.float32, device=x.device)
               if residual is not None else None)
         token_moe(x, experts.w13, experts.w2, topk_ids.contiguous(),
-                  topk_weights.float().contiguous(), act, out, residual, ss, **options)
+                  topk_weights.float().contiguous(), act, out, residual, ss, l2_hints=hints,
+                  **options)
         return out if residual is None else (out, ss.view(1, -1))
 
 

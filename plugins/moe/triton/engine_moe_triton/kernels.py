@@ -442,6 +442,9 @@ def token_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: to
     k = topk_ids.numel()
     _, n13, h = w13.shape
     inter = n13 // 2
+    dbn, dbk, dw = token_down
+    if not token_down_fits(k, h, inter, dbn, dbk):
+        raise ValueError(f"token_moe: down launch {token_down} does not fit H={h}, I={inter}")
     ids = topk_ids.reshape(-1)
     evict = "evict_first" if l2_hints else ""
     block_n = max(2, block_n)
@@ -450,9 +453,6 @@ def token_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: to
         TOP_K=k, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(h)),
         ACC2D=False, NEXT=False, EVICT=evict, GLU=True, num_warps=warps,
         **launch_options(x.device))
-    dbn, dbk, dw = token_down
-    if not token_down_fits(k, h, inter, dbn, dbk):
-        raise ValueError(f"token_moe: down launch {token_down} does not fit H={h}, I={inter}")
     _token_down[(h // dbn,)](
         act, w2, out, ids, topk_weights.reshape(-1),
         residual if residual is not None else out, ss if ss is not None else out,
