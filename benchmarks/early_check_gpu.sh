@@ -29,7 +29,8 @@
 #     decode_sweep: the decode kernel's launch at batch 1 in the MoE model's profile;
 #     token_down: one token's down projection through all its pairs with their combine, GPU
 #     checks and the model A/B; next_call: that, the decode kernel at 8 warps, and on an H200
-#     the fp8 step, in one call;
+#     the fp8 step, in one call; after_next: the GPU tests with what next_call's answers make
+#     the defaults (TOKEN, DECODE), then on an H200 the gate/up-only 4-bit route A/B;
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
 #     h200_next: on an H200 only, the open questions there, most telling first (fp8 targets,
 #     the gate/up-only 4-bit route, the decode kernel at 8 warps, the MoE down projection);
@@ -315,6 +316,20 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         token_ab 320 triton,triton+token,triton+token2,triton,triton+token,triton+token8
       fi
       decode_profiles next_decode 64,4,3 64,8,3 ;;
+    after_next)  # what next_call's answers make the defaults, checked before they are: the
+      # MoE and fused kernels' GPU tests with the one-token down launch (TOKEN, default
+      # 4,256,4), the attention kernels' with the decode launch DECODE (default 64,8,3), then
+      # (on an H200) the gptq/awq step shipped and with gate/up alone through the staged kernel
+      ENGINE_MOE_TOKEN_DOWN=${TOKEN:-4,256,4} TAIL=5 step 240 token_gpu_tests python3 -m pytest \
+        -q -p no:cacheprovider -m gpu tests/moe/test_moe_runners.py \
+        tests/runtime/test_fused_kernels.py
+      ENGINE_TRITON_DECODE_LAUNCH=${DECODE:-64,8,3} TAIL=5 step 200 decode_gpu_tests python3 \
+        -m pytest -q -p no:cacheprovider -m gpu tests/attention/test_triton_attention.py
+      nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || continue
+      for r in 1 2; do
+        w4_route_step "after_w4_shipped_$r" ""
+        w4_route_step "after_w4_route_$r" 28672x4096:1,4,4,1,1,1,1,4
+      done ;;
     h200_targets)  # what an H200 call should take first, shortest first: the MoE model at batch
       # 1 with the whole-tile down projection against the whole-row one, then the quantized
       # steps of every format with a target (the targets step), then where the MoE step goes
