@@ -318,13 +318,18 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       decode_profiles next_decode 64,4,3 64,8,3 ;;
     after_next)  # what next_call's answers make the defaults, checked before they are: the
       # MoE and fused kernels' GPU tests with the one-token down launch (TOKEN, default
-      # 4,256,4), the attention kernels' with the decode launch DECODE (default 64,8,3), then
-      # (on an H200) the gptq/awq step shipped and with gate/up alone through the staged kernel
+      # 4,256,4), the attention kernels' with the decode launch DECODE (default 64,8,3), the
+      # MoE model's profile with that launch and the merge folded into the split kernel off and
+      # on, then (on an H200) the gptq/awq step shipped and with gate/up alone through the
+      # staged kernel
       ENGINE_MOE_TOKEN_DOWN=${TOKEN:-4,256,4} TAIL=5 step 240 token_gpu_tests python3 -m pytest \
         -q -p no:cacheprovider -m gpu tests/moe/test_moe_runners.py \
         tests/runtime/test_fused_kernels.py
       ENGINE_TRITON_DECODE_LAUNCH=${DECODE:-64,8,3} TAIL=5 step 200 decode_gpu_tests python3 \
         -m pytest -q -p no:cacheprovider -m gpu tests/attention/test_triton_attention.py
+      for v in 0 1; do  # the decode merge folded into the split kernel, off and on
+        ENGINE_TRITON_DECODE_FUSED_MERGE=$v decode_profiles "after_fold$v" ${DECODE:-64,8,3}
+      done
       nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || continue
       for r in 1 2; do
         w4_route_step "after_w4_shipped_$r" ""
