@@ -47,7 +47,8 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"},
          "unchained": {"ENGINE_GEMV_CHAIN": "0"},
          "nopreload": {"ENGINE_TRITON_DECODE_PRELOAD": "0"},
          "nocodes": {"ENGINE_PRODUCER_CODES": "0"},
-         "noocodes": {"ENGINE_TRITON_OUTPUT_CODES": "0"}}
+         "noocodes": {"ENGINE_TRITON_OUTPUT_CODES": "0"},
+         "decode8": {"ENGINE_TRITON_DECODE_LAUNCH": "64,8,2"}}
 GEN_STEPS = 16
 
 
@@ -270,7 +271,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
                     help="backend[:eager|:nopdl|:fused|:fmerge|:mergek|:rows|:pool|:l2|:qptr"
-                    "|:odesc|:late|:unchained|:nopreload, modes joined by +]; "
+                    "|:odesc|:late|:unchained|:nopreload|:decode8, modes joined by +]; "
                     "CUDA graphs are used for decode where the backend supports them unless "
                     ":eager; :nopdl launches without PDL; :fused folds the norms and "
                     "SiLU-and-mul into the one-row products; :fmerge folds the triton decode "
@@ -283,7 +284,8 @@ def main() -> None:
                     "float products load their weights after their wait (the kernel before); "
                     ":unchained: the one-row layer not as four chained products (norms, "
                     "residual adds and SiLU-and-mul in their own kernels); :nopreload: the "
-                    "triton decode kernel reads its first key tile after its wait")
+                    "triton decode kernel reads its first key tile after its wait; :decode8: "
+                    "the triton decode kernel at 64 keys a tile, 8 warps, 2 stages")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--overlap", action="store_true",
                     help="also time each batch with the tokens kept on the device, the host "
