@@ -29,8 +29,9 @@
 #     decode_sweep: the decode kernel's launch at batch 1 in the MoE model's profile;
 #     token_down: one token's down projection through all its pairs with their combine, GPU
 #     checks and the model A/B; next_call: that, the decode kernel at 8 warps, and on an H200
-#     the fp8 step, in one call; after_next: the GPU tests with what next_call's answers make
-#     the defaults (TOKEN, DECODE), then on an H200 the gate/up-only 4-bit route A/B;
+#     the fp8 step, in one call; h200_call: on an H200 only, the next call there (fp8 targets,
+#     the packed words' streaming rate by layout, the one-token down and 4-bit route A/Bs);
+#     stream: the packed words' streaming rate by layout alone (benchmarks/stream_layout_gpu.py);
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
 #     h200_next: on an H200 only, the open questions there, most telling first (fp8 targets,
 #     the gate/up-only 4-bit route, the decode kernel at 8 warps, the MoE down projection);
@@ -316,25 +317,25 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         token_ab 320 triton,triton+token,triton+token2,triton,triton+token,triton+token8
       fi
       decode_profiles next_decode 64,4,3 64,8,3 ;;
-    after_next)  # what next_call's answers make the defaults, checked before they are: the
-      # MoE and fused kernels' GPU tests with the one-token down launch (TOKEN, default
-      # 4,256,4), the attention kernels' with the decode launch DECODE (default 64,8,3), the
-      # MoE model's profile with that launch and the merge folded into the split kernel off and
-      # on, then (on an H200) the gptq/awq step shipped and with gate/up alone through the
-      # staged kernel
-      ENGINE_MOE_TOKEN_DOWN=${TOKEN:-4,256,4} TAIL=5 step 240 token_gpu_tests python3 -m pytest \
-        -q -p no:cacheprovider -m gpu tests/moe/test_moe_runners.py \
-        tests/runtime/test_fused_kernels.py
-      ENGINE_TRITON_DECODE_LAUNCH=${DECODE:-64,8,3} TAIL=5 step 200 decode_gpu_tests python3 \
-        -m pytest -q -p no:cacheprovider -m gpu tests/attention/test_triton_attention.py
-      for v in 0 1; do  # the decode merge folded into the split kernel, off and on
-        ENGINE_TRITON_DECODE_FUSED_MERGE=$v decode_profiles "after_fold$v" ${DECODE:-64,8,3}
-      done
-      nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || continue
+    h200_call)  # the next H200 call (~7 minutes), most telling first: block and per-tensor
+      # fp8's step with the inputs the decoder hands over (twice), the packed words streamed
+      # as the 4-bit kernels read them and laid out a tile a run, the MoE model at batch 1
+      # with the one-token down launch (A/B twice), the gptq/awq step with gate/up alone
+      # through the staged kernel (A/B once)
+      nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || {
+        echo "not an H200: h200_call skipped"; continue; }
       for r in 1 2; do
-        w4_route_step "after_w4_shipped_$r" ""
-        w4_route_step "after_w4_route_$r" 28672x4096:1,4,4,1,1,1,1,4
-      done ;;
+        TAIL=4 step 90 "h200_fp8_$r" python3 benchmarks/quant_gpu.py --batches 1 \
+          --schemes fp8_block,fp8_tensor --model-inputs
+      done
+      TAIL=25 step 120 stream python3 benchmarks/stream_layout_gpu.py
+      token_ab 240 triton,triton+token,triton,triton+token
+      w4_route_step h200_w4_shipped ""
+      w4_route_step h200_w4_route 28672x4096:1,4,4,1,1,1,1,4 ;;
+    stream)  # the packed 4-bit words streamed as the one-row kernels read them, and a tile a run
+      TAIL=25 step 120 stream python3 benchmarks/stream_layout_gpu.py
+      TAIL=12 step 120 stream_k14336 python3 benchmarks/stream_layout_gpu.py --n 4096 \
+        --k 14336 --configs 64x32x2x4,64x32x4x4,16x32x4x4,8x256x1x8,8x128x2x4 ;;
     h200_targets)  # what an H200 call should take first, shortest first: the MoE model at batch
       # 1 with the whole-tile down projection against the whole-row one, then the quantized
       # steps of every format with a target (the targets step), then where the MoE step goes
