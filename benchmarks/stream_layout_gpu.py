@@ -12,7 +12,8 @@ up (no products), so that the difference between the layouts is the memory syste
 - ``tiled``: the same number of programs, tiles and bytes, but tile t of program p is the
   contiguous run at ``(p * tiles + t) * BLOCK_N * CW`` (the words laid out again at load time so
   that each tile is one run);
-- ``UNROLL`` tiles a loop iteration (so many tiles' loads in flight a program).
+- ``UNROLL`` tiles a loop iteration (so many tiles' loads in flight a warp: the row length is
+  a run-time argument and the loop is not pipelined, so the compiler cannot issue more).
 
 Every variant reads each word once, so their sums agree (checked). The buffer is four copies
 past the L2 (each launch reads another), replayed in a CUDA graph; TB/s of words read.
@@ -31,7 +32,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _stream(w_ptr, out_ptr, KW: tl.constexpr, BLOCK_N: tl.constexpr, CW: tl.constexpr,
+def _stream(w_ptr, out_ptr, KW, BLOCK_N: tl.constexpr, CW: tl.constexpr,
             UNROLL: tl.constexpr, TILED: tl.constexpr):
     p = tl.program_id(0)
     r = tl.arange(0, BLOCK_N)
@@ -52,8 +53,8 @@ def _stream(w_ptr, out_ptr, KW: tl.constexpr, BLOCK_N: tl.constexpr, CW: tl.cons
 def stream(w: torch.Tensor, out: torch.Tensor, block_n: int, cw: int, unroll: int, tiled: bool,
            warps: int) -> None:
     n, kw = w.shape
-    _stream[(n // block_n,)](w, out, KW=kw, BLOCK_N=block_n, CW=cw, UNROLL=unroll, TILED=tiled,
-                             num_warps=warps)
+    _stream[(n // block_n,)](w, out, kw, BLOCK_N=block_n, CW=cw, UNROLL=unroll, TILED=tiled,
+                             num_warps=warps, num_stages=1)
 
 
 def parse(spec: str) -> tuple[int, int, int, int]:
