@@ -15,8 +15,10 @@ up (no products), so that the difference between the layouts is the memory syste
 - ``UNROLL`` tiles a loop iteration (so many tiles' loads in flight a warp: the row length is
   a run-time argument and the loop is not pipelined, so the compiler cannot issue more).
 
-Every variant reads each word once, so their sums agree (checked). The buffer is four copies
-past the L2 (each launch reads another), replayed in a CUDA graph; TB/s of words read.
+Every variant reads each word once, so their sums agree (checked). The buffer's copies are past
+the L2 together (``read_gpu.buffers``; each launch reads another), replayed in one CUDA graph
+(``quant_gpu.replay_ms``); TB/s of words read. ``benchmarks/read_gpu.py`` gives the contiguous
+read's ceiling at each size.
 
     python3 benchmarks/stream_layout_gpu.py [--n 28672] [--k 4096] [--configs ...]
     TRITON_INTERPRET=1 python3 benchmarks/stream_layout_gpu.py --check-only  (tiny, on a CPU)
@@ -29,6 +31,8 @@ import argparse
 import torch
 import triton
 import triton.language as tl
+
+from quant_gpu import replay_ms
 
 
 @triton.jit
@@ -72,16 +76,16 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=28672)
     ap.add_argument("--k", type=int, default=4096, help="K of 4-bit codes (K / 8 words a row)")
     ap.add_argument("--configs", default=DEFAULT, help="BLOCK_N x CW x UNROLL x warps, ...")
-    ap.add_argument("--copies", type=int, default=4)
     ap.add_argument("--check-only", action="store_true", help="tiny shapes, sums only")
     args = ap.parse_args()
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    n, kw = (64, 64) if args.check_only else (args.n, args.k // 8)
-    configs = ["16x16x2x4", "8x64x1x4"] if args.check_only else args.configs.split(",")
-    g = torch.Generator(device="cpu").manual_seed(0)
-    copies = 1 if args.check_only else args.copies
-    ws = [torch.randint(-2 ** 31, 2 ** 31 - 1, (n, kw), generator=g, dtype=torch.int32).to(dev)
-          for _ in range(copies)]
+    if args.check_only:
+        n, kw, configs = 64, 64, ["16x16x2x4", "8x64x1x4"]
+        ws = [torch.randint(0, 1 << 30, (n, kw), dtype=torch.int32)]
+    else:
+        from read_gpu import buffers
+
+        n, kw, configs = args.n, args.k // 8, args.configs.split(",")
+        ws = [b.view(n, kw) for b in buffers(n * kw)]  # (copies past the L2 together)
     want = int(ws[0].to(torch.int64).sum()) % 2 ** 32
     rows = []
     for spec in configs:
@@ -89,7 +93,7 @@ def main() -> None:
         if n % bn or kw % (cw * un):
             print(f"{spec}: does not divide {n} x {kw}, skipped")
             continue
-        out = torch.zeros(n // bn, dtype=torch.int32, device=dev)
+        out = torch.zeros(n // bn, dtype=torch.int32, device=ws[0].device)
         for tiled in (False, True):
             out.zero_()
             stream(ws[0], out, bn, cw, un, tiled, wp)
@@ -98,47 +102,26 @@ def main() -> None:
                 raise SystemExit(f"{spec} tiled={tiled}: sum {got} != {want}")
             if args.check_only:
                 continue
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+
+            def run(bn=bn, cw=cw, un=un, tiled=tiled, wp=wp):
                 for w in ws:
                     stream(w, out, bn, cw, un, tiled, wp)
-            graph.replay()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(5):
-                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                start.record()
-                for _ in range(20):
-                    graph.replay()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end) * 1e3 / (20 * copies))
-            us = min(times)
+
+            us = min(replay_ms(run) for _ in range(5)) * 1e3 / len(ws)
             rows.append((spec, "tiled" if tiled else "rows", us, n * kw * 4 / us / 1e6))
     if args.check_only:
         print("sums agree")
         return
     print(f"{torch.cuda.get_device_name()}: {n} x {kw} int32 words "
-          f"({n * kw * 4 / 1e6:.1f} MB), {copies} copies")
+          f"({n * kw * 4 / 1e6:.1f} MB), {len(ws)} copies")
     print("| BLOCK_N x CW x UNROLL x warps | layout | us | TB/s |")
     print("|---|---|---|---|")
     for spec, lay, us, tbs in rows:
         print(f"| {spec} | {lay} | {us:.1f} | {tbs:.2f} |")
-    x = torch.empty(n * kw, dtype=torch.int32, device=dev)
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-    start.record()
-    for _ in range(20):
-        y.copy_(x)
-    end.record()
-    torch.cuda.synchronize()
-    us = start.elapsed_time(end) * 1e3 / 20
+    x, y = ws[0], ws[1]
+    us = replay_ms(lambda: y.copy_(x)) * 1e3
     tbs = 2 * n * kw * 4 / us / 1e6
     print(f"| (a copy of the same bytes: read + write) | | {us:.1f} | {tbs:.2f} |")
-
 
 if __name__ == "__main__":
     main()
