@@ -511,6 +511,12 @@ def _core_calls():
             torch.float8_e4m3fn, 128),
         "silu_and_mul_groups (fp8 codes)": lambda: fused_triton.silu_and_mul_groups(
             torch.randn(1, 2 * 1536, **bf), torch.float8_e4m3fn, 128),
+        "gemv_affine (4-bit, one row, float32 constants)": lambda: gemv_triton.gemv_affine(
+            x, torch.zeros(128, 32, dtype=torch.int32), torch.ones(2, 128), torch.ones(2, 128),
+            4, 128, 32),
+        "gemv_affine (4-bit, one row, 16-bit constants)": lambda: gemv_triton.gemv_affine(
+            x, torch.zeros(128, 32, dtype=torch.int32), torch.ones(2, 128).half(),
+            torch.ones(2, 128).half(), 4, 128, 32),
         "l2_prefetch": _l2_prefetch_call,
         "add_rms_norm": lambda: fused_triton.add_rms_norm(x, x, torch.ones(256, **bf), 1e-6),
         "qk_norm_rope": lambda: fused_triton.qk_norm_rope(qkv, 4, 2, 64, pos, cos, sin, norm,
@@ -762,20 +768,22 @@ def test_core_kernels_build(name):
         _build_launch(kernel, bound, options)
 
 
+@pytest.mark.parametrize("compact", [False, True], ids=["float32", "16-bit"])
 @pytest.mark.parametrize("layer", [(6144, 4096), (28672, 4096), (4096, 14336)])
-def test_one_row_affine_groups_in_columns_loads_nothing_in_its_loop(layer):
+def test_one_row_affine_groups_in_columns_loads_nothing_in_its_loop(layer, compact):
     """One row of 4-bit codes (Llama-3-8B's q/k/v, gate/up and down, groups of 128) at the
     swapped kernel's one-row launches, the groups in the product's columns (XSUM 2): the K loop
     waits on no global load (the packed words and the activation tiles come by the pipeliner's
     copies; no scale, offset or activation row loads there), and nothing spills; the folds'
-    form of the same launch loads in its loop."""
+    form of the same launch loads in its loop. Both with float32 scales and biases and with
+    the compact 16-bit form."""
     import torch
 
     from engine.runtime import quant_triton, swap_affine
 
     n, k = layer
     q = torch.zeros(n, k // 8, dtype=torch.int32)
-    s = torch.ones(k // 128, n)
+    s = torch.ones(k // 128, n, dtype=torch.float16 if compact else torch.float32)
 
     def ops(config):
         launches = _launches(lambda: swap_affine.affine_swap(
@@ -794,9 +802,10 @@ def test_one_row_affine_groups_in_columns_loads_nothing_in_its_loop(layer):
     assert [op for op in folds if op.startswith("LDG.")]
 
 
-def _affine_mma_loop(group: int, ct: int, depth: int, f16: bool, stages: int = 0):
+def _affine_mma_loop(group: int, ct: int, depth: int, f16: bool, stages: int = 0,
+                     constants: str = "fp32"):
     """The SASS ops of the K loop of the Gluon one-row 4-bit kernel's sm_90 build (which
-    must not spill)."""
+    must not spill); ``constants``: the scales' and biases' type."""
     from engine.runtime import affine_mma
 
     if not affine_mma.available():
@@ -804,8 +813,8 @@ def _affine_mma_loop(group: int, ct: int, depth: int, f16: bool, stages: int = 0
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel = affine_mma._affine_mma
-    types = {"x_ptr": "*fp16" if f16 else "*bf16", "q_ptr": "*i32", "s_ptr": "*fp32",
-             "b_ptr": "*fp32", "bias_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
+    types = {"x_ptr": "*fp16" if f16 else "*bf16", "q_ptr": "*i32", "s_ptr": f"*{constants}",
+             "b_ptr": f"*{constants}", "bias_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
              "cnt_ptr": "*i32"}
     ce = dict(GROUP=group, CT=ct, F16=f16, HAS_BIAS=True, MR=1, D=depth, XA=depth < 3,
               WCACHE=".cg", S=stages, SPLIT=True, PDL=True)
@@ -821,15 +830,18 @@ def _affine_mma_loop(group: int, ct: int, depth: int, f16: bool, stages: int = 0
     return loops[0]
 
 
-@pytest.mark.parametrize("group, ct, depth, f16", [(128, 4, 3, False), (32, 1, 1, True),
-                                                   (256, 8, 2, False)])
-def test_one_row_affine_on_registers_builds_a_loop_without_shared_memory(group, ct, depth, f16):
+@pytest.mark.parametrize("group, ct, depth, f16, constants", [
+    (128, 4, 3, False, "fp32"), (32, 1, 1, True, "fp32"), (256, 8, 2, False, "fp32"),
+    (128, 4, 3, False, "fp16"), (64, 2, 2, True, "bf16")])
+def test_one_row_affine_on_registers_builds_a_loop_without_shared_memory(group, ct, depth, f16,
+                                                                         constants):
     """The Gluon one-row 4-bit kernel (:mod:`engine.runtime.affine_mma`) builds for sm_90: the
     changes of layout between the loaded words and x and the matrix instruction's operands are
     proven free (``assert_trivial``: the build fails otherwise); its K loop holds 16
     synchronous matrix instructions a tile of 256 columns a warp, 16-byte loads, and no shared
-    memory or barrier (the groups' sums too stay in registers); nothing spills."""
-    body = _affine_mma_loop(group, ct, depth, f16)
+    memory or barrier (the groups' sums too stay in registers); nothing spills. With float32
+    scales and biases and with the compact 16-bit form."""
+    body = _affine_mma_loop(group, ct, depth, f16, constants=constants)
     assert sum(op.startswith("HMMA.16816.F32") for op in body) == 16 * depth
     assert [op for op in body if op.startswith("LDG.E.128")]
     assert not [op for op in body if op.startswith(("LDS", "STS", "BAR"))], body

@@ -168,10 +168,65 @@ def _refusals(device: str) -> list[str]:
     return failures
 
 
+#: (name, rows, bits, group, n, k, path, launch) of the compact constants' checks: each
+#: path that reads a packed weight's scales and biases, at launches that read them each way
+COMPACT = [("swap, sums folded", 3, 4, 64, 100, 320, "swap", (64, 2, 4, 2, 0)),
+           ("swap, groups in columns", 1, 4, 32, 64, 512, "swap", (64, 2, 4, 2, 2)),
+           ("swap, int8", 2, 8, 64, 64, 256, "swap", (64, 1, 4, 2, 1)),
+           ("gemv, factored, subnormal codes", 1, 4, 128, 40, 320, "gemv", (16, 1, 4, 1, 1, 4,
+                                                                              1)),
+           ("gemv, no masks", 2, 4, 64, 64, 512, "gemv", (16, 2, 4, 2, 2, 0, 0)),
+           ("gemv, each weight", 3, 4, 64, 40, 320, "gemv", (16, 2, 4, 2, 0, 0, 0)),
+           ("tl.dot", 20, 8, 64, 48, 256, "mm", None),
+           ("dequantized", 0, 4, 64, 48, 320, "dequant", None)]
+
+
+def _compact(device: str, gen: torch.Generator) -> list[str]:
+    """Each path's output from the compact constants (16-bit scales, 16-bit ``b / s``;
+    :func:`engine.runtime.quant_methods.compact_constants`) is bit for bit the float32 form's,
+    on constants of an integer format (16-bit scales, ``b = -z s``: GPTQ's, AWQ's)."""
+    from engine.runtime import gemv_triton as gt
+    from engine.runtime import quant_triton as qt
+    from engine.runtime import swap_affine as sa
+    from engine.runtime.quant_methods import compact_constants
+
+    failures = []
+    for name, m, bits, group, n, k, path, launch in COMPACT:
+        groups = -(-k // group)
+        codes = torch.randint(0, 1 << bits, (n, k), generator=gen)
+        scale = (torch.rand(groups, n, generator=gen) * 0.02 + 0.001).half().float()
+        zero = torch.randint(0, 1 << bits, (groups, n), generator=gen).float()
+        bias_ = -(zero * scale)
+        s16, r16 = compact_constants(scale, bias_)
+        if s16.dtype != torch.float16 or r16.dtype != torch.float16:
+            failures.append(f"{name}: constants not compacted ({s16.dtype}, {r16.dtype})")
+            continue
+        sub = qt.affine_sub(group)
+        q = qt.pack_affine(codes, bits, sub).to(device)
+        x = torch.randn(max(m, 1), k, generator=gen).to(torch.float16).to(device)
+        outs = []
+        for s, b in ((scale, bias_), (s16, r16)):
+            s, b = s.to(device), b.to(device)
+            if path == "swap":
+                y = sa.affine_swap(x, q, s, b, bits, group, sub, config=launch)
+            elif path == "gemv":
+                y = gt.gemv_affine(x, q, s, b, bits, group, sub, config=launch)
+            elif path == "mm":
+                y = qt.affine_mm(x, q, s, b, bits, group, sub)
+            else:
+                y = qt.dequant_affine(q, s, b, bits, group, sub, k, torch.float32)
+            outs.append(y.cpu())
+        if not torch.equal(outs[0], outs[1]):
+            diff = (outs[0].double() - outs[1].double()).abs().max().item()
+            failures.append(f"{name}: differs from the float32 constants' by {diff:.3g}")
+    return failures
+
+
 def main(device: str) -> None:
     gen = torch.Generator().manual_seed(0)
     results = {name: check(name, p, device, gen) for name, p in CASES.items()}
     results["refusals"] = _refusals(device)
+    results["compact"] = _compact(device, gen)
     print(json.dumps(results))
 
 
@@ -271,7 +326,7 @@ def interpreted() -> dict:
     return _run("cpu", {"TRITON_INTERPRET": "1"})
 
 
-@pytest.mark.parametrize("name", list(CASES) + ["refusals"])
+@pytest.mark.parametrize("name", list(CASES) + ["refusals", "compact"])
 def test_under_the_interpreter(interpreted, name):
     assert interpreted[name] == []
 

@@ -186,8 +186,11 @@ if gluon is not None:
         g = g0 + cm
         g_ok = (cm < GPC) & (g < n_groups)
         at = g[None, :] * N + rows[:, None]
-        s = gl.load(s_ptr + at, mask=g_ok[None, :], other=0.0)
-        c = gl.load(b_ptr + at, mask=g_ok[None, :], other=0.0) - OFFSET * s
+        s = gl.load(s_ptr + at, mask=g_ok[None, :], other=0.0).to(gl.float32)
+        b = gl.load(b_ptr + at, mask=g_ok[None, :], other=0.0).to(gl.float32)
+        if b_ptr.dtype.element_ty != gl.float32:  # (the compact form: b / s stored)
+            b = b * s
+        c = b - OFFSET * s
         xg_ok = (gi < GPC) & (g0 + gi < n_groups)
         xg = gl.load(x_ptr + (g0 + gi)[:, None] * GROUP + gj[None, :], mask=xg_ok[:, None],
                      other=0.0).to(gl.float32)
@@ -376,8 +379,9 @@ def affine_mma(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: tor
                group: int, bias: torch.Tensor | None = None,
                config: tuple[int, ...] | None = None) -> torch.Tensor:
     """``x`` [1, K] @ W^T for 4-bit codes ``q`` [N, K / 256 * 32] packed by
-    :func:`engine.runtime.quant_triton.pack_affine` (slices of 32), ``scale``/``bias_`` float32
-    [K / group, N] (see :func:`supported`). ``config``: (MR, warps, CT, split, D[, XA, CG, S]);
+    :func:`engine.runtime.quant_triton.pack_affine` (slices of 32), ``scale``/``bias_`` [K /
+    group, N] as ``affine_mm`` takes them (float32, or the 16-bit compact form; see
+    :func:`supported`). ``config``: (MR, warps, CT, split, D[, XA, CG, S]);
     the fields it leaves out are :func:`default_config`'s."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     k = x.shape[1]

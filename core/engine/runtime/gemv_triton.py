@@ -37,9 +37,9 @@ import triton
 import triton.language as tl
 
 from engine.runtime.fused_triton import _round
-from engine.runtime.quant_triton import (_bits, _finish, _group_affine, _kind, _quantize,
-                                         _row_scales, _slice, _split, _workspace,
-                                         _x_slice, fp8_from_bits, shape_class)
+from engine.runtime.quant_triton import (_affine_constants, _bits, _finish, _group_affine,
+                                         _kind, _quantize, _row_scales, _slice, _split,
+                                         _workspace, _x_slice, fp8_from_bits, shape_class)
 from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_enabled, pdl_trigger,
                                       pdl_wait, prefetch_l2)
 
@@ -303,8 +303,7 @@ def _tile_affine(s_ptr, b_ptr, k0, N, K, n4, n_ok4, GROUP: tl.constexpr, BITS: t
     (every output and column in bounds)."""
     if EVEN:
         at = (k0 // GROUP) * N + n4
-        s = tl.load(s_ptr + at)
-        b = tl.load(b_ptr + at)
+        s, b = _affine_constants(tl.load(s_ptr + at), tl.load(b_ptr + at))
     else:
         s, b = _group_affine(s_ptr, b_ptr, k0, N, K, n4, n_ok4, GROUP)
     if SUBNORMAL:

@@ -285,6 +285,37 @@ def pack_weight_only(device: torch.device, bits: int | None = None) -> bool:
     return bool(quant_triton.PACKED_BITS) if bits is None else bits in quant_triton.PACKED_BITS
 
 
+def _exact16(v: torch.Tensor) -> torch.Tensor | None:
+    """``v`` in the first of float16, bfloat16 that holds each of its values exactly."""
+    for dtype in (torch.float16, torch.bfloat16):
+        h = v.to(dtype)
+        if torch.equal(h.to(v.dtype), v):
+            return h
+    return None
+
+
+def compact_constants(scale: torch.Tensor, bias: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed weight's float32 scales and biases [groups, N] -> the compact form the affine
+    kernels also read (:func:`engine.runtime.quant_triton._affine_constants`): the scale
+    ``s`` in a 16-bit float and, in place of the bias ``b``, the ratio ``b / s`` in one, where
+    both hold exactly and ``s (b / s)`` is ``b`` with no rounding (checked in float64, so the
+    kernels' float32 product is ``b`` too). Integer formats store ``b = -z s`` with a small
+    integer ``z`` and 16-bit scales (GPTQ, AWQ, compressed-tensors): a half of the bytes the
+    constants take (an eighth of 4-bit codes' in groups of 128), the same weights. Else (MLX's
+    free biases, scales computed in float32) the float32 pair as given;
+    ``ENGINE_AFFINE_COMPACT=0`` keeps float32 always."""
+    if os.environ.get("ENGINE_AFFINE_COMPACT") == "0" or scale.dtype != torch.float32:
+        return scale, bias
+    s16 = _exact16(scale)
+    if s16 is None:
+        return scale, bias
+    ratio = _exact16(torch.where(scale == 0, 0.0, bias / scale))
+    if ratio is None or not torch.equal(s16.double() * ratio.double(), bias.double()):
+        return scale, bias
+    return s16, ratio
+
+
 class AffineWeight:
     """A weight-only integer weight in the canonical form of
     :func:`engine.runtime.quant_triton.affine_mm`: ``W[n, k] = codes[n, k] * scale[n, k // group]
@@ -313,9 +344,12 @@ class AffineWeight:
         return quant_triton.pack_affine(self.codes, self.bits, self.sub)
 
     def pack(self) -> "AffineWeight":
-        """This weight as the GPU kernels keep it: the codes packed, the unpacked ones let go."""
+        """This weight as the GPU kernels keep it: the codes packed, the unpacked ones let go,
+        the scales and biases in the compact form where it is exact
+        (:func:`compact_constants`)."""
         self.q  # noqa: B018 (computed and cached)
         self.codes = None
+        self.scale, self.bias = compact_constants(self.scale, self.bias)
         return self
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -294,13 +294,25 @@ def _finish(acc, row_s, col_s, pid_n, pid_k, offs_m, offs_n, m_ok, n_ok, bias_pt
 
 
 @triton.jit
+def _affine_constants(s, b):
+    """A group's scale and bias as loaded -> both in float32. float32 as stored; the compact
+    form (16-bit, :meth:`engine.runtime.quant_methods.AffineWeight.pack`) stores ``b / s``
+    in place of ``b``, whose product with ``s`` is exact in float32, so both forms give the
+    same values. (The stored dtype is known when the kernel is compiled: no branch runs.)"""
+    s = s.to(tl.float32)
+    if b.dtype == tl.float32:
+        return s, b
+    return s, b.to(tl.float32) * s
+
+
+@triton.jit
 def _group_affine(s_ptr, b_ptr, k0, N, K, offs_n, n_ok, GROUP: tl.constexpr):
-    """The scales and biases [BLOCK_N] of the group holding column ``k0`` (zeros past K: the
-    padding's weights are zero)."""
+    """The scales and biases [BLOCK_N] of the group holding column ``k0`` in float32 (zeros
+    past K: the padding's weights are zero)."""
     g = (k0 // GROUP) * N
     s_ok = n_ok & (offs_n * 0 + k0 < K)
-    return (tl.load(s_ptr + g + offs_n, mask=s_ok, other=0.0),
-            tl.load(b_ptr + g + offs_n, mask=s_ok, other=0.0))
+    return _affine_constants(tl.load(s_ptr + g + offs_n, mask=s_ok, other=0.0),
+                             tl.load(b_ptr + g + offs_n, mask=s_ok, other=0.0))
 
 
 @triton.jit
@@ -608,7 +620,9 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
               bits: int, group: int, sub: int, perm: torch.Tensor | None = None,
               bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` [M, K] @ W^T with W in the canonical affine form (see the module docstring):
-    ``q`` from :func:`pack_affine`, ``scale``/``bias_`` float32 [K / group, N]."""
+    ``q`` from :func:`pack_affine`, ``scale``/``bias_`` float32 [K / group, N], or the compact
+    form of :func:`engine.runtime.quant_methods.compact_constants` (16-bit ``scale`` and
+    ``bias_ / scale``; every kernel here reads both, :func:`_affine_constants`)."""
     if perm is not None:  # act order: x's columns gathered once, not inside every program
         x, perm = x.index_select(1, perm), None
     x = x if x.stride(-1) == 1 else x.contiguous()

@@ -61,7 +61,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.runtime.quant_triton import _finish, _slice, _split, _workspace, shape_class
+from engine.runtime.quant_triton import (_affine_constants, _finish, _slice, _split, _workspace,
+                                         shape_class)
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait, prefetch_l2
 
 #: rows of one program (the N side of the product, rows padded to a block of 16, 32, 64 or
@@ -194,8 +195,9 @@ def _chunk_affine(s_ptr, b_ptr, k0, n_groups, N, n0, GROUP: tl.constexpr,
     holding column ``k0`` (the last group for the padding past K, whose activations are
     zeros)."""
     g = tl.minimum(k0 // GROUP, n_groups - 1) * N
-    s = _per_output(s_ptr + g, n0, N, BLOCK_N, HALVES)
-    return s, _per_output(b_ptr + g, n0, N, BLOCK_N, HALVES) - OFFSET * s
+    s, b = _affine_constants(_per_output(s_ptr + g, n0, N, BLOCK_N, HALVES),
+                             _per_output(b_ptr + g, n0, N, BLOCK_N, HALVES))
+    return s, b - OFFSET * s
 
 
 @triton.jit
@@ -250,8 +252,9 @@ def _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n
     g = g_lo + cols_c
     at = g[None, :] * N + nc[:, None]
     g_ok = (g < n_groups)[None, :]
-    s = tl.load(s_ptr + at, mask=g_ok, other=0.0)
-    c = tl.load(b_ptr + at, mask=g_ok, other=0.0) - OFFSET * s
+    s, b = _affine_constants(tl.load(s_ptr + at, mask=g_ok, other=0.0),
+                             tl.load(b_ptr + at, mask=g_ok, other=0.0))
+    c = b - OFFSET * s
     y = tl.sum(acc * s + xs[None, :] * c, axis=1)  # [BLOCK_N]
     out = tl.broadcast_to(y[:, None], (BLOCK_N, BLOCK_M))
     one = tl.full((1, 1), 1.0, tl.float32)
@@ -415,7 +418,8 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
                 bias: torch.Tensor | None = None, config: tuple | None = None) -> torch.Tensor:
     """:func:`engine.runtime.quant_triton.affine_mm` for bfloat16 or float16 ``x`` [M, K]
     (:data:`MAX_ROWS` rows a program): ``q`` from :func:`engine.runtime.quant_triton.pack_affine`
-    (``bits`` 2, 4 or 8, slices of ``sub`` columns), ``scale``/``bias_`` float32 [K / group, N],
+    (``bits`` 2, 4 or 8, slices of ``sub`` columns), ``scale``/``bias_`` [K / group, N] as
+    ``affine_mm`` takes them (float32, or the 16-bit compact form),
     ``perm`` the act-order permutation of K (int32), ``bias`` [N]. The weights multiply as
     their float32 values (not rounded to x's dtype). ``config``: (BLOCK_N, SPLIT_K, warps,
     stages, XSUM), else :data:`CONFIGS`'."""
