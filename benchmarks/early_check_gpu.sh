@@ -101,11 +101,12 @@ compact_ab() {  # the packed weights' scales and biases in 16 bits (quant_method
   # compact_constants) and one row's group sums read after the loop (swap_affine.
   # XSUM_IN_LOOP): the affine kernels' GPU checks, then the gptq/awq step as before both
   # (float32 constants, sums in the loop), with 16-bit constants, and with both, twice
+  # (COMPACT_VARIANTS: others, e.g. "01 10")
   TAIL=3 step 200 compact_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/runtime/test_swap_affine.py
   local r v
   for r in 1 2; do
-    for v in 01 11 10; do
+    for v in ${COMPACT_VARIANTS:-01 11 10}; do
       ENGINE_AFFINE_COMPACT=${v:0:1} ENGINE_AFFINE_XSUM_LOOP=${v:1:1} \
         ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 "compact_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 \
         --schemes gptq,awq
