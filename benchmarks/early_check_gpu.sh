@@ -32,9 +32,8 @@
 #     the fp8 step, in one call; h200_call: on an H200 only, the next call there (fp8 targets,
 #     the packed words' streaming rate by layout, the one-token down and 4-bit route A/Bs);
 #     stream: the packed words' streaming rate by layout alone (benchmarks/stream_layout_gpu.py);
-#     compact: the packed weights' scales and biases in 16 bits and one row's group sums
-#     after the loop, GPU checks and the gptq/awq step A/B; h200_a, h200_b: h200_call in two
-#     calls (a: the fp8 step, then compact;
+#     compact: the packed weights' scales and biases in 16 bits, GPU checks and the gptq/awq
+#     step A/B; h200_a, h200_b: h200_call in two calls (a: the fp8 step, then compact;
 #     b: the one-token down and 4-bit route A/Bs);
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
 #     h200_next: on an H200 only, the open questions there, most telling first (fp8 targets,
@@ -98,18 +97,15 @@ w4_route_step() {  # NAME ROUTE: the gptq/awq step at one row with ENGINE_AFFINE
     benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
 }
 compact_ab() {  # the packed weights' scales and biases in 16 bits (quant_methods.
-  # compact_constants) and one row's group sums read after the loop (swap_affine.
-  # XSUM_IN_LOOP): the affine kernels' GPU checks, then the gptq/awq step as before both
-  # (float32 constants, sums in the loop), with 16-bit constants, and with both, twice
-  # (COMPACT_VARIANTS: others, e.g. "01 10")
+  # compact_constants): the affine kernels' GPU checks, then the gptq/awq step with float32
+  # constants (ENGINE_AFFINE_COMPACT=0) and with 16-bit ones, alternating twice
   TAIL=3 step 200 compact_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/runtime/test_swap_affine.py
   local r v
   for r in 1 2; do
-    for v in ${COMPACT_VARIANTS:-01 11 10}; do
-      ENGINE_AFFINE_COMPACT=${v:0:1} ENGINE_AFFINE_XSUM_LOOP=${v:1:1} \
-        ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 "compact_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 \
-        --schemes gptq,awq
+    for v in 0 1; do
+      ENGINE_AFFINE_COMPACT=$v ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 "compact_${v}_$r" \
+        python3 benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
     done
   done
 }

@@ -215,39 +215,22 @@ def _prefetch_affine(s_ptr, b_ptr, t_lo, t_hi, n_groups, N, nc, PACK: tl.constex
 
 
 @triton.jit
-def _group_sums(x_ptr, perm_ptr, t_lo, t_hi, g_lo, K, PACK: tl.constexpr,
-                GROUP: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """[BLOCK_M]: the row's sum of x over the columns of group ``g_lo + c`` that lie in tiles
-    ``t_lo .. t_hi - 1`` (and before K), read at once, outside the product's loop."""
-    CH: tl.constexpr = min(GROUP, 128)  # columns of each group a step
-    lo = t_lo * PACK
-    hi = tl.minimum(t_hi * PACK, K)
-    first = (g_lo + tl.arange(0, BLOCK_M)) * GROUP
-    xs = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for i0 in tl.static_range(0, GROUP, CH):
-        cols = first[:, None] + i0 + tl.arange(0, CH)[None, :]
-        ok = (cols >= lo) & (cols < hi)
-        src = tl.load(perm_ptr + cols, mask=ok, other=0) if HAS_PERM else cols
-        xs += tl.sum(tl.load(x_ptr + src, mask=ok, other=0.0).to(tl.float32), axis=1)
-    return xs
-
-
-@triton.jit
 def _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n_ok, nc, t_lo,
                   t_hi, n_groups, N, K, bias_ptr, y_ptr, part_ptr, cnt_ptr, stride_ym, split_k,
                   BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
                   F16: tl.constexpr, OFFSET: tl.constexpr, HAS_PERM: tl.constexpr,
                   HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
                   SPLIT: tl.constexpr, ASM: tl.constexpr, F32: tl.constexpr,
-                  BLOCK_M: tl.constexpr, XG: tl.constexpr):
+                  BLOCK_M: tl.constexpr):
     """XSUM 2, one row: the groups of the program's slice of K in the product's columns. Column
     c of the operand x^T holds the row's activations on the columns of group ``g_lo + c`` and
     zeros elsewhere, so one accumulator [BLOCK_N, BLOCK_M] collects every group's sum
     ``sum_k x_k (OFFSET + q_k)`` apart, through the whole slice with no fold inside the loop;
     the groups' scales and offsets and the row's sums per group come in once, after it
     (:func:`affine_swap` takes this form where a slice spans at most BLOCK_M groups). The
-    row's sums: read after the loop (:func:`_group_sums`), or with XG added up in it from
-    the operand's tiles (the earlier form: ~80 of a tile's ~400 instructions a thread)."""
+    row's sums per group are added up from the operand's tiles in the loop (~40 of a tile's
+    ~400 instructions a thread): read once after the loop instead, the step measured 2-3 %
+    slower (an H100, 2026-12-07; docs/benchmarks/quantization.md)."""
     PER: tl.constexpr = 32 // BITS
     PACK: tl.constexpr = PER * SUB
     offs_i = tl.arange(0, SUB)
@@ -267,12 +250,8 @@ def _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n
                 x = tl.load(x_ptr + src[None, :] + cols_c[:, None] * 0,
                             mask=mine & (cols < K)[None, :], other=0.0)
             acc = _slice_product(words, x, acc, j, BITS, F16, ASM, F32)
-            if XG:
-                xg += x.to(tl.float32)
-    if XG:
-        xs = tl.sum(xg, axis=1)  # [BLOCK_M]: the row's sum over each group's columns
-    else:
-        xs = _group_sums(x_ptr, perm_ptr, t_lo, t_hi, g_lo, K, PACK, GROUP, HAS_PERM, BLOCK_M)
+            xg += x.to(tl.float32)
+    xs = tl.sum(xg, axis=1)  # [BLOCK_M]: the row's sum over each group's columns in the slice
     g = g_lo + cols_c
     at = g[None, :] * N + nc[:, None]
     g_ok = (g < n_groups)[None, :]
@@ -295,7 +274,7 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, XSUM: tl.constexpr,
                  ROW1: tl.constexpr, EVEN: tl.constexpr, SPLIT: tl.constexpr,
                  HALVES: tl.constexpr, ASM: tl.constexpr, F32: tl.constexpr,
-                 BLOCK_M: tl.constexpr, PDL: tl.constexpr, XG: tl.constexpr = False):
+                 BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     """One program: BLOCK_N outputs of BLOCK_M rows (block ``pid_m``; SPLIT only with one block),
     the packed tiles of slice ``pid_k`` of ``split_k``. A tile is SUB words per output,
     32/BITS slices of SUB columns; slices fold into the accumulator a chunk at a time (CHUNK
@@ -335,7 +314,7 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
         _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n_ok, nc,
                       t_lo, t_hi, n_groups, N, K, bias_ptr, y_ptr, part_ptr, cnt_ptr,
                       stride_ym, split_k, BITS, GROUP, SUB, F16, OFFSET, HAS_PERM, HAS_BIAS,
-                      BLOCK_N, EVEN, SPLIT, ASM, F32, BLOCK_M, XG)
+                      BLOCK_N, EVEN, SPLIT, ASM, F32, BLOCK_M)
         return
     ones = tl.full((BLOCK_N, SUB), 1.0, DTYPE)
     for t in range(t_lo, t_hi):
@@ -390,11 +369,6 @@ CONFIGS = {("deep", 1): (128, 8, 4, 5, 2), ("deep", 4): (128, 8, 8, 3, 0),
            ("wide", 16): (128, 1, 4, 5, 0), ("wide", 32): (128, 1, 4, 3, 0),
            ("wide", 64): (128, 4, 4, 3, 0), ("wide", 128): (128, 2, 8, 3, 0)}
 
-
-#: one row's sums of x per group (XSUM 2) added up in the product's loop from the operand's
-#: tiles, as first built (``ENGINE_AFFINE_XSUM_LOOP=1``; A/B runs), rather than read once
-#: after it
-XSUM_IN_LOOP = os.environ.get("ENGINE_AFFINE_XSUM_LOOP") == "1"
 
 #: row buckets of the launch table (up to 1, 4, 16, 32, 64 rows; more: MAX_ROWS a program)
 BUCKETS = (1, 4, 16, 32, 64, MAX_ROWS)
@@ -488,7 +462,6 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
                        XSUM=xsum, ROW1=m == 1, EVEN=k % pack == 0, SPLIT=split > 1,
                        HALVES=bn >= 32 * warps,
                        ASM=not interpret and hasattr(triton, "constexpr_function"),
-                       F32=interpret and not f16, BLOCK_M=bm, XG=XSUM_IN_LOOP,
-                       num_warps=warps, num_stages=stages,
+                       F32=interpret and not f16, BLOCK_M=bm, num_warps=warps, num_stages=stages,
                        **launch_options(x.device))
     return y
