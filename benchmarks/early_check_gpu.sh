@@ -29,13 +29,11 @@
 #     decode_sweep: the decode kernel's launch at batch 1 in the MoE model's profile;
 #     token_down: one token's down projection through all its pairs with their combine, GPU
 #     checks and the model A/B; next_call: that, the decode kernel at 8 warps, and on an H200
-#     the fp8 step, in one call; h200_call: on an H200 only, the next call there (fp8 targets,
-#     the packed words' streaming rate by layout, the one-token down and 4-bit route A/Bs);
-#     stream: the packed words' streaming rate by layout alone (benchmarks/stream_layout_gpu.py);
-#     compact: the packed weights' scales and biases in 16 bits and one row's group sums
-#     from x loaded early, GPU checks and the gptq/awq step A/Bs; h200_a, h200_b: h200_call
-#     in two calls (a: the fp8 step, then compact; b: the one-token down and 4-bit route
-#     A/Bs);
+#     the fp8 step, in one call; stream: the packed words' streaming rate by layout
+#     (benchmarks/stream_layout_gpu.py); compact: the packed weights' scales and biases in 16
+#     bits and one row's group sums from x loaded early, GPU checks and the gptq/awq step
+#     A/Bs; h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
+#     fp8's step, then compact; b: the one-token down and 4-bit route A/Bs);
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
 #     h200_next: on an H200 only, the open questions there, most telling first (fp8 targets,
 #     the gate/up-only 4-bit route, the decode kernel at 8 warps, the MoE down projection);
@@ -337,25 +335,10 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         token_ab 320 triton,triton+token,triton+token2,triton,triton+token,triton+token8
       fi
       decode_profiles next_decode 64,4,3 64,8,3 ;;
-    h200_call)  # the next H200 call (~7 minutes), most telling first: block and per-tensor
-      # fp8's step with the inputs the decoder hands over (twice), the packed words streamed
-      # as the 4-bit kernels read them and laid out a tile a run, the MoE model at batch 1
-      # with the one-token down launch (A/B twice), the gptq/awq step with gate/up alone
-      # through the staged kernel (A/B once)
-      nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || {
-        echo "not an H200: h200_call skipped"; continue; }
-      for r in 1 2; do
-        TAIL=4 step 90 "h200_fp8_$r" python3 benchmarks/quant_gpu.py --batches 1 \
-          --schemes fp8_block,fp8_tensor --model-inputs
-      done
-      TAIL=25 step 120 stream python3 benchmarks/stream_layout_gpu.py
-      token_ab 240 triton,triton+token,triton,triton+token
-      w4_route_step h200_w4_shipped ""
-      w4_route_step h200_w4_route 28672x4096:1,4,4,1,1,1,1,4 ;;
     compact)  # the 16-bit constants' and the early group sums' A/Bs (compact_ab)
       compact_ab ;;
     h200_a)  # an H200 call of ~8 minutes: block and per-tensor fp8's step with the inputs
-      # the decoder hands over, then compact (h200_b: the rest of h200_call)
+      # the decoder hands over, then compact (h200_b the next call)
       nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || {
         echo "not an H200: h200_a skipped"; continue; }
       TAIL=4 step 90 h200_fp8 python3 benchmarks/quant_gpu.py --batches 1 \

@@ -123,5 +123,6 @@ def main() -> None:
     tbs = 2 * n * kw * 4 / us / 1e6
     print(f"| (a copy of the same bytes: read + write) | | {us:.1f} | {tbs:.2f} |")
 
+
 if __name__ == "__main__":
     main()

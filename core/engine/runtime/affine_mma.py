@@ -188,7 +188,9 @@ if gluon is not None:
         at = g[None, :] * N + rows[:, None]
         s = gl.load(s_ptr + at, mask=g_ok[None, :], other=0.0).to(gl.float32)
         b = gl.load(b_ptr + at, mask=g_ok[None, :], other=0.0).to(gl.float32)
-        if b_ptr.dtype.element_ty != gl.float32:  # (the compact form: b / s stored)
+        # (quant_triton._affine_constants' rule, which a Gluon kernel cannot call: the
+        # compact form stores b / s)
+        if b_ptr.dtype.element_ty != gl.float32:
             b = b * s
         c = b - OFFSET * s
         xg_ok = (gi < GPC) & (g0 + gi < n_groups)
