@@ -31,8 +31,7 @@
 #     checks and the model A/B; next_call: that, the decode kernel at 8 warps, and on an H200
 #     the fp8 step, in one call; stream: the packed words' streaming rate by layout
 #     (benchmarks/stream_layout_gpu.py); compact: the packed weights' scales and biases in 16
-#     bits and one row's group sums from x loaded early, GPU checks and the gptq/awq step
-#     A/Bs; h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
+#     bits against float32, GPU checks and the gptq/awq step A/B; h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
 #     fp8's step, then compact; b: the one-token down and 4-bit route A/Bs);
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
 #     h200_next: on an H200 only, the open questions there, most telling first (fp8 targets,
@@ -95,19 +94,16 @@ w4_route_step() {  # NAME ROUTE: the gptq/awq step at one row with ENGINE_AFFINE
   ENGINE_AFFINE_MMA_ROUTE=$2 ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 step 90 "$1" python3 \
     benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
 }
-compact_ab() {  # the gptq/awq step's A/Bs: the packed weights' scales and biases in 16 bits
-  # (quant_methods.compact_constants, the default) and one row's group sums from x loaded
-  # before the loop (swap_affine.XSUM_EARLY, off): the affine kernels' GPU checks, then the
-  # step as shipped (10: 16-bit constants, sums in the loop), with the early sums (11) and
-  # with float32 constants (00), twice (COMPACT_VARIANTS: others, e.g. "10 11")
+compact_ab() {  # the gptq/awq step's A/B of the packed weights' scales and biases in 16 bits
+  # (quant_methods.compact_constants, the default: 1) against float32 (0): the affine
+  # kernels' GPU checks, then the step with each, twice (COMPACT_VARIANTS: others)
   TAIL=3 step 200 compact_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/runtime/test_swap_affine.py
   local r v
   for r in 1 2; do
-    for v in ${COMPACT_VARIANTS:-10 11 00}; do
-      ENGINE_AFFINE_COMPACT=${v:0:1} ENGINE_AFFINE_XSUM_EARLY=${v:1:1} \
-        ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 "compact_${v}_$r" python3 \
-        benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
+    for v in ${COMPACT_VARIANTS:-1 0}; do
+      ENGINE_AFFINE_COMPACT=$v ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 "compact_${v}_$r" \
+        python3 benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
     done
   done
 }
@@ -335,7 +331,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         token_ab 320 triton,triton+token,triton+token2,triton,triton+token,triton+token8
       fi
       decode_profiles next_decode 64,4,3 64,8,3 ;;
-    compact)  # the 16-bit constants' and the early group sums' A/Bs (compact_ab)
+    compact)  # the 16-bit constants' A/B (compact_ab)
       compact_ab ;;
     h200_a)  # an H200 call of ~8 minutes: block and per-tensor fp8's step with the inputs
       # the decoder hands over, then compact (h200_b the next call)

@@ -802,36 +802,6 @@ def test_one_row_affine_groups_in_columns_loads_nothing_in_its_loop(layer, compa
     assert [op for op in folds if op.startswith("LDG.")]
 
 
-def test_one_row_affine_group_sums_loaded_early_leave_the_loop(monkeypatch):
-    """The swapped kernel's one-row launch for gate/up (groups in the product's columns) with
-    the row's group sums from x loaded before the loop (``ENGINE_AFFINE_XSUM_EARLY``): its
-    loop still waits on no global load, holds the same warp-group products, about 60
-    instructions fewer (no float32 sums of the operand's tiles), and nothing spills."""
-    import torch
-
-    from engine.runtime import quant_triton, swap_affine
-
-    n, k = 28672, 4096
-    q = torch.zeros(n, k // 8, dtype=torch.int32)
-    s = torch.ones(k // 128, n, dtype=torch.float16)
-
-    def loop(early):
-        monkeypatch.setattr(swap_affine, "XSUM_EARLY", early)
-        launches = _launches(lambda: swap_affine.affine_swap(
-            torch.empty(1, k, dtype=torch.bfloat16), q, s, s, 4, 128,
-            quant_triton.affine_sub(128)))
-        assert launches[-1][1]["XEARLY"] is early
-        compiled = _build_launch(*launches[-1])
-        assert stack_bytes(compiled) == 0
-        return loop_ops(compiled)
-
-    base, early = loop(False), loop(True)
-    assert not [op for op in early if op.startswith("LDG.")], early
-    gmma = [sum(op.startswith("HGMMA") for op in body) for body in (base, early)]
-    assert gmma[0] == gmma[1] > 0
-    assert len(base) - len(early) >= 40, (len(base), len(early))
-
-
 def _affine_mma_loop(group: int, ct: int, depth: int, f16: bool, stages: int = 0,
                      constants: str = "fp32"):
     """The SASS ops of the K loop of the Gluon one-row 4-bit kernel's sm_90 build (which

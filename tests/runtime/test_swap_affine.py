@@ -27,13 +27,11 @@ ONE = (64, 1, 4, 2, 0)
 
 
 def _case(name: str, m: int, bits: int = 4, group: int = 128, n: int = 100, k: int = 512,
-          dtype: str = BF16, perm: bool = False, bias: bool = False, config: tuple | None = ONE,
-          early: bool = False):
+          dtype: str = BF16, perm: bool = False, bias: bool = False, config: tuple | None = ONE):
     """(name, parameters) of one case: ``m`` rows of ``dtype``, ``bits``-bit codes in groups of
-    ``group`` of a weight [n, k], launch ``config`` (None: the default table's); ``early``:
-    one row's group sums from x loaded before the loop (``swap_affine.XSUM_EARLY``)."""
+    ``group`` of a weight [n, k], launch ``config`` (None: the default table's)."""
     return name, dict(m=m, bits=bits, group=group, n=n, k=k, dtype=dtype, perm=perm, bias=bias,
-                      config=config, early=early)
+                      config=config)
 
 
 CASES = dict(
@@ -70,11 +68,6 @@ CASES = dict(
        _case("int4 groups in columns, one group of 512 split 3 m=1", 1, group=512, k=1024,
              config=(64, 3, 4, 2, 2)),
        _case("int8 groups in columns g64 m=1", 1, bits=8, group=64, config=(64, 2, 4, 2, 2)),
-       _case("int4 groups in columns, sums from x loaded early, split 3 m=1", 1, k=768,
-             config=(64, 3, 4, 2, 2), early=True),
-       _case("int4 groups in columns, sums loaded early, act-order g32 K=320 m=1 half bias", 1,
-             group=32, k=320, perm=True, dtype=F16, bias=True, config=(64, 2, 4, 2, 2),
-             early=True),
        _case("int4 groups in columns asked for m=3 (folds instead)", 3,
              config=(64, 1, 4, 2, 2)),
        _case("int8 g128 m=1", 1, bits=8),
@@ -126,7 +119,6 @@ def check(name: str, p: dict, device: str, gen: torch.Generator) -> list[str]:
     from engine.runtime import swap_affine as sa
 
     codes, scale, bias_, w, s_full, x, perm, bias = _inputs(p, gen)
-    sa.XSUM_EARLY = p["early"]
     sub = qt.affine_sub(p["group"])
     packed = qt.pack_affine(codes, p["bits"], sub)
     dev = lambda t: t.to(device) if t is not None else None  # noqa: E731

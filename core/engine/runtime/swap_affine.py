@@ -215,26 +215,13 @@ def _prefetch_affine(s_ptr, b_ptr, t_lo, t_hi, n_groups, N, nc, PACK: tl.constex
 
 
 @triton.jit
-def _group_cols(x_ptr, perm_ptr, t_lo, t_hi, g_lo, K, PACK: tl.constexpr,
-                GROUP: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """x's columns of group ``g_lo + c`` [BLOCK_M, GROUP] that lie in tiles ``t_lo .. t_hi -
-    1`` (and before K; zeros elsewhere): loaded before the product's loop, summed after it."""
-    lo = t_lo * PACK
-    hi = tl.minimum(t_hi * PACK, K)
-    cols = ((g_lo + tl.arange(0, BLOCK_M)) * GROUP)[:, None] + tl.arange(0, GROUP)[None, :]
-    ok = (cols >= lo) & (cols < hi)
-    src = tl.load(perm_ptr + cols, mask=ok, other=0) if HAS_PERM else cols
-    return tl.load(x_ptr + src, mask=ok, other=0.0)
-
-
-@triton.jit
 def _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n_ok, nc, t_lo,
                   t_hi, n_groups, N, K, bias_ptr, y_ptr, part_ptr, cnt_ptr, stride_ym, split_k,
                   BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
                   F16: tl.constexpr, OFFSET: tl.constexpr, HAS_PERM: tl.constexpr,
                   HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
                   SPLIT: tl.constexpr, ASM: tl.constexpr, F32: tl.constexpr,
-                  BLOCK_M: tl.constexpr, XEARLY: tl.constexpr):
+                  BLOCK_M: tl.constexpr):
     """XSUM 2, one row: the groups of the program's slice of K in the product's columns. Column
     c of the operand x^T holds the row's activations on the columns of group ``g_lo + c`` and
     zeros elsewhere, so one accumulator [BLOCK_N, BLOCK_M] collects every group's sum
@@ -243,9 +230,8 @@ def _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n
     (:func:`affine_swap` takes this form where a slice spans at most BLOCK_M groups). The
     row's sums per group are added up from the operand's tiles in the loop (~40 of a tile's
     ~400 instructions a thread): read once after the loop instead, the step measured 2-3 %
-    slower (an H100, 2026-12-07; docs/benchmarks/quantization.md). XEARLY (groups of at most
-    128): the slice's columns of x loaded into registers before the loop and summed after it,
-    so neither the loop nor the program's tail waits on them."""
+    slower (an H100, 2026-12-07; docs/benchmarks/quantization.md); x's columns loaded into
+    registers before the loop and summed after it, 3-8 % slower (the same card and day)."""
     PER: tl.constexpr = 32 // BITS
     PACK: tl.constexpr = PER * SUB
     offs_i = tl.arange(0, SUB)
@@ -253,8 +239,6 @@ def _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n
     g_lo = (t_lo * PACK) // GROUP
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     xg = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)
-    if XEARLY:
-        xe = _group_cols(x_ptr, perm_ptr, t_lo, t_hi, g_lo, K, PACK, GROUP, HAS_PERM, BLOCK_M)
     for t in range(t_lo, t_hi):
         words = tl.load(q_rows + t * SUB)
         for j in tl.static_range(PER):
@@ -267,12 +251,8 @@ def _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n
                 x = tl.load(x_ptr + src[None, :] + cols_c[:, None] * 0,
                             mask=mine & (cols < K)[None, :], other=0.0)
             acc = _slice_product(words, x, acc, j, BITS, F16, ASM, F32)
-            if not XEARLY:
-                xg += x.to(tl.float32)
-    if XEARLY:
-        xs = tl.sum(xe.to(tl.float32), axis=1)
-    else:
-        xs = tl.sum(xg, axis=1)  # [BLOCK_M]: the row's sum over each group's columns
+            xg += x.to(tl.float32)
+    xs = tl.sum(xg, axis=1)  # [BLOCK_M]: the row's sum over each group's columns in the slice
     g = g_lo + cols_c
     at = g[None, :] * N + nc[:, None]
     g_ok = (g < n_groups)[None, :]
@@ -295,7 +275,7 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, XSUM: tl.constexpr,
                  ROW1: tl.constexpr, EVEN: tl.constexpr, SPLIT: tl.constexpr,
                  HALVES: tl.constexpr, ASM: tl.constexpr, F32: tl.constexpr,
-                 BLOCK_M: tl.constexpr, PDL: tl.constexpr, XEARLY: tl.constexpr = False):
+                 BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     """One program: BLOCK_N outputs of BLOCK_M rows (block ``pid_m``; SPLIT only with one block),
     the packed tiles of slice ``pid_k`` of ``split_k``. A tile is SUB words per output,
     32/BITS slices of SUB columns; slices fold into the accumulator a chunk at a time (CHUNK
@@ -335,7 +315,7 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
         _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n_ok, nc,
                       t_lo, t_hi, n_groups, N, K, bias_ptr, y_ptr, part_ptr, cnt_ptr,
                       stride_ym, split_k, BITS, GROUP, SUB, F16, OFFSET, HAS_PERM, HAS_BIAS,
-                      BLOCK_N, EVEN, SPLIT, ASM, F32, BLOCK_M, XEARLY and GROUP <= 128)
+                      BLOCK_N, EVEN, SPLIT, ASM, F32, BLOCK_M)
         return
     ones = tl.full((BLOCK_N, SUB), 1.0, DTYPE)
     for t in range(t_lo, t_hi):
@@ -390,11 +370,6 @@ CONFIGS = {("deep", 1): (128, 8, 4, 5, 2), ("deep", 4): (128, 8, 8, 3, 0),
            ("wide", 16): (128, 1, 4, 5, 0), ("wide", 32): (128, 1, 4, 3, 0),
            ("wide", 64): (128, 4, 4, 3, 0), ("wide", 128): (128, 2, 8, 3, 0)}
 
-
-#: one row's group sums (XSUM 2, groups of at most 128) from x's columns loaded before the
-#: loop and summed after it, instead of added up from the operand's tiles in the loop
-#: (``ENGINE_AFFINE_XSUM_EARLY=1``; built, not yet timed: off)
-XSUM_EARLY = os.environ.get("ENGINE_AFFINE_XSUM_EARLY") == "1"
 
 #: row buckets of the launch table (up to 1, 4, 16, 32, 64 rows; more: MAX_ROWS a program)
 BUCKETS = (1, 4, 16, 32, 64, MAX_ROWS)
@@ -488,7 +463,6 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
                        XSUM=xsum, ROW1=m == 1, EVEN=k % pack == 0, SPLIT=split > 1,
                        HALVES=bn >= 32 * warps,
                        ASM=not interpret and hasattr(triton, "constexpr_function"),
-                       F32=interpret and not f16, BLOCK_M=bm, XEARLY=XSUM_EARLY,
-                       num_warps=warps, num_stages=stages,
+                       F32=interpret and not f16, BLOCK_M=bm, num_warps=warps, num_stages=stages,
                        **launch_options(x.device))
     return y
