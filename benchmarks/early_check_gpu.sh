@@ -31,7 +31,10 @@
 #     checks and the model A/B; next_call: that, the decode kernel at 8 warps, and on an H200
 #     the fp8 step, in one call; stream: the packed words' streaming rate by layout
 #     (benchmarks/stream_layout_gpu.py); compact: the packed weights' scales and biases in 16
-#     bits against float32, GPU checks and the gptq/awq step A/B; h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
+#     bits against float32, GPU checks and the gptq/awq step A/B; affine_launches: the
+#     swapped 4-bit kernel's one-row launches given in AFFINE_LAUNCHES against the shipped
+#     ones (layers, then the step twice);
+#     h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
 #     fp8's step, then compact; b: the one-token down and 4-bit route A/Bs);
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
 #     h200_next: on an H200 only, the open questions there, most telling first (fp8 targets,
@@ -334,6 +337,19 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       decode_profiles next_decode 64,4,3 64,8,3 ;;
     compact)  # the 16-bit constants' A/B (compact_ab)
       compact_ab ;;
+    affine_launches)  # the swapped 4-bit kernel's one-row launches of AFFINE_LAUNCHES
+      # (ENGINE_AFFINE_LAUNCHES entries, e.g. from affine_cols_search on this card) against
+      # the shipped table: the layers at those launches, then the gptq/awq step, twice
+      TAIL=14 step 120 launches_layers env ENGINE_AFFINE_LAUNCHES="$AFFINE_LAUNCHES" python3 \
+        benchmarks/swap_affine_gpu.py --rows 1 --layers qkv,gate_up,o,down
+      for r in 1 2; do
+        for v in shipped listed; do
+          l=$AFFINE_LAUNCHES
+          [ $v = shipped ] && l=""
+          ENGINE_AFFINE_LAUNCHES=$l ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 step 90 \
+            "launches_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
+        done
+      done ;;
     h200_a)  # an H200 call of ~6 minutes: block and per-tensor fp8's step with the inputs
       # the decoder hands over, then compact without its GPU checks (h200_b the next call)
       nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || {

@@ -331,6 +331,15 @@ def test_under_the_interpreter(interpreted, name):
     assert interpreted[name] == []
 
 
+def test_launch_overrides_replace_table_entries():
+    """``ENGINE_AFFINE_LAUNCHES`` entries parse into the launch table's keys and launches."""
+    from engine.runtime import swap_affine as sa
+
+    got = sa._launch_overrides("wide:1=128,2,4,3,2; square:16=64,4,4,3,0;")
+    assert got == {("wide", 1): (128, 2, 4, 3, 2), ("square", 16): (64, 4, 4, 3, 0)}
+    assert set(got) <= set(sa.CONFIGS) and sa._launch_overrides("") == {}
+
+
 @pytest.mark.gpu
 def test_on_the_gpu():
     if not torch.cuda.is_available():

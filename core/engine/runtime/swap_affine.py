@@ -285,7 +285,9 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
     multiple of the tile (no masks on x). Rows past M and outputs past N repeat the last one
     (no masks on loads; never stored). HALVES: the scales load BLOCK_N / 2 at a time
     (:func:`_per_output`; BLOCK_N at least the threads). ASM: compiled for the GPU (inline
-    PTX, L2 prefetches); else the interpreter's forms (F32: bfloat16 products in float32)."""
+    PTX, L2 prefetches); else the interpreter's forms (F32: bfloat16 products in float32).
+    (The words' tiles through a tensor descriptor, bulk copies: even in the step at the
+    launches their own search chose, slower at these; an H100, 2026-12-07.)"""
     PER: tl.constexpr = 32 // BITS
     PACK: tl.constexpr = PER * SUB
     GS: tl.constexpr = GROUP // SUB
@@ -370,6 +372,21 @@ CONFIGS = {("deep", 1): (128, 8, 4, 5, 2), ("deep", 4): (128, 8, 8, 3, 0),
            ("wide", 16): (128, 1, 4, 5, 0), ("wide", 32): (128, 1, 4, 3, 0),
            ("wide", 64): (128, 4, 4, 3, 0), ("wide", 128): (128, 2, 8, 3, 0)}
 
+
+def _launch_overrides(spec: str) -> dict:
+    """``CLASS:ROWS=BLOCK_N,SPLIT_K,warps,stages,XSUM`` entries separated by ``;`` (e.g.
+    ``wide:1=128,2,4,3,2``) as :data:`CONFIGS` keys and launches (A/B runs of launches found
+    by ``benchmarks/swap_affine_gpu.py --search``)."""
+    out = {}
+    for item in filter(None, spec.split(";")):
+        key, _, launch = item.partition("=")
+        cls, _, rows = key.partition(":")
+        out[(cls.strip(), int(rows))] = tuple(int(v) for v in launch.split(","))
+    return out
+
+
+#: (``ENGINE_AFFINE_LAUNCHES``: entries of the table replaced for an A/B, e.g. on another GPU)
+CONFIGS.update(_launch_overrides(os.environ.get("ENGINE_AFFINE_LAUNCHES", "")))
 
 #: row buckets of the launch table (up to 1, 4, 16, 32, 64 rows; more: MAX_ROWS a program)
 BUCKETS = (1, 4, 16, 32, 64, MAX_ROWS)
