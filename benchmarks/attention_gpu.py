@@ -334,11 +334,10 @@ def triton_sweep(backend: Any, batch: Any, fn: Callable[[], Any], record: Callab
 
 def _extend(m: int, n: int, w: int, st: int, tma: bool = False, heads: int = 0,
             lazy: bool = False, index_asm: bool = True, new_kv: bool = False,
-            q_desc: bool = False, out_desc: bool = False) -> dict[str, Any]:
+            q_desc: bool = False) -> dict[str, Any]:
     return dict(extend_block_m=m, extend_block_n=n, extend_warps=w, extend_stages=st,
                 extend_tma=tma, extend_row_heads=heads, extend_lazy_rescale=lazy,
-                extend_index_asm=index_asm, extend_new_kv=new_kv, extend_q_desc=q_desc,
-                extend_out_desc=out_desc)
+                extend_index_asm=index_asm, extend_new_kv=new_kv, extend_q_desc=q_desc)
 
 
 #: prefill launch configurations (BLOCK_M query rows: BLOCK_M // G tokens x the group's heads;
@@ -376,11 +375,9 @@ TRITON_EXTEND_SHORT = [_extend(*c) for c in (
     # this forward's K/V read as rows through descriptors (any page size)
     (64, 64, 4, 3, True, 1, False, True, True), (64, 64, 4, 3, True, 0, False, True, True),
     (64, 32, 4, 3, True, 0, False, True, True), (128, 64, 8, 3, True, 0, False, True, True),
-    # the query tile by pointers / through a descriptor of q / that and the output tile
-    # through a descriptor of out, alternating twice
-    *[(m, n, 4, 3, True, heads, False, True, True, q_desc, out_desc) for _ in range(2)
-      for m, n, heads in ((64, 32, 0), (64, 64, 1))
-      for q_desc, out_desc in ((False, False), (True, False), (True, True))])]
+    # the query tile by pointers / through a descriptor of q, alternating twice
+    *[(m, n, 4, 3, True, heads, False, True, True, q_desc) for _ in range(2)
+      for m, n, heads in ((64, 32, 0), (64, 64, 1)) for q_desc in (False, True)])]
 
 
 def prefill_section(s: Shapes, makers: dict[str, Callable[..., Any]],

@@ -42,7 +42,6 @@ MODES = {"nopdl": {"ENGINE_PDL": "0"},
          "mergek": {"ENGINE_TRITON_DECODE_FUSED_MERGE": "0"},
          "rows": {"ENGINE_TRITON_NEW_KV": "1"}, "pool": {"ENGINE_TRITON_NEW_KV": "0"},
          "l2": {"ENGINE_L2_PREFETCH": "1"}, "qptr": {"ENGINE_TRITON_Q_DESC": "0"},
-         "odesc": {"ENGINE_TRITON_O_DESC": "1"},
          "late": {"ENGINE_GEMV_EARLY": "0", "ENGINE_GEMV_CHAIN": "0"},
          "unchained": {"ENGINE_GEMV_CHAIN": "0"},
          "nopreload": {"ENGINE_TRITON_DECODE_PRELOAD": "0"},
@@ -72,17 +71,13 @@ def make_runner(spec: str, max_running: int, quantization: str | None = None,
     pool; the default reads them as rows where a page does not hold whole 64-key tiles);
     ``:l2``: the output projection's weights asked into L2 during decode attention;
     ``:qptr``: the triton extend loads its query tile by pointers, not a descriptor;
-    ``:odesc``: it stores its output tiles through a descriptor too; ``:unchained``: the
-    one-row layer not as four chained products (``ENGINE_GEMV_CHAIN=0``); ``:nopreload``: the
-    triton decode kernel reads its first key tile after its wait; ``:nocodes``: block fp8's
-    inputs not written as group codes by the norm and SiLU-and-mul kernels (each product's
-    rows quantized by ``quant_groups``); ``:noocodes``: those, but the output projection's
-    rows quantized by ``quant_groups`` (not written by the triton decode merge); modes joined
-    by ``+``
-    combine;
-    set by the caller through
-    the environment, :data:`MODES`);
-    ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
+    ``:unchained``: the one-row layer not as four chained products (``ENGINE_GEMV_CHAIN=0``);
+    ``:nopreload``: the triton decode kernel reads its first key tile after its wait;
+    ``:nocodes``: block fp8's inputs not written as group codes by the norm and SiLU-and-mul
+    kernels (each product's rows quantized by ``quant_groups``); ``:noocodes``: those, but
+    the output projection's rows quantized by ``quant_groups`` (not written by the triton
+    decode merge); modes joined by ``+`` combine; set by the caller through the environment,
+    :data:`MODES`); ``quantization`` a ``--quantization`` choice that quantizes the dummy bf16
     weights at load (e.g. ``fp8``); ``model_dir`` a dummy config's folder; ``max_total_tokens``
     the KV pool (default: room for ``max_running`` short prompts); ``device`` "cpu" runs
     float32 activations (a smoke run); ``kv_cache_dtype`` the ``--kv-cache-dtype``."""
@@ -271,7 +266,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch_native,triton,triton:eager,flashinfer",
                     help="backend[:eager|:nopdl|:fused|:fmerge|:mergek|:rows|:pool|:l2|:qptr"
-                    "|:odesc|:late|:unchained|:nopreload|:decode8, modes joined by +]; "
+                    "|:late|:unchained|:nopreload|:decode8, modes joined by +]; "
                     "CUDA graphs are used for decode where the backend supports them unless "
                     ":eager; :nopdl launches without PDL; :fused folds the norms and "
                     "SiLU-and-mul into the one-row products; :fmerge folds the triton decode "
@@ -279,9 +274,9 @@ def main() -> None:
                     "default); :rows / :pool: the triton extend reads this forward's K/V as "
                     "rows / through the pool at every page size; :l2: the output projection's "
                     "weights asked into L2 during decode attention; :qptr: the triton "
-                    "extend loads its query tile by pointers, not a tensor descriptor; :odesc: "
-                    "it stores its output tiles through a tensor descriptor; :late: the one-row "
-                    "float products load their weights after their wait (the kernel before); "
+                    "extend loads its query tile by pointers, not a tensor descriptor; :late: the "
+                    "one-row float products load their weights after their wait (the kernel "
+                    "before); "
                     ":unchained: the one-row layer not as four chained products (norms, "
                     "residual adds and SiLU-and-mul in their own kernels); :nopreload: the "
                     "triton decode kernel reads its first key tile after its wait; :decode8: "

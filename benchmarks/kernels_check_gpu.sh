@@ -2,7 +2,7 @@
 # interpreter), in one run on the GPU machine (from the repository root, carrying .whl and
 # .whl-server): the GPU tests of the Triton attention kernels (PDL chains, prefill graphs, the
 # conformance kit, fp8 and fp4 KV caches), then the prefill sweep's short list (the shipped
-# launches and the query / output descriptor pairs, alternating), then end to end (greedy tokens
+# launches and the query descriptor on and off, alternating), then end to end (greedy tokens
 # equal and prefill logits identical across the variants). Each step's log lands in $OUT. The
 # steps' limits add up to under ten minutes (one call of the GPU machine).
 #     bash benchmarks/kernels_check_gpu.sh
@@ -16,5 +16,5 @@ step 200 gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
   tests/quant/test_kv_fp4.py
 TAIL=40 step 180 prefill_sweep python3 benchmarks/attention_gpu.py --sections prefill \
   --backends torch_native,triton --page-sizes 16,64 --short-sweep
-step 180 e2e python3 benchmarks/e2e_gpu.py --backends triton,triton:qptr,triton:odesc \
+step 180 e2e python3 benchmarks/e2e_gpu.py --backends triton,triton:qptr \
   --batches 1,32 --hf ""

@@ -331,14 +331,11 @@ def paged_tile_checks() -> list[str]:
         failures += _paged_tile_case(name, 20 + seed, page, 4, 64, torch.float32, cfg,
                                      rows_read=True)
     # and the query tile through a descriptor of q (the default; one head a tile, the group's
-    # heads), the output tile through one of out too (tiles inside a request; the others
-    # by pointers)
-    for seed, (page, heads, out_desc) in enumerate(((16, 1, False), (1, 0, True),
-                                                    (16, 1, True))):
+    # heads)
+    for seed, (page, heads) in enumerate(((16, 1), (1, 0))):
         cfg = KernelConfig(extend_block_m=64, extend_block_n=32, extend_tma=True,
-                           extend_row_heads=heads, extend_new_kv=True, extend_q_desc=True,
-                           extend_out_desc=out_desc)
-        name = f"q descriptor page={page} row_heads={heads} out descriptor={out_desc}"
+                           extend_row_heads=heads, extend_new_kv=True, extend_q_desc=True)
+        name = f"q descriptor page={page} row_heads={heads}"
         failures += _paged_tile_case(name, 30 + seed, page, 4, 64, torch.float32, cfg,
                                      rows_read=True)
     return failures

@@ -178,7 +178,7 @@ def test_decode_merge_asks_for_every_split_at_once(attention):
 
 def _extend(attention, page: int, tma: bool, heads: int, index_asm: bool, tree: bool = False,
             splits: int = 1, bm: int = 64, bn: int = 64, off32: bool = True,
-            new_kv: bool = False, q_desc: bool = False, o_desc: bool = False,
+            new_kv: bool = False, q_desc: bool = False,
             fp4: bool = False):
     types = dict(ATTN_PTRS)
     if fp4:
@@ -190,12 +190,11 @@ def _extend(attention, page: int, tma: bool, heads: int, index_asm: bool, tree: 
     rows = heads or 4
     box = f"tensordesc<bf16[{bm // rows}, {rows}, 128]>"
     types["qn_desc"] = box if q_desc else "*bf16"
-    types["on_desc"] = box if o_desc else "*bf16"
     return build(attention._extend_kernel, types, dict(
         GROUP=4, HEAD_DIM=128, TILE_TOKENS=bm // (heads or 4), BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_D=128, DOT_PREC=None, HAS_TREE=tree, KV_FP8=0, NUM_SPLITS=splits, PAGE=page,
         TMA=tma, ROW_HEADS=heads, LAZY=False, INDEX_ASM=index_asm, OFF32=off32,
-        NEW_KV=new_kv, Q_DESC=q_desc, O_DESC=o_desc, PDL=True, KV_FP4=fp4))
+        NEW_KV=new_kv, Q_DESC=q_desc, PDL=True, KV_FP4=fp4))
 
 
 def test_extend_keeps_num_stages_key_tiles_in_flight(attention):
@@ -240,17 +239,13 @@ def test_extend_loading_the_query_tile_through_a_descriptor_builds(attention, he
     assert stack_bytes(compiled) <= stack_bytes(pointers)
 
 
-@pytest.mark.parametrize("out_desc", [False, True])
-def test_extend_stores_its_output_tile_whole_rows_at_a_time(attention, out_desc):
+def test_extend_stores_its_output_tile_whole_rows_at_a_time(attention):
     """The page-16 default launch (the group's heads, new K/V as rows, the query tile through
     a descriptor) stores its output in 16-byte pieces (built as the GPU specializes aligned
-    pointers and strides: one element a store otherwise), and with the output's descriptor
-    (``extend_out_desc``) a tile of the request's tokens in one TMA store."""
-    ops = sass_ops(_extend(attention, 16, False, 0, True, bn=32, new_kv=True, q_desc=True,
-                           o_desc=out_desc))
+    pointers and strides: one element a store otherwise)."""
+    ops = sass_ops(_extend(attention, 16, False, 0, True, bn=32, new_kv=True, q_desc=True))
     stores = [op for op in ops if op.startswith("STG")]
     assert stores and set(stores) == {"STG.E.128"}, sorted(set(stores))
-    assert ("UTMASTG.3D" in ops) == out_desc
 
 
 def test_extend_tree_and_split_kernels_build(attention):

@@ -79,12 +79,6 @@ class KernelConfig:
     #: ``ENGINE_TRITON_Q_DESC=0`` turns it off where the config is the default
     extend_q_desc: bool = field(
         default_factory=lambda: os.environ.get("ENGINE_TRITON_Q_DESC") != "0")
-    #: with the query tile's descriptor, a tile of the request's tokens only stores its
-    #: output as one box of out through a descriptor too (a tile reaching past the request's
-    #: end stores by masked pointers); not yet timed on a GPU, so off unless
-    #: ``ENGINE_TRITON_O_DESC=1``
-    extend_out_desc: bool = field(
-        default_factory=lambda: os.environ.get("ENGINE_TRITON_O_DESC") == "1")
 
 
 #: under the interpreter every program and every loop step costs milliseconds: big tiles
@@ -392,14 +386,11 @@ class TritonBackend(AttentionBackend):
         rows = None  # this forward's K/V as descriptors of their rows
         if new_kv is not None and self.reads_new_kv(batch):
             rows = self._new_kv_descriptors(new_kv, q.dtype)
-        box = (md.tile_tokens, self.row_heads, dim)  # a tile's [tokens, heads, D] of q / out
+        box = (md.tile_tokens, self.row_heads, dim)  # a tile's [tokens, heads, D] of q
         q_desc = None  # the query tile as one box of q (with the rows; whole tiles of rows)
         if (rows is not None and cfg.extend_q_desc
                 and md.tile_tokens * self.row_heads == md.block_rows):
             q_desc = _q_descriptor(q, box)
-        o_desc = None  # and its output tile as one box of out
-        if q_desc is not None and cfg.extend_out_desc and splits == 1:
-            o_desc = _q_descriptor(out, box)
         part_dtype = torch.float32 if self.reduce_in_fp32 else q.dtype
         shape = (q.shape[0], q.shape[1], splits) if splits > 1 else (0, 0, 1)
         part_out = torch.empty((*shape, dim), dtype=part_dtype, device=q.device)
@@ -409,8 +400,7 @@ class TritonBackend(AttentionBackend):
             q, k_buf, v_buf, out, r2t, batch.req_pool_indices, batch.prefix_lens,
             batch.extend_lens, md.qo_start, md.tile_req, md.tile_start, tree, part_out,
             part_lse, *(tma or (k_buf, v_buf)), *(rows or (k_buf, v_buf)),
-            q_desc if q_desc is not None else q, o_desc if o_desc is not None else out,
-            q.stride(0),
+            q_desc if q_desc is not None else q, q.stride(0),
             q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
             out.stride(0), out.stride(1),
             r2t.stride(0), tb, tq, part_out.stride(0), part_out.stride(1), part_out.stride(2),
@@ -424,7 +414,7 @@ class TritonBackend(AttentionBackend):
             INDEX_ASM=cfg.extend_index_asm and q.is_cuda and not interpreting(),
             # element offsets fit in 32 bits (fewer registers for gathered rows)
             OFF32=max(k_buf.numel(), v_buf.numel(), q.numel(), part_out.numel()) < 2 ** 31,
-            NEW_KV=rows is not None, Q_DESC=q_desc is not None, O_DESC=o_desc is not None,
+            NEW_KV=rows is not None, Q_DESC=q_desc is not None,
             num_warps=cfg.extend_warps, num_stages=cfg.extend_stages, **self._pdl)
         if splits > 1:
             self.kernels._extend_merge_kernel[(q.shape[0], layer.num_kv_heads)](
