@@ -33,7 +33,8 @@
 #     (benchmarks/stream_layout_gpu.py); compact: the packed weights' scales and biases in 16
 #     bits against float32, GPU checks and the gptq/awq step A/B; affine_launches: the
 #     swapped 4-bit kernel's one-row launches given in AFFINE_LAUNCHES against the shipped
-#     ones (layers, then the step twice);
+#     ones (layers, then the step twice); pdl_ab: the bf16 and gptq/awq steps with PDL on
+#     and off;
 #     h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
 #     fp8's step, then compact; b: the one-token down and 4-bit route A/Bs);
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
@@ -348,6 +349,15 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
           [ $v = shipped ] && l=""
           ENGINE_AFFINE_LAUNCHES=$l ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 step 90 \
             "launches_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
+        done
+      done ;;
+    pdl_ab)  # what PDL gives the bf16 and gptq/awq steps at one row (ENGINE_PDL 1 / 0,
+      # alternating twice): whether the 4-bit products overlap their neighbours as the bf16
+      # ones do
+      for r in 1 2; do
+        for v in 1 0; do
+          ENGINE_PDL=$v ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 "pdl_${v}_$r" python3 \
+            benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
         done
       done ;;
     h200_a)  # an H200 call of ~6 minutes: block and per-tensor fp8's step with the inputs
