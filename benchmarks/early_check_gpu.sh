@@ -34,7 +34,8 @@
 #     bits against float32, GPU checks and the gptq/awq step A/B; affine_launches: the
 #     swapped 4-bit kernel's one-row launches given in AFFINE_LAUNCHES against the shipped
 #     ones (layers, then the step twice); pdl_ab: the bf16 and gptq/awq steps with PDL on
-#     and off;
+#     and off; w4_bound: the 4-bit step's words streamed alone in its order (a bound), and
+#     the shipped step;
 #     h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
 #     fp8's step, then compact; b: the one-token down and 4-bit route A/Bs);
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
@@ -360,6 +361,12 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
             benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
         done
       done ;;
+    w4_bound)  # the 4-bit step's words streamed alone in the step's order, kernels chained
+      # by PDL, loads after / first tiles before / all before the wait (a bound for any
+      # one-row 4-bit kernel of this launch sequence), then the shipped gptq/awq step
+      TAIL=22 step 240 w4_bound python3 benchmarks/w4_bound_gpu.py
+      ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 w4_bound_step python3 \
+        benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq ;;
     h200_a)  # an H200 call of ~6 minutes: block and per-tensor fp8's step with the inputs
       # the decoder hands over, then compact without its GPU checks (h200_b the next call)
       nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || {
