@@ -94,10 +94,13 @@ ab_block_tma() {  # block fp8's weight tiles through tensor descriptors (the def
   done
   unset ENGINE_SWAP_TMA
 }
+w4_step() {  # NAME: the gptq/awq step at one row, codes packed (the caller's environment)
+  ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=${TAIL:-4} step 90 "$1" python3 benchmarks/quant_gpu.py \
+    --batches 1 --schemes gptq,awq
+}
 w4_route_step() {  # NAME ROUTE: the gptq/awq step at one row with ENGINE_AFFINE_MMA_ROUTE=ROUTE
   # ("": every product as shipped)
-  ENGINE_AFFINE_MMA_ROUTE=$2 ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 step 90 "$1" python3 \
-    benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
+  ENGINE_AFFINE_MMA_ROUTE=$2 TAIL=3 w4_step "$1"
 }
 compact_ab() {  # the gptq/awq step's A/B of the packed weights' scales and biases in 16 bits
   # (quant_methods.compact_constants, the default: 1) against float32 (0): the affine
@@ -108,8 +111,7 @@ compact_ab() {  # the gptq/awq step's A/B of the packed weights' scales and bias
   local r v
   for r in 1 2; do
     for v in ${COMPACT_VARIANTS:-1 0}; do
-      ENGINE_AFFINE_COMPACT=$v ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 "compact_${v}_$r" \
-        python3 benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
+      ENGINE_AFFINE_COMPACT=$v w4_step "compact_${v}_$r"
     done
   done
 }
@@ -348,8 +350,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         for v in shipped listed; do
           l=$AFFINE_LAUNCHES
           [ $v = shipped ] && l=""
-          ENGINE_AFFINE_LAUNCHES=$l ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 step 90 \
-            "launches_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
+          ENGINE_AFFINE_LAUNCHES=$l TAIL=3 w4_step "launches_${v}_$r"
         done
       done ;;
     pdl_ab)  # what PDL gives the bf16 and gptq/awq steps at one row (ENGINE_PDL 1 / 0,
@@ -357,16 +358,14 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       # ones do
       for r in 1 2; do
         for v in 1 0; do
-          ENGINE_PDL=$v ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 "pdl_${v}_$r" python3 \
-            benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
+          ENGINE_PDL=$v w4_step "pdl_${v}_$r"
         done
       done ;;
     w4_bound)  # the 4-bit step's words streamed alone in the step's order, kernels chained
       # by PDL, loads after / first tiles before / all before the wait (a bound for any
       # one-row 4-bit kernel of this launch sequence), then the shipped gptq/awq step
       TAIL=22 step 240 w4_bound python3 benchmarks/w4_bound_gpu.py
-      ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 w4_bound_step python3 \
-        benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq ;;
+      w4_step w4_bound_step ;;
     h200_a)  # an H200 call of ~6 minutes: block and per-tensor fp8's step with the inputs
       # the decoder hands over, then compact without its GPU checks (h200_b the next call)
       nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || {

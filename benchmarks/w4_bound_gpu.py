@@ -126,9 +126,9 @@ def check_only() -> None:
     for (n, k), launch, form in itertools.product(((128, 1024), (64, 2048)),
                                                   ((64, 1, 2), (64, 2, 1), (32, 4, 1)),
                                                   FORMS.values()):
-        w, c = layer(n, k, "cpu")
         if not fits(n, k // 8, launch):
             continue
+        w, c = layer(n, k, "cpu")
         out = torch.zeros(launch[1], n // launch[0], dtype=torch.int32)
         stream(w, c, out, launch, form)
         if got_sums(out) != want_sums(w, c):

@@ -338,6 +338,8 @@ def test_launch_overrides_replace_table_entries():
     got = sa._launch_overrides("wide:1=128,2,4,3,2; square:16=64,4,4,3,0;")
     assert got == {("wide", 1): (128, 2, 4, 3, 2), ("square", 16): (64, 4, 4, 3, 0)}
     assert set(got) <= set(sa.CONFIGS) and sa._launch_overrides("") == {}
+    with pytest.raises(ValueError, match="ENGINE_AFFINE_LAUNCHES: 'wide=128,2' is not CLASS"):
+        sa._launch_overrides("wide=128,2")
 
 
 @pytest.mark.gpu

@@ -77,18 +77,29 @@ AFFINE_ONE_ROW_GEMV = ({} if os.environ.get("ENGINE_AFFINE_ONE_ROW_GEMV") == "0"
 AFFINE_MMA = os.environ.get("ENGINE_AFFINE_MMA", "0") == "1"
 
 
+def launch_spec(spec: str, env: str, form: str, key, sep: str = ":") -> dict:
+    """A launch table given in an environment variable: ``"KEY<sep>v,v,...;..."`` ->
+    {key(KEY): (v, ...)} (integers); an entry that does not parse raises a ValueError naming
+    ``env`` and the expected ``form``."""
+    table = {}
+    for item in filter(None, spec.split(";")):
+        name, _, launch = item.partition(sep)
+        try:
+            table[key(name.strip())] = tuple(int(v) for v in launch.split(",") if v)
+        except ValueError:
+            raise ValueError(f"{env}: {item!r} is not {form}") from None
+    return table
+
+
+def _shape(name: str) -> tuple[int, int]:
+    n, k = (int(v) for v in name.split("x"))
+    return n, k
+
+
 def _mma_route(spec: str) -> dict[tuple[int, int], tuple[int, ...]]:
     """``"NxK:MR,warps,CT,split,D,XA,CG,S;..."`` -> {(N, K): config}."""
-    route = {}
-    for item in filter(None, spec.split(";")):
-        shape, _, config = item.partition(":")
-        try:
-            n, k = (int(v) for v in shape.split("x"))
-            route[(n, k)] = tuple(int(v) for v in config.split(",") if v)
-        except ValueError:
-            raise ValueError(f"ENGINE_AFFINE_MMA_ROUTE: {item!r} is not "
-                             "NxK:MR,warps,CT,split[,D,XA,CG,S]") from None
-    return route
+    return launch_spec(spec, "ENGINE_AFFINE_MMA_ROUTE", "NxK:MR,warps,CT,split[,D,XA,CG,S]",
+                       _shape)
 
 
 #: weights [n, k] whose one row of 4-bit codes goes to

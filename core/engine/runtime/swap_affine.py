@@ -62,7 +62,7 @@ import triton
 import triton.language as tl
 
 from engine.runtime.quant_triton import (_affine_constants, _finish, _slice, _split, _workspace,
-                                         shape_class)
+                                         launch_spec, shape_class)
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait, prefetch_l2
 
 #: rows of one program (the N side of the product, rows padded to a block of 16, 32, 64 or
@@ -373,16 +373,17 @@ CONFIGS = {("deep", 1): (128, 8, 4, 5, 2), ("deep", 4): (128, 8, 8, 3, 0),
            ("wide", 64): (128, 4, 4, 3, 0), ("wide", 128): (128, 2, 8, 3, 0)}
 
 
+def _class_rows(name: str) -> tuple[str, int]:
+    cls, _, rows = name.partition(":")
+    return cls, int(rows)
+
+
 def _launch_overrides(spec: str) -> dict:
     """``CLASS:ROWS=BLOCK_N,SPLIT_K,warps,stages,XSUM`` entries separated by ``;`` (e.g.
     ``wide:1=128,2,4,3,2``) as :data:`CONFIGS` keys and launches (A/B runs of launches found
     by ``benchmarks/swap_affine_gpu.py --search``)."""
-    out = {}
-    for item in filter(None, spec.split(";")):
-        key, _, launch = item.partition("=")
-        cls, _, rows = key.partition(":")
-        out[(cls.strip(), int(rows))] = tuple(int(v) for v in launch.split(","))
-    return out
+    return launch_spec(spec, "ENGINE_AFFINE_LAUNCHES",
+                       "CLASS:ROWS=BLOCK_N,SPLIT_K,warps,stages,XSUM", _class_rows, sep="=")
 
 
 #: (``ENGINE_AFFINE_LAUNCHES``: entries of the table replaced for an A/B, e.g. on another GPU)
