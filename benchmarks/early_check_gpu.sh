@@ -392,8 +392,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       for r in 1 2; do
         TAIL=4 step 90 "targets_fp8_$r" python3 benchmarks/quant_gpu.py --batches 1 \
           --schemes fp8_block,fp8_tensor --model-inputs
-        ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 "targets_w4_$r" python3 \
-          benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
+        w4_step "targets_w4_$r"
       done
       TAIL=30 step 120 moe_profile python3 benchmarks/profile_decode_gpu.py --batch 1 \
         --steps 20 --model-dir tests/data/qwen3-30b-a3b-dummy --no-kernel-table ;;
@@ -562,8 +561,7 @@ PY
         --configs "${AFFINE_MMA_CONFIGS:-$configs}"
       for r in 1 2; do
         for v in 0 1; do
-          ENGINE_AFFINE_MMA=$v ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 step 90 "affine_mma_${v}_$r" \
-            python3 benchmarks/quant_gpu.py --batches 1 --schemes gptq,awq
+          ENGINE_AFFINE_MMA=$v TAIL=3 w4_step "affine_mma_${v}_$r"
         done
       done ;;
     affine_stages)  # the Gluon one-row 4-bit kernel with its words through stages of shared
@@ -575,9 +573,7 @@ PY
       TAIL=12 step 300 affine_stages_layers python3 benchmarks/affine_mma_gpu.py \
         --light-checks --configs "${AFFINE_MMA_CONFIGS:-$configs}"
       for v in 0 1; do
-        ENGINE_AFFINE_MMA=$v ENGINE_AFFINE_MMA_STAGES=4 ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=3 \
-          step 90 "affine_stages_$v" python3 benchmarks/quant_gpu.py --batches 1 \
-          --schemes gptq,awq
+        ENGINE_AFFINE_MMA=$v ENGINE_AFFINE_MMA_STAGES=4 TAIL=3 w4_step "affine_stages_$v"
       done
       TAIL=2 step 300 affine_stages_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
         tests/runtime/test_affine_mma.py ;;
@@ -604,9 +600,7 @@ PY
         for v in gemv swap; do
           first=1
           if [ $v = gemv ]; then first=2; fi
-          ENGINE_AFFINE_SWAP_FIRST=$first ENGINE_PACKED_WEIGHT_ONLY=1 \
-            TAIL=4 step 90 "affine_cols_${v}_$r" python3 benchmarks/quant_gpu.py --batches 1 \
-            --schemes gptq,awq
+          ENGINE_AFFINE_SWAP_FIRST=$first w4_step "affine_cols_${v}_$r"
         done
       done ;;
     targets)  # the step of the formats with an H200 target at one row, as shipped: block and
@@ -616,9 +610,7 @@ PY
         TAIL=4 step 90 "targets_fp8_$r" python3 benchmarks/quant_gpu.py --batches 1 \
           --schemes fp8_block,fp8_tensor --model-inputs
         for first in 2 1; do
-          ENGINE_AFFINE_SWAP_FIRST=$first ENGINE_PACKED_WEIGHT_ONLY=1 TAIL=4 step 90 \
-            "targets_w4_${first}_$r" python3 benchmarks/quant_gpu.py --batches 1 \
-            --schemes gptq,awq
+          ENGINE_AFFINE_SWAP_FIRST=$first w4_step "targets_w4_${first}_$r"
         done
       done ;;
     affine_cols_search)  # the one-row launch search of the swapped 4-bit kernel (XSUM 0-2)
