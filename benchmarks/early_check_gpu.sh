@@ -363,9 +363,12 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       done ;;
     w4_bound)  # the 4-bit step's words streamed alone in the step's order, kernels chained
       # by PDL, loads after / first tiles before / all before the wait (a bound for any
-      # one-row 4-bit kernel of this launch sequence), then the shipped gptq/awq step
+      # one-row 4-bit kernel of this launch sequence), then the shipped gptq/awq step and
+      # the shipped products per layer alone
       TAIL=22 step 240 w4_bound python3 benchmarks/w4_bound_gpu.py
-      w4_step w4_bound_step ;;
+      w4_step w4_bound_step
+      TAIL=14 step 120 w4_bound_layers python3 benchmarks/swap_affine_gpu.py --rows 1 \
+        --layers qkv,gate_up,o,down ;;
     h200_a)  # an H200 call of ~6 minutes: block and per-tensor fp8's step with the inputs
       # the decoder hands over, then compact without its GPU checks (h200_b the next call)
       nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || {
