@@ -35,7 +35,8 @@
 #     swapped 4-bit kernel's one-row launches given in AFFINE_LAUNCHES against the shipped
 #     ones (layers, then the step twice); pdl_ab: the bf16 and gptq/awq steps with PDL on
 #     and off; w4_bound: the 4-bit step's words streamed alone in its order (a bound), and
-#     the shipped step;
+#     the shipped step (and layers); w4_floor: the one-row 4-bit products' own floor, their
+#     words from the L2 (benchmarks/w4_floor_gpu.py);
 #     h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
 #     fp8's step, then compact; b: the one-token down and 4-bit route A/Bs);
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
@@ -369,6 +370,9 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       w4_step w4_bound_step
       TAIL=14 step 120 w4_bound_layers python3 benchmarks/swap_affine_gpu.py --rows 1 \
         --layers qkv,gate_up,o,down ;;
+    w4_floor)  # the one-row 4-bit products with their words from memory, from the L2 (the
+      # same weight again) and with every row reading one packed row (the kernels' floor)
+      TAIL=12 step 200 w4_floor python3 benchmarks/w4_floor_gpu.py ;;
     h200_a)  # an H200 call of ~6 minutes: block and per-tensor fp8's step with the inputs
       # the decoder hands over, then compact without its GPU checks (h200_b the next call)
       nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || {

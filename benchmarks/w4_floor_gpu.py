@@ -1,0 +1,92 @@
+"""What the one-row 4-bit products cost when their packed words need not come from memory: the
+kernels' own floor (instructions, latency, launch), per layer, on a GPU.
+
+Each of Llama-3-8B's four linear layers (int4 codes in groups of 128, the compact 16-bit
+constants the loader keeps) at one row, through the route a decode step takes
+(:func:`engine.runtime.quant_triton.affine_mm`) and through the swapped kernel at its default
+launch (:func:`engine.runtime.swap_affine.affine_swap`), three ways, each a CUDA graph of
+products replayed (as the step runs them, PDL on where the GPU has it):
+
+- ``cold``: distinct copies of the layer, together more than the L2 (the step's case);
+- ``hot``: the same weight again and again (served from the L2 where it fits: q/k/v, o and down
+  on a 50 MB L2; gate/up does not fit);
+- ``alias``: every output row reads the same packed row (the words stride 0 between rows), so
+  the words come from the L2 for every layer, at the launch and program count the layer has;
+  the scales and offsets stay the layer's own. Results are not checked (they are not the
+  layer's).
+
+The gap between ``cold`` and ``alias`` is what the memory costs beyond the kernel's own work;
+``alias`` alone is a floor no memory system lifts (the H100 and the H200 share the SMs and
+clocks, so it carries from one to the other).
+
+    python3 benchmarks/w4_floor_gpu.py [--layers qkv,o,gate_up,down] [--iters 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+from engine.runtime import quant_methods as qm
+from engine.runtime import quant_triton as qt
+from engine.runtime import swap_affine as sa
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gemv_gpu import L2_BYTES, SHAPES, nbytes  # noqa: E402
+from swap_gpu import table, timed  # noqa: E402
+
+BITS, SUB, GROUP = 4, 32, 128
+
+
+def weight(n: int, k: int) -> dict:
+    """One layer's packed int4 weight with GPTQ's constants in the compact form."""
+    codes = torch.randint(0, 16, (n, k), device="cuda")
+    groups = k // GROUP
+    s = (torch.rand(groups, n, device="cuda") * 0.01 + 1e-3).half().float()
+    zero = torch.randint(0, 16, (groups, n), device="cuda").float()
+    s, b = qm.compact_constants(s, -zero * s)
+    return {"q": qt.pack_affine(codes, BITS, SUB), "s": s, "b": b}
+
+
+def routes():
+    return {"step route": lambda x, t: qt.affine_mm(x, t["q"], t["s"], t["b"], BITS, GROUP, SUB),
+            "swapped": lambda x, t: sa.affine_swap(x, t["q"], t["s"], t["b"], BITS, GROUP,
+                                                   SUB)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", default="qkv,o,gate_up,down")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("skipped: needs a CUDA GPU")
+        return
+    torch.manual_seed(0)
+    rows = []
+    for name in args.layers.split(","):
+        n, k = SHAPES[name]
+        first = weight(n, k)
+        count = max(2, -(-L2_BYTES // nbytes(first)))
+        cold = [first] + [weight(n, k) for _ in range(count - 1)]
+        hot = [first] * count
+        alias = [dict(first, q=first["q"][:1].expand(n, -1))] * count
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        mb = nbytes(first) / 1e6
+        for route, fn in routes().items():
+            us = [timed(fn, s, x, args.iters) for s in (cold, hot, alias)]
+            rows.append([name, f"{n} x {k}", f"{mb:.1f}", route, sa.default_config(n, k, 1),
+                         *(f"{u:.1f}" for u in us), f"{mb / us[0]:.2f}",
+                         f"{us[2] / us[0]:.2f}"])
+        del cold, hot, alias
+        torch.cuda.empty_cache()
+    print(f"{torch.cuda.get_device_name()}: one row, us a product")
+    table(["layer", "N x K", "MB", "route", "swapped launch", "cold us", "hot us", "alias us",
+           "cold TB/s", "alias / cold"], rows)
+
+
+if __name__ == "__main__":
+    main()
