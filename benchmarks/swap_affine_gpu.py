@@ -32,6 +32,7 @@ are wrong).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import subprocess
@@ -156,7 +157,7 @@ def candidates(n: int, k: int, rows: int) -> list[tuple]:
     grow with the rows, then serve twice the weights; with 128 rows it spills registers); SPLIT_K 1-8 with at least two tiles a
     slice and at most 8 programs a multiprocessor; 2-5 stages, no more buffered tiles than a
     slice has, fitting :data:`SMEM`; the row sums from registers or from the matrix unit (one
-    row: or the groups in the product's columns)."""
+    row: or the groups in the product's columns, 16 or 8 of them)."""
     pack = 32 // BITS * SUB
     tiles = triton.cdiv(k, pack)
     out = []
@@ -169,13 +170,15 @@ def candidates(n: int, k: int, rows: int) -> list[tuple]:
             if (split > 1 and per_slice < MIN_TILES
                     or triton.cdiv(n, bn) * split * warps > MAX_WARPS * SMS):
                 continue
-            for stages in (2, 3, 4, 5):
-                # per stage: BLOCK_N words a row, and a block of rows of x for each slice
-                tile_bytes = bn * SUB * 4 + 32 // BITS * sa.rows_block(rows) * SUB * 2
+            for stages, xsum in itertools.product((2, 3, 4, 5),
+                                                  (0, 1, 2, 3) if rows == 1 else (0, 1)):
+                # per stage: BLOCK_N words a row, and a block of rows of x for each slice (8
+                # with the groups in eight columns)
+                x_rows = 8 if xsum == 3 else sa.rows_block(rows)
+                tile_bytes = bn * SUB * 4 + 32 // BITS * x_rows * SUB * 2
                 if stages - 1 > per_slice or (stages - 1) * tile_bytes + SMEM_OTHER > SMEM:
                     continue
-                out += [(bn, split, warps, stages, xsum)
-                        for xsum in ((0, 1, 2) if rows == 1 else (0, 1))]
+                out.append((bn, split, warps, stages, xsum))
     return out
 
 

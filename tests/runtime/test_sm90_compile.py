@@ -797,6 +797,40 @@ def test_one_row_affine_groups_in_columns_loads_nothing_in_its_loop(layer, compa
     assert [op for op in folds if op.startswith("LDG.")]
 
 
+@pytest.mark.parametrize("layer", [(6144, 4096, 128), (28672, 4096, 64), (4096, 14336, 128)])
+def test_one_row_affine_groups_in_eight_columns_builds_a_shorter_loop(layer):
+    """The same one-row products with the groups in eight columns (XSUM 3): the narrower
+    product takes the synchronous m16n8k16 instruction (no warp-group product, so no wait on
+    one), the K loop loads nothing but through the pipeliner's copies, nothing spills, and the
+    loop is shorter a weight than the sixteen-column form's at the same outputs a program."""
+    import torch
+
+    from engine.runtime import quant_triton, swap_affine
+
+    n, k, bn = layer
+    q = torch.zeros(n, k // 8, dtype=torch.int32)
+    s = torch.ones(k // 128, n, dtype=torch.float16)
+
+    def build(xsum):
+        launches = _launches(lambda: swap_affine.affine_swap(
+            torch.empty(1, k, dtype=torch.bfloat16), q, s, s, 4, 128,
+            quant_triton.affine_sub(128), config=(bn, 1, 4, 2, xsum)))
+        assert launches[-1][1]["BLOCK_M"] == (8 if xsum == 3 else 16)
+        compiled = _build_launch(*launches[-1])
+        assert stack_bytes(compiled) == 0
+        return compiled
+
+    eight = build(3)
+    ops = sass_ops(eight)
+    assert "HMMA.16816.F32.BF16" in ops and not [op for op in ops if "GMMA" in op]
+    loop = max((body for body in sass_loops(eight) if any("HMMA" in op for op in body)),
+               key=len)
+    assert not [op for op in loop if op.startswith("LDG.")], loop
+    sixteen = loop_ops(build(2))
+    # (a loop of eight columns covers the same weights a trip as one of sixteen)
+    assert len(loop) < len(sixteen), (len(loop), len(sixteen))
+
+
 def _affine_mma_loop(group: int, ct: int, depth: int, f16: bool, stages: int = 0,
                      constants: str = "fp32"):
     """The SASS ops of the K loop of the Gluon one-row 4-bit kernel's sm_90 build (which

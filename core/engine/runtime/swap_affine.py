@@ -38,7 +38,10 @@ ones times the same activations). One row (XSUM 2) puts the groups of a program'
 in the product's columns instead: the operand's column c carries the row's activations on the
 columns of the slice's c-th group and zeros elsewhere, so one accumulator keeps every group's
 sum apart through the whole slice (no scale or row sum inside the loop: they come in once, at
-the end), and the slice is cut to at most 16 groups (:func:`_cols_product`). With ``SPLIT_K >
+the end), and the slice is cut to at most 16 groups (:func:`_cols_product`). XSUM 3 is the
+same with eight columns: slices of at most 8 groups (more of them), half the activation tiles
+a stage of shared memory and half the row-sum additions, and Triton takes the synchronous
+``mma.sync`` m16n8k16 for the narrower product (no warp-group waits). With ``SPLIT_K >
 1`` each of that many programs per output block takes a slice of the packed tiles and the last
 to finish adds the slices up (:func:`engine.runtime.quant_triton._finish`).
 
@@ -462,10 +465,12 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
     bm = rows_block(m)
     blocks = triton.cdiv(m, bm)
     split = 1 if blocks > 1 else _split(min(split, triton.cdiv(k, pack)), n, bn, bm)
-    if xsum == 2:  # (one row, slices of at most BLOCK_M groups; else the folds in registers)
-        cols_split = _cols_split(k, pack, group, split, bm) if m == 1 else None
-        if cols_split and _split(cols_split, n, bn, bm) == cols_split:
-            split = cols_split
+    if xsum >= 2:  # (one row, slices of at most BLOCK_M groups, 16 or (XSUM 3) 8 columns;
+        # else the folds in registers)
+        cols = 8 if xsum == 3 else bm
+        cols_split = _cols_split(k, pack, group, split, cols) if m == 1 else None
+        if cols_split and _split(cols_split, n, bn, cols) == cols_split:
+            split, bm, xsum = cols_split, cols, 2
         else:
             xsum = 0
     part, cnt = _workspace(x.device)
