@@ -33,7 +33,8 @@
 #     (benchmarks/stream_layout_gpu.py); compact: the packed weights' scales and biases in 16
 #     bits against float32, GPU checks and the gptq/awq step A/B; affine_launches: the
 #     swapped 4-bit kernel's one-row launches given in AFFINE_LAUNCHES against the shipped
-#     ones (layers, then the step twice); pdl_ab: the bf16 and gptq/awq steps with PDL on
+#     ones (layers, then the step twice); eight_cols: the same at the shipped launches with
+#     the groups in eight columns (XSUM 3); pdl_ab: the bf16 and gptq/awq steps with PDL on
 #     and off; w4_bound: the 4-bit step's words streamed alone in its order (a bound), and
 #     the shipped step (and layers); w4_floor: the one-row 4-bit products' own floor, their
 #     words from the L2 (benchmarks/w4_floor_gpu.py);
@@ -102,6 +103,20 @@ w4_step() {  # NAME: the gptq/awq step at one row, codes packed (the caller's en
 w4_route_step() {  # NAME ROUTE: the gptq/awq step at one row with ENGINE_AFFINE_MMA_ROUTE=ROUTE
   # ("": every product as shipped)
   ENGINE_AFFINE_MMA_ROUTE=$2 TAIL=3 w4_step "$1"
+}
+launches_ab() {  # TABLE: the swapped 4-bit kernel's one-row launches of TABLE
+  # (ENGINE_AFFINE_LAUNCHES entries) against the shipped ones: the layers at those launches
+  # (their correctness on the real shapes first), then the gptq/awq step, twice
+  TAIL=14 step 120 launches_layers env ENGINE_AFFINE_LAUNCHES="$1" python3 \
+    benchmarks/swap_affine_gpu.py --rows 1 --layers qkv,gate_up,o,down
+  local r v l
+  for r in 1 2; do
+    for v in shipped listed; do
+      l=$1
+      [ $v = shipped ] && l=""
+      ENGINE_AFFINE_LAUNCHES=$l TAIL=3 w4_step "launches_${v}_$r"
+    done
+  done
 }
 compact_ab() {  # the gptq/awq step's A/B of the packed weights' scales and biases in 16 bits
   # (quant_methods.compact_constants, the default: 1) against float32 (0): the affine
@@ -345,15 +360,9 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
     affine_launches)  # the swapped 4-bit kernel's one-row launches of AFFINE_LAUNCHES
       # (ENGINE_AFFINE_LAUNCHES entries, e.g. from affine_cols_search on this card) against
       # the shipped table: the layers at those launches, then the gptq/awq step, twice
-      TAIL=14 step 120 launches_layers env ENGINE_AFFINE_LAUNCHES="$AFFINE_LAUNCHES" python3 \
-        benchmarks/swap_affine_gpu.py --rows 1 --layers qkv,gate_up,o,down
-      for r in 1 2; do
-        for v in shipped listed; do
-          l=$AFFINE_LAUNCHES
-          [ $v = shipped ] && l=""
-          ENGINE_AFFINE_LAUNCHES=$l TAIL=3 w4_step "launches_${v}_$r"
-        done
-      done ;;
+      launches_ab "$AFFINE_LAUNCHES" ;;
+    eight_cols)  # the shipped one-row launches with the groups in eight columns (XSUM 3)
+      launches_ab "wide:1=64,1,4,2,3;square:1=128,8,4,2,3;deep:1=128,8,4,5,3" ;;
     pdl_ab)  # what PDL gives the bf16 and gptq/awq steps at one row (ENGINE_PDL 1 / 0,
       # alternating twice): whether the 4-bit products overlap their neighbours as the bf16
       # ones do
