@@ -35,7 +35,8 @@ from engine.runtime import quant_triton as qt
 from engine.runtime import swap_affine as sa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemv_gpu import L2_BYTES, SHAPES, nbytes  # noqa: E402
+from gemv_gpu import SHAPES, nbytes  # noqa: E402
+from swap_affine_gpu import copies  # noqa: E402
 from swap_gpu import table, timed  # noqa: E402
 
 BITS, SUB, GROUP = 4, 32, 128
@@ -57,8 +58,25 @@ def routes():
                                                    SUB)}
 
 
+def layer_rows(name: str, iters: int) -> list[list]:
+    """The table's rows of one layer: each route cold, hot and aliased."""
+    n, k = SHAPES[name]
+    cold = copies(weight, n, k)
+    first = cold[0]
+    hot = [first] * len(cold)
+    alias = [dict(first, q=first["q"][:1].expand(n, -1))] * len(cold)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    mb = nbytes(first) / 1e6
+    rows = []
+    for route, fn in routes().items():
+        us = [timed(fn, s, x, iters) for s in (cold, hot, alias)]
+        rows.append([name, f"{n} x {k}", f"{mb:.1f}", route, sa.default_config(n, k, 1),
+                     *(f"{u:.1f}" for u in us), f"{mb / us[0]:.2f}", f"{us[2] / us[0]:.2f}"])
+    return rows
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="qkv,o,gate_up,down")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
@@ -68,20 +86,7 @@ def main() -> None:
     torch.manual_seed(0)
     rows = []
     for name in args.layers.split(","):
-        n, k = SHAPES[name]
-        first = weight(n, k)
-        count = max(2, -(-L2_BYTES // nbytes(first)))
-        cold = [first] + [weight(n, k) for _ in range(count - 1)]
-        hot = [first] * count
-        alias = [dict(first, q=first["q"][:1].expand(n, -1))] * count
-        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        mb = nbytes(first) / 1e6
-        for route, fn in routes().items():
-            us = [timed(fn, s, x, args.iters) for s in (cold, hot, alias)]
-            rows.append([name, f"{n} x {k}", f"{mb:.1f}", route, sa.default_config(n, k, 1),
-                         *(f"{u:.1f}" for u in us), f"{mb / us[0]:.2f}",
-                         f"{us[2] / us[0]:.2f}"])
-        del cold, hot, alias
+        rows += layer_rows(name, args.iters)
         torch.cuda.empty_cache()
     print(f"{torch.cuda.get_device_name()}: one row, us a product")
     table(["layer", "N x K", "MB", "route", "swapped launch", "cold us", "hot us", "alias us",
