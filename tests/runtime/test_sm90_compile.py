@@ -799,10 +799,11 @@ def test_one_row_affine_groups_in_columns_loads_nothing_in_its_loop(layer, compa
 
 @pytest.mark.parametrize("layer", [(6144, 4096, 128), (28672, 4096, 64), (4096, 14336, 128)])
 def test_one_row_affine_groups_in_eight_columns_builds_a_shorter_loop(layer):
-    """The same one-row products with the groups in eight columns (XSUM 3): the narrower
-    product takes the synchronous m16n8k16 instruction (no warp-group product, so no wait on
-    one), the K loop loads nothing but through the pipeliner's copies, nothing spills, and the
-    loop is shorter a weight than the sixteen-column form's at the same outputs a program."""
+    """The same one-row products with the groups in eight columns (XSUM 3): the K loop loads
+    nothing but through the pipeliner's copies, nothing spills, and the loop is shorter a
+    weight than the sixteen-column form's at the same outputs a program. (Which instruction
+    takes the narrower product is Triton's: 3.6, the GPU machine's, the synchronous m16n8k16;
+    3.9 a warp-group product eight wide.)"""
     import torch
 
     from engine.runtime import quant_triton, swap_affine
@@ -821,9 +822,7 @@ def test_one_row_affine_groups_in_eight_columns_builds_a_shorter_loop(layer):
         return compiled
 
     eight = build(3)
-    ops = sass_ops(eight)
-    assert "HMMA.16816.F32.BF16" in ops and not [op for op in ops if "GMMA" in op]
-    loop = max((body for body in sass_loops(eight) if any("HMMA" in op for op in body)),
+    loop = max((body for body in sass_loops(eight) if any("MMA" in op for op in body)),
                key=len)
     assert not [op for op in loop if op.startswith("LDG.")], loop
     sixteen = loop_ops(build(2))

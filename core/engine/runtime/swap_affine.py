@@ -40,8 +40,8 @@ columns of the slice's c-th group and zeros elsewhere, so one accumulator keeps 
 sum apart through the whole slice (no scale or row sum inside the loop: they come in once, at
 the end), and the slice is cut to at most 16 groups (:func:`_cols_product`). XSUM 3 is the
 same with eight columns: slices of at most 8 groups (more of them), half the activation tiles
-a stage of shared memory and half the row-sum additions, and Triton takes the synchronous
-``mma.sync`` m16n8k16 for the narrower product (no warp-group waits). With ``SPLIT_K >
+a stage of shared memory and half the row-sum additions (Triton 3.6 takes the synchronous
+``mma.sync`` m16n8k16 for the narrower product: no warp-group waits). With ``SPLIT_K >
 1`` each of that many programs per output block takes a slice of the packed tiles and the last
 to finish adds the slices up (:func:`engine.runtime.quant_triton._finish`).
 
