@@ -45,6 +45,7 @@ if __name__ == "__main__" and "--dry-run" in sys.argv:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from engine.runtime import quant_methods as qm  # noqa: E402
 from engine.runtime import quant_triton as qt  # noqa: E402
 from engine.runtime import swap_affine as sa  # noqa: E402
 
@@ -64,14 +65,19 @@ SMEM, SMEM_OTHER = 227 << 10, 16 << 10
 SMS = 132
 
 
-def weights(n: int, k: int, group: int, device: str) -> dict:
+def weights(n: int, k: int, group: int, device: str, compact: bool = False) -> dict:
     """One layer's int4 weight: random codes packed as ``affine_mm`` takes them, scales and
-    biases [K / group, N] as GPTQ makes them (``b = -zero * s``)."""
+    biases [K / group, N] as GPTQ makes them (``b = -zero * s``; ``compact``: 16-bit scales,
+    in the compact form the loader keeps, ``quant_methods.compact_constants``)."""
     codes = torch.randint(0, 16, (n, k), device=device)
     groups = -(-k // group)
     s = torch.rand(groups, n, device=device) * 0.01 + 1e-3
     zero = torch.randint(0, 16, (groups, n), device=device).float()
-    return {"q": qt.pack_affine(codes, BITS, SUB), "s": s, "b": -zero * s}
+    s = s.half().float() if compact else s
+    b = -zero * s
+    if compact:
+        s, b = qm.compact_constants(s, b)
+    return {"q": qt.pack_affine(codes, BITS, SUB), "s": s, "b": b}
 
 
 def dense_weight(n: int, k: int, device: str) -> dict:
@@ -172,10 +178,9 @@ def candidates(n: int, k: int, rows: int) -> list[tuple]:
                 continue
             for stages, xsum in itertools.product((2, 3, 4, 5),
                                                   (0, 1, 2, 3) if rows == 1 else (0, 1)):
-                # per stage: BLOCK_N words a row, and a block of rows of x for each slice (8
-                # with the groups in eight columns)
-                x_rows = 8 if xsum == 3 else sa.rows_block(rows)
-                tile_bytes = bn * SUB * 4 + 32 // BITS * x_rows * SUB * 2
+                # per stage: BLOCK_N words a row, and the activation operand's rows for each
+                # slice
+                tile_bytes = bn * SUB * 4 + 32 // BITS * sa.operand_rows(rows, xsum) * SUB * 2
                 if stages - 1 > per_slice or (stages - 1) * tile_bytes + SMEM_OTHER > SMEM:
                     continue
                 out.append((bn, split, warps, stages, xsum))

@@ -30,26 +30,15 @@ import sys
 
 import torch
 
-from engine.runtime import quant_methods as qm
 from engine.runtime import quant_triton as qt
 from engine.runtime import swap_affine as sa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemv_gpu import SHAPES, nbytes  # noqa: E402
-from swap_affine_gpu import copies  # noqa: E402
+from swap_affine_gpu import copies, weights  # noqa: E402
 from swap_gpu import table, timed  # noqa: E402
 
 BITS, SUB, GROUP = 4, 32, 128
-
-
-def weight(n: int, k: int) -> dict:
-    """One layer's packed int4 weight with GPTQ's constants in the compact form."""
-    codes = torch.randint(0, 16, (n, k), device="cuda")
-    groups = k // GROUP
-    s = (torch.rand(groups, n, device="cuda") * 0.01 + 1e-3).half().float()
-    zero = torch.randint(0, 16, (groups, n), device="cuda").float()
-    s, b = qm.compact_constants(s, -zero * s)
-    return {"q": qt.pack_affine(codes, BITS, SUB), "s": s, "b": b}
 
 
 def routes():
@@ -61,7 +50,7 @@ def routes():
 def layer_rows(name: str, iters: int) -> list[list]:
     """The table's rows of one layer: each route cold, hot and aliased."""
     n, k = SHAPES[name]
-    cold = copies(weight, n, k)
+    cold = copies(lambda n_, k_: weights(n_, k_, GROUP, "cuda", compact=True), n, k)
     first = cold[0]
     hot = [first] * len(cold)
     alias = [dict(first, q=first["q"][:1].expand(n, -1))] * len(cold)

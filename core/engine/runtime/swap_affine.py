@@ -408,6 +408,12 @@ def rows_block(m: int) -> int:
     return max(16, rows_bucket(m))
 
 
+def operand_rows(m: int, xsum: int) -> int:
+    """Rows of the activation operand a program of ``m`` rows stages at XSUM ``xsum``: eight
+    for one row with the groups in eight columns (XSUM 3), else :func:`rows_block`."""
+    return 8 if xsum == 3 and m == 1 else rows_block(m)
+
+
 @functools.lru_cache(maxsize=None)
 def _cols_split(k: int, pack: int, group: int, split: int, cols: int) -> int | None:
     """The least split of K, from ``split`` up, whose every slice (whole tiles of ``pack``
@@ -467,7 +473,7 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
     split = 1 if blocks > 1 else _split(min(split, triton.cdiv(k, pack)), n, bn, bm)
     if xsum >= 2:  # (one row, slices of at most BLOCK_M groups, 16 or (XSUM 3) 8 columns;
         # else the folds in registers)
-        cols = 8 if xsum == 3 else bm
+        cols = operand_rows(m, xsum)
         cols_split = _cols_split(k, pack, group, split, cols) if m == 1 else None
         if cols_split and _split(cols_split, n, bn, cols) == cols_split:
             split, bm, xsum = cols_split, cols, 2
