@@ -375,6 +375,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       # (FIRST's products on the real shapes against float64 and affine_mm first)
       ENGINE_AFFINE_FIRST_TILE=1 TAIL=8 step 90 w4f_first_checks python3 \
         benchmarks/swap_affine_gpu.py --rows 1 --layers qkv,gate_up --iters 5
+      grep -h "^correctness" "$OUT/w4f_first_checks.log"
       for r in 1 2; do
         w4_step "w4f_shipped_$r"
         ENGINE_AFFINE_FIRST_TILE=1 TAIL=3 w4_step "w4f_first_$r"
