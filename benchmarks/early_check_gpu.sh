@@ -370,20 +370,24 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       # the groups in eight columns (XSUM 3) without and with that, the Gluon kernel from
       # registers (ENGINE_AFFINE_MMA=1) and through 4 stages of shared memory: fewer
       # instructions a weight, which an H200 (bound by them where an H100 is bound by its
-      # bytes) can show
+      # bytes) can show (W4_FORMS: a subset of shipped first cols8 cols8_first mma mma4)
       cols8="wide:1=64,1,4,2,3;square:1=128,8,4,2,3;deep:1=128,8,4,5,3"
       # (FIRST's products on the real shapes against float64 and affine_mm first)
       ENGINE_AFFINE_FIRST_TILE=1 TAIL=8 step 90 w4f_first_checks python3 \
         benchmarks/swap_affine_gpu.py --rows 1 --layers qkv,gate_up --iters 5
       grep -h "^correctness" "$OUT/w4f_first_checks.log"
       for r in 1 2; do
-        w4_step "w4f_shipped_$r"
-        ENGINE_AFFINE_FIRST_TILE=1 TAIL=3 w4_step "w4f_first_$r"
-        ENGINE_AFFINE_LAUNCHES=$cols8 TAIL=3 w4_step "w4f_cols8_$r"
-        ENGINE_AFFINE_LAUNCHES=$cols8 ENGINE_AFFINE_FIRST_TILE=1 TAIL=3 w4_step \
-          "w4f_cols8_first_$r"
-        ENGINE_AFFINE_MMA=1 TAIL=3 w4_step "w4f_mma_$r"
-        ENGINE_AFFINE_MMA=1 ENGINE_AFFINE_MMA_STAGES=4 TAIL=3 w4_step "w4f_mma4_$r"
+        for f in ${W4_FORMS:-shipped first cols8 cols8_first mma mma4}; do
+          case $f in
+            shipped) w4_step "w4f_shipped_$r" ;;
+            first) ENGINE_AFFINE_FIRST_TILE=1 TAIL=3 w4_step "w4f_first_$r" ;;
+            cols8) ENGINE_AFFINE_LAUNCHES=$cols8 TAIL=3 w4_step "w4f_cols8_$r" ;;
+            cols8_first) ENGINE_AFFINE_LAUNCHES=$cols8 ENGINE_AFFINE_FIRST_TILE=1 TAIL=3 \
+              w4_step "w4f_cols8_first_$r" ;;
+            mma) ENGINE_AFFINE_MMA=1 TAIL=3 w4_step "w4f_mma_$r" ;;
+            mma4) ENGINE_AFFINE_MMA=1 ENGINE_AFFINE_MMA_STAGES=4 TAIL=3 w4_step "w4f_mma4_$r" ;;
+          esac
+        done
       done ;;
     pdl_ab)  # what PDL gives the bf16 and gptq/awq steps at one row (ENGINE_PDL 1 / 0,
       # alternating twice): whether the 4-bit products overlap their neighbours as the bf16
