@@ -38,8 +38,7 @@
 #     and off; w4_bound: the 4-bit step's words streamed alone in its order (a bound), and
 #     the shipped step (and layers); w4_floor: the one-row 4-bit products' own floor, their
 #     words from the L2 (benchmarks/w4_floor_gpu.py); w4_forms: the gptq/awq step with each
-#     one-row form (shipped, first words before the wait, eight columns, the Gluon kernel
-#     from registers and staged);
+#     one-row form (shipped, eight columns, the Gluon kernel from registers and staged);
 #     h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
 #     fp8's step, then compact; b: the one-token down and 4-bit route A/Bs);
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
@@ -366,24 +365,16 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
     eight_cols)  # the shipped one-row launches with the groups in eight columns (XSUM 3)
       launches_ab "wide:1=64,1,4,2,3;square:1=128,8,4,2,3;deep:1=128,8,4,5,3" ;;
     w4_forms)  # the gptq/awq step at one row with each one-row form, alternating twice: as
-      # shipped, with each slice's first words before the wait (ENGINE_AFFINE_FIRST_TILE=1),
-      # the groups in eight columns (XSUM 3) without and with that, the Gluon kernel from
-      # registers (ENGINE_AFFINE_MMA=1) and through 4 stages of shared memory: fewer
-      # instructions a weight, which an H200 (bound by them where an H100 is bound by its
-      # bytes) can show (W4_FORMS: a subset of shipped first cols8 cols8_first mma mma4)
+      # shipped, the groups in eight columns (XSUM 3), the Gluon kernel from registers
+      # (ENGINE_AFFINE_MMA=1) and through 4 stages of shared memory: fewer instructions a
+      # weight, which an H200 (bound by them where an H100 is bound by its bytes) can show
+      # (W4_FORMS: a subset of shipped cols8 mma mma4)
       cols8="wide:1=64,1,4,2,3;square:1=128,8,4,2,3;deep:1=128,8,4,5,3"
-      # (FIRST's products on the real shapes against float64 and affine_mm first)
-      ENGINE_AFFINE_FIRST_TILE=1 TAIL=8 step 90 w4f_first_checks python3 \
-        benchmarks/swap_affine_gpu.py --rows 1 --layers qkv,gate_up --iters 5
-      grep -h "^correctness" "$OUT/w4f_first_checks.log"
       for r in 1 2; do
-        for f in ${W4_FORMS:-shipped first cols8 cols8_first mma mma4}; do
+        for f in ${W4_FORMS:-shipped cols8 mma mma4}; do
           case $f in
             shipped) w4_step "w4f_shipped_$r" ;;
-            first) ENGINE_AFFINE_FIRST_TILE=1 TAIL=3 w4_step "w4f_first_$r" ;;
             cols8) ENGINE_AFFINE_LAUNCHES=$cols8 TAIL=3 w4_step "w4f_cols8_$r" ;;
-            cols8_first) ENGINE_AFFINE_LAUNCHES=$cols8 ENGINE_AFFINE_FIRST_TILE=1 TAIL=3 \
-              w4_step "w4f_cols8_first_$r" ;;
             mma) ENGINE_AFFINE_MMA=1 TAIL=3 w4_step "w4f_mma_$r" ;;
             mma4) ENGINE_AFFINE_MMA=1 ENGINE_AFFINE_MMA_STAGES=4 TAIL=3 w4_step "w4f_mma4_$r" ;;
           esac

@@ -830,41 +830,6 @@ def test_one_row_affine_groups_in_eight_columns_builds_a_shorter_loop(layer):
     assert len(loop) < len(sixteen), (len(loop), len(sixteen))
 
 
-@pytest.mark.parametrize("xsum", [2, 3])
-@pytest.mark.parametrize("layer", [(6144, 4096), (28672, 4096)])
-def test_one_row_affine_first_tile_loads_before_the_wait(layer, xsum):
-    """One row with the groups in the product's columns and FIRST: the slice's first tile of
-    packed words is loaded (into registers) before the wait for the previous kernel, the K
-    loop after it still loads nothing but through the pipeliner's copies, and nothing
-    spills; without FIRST nothing but L2 prefetches precedes the wait."""
-    import torch
-
-    from engine.runtime import quant_triton, swap_affine
-
-    n, k = layer
-    q = torch.zeros(n, k // 8, dtype=torch.int32)
-    s = torch.ones(k // 128, n, dtype=torch.float16)
-
-    def build(first):
-        config = swap_affine.default_config(n, k, 1)[:4] + (xsum, first)
-        launches = _launches(lambda: swap_affine.affine_swap(
-            torch.empty(1, k, dtype=torch.bfloat16), q, s, s, 4, 128,
-            quant_triton.affine_sub(128), config=config))
-        assert launches[-1][1]["FIRST"] == bool(first)
-        compiled = _build_launch(*launches[-1])
-        assert stack_bytes(compiled) == 0
-        ptx = compiled.asm["ptx"]
-        return compiled, ptx[:ptx.index("griddepcontrol.wait")]
-
-    compiled, before = build(1)
-    assert "ld.global" in before
-    loop = max((body for body in sass_loops(compiled) if any("MMA" in op for op in body)),
-               key=len)
-    assert loop and not [op for op in loop if op.startswith("LDG.")], loop
-    _, before = build(0)
-    assert "ld.global" not in before
-
-
 def _affine_mma_loop(group: int, ct: int, depth: int, f16: bool, stages: int = 0,
                      constants: str = "fp32"):
     """The SASS ops of the K loop of the Gluon one-row 4-bit kernel's sm_90 build (which

@@ -68,13 +68,6 @@ CASES = dict(
        _case("int4 groups in columns, one group of 512 split 3 m=1", 1, group=512, k=1024,
              config=(64, 3, 4, 2, 2)),
        _case("int8 groups in columns g64 m=1", 1, bits=8, group=64, config=(64, 2, 4, 2, 2)),
-       # ... with the slice's first tile of words loaded before the wait (FIRST)
-       _case("int4 groups in columns, first tile early m=1 bias", 1, k=768, bias=True,
-             config=(64, 1, 4, 2, 2, 1)),
-       _case("int4 groups in columns, first tile early, split 4 (an empty slice) m=1 half", 1,
-             k=1280, dtype=F16, config=(64, 4, 4, 2, 2, 1)),
-       _case("int4 groups in 8 columns, first tile early g32 K=320 act-order m=1", 1, group=32,
-             k=320, perm=True, config=(64, 2, 4, 2, 3, 1)),
        _case("int4 groups in columns asked for m=3 (folds instead)", 3,
              config=(64, 1, 4, 2, 2)),
        # one row with the groups in eight columns (XSUM 3: slices of at most 8 groups)

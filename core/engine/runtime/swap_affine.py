@@ -72,11 +72,6 @@ from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait, pre
 #: this many); more rows take more programs along the grid's third axis
 MAX_ROWS = 128
 
-#: one row with the groups in the product's columns: each program loads its slice's first tile
-#: of words into registers before the wait for the previous kernel (off by default until
-#: timed; ``ENGINE_AFFINE_FIRST_TILE=1``, for A/B runs)
-FIRST_TILE = os.environ.get("ENGINE_AFFINE_FIRST_TILE", "0") == "1"
-
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
@@ -223,64 +218,46 @@ def _prefetch_affine(s_ptr, b_ptr, t_lo, t_hi, n_groups, N, nc, PACK: tl.constex
 
 
 @triton.jit
-def _cols_tile(words, t, x_ptr, perm_ptr, acc, xg, g_lo, K, BITS: tl.constexpr,
-               GROUP: tl.constexpr, SUB: tl.constexpr, F16: tl.constexpr,
-               HAS_PERM: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr,
-               F32: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Tile ``t``'s packed ``words`` into :func:`_cols_product`'s accumulator ``acc`` and the
-    operand's sums ``xg`` (its rows: each group's columns of x)."""
-    PER: tl.constexpr = 32 // BITS
-    PACK: tl.constexpr = PER * SUB
-    offs_i = tl.arange(0, SUB)
-    cols_c = tl.arange(0, BLOCK_M)
-    for j in tl.static_range(PER):
-        cols = t * PACK + j * SUB + offs_i
-        src = _x_cols(perm_ptr, cols, K, HAS_PERM, EVEN)
-        mine = (cols_c == (t * PACK + j * SUB) // GROUP - g_lo)[:, None]
-        if EVEN:
-            x = tl.load(x_ptr + src[None, :] + cols_c[:, None] * 0, mask=mine, other=0.0)
-        else:
-            x = tl.load(x_ptr + src[None, :] + cols_c[:, None] * 0,
-                        mask=mine & (cols < K)[None, :], other=0.0)
-        acc = _slice_product(words, x, acc, j, BITS, F16, ASM, F32)
-        xg += x.to(tl.float32)
-    return acc, xg
-
-
-@triton.jit
 def _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n_ok, nc, t_lo,
                   t_hi, n_groups, N, K, bias_ptr, y_ptr, part_ptr, cnt_ptr, stride_ym, split_k,
-                  first, BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
+                  BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
                   F16: tl.constexpr, OFFSET: tl.constexpr, HAS_PERM: tl.constexpr,
                   HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
                   SPLIT: tl.constexpr, ASM: tl.constexpr, F32: tl.constexpr,
-                  BLOCK_M: tl.constexpr, FIRST: tl.constexpr):
+                  BLOCK_M: tl.constexpr):
     """XSUM 2, one row: the groups of the program's slice of K in the product's columns. Column
     c of the operand x^T holds the row's activations on the columns of group ``g_lo + c`` and
     zeros elsewhere, so one accumulator [BLOCK_N, BLOCK_M] collects every group's sum
     ``sum_k x_k (OFFSET + q_k)`` apart, through the whole slice with no fold inside the loop;
     the groups' scales and offsets and the row's sums per group come in once, after it
-    (:func:`affine_swap` takes this form where a slice spans at most BLOCK_M groups). FIRST:
-    ``first`` holds the slice's first tile of words, loaded before the wait for the previous
-    kernel (the loop takes the rest). The
+    (:func:`affine_swap` takes this form where a slice spans at most BLOCK_M groups). The
     row's sums per group are added up from the operand's tiles in the loop (~40 of a tile's
     ~400 instructions a thread): read once after the loop instead, the step measured 2-3 %
     slower (an H100, 2026-12-07; docs/benchmarks/quantization.md); x's columns loaded into
-    registers before the loop and summed after it, 3-8 % slower (the same card and day)."""
+    registers before the loop and summed after it, 3-8 % slower (the same card and day); the
+    slice's first tile of words loaded into registers before the wait for the previous
+    kernel, gate/up 40.9 against 30.6 us alone and the step 17-19 % slower (an H100, later
+    that day)."""
+    PER: tl.constexpr = 32 // BITS
+    PACK: tl.constexpr = PER * SUB
+    offs_i = tl.arange(0, SUB)
     cols_c = tl.arange(0, BLOCK_M)
-    g_lo = (t_lo * (32 // BITS * SUB)) // GROUP
+    g_lo = (t_lo * PACK) // GROUP
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     xg = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)
-    start = t_lo
-    if FIRST:
-        if t_lo < t_hi:  # (a slice past the last tile is empty)
-            acc, xg = _cols_tile(first, t_lo, x_ptr, perm_ptr, acc, xg, g_lo, K, BITS, GROUP,
-                                 SUB, F16, HAS_PERM, EVEN, ASM, F32, BLOCK_M)
-        start = t_lo + 1
-    for t in range(start, t_hi):
+    for t in range(t_lo, t_hi):
         words = tl.load(q_rows + t * SUB)
-        acc, xg = _cols_tile(words, t, x_ptr, perm_ptr, acc, xg, g_lo, K, BITS, GROUP, SUB,
-                             F16, HAS_PERM, EVEN, ASM, F32, BLOCK_M)
+        for j in tl.static_range(PER):
+            cols = t * PACK + j * SUB + offs_i
+            src = _x_cols(perm_ptr, cols, K, HAS_PERM, EVEN)
+            mine = (cols_c == (t * PACK + j * SUB) // GROUP - g_lo)[:, None]
+            if EVEN:
+                x = tl.load(x_ptr + src[None, :] + cols_c[:, None] * 0, mask=mine, other=0.0)
+            else:
+                x = tl.load(x_ptr + src[None, :] + cols_c[:, None] * 0,
+                            mask=mine & (cols < K)[None, :], other=0.0)
+            acc = _slice_product(words, x, acc, j, BITS, F16, ASM, F32)
+            xg += x.to(tl.float32)
     xs = tl.sum(xg, axis=1)  # [BLOCK_M]: the row's sum over each group's columns in the slice
     g = g_lo + cols_c
     at = g[None, :] * N + nc[:, None]
@@ -304,14 +281,13 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, XSUM: tl.constexpr,
                  ROW1: tl.constexpr, EVEN: tl.constexpr, SPLIT: tl.constexpr,
                  HALVES: tl.constexpr, ASM: tl.constexpr, F32: tl.constexpr,
-                 BLOCK_M: tl.constexpr, PDL: tl.constexpr, FIRST: tl.constexpr):
+                 BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     """One program: BLOCK_N outputs of BLOCK_M rows (block ``pid_m``; SPLIT only with one block),
     the packed tiles of slice ``pid_k`` of ``split_k``. A tile is SUB words per output,
     32/BITS slices of SUB columns; slices fold into the accumulator a chunk at a time (CHUNK
     slices inside one group, at most a tile). XSUM 0: row sums from x in registers (ROW1:
     only the first row, as a scalar); 1: from the matrix unit; 2 (one row): the slice's
-    groups in the product's columns, no folds in the loop (:func:`_cols_product`; FIRST: the
-    slice's first tile of words loaded before the wait, into registers). EVEN: K a
+    groups in the product's columns, no folds in the loop (:func:`_cols_product`). EVEN: K a
     multiple of the tile (no masks on x). Rows past M and outputs past N repeat the last one
     (no masks on loads; never stored). HALVES: the scales load BLOCK_N / 2 at a time
     (:func:`_per_output`; BLOCK_N at least the threads). ASM: compiled for the GPU (inline
@@ -339,9 +315,6 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
         first = tl.minimum(t_lo, n_tiles - 1) * SUB
         prefetch_l2(q_ptr + nc.to(tl.int64) * stride_qn + first, PDL)
     _prefetch_affine(s_ptr, b_ptr, t_lo, t_hi, n_groups, N, nc, PACK, GROUP, ASM)
-    first = q_rows  # (unused unless FIRST)
-    if XSUM == 2 and FIRST:  # the slice's first tile of words, before the wait
-        first = tl.load(q_rows + tl.minimum(t_lo, n_tiles - 1) * SUB)
     pdl_wait(PDL)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     x_rows = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm
@@ -349,8 +322,8 @@ def _affine_swap(x_ptr, q_ptr, s_ptr, b_ptr, perm_ptr, bias_ptr, y_ptr, part_ptr
     if XSUM == 2:
         _cols_product(x_ptr, perm_ptr, s_ptr, b_ptr, q_rows, pid_n, pid_k, offs_n, n_ok, nc,
                       t_lo, t_hi, n_groups, N, K, bias_ptr, y_ptr, part_ptr, cnt_ptr,
-                      stride_ym, split_k, first, BITS, GROUP, SUB, F16, OFFSET, HAS_PERM,
-                      HAS_BIAS, BLOCK_N, EVEN, SPLIT, ASM, F32, BLOCK_M, FIRST)
+                      stride_ym, split_k, BITS, GROUP, SUB, F16, OFFSET, HAS_PERM, HAS_BIAS,
+                      BLOCK_N, EVEN, SPLIT, ASM, F32, BLOCK_M)
         return
     ones = tl.full((BLOCK_N, SUB), 1.0, DTYPE)
     for t in range(t_lo, t_hi):
@@ -412,12 +385,11 @@ def _class_rows(name: str) -> tuple[str, int]:
 
 
 def _launch_overrides(spec: str) -> dict:
-    """``CLASS:ROWS=BLOCK_N,SPLIT_K,warps,stages,XSUM[,FIRST]`` entries separated by ``;`` (e.g.
+    """``CLASS:ROWS=BLOCK_N,SPLIT_K,warps,stages,XSUM`` entries separated by ``;`` (e.g.
     ``wide:1=128,2,4,3,2``) as :data:`CONFIGS` keys and launches (A/B runs of launches found
     by ``benchmarks/swap_affine_gpu.py --search``)."""
     return launch_spec(spec, "ENGINE_AFFINE_LAUNCHES",
-                       "CLASS:ROWS=BLOCK_N,SPLIT_K,warps,stages,XSUM[,FIRST]", _class_rows,
-                       sep="=")
+                       "CLASS:ROWS=BLOCK_N,SPLIT_K,warps,stages,XSUM", _class_rows, sep="=")
 
 
 #: (``ENGINE_AFFINE_LAUNCHES``: entries of the table replaced for an A/B, e.g. on another GPU)
@@ -484,9 +456,7 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
     ``affine_mm`` takes them (float32, or the 16-bit compact form),
     ``perm`` the act-order permutation of K (int32), ``bias`` [N]. The weights multiply as
     their float32 values (not rounded to x's dtype). ``config``: (BLOCK_N, SPLIT_K, warps,
-    stages, XSUM[, FIRST]), else :data:`CONFIGS`' (FIRST, one row with the groups in the
-    product's columns: the slice's first words before the wait; :data:`FIRST_TILE` if not
-    given)."""
+    stages, XSUM), else :data:`CONFIGS`'."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     if x.dtype not in (torch.bfloat16, torch.float16):
@@ -498,8 +468,7 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
     if q.shape[1] != triton.cdiv(k, pack) * sub:
         raise ValueError(f"codes of {q.shape[1]} words a row do not pack {k} columns of "
                          f"{bits} bits in slices of {sub}")
-    bn, split, warps, stages, xsum, *first = config or default_config(n, k, m)
-    first = bool(first[0]) if first else FIRST_TILE
+    bn, split, warps, stages, xsum = config or default_config(n, k, m)
     scale = scale.contiguous()
     bias_ = bias_.contiguous()
     bm = rows_block(m)
@@ -526,6 +495,6 @@ def affine_swap(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: to
                        XSUM=xsum, ROW1=m == 1, EVEN=k % pack == 0, SPLIT=split > 1,
                        HALVES=bn >= 32 * warps,
                        ASM=not interpret and hasattr(triton, "constexpr_function"),
-                       F32=interpret and not f16, BLOCK_M=bm, FIRST=first,
-                       num_warps=warps, num_stages=stages, **launch_options(x.device))
+                       F32=interpret and not f16, BLOCK_M=bm, num_warps=warps, num_stages=stages,
+                       **launch_options(x.device))
     return y
