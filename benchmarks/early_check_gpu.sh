@@ -105,6 +105,9 @@ w4_route_step() {  # NAME ROUTE: the gptq/awq step at one row with ENGINE_AFFINE
   # ("": every product as shipped)
   ENGINE_AFFINE_MMA_ROUTE=$2 TAIL=3 w4_step "$1"
 }
+# the shipped one-row launches with the groups in eight columns (XSUM 3), as
+# ENGINE_AFFINE_LAUNCHES entries
+COLS8_LAUNCHES="wide:1=64,1,4,2,3;square:1=128,8,4,2,3;deep:1=128,8,4,5,3"
 launches_ab() {  # TABLE: the swapped 4-bit kernel's one-row launches of TABLE
   # (ENGINE_AFFINE_LAUNCHES entries) against the shipped ones: the layers at those launches
   # (their correctness on the real shapes first), then the gptq/awq step, twice
@@ -363,18 +366,17 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       # the shipped table: the layers at those launches, then the gptq/awq step, twice
       launches_ab "$AFFINE_LAUNCHES" ;;
     eight_cols)  # the shipped one-row launches with the groups in eight columns (XSUM 3)
-      launches_ab "wide:1=64,1,4,2,3;square:1=128,8,4,2,3;deep:1=128,8,4,5,3" ;;
+      launches_ab "$COLS8_LAUNCHES" ;;
     w4_forms)  # the gptq/awq step at one row with each one-row form, alternating twice: as
       # shipped, the groups in eight columns (XSUM 3), the Gluon kernel from registers
       # (ENGINE_AFFINE_MMA=1) and through 4 stages of shared memory: fewer instructions a
       # weight, which an H200 (bound by them where an H100 is bound by its bytes) can show
       # (W4_FORMS: a subset of shipped cols8 mma mma4)
-      cols8="wide:1=64,1,4,2,3;square:1=128,8,4,2,3;deep:1=128,8,4,5,3"
       for r in 1 2; do
         for f in ${W4_FORMS:-shipped cols8 mma mma4}; do
           case $f in
             shipped) w4_step "w4f_shipped_$r" ;;
-            cols8) ENGINE_AFFINE_LAUNCHES=$cols8 TAIL=3 w4_step "w4f_cols8_$r" ;;
+            cols8) ENGINE_AFFINE_LAUNCHES=$COLS8_LAUNCHES TAIL=3 w4_step "w4f_cols8_$r" ;;
             mma) ENGINE_AFFINE_MMA=1 TAIL=3 w4_step "w4f_mma_$r" ;;
             mma4) ENGINE_AFFINE_MMA=1 ENGINE_AFFINE_MMA_STAGES=4 TAIL=3 w4_step "w4f_mma4_$r" ;;
           esac

@@ -106,10 +106,11 @@ def sass_loops(compiled) -> list[list[str]]:
     return loops
 
 
-def loop_ops(compiled) -> list[str]:
+def loop_ops(compiled, product: str = "GMMA") -> list[str]:
     """The opcodes (with their modifiers) of the compiled kernel's longest loop that holds
-    warp-group products (the K loop of the swapped 8-bit kernel)."""
-    loops = [body for body in sass_loops(compiled) if any("GMMA" in op for op in body)]
+    warp-group products (the K loop of the swapped 8-bit kernel; ``product="MMA"``: any
+    matrix product, the synchronous ones too)."""
+    loops = [body for body in sass_loops(compiled) if any(product in op for op in body)]
     return max(loops, key=len, default=[])
 
 
@@ -822,8 +823,7 @@ def test_one_row_affine_groups_in_eight_columns_builds_a_shorter_loop(layer):
         return compiled
 
     eight = build(3)
-    loop = max((body for body in sass_loops(eight) if any("MMA" in op for op in body)),
-               key=len)
+    loop = loop_ops(eight, "MMA")
     assert not [op for op in loop if op.startswith("LDG.")], loop
     sixteen = loop_ops(build(2))
     # (a loop of eight columns covers the same weights a trip as one of sixteen)
