@@ -887,3 +887,25 @@ def test_one_row_affine_stages_its_words_through_shared_memory(stages):
     assert sum(op == "LDS.128" for op in staged) == 4
     loads = [sum(op.startswith("LDG.E.128") for op in body) for body in (regs, staged)]
     assert loads[0] - loads[1] == 4, loads
+
+
+@pytest.mark.parametrize("layer", [(6144, 4096), (28672, 4096), (4096, 14336)])
+def test_nibbles_gemv_puts_a_warp_along_the_words_and_spills_nothing(layer):
+    """One row of 4-bit codes through ``gemv_nibbles`` (Llama-3-8B's q/k/v, gate/up and down at
+    their class launches, 16-bit constants): a warp's threads lie along a row's words, 16
+    bytes a thread (so one 128-byte line a row, and each activation shared by the thread's
+    rows), and no register spills."""
+    import torch
+
+    from engine.runtime import nibbles_triton as nt
+
+    n, k = layer
+    launches = _launches(lambda: nt.gemv_nibbles(
+        torch.randn(1, k, dtype=torch.bfloat16), torch.zeros(n, k // 8, dtype=torch.int32),
+        torch.ones(k // 128, n).half(), torch.ones(k // 128, n).half(), 128, 32))
+    kernel, bound, options = launches[-1]
+    compiled = _build_launch(kernel, bound, options)
+    ttgir = compiled.asm["ttgir"]
+    words = re.findall(r"sizePerThread = \[1, 1, 4\], threadsPerWarp = \[([\d, ]+)\]", ttgir)
+    assert words == ["4, 8, 1"]
+    assert stack_bytes(compiled) == 0

@@ -1,0 +1,190 @@
+"""One row of 4-bit codes (the canonical packed form of
+:func:`engine.runtime.quant_triton.pack_affine`) times a weight, on the CUDA cores, with as few
+instructions a weight as the form allows (opt-in: ``ENGINE_W4_NIBBLES=1``; see
+:data:`engine.runtime.quant_triton.W4_NIBBLES`).
+
+A thread holds ``VEC`` consecutive words (one 16-byte load) of several output rows, so the
+``VEC`` activations a slice of those words multiplies are loaded, widened and scaled once for
+all of the thread's rows. Each code becomes a float by one and-mask of its word (a subnormal
+float ``q 2^P``; the top codes one shift first: :func:`engine.runtime.gemv_triton._code_values`),
+one FMA takes its product with the activation (pre-scaled by ``2^(149 - P - UNIT)``), so a
+weight costs about two instructions and a quarter. A group's products are summed in the
+thread over its ``VEC`` words first and then folded in once a row: ``acc += s sum(x f) + c
+sum(x)``, two FMAs a row and group for the thread's ``VEC * group / SUB`` weights of it.
+
+A program owns ``BLOCK_N`` outputs and a slice of K of whole tiles (``8 * SUB`` columns),
+``TILES`` tiles an iteration; the next iteration's words load at the start of each. The first
+iteration's words load before the wait for the previous kernel (they are weights): with
+``split`` 0 each program's slice is one iteration, so all of a layer's words are in
+registers before it may start (a layer small enough to fit in one wave). Slices of K sum
+through the workspace of :func:`engine.runtime.quant_triton._finish`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.runtime.gemv_triton import UNIT, _code_values, _to_unit
+from engine.runtime.quant_triton import (_affine_constants, _finish, _slice, _split, _workspace,
+                                         shape_class)
+from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
+
+#: (BLOCK_N, TILES, split (0: one iteration a program), warps, VEC) by shape class
+CONFIGS = {"square": (64, 2, 0, 4, 4), "wide": (64, 2, 4, 4, 4), "deep": (64, 2, 0, 4, 4)}
+
+
+@triton.jit
+def _load_tile(q_rows, t, n_tiles, n_ok2, SUB: tl.constexpr, VEC: tl.constexpr,
+               EVEN: tl.constexpr):
+    """Words [BLOCK_N, SUB // VEC, VEC] of tile ``t`` (clamped into the rows: a tile past the
+    end reads the last again, met by x = 0 or never counted). Loaded as [BLOCK_N, SUB] (a
+    warp's threads along a row's words, VEC a thread), then split in registers."""
+    at = q_rows + tl.minimum(t, n_tiles - 1) * SUB
+    if EVEN:
+        words = tl.load(at)
+    else:
+        words = tl.load(at, mask=n_ok2, other=0)
+    return tl.reshape(words, (words.shape[0], SUB // VEC, VEC))
+
+
+@triton.jit
+def _tile_sum(words, t, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, GROUP: tl.constexpr,
+              SUB: tl.constexpr, VEC: tl.constexpr, EVEN: tl.constexpr):
+    """Tile ``t``'s products [BLOCK_N, SUB // VEC] in units of 2^-UNIT, each group folded in
+    once a row (columns past K: x = 0, constants 0)."""
+    PACK: tl.constexpr = 8 * SUB
+    GS: tl.constexpr = GROUP // SUB
+    FOLD: tl.constexpr = GS if GS < 8 else 8
+    # (sums of the words' layout: a fresh tensor would take another, converted at every fold)
+    acc = tl.sum(tl.zeros_like(words).to(tl.float32), axis=2)
+    for j in tl.static_range(8):
+        # [1, SUB // VEC, VEC] pointers (not a reshaped load): the load then takes the layout
+        # of its use, the words' (a reshape's result would be converted through shared memory)
+        cols = (t * PACK + j * SUB + tl.arange(0, SUB // VEC)[None, :, None] * VEC
+                + tl.arange(0, VEC)[None, None, :])
+        if EVEN:
+            xv = tl.load(x_ptr + cols).to(tl.float32)
+        else:
+            xv = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+        f = _code_values(words, j, 4, True)
+        if j % FOLD == 0:
+            part = _to_unit(xv, j, 4, True) * f
+            xs = xv
+        else:
+            part += _to_unit(xv, j, 4, True) * f
+            xs += xv
+        if j % FOLD == FOLD - 1:
+            k0 = t * PACK + (j + 1 - FOLD) * SUB
+            at = (k0 // GROUP) * N + offs_n2
+            if EVEN:
+                s, b = _affine_constants(tl.load(s_ptr + at), tl.load(b_ptr + at))
+            else:
+                ok = n_ok2 & (offs_n2 * 0 + k0 < K)
+                s, b = _affine_constants(tl.load(s_ptr + at, mask=ok, other=0.0),
+                                         tl.load(b_ptr + at, mask=ok, other=0.0))
+            acc += tl.sum(part, axis=2) * s
+            acc += tl.sum(xs, axis=2) * (b * 2.0 ** -UNIT)
+    return acc
+
+
+@triton.jit
+def _gemv_nibbles(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K,
+                  stride_qn, stride_ym, split_k, GROUP: tl.constexpr, SUB: tl.constexpr,
+                  VEC: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
+                  STREAM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                  EVEN: tl.constexpr, PDL: tl.constexpr):
+    """TILES (1, 2 or 4) tiles an iteration; STREAM: more than one iteration a program (the
+    next iteration's words load at the start of each), else exactly one."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_n2 = offs_n[:, None]
+    n_ok2 = n_ok[:, None]
+    q_rows = q_ptr + offs_n2.to(tl.int64) * stride_qn + tl.arange(0, SUB)[None, :]
+    n_tiles = tl.cdiv(K, 8 * SUB)
+    t_lo, t_hi = _slice(n_tiles, pid_k, split_k, TILES, SPLIT)
+    pdl_trigger(PDL)
+    # the first iteration's words are weights: loaded before the wait
+    w0 = _load_tile(q_rows, t_lo, n_tiles, n_ok2, SUB, VEC, EVEN)
+    if TILES > 1:
+        w1 = _load_tile(q_rows, t_lo + 1, n_tiles, n_ok2, SUB, VEC, EVEN)
+    if TILES > 2:
+        w2 = _load_tile(q_rows, t_lo + 2, n_tiles, n_ok2, SUB, VEC, EVEN)
+        w3t = _load_tile(q_rows, t_lo + 3, n_tiles, n_ok2, SUB, VEC, EVEN)
+    pdl_wait(PDL)
+    acc = tl.sum(tl.zeros_like(w0).to(tl.float32), axis=2)  # (see _tile_sum)
+    if STREAM:
+        for t0 in range(t_lo, t_hi, TILES):
+            c0 = w0
+            w0 = _load_tile(q_rows, t0 + TILES, n_tiles, n_ok2, SUB, VEC, EVEN)
+            if TILES > 1:
+                c1 = w1
+                w1 = _load_tile(q_rows, t0 + TILES + 1, n_tiles, n_ok2, SUB, VEC, EVEN)
+            if TILES > 2:
+                c2 = w2
+                c3 = w3t
+                w2 = _load_tile(q_rows, t0 + TILES + 2, n_tiles, n_ok2, SUB, VEC, EVEN)
+                w3t = _load_tile(q_rows, t0 + TILES + 3, n_tiles, n_ok2, SUB, VEC, EVEN)
+            acc += _tile_sum(c0, t0, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, GROUP,
+                             SUB, VEC, EVEN)
+            if TILES > 1:
+                acc += _tile_sum(c1, t0 + 1, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
+                                 GROUP, SUB, VEC, EVEN)
+            if TILES > 2:
+                acc += _tile_sum(c2, t0 + 2, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
+                                 GROUP, SUB, VEC, EVEN)
+                acc += _tile_sum(c3, t0 + 3, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
+                                 GROUP, SUB, VEC, EVEN)
+    elif t_lo < t_hi:  # one iteration (tiles past the slice's end meet x = 0: past K)
+        acc += _tile_sum(w0, t_lo, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, GROUP, SUB,
+                         VEC, EVEN)
+        if TILES > 1:
+            acc += _tile_sum(w1, t_lo + 1, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
+                             GROUP, SUB, VEC, EVEN)
+        if TILES > 2:
+            acc += _tile_sum(w2, t_lo + 2, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
+                             GROUP, SUB, VEC, EVEN)
+            acc += _tile_sum(w3t, t_lo + 3, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
+                             GROUP, SUB, VEC, EVEN)
+    unit = tl.full((1, 1), 2.0 ** UNIT, tl.float32)
+    one = tl.full((1, 1), 1.0, tl.float32)
+    offs_m = tl.arange(0, 1)
+    _finish(tl.sum(acc, axis=1)[None, :], unit, one, pid_n, pid_k, offs_m, offs_n, offs_m < 1,
+            n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, stride_ym, split_k, HAS_BIAS, 1, SPLIT)
+
+
+def serves(x: torch.Tensor, bits: int, group: int, sub: int) -> bool:
+    """Whether :func:`gemv_nibbles` takes this product (one row of 16-bit activations, 4-bit
+    codes in slices of 16 or 32 columns, groups of whole slices)."""
+    return (x.shape[0] == 1 and bits == 4 and x.dtype in (torch.bfloat16, torch.float16)
+            and sub in (16, 32) and group % sub == 0)
+
+
+def gemv_nibbles(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torch.Tensor,
+                 group: int, sub: int, bias: torch.Tensor | None = None,
+                 config: tuple | None = None) -> torch.Tensor:
+    """``x`` [1, K] @ W^T for 4-bit codes ``q`` [N, tiles * sub] (:func:`pack_affine`'s layout)
+    with ``scale`` / ``bias_`` [K / group, N] (float32, or the 16-bit compact form).
+    ``config``: as :data:`CONFIGS`'s entries."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    k = x.shape[1]
+    n = q.shape[0]
+    bn, tiles, split, warps, vec = config or CONFIGS[shape_class(n, k)]
+    if tiles not in (1, 2, 4):
+        raise ValueError(f"tiles an iteration must be 1, 2 or 4, got {tiles}")
+    n_tiles = triton.cdiv(k, 8 * sub)
+    steps = triton.cdiv(n_tiles, tiles)  # iterations of the whole K
+    split = _split(steps if split == 0 else min(split, steps), n, bn, 1)
+    stream = triton.cdiv(steps, split) > 1
+    part, cnt = _workspace(x.device)
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    even = n % bn == 0 and n_tiles % tiles == 0 and k % (8 * sub) == 0
+    _gemv_nibbles[(triton.cdiv(n, bn), split)](
+        x, q, scale, bias_, bias if bias is not None else y, y, part, cnt, n, k, q.stride(0),
+        y.stride(0), split, GROUP=group, SUB=sub, VEC=min(vec, sub), BLOCK_N=bn, TILES=tiles,
+        STREAM=stream, HAS_BIAS=bias is not None, SPLIT=split > 1, EVEN=even, num_warps=warps,
+        num_stages=1, **launch_options(x.device))
+    return y

@@ -1,0 +1,145 @@
+"""One row of 4-bit codes through :func:`engine.runtime.nibbles_triton.gemv_nibbles` equals the
+float64 product of its dequantized weights: groups 16 to 576 (a group inside a slice, several
+to a tile, across tiles, K one group), N and K not multiples of the launch, K in one or several
+slices (one iteration a program, or streamed), 1, 2 and 4 tiles an iteration, float32 and the
+16-bit compact constants, bias or none, bfloat16 and float16 activations; and
+``affine_mm`` routes one row there when ``ENGINE_W4_NIBBLES`` asks. Under the Triton
+interpreter here (a child process: the interpreter is chosen before Triton is imported), on
+the GPU where there is one.
+
+Run as a script (``python tests/runtime/test_nibbles_triton.py cpu|cuda``) it prints one JSON
+object: case name -> failures.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+# (n, k, group, launch (BLOCK_N, TILES, split, warps, VEC), dtype, bias, compact)
+CASES = {
+    "one iteration a program, groups of 128": (64, 512, 128, (64, 1, 0, 4, 4), "bfloat16",
+                                               True, False),
+    "N and K past the launch, two tiles": (40, 320, 128, (32, 2, 0, 4, 4), "bfloat16", False,
+                                           False),
+    "streamed, two slices": (64, 1024, 128, (32, 1, 2, 4, 4), "bfloat16", True, True),
+    "groups of 64, float16, three slices": (48, 2048, 64, (16, 2, 3, 4, 4), "float16", True,
+                                            False),
+    "groups of 32, K padded": (40, 288, 32, (32, 1, 2, 4, 4), "bfloat16", True, True),
+    "groups of 16 (slices of 16)": (40, 96, 16, (32, 1, 0, 4, 4), "bfloat16", False, False),
+    "groups across tiles, four tiles": (64, 1024, 256, (64, 4, 0, 4, 4), "bfloat16", True,
+                                        False),
+    "groups of 512 streamed, compact": (40, 2048, 512, (32, 2, 2, 4, 4), "bfloat16", True,
+                                        True),
+    "K one group of 576": (40, 576, 576, (32, 1, 1, 4, 4), "bfloat16", True, False),
+    "four tiles streamed, an empty slice": (24, 1536, 128, (16, 4, 3, 4, 4), "float16", True,
+                                            True),
+}
+
+
+def check(name: str, case: tuple, device: str, gen: torch.Generator) -> list[str]:
+    from engine.runtime import nibbles_triton as nt
+    from engine.runtime import quant_triton as qt
+    from engine.runtime.quant_methods import compact_constants
+
+    n, k, group, launch, dtype, with_bias, compact = case
+    groups = -(-k // group)
+    codes = torch.randint(0, 16, (n, k), generator=gen)
+    scale = torch.rand(groups, n, generator=gen) * 0.02 + 0.001
+    offset = torch.randn(groups, n, generator=gen) * 0.05
+    if compact:
+        scale = scale.half().float()
+    expand = lambda t: t.double().t().repeat_interleave(group, 1)[:, :k]  # noqa: E731
+    w = codes.double() * expand(scale) + expand(offset)
+    x = torch.randn(1, k, generator=gen).to(getattr(torch, dtype))
+    bias = torch.randn(n, generator=gen).to(x.dtype) if with_bias else None
+    s, b = compact_constants(scale, offset) if compact else (scale, offset)
+    sub = qt.affine_sub(group)
+    dev = lambda t: t.to(device) if t is not None else None  # noqa: E731
+    y = nt.gemv_nibbles(dev(x), dev(qt.pack_affine(codes, 4, sub)), dev(s), dev(b), group, sub,
+                        bias=dev(bias), config=launch).cpu()
+    if y.shape != (1, n) or y.dtype != x.dtype or not torch.isfinite(y).all():
+        return [f"{name}: shape {tuple(y.shape)} dtype {y.dtype}, or not finite"]
+    want = x.double() @ w.t() + (bias.double() if bias is not None else 0.0)
+    # the output's rounding (the interpreter truncates bfloat16: one unit more), plus float32
+    # sums of exact products in another order: bounded by their magnitudes
+    unit = 2.0 ** -7 if x.dtype == torch.bfloat16 else 2.0 ** -10
+    bound = 2 * unit * want.abs() + 2.0 ** -18 * (x.double().abs() @ w.abs().t())
+    excess = ((y.double() - want).abs() - bound).max().item()
+    if excess > 0:
+        return [f"{name}: exceeds the float64 bound by {excess:.3g}"]
+    return []
+
+
+def _routing(device: str, gen: torch.Generator) -> list[str]:
+    """``affine_mm`` at one row takes gemv_nibbles for the weights ENGINE_W4_NIBBLES names (the
+    child sets it for 40 x 320 only), the other paths for the rest: each result equals a direct
+    call of the path it should take."""
+    from engine.runtime import nibbles_triton as nt
+    from engine.runtime import quant_triton as qt
+
+    failures = []
+    for n, k, named in ((40, 320, True), (48, 256, False)):
+        codes = torch.randint(0, 16, (n, k), generator=gen)
+        q = qt.pack_affine(codes, 4, 32).to(device)
+        s = (torch.rand(4, n, generator=gen) * 0.02 + 0.001).to(device)
+        b = (torch.randn(4, n, generator=gen) * 0.05).to(device)
+        x = torch.randn(1, k, generator=gen).to(torch.bfloat16).to(device)
+        got = qt.affine_mm(x, q, s, b, 4, 128, 32)
+        direct = nt.gemv_nibbles(x, q, s, b, 128, 32, config=(32, 1, 0, 4, 4))
+        took = torch.equal(got, direct)
+        if device == "cuda" and took != named:
+            failures.append(f"{n} x {k}: routed to gemv_nibbles {took}, asked {named}")
+    return failures
+
+
+def main(device: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    results = {name: check(name, case, device, gen) for name, case in CASES.items()}
+    results["routing"] = _routing(device, gen)
+    print(json.dumps(results))
+
+
+# ---------------------------------------------------------------- the tests
+
+def _run(device: str, env: dict) -> dict:
+    from child_checks import run_checks  # (this file is the child's script too)
+
+    return run_checks(__file__, device, env={"ENGINE_W4_NIBBLES": "40x320:32,1,0,4,4", **env},
+                      timeout=600)
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    pytest.importorskip("triton")
+    return _run("cpu", {"TRITON_INTERPRET": "1"})
+
+
+@pytest.mark.parametrize("name", list(CASES) + ["routing"])
+def test_under_the_interpreter(interpreted, name):
+    assert interpreted[name] == []
+
+
+def test_route_spec_names_the_variable():
+    from engine.runtime import quant_triton as qt
+
+    assert qt.launch_spec("6144x4096:128,2,0,4,4", "ENGINE_W4_NIBBLES", "f", qt._shape) == {
+        (6144, 4096): (128, 2, 0, 4, 4)}
+    with pytest.raises(ValueError, match="ENGINE_W4_NIBBLES: 'x:1' is not"):
+        qt.launch_spec("x:1", "ENGINE_W4_NIBBLES", "f", qt._shape)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    failures = [f for fs in _run("cuda", {}).values() for f in fs]
+    assert failures == [], "\n".join(failures)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, __import__("os").path.dirname(__file__))
+    main(sys.argv[1] if len(sys.argv) > 1 else "cpu")
