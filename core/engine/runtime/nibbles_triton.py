@@ -6,9 +6,9 @@ instructions a weight as the form allows (opt-in: ``ENGINE_W4_NIBBLES=1``; see
 A thread holds ``VEC`` consecutive words (one 16-byte load) of several output rows, so the
 ``VEC`` activations a slice of those words multiplies are loaded, widened and scaled once for
 all of the thread's rows. Each code becomes a float by one and-mask of its word (a subnormal
-float ``q 2^P``; the top codes one shift first: :func:`engine.runtime.gemv_triton._code_values`),
-one FMA takes its product with the activation (pre-scaled by ``2^(149 - P - UNIT)``), so a
-weight costs about two instructions and a quarter. A group's products are summed in the
+float ``q 2^(P - 149)``, P its lowest bit; codes 5-7 from the word shifted once), one FMA
+takes its product with the activation (pre-scaled by ``2^(149 - P - UNIT)``), so a weight
+costs about two instructions. A group's products are summed in the
 thread over its ``VEC`` words first and then folded in once a row: ``acc += s sum(x f) + c
 sum(x)``, two FMAs a row and group for the thread's ``VEC * group / SUB`` weights of it.
 
@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.runtime.gemv_triton import UNIT, _code_values, _to_unit
+from engine.runtime.gemv_triton import UNIT
 from engine.runtime.quant_triton import (_affine_constants, _finish, _slice, _split, _workspace,
                                          shape_class)
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
@@ -59,6 +59,7 @@ def _tile_sum(words, t, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, GROUP: tl.con
     FOLD: tl.constexpr = GS if GS < 8 else 8
     # (sums of the words' layout: a fresh tensor would take another, converted at every fold)
     acc = tl.sum(tl.zeros_like(words).to(tl.float32), axis=2)
+    high = words >> 12  # codes 5-7 at bits 8-19: one shift a word, not one a code
     for j in tl.static_range(8):
         # [1, SUB // VEC, VEC] pointers (not a reshaped load): the load then takes the layout
         # of its use, the words' (a reshape's result would be converted through shared memory)
@@ -68,12 +69,19 @@ def _tile_sum(words, t, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, GROUP: tl.con
             xv = tl.load(x_ptr + cols).to(tl.float32)
         else:
             xv = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-        f = _code_values(words, j, 4, True)
+        # code j as the subnormal float q 2^(P - 149), P its lowest bit; x times 2^(149 - P -
+        # UNIT) makes the product q x 2^-UNIT
+        if j < 5:
+            f = (words & (15 << (4 * j))).to(tl.float32, bitcast=True)
+            xu = xv * 2.0 ** (149 - 4 * j - UNIT)
+        else:
+            f = (high & (15 << (4 * j - 12))).to(tl.float32, bitcast=True)
+            xu = xv * 2.0 ** (161 - 4 * j - UNIT)
         if j % FOLD == 0:
-            part = _to_unit(xv, j, 4, True) * f
+            part = xu * f
             xs = xv
         else:
-            part += _to_unit(xv, j, 4, True) * f
+            part += xu * f
             xs += xv
         if j % FOLD == FOLD - 1:
             k0 = t * PACK + (j + 1 - FOLD) * SUB
