@@ -17,7 +17,7 @@ A program owns ``BLOCK_N`` outputs and a slice of K of whole tiles (``8 * SUB`` 
 iteration's words load before the wait for the previous kernel (they are weights): with
 ``split`` 0 each program's slice is one iteration, so all of a layer's words are in
 registers before it may start (a layer small enough to fit in one wave). Slices of K sum
-through the workspace of :func:`engine.runtime.quant_triton._finish`.
+through a workspace (:func:`_finish_row`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from engine.runtime.gemv_triton import UNIT
-from engine.runtime.quant_triton import (_affine_constants, _finish, _slice, _split, _workspace,
+from engine.runtime.quant_triton import (_affine_constants, _slice, _split, _workspace,
                                          shape_class)
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
 
@@ -98,8 +98,35 @@ def _tile_sum(words, t, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, GROUP: tl.con
 
 
 @triton.jit
+def _finish_row(y, pid_n, pid_k, offs_n, n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N,
+                SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Write the row ``y`` [BLOCK_N] (this slice's sums, float32) plus the bias: directly with
+    one slice; else through the workspace, the last of the SPLIT slices to arrive adding all of
+    them up in one load (SPLIT a constant: the partials' loads are issued together, not one
+    round trip to L2 each)."""
+    if SPLIT == 1:
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        tl.store(part_ptr + pid_k * N + offs_n, y, mask=n_ok)
+        tl.debug_barrier()  # every thread's partials issued before the release below
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT - 1:
+            SP: tl.constexpr = triton.next_power_of_2(SPLIT)
+            k = tl.arange(0, SP)[:, None]
+            parts = tl.load(part_ptr + k * N + offs_n[None, :], mask=(k < SPLIT) & n_ok[None, :],
+                            other=0.0, cache_modifier=".cg")
+            total = tl.sum(parts, axis=0)
+            if HAS_BIAS:
+                total += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+            tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=n_ok)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+@triton.jit
 def _gemv_nibbles(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, K,
-                  stride_qn, stride_ym, split_k, GROUP: tl.constexpr, SUB: tl.constexpr,
+                  stride_qn, GROUP: tl.constexpr, SUB: tl.constexpr,
                   VEC: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
                   STREAM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                   EVEN: tl.constexpr, PDL: tl.constexpr):
@@ -113,7 +140,7 @@ def _gemv_nibbles(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr
     n_ok2 = n_ok[:, None]
     q_rows = q_ptr + offs_n2.to(tl.int64) * stride_qn + tl.arange(0, SUB)[None, :]
     n_tiles = tl.cdiv(K, 8 * SUB)
-    t_lo, t_hi = _slice(n_tiles, pid_k, split_k, TILES, SPLIT)
+    t_lo, t_hi = _slice(n_tiles, pid_k, SPLIT, TILES, SPLIT > 1)
     pdl_trigger(PDL)
     # the first iteration's words are weights: loaded before the wait
     w0 = _load_tile(q_rows, t_lo, n_tiles, n_ok2, SUB, VEC, EVEN)
@@ -157,11 +184,8 @@ def _gemv_nibbles(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr
                              GROUP, SUB, VEC, EVEN)
             acc += _tile_sum(w3t, t_lo + 3, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
                              GROUP, SUB, VEC, EVEN)
-    unit = tl.full((1, 1), 2.0 ** UNIT, tl.float32)
-    one = tl.full((1, 1), 1.0, tl.float32)
-    offs_m = tl.arange(0, 1)
-    _finish(tl.sum(acc, axis=1)[None, :], unit, one, pid_n, pid_k, offs_m, offs_n, offs_m < 1,
-            n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N, stride_ym, split_k, HAS_BIAS, 1, SPLIT)
+    _finish_row(tl.sum(acc, axis=1) * 2.0 ** UNIT, pid_n, pid_k, offs_n, n_ok, bias_ptr, y_ptr,
+                part_ptr, cnt_ptr, N, SPLIT, HAS_BIAS)
 
 
 def serves(x: torch.Tensor, bits: int, group: int, sub: int) -> bool:
@@ -192,7 +216,7 @@ def gemv_nibbles(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: t
     even = n % bn == 0 and n_tiles % tiles == 0 and k % (8 * sub) == 0
     _gemv_nibbles[(triton.cdiv(n, bn), split)](
         x, q, scale, bias_, bias if bias is not None else y, y, part, cnt, n, k, q.stride(0),
-        y.stride(0), split, GROUP=group, SUB=sub, VEC=min(vec, sub), BLOCK_N=bn, TILES=tiles,
-        STREAM=stream, HAS_BIAS=bias is not None, SPLIT=split > 1, EVEN=even, num_warps=warps,
+        GROUP=group, SUB=sub, VEC=min(vec, sub), BLOCK_N=bn, TILES=tiles,
+        STREAM=stream, HAS_BIAS=bias is not None, SPLIT=split, EVEN=even, num_warps=warps,
         num_stages=1, **launch_options(x.device))
     return y
