@@ -9,7 +9,8 @@ where the GPU has it): ``cold`` over distinct copies of the layer (more than the
 case), ``hot`` the same weight again (from the L2 where it fits).
 
     python3 benchmarks/nibbles_gpu.py [--layers qkv,o,gate_up,down] [--launches L;L;...]
-        [--iters 20]      (L: BLOCK_N,TILES,split,warps,VEC; split 0: one iteration a program)
+        [--iters 20]      (L: BLOCK_N,TILES,split,warps,VEC[,PRE_CONST]; split 0: one
+                           iteration a program)
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from swap_affine_gpu import copies, weights  # noqa: E402
 from swap_gpu import table, timed  # noqa: E402
 
 BITS, SUB, GROUP = 4, 32, 128
-LAUNCHES = ("64,2,0,4,4;64,4,0,4,4;64,1,0,4,4;128,2,0,8,4;32,2,0,2,4;128,2,0,4,4;64,2,2,4,4;"
-            "64,2,4,4,4;64,1,4,4,4;128,2,2,8,4;128,2,4,8,4;64,4,2,4,4")
+LAUNCHES = ("64,2,0,4,4,0;64,2,0,4,4,1;64,1,0,4,4,0;64,1,0,4,4,1;32,2,0,2,4,1;128,2,0,8,4,0;"
+            "128,2,0,8,4,1;128,2,0,4,4,1;64,2,4,4,4;64,1,4,4,4")
 
 
 def step_route(x, t):

@@ -1,8 +1,9 @@
 """One row of 4-bit codes through :func:`engine.runtime.nibbles_triton.gemv_nibbles` equals the
 float64 product of its dequantized weights: groups 16 to 576 (a group inside a slice, several
 to a tile, across tiles, K one group), N and K not multiples of the launch, K in one or several
-slices (one iteration a program, or streamed), 1, 2 and 4 tiles an iteration, float32 and the
-16-bit compact constants, bias or none, bfloat16 and float16 activations; and
+slices (one iteration a program, or streamed; an empty slice), 1, 2 and 4 tiles an iteration,
+the groups' constants loaded before the wait or after it, float32 and the 16-bit compact
+constants, bias or none, bfloat16 and float16 activations; and
 ``affine_mm`` routes one row there when ``ENGINE_W4_NIBBLES`` asks. Under the Triton
 interpreter here (a child process: the interpreter is chosen before Triton is imported), on
 the GPU where there is one.
@@ -19,7 +20,8 @@ import sys
 import pytest
 import torch
 
-# (n, k, group, launch (BLOCK_N, TILES, split, warps, VEC), dtype, bias, compact)
+# (n, k, group, launch (BLOCK_N, TILES, split, warps, VEC[, PRE_CONST]), dtype, bias,
+# compact)
 CASES = {
     "one iteration a program, groups of 128": (64, 512, 128, (64, 1, 0, 4, 4), "bfloat16",
                                                True, False),
@@ -35,8 +37,11 @@ CASES = {
     "groups of 512 streamed, compact": (40, 2048, 512, (32, 2, 2, 4, 4), "bfloat16", True,
                                         True),
     "K one group of 576": (40, 576, 576, (32, 1, 1, 4, 4), "bfloat16", True, False),
-    "four tiles streamed, an empty slice": (24, 1536, 128, (16, 4, 3, 4, 4), "float16", True,
-                                            True),
+    "four tiles streamed": (24, 1536, 128, (16, 4, 2, 4, 4), "float16", True, True),
+    "streamed, an empty slice": (24, 1792, 128, (16, 1, 5, 4, 4), "float16", True, True),
+    "constants after the wait": (64, 1024, 128, (32, 2, 0, 4, 4, 0), "bfloat16", True, True),
+    "constants before the wait, groups of 256": (64, 1280, 256, (32, 1, 0, 4, 4, 1),
+                                                 "bfloat16", True, False),
 }
 
 

@@ -31,7 +31,8 @@ from engine.runtime.quant_triton import (_affine_constants, _slice, _split, _wor
                                          shape_class)
 from engine.runtime.triton_pdl import launch_options, pdl_trigger, pdl_wait
 
-#: (BLOCK_N, TILES, split (0: one iteration a program), warps, VEC) by shape class
+#: (BLOCK_N, TILES, split (0: one iteration a program), warps, VEC[, PRE_CONST: 1 when left
+#: out]) by shape class
 CONFIGS = {"square": (64, 2, 0, 4, 4), "wide": (64, 2, 4, 4, 4), "deep": (64, 2, 0, 4, 4)}
 
 
@@ -50,10 +51,28 @@ def _load_tile(q_rows, t, n_tiles, n_ok2, SUB: tl.constexpr, VEC: tl.constexpr,
 
 
 @triton.jit
-def _tile_sum(words, t, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, GROUP: tl.constexpr,
-              SUB: tl.constexpr, VEC: tl.constexpr, EVEN: tl.constexpr):
+def _constants(s_ptr, b_ptr, k0, offs_n2, n_ok2, N, K, GROUP: tl.constexpr, EVEN: tl.constexpr):
+    """The scale and offset (in units of 2^-UNIT) [BLOCK_N, 1] of the group holding column
+    ``k0`` (zeros past K; EVEN: the group clamped into K instead, for a slice past the end that
+    never uses them)."""
+    if EVEN:
+        at = tl.minimum(k0 // GROUP, (K - 1) // GROUP) * N + offs_n2
+        s, b = _affine_constants(tl.load(s_ptr + at), tl.load(b_ptr + at))
+    else:
+        at = (k0 // GROUP) * N + offs_n2
+        ok = n_ok2 & (offs_n2 * 0 + k0 < K)
+        s, b = _affine_constants(tl.load(s_ptr + at, mask=ok, other=0.0),
+                                 tl.load(b_ptr + at, mask=ok, other=0.0))
+    return s, b * 2.0 ** -UNIT
+
+
+@triton.jit
+def _tile_sum(words, t, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, sa, ca, sb, cb,
+              GROUP: tl.constexpr, SUB: tl.constexpr, VEC: tl.constexpr, EVEN: tl.constexpr,
+              PRE: tl.constexpr):
     """Tile ``t``'s products [BLOCK_N, SUB // VEC] in units of 2^-UNIT, each group folded in
-    once a row (columns past K: x = 0, constants 0)."""
+    once a row (columns past K: x = 0, constants 0). PRE: the tile's one or two folds take the
+    constants given (``sa``, ``ca``; ``sb``, ``cb``), loaded by the caller."""
     PACK: tl.constexpr = 8 * SUB
     GS: tl.constexpr = GROUP // SUB
     FOLD: tl.constexpr = GS if GS < 8 else 8
@@ -84,16 +103,15 @@ def _tile_sum(words, t, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, GROUP: tl.con
             part += xu * f
             xs += xv
         if j % FOLD == FOLD - 1:
-            k0 = t * PACK + (j + 1 - FOLD) * SUB
-            at = (k0 // GROUP) * N + offs_n2
-            if EVEN:
-                s, b = _affine_constants(tl.load(s_ptr + at), tl.load(b_ptr + at))
+            if PRE and j < FOLD:
+                s, c = sa, ca
+            elif PRE:
+                s, c = sb, cb
             else:
-                ok = n_ok2 & (offs_n2 * 0 + k0 < K)
-                s, b = _affine_constants(tl.load(s_ptr + at, mask=ok, other=0.0),
-                                         tl.load(b_ptr + at, mask=ok, other=0.0))
+                s, c = _constants(s_ptr, b_ptr, t * PACK + (j + 1 - FOLD) * SUB, offs_n2,
+                                  n_ok2, N, K, GROUP, EVEN)
             acc += tl.sum(part, axis=2) * s
-            acc += tl.sum(xs, axis=2) * (b * 2.0 ** -UNIT)
+            acc += tl.sum(xs, axis=2) * c
     return acc
 
 
@@ -129,9 +147,13 @@ def _gemv_nibbles(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr
                   stride_qn, GROUP: tl.constexpr, SUB: tl.constexpr,
                   VEC: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
                   STREAM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                  EVEN: tl.constexpr, PDL: tl.constexpr):
+                  EVEN: tl.constexpr, PRE_CONST: tl.constexpr, PDL: tl.constexpr):
     """TILES (1, 2 or 4) tiles an iteration; STREAM: more than one iteration a program (the
-    next iteration's words load at the start of each), else exactly one."""
+    next iteration's words load at the start of each), else exactly one. PRE_CONST: with one
+    iteration of at most 2 tiles and at most two groups a tile, the groups' constants are
+    loaded before the wait too (weights), not after it."""
+    FOLD: tl.constexpr = GROUP // SUB if GROUP // SUB < 8 else 8
+    PRE: tl.constexpr = PRE_CONST and not STREAM and TILES <= 2 and FOLD >= 4
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -149,6 +171,19 @@ def _gemv_nibbles(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr
     if TILES > 2:
         w2 = _load_tile(q_rows, t_lo + 2, n_tiles, n_ok2, SUB, VEC, EVEN)
         w3t = _load_tile(q_rows, t_lo + 3, n_tiles, n_ok2, SUB, VEC, EVEN)
+    s0a, c0a, s0b, c0b, s1a, c1a, s1b, c1b = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    if PRE:
+        k_lo = t_lo * 8 * SUB
+        s0a, c0a = _constants(s_ptr, b_ptr, k_lo, offs_n2, n_ok2, N, K, GROUP, EVEN)
+        if FOLD == 4:
+            s0b, c0b = _constants(s_ptr, b_ptr, k_lo + 4 * SUB, offs_n2, n_ok2, N, K, GROUP,
+                                  EVEN)
+        if TILES > 1:
+            s1a, c1a = _constants(s_ptr, b_ptr, k_lo + 8 * SUB, offs_n2, n_ok2, N, K, GROUP,
+                                  EVEN)
+            if FOLD == 4:
+                s1b, c1b = _constants(s_ptr, b_ptr, k_lo + 12 * SUB, offs_n2, n_ok2, N, K,
+                                      GROUP, EVEN)
     pdl_wait(PDL)
     acc = tl.sum(tl.zeros_like(w0).to(tl.float32), axis=2)  # (see _tile_sum)
     if STREAM:
@@ -163,27 +198,27 @@ def _gemv_nibbles(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr
                 c3 = w3t
                 w2 = _load_tile(q_rows, t0 + TILES + 2, n_tiles, n_ok2, SUB, VEC, EVEN)
                 w3t = _load_tile(q_rows, t0 + TILES + 3, n_tiles, n_ok2, SUB, VEC, EVEN)
-            acc += _tile_sum(c0, t0, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, GROUP,
-                             SUB, VEC, EVEN)
+            acc += _tile_sum(c0, t0, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, 0.0, 0.0,
+                             0.0, 0.0, GROUP, SUB, VEC, EVEN, False)
             if TILES > 1:
                 acc += _tile_sum(c1, t0 + 1, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
-                                 GROUP, SUB, VEC, EVEN)
+                                 0.0, 0.0, 0.0, 0.0, GROUP, SUB, VEC, EVEN, False)
             if TILES > 2:
                 acc += _tile_sum(c2, t0 + 2, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
-                                 GROUP, SUB, VEC, EVEN)
+                                 0.0, 0.0, 0.0, 0.0, GROUP, SUB, VEC, EVEN, False)
                 acc += _tile_sum(c3, t0 + 3, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
-                                 GROUP, SUB, VEC, EVEN)
+                                 0.0, 0.0, 0.0, 0.0, GROUP, SUB, VEC, EVEN, False)
     elif t_lo < t_hi:  # one iteration (tiles past the slice's end meet x = 0: past K)
-        acc += _tile_sum(w0, t_lo, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, GROUP, SUB,
-                         VEC, EVEN)
+        acc += _tile_sum(w0, t_lo, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, s0a, c0a,
+                         s0b, c0b, GROUP, SUB, VEC, EVEN, PRE)
         if TILES > 1:
-            acc += _tile_sum(w1, t_lo + 1, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
-                             GROUP, SUB, VEC, EVEN)
+            acc += _tile_sum(w1, t_lo + 1, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, s1a,
+                             c1a, s1b, c1b, GROUP, SUB, VEC, EVEN, PRE)
         if TILES > 2:
-            acc += _tile_sum(w2, t_lo + 2, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
-                             GROUP, SUB, VEC, EVEN)
-            acc += _tile_sum(w3t, t_lo + 3, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
-                             GROUP, SUB, VEC, EVEN)
+            acc += _tile_sum(w2, t_lo + 2, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, 0.0,
+                             0.0, 0.0, 0.0, GROUP, SUB, VEC, EVEN, False)
+            acc += _tile_sum(w3t, t_lo + 3, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, 0.0,
+                             0.0, 0.0, 0.0, GROUP, SUB, VEC, EVEN, False)
     _finish_row(tl.sum(acc, axis=1) * 2.0 ** UNIT, pid_n, pid_k, offs_n, n_ok, bias_ptr, y_ptr,
                 part_ptr, cnt_ptr, N, SPLIT, HAS_BIAS)
 
@@ -204,7 +239,7 @@ def gemv_nibbles(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: t
     x = x if x.stride(-1) == 1 else x.contiguous()
     k = x.shape[1]
     n = q.shape[0]
-    bn, tiles, split, warps, vec = config or CONFIGS[shape_class(n, k)]
+    bn, tiles, split, warps, vec, pre = (tuple(config or CONFIGS[shape_class(n, k)]) + (1,))[:6]
     if tiles not in (1, 2, 4):
         raise ValueError(f"tiles an iteration must be 1, 2 or 4, got {tiles}")
     n_tiles = triton.cdiv(k, 8 * sub)
@@ -217,6 +252,7 @@ def gemv_nibbles(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: t
     _gemv_nibbles[(triton.cdiv(n, bn), split)](
         x, q, scale, bias_, bias if bias is not None else y, y, part, cnt, n, k, q.stride(0),
         GROUP=group, SUB=sub, VEC=min(vec, sub), BLOCK_N=bn, TILES=tiles,
-        STREAM=stream, HAS_BIAS=bias is not None, SPLIT=split, EVEN=even, num_warps=warps,
+        STREAM=stream, HAS_BIAS=bias is not None, SPLIT=split, EVEN=even, PRE_CONST=bool(pre),
+        num_warps=warps,
         num_stages=1, **launch_options(x.device))
     return y
