@@ -355,10 +355,10 @@ def test_launch_overrides_replace_table_entries():
 
 @pytest.mark.gpu
 def test_on_the_gpu():
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    failures = [f for fs in _run("cuda", {}).values() for f in fs]
-    assert failures == [], "\n".join(failures)
+    from child_checks import gpu_failures
+
+    failures = gpu_failures(__file__)
+    assert not failures, failures
 
 
 if __name__ == "__main__":

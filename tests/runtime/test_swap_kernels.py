@@ -459,8 +459,10 @@ def test_one_row_of_fp8_codes_into_more_outputs_than_inputs_takes_its_own_launch
 
 @pytest.mark.gpu
 def test_on_the_gpu():
-    failures = [f for fs in _run("cuda", {}).values() for f in fs]
-    assert failures == [], "\n".join(failures)
+    from child_checks import gpu_failures
+
+    failures = gpu_failures(__file__)
+    assert not failures, failures
 
 
 if __name__ == "__main__":
