@@ -8,9 +8,9 @@ A thread holds ``VEC`` consecutive words (one 16-byte load) of several output ro
 all of the thread's rows. Each code becomes a float by one and-mask of its word (a subnormal
 float ``q 2^(P - 149)``, P its lowest bit; codes 5-7 from the word shifted once), one FMA
 takes its product with the activation (pre-scaled by ``2^(149 - P - UNIT)``), so a weight
-costs about two instructions. A group's products are summed in the
-thread over its ``VEC`` words first and then folded in once a row: ``acc += s sum(x f) + c
-sum(x)``, two FMAs a row and group for the thread's ``VEC * group / SUB`` weights of it.
+costs about two instructions. A group's products are summed in the thread over its ``VEC``
+words first and then folded in once a row: ``acc += s sum(x f) + c sum(x)``, two FMAs a row
+and group for the thread's ``VEC * group / SUB`` weights of it.
 
 A program owns ``BLOCK_N`` outputs and a slice of K of whole tiles (``8 * SUB`` columns),
 ``TILES`` tiles an iteration; the next iteration's words load at the start of each. The first
