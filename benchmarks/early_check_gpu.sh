@@ -39,6 +39,8 @@
 #     the shipped step (and layers); w4_floor: the one-row 4-bit products' own floor, their
 #     words from the L2 (benchmarks/w4_floor_gpu.py); w4_forms: the gptq/awq step with each
 #     one-row form (shipped, eight columns, the Gluon kernel from registers and staged);
+#     nibbles: gemv_nibbles' GPU checks, layers (NIB_LAUNCHES) and the step A/B with the
+#     layers where it won;
 #     h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
 #     fp8's step, then compact; b: the one-token down and 4-bit route A/Bs);
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
@@ -367,6 +369,20 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       launches_ab "$AFFINE_LAUNCHES" ;;
     eight_cols)  # the shipped one-row launches with the groups in eight columns (XSUM 3)
       launches_ab "$COLS8_LAUNCHES" ;;
+    nibbles)  # gemv_nibbles (one row of 4-bit codes on the CUDA cores): its GPU checks, each
+      # layer at the launches NIB_LAUNCHES (default: the benchmark's) against the step route,
+      # then the gptq/awq step with the layers whose fastest launch won, against the step
+      # route, alternating twice
+      TAIL=4 step 100 nib_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/runtime/test_nibbles_triton.py
+      TAIL=40 step 200 nib_layers python3 benchmarks/nibbles_gpu.py \
+        --write-best "$OUT/nib_best.txt" ${NIB_LAUNCHES:+--launches "$NIB_LAUNCHES"}
+      spec=$(cat "$OUT/nib_best.txt" 2>/dev/null)
+      echo "ENGINE_W4_NIBBLES=$spec"
+      [ -n "$spec" ] && for r in 1 2; do
+        w4_step "nib_shipped_$r"
+        ENGINE_W4_NIBBLES=$spec w4_step "nib_routed_$r"
+      done ;;
     w4_forms)  # the gptq/awq step at one row with each one-row form, alternating twice: as
       # shipped, the groups in eight columns (XSUM 3), the Gluon kernel from registers
       # (ENGINE_AFFINE_MMA=1) and through 4 stages of shared memory: fewer instructions a
