@@ -51,6 +51,22 @@ def _load_tile(q_rows, t, n_tiles, n_ok2, SUB: tl.constexpr, VEC: tl.constexpr,
 
 
 @triton.jit
+def _load_iteration(q_rows, t, n_tiles, n_ok2, SUB: tl.constexpr, VEC: tl.constexpr,
+                    TILES: tl.constexpr, EVEN: tl.constexpr):
+    """The words of tiles ``t .. t + TILES - 1`` (4 values; past TILES a 0, never used)."""
+    w0 = _load_tile(q_rows, t, n_tiles, n_ok2, SUB, VEC, EVEN)
+    w1 = 0
+    w2 = 0
+    w3 = 0
+    if TILES > 1:
+        w1 = _load_tile(q_rows, t + 1, n_tiles, n_ok2, SUB, VEC, EVEN)
+    if TILES > 2:
+        w2 = _load_tile(q_rows, t + 2, n_tiles, n_ok2, SUB, VEC, EVEN)
+        w3 = _load_tile(q_rows, t + 3, n_tiles, n_ok2, SUB, VEC, EVEN)
+    return w0, w1, w2, w3
+
+
+@triton.jit
 def _constants(s_ptr, b_ptr, k0, offs_n2, n_ok2, N, K, GROUP: tl.constexpr, EVEN: tl.constexpr):
     """The scale and offset (in units of 2^-UNIT) [BLOCK_N, 1] of the group holding column
     ``k0`` (zeros past K; EVEN: the group clamped into K instead, for a slice past the end that
@@ -116,6 +132,26 @@ def _tile_sum(words, t, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, sa, ca, sb, c
 
 
 @triton.jit
+def _iteration_sum(acc, w0, w1, w2, w3, t, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, s0a, c0a, s0b,
+                   c0b, s1a, c1a, s1b, c1b, GROUP: tl.constexpr, SUB: tl.constexpr,
+                   VEC: tl.constexpr, TILES: tl.constexpr, EVEN: tl.constexpr,
+                   PRE: tl.constexpr):
+    """``acc`` plus the products of tiles ``t .. t + TILES - 1`` (words ``w0`` ...; PRE: the
+    first two tiles' constants given, see :func:`_tile_sum`)."""
+    acc += _tile_sum(w0, t, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, s0a, c0a, s0b, c0b,
+                    GROUP, SUB, VEC, EVEN, PRE)
+    if TILES > 1:
+        acc += _tile_sum(w1, t + 1, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, s1a, c1a, s1b,
+                         c1b, GROUP, SUB, VEC, EVEN, PRE)
+    if TILES > 2:
+        acc += _tile_sum(w2, t + 2, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, 0.0, 0.0, 0.0,
+                         0.0, GROUP, SUB, VEC, EVEN, False)
+        acc += _tile_sum(w3, t + 3, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, 0.0, 0.0, 0.0,
+                         0.0, GROUP, SUB, VEC, EVEN, False)
+    return acc
+
+
+@triton.jit
 def _finish_row(y, pid_n, pid_k, offs_n, n_ok, bias_ptr, y_ptr, part_ptr, cnt_ptr, N,
                 SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Write the row ``y`` [BLOCK_N] (this slice's sums, float32) plus the bias: directly with
@@ -165,12 +201,7 @@ def _gemv_nibbles(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr
     t_lo, t_hi = _slice(n_tiles, pid_k, SPLIT, TILES, SPLIT > 1)
     pdl_trigger(PDL)
     # the first iteration's words are weights: loaded before the wait
-    w0 = _load_tile(q_rows, t_lo, n_tiles, n_ok2, SUB, VEC, EVEN)
-    if TILES > 1:
-        w1 = _load_tile(q_rows, t_lo + 1, n_tiles, n_ok2, SUB, VEC, EVEN)
-    if TILES > 2:
-        w2 = _load_tile(q_rows, t_lo + 2, n_tiles, n_ok2, SUB, VEC, EVEN)
-        w3t = _load_tile(q_rows, t_lo + 3, n_tiles, n_ok2, SUB, VEC, EVEN)
+    w0, w1, w2, w3 = _load_iteration(q_rows, t_lo, n_tiles, n_ok2, SUB, VEC, TILES, EVEN)
     s0a, c0a, s0b, c0b, s1a, c1a, s1b, c1b = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     if PRE:
         k_lo = t_lo * 8 * SUB
@@ -188,37 +219,16 @@ def _gemv_nibbles(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr
     acc = tl.sum(tl.zeros_like(w0).to(tl.float32), axis=2)  # (see _tile_sum)
     if STREAM:
         for t0 in range(t_lo, t_hi, TILES):
-            c0 = w0
-            w0 = _load_tile(q_rows, t0 + TILES, n_tiles, n_ok2, SUB, VEC, EVEN)
-            if TILES > 1:
-                c1 = w1
-                w1 = _load_tile(q_rows, t0 + TILES + 1, n_tiles, n_ok2, SUB, VEC, EVEN)
-            if TILES > 2:
-                c2 = w2
-                c3 = w3t
-                w2 = _load_tile(q_rows, t0 + TILES + 2, n_tiles, n_ok2, SUB, VEC, EVEN)
-                w3t = _load_tile(q_rows, t0 + TILES + 3, n_tiles, n_ok2, SUB, VEC, EVEN)
-            acc += _tile_sum(c0, t0, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, 0.0, 0.0,
-                             0.0, 0.0, GROUP, SUB, VEC, EVEN, False)
-            if TILES > 1:
-                acc += _tile_sum(c1, t0 + 1, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
-                                 0.0, 0.0, 0.0, 0.0, GROUP, SUB, VEC, EVEN, False)
-            if TILES > 2:
-                acc += _tile_sum(c2, t0 + 2, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
-                                 0.0, 0.0, 0.0, 0.0, GROUP, SUB, VEC, EVEN, False)
-                acc += _tile_sum(c3, t0 + 3, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K,
-                                 0.0, 0.0, 0.0, 0.0, GROUP, SUB, VEC, EVEN, False)
+            c0, c1, c2, c3 = w0, w1, w2, w3
+            w0, w1, w2, w3 = _load_iteration(q_rows, t0 + TILES, n_tiles, n_ok2, SUB, VEC,
+                                             TILES, EVEN)
+            acc = _iteration_sum(acc, c0, c1, c2, c3, t0, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2,
+                                 N, K, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, GROUP, SUB,
+                                 VEC, TILES, EVEN, False)
     elif t_lo < t_hi:  # one iteration (tiles past the slice's end meet x = 0: past K)
-        acc += _tile_sum(w0, t_lo, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, s0a, c0a,
-                         s0b, c0b, GROUP, SUB, VEC, EVEN, PRE)
-        if TILES > 1:
-            acc += _tile_sum(w1, t_lo + 1, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, s1a,
-                             c1a, s1b, c1b, GROUP, SUB, VEC, EVEN, PRE)
-        if TILES > 2:
-            acc += _tile_sum(w2, t_lo + 2, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, 0.0,
-                             0.0, 0.0, 0.0, GROUP, SUB, VEC, EVEN, False)
-            acc += _tile_sum(w3t, t_lo + 3, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N, K, 0.0,
-                             0.0, 0.0, 0.0, GROUP, SUB, VEC, EVEN, False)
+        acc = _iteration_sum(acc, w0, w1, w2, w3, t_lo, x_ptr, s_ptr, b_ptr, offs_n2, n_ok2, N,
+                             K, s0a, c0a, s0b, c0b, s1a, c1a, s1b, c1b, GROUP, SUB, VEC, TILES,
+                             EVEN, PRE)
     _finish_row(tl.sum(acc, axis=1) * 2.0 ** UNIT, pid_n, pid_k, offs_n, n_ok, bias_ptr, y_ptr,
                 part_ptr, cnt_ptr, N, SPLIT, HAS_BIAS)
 
@@ -253,6 +263,5 @@ def gemv_nibbles(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: t
         x, q, scale, bias_, bias if bias is not None else y, y, part, cnt, n, k, q.stride(0),
         GROUP=group, SUB=sub, VEC=min(vec, sub), BLOCK_N=bn, TILES=tiles,
         STREAM=stream, HAS_BIAS=bias is not None, SPLIT=split, EVEN=even, PRE_CONST=bool(pre),
-        num_warps=warps,
-        num_stages=1, **launch_options(x.device))
+        num_warps=warps, num_stages=1, **launch_options(x.device))
     return y

@@ -108,12 +108,14 @@ def _mma_route(spec: str) -> dict[tuple[int, int], tuple[int, ...]]:
 #: fused gate/up weight through 4 stages of shared memory; empty by default, for A/B runs)
 AFFINE_MMA_ROUTE = _mma_route(os.environ.get("ENGINE_AFFINE_MMA_ROUTE", ""))
 #: one row of 4-bit codes through :func:`engine.runtime.nibbles_triton.gemv_nibbles` (the CUDA
-#: cores, about 3.5 instructions a weight): ``ENGINE_W4_NIBBLES=1`` every such product at the
-#: launches of ``nibbles_triton.CONFIGS``, ``"NxK:BLOCK_N,TILES,split,warps,VEC;..."`` those
-#: weights at those launches (unset: none; for A/B runs)
+#: cores; about 5 instructions a weight in the sm_90 build, its prologue and split sum
+#: included): ``ENGINE_W4_NIBBLES=1`` every such product at the launches of
+#: ``nibbles_triton.CONFIGS``, ``"NxK:BLOCK_N,TILES,split,warps,VEC[,PRE_CONST];..."`` those
+#: weights at those launches (unset or 0: none; for A/B runs)
 W4_NIBBLES = os.environ.get("ENGINE_W4_NIBBLES", "")
+W4_NIBBLES_ALL = W4_NIBBLES == "1"
 W4_NIBBLES_ROUTE = (launch_spec(W4_NIBBLES, "ENGINE_W4_NIBBLES",
-                                "1 or NxK:BLOCK_N,TILES,split,warps,VEC", _shape)
+                                "1 or NxK:BLOCK_N,TILES,split,warps,VEC[,PRE_CONST]", _shape)
                     if W4_NIBBLES not in ("", "0", "1") else {})
 #: rows from which :func:`affine_mm` dequantizes the weight into a temporary in x's dtype and
 #: hands the product to cuBLAS, by code width (prefill: the weight's bytes are then small
@@ -646,11 +648,11 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
         x, perm = x.index_select(1, perm), None
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
-    if m == 1 and x.is_cuda and W4_NIBBLES not in ("", "0"):
+    if m == 1 and x.is_cuda and (W4_NIBBLES_ALL or W4_NIBBLES_ROUTE):
         from engine.runtime import nibbles_triton as nt
 
         nib = W4_NIBBLES_ROUTE.get((q.shape[0], k))
-        if nt.serves(x, bits, group, sub) and (W4_NIBBLES == "1" or nib is not None):
+        if nt.serves(x, bits, group, sub) and (W4_NIBBLES_ALL or nib is not None):
             return nt.gemv_nibbles(x, q, scale, bias_, group, sub, bias=bias, config=nib)
     launch = AFFINE_MMA_ROUTE.get((q.shape[0], k)) if AFFINE_MMA_ROUTE else None
     if m == 1 and x.is_cuda and (AFFINE_MMA or launch is not None):
