@@ -889,23 +889,30 @@ def test_one_row_affine_stages_its_words_through_shared_memory(stages):
     assert loads[0] - loads[1] == 4, loads
 
 
-@pytest.mark.parametrize("layer", [(6144, 4096), (28672, 4096), (4096, 14336)])
+@pytest.mark.parametrize("layer", [(6144, 4096, None), (28672, 4096, None),
+                                   (4096, 14336, None), (4096, 14336, (128, 2, 0, 4, 4, 0)),
+                                   (4096, 14336, (128, 2, 0, 4, 4, 1))])
 def test_nibbles_gemv_puts_a_warp_along_the_words_and_spills_nothing(layer):
     """One row of 4-bit codes through ``gemv_nibbles`` (Llama-3-8B's q/k/v, gate/up and down at
-    their class launches, 16-bit constants): a warp's threads lie along a row's words, 16
-    bytes a thread (so one 128-byte line a row, and each activation shared by the thread's
-    rows), and no register spills."""
+    their class launches, and down at 8 rows a thread, 16-bit constants): a warp's threads lie
+    along a row's words, 16 bytes a thread (so one 128-byte line a row, and each activation
+    shared by the thread's rows); the groups' sums are folded in the words' layout (the
+    constants and results change layout as [BLOCK_N] vectors, never a [BLOCK_N, columns]
+    tensor of sums); no register spills."""
     import torch
 
     from engine.runtime import nibbles_triton as nt
 
-    n, k = layer
+    n, k, config = layer
     launches = _launches(lambda: nt.gemv_nibbles(
         torch.randn(1, k, dtype=torch.bfloat16), torch.zeros(n, k // 8, dtype=torch.int32),
-        torch.ones(k // 128, n).half(), torch.ones(k // 128, n).half(), 128, 32))
+        torch.ones(k // 128, n).half(), torch.ones(k // 128, n).half(), 128, 32,
+        config=config))
     kernel, bound, options = launches[-1]
     compiled = _build_launch(kernel, bound, options)
     ttgir = compiled.asm["ttgir"]
     words = re.findall(r"sizePerThread = \[1, 1, 4\], threadsPerWarp = \[([\d, ]+)\]", ttgir)
     assert words == ["4, 8, 1"]
+    changes = re.findall(r"convert_layout %\S+ : tensor<(\d+)x(\d+)x\w+,", ttgir)
+    assert all(rows == "1" for rows, _ in changes), changes  # (a [1, columns] x sum may)
     assert stack_bytes(compiled) == 0
