@@ -41,6 +41,8 @@
 #     one-row form (shipped, eight columns, the Gluon kernel from registers and staged);
 #     nibbles: gemv_nibbles' GPU checks, layers (NIB_LAUNCHES) and the step A/B with the
 #     layers where it won;
+#     first_call: on an H200 the fp8 step, the one-token down A/B and nibbles' layers, on
+#     another card the nibbles step (one call of ~9 minutes, whichever card comes);
 #     h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
 #     fp8's step, then compact; b: the one-token down and 4-bit route A/Bs);
 #     h200_targets: on an H200 only, the figures of the open targets, shortest first;
@@ -424,6 +426,22 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=4 step 90 h200_fp8 python3 benchmarks/quant_gpu.py --batches 1 \
         --schemes fp8_block,fp8_tensor --model-inputs
       COMPACT_TESTS=0 compact_ab ;;
+    first_call)  # one call of ~9 minutes for whichever card comes: on an H200 block and
+      # per-tensor fp8's step with the decoder's inputs, the one-token down launch's A/B in the
+      # MoE model, then gemv_nibbles' checks and layers; on another card the nibbles step whole
+      export NIB_LAUNCHES=${NIB_LAUNCHES:-"64,2,0,4,4,0;64,2,0,4,4,1;64,1,0,4,4,1;\
+128,2,0,8,4,1;128,2,0,4,4,1"}
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        TAIL=8 step 100 first_fp8 python3 benchmarks/quant_gpu.py --batches 1 \
+          --schemes fp8_block,fp8_tensor --model-inputs
+        token_ab 240 triton,triton+token,triton,triton+token
+        TAIL=4 step 100 nib_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+          tests/runtime/test_nibbles_triton.py
+        TAIL=40 step 150 nib_layers python3 benchmarks/nibbles_gpu.py \
+          --write-best "$OUT/nib_best.txt" --launches "$NIB_LAUNCHES"
+      else
+        exec bash "$0" nibbles
+      fi ;;
     h200_b)  # the MoE model at batch 1 with the one-token down launch (A/B twice), the
       # gptq/awq step with gate/up alone through the staged kernel (A/B once)
       token_ab 240 triton,triton+token,triton,triton+token
