@@ -67,26 +67,26 @@ def _load_iteration(q_rows, t, n_tiles, n_ok2, SUB: tl.constexpr, VEC: tl.conste
 
 
 @triton.jit
-def _constants(s_ptr, b_ptr, k0, offs_n2, N, K, GROUP: tl.constexpr, EVEN: tl.constexpr):
-    """The scale and offset (in units of 2^-UNIT) [BLOCK_N, 1] of the group holding column
-    ``k0`` (zeros past K; EVEN: the group clamped into K instead, for a slice past the end that
-    never uses them). Loaded as [BLOCK_N] vectors: what changes layout to meet the words' sums
-    is then these, not the [BLOCK_N, SUB // VEC] sums at every fold (as a [BLOCK_N, 1] load,
-    coalesced one row a thread, would make Triton do with 8 rows a thread)."""
-    offs = tl.reshape(offs_n2, (offs_n2.shape[0],))
+def _constants(s_ptr, b_ptr, k0, offs_n, N, K, GROUP: tl.constexpr, EVEN: tl.constexpr):
+    """The scale and offset (in units of 2^-UNIT) [BLOCK_N, 1] of rows ``offs_n`` for the
+    group holding column ``k0`` (zeros past K; EVEN: the group clamped into K instead, for a
+    slice past the end that never uses them). Loaded as [BLOCK_N] vectors: what changes
+    layout to meet the words' sums is then these, not the [BLOCK_N, SUB // VEC] sums at every
+    fold (as a [BLOCK_N, 1] load, coalesced one row a thread, would make Triton do with 8 rows
+    a thread)."""
     if EVEN:
-        at = tl.minimum(k0 // GROUP, (K - 1) // GROUP) * N + offs
+        at = tl.minimum(k0 // GROUP, (K - 1) // GROUP) * N + offs_n
         s, b = _affine_constants(tl.load(s_ptr + at), tl.load(b_ptr + at))
     else:
-        at = (k0 // GROUP) * N + offs
-        ok = (offs < N) & (offs * 0 + k0 < K)
+        at = (k0 // GROUP) * N + offs_n
+        ok = (offs_n < N) & (offs_n * 0 + k0 < K)
         s, b = _affine_constants(tl.load(s_ptr + at, mask=ok, other=0.0),
                                  tl.load(b_ptr + at, mask=ok, other=0.0))
     return s[:, None], (b * 2.0 ** -UNIT)[:, None]
 
 
 @triton.jit
-def _tile_sum(words, t, x_ptr, s_ptr, b_ptr, offs_n2, N, K, sa, ca, sb, cb,
+def _tile_sum(words, t, x_ptr, s_ptr, b_ptr, offs_n, N, K, sa, ca, sb, cb,
               GROUP: tl.constexpr, SUB: tl.constexpr, VEC: tl.constexpr, EVEN: tl.constexpr,
               PRE: tl.constexpr):
     """Tile ``t``'s products [BLOCK_N, SUB // VEC] in units of 2^-UNIT, each group folded in
@@ -127,7 +127,7 @@ def _tile_sum(words, t, x_ptr, s_ptr, b_ptr, offs_n2, N, K, sa, ca, sb, cb,
             elif PRE:
                 s, c = sb, cb
             else:
-                s, c = _constants(s_ptr, b_ptr, t * PACK + (j + 1 - FOLD) * SUB, offs_n2, N,
+                s, c = _constants(s_ptr, b_ptr, t * PACK + (j + 1 - FOLD) * SUB, offs_n, N,
                                   K, GROUP, EVEN)
             acc += tl.sum(part, axis=2) * s
             acc += tl.sum(xs, axis=2) * c
@@ -135,21 +135,21 @@ def _tile_sum(words, t, x_ptr, s_ptr, b_ptr, offs_n2, N, K, sa, ca, sb, cb,
 
 
 @triton.jit
-def _iteration_sum(acc, w0, w1, w2, w3, t, x_ptr, s_ptr, b_ptr, offs_n2, N, K, s0a, c0a, s0b,
+def _iteration_sum(acc, w0, w1, w2, w3, t, x_ptr, s_ptr, b_ptr, offs_n, N, K, s0a, c0a, s0b,
                    c0b, s1a, c1a, s1b, c1b, GROUP: tl.constexpr, SUB: tl.constexpr,
                    VEC: tl.constexpr, TILES: tl.constexpr, EVEN: tl.constexpr,
                    PRE: tl.constexpr):
     """``acc`` plus the products of tiles ``t .. t + TILES - 1`` (words ``w0`` ...; PRE: the
     first two tiles' constants given, see :func:`_tile_sum`)."""
-    acc += _tile_sum(w0, t, x_ptr, s_ptr, b_ptr, offs_n2, N, K, s0a, c0a, s0b, c0b,
+    acc += _tile_sum(w0, t, x_ptr, s_ptr, b_ptr, offs_n, N, K, s0a, c0a, s0b, c0b,
                     GROUP, SUB, VEC, EVEN, PRE)
     if TILES > 1:
-        acc += _tile_sum(w1, t + 1, x_ptr, s_ptr, b_ptr, offs_n2, N, K, s1a, c1a, s1b,
+        acc += _tile_sum(w1, t + 1, x_ptr, s_ptr, b_ptr, offs_n, N, K, s1a, c1a, s1b,
                          c1b, GROUP, SUB, VEC, EVEN, PRE)
     if TILES > 2:
-        acc += _tile_sum(w2, t + 2, x_ptr, s_ptr, b_ptr, offs_n2, N, K, 0.0, 0.0, 0.0,
+        acc += _tile_sum(w2, t + 2, x_ptr, s_ptr, b_ptr, offs_n, N, K, 0.0, 0.0, 0.0,
                          0.0, GROUP, SUB, VEC, EVEN, False)
-        acc += _tile_sum(w3, t + 3, x_ptr, s_ptr, b_ptr, offs_n2, N, K, 0.0, 0.0, 0.0,
+        acc += _tile_sum(w3, t + 3, x_ptr, s_ptr, b_ptr, offs_n, N, K, 0.0, 0.0, 0.0,
                          0.0, GROUP, SUB, VEC, EVEN, False)
     return acc
 
@@ -208,15 +208,15 @@ def _gemv_nibbles(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr
     s0a, c0a, s0b, c0b, s1a, c1a, s1b, c1b = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     if PRE:
         k_lo = t_lo * 8 * SUB
-        s0a, c0a = _constants(s_ptr, b_ptr, k_lo, offs_n2, N, K, GROUP, EVEN)
+        s0a, c0a = _constants(s_ptr, b_ptr, k_lo, offs_n, N, K, GROUP, EVEN)
         if FOLD == 4:
-            s0b, c0b = _constants(s_ptr, b_ptr, k_lo + 4 * SUB, offs_n2, N, K, GROUP,
+            s0b, c0b = _constants(s_ptr, b_ptr, k_lo + 4 * SUB, offs_n, N, K, GROUP,
                                   EVEN)
         if TILES > 1:
-            s1a, c1a = _constants(s_ptr, b_ptr, k_lo + 8 * SUB, offs_n2, N, K, GROUP,
+            s1a, c1a = _constants(s_ptr, b_ptr, k_lo + 8 * SUB, offs_n, N, K, GROUP,
                                   EVEN)
             if FOLD == 4:
-                s1b, c1b = _constants(s_ptr, b_ptr, k_lo + 12 * SUB, offs_n2, N, K, GROUP,
+                s1b, c1b = _constants(s_ptr, b_ptr, k_lo + 12 * SUB, offs_n, N, K, GROUP,
                                       EVEN)
     pdl_wait(PDL)
     acc = tl.sum(tl.zeros_like(w0).to(tl.float32), axis=2)  # (see _tile_sum)
@@ -225,11 +225,11 @@ def _gemv_nibbles(x_ptr, q_ptr, s_ptr, b_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr
             c0, c1, c2, c3 = w0, w1, w2, w3
             w0, w1, w2, w3 = _load_iteration(q_rows, t0 + TILES, n_tiles, n_ok2, SUB, VEC,
                                              TILES, EVEN)
-            acc = _iteration_sum(acc, c0, c1, c2, c3, t0, x_ptr, s_ptr, b_ptr, offs_n2, N,
+            acc = _iteration_sum(acc, c0, c1, c2, c3, t0, x_ptr, s_ptr, b_ptr, offs_n, N,
                                  K, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, GROUP, SUB,
                                  VEC, TILES, EVEN, False)
     elif t_lo < t_hi:  # one iteration (tiles past the slice's end meet x = 0: past K)
-        acc = _iteration_sum(acc, w0, w1, w2, w3, t_lo, x_ptr, s_ptr, b_ptr, offs_n2, N, K,
+        acc = _iteration_sum(acc, w0, w1, w2, w3, t_lo, x_ptr, s_ptr, b_ptr, offs_n, N, K,
                              s0a, c0a, s0b, c0b, s1a, c1a, s1b, c1b, GROUP, SUB, VEC, TILES,
                              EVEN, PRE)
     _finish_row(tl.sum(acc, axis=1) * 2.0 ** UNIT, pid_n, pid_k, offs_n, n_ok, bias_ptr, y_ptr,
