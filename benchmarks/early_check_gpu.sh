@@ -148,6 +148,14 @@ token_ab() {  # LIMIT RUNNERS: the one-token down launch's GPU checks (once a ca
   TAIL=12 step "$1" token_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
     --batches 1 --overlap --runners "$2"
 }
+nib_layers() {  # LIMIT: gemv_nibbles' GPU checks, then each layer at the launches NIB_LAUNCHES
+  # (default: the benchmark's) against the step route; the fastest winning launches go to
+  # $OUT/nib_best.txt as ENGINE_W4_NIBBLES's value
+  TAIL=4 step 100 nib_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/runtime/test_nibbles_triton.py
+  TAIL=40 step "$1" nib_layers python3 benchmarks/nibbles_gpu.py \
+    --write-best "$OUT/nib_best.txt" ${NIB_LAUNCHES:+--launches "$NIB_LAUNCHES"}
+}
 decode_profiles() {  # PREFIX LAUNCH...: the MoE model's batch-1 profile with each decode
   # launch (ENGINE_TRITON_DECODE_LAUNCH=BLOCK_N,warps,stages), its attention rows printed
   local prefix=$1 c
@@ -371,14 +379,10 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       launches_ab "$AFFINE_LAUNCHES" ;;
     eight_cols)  # the shipped one-row launches with the groups in eight columns (XSUM 3)
       launches_ab "$COLS8_LAUNCHES" ;;
-    nibbles)  # gemv_nibbles (one row of 4-bit codes on the CUDA cores): its GPU checks, each
-      # layer at the launches NIB_LAUNCHES (default: the benchmark's) against the step route,
-      # then the gptq/awq step with the layers whose fastest launch won, against the step
-      # route, alternating twice
-      TAIL=4 step 100 nib_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/runtime/test_nibbles_triton.py
-      TAIL=40 step 200 nib_layers python3 benchmarks/nibbles_gpu.py \
-        --write-best "$OUT/nib_best.txt" ${NIB_LAUNCHES:+--launches "$NIB_LAUNCHES"}
+    nibbles)  # gemv_nibbles (one row of 4-bit codes on the CUDA cores): nib_layers, then the
+      # gptq/awq step with the layers whose fastest launch won, against the step route,
+      # alternating twice
+      nib_layers 200
       spec=$(cat "$OUT/nib_best.txt" 2>/dev/null)
       echo "ENGINE_W4_NIBBLES=$spec"
       [ -n "$spec" ] && for r in 1 2; do
@@ -435,10 +439,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         TAIL=8 step 100 first_fp8 python3 benchmarks/quant_gpu.py --batches 1 \
           --schemes fp8_block,fp8_tensor --model-inputs
         token_ab 240 triton,triton+token,triton,triton+token
-        TAIL=4 step 100 nib_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-          tests/runtime/test_nibbles_triton.py
-        TAIL=40 step 150 nib_layers python3 benchmarks/nibbles_gpu.py \
-          --write-best "$OUT/nib_best.txt" --launches "$NIB_LAUNCHES"
+        nib_layers 150
       else
         exec bash "$0" nibbles
       fi ;;
