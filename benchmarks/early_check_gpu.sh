@@ -39,9 +39,10 @@
 #     the shipped step (and layers); w4_floor: the one-row 4-bit products' own floor, their
 #     words from the L2 (benchmarks/w4_floor_gpu.py); w4_forms: the gptq/awq step with each
 #     one-row form (shipped, eight columns, the Gluon kernel from registers and staged);
-#     nibbles: gemv_nibbles' GPU checks, layers (NIB_LAUNCHES) and the step A/B with the
-#     layers where it won;
-#     first_call: on an H200 the fp8 step, the one-token down A/B and nibbles' layers, on
+#     nibbles: gemv_nibbles' GPU checks, layers (NIB_LAUNCHES) and the step without it, as
+#     shipped and with the layers where it won;
+#     first_call: on an H200 the fp8 step, the 4-bit step with and without gemv_nibbles,
+#     the one-token down A/B and nibbles' layers, on
 #     another card the nibbles step (one call of ~9 minutes, whichever card comes);
 #     h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
 #     fp8's step, then compact; b: the one-token down and 4-bit route A/Bs);
@@ -380,27 +381,32 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
     eight_cols)  # the shipped one-row launches with the groups in eight columns (XSUM 3)
       launches_ab "$COLS8_LAUNCHES" ;;
     nibbles)  # gemv_nibbles (one row of 4-bit codes on the CUDA cores): nib_layers, then the
-      # gptq/awq step with the layers whose fastest launch won, against the step route,
-      # alternating twice
+      # gptq/awq step without it (ENGINE_W4_NIBBLES=0), as shipped (q/k/v and o through it) and
+      # with the layers whose fastest launch won, alternating twice
       nib_layers 200
       spec=$(cat "$OUT/nib_best.txt" 2>/dev/null)
       echo "ENGINE_W4_NIBBLES=$spec"
-      [ -n "$spec" ] && for r in 1 2; do
+      for r in 1 2; do
+        ENGINE_W4_NIBBLES=0 w4_step "nib_off_$r"
         w4_step "nib_shipped_$r"
-        ENGINE_W4_NIBBLES=$spec w4_step "nib_routed_$r"
+        [ -n "$spec" ] && ENGINE_W4_NIBBLES=$spec w4_step "nib_routed_$r"
       done ;;
     w4_forms)  # the gptq/awq step at one row with each one-row form, alternating twice: as
-      # shipped, the groups in eight columns (XSUM 3), the Gluon kernel from registers
+      # shipped (q/k/v and o through gemv_nibbles), without gemv_nibbles (off), and, without
+      # it too, the groups in eight columns (XSUM 3), the Gluon kernel from registers
       # (ENGINE_AFFINE_MMA=1) and through 4 stages of shared memory: fewer instructions a
       # weight, which an H200 (bound by them where an H100 is bound by its bytes) can show
-      # (W4_FORMS: a subset of shipped cols8 mma mma4)
+      # (W4_FORMS: a subset of shipped off cols8 mma mma4)
       for r in 1 2; do
-        for f in ${W4_FORMS:-shipped cols8 mma mma4}; do
+        for f in ${W4_FORMS:-shipped off cols8 mma mma4}; do
           case $f in
             shipped) w4_step "w4f_shipped_$r" ;;
-            cols8) ENGINE_AFFINE_LAUNCHES=$COLS8_LAUNCHES TAIL=3 w4_step "w4f_cols8_$r" ;;
-            mma) ENGINE_AFFINE_MMA=1 TAIL=3 w4_step "w4f_mma_$r" ;;
-            mma4) ENGINE_AFFINE_MMA=1 ENGINE_AFFINE_MMA_STAGES=4 TAIL=3 w4_step "w4f_mma4_$r" ;;
+            cols8) ENGINE_W4_NIBBLES=0 ENGINE_AFFINE_LAUNCHES=$COLS8_LAUNCHES TAIL=3 \
+              w4_step "w4f_cols8_$r" ;;
+            mma) ENGINE_W4_NIBBLES=0 ENGINE_AFFINE_MMA=1 TAIL=3 w4_step "w4f_mma_$r" ;;
+            mma4) ENGINE_W4_NIBBLES=0 ENGINE_AFFINE_MMA=1 ENGINE_AFFINE_MMA_STAGES=4 TAIL=3 \
+              w4_step "w4f_mma4_$r" ;;
+            off) ENGINE_W4_NIBBLES=0 TAIL=3 w4_step "w4f_off_$r" ;;
           esac
         done
       done ;;
@@ -438,6 +444,8 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         TAIL=8 step 100 first_fp8 python3 benchmarks/quant_gpu.py --batches 1 \
           --schemes fp8_block,fp8_tensor --model-inputs
+        w4_step first_w4
+        ENGINE_W4_NIBBLES=0 w4_step first_w4_off
         token_ab 240 triton,triton+token,triton,triton+token
         nib_layers 150
       else

@@ -1,6 +1,7 @@
 """One row of 4-bit codes per layer through :func:`engine.runtime.nibbles_triton.gemv_nibbles`
 (the CUDA cores, the words of several rows a thread) at several launches, against the route a
-decode step takes today (:func:`engine.runtime.quant_triton.affine_mm`), on a GPU.
+decode step takes without it (:func:`engine.runtime.quant_triton.affine_mm` with
+``ENGINE_W4_NIBBLES=0``: the "step route" below), on a GPU.
 
 Llama-3-8B's four linear layers (int4 codes in groups of 128, the compact 16-bit constants the
 loader keeps). First each launch's products against the step route's on the same inputs
@@ -36,6 +37,10 @@ LAUNCHES = ("64,2,0,4,4,0;64,2,0,4,4,1;64,1,0,4,4,0;64,1,0,4,4,1;32,2,0,2,4,1;12
 
 def step_route(x, t):
     return qt.affine_mm(x, t["q"], t["s"], t["b"], BITS, GROUP, SUB)
+
+
+# the step route without gemv_nibbles (the baseline every launch here is set against)
+qt.W4_NIBBLES_CLASSES, qt.W4_NIBBLES_ROUTE = frozenset(), {}
 
 
 def nibbles(config: tuple):

@@ -4,7 +4,8 @@ to a tile, across tiles, K one group), N and K not multiples of the launch, K in
 slices (one iteration a program, or streamed; an empty slice), 1, 2 and 4 tiles an iteration,
 the groups' constants loaded before the wait or after it, float32 and the 16-bit compact
 constants, bias or none, bfloat16 and float16 activations; and
-``affine_mm`` routes one row there when ``ENGINE_W4_NIBBLES`` asks. Under the Triton
+``affine_mm`` routes one row there for the square weights by default, or those
+``ENGINE_W4_NIBBLES`` names. Under the Triton
 interpreter here (a child process: the interpreter is chosen before Triton is imported), on
 the GPU where there is one.
 
@@ -82,26 +83,38 @@ def check(name: str, case: tuple, device: str, gen: torch.Generator) -> list[str
 def _routing(device: str, gen: torch.Generator) -> list[str]:
     """``affine_mm`` at one row calls gemv_nibbles for the weights ENGINE_W4_NIBBLES names (the
     child sets it for 40 x 320 only; on a GPU: the route takes CUDA tensors) and no other,
-    with the launch named."""
+    with the launch named; and, with the default classes (the variable unset), for the
+    "square" weights alone at the class's launch."""
     from engine.runtime import nibbles_triton as nt
     from engine.runtime import quant_triton as qt
 
+    def one_row(n, k):
+        codes = torch.randint(0, 16, (n, k), generator=gen)
+        s = torch.rand(-(-k // 128), n, generator=gen) * 0.02 + 0.001
+        b = torch.randn(-(-k // 128), n, generator=gen) * 0.05
+        x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
+        qt.affine_mm(x.to(device), qt.pack_affine(codes, 4, 32).to(device), s.to(device),
+                     b.to(device), 4, 128, 32)
+
     calls = []
-    real = nt.gemv_nibbles
+    real, route, classes = nt.gemv_nibbles, qt.W4_NIBBLES_ROUTE, qt.W4_NIBBLES_CLASSES
     nt.gemv_nibbles = lambda *a, **kw: calls.append(((a[1].shape[0], a[0].shape[1]),
                                                      kw.get("config"))) or real(*a, **kw)
     try:
-        for n, k in ((40, 320), (48, 256)):
-            codes = torch.randint(0, 16, (n, k), generator=gen)
-            s = torch.rand(-(-k // 128), n, generator=gen) * 0.02 + 0.001
-            b = torch.randn(-(-k // 128), n, generator=gen) * 0.05
-            x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
-            qt.affine_mm(x.to(device), qt.pack_affine(codes, 4, 32).to(device), s.to(device),
-                         b.to(device), 4, 128, 32)
+        for n, k in ((40, 320), (48, 256), (128, 128)):  # deep, deep, square
+            one_row(n, k)
+        named = list(calls)
+        calls.clear()
+        qt.W4_NIBBLES_ROUTE = {}
+        qt.W4_NIBBLES_CLASSES = qt._nibbles_classes("")
+        for n, k in ((40, 320), (128, 128), (512, 128)):  # deep, square, wide
+            one_row(n, k)
     finally:
-        nt.gemv_nibbles = real
-    want = [((40, 320), (32, 1, 0, 4, 4))] if device == "cuda" else []
-    return [] if calls == want else [f"gemv_nibbles called for {calls}, expected {want}"]
+        nt.gemv_nibbles, qt.W4_NIBBLES_ROUTE, qt.W4_NIBBLES_CLASSES = real, route, classes
+    want = ([((40, 320), (32, 1, 0, 4, 4))], [((128, 128), None)]) if device == "cuda" else (
+        [], [])
+    return [f"gemv_nibbles called for {got}, expected {w}"
+            for got, w in zip((named, calls), want) if got != w]
 
 
 def main(device: str) -> None:
@@ -132,6 +145,16 @@ def interpreted() -> dict:
 @pytest.mark.parametrize("name", list(CASES) + ["routing"])
 def test_under_the_interpreter(interpreted, name):
     assert interpreted[name] == []
+
+
+def test_default_classes_by_variable():
+    """Unset: the square class; 0 or a spec naming weights: none by class; 1: every class."""
+    from engine.runtime import quant_triton as qt
+
+    assert qt._nibbles_classes("") == {"square"}
+    assert qt._nibbles_classes("0") == set()
+    assert qt._nibbles_classes("40x320:32,1,0,4,4") == set()
+    assert qt._nibbles_classes("1") == {"square", "wide", "deep"}
 
 
 def test_route_spec_names_the_variable():

@@ -1,6 +1,6 @@
 """One row of 4-bit codes (the canonical packed form of
 :func:`engine.runtime.quant_triton.pack_affine`) times a weight, on the CUDA cores, with as few
-instructions a weight as the form allows (opt-in: ``ENGINE_W4_NIBBLES=1``; see
+instructions a weight as the form allows (by default for the "square" shape class; see
 :data:`engine.runtime.quant_triton.W4_NIBBLES`).
 
 A thread holds ``VEC`` consecutive words (one 16-byte load) of several output rows, so the

@@ -108,15 +108,26 @@ def _mma_route(spec: str) -> dict[tuple[int, int], tuple[int, ...]]:
 #: fused gate/up weight through 4 stages of shared memory; empty by default, for A/B runs)
 AFFINE_MMA_ROUTE = _mma_route(os.environ.get("ENGINE_AFFINE_MMA_ROUTE", ""))
 #: one row of 4-bit codes through :func:`engine.runtime.nibbles_triton.gemv_nibbles` (the CUDA
-#: cores; about 5 instructions a weight in the sm_90 build, its prologue and split sum
-#: included): ``ENGINE_W4_NIBBLES=1`` every such product at the launches of
-#: ``nibbles_triton.CONFIGS``, ``"NxK:BLOCK_N,TILES,split,warps,VEC[,PRE_CONST];..."`` those
-#: weights at those launches (unset or 0: none; for A/B runs)
+#: cores; about 4 instructions a weight in the sm_90 build): by default the weights of the
+#: "square" class (q/k/v, o; at ``nibbles_triton.CONFIGS``' launch; H100, Llama-3-8B's gptq /
+#: awq step at one row 2.2 / 2.7 % faster over five rounds, the wide and deep classes slower
+#: there: docs/benchmarks/quantization.md). ``ENGINE_W4_NIBBLES``: ``0`` none, ``1`` every
+#: class, ``"NxK:BLOCK_N,TILES,split,warps,VEC[,PRE_CONST];..."`` those weights alone at those
+#: launches (for A/B runs)
 W4_NIBBLES = os.environ.get("ENGINE_W4_NIBBLES", "")
-W4_NIBBLES_ALL = W4_NIBBLES == "1"
 W4_NIBBLES_ROUTE = (launch_spec(W4_NIBBLES, "ENGINE_W4_NIBBLES",
-                                "1 or NxK:BLOCK_N,TILES,split,warps,VEC[,PRE_CONST]", _shape)
+                                "0, 1 or NxK:BLOCK_N,TILES,split,warps,VEC[,PRE_CONST]", _shape)
                     if W4_NIBBLES not in ("", "0", "1") else {})
+
+
+def _nibbles_classes(value: str) -> frozenset[str]:
+    """The shape classes whose one row goes to gemv_nibbles for ``ENGINE_W4_NIBBLES=value``."""
+    return frozenset({"": ("square",), "1": ("square", "wide", "deep")}.get(value, ()))
+
+
+#: shape classes (:func:`shape_class`) whose one row goes to gemv_nibbles (at
+#: ``nibbles_triton.CONFIGS``' launch) besides the weights :data:`W4_NIBBLES_ROUTE` names
+W4_NIBBLES_CLASSES = _nibbles_classes(W4_NIBBLES)
 #: rows from which :func:`affine_mm` dequantizes the weight into a temporary in x's dtype and
 #: hands the product to cuBLAS, by code width (prefill: the weight's bytes are then small
 #: beside the product's work; 45.7 against 39.6 ms of dense bf16 at 2048 rows on the H200)
@@ -648,11 +659,12 @@ def affine_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias_: torc
         x, perm = x.index_select(1, perm), None
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
-    if m == 1 and x.is_cuda and (W4_NIBBLES_ALL or W4_NIBBLES_ROUTE):
+    if m == 1 and x.is_cuda and (W4_NIBBLES_CLASSES or W4_NIBBLES_ROUTE):
         from engine.runtime import nibbles_triton as nt
 
         nib = W4_NIBBLES_ROUTE.get((q.shape[0], k))
-        if nt.serves(x, bits, group, sub) and (W4_NIBBLES_ALL or nib is not None):
+        if nt.serves(x, bits, group, sub) and (
+                nib is not None or shape_class(q.shape[0], k) in W4_NIBBLES_CLASSES):
             return nt.gemv_nibbles(x, q, scale, bias_, group, sub, bias=bias, config=nib)
     launch = AFFINE_MMA_ROUTE.get((q.shape[0], k)) if AFFINE_MMA_ROUTE else None
     if m == 1 and x.is_cuda and (AFFINE_MMA or launch is not None):
