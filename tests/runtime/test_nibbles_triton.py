@@ -3,11 +3,10 @@ float64 product of its dequantized weights: groups 16 to 576 (a group inside a s
 to a tile, across tiles, K one group), N and K not multiples of the launch, K in one or several
 slices (one iteration a program, or streamed; an empty slice), 1, 2 and 4 tiles an iteration,
 the groups' constants loaded before the wait or after it, float32 and the 16-bit compact
-constants, bias or none, bfloat16 and float16 activations; and
-``affine_mm`` routes one row there for the square weights by default, or those
-``ENGINE_W4_NIBBLES`` names. Under the Triton
-interpreter here (a child process: the interpreter is chosen before Triton is imported), on
-the GPU where there is one.
+constants, bias or none, bfloat16 and float16 activations; and ``affine_mm`` routes one row
+there for the square weights by default, or for those ``ENGINE_W4_NIBBLES`` names. Under the
+Triton interpreter here (a child process: the interpreter is chosen before Triton is
+imported), on the GPU where there is one.
 
 Run as a script (``python tests/runtime/test_nibbles_triton.py cpu|cuda``) it prints one JSON
 object: case name -> failures.
