@@ -41,8 +41,8 @@
 #     one-row form (shipped, eight columns, the Gluon kernel from registers and staged);
 #     nibbles: gemv_nibbles' GPU checks, layers (NIB_LAUNCHES) and the step without it, as
 #     shipped and with the layers where it won;
-#     first_call: on an H200 the fp8 step, the 4-bit step with and without gemv_nibbles,
-#     the one-token down A/B and nibbles' layers, on
+#     first_call: on an H200 gemv_nibbles' GPU checks, the fp8 step, the 4-bit step with and
+#     without gemv_nibbles, the one-token down A/B and nibbles' layers, on
 #     another card the nibbles step (one call of ~9 minutes, whichever card comes);
 #     h200_a, h200_b: on an H200, the next two calls there (a: block and per-tensor
 #     fp8's step, then compact; b: the one-token down and 4-bit route A/Bs);
@@ -149,13 +149,19 @@ token_ab() {  # LIMIT RUNNERS: the one-token down launch's GPU checks (once a ca
   TAIL=12 step "$1" token_model python3 benchmarks/moe_gpu.py --skip kit,kernel,chain \
     --batches 1 --overlap --runners "$2"
 }
-nib_layers() {  # LIMIT: gemv_nibbles' GPU checks, then each layer at the launches NIB_LAUNCHES
-  # (default: the benchmark's) against the step route; the fastest winning launches go to
-  # $OUT/nib_best.txt as ENGINE_W4_NIBBLES's value
+nib_tests() {  # gemv_nibbles' GPU checks (its routing included)
   TAIL=4 step 100 nib_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/runtime/test_nibbles_triton.py
+}
+nib_bench() {  # LIMIT: each layer at the launches NIB_LAUNCHES (default: the benchmark's)
+  # against the step route without gemv_nibbles; the fastest winning launches go to
+  # $OUT/nib_best.txt as ENGINE_W4_NIBBLES's value
   TAIL=40 step "$1" nib_layers python3 benchmarks/nibbles_gpu.py \
     --write-best "$OUT/nib_best.txt" ${NIB_LAUNCHES:+--launches "$NIB_LAUNCHES"}
+}
+nib_layers() {  # LIMIT: nib_tests, then nib_bench LIMIT
+  nib_tests
+  nib_bench "$1"
 }
 decode_profiles() {  # PREFIX LAUNCH...: the MoE model's batch-1 profile with each decode
   # launch (ENGINE_TRITON_DECODE_LAUNCH=BLOCK_N,warps,stages), its attention rows printed
@@ -442,12 +448,13 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       export NIB_LAUNCHES=${NIB_LAUNCHES:-"64,2,0,4,4,0;64,2,0,4,4,1;64,1,0,4,4,1;\
 128,2,0,8,4,1;128,2,0,4,4,1;64,2,0,2,4,1"}
       if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        nib_tests
         TAIL=8 step 100 first_fp8 python3 benchmarks/quant_gpu.py --batches 1 \
           --schemes fp8_block,fp8_tensor --model-inputs
         w4_step first_w4
         ENGINE_W4_NIBBLES=0 w4_step first_w4_off
         token_ab 240 triton,triton+token,triton,triton+token
-        nib_layers 150
+        nib_bench 150
       else
         exec bash "$0" nibbles
       fi ;;
