@@ -442,9 +442,10 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       TAIL=4 step 90 h200_fp8 python3 benchmarks/quant_gpu.py --batches 1 \
         --schemes fp8_block,fp8_tensor --model-inputs
       COMPACT_TESTS=0 compact_ab ;;
-    first_call)  # one call of ~9 minutes for whichever card comes: on an H200 block and
-      # per-tensor fp8's step with the decoder's inputs, the one-token down launch's A/B in the
-      # MoE model, then gemv_nibbles' checks and layers; on another card the nibbles step whole
+    first_call)  # one call of ~9 minutes for whichever card comes: on an H200 gemv_nibbles'
+      # checks, block and per-tensor fp8's step with the decoder's inputs, the 4-bit step with
+      # and without gemv_nibbles, the one-token down launch's A/B in the MoE model, then
+      # gemv_nibbles' layers; on another card the nibbles step whole
       export NIB_LAUNCHES=${NIB_LAUNCHES:-"64,2,0,4,4,0;64,2,0,4,4,1;64,1,0,4,4,1;\
 128,2,0,8,4,1;128,2,0,4,4,1;64,2,0,2,4,1"}
       if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
