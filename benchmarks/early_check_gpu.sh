@@ -41,6 +41,7 @@
 #     one-row form (shipped, eight columns, the Gluon kernel from registers and staged);
 #     nibbles: gemv_nibbles' GPU checks, layers (NIB_LAUNCHES) and the step without it, as
 #     shipped and with the layers where it won;
+#     gemv_mma: one row of bf16 weights through mma.sync from registers, checks and us;
 #     first_call: on an H200 gemv_nibbles' GPU checks, the fp8 step, the 4-bit step with and
 #     without gemv_nibbles, the one-token down A/B and nibbles' layers, on
 #     another card the nibbles step (one call of ~9 minutes, whichever card comes);
@@ -397,6 +398,9 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
         w4_step "nib_shipped_$r"
         [ -n "$spec" ] && ENGINE_W4_NIBBLES=$spec w4_step "nib_routed_$r"
       done ;;
+    gemv_mma)  # one row of bf16 weights on the matrix unit (benchmarks/gemv_mma_gpu.py: the
+      # MoE down projection's shape and the dense ones) against the bf16 gemv and cuBLAS
+      TAIL=40 step 120 gemv_mma python3 benchmarks/gemv_mma_gpu.py ;;
     w4_forms)  # the gptq/awq step at one row with each one-row form, alternating twice: as
       # shipped (q/k/v and o through gemv_nibbles), without gemv_nibbles (off), and, without
       # it too, the groups in eight columns (XSUM 3), the Gluon kernel from registers

@@ -916,3 +916,41 @@ def test_nibbles_gemv_puts_a_warp_along_the_words_and_spills_nothing(layer):
     changes = re.findall(r"convert_layout %\S+ : tensor<(\d+)x(\d+)x\w+,", ttgir)
     assert all(rows == "1" for rows, _ in changes), changes  # (a [1, columns] x sum may)
     assert stack_bytes(compiled) == 0
+
+
+@pytest.mark.parametrize("mr", [1, 2])
+def test_one_row_bf16_on_the_matrix_unit_builds_without_layout_changes(mr):
+    """The probe of ``benchmarks/gemv_mma_gpu.py`` (one row of bfloat16 weights through
+    ``mma.sync`` with K permuted in each 32-column chunk) builds for sm_90: its changes of
+    layout from the 16-byte loads to the two operands are proven free (the build fails
+    otherwise), its K loop holds 2 matrix instructions a chunk for each 16 rows of a warp, the
+    weights and x come by 16-byte loads, nothing goes through shared memory or spills, and
+    every loop (the unrolled one and its remainder) spends fewer than two instructions a weight
+    of a thread (a warp's chunk: 16 MR rows x 32 columns, 16 MR weights a thread)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "gemv_mma_gpu.py")
+    spec = importlib.util.spec_from_file_location("gemv_mma_gpu", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    if probe.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = probe._gemv_mma
+    sig = {"w_ptr": "*bf16", "x_ptr": "*bf16", "y_ptr": "*bf16", "K": "i32", "stride_w": "i32",
+           "MR": "constexpr"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+             if name != "MR"}
+    src = GluonASTSource(fn=kernel, signature=sig, constexprs={"MR": mr}, attrs=attrs)
+    compiled = triton.compile(src, target=SM90, options={"num_warps": 4})
+    assert stack_bytes(compiled) == 0
+    loops = [body for body in sass_loops(compiled) if any(op.startswith("HMMA") for op in body)]
+    assert loops
+    for body in loops:
+        mmas = sum(op.startswith("HMMA.16816.F32.BF16") for op in body)
+        chunks = mmas // (2 * mr)
+        assert mmas == 2 * mr * chunks and chunks >= 1, body
+        assert sum(op.startswith("LDG.E.128") for op in body) >= (2 * mr + 1) * chunks, body
+        assert not [op for op in body if op.startswith(("LDS", "STS", "BAR"))], body
+        assert len(body) < 2 * 16 * mr * chunks, (len(body), 16 * mr * chunks)
