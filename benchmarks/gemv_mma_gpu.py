@@ -36,15 +36,10 @@ except ImportError:  # a Triton without Gluon
     gluon = gl = mma_v2 = None
 
 if gluon is not None:
-    @gluon.constexpr_function
-    def _w_layout(warps, mr):
-        """[16 warps mr rows, 4 (t), 8 (8 neighbouring columns)]: rows g and g + 8 of a warp's
-        16-row block a lane, the 8 columns of its quad index t a 16-byte load."""
-        reg = [[0, 0, 1], [0, 0, 2], [0, 0, 4], [8, 0, 0]]
-        reg += [[16 * warps * (1 << i), 0, 0] for i in range(mr.bit_length() - 1)]
-        lane = [[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
-        warp = [[16 * (1 << i), 0, 0] for i in range(warps.bit_length() - 1)]
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [16 * warps * mr, 4, 8])
+    # [16 warps mr rows, 4 (t), 8 (8 neighbouring columns)]: rows g and g + 8 of a warp's
+    # 16-row block a lane, the 8 columns of its quad index t a 16-byte load (the layout of the
+    # 4-bit kernel's words, there 8 words of a row)
+    from engine.runtime.affine_mma import _words_layout as _w_layout
 
     @gluon.constexpr_function
     def _x_layout(warps):
