@@ -70,7 +70,7 @@ if gluon is not None:
         xe = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, XL)))
         xn = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, XL)))
         x_p = x_ptr + (xt * 8)[:, None, None] + xe[None, :, None] + 0 * xn[None, None, :]
-        first = (xn == 0)[None, None, :] & (xt >= 0)[:, None, None] & (xe >= 0)[None, :, None]
+        first = (xn == 0)[None, None, :]
         acc = gl.zeros((BN, 8), gl.float32, MMA)
         for _ in range(0, K // 32):
             w = gl.reshape(gl.load(w_p), (BN, 4, 2, 2, 2))  # row, t, s, h, e
@@ -108,6 +108,7 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from gemv_gpu import time_us  # noqa: E402
     from swap_affine_gpu import copies  # noqa: E402
+    from swap_gpu import table  # noqa: E402
 
     from engine.runtime import gemv_triton as gt
 
@@ -129,8 +130,6 @@ def main() -> None:
             checks.append([shape, name, f"{((got - want).abs().max() / want.abs().max()):.2e}"])
             us = time_us(fn, sets, x, args.iters)
             rows.append([shape, name, f"{us:.1f}", f"{mb / us:.2f}"])
-    from swap_gpu import table  # noqa: E402
-
     table(["N x K", "product", "max diff / max |y| vs float32"], checks)
     table(["N x K", "product", "cold us", "TB/s"], rows)
 
