@@ -38,16 +38,10 @@ except ImportError:  # a Triton without Gluon
 if gluon is not None:
     # [16 warps mr rows, 4 (t), 8 (8 neighbouring columns)]: rows g and g + 8 of a warp's
     # 16-row block a lane, the 8 columns of its quad index t a 16-byte load (the layout of the
-    # 4-bit kernel's words, there 8 words of a row)
-    from engine.runtime.affine_mma import _words_layout as _w_layout
-
-    @gluon.constexpr_function
-    def _x_layout(warps):
-        """[4 (t), 8 (8 neighbouring columns), 8 (the operand's column, the lane's group)]."""
-        reg = [[0, 1, 0], [0, 2, 0], [0, 4, 0]]
-        lane = [[1, 0, 0], [2, 0, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]]
-        warp = [[0, 0, 0]] * (warps.bit_length() - 1)
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [4, 8, 8])
+    # 4-bit kernel's words, there 8 words of a row); x's: [4 (t), 8 (8 neighbouring columns),
+    # 8 (the operand's column, the lane's group)], as the MoE down projection's activations
+    from engine.runtime.affine_mma import words_layout as _w_layout
+    from engine_moe_triton.down_mma import _act_layout as _x_layout
 
     @gluon.jit
     def _gemv_mma(w_ptr, x_ptr, y_ptr, K, stride_w, MR: gl.constexpr):

@@ -215,6 +215,18 @@ def one_warp_launches() -> list[dict]:
             if wp == 1 or dw == 1]
 
 
+def mma_launches() -> list[dict]:
+    """The shipped one-token launch with its down projection on the matrix unit
+    (``down_mma`` = (MR, warps): 16 MR rows a program, the warps splitting the inputs), and
+    with one down launch through the token's pairs (``token_down``), to compare in the
+    chain."""
+    from engine_moe_triton.impl import GEMV_ONE_TOKEN
+
+    return ([dict(GEMV_ONE_TOKEN, down_mma=launch)
+             for launch in ((1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (1, 2), (2, 2))]
+            + [dict(GEMV_ONE_TOKEN, token_down=(4, 256, 4))])
+
+
 def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
                wide: str = "") -> list[list]:
     """The sparse layer as the model runs it: ``n_layers`` layers with their own weights (past
@@ -245,7 +257,8 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
                          for dbn in (8, 16, 32)]
         if wide and m == 1:
             launches += [("", cfg) for cfg in {"narrow": narrow_launches,
-                                                "onewarp": one_warp_launches}.get(
+                                                "onewarp": one_warp_launches,
+                                                "mma": mma_launches}.get(
                                                     wide, wide_launches)()]
         scores = []
         for label, cfg in launches:
@@ -262,7 +275,7 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
                 pass
             tri.gemv_one, tri.gemv = saved
         fixed = sum(1 for s in scores if s[2].startswith("the default"))
-        best = sorted(scores[fixed:])[:5 if wide else 3]
+        best = sorted(scores[fixed:])[:(8 if wide == "mma" else 5) if wide else 3]
         if best and m == 1:
             global BEST_ONE_TOKEN
             BEST_ONE_TOKEN = json.loads(best[0][2])
@@ -294,7 +307,8 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     # one-token launch's default is 1), triton+noeven (the one-token down projection over
     # whole rows, not unrolled whole tiles), triton+token (one down launch through the token's
     # pairs with their combine, kernels.token_moe: token2 / token8 other launches, tokenp its
-    # rows asked into L2 before its wait), torch
+    # rows asked into L2 before its wait), triton+mma / mma8 / mma2 (the down projection on
+    # the matrix unit at 1 x 16 rows a program and 4 / 8 warps, 2 x 16 and 4), torch
     variants = {"hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
                 "nohints": ("ENGINE_MOE_L2_HINTS", "0"),
                 "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0"),
@@ -302,7 +316,9 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
                 "token": ("ENGINE_MOE_TOKEN_DOWN", "4,256,4"),
                 "token2": ("ENGINE_MOE_TOKEN_DOWN", "2,256,4"),
                 "token8": ("ENGINE_MOE_TOKEN_DOWN", "8,128,4"),
-                "tokenp": ("ENGINE_MOE_TOKEN_DOWN", "4,256,4,p")}
+                "tokenp": ("ENGINE_MOE_TOKEN_DOWN", "4,256,4,p"),
+                "mma": ("ENGINE_MOE_DOWN_MMA", "1,4"), "mma8": ("ENGINE_MOE_DOWN_MMA", "1,8"),
+                "mma2": ("ENGINE_MOE_DOWN_MMA", "2,4")}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"
@@ -392,11 +408,12 @@ def main() -> None:
     ap.add_argument("--chain-sweep", action="store_true",
                     help="also time a grid of one-token launches in the chain")
     ap.add_argument("--wide-sweep", nargs="?", const="wide", default="",
-                    choices=("wide", "narrow", "onewarp"),
+                    choices=("wide", "narrow", "onewarp", "mma"),
                     help="also time one-token launches of 2-8 outputs a program and 1024-2048"
                     " long K tiles in the chain (narrow: 1-4 outputs, whole rows, each "
                     "projection's own warps; onewarp: programs of one warp in either "
-                    "projection); the fastest then serves triton+best")
+                    "projection; mma: the shipped launch with its down projection on the "
+                    "matrix unit); the fastest then serves triton+best")
     args = ap.parse_args()
     if args.shape:
         global E, K, H, I

@@ -300,6 +300,48 @@ def test_moe_down_over_whole_tiles_is_shorter():
     assert per_weight < 0.45 * before, (per_weight, before)
 
 
+@pytest.mark.parametrize("mr,warps", [(1, 4), (2, 8), (1, 1)])
+def test_moe_down_on_the_matrix_unit_builds(mr, warps):
+    """The one-token down projection on the matrix unit (``down_mma._down_mma``, Gluon) at
+    Qwen3-30B-A3B's 2048 x 768 experts: its changes of layout from the 16-byte loads to both
+    operands are free (the build fails otherwise), the chunks are unrolled (no loop), nothing
+    spills, each warp's slice of the 768 inputs is 2 matrix instructions a chunk for each of
+    its 16-row blocks, the weights come by 16-byte loads with the eviction policy, and the
+    kernel spends under 60 % of the warp instructions a weight of the CUDA-core launch it would
+    replace (``_pair_gemv_down`` over six unrolled [16, 128] tiles, 4 warps)."""
+    from engine_moe_triton import down_mma, kernels
+
+    if not down_mma.available():
+        pytest.skip("this Triton has no Gluon")
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = down_mma._down_mma
+    consts = {"I": 768, "MR": mr, "EVICT": "evict_first", "PDL": True}
+    sig = {name: "constexpr" if name in consts else "*bf16" if name.endswith("_ptr") else "i32"
+           for name in kernel.arg_names}
+    sig.update(ids_ptr="*i32", wts_ptr="*fp32")
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+             if name not in consts}
+    compiled = triton.compile(GluonASTSource(fn=kernel, signature=sig, constexprs=consts,
+                                             attrs=attrs),
+                              target=SM90, options={"num_warps": warps})
+    assert stack_bytes(compiled) == 0 and sass_loops(compiled) == []
+    ops = [op for op in sass_ops(compiled) if op != "NOP"]
+    chunks = 768 // 32 // warps
+    assert sum(op.startswith("HMMA.16816.F32.BF16") for op in ops) == 2 * mr * chunks
+    assert sum(op.startswith("LDG.E.EF.128") for op in ops) == 2 * mr * chunks
+    assert "griddepcontrol.wait" in compiled.asm["ptx"]
+    types = {"gu_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "ids_ptr": "*i32",
+             "weights_ptr": "*fp32"}
+    tiles = build(kernels._pair_gemv_down, types, dict(
+        BLOCK_N=16, BLOCK_K=128, TILES=6, PREFETCH=False, ACC2D=False, NEXT=False,
+        EVICT="evict_first", KEEP=False, PDL=True))
+    # warp instructions a weight (a program's instructions run once a warp)
+    before = len([op for op in sass_ops(tiles) if op != "NOP"]) * 4 / (16 * 768)
+    per_weight = len(ops) * warps / (16 * mr * 768)
+    assert per_weight < 0.6 * before, (per_weight, before)
+
+
 @pytest.mark.parametrize("launch,prefetch", [((4, 256, 4), False), ((2, 256, 4), False),
                                             ((8, 128, 4), False), ((4, 256, 4), True)])
 def test_moe_token_down_builds_without_loops_or_spills(launch, prefetch):

@@ -87,7 +87,9 @@ def logical_columns() -> torch.Tensor:
     return 32 * p + 8 * km + 4 * ks0 + 2 * kb3 + kb0
 
 
-if gluon is not None:
+if gluon is None:
+    words_layout = None
+else:
     @gluon.constexpr_function
     def _pair_asm(magic):
         """Two neighbouring words a, b -> eight registers, register p = nibble p of a (low
@@ -103,7 +105,7 @@ if gluon is not None:
         return "{ .reg .b32 lo, hi, u; " + " ".join(lines) + " }"
 
     @gluon.constexpr_function
-    def _words_layout(warps, mr):
+    def words_layout(warps, mr):
         """[16 warps mr rows, 4 (km), 8 (word of the thread)]: the words a thread loads are its
         rows' neighbouring words km * 8 .. km * 8 + 7 (two 16-byte loads)."""
         reg = [[0, 0, 1], [0, 0, 2], [0, 0, 4], [8, 0, 0]]
@@ -114,9 +116,9 @@ if gluon is not None:
 
     @gluon.constexpr_function
     def _rows_layout(warps, mr):
-        """[16 warps mr rows, 32 words]: :func:`_words_layout` with its last two dimensions as
+        """[16 warps mr rows, 32 words]: :func:`words_layout` with its last two dimensions as
         one (the layout of the copies into shared memory and of the reads back)."""
-        words = _words_layout(warps, mr)
+        words = words_layout(warps, mr)
 
         def flat(bases):
             return [[row, 8 * km + word] for row, km, word in bases]
@@ -241,7 +243,7 @@ if gluon is not None:
                                                       instr_shape=[16, 8])
         A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        WL: gl.constexpr = _words_layout(W, MR)
+        WL: gl.constexpr = words_layout(W, MR)
         XL: gl.constexpr = _x_layout(W)
         GL: gl.constexpr = _sums_layout(W, GROUP)
         pdl_trigger(PDL)

@@ -61,13 +61,17 @@ GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8, acc2d=False)  # best of th
 #: (``kernels.token_moe``: no combine kernel); None: the pair launches above and the combine.
 #: Off until timed on a GPU: ``ENGINE_MOE_TOKEN_DOWN=4,256,4`` (or ``...,p``: its rows asked
 #: into L2 before its wait) turns it on.
+#: ``down_mma`` (MR, warps): the up projection stores each pair's activation and the down
+#: projection runs on the matrix unit (:func:`.down_mma.down_mma`, a Gluon kernel: CUDA
+#: only; 16-bit weights whose widths it fits), then the combine. Off until timed on a GPU:
+#: ``ENGINE_MOE_DOWN_MMA=1,4`` turns it on.
 GEMV_ONE_TOKEN = dict(block_n=2, block_k=2048, warps=4, down_block_n=8, down_block_k=1024,
                       down_warps=4, acc2d=False, next_tile=False, l2_hints=1,
-                      even_down=(16, 128, 4), token_down=None)
+                      even_down=(16, 128, 4), token_down=None, down_mma=None)
 
 
-#: the keys of a one-token launch that only :func:`.kernels.token_moe` takes
-TOKEN_KEYS = ("token_down", "prefetch")
+#: the keys of a one-token launch that :func:`.kernels.pair_moe` does not take
+TOKEN_KEYS = ("token_down", "prefetch", "down_mma")
 
 
 def pair_launch(launch: dict[str, Any]) -> dict[str, Any]:
@@ -76,12 +80,13 @@ def pair_launch(launch: dict[str, Any]) -> dict[str, Any]:
 
 
 def _one_token_launch() -> dict[str, Any]:
-    """:data:`GEMV_ONE_TOKEN` as ``ENGINE_MOE_EVEN_DOWN`` and ``ENGINE_MOE_TOKEN_DOWN`` say
-    (unset: as it is; "0": None; else the launch's comma-separated integers, and for the
-    latter a last ``p``: ``prefetch``)."""
+    """:data:`GEMV_ONE_TOKEN` as ``ENGINE_MOE_EVEN_DOWN``, ``ENGINE_MOE_TOKEN_DOWN`` and
+    ``ENGINE_MOE_DOWN_MMA`` say (unset: as it is; "0": None; else the launch's comma-separated
+    integers, and for the token launch a last ``p``: ``prefetch``)."""
     launch = dict(GEMV_ONE_TOKEN)
     for name, key in (("ENGINE_MOE_EVEN_DOWN", "even_down"),
-                      ("ENGINE_MOE_TOKEN_DOWN", "token_down")):
+                      ("ENGINE_MOE_TOKEN_DOWN", "token_down"),
+                      ("ENGINE_MOE_DOWN_MMA", "down_mma")):
         env = os.environ.get(name)
         if env is None:
             continue
@@ -177,6 +182,17 @@ class TritonRunner(MoERunner):
                     and token_down_fits(k, h, inter, *down_launch[:2])):
                 return self._one_token(experts, x, topk_ids, topk_weights, residual, launch,
                                        hints)
+            mma = launch.get("down_mma") if t == 1 else None
+            if mma and _mma_fits(x, h, inter, mma):
+                from .down_mma import moe_mma
+
+                act = torch.empty(k, inter, dtype=x.dtype, device=x.device)
+                down = torch.empty(k, h, dtype=x.dtype, device=x.device)
+                moe_mma(x, experts.w13, experts.w2, topk_ids.contiguous(),
+                        topk_weights.float().contiguous(), act, down, l2_hints=hints,
+                        down_launch=mma, **{key: launch[key] for key in
+                                            ("block_n", "block_k", "warps") if key in launch})
+                return combine_pairs(down, k, hidden.dtype, residual)
             gate_up = torch.empty(t * k, 2 * inter, dtype=x.dtype, device=x.device)
             down = torch.empty(t * k, h, dtype=x.dtype, device=x.device)
             if interpreting():
@@ -218,8 +234,8 @@ class TritonRunner(MoERunner):
         inter, h = experts.intermediate_size, experts.hidden_size
         act = torch.empty(k, inter, dtype=x.dtype, device=x.device)
         out = torch.empty(1, h, dtype=x.dtype, device=x.device)
-        options = {key: launch[key] for key in ("block_n", "block_k", "warps", *TOKEN_KEYS)
-                   if key in launch}
+        options = {key: launch[key] for key in ("block_n", "block_k", "warps", "token_down",
+                                                "prefetch") if key in launch}
         if interpreting():  # (small tiles: each program costs the interpreter time)
             options.update(block_n=4, block_k=16)
         ss = (torch.empty(h // launch["token_down"][0], dtype=torch.float32, device=x.device)
@@ -228,6 +244,15 @@ class TritonRunner(MoERunner):
                   topk_weights.float().contiguous(), act, out, residual, ss, l2_hints=hints,
                   **options)
         return out if residual is None else (out, ss.view(1, -1))
+
+
+def _mma_fits(x: torch.Tensor, hidden: int, inter: int, launch: tuple[int, int]) -> bool:
+    """Whether the one-token down projection on the matrix unit serves ``x`` (a CUDA tensor of
+    16-bit floats, the weights' dtype) at these widths and this launch."""
+    from . import down_mma
+
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and down_mma.available()
+            and down_mma.fits(hidden, inter, *launch))
 
 
 @hookimpl
