@@ -42,7 +42,7 @@
 #     nibbles: gemv_nibbles' GPU checks, layers (NIB_LAUNCHES) and the step without it, as
 #     shipped and with the layers where it won;
 #     gemv_mma: one row of bf16 weights through mma.sync from registers, checks and us;
-#     moe_mma: the one-token MoE down projection on the matrix unit: checks, model A/B, chain;
+#     moe_mma: one token's MoE projections on the matrix unit: checks, model A/B, chain;
 #     second_call: gemv_mma then moe_mma (the call after first_call);
 #     first_call: on an H200 gemv_nibbles' GPU checks, the fp8 step, the 4-bit step with and
 #     without gemv_nibbles, the one-token down A/B and nibbles' layers, on
@@ -403,10 +403,10 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
     gemv_mma)  # one row of bf16 weights on the matrix unit (benchmarks/gemv_mma_gpu.py: the
       # MoE down projection's shape and the dense ones) against the bf16 gemv and cuBLAS
       TAIL=40 step 120 gemv_mma python3 benchmarks/gemv_mma_gpu.py ;;
-    moe_mma)  # the one-token down projection on the matrix unit (down_mma, ENGINE_MOE_DOWN_MMA):
-      # GPU checks (token_moe_checks.py), the MoE model at batch 1 A/B, then the chain of 8
-      # layers with each of its launches beside the shipped one
-      token_ab 300 triton,triton+mma,triton+mma8,triton,triton+mma,triton+mma8
+    moe_mma)  # one token's expert projections on the matrix unit (token_mma; ENGINE_MOE_DOWN_MMA,
+      # ENGINE_MOE_UP_MMA): GPU checks (token_moe_checks.py), the MoE model at batch 1 A/B,
+      # then the chain of 8 layers with each of its launches beside the shipped one
+      token_ab 330 triton,triton+mma,triton+mmaup,triton+mma8,triton,triton+mma,triton+mmaup
       TAIL=14 step 150 mma_chain python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
         --chain-tokens 1 --wide-sweep mma ;;
     second_call)  # after first_call on an H200: the matrix unit's forms (gemv_mma's probe,

@@ -41,7 +41,7 @@ if gluon is not None:
     # 4-bit kernel's words, there 8 words of a row); x's: [4 (t), 8 (8 neighbouring columns),
     # 8 (the operand's column, the lane's group)], as the MoE down projection's activations
     from engine.runtime.affine_mma import words_layout as _w_layout
-    from engine_moe_triton.down_mma import _act_layout as _x_layout
+    from engine_moe_triton.token_mma import _act_layout as _x_layout
 
     @gluon.jit
     def _gemv_mma(w_ptr, x_ptr, y_ptr, K, stride_w, MR: gl.constexpr):

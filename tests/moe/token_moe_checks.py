@@ -3,8 +3,8 @@ then one down launch through all the token's pairs with their combine): against 
 launches plus ``combine_pairs`` (the shipped path) and the float32 definition, with and without
 the residual (its sums of squares too), a pair of another rank's expert (-1) among them, and
 the runner routing one token there; on a GPU also the down projection on the matrix unit
-(``down_mma.moe_mma``, a Gluon kernel) and its routing. ``python token_moe_checks.py cpu`` (under
-TRITON_INTERPRET=1: small widths) or ``cuda`` (Qwen3-30B-A3B's widths, every launch the
+and both projections there (``token_mma.moe_mma``, Gluon kernels) and their routing.
+``python token_moe_checks.py cpu`` (under TRITON_INTERPRET=1: small widths) or ``cuda`` (Qwen3-30B-A3B's widths, every launch the
 benchmark tries). Prints one JSON list of failures."""
 
 import json
@@ -15,7 +15,7 @@ import torch
 
 from engine.models.moe import torch_reference
 from engine.testing.moe import runner_failures
-from engine_moe_triton import down_mma, kernels
+from engine_moe_triton import kernels, token_mma
 from engine_moe_triton.impl import TritonRunner
 
 device = torch.device(sys.argv[1])
@@ -30,6 +30,7 @@ if gpu:  # (hidden, inter, experts, top-k), launches (down BLOCK_N, BLOCK_K, war
     dtypes = (torch.bfloat16, torch.float16)
     #: the matrix unit's down launches (MR, warps) tried where they fit
     MMA_LAUNCHES = [(1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (1, 2), (2, 2), (1, 1)]
+    UP_LAUNCHES = [(2, 4), (2, 8), (2, 16), (4, 8), (4, 4), (2, 2)]
 else:
     shapes = [(48, 32, 6, 3), (32, 48, 5, 2)]
     launches = [((8, 16, 4), False), ((4, 16, 4), True)]
@@ -84,19 +85,32 @@ for h, inter, e, k in shapes:
                     failures.append(f"{name}: sums of squares {ss.sum():.6g} against "
                                     f"{(out.float() ** 2).sum():.6g}")
 
-        if gpu and dtype != torch.float32 and down_mma.available():
-            # the down projection on the matrix unit after the up projection's GLU form
-            for mma in [m for m in MMA_LAUNCHES if down_mma.fits(h, inter, *m)]:
+        if gpu and dtype != torch.float32 and token_mma.available():
+            # the down projection on the matrix unit after the up projection's GLU form, then
+            # both projections on the matrix unit (the activations against the GLU form's)
+            glu_act = None
+            tries = [(None, m) for m in MMA_LAUNCHES if token_mma.fits(h, inter, *m)]
+            tries += [(u, (1, 4)) for u in UP_LAUNCHES if token_mma.fits(2 * inter, h, *u)]
+            for up_launch, mma in tries:
                 act = torch.full((k, inter), float("nan"), dtype=dtype, device=device)
                 pairs = torch.full((k, h), float("nan"), dtype=dtype, device=device)
-                down_mma.moe_mma(x, w13, w2, ids, wts, act, pairs, down_launch=mma, **up)
+                token_mma.moe_mma(x, w13, w2, ids, wts, act, pairs, down_launch=mma,
+                                  up_launch=up_launch, **up)
                 got, got_ss = kernels.combine_pairs(pairs, k, dtype, res)
                 tol = dict(rtol=0, atol=8 * torch.finfo(dtype).eps * float(exact.abs().max()))
-                name = f"{h}x{inter} top-{k} {dtype} down_mma {mma}"
+                name = f"{h}x{inter} top-{k} {dtype} up {up_launch} down {mma}"
                 for what, want in (("the pair launches", shipped.float()), ("float32", exact)):
                     if not torch.allclose(got.float(), want, **tol):
                         failures.append(f"{name}: against {what} "
                                         f"{(got.float() - want).abs().max():.3g}")
+                mine = ids.view(-1) >= 0  # (another rank's pair: its activation is unused)
+                if up_launch is None:
+                    glu_act = act
+                elif not torch.allclose(act[mine].float(), glu_act[mine].float(), rtol=0,
+                                        atol=4 * torch.finfo(dtype).eps
+                                        * float(glu_act[mine].abs().max())):
+                    diff = (act[mine].float() - glu_act[mine].float()).abs().max()
+                    failures.append(f"{name}: activations against the GLU form's {diff:.3g}")
 
 # the runner: one token routed to token_moe (the kit's cases; the ones whose widths the
 # launch does not fit keep the pair launches)
@@ -110,13 +124,16 @@ if not gpu:
     launch = TritonRunner(None).gemv_one
     if launch["token_down"] != (4, 16, 4) or not launch.get("prefetch"):
         failures.append(f"ENGINE_MOE_TOKEN_DOWN=4,16,4,p gave {launch}")
-if gpu and down_mma.available():  # one token routed to the matrix unit's down projection
-    runner = TritonRunner(None)
-    runner.gemv_one = dict(runner.gemv_one, down_mma=(1, 1))  # (the kit's widths are small)
-    failures += [f"runner with down_mma: {f}" for f in runner_failures(
-        runner, device, small=False, dtypes=(torch.bfloat16,))]
-os.environ["ENGINE_MOE_DOWN_MMA"] = "2,8"
-if TritonRunner(None).gemv_one.get("down_mma") != (2, 8):
-    failures.append(f"ENGINE_MOE_DOWN_MMA=2,8 gave {TritonRunner(None).gemv_one}")
-os.environ.pop("ENGINE_MOE_DOWN_MMA")
+if gpu and token_mma.available():  # one token routed to the projections on the matrix unit
+    for launches in (dict(down_mma=(1, 1)), dict(down_mma=(1, 1), up_mma=(2, 2))):
+        runner = TritonRunner(None)
+        runner.gemv_one = dict(runner.gemv_one, **launches)  # (the kit's widths are small)
+        failures += [f"runner with {launches}: {f}" for f in runner_failures(
+            runner, device, small=False, dtypes=(torch.bfloat16,))]
+os.environ.update(ENGINE_MOE_DOWN_MMA="2,8", ENGINE_MOE_UP_MMA="4,8")
+launch = TritonRunner(None).gemv_one
+if launch.get("down_mma") != (2, 8) or launch.get("up_mma") != (4, 8):
+    failures.append(f"ENGINE_MOE_DOWN_MMA=2,8 ENGINE_MOE_UP_MMA=4,8 gave {launch}")
+for name in ("ENGINE_MOE_DOWN_MMA", "ENGINE_MOE_UP_MMA"):
+    os.environ.pop(name)
 print(json.dumps(failures))

@@ -300,31 +300,35 @@ def test_moe_down_over_whole_tiles_is_shorter():
     assert per_weight < 0.45 * before, (per_weight, before)
 
 
+def _build_gluon(kernel, consts: dict, warps: int, floats: tuple[str, ...] = ()):
+    """A Gluon ``kernel`` compiled for sm_90: pointers bf16 (``ids_ptr`` int32, ``floats``
+    float32), other arguments i32, all marked multiples of 16 as a launch specializes them."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = {name: "constexpr" if name in consts else "*bf16" if name.endswith("_ptr") else "i32"
+           for name in kernel.arg_names}
+    sig.update(ids_ptr="*i32", **{name: "*fp32" for name in floats})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+             if name not in consts}
+    return triton.compile(GluonASTSource(fn=kernel, signature=sig, constexprs=consts,
+                                         attrs=attrs), target=SM90, options={"num_warps": warps})
+
+
 @pytest.mark.parametrize("mr,warps", [(1, 4), (2, 8), (1, 1)])
 def test_moe_down_on_the_matrix_unit_builds(mr, warps):
-    """The one-token down projection on the matrix unit (``down_mma._down_mma``, Gluon) at
+    """The one-token down projection on the matrix unit (``token_mma._down_mma``, Gluon) at
     Qwen3-30B-A3B's 2048 x 768 experts: its changes of layout from the 16-byte loads to both
     operands are free (the build fails otherwise), the chunks are unrolled (no loop), nothing
     spills, each warp's slice of the 768 inputs is 2 matrix instructions a chunk for each of
     its 16-row blocks, the weights come by 16-byte loads with the eviction policy, and the
     kernel spends under 60 % of the warp instructions a weight of the CUDA-core launch it would
     replace (``_pair_gemv_down`` over six unrolled [16, 128] tiles, 4 warps)."""
-    from engine_moe_triton import down_mma, kernels
+    from engine_moe_triton import kernels, token_mma
 
-    if not down_mma.available():
+    if not token_mma.available():
         pytest.skip("this Triton has no Gluon")
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    kernel = down_mma._down_mma
-    consts = {"I": 768, "MR": mr, "EVICT": "evict_first", "PDL": True}
-    sig = {name: "constexpr" if name in consts else "*bf16" if name.endswith("_ptr") else "i32"
-           for name in kernel.arg_names}
-    sig.update(ids_ptr="*i32", wts_ptr="*fp32")
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-             if name not in consts}
-    compiled = triton.compile(GluonASTSource(fn=kernel, signature=sig, constexprs=consts,
-                                             attrs=attrs),
-                              target=SM90, options={"num_warps": warps})
+    compiled = _build_gluon(token_mma._down_mma, {"I": 768, "MR": mr, "EVICT": "evict_first",
+                                                  "PDL": True}, warps, ("wts_ptr",))
     assert stack_bytes(compiled) == 0 and sass_loops(compiled) == []
     ops = [op for op in sass_ops(compiled) if op != "NOP"]
     chunks = 768 // 32 // warps
@@ -340,6 +344,28 @@ def test_moe_down_on_the_matrix_unit_builds(mr, warps):
     before = len([op for op in sass_ops(tiles) if op != "NOP"]) * 4 / (16 * 768)
     per_weight = len(ops) * warps / (16 * mr * 768)
     assert per_weight < 0.6 * before, (per_weight, before)
+
+
+@pytest.mark.parametrize("mr,warps", [(2, 8), (2, 16), (4, 8)])
+def test_moe_up_on_the_matrix_unit_builds(mr, warps):
+    """The one-token up projection on the matrix unit (``token_mma._up_mma``) at
+    Qwen3-30B-A3B's 2048 inputs: free changes of layout, no loop, no spills, 2 matrix
+    instructions a chunk for each 16-row block of a warp's slice, 16-byte loads of the weights
+    with the eviction policy; the activation's SiLU takes one exponential and one reciprocal
+    for each feature a thread holds (at most MR / 2 of them)."""
+    from engine_moe_triton import token_mma
+
+    if not token_mma.available():
+        pytest.skip("this Triton has no Gluon")
+    compiled = _build_gluon(token_mma._up_mma, {"H": 2048, "I": 768, "TOP_K": 8, "MR": mr,
+                                                "EVICT": "evict_first", "PDL": True}, warps)
+    assert stack_bytes(compiled) == 0 and sass_loops(compiled) == []
+    ops = sass_ops(compiled)
+    chunks = 2048 // 32 // warps
+    assert sum(op.startswith("HMMA.16816.F32.BF16") for op in ops) == 2 * mr * chunks
+    assert sum(op.startswith("LDG.E.EF.128") for op in ops) == 2 * mr * chunks
+    exps = sum(op.startswith("MUFU.EX2") for op in ops)
+    assert exps == sum(op.startswith("MUFU.RCP") for op in ops) and 0 < exps <= mr
 
 
 @pytest.mark.parametrize("launch,prefetch", [((4, 256, 4), False), ((2, 256, 4), False),

@@ -62,16 +62,17 @@ GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8, acc2d=False)  # best of th
 #: Off until timed on a GPU: ``ENGINE_MOE_TOKEN_DOWN=4,256,4`` (or ``...,p``: its rows asked
 #: into L2 before its wait) turns it on.
 #: ``down_mma`` (MR, warps): the up projection stores each pair's activation and the down
-#: projection runs on the matrix unit (:func:`.down_mma.down_mma`, a Gluon kernel: CUDA
-#: only; 16-bit weights whose widths it fits), then the combine. Off until timed on a GPU:
-#: ``ENGINE_MOE_DOWN_MMA=1,4`` turns it on.
+#: projection runs on the matrix unit (:func:`.token_mma.down_mma`, a Gluon kernel: CUDA
+#: only; 16-bit weights whose widths it fits), then the combine; with it, ``up_mma`` (MR,
+#: warps): the up projection on the matrix unit too (:func:`.token_mma.up_mma`). Off until
+#: timed on a GPU: ``ENGINE_MOE_DOWN_MMA=1,4`` (and ``ENGINE_MOE_UP_MMA=2,8``) turn them on.
 GEMV_ONE_TOKEN = dict(block_n=2, block_k=2048, warps=4, down_block_n=8, down_block_k=1024,
                       down_warps=4, acc2d=False, next_tile=False, l2_hints=1,
-                      even_down=(16, 128, 4), token_down=None, down_mma=None)
+                      even_down=(16, 128, 4), token_down=None, down_mma=None, up_mma=None)
 
 
 #: the keys of a one-token launch that :func:`.kernels.pair_moe` does not take
-TOKEN_KEYS = ("token_down", "prefetch", "down_mma")
+TOKEN_KEYS = ("token_down", "prefetch", "down_mma", "up_mma")
 
 
 def pair_launch(launch: dict[str, Any]) -> dict[str, Any]:
@@ -80,13 +81,15 @@ def pair_launch(launch: dict[str, Any]) -> dict[str, Any]:
 
 
 def _one_token_launch() -> dict[str, Any]:
-    """:data:`GEMV_ONE_TOKEN` as ``ENGINE_MOE_EVEN_DOWN``, ``ENGINE_MOE_TOKEN_DOWN`` and
-    ``ENGINE_MOE_DOWN_MMA`` say (unset: as it is; "0": None; else the launch's comma-separated
-    integers, and for the token launch a last ``p``: ``prefetch``)."""
+    """:data:`GEMV_ONE_TOKEN` as ``ENGINE_MOE_EVEN_DOWN``, ``ENGINE_MOE_TOKEN_DOWN``,
+    ``ENGINE_MOE_DOWN_MMA`` and ``ENGINE_MOE_UP_MMA`` say (unset: as it is; "0": None; else
+    the launch's comma-separated integers, and for the token launch a last ``p``:
+    ``prefetch``)."""
     launch = dict(GEMV_ONE_TOKEN)
     for name, key in (("ENGINE_MOE_EVEN_DOWN", "even_down"),
                       ("ENGINE_MOE_TOKEN_DOWN", "token_down"),
-                      ("ENGINE_MOE_DOWN_MMA", "down_mma")):
+                      ("ENGINE_MOE_DOWN_MMA", "down_mma"),
+                      ("ENGINE_MOE_UP_MMA", "up_mma")):
         env = os.environ.get(name)
         if env is None:
             continue
@@ -184,14 +187,18 @@ class TritonRunner(MoERunner):
                                        hints)
             mma = launch.get("down_mma") if t == 1 else None
             if mma and _mma_fits(x, h, inter, mma):
-                from .down_mma import moe_mma
+                from .token_mma import moe_mma
 
+                up = launch.get("up_mma")
                 act = torch.empty(k, inter, dtype=x.dtype, device=x.device)
                 down = torch.empty(k, h, dtype=x.dtype, device=x.device)
                 moe_mma(x, experts.w13, experts.w2, topk_ids.contiguous(),
                         topk_weights.float().contiguous(), act, down, l2_hints=hints,
-                        down_launch=mma, **{key: launch[key] for key in
-                                            ("block_n", "block_k", "warps") if key in launch})
+                        down_launch=mma,
+                        up_launch=(up if up and up[0] % 2 == 0
+                                   and _mma_fits(x, 2 * inter, h, up) else None),
+                        **{key: launch[key] for key in ("block_n", "block_k", "warps")
+                           if key in launch})
                 return combine_pairs(down, k, hidden.dtype, residual)
             gate_up = torch.empty(t * k, 2 * inter, dtype=x.dtype, device=x.device)
             down = torch.empty(t * k, h, dtype=x.dtype, device=x.device)
@@ -246,13 +253,14 @@ class TritonRunner(MoERunner):
         return out if residual is None else (out, ss.view(1, -1))
 
 
-def _mma_fits(x: torch.Tensor, hidden: int, inter: int, launch: tuple[int, int]) -> bool:
-    """Whether the one-token down projection on the matrix unit serves ``x`` (a CUDA tensor of
-    16-bit floats, the weights' dtype) at these widths and this launch."""
-    from . import down_mma
+def _mma_fits(x: torch.Tensor, rows: int, k: int, launch: tuple[int, int]) -> bool:
+    """Whether a projection on the matrix unit serves ``x`` (a CUDA tensor of 16-bit floats,
+    the weights' dtype) at this launch: ``rows`` outputs over ``k`` inputs (the up
+    projection's rows are its 2 I gate and up rows)."""
+    from . import token_mma
 
-    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and down_mma.available()
-            and down_mma.fits(hidden, inter, *launch))
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and token_mma.available()
+            and token_mma.fits(rows, k, *launch))
 
 
 @hookimpl
