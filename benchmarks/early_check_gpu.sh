@@ -43,7 +43,9 @@
 #     shipped and with the layers where it won;
 #     gemv_mma: one row of bf16 weights through mma.sync from registers, checks and us;
 #     moe_mma: one token's MoE projections on the matrix unit: checks, model A/B, chain;
-#     second_call: gemv_mma then moe_mma (the call after first_call);
+#     second_call: gemv_mma then moe_mma (the call after first_call); h200_now, h200_then: two
+#     calls on an H200 (moe_mma's checks and model A/B, fp8's step; the 4-bit step with and
+#     without gemv_nibbles, gemv_mma, moe_mma's chain);
 #     first_call: on an H200 gemv_nibbles' GPU checks, the fp8 step, the 4-bit step with and
 #     without gemv_nibbles, the one-token down A/B and nibbles' layers, on
 #     another card the nibbles step (one call of ~9 minutes, whichever card comes);
@@ -412,6 +414,18 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
     second_call)  # after first_call on an H200: the matrix unit's forms (gemv_mma's probe,
       # then moe_mma), ~6 minutes
       bash "$0" gemv_mma moe_mma ;;
+    h200_now)  # one call (~9 minutes) on an H200: the MoE projections on the matrix unit (GPU
+      # checks, the model at batch 1 A/B), then block and per-tensor fp8's step
+      token_ab 360 triton,triton+mma,triton+mmaup,triton,triton+mmaup
+      TAIL=8 step 100 now_fp8 python3 benchmarks/quant_gpu.py --batches 1 \
+        --schemes fp8_block,fp8_tensor --model-inputs ;;
+    h200_then)  # the call after h200_now: the 4-bit step with and without gemv_nibbles, the
+      # bf16 probe on the matrix unit, the chain of MoE launches
+      w4_step then_w4
+      ENGINE_W4_NIBBLES=0 w4_step then_w4_off
+      bash "$0" gemv_mma
+      TAIL=14 step 150 mma_chain python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
+        --chain-tokens 1 --wide-sweep mma ;;
     w4_forms)  # the gptq/awq step at one row with each one-row form, alternating twice: as
       # shipped (q/k/v and o through gemv_nibbles), without gemv_nibbles (off), and, without
       # it too, the groups in eight columns (XSUM 3), the Gluon kernel from registers
