@@ -408,7 +408,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
     moe_mma)  # one token's expert projections on the matrix unit (token_mma; ENGINE_MOE_DOWN_MMA,
       # ENGINE_MOE_UP_MMA): GPU checks (token_moe_checks.py), the MoE model at batch 1 A/B,
       # then the chain of 8 layers with each of its launches beside the shipped one
-      token_ab 330 triton,triton+mma,triton+mmaup,triton,triton+mmaup
+      token_ab 330 triton,triton+mma,triton+mmaup,triton+mmanopf,triton,triton+mmaup
       TAIL=14 step 150 mma_chain python3 benchmarks/moe_gpu.py --skip kit,kernel,model \
         --chain-tokens 1 --wide-sweep mma ;;
     second_call)  # after first_call on an H200: the matrix unit's forms (gemv_mma's probe,
@@ -416,7 +416,7 @@ for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128, 204
       bash "$0" gemv_mma moe_mma ;;
     h200_now)  # one call (~9 minutes) on an H200: the MoE projections on the matrix unit (GPU
       # checks, the model at batch 1 A/B), then block and per-tensor fp8's step
-      token_ab 360 triton,triton+mma,triton+mmaup,triton,triton+mmaup
+      token_ab 390 triton,triton+mma,triton+mmaup,triton+mmanopf,triton,triton+mmaup
       TAIL=8 step 100 now_fp8 python3 benchmarks/quant_gpu.py --batches 1 \
         --schemes fp8_block,fp8_tensor --model-inputs ;;
     h200_then)  # the call after h200_now: the 4-bit step with and without gemv_nibbles, the

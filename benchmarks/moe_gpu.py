@@ -217,13 +217,14 @@ def one_warp_launches() -> list[dict]:
 
 def mma_launches() -> list[dict]:
     """The shipped one-token launch with its down projection on the matrix unit
-    (``down_mma`` = (MR, warps): 16 MR rows a program, the warps splitting the inputs), then
+    (``down_mma`` = (MR, warps[, prefetch]): 16 MR rows a program, the warps splitting the
+    inputs; prefetch 0: the later lines not asked into L2 first), then
     with the up projection there too (``up_mma``), and with one down launch through the
     token's pairs (``token_down``), to compare in the chain."""
     from engine_moe_triton.impl import GEMV_ONE_TOKEN
 
-    downs = ((1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (1, 2), (2, 2))
-    ups = ((2, 4), (2, 8), (2, 16), (4, 8), (4, 4))
+    downs = ((1, 4), (1, 4, 0), (2, 4), (4, 4), (1, 8), (2, 8), (1, 2), (2, 2))
+    ups = ((2, 4), (2, 8), (2, 8, 0), (2, 16), (4, 8), (4, 4))
     return ([dict(GEMV_ONE_TOKEN, down_mma=launch) for launch in downs]
             + [dict(GEMV_ONE_TOKEN, down_mma=(1, 4), up_mma=launch) for launch in ups]
             + [dict(GEMV_ONE_TOKEN, token_down=(4, 256, 4))])
@@ -277,7 +278,7 @@ def chain_rows(tokens_list: list[int], n_layers: int, sweep: bool,
                 pass
             tri.gemv_one, tri.gemv = saved
         fixed = sum(1 for s in scores if s[2].startswith("the default"))
-        best = sorted(scores[fixed:])[:(13 if wide == "mma" else 5) if wide else 3]
+        best = sorted(scores[fixed:])[:(15 if wide == "mma" else 5) if wide else 3]
         if best and m == 1:
             global BEST_ONE_TOKEN
             BEST_ONE_TOKEN = json.loads(best[0][2])
@@ -311,7 +312,8 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
     # pairs with their combine, kernels.token_moe: token2 / token8 other launches, tokenp its
     # rows asked into L2 before its wait), triton+mma / mma8 / mma2 (the down projection on
     # the matrix unit at 1 x 16 rows a program and 4 / 8 warps, 2 x 16 and 4), triton+mmaup
-    # (both projections there: up 2 x 16 rows and 8 warps, down 1 x 16 and 4), torch
+    # (both projections there: up 2 x 16 rows and 8 warps, down 1 x 16 and 4; mmanopf: the
+    # same without the prefetches of their later lines), torch
     variants = {"hints": ("ENGINE_MOE_L2_HINTS", "1"), "keep": ("ENGINE_MOE_L2_HINTS", "2"),
                 "nohints": ("ENGINE_MOE_L2_HINTS", "0"),
                 "noresidual": ("ENGINE_SPARSE_RESIDUAL", "0"),
@@ -322,7 +324,8 @@ def model_rows(batches: list[int], layers: int, hf: list[str],
                 "tokenp": ("ENGINE_MOE_TOKEN_DOWN", "4,256,4,p"),
                 "mma": ("ENGINE_MOE_DOWN_MMA", "1,4"), "mma8": ("ENGINE_MOE_DOWN_MMA", "1,8"),
                 "mma2": ("ENGINE_MOE_DOWN_MMA", "2,4"),
-                "mmaup": ("ENGINE_MOE_DOWN_MMA", "1,4", "ENGINE_MOE_UP_MMA", "2,8")}
+                "mmaup": ("ENGINE_MOE_DOWN_MMA", "1,4", "ENGINE_MOE_UP_MMA", "2,8"),
+                "mmanopf": ("ENGINE_MOE_DOWN_MMA", "1,4,0", "ENGINE_MOE_UP_MMA", "2,8,0")}
     for spec in runners:
         runner_name, _, variant = spec.partition("+")
         attention, eager = "triton", runner_name == "torch"

@@ -4,8 +4,9 @@ launches plus ``combine_pairs`` (the shipped path) and the float32 definition, w
 the residual (its sums of squares too), a pair of another rank's expert (-1) among them, and
 the runner routing one token there; on a GPU also the down projection on the matrix unit
 and both projections there (``token_mma.moe_mma``, Gluon kernels) and their routing.
-``python token_moe_checks.py cpu`` (under TRITON_INTERPRET=1: small widths) or ``cuda`` (Qwen3-30B-A3B's widths, every launch the
-benchmark tries). Prints one JSON list of failures."""
+``python token_moe_checks.py cpu`` (under TRITON_INTERPRET=1: small widths) or ``cuda``
+(Qwen3-30B-A3B's widths, every launch the benchmark tries). Prints one JSON list of
+failures."""
 
 import json
 import os
@@ -29,8 +30,8 @@ if gpu:  # (hidden, inter, experts, top-k), launches (down BLOCK_N, BLOCK_K, war
     up = dict(block_n=2, block_k=2048, warps=4, l2_hints=1)
     dtypes = (torch.bfloat16, torch.float16)
     #: the matrix unit's down launches (MR, warps) tried where they fit
-    MMA_LAUNCHES = [(1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (1, 2), (2, 2), (1, 1)]
-    UP_LAUNCHES = [(2, 4), (2, 8), (2, 16), (4, 8), (4, 4), (2, 2)]
+    MMA_LAUNCHES = [(1, 4), (1, 4, 0), (2, 4), (4, 4), (1, 8), (2, 8), (1, 2), (2, 2), (1, 1)]
+    UP_LAUNCHES = [(2, 4), (2, 8), (2, 8, 0), (2, 16), (4, 8), (4, 4), (2, 2)]
 else:
     shapes = [(48, 32, 6, 3), (32, 48, 5, 2)]
     launches = [((8, 16, 4), False), ((4, 16, 4), True)]

@@ -314,13 +314,24 @@ def _build_gluon(kernel, consts: dict, warps: int, floats: tuple[str, ...] = ())
                                          attrs=attrs), target=SM90, options={"num_warps": warps})
 
 
+def _prefetched_first(ops: list[str], lines: int) -> None:
+    """``lines`` L2 prefetches (``CCTL...PF2``), all before the first weight load (ptxas puts
+    each chunk's loads next to its products, so the later chunks' lines are asked for
+    first)."""
+    prefetches = [i for i, op in enumerate(ops) if op.startswith("CCTL") and "PF2" in op]
+    assert len(prefetches) == lines, [op for op in ops if op.startswith("CCTL")]
+    first_load = next(i for i, op in enumerate(ops) if op.startswith("LDG.E.EF.128"))
+    assert all(i < first_load for i in prefetches)
+
+
 @pytest.mark.parametrize("mr,warps", [(1, 4), (2, 8), (1, 1)])
 def test_moe_down_on_the_matrix_unit_builds(mr, warps):
     """The one-token down projection on the matrix unit (``token_mma._down_mma``, Gluon) at
     Qwen3-30B-A3B's 2048 x 768 experts: its changes of layout from the 16-byte loads to both
     operands are free (the build fails otherwise), the chunks are unrolled (no loop), nothing
     spills, each warp's slice of the 768 inputs is 2 matrix instructions a chunk for each of
-    its 16-row blocks, the weights come by 16-byte loads with the eviction policy, and the
+    its 16-row blocks, the weights come by 16-byte loads with the eviction policy (the lines
+    past a row's first two chunks asked into L2 before any of them), and the
     kernel spends under 60 % of the warp instructions a weight of the CUDA-core launch it would
     replace (``_pair_gemv_down`` over six unrolled [16, 128] tiles, 4 warps)."""
     from engine_moe_triton import kernels, token_mma
@@ -328,12 +339,13 @@ def test_moe_down_on_the_matrix_unit_builds(mr, warps):
     if not token_mma.available():
         pytest.skip("this Triton has no Gluon")
     compiled = _build_gluon(token_mma._down_mma, {"I": 768, "MR": mr, "EVICT": "evict_first",
-                                                  "PDL": True}, warps, ("wts_ptr",))
+                                                  "PF": True, "PDL": True}, warps, ("wts_ptr",))
     assert stack_bytes(compiled) == 0 and sass_loops(compiled) == []
     ops = [op for op in sass_ops(compiled) if op != "NOP"]
     chunks = 768 // 32 // warps
     assert sum(op.startswith("HMMA.16816.F32.BF16") for op in ops) == 2 * mr * chunks
     assert sum(op.startswith("LDG.E.EF.128") for op in ops) == 2 * mr * chunks
+    _prefetched_first(ops, 2 * mr * len(range(2, chunks, 2)))
     assert "griddepcontrol.wait" in compiled.asm["ptx"]
     types = {"gu_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "ids_ptr": "*i32",
              "weights_ptr": "*fp32"}
@@ -351,19 +363,22 @@ def test_moe_up_on_the_matrix_unit_builds(mr, warps):
     """The one-token up projection on the matrix unit (``token_mma._up_mma``) at
     Qwen3-30B-A3B's 2048 inputs: free changes of layout, no loop, no spills, 2 matrix
     instructions a chunk for each 16-row block of a warp's slice, 16-byte loads of the weights
-    with the eviction policy; the activation's SiLU takes one exponential and one reciprocal
-    for each feature a thread holds (at most MR / 2 of them)."""
+    with the eviction policy (the later lines asked into L2 first); the activation's SiLU
+    takes one exponential and one reciprocal for each feature a thread holds (at most MR / 2
+    of them)."""
     from engine_moe_triton import token_mma
 
     if not token_mma.available():
         pytest.skip("this Triton has no Gluon")
     compiled = _build_gluon(token_mma._up_mma, {"H": 2048, "I": 768, "TOP_K": 8, "MR": mr,
-                                                "EVICT": "evict_first", "PDL": True}, warps)
+                                                "EVICT": "evict_first", "PF": True,
+                                                "PDL": True}, warps)
     assert stack_bytes(compiled) == 0 and sass_loops(compiled) == []
     ops = sass_ops(compiled)
     chunks = 2048 // 32 // warps
     assert sum(op.startswith("HMMA.16816.F32.BF16") for op in ops) == 2 * mr * chunks
     assert sum(op.startswith("LDG.E.EF.128") for op in ops) == 2 * mr * chunks
+    _prefetched_first(ops, 2 * mr * len(range(2, chunks, 2)))
     exps = sum(op.startswith("MUFU.EX2") for op in ops)
     assert exps == sum(op.startswith("MUFU.RCP") for op in ops) and 0 < exps <= mr
 

@@ -50,10 +50,11 @@ def available() -> bool:
     return gluon is not None
 
 
-def fits(rows: int, k: int, mr: int, warps: int) -> bool:
-    """Whether a launch of ``mr`` blocks of 16 rows a program and ``warps`` warps serves a
-    product of ``rows`` outputs over ``k`` inputs (whole blocks, each warp's slice of K whole
-    32-column chunks; the up projection's rows are its 2 I gate and up rows, ``mr`` even)."""
+def fits(rows: int, k: int, mr: int, warps: int, prefetch: int = 1) -> bool:
+    """Whether a launch of ``mr`` blocks of 16 rows a program and ``warps`` warps (and any
+    ``prefetch``) serves a product of ``rows`` outputs over ``k`` inputs (whole blocks, each
+    warp's slice of K whole 32-column chunks; the up projection's rows are its 2 I gate and
+    up rows, ``mr`` even)."""
     return rows % (16 * mr) == 0 and k % (32 * warps) == 0
 
 
@@ -70,10 +71,11 @@ if gluon is not None:
 
     @gluon.jit
     def _sliced_product(w_row, x_row, SL: gl.constexpr, MR: gl.constexpr,
-                        EVICT: gl.constexpr):
+                        EVICT: gl.constexpr, PF: gl.constexpr):
         """[MR, 16] float32: rows ``w_row`` (pointers [16 W MR] to each accumulator row's
         first weight: block m, warp q's slice, row r at 16 q + 16 W m + r) times the input row
-        ``x_row`` over SL columns a warp, the warps' slices summed."""
+        ``x_row`` over SL columns a warp, the warps' slices summed. PF: the weights' lines
+        past the first chunk pair asked into L2 first."""
         W: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = 16 * W * MR
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1],
@@ -93,6 +95,14 @@ if gluon is not None:
                + (gl.minimum(xn, W - 1) * SL)[None, None, :])
         mine = (xn < W)[None, None, :]
         acc = gl.zeros((BN, 8), gl.float32, MMA)
+        # ptxas issues each chunk's loads next to its products (whatever the source order), so
+        # a warp would wait for its chunks one after another from memory: the lines of the
+        # chunks after the first two (a 128-byte line holds two chunks of a row) are asked into
+        # L2 first (a prefetch holds no register, so it stays where it is written)
+        line = gl.convert_layout(w_row, gl.SliceLayout(1, gl.SliceLayout(2, WL)))
+        for c in gl.static_range(2, SL // 32 if PF else 0, 2):
+            gl.inline_asm_elementwise("mov.b32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l",
+                                      [line + 32 * c], dtype=gl.int32, is_pure=False, pack=1)
         for c in gl.static_range(SL // 32):
             w = gl.reshape(gl.load(w_p + 32 * c, eviction_policy=EVICT), (BN, 4, 2, 2, 2))
             a = gl.convert_layout(gl.reshape(gl.permute(w, (0, 2, 3, 1, 4)), (BN, 32)), A,
@@ -122,7 +132,7 @@ if gluon is not None:
     @gluon.jit
     def _down_mma(act_ptr, w_ptr, out_ptr, ids_ptr, wts_ptr, stride_a, stride_we, stride_wn,
                   stride_o, I: gl.constexpr, MR: gl.constexpr, EVICT: gl.constexpr,
-                  PDL: gl.constexpr):
+                  PF: gl.constexpr, PDL: gl.constexpr):
         """Program (pair, block): the pair's outputs 16 MR block .. over the whole of I."""
         W: gl.constexpr = gl.num_warps()
         SL: gl.constexpr = I // W
@@ -134,7 +144,7 @@ if gluon is not None:
         row = gl.program_id(1) * 16 * MR + 16 * (rv // (16 * W)) + rv % 16
         w_row = (w_ptr + gl.maximum(expert, 0).to(gl.int64) * stride_we
                  + row.to(gl.int64) * stride_wn + (rv // 16) % W * SL)
-        y = _sliced_product(w_row, act_ptr + pair * stride_a, SL, MR, EVICT)
+        y = _sliced_product(w_row, act_ptr + pair * stride_a, SL, MR, EVICT, PF)
         y = y * gl.load(wts_ptr + pair) * (expert >= 0).to(gl.float32)
         ym, yr = _block_rows(y, MR)
         gl.store(out_ptr + pair * stride_o + gl.program_id(1) * 16 * MR + 16 * ym + yr,
@@ -143,7 +153,7 @@ if gluon is not None:
     @gluon.jit
     def _up_mma(x_ptr, w_ptr, act_ptr, ids_ptr, stride_x, stride_we, stride_wn, stride_a,
                 H: gl.constexpr, I: gl.constexpr, TOP_K: gl.constexpr, MR: gl.constexpr,
-                EVICT: gl.constexpr, PDL: gl.constexpr):
+                EVICT: gl.constexpr, PF: gl.constexpr, PDL: gl.constexpr):
         """Program (pair, block): the pair's activations at features 16 MR / 2 block .. (its
         blocks m < MR / 2 the gate rows of 16 features each, the others the same features'
         up rows, I rows on) over the whole of H."""
@@ -160,7 +170,7 @@ if gluon is not None:
         row = (m // HALF) * I + f0 + 16 * (m % HALF) + rv % 16
         w_row = (w_ptr + gl.maximum(expert, 0).to(gl.int64) * stride_we
                  + row.to(gl.int64) * stride_wn + (rv // 16) % W * SL)
-        y = _sliced_product(w_row, x_ptr + (pair // TOP_K) * stride_x, SL, MR, EVICT)
+        y = _sliced_product(w_row, x_ptr + (pair // TOP_K) * stride_x, SL, MR, EVICT, PF)
         dt: gl.constexpr = act_ptr.dtype.element_ty
         y = y.to(dt).to(gl.float32)  # (rounded as the stored gate/up row)
         gate, up = gl.split(gl.permute(gl.reshape(y, (2, HALF, 16)), (1, 2, 0)))
@@ -170,26 +180,30 @@ if gluon is not None:
 
 
 def down_mma(act: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor,
-             out: torch.Tensor, mr: int = 1, warps: int = 4, evict: str = "") -> torch.Tensor:
+             out: torch.Tensor, mr: int = 1, warps: int = 4, prefetch: int = 1,
+             evict: str = "") -> torch.Tensor:
     """``out[p] = wts[p] * w2[ids[p]] @ act[p]`` for the pairs' activations ``act`` [P, I]
     (16-bit), the experts' down weights ``w2`` [E, H, I] and their float32 weights ``wts``
-    [P]: ``out`` [P, H] (``fits(H, I, mr, warps)`` must hold; ``evict``: the weights' cache
-    eviction policy)."""
+    [P]: ``out`` [P, H] (``fits(H, I, mr, warps)`` must hold; ``prefetch``: the weights'
+    later lines asked into L2 first; ``evict``: the weights' cache eviction policy)."""
     pairs, h, inter = ids.numel(), w2.shape[1], w2.shape[2]
     if not fits(h, inter, mr, warps) or w2.stride(2) != 1 or act.stride(1) != 1:
         raise ValueError(f"down_mma: {mr} x 16 rows a program, {warps} warps do not fit "
                          f"H={h}, I={inter}")
     _down_mma[(pairs, h // (16 * mr))](
         act, w2, out, ids, wts, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        I=inter, MR=mr, EVICT=evict, num_warps=warps, **launch_options(out.device))
+        I=inter, MR=mr, EVICT=evict, PF=bool(prefetch), num_warps=warps,
+        **launch_options(out.device))
     return out
 
 
 def up_mma(x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, act: torch.Tensor,
-           top_k: int, mr: int = 2, warps: int = 8, evict: str = "") -> torch.Tensor:
+           top_k: int, mr: int = 2, warps: int = 8, prefetch: int = 1,
+           evict: str = "") -> torch.Tensor:
     """``act[p] = silu(gate) * up`` of ``w13[ids[p]] @ x[p // top_k]`` (gate: the first I rows
     of ``w13`` [E, 2 I, H], up the rest): ``act`` [P, I] (``fits(2 I, H, mr, warps)`` must
-    hold, ``mr`` even: half of a program's blocks gate rows)."""
+    hold, ``mr`` even: half of a program's blocks gate rows; ``prefetch``, ``evict`` as in
+    :func:`down_mma`)."""
     pairs, n13, h = ids.numel(), w13.shape[1], w13.shape[2]
     inter = n13 // 2
     if mr % 2 or not fits(n13, h, mr, warps) or w13.stride(2) != 1 or x.stride(1) != 1:
@@ -197,7 +211,7 @@ def up_mma(x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, act: torch.Ten
                          f"I={inter}, H={h}")
     _up_mma[(pairs, inter // (8 * mr))](
         x, w13, act, ids, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), H=h,
-        I=inter, TOP_K=top_k, MR=mr, EVICT=evict, num_warps=warps,
+        I=inter, TOP_K=top_k, MR=mr, EVICT=evict, PF=bool(prefetch), num_warps=warps,
         **launch_options(x.device))
     return act
 
@@ -205,19 +219,20 @@ def up_mma(x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, act: torch.Ten
 def moe_mma(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
             topk_weights: torch.Tensor, act: torch.Tensor, down: torch.Tensor, *,
             block_n: int = 2, block_k: int = 2048, warps: int = 4, l2_hints: int = 0,
-            down_launch: tuple[int, int] = (1, 4),
-            up_launch: tuple[int, int] | None = None) -> None:
+            down_launch: tuple[int, ...] = (1, 4),
+            up_launch: tuple[int, ...] | None = None) -> None:
     """One token (``x`` [1, H]) through its k experts: the activations into ``act`` [k, I]
-    (``up_launch`` = (MR, warps): by :func:`up_mma`; None: by the CUDA-core up projection's GLU
-    form, ``block_n`` rows a program, half of them gate rows and half the same features' up
-    rows), then :func:`down_mma` at ``down_launch`` = (MR, warps) into ``down`` [k, H] (each
-    pair's weighted row; ``kernels.combine_pairs`` sums them)."""
+    (``up_launch`` = (MR, warps[, prefetch]): by :func:`up_mma`; None: by the CUDA-core up
+    projection's GLU form, ``block_n`` rows a program, half of them gate rows and half the
+    same features' up rows), then :func:`down_mma` at ``down_launch`` = (MR, warps[,
+    prefetch]) into ``down`` [k, H] (each pair's weighted row; ``kernels.combine_pairs`` sums
+    them)."""
     k = topk_ids.numel()
     _, n13, h = w13.shape
     ids = topk_ids.reshape(-1)
     evict = "evict_first" if l2_hints else ""
     if up_launch is not None:
-        up_mma(x, w13, ids, act, k, *up_launch, evict)
+        up_mma(x, w13, ids, act, k, *up_launch, evict=evict)
     else:
         block_n = max(2, block_n)
         _pair_gemv_up[(k, triton.cdiv(n13 // 2, block_n // 2))](
@@ -225,4 +240,4 @@ def moe_mma(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torc
             act.stride(0), TOP_K=k, BLOCK_N=block_n,
             BLOCK_K=min(block_k, triton.next_power_of_2(h)), ACC2D=False, NEXT=False,
             EVICT=evict, GLU=True, num_warps=warps, **launch_options(x.device))
-    down_mma(act, w2, ids, topk_weights.reshape(-1), down, *down_launch, evict)
+    down_mma(act, w2, ids, topk_weights.reshape(-1), down, *down_launch, evict=evict)
