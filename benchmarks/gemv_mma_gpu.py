@@ -40,6 +40,7 @@ if gluon is not None:
     # 16-row block a lane, the 8 columns of its quad index t a 16-byte load (the layout of the
     # 4-bit kernel's words, there 8 words of a row); x's: [4 (t), 8 (8 neighbouring columns),
     # 8 (the operand's column, the lane's group)], as the MoE down projection's activations
+    from engine.runtime.affine_mma import mma_layout
     from engine.runtime.affine_mma import words_layout as _w_layout
     from engine_moe_triton.token_mma import _act_layout as _x_layout
 
@@ -48,10 +49,9 @@ if gluon is not None:
         """y[16 warps MR rows of this program] = W x over whole 32-column chunks."""
         W: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = 16 * W * MR
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1],
-                                                      instr_shape=[16, 8])
-        A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        MMA: gl.constexpr = mma_layout(W)
+        A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+        B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
         WL: gl.constexpr = _w_layout(W, MR)
         XL: gl.constexpr = _x_layout(W)
         pid = gl.program_id(0)

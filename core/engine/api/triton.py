@@ -19,17 +19,19 @@ for bit: the kernel writing a layer's input as :class:`engine.api.attention.Grou
 ``group_code_buffers(m, k, dtype, group, device)`` allocates its codes and scales and gives those
 constexprs for a launch.
 
-``words_layout(warps, mr)`` (None where this Triton has no Gluon): the Gluon layout in which a
+``mma_layout(warps)``: the accumulator layout of ``mma.sync`` m16n8k16 with the warps over its
+rows; ``words_layout(warps, mr)``: the Gluon layout in which a
 thread's two 16-byte loads of a row block are the weight operand of ``mma.sync`` m16n8k16 as
 loaded (:mod:`engine.runtime.affine_mma`): [16 warps mr rows, 4, 8], lane ``4 g + t`` holding
-rows g and g + 8 of its warp's 16-row block, elements 8 t .. 8 t + 7 of a 32-element chunk.
+rows g and g + 8 of its warp's 16-row block, elements 8 t .. 8 t + 7 of a 32-element chunk
+(both None where this Triton has no Gluon).
 
 ``index_load(ptrs, ASM)`` (:mod:`engine.runtime.triton_loads`): a table entry that a pipelined
 loop's tile loads take their addresses from, read outside the software pipeliner so that the
 tile loads keep ``num_stages - 1`` iterations ahead.
 """
 
-from engine.runtime.affine_mma import words_layout
+from engine.runtime.affine_mma import mma_layout, words_layout
 from engine.runtime.quant_triton import _store_group_codes as store_group_codes
 from engine.runtime.quant_triton import fp8_from_bits, fp8_kind, group_code_buffers
 from engine.runtime.triton_loads import index_load
@@ -37,5 +39,5 @@ from engine.runtime.triton_pdl import (launch_options, line_offsets, pdl_enabled
                                        pdl_wait, prefetch_l2)
 
 __all__ = ["fp8_from_bits", "fp8_kind", "group_code_buffers", "index_load", "launch_options",
-           "line_offsets", "pdl_enabled", "pdl_trigger", "pdl_wait", "prefetch_l2",
+           "line_offsets", "mma_layout", "pdl_enabled", "pdl_trigger", "pdl_wait", "prefetch_l2",
            "store_group_codes", "words_layout"]

@@ -88,7 +88,7 @@ def logical_columns() -> torch.Tensor:
 
 
 if gluon is None:
-    words_layout = None
+    mma_layout = words_layout = None
 else:
     @gluon.constexpr_function
     def _pair_asm(magic):
@@ -103,6 +103,13 @@ else:
                 src = "u"
             lines.append(f"lop3.b32 ${p}, {src}, 0x000f000f, {m}, 0xea;")
         return "{ .reg .b32 lo, hi, u; " + " ".join(lines) + " }"
+
+    @gluon.constexpr_function
+    def mma_layout(warps):
+        """The accumulator's layout of ``mma.sync`` m16n8k16 with the warps over its rows (the
+        operands': ``gl.DotOperandLayout(0 | 1, it, 2)``)."""
+        return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[warps, 1],
+                                         instr_shape=[16, 8])
 
     @gluon.constexpr_function
     def words_layout(warps, mr):
@@ -239,10 +246,9 @@ else:
         GPC: gl.constexpr = CT * 256 // GROUP  # groups a chunk
         MAGIC: gl.constexpr = 0x6400 if F16 else 0x4300
         OFFSET: gl.constexpr = 1024.0 if F16 else 128.0
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1],
-                                                      instr_shape=[16, 8])
-        A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        MMA: gl.constexpr = mma_layout(W)
+        A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+        B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
         WL: gl.constexpr = words_layout(W, MR)
         XL: gl.constexpr = _x_layout(W)
         GL: gl.constexpr = _sums_layout(W, GROUP)

@@ -33,7 +33,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from engine.api.triton import launch_options, pdl_trigger, pdl_wait, words_layout
+from engine.api.triton import (launch_options, mma_layout, pdl_trigger, pdl_wait,
+                               words_layout)
 
 from .kernels import _pair_gemv_up
 
@@ -78,10 +79,9 @@ if gluon is not None:
         past the first chunk pair asked into L2 first."""
         W: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = 16 * W * MR
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1],
-                                                      instr_shape=[16, 8])
-        A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        MMA: gl.constexpr = mma_layout(W)
+        A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+        B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
         WL: gl.constexpr = words_layout(W, MR)
         XL: gl.constexpr = _act_layout(W)
         rt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, WL)))
