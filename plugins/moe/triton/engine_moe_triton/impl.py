@@ -61,11 +61,12 @@ GEMV_DEFAULT = dict(block_n=16, block_k=256, warps=8, acc2d=False)  # best of th
 #: (``kernels.token_moe``: no combine kernel); None: the pair launches above and the combine.
 #: Off until timed on a GPU: ``ENGINE_MOE_TOKEN_DOWN=4,256,4`` (or ``...,p``: its rows asked
 #: into L2 before its wait) turns it on.
-#: ``down_mma`` (MR, warps): the up projection stores each pair's activation and the down
-#: projection runs on the matrix unit (:func:`.token_mma.down_mma`, a Gluon kernel: CUDA
-#: only; 16-bit weights whose widths it fits), then the combine; with it, ``up_mma`` (MR,
-#: warps): the up projection on the matrix unit too (:func:`.token_mma.up_mma`). Off until
-#: timed on a GPU: ``ENGINE_MOE_DOWN_MMA=1,4`` (and ``ENGINE_MOE_UP_MMA=2,8``) turn them on.
+#: ``down_mma`` (MR, warps[, prefetch]): the up projection stores each pair's activation and
+#: the down projection runs on the matrix unit (:func:`.token_mma.down_mma`, a Gluon kernel:
+#: CUDA only; 16-bit weights whose widths it fits), then the combine; with it, ``up_mma``
+#: (MR, warps[, prefetch]): the up projection on the matrix unit too
+#: (:func:`.token_mma.up_mma`). Off until timed on a GPU: ``ENGINE_MOE_DOWN_MMA=1,4`` (and
+#: ``ENGINE_MOE_UP_MMA=2,8``) turn them on.
 GEMV_ONE_TOKEN = dict(block_n=2, block_k=2048, warps=4, down_block_n=8, down_block_k=1024,
                       down_warps=4, acc2d=False, next_tile=False, l2_hints=1,
                       even_down=(16, 128, 4), token_down=None, down_mma=None, up_mma=None)
@@ -253,7 +254,7 @@ class TritonRunner(MoERunner):
         return out if residual is None else (out, ss.view(1, -1))
 
 
-def _mma_fits(x: torch.Tensor, rows: int, k: int, launch: tuple[int, int]) -> bool:
+def _mma_fits(x: torch.Tensor, rows: int, k: int, launch: tuple[int, ...]) -> bool:
     """Whether a projection on the matrix unit serves ``x`` (a CUDA tensor of 16-bit floats,
     the weights' dtype) at this launch: ``rows`` outputs over ``k`` inputs (the up
     projection's rows are its 2 I gate and up rows)."""
