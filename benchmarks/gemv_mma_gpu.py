@@ -45,8 +45,10 @@ if gluon is not None:
     from engine_moe_triton.token_mma import _act_layout as _x_layout
 
     @gluon.jit
-    def _gemv_mma(w_ptr, x_ptr, y_ptr, K, stride_w, MR: gl.constexpr):
-        """y[16 warps MR rows of this program] = W x over whole 32-column chunks."""
+    def _gemv_mma(w_ptr, x_ptr, y_ptr, K, stride_w, MR: gl.constexpr, AHEAD: gl.constexpr):
+        """y[16 warps MR rows of this program] = W x over whole 32-column chunks. AHEAD > 0:
+        each chunk asks the line AHEAD chunks on into L2 (a warp's loads otherwise wait for
+        their chunks one after another: ptxas puts a chunk's loads next to its products)."""
         W: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = 16 * W * MR
         MMA: gl.constexpr = mma_layout(W)
@@ -66,7 +68,12 @@ if gluon is not None:
         x_p = x_ptr + (xt * 8)[:, None, None] + xe[None, :, None] + 0 * xn[None, None, :]
         first = (xn == 0)[None, None, :]
         acc = gl.zeros((BN, 8), gl.float32, MMA)
-        for _ in range(0, K // 32):
+        line = w_ptr + rows
+        for c in range(0, K // 32):
+            if AHEAD > 0:
+                gl.inline_asm_elementwise("mov.b32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l",
+                                          [line + gl.minimum(32 * (c + AHEAD), K - 1)],
+                                          dtype=gl.int32, is_pure=False, pack=1)
             w = gl.reshape(gl.load(w_p), (BN, 4, 2, 2, 2))  # row, t, s, h, e
             a = gl.convert_layout(gl.reshape(gl.permute(w, (0, 2, 3, 1, 4)), (BN, 32)), A,
                                   assert_trivial=True)
@@ -80,14 +87,17 @@ if gluon is not None:
         gl.store(y_ptr + pid * BN + ry, gl.sum(acc, axis=1).to(y_ptr.dtype.element_ty))
 
 
-def gemv_mma(x: torch.Tensor, w: torch.Tensor, mr: int = 1, warps: int = 4) -> torch.Tensor:
-    """x [1, K] @ w[N, K]^T for bfloat16 x and w, K a multiple of 32 and N of 16 warps mr."""
+def gemv_mma(x: torch.Tensor, w: torch.Tensor, mr: int = 1, warps: int = 4,
+             ahead: int = 0) -> torch.Tensor:
+    """x [1, K] @ w[N, K]^T for bfloat16 x and w, K a multiple of 32 and N of 16 warps mr
+    (``ahead``: each chunk asks for the line that many chunks on into L2)."""
     n, k = w.shape
     bn = 16 * warps * mr
     if n % bn or k % 32 or w.stride(1) != 1 or x.shape[0] != 1:
         raise ValueError(f"gemv_mma takes N a multiple of {bn} and K of 32, got {n} x {k}")
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _gemv_mma[(n // bn,)](w, x.contiguous(), y, k, w.stride(0), MR=mr, num_warps=warps)
+    _gemv_mma[(n // bn,)](w, x.contiguous(), y, k, w.stride(0), MR=mr, AHEAD=ahead,
+                          num_warps=warps)
     return y
 
 
@@ -116,8 +126,9 @@ def main() -> None:
         want = (x.float() @ sets[0]["w"].float().t())
         fns = [("cuBLAS", lambda x, t: torch.nn.functional.linear(x, t["w"])),
                ("bf16 gemv", lambda x, t: gt.gemv(x, t["w"]))]
-        fns += [(f"mma, {mr} rows a warp", lambda x, t, mr=mr: gemv_mma(x, t["w"], mr))
-                for mr in (int(v) for v in args.rows_a_warp.split(","))]
+        fns += [(f"mma, {mr} rows a warp" + (f", L2 {ahead} chunks ahead" if ahead else ""),
+                 lambda x, t, mr=mr, ahead=ahead: gemv_mma(x, t["w"], mr, ahead=ahead))
+                for mr in (int(v) for v in args.rows_a_warp.split(",")) for ahead in (0, 8)]
         mb = n * k * 2 / 1e6
         for name, fn in fns:
             got = fn(x, sets[0]).float()

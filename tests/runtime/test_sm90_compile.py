@@ -302,12 +302,15 @@ def test_moe_down_over_whole_tiles_is_shorter():
 
 def _build_gluon(kernel, consts: dict, warps: int, floats: tuple[str, ...] = ()):
     """A Gluon ``kernel`` compiled for sm_90: pointers bf16 (``ids_ptr`` int32, ``floats``
-    float32), other arguments i32, all marked multiples of 16 as a launch specializes them."""
+    float32), other arguments i32, all marked multiples of 16 as a launch specializes them
+    (``consts``: the constexprs)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {name: "constexpr" if name in consts else "*bf16" if name.endswith("_ptr") else "i32"
            for name in kernel.arg_names}
-    sig.update(ids_ptr="*i32", **{name: "*fp32" for name in floats})
+    sig.update({name: "*fp32" for name in floats})
+    if "ids_ptr" in sig:
+        sig["ids_ptr"] = "*i32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
              if name not in consts}
     return triton.compile(GluonASTSource(fn=kernel, signature=sig, constexprs=consts,
@@ -1001,15 +1004,16 @@ def test_nibbles_gemv_puts_a_warp_along_the_words_and_spills_nothing(layer):
     assert stack_bytes(compiled) == 0
 
 
-@pytest.mark.parametrize("mr", [1, 2])
-def test_one_row_bf16_on_the_matrix_unit_builds_without_layout_changes(mr):
+@pytest.mark.parametrize("mr,ahead", [(1, 0), (2, 0), (1, 8)])
+def test_one_row_bf16_on_the_matrix_unit_builds_without_layout_changes(mr, ahead):
     """The probe of ``benchmarks/gemv_mma_gpu.py`` (one row of bfloat16 weights through
     ``mma.sync`` with K permuted in each 32-column chunk) builds for sm_90: its changes of
     layout from the 16-byte loads to the two operands are proven free (the build fails
     otherwise), its K loop holds 2 matrix instructions a chunk for each 16 rows of a warp, the
-    weights and x come by 16-byte loads, nothing goes through shared memory or spills, and
-    every loop (the unrolled one and its remainder) spends fewer than two instructions a weight
-    of a thread (a warp's chunk: 16 MR rows x 32 columns, 16 MR weights a thread)."""
+    weights and x come by 16-byte loads (with ``ahead``, an L2 prefetch a row and chunk too),
+    nothing goes through shared memory or spills, and every loop (the unrolled one and its
+    remainder) spends fewer than two instructions a weight of a thread (a warp's chunk: 16 MR
+    rows x 32 columns, 16 MR weights a thread; 2.5 with the prefetches)."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "gemv_mma_gpu.py")
@@ -1018,15 +1022,7 @@ def test_one_row_bf16_on_the_matrix_unit_builds_without_layout_changes(mr):
     spec.loader.exec_module(probe)
     if probe.gluon is None:
         pytest.skip("this Triton has no Gluon")
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    kernel = probe._gemv_mma
-    sig = {"w_ptr": "*bf16", "x_ptr": "*bf16", "y_ptr": "*bf16", "K": "i32", "stride_w": "i32",
-           "MR": "constexpr"}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-             if name != "MR"}
-    src = GluonASTSource(fn=kernel, signature=sig, constexprs={"MR": mr}, attrs=attrs)
-    compiled = triton.compile(src, target=SM90, options={"num_warps": 4})
+    compiled = _build_gluon(probe._gemv_mma, {"MR": mr, "AHEAD": ahead}, 4)
     assert stack_bytes(compiled) == 0
     loops = [body for body in sass_loops(compiled) if any(op.startswith("HMMA") for op in body)]
     assert loops
@@ -1035,5 +1031,8 @@ def test_one_row_bf16_on_the_matrix_unit_builds_without_layout_changes(mr):
         chunks = mmas // (2 * mr)
         assert mmas == 2 * mr * chunks and chunks >= 1, body
         assert sum(op.startswith("LDG.E.128") for op in body) >= (2 * mr + 1) * chunks, body
+        prefetches = sum(op.startswith("CCTL") and "PF2" in op for op in body)
+        assert prefetches == (2 * mr * chunks if ahead else 0), body
         assert not [op for op in body if op.startswith(("LDS", "STS", "BAR"))], body
-        assert len(body) < 2 * 16 * mr * chunks, (len(body), 16 * mr * chunks)
+        bound = 2.5 if ahead else 2  # (the prefetch's address: its own few a chunk)
+        assert len(body) < bound * 16 * mr * chunks, (len(body), 16 * mr * chunks)
