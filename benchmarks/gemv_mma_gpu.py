@@ -42,6 +42,7 @@ if gluon is not None:
     # 8 (the operand's column, the lane's group)], as the MoE down projection's activations
     from engine.runtime.affine_mma import mma_layout
     from engine.runtime.affine_mma import words_layout as _w_layout
+    from engine.runtime.triton_pdl import prefetch_l2
     from engine_moe_triton.token_mma import _act_layout as _x_layout
 
     @gluon.jit
@@ -71,9 +72,7 @@ if gluon is not None:
         line = w_ptr + rows
         for c in range(0, K // 32):
             if AHEAD > 0:
-                gl.inline_asm_elementwise("mov.b32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l",
-                                          [line + gl.minimum(32 * (c + AHEAD), K - 1)],
-                                          dtype=gl.int32, is_pure=False, pack=1)
+                prefetch_l2(line + gl.minimum(32 * (c + AHEAD), K - 1), True)
             w = gl.reshape(gl.load(w_p), (BN, 4, 2, 2, 2))  # row, t, s, h, e
             a = gl.convert_layout(gl.reshape(gl.permute(w, (0, 2, 3, 1, 4)), (BN, 32)), A,
                                   assert_trivial=True)

@@ -426,6 +426,20 @@ def token_down_fits(top_k: int, hidden: int, inter: int, block_n: int, block_k: 
             and top_k * (inter // block_k) <= TOKEN_DOWN_TILES)
 
 
+def glu_up(x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, act: torch.Tensor,
+           top_k: int, block_n: int, block_k: int, warps: int, evict: str) -> None:
+    """The up projection's GLU form: ``act[p] = silu(gate) * up`` of ``w13[ids[p]] @ x[p //
+    top_k]`` (``block_n`` rows a program, at least 2: half of them gate rows and half the same
+    features' up rows; ``evict``: the weights' cache eviction policy)."""
+    _, n13, h = w13.shape
+    block_n = max(2, block_n)
+    _pair_gemv_up[(ids.numel(), triton.cdiv(n13 // 2, block_n // 2))](
+        x, w13, act, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(h)),
+        ACC2D=False, NEXT=False, EVICT=evict, GLU=True, num_warps=warps,
+        **launch_options(x.device))
+
+
 def token_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
               topk_weights: torch.Tensor, act: torch.Tensor, out: torch.Tensor,
               residual: torch.Tensor | None = None, ss: torch.Tensor | None = None, *,
@@ -447,12 +461,7 @@ def token_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: to
         raise ValueError(f"token_moe: down launch {token_down} does not fit H={h}, I={inter}")
     ids = topk_ids.reshape(-1)
     evict = "evict_first" if l2_hints else ""
-    block_n = max(2, block_n)
-    _pair_gemv_up[(k, triton.cdiv(inter, block_n // 2))](
-        x, w13, act, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        TOP_K=k, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(h)),
-        ACC2D=False, NEXT=False, EVICT=evict, GLU=True, num_warps=warps,
-        **launch_options(x.device))
+    glu_up(x, w13, ids, act, k, block_n, block_k, warps, evict)
     _token_down[(h // dbn,)](
         act, w2, out, ids, topk_weights.reshape(-1),
         residual if residual is not None else out, ss if ss is not None else out,

@@ -31,12 +31,11 @@ them with the pair launches and the float32 definition.
 from __future__ import annotations
 
 import torch
-import triton
 
 from engine.api.triton import (launch_options, mma_layout, pdl_trigger, pdl_wait,
-                               words_layout)
+                               prefetch_l2, words_layout)
 
-from .kernels import _pair_gemv_up
+from .kernels import glu_up
 
 try:
     from triton.experimental import gluon
@@ -55,7 +54,7 @@ def fits(rows: int, k: int, mr: int, warps: int, prefetch: int = 1) -> bool:
     """Whether a launch of ``mr`` blocks of 16 rows a program and ``warps`` warps (and any
     ``prefetch``) serves a product of ``rows`` outputs over ``k`` inputs (whole blocks, each
     warp's slice of K whole 32-column chunks; the up projection's rows are its 2 I gate and
-    up rows, ``mr`` even)."""
+    up rows, and it also needs ``mr`` even)."""
     return rows % (16 * mr) == 0 and k % (32 * warps) == 0
 
 
@@ -70,13 +69,20 @@ if gluon is not None:
         warp = [[0, 0, 0]] * (warps.bit_length() - 1)
         return gl.DistributedLinearLayout(reg, lane, warp, [], [4, 8, 8])
 
+    @gluon.constexpr_function
+    def _rows_of(warps, mr):
+        """The layout of the accumulator rows' index vector (:func:`_sliced_product`'s
+        ``w_row``)."""
+        return gl.SliceLayout(1, gl.SliceLayout(2, words_layout(warps, mr)))
+
     @gluon.jit
-    def _sliced_product(w_row, x_row, SL: gl.constexpr, MR: gl.constexpr,
+    def _sliced_product(w_ptr, row, stride_wn, x_row, SL: gl.constexpr, MR: gl.constexpr,
                         EVICT: gl.constexpr, PF: gl.constexpr):
-        """[MR, 16] float32: rows ``w_row`` (pointers [16 W MR] to each accumulator row's
-        first weight: block m, warp q's slice, row r at 16 q + 16 W m + r) times the input row
-        ``x_row`` over SL columns a warp, the warps' slices summed. PF: the weights' lines
-        past the first chunk pair asked into L2 first."""
+        """[MR, 16] float32: the rows ``row`` of ``w_ptr`` (an expert's weights; [16 W MR] row
+        indices in the layout of :func:`_rows_of`, accumulator row 16 q + 16 W m + r taking
+        warp q's slice) times the input row ``x_row`` over SL columns a warp, the warps'
+        slices summed. PF: the weights' lines past the first chunk pair asked into L2
+        first."""
         W: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = 16 * W * MR
         MMA: gl.constexpr = mma_layout(W)
@@ -86,8 +92,9 @@ if gluon is not None:
         XL: gl.constexpr = _act_layout(W)
         rt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, WL)))
         re = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, WL)))
-        w_p = (gl.convert_layout(w_row, gl.SliceLayout(1, gl.SliceLayout(2, WL)))[:, None, None]
-               + (rt * 8)[None, :, None] + re[None, None, :])
+        rv = gl.arange(0, BN, layout=_rows_of(W, MR))
+        w_row = w_ptr + row.to(gl.int64) * stride_wn + (rv // 16) % W * SL
+        w_p = w_row[:, None, None] + (rt * 8)[None, :, None] + re[None, None, :]
         xt = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, XL)))
         xe = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, XL)))
         xn = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, XL)))
@@ -99,10 +106,8 @@ if gluon is not None:
         # a warp would wait for its chunks one after another from memory: the lines of the
         # chunks after the first two (a 128-byte line holds two chunks of a row) are asked into
         # L2 first (a prefetch holds no register, so it stays where it is written)
-        line = gl.convert_layout(w_row, gl.SliceLayout(1, gl.SliceLayout(2, WL)))
         for c in gl.static_range(2, SL // 32 if PF else 0, 2):
-            gl.inline_asm_elementwise("mov.b32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l",
-                                      [line + 32 * c], dtype=gl.int32, is_pure=False, pack=1)
+            prefetch_l2(w_row + 32 * c, True)
         for c in gl.static_range(SL // 32):
             w = gl.reshape(gl.load(w_p + 32 * c, eviction_policy=EVICT), (BN, 4, 2, 2, 2))
             a = gl.convert_layout(gl.reshape(gl.permute(w, (0, 2, 3, 1, 4)), (BN, 32)), A,
@@ -115,12 +120,6 @@ if gluon is not None:
         cc = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
         part = gl.sum(gl.where(cc[None, :] == ((cv // 16) % W)[:, None], acc, 0.0), axis=1)
         return gl.sum(gl.reshape(part, (MR, W, 16)), axis=1)  # a row's slices, across warps
-
-    @gluon.constexpr_function
-    def _rows_of(warps, mr):
-        """The layout of the accumulator rows' index vector (:func:`_sliced_product`'s
-        ``w_row``)."""
-        return gl.SliceLayout(1, gl.SliceLayout(2, words_layout(warps, mr)))
 
     @gluon.jit
     def _block_rows(y, MR: gl.constexpr):
@@ -142,9 +141,8 @@ if gluon is not None:
         expert = gl.load(ids_ptr + pair)
         rv = gl.arange(0, 16 * W * MR, layout=_rows_of(W, MR))
         row = gl.program_id(1) * 16 * MR + 16 * (rv // (16 * W)) + rv % 16
-        w_row = (w_ptr + gl.maximum(expert, 0).to(gl.int64) * stride_we
-                 + row.to(gl.int64) * stride_wn + (rv // 16) % W * SL)
-        y = _sliced_product(w_row, act_ptr + pair * stride_a, SL, MR, EVICT, PF)
+        y = _sliced_product(w_ptr + gl.maximum(expert, 0).to(gl.int64) * stride_we, row,
+                            stride_wn, act_ptr + pair * stride_a, SL, MR, EVICT, PF)
         y = y * gl.load(wts_ptr + pair) * (expert >= 0).to(gl.float32)
         ym, yr = _block_rows(y, MR)
         gl.store(out_ptr + pair * stride_o + gl.program_id(1) * 16 * MR + 16 * ym + yr,
@@ -168,9 +166,8 @@ if gluon is not None:
         rv = gl.arange(0, 16 * W * MR, layout=_rows_of(W, MR))
         m = rv // (16 * W)
         row = (m // HALF) * I + f0 + 16 * (m % HALF) + rv % 16
-        w_row = (w_ptr + gl.maximum(expert, 0).to(gl.int64) * stride_we
-                 + row.to(gl.int64) * stride_wn + (rv // 16) % W * SL)
-        y = _sliced_product(w_row, x_ptr + (pair // TOP_K) * stride_x, SL, MR, EVICT, PF)
+        y = _sliced_product(w_ptr + gl.maximum(expert, 0).to(gl.int64) * stride_we, row,
+                            stride_wn, x_ptr + (pair // TOP_K) * stride_x, SL, MR, EVICT, PF)
         dt: gl.constexpr = act_ptr.dtype.element_ty
         y = y.to(dt).to(gl.float32)  # (rounded as the stored gate/up row)
         gate, up = gl.split(gl.permute(gl.reshape(y, (2, HALF, 16)), (1, 2, 0)))
@@ -228,16 +225,10 @@ def moe_mma(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torc
     prefetch]) into ``down`` [k, H] (each pair's weighted row; ``kernels.combine_pairs`` sums
     them)."""
     k = topk_ids.numel()
-    _, n13, h = w13.shape
     ids = topk_ids.reshape(-1)
     evict = "evict_first" if l2_hints else ""
     if up_launch is not None:
         up_mma(x, w13, ids, act, k, *up_launch, evict=evict)
     else:
-        block_n = max(2, block_n)
-        _pair_gemv_up[(k, triton.cdiv(n13 // 2, block_n // 2))](
-            x, w13, act, ids, n13, h, x.stride(0), w13.stride(0), w13.stride(1),
-            act.stride(0), TOP_K=k, BLOCK_N=block_n,
-            BLOCK_K=min(block_k, triton.next_power_of_2(h)), ACC2D=False, NEXT=False,
-            EVICT=evict, GLU=True, num_warps=warps, **launch_options(x.device))
+        glu_up(x, w13, ids, act, k, block_n, block_k, warps, evict)
     down_mma(act, w2, ids, topk_weights.reshape(-1), down, *down_launch, evict=evict)
